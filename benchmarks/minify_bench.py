@@ -1,0 +1,182 @@
+"""Side by side: reproarchive.minify against torch._functorch.fx_minifier.minifier.
+
+    python benchmarks/minify_bench.py            # every case, both minifiers (~2 min on 2 cores)
+    python benchmarks/minify_bench.py --quick    # small cases only (seconds; run by the tests)
+    python benchmarks/minify_bench.py --json     # rows as JSON lines as well
+
+Both minifiers get the same graph, inputs and oracle (see minify_cases.py); oracle calls are
+counted by the same wrapper, which also counts calls that repeat an earlier (graph code, input
+metadata) query. Size is op nodes (call_function/method/module). Exit status 1 when our
+minifier misses a known minimum or returns a graph that does not fail the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from benchmarks.minify_cases import Case, all_cases  # noqa: E402
+from reproarchive.minify import minify_with_stats, op_count  # noqa: E402
+from reproarchive.minify.candidate import fresh_copy  # noqa: E402
+
+TORCH_CALL_CAP = 5000
+
+
+class _CallCap(Exception):
+    pass
+
+
+class Counted:
+    """Counts oracle calls and exact repeats of an earlier query."""
+
+    def __init__(self, oracle: Callable[[Any, list], bool]):
+        self.oracle = oracle
+        self.calls = 0
+        self.seen: set = set()
+        self.repeats = 0
+
+    def __call__(self, gm, inputs) -> bool:
+        self.calls += 1
+        if self.calls > TORCH_CALL_CAP:
+            raise _CallCap()
+        key = (gm.code, tuple((tuple(x.shape), tuple(x.stride()), str(x.dtype)) if isinstance(x, torch.Tensor)
+                              else repr(x) for x in inputs))
+        if key in self.seen:
+            self.repeats += 1
+        self.seen.add(key)
+        return self.oracle(gm, inputs)
+
+
+@dataclass
+class Row:
+    case: str
+    kind: str
+    oracle: str
+    minifier: str
+    ops_before: int
+    minimum: int
+    ops_after: int | None
+    calls: int
+    repeats: int
+    wall_s: float
+    same_failure: bool | None
+    note: str = ""
+
+    @property
+    def reached(self) -> bool:
+        return self.ops_after is not None and self.ops_after <= self.minimum and bool(self.same_failure)
+
+
+def run_ours(case: Case, oracle_name: str) -> Row:
+    oracle = Counted(getattr(case, oracle_name))
+    start = time.perf_counter()
+    result = minify_with_stats(case.gm, case.inputs, oracle)
+    wall = time.perf_counter() - start
+    same = case.strict(result.gm, fresh_copy(result.inputs))
+    note = f"memo hits {result.stats.cache_hits}"
+    return Row(case.name, case.kind, oracle_name, "reproarchive", case.ops, case.minimum, op_count(result.gm),
+               oracle.calls, oracle.repeats, wall, same, note)
+
+
+def run_torch(case: Case, oracle_name: str) -> Row:
+    from torch._functorch.fx_minifier import minifier
+
+    oracle = Counted(getattr(case, oracle_name))
+    gm = copy.deepcopy(case.gm)
+    start = time.perf_counter()
+    note = ""
+    ops_after = same = None
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
+            out_gm, out_inputs = minifier(gm, list(case.inputs), oracle, dump_state=lambda *a: None)
+        ops_after = op_count(out_gm)
+        same = case.strict(out_gm, fresh_copy(list(out_inputs)))
+    except _CallCap:
+        note = f"stopped at {TORCH_CALL_CAP} calls"
+    except Exception as exc:  # report, do not crash the table
+        note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+    wall = time.perf_counter() - start
+    return Row(case.name, case.kind, oracle_name, "torch", case.ops, case.minimum, ops_after,
+               oracle.calls, oracle.repeats, wall, same, note)
+
+
+def _fmt(row: Row | None) -> list[str]:
+    if row is None:
+        return ["", "", "", ""]
+    size = "-" if row.ops_after is None else str(row.ops_after)
+    if row.same_failure is False:
+        size += " (other failure)"
+    return [size, str(row.calls), f"{row.repeats}", f"{row.wall_s:.2f}"]
+
+
+def table(pairs: list[tuple[Case, str, Row, Row | None]]) -> str:
+    head = ["case", "oracle", "ops", "min", "ours ops", "ours calls", "ours repeats", "ours s",
+            "torch ops", "torch calls", "torch repeats", "torch s", "calls ours/torch"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case, oracle, ours, theirs in pairs:
+        ratio = f"{ours.calls / theirs.calls:.0%}" if theirs and theirs.calls else ""
+        cells = [case.name, oracle, str(case.ops), str(case.minimum)] + _fmt(ours) + _fmt(theirs) + [ratio]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run(quick: bool = False, with_torch: bool = True, only: str | None = None,
+        log: Callable[[str], None] | None = None) -> list[tuple[Case, str, Row, Row | None]]:
+    torch.manual_seed(0)
+    pairs = []
+    for case in all_cases(quick=quick):
+        if only and only not in case.name:
+            continue
+        oracles = ["strict"] + (["loose"] if case.extra.get("loose_row") else [])
+        for oracle in oracles:
+            ours = run_ours(case, oracle)
+            theirs = run_torch(case, oracle) if with_torch else None
+            pairs.append((case, oracle, ours, theirs))
+            if log:
+                log(table([pairs[-1]]).splitlines()[-1])
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small cases only")
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch's minifier")
+    parser.add_argument("--only", help="run cases whose name contains this")
+    parser.add_argument("--json", action="store_true", help="also print one JSON object per row")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    pairs = run(args.quick, not args.no_torch, args.only, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(table(pairs))
+    single = [(o, t) for c, orc, o, t in pairs if c.kind == "one culprit" and t and t.calls]
+    if single:
+        worst = max(o.calls / t.calls for o, t in single)
+        print(f"\nsingle-culprit cases: our calls are at most {worst:.0%} of PyTorch's")
+    strict = [o for c, orc, o, t in pairs if orc == "strict"]
+    missed = [o.case for o in strict if not o.reached]
+    print(f"reproarchive reached the known minimum (same failure) on {len(strict) - len(missed)}/{len(strict)} "
+          f"cases{'; missed: ' + ', '.join(missed) if missed else ''}")
+    print(f"total wall time {time.perf_counter() - start:.1f} s")
+    if args.json:
+        for c, orc, o, t in pairs:
+            for row in (o, t):
+                if row is not None:
+                    print(json.dumps(asdict(row)))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

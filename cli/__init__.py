@@ -1,0 +1,14 @@
+"""The ``reproarchive`` command line: a thin click layer over the library's public functions.
+
+Each command lives in its own module and registers itself on ``main``; the library never
+imports this package. Errors become one line on stderr and a documented exit code.
+"""
+
+from __future__ import annotations
+
+from .app import main
+
+# Importing a command module registers its commands on ``main``.
+from . import archive_cmds, capture_cmds, replay_cmds  # noqa: E402,F401
+
+__all__ = ["main"]

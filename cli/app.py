@@ -1,0 +1,58 @@
+"""The click group, its global options, and how errors turn into exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import click
+
+from reproarchive.errors import ReproArchiveError
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    success (run: the graph passed)
+  1    run: the recorded failure reproduced
+  2    usage error, or the archive is invalid, damaged, unsafe or too new
+  3    run: a different failure than the recorded one
+  4    an input file or folder (not an archive) is missing or unusable
+  125  run: cannot run here (device or backend unavailable)
+  130  interrupted (Ctrl-C); partial results are removed or kept as stated
+"""
+
+
+class _Group(click.Group):
+    """Turns our errors into one line and an exit code, never a traceback (unless --debug)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ReproArchiveError as err:
+            _fail(ctx, str(err), err.exit_code)
+        except KeyboardInterrupt:
+            _fail(ctx, "interrupted", 130)
+        except OSError as err:
+            _fail(ctx, f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), 4)
+
+
+def _fail(ctx: click.Context, message: str, code: int) -> None:
+    if (ctx.obj or {}).get("debug"):
+        traceback.print_exc()
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=_Group, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show Python tracebacks for errors.")
+@click.version_option(package_name="reproarchive")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Pack, verify, replay and minify torch.compile failures as one portable file."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def emit_json(obj) -> None:
+    """Machine-readable output: one JSON document on stdout."""
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))

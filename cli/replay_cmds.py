@@ -1,0 +1,137 @@
+"""``reproarchive run`` and ``reproarchive export``: replay an archive here, or export it as a
+standalone script for a bug report."""
+
+from __future__ import annotations
+
+import click
+
+from .app import emit_json, main
+
+RUN_EPILOG = """\b
+Exit codes:
+  0    passed: the graph compiled and ran (and matched eager with --accuracy)
+  1    reproduced: it failed the way the archive recorded
+  2    usage error, or the archive is invalid, damaged, unsafe or too new
+  3    different failure: it failed, but not the way the archive recorded
+  125  cannot run here: the device or the backend is not available
+  130  interrupted
+
+\b
+Bisecting PyTorch ("when did this start failing?"):
+  git bisect start <bad-commit> <good-commit>
+  git bisect run sh -c 'python setup.py develop >/dev/null && reproarchive run repro.tar.zst'
+git bisect treats 0 as good, 125 as skip (so commits where the backend or device is missing
+are skipped) and 1-127 as bad: both "reproduced" (1) and "different failure" (3) count as bad.
+To bisect only the recorded failure and skip commits that fail differently:
+  git bisect run sh -c 'reproarchive run repro.tar.zst; s=$?; [ $s -eq 3 ] && exit 125; exit $s'
+"""
+
+EXPORT_EPILOG = """\b
+The folder holds repro.py and the input data (raw bytes, read by relative path); run it with
+only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--dynamo]
+"""
+
+
+@main.command("run", epilog=RUN_EPILOG)
+@click.argument("archive", type=click.Path(dir_okay=False))
+@click.option("--device", metavar="DEV",
+              help="Run on DEV (cpu, cuda, cuda:1) or remap devices (cuda:0=cpu,cuda:1=cpu). "
+                   "Default: the recorded device, or CPU with a warning when it is missing.")
+@click.option("--backend", metavar="NAME",
+              help="Compile with NAME instead of the recorded backend: any name torch.compile "
+                   "accepts, or module:function for a custom compiler function.")
+@click.option("--accuracy/--no-accuracy", default=None,
+              help="Compare the compiled result with eager (judged against an fp64 run). "
+                   "Default: what the archive recorded.")
+@click.option("--tol", type=float, default=None, help="Accuracy tolerance (default 1e-3).")
+@click.option("--only-fwd", is_flag=True, help="Run forward only, never backward.")
+@click.option("--isolate/--no-isolate", default=None,
+              help="Replay in a child process so a segfault or abort is reported as a crash "
+                   "(default: only when the recorded failure was a crash).")
+@click.option("--current-config", is_flag=True,
+              help="Use this machine's torch config instead of the recorded one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.pass_context
+def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json):
+    """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?"""
+    from reproarchive.device_map import parse_device_option
+    from reproarchive.replay import run
+
+    outcome = run(archive, device=parse_device_option(device), backend=backend, accuracy=accuracy,
+                  only_fwd=only_fwd, isolate=isolate, current_config=current_config, tol=tol)
+    if as_json:
+        emit_json(outcome.to_dict())
+    else:
+        click.echo(format_outcome(outcome))
+    ctx.exit(outcome.exit_code)
+
+
+def _describe(record) -> str:
+    if not record:
+        return "none recorded"
+    from reproarchive.replay import _KIND_BY_STAGE
+
+    kind = _KIND_BY_STAGE.get(record.get("stage"), record.get("stage") or "unknown")
+    etype = record.get("exception_type") or ""
+    message = (record.get("message") or "").strip().splitlines()
+    first = message[0] if message else ""
+    if len(first) > 160:
+        first = first[:157] + "..."
+    return f"{kind}: {etype}{': ' if etype and first else ''}{first}" if (etype or first) else kind
+
+
+def format_outcome(outcome) -> str:
+    lines = []
+    label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
+    lines.append(f"{label.get(outcome.status, outcome.status.upper())} (exit {outcome.exit_code})")
+    lines.append(f"  replayed  backend {outcome.backend} on {outcome.device}, {outcome.config} config"
+                 + (", isolated" if outcome.isolated else "")
+                 + (", forward+backward" if outcome.ran_backward else ", forward only"))
+    lines.append(f"  recorded  {_describe(outcome.recorded)}")
+    lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
+    if outcome.observed and outcome.observed.get("stage") == "crash" and outcome.observed.get("traceback"):
+        tail = outcome.observed["traceback"].strip().splitlines()[-6:]
+        lines.append("  last output of the crashed process:")
+        lines.extend(f"    {t}" for t in tail)
+    acc = outcome.accuracy
+    if acc:
+        lines.append(f"  accuracy  {acc.get('summary', '')} (fp64 reference {acc.get('fp64_reference', '?')})")
+        for out in acc.get("outputs") or []:
+            if not out.get("passed", True):
+                lines.append(
+                    f"    {out.get('name')}: max abs error {out.get('max_abs_error'):.3g}, "
+                    f"{out.get('mismatched_elements')} of {out.get('numel')} elements, "
+                    f"RMSE vs fp64 compiled {_g(out.get('rmse_vs_fp64_compiled'))} / eager {_g(out.get('rmse_vs_fp64_eager'))}"
+                )
+    if outcome.differences:
+        shown = [d for d in outcome.differences if d.get("important")] or outcome.differences
+        more = len(outcome.differences) - len(shown[:12])
+        lines.append("differences from the recording machine that could change the outcome:")
+        for d in shown[:12]:
+            lines.append(f"  {d['what']:<11} {d['name']}: recorded {d['recorded']!r}, here {d['current']!r}")
+        if more > 0:
+            lines.append(f"  ... and {more} more (see --json)")
+    for w in outcome.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _g(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+@main.command("export", epilog=EXPORT_EPILOG)
+@click.argument("archive", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder to create (must not exist, or be empty).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def export_cmd(archive, out_dir, as_json):
+    """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch."""
+    from reproarchive.export import export
+
+    report = export(archive, out_dir)
+    if as_json:
+        emit_json(report)
+    else:
+        click.echo(f"wrote {report['script']} ({len(report['files'])} files, {report['bytes']} bytes)")
+        click.echo(f"run it with: python {report['script']}")

@@ -1,0 +1,458 @@
+"""Is a compiled result "wrong"? Per-output error figures and the pass/fail rule.
+
+PyTorch answers with ``torch._dynamo.utils.same``, which returns one bool and logs the reason;
+an archive needs the numbers, per output, so that "still wrong" can be checked on replay and
+a teammate can see how wrong without running anything. The rule below is PyTorch's (so a
+failure PyTorch's minifier calls an accuracy failure is one here too), with figures attached.
+
+The rule, for each output (and, after a backward, each input gradient), ``tol`` defaulting to
+PyTorch's ``repro_tolerance`` (1e-3):
+
+1. Shapes must match and dtypes must be identical.
+2. Bool tensors must be equal (PyTorch compares them as uint8 with ``allclose``, i.e. equal);
+   integer tensors must be equal; non-tensor leaves (ints, strings, None, devices) must be
+   equal. With ``ignore_non_fp`` these are skipped, as PyTorch's minifier does.
+3. Floating / complex tensors pass when ``allclose(eager, compiled, atol=tol, rtol=tol,
+   equal_nan=True)``.
+4. Otherwise, when an fp64 reference is available (the graph run with its floating inputs,
+   parameters and dtype arguments cast to float64), the output passes when
+   ``RMSE(compiled, fp64) <= m * RMSE(eager, fp64) + tol / 10``: the compiled result may be
+   less exact than eager, but only by a bounded factor. ``m`` is 2, or 3 for fp16/bf16 results,
+   for outputs with fewer than 1000 elements, for 4-D outputs with a 1x1 spatial shape, or
+   when ``tol >= 0.02`` (PyTorch's noise allowances). If eager has NaNs where both fp64 and
+   compiled are finite and agree within 0.04, the output passes (the compiled one is better).
+   If both RMSEs are NaN, the output passes. Without an fp64 reference, step 3 decides.
+
+The report adds, per output: max absolute error, max relative error (over elements where
+eager is non-zero), the number of mismatched elements and the index of the worst one, and
+both RMSEs against fp64. That is the "or better" over ``same()``: same decision, but it says
+where and by how much.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+DEFAULT_TOLERANCE = 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a graph
+# ---------------------------------------------------------------------------------------------
+
+
+def clone_inputs(args: Sequence[Any]) -> list[Any]:
+    """Copies of graph inputs that a run may mutate: same strides, dtype, device and
+    ``requires_grad``; tensors become leaves (as in PyTorch's minifier), so gradients of a
+    backward land on the copies and never on the caller's tensors."""
+    import torch
+    from torch._dynamo.utils import clone_input
+
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            c = clone_input(a).detach()
+            if a.requires_grad and (c.is_floating_point() or c.is_complex()):
+                c.requires_grad_(True)
+            out.append(c)
+        elif isinstance(a, (list, tuple)):
+            out.append(type(a)(clone_inputs(a)) if isinstance(a, tuple) else clone_inputs(a))
+        else:
+            out.append(a)
+    return out
+
+
+def _requires_bwd(out: Any) -> bool:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in tree_leaves(out))
+
+
+def _scalar_loss(out: Any) -> Any:
+    """PyTorch's ``reduce_to_scalar_loss`` over every output that requires grad: the mean of
+    each tensor, averaged. Outputs that do not require grad are left out (they cannot
+    contribute a gradient and would fail on integer dtypes)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    parts = [x.sum() / max(x.numel(), 1) for x in tree_leaves(out)
+             if isinstance(x, torch.Tensor) and x.requires_grad]
+    return sum(parts) / len(parts)
+
+
+def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = False) -> dict[str, Any]:
+    """Call ``fn(*args)`` (or ``fn(args)`` for boxed callables) and, when an output requires
+    grad and ``fwd_only`` is false, reduce the outputs to a scalar and call ``backward()``.
+
+    ``args`` are used as given (pass ``clone_inputs(...)``). Returns ``{"outputs": out,
+    "grads": {input index: grad}}`` (grads of the tensor inputs that require grad); compare two such results with
+    ``compare``. An exception from the call or from the backward gets an attribute
+    ``reproarchive_stage`` = ``"forward"`` / ``"backward"`` and propagates unchanged.
+    """
+    import torch
+
+    try:
+        out = fn(args) if getattr(fn, "_boxed_call", False) else fn(*args)
+    except Exception as exc:
+        _tag(exc, "forward")
+        raise
+    grads: dict[int, Any] = {}
+    if not fwd_only and torch.is_grad_enabled() and _requires_bwd(out):
+        try:
+            _scalar_loss(out).backward()
+        except Exception as exc:
+            _tag(exc, "backward")
+            raise
+        grads = {i: a.grad for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad}
+    return {"outputs": out, "grads": grads}
+
+
+def _tag(exc: BaseException, stage: str) -> None:
+    try:
+        if not hasattr(exc, "reproarchive_stage"):
+            exc.reproarchive_stage = stage  # type: ignore[attr-defined]
+    except Exception:  # exceptions with __slots__
+        pass
+
+
+def stage_of(exc: BaseException, default: str = "forward") -> str:
+    return getattr(exc, "reproarchive_stage", default)
+
+
+def fp64_reference(gm: Any, args: Sequence[Any], *, fwd_only: bool = False) -> tuple[dict | None, str | None]:
+    """Run ``gm`` in float64: parameters, buffers, floating inputs and float dtype arguments
+    (``convert_element_type``, ``dtype=``) cast with PyTorch's ``cast_to_fp64``.
+
+    Returns ``(result, None)`` or ``(None, reason)`` when the graph cannot run in fp64 (some
+    ops have no fp64 kernel on some devices); the accuracy rule then falls back to step 3.
+    Gradients are taken with respect to the fp64 copies, which are made leaves so that the
+    input gradients exist (PyTorch's cast leaves them non-leaf, so they are lost there).
+    """
+    import torch
+    from torch._dynamo.debug_utils import cast_to_fp64
+
+    try:
+        inputs = clone_inputs(args)
+        model, cast = cast_to_fp64(copy.deepcopy(gm), inputs)
+        fixed = []
+        for orig, c in zip(inputs, cast):
+            if isinstance(c, torch.Tensor) and isinstance(orig, torch.Tensor) and not c.is_leaf:
+                c = c.detach().requires_grad_(orig.requires_grad)
+            fixed.append(c)
+        return run_forward_backward(model, fixed, fwd_only=fwd_only), None
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def check_accuracy(
+    eager_gm: Any,
+    compiled_fn: Callable,
+    args: Sequence[Any],
+    *,
+    fwd_only: bool = False,
+    tol: float = DEFAULT_TOLERANCE,
+    use_fp64: bool = True,
+    ignore_non_fp: bool = False,
+) -> dict[str, Any]:
+    """Run eager, fp64 and compiled on separate copies of ``args`` and ``compare`` them.
+
+    Each run starts from the same RNG state, so graphs with random ops are compared fairly as
+    far as the backend allows (inductor's own RNG differs from eager's unless
+    ``fallback_random``). The caller's RNG state is restored afterwards. An exception in the
+    eager run is re-raised as ``EagerFailed`` (the graph itself is broken: not the backend's
+    fault); an exception in the compiled run propagates tagged with its stage (see
+    ``run_forward_backward``).
+    """
+    import torch
+
+    devices = sorted({a.device.index or 0 for a in args
+                      if isinstance(a, torch.Tensor) and a.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        rng = _rng_state(devices)
+        try:
+            eager = run_forward_backward(copy.deepcopy(eager_gm), clone_inputs(args), fwd_only=fwd_only)
+        except Exception as exc:
+            raise EagerFailed(f"the graph fails in eager mode: {type(exc).__name__}: {exc}") from exc
+        fp64, fp64_error = (None, "disabled")
+        if use_fp64:
+            _set_rng_state(rng, devices)
+            fp64, fp64_error = fp64_reference(eager_gm, args, fwd_only=fwd_only)
+        _set_rng_state(rng, devices)
+        compiled = run_forward_backward(compiled_fn, clone_inputs(args), fwd_only=fwd_only)
+    report = compare(eager, compiled, fp64, tol=tol, ignore_non_fp=ignore_non_fp)
+    report["fp64_reference"] = "used" if fp64 is not None else f"unavailable ({fp64_error})"
+    report["fwd_only"] = bool(fwd_only)
+    return report
+
+
+class EagerFailed(Exception):
+    """The eager (reference) run of a graph raised, so accuracy cannot be judged."""
+
+
+def _rng_state(devices: list[int]) -> tuple[Any, list[Any]]:
+    import torch
+
+    return torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+
+
+def _set_rng_state(state: tuple[Any, list[Any]], devices: list[int]) -> None:
+    import torch
+
+    torch.set_rng_state(state[0])
+    for d, s in zip(devices, state[1]):
+        torch.cuda.set_rng_state(s, d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing results
+# ---------------------------------------------------------------------------------------------
+
+
+def _label(path: tuple) -> str:
+    """``output[0]``, ``grad of input 3`` rather than pytree's ``['outputs'][0]``."""
+    from torch.utils._pytree import keystr
+
+    first = getattr(path[0], "key", None) if path else None
+    if first == "outputs":
+        return "output" + keystr(path[1:])
+    if first == "grads" and len(path) > 1:
+        return f"grad of input {getattr(path[1], 'key', '?')}" + keystr(path[2:])
+    return keystr(path) or "output"
+
+
+def _flatten(tree: Any) -> tuple[list[str], list[Any]]:
+    from torch.utils._pytree import tree_flatten_with_path
+
+    pairs, _ = tree_flatten_with_path(tree)
+    return [_label(p) for p, _ in pairs], [leaf for _, leaf in pairs]
+
+
+def _fmt_dtype(t: Any) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _float(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _rmse(a: Any, b: Any) -> float:
+    import torch
+
+    if a.numel() == 0:
+        return 0.0
+    diff = (a.to(torch.complex128 if a.is_complex() or b.is_complex() else torch.float64)
+            - b.to(torch.complex128 if a.is_complex() or b.is_complex() else torch.float64))
+    return float(torch.sqrt(torch.mean(diff.abs().square())).item())
+
+
+def _errors(ref: Any, res: Any, tol: float) -> dict[str, Any]:
+    """Element-wise figures: NaN in the same place counts as equal, NaN against a number as an
+    infinite error."""
+    import torch
+
+    if ref.numel() == 0:
+        return {"max_abs_error": 0.0, "max_rel_error": 0.0, "mismatched_elements": 0, "worst_index": None}
+    wide = torch.complex128 if ref.is_complex() else torch.float64
+    r, s = ref.detach().to(wide), res.detach().to(wide)
+    diff = (r - s).abs()
+    both_nan = r.isnan() & s.isnan()
+    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
+    same_inf = (r == s) & r.isinf()
+    diff = torch.where(same_inf, torch.zeros_like(diff), diff)
+    flat = diff.reshape(-1)
+    worst = int(torch.argmax(flat).item())
+    nonzero = r.abs() > 0
+    rel = torch.where(nonzero, diff / r.abs().where(nonzero, torch.ones_like(r.abs())), torch.zeros_like(diff))
+    mismatched = diff > (tol + tol * r.abs().nan_to_num(0.0, math.inf, math.inf))
+    return {
+        "max_abs_error": float(flat[worst].item()),
+        "max_rel_error": float(rel.max().item()),
+        "mismatched_elements": int(mismatched.sum().item()),
+        "worst_index": [int(i) for i in _unravel(worst, tuple(ref.shape))],
+    }
+
+
+def _unravel(index: int, shape: tuple[int, ...]) -> list[int]:
+    out = []
+    for dim in reversed(shape):
+        out.append(index % dim if dim else 0)
+        index = index // dim if dim else 0
+    return list(reversed(out))
+
+
+def _multiplier(res: Any, fp64: Any, ref: Any, tol: float) -> float:
+    import torch
+
+    m = 3.0 if res.dtype in (torch.float16, torch.bfloat16) else 2.0
+    if fp64.numel() < 1000 or (ref.ndim == 4 and ref.shape[-1] == ref.shape[-2] == 1) or tol >= 2e-2:
+        m = 3.0
+    return m
+
+
+def _compare_tensors(ref: Any, res: Any, fp64: Any, tol: float, ignore_non_fp: bool) -> dict[str, Any]:
+    import torch
+
+    entry: dict[str, Any] = {
+        "shape": list(ref.shape),
+        "dtype": _fmt_dtype(ref),
+        "numel": int(ref.numel()),
+        "max_abs_error": None,
+        "max_rel_error": None,
+        "mismatched_elements": None,
+        "worst_index": None,
+        "rmse_vs_fp64_eager": None,
+        "rmse_vs_fp64_compiled": None,
+        "passed": False,
+        "rule": None,
+        "reason": None,
+    }
+    if ref.is_sparse:
+        ref = ref.to_dense()
+    if getattr(res, "is_sparse", False):
+        res = res.to_dense()
+    if tuple(ref.shape) != tuple(res.shape):
+        entry.update(rule="shape", reason=f"shape {list(res.shape)} instead of {list(ref.shape)}")
+        return entry
+    if ref.dtype != res.dtype:
+        entry.update(rule="dtype", reason=f"dtype {_fmt_dtype(res)} instead of {_fmt_dtype(ref)}")
+        return entry
+    if res.device != ref.device:
+        res = res.to(ref.device)
+    exact = not (ref.is_floating_point() or ref.is_complex())
+    if exact:
+        if ignore_non_fp:
+            entry.update(passed=True, rule="skipped (non-floating)")
+            return entry
+        entry.update(_errors(ref.to(torch.int64) if ref.dtype == torch.bool else ref,
+                             res.to(torch.int64) if res.dtype == torch.bool else res, 0.0))
+        ok = bool(torch.equal(ref, res))
+        entry.update(passed=ok, rule="exact", reason=None if ok else "values differ")
+        return entry
+
+    entry.update(_errors(ref, res, tol))
+    has_fp64 = isinstance(fp64, torch.Tensor) and fp64.dtype in (torch.float64, torch.complex128) \
+        and tuple(fp64.shape) == tuple(ref.shape)
+    if has_fp64:
+        fp64 = fp64.to(ref.device)
+        entry["rmse_vs_fp64_eager"] = _rmse(fp64, ref)
+        entry["rmse_vs_fp64_compiled"] = _rmse(fp64, res)
+    if torch.allclose(ref, res, atol=tol, rtol=tol, equal_nan=True):
+        entry.update(passed=True, rule="allclose")
+        return entry
+    if not has_fp64:
+        entry.update(rule="allclose", reason=f"not within atol=rtol={tol:g} and no fp64 reference")
+        return entry
+    if (not fp64.isnan().any() and not res.isnan().any() and ref.isnan().any()
+            and torch.allclose(fp64.to(res.dtype), res, atol=0.04, rtol=0.04, equal_nan=True)):
+        entry.update(passed=True, rule="fp64 (eager has NaNs, compiled matches fp64)")
+        return entry
+    ref_err, res_err = entry["rmse_vs_fp64_eager"], entry["rmse_vs_fp64_compiled"]
+    m = _multiplier(res, fp64, ref, tol)
+    bound = m * ref_err + tol / 10.0
+    ok = res_err <= bound or (math.isnan(ref_err) and math.isnan(res_err))
+    entry.update(
+        passed=bool(ok),
+        rule=f"fp64 rmse (multiplier {m:g})",
+        reason=None if ok else (f"RMSE vs fp64 {res_err:.3g} > {m:g} * {ref_err:.3g} + {tol / 10:g} "
+                                f"(eager's RMSE vs fp64)"),
+    )
+    return entry
+
+
+def _compare_leaf(ref: Any, res: Any, fp64: Any, tol: float, ignore_non_fp: bool) -> dict[str, Any]:
+    import torch
+
+    if isinstance(ref, float) and isinstance(res, (float, int)):
+        ref, res = torch.tensor(ref, dtype=torch.float64), torch.tensor(float(res), dtype=torch.float64)
+        fp64 = torch.tensor(float(fp64), dtype=torch.float64) if isinstance(fp64, (float, int)) else None
+    if isinstance(ref, torch.Tensor):
+        if not isinstance(res, torch.Tensor):
+            return {"shape": list(ref.shape), "dtype": _fmt_dtype(ref), "passed": False, "rule": "type",
+                    "reason": f"compiled returned {type(res).__name__} instead of a tensor"}
+        return _compare_tensors(ref, res, fp64, tol, ignore_non_fp)
+    entry: dict[str, Any] = {"shape": None, "dtype": type(ref).__name__, "rule": "equal"}
+    if ignore_non_fp:
+        entry.update(passed=True, rule="skipped (non-floating)")
+        return entry
+    try:
+        ok = bool(ref == res) and type(ref) is type(res)
+    except Exception:
+        ok = False
+    entry.update(passed=ok, reason=None if ok else f"{res!r} instead of {ref!r}"[:200])
+    return entry
+
+
+def compare(
+    eager_out: Any,
+    compiled_out: Any,
+    fp64_out: Any = None,
+    *,
+    tol: float = DEFAULT_TOLERANCE,
+    ignore_non_fp: bool = False,
+) -> dict[str, Any]:
+    """Compare a compiled result with eager (and an optional fp64 reference) by the rule in
+    this module's docstring.
+
+    The three arguments are any pytrees (tensors, tuples, lists, dicts, scalars), typically the
+    dicts ``run_forward_backward`` returns. Returns ``{"passed", "tolerance", "outputs": [{index,
+    name, shape, dtype, numel, max_abs_error, max_rel_error, mismatched_elements, worst_index,
+    rmse_vs_fp64_eager, rmse_vs_fp64_compiled, passed, rule, reason}], "summary"}``: plain data,
+    ready for a failure record's ``accuracy`` field.
+    """
+    names, ref_leaves = _flatten(eager_out)
+    res_names, res_leaves = _flatten(compiled_out)
+    fp64_leaves: list[Any] | None = None
+    if fp64_out is not None:
+        _, fp64_leaves = _flatten(fp64_out)
+        if len(fp64_leaves) != len(ref_leaves):
+            fp64_leaves = None
+    outputs: list[dict[str, Any]] = []
+    if len(ref_leaves) != len(res_leaves):
+        summary = (f"compiled returned {len(res_leaves)} values where eager returned "
+                   f"{len(ref_leaves)}")
+        return {"passed": False, "tolerance": tol, "outputs": [], "summary": summary}
+    for i, (name, ref, res) in enumerate(zip(names, ref_leaves, res_leaves)):
+        fp64 = fp64_leaves[i] if fp64_leaves is not None else None
+        entry = _compare_leaf(ref, res, fp64, tol, ignore_non_fp)
+        for key in ("max_abs_error", "max_rel_error", "rmse_vs_fp64_eager", "rmse_vs_fp64_compiled"):
+            entry[key] = _float(entry.get(key))
+        outputs.append({"index": i, "name": name, **entry})
+    failed = [o for o in outputs if not o["passed"]]
+    if not failed:
+        summary = f"all {len(outputs)} outputs within tolerance {tol:g}"
+    else:
+        parts = []
+        for o in failed[:3]:
+            what = f"{o['name']} ({o['dtype']}{o['shape'] if o['shape'] is not None else ''})"
+            detail = o.get("reason") or "differs"
+            if o.get("max_abs_error") is not None:
+                detail += f"; max abs error {o['max_abs_error']:.3g}"
+                if o.get("mismatched_elements") is not None:
+                    detail += f" ({o['mismatched_elements']} of {o.get('numel')} elements)"
+            parts.append(f"{what}: {detail}")
+        more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+        summary = (f"{len(failed)} of {len(outputs)} outputs differ from eager beyond tolerance "
+                   f"{tol:g}: " + "; ".join(parts) + more)
+    return {"passed": not failed, "tolerance": tol, "outputs": outputs, "summary": summary}
+
+
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "EagerFailed",
+    "check_accuracy",
+    "clone_inputs",
+    "compare",
+    "fp64_reference",
+    "run_forward_backward",
+    "stage_of",
+]

@@ -1,0 +1,133 @@
+"""The failure record and the signature that decides "is this the same failure?".
+
+PyTorch's minifier compares errors with ``difflib`` ratios or substring checks and so drifts to
+unrelated errors. We compare a normalised signature instead: the stage, the exception type and
+the message with everything that legitimately changes between runs (node and buffer names,
+numbers, addresses, paths) masked. Capture writes the record, replay and minify compare against
+it. Records are plain dicts so they go into the archive index unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback as _traceback
+from typing import Any
+
+STAGES = ("compile", "forward", "backward", "accuracy", "crash", "unknown")
+
+# Order matters: paths and addresses are masked before plain numbers eat their digits.
+_MASKS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(?:[A-Za-z]:)?(?:/[\w.\-+@~]+)+/?"), "<path>"),
+    (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
+    (re.compile(r"\b[0-9a-f]{16,}\b"), "<hex>"),
+    # FX / inductor generated names: add_3, buf12, arg0_1, primals_2, tmp4, s77, u0, x0 ...
+    (re.compile(r"\b([A-Za-z_]+?)_?\d+(?:_\d+)*\b"), r"\1<n>"),
+    (re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "<num>"),
+    (re.compile(r"\s+"), " "),
+]
+
+MAX_MESSAGE_CHARS = 4000
+MAX_TRACEBACK_CHARS = 20000
+
+
+def normalise_message(message: str) -> str:
+    """Mask run-specific detail; keep only the first line that carries meaning.
+
+    Inductor wraps the real error in several lines of boilerplate; the first non-empty line
+    of the innermost message is what identifies the bug, the rest is advice text that changes
+    between torch versions.
+    """
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    for pattern, repl in _MASKS:
+        text = pattern.sub(repl, text)
+    return text.strip()[:500]
+
+
+def exception_type_name(exc: BaseException | type) -> str:
+    cls = exc if isinstance(exc, type) else type(exc)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def innermost(exc: BaseException) -> BaseException:
+    """The exception that names the bug, not the wrappers torch adds around it.
+
+    torch.compile re-raises backend errors as BackendCompilerFailed / InductorError with the
+    original as ``__cause__`` (or ``inner_exception``); two runs of the same bug can differ in
+    wrapping (for example with and without Dynamo), so the signature is taken from the core.
+    """
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
+
+
+def signature(stage: str, exc_type: str, message: str) -> str:
+    return f"{stage}|{exc_type}|{normalise_message(message)}"
+
+
+def record_from_exception(exc: BaseException, stage: str, *, backend: str | None = None) -> dict[str, Any]:
+    """Build the failure record for an exception raised while compiling or running a graph."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown failure stage {stage!r}")
+    core = innermost(exc)
+    exc_type = exception_type_name(core)
+    message = str(core)[:MAX_MESSAGE_CHARS]
+    tb = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {
+        "stage": stage,
+        "exception_type": exc_type,
+        "message": message,
+        "traceback": tb[-MAX_TRACEBACK_CHARS:],
+        "signature": signature(stage, exc_type, message),
+        "backend": backend,
+        "accuracy": None,
+    }
+
+
+def accuracy_record(details: dict[str, Any], *, backend: str | None = None) -> dict[str, Any]:
+    """Failure record for a compiled result that differs from eager beyond tolerance.
+
+    ``details`` holds the tolerance and the per-output error figures; the signature of every
+    accuracy failure is the same, because "still wrong" is the only property that matters
+    when replaying or minifying one.
+    """
+    return {
+        "stage": "accuracy",
+        "exception_type": "AccuracyError",
+        "message": details.get("summary", "compiled result differs from eager"),
+        "traceback": "",
+        "signature": "accuracy|AccuracyError|",
+        "backend": backend,
+        "accuracy": details,
+    }
+
+
+def unknown_record(reason: str, *, backend: str | None = None) -> dict[str, Any]:
+    return {
+        "stage": "unknown",
+        "exception_type": "",
+        "message": reason,
+        "traceback": "",
+        "signature": "",
+        "backend": backend,
+        "accuracy": None,
+    }
+
+
+def same_failure(recorded: dict[str, Any] | None, observed: dict[str, Any] | None) -> bool:
+    """True when ``observed`` is the failure that ``recorded`` describes.
+
+    An unknown recorded failure matches any failure of the same stage class, because the
+    archive never knew more than "it failed".
+    """
+    if not observed or not recorded:
+        return False
+    if recorded.get("stage") == "unknown":
+        return observed.get("stage") not in (None, "unknown")
+    return bool(recorded.get("signature")) and recorded.get("signature") == observed.get("signature")

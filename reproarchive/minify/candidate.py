@@ -1,0 +1,386 @@
+"""The one graph representation every minifier move works on: a kept node set over the original.
+
+PyTorch's minifier edits deep copies of FX graphs in place, so a move can produce a graph that
+no longer lints, and two moves that reach the same graph cannot tell they did. Here the original
+graph is recorded once (its eager value at every node) and every candidate is *described* by
+the set of original op nodes it keeps plus a substitution map (bypassed node -> the node whose
+value replaces it). Everything else follows by construction:
+
+* a kept node whose argument is not kept reads that argument's recorded eager value through a
+  new graph input ("cut"), whatever the value is: tensor, int, float, bool or a SymInt
+  concretised to its hint;
+* outputs are the kept nodes nobody kept reads (the frontier), so removing a node "hoists" the
+  output to its arguments and any node can become an output;
+* dead code and unused inputs never appear, because only what the outputs and the side-effecting
+  nodes need is emitted;
+* values that cannot be graph inputs (tuples from ``split``/``max.dim``, opaque objects) are never
+  cut: the node that produces them is kept instead, and a kept tuple node with no kept ``getitem``
+  outputs its tensor items;
+* an in-place node that a kept later reader of its mutated argument depends on is kept, so
+  removing a mutation never silently changes what the remaining graph computes.
+
+Because the description determines the graph, the description (in normal form) plus the input
+metadata is the memo key: no graph is judged twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch.fx.node import map_arg
+
+_OP_KINDS = ("call_function", "call_method", "call_module")
+_SCALARS = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class _Uncuttable:
+    """Marks a recorded value that cannot be handed to a graph as an input."""
+
+
+UNCUTTABLE = _Uncuttable()
+
+
+def concrete_scalar(value: Any) -> Any:
+    """A SymInt/SymFloat/SymBool as the plain Python value it had in this run (its hint)."""
+    if not isinstance(value, _SYMBOLIC):
+        return value
+    hint = getattr(value.node, "hint", None)
+    if hint is not None:
+        return hint
+    kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
+    return kind(value)  # may guard; raises for unbacked symbols, which the caller catches
+
+
+def snapshot_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A private copy with the same sizes, strides, storage offset, dtype and device.
+
+    Strides matter: many compiler bugs only happen on a transposed or sliced input, and an
+    intermediate turned into an input must look exactly like it did in eager. The copy is a
+    detached leaf (so candidates never share autograd history or storage); it requires grad when
+    the original did, so backward-stage failures still reproduce.
+    """
+    with torch.no_grad():
+        base = t.detach()
+        try:
+            if base.is_non_overlapping_and_dense():
+                out = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
+                out.copy_(base)
+            else:  # expanded/overlapping or sparse views: copy the storage, keep the geometry
+                storage = base.untyped_storage().clone()
+                out = torch.empty((0,), dtype=base.dtype, device=base.device)
+                out.set_(storage, base.storage_offset(), base.size(), base.stride())
+        except Exception:  # subclasses, quantized, meta...: a plain clone is the best we can do
+            out = base.clone()
+    if t.requires_grad and (out.is_floating_point() or out.is_complex()):
+        out.requires_grad_(True)
+    return out
+
+
+def fresh_copy(value: Any) -> Any:
+    """What one oracle call receives, so a candidate that mutates its inputs corrupts nothing."""
+    if isinstance(value, torch.Tensor):
+        return snapshot_tensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(fresh_copy(v) for v in value)
+    return value
+
+
+def _record_value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return snapshot_tensor(value)
+    if isinstance(value, _SYMBOLIC):
+        try:
+            return concrete_scalar(value)
+        except Exception:
+            return UNCUTTABLE
+    if isinstance(value, _SCALARS):
+        return value
+    return UNCUTTABLE
+
+
+def _meta_key(value: Any) -> Any:
+    """Input metadata for the memo key: layout for tensors, the value itself for scalars."""
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), tuple(value.stride()), value.storage_offset(), str(value.dtype),
+                str(value.device), value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple(_meta_key(v) for v in value)
+    try:
+        hash(value)
+        return ("S", type(value).__name__, value)
+    except TypeError:
+        return ("O", type(value).__name__, id(value))
+
+
+def _mutated_arg(node: fx.Node) -> fx.Node | None:
+    """The argument an in-place/out= node writes to, if we can tell."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                if isinstance(value, fx.Node):
+                    return value
+        return None
+    first = node.args[0] if node.args else None
+    return first if isinstance(first, fx.Node) else None
+
+
+def _is_inplace_name(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _effectful(node: fx.Node) -> bool:
+    """Side effects that dead-code elimination and cutting must respect."""
+    if node.op == "call_method":
+        return _is_inplace_name(str(node.target))
+    if node.op == "call_function":
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return True
+        if schema is None and _is_inplace_name(getattr(node.target, "__name__", "")):
+            return True
+    try:
+        # Random ops are not effects here: a cut random op holds its recorded (deterministic) value.
+        return node.is_impure(impure_random=False)
+    except TypeError:  # older torch without the keyword
+        return node.is_impure()
+    except Exception:
+        return False
+
+
+class _RecordingInterpreter(fx.Interpreter):
+    """Runs the original graph once and keeps a private copy of every node's value.
+
+    Copies are taken as each node runs, so a value later mutated in place is recorded as it was
+    when produced, and no candidate can see another candidate's writes.
+    """
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm, garbage_collect_values=True)
+        self.values: dict[fx.Node, Any] = {}
+        self.tuples: set[fx.Node] = set()
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if n.op != "output":
+            self.values[n] = _record_value(result)
+            if isinstance(result, (tuple, list)):
+                self.tuples.add(n)
+        return result
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One graph in normal form: which original nodes it computes, reads as inputs, and outputs."""
+
+    live: tuple[int, ...]          # original op-node indices computed, in topological order
+    outputs: tuple[int, ...]       # original indices whose values the graph returns
+    inputs: tuple[int, ...]        # original indices whose (recorded or given) values are inputs
+    redirects: tuple[tuple[int, int], ...]  # (bypassed node, node read instead) among live edges
+    key: Any = field(compare=False, repr=False)
+
+    @property
+    def size(self) -> tuple[int, int, int]:
+        """Order in which candidates count as smaller: op nodes, then inputs, then outputs."""
+        return (len(self.live), len(self.inputs), len(self.outputs))
+
+
+class Recording:
+    """The original graph, indexed, with the eager value of every node."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]):
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.nodes: list[fx.Node] = list(gm.graph.nodes)
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(self.example_inputs):
+            raise ValueError(f"the graph has {len(placeholders)} inputs but {len(self.example_inputs)} "
+                             "example inputs were given")
+        self.input_position = {self.index[n]: i for i, n in enumerate(placeholders)}
+
+        interp = _RecordingInterpreter(gm)
+        # Record under no_grad unless an input wants grad: then intermediates keep the flag.
+        wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in self.example_inputs)
+        with contextlib.nullcontext() if wants_grad else torch.no_grad():
+            interp.run(*[fresh_copy(x) for x in self.example_inputs])
+        values = interp.values
+
+        n = len(self.nodes)
+        self.is_op = [node.op in _OP_KINDS for node in self.nodes]
+        self.args: list[tuple[int, ...]] = []
+        self.users: list[list[int]] = [[] for _ in range(n)]
+        for i, node in enumerate(self.nodes):
+            seen: list[int] = []
+            map_arg((node.args, node.kwargs), lambda a: seen.append(self.index[a]) or a)
+            deps = tuple(dict.fromkeys(seen))
+            self.args.append(deps)
+            for d in deps:
+                self.users[d].append(i)
+        self.value: list[Any] = [values.get(node, UNCUTTABLE) for node in self.nodes]
+        for i, pos in self.input_position.items():
+            self.value[i] = self.example_inputs[pos]
+        self.is_tensor = [isinstance(v, torch.Tensor) for v in self.value]
+        self.cuttable = [self.is_op[i] and self.value[i] is not UNCUTTABLE for i in range(n)]
+        self.is_tuple = [node in interp.tuples for node in self.nodes]
+        self.getitem_source: list[int | None] = [None] * n
+        for i, node in enumerate(self.nodes):
+            if (node.op == "call_function" and node.target is operator.getitem
+                    and isinstance(node.args[0], fx.Node) and self.is_tuple[self.index[node.args[0]]]):
+                self.getitem_source[i] = self.index[node.args[0]]
+        self.effectful = [self.is_op[i] and _effectful(node) for i, node in enumerate(self.nodes)]
+        self.mutates: dict[int, int] = {}
+        for i, node in enumerate(self.nodes):
+            if self.effectful[i]:
+                target = _mutated_arg(node)
+                if target is not None:
+                    self.mutates[i] = self.index[target]
+        self.meta_key = [_meta_key(v) if v is not UNCUTTABLE else None for v in self.value]
+        self.tensor_meta = [
+            (tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else None for v in self.value
+        ]
+        self.ops: tuple[int, ...] = tuple(i for i in range(n) if self.is_op[i])
+        output_node = self.nodes[-1]
+        flat: list[int] = []
+        if output_node.op == "output":
+            map_arg(output_node.args, lambda a: flat.append(self.index[a]) or a)
+        self.original_outputs = tuple(i for i in dict.fromkeys(flat) if self.is_op[i])
+        self.original_size = (
+            len(self.ops), len(placeholders), len(flat),
+        )
+
+    # -- normal form -------------------------------------------------------------------------
+
+    def normalise(self, keep: Sequence[int] | frozenset[int], subst: dict[int, int] | None = None,
+                  outputs: Sequence[int] | None = None) -> Candidate:
+        """The candidate that keeps ``keep`` (minus bypassed nodes), closed under the rules above."""
+        subst = subst or {}
+
+        def res(i: int) -> int:
+            while i in subst:
+                i = subst[i]
+            return i
+
+        S = {i for i in keep if self.is_op[i] and i not in subst}
+        changed = True
+        while changed:
+            changed = False
+            for v in list(S):
+                src = self.getitem_source[v]
+                if src is not None and res(src) not in S and self.cuttable[v]:
+                    S.discard(v)  # an item of a tuple we do not compute is an input instead
+                    changed = True
+            for v in list(S):
+                for a in self.args[v]:
+                    a = res(a)
+                    if self.is_op[a] and a not in S and not self.cuttable[a]:
+                        S.add(a)
+                        changed = True
+
+        if outputs is not None:
+            outs = [o for o in outputs if o in S]
+        else:
+            read = {res(a) for v in S for a in self.args[v]}
+            outs = []
+            for v in sorted(S):
+                if v in read:
+                    continue
+                if self.is_tensor[v]:
+                    outs.append(v)
+                elif self.is_tuple[v]:
+                    items = [u for u in self.users[v] if self.getitem_source[u] == v and self.is_tensor[u]
+                             and u not in subst]
+                    outs.extend(items)
+                    S.update(items)
+        roots = set(outs) | {v for v in S if self.effectful[v]}
+
+        def closure(seeds: set[int]) -> set[int]:
+            live = set()
+            stack = list(seeds)
+            while stack:
+                v = stack.pop()
+                if v in live:
+                    continue
+                live.add(v)
+                for a in self.args[v]:
+                    a = res(a)
+                    if a in S and a not in live:
+                        stack.append(a)
+            return live
+
+        live = closure(roots)
+        if self.mutates:
+            while True:
+                forced = set()
+                for m, b in self.mutates.items():
+                    if m in live or m in subst:
+                        continue
+                    b = res(b)
+                    if any(r > m and b in {res(a) for a in self.args[r]} for r in live):
+                        forced.add(m)
+                if not forced:
+                    break
+                S |= forced
+                roots |= forced
+                live = closure(roots)
+
+        order = tuple(sorted(live))
+        outs_t = tuple(sorted(set(outs) & live))
+        ins: set[int] = set()
+        redirects = []
+        for v in order:
+            for a in self.args[v]:
+                r = res(a)
+                if r != a:
+                    redirects.append((a, r))
+                if r not in live and self.nodes[r].op != "get_attr":
+                    ins.add(r)
+        ins_t = tuple(sorted(ins))
+        redirects_t = tuple(sorted(set(redirects)))
+        key = (order, outs_t, redirects_t, ins_t, tuple(self.meta_key[i] for i in ins_t))
+        return Candidate(order, outs_t, ins_t, redirects_t, key)
+
+    def start(self) -> Candidate:
+        """The original graph in normal form (same outputs, no dead code, no unused inputs)."""
+        return self.normalise(self.ops, outputs=self.original_outputs)
+
+    # -- materialise ---------------------------------------------------------------------------
+
+    def build(self, cand: Candidate) -> tuple[fx.GraphModule, list[Any]]:
+        """The GraphModule and the input values (the caller's own objects, not copies)."""
+        subst = dict(cand.redirects)
+        graph = fx.Graph()
+        env: dict[int, fx.Node] = {}
+        inputs: list[Any] = []
+        for i in cand.inputs:
+            src = self.nodes[i]
+            ph = graph.placeholder(src.name, type_expr=src.type if src.op == "placeholder" else None)
+            ph.meta = dict(src.meta)
+            env[i] = ph
+            inputs.append(self.value[i])
+
+        def lookup(a: fx.Node) -> fx.Node:
+            i = self.index[a]
+            i = subst.get(i, i)
+            if i not in env:  # only get_attr can be missing: it is free, not an input
+                env[i] = graph.node_copy(self.nodes[i])
+            return env[i]
+
+        for i in cand.live:
+            env[i] = graph.node_copy(self.nodes[i], lookup)
+        graph.output(tuple(env[o] for o in cand.outputs))
+        gm = fx.GraphModule(self.gm, graph)
+        return gm, inputs
+
+
+def op_count(gm: fx.GraphModule) -> int:
+    """The size measure we report: nodes that compute (call_function/method/module)."""
+    return sum(1 for n in gm.graph.nodes if n.op in _OP_KINDS)

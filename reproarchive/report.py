@@ -1,0 +1,105 @@
+"""``inspect``: what an archive holds, read from its index alone (no blob is decompressed).
+
+A teammate deciding whether an attachment is worth replaying wants the graph's size and ops,
+which inputs are real, how big the data is, and what failed where; all of that is in the
+index, so inspect costs two small reads however large the archive is.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import container, graph_codec
+from .archive import validate_index
+from .container import ContainerReader
+
+
+def _input_rows(index: dict) -> list[dict]:
+    storages = index["storages"]
+    rows = []
+    for i, rec in enumerate(index["inputs"]):
+        row: dict[str, Any] = {"index": i, "name": rec.get("name"), "kind": rec["kind"]}
+        if rec["kind"] == "tensor":
+            st = storages[rec["storage"]]
+            row.update(
+                shape=rec["shape"], dtype=rec["dtype"], stride=rec["stride"], device=st["device"],
+                fidelity=st["fidelity"] if st["fill"] is None else "real (zeros)",
+                requires_grad=rec["requires_grad"], dynamic=[d for d, _ in rec.get("dynamic", [])],
+                storage=rec["storage"],
+            )
+        elif rec["kind"] in ("symint", "symfloat", "symbool"):
+            row.update(value=rec["hint"], expr=rec["expr"], fidelity="value")
+        elif rec["kind"] in ("tuple", "list"):
+            row.update(items=len(rec["items"]), fidelity="value")
+        else:
+            row.update(value=rec.get("value"), fidelity="value")
+        rows.append(row)
+    return rows
+
+
+def _storage_stats(reader: ContainerReader, index: dict) -> dict:
+    storages = index["storages"]
+    logical = sum(s["size"] for s in storages if s["fidelity"] == "real")
+    unique = {}
+    for s in storages:
+        if s["digest"]:
+            unique[s["digest"]] = s["size"]
+    stored = sum(unique.values())
+    compressed = sum(m.compressed for name, m in reader.members.items() if container.is_blob_name(name))
+    return {
+        "storages": len(storages),
+        "absent": sum(1 for s in storages if s["fidelity"] == "absent"),
+        "zero_filled": sum(1 for s in storages if s["fill"] == 0),
+        "blobs": len(unique),
+        "bytes_logical": logical,
+        "bytes_after_dedup": stored,
+        "bytes_compressed": compressed,
+        "file_bytes": reader.file_size,
+    }
+
+
+def _summaries(index: dict) -> dict:
+    system = index.get("system") or {}
+    failure = index.get("failure") or {}
+    config = index.get("config") or {}
+    environment = index.get("environment") or {}
+    changed = config.get("changed") or {}
+    return {
+        "failure": {k: failure.get(k) for k in ("stage", "exception_type", "message", "signature", "backend")} if failure else None,
+        "system": {k: system.get(k) for k in sorted(system) if not isinstance(system.get(k), (dict, list))} or (
+            {"keys": sorted(system)} if system else None),
+        "config_changed": changed or None,
+        "config_unrepresentable": config.get("unrepresentable") or None,
+        "environment": (environment.get("variables") if isinstance(environment.get("variables"), dict) else environment) or None,
+    }
+
+
+def inspect(path: str | os.PathLike) -> dict:
+    """A JSON-ready summary of an archive (the CLI prints it as text or with --json)."""
+    with ContainerReader(path) as reader:
+        index = validate_index(reader)
+        graph = index["graph"]
+        nodes = graph["nodes"]
+        return {
+            "path": str(path),
+            "format": index["version"],
+            "digest": reader.index_digest,
+            "digest_algorithm": index["digest_algorithm"],
+            "created_by": index.get("created_by"),
+            "backend": index.get("backend"),
+            "accuracy": index.get("accuracy"),
+            "parent": index.get("parent"),
+            "source": index.get("source"),
+            "minify": index.get("minify"),
+            "graph": {
+                "nodes": len(nodes),
+                "ops": sum(1 for n in nodes if n.get("op") in ("call_function", "call_method", "call_module")),
+                "placeholders": sum(1 for n in nodes if n.get("op") == "placeholder"),
+                "op_histogram": dict(sorted(graph_codec.count_nodes(graph).items(), key=lambda kv: (-kv[1], kv[0]))),
+                "submodules": len(graph.get("module_state", [])),
+            },
+            "inputs": _input_rows(index),
+            "storage": _storage_stats(reader, index),
+            **_summaries(index),
+        }
