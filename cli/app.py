@@ -17,6 +17,7 @@ Exit codes:
   2    usage error, or the archive is invalid, damaged, unsafe or too new
   3    run: a different failure than the recorded one
   4    an input file or folder (not an archive) is missing or unusable
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
   125  run: cannot run here (device or backend unavailable)
   130  interrupted (Ctrl-C); partial results are removed or kept as stated
 """
@@ -34,6 +35,11 @@ class _Group(click.Group):
             _fail(ctx, "interrupted", 130)
         except OSError as err:
             _fail(ctx, f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), 4)
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except Exception as err:  # a bug of ours: still one line, the traceback behind --debug
+            _fail(ctx, f"unexpected {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''} "
+                       "(rerun with --debug and report this)", 70)
 
 
 def _fail(ctx: click.Context, message: str, code: int) -> None:

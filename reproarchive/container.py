@@ -394,6 +394,12 @@ class ContainerReader:
             return NotAnArchiveError(f"{self.path} is empty", "pack the failure again; an empty file holds nothing")
         if len(head) == 4 and struct.unpack("<I", head)[0] == ZSTD_MAGIC:
             if self._starts_like_ours():
+                extra = self._trailing_bytes()
+                if extra:
+                    return CorruptArchiveError(
+                        f"{self.path} has {extra} unexpected bytes after the end of the archive",
+                        "something was appended to the file; copy or download it again",
+                    )
                 return TruncatedArchiveError(
                     f"{self.path} is a truncated reproarchive ({self.file_size} bytes; its end with the index is missing)",
                     "copy or download the archive again",
@@ -411,6 +417,13 @@ class ContainerReader:
         except zstandard.ZstdError:
             return False
         return head[: len(LAYOUT_MEMBER) + 1] == LAYOUT_MEMBER.encode() + b"\0"
+
+    def _trailing_bytes(self) -> int:
+        """Bytes after the last seekable magic in the file's final MiB (0 when none is found)."""
+        span = min(self.file_size, 1 << 20)
+        tail = os.pread(self._fd, span, self.file_size - span)
+        pos = tail.rfind(struct.pack("<I", SEEKABLE_MAGIC))
+        return 0 if pos < 0 else span - pos - 4
 
     def _read_tail(self) -> None:
         size = self.file_size
