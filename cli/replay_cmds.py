@@ -86,16 +86,20 @@ def format_outcome(outcome) -> str:
     lines.append(f"{label.get(outcome.status, outcome.status.upper())} (exit {outcome.exit_code})")
     lines.append(f"  replayed  backend {outcome.backend} on {outcome.device}, {outcome.config} config"
                  + (", isolated" if outcome.isolated else "")
-                 + (", forward+backward" if outcome.ran_backward else ", forward only"))
+                 + ("" if (outcome.observed or {}).get("stage") in ("compile", "crash")
+                    else ", forward+backward" if outcome.ran_backward else ", forward only"))
     lines.append(f"  recorded  {_describe(outcome.recorded)}")
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
     if outcome.observed and outcome.observed.get("stage") == "crash" and outcome.observed.get("traceback"):
-        tail = outcome.observed["traceback"].strip().splitlines()[-6:]
-        lines.append("  last output of the crashed process:")
+        text = [t for t in outcome.observed["traceback"].strip().splitlines()
+                if t.strip() and not t.startswith("Extension modules")]
+        start = next((i for i, t in enumerate(text) if t.startswith("Fatal Python error")), max(len(text) - 8, 0))
+        tail = text[start:start + 8]
+        lines.append("  the crashed process said:")
         lines.extend(f"    {t}" for t in tail)
     acc = outcome.accuracy
     if acc:
-        lines.append(f"  accuracy  {acc.get('summary', '')} (fp64 reference {acc.get('fp64_reference', '?')})")
+        lines.append(f"  accuracy  tolerance {acc.get('tolerance')}, fp64 reference {acc.get('fp64_reference', '?')}")
         for out in acc.get("outputs") or []:
             if not out.get("passed", True):
                 lines.append(

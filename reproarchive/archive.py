@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from .errors import (
     DeviceUnavailableError,
     DigestMismatchError,
     IndexSchemaError,
+    LimitExceededError,
     PackError,
 )
 from .progress import bar
@@ -75,6 +77,15 @@ def _is_zero(view: memoryview) -> bool:
     if head.count(0) != len(head) or tail.count(0) != len(tail):
         return False
     return not bool(torch.frombuffer(view, dtype=torch.uint8).any())
+
+
+def _worker_threads() -> int:
+    """Threads for hashing and compressing: the cores this process may use, at most 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 def _digest_job(storage: torch.UntypedStorage, algorithm: str):
@@ -145,33 +156,49 @@ def pack(
 
     real = [i for i, r in enumerate(table.records) if r["fidelity"] == FIDELITY_REAL]
     total = sum(table.records[i]["size"] for i in real)
-    with atomic_file(path) as f, bar(total, "pack", enabled=progress) as pbar:
-        writer = ContainerWriter(f, level=level, frame_size=frame_size)
-        writer.add_member(GRAPH_CODE_MEMBER, code)
-        written: set[str] = set()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reproarchive-hash") as pool:
-            # Hash one storage ahead of the one being compressed; device storages cost one host
-            # copy each, so the look-ahead is kept to one to bound memory.
-            pending = {}
+    threads = _worker_threads()
+    # Storages are hashed ahead of the one being compressed (the digest names the blob, so it
+    # must be known before its first frame is written). CPU storages are hashed in place, so
+    # looking further ahead costs no memory; a device storage costs a host copy while queued.
+    ahead = 2 if all(table.sources[i].device.type == "cpu" for i in real) else 1
+    with atomic_file(path) as f, bar(total, "pack", enabled=progress) as pbar, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reproarchive-pack") as pool:
+        # With two or more cores the pool compresses frames too, in parallel with hashing;
+        # with one, frames are compressed here while the pool thread hashes.
+        writer = ContainerWriter(f, level=level, frame_size=frame_size, executor=pool if threads > 1 else None,
+                                 progress=pbar.update)
+        try:
+            writer.add_member(GRAPH_CODE_MEMBER, code)
+            written: set[str] = set()
+            pending: dict[int, concurrent.futures.Future] = {}
 
             def submit(k: int) -> None:
-                if k < len(real):
+                if k < len(real) and k not in pending:
                     pending[k] = pool.submit(_digest_job, table.sources[real[k]], digest)
 
-            submit(0)
+            for k in range(ahead):
+                submit(k)
             for k, sidx in enumerate(real):
-                submit(k + 1)
-                _keep, view, dg = pending.pop(k).result()
+                submit(k + ahead)
+                keep, view, dg = pending.pop(k).result()
                 record = table.records[sidx]
                 if dg is None:
                     record["fill"] = 0
+                    pbar.update(record["size"])
                 else:
                     record["digest"] = dg
                     if dg not in written:
-                        writer.add_member(digests.blob_member_name(dg), view)
+                        writer.add_member(digests.blob_member_name(dg), view, keep=keep)
                         written.add(dg)
-                pbar.update(record["size"])
-        writer.finish(index)
+                    else:
+                        pbar.update(record["size"])
+                del keep, view
+            writer.finish(index)
+        except BaseException:
+            writer.abandon()
+            for fut in pending.values():
+                fut.cancel()
+            raise
     return Path(path)
 
 
@@ -198,8 +225,15 @@ def validate_index(reader: ContainerReader) -> dict:
         raise IndexSchemaError("index lacks its storages, inputs or graph section")
     if len(storages) > reader.limits.max_members or len(inputs) > reader.limits.max_members:
         raise IndexSchemaError("index declares more storages or inputs than the member limit")
+    declared = 0
     for i, rec in enumerate(storages):
         tensor_codec.validate_storage(rec, i)
+        declared += rec["size"]
+        if declared > reader.limits.max_total_bytes:
+            raise LimitExceededError(
+                f"storages declare more than {reader.limits.max_total_bytes} bytes in total",
+                "the archive is hostile or damaged",
+            )
         if rec["digest"] is not None:
             name = digests.blob_member_name(rec["digest"])
             member = reader.members.get(name)
@@ -225,18 +259,39 @@ def validate_index(reader: ContainerReader) -> dict:
 
 
 def check_targets(record: dict, depth: int = 0) -> None:
-    """Allowlist check of every call target, without resolving anything (for verify)."""
+    """Allowlist check of every call target and every name FX would paste into generated code
+    (for verify, inspect and unpack: no graph is built). A function name that resolves in this
+    process must also resolve to an allowed function; a missing one is left to load."""
     from . import targets
 
-    for node in record.get("nodes", []):
+    if not isinstance(record, dict) or not isinstance(record.get("nodes", []), list):
+        raise IndexSchemaError("graph record has no node list")
+    for i, node in enumerate(record.get("nodes", [])):
+        if not isinstance(node, dict):
+            raise IndexSchemaError(f"graph node {i} is not a map")
         op, target = node.get("op"), node.get("target")
         if op == "call_function":
-            targets.check_function_name(target)
+            targets.check_function_target(target)
+            args = node.get("args")
+            if target == "builtins.getattr" and not (
+                isinstance(args, list) and len(args) >= 2 and isinstance(args[1], str) and not args[1].startswith("_")
+            ):
+                targets.check_getattr_args(())
         elif op == "call_method":
             targets.check_method_name(target)
         elif op in ("get_attr", "call_module"):
             targets.check_attribute_path(target)
-    for entry in record.get("module_state", []):
+        elif op == "placeholder":
+            targets.check_placeholder_target(target)
+        kwargs = node.get("kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise IndexSchemaError(f"graph node {i} has malformed kwargs")
+        for key in kwargs:
+            targets.check_kwarg_name(key)
+    state = record.get("module_state", [])
+    if not isinstance(state, list):
+        raise IndexSchemaError("module_state must be a list")
+    for entry in state:
         if isinstance(entry, dict):
             targets.check_attribute_path(entry.get("path"))
             if entry.get("kind") == "module":
@@ -343,6 +398,34 @@ def _storage_dtypes(index: dict) -> dict[int, torch.dtype]:
     return found
 
 
+def _torch_errors_as_archive_errors(fn):
+    """After validation, load only allocates and builds tensors and a graph from the records, so
+    a torch error there means the records ask for something this process cannot build: report
+    it as the archive's defect (one line), not as a traceback from inside torch."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MemoryError:
+            raise LimitExceededError(
+                "this machine cannot allocate the memory the archive's storages declare",
+                "replay on a machine with more memory, or check the archive with `reproarchive inspect`",
+            ) from None
+        except RuntimeError as exc:
+            first = (str(exc).splitlines() or [""])[0][:200]
+            if "alloc" in first.lower() or "out of memory" in first.lower():
+                raise LimitExceededError(
+                    f"cannot allocate the archive's storages here ({first})",
+                    "replay on a machine with more memory, or check the archive with `reproarchive inspect`",
+                ) from exc
+            raise IndexSchemaError(f"the archive's records cannot be built into tensors and a graph: {first}") from exc
+
+    return wrapper
+
+
+@_torch_errors_as_archive_errors
 def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, limits: Limits = container.DEFAULT_LIMITS) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 
@@ -366,9 +449,14 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
             targets_by_storage.append(torch.device(target))
         dtypes = _storage_dtypes(index)
         storages: list[torch.UntypedStorage] = []
-        by_digest: dict[str, torch.UntypedStorage] = {}
+        first_use: dict[str, int] = {}
+        for i, rec in enumerate(records):
+            if rec["digest"] is not None:
+                first_use.setdefault(rec["digest"], i)
         total = sum(r["size"] for r in records if r["digest"])
         with bar(total, "load", enabled=progress) as pbar:
+            blobs = _read_blobs(reader, [(dg, records[i]["size"], targets_by_storage[i]) for dg, i in first_use.items()],
+                                pbar.update, path=path, limits=limits)
             for i, rec in enumerate(records):
                 dev = targets_by_storage[i]
                 if rec["fidelity"] == FIDELITY_ABSENT:
@@ -376,19 +464,18 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
                     tensor_codec.generate_absent(st, dtypes.get(i, torch.uint8), tensor_codec.ABSENT_SEED + i)
                 elif rec["fill"] == 0:
                     st = torch.zeros(rec["size"], dtype=torch.uint8, device=dev).untyped_storage()
-                elif rec["digest"] in by_digest:
-                    st = by_digest[rec["digest"]]
-                    st = st.clone() if st.device == dev else st.to(device=dev)
+                elif first_use[rec["digest"]] == i:
+                    st = blobs[rec["digest"]]
                 else:
-                    host = torch.empty(rec["size"], dtype=torch.uint8).untyped_storage()
-                    reader.read_member_into(digests.blob_member_name(rec["digest"]), storage_view(host))
+                    # equal bytes, but a storage of its own (it was one when packed)
+                    st = blobs[rec["digest"]]
+                    st = st.clone() if st.device == dev else st.to(device=dev)
                     pbar.update(rec["size"])
-                    st = host if dev.type == "cpu" else host.to(device=dev)
-                    by_digest[rec["digest"]] = st
                 storages.append(st)
         decoder = tensor_codec.ValueDecoder(storages, records, targets_by_storage)
-        device_map = lambda d: mapper(d) if device is not None else d  # noqa: E731
-        gm = graph_codec.GraphDecoder(decoder.decode, device_map).decode(index["graph"])
+        # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
+        # must not still create tensors on cuda).
+        gm = graph_codec.GraphDecoder(decoder.decode, mapper).decode(index["graph"])
         args = [decoder.decode(r) for r in index["inputs"]]
         fidelity = [_fidelity(r, records) for r in index["inputs"]]
         absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
@@ -402,6 +489,67 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
             for note in dict.fromkeys(n for n in notes if n.startswith("recorded device")):
                 warnings.warn(note, stacklevel=2)
         return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes)
+
+
+# Below this many bytes a second reader (it re-reads and re-checks the index) costs more than
+# it saves; above it, blobs are decompressed on several threads at once.
+_PARALLEL_LOAD_BYTES = 96 << 20
+
+
+def _read_blobs(reader: ContainerReader, jobs: list[tuple[str, int, torch.device]], progress, *,
+                path, limits: Limits) -> dict[str, torch.UntypedStorage]:
+    """Each blob decompressed straight into a fresh storage of its size (no staging copy).
+
+    ``jobs`` are (digest, size, device). Large loads use one reader per thread (a zstd
+    decompression context is single-threaded), largest blobs first so the threads finish
+    together; zstd releases the GIL, so decompression and the first touch of the new
+    memory both proceed in parallel.
+    """
+    out: dict[str, torch.UntypedStorage] = {}
+    lock = threading.Lock()
+
+    def read(r: ContainerReader, job) -> None:
+        dg, size, dev = job
+        host = torch.empty(size, dtype=torch.uint8).untyped_storage()
+        r.read_member_into(digests.blob_member_name(dg), storage_view(host))
+        out[dg] = host if dev.type == "cpu" else host.to(device=dev)
+        if progress is not None:
+            with lock:
+                progress(size)
+
+    threads = min(_worker_threads(), len(jobs))
+    if threads < 2 or sum(size for _, size, _ in jobs) < _PARALLEL_LOAD_BYTES:
+        for job in jobs:
+            read(reader, job)
+        return out
+    todo = iter(sorted(jobs, key=lambda j: -j[1]))
+    failed = threading.Event()
+
+    def next_job():
+        with lock:
+            return None if failed.is_set() else next(todo, None)
+
+    def work(r: ContainerReader) -> None:
+        try:
+            while (job := next_job()) is not None:
+                read(r, job)
+        except BaseException:
+            failed.set()
+            raise
+
+    def helper() -> None:
+        with ContainerReader(path, limits=limits) as r:
+            work(r)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="reproarchive-load") as pool:
+        helpers = [pool.submit(helper) for _ in range(threads - 1)]
+        try:
+            work(reader)
+        finally:
+            concurrent.futures.wait(helpers)
+        for h in helpers:
+            h.result()
+    return out
 
 
 def _fidelity(rec: dict, storages: list[dict]) -> str:
@@ -438,6 +586,12 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
         storages: list[Any] = [None] * len(records)
         devs = [torch.device(mapper(r["device"])) for r in records]
         dtypes = _storage_dtypes({"inputs": [rec], "graph": {}})
+        first_use: dict[str, int] = {}
+        for i in sorted(needed):
+            if records[i]["digest"] is not None:
+                first_use.setdefault(records[i]["digest"], i)
+        blobs = _read_blobs(reader, [(dg, records[i]["size"], devs[i]) for dg, i in first_use.items()], None,
+                            path=path, limits=reader.limits)
         for i in needed:
             r = records[i]
             if r["fidelity"] == FIDELITY_ABSENT:
@@ -446,9 +600,9 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
             elif r["fill"] == 0:
                 st = torch.zeros(r["size"], dtype=torch.uint8, device=devs[i]).untyped_storage()
             else:
-                st = torch.empty(r["size"], dtype=torch.uint8).untyped_storage()
-                reader.read_member_into(digests.blob_member_name(r["digest"]), storage_view(st))
-                st = st if devs[i].type == "cpu" else st.to(device=devs[i])
+                st = blobs[r["digest"]]
+                if first_use[r["digest"]] != i:
+                    st = st.clone() if st.device == devs[i] else st.to(device=devs[i])
             storages[i] = st
         return tensor_codec.ValueDecoder(storages, records, devs).decode(rec)
 
@@ -525,12 +679,13 @@ def default_unpack_dir(path: str | os.PathLike) -> Path:
     return Path(name + ".d")
 
 
-def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, progress: bool | None = None) -> Path:
+def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, progress: bool | None = None,
+           limits: Limits = container.DEFAULT_LIMITS) -> Path:
     """Extract to ``dest`` what ``tar -x`` would, after checking everything, writing only paths
     built from validated member names; on any failure nothing is left behind."""
     dest = Path(dest) if dest is not None else default_unpack_dir(path)
-    with ContainerReader(path) as reader:
-        validate_index(reader)
+    with ContainerReader(path, limits=limits) as reader:
+        check_targets(validate_index(reader)["graph"])
         with atomic_dir(dest) as tmp:
             handles: dict[str, Any] = {}
             sizes = {m.name: m.size for m in reader.members.values()}

@@ -274,7 +274,7 @@ class _Script:
             for key, value in sorted(values.items())
             if (mod, key) not in _machine_specific(config)
         )
-        imports = "\n".join(stmt for _, stmt in sorted(self.imports.items()) if stmt)
+        imports = "\n".join(stmt for _, stmt in sorted(self.imports.items()) if stmt and stmt != "import torch")
         return _TEMPLATE.format(
             header=header,
             env=env_lines or "# (no recorded environment variables to set)\n",
@@ -311,8 +311,10 @@ def _header(archive_name, digest, system, failure, backend, source_kind, table) 
     torch_rec = (system or {}).get("torch") or {}
     lines = [
         f"Standalone reproduction exported by reproarchive from {archive_name or 'an archive'}",
-        f"({digest or 'unknown digest'}). Needs only PyTorch: python repro.py [--device DEV]",
-        "[--backend NAME] [--accuracy/--no-accuracy] [--only-fwd] [--dynamo]",
+        f"({digest or 'unknown digest'}).",
+        "Needs only PyTorch:",
+        "    python repro.py [--device DEV] [--backend NAME] [--accuracy/--no-accuracy] [--only-fwd] [--dynamo]",
+        "It raises the recorded error (or AssertionError for an accuracy failure), or prints 'no failure'.",
         "",
         f"Recorded with torch {torch_rec.get('version', '?')} (git {torch_rec.get('git_version', '?')}),"
         f" CUDA {torch_rec.get('cuda')}.",

@@ -17,6 +17,8 @@ STAGES = ("compile", "forward", "backward", "accuracy", "crash", "unknown")
 
 # Order matters: paths and addresses are masked before plain numbers eat their digits.
 _MASKS: list[tuple[re.Pattern[str], str]] = [
+    # A failed compiler subprocess quotes its whole argv, which differs between machines.
+    (re.compile(r"Command '\[.*?\]'"), "Command <argv>"),
     (re.compile(r"(?:[A-Za-z]:)?(?:/[\w.\-+@~]+)+/?"), "<path>"),
     (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
     (re.compile(r"\b[0-9a-f]{16,}\b"), "<hex>"),
@@ -50,15 +52,21 @@ def exception_type_name(exc: BaseException | type) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
+# Exceptions torch raises around a backend's own error; their message is boilerplate.
+WRAPPERS = {"BackendCompilerFailed", "InductorError", "TorchRuntimeError", "InternalTorchDynamoError"}
+
+
 def innermost(exc: BaseException) -> BaseException:
     """The exception that names the bug, not the wrappers torch adds around it.
 
     torch.compile re-raises backend errors as BackendCompilerFailed / InductorError with the
-    original as ``__cause__`` (or ``inner_exception``); two runs of the same bug can differ in
-    wrapping (for example with and without Dynamo), so the signature is taken from the core.
+    original as ``inner_exception`` or ``__cause__``; two runs of the same bug can differ in
+    wrapping (with and without Dynamo), so the signature is taken from the core. Only known
+    wrappers are unwrapped: a CppCompileError caused by a CalledProcessError stays a
+    CppCompileError, whose identity does not depend on the compiler's command line.
     """
     seen = set()
-    while id(exc) not in seen:
+    while id(exc) not in seen and type(exc).__name__ in WRAPPERS:
         seen.add(id(exc))
         inner = getattr(exc, "inner_exception", None) or exc.__cause__
         if not isinstance(inner, BaseException):
