@@ -84,9 +84,7 @@ def inspect(archive: str, as_json: bool) -> None:
         click.echo("failure: not recorded")
     system = info.get("system")
     if system:
-        keys = ("torch", "torch_version", "python", "platform", "os", "cpu")
-        shown = {k: system[k] for k in keys if k in system}
-        click.echo(f"system: {shown or system}")
+        click.echo("system: " + ", ".join(f"{k} {v}" for k, v in system.items() if v not in (None, [])))
     if info.get("config_changed"):
         for module, values in info["config_changed"].items():
             for key, value in values.items():

@@ -1,1 +1,190 @@
-"""Placeholder: filled by the issue that owns these commands."""
+"""``pack`` (import a PyTorch repro dump) and ``capture`` (run a program with dumps switched on)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from .app import emit_json, main
+
+PACK_STAGES = 6  # the events reproarchive.dump_child reports
+
+
+def _progress(enabled: bool, total: int, desc: str):
+    """(callback, close): a tqdm bar on stderr advanced by stage names, or nothing."""
+    if not enabled or not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def step(stage: str) -> None:
+        bar.set_postfix_str(stage)
+        bar.update(1)
+
+    return step, bar.close
+
+
+def _print_pack_result(result, *, label: str = "wrote") -> None:
+    click.echo(f"{label} {result.archive} ({_size(result.size)})")
+    for line in result.summary_lines():
+        click.echo(f"  {line}")
+
+
+def _size(n: int) -> str:
+    from reproarchive.dump_import import _human
+
+    return _human(n)
+
+
+def _warn(lines) -> None:
+    for line in lines:
+        click.echo(f"warning: {line}", err=True)
+
+
+@main.command("pack")
+@click.argument("source", required=False, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path),
+              help="Archive to write (default: ./repro.tar.zst; a folder gets repro.tar.zst inside).")
+@click.option("--no-replay", is_flag=True,
+              help="Do not replay the dump to record the failure; the archive's failure is 'unknown'.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar, no candidate note.")
+@click.pass_context
+def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_replay: bool, as_json: bool,
+             quiet: bool) -> None:
+    """Bundle a PyTorch repro dump into one portable archive.
+
+    \b
+    SOURCE is a repro script PyTorch wrote (minifier_launcher.py, repro.py) or a folder holding
+    one. Without SOURCE, the newest dump below the current directory is used:
+      torch_compile_debug/run_*/minifier/minifier_launcher.py   (TORCHDYNAMO_REPRO_LEVEL=2|4)
+      ./repro*.py                                                (TORCHDYNAMO_REPRO_LEVEL=1)
+    (and below $TORCH_COMPILE_DEBUG_DIR when it is set).
+
+    \b
+    Both dump kinds are read: after_dynamo (torch-level graph) and after_aot (ATen graph for
+    Inductor). Inputs keep their real data from the dump's checkpoints/storages; inputs PyTorch
+    saved without data, missing storage files, and module parameters PyTorch replaced by
+    torch.randn are stored as 'absent' (generated at load time, with a warning), never as real.
+    The dump is executed in a child process (it is your own script): this process's
+    environment, torch config and directory are not touched. Because PyTorch's dumps do not
+    record the error, the dump is replayed once there to record the failure (--no-replay skips
+    that). Paths of this machine are replaced by <cwd>, <dump>, ~ and similar in the archive.
+
+    Prints where the archive went, its size, and three summary lines: graph, inputs, failure.
+    Exit code 4 when no dump is found or SOURCE is not a PyTorch repro script.
+    """
+    from reproarchive.dump_import import pack_dump
+
+    debug = bool((ctx.obj or {}).get("debug"))
+    step, close = _progress(not quiet and not as_json, PACK_STAGES - int(no_replay), "packing dump")
+    log = Path(tempfile.mkstemp(prefix="reproarchive-pack-", suffix=".log")[1]) if debug else None
+    try:
+        result = pack_dump(source, out, replay=not no_replay, progress=step, keep_log=log)
+    finally:
+        close()
+        if log is not None:
+            if log.exists() and log.stat().st_size:
+                click.echo(f"--- log of the process that imported the dump ({log}) ---", err=True)
+                click.echo(log.read_text(errors="replace")[-20000:], err=True)
+            else:
+                log.unlink(missing_ok=True)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    if len(result.candidates) > 1 and not quiet:
+        cwd = Path.cwd()
+        click.echo(f"took {_rel(result.script, cwd)}: {result.discovery_reason}", err=True)
+        others = [c for c in result.candidates if c != result.script]
+        for c in others[:3]:
+            click.echo(f"  also found {_rel(c, cwd)}", err=True)
+        if len(others) > 3:
+            click.echo(f"  ... and {len(others) - 3} more; name one as SOURCE to choose", err=True)
+    _warn(result.warnings)
+    _print_pack_result(result)
+
+
+def _rel(path: Path, cwd: Path) -> str:
+    try:
+        return str(path.relative_to(cwd.resolve()))
+    except ValueError:
+        return str(path)
+
+
+@main.command("capture", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
+              show_default=True, help="Folder for the archives (repro.tar.zst, repro-2.tar.zst, ...).")
+@click.option("--after", type=click.Choice(["dynamo", "aot"]), default="dynamo", show_default=True,
+              help="Where PyTorch intercepts: the Dynamo graph (any backend) or the AOT graph (Inductor).")
+@click.option("--accuracy", is_flag=True,
+              help="Dump accuracy failures (compiled vs eager) instead of errors (repro level 4).")
+@click.option("--no-replay", is_flag=True, help="Pack without replaying each dump; failures are 'unknown'.")
+@click.option("--keep-dumps", is_flag=True, help="Keep PyTorch's dump folder and print where it is.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress output.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep_dumps: bool, as_json: bool,
+                quiet: bool, command: tuple[str, ...]) -> None:
+    """Run a program and pack every torch.compile failure in it, without code changes.
+
+    \b
+    Example:
+      reproarchive capture -o repros -- python train.py --epochs 1
+
+    \b
+    How: the program runs with PyTorch's own repro hooks switched on
+    (TORCHDYNAMO_REPRO_AFTER=dynamo|aot, TORCHDYNAMO_REPRO_LEVEL=2, or 4 with --accuracy), which
+    wrap every backend torch.compile uses, in every process the program starts. Their dumps go
+    to a private temporary folder (TORCH_COMPILE_DEBUG_DIR), and after the program ends each
+    dump is packed as by `reproarchive pack` (real inputs, snapshots, one replay to record the
+    failure), then the dumps are deleted (--keep-dumps keeps them).
+
+    \b
+    Limits (PyTorch's hooks):
+      - one dump per process: a later failure in the same process replaces an earlier one;
+      - every graph is compiled once more and run forward/backward on copies of its inputs
+        while checking, so compilation is slower under capture;
+      - --accuracy dumps accuracy failures only (exceptions then pass through undumped);
+      - errors before a graph reaches the backend (Dynamo tracing errors) are not dumped;
+      - --after aot dumps of compile errors carry no input data (PyTorch had only fake
+        tensors): those inputs are marked absent; --after aot --accuracy also makes PyTorch
+        copy a repro.py into the current directory.
+
+    \b
+    Exit code: the program's own exit code (128+N if signal N ended it), so capture can wrap
+    a command in scripts; the archives written are listed on stdout (one path per line with
+    --quiet). Exit 4 when the program cannot be started or -o is not a folder.
+    """
+    from reproarchive.program_capture import capture_program
+
+    def note(stage: str) -> None:
+        if not quiet and not as_json:
+            click.echo(f"reproarchive: {stage}", err=True)
+
+    result = capture_program(list(command), out_dir, after=after, accuracy=accuracy, replay=not no_replay,
+                             keep_dumps=keep_dumps, progress=note)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        for line in result.errors:
+            click.echo(f"error: could not pack {line}", err=True)
+        if quiet:
+            for archive in result.archives:
+                click.echo(str(archive.archive))
+        else:
+            if not result.archives:
+                if result.exit_code != 0 and not result.errors:
+                    click.echo(f"reproarchive: the program exited with {result.exit_code} but PyTorch wrote no "
+                               "repro dump (the failure was not inside a compiler backend)", err=True)
+                else:
+                    click.echo("reproarchive: no torch.compile failure was captured", err=True)
+            for archive in result.archives:
+                _warn(archive.warnings)
+                _print_pack_result(archive)
+            if result.dumps_kept:
+                click.echo(f"reproarchive: PyTorch's dumps kept in {result.dumps_kept}", err=True)
+    sys.exit(result.exit_code)

@@ -51,12 +51,33 @@ only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--d
 @click.option("--current-config", is_flag=True,
               help="Use this machine's torch config instead of the recorded one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("--minify", is_flag=True,
+              help="Shrink the graph while the recorded failure keeps reproducing; write the result to -o.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="With --minify: the archive to write.")
+@click.option("--max-time", type=float, metavar="SECONDS",
+              help="With --minify: stop after this long and keep the smallest failing graph so far.")
+@click.option("--quiet", "-q", is_flag=True, help="With --minify: no progress line.")
 @click.pass_context
-def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json):
-    """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?"""
+def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
+            minify, output, max_time, quiet):
+    """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
+
+    With --minify, shrink it instead: candidates are judged by replaying them (with --isolate,
+    each in a child process) and accepted only when they reproduce the recorded failure
+    signature. Every accepted step is written to -o at once, so Ctrl-C, --max-time or a crash
+    keeps the best graph found. Exit 0 when the minified archive is written, 3 when the archive
+    does not reproduce here.
+    """
     from reproarchive.device_map import parse_device_option
     from reproarchive.replay import run
 
+    if minify:
+        _minify(archive, output, max_time=max_time, isolate=bool(isolate), device=parse_device_option(device),
+                backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
+                as_json=as_json, quiet=quiet)
+        return
+    if output or max_time is not None:
+        raise click.UsageError("-o/--output and --max-time only apply with --minify")
     outcome = run(archive, device=parse_device_option(device), backend=backend, accuracy=accuracy,
                   only_fwd=only_fwd, isolate=isolate, current_config=current_config, tol=tol)
     if as_json:
@@ -64,6 +85,25 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     else:
         click.echo(format_outcome(outcome))
     ctx.exit(outcome.exit_code)
+
+
+def _minify(archive, output, *, as_json, quiet, **options) -> None:
+    from reproarchive.minify_archive import minify_archive, progress_printer
+
+    if not output:
+        raise click.UsageError("--minify needs -o/--output for the minified archive")
+    report = minify_archive(archive, output, progress=None if (quiet or as_json) else progress_printer(), **options)
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    s = report.stats
+    click.echo("", err=True)
+    click.echo(report.code.rstrip())
+    click.echo(
+        f"{report.status}: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> {s['final_inputs']} inputs; "
+        f"{s['calls']} candidates replayed, {s['cache_hits']} cache hits, {s['wall_s']:.1f}s ({s['stop_reason']})"
+    )
+    click.echo(f"wrote {report.output} (minified from {report.parent[:19]}...); replay it with: reproarchive run {report.output}")
 
 
 def _describe(record) -> str:

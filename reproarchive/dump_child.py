@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from .dump_script import DumpScript, parse_dump_script, symbolic_shapes
-from .errors import PackError, ReproArchiveError, SourceError
+from .errors import SourceError
+from .errors import PackError, ReproArchiveError
 
 EVENT_PREFIX = "@@reproarchive-event "
 # PyTorch inlines buffers with at most this many elements as printed literals
@@ -376,9 +377,10 @@ def _concrete(args: list[Any], seed: int = 0) -> tuple[list[Any], int]:
     for a in args:
         if isinstance(a, AbsentTensor):
             device = a.device if _device_usable(torch.device(a.device)) else "cpu"
-            t = rand_strided(tuple(a.shape), tuple(a.stride), a.dtype, device)
+            stride = tuple(a.stride) if a.stride is not None else _contiguous(tuple(a.shape))
+            t = rand_strided(tuple(a.shape), stride, a.dtype, device, extra_size=a.storage_offset)
             if a.storage_offset:
-                t = torch.as_strided(t, tuple(a.shape), tuple(a.stride), 0)
+                t = torch.as_strided(t, tuple(a.shape), stride, a.storage_offset)
             t.requires_grad_(bool(a.requires_grad) and (t.is_floating_point() or t.is_complex()))
             out.append(t)
             generated += 1
@@ -557,7 +559,6 @@ def _accuracy(gm, inputs, compile_fn, backend, only_fwd):
     """Compiled vs eager with PyTorch's own rule (fp64 reference, repro_tolerance)."""
     import copy
 
-    import torch
     from torch._dynamo import config as dynamo_config
     from torch._dynamo.debug_utils import clone_inputs_retaining_gradness, same_two_models
 
@@ -656,9 +657,8 @@ class Scrubber:
 
 def _scrub_prefixes(opts: argparse.Namespace, store: Path | None) -> dict[str, str]:
     prefixes: dict[str, str] = {}
-    for label, paths in (("<python>", {sys.prefix, sys.base_prefix, sys.exec_prefix})),):
-        for path in paths:
-            prefixes[path] = label
+    for path in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        prefixes[path] = "<python>"
     try:
         import torch
 

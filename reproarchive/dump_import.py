@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from . import errors
 from .dump_script import Discovery, discover
+from .errors import SourceError
 
 DEFAULT_ARCHIVE_NAME = "repro.tar.zst"
 # The same filter PyTorch uses when it writes env lines into a dump
@@ -100,7 +101,6 @@ def _child_env() -> dict[str, str]:
     package_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.setdefault("PYTHONHASHSEED", "0")
     return env
 
 
@@ -129,7 +129,7 @@ def pack_dump(
     if out_path.is_dir():
         out_path = out_path / DEFAULT_ARCHIVE_NAME
     if not out_path.parent.is_dir():
-        raise errors.SourceError(f"output folder {out_path.parent} does not exist", "create it or choose another -o")
+        raise SourceError(f"output folder {out_path.parent} does not exist", "create it or choose another -o")
     out_path = out_path.resolve()
 
     # Prefixes the child scrubs from everything it stores: where the dump lives (a run_* folder
@@ -176,7 +176,9 @@ def pack_dump(
 
     if "error" in report:
         err = report["error"]
-        cls = getattr(errors, err.get("class", "PackError"), errors.PackError)
+        name = err.get("class", "PackError")
+        cls = SourceError if name == "SourceError" else getattr(
+            errors, name, errors.PackError)
         if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
             cls = errors.PackError
         raise cls(err.get("what", "packing the dump failed"), err.get("hint"))

@@ -61,7 +61,9 @@ class PackError(ReproArchiveError):
 
 
 class SourceError(ReproArchiveError):
-    """A PyTorch repro dump or other packing source is missing or unreadable."""
+    """A PyTorch repro dump, input file or output folder is missing or unusable (exit 4)."""
+
+    exit_code = 4
 
 
 class DeviceUnavailableError(ReproArchiveError):

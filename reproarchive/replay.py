@@ -207,7 +207,11 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
     """The compiled callable, taking positional arguments (what Dynamo's generated code does)."""
     if source_kind == "after_aot" and backend == "inductor":
         from torch._inductor.compile_fx import compile_fx_inner
+        from torch.fx.experimental.proxy_tensor import make_fx
 
+        # Like PyTorch's after_aot run_repro: re-trace so every node carries the meta
+        # (``val``) that inductor's inner compiler reads; the archive stores no fake values.
+        gm = make_fx(gm, tracing_mode="real")(*args)
         inner = compile_fx_inner(gm, args)
         return lambda *a: inner(list(a))
     compiled = compiler_fn(gm, args)

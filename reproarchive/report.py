@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from . import container, graph_codec
-from .archive import validate_index
+from .archive import check_targets, validate_index
 from .container import ContainerReader
 
 
@@ -59,6 +59,28 @@ def _storage_stats(reader: ContainerReader, index: dict) -> dict:
     }
 
 
+def _get(record: dict, *keys: str):
+    for key in keys:
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
+
+
+def _system_summary(system: dict) -> dict:
+    """The few machine facts that most often explain "fails there, passes here"."""
+    cuda = system.get("cuda") if isinstance(system.get("cuda"), dict) else {}
+    gpus = cuda.get("devices") or cuda.get("gpus") or []
+    return {
+        "torch": _get(system, "torch", "version"),
+        "torch_git": _get(system, "torch", "git_version"),
+        "python": _get(system, "python", "version"),
+        "os": _get(system, "os", "platform"),
+        "cpu": _get(system, "cpu", "model"),
+        "cuda": (cuda.get("version") or "available") if cuda.get("available") else f"no ({cuda.get('reason', 'not available')})",
+        "gpus": [g.get("name") if isinstance(g, dict) else g for g in gpus] or None,
+        "triton": _get(system, "packages", "triton"),
+    }
+
+
 def _summaries(index: dict) -> dict:
     system = index.get("system") or {}
     failure = index.get("failure") or {}
@@ -67,18 +89,21 @@ def _summaries(index: dict) -> dict:
     changed = config.get("changed") or {}
     return {
         "failure": {k: failure.get(k) for k in ("stage", "exception_type", "message", "signature", "backend")} if failure else None,
-        "system": {k: system.get(k) for k in sorted(system) if not isinstance(system.get(k), (dict, list))} or (
-            {"keys": sorted(system)} if system else None),
+        "system": _system_summary(system) if system else None,
         "config_changed": changed or None,
         "config_unrepresentable": config.get("unrepresentable") or None,
         "environment": (environment.get("variables") if isinstance(environment.get("variables"), dict) else environment) or None,
     }
 
 
-def inspect(path: str | os.PathLike) -> dict:
-    """A JSON-ready summary of an archive (the CLI prints it as text or with --json)."""
-    with ContainerReader(path) as reader:
+def inspect(path: str | os.PathLike, *, limits: container.Limits = container.DEFAULT_LIMITS) -> dict:
+    """A JSON-ready summary of an archive (the CLI prints it as text or with --json).
+
+    It refuses what load would refuse from the index alone (including call targets outside
+    the allowlist), so "inspect shows it" never means "load would run something unsafe"."""
+    with ContainerReader(path, limits=limits) as reader:
         index = validate_index(reader)
+        check_targets(index["graph"])
         graph = index["graph"]
         nodes = graph["nodes"]
         return {

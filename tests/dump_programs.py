@@ -1,0 +1,100 @@
+"""Small failing torch.compile programs that make PyTorch write real repro dumps.
+
+Each program is run in a subprocess (in a tmp folder) with PyTorch's repro env vars, exactly as
+a user would, using PyTorch's testing bug injectors so the failures are cheap and certain.
+``make_dump`` returns the dump script and the tensors the program compiled, saved with
+``torch.save`` next to the program, so tests can compare what the archive holds with what the
+program really passed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+# The model: a parameter-holding Linear (Dynamo lifts its weight and bias to graph inputs), a
+# non-contiguous view input and a requires_grad input, so the dump has several storages, a
+# backward, and strides that are not the default.
+_MODEL = """
+import torch
+torch.manual_seed(0)
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        return torch.relu(self.lin(x) + y).sum(1)
+
+m = M()
+x = torch.randn(3, 4, requires_grad=True)
+base = torch.randn(3, 8)
+y = base[:, ::2]  # a strided view of a larger storage
+torch.save({"weight": m.lin.weight.detach(), "bias": m.lin.bias.detach(), "x": x.detach(),
+            "y": y.detach(), "base": base}, "inputs.pt")
+"""
+
+DYNAMO_PROGRAMS = {
+    # backend name -> what goes wrong
+    "compile_error": "relu_compile_error_TESTING_ONLY",
+    "runtime_error": "relu_runtime_error_TESTING_ONLY",
+    "accuracy": "relu_accuracy_error_TESTING_ONLY",
+}
+
+
+def dynamo_program(kind: str) -> str:
+    backend = DYNAMO_PROGRAMS[kind]
+    return _MODEL + textwrap.dedent(f"""
+        f = torch.compile(m, backend={backend!r})
+        f(x, y).sum().backward()
+    """)
+
+
+def aot_program(bug: str) -> str:
+    """Inductor (CPU) with an injected relu bug: "compile_error", "runtime_error" or "accuracy"."""
+    return textwrap.dedent(f"""
+        import torch
+        torch.manual_seed(0)
+        torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = {bug!r}
+
+        def f(a, b):
+            return torch.relu(a @ b + 1).sum(1)
+
+        a = torch.randn(3, 4)
+        b = torch.randn(4, 5)
+        torch.save({{"a": a, "b": b}}, "inputs.pt")
+        torch.compile(f, backend="inductor")(a, b)
+    """)
+
+
+def run_program(folder: Path, source: str, *, after: str, level: int, timeout: float = 240) -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "prog.py").write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHDYNAMO_REPRO", "TORCH_COMPILE_DEBUG"))}
+    env.update(TORCHDYNAMO_REPRO_AFTER=after, TORCHDYNAMO_REPRO_LEVEL=str(level), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "prog.py"], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def launcher_in(folder: Path) -> Path:
+    found = sorted(folder.glob("torch_compile_debug/run_*/minifier/minifier_launcher.py"))
+    if not found:
+        raise AssertionError(f"PyTorch wrote no minifier_launcher.py in {folder}")
+    return found[-1]
+
+
+def make_dump(folder: Path, source: str, *, after: str, level: int) -> Path:
+    """Run the program; return the dump script PyTorch wrote (launcher, or repro.py at level 1)."""
+    proc = run_program(folder, source, after=after, level=level)
+    if proc.returncode == 0:
+        raise AssertionError(f"the failing program did not fail:\n{proc.stderr[-2000:]}")
+    if level == 1:
+        repro = folder / "repro.py"
+        if not repro.is_file():
+            raise AssertionError(f"PyTorch wrote no repro.py:\n{proc.stderr[-2000:]}")
+        return repro
+    return launcher_in(folder)
