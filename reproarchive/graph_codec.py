@@ -37,7 +37,7 @@ _MODULE_INTERNALS = {
     "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks",
     "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl",
 }
-_FILE_COMMENT = re.compile(r"^\s*# File: .*$\n?", re.MULTILINE)
+_FILE_COMMENT = re.compile(r"^\s*# (?:File: .*|No stacktrace found for following nodes)$\n?", re.MULTILINE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,7 +234,15 @@ class GraphDecoder:
         if kind == "tuple" and isinstance(v, list):
             return tuple(self.decode_arg(x, env) for x in v)
         if kind == "dict" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
-            return {self.decode_arg(k, env): self.decode_arg(x, env) for k, x in v}
+            out = {}
+            for k, x in v:
+                key = self.decode_arg(k, env)
+                try:
+                    hash(key)
+                except TypeError:
+                    raise IndexSchemaError(f"graph dict argument has an unhashable key of type {type(key).__name__}") from None
+                out[key] = self.decode_arg(x, env)
+            return out
         if kind == "slice" and isinstance(v, list) and len(v) == 3:
             return slice(*(self.decode_arg(x, env) for x in v))
         if kind == "dtype":
@@ -283,7 +291,7 @@ class GraphDecoder:
             if not isinstance(rec.get("args", []), list) or not isinstance(rec.get("kwargs", {}), dict):
                 raise IndexSchemaError(f"graph node {name!r} has malformed args")
             args = tuple(self.decode_arg(a, env) for a in rec.get("args", []))
-            kwargs = {str(k): self.decode_arg(v, env) for k, v in rec.get("kwargs", {}).items()}
+            kwargs = {targets.check_kwarg_name(k): self.decode_arg(v, env) for k, v in rec.get("kwargs", {}).items()}
             if op == "call_function":
                 fn = targets.resolve_function(target)
                 if fn is getattr:
@@ -298,8 +306,8 @@ class GraphDecoder:
             elif op == "output":
                 outputs += 1
                 target = "output"
-            elif not isinstance(target, str):
-                raise IndexSchemaError(f"placeholder {name!r} has no target name")
+            else:
+                targets.check_placeholder_target(target)
             env[name] = graph.create_node(op, target, args, kwargs, name=name)
         if outputs != 1:
             raise IndexSchemaError(f"graph has {outputs} output nodes, expected exactly one")

@@ -1,0 +1,28 @@
+"""``reproarchive demo``: the built-in end-to-end example."""
+
+from __future__ import annotations
+
+import click
+
+from .app import main
+
+
+@main.command()
+@click.option("-C", "--directory", default="demo-out", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the demo's archives.")
+@click.option("--no-minify", is_flag=True, help="Stop after the replay.")
+def demo(directory: str, no_minify: bool) -> None:
+    """Run the whole story on a built-in example, on CPU.
+
+    A real torch.compile (inductor) failure -- made with PyTorch's own relu bug injector -- is
+    captured into an archive, verified, inspected, replayed without the injector (the archive's
+    recorded config brings the bug back) and minified to the op that fails. Exit 0 when every
+    step saw what it should.
+    """
+    from reproarchive.demo import DemoFailed, run_demo
+    from reproarchive.errors import ReproArchiveError
+
+    try:
+        run_demo(directory, say=click.echo, minify=not no_minify)
+    except DemoFailed as exc:
+        raise ReproArchiveError(f"demo step failed: {exc}") from exc

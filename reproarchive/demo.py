@@ -1,0 +1,116 @@
+"""The built-in example behind ``reproarchive demo``: the whole story on one real failure.
+
+A small model is compiled with the real inductor backend while PyTorch's own testing bug
+injector (``torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY``) makes inductor emit C++
+that does not compile for ``relu``. The failure is captured into an archive, verified,
+inspected, replayed in this process *after the injected setting has been removed* (so it only
+reproduces because replay applies the recorded config), and minified to the one op that
+breaks. Each step checks what it should see, so the demo doubles as a smoke test.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+INJECTOR = "cpp.inject_relu_bug_TESTING_ONLY"
+
+
+class DemoModel(torch.nn.Module):
+    """A transformer-style MLP block: 30-odd FX nodes, one of them the relu inductor breaks on."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.up = torch.nn.Linear(dim, 4 * dim)
+        self.down = torch.nn.Linear(4 * dim, dim)
+        self.gate = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h = self.norm(x)
+        u = torch.nn.functional.gelu(self.up(h))
+        d = self.down(u)
+        g = torch.sigmoid(self.gate(h))
+        y = x + d * g
+        return torch.relu(y).mean(dim=-1) + y.abs().amax(dim=-1)
+
+
+class DemoFailed(Exception):
+    """A step of the demo did not see what it should."""
+
+
+def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify: bool = True) -> dict:
+    """Run every step; returns the paths and outcomes. Raises DemoFailed on a surprise."""
+    import reproarchive
+    from reproarchive.minify_archive import minify_archive
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / "repro.tar.zst"
+    minified = out / "repro.min.tar.zst"
+    for stale in (archive, minified):
+        stale.unlink(missing_ok=True)
+    started = time.monotonic()
+    step = lambda text: say(f"\n[{time.monotonic() - started:5.1f}s] {text}")  # noqa: E731
+
+    step("1. compile a small model with inductor while PyTorch's relu bug injector is on")
+    torch.manual_seed(0)
+    model = DemoModel()
+    x = torch.randn(8, 32)
+    import torch._inductor.config as inductor_config
+
+    compiled = torch.compile(model, backend=reproarchive.capture("inductor", path=archive))
+    with inductor_config.patch({INJECTOR: "compile_error"}):
+        try:
+            compiled(x)
+        except Exception as exc:  # noqa: BLE001 - the failure is the point
+            say(f"   torch.compile failed as expected: {type(exc).__name__}")
+        else:
+            raise DemoFailed("the injected inductor bug did not make torch.compile fail")
+    torch._dynamo.reset()
+    if not archive.exists():
+        raise DemoFailed(f"capture did not write {archive}")
+    say(f"   captured into {archive} ({archive.stat().st_size} bytes)")
+
+    step(f"2. reproarchive verify {archive}")
+    report = reproarchive.verify(archive)
+    say(f"   ok: format {report['format']}, {report['blobs']} blobs, digest {report['digest'][:23]}...")
+
+    step(f"3. reproarchive inspect {archive}")
+    info = reproarchive.inspect(archive)
+    say(f"   graph: {info['graph']['nodes']} nodes, {info['graph']['ops']} ops; inputs: {len(info['inputs'])} "
+        f"({sum(1 for r in info['inputs'] if r.get('fidelity', '').startswith('real'))} with real data)")
+    failure = info["failure"] or {}
+    say(f"   failure: {failure.get('stage')} {failure.get('exception_type')}")
+    changed = (info.get("config_changed") or {}).get("torch._inductor.config", {})
+    say(f"   recorded config: {INJECTOR} = {changed.get(INJECTOR)!r}")
+    if getattr(inductor_config.cpp, "inject_relu_bug_TESTING_ONLY") is not None:
+        raise DemoFailed("the injector is still set in this process")
+
+    step(f"4. reproarchive run {archive}   (the injector is NOT set here; the archive's config is)")
+    outcome = reproarchive.run(archive)
+    say(f"   {outcome.status.upper()} (exit {outcome.exit_code}): {outcome.kind}")
+    if outcome.exit_code != 1:
+        raise DemoFailed(f"replay should reproduce the failure (exit 1), got {outcome.status}")
+
+    result = {"archive": str(archive), "run": outcome.to_dict()}
+    if minify:
+        step(f"5. reproarchive run --minify {archive} -o {minified}")
+        rep = minify_archive(archive, minified)
+        s = rep.stats
+        say(f"   {s['initial_ops']} ops -> {s['final_ops']} ops in {s['calls']} replays "
+            f"({s['cache_hits']} answered from the memo), {s['wall_s']:.1f}s")
+        say("   the minimized graph:")
+        for line in rep.code.strip().splitlines():
+            say(f"     {line}")
+        again = reproarchive.run(minified)
+        say(f"   reproarchive run {minified}: {again.status.upper()} (exit {again.exit_code})")
+        if again.exit_code != 1 or s["final_ops"] >= s["initial_ops"]:
+            raise DemoFailed("the minified archive must be smaller and still reproduce")
+        result.update(minified=str(minified), minify=s)
+    say(f"\ndone in {time.monotonic() - started:.1f}s: send {archive.name}"
+        + (f" (or {minified.name}) " if minify else " ") + "to a teammate; they run `reproarchive run` on it.")
+    return result
