@@ -93,10 +93,12 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
     if not output:
         raise click.UsageError("--minify needs -o/--output for the minified archive")
     report = minify_archive(archive, output, progress=None if (quiet or as_json) else progress_printer(), **options)
+    s = report.stats
     if as_json:
         emit_json(report.to_dict())
+        if s["stop_reason"] == "interrupted":
+            raise SystemExit(130)
         return
-    s = report.stats
     click.echo("", err=True)
     click.echo(report.code.rstrip())
     click.echo(
@@ -104,6 +106,8 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
         f"{s['calls']} candidates replayed, {s['cache_hits']} cache hits, {s['wall_s']:.1f}s ({s['stop_reason']})"
     )
     click.echo(f"wrote {report.output} (minified from {report.parent[:19]}...); replay it with: reproarchive run {report.output}")
+    if s["stop_reason"] == "interrupted":
+        raise SystemExit(130)
 
 
 def _describe(record) -> str:

@@ -17,12 +17,11 @@ written as a script that fails later.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any, Mapping
 
+from .atomic_write import atomic_dir
 from .errors import ReproArchiveError
 from .recorded_env import plan
 
@@ -85,12 +84,7 @@ def write_export(
     digest: str | None = None,
 ) -> dict[str, Any]:
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ReproArchiveError(f"{out} already exists and is not an empty folder",
-                                "pick a new folder for -o, or remove that one")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         writer = _DataWriter(tmp)
         script = _Script(writer).build(
             gm, args, backend=backend, source_kind=source_kind, accuracy=accuracy, config=config,
@@ -100,12 +94,6 @@ def write_export(
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"folder": str(out), "script": str(out / "repro.py"), "files": files, "bytes": size}
 
 

@@ -108,7 +108,7 @@ def minify_archive(
 ) -> MinifyReport:
     """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``."""
     from .graph_codec import readable_code
-    from .minify import NotFailingError, minify_with_stats
+    from .minify import EagerRunError, NotFailingError, minify_with_stats
 
     output = Path(output)
     if Path(path).resolve() == output.resolve():
@@ -139,6 +139,11 @@ def minify_archive(
             raise NotReproducedError(
                 f"{path} does not reproduce its recorded failure here, so it cannot be minified",
                 "run `reproarchive run` on it to see what happens instead",
+            ) from None
+        except EagerRunError as exc:
+            raise NotReproducedError(
+                f"the archived graph does not run in eager mode on its inputs ({str(exc)[:160]})",
+                "the failure is not the compiler's; `reproarchive run --backend eager` shows it",
             ) from None
     stats = result.stats.as_dict()
     stats["wall_s"] = round(time.monotonic() - started, 3)

@@ -12,6 +12,7 @@ import builtins
 import math
 import operator
 import re
+import types
 from typing import Any
 
 import torch
@@ -40,7 +41,13 @@ ALLOWED_TORCH_PREFIXES = (
     "torch._prims.",
     "torch._prims_common.",
     "torch._higher_order_ops.",
-    "torch._functorch.",
+    # functorch transforms that Dynamo graphs call (vmap levels, grad, batch dims); not the
+    # whole package, which also holds compilers that write files and config loaders.
+    "torch._functorch.predispatch.",
+    "torch._functorch.vmap.",
+    "torch._functorch.apis.",
+    "torch._functorch.eager_transforms.",
+    "torch._functorch.autograd_function.",
     "torch.amp.autocast_mode.",
     "torch.autograd.grad_mode.",
     "torch.fx.experimental.sym_node.",
@@ -149,14 +156,52 @@ def check_function_name(name: object) -> str:
     return name
 
 
+_ROOTS = {"operator": operator, "math": math, "builtins": builtins, "torch": torch}
+
+
+def _walk(name: str) -> Any:
+    """Attribute walk from an allowed root; raises LookupError when a segment is missing.
+
+    A module reached on the way must be the module of that name: ``torch._refs.torch`` is the
+    ``torch`` module imported inside ``torch._refs``, an alias that would let an allowed prefix
+    reach any attribute of any module (``torch._refs.torch.load``).
+    """
+    parts = name.split(".")
+    obj: Any = _ROOTS[parts[0]]
+    path = parts[0]
+    for part in parts[1:]:
+        try:
+            obj = getattr(obj, part)
+        except (AttributeError, RuntimeError):
+            raise LookupError(name) from None
+        path = f"{path}.{part}"
+        if isinstance(obj, types.ModuleType) and obj.__name__ != path:
+            raise _unsafe(name, f"{path} is an alias of module {obj.__name__}")
+    return obj
+
+
+def _check_identity(name: str, obj: Any) -> None:
+    """What a name resolves to must be allowed under its own qualified name too: a bound
+    method of a config module (``torch._functorch.config.load_config``) lives in
+    ``torch.utils._config_module``, which no allowed prefix covers."""
+    if not callable(obj) or isinstance(obj, types.ModuleType):
+        raise _unsafe(name, "not a function")
+    try:
+        real = qualified_name(obj)
+    except Exception:
+        raise _unsafe(name, "resolves to an object without a qualified name") from None
+    if real != name:
+        try:
+            check_function_name(real)
+        except UnsafeArchiveError:
+            raise _unsafe(name, f"it is {real[:120]}") from None
+
+
 def resolve_function(name: str) -> Any:
     check_function_name(name)
-    parts = name.split(".")
-    obj: Any = {"operator": operator, "math": math, "builtins": builtins, "torch": torch}[parts[0]]
     try:
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except (AttributeError, RuntimeError):
+        obj = _walk(name)
+    except LookupError:
         if name.startswith("torch.ops."):
             raise UnsafeArchiveError(
                 f"operator {name} is not registered in this process",
@@ -166,9 +211,20 @@ def resolve_function(name: str) -> Any:
             f"graph calls {name}, which does not exist in this torch {torch.__version__}",
             "replay with the torch version recorded in the archive (see `reproarchive inspect`)",
         ) from None
-    if not callable(obj) or isinstance(obj, type(torch)):
-        raise _unsafe(name, "not a function")
+    _check_identity(name, obj)
     return obj
+
+
+def check_function_target(name: object) -> str:
+    """For verify/inspect: the allowlist check plus, where the name resolves in this process,
+    the identity check; a name this torch lacks passes here (load will say so)."""
+    check_function_name(name)
+    try:
+        obj = _walk(name)
+    except LookupError:
+        return name
+    _check_identity(name, obj)
+    return name
 
 
 def check_method_name(name: object) -> str:
@@ -212,12 +268,38 @@ def resolve_module_class(name: object) -> type:
     parts = name.split(".")
     if not all(_SEGMENT.match(p) and not p.startswith("__") for p in parts):
         raise _unsafe(name, "malformed class name")
-    obj: Any = torch
     try:
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except AttributeError:
+        obj = _walk(name)
+    except LookupError:
         raise UnsafeArchiveError(f"module class {name} does not exist in this torch", "replay with the recorded torch version") from None
     if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
         raise _unsafe(name, "not an nn.Module class")
+    real = f"{obj.__module__}.{obj.__qualname__}"
+    if not real.startswith(MODULE_CLASS_PREFIXES):
+        raise _unsafe(name, f"it is {real[:120]}, which is not a torch.nn module")
     return obj
+
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_placeholder_target(target: object) -> str:
+    """FX pastes a placeholder's target into the ``def forward(...)`` line it generates and
+    execs, so anything but a plain parameter name (optionally ``*args``/``**kwargs``) would be
+    code run at load time."""
+    if not isinstance(target, str) or not _IDENTIFIER.match(target.removeprefix("**").removeprefix("*")):
+        raise UnsafeArchiveError(
+            f"placeholder target {str(target)[:80]!r} is not a parameter name",
+            "the archive is hostile or damaged; refusing to build its graph",
+        )
+    return target
+
+
+def check_kwarg_name(key: object) -> str:
+    """Keyword-argument names are pasted into generated code as ``name = value``."""
+    if not isinstance(key, str) or not _IDENTIFIER.match(key):
+        raise UnsafeArchiveError(
+            f"keyword argument name {str(key)[:80]!r} is not an identifier",
+            "the archive is hostile or damaged; refusing to build its graph",
+        )
+    return key

@@ -157,6 +157,6 @@ def test_export_refuses_a_non_empty_folder_and_leaves_nothing(tmp_path):
     (out / "keep.txt").write_text("mine")
     before = sorted(p.name for p in tmp_path.iterdir())
     result = CliRunner().invoke(cli_main, ["export", str(archive), "-o", str(out)])
-    assert result.exit_code == 2 and result.output.startswith("error: ")
+    assert result.exit_code == 4 and result.output.startswith("error: ")  # an unusable output folder
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp folder left behind
