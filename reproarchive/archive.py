@@ -155,7 +155,8 @@ def pack(
         raise PackError("backend must be a string naming the compiler backend")
 
     real = [i for i, r in enumerate(table.records) if r["fidelity"] == FIDELITY_REAL]
-    total = sum(table.records[i]["size"] for i in real)
+    # the bar counts member bytes as their frames reach the file, and skipped storages at once
+    total = sum(table.records[i]["size"] for i in real) + len(code) + len(container.layout_bytes())
     threads = _worker_threads()
     # Storages are hashed ahead of the one being compressed (the digest names the blob, so it
     # must be known before its first frame is written). CPU storages are hashed in place, so
@@ -166,7 +167,7 @@ def pack(
         # With two or more cores the pool compresses frames too, in parallel with hashing;
         # with one, frames are compressed here while the pool thread hashes.
         writer = ContainerWriter(f, level=level, frame_size=frame_size, executor=pool if threads > 1 else None,
-                                 progress=pbar.update)
+                                 progress=pbar.update, direct_io=True)
         try:
             writer.add_member(GRAPH_CODE_MEMBER, code)
             written: set[str] = set()
@@ -483,11 +484,11 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
             names = ", ".join(str(index["inputs"][i].get("name") or i) for i in absent[:8])
             msg = (f"{len(absent)} input(s) had no data in the archive ({names}); "
                    "they were filled with generated values, so the replay is not the original run")
-            warnings.warn(msg, stacklevel=2)
+            warnings.warn(msg, stacklevel=3)
             notes.append(msg)
         if device is None:
             for note in dict.fromkeys(n for n in notes if n.startswith("recorded device")):
-                warnings.warn(note, stacklevel=2)
+                warnings.warn(note, stacklevel=3)
         return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+import re
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -215,6 +216,7 @@ def _tensor_record(storage, dtype, shape, stride, offset, requires_grad, is_leaf
 # --------------------------------------------------------------------------------------------
 # Validation and decoding
 
+_DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]*(?::[0-9]{1,4})?$")
 _KINDS = {"tensor", "bool", "int", "float", "none", "str", "symint", "symfloat", "symbool", "tuple", "list"}
 MAX_VALUE_DEPTH = 32
 
@@ -231,9 +233,18 @@ def validate_storage(rec: object, i: int) -> None:
     if not isinstance(rec, dict):
         raise IndexSchemaError(f"{where} is not a map")
     size = _need(rec, "size", int, where)
-    if size < 0:
-        raise IndexSchemaError(f"{where}: negative size")
-    _need(rec, "device", str, where)
+    if not 0 <= size < 1 << 62:
+        raise IndexSchemaError(f"{where}: size {size} is negative or impossibly large")
+    device = _need(rec, "device", str, where)
+    if not _DEVICE_RE.match(device):
+        raise IndexSchemaError(f"{where}: {device[:40]!r} is not a device name")
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise IndexSchemaError(
+            f"{where}: device type {device[:40]!r} is unknown to this torch {torch.__version__}",
+            "replay with the torch version recorded in the archive",
+        ) from None
     fidelity = rec.get("fidelity")
     digest, fill = rec.get("digest"), rec.get("fill")
     if fidelity == FIDELITY_REAL:
@@ -269,6 +280,8 @@ def validate_value(rec: object, storages: list[dict], where: str, depth: int = 0
                 raise IndexSchemaError(f"{where}: sizes and strides must be non-negative integers")
         if offset < 0:
             raise IndexSchemaError(f"{where}: negative storage offset")
+        if math.prod(shape) >= 1 << 62:
+            raise IndexSchemaError(f"{where}: the view has more elements than a tensor can index")
         need = view_extent(shape, stride, offset) * dtype.itemsize
         if need > storages[sidx]["size"]:
             raise IndexSchemaError(f"{where}: view needs {need} bytes but its storage has {storages[sidx]['size']}")

@@ -19,6 +19,9 @@ Decisions a caller should know:
 * ``fails`` raising an Exception means "does not fail" (counted in ``stats.oracle_errors``).
 * ``KeyboardInterrupt`` and ``max_time`` return the best graph so far (``stats.stop_reason``);
   ``on_accept`` is called on every smaller failing graph, so a checkpoint is never stale.
+* the input graph must run eagerly on ``example_inputs`` (its intermediate values are recorded
+  once, as PyTorch's minifier does); otherwise ``EagerRunError``. ``NotFailingError`` if
+  ``fails`` is False for the input graph.
 * every call of ``fails`` gets fresh copies of the inputs; intermediate values that become
   inputs are detached copies that keep ``requires_grad`` when the eager value had it.
 * nodes with side effects are never dropped as dead code, and an in-place node stays while a
@@ -26,9 +29,24 @@ Decisions a caller should know:
   tracked (documented limitation).
 """
 
-from .candidate import op_count
+import sys as _sys
+import types as _types
+
+from .candidate import EagerRunError, op_count
 from .oracle import MinifyStats, PassStats, Progress
 from .search import MinifyResult, NotFailingError, minify, minify_with_stats
 
 __all__ = ["minify", "minify_with_stats", "MinifyResult", "MinifyStats", "PassStats", "Progress",
-           "NotFailingError", "op_count"]
+           "NotFailingError", "EagerRunError", "op_count"]
+
+
+class _CallableModule(_types.ModuleType):
+    """``import reproarchive.minify`` binds this package to ``reproarchive.minify``, shadowing the
+    function the public API promises; making the package callable keeps
+    ``reproarchive.minify(gm, inputs, fails)`` working whichever import ran first."""
+
+    def __call__(self, *args, **kwargs):
+        return minify(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

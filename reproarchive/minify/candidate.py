@@ -34,9 +34,15 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
+from ..errors import ReproArchiveError
+
 _OP_KINDS = ("call_function", "call_method", "call_module")
 _SCALARS = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class EagerRunError(ReproArchiveError):
+    """The original graph cannot be run eagerly, so there are no intermediate values to cut to."""
 
 
 class _Uncuttable:
@@ -57,6 +63,18 @@ def concrete_scalar(value: Any) -> Any:
     return kind(value)  # may guard; raises for unbacked symbols, which the caller catches
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense in some dimension order (so empty_strided can hold it)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def snapshot_tensor(t: torch.Tensor) -> torch.Tensor:
     """A private copy with the same sizes, strides, storage offset, dtype and device.
 
@@ -68,7 +86,7 @@ def snapshot_tensor(t: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         base = t.detach()
         try:
-            if base.is_non_overlapping_and_dense():
+            if _dense(base):
                 out = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
                 out.copy_(base)
             else:  # expanded/overlapping or sparse views: copy the storage, keep the geometry
@@ -210,8 +228,15 @@ class Recording:
         interp = _RecordingInterpreter(gm)
         # Record under no_grad unless an input wants grad: then intermediates keep the flag.
         wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in self.example_inputs)
-        with contextlib.nullcontext() if wants_grad else torch.no_grad():
-            interp.run(*[fresh_copy(x) for x in self.example_inputs])
+        try:
+            with contextlib.nullcontext() if wants_grad else torch.no_grad():
+                interp.run(*[fresh_copy(x) for x in self.example_inputs])
+        except Exception as exc:
+            raise EagerRunError(
+                f"the graph does not run eagerly with these inputs ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''})",
+                "the minifier needs every intermediate value of one eager run; check the inputs and device",
+            ) from exc
         values = interp.values
 
         n = len(self.nodes)
@@ -353,6 +378,11 @@ class Recording:
         return self.normalise(self.ops, outputs=self.original_outputs)
 
     # -- materialise ---------------------------------------------------------------------------
+
+    def input_origins(self, cand: Candidate) -> list[str]:
+        """Where each input of ``cand`` comes from: ``input:<position>`` or ``node:<name>``."""
+        return [f"input:{self.input_position[i]}" if i in self.input_position else f"node:{self.nodes[i].name}"
+                for i in cand.inputs]
 
     def build(self, cand: Candidate) -> tuple[fx.GraphModule, list[Any]]:
         """The GraphModule and the input values (the caller's own objects, not copies)."""

@@ -29,12 +29,14 @@ class MinifyResult:
     """The smallest failing graph found, its inputs, and what it took to get there.
 
     ``inputs`` holds the caller's own objects for original inputs and private copies (detached,
-    same strides) of the intermediate values that became inputs, in placeholder order.
+    same strides) of the intermediate values that became inputs, in placeholder order;
+    ``input_origins`` says which is which (an archive stores the latter as real tensors).
     """
 
     gm: fx.GraphModule
     inputs: list
     stats: MinifyStats
+    input_origins: list[str]  # per input: "input:<position in example_inputs>" or "node:<original node name>"
 
     def __iter__(self):  # ``gm, inputs = minify_with_stats(...)`` reads like ``minify``
         return iter((self.gm, self.inputs))
@@ -87,13 +89,15 @@ def minify_with_stats(
 
     if oracle.best is None:
         out_gm, out_inputs = gm, list(example_inputs)
+        origins = [f"input:{i}" for i in range(len(out_inputs))]
     else:
         out_gm, out_inputs = rec.build(oracle.best)
+        origins = rec.input_origins(oracle.best)
     stats.final_ops = op_count(out_gm)
     stats.final_nodes = len(out_gm.graph.nodes)
     stats.final_inputs = len(out_inputs)
     stats.elapsed_s = time.monotonic() - started
-    return MinifyResult(out_gm, out_inputs, stats)
+    return MinifyResult(out_gm, out_inputs, stats, origins)
 
 
 def minify(
