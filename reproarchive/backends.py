@@ -70,3 +70,22 @@ def _import_function(name: str) -> CompilerFn:
     if not callable(obj):
         raise BackendUnavailableError(f"backend {name!r} is not callable", "name a compiler function")
     return obj
+
+
+def choose_backend(explicit: str | None, recorded: str | None) -> str:
+    """The backend a replay uses: the user's ``--backend``, else the archive's.
+
+    A recorded ``module:function`` is never imported on the archive's say-so: importing a
+    module runs its code, and the archive may come from anyone. The user names it explicitly.
+    """
+    if explicit:
+        return explicit
+    if not recorded:
+        raise BackendUnavailableError("the archive records no backend", "pass --backend NAME")
+    if ":" in recorded:
+        raise BackendUnavailableError(
+            f"the archive was compiled with the custom compiler function {recorded!r}, and importing "
+            f"module {recorded.partition(':')[0]!r} would run its code",
+            f"if you trust it, pass --backend {recorded}",
+        )
+    return recorded

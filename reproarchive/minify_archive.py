@@ -121,9 +121,9 @@ def minify_archive(
             "the archive records no failure signature to minify against",
             "replay it first (`reproarchive pack` without --no-replay records one)",
         )
-    chosen = backend or repro.backend
-    if not chosen:
-        raise ReproArchiveError("the archive records no backend", "pass --backend NAME")
+    from .backends import choose_backend
+
+    chosen = choose_backend(backend, repro.backend)
     options = dict(backend=chosen, accuracy=bool(repro.accuracy) if accuracy is None else accuracy,
                    only_fwd=only_fwd, device=device, current_config=current_config, tol=tol)
     started = time.monotonic()

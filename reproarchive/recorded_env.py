@@ -33,6 +33,18 @@ _IMPORT_TIME = re.compile(
     r"^(CUDA_|NCCL_|PYTORCH_|TORCH_LOGS|TORCH_SHOW_CPP|TORCH_CPP_LOG|TRITON_|MKL_|KMP_|HIP_|ROCM_)"
 )
 _REDACTED = re.compile(r"^<(redacted|process-specific)>$")
+# Only variables that steer PyTorch and its libraries are replayed. An archive may come from
+# anyone: LD_PRELOAD, PYTHONPATH, CXX or a *_FLAGS value would let it choose code we run.
+_REPLAYABLE = re.compile(
+    r"^(TORCH|PYTORCH|INDUCTOR|TRITON_|CUDA_|CUBLAS|CUDNN|NCCL_|OMP_NUM_THREADS$|MKL_|KMP_|DNNL_|ONEDNN_|HIP_|ROCM_)"
+)
+_PROGRAM_LIKE = re.compile(r"(CXX|CC$|_CC_|COMPILER|LINKER|LD_|FLAGS|CMD|COMMAND|PRELOAD|PLUGIN|EXEC|SHELL|_BIN$|LIBRARY)")
+_UNSAFE_VALUE = re.compile(r"[/\\`$;|&<>\s]")
+
+
+def replayable(name: str, value: str) -> bool:
+    """Whether a recorded variable may be set for a replay (see ``_REPLAYABLE``)."""
+    return bool(_REPLAYABLE.match(name)) and not _PROGRAM_LIKE.search(name) and not _UNSAFE_VALUE.search(value)
 
 
 def recorded_variables(environment: Mapping[str, Any] | None) -> dict[str, str]:
@@ -50,8 +62,12 @@ def plan(environment: Mapping[str, Any] | None, *, config_applied: bool) -> tupl
     to_set: dict[str, str] = {}
     warnings: list[str] = []
     late: list[str] = []
+    refused: list[str] = []
     for name, value in sorted(recorded_variables(environment).items()):
         if _MACHINE_SPECIFIC.search(name) or _REDACTED.search(value) or value.startswith("~"):
+            continue
+        if not replayable(name, value):
+            refused.append(name)
             continue
         if os.environ.get(name) == value:
             continue
@@ -63,6 +79,11 @@ def plan(environment: Mapping[str, Any] | None, *, config_applied: bool) -> tupl
                 late.append(f"{name}={value}")
         elif _IMPORT_TIME.match(name):
             late.append(f"{name}={value}")
+    if refused:
+        warnings.append(
+            "recorded environment variables not set because they could name a program, library or path: "
+            + ", ".join(refused[:10]) + (f" and {len(refused) - 10} more" if len(refused) > 10 else "")
+        )
     if late:
         warnings.append(
             "recorded environment variables that only take effect when torch is imported: "

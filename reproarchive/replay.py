@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import failure as _failure
-from .backends import resolve_backend
+from .backends import choose_backend, resolve_backend
 from .device_map import DeviceSpec, check_spec, remap_graph_devices
 from .recorded_env import applied_environment, plan
 
@@ -231,6 +231,8 @@ def _applied_config(config: Mapping[str, Any], warnings: list[str]):
             ("changed config settings that could not be recorded (e.g. custom passes)", result.unrepresentable),
             ("recorded config settings overridden here by an environment variable", result.forced_by_env),
             ("recorded config settings that failed to apply", [f["key"] for f in result.failed]),
+            ("recorded config values not applied because they could name a program, path or command",
+             result.unsafe),
         ):
             if names:
                 shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
@@ -392,7 +394,7 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
     if device is None and any(k != v for k, v in (repro.devices or {}).items()):
         # load moved inputs off devices this machine lacks; graph constants must follow them.
         remap_graph_devices(repro.gm, dict(repro.devices))
-    chosen = backend or repro.backend
+    chosen = choose_backend(backend, repro.backend)
     resolve_backend(chosen)
     if on_start is not None:
         on_start({"recorded": repro.failure, "backend": chosen, "digest": repro.digest,

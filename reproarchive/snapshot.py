@@ -305,6 +305,7 @@ class AppliedConfig:
         self.machine_specific: list[str] = []  # paths of the packing machine: left as they are
         self.forced_by_env: list[str] = []  # an env var here forces a value; recorded one ignored
         self.failed: list[dict[str, str]] = []  # setattr raised
+        self.unsafe: list[str] = []  # values that could name a program, path or command: not applied
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -315,6 +316,45 @@ class AppliedConfig:
             f"missing_modules={self.missing_modules}, unrepresentable={self.unrepresentable}, "
             f"forced_by_env={self.forced_by_env}, failed={self.failed})"
         )
+
+
+# A replayed archive may come from anyone, so its config may only steer *how* torch compiles,
+# never *what it runs*: inductor hands some string settings (cpp.cxx, flags) to subprocesses.
+_SAFE_STRING = re.compile(r"^[A-Za-z0-9_.:+-]{0,64}$")
+_PROGRAM_KEY = re.compile(
+    r"(^|[._])(cxx|cc|c_compiler|compiler|linker|ld|nvcc|ptxas|cmd|command|shell|exe|executable|binary|"
+    r"flags|cflags|ldflags|args|path|paths|dir|dirs|root|file|files|url|library|libraries|libs)($|[._])"
+)
+
+
+def safe_to_apply(key: str, value: Any) -> bool:
+    """Whether a recorded config value may be applied: data (bools, numbers, None, short
+    enum-like strings and lists of these), under a key that does not name a program or path."""
+    if _PROGRAM_KEY.search(key.lower()) and not isinstance(value, (bool, int, float, type(None))):
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(safe_to_apply(key, v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _SAFE_STRING.match(k) and safe_to_apply(key, v) for k, v in value.items())
+    if isinstance(value, str):
+        return bool(_SAFE_STRING.match(value))
+    return isinstance(value, (bool, int, float, type(None)))
+
+
+def _config_module_named(name: str) -> Any:
+    """A torch config module by name: one of ours, or one already imported. Never an import
+    of an arbitrary name from an archive (importing runs the module's code)."""
+    if name in CONFIG_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            return None
+    mod = sys.modules.get(name)
+    try:
+        from torch.utils._config_module import ConfigModule
+    except ImportError:  # pragma: no cover
+        return None
+    return mod if isinstance(mod, ConfigModule) else None
 
 
 def _restore_type(value: Any, kind: str | None) -> Any:
@@ -358,9 +398,8 @@ def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: boo
     undo: list[tuple[Any, str, Any, Any]] = []
     try:
         for mod_name, values in modules.items():
-            try:
-                mod = importlib.import_module(mod_name)
-            except ImportError:
+            mod = _config_module_named(mod_name)
+            if mod is None:
                 result.missing_modules.append(mod_name)
                 continue
             config = getattr(mod, "_config", None)
@@ -375,6 +414,9 @@ def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: boo
                     continue
                 if (mod_name, key) in machine:
                     result.machine_specific.append(full)
+                    continue
+                if not safe_to_apply(key, value):
+                    result.unsafe.append(full)
                     continue
                 entry = config.get(key)
                 if entry is None:

@@ -245,7 +245,10 @@ def test_module_function_backend_and_recorded_crash_reproduces(tmp_path, helper_
              "backend": f"{helper_module}:abort_backend", "accuracy": None}
     path = tmp_path / "crash.tar.zst"
     reproarchive.pack(graphs[0], [x, y], path, backend=f"{helper_module}:abort_backend", failure=crash)
-    outcome = reproarchive.run(path)
+    # A recorded module:function backend is imported only when the user names it.
+    with pytest.raises(reproarchive.ReproArchiveError, match="--backend"):
+        reproarchive.run(path)
+    outcome = reproarchive.run(path, backend=f"{helper_module}:abort_backend")
     assert outcome.isolated and outcome.observed["exception_type"] == "SIGABRT"
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1)
     # The same archive with a module:function backend that works, in-process.
