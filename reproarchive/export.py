@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .atomic_write import atomic_dir
+from .tensor_codec import storage_view
 from .errors import ReproArchiveError
 from .recorded_env import plan
 
@@ -110,20 +111,10 @@ class _DataWriter:
         if key not in self.names:
             name = f"data/storage_{len(self.names)}.bin"
             (self.root / "data").mkdir(exist_ok=True)
-            cpu = storage.cpu() if storage.device.type != "cpu" else storage
-            data = bytes(memoryview(cpu_bytes(cpu)))
+            data = storage_view(storage.cpu() if storage.device.type != "cpu" else storage)
             (self.root / name).write_bytes(data)
             self.names[key] = (name, len(data))
         return self.names[key]
-
-
-def cpu_bytes(storage: Any):
-    import torch
-
-    n = storage.nbytes()
-    if n == 0:
-        return b""
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (n,), (1,)).numpy().tobytes()
 
 
 class _Script:

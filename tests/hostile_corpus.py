@@ -868,7 +868,7 @@ def _fingerprint(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         t = value.detach()
         return [str(t.dtype), list(t.shape), list(t.stride()), t.storage_offset(),
-                hashlib.sha256(bytes(t.contiguous().view(torch.uint8).reshape(-1).numpy())).hexdigest() if t.numel() else ""]
+                hashlib.sha256(bytes(t.contiguous().view(torch.uint8).reshape(-1).clone().untyped_storage())).hexdigest() if t.numel() else ""]
     if isinstance(value, (list, tuple)):
         return [_fingerprint(v) for v in value]
     return repr(value)

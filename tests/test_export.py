@@ -109,7 +109,7 @@ def test_export_data_is_raw_bytes_and_aliasing_survives(tmp_path):
     report = export(path, tmp_path / "out")
     data_files = [f for f in report["files"] if f.startswith("data/")]
     assert len(data_files) == 1
-    assert (tmp_path / "out" / data_files[0]).read_bytes() == base.numpy().tobytes()
+    assert (tmp_path / "out" / data_files[0]).read_bytes() == bytes(base.untyped_storage())
 
     check = tmp_path / "check.py"
     check.write_text(textwrap.dedent(f"""
