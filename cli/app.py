@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+import warnings
 
 import click
+
+# torch prints this on import when numpy is absent (torch does not require numpy, and neither do
+# we); it would turn every one-line error of ours into three lines.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from reproarchive.errors import ReproArchiveError
 
