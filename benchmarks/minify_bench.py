@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks.minify_cases import Case, all_cases  # noqa: E402
-from reproarchive.minify import minify_with_stats, op_count  # noqa: E402
-from reproarchive.minify.candidate import fresh_copy  # noqa: E402
+from reproarchive.minifier import minify_with_stats, op_count  # noqa: E402
+from reproarchive.minifier.candidate import fresh_copy  # noqa: E402
 
 # PyTorch's minifier is quadratic on multi-culprit graphs; past this many oracle calls a run is
 # stopped and reported as unfinished (a call count, not a time, so the table does not depend on load).

@@ -175,7 +175,7 @@ def _g(x) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def export_cmd(archive, out_dir, as_json):
     """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch."""
-    from reproarchive.export import export
+    from reproarchive.script_export import export
 
     report = export(archive, out_dir)
     if as_json:

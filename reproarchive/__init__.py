@@ -21,14 +21,14 @@ _EXPORTS = {
     "Repro": "reproarchive.archive",
     "AbsentTensor": "reproarchive.tensor_codec",
     # capture after a failure
-    "capture": "reproarchive.capture",
+    "capture": "reproarchive.capture_backend",
     "pack_dump": "reproarchive.dump_import",
     # replay and export
     "run": "reproarchive.replay",
     "Outcome": "reproarchive.replay",
-    "export": "reproarchive.export",
+    "export": "reproarchive.script_export",
     # minify
-    "minify": "reproarchive.minify",
+    "minify": "reproarchive.minifier",
     # errors
     "ReproArchiveError": "reproarchive.errors",
     "ArchiveError": "reproarchive.errors",

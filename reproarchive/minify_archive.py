@@ -108,7 +108,7 @@ def minify_archive(
 ) -> MinifyReport:
     """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``."""
     from .graph_codec import readable_code
-    from .minify import EagerRunError, NotFailingError, minify_with_stats
+    from .minifier import EagerRunError, NotFailingError, minify_with_stats
 
     output = Path(output)
     if Path(path).resolve() == output.resolve():

@@ -19,7 +19,7 @@ import torch
 
 import reproarchive
 from reproarchive import failure as failure_mod
-from reproarchive.export import export
+from reproarchive.script_export import export
 
 try:
     from reproarchive.cli import main as cli_main

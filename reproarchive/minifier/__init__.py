@@ -29,8 +29,6 @@ Decisions a caller should know:
   tracked (documented limitation).
 """
 
-import sys as _sys
-import types as _types
 
 from .candidate import EagerRunError, op_count
 from .oracle import MinifyStats, PassStats, Progress
@@ -39,14 +37,3 @@ from .search import MinifyResult, NotFailingError, minify, minify_with_stats
 __all__ = ["minify", "minify_with_stats", "MinifyResult", "MinifyStats", "PassStats", "Progress",
            "NotFailingError", "EagerRunError", "op_count"]
 
-
-class _CallableModule(_types.ModuleType):
-    """``import reproarchive.minify`` binds this package to ``reproarchive.minify``, shadowing the
-    function the public API promises; making the package callable keeps
-    ``reproarchive.minify(gm, inputs, fails)`` working whichever import ran first."""
-
-    def __call__(self, *args, **kwargs):
-        return minify(*args, **kwargs)
-
-
-_sys.modules[__name__].__class__ = _CallableModule

@@ -66,8 +66,6 @@ import functools
 import hashlib
 import logging
 import os
-import sys
-import types
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
@@ -501,14 +499,5 @@ def archive_path(exc: BaseException) -> str | None:
                     if isinstance(x, BaseException))
     return None
 
-
-# ``reproarchive.capture`` is both this module and the function (the package exports the
-# function under the module's name). Whichever one a caller ends up holding, calling it works.
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Callable:
-        return capture(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["capture", "archive_path", "CaptureWarning"]
