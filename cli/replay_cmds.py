@@ -56,7 +56,7 @@ only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--d
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="With --minify: the archive to write.")
 @click.option("--max-time", type=float, metavar="SECONDS",
               help="With --minify: stop after this long and keep the smallest failing graph so far.")
-@click.option("--quiet", "-q", is_flag=True, help="With --minify: no progress line.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar (loading) or progress line (--minify).")
 @click.pass_context
 def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
             minify, output, max_time, quiet):
@@ -79,7 +79,8 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     if output or max_time is not None:
         raise click.UsageError("-o/--output and --max-time only apply with --minify")
     outcome = run(archive, device=parse_device_option(device), backend=backend, accuracy=accuracy,
-                  only_fwd=only_fwd, isolate=isolate, current_config=current_config, tol=tol)
+                  only_fwd=only_fwd, isolate=isolate, current_config=current_config, tol=tol,
+                  progress=False if (quiet or as_json) else None)
     if as_json:
         emit_json(outcome.to_dict())
     else:

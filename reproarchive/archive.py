@@ -23,10 +23,10 @@ import torch.fx as fx
 
 from . import container, digest as digests, graph_codec, tensor_codec
 from .atomic_write import atomic_dir, atomic_file
+from .device_map import loader_mapping, remap_graph_devices
 from .container import INDEX_MEMBER, LAYOUT_MEMBER, ContainerReader, ContainerWriter, Limits
 from .errors import (
     CorruptArchiveError,
-    DeviceUnavailableError,
     DigestMismatchError,
     IndexSchemaError,
     LimitExceededError,
@@ -334,52 +334,6 @@ class Repro:
     parent = property(lambda self: self._section("parent"))
 
 
-DeviceSpec = "str | torch.device | Mapping[str, str] | None"
-
-
-def _cuda_ok(dev: torch.device) -> bool:
-    if dev.type != "cuda":
-        backend = getattr(torch, dev.type, None)
-        return dev.type in ("cpu", "meta") or bool(backend is not None and getattr(backend, "is_available", lambda: False)())
-    if not torch.cuda.is_available():
-        return False
-    return dev.index is None or dev.index < torch.cuda.device_count()
-
-
-def device_mapper(device) -> Callable[[str], str]:
-    """Map a recorded device string to the device to load on (spec §6.4 and load's docstring)."""
-    if device is None:
-        def keep(recorded: str) -> str:
-            dev = torch.device(recorded)
-            if dev.type == "meta":
-                return "cpu"
-            return recorded if _cuda_ok(dev) else "cpu"
-        return keep
-    if isinstance(device, Mapping):
-        table = {str(k): str(v) for k, v in device.items()}
-        for target in table.values():
-            _require_device(torch.device(target))
-
-        def mapped(recorded: str) -> str:
-            dev = torch.device(recorded)
-            for key in (recorded, dev.type):
-                if key in table:
-                    return table[key]
-            return recorded if _cuda_ok(dev) else "cpu"
-        return mapped
-    target = torch.device(device)
-    _require_device(target)
-    return lambda recorded: str(target)
-
-
-def _require_device(dev: torch.device) -> None:
-    if not _cuda_ok(dev):
-        raise DeviceUnavailableError(
-            f"device {dev} is not available on this machine",
-            "pass --device cpu (or a device this machine has) to replay here",
-        )
-
-
 def _storage_dtypes(index: dict) -> dict[int, torch.dtype]:
     """The dtype of the first tensor viewing each storage (to generate absent data sensibly)."""
     found: dict[int, torch.dtype] = {}
@@ -437,7 +391,7 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
     Inputs recorded as absent get seeded generated data and a loud warning.
     """
     notes: list[str] = []
-    mapper = device_mapper(device)
+    mapper = loader_mapping(device)
     with ContainerReader(path, limits=limits) as reader:
         index = validate_index(reader)
         records = index["storages"]
@@ -477,7 +431,8 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
         decoder = tensor_codec.ValueDecoder(storages, records, targets_by_storage)
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).
-        gm = graph_codec.GraphDecoder(decoder.decode, mapper).decode(index["graph"])
+        gm = graph_codec.GraphDecoder(decoder.decode).decode(index["graph"])
+        remap_graph_devices(gm, mapper)
         args = [decoder.decode(r) for r in index["inputs"]]
         fidelity = [_fidelity(r, records) for r in index["inputs"]]
         absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
@@ -599,7 +554,7 @@ def _fidelity(rec: dict, storages: list[dict]) -> str:
 
 def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any:
     """One input without loading the rest: reads the footer, the index and that input's blobs."""
-    mapper = device_mapper(device)
+    mapper = loader_mapping(device)
     with ContainerReader(path) as reader:
         index = validate_index(reader)
         inputs = index["inputs"]
@@ -647,14 +602,15 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
 # verify and unpack
 
 
-def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], None] | None, progress) -> dict:
+def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], None] | None, progress,
+                  desc: str = "verify") -> dict:
     """Decompress every frame once and check it: structure byte-exact, blobs by digest."""
     hashers: dict[str, Any] = {}
     last_frame = {m.name: m.first_frame + m.frames - 1 for m in reader.members.values()}
     layout = container.layout_bytes(*reader.version)
     blobs = 0
     total = sum(d for _, d in reader.frames)
-    with bar(total, "verify", enabled=progress) as pbar:
+    with bar(total, desc, enabled=progress) as pbar:
         for (i, data), (j, expected) in zip(reader.iter_frames(pbar.update), reader.expected_frame_bytes()):
             assert i == j
             if isinstance(expected, bytes):
@@ -738,7 +694,7 @@ def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, pr
                 f.write(data)
 
             try:
-                _check_stream(reader, sink, progress)
+                _check_stream(reader, sink, progress, desc="unpack")
                 for name, size in sizes.items():
                     if size == 0 and name not in handles:
                         handles[name] = open_member(name)

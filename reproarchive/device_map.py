@@ -9,7 +9,7 @@ A teammate replays on whatever they have: a CUDA archive must run on CPU when as
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from .errors import DeviceUnavailableError, ReproArchiveError
 
@@ -40,6 +40,35 @@ def _device(name: str):
         return torch.device(name)
     except (RuntimeError, TypeError, ValueError):
         raise ReproArchiveError(f"{name!r} is not a device name", "use cpu, cuda, cuda:1, mps, ...") from None
+
+
+def is_available(name: str) -> bool:
+    """Whether ``name`` names a device this machine has (cpu and meta always)."""
+    try:
+        check_available(name)
+    except DeviceUnavailableError:
+        return False
+    return True
+
+
+def loader_mapping(spec: DeviceSpec) -> Callable[[str], str]:
+    """recorded device -> device to use, for loading an archive under ``spec``.
+
+    Devices the spec maps go where it says (every target checked up front: exit 125 if one is
+    missing); any other recorded device stays where it was when this machine has it, and goes
+    to the CPU otherwise (``meta`` always does: it never held data).
+    """
+    if spec is not None and not isinstance(spec, (str, Mapping)):
+        spec = str(spec)  # a torch.device
+    check_spec(spec)
+
+    def mapped(recorded: str) -> str:
+        target = target_for(recorded, spec)
+        if target != recorded:
+            return target
+        return recorded if _device(recorded).type != "meta" and is_available(recorded) else "cpu"
+
+    return mapped
 
 
 def check_available(name: str) -> None:
@@ -93,18 +122,25 @@ def target_for(recorded: str, spec: DeviceSpec) -> str:
     return recorded
 
 
-def remap_graph_devices(gm: Any, spec: DeviceSpec) -> int:
-    """Rewrite device constants in the graph's args/kwargs; returns how many were changed."""
+def remap_graph_devices(gm: Any, spec: DeviceSpec | Callable[[str], str]) -> int:
+    """Rewrite device constants in the graph's args/kwargs (typed devices, ``device=`` strings,
+    ``.to("cuda")`` arguments) by ``spec`` or a mapping function; returns how many changed."""
     if spec is None:
         return 0
     import torch
+
+    if not callable(spec):
+        spec_value = spec
+        target_for_spec = lambda d: target_for(d, spec_value)  # noqa: E731
+    else:
+        target_for_spec = spec
 
     changed = 0
 
     def fix(value: Any) -> Any:
         nonlocal changed
         if isinstance(value, torch.device):
-            new = torch.device(target_for(str(value), spec))
+            new = torch.device(target_for_spec(str(value)))
             if new != value:
                 changed += 1
             return new
@@ -117,7 +153,7 @@ def remap_graph_devices(gm: Any, spec: DeviceSpec) -> int:
     def fix_kw(key: str, value: Any) -> Any:
         nonlocal changed
         if key == "device" and isinstance(value, str):
-            new = target_for(value, spec)
+            new = target_for_spec(value)
             if new != value:
                 changed += 1
             return new
@@ -133,7 +169,7 @@ def remap_graph_devices(gm: Any, spec: DeviceSpec) -> int:
             # Tensor.to("cuda") / .cuda() style method calls carry the device as a plain string.
             if node.op == "call_method" and node.target == "to":
                 new_args = tuple(
-                    target_for(a, spec) if isinstance(a, str) and _is_device_name(a) else a for a in node.args
+                    target_for_spec(a) if isinstance(a, str) and _is_device_name(a) else a for a in node.args
                 )
                 changed += sum(a != b for a, b in zip(new_args, node.args))
                 node.args = new_args

@@ -212,12 +212,11 @@ def _encode_module_tree(gm, path: str, table, state, depth) -> None:
 
 
 class GraphDecoder:
-    """Rebuilds GraphModules from records. ``tensor`` turns a tensor value record into a tensor;
-    ``device_map`` remaps device constants the graph itself names (e.g. ``torch.ones(device=)``)."""
+    """Rebuilds GraphModules from records; ``tensor`` turns a tensor value record into a tensor.
+    Device constants come back as recorded (``device_map.remap_graph_devices`` moves them)."""
 
-    def __init__(self, tensor: Callable[[dict], torch.Tensor], device_map: Callable[[str], str]):
+    def __init__(self, tensor: Callable[[dict], torch.Tensor]):
         self._tensor = tensor
-        self._device_map = device_map
 
     def decode_arg(self, value: Any, env: dict[str, fx.Node]) -> Any:
         if value is None or isinstance(value, (bool, int, float, str)):
@@ -249,7 +248,7 @@ class GraphDecoder:
             return dtype_from_name(v)
         if kind == "device" and isinstance(v, str):
             try:
-                return torch.device(self._device_map(v))
+                return torch.device(v)
             except RuntimeError:
                 raise IndexSchemaError(f"invalid device {v[:40]!r} in graph") from None
         if kind == "memory_format" and v in _MEMORY_FORMATS:

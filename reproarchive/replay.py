@@ -348,6 +348,7 @@ def run(
     isolate: bool | None = None,
     current_config: bool = False,
     tol: float | None = None,
+    progress: bool | None = None,
 ) -> Outcome:
     """Replay the archive at ``path`` on this machine; see ``reproarchive run --help``.
 
@@ -369,7 +370,7 @@ def run(
         from .isolation import run_in_child
 
         return run_in_child(path, environment=(index or {}).get("environment"), **options)
-    return run_here(path, **options)
+    return run_here(path, progress=progress, **options)
 
 
 def _peek_index(path) -> dict[str, Any] | None:
@@ -382,18 +383,15 @@ def _peek_index(path) -> dict[str, Any] | None:
 
 
 def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
-             tol=None, on_start=None) -> Outcome:
+             tol=None, on_start=None, progress: bool | None = False) -> Outcome:
     """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
     so that an isolating parent can still report them if the compile takes the process down."""
     from .archive import load
 
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        repro = load(path, device=device)
+        repro = load(path, device=device, progress=progress)
     load_warnings = _dedupe(repro.warnings or [])
-    if device is None and any(k != v for k, v in (repro.devices or {}).items()):
-        # load moved inputs off devices this machine lacks; graph constants must follow them.
-        remap_graph_devices(repro.gm, dict(repro.devices))
     chosen = choose_backend(backend, repro.backend)
     resolve_backend(chosen)
     if on_start is not None:
