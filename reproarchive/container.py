@@ -499,6 +499,17 @@ class _DirectSink:
         except OSError:
             return None
         try:
+            # Some file systems accept O_DIRECT at open and refuse the writes: probe with one
+            # aligned block where the data will go (overwritten later), then cut it off again.
+            import mmap
+
+            with mmap.mmap(-1, cls.BLOCK) as probe:
+                os.pwrite(dfd, probe, base)
+            os.ftruncate(fd, base)
+        except OSError:
+            os.close(dfd)
+            return None
+        try:
             return cls(dfd, base)
         except BaseException:
             os.close(dfd)
