@@ -127,4 +127,6 @@ def inspect(path: str | os.PathLike, *, limits: container.Limits = container.DEF
             "inputs": _input_rows(index),
             "storage": _storage_stats(reader, index),
             **_summaries(index),
+            # the full records, for --json readers and tools; the summaries above are for people
+            "records": {key: index.get(key) for key in ("failure", "config", "environment", "system")},
         }
