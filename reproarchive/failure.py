@@ -116,6 +116,20 @@ def accuracy_record(details: dict[str, Any], *, backend: str | None = None) -> d
     }
 
 
+def crash_record(name: str, message: str, output: str, *, backend: str | None = None) -> dict[str, Any]:
+    """The process running the compiler died (``name``: the signal, e.g. SIGSEGV, or exit
+    status). The signature is the signal alone: the crash site's output varies run to run."""
+    return {
+        "stage": "crash",
+        "exception_type": name,
+        "message": message,
+        "traceback": output[-MAX_TRACEBACK_CHARS:],
+        "signature": signature("crash", name, ""),
+        "backend": backend,
+        "accuracy": None,
+    }
+
+
 def unknown_record(reason: str, *, backend: str | None = None) -> dict[str, Any]:
     return {
         "stage": "unknown",

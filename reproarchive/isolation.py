@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import errors
-from .failure import signature
+from .failure import crash_record
 
 _STDERR_TAIL = 8000
 
@@ -80,15 +80,7 @@ def run_in_child(path: str | os.PathLike, *, environment: dict[str, Any] | None 
     else:
         name = f"exit status {proc.returncode}"
         message = f"the replay process exited with status {proc.returncode} without a result"
-    observed = {
-        "stage": "crash",
-        "exception_type": name,
-        "message": message,
-        "traceback": stderr_tail,
-        "signature": signature("crash", name, ""),
-        "backend": meta.get("backend"),
-        "accuracy": None,
-    }
+    observed = crash_record(name, message, stderr_tail, backend=meta.get("backend"))
     recorded = meta.get("recorded")
     status, exit_code = judge(recorded, observed)
     return Outcome(
