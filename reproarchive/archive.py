@@ -24,7 +24,7 @@ import torch.fx as fx
 from . import container, digest as digests, graph_codec, tensor_codec
 from .atomic_write import atomic_dir, atomic_file
 from .device_map import loader_mapping, remap_graph_devices
-from .container import INDEX_MEMBER, LAYOUT_MEMBER, ContainerReader, ContainerWriter, Limits
+from .container import LAYOUT_MEMBER, ContainerReader, ContainerWriter, Limits
 from .errors import (
     CorruptArchiveError,
     DigestMismatchError,
@@ -403,31 +403,10 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
                 notes.append(f"recorded device {rec['device']} is not available here; loading on {target}")
             devices[rec["device"]] = target
             targets_by_storage.append(torch.device(target))
-        dtypes = _storage_dtypes(index)
-        storages: list[torch.UntypedStorage] = []
-        first_use: dict[str, int] = {}
-        for i, rec in enumerate(records):
-            if rec["digest"] is not None:
-                first_use.setdefault(rec["digest"], i)
         total = sum(r["size"] for r in records if r["digest"])
         with bar(total, "load", enabled=progress) as pbar:
-            blobs = _read_blobs(reader, [(dg, records[i]["size"], targets_by_storage[i]) for dg, i in first_use.items()],
-                                pbar.update, path=path, limits=limits)
-            for i, rec in enumerate(records):
-                dev = targets_by_storage[i]
-                if rec["fidelity"] == FIDELITY_ABSENT:
-                    st = torch.empty(rec["size"], dtype=torch.uint8, device=dev).untyped_storage()
-                    tensor_codec.generate_absent(st, dtypes.get(i, torch.uint8), tensor_codec.ABSENT_SEED + i)
-                elif rec["fill"] == 0:
-                    st = torch.zeros(rec["size"], dtype=torch.uint8, device=dev).untyped_storage()
-                elif first_use[rec["digest"]] == i:
-                    st = blobs[rec["digest"]]
-                else:
-                    # equal bytes, but a storage of its own (it was one when packed)
-                    st = blobs[rec["digest"]]
-                    st = st.clone() if st.device == dev else st.to(device=dev)
-                    pbar.update(rec["size"])
-                storages.append(st)
+            storages = _materialize(reader, records, range(len(records)), targets_by_storage, _storage_dtypes(index),
+                                    pbar.update, path=path, limits=limits)
         decoder = tensor_codec.ValueDecoder(storages, records, targets_by_storage)
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).
@@ -446,6 +425,39 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
             for note in dict.fromkeys(n for n in notes if n.startswith("recorded device")):
                 warnings.warn(note, stacklevel=3)
         return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes)
+
+
+def _materialize(reader: ContainerReader, records: list[dict], which, devices: list[torch.device],
+                 dtypes: dict[int, torch.dtype], progress, *, path, limits: Limits) -> list:
+    """Storages ``which`` of the storage table, on their devices (others stay None).
+
+    Each distinct blob is decompressed once; a storage that merely has the same bytes as an
+    earlier one gets its own copy (it was a storage of its own when packed); all-zero storages
+    need no blob; absent ones get seeded generated data.
+    """
+    which = list(which)
+    first_use: dict[str, int] = {}
+    for i in which:
+        if records[i]["digest"] is not None:
+            first_use.setdefault(records[i]["digest"], i)
+    blobs = _read_blobs(reader, [(dg, records[i]["size"], devices[i]) for dg, i in first_use.items()], progress,
+                        path=path, limits=limits)
+    storages: list = [None] * len(records)
+    for i in which:
+        rec, dev = records[i], devices[i]
+        if rec["fidelity"] == FIDELITY_ABSENT:
+            st = torch.empty(rec["size"], dtype=torch.uint8, device=dev).untyped_storage()
+            tensor_codec.generate_absent(st, dtypes.get(i, torch.uint8), tensor_codec.ABSENT_SEED + i)
+        elif rec["fill"] == 0:
+            st = torch.zeros(rec["size"], dtype=torch.uint8, device=dev).untyped_storage()
+        else:
+            st = blobs[rec["digest"]]
+            if first_use[rec["digest"]] != i:
+                st = st.clone() if st.device == dev else st.to(device=dev)
+                if progress is not None:
+                    progress(rec["size"])
+        storages[i] = st
+    return storages
 
 
 _madvise = None
@@ -574,27 +586,9 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
                 visit(item)
 
         visit(rec)
-        storages: list[Any] = [None] * len(records)
         devs = [torch.device(mapper(r["device"])) for r in records]
         dtypes = _storage_dtypes({"inputs": [rec], "graph": {}})
-        first_use: dict[str, int] = {}
-        for i in sorted(needed):
-            if records[i]["digest"] is not None:
-                first_use.setdefault(records[i]["digest"], i)
-        blobs = _read_blobs(reader, [(dg, records[i]["size"], devs[i]) for dg, i in first_use.items()], None,
-                            path=path, limits=reader.limits)
-        for i in needed:
-            r = records[i]
-            if r["fidelity"] == FIDELITY_ABSENT:
-                st = torch.empty(r["size"], dtype=torch.uint8, device=devs[i]).untyped_storage()
-                tensor_codec.generate_absent(st, dtypes.get(i, torch.uint8), tensor_codec.ABSENT_SEED + i)
-            elif r["fill"] == 0:
-                st = torch.zeros(r["size"], dtype=torch.uint8, device=devs[i]).untyped_storage()
-            else:
-                st = blobs[r["digest"]]
-                if first_use[r["digest"]] != i:
-                    st = st.clone() if st.device == devs[i] else st.to(device=devs[i])
-            storages[i] = st
+        storages = _materialize(reader, records, sorted(needed), devs, dtypes, None, path=path, limits=reader.limits)
         return tensor_codec.ValueDecoder(storages, records, devs).decode(rec)
 
 

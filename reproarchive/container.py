@@ -19,7 +19,6 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import re
 import struct

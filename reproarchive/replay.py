@@ -127,8 +127,6 @@ def replay_graph(
     set in-process are set, and all three are diffed against this machine for the report.
     Raises BackendUnavailableError / DeviceUnavailableError (exit 125) when it cannot run here.
     """
-    import torch
-
     check_spec(device)
     compiler_fn = resolve_backend(backend)
     warnings: list[str] = []

@@ -12,8 +12,7 @@ import ctypes
 import dataclasses
 import math
 import re
-import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
