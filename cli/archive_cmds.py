@@ -96,7 +96,8 @@ def inspect(archive: str, as_json: bool) -> None:
 @click.option("-C", "--directory", "directory", type=click.Path(file_okay=False), default=None,
               help="Folder to create (default: the archive's name without .tar.zst). Must not exist or be empty.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def unpack(archive: str, directory: str | None, quiet: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def unpack(archive: str, directory: str | None, quiet: bool, as_json: bool) -> None:
     """Verify ARCHIVE and extract its members into a new folder.
 
     Writes only paths it builds from validated member names (never tar's own extraction), and
@@ -104,5 +105,10 @@ def unpack(archive: str, directory: str | None, quiet: bool) -> None:
     """
     import reproarchive
 
-    dest = reproarchive.unpack(archive, directory, progress=False if quiet else None)
-    click.echo(f"unpacked {archive} into {dest}/")
+    dest = reproarchive.unpack(archive, directory, progress=False if (quiet or as_json) else None)
+    if as_json:
+        files = sorted(p for p in dest.rglob("*") if p.is_file())
+        emit_json({"archive": archive, "directory": str(dest), "files": [p.relative_to(dest).as_posix() for p in files],
+                   "bytes": sum(p.stat().st_size for p in files)})
+    else:
+        click.echo(f"unpacked {archive} into {dest}/")

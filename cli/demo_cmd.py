@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import click
 
-from .app import main
+from .app import emit_json, main
 
 
 @main.command()
 @click.option("-C", "--directory", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the demo's archives.")
 @click.option("--no-minify", is_flag=True, help="Stop after the replay.")
-def demo(directory: str, no_minify: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print only the results (paths, outcomes, statistics) as JSON.")
+def demo(directory: str, no_minify: bool, as_json: bool) -> None:
     """Run the whole story on a built-in example, on CPU.
 
     A real torch.compile (inductor) failure -- made with PyTorch's own relu bug injector -- is
@@ -22,7 +23,10 @@ def demo(directory: str, no_minify: bool) -> None:
     from reproarchive.demo import DemoFailed, run_demo
     from reproarchive.errors import ReproArchiveError
 
+    say = (lambda text: None) if as_json else click.echo
     try:
-        run_demo(directory, say=click.echo, minify=not no_minify)
+        result = run_demo(directory, say=say, minify=not no_minify)
     except DemoFailed as exc:
         raise ReproArchiveError(f"demo step failed: {exc}") from exc
+    if as_json:
+        emit_json(result)
