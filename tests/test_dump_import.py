@@ -152,6 +152,10 @@ def test_after_dynamo_dump_round_trip(dynamo_dump, tmp_path):
     expected = torch.relu(torch.nn.functional.linear(x, w, b) + y).sum(1)
     assert torch.equal(repro.gm(*repro.args)[0], expected)
 
+    # and replaying the moved archive here reproduces the failure PyTorch's dump had
+    outcome = reproarchive.run(moved)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+
 
 def test_missing_storage_is_reported_and_absent(dynamo_dump, tmp_path):
     work = _copy(dynamo_dump, tmp_path / "work")
@@ -209,6 +213,9 @@ def test_after_aot_accuracy_dump(aot_accuracy_dump, tmp_path):
     assert targets == ["aten.mm.default", "aten.add.Tensor", "aten.relu.default", "aten.sum.dim_IntList"]
     assert repro.failure["accuracy"]["outputs"], "per-output error figures are recorded"
     assert launcher  # the launcher existed before deletion
+    # the whole pipeline: PyTorch's dump -> pack -> replay here reproduces the recorded failure
+    outcome = reproarchive.run(result.archive)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
 
 
 def test_after_aot_storages_without_data(aot_accuracy_dump, tmp_path):
