@@ -253,10 +253,9 @@ def validate_index(reader: ContainerReader) -> dict:
         if index.get(key) is not None and not isinstance(index[key], dict):
             raise IndexSchemaError(f"index section {key!r} must be a map or nil")
     for name in reader.members:
-        if name not in (LAYOUT_MEMBER, GRAPH_CODE_MEMBER) and not container.is_blob_name(name):
-            # Members a newer minor version adds are allowed and ignored; blobs must be named right.
-            if name.startswith("blobs/"):
-                raise IndexSchemaError(f"member {name!r} is under blobs/ but is not named <algorithm>/<hex digest>")
+        # Members a newer minor version adds are allowed and ignored; blobs must be named right.
+        if name.startswith("blobs/") and not container.is_blob_name(name):
+            raise IndexSchemaError(f"member {name!r} is under blobs/ but is not named <algorithm>/<hex digest>")
     return index
 
 
@@ -564,6 +563,7 @@ def _fidelity(rec: dict, storages: list[dict]) -> str:
     return "value"
 
 
+@_torch_errors_as_archive_errors
 def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any:
     """One input without loading the rest: reads the footer, the index and that input's blobs."""
     mapper = loader_mapping(device)
