@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import click
 
+from reproarchive.progress import human_size
+
 from .app import emit_json, main
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 @main.command()
@@ -33,7 +27,7 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     else:
         click.echo(
             f"ok: {archive} is a valid reproarchive {report['format']} "
-            f"({report['blobs']} blobs, {_human(report['uncompressed_bytes'])} -> {_human(report['file_bytes'])}, {report['digest'][:19]}...)"
+            f"({report['blobs']} blobs, {human_size(report['uncompressed_bytes'])} -> {human_size(report['file_bytes'])}, {report['digest'][:19]}...)"
         )
 
 
@@ -72,8 +66,8 @@ def inspect(archive: str, as_json: bool) -> None:
         click.echo(f"  {row['index']:3d} {str(row['name'] or ''):40.40s} {desc:40s} {row['fidelity']}")
     s = info["storage"]
     click.echo(
-        f"storage: {s['storages']} storages, {_human(s['bytes_logical'])} logical, {_human(s['bytes_after_dedup'])} after dedup "
-        f"({s['blobs']} blobs, {s['zero_filled']} all-zero), {_human(s['bytes_compressed'])} compressed; file {_human(s['file_bytes'])}"
+        f"storage: {s['storages']} storages, {human_size(s['bytes_logical'])} logical, {human_size(s['bytes_after_dedup'])} after dedup "
+        f"({s['blobs']} blobs, {s['zero_filled']} all-zero), {human_size(s['bytes_compressed'])} compressed; file {human_size(s['file_bytes'])}"
     )
     if s["absent"]:
         click.echo(f"WARNING: {s['absent']} storages have no data (absent); replay will generate values for them")

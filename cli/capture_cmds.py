@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -14,30 +15,24 @@ PACK_STAGES = 6  # the events reproarchive.dump_child reports
 
 
 def _progress(enabled: bool, total: int, desc: str):
-    """(callback, close): a tqdm bar on stderr advanced by stage names, or nothing."""
-    if not enabled or not sys.stderr.isatty():
-        return None, lambda: None
-    from tqdm import tqdm
+    """(callback, close): a bar on stderr advanced by stage names (reproarchive.progress.bar)."""
+    from reproarchive.progress import bar
 
-    bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
+    b = bar(total, desc, unit="step", enabled=None if enabled else False)
 
     def step(stage: str) -> None:
-        bar.set_postfix_str(stage)
-        bar.update(1)
+        b.set_postfix_str(stage)
+        b.update(1)
 
-    return step, bar.close
+    return step, b.close
 
 
-def _print_pack_result(result, *, label: str = "wrote") -> None:
-    click.echo(f"{label} {result.archive} ({_size(result.size)})")
+def _print_pack_result(result) -> None:
+    from reproarchive.progress import human_size
+
+    click.echo(f"wrote {result.archive} ({human_size(result.size)})")
     for line in result.summary_lines():
         click.echo(f"  {line}")
-
-
-def _size(n: int) -> str:
-    from reproarchive.dump_import import _human
-
-    return _human(n)
 
 
 def _warn(lines) -> None:
@@ -82,7 +77,11 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
 
     debug = bool((ctx.obj or {}).get("debug"))
     step, close = _progress(not quiet and not as_json, PACK_STAGES - int(no_replay), "packing dump")
-    log = Path(tempfile.mkstemp(prefix="reproarchive-pack-", suffix=".log")[1]) if debug else None
+    log = None
+    if debug:
+        fd, name = tempfile.mkstemp(prefix="reproarchive-pack-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
     try:
         result = pack_dump(source, out, replay=not no_replay, progress=step, keep_log=log)
     finally:

@@ -147,8 +147,11 @@ def format_outcome(outcome) -> str:
         lines.append(f"  accuracy  tolerance {acc.get('tolerance')}, fp64 reference {acc.get('fp64_reference', '?')}")
         for out in acc.get("outputs") or []:
             if not out.get("passed", True):
+                if out.get("max_abs_error") is None:  # a shape, dtype or type mismatch
+                    lines.append(f"    {out.get('name')}: {out.get('reason') or out.get('rule') or 'mismatch'}")
+                    continue
                 lines.append(
-                    f"    {out.get('name')}: max abs error {out.get('max_abs_error'):.3g}, "
+                    f"    {out.get('name')}: max abs error {_g(out.get('max_abs_error'))}, "
                     f"{out.get('mismatched_elements')} of {out.get('numel')} elements, "
                     f"RMSE vs fp64 compiled {_g(out.get('rmse_vs_fp64_compiled'))} / eager {_g(out.get('rmse_vs_fp64_eager'))}"
                 )

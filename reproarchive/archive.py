@@ -381,13 +381,16 @@ def _torch_errors_as_archive_errors(fn):
 
 
 @_torch_errors_as_archive_errors
-def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, limits: Limits = container.DEFAULT_LIMITS) -> Repro:
+def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, limits: Limits = container.DEFAULT_LIMITS,
+         remap_graph: bool = True) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 
     ``device=None`` keeps each storage's recorded device where this machine has it and falls
     back to CPU with a warning; a string moves everything there; a mapping such as
     ``{"cuda:0": "cpu"}`` or ``{"cuda": "cuda:1"}`` remaps by exact device or device type.
-    Inputs recorded as absent get seeded generated data and a loud warning.
+    Inputs recorded as absent get seeded generated data and a loud warning. Device constants
+    inside the graph follow the same mapping unless ``remap_graph=False`` (``export`` writes
+    them as recorded, for its script to map).
     """
     notes: list[str] = []
     mapper = loader_mapping(device)
@@ -410,7 +413,8 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).
         gm = graph_codec.GraphDecoder(decoder.decode).decode(index["graph"])
-        remap_graph_devices(gm, mapper)
+        if remap_graph:
+            remap_graph_devices(gm, mapper)
         args = [decoder.decode(r) for r in index["inputs"]]
         fidelity = [_fidelity(r, records) for r in index["inputs"]]
         absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]

@@ -163,17 +163,24 @@ def remap_graph_devices(gm: Any, spec: DeviceSpec | Callable[[str], str]) -> int
         graph = getattr(module, "graph", None)
         if not isinstance(graph, torch.fx.Graph):
             continue
+        before = changed
         for node in graph.nodes:
             node.args = fix(node.args)
             node.kwargs = {k: fix_kw(k, v) for k, v in node.kwargs.items()}
-            # Tensor.to("cuda") / .cuda() style method calls carry the device as a plain string.
+            # x.cuda() names its device only by the method: make it x.to(<mapped device>)
+            if node.op == "call_method" and node.target == "cuda" and len(node.args) == 1 and not node.kwargs:
+                new = target_for_spec("cuda")
+                if new != "cuda":
+                    node.target, node.args = "to", (node.args[0], new)
+                    changed += 1
+            # Tensor.to("cuda") carries the device as a plain string.
             if node.op == "call_method" and node.target == "to":
                 new_args = tuple(
                     target_for_spec(a) if isinstance(a, str) and _is_device_name(a) else a for a in node.args
                 )
                 changed += sum(a != b for a, b in zip(new_args, node.args))
                 node.args = new_args
-        if changed:
+        if changed != before:
             module.recompile()
     return changed
 

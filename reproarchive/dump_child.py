@@ -105,7 +105,6 @@ class RecordingReader:
         self.storages: list[_Storage] = []
         self.inputs: list[dict[str, Any]] = []
         self._args: list[Any] = []
-        self.symint_exprs: dict[int, str] = {}
 
     @property
     def args(self) -> list[Any]:
@@ -129,7 +128,9 @@ class RecordingReader:
             if not path.is_file():
                 rec.status = "missing"
             else:
-                target = device if _device_usable(device) else torch.device("cpu")
+                from .device_map import is_available
+
+                target = device if is_available(str(device)) else torch.device("cpu")
                 try:
                     loaded = torch.load(path, weights_only=True, map_location=target)
                     data = getattr(loaded, "_untyped_storage", loaded)
@@ -151,7 +152,7 @@ class RecordingReader:
         from . import AbsentTensor
 
         shape = tuple(int(s) for s in shape)
-        stride = tuple(int(s) for s in stride) if stride is not None else _contiguous(shape)
+        stride = tuple(int(s) for s in stride) if stride is not None else AbsentTensor(shape, dtype).contiguous_stride()
         storage_offset = int(storage_offset or 0)
         dtype = dtype if dtype is not None else torch.float32
         requires_grad = bool(requires_grad)
@@ -172,8 +173,6 @@ class RecordingReader:
 
     def symint(self, val, *, expr=None):
         self._args.append(val)
-        if expr is not None:
-            self.symint_exprs[len(self._args) - 1] = expr
         self.inputs.append({"kind": "symint", "hint": val, "expr": expr})
         return val
 
@@ -196,24 +195,7 @@ class RecordingReader:
         self.inputs.append({"kind": "opaque", "note": f"opaque object {script_class_name}; stored as None"})
 
 
-def _device_usable(device) -> bool:
-    import torch
 
-    if device.type == "cpu":
-        return True
-    try:
-        mod = getattr(torch, device.type)
-        return bool(mod.is_available()) and (device.index is None or device.index < mod.device_count())
-    except Exception:
-        return False
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _tensor_on(storage, shape, stride, storage_offset, dtype, requires_grad, is_leaf, metadata):
@@ -365,22 +347,24 @@ def graph_summary(gm) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def _concrete(args: list[Any], seed: int = 0) -> tuple[list[Any], int]:
-    """Inputs to replay with: real ones as loaded, absent ones generated like PyTorch's reader."""
+def _concrete(args: list[Any]) -> tuple[list[Any], int]:
+    """Inputs to replay with: real ones as loaded, absent ones generated exactly as
+    ``reproarchive.load`` will generate them (same storage numbering as ``pack``, same seeds),
+    so the failure recorded here is the one a later ``run`` sees."""
     import torch
 
-    from . import AbsentTensor
-    from torch._dynamo.testing import rand_strided
+    from .device_map import is_available
+    from .tensor_codec import ABSENT_SEED, AbsentTensor, StorageTable, encode_value, generate_absent
 
-    torch.manual_seed(seed)
+    table = StorageTable()
     out, generated = [], 0
     for a in args:
+        rec = encode_value(a, table)
         if isinstance(a, AbsentTensor):
-            device = a.device if _device_usable(torch.device(a.device)) else "cpu"
-            stride = tuple(a.stride) if a.stride is not None else _contiguous(tuple(a.shape))
-            t = rand_strided(tuple(a.shape), stride, a.dtype, device, extra_size=a.storage_offset)
-            if a.storage_offset:
-                t = torch.as_strided(t, tuple(a.shape), stride, a.storage_offset)
+            device = a.device if is_available(a.device) else "cpu"
+            st = torch.empty(table.records[rec["storage"]]["size"], dtype=torch.uint8, device=device).untyped_storage()
+            generate_absent(st, a.dtype, ABSENT_SEED + rec["storage"])
+            t = torch.empty(0, dtype=a.dtype, device=device).set_(st, rec["offset"], rec["shape"], rec["stride"])
             t.requires_grad_(bool(a.requires_grad) and (t.is_floating_point() or t.is_complex()))
             out.append(t)
             generated += 1
@@ -407,40 +391,26 @@ def replay(dump: DumpScript, gm, args: list[Any]) -> tuple[dict[str, Any], dict[
         return fail.unknown_record(
             "the dump names no backend (a custom compiler function was used); not replayed"), notes
     try:
-        from .replay import replay_graph
-    except ImportError:
-        replay_graph = None
-    try:
-        if replay_graph is not None:
-            return _replay_shared(replay_graph, dump, gm, inputs, backend), notes
-        if dump.kind == "after_aot":
-            return _replay_after_aot(dump, gm, inputs, dump.accuracy_mode), notes
-        return _replay_after_dynamo(dump, gm, inputs, backend, dump.accuracy_mode), notes
+        return _replay_shared(dump, gm, inputs, backend), notes
     except _NotReplayable as err:
         notes["performed"] = False
         return fail.unknown_record(str(err), backend=backend), notes
 
 
-def _replay_shared(replay_graph, dump, gm, inputs, backend):
+def _replay_shared(dump, gm, inputs, backend):
     import contextlib
 
     import torch
     from torch._dynamo import config as dynamo_config
 
     from .errors import ReproArchiveError
+    from .replay import replay_graph
 
     accuracy = bool(dump.accuracy_mode)
     with contextlib.ExitStack() as stack:
         if dump.kind == "after_aot":
-            from torch.fx.experimental.proxy_tensor import make_fx
-
+            # replay_graph retraces after_aot graphs for inductor itself, exactly as `run` does
             stack.enter_context(torch.no_grad())
-            tracing_mode = dump.run_args.get("tracing_mode") or "real"
-            try:
-                gm = make_fx(gm, tracing_mode=tracing_mode)(*inputs)
-            except Exception as err:
-                raise _NotReplayable(f"retracing the graph with make_fx failed ({type(err).__name__}: "
-                                     f"{_first_line(err)}); not replayed")
             only_fwd = True
         else:
             only_fwd = bool(dynamo_config.repro_forward_only)
@@ -458,145 +428,12 @@ def _replay_shared(replay_graph, dump, gm, inputs, backend):
         return _passed(backend)
     if observed.get("backend") == "eager":
         raise _NotReplayable(f"the graph fails in eager mode too ({observed.get('exception_type')}: "
-                             f"{_first_line_text(observed.get('message', ''))}); not replayed")
+                             f"{_first_line(observed.get('message', ''))}); not replayed")
     return observed
-
-
-def _first_line_text(text: str) -> str:
-    lines = [ln for ln in str(text).splitlines() if ln.strip()]
-    return lines[0][:200] if lines else ""
 
 
 class _NotReplayable(Exception):
     pass
-
-
-def _replay_after_dynamo(dump, gm, inputs, backend, mode):
-    """Mirror WrapBackendDebug: compile the Dynamo graph with the backend, run fwd (+bwd)."""
-    import copy
-
-    import torch
-    from torch._dynamo import config as dynamo_config
-    from torch._dynamo.debug_utils import clone_inputs_retaining_gradness, run_fwd_maybe_bwd
-    from torch._dynamo.testing import reduce_to_scalar_loss, requires_bwd_pass
-
-    from . import failure as fail
-
-    try:
-        from torch._dynamo.backends.registry import lookup_backend
-
-        compiler_fn = lookup_backend(backend)
-    except Exception as err:
-        raise _NotReplayable(f"backend {backend!r} is not available here ({type(err).__name__}); not replayed")
-    autocast = bool(dump.run_args.get("autocast", False))
-    only_fwd = bool(dynamo_config.repro_forward_only)
-    device_type = next((a.device.type for a in inputs if isinstance(a, torch.Tensor)
-                        and a.device.type != "cpu"), "cpu")
-    with torch.amp.autocast(device_type, enabled=autocast):
-        try:
-            run_fwd_maybe_bwd(gm, inputs, only_fwd=only_fwd)
-        except Exception as err:
-            raise _NotReplayable(f"the graph fails in eager mode too ({type(err).__name__}: "
-                                 f"{_first_line(err)}); not replayed")
-        if mode:
-            return _accuracy(gm, inputs, lambda g, a: compiler_fn(g, a), backend, only_fwd)
-        args = clone_inputs_retaining_gradness(inputs)
-        try:
-            compiled = compiler_fn(copy.deepcopy(gm), args)
-        except Exception as err:
-            return fail.record_from_exception(err, "compile", backend=backend)
-        try:
-            out = compiled(args) if getattr(compiled, "_boxed_call", False) else compiled(*args)
-        except Exception as err:
-            return fail.record_from_exception(err, "forward", backend=backend)
-        if not only_fwd and requires_bwd_pass(out):
-            try:
-                reduce_to_scalar_loss(out).backward()
-            except Exception as err:
-                return fail.record_from_exception(err, "backward", backend=backend)
-    return _passed(backend)
-
-
-def _replay_after_aot(dump, gm, inputs, mode):
-    """Mirror after_aot's repro_run: make_fx retrace, compile_fx_inner, run forward."""
-    import copy
-
-    import torch
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from . import failure as fail
-
-    backend = "inductor"
-    tracing_mode = dump.run_args.get("tracing_mode") or "real"
-    with torch.no_grad():
-        try:
-            traced = make_fx(gm, tracing_mode=tracing_mode)(*inputs)
-            eager_out = traced(*inputs)
-        except Exception as err:
-            raise _NotReplayable(f"the graph fails in eager mode too ({type(err).__name__}: "
-                                 f"{_first_line(err)}); not replayed")
-        del eager_out
-        from torch._dynamo.repro.after_aot import _get_compile_args
-        from torch._inductor.compile_fx import compile_fx_inner
-
-        def compile_fn(g, a):
-            return compile_fx_inner(g, _get_compile_args(g, a))
-
-        if mode:
-            return _accuracy(traced, inputs, compile_fn, backend, True)
-        try:
-            compiled = compile_fn(copy.deepcopy(traced), inputs)
-        except Exception as err:
-            return fail.record_from_exception(err, "compile", backend=backend)
-        try:
-            compiled(list(inputs))
-        except Exception as err:
-            return fail.record_from_exception(err, "forward", backend=backend)
-    return _passed(backend)
-
-
-def _accuracy(gm, inputs, compile_fn, backend, only_fwd):
-    """Compiled vs eager with PyTorch's own rule (fp64 reference, repro_tolerance)."""
-    import copy
-
-    from torch._dynamo import config as dynamo_config
-    from torch._dynamo.debug_utils import clone_inputs_retaining_gradness, same_two_models
-
-    from . import failure as fail
-
-    try:
-        compiled = compile_fn(copy.deepcopy(gm), clone_inputs_retaining_gradness(inputs))
-    except Exception as err:
-        return fail.record_from_exception(err, "compile", backend=backend)
-    details = _accuracy_details(gm, compiled, inputs, only_fwd)
-    if details is not None:
-        failed = details.pop("failed")
-        return fail.accuracy_record(details, backend=backend) if failed else _passed(backend)
-    ok = same_two_models(gm, compiled, inputs, only_fwd=only_fwd,
-                         ignore_non_fp=dynamo_config.repro_ignore_non_fp)
-    if ok:
-        return _passed(backend)
-    return fail.accuracy_record({"summary": "compiled result differs from eager beyond tolerance",
-                                 "tolerance": dynamo_config.repro_tolerance,
-                                 "rule": "torch._dynamo.debug_utils.same_two_models"}, backend=backend)
-
-
-def _accuracy_details(gm, compiled, inputs, only_fwd):
-    """Per-output figures from reproarchive.accuracy when it offers them; None otherwise."""
-    try:
-        from . import accuracy as acc
-    except ImportError:
-        return None
-    fn = getattr(acc, "check_accuracy", None)
-    if fn is None:
-        return None
-    try:
-        result = fn(gm, compiled, inputs, fwd_only=only_fwd)
-    except Exception:
-        return None
-    if not isinstance(result, dict):
-        return None
-    return {**result, "failed": not result.get("passed", True)}
 
 
 def _passed(backend) -> dict[str, Any]:
@@ -604,7 +441,7 @@ def _passed(backend) -> dict[str, Any]:
 
     return fail.unknown_record(
         "the dump did not fail when replayed here (flaky, device- or data-dependent failure?)",
-        backend=backend) | {"replay_passed": True}
+        backend=backend)
 
 
 def _first_line(err: BaseException) -> str:
@@ -634,16 +471,9 @@ class Scrubber:
         return Scrubber({p: l for p, l in self.prefixes.items() if l not in labels})
 
     def text(self, s: str) -> str:
-        try:
-            from .snapshot import redact_paths
-        except ImportError:
-            redact_paths = None
-        if redact_paths is not None:
-            return redact_paths(s, self.prefixes)
-        for prefix in sorted(self.prefixes, key=len, reverse=True):
-            s = s.replace(prefix, self.prefixes[prefix])
-        home = os.path.expanduser("~")
-        return s.replace(home, "~") if home not in ("~", "/", "") else s
+        from .snapshot import redact_paths
+
+        return redact_paths(s, self.prefixes)
 
     def __call__(self, obj: Any) -> Any:
         if isinstance(obj, str):
@@ -772,22 +602,16 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
                 info["symbolic_shape"] = symbolic[i]["shape"]
     origin = _module_state_origin(mod)
     gm, example_inputs, lifted = lift_state(gm, origin, args)
-    # Tensors fed to torch.fx/pack must be the exact loaded ones; SymInt hints stay ints, and
-    # their symbol names go into the source record.
-    for idx, expr in reader.symint_exprs.items():
-        reader.inputs[idx]["expr"] = expr
 
     events("taking snapshots")
     config = environment = system = None
     snapshot_notes = []
-    try:
-        from . import snapshot
+    from . import snapshot
 
+    try:
         config = snapshot.config_snapshot()
         environment = snapshot.environment_snapshot()
         system = snapshot.system_snapshot()
-    except ImportError:
-        snapshot_notes.append("reproarchive.snapshot is not available: no config/environment/system records")
     except Exception as err:
         snapshot_notes.append(f"a snapshot failed: {type(err).__name__}: {_first_line(err)}")
 
@@ -799,7 +623,6 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
     else:
         events("replaying the failure")
         failure, replay_notes = replay(dump, gm, example_inputs)
-    failure.pop("replay_passed", None)
 
     missing = [s.file for s in reader.storages if s.status in ("missing", "no_store") and s.file]
     unreadable = [f"{s.file} ({s.error})" for s in reader.storages if s.status == "unreadable"]

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from . import errors
 from .dump_script import Discovery, discover
 from .errors import SourceError
+from .progress import human_size
 
 DEFAULT_ARCHIVE_NAME = "repro.tar.zst"
 # The same filter PyTorch uses when it writes env lines into a dump
@@ -59,7 +60,7 @@ class PackResult:
         i = self.inputs
         inputs = (f"inputs:  {i.get('real', 0)} real / {i.get('absent', 0)} absent"
                   + (f" / {i['values']} values" if i.get("values") else "")
-                  + f", {_human(i.get('real_bytes', 0))} of data")
+                  + f", {human_size(i.get('real_bytes', 0))} of data")
         f = self.failure
         message = (f.get("message") or "").strip().splitlines()
         first = message[0][:160] if message else ""
@@ -86,17 +87,14 @@ class PackResult:
         }
 
 
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+_MACHINE_TOOLCHAIN = ("TRITON_LIBDEVICE_PATH", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH")
 
 
 def _child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not any(m in k for m in _DUMP_ENV_MARKERS)}
+    # PyTorch's own rule: the dump sets the TORCH/DYNAMO/INDUCTOR/TRITON variables it recorded,
+    # except the toolchain paths it deliberately never records (they belong to this machine).
+    env = {k: v for k, v in os.environ.items()
+           if k in _MACHINE_TOOLCHAIN or not any(m in k for m in _DUMP_ENV_MARKERS)}
     # The child must import this very reproarchive, whether installed or run from a checkout.
     package_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -138,7 +136,7 @@ def pack_dump(
     try:
         label = str(script.relative_to(cwd.resolve()))
     except ValueError:
-        label = str(script.relative_to(dump_root.parent)) if script.is_relative_to(dump_root.parent) else script.name
+        label = str(script.relative_to(dump_root.parent))
 
     work = Path(tempfile.mkdtemp(prefix="reproarchive-dump-"))
     try:
@@ -177,8 +175,7 @@ def pack_dump(
     if "error" in report:
         err = report["error"]
         name = err.get("class", "PackError")
-        cls = SourceError if name == "SourceError" else getattr(
-            errors, name, errors.PackError)
+        cls = getattr(errors, name, errors.PackError)
         if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
             cls = errors.PackError
         raise cls(err.get("what", "packing the dump failed"), err.get("hint"))

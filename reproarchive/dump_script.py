@@ -65,10 +65,6 @@ class DumpScript:
             return ""
         return str(value)
 
-    @property
-    def level(self) -> int:
-        """The repro level that wrote the script: launchers come from 2/3/4, repro.py from 1/4."""
-        return 1 if self.run_args.get("command", "run") == "run" else 2
 
 
 def parse_dump_script(path: str | os.PathLike) -> DumpScript:

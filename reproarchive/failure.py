@@ -23,8 +23,9 @@ _MASKS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
     (re.compile(r"\b[0-9a-f]{16,}\b"), "<hex>"),
     # FX / inductor generated names: add_3, buf12, arg0_1, primals_2, tmp4, s77, u0, x0 ...
-    (re.compile(r"\b([A-Za-z_]+?)_?\d+(?:_\d+)*\b"), r"\1<n>"),
-    (re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "<num>"),
+    # (dtype names such as float16 / int64 are kept: they tell failures apart)
+    (re.compile(r"\b(?!(?:b?float|u?int|complex|qu?int)\d+\b)([A-Za-z_]+?)_?\d+(?:_\d+)*\b"), r"\1<n>"),
+    (re.compile(r"(?<![A-Za-z0-9_.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "<num>"),
     (re.compile(r"\s+"), " "),
 ]
 
@@ -110,7 +111,7 @@ def accuracy_record(details: dict[str, Any], *, backend: str | None = None) -> d
         "exception_type": "AccuracyError",
         "message": details.get("summary", "compiled result differs from eager"),
         "traceback": "",
-        "signature": "accuracy|AccuracyError|",
+        "signature": signature("accuracy", "AccuracyError", ""),
         "backend": backend,
         "accuracy": details,
     }

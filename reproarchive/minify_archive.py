@@ -56,7 +56,8 @@ def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: b
             outcome = replay_graph(
                 gm, list(inputs), backend=backend, recorded_failure=repro.failure, accuracy=accuracy,
                 only_fwd=only_fwd, config=repro.config, environment=repro.environment, system=None,
-                current_config=current_config, source_kind=(repro.source or {}).get("kind"), device=device, tol=tol,
+                current_config=current_config, source_kind=(repro.source or {}).get("kind"), device=None, tol=tol,
+                report_differences=False,
             )
         return outcome.status == REPRODUCED
 
@@ -72,9 +73,10 @@ def _isolated_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd:
     def fails(gm, inputs) -> bool:
         counter[0] += 1
         candidate = workdir / f"candidate-{counter[0]}.tar.zst"
-        _write(candidate, repro, gm, inputs, stats=None, fsync=False)
+        _write(candidate, repro, gm, inputs, stats=None)
         try:
-            outcome = run_in_child(candidate, environment=repro.environment, device=device, backend=backend,
+            # the candidate holds already-mapped inputs and graph: map nothing again
+            outcome = run_in_child(candidate, environment=repro.environment, device=None, backend=backend,
                                    accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol)
         finally:
             candidate.unlink(missing_ok=True)
@@ -83,7 +85,7 @@ def _isolated_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd:
     return fails
 
 
-def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None, fsync: bool = True) -> None:
+def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     pack(
         gm, inputs, path,
         config=repro.config, environment=repro.environment, system=repro.system, failure=repro.failure,

@@ -134,7 +134,7 @@ def capture_program(
                 progress(f"packing dump {i} of {len(launchers)}")
             target = _next_free(out)
             try:
-                result.archives.append(pack_dump(launcher, target, replay=replay, cwd=Path.cwd()))
+                result.archives.append(pack_dump(launcher, target, replay=replay))
             except ReproArchiveError as err:
                 result.errors.append(f"{launcher.parent.parent.name}: {err}")
     finally:

@@ -38,3 +38,13 @@ def bar(total: Optional[int], desc: str, *, enabled: Optional[bool] = None, unit
 
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
                 file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+def human_size(n: int) -> str:
+    """Bytes for people: 512 B, 3.4 MiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"

@@ -119,12 +119,15 @@ def replay_graph(
     source_kind: str | None = None,
     device: DeviceSpec = None,
     tol: float | None = None,
+    report_differences: bool = True,
 ) -> Outcome:
     """Compile ``gm`` with ``backend``, run it on ``args`` and judge the result.
 
     ``config``/``environment``/``system`` are the archive's snapshot records: the config is
     applied for the duration (unless ``current_config``), the environment variables that can be
-    set in-process are set, and all three are diffed against this machine for the report.
+    set in-process are set, and all three are diffed against this machine for the report
+    (``report_differences=False`` skips that: it takes fresh snapshots, and the minifier, which
+    replays hundreds of candidates, does not need it).
     Raises BackendUnavailableError / DeviceUnavailableError (exit 125) when it cannot run here.
     """
     check_spec(device)
@@ -165,7 +168,7 @@ def replay_graph(
         recorded=recorded_failure,
         accuracy=details,
         differences=differences(config=config, environment=environment, system=system,
-                                config_applied=config_applied),
+                                config_applied=config_applied) if report_differences else [],
         device=_describe_device(args, device),
         backend=backend,
         warnings=warnings,
@@ -408,9 +411,10 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         system=repro.system,
         current_config=current_config,
         source_kind=(repro.source or {}).get("kind"),
-        device=device,
+        device=None,  # load already put inputs and graph constants where ``device`` says
         tol=tol,
     )
+    outcome.device = _describe_device(repro.args, device)
     outcome.warnings[:0] = load_warnings
     outcome.archive = str(path)
     outcome.digest = repro.digest

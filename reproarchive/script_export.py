@@ -41,7 +41,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, Any
     """
     from .archive import load
 
-    repro = load(path, device="cpu")
+    repro = load(path, device="cpu", remap_graph=False)
     devices = _recorded_devices(repro)
     return write_export(
         repro.gm, list(repro.args), out_dir,
@@ -306,7 +306,8 @@ def _header(archive_name, digest, system, failure, backend, source_kind, table) 
     else:
         lines.append("Recorded failure: none")
     lines += ["", "Inputs (data files under data/, read relative to this script):"] + table
-    return "\n".join(lines).replace('"""', "'''")
+    # the header lands inside a triple-quoted string: backslashes and quotes must stay text
+    return "\n".join(lines).replace("\\", "\\\\").replace('"""', "'''")
 
 
 _TEMPLATE = '''"""

@@ -320,7 +320,7 @@ class AppliedConfig:
 
 # A replayed archive may come from anyone, so its config may only steer *how* torch compiles,
 # never *what it runs*: inductor hands some string settings (cpp.cxx, flags) to subprocesses.
-_SAFE_STRING = re.compile(r"^[A-Za-z0-9_.:+-]{0,64}$")
+_SAFE_STRING = re.compile(r"^[A-Za-z0-9_.:+,-]{0,64}$")  # enum-like, and lists such as "ATEN,CPP"
 _PROGRAM_KEY = re.compile(
     r"(^|[._])(cxx|cc|c_compiler|compiler|linker|ld|nvcc|ptxas|cmd|command|shell|exe|executable|binary|"
     r"flags|cflags|ldflags|args|path|paths|dir|dirs|root|file|files|url|library|libraries|libs)($|[._])"
@@ -416,7 +416,8 @@ def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: boo
                     result.machine_specific.append(full)
                     continue
                 if not safe_to_apply(key, value):
-                    result.unsafe.append(full)
+                    if (mod_name, key) in changed_keys:  # a default left as it is needs no warning
+                        result.unsafe.append(full)
                     continue
                 entry = config.get(key)
                 if entry is None:

@@ -62,6 +62,7 @@ def test_recorded_config_never_imports_modules_or_sets_programs(marker_module):
     record = config_snapshot()
     record["modules"][MARKER_MODULE] = {"anything": 1}
     record["modules"]["torch._inductor.config"]["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
+    record["changed"].setdefault("torch._inductor.config", {})["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
     record["modules"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] = "compile_error"
     before = inductor_config.cpp.cxx
     with applied_config(record) as result:
