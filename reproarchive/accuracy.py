@@ -84,14 +84,13 @@ def _scalar_loss(out: Any) -> Any:
     return sum(parts) / len(parts)
 
 
-def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = False, boxed: bool = False) -> dict[str, Any]:
+def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = False) -> dict[str, Any]:
     """Call ``fn(*args)`` and, when an output requires grad and ``fwd_only`` is false, reduce
     the outputs to a scalar and call ``backward()``.
 
-    ``boxed=True`` calls ``fn(list(args))`` instead, the convention of AOT-level compiled
-    callables (``compile_fx_inner``). Dynamo-level backends' results are always called with
-    ``*args`` even when, like ``compile_fx``'s, they carry ``_boxed_call = True``, so that
-    attribute is deliberately not consulted (PyTorch's ``run_fwd_maybe_bwd`` does, which
+    Dynamo-level backends' results are always called with ``*args`` even when, like
+    ``compile_fx``'s, they carry ``_boxed_call = True``, so that attribute is deliberately
+    not consulted (PyTorch's ``run_fwd_maybe_bwd`` does, which
     breaks on inductor's Dynamo-level output).
 
     ``args`` are used as given (pass ``clone_inputs(...)``). Returns ``{"outputs": out,
@@ -103,7 +102,7 @@ def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = Fals
 
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     try:
-        out = fn(list(args)) if boxed else fn(*args)
+        out = fn(*args)
         if cuda:
             torch.cuda.synchronize()  # an asynchronous kernel error belongs to this stage
     except Exception as exc:

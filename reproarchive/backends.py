@@ -82,7 +82,7 @@ def choose_backend(explicit: str | None, recorded: str | None) -> str:
         return explicit
     if not recorded:
         raise BackendUnavailableError("the archive records no backend", "pass --backend NAME")
-    if ":" in recorded:
+    if is_custom(recorded):
         raise BackendUnavailableError(
             f"the archive was compiled with the custom compiler function {recorded!r}, and importing "
             f"module {recorded.partition(':')[0]!r} would run its code",

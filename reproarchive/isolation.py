@@ -49,9 +49,6 @@ def run_in_child(path: str | os.PathLike, *, environment: dict[str, Any] | None 
         request = Path(tmp, "request.json")
         started = Path(tmp, "started.json")
         result = Path(tmp, "result.json")
-        options = dict(options)
-        if isinstance(options.get("device"), dict):
-            options["device"] = dict(options["device"])
         request.write_text(json.dumps({"path": os.fspath(Path(path).resolve()), "options": options}))
         proc = subprocess.run(
             [sys.executable, "-X", "faulthandler", "-m", "reproarchive.isolation",

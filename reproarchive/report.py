@@ -13,6 +13,7 @@ from typing import Any
 from . import container, graph_codec
 from .archive import check_targets, validate_index
 from .container import ContainerReader
+from .snapshot import nested_get
 
 
 def _input_rows(index: dict) -> list[dict]:
@@ -59,25 +60,19 @@ def _storage_stats(reader: ContainerReader, index: dict) -> dict:
     }
 
 
-def _get(record: dict, *keys: str):
-    for key in keys:
-        record = record.get(key) if isinstance(record, dict) else None
-    return record
-
-
 def _system_summary(system: dict) -> dict:
     """The few machine facts that most often explain "fails there, passes here"."""
     cuda = system.get("cuda") if isinstance(system.get("cuda"), dict) else {}
-    gpus = cuda.get("devices") or cuda.get("gpus") or []
+    gpus = cuda.get("devices") or []
     return {
-        "torch": _get(system, "torch", "version"),
-        "torch_git": _get(system, "torch", "git_version"),
-        "python": _get(system, "python", "version"),
-        "os": _get(system, "os", "platform"),
-        "cpu": _get(system, "cpu", "model"),
+        "torch": nested_get(system, "torch", "version"),
+        "torch_git": nested_get(system, "torch", "git_version"),
+        "python": nested_get(system, "python", "version"),
+        "os": nested_get(system, "os", "platform"),
+        "cpu": nested_get(system, "cpu", "model"),
         "cuda": (cuda.get("version") or "available") if cuda.get("available") else f"no ({cuda.get('reason', 'not available')})",
         "gpus": [g.get("name") if isinstance(g, dict) else g for g in gpus] or None,
-        "triton": _get(system, "packages", "triton"),
+        "triton": nested_get(system, "packages", "triton"),
     }
 
 

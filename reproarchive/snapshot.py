@@ -833,7 +833,8 @@ def config_diff(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] |
     return out
 
 
-def _get(d: Any, *path: str) -> Any:
+def nested_get(d: Any, *path: str) -> Any:
+    """``d[path[0]][path[1]]...``, or None where a level is missing or not a mapping."""
     for p in path:
         if not isinstance(d, Mapping):
             return None
@@ -842,28 +843,28 @@ def _get(d: Any, *path: str) -> Any:
 
 
 def _gpu_summary(system: Any) -> Any:
-    devices = _get(system, "cuda", "devices")
-    if not _get(system, "cuda", "available") or not devices:
+    devices = nested_get(system, "cuda", "devices")
+    if not nested_get(system, "cuda", "available") or not devices:
         return "none"
     return [f"{d.get('name')} (sm {d.get('capability')})" for d in devices]
 
 
 #: (label, getter, important). Important differences are the likely reason a replay differs.
 _SYSTEM_FIELDS: tuple[tuple[str, Any, bool], ...] = (
-    ("torch version", lambda s: _get(s, "torch", "version"), True),
-    ("torch git hash", lambda s: _get(s, "torch", "git_version"), True),
+    ("torch version", lambda s: nested_get(s, "torch", "version"), True),
+    ("torch git hash", lambda s: nested_get(s, "torch", "git_version"), True),
     ("GPUs", _gpu_summary, True),
-    ("CUDA version", lambda s: _get(s, "torch", "cuda"), True),
-    ("HIP version", lambda s: _get(s, "torch", "hip"), True),
-    ("cuDNN version", lambda s: _get(s, "cuda", "cudnn"), True),
-    ("GPU driver", lambda s: _get(s, "cuda", "driver_version"), False),
-    ("triton version", lambda s: _get(s, "packages", "triton") or _get(s, "packages", "pytorch-triton"), True),
-    ("CPU ISA", lambda s: _get(s, "cpu", "capability"), True),
-    ("CPU model", lambda s: _get(s, "cpu", "model"), False),
-    ("C++ compiler", lambda s: _get(s, "cxx", "version"), False),
-    ("nvcc", lambda s: _get(s, "nvcc"), False),
-    ("Python version", lambda s: _get(s, "python", "version"), False),
-    ("OS", lambda s: _get(s, "os", "platform"), False),
+    ("CUDA version", lambda s: nested_get(s, "torch", "cuda"), True),
+    ("HIP version", lambda s: nested_get(s, "torch", "hip"), True),
+    ("cuDNN version", lambda s: nested_get(s, "cuda", "cudnn"), True),
+    ("GPU driver", lambda s: nested_get(s, "cuda", "driver_version"), False),
+    ("triton version", lambda s: nested_get(s, "packages", "triton") or nested_get(s, "packages", "pytorch-triton"), True),
+    ("CPU ISA", lambda s: nested_get(s, "cpu", "capability"), True),
+    ("CPU model", lambda s: nested_get(s, "cpu", "model"), False),
+    ("C++ compiler", lambda s: nested_get(s, "cxx", "version"), False),
+    ("nvcc", lambda s: nested_get(s, "nvcc"), False),
+    ("Python version", lambda s: nested_get(s, "python", "version"), False),
+    ("OS", lambda s: nested_get(s, "os", "platform"), False),
 )
 
 
@@ -891,8 +892,8 @@ def environment_diff(
             rv, cv = getter(recorded_system), getter(current_system)
             if rv != cv:
                 out.append({"what": label, "recorded": rv, "current": cv, "important": important})
-        rec_pk = _get(recorded_system, "packages") or {}
-        cur_pk = _get(current_system, "packages") or {}
+        rec_pk = nested_get(recorded_system, "packages") or {}
+        cur_pk = nested_get(current_system, "packages") or {}
         for name in sorted(set(rec_pk) | set(cur_pk)):
             if name in ("torch", "triton", "pytorch-triton"):
                 continue  # reported above
