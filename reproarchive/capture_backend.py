@@ -281,20 +281,14 @@ class _CaptureBackend:
 
     def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str, config: dict) -> None:
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
-        modified = _modified_inputs(inputs, versions)
-        if modified:
-            record["inputs_modified"] = modified
-        path, error = self._write(gm, inputs, record, config)
+        path, error = self._write(gm, inputs, versions, record, config)
         _annotate(exc, path, error)
 
     def _accuracy_failed(self, gm: Any, inputs: list[Any], versions: list, report: dict, config: dict) -> None:
         from torch._dynamo.debug_utils import AccuracyError
 
         record = _failure.accuracy_record(report, backend=self.backend_name)
-        modified = _modified_inputs(inputs, versions)
-        if modified:
-            record["inputs_modified"] = modified
-        path, error = self._write(gm, inputs, record, config)
+        path, error = self._write(gm, inputs, versions, record, config)
         where = f"archive written to {path}" if path else f"no archive written: {error}"
         message = f"compiled result differs from eager: {report['summary']}\n[reproarchive] {where}"
         if self.settings["on_accuracy"] == "warn":
@@ -305,8 +299,11 @@ class _CaptureBackend:
         err.reproarchive_record = record  # type: ignore[attr-defined]
         raise err
 
-    def _write(self, gm: Any, inputs: list[Any], record: dict, config: dict) -> tuple[Path | None, str | None]:
+    def _write(self, gm: Any, inputs: list[Any], versions: list, record: dict, config: dict) -> tuple[Path | None, str | None]:
         """Write the archive; never let a problem here hide the user's original failure."""
+        modified = _modified_inputs(inputs, versions)
+        if modified:
+            record["inputs_modified"] = modified
         try:
             destination = self._destination(gm, inputs, record)
             written = _write_archive(

@@ -142,7 +142,7 @@ def replay_graph(
         warnings.append("running with this machine's torch config (--current-config), not the recorded one")
 
     needs_backward = not only_fwd and (
-        (recorded_failure or {}).get("stage") == "backward" or _any_requires_grad(args)
+        (recorded_failure or {}).get("stage") == "backward" or any(t.requires_grad for t in _iter_tensors(args))
     )
     observed: dict[str, Any] | None = None
     details: dict[str, Any] | None = None
@@ -256,10 +256,6 @@ def _iter_tensors(value: Any):
     elif isinstance(value, dict):
         for v in value.values():
             yield from _iter_tensors(v)
-
-
-def _any_requires_grad(args: Any) -> bool:
-    return any(t.requires_grad for t in _iter_tensors(args))
 
 
 def _synchronize(args: Any) -> None:

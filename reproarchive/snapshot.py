@@ -882,12 +882,10 @@ def environment_diff(
     other system fields, package versions and environment variables follow. Redacted
     variables are compared as present/absent only.
     """
-    if current_env is None:
-        current_env = environment_snapshot()
-    if current_system is None:
-        current_system = system_snapshot()
     out: list[dict[str, Any]] = []
     if recorded_system:
+        if current_system is None:
+            current_system = system_snapshot()  # runs nvidia-smi/nvcc/g++: only when needed
         for label, getter, important in _SYSTEM_FIELDS:
             rv, cv = getter(recorded_system), getter(current_system)
             if rv != cv:
@@ -901,6 +899,8 @@ def environment_diff(
                 out.append({"what": f"package {name}", "recorded": rec_pk.get(name),
                             "current": cur_pk.get(name), "important": False})
     if recorded_env is not None:
+        if current_env is None:
+            current_env = environment_snapshot()
         rec_vars = recorded_env.get("variables") or {}
         cur_vars = (current_env or {}).get("variables") or {}
         for name in sorted(set(rec_vars) | set(cur_vars)):
