@@ -6,7 +6,7 @@ compiler would trace it -- and raises a specific error when it meets the planted
 The oracles are what a user of either minifier would write:
 
 * strict: the candidate raises the same failure signature as the original graph
-  (``reproarchive.failure`` stage + exception type + normalised message), or for accuracy cases
+  (``reproarchive.context.failure`` stage + exception type + normalised message), or for accuracy cases
   the "compiled" result differs from eager (and nothing raised);
 * loose: any exception counts (PyTorch's after_aot ``inductor_fails`` without ``--check-str``).
 
@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from reproarchive.failure import record_from_exception
+from reproarchive.context.failure import record_from_exception
 
 aten = torch.ops.aten
 SHAPE = (8, 8)

@@ -11,7 +11,7 @@ import click
 
 from .app import emit_json, main
 
-PACK_STAGES = 6  # the events reproarchive.dump_child reports
+PACK_STAGES = 6  # the events reproarchive.sources.dump_child reports
 
 
 def _progress(enabled: bool, total: int, desc: str):
@@ -73,7 +73,7 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     Prints where the archive went, its size, and three summary lines: graph, inputs, failure.
     Exit code 4 when no dump is found or SOURCE is not a PyTorch repro script.
     """
-    from reproarchive.dump_import import pack_dump
+    from reproarchive.sources.dump_import import pack_dump
 
     debug = bool((ctx.obj or {}).get("debug"))
     step, close = _progress(not quiet and not as_json, PACK_STAGES - int(no_replay), "packing dump")
@@ -158,7 +158,7 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
     a command in scripts; the archives written are listed on stdout (one path per line with
     --quiet). Exit 4 when the program cannot be started or -o is not a folder.
     """
-    from reproarchive.program_capture import capture_program
+    from reproarchive.sources.program import capture_program
 
     def note(stage: str) -> None:
         if not quiet and not as_json:

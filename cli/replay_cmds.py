@@ -68,8 +68,8 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     keeps the best graph found. Exit 0 when the minified archive is written, 3 when the archive
     does not reproduce here.
     """
-    from reproarchive.device_map import parse_device_option
-    from reproarchive.replay import run
+    from reproarchive.codec.devices import parse_device_option
+    from reproarchive.replay.runner import run
 
     if minify:
         _minify(archive, output, max_time=max_time, isolate=bool(isolate), device=parse_device_option(device),
@@ -89,7 +89,7 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
 
 
 def _minify(archive, output, *, as_json, quiet, **options) -> None:
-    from reproarchive.minify_archive import minify_archive, progress_printer
+    from reproarchive.minifier.driver import minify_archive, progress_printer
 
     if not output:
         raise click.UsageError("--minify needs -o/--output for the minified archive")
@@ -114,7 +114,7 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
 def _describe(record) -> str:
     if not record:
         return "none recorded"
-    from reproarchive.replay import _KIND_BY_STAGE
+    from reproarchive.replay.runner import _KIND_BY_STAGE
 
     kind = _KIND_BY_STAGE.get(record.get("stage"), record.get("stage") or "unknown")
     etype = record.get("exception_type") or ""
@@ -179,7 +179,7 @@ def _g(x) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def export_cmd(archive, out_dir, as_json):
     """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch."""
-    from reproarchive.script_export import export
+    from reproarchive.standalone.script import export
 
     report = export(archive, out_dir)
     if as_json:

@@ -9,24 +9,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from reproarchive.version import __version__  # noqa: F401
 
 _EXPORTS = {
     # format and core library (spec/FORMAT.md)
-    "pack": "reproarchive.archive",
-    "load": "reproarchive.archive",
-    "verify": "reproarchive.archive",
-    "unpack": "reproarchive.archive",
-    "inspect": "reproarchive.report",
-    "Repro": "reproarchive.archive",
-    "AbsentTensor": "reproarchive.tensor_codec",
+    "pack": "reproarchive.archive.packing",
+    "load": "reproarchive.archive.loading",
+    "verify": "reproarchive.archive.checking",
+    "unpack": "reproarchive.archive.checking",
+    "inspect": "reproarchive.archive.inspection",
+    "Repro": "reproarchive.archive.loading",
+    "read_input": "reproarchive.archive.loading",
+    "AbsentTensor": "reproarchive.codec.tensors",
     # capture after a failure
-    "capture": "reproarchive.capture_backend",
-    "pack_dump": "reproarchive.dump_import",
+    "capture": "reproarchive.sources.backend",
+    "pack_dump": "reproarchive.sources.dump_import",
     # replay and export
-    "run": "reproarchive.replay",
-    "Outcome": "reproarchive.replay",
-    "export": "reproarchive.script_export",
+    "run": "reproarchive.replay.runner",
+    "Outcome": "reproarchive.replay.runner",
+    "export": "reproarchive.standalone.script",
     # minify
     "minify": "reproarchive.minifier",
     # errors
@@ -56,5 +57,7 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .archive import Repro, load, pack, unpack, verify  # noqa: F401
-    from .report import inspect  # noqa: F401
+    from reproarchive.archive.checking import unpack, verify  # noqa: F401
+    from reproarchive.archive.inspection import inspect  # noqa: F401
+    from reproarchive.archive.loading import Repro, load  # noqa: F401
+    from reproarchive.archive.packing import pack  # noqa: F401

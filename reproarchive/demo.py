@@ -45,7 +45,7 @@ class DemoFailed(Exception):
 def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify: bool = True) -> dict:
     """Run every step; returns the paths and outcomes. Raises DemoFailed on a surprise."""
     import reproarchive
-    from reproarchive.minify_archive import minify_archive
+    from reproarchive.minifier.driver import minify_archive
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

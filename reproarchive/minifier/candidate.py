@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-from ..errors import ReproArchiveError
+from reproarchive.errors import ReproArchiveError
 
 _OP_KINDS = ("call_function", "call_method", "call_module")
 _SCALARS = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch.fx as fx
 
-from ..errors import ReproArchiveError
+from reproarchive.errors import ReproArchiveError
 from .candidate import Recording, op_count
 from .oracle import BudgetExhausted, MinifyStats, Oracle, Progress
 from .passes import PASSES, Shrinker, prune

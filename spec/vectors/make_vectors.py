@@ -63,7 +63,7 @@ def dtypes():
     raw = torch.arange(64, dtype=torch.uint8) * 37 % 251
     inputs = []
     names = []
-    from reproarchive.tensor_codec import DTYPES, _QUANTIZED
+    from reproarchive.codec.tensors import DTYPES, _QUANTIZED
 
     for name in sorted(DTYPES):
         if name in _QUANTIZED:
@@ -102,7 +102,7 @@ def module():
 
 def absent():
     """An input whose data the source never had."""
-    from reproarchive.tensor_codec import AbsentTensor
+    from reproarchive.codec.tensors import AbsentTensor
 
     gm = _graph(2, lambda g, xs: (g.call_function(operator.add, (xs[0], xs[1])),))
     return gm, [AbsentTensor((2, 3), torch.float32), torch.ones(2, 3)]

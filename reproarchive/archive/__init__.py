@@ -1,0 +1,1 @@
+"""Whole archives: pack, load (and read_input), verify and unpack, inspect."""

@@ -1,0 +1,1 @@
+"""torch objects <-> index records: tensors and storages, graphs, call targets, devices."""

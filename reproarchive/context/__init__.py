@@ -1,0 +1,1 @@
+"""The records around a graph: config, environment, system and failure."""

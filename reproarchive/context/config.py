@@ -1,0 +1,438 @@
+"""Config, environment and system snapshots: what, besides the graph, decides how it compiles.
+
+PyTorch's repro scripts record only the config values that differ from the defaults, silently
+drop the ones they cannot print (custom passes), copy machine-specific environment values
+(cache dirs, pointer values) and say nothing about the CPU, the driver or Triton. A failure that
+depends on any of these then "does not reproduce" on a teammate's machine and nobody knows why.
+So an archive records:
+
+* ``config``: the FULL value of every setting of the four compiler config modules, not just the
+  changed ones, because defaults move between torch versions; the changed ones again, for people;
+  every value that cannot be stored listed by name with the reason (never dropped silently);
+* ``environment``: the variables that change PyTorch's behaviour, with secrets redacted;
+* ``system``: versions of everything that takes part in compilation, and the hardware.
+
+All three are plain msgpack-able dicts (str keys; str/int/float/bool/None/list/dict values) so
+they go into the archive index unchanged. ``applied_config`` puts a recorded config back for a
+replay; ``config_diff`` / ``environment_diff`` say what differs when a replay's outcome does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import enum
+import importlib
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
+
+
+#: The config modules every snapshot records in full. Other ``ConfigModule`` instances that are
+#: already imported when the snapshot is taken (``torch.compiler.config``, ``torch._export.config``,
+#: a third-party backend's config ...) are recorded too, but never imported just for this.
+CONFIG_MODULES = (
+    "torch._dynamo.config",
+    "torch._inductor.config",
+    "torch._functorch.config",
+    "torch.fx.experimental._config",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Unrepresentable(Exception):
+    pass
+
+
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+def _plain(value: Any) -> Any:
+    """Convert a config value to plain msgpack data, or raise _Unrepresentable(reason).
+
+    Tuples become lists and sets sorted lists (their container type is recorded next to the
+    value so that ``applied_config`` can restore it). Anything whose meaning would change in
+    the conversion (callables, classes, enums, dicts with non-str keys, objects) is refused.
+    """
+    if value is None or isinstance(value, (bool, str, float)):
+        return value
+    if isinstance(value, enum.Enum):
+        raise _Unrepresentable(f"enum value {type(value).__qualname__}.{value.name}")
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise _Unrepresentable("integer out of the 64-bit range")
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        items = [_plain(v) for v in value]
+        try:
+            return sorted(items)
+        except TypeError:
+            return sorted(items, key=repr)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise _Unrepresentable("dict with non-string keys")
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, type):
+        raise _Unrepresentable(f"class {value.__module__}.{value.__qualname__}")
+    if callable(value):
+        name = getattr(value, "__qualname__", None) or type(value).__qualname__
+        module = getattr(value, "__module__", None) or type(value).__module__
+        raise _Unrepresentable(f"callable {module}.{name} (code is never stored in an archive)")
+    raise _Unrepresentable(f"object of type {type(value).__module__}.{type(value).__qualname__}")
+
+
+def _container_type(value: Any) -> str | None:
+    if isinstance(value, tuple):
+        return "tuple"
+    if isinstance(value, (set, frozenset)):
+        return "set"
+    return None
+
+
+def _short_repr(value: Any, limit: int = 300) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not break a capture
+        text = f"<repr failed: {type(exc).__name__}>"
+    text = redact_paths(text)
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", text)  # addresses differ every run
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _config_modules(import_required: bool = True) -> dict[str, Any]:
+    mods: dict[str, Any] = {}
+    for name in CONFIG_MODULES:
+        mod = sys.modules.get(name)
+        if mod is None and import_required:
+            try:
+                mod = importlib.import_module(name)
+            except ImportError:
+                mod = None
+        if mod is not None:
+            mods[name] = mod
+    try:
+        from torch.utils._config_module import ConfigModule
+    except ImportError:  # pragma: no cover - very old torch
+        return mods
+    for name, mod in list(sys.modules.items()):
+        if name not in mods and isinstance(mod, ConfigModule):
+            mods[name] = mod
+    return dict(sorted(mods.items()))
+
+
+def _is_changed(mod: Any, key: str, value: Any) -> bool:
+    """True when the current value differs from the setting's default.
+
+    ``ConfigModule._is_default`` also calls a setting "not default" when it was merely assigned
+    its default value; people reading "changed" want values, so compare values.
+    """
+    entry = mod._config[key]
+    default = entry.default
+    if getattr(entry, "justknob", None) is not None and default is not None:
+        return value != default
+    try:
+        return bool(value != default)
+    except Exception:  # exotic __eq__ (tensors, arrays): identity is the best we can do
+        return value is not default
+
+
+def config_snapshot() -> dict[str, Any]:
+    """The full current compiler configuration as plain data.
+
+    Returns ``{"modules": {module: {key: value}}, "changed": {module: {key: value}},
+    "defaults": {module: {key: default}} (for the changed keys), "unrepresentable": [{module,
+    key, reason, repr}], "types": {module: {key: "tuple"|"set"}}, "machine_specific": [{module,
+    key}]}``. Nested config classes appear flattened with dotted keys
+    (``"cpp.inject_relu_bug_TESTING_ONLY"``), as ``ConfigModule`` stores them. A value that is
+    not plain data is absent from "modules"/"changed" and listed in "unrepresentable" with a
+    redacted ``repr``. Values that are absolute paths (cache and debug dirs, the CUTLASS
+    checkout) are recorded with the home directory and cwd redacted and listed in
+    "machine_specific": they describe the packing machine, so ``applied_config`` never
+    applies them. Settings that are aliases of another setting are not recorded twice.
+    """
+    cwd = os.getcwd()
+    path_prefixes = {cwd: "<cwd>"} if cwd not in ("/", "") else {}
+    modules: dict[str, dict[str, Any]] = {}
+    changed: dict[str, dict[str, Any]] = {}
+    defaults: dict[str, dict[str, Any]] = {}
+    types: dict[str, dict[str, str]] = {}
+    unrepresentable: list[dict[str, str]] = []
+    machine_specific: list[dict[str, str]] = []
+
+    for mod_name, mod in _config_modules().items():
+        try:
+            values = mod._get_dict()  # skips aliases; reads values without deprecation warnings
+        except Exception:
+            values = mod.get_config_copy()
+        plain_values: dict[str, Any] = {}
+        for key in sorted(values):
+            value = values[key]
+            is_changed = _is_changed(mod, key, value)
+            try:
+                plain = _plain(value)
+            except _Unrepresentable as why:
+                unrepresentable.append(
+                    {
+                        "module": mod_name,
+                        "key": key,
+                        "reason": str(why),
+                        "repr": _short_repr(value),
+                        "changed": is_changed,
+                    }
+                )
+                continue
+            if _looks_like_path(plain):
+                plain = _redact_value(plain, path_prefixes)
+                machine_specific.append({"module": mod_name, "key": key})
+            plain_values[key] = plain
+            kind = _container_type(value)
+            if kind:
+                types.setdefault(mod_name, {})[key] = kind
+            if is_changed:
+                changed.setdefault(mod_name, {})[key] = plain
+                try:
+                    defaults.setdefault(mod_name, {})[key] = _plain(mod._config[key].default)
+                except (_Unrepresentable, KeyError, AttributeError):
+                    defaults.setdefault(mod_name, {})[key] = _short_repr(
+                        getattr(mod._config.get(key), "default", None)
+                    )
+        modules[mod_name] = plain_values
+
+    return {
+        "modules": modules,
+        "changed": changed,
+        "defaults": defaults,
+        "unrepresentable": unrepresentable,
+        "types": types,
+        "machine_specific": machine_specific,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying a recorded config
+# ---------------------------------------------------------------------------------------------
+
+
+class AppliedConfig:
+    """What ``applied_config`` did, so the caller can warn about what it could not do."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []  # "module.key"
+        self.missing: list[str] = []  # recorded keys this torch does not have
+        self.missing_modules: list[str] = []  # recorded modules that cannot be imported here
+        self.unrepresentable: list[str] = []  # recorded as unrepresentable: left as they are here
+        self.machine_specific: list[str] = []  # paths of the packing machine: left as they are
+        self.forced_by_env: list[str] = []  # an env var here forces a value; recorded one ignored
+        self.failed: list[dict[str, str]] = []  # setattr raised
+        self.unsafe: list[str] = []  # values that could name a program, path or command: not applied
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def __repr__(self) -> str:
+        return (
+            f"AppliedConfig(applied={len(self.applied)}, missing={self.missing}, "
+            f"missing_modules={self.missing_modules}, unrepresentable={self.unrepresentable}, "
+            f"forced_by_env={self.forced_by_env}, failed={self.failed})"
+        )
+
+
+# A replayed archive may come from anyone, so its config may only steer *how* torch compiles,
+# never *what it runs*: inductor hands some string settings (cpp.cxx, flags) to subprocesses.
+_SAFE_STRING = re.compile(r"^[A-Za-z0-9_.:+,-]{0,64}$")  # enum-like, and lists such as "ATEN,CPP"
+_PROGRAM_KEY = re.compile(
+    r"(^|[._])(cxx|cc|c_compiler|compiler|linker|ld|nvcc|ptxas|cmd|command|shell|exe|executable|binary|"
+    r"flags|cflags|ldflags|args|path|paths|dir|dirs|root|file|files|url|library|libraries|libs)($|[._])"
+)
+
+
+def safe_to_apply(key: str, value: Any) -> bool:
+    """Whether a recorded config value may be applied: data (bools, numbers, None, short
+    enum-like strings and lists of these), under a key that does not name a program or path."""
+    if _PROGRAM_KEY.search(key.lower()) and not isinstance(value, (bool, int, float, type(None))):
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(safe_to_apply(key, v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _SAFE_STRING.match(k) and safe_to_apply(key, v) for k, v in value.items())
+    if isinstance(value, str):
+        return bool(_SAFE_STRING.match(value))
+    return isinstance(value, (bool, int, float, type(None)))
+
+
+def _config_module_named(name: str) -> Any:
+    """A torch config module by name: one of ours, or one already imported. Never an import
+    of an arbitrary name from an archive (importing runs the module's code)."""
+    if name in CONFIG_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            return None
+    mod = sys.modules.get(name)
+    try:
+        from torch.utils._config_module import ConfigModule
+    except ImportError:  # pragma: no cover
+        return None
+    return mod if isinstance(mod, ConfigModule) else None
+
+
+def _restore_type(value: Any, kind: str | None) -> Any:
+    if kind == "tuple" and isinstance(value, list):
+        return tuple(value)
+    if kind == "set" and isinstance(value, list):
+        return set(value)
+    return value
+
+
+_UNSET = object()
+try:
+    from torch.utils._config_module import _UNSET_SENTINEL as _TORCH_UNSET
+except ImportError:  # pragma: no cover - older torch: nothing is ever forced by env
+    _TORCH_UNSET = _UNSET
+
+
+@contextlib.contextmanager
+def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: bool = False) -> Iterator[AppliedConfig]:
+    """Apply a recorded config snapshot to the live torch config modules for the ``with`` body.
+
+    Every recorded value is applied (or, with ``only_changed``, only those that differed from
+    the defaults on the packing machine), so a default that moved between torch versions does
+    not change a replay. Never applied: keys this torch does not have (listed in ``missing``),
+    values recorded as unrepresentable (a custom pass cannot come back from data) and
+    machine-specific paths. On exit every touched setting is restored to exactly its previous
+    state, "not set by the user" included, so ``_is_default`` and the inductor cache key see no
+    trace of the replay. Like ``ConfigModule.patch`` this is per-thread (context-local).
+    """
+    result = AppliedConfig()
+    if not config_record:
+        yield result
+        return
+    modules = config_record.get("modules") or {}
+    changed = config_record.get("changed") or {}
+    types = config_record.get("types") or {}
+    skip = {(u.get("module"), u.get("key")) for u in config_record.get("unrepresentable") or []}
+    machine = {(u.get("module"), u.get("key")) for u in config_record.get("machine_specific") or []}
+
+    changed_keys = {(m, k) for m, vals in changed.items() for k in vals}
+    undo: list[tuple[Any, str, Any, Any]] = []
+    try:
+        for mod_name, values in modules.items():
+            mod = _config_module_named(mod_name)
+            if mod is None:
+                result.missing_modules.append(mod_name)
+                continue
+            config = getattr(mod, "_config", None)
+            if not isinstance(config, dict):
+                result.missing_modules.append(mod_name)
+                continue
+            wanted = changed.get(mod_name, {}) if only_changed else values
+            for key, value in wanted.items():
+                full = f"{mod_name}.{key}"
+                if (mod_name, key) in skip:
+                    result.unrepresentable.append(full)
+                    continue
+                if (mod_name, key) in machine:
+                    result.machine_specific.append(full)
+                    continue
+                if not safe_to_apply(key, value):
+                    if (mod_name, key) in changed_keys:  # a default left as it is needs no warning
+                        result.unsafe.append(full)
+                    continue
+                entry = config.get(key)
+                if entry is None:
+                    result.missing.append(full)
+                    continue
+                if getattr(entry, "alias", None) is not None:
+                    continue
+                if getattr(entry, "deprecated", False) and (mod_name, key) not in changed_keys:
+                    continue  # "does nothing"; setting it would only print a FutureWarning
+                value = _restore_type(copy.deepcopy(value), types.get(mod_name, {}).get(key))
+                prior_override = entry.user_override.get()
+                prior_hide = getattr(entry, "hide", False)
+                try:
+                    setattr(mod, key, value)
+                except Exception as exc:
+                    result.failed.append({"key": full, "error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                undo.append((mod, key, prior_override, prior_hide))
+                result.applied.append(full)
+                forced = getattr(entry, "env_value_force", _TORCH_UNSET)
+                if forced is not _TORCH_UNSET and forced != value:
+                    result.forced_by_env.append(full)
+        for u in config_record.get("unrepresentable") or []:
+            full = f"{u.get('module')}.{u.get('key')}"
+            if u.get("changed") and full not in result.unrepresentable:
+                result.unrepresentable.append(full)
+        yield result
+    finally:
+        for mod, key, prior_override, prior_hide in reversed(undo):
+            entry = mod._config[key]
+            entry.user_override.set(prior_override)
+            entry.hide = prior_hide
+            dirty = getattr(mod, "_hash_dirty_var", None)
+            if dirty is not None:
+                dirty.set(True)
+            mark = getattr(mod, "_mark_get_dict_dirty", None)
+            if mark is not None:
+                mark(key)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def config_diff(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Settings whose recorded value differs from the current one.
+
+    Each entry is ``{module, key, recorded, current, status}`` with status ``"differs"``,
+    ``"missing_here"`` (this torch has no such setting), ``"new_here"`` (a setting the recording
+    torch did not have, listed only when it is not at its default here) or ``"unrepresentable"``
+    (a callable or object on either side: compared by redacted ``repr``). Machine-specific
+    paths are not compared.
+    """
+    recorded = recorded or {}
+    current = current or {}
+    rec_mods = recorded.get("modules") or {}
+    cur_mods = current.get("modules") or {}
+    machine = {(m.get("module"), m.get("key")) for side in (recorded, current)
+               for m in side.get("machine_specific") or []}
+    rec_un = {(u["module"], u["key"]): u.get("repr") for u in recorded.get("unrepresentable") or []}
+    cur_un = {(u["module"], u["key"]): u.get("repr") for u in current.get("unrepresentable") or []}
+    cur_changed = current.get("changed") or {}
+    out: list[dict[str, Any]] = []
+    for mod in sorted(set(rec_mods) | set(cur_mods)):
+        if mod not in rec_mods:
+            continue  # a config module only imported here says nothing about the recording
+        rec_vals = rec_mods.get(mod) or {}
+        cur_vals = cur_mods.get(mod)
+        keys = set(rec_vals) | {k for (m, k) in rec_un if m == mod}
+        if cur_vals is not None:
+            keys |= set(cur_vals) | {k for (m, k) in cur_un if m == mod}
+        for key in sorted(keys):
+            if (mod, key) in machine:
+                continue
+            r_un, c_un = (mod, key) in rec_un, (mod, key) in cur_un
+            rv = rec_un.get((mod, key)) if r_un else rec_vals.get(key, _UNSET)
+            if cur_vals is None:
+                cv = _UNSET
+            else:
+                cv = cur_un.get((mod, key)) if c_un else cur_vals.get(key, _UNSET)
+            if rv is _UNSET and cv is _UNSET:
+                continue
+            if rv is _UNSET:
+                if key not in cur_changed.get(mod, {}):
+                    continue
+                out.append({"module": mod, "key": key, "recorded": None, "current": cv, "status": "new_here"})
+            elif cv is _UNSET:
+                out.append({"module": mod, "key": key, "recorded": rv, "current": None, "status": "missing_here"})
+            elif rv != cv or r_un != c_un:
+                status = "unrepresentable" if (r_un or c_un) else "differs"
+                out.append({"module": mod, "key": key, "recorded": rv, "current": cv, "status": status})
+    return out

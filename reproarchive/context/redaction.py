@@ -1,0 +1,83 @@
+"""Replacing the recording machine's paths (home, cwd, dump folders) in recorded text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+# ---------------------------------------------------------------------------------------------
+# Path redaction
+# ---------------------------------------------------------------------------------------------
+
+_PATH_END = r"(?![\w.\-+@])"  # "/home/ann" must not match inside "/home/anna"
+
+
+def _prefix_variants(prefix: str) -> list[str]:
+    out = []
+    for p in (prefix, os.path.realpath(prefix)):
+        p = p.rstrip("/\\")
+        if len(p) > 1 and p not in out:
+            out.append(p)
+    return out
+
+
+def redact_paths(
+    text: str,
+    prefixes: Iterable[str | os.PathLike] | Mapping[str, str] = (),
+    *,
+    home: bool = True,
+) -> str:
+    """Replace machine-specific absolute path prefixes in ``text``.
+
+    The home directory becomes ``~`` (it names the user). ``prefixes`` adds other directories:
+    as a mapping ``{prefix: replacement}`` (e.g. ``{save_dir: "<save_dir>", cwd: "."}``) or as a
+    plain list, whose entries become ``<path>``. Both the given and the symlink-resolved
+    spelling of each prefix are replaced; a prefix only matches at a path-component boundary,
+    and longer prefixes win over shorter ones (so a cwd inside the home directory is replaced
+    as the cwd, not as ``~/...``).
+    """
+    if not isinstance(text, str) or not text:
+        return text
+    pairs: dict[str, str] = {}
+    items = prefixes.items() if isinstance(prefixes, Mapping) else ((p, "<path>") for p in prefixes)
+    for prefix, repl in items:
+        for variant in _prefix_variants(os.fspath(prefix)):
+            pairs.setdefault(variant, repl)
+    if home:
+        home_dir = os.path.expanduser("~")
+        if home_dir not in ("~", "/", ""):
+            for variant in _prefix_variants(home_dir):
+                pairs.setdefault(variant, "~")
+    for prefix in sorted(pairs, key=len, reverse=True):
+        text = re.sub(re.escape(prefix) + _PATH_END, lambda _m, r=pairs[prefix]: r, text)
+    return text
+
+
+_ABS_PATH = re.compile(r"(?:^|[\s=:'\"(\[,])(?:/[\w.\-+@~]+|[A-Za-z]:\\)")
+
+
+def _looks_like_path(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(_ABS_PATH.search(value))
+    if isinstance(value, (list, tuple)):
+        return any(_looks_like_path(v) for v in value)
+    if isinstance(value, dict):
+        return any(_looks_like_path(v) for v in value.values())
+    return False
+
+
+def _redact_value(value: Any, prefixes: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        return redact_paths(value, prefixes)
+    if isinstance(value, list):
+        return [_redact_value(v, prefixes) for v in value]
+    if isinstance(value, dict):
+        return {k: _redact_value(v, prefixes) for k, v in value.items()}
+    return value
+
+
+# ---------------------------------------------------------------------------------------------

@@ -1,0 +1,288 @@
+"""The system snapshot: versions and hardware that take part in compiling and running a graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+
+#: Distributions whose version changes what torch.compile produces or how it runs.
+PACKAGES = (
+    "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
+    "sympy", "mpmath", "networkx", "jinja2", "filelock", "fsspec", "typing_extensions",
+    "setuptools", "zstandard", "msgpack", "reproarchive", "torchvision", "torchaudio",
+    "transformers", "accelerate", "nvidia-cuda-runtime-cu12", "nvidia-cudnn-cu12",
+    "nvidia-cublas-cu12", "nvidia-nccl-cu12", "nvidia-cuda-nvrtc-cu12", "nvidia-nvjitlink-cu12",
+    "nvidia-cuda-runtime", "nvidia-cudnn-cu13", "nvidia-cublas", "nvidia-nccl-cu13",
+    "intel-openmp", "mkl",
+)
+
+#: CPU flags that decide which vector ISA inductor's C++ backend generates code for.
+CPU_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+    "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "asimd", "sve", "sve2", "bf16", "i8mm",
+)
+
+_SUBPROCESS_TIMEOUT = 2.0
+
+
+def _first_line(text: str, want: str | None = None) -> str | None:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if want:
+        for ln in lines:
+            if want in ln:
+                return ln
+    return lines[0] if lines else None
+
+
+@functools.lru_cache(maxsize=1)
+def _tool_versions() -> dict[str, Any]:
+    """``nvidia-smi``, ``nvcc`` and the C++ compiler, queried concurrently with a short timeout.
+
+    Cached for the process: tools do not change while it runs, and a wedged GPU can make
+    ``nvidia-smi`` hang for minutes, which a capture must never inherit.
+    """
+    cxx = os.environ.get("CXX") or "g++"
+    queries = {
+        "driver": (["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], None),
+        "nvcc": (["nvcc", "--version"], "release"),
+        "cxx": ([cxx, "--version"], None),
+    }
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    running = {}
+    for name, (argv, _) in queries.items():
+        exe = shutil.which(argv[0])
+        if exe is None and name == "nvcc" and cuda_home:
+            candidate = os.path.join(cuda_home, "bin", "nvcc")
+            exe = candidate if os.access(candidate, os.X_OK) else None
+        if exe is None:
+            continue
+        try:
+            running[name] = subprocess.Popen(
+                [exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL, text=True,
+            )
+        except OSError:
+            continue
+    out: dict[str, Any] = {name: None for name in queries}
+    for name, proc in running.items():
+        try:
+            stdout, _ = proc.communicate(timeout=_SUBPROCESS_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            out[name] = "<timed out>"
+            continue
+        if proc.returncode == 0:
+            out[name] = _first_line(stdout, queries[name][1])
+    out["cxx_command"] = os.path.basename(cxx)
+    return out
+
+
+def _cpu_info() -> dict[str, Any]:
+    model = None
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if model is None and key in ("model name", "hardware", "cpu model", "uarch"):
+                    model = value.strip()
+                elif not flags and key in ("flags", "features"):
+                    flags = set(value.split())
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    if not model:
+        model = platform.processor() or None
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    info: dict[str, Any] = {
+        "model": model,
+        "machine": platform.machine(),
+        "count": os.cpu_count(),
+        "usable": affinity,
+        "flags": sorted(f for f in CPU_FLAGS if f in flags),
+    }
+    return info
+
+
+def _package_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+        except Exception:  # a broken dist-info must not break a capture
+            versions[name] = None
+    if versions.get("reproarchive") is None:
+        try:
+            from reproarchive.version import __version__
+
+            versions["reproarchive"] = __version__
+        except ImportError:  # pragma: no cover
+            pass
+    # Only the packages that are present are interesting, plus the ones people ask about first.
+    always = {"torch", "triton", "numpy", "sympy", "filelock", "networkx", "jinja2", "setuptools",
+              "zstandard", "reproarchive"}
+    return {k: v for k, v in versions.items() if v is not None or k in always}
+
+
+def _cuda_info(torch: Any, tools: Mapping[str, Any]) -> dict[str, Any]:
+    info: dict[str, Any] = {"available": False, "version": torch.version.cuda}
+    cudnn = None
+    try:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:
+        cudnn = None
+    info["cudnn"] = cudnn
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        info["reason"] = f"this torch build has no CUDA/ROCm support ({torch.__version__})"
+        info["driver_version"] = tools.get("driver")
+        return info
+    try:
+        available = torch.cuda.is_available()
+    except Exception as exc:
+        available = False
+        info["reason"] = f"torch.cuda.is_available() raised {type(exc).__name__}: {exc}"
+    if not available:
+        info.setdefault(
+            "reason",
+            "no usable GPU (no device, no driver, or CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s})",
+        )
+        info["driver_version"] = tools.get("driver")
+        return info
+    devices = []
+    for index in range(torch.cuda.device_count()):
+        try:
+            props = torch.cuda.get_device_properties(index)
+        except Exception as exc:
+            devices.append({"index": index, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        devices.append(
+            {
+                "index": index,
+                "name": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "total_memory": int(props.total_memory),
+                "multi_processor_count": int(props.multi_processor_count),
+                "arch": getattr(props, "gcnArchName", None),
+            }
+        )
+    info.update(
+        available=True,
+        device_count=len(devices),
+        devices=devices,
+        driver_version=tools.get("driver"),
+        arch_list=list(torch.cuda.get_arch_list()) if hasattr(torch.cuda, "get_arch_list") else None,
+    )
+    return info
+
+
+@functools.lru_cache(maxsize=1)
+def _system_snapshot_cached() -> dict[str, Any]:
+    import torch
+
+    tools = _tool_versions()
+    try:
+        cpu_capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:
+        cpu_capability = None
+    cpu = _cpu_info()
+    cpu["capability"] = cpu_capability
+    libc = platform.libc_ver()
+    return {
+        "torch": {
+            "version": torch.__version__,
+            "git_version": getattr(torch.version, "git_version", None),
+            "debug": bool(getattr(torch.version, "debug", False)),
+            "cuda": torch.version.cuda,
+            "hip": getattr(torch.version, "hip", None),
+            "xpu": getattr(torch.version, "xpu", None),
+            "num_threads": torch.get_num_threads(),
+        },
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+        },
+        "os": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "platform": platform.platform(),
+            "libc": " ".join(x for x in libc if x) or None,
+        },
+        "cpu": cpu,
+        "cuda": _cuda_info(torch, tools),
+        "hip": {"version": getattr(torch.version, "hip", None)},
+        "nvcc": tools.get("nvcc"),
+        "cxx": {"command": tools.get("cxx_command"), "version": tools.get("cxx")},
+        "packages": _package_versions(),
+    }
+
+
+def system_snapshot() -> dict[str, Any]:
+    """Versions and hardware that take part in compiling and running a graph.
+
+    Includes torch version and git hash, CUDA/cuDNN/HIP versions, Python, OS, CPU model, vector
+    flags and the ISA torch dispatches to, GPUs (name, compute capability, memory), the driver
+    (``nvidia-smi``), ``nvcc`` (its "release" line, the one that names the version), the C++
+    compiler inductor's CPU backend calls, and the versions of the packages in ``PACKAGES``
+    (missing ones as None). Without a usable GPU, ``"cuda"`` is ``{"available": False,
+    "reason": ...}``. Computed once per process (well under a second; tool queries run
+    concurrently with a 2 s cap) and returned as a fresh copy.
+    """
+    return copy.deepcopy(_system_snapshot_cached())
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def nested_get(d: Any, *path: str) -> Any:
+    """``d[path[0]][path[1]]...``, or None where a level is missing or not a mapping."""
+    for p in path:
+        if not isinstance(d, Mapping):
+            return None
+        d = d.get(p)
+    return d
+
+
+def _gpu_summary(system: Any) -> Any:
+    devices = nested_get(system, "cuda", "devices")
+    if not nested_get(system, "cuda", "available") or not devices:
+        return "none"
+    return [f"{d.get('name')} (sm {d.get('capability')})" for d in devices]
+
+
+#: (label, getter, important). Important differences are the likely reason a replay differs.
+_SYSTEM_FIELDS: tuple[tuple[str, Any, bool], ...] = (
+    ("torch version", lambda s: nested_get(s, "torch", "version"), True),
+    ("torch git hash", lambda s: nested_get(s, "torch", "git_version"), True),
+    ("GPUs", _gpu_summary, True),
+    ("CUDA version", lambda s: nested_get(s, "torch", "cuda"), True),
+    ("HIP version", lambda s: nested_get(s, "torch", "hip"), True),
+    ("cuDNN version", lambda s: nested_get(s, "cuda", "cudnn"), True),
+    ("GPU driver", lambda s: nested_get(s, "cuda", "driver_version"), False),
+    ("triton version", lambda s: nested_get(s, "packages", "triton") or nested_get(s, "packages", "pytorch-triton"), True),
+    ("CPU ISA", lambda s: nested_get(s, "cpu", "capability"), True),
+    ("CPU model", lambda s: nested_get(s, "cpu", "model"), False),
+    ("C++ compiler", lambda s: nested_get(s, "cxx", "version"), False),
+    ("nvcc", lambda s: nested_get(s, "nvcc"), False),
+    ("Python version", lambda s: nested_get(s, "python", "version"), False),
+    ("OS", lambda s: nested_get(s, "os", "platform"), False),
+)

@@ -1,0 +1,61 @@
+"""Write files and folders so that readers only ever see nothing or the finished result.
+
+Everything reproarchive writes goes to a temporary name in the destination's own folder
+(same filesystem, so the final ``os.replace`` is atomic) and is renamed into place only when
+complete; an exception, Ctrl-C or a kill leaves no half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from reproarchive.errors import SourceError
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, *, fsync: bool = True) -> Iterator[BinaryIO]:
+    final = Path(path)
+    if final.is_dir():
+        raise SourceError(f"{final} is a directory", "give a file name for the archive")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            yield f
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder that becomes ``path`` on success.
+
+    ``path`` must not exist or be an empty folder: we never merge into or overwrite a
+    user's folder.
+    """
+    final = Path(path)
+    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise SourceError(f"{final} already exists and is not an empty folder", "choose another output folder or remove it")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if final.exists():
+            final.rmdir()
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,1 @@
+"""Replaying an archive here: backends, accuracy, isolation, the outcome."""

@@ -1,0 +1,418 @@
+"""Replaying an archived graph: does it fail here too, and is it the same failure?
+
+How the graph is compiled. The archived graph is exactly what the original compiler was handed,
+so replay hands it to the same compiler function directly (``compiler_fn(gm, example_inputs)``,
+the call Dynamo makes) instead of wrapping it in ``torch.compile``: re-running Dynamo over an
+already traced graph is not idempotent (pytorch#102898) and can fail in Dynamo before the backend
+ever sees the graph. For ATen-level graphs recorded after AOTAutograd (``source.kind ==
+"after_aot"``) and replayed with inductor, the original compiler was inductor's inner compiler,
+so ``compile_fx_inner`` is called, as PyTorch's after_aot ``run`` does.
+
+How the outcome is judged. Every stage is classified separately (compile, forward, backward,
+accuracy) and turned into a failure record with a normalised signature
+(``reproarchive.failure``), which is compared with the recorded one: "reproduced", "different
+failure" or "passed". Accuracy compares compiled against eager and uses an fp64 run of the same
+graph to decide which of the two is wrong (``reproarchive.accuracy.compare``), so a compiled
+result that is closer to the truth than eager is not reported as a bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import warnings as _warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from reproarchive.context import failure as _failure
+from reproarchive.replay.backends import choose_backend, resolve_backend
+from reproarchive.codec.devices import DeviceSpec, check_spec, remap_graph_devices
+from reproarchive.context.environment import applied_environment, plan
+
+EXIT_PASSED = 0
+EXIT_REPRODUCED = 1
+EXIT_DIFFERENT = 3
+
+PASSED = "passed"
+REPRODUCED = "reproduced"
+DIFFERENT = "different failure"
+
+_KIND_BY_STAGE = {
+    "compile": "compile error",
+    "forward": "runtime error (forward)",
+    "backward": "runtime error (backward)",
+    "accuracy": "accuracy failure",
+    "crash": "crash",
+    "unknown": "unknown failure",
+}
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one replay found; ``to_dict()`` is what ``reproarchive run --json`` prints.
+
+    status: "passed", "reproduced" or "different failure"; exit_code: 0, 1 or 3 to match.
+    observed / recorded: failure records (None when it passed / when nothing was recorded).
+    accuracy: the compiled-vs-eager comparison with per-output figures, when it was checked.
+    differences: what differs between the recording machine and this one that could explain
+    a different outcome (system, config, environment), as {"what", "name", "recorded", "current"}.
+    """
+
+    status: str
+    exit_code: int
+    observed: dict[str, Any] | None
+    recorded: dict[str, Any] | None
+    accuracy: dict[str, Any] | None = None
+    differences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    device: str = "cpu"
+    backend: str = ""
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    ran_backward: bool = False
+    config: str = "recorded"
+    isolated: bool = False
+    archive: str | None = None
+    digest: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """passed, compile error, runtime error (forward/backward), accuracy failure or crash."""
+        if self.observed is None:
+            return "passed"
+        return _KIND_BY_STAGE.get(self.observed.get("stage", "unknown"), "unknown failure")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["kind"] = self.kind
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Outcome":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def judge(recorded: dict[str, Any] | None, observed: dict[str, Any] | None) -> tuple[str, int]:
+    if observed is None:
+        return PASSED, EXIT_PASSED
+    if _failure.same_failure(recorded, observed):
+        return REPRODUCED, EXIT_REPRODUCED
+    return DIFFERENT, EXIT_DIFFERENT
+
+
+# --------------------------------------------------------------------------------------------
+# the replay of one in-memory graph
+
+
+def replay_graph(
+    gm: Any,
+    args: list[Any],
+    *,
+    backend: str,
+    recorded_failure: dict[str, Any] | None = None,
+    accuracy: bool = False,
+    only_fwd: bool = False,
+    config: Mapping[str, Any] | None = None,
+    environment: Mapping[str, Any] | None = None,
+    system: Mapping[str, Any] | None = None,
+    current_config: bool = False,
+    source_kind: str | None = None,
+    device: DeviceSpec = None,
+    tol: float | None = None,
+    report_differences: bool = True,
+) -> Outcome:
+    """Compile ``gm`` with ``backend``, run it on ``args`` and judge the result.
+
+    ``config``/``environment``/``system`` are the archive's snapshot records: the config is
+    applied for the duration (unless ``current_config``), the environment variables that can be
+    set in-process are set, and all three are diffed against this machine for the report
+    (``report_differences=False`` skips that: it takes fresh snapshots, and the minifier, which
+    replays hundreds of candidates, does not need it).
+    Raises BackendUnavailableError / DeviceUnavailableError (exit 125) when it cannot run here.
+    """
+    check_spec(device)
+    compiler_fn = resolve_backend(backend)
+    warnings: list[str] = []
+    if device is not None:
+        remap_graph_devices(gm, device)
+    config_applied = bool(config) and not current_config
+    env_to_set, env_warnings = plan(environment, config_applied=config_applied)
+    warnings.extend(env_warnings)
+    if config and not config_applied:
+        warnings.append("running with this machine's torch config (--current-config), not the recorded one")
+
+    needs_backward = not only_fwd and (
+        (recorded_failure or {}).get("stage") == "backward" or any(t.requires_grad for t in _iter_tensors(args))
+    )
+    observed: dict[str, Any] | None = None
+    details: dict[str, Any] | None = None
+    ran_backward = False
+
+    with contextlib.ExitStack() as stack:
+        if config_applied:
+            stack.enter_context(_applied_config(config, warnings))
+        stack.enter_context(applied_environment(env_to_set))
+        with _warnings.catch_warnings(record=True) as caught:
+            _warnings.simplefilter("always")
+            observed, details, ran_backward = _compile_and_run(
+                compiler_fn, gm, args, backend=backend, source_kind=source_kind,
+                fwd_only=not needs_backward, accuracy=accuracy, tol=tol, warnings=warnings,
+            )
+        warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
+
+    status, exit_code = judge(recorded_failure, observed)
+    return Outcome(
+        status=status,
+        exit_code=exit_code,
+        observed=observed,
+        recorded=recorded_failure,
+        accuracy=details,
+        differences=differences(config=config, environment=environment, system=system,
+                                config_applied=config_applied) if report_differences else [],
+        device=_describe_device(args, device),
+        backend=backend,
+        warnings=warnings,
+        ran_backward=ran_backward,
+        config="current" if not config_applied else "recorded",
+    )
+
+
+def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, accuracy, tol, warnings):
+    """(observed failure record or None, accuracy report or None, whether backward ran)."""
+    from reproarchive.replay import accuracy as _accuracy
+
+    try:
+        compiled = _compile(compiler_fn, backend, copy.deepcopy(gm), _accuracy.clone_inputs(args), source_kind)
+    except Exception as exc:  # noqa: BLE001 - every failure of the compiler is data
+        return _failure.record_from_exception(exc, "compile", backend=backend), None, False
+    try:
+        if accuracy:
+            kwargs = {} if tol is None else {"tol": tol}
+            report = _accuracy.check_accuracy(gm, compiled, args, fwd_only=fwd_only, **kwargs)
+            ran_backward = any(str(o.get("name", "")).startswith("grad") for o in report.get("outputs") or [])
+            if report.get("passed"):
+                return None, report, ran_backward
+            return _failure.accuracy_record(report, backend=backend), report, ran_backward
+        result = _accuracy.run_forward_backward(compiled, _accuracy.clone_inputs(args), fwd_only=fwd_only)
+        _synchronize(args)
+        return None, None, bool(result.get("grads"))
+    except _accuracy.EagerFailed as exc:
+        warnings.append("the graph fails in eager mode too, so the compiler is not to blame")
+        cause = exc.__cause__ or exc
+        return _failure.record_from_exception(cause, _accuracy.stage_of(cause), backend="eager"), None, False
+    except Exception as exc:  # noqa: BLE001
+        return _failure.record_from_exception(exc, _accuracy.stage_of(exc), backend=backend), None, False
+
+
+def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | None):
+    """The compiled callable, taking positional arguments (what Dynamo's generated code does)."""
+    if source_kind == "after_aot" and backend == "inductor":
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        # Like PyTorch's after_aot run_repro: re-trace so every node carries the meta
+        # (``val``) that inductor's inner compiler reads; the archive stores no fake values.
+        gm = make_fx(gm, tracing_mode="real")(*args)
+        inner = compile_fx_inner(gm, args)
+        return lambda *a: inner(list(a))
+    compiled = compiler_fn(gm, args)
+    # A plain wrapper: aot_autograd's result carries a copied ``_boxed_call`` attribute although
+    # it takes positional arguments, and Dynamo always calls a backend's result positionally.
+    return lambda *a: compiled(*a)
+
+
+@contextlib.contextmanager
+def _applied_config(config: Mapping[str, Any], warnings: list[str]):
+    from reproarchive.context.config import applied_config
+
+    with applied_config(config) as result:
+        for label, names in (
+            ("recorded config settings this torch does not have", result.missing),
+            ("recorded config modules that cannot be imported here", result.missing_modules),
+            ("changed config settings that could not be recorded (e.g. custom passes)", result.unrepresentable),
+            ("recorded config settings overridden here by an environment variable", result.forced_by_env),
+            ("recorded config settings that failed to apply", [f["key"] for f in result.failed]),
+            ("recorded config values not applied because they could name a program, path or command",
+             result.unsafe),
+        ):
+            if names:
+                shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+                warnings.append(f"{label}: {shown}")
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _iter_tensors(value: Any):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _iter_tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _iter_tensors(v)
+
+
+def _synchronize(args: Any) -> None:
+    """Surface asynchronous device errors inside the stage that caused them."""
+    import torch
+
+    for t in _iter_tensors(args):
+        if t.device.type == "cuda":
+            torch.cuda.synchronize(t.device)
+            return
+
+
+def _describe_device(args: Any, spec: DeviceSpec) -> str:
+    devices = sorted({str(t.device) for t in _iter_tensors(args)})
+    if devices:
+        return ",".join(devices)
+    return spec if isinstance(spec, str) else "cpu"
+
+
+def _worth_reporting(w: _warnings.WarningMessage) -> bool:
+    return issubclass(w.category, UserWarning) and "reproarchive" in str(getattr(w, "filename", ""))
+
+
+def _dedupe(items) -> list[str]:
+    seen: dict[str, None] = {}
+    for item in items:
+        seen.setdefault(item, None)
+    return list(seen)
+
+
+# --------------------------------------------------------------------------------------------
+# what differs between the recording machine and this one
+
+
+def differences(
+    *,
+    config: Mapping[str, Any] | None,
+    environment: Mapping[str, Any] | None,
+    system: Mapping[str, Any] | None,
+    config_applied: bool = True,
+) -> list[dict[str, Any]]:
+    """Differences that could explain a different outcome, most telling first.
+
+    Rows are ``{"what", "name", "recorded", "current", "important"}``. When the recorded config
+    was applied, a config value that merely differs here was overridden for the replay and
+    cannot explain anything; what remains are settings this torch lacks, settings that could
+    not be stored (custom passes) and settings this torch has that the recording one did not.
+    """
+    from reproarchive.context.config import config_diff, config_snapshot
+    from reproarchive.context.environment import environment_diff
+
+    rows: list[dict[str, Any]] = []
+    try:
+        if environment is not None or system is not None:
+            for row in environment_diff(environment, system):
+                what = "environment" if str(row.get("what", "")).startswith("env ") else "system"
+                name = str(row.get("what", ""))
+                rows.append({"what": what, "name": name[4:] if what == "environment" else name,
+                             "recorded": row.get("recorded"), "current": row.get("current"),
+                             "important": bool(row.get("important"))})
+        if config:
+            for row in config_diff(config, config_snapshot()):
+                status = row.get("status")
+                if config_applied and status == "differs":
+                    continue
+                rows.append({"what": "config", "name": f"{row.get('module')}.{row.get('key')}",
+                             "recorded": row.get("recorded"), "current": row.get("current"),
+                             "important": status in ("missing_here", "unrepresentable") or not config_applied,
+                             "status": status})
+    except Exception as exc:  # noqa: BLE001 - the report must not fail because a diff did
+        rows.append({"what": "diff", "name": "(could not compare)", "recorded": None,
+                     "current": f"{type(exc).__name__}: {exc}", "important": False})
+    rows.sort(key=lambda r: not r["important"])
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# the public entry point
+
+
+def run(
+    path: str | Path,
+    *,
+    device: DeviceSpec = None,
+    backend: str | None = None,
+    accuracy: bool | None = None,
+    only_fwd: bool = False,
+    isolate: bool | None = None,
+    current_config: bool = False,
+    tol: float | None = None,
+    progress: bool | None = None,
+) -> Outcome:
+    """Replay the archive at ``path`` on this machine; see ``reproarchive run --help``.
+
+    ``backend``/``accuracy`` default to what the archive recorded. ``isolate`` runs the replay in
+    a child process so that a crash (segfault, abort, fatal device error) becomes an outcome
+    instead of killing the caller; by default it is on only when the recorded failure is a crash.
+    Raises DeviceUnavailableError / BackendUnavailableError (exit 125) when it cannot run here,
+    ArchiveError (exit 2) for an unreadable archive.
+    """
+    check_spec(device)
+    if backend is not None:
+        resolve_backend(backend)  # cannot run here: say so before loading anything
+    options = dict(device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
+                   current_config=current_config, tol=tol)
+    index = _peek_index(path) if isolate is not False else None
+    if isolate is None:
+        isolate = ((index or {}).get("failure") or {}).get("stage") == "crash"
+    if isolate:
+        from reproarchive.replay.isolation import run_in_child
+
+        return run_in_child(path, environment=(index or {}).get("environment"), **options)
+    return run_here(path, progress=progress, **options)
+
+
+def _peek_index(path) -> dict[str, Any] | None:
+    """The archive's records without loading its tensors."""
+    from reproarchive.archive.validation import validate_index
+    from reproarchive.format.reader import ContainerReader
+
+    with ContainerReader(path) as reader:
+        return validate_index(reader)
+
+
+def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
+             tol=None, on_start=None, progress: bool | None = False) -> Outcome:
+    """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
+    so that an isolating parent can still report them if the compile takes the process down."""
+    from reproarchive.archive.loading import load
+
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
+        repro = load(path, device=device, progress=progress)
+    load_warnings = _dedupe(repro.warnings or [])
+    chosen = choose_backend(backend, repro.backend)
+    resolve_backend(chosen)
+    if on_start is not None:
+        on_start({"recorded": repro.failure, "backend": chosen, "digest": repro.digest,
+                  "device": _describe_device(repro.args, device), "warnings": load_warnings,
+                  "config": "current" if current_config else "recorded"})
+    outcome = replay_graph(
+        repro.gm,
+        list(repro.args),
+        backend=chosen,
+        recorded_failure=repro.failure,
+        accuracy=bool(repro.accuracy) if accuracy is None else accuracy,
+        only_fwd=only_fwd,
+        config=repro.config,
+        environment=repro.environment,
+        system=repro.system,
+        current_config=current_config,
+        source_kind=(repro.source or {}).get("kind"),
+        device=None,  # load already put inputs and graph constants where ``device`` says
+        tol=tol,
+    )
+    outcome.device = _describe_device(repro.args, device)
+    outcome.warnings[:0] = load_warnings
+    outcome.archive = str(path)
+    outcome.digest = repro.digest
+    return outcome

@@ -1,0 +1,1 @@
+"""Where archives come from: the capture backend, program capture, PyTorch dump import."""

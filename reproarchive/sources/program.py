@@ -1,0 +1,145 @@
+"""Run a whole program with PyTorch's repro dumps switched on, then pack every dump it wrote.
+
+Why PyTorch's own hooks and not ours: ``TORCHDYNAMO_REPRO_AFTER`` wraps *every* backend that
+torch.compile resolves — registered names and custom callables alike — in every process the
+program starts (DataLoader workers, torchrun ranks), with no code change and no import hook
+that could clash with the program's own ``sitecustomize``. The dumps go to a private scratch
+folder (``TORCH_COMPILE_DEBUG_DIR``), so the user's tree stays clean, and each is packed with
+``pack_dump`` (real inputs, snapshots, one replay to record the failure).
+
+Limits, inherited from PyTorch's hooks (documented in ``reproarchive capture --help``):
+* one dump per process: a second failure in the same process overwrites the first;
+* after_dynamo level 2 compiles each graph once more and runs it forward/backward on copies of
+  the inputs while checking, so capture makes compilation slower;
+* ``--accuracy`` (level 4) dumps accuracy failures only; exceptions then propagate undumped;
+* failures before a graph reaches the backend (Dynamo tracing errors, graph breaks) are not
+  dumped by PyTorch and so not captured;
+* ``--after aot --accuracy`` makes PyTorch also copy a ``repro.py`` into the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from reproarchive.sources.dump_import import PackResult, pack_dump
+from reproarchive.sources.dump_script import LAUNCHER_NAME
+from reproarchive.errors import SourceError
+from reproarchive.errors import ReproArchiveError
+
+
+@dataclass
+class CaptureResult:
+    exit_code: int  # the program's own; 128+N when a signal N ended it
+    archives: list[PackResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # one line per dump that could not be packed
+    dumps_found: int = 0
+    dumps_kept: Path | None = None
+    interrupted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exit_code": self.exit_code,
+            "archives": [a.to_json() for a in self.archives],
+            "errors": self.errors,
+            "dumps_found": self.dumps_found,
+            "dumps_kept": str(self.dumps_kept) if self.dumps_kept else None,
+            "interrupted": self.interrupted,
+        }
+
+
+def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False,
+                base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the program runs in: PyTorch's repro dumps on, written to ``dump_dir``."""
+    if after not in ("dynamo", "aot"):
+        raise ValueError(f"after must be 'dynamo' or 'aot', not {after!r}")
+    env = dict(os.environ if base is None else base)
+    env["TORCHDYNAMO_REPRO_AFTER"] = after
+    env["TORCHDYNAMO_REPRO_LEVEL"] = "4" if accuracy else "2"
+    env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
+    return env
+
+
+def find_launchers(dump_dir: Path) -> list[Path]:
+    """Dumps written during the run, oldest first (one ``run_*`` folder per process)."""
+    root = dump_dir / "torch_compile_debug"
+    found = [p for p in root.glob(f"run_*/minifier/{LAUNCHER_NAME}") if p.is_file()]
+    return sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+
+
+def _next_free(out_dir: Path, stem: str = "repro") -> Path:
+    """repro.tar.zst, then repro-2.tar.zst, ...: never overwrite an archive from an earlier run."""
+    candidate = out_dir / f"{stem}.tar.zst"
+    n = 2
+    while candidate.exists():
+        candidate = out_dir / f"{stem}-{n}.tar.zst"
+        n += 1
+    return candidate
+
+
+def capture_program(
+    argv: list[str],
+    out_dir: str | os.PathLike = ".",
+    *,
+    after: str = "dynamo",
+    accuracy: bool = False,
+    replay: bool = True,
+    keep_dumps: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> CaptureResult:
+    """Run ``argv`` with repro dumps on; pack each dump into ``out_dir``; return what happened.
+
+    The program inherits stdin/stdout/stderr and the current directory. Raises SourceError when
+    the program cannot be started or ``out_dir`` is not a folder.
+    """
+    if not argv:
+        raise SourceError("no program to run", "give it after --, e.g. reproarchive capture -- python train.py")
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise SourceError(f"output folder {out} does not exist", "create it or choose another -o")
+    dump_dir = Path(tempfile.mkdtemp(prefix="reproarchive-capture-"))
+    result = CaptureResult(exit_code=0)
+    try:
+        env = capture_env(dump_dir, after=after, accuracy=accuracy)
+        try:
+            proc = subprocess.Popen(argv, env=env)
+        except FileNotFoundError as err:
+            raise SourceError(f"cannot run {argv[0]}: not found", "check the command after --") from err
+        except PermissionError as err:
+            raise SourceError(f"cannot run {argv[0]}: permission denied", "check the command after --") from err
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            # The program got the same SIGINT (same process group); let it finish dumping.
+            result.interrupted = True
+            try:
+                code = proc.wait(timeout=30)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                proc.kill()
+                code = proc.wait()
+        result.exit_code = 128 - code if code < 0 else code
+        if result.interrupted and result.exit_code == 0:
+            result.exit_code = 128 + signal.SIGINT
+
+        launchers = find_launchers(dump_dir)
+        result.dumps_found = len(launchers)
+        for i, launcher in enumerate(launchers, 1):
+            if progress is not None:
+                progress(f"packing dump {i} of {len(launchers)}")
+            target = _next_free(out)
+            try:
+                result.archives.append(pack_dump(launcher, target, replay=replay))
+            except ReproArchiveError as err:
+                result.errors.append(f"{launcher.parent.parent.name}: {err}")
+    finally:
+        if keep_dumps:
+            result.dumps_kept = dump_dir
+        else:
+            shutil.rmtree(dump_dir, ignore_errors=True)
+    return result

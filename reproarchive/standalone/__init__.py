@@ -1,0 +1,1 @@
+"""The standalone ``repro.py`` export for bug reports."""

@@ -1,0 +1,53 @@
+"""Golden vectors (spec §10): every stored archive must keep loading to the recorded values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import zstandard
+
+import reproarchive
+
+from spec.vectors import make_vectors
+
+VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
+
+MANIFEST = json.loads((VECTORS / "vectors.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_vector_loads_to_recorded_values(name, recwarn):
+    expected = MANIFEST[name]
+    path = VECTORS / name
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == expected["file_sha256"], "vector file was modified"
+    reproarchive.verify(path)
+    facts = make_vectors.expectations(name.split("-")[0], path)
+    for key in ("index_digest", "fidelity", "inputs", "storage_aliases"):
+        assert facts[key] == expected[key], key
+    if "outputs" in expected:
+        assert facts["outputs"] == expected["outputs"]
+
+
+def test_every_case_has_a_vector_for_the_current_version():
+    for case in make_vectors.CASES:
+        assert f"{case}-{make_vectors.VERSION}.tar.zst" in MANIFEST
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_current_writer_reproduces_vector_bytes(name, tmp_path):
+    """Determinism across processes and time: same inputs, same library versions, same bytes."""
+    expected = MANIFEST[name]
+    if expected.get("zstd_library") != ".".join(map(str, zstandard.ZSTD_VERSION)):
+        pytest.skip("vector written with another zstd library; bytes may legitimately differ")
+    if expected.get("format") != make_vectors.VERSION:
+        pytest.skip("vector of an older format version")
+    index = reproarchive.inspect(VECTORS / name)
+    if index["created_by"]["torch"] != torch.__version__.split("+")[0]:
+        pytest.skip("vector written with another torch version (recorded in the index)")
+    out = tmp_path / name
+    make_vectors.build(name.split("-")[0], out)
+    assert out.read_bytes() == (VECTORS / name).read_bytes()

@@ -1,0 +1,117 @@
+"""``reproarchive run --minify`` on captured archives: smaller, same failure, never loses work."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+from click.testing import CliRunner
+
+import reproarchive
+from reproarchive.minifier import driver as ma
+from reproarchive.cli import main
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.a(x).sin() * 2 + 1
+        z = self.b(y).cos()
+        w = torch.relu(z - y) / 3
+        return (w.tanh() + z.exp()).sum(1)
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cap")
+    path = d / "repro.tar.zst"
+    f = torch.compile(Net(), backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=path))
+    with pytest.raises(Exception):
+        f(torch.randn(4, 8))
+    assert path.exists()
+    return path
+
+
+def ops(path) -> int:
+    return reproarchive.inspect(path)["graph"]["ops"]
+
+
+def test_minify_cli_end_to_end(captured, tmp_path):
+    out = tmp_path / "min.tar.zst"
+    result = CliRunner().invoke(main, ["run", "--minify", str(captured), "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "torch.relu" in result.output and "minified:" in result.output
+    assert ops(out) == 1 < ops(captured)
+    info = reproarchive.inspect(out)
+    assert info["parent"] == reproarchive.inspect(captured)["digest"]
+    assert info["minify"]["stop_reason"] == "fixpoint" and info["minify"]["calls"] > 0
+    reproarchive.verify(out)
+    replay = CliRunner().invoke(main, ["run", str(out)])
+    assert replay.exit_code == 1, replay.output
+    as_json = CliRunner().invoke(main, ["run", "--minify", str(captured), "-o", str(tmp_path / "j.tar.zst"), "--json"])
+    assert as_json.exit_code == 0 and '"status": "minified"' in as_json.output
+
+
+def test_interrupted_minify_keeps_the_best_graph(captured, tmp_path, monkeypatch):
+    real = ma._replay_predicate
+    calls = []
+
+    def interrupting(*args, **kwargs):
+        fails = real(*args, **kwargs)
+
+        def wrapped(gm, inputs):
+            calls.append(1)
+            answer = fails(gm, inputs)
+            if answer and len(calls) > 1:  # first smaller failing graph: accept, then "Ctrl-C"
+                wrapped.accepted = True
+                return answer
+            if getattr(wrapped, "accepted", False):
+                raise KeyboardInterrupt
+            return answer
+
+        return wrapped
+
+    monkeypatch.setattr(ma, "_replay_predicate", interrupting)
+    out = tmp_path / "int.tar.zst"
+    report = ma.minify_archive(captured, out)
+    assert report.stats["stop_reason"] == "interrupted"
+    assert out.exists() and ops(out) < ops(captured)
+    assert reproarchive.run(out).exit_code == 1
+
+
+def test_minify_refuses_an_archive_that_does_not_reproduce(tmp_path):
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(operator.add, (x, x)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    failure = {"stage": "compile", "exception_type": "RuntimeError", "message": "boom", "traceback": "",
+               "signature": "compile|RuntimeError|boom", "backend": "eager", "accuracy": None}
+    path = reproarchive.pack(gm, [torch.ones(2)], tmp_path / "p.tar.zst", backend="eager", failure=failure)
+    result = CliRunner().invoke(main, ["run", "--minify", str(path), "-o", str(tmp_path / "m.tar.zst")])
+    assert result.exit_code == 3 and "does not reproduce" in result.output
+    assert not (tmp_path / "m.tar.zst").exists()
+    usage = CliRunner().invoke(main, ["run", "--minify", str(path)])
+    assert usage.exit_code == 2 and "-o" in usage.output
+
+
+@pytest.mark.slow
+def test_isolated_minify(tmp_path):
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.sin, (x,))
+    b = g.call_function(torch.relu, (a,))
+    g.output((g.call_function(torch.cos, (b,)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    path = tmp_path / "iso.tar.zst"
+    f = torch.compile(gm, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=path))
+    with pytest.raises(Exception):
+        f(torch.randn(3))
+    out = tmp_path / "iso-min.tar.zst"
+    report = ma.minify_archive(path, out, isolate=True)
+    assert report.stats["isolate"] and ops(out) == 1

@@ -1,0 +1,303 @@
+"""The in-process capture backend: failures become archives, passing graphs are untouched.
+
+Graphs are tiny and most tests use PyTorch's ``relu_*_TESTING_ONLY`` Dynamo backends, which cost
+milliseconds; one test runs real inductor with its C++ bug injector (a few seconds).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config as inductor_config
+from torch._dynamo.debug_utils import AccuracyError
+
+import reproarchive
+from reproarchive.sources import backend as capture_backend
+from reproarchive.sources.backend import CaptureWarning, archive_path
+
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def mutating_fn(x, y):
+    x.add_(1)  # the graph mutates its input: the archive must hold the value from before
+    return torch.relu(x * y).sum(0)
+
+
+def plain_fn(x, y):
+    return torch.relu(x * y) + y
+
+
+def inputs():
+    torch.manual_seed(0)
+    return torch.randn(3, 4), torch.randn(3, 4, requires_grad=True)
+
+
+def failing_call(fn, backend, tmp_path, **kw):
+    x, y = inputs()
+    x0, y0 = x.clone(), y.detach().clone()
+    compiled = torch.compile(fn, backend=reproarchive.capture(backend, path=tmp_path, **kw))
+    with pytest.raises(Exception) as info:
+        compiled(x, y)
+    return info.value, (x, y), (x0, y0)
+
+
+def only_archive(tmp_path):
+    found = sorted(tmp_path.glob("repro-*.tar.zst"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+# ------------------------------------------------------------------------------------------
+# failures
+
+
+def test_compile_error_is_archived_with_real_inputs_and_reraised(tmp_path):
+    exc, (x, y), (x0, y0) = failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", tmp_path)
+    path = only_archive(tmp_path)
+    # the original exception comes back (Dynamo wraps it), with the path in its message
+    assert isinstance(exc, torch._dynamo.exc.BackendCompilerFailed)
+    assert type(exc.inner_exception).__name__ == "ReluCompileError"
+    assert str(path) in str(exc)
+    assert archive_path(exc) == str(path)
+
+    repro = reproarchive.load(path)
+    assert repro.failure["stage"] == "compile"
+    assert repro.failure["exception_type"].endswith("ReluCompileError")
+    assert repro.backend == "relu_compile_error_TESTING_ONLY"
+    assert repro.fidelity == ["real", "real"]
+    assert torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], y0)
+    assert repro.args[1].requires_grad
+    assert "torch.relu" in repro.gm.code and "add_" in repro.gm.code
+    assert repro.source["kind"] == "capture"
+    assert repro.config["modules"]["torch._inductor.config"]
+    assert "variables" in repro.environment
+    assert repro.system["torch"]["version"] == torch.__version__
+
+
+def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):
+    exc, (x, y), (x0, y0) = failing_call(mutating_fn, "relu_runtime_error_TESTING_ONLY", tmp_path)
+    path = only_archive(tmp_path)
+    # a runtime failure surfaces at the call, as without capture: same type, path added
+    assert type(exc) is AssertionError
+    assert "ReluRuntimeError" in str(exc) and str(path) in str(exc)
+    assert exc.reproarchive_path == str(path)
+    # the check ran on copies: the caller's tensors are untouched, gradients included
+    assert torch.equal(x, x0) and torch.equal(y.detach(), y0) and y.grad is None
+    repro = reproarchive.load(path)
+    assert repro.failure["stage"] == "forward"
+    assert repro.failure["signature"] == "forward|AssertionError|ReluRuntimeError"
+    assert "inputs_modified" not in repro.failure
+    assert torch.equal(repro.args[0], x0)
+    # the archived graph is the one Dynamo traced, not the backend's rewrite of it
+    assert "torch.relu" in repro.gm.code and "_assert" not in repro.gm.code
+
+
+class _BrokenGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("injected backward failure")
+
+
+def backward_bug_backend(gm, example_inputs):
+    def run(*args):
+        return tuple(_BrokenGrad.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o
+                     for o in gm(*args))
+    return run
+
+
+def test_backward_failure_is_staged_as_backward(tmp_path):
+    exc, _, _ = failing_call(plain_fn, backward_bug_backend, tmp_path)
+    repro = reproarchive.load(only_archive(tmp_path))
+    assert repro.failure["stage"] == "backward"
+    assert "injected backward failure" in repro.failure["message"]
+    assert repro.backend.endswith(":backward_bug_backend")  # importable module:function form
+    assert "injected backward failure" in str(exc)
+
+
+def test_fwd_only_does_not_run_backward(tmp_path):
+    x, y = inputs()
+    compiled = torch.compile(plain_fn, backend=reproarchive.capture(backward_bug_backend, path=tmp_path, fwd_only=True))
+    out = compiled(x, y)
+    assert torch.allclose(out, plain_fn(x, y))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_accuracy_failure_records_per_output_figures(tmp_path):
+    exc, _, (x0, y0) = failing_call(plain_fn, "relu_accuracy_error_TESTING_ONLY", tmp_path, accuracy=True)
+    path = only_archive(tmp_path)
+    assert isinstance(exc, AccuracyError)
+    assert str(path) in str(exc)
+    repro = reproarchive.load(path)
+    failure = repro.failure
+    assert failure["stage"] == "accuracy" and repro.accuracy is True
+    details = failure["accuracy"]
+    assert details["passed"] is False and details["tolerance"] == pytest.approx(1e-3)
+    out0 = details["outputs"][0]
+    assert out0["name"] == "output[0]" and out0["shape"] == [3, 4] and out0["dtype"] == "float32"
+    assert out0["passed"] is False and out0["max_abs_error"] >= 1.0 - 1e-6  # relu -> x + 1
+    assert out0["rmse_vs_fp64_compiled"] > out0["rmse_vs_fp64_eager"]
+    assert any(o["name"].startswith("grad of input") for o in details["outputs"])
+    assert torch.equal(repro.args[0], x0)
+
+
+def test_accuracy_failure_can_warn_instead_of_raising(tmp_path):
+    x, y = inputs()
+    backend = reproarchive.capture("relu_accuracy_error_TESTING_ONLY", path=tmp_path, accuracy=True,
+                                   on_accuracy="warn", tolerance=1e-2)
+    with pytest.warns(CaptureWarning, match="differs from eager"):
+        torch.compile(plain_fn, backend=backend)(x, y)
+    repro = reproarchive.load(only_archive(tmp_path))
+    assert repro.failure["accuracy"]["tolerance"] == pytest.approx(1e-2)
+
+
+def test_without_accuracy_a_wrong_result_is_not_a_failure(tmp_path):
+    x, y = inputs()
+    out = torch.compile(plain_fn, backend=reproarchive.capture("relu_accuracy_error_TESTING_ONLY", path=tmp_path))(x, y)
+    assert not torch.allclose(out, plain_fn(x, y))  # the injected bug is there ...
+    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []  # ... but was not asked about
+
+
+def test_real_inductor_cpp_bug_injector_accuracy(tmp_path):
+    """Real inductor compile (a few seconds): the injected config is recorded as changed."""
+    def fn(x):
+        return torch.relu(x) * 2
+
+    x = torch.randn(8)
+    with inductor_config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}):
+        compiled = torch.compile(fn, backend=reproarchive.capture("inductor", path=tmp_path, accuracy=True))
+        with pytest.raises(Exception) as info:
+            compiled(x)
+    path = only_archive(tmp_path)
+    assert archive_path(info.value) == str(path)
+    repro = reproarchive.load(path)
+    assert repro.backend == "inductor" and repro.failure["stage"] == "accuracy"
+    assert repro.config["changed"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] == "accuracy"
+    assert torch.equal(repro.args[0], x)
+
+
+# ------------------------------------------------------------------------------------------
+# passing graphs
+
+
+def test_passing_graph_writes_nothing_and_matches_eager(tmp_path):
+    x, y = inputs()
+    xe, ye = x.clone(), y.detach().clone().requires_grad_(True)
+    target = tmp_path / "out"
+    # aot_eager: a real AOTAutograd training graph, whose backward compiles lazily in the check
+    out = torch.compile(mutating_fn, backend=reproarchive.capture("aot_eager", path=target, accuracy=True))(x, y)
+    expected = mutating_fn(xe, ye)
+    assert torch.equal(out, expected)
+    assert torch.equal(x, xe)  # the input mutation happened exactly once
+    out.sum().backward()
+    expected.sum().backward()
+    assert torch.equal(y.grad, ye.grad)  # no gradient leaked from the check run
+    assert not target.exists()
+
+
+def test_check_runtime_false_never_runs_the_graph(tmp_path):
+    x, y = inputs()
+    backend = reproarchive.capture("relu_runtime_error_TESTING_ONLY", path=tmp_path / "out", check_runtime=False)
+    with pytest.raises(AssertionError, match="ReluRuntimeError") as info:
+        torch.compile(plain_fn, backend=backend)(x, y)
+    assert archive_path(info.value) is None and not (tmp_path / "out").exists()
+
+
+def test_check_run_does_not_disturb_the_rng_stream(tmp_path):
+    def noisy(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    x = torch.ones(16)
+    results = []
+    for backend in (reproarchive.capture("eager", path=tmp_path), "eager"):
+        torch._dynamo.reset()
+        torch.manual_seed(123)
+        out = torch.compile(noisy, backend=backend)(x)
+        results.append((out, torch.rand(4)))
+    (out_c, after_c), (out_e, after_e) = results
+    assert torch.equal(out_c, out_e)
+    assert torch.equal(after_c, after_e)
+
+
+# ------------------------------------------------------------------------------------------
+# where archives go, and what happens when writing fails
+
+
+def test_file_target_and_default_directory(tmp_path, monkeypatch):
+    target = tmp_path / "sub" / "mine.tar.zst"
+    x, y = inputs()
+    with pytest.raises(Exception):
+        torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=target))(x, y)
+    assert target.is_file()
+    assert reproarchive.load(target).failure["stage"] == "compile"
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("REPROARCHIVE_DIR", str(tmp_path / "from_env"))
+    with pytest.raises(Exception):
+        torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY"))(x, y)
+    assert len(list((tmp_path / "from_env").glob("repro-*.tar.zst"))) == 1
+
+    torch._dynamo.reset()
+    monkeypatch.delenv("REPROARCHIVE_DIR")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Exception):
+        torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY"))(x, y)
+    assert len(list((tmp_path / "reproarchives").glob("repro-*.tar.zst"))) == 1
+
+
+def test_a_failing_write_never_hides_the_original_error(tmp_path, monkeypatch):
+    def broken_write(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(capture_backend, "_write_archive", broken_write)
+    exc, _, _ = failing_call(plain_fn, "relu_runtime_error_TESTING_ONLY", tmp_path)
+    assert type(exc) is AssertionError
+    assert "ReluRuntimeError" in str(exc)
+    assert "no archive written: OSError: disk full" in str(exc)
+    assert archive_path(exc) is None
+
+
+def test_records_passed_to_pack(tmp_path, monkeypatch):
+    seen = {}
+
+    def recording_write(gm, inputs, destination, **kwargs):
+        seen.update(kwargs, gm=gm, inputs=inputs, destination=destination)
+        destination.write_bytes(b"stub")
+        return destination
+
+    monkeypatch.setattr(capture_backend, "_write_archive", recording_write)
+    failing_call(mutating_fn, "relu_runtime_error_TESTING_ONLY", tmp_path, tolerance=0.5)
+    assert seen["destination"].parent == tmp_path
+    assert seen["destination"].name.startswith("repro-") and seen["destination"].name.endswith(".tar.zst")
+    assert seen["backend"] == "relu_runtime_error_TESTING_ONLY" and seen["accuracy"] is False
+    assert seen["failure"]["stage"] == "forward" and seen["failure"]["backend"] == seen["backend"]
+    assert seen["capture_settings"]["tolerance"] == 0.5
+    assert [n.op for n in seen["gm"].graph.nodes].count("placeholder") == len(seen["inputs"])
+
+
+def test_options_are_checked_and_the_public_name_stays_a_function():
+    with pytest.raises(TypeError, match="unknown option"):
+        reproarchive.capture("eager", fwd_onyl=True)
+    with pytest.raises(ValueError):
+        reproarchive.capture("eager", on_accuracy="ignore")
+    with pytest.raises(ValueError):
+        reproarchive.capture("eager", mode="max-autotune")
+    # importing the module (done at the top of this file) must not shadow the function
+    backend = reproarchive.capture("eager")
+    assert backend.__name__ == "capture(eager)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        inductor_backend = reproarchive.capture("inductor", mode="max-autotune-no-cudagraphs")
+    assert inductor_backend.config_patches.get("max_autotune") is True

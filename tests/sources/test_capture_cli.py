@@ -1,0 +1,91 @@
+"""``reproarchive capture -- python prog.py`` and ``reproarchive pack`` through the click CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import reproarchive
+from support import dump_programs as progs
+from cli import main  # noqa: E402
+
+
+def _runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """One real capture run of a program whose compiled graph fails at runtime."""
+    folder = tmp_path_factory.mktemp("capture")
+    (folder / "prog.py").write_text(progs.dynamo_program("runtime_error"))
+    out = folder / "archives"
+    out.mkdir()
+    runner = _runner()
+    with runner.isolated_filesystem(temp_dir=folder) as cwd:
+        Path(cwd, "prog.py").write_text(progs.dynamo_program("runtime_error"))
+        result = runner.invoke(main, ["capture", "-o", str(out), "--keep-dumps", "--",
+                                      sys.executable, "prog.py"])
+        leftovers = sorted(p.name for p in Path(cwd).iterdir())
+    return folder, out, result, leftovers
+
+
+def test_capture_packs_the_failure_and_keeps_exit_code(captured):
+    folder, out, result, leftovers = captured
+    assert result.exit_code == 1, result.output + result.stderr  # the program's own exit code
+    archives = sorted(out.glob("*.tar.zst"))
+    assert [a.name for a in archives] == ["repro.tar.zst"]
+    assert str(archives[0]) in result.output
+    assert "failure: forward" in result.output and "ReluRuntimeError" in result.output
+    assert "4 real / 0 absent" in result.output
+    # PyTorch's dumps went to capture's scratch folder, not into the user's directory
+    assert leftovers == ["inputs.pt", "prog.py"]
+    repro = reproarchive.load(archives[0])
+    assert repro.failure["stage"] == "forward"
+    assert repro.backend == "relu_runtime_error_TESTING_ONLY"
+    assert repro.fidelity == ["real"] * 4
+
+
+def test_pack_cli_json_on_kept_dump(captured, tmp_path):
+    folder, out, result, _ = captured
+    kept = next(line.split(" in ", 1)[1].strip() for line in result.stderr.splitlines()
+                if "dumps kept in" in line)
+    runner = _runner()
+    res = runner.invoke(main, ["pack", kept, "-o", str(tmp_path / "p.tar.zst"), "--no-replay", "--json"])
+    assert res.exit_code == 0, res.output + res.stderr
+    report = json.loads(res.stdout)
+    assert report["archive"] == str(tmp_path / "p.tar.zst")
+    assert report["kind"] == "after_dynamo"
+    assert report["failure"]["stage"] == "unknown"
+    assert report["inputs"]["real"] == 4
+    assert report["size"] == (tmp_path / "p.tar.zst").stat().st_size
+
+
+def test_pack_cli_without_dump_exits_4(tmp_path):
+    runner = _runner()
+    with runner.isolated_filesystem(temp_dir=tmp_path):
+        res = runner.invoke(main, ["pack"])
+    assert res.exit_code == 4
+    assert res.stderr.startswith("error: no PyTorch repro dump found")
+    assert "Traceback" not in res.output + res.stderr
+
+
+def test_capture_passing_and_failing_programs_without_torch(tmp_path):
+    runner = _runner()
+    ok = runner.invoke(main, ["capture", "-o", str(tmp_path), "--", sys.executable, "-c", "pass"])
+    assert ok.exit_code == 0
+    assert "no torch.compile failure was captured" in ok.stderr
+    bad = runner.invoke(main, ["capture", "-o", str(tmp_path), "--", sys.executable, "-c",
+                               "import sys; sys.exit(3)"])
+    assert bad.exit_code == 3
+    assert "wrote no repro dump" in bad.stderr
+    assert list(tmp_path.iterdir()) == []
+    missing = runner.invoke(main, ["capture", "--", str(tmp_path / "no-such-program")])
+    assert missing.exit_code == 4 and "not found" in missing.stderr

@@ -1,0 +1,162 @@
+"""`reproarchive export`: a folder with a repro.py that needs only torch.
+
+The exported scripts are run in a child Python started with ``-I`` (no PYTHONPATH, no cwd on
+sys.path) and with ``reproarchive`` blocked in ``sys.modules``, from a different working
+directory and after the folder was moved, so a script that imported reproarchive or read its
+data by an absolute or cwd-relative path would fail here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import reproarchive
+from reproarchive.context import failure as failure_mod
+from reproarchive.standalone.script import export
+
+try:
+    from reproarchive.cli import main as cli_main
+except ImportError:
+    from cli import main as cli_main
+from click.testing import CliRunner
+
+
+def model(x, y):
+    return torch.relu(x @ y).sum(1) * 2
+
+
+def capture_archive(path, backend, *, accuracy=False):
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 4, generator=gen, requires_grad=True), torch.randn(4, 4, generator=gen)
+    compiled = torch.compile(model, backend=reproarchive.capture(backend, path=path, accuracy=accuracy))
+    with pytest.raises(Exception):
+        compiled(x, y)
+    torch._dynamo.reset()
+    return path
+
+
+def run_isolated(script, *argvs, cwd):
+    """Run ``script`` once per argv in one child Python where only torch is importable.
+
+    Returns one (outcome, detail) per run: ("ok", stdout text) or ("raised", "Type: message").
+    One child for several runs keeps the cost of importing torch to once per test.
+    """
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, runpy, sys, traceback
+        sys.modules["reproarchive"] = None
+        results = []
+        for argv in {[list(a) for a in argvs]!r}:
+            sys.argv = [{str(script)!r}, *argv]
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out):
+                    runpy.run_path({str(script)!r}, run_name="__main__")
+                results.append(["ok", out.getvalue()])
+            except BaseException as exc:
+                results.append(["raised", type(exc).__name__ + ": " + str(exc) + "\\n" + traceback.format_exc()])
+            import torch._dynamo
+            torch._dynamo.reset()
+        print("RESULTS" + json.dumps(results))
+    """)
+    proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+    marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")]
+    assert proc.returncode == 0 and marker, proc.stderr[-3000:]
+    return json.loads(marker[-1][len("RESULTS"):])
+
+
+def test_export_runs_without_reproarchive_and_reproduces(tmp_path):
+    archive = capture_archive(tmp_path / "compile.tar.zst", "relu_compile_error_TESTING_ONLY")
+    code = CliRunner().invoke(cli_main, ["export", str(archive), "-o", str(tmp_path / "out")])
+    assert code.exit_code == 0, code.output
+    # Move the folder: everything it reads must be found relative to the script.
+    moved = tmp_path / "elsewhere" / "bug-report"
+    moved.parent.mkdir()
+    shutil.move(str(tmp_path / "out"), str(moved))
+    script = moved / "repro.py"
+    text = script.read_text()
+    assert "import reproarchive" not in text and "from reproarchive" not in text
+    assert "torch.load" not in text and "pickle" not in text
+    assert "relu_compile_error_TESTING_ONLY" in text and "real data" in text
+    assert torch.__version__ in text  # the header names the recording torch
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (failed, detail), (passed, output) = run_isolated(script, [], ["--backend", "eager"], cwd=cwd)
+    assert failed == "raised" and detail.startswith("ReluCompileError"), detail
+    assert passed == "ok" and "no failure" in output, output
+
+
+def test_export_data_is_raw_bytes_and_aliasing_survives(tmp_path):
+    """Inputs that share a storage share one data file, and the script rebuilds the views."""
+    def f(a, b):
+        return torch.relu(a) + b.sum()
+
+    base = torch.arange(12, dtype=torch.float32)
+    a, b = base[:8].view(2, 4), base[4:]  # overlapping views of one storage
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(f, backend=lambda gm, ex: graphs.append(gm) or gm)(a, b)
+    path = tmp_path / "alias.tar.zst"
+    reproarchive.pack(graphs[0], [a, b], path, backend="eager", failure=failure_mod.unknown_record("test"))
+    report = export(path, tmp_path / "out")
+    data_files = [f for f in report["files"] if f.startswith("data/")]
+    assert len(data_files) == 1
+    assert (tmp_path / "out" / data_files[0]).read_bytes() == bytes(base.untyped_storage())
+
+    check = tmp_path / "check.py"
+    check.write_text(textwrap.dedent(f"""
+        import sys, runpy
+        sys.modules["reproarchive"] = None
+        g = runpy.run_path({str(tmp_path / "out" / "repro.py")!r}, run_name="exported")
+        a, b = g["load_inputs"]()
+        assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr(), "aliasing lost"
+        assert a.shape == (2, 4) and b.storage_offset() == 4 and b.stride() == (1,)
+        assert a.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]] and b.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+        print("ok")
+    """))
+    result = subprocess.run([sys.executable, "-I", str(check)], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def test_export_accuracy_failure_and_config(tmp_path):
+    archive = capture_archive(tmp_path / "acc.tar.zst", "relu_accuracy_error_TESTING_ONLY", accuracy=True)
+    out = tmp_path / "out"
+    export(archive, out)
+    (failed, detail), (passed, _) = run_isolated(out / "repro.py", [], ["--no-accuracy"], cwd=tmp_path)
+    assert failed == "raised" and detail.startswith("AssertionError: accuracy failure"), detail
+    assert passed == "ok"
+
+
+def test_export_writes_recorded_config_settings(tmp_path):
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(lambda x: torch.relu(x), backend=lambda gm, ex: graphs.append(gm) or gm)(torch.randn(3))
+    from reproarchive.context import config as snapshot
+
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
+        config = snapshot.config_snapshot()
+    path = tmp_path / "cfg.tar.zst"
+    reproarchive.pack(graphs[0], [torch.randn(3)], path, backend="inductor", config=config)
+    export(path, tmp_path / "out")
+    text = (tmp_path / "out" / "repro.py").read_text()
+    assert "_set_config('torch._inductor.config', 'cpp.inject_relu_bug_TESTING_ONLY', 'compile_error')" in text
+
+
+def test_export_refuses_a_non_empty_folder_and_leaves_nothing(tmp_path):
+    archive = capture_archive(tmp_path / "compile.tar.zst", "relu_compile_error_TESTING_ONLY")
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = CliRunner().invoke(cli_main, ["export", str(archive), "-o", str(out)])
+    assert result.exit_code == 4 and result.output.startswith("error: ")  # an unusable output folder
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp folder left behind
