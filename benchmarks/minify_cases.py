@@ -259,7 +259,7 @@ def _signature(gm, inputs, rules) -> str | None:
     try:
         fakecc_run(gm, inputs, rules)
     except Exception as exc:  # noqa: BLE001 -- any exception is a failure to classify
-        return record_from_exception(exc, "compile")["signature"]
+        return record_from_exception(exc, "compile").signature
     return None
 
 

@@ -316,12 +316,12 @@ def child(variant: str, total: int, work: str) -> dict:
             from reproarchive.format.reader import ContainerReader
 
             index = ContainerReader(target).index
-            recs = index["storages"]
-            out["storages"] = len(recs)
-            out["blobs"] = sum(1 for n in index["container"]["members"] if n["name"].startswith("blobs/"))
-            out["zero_filled"] = sum(1 for r in recs if r.get("fill") == 0)
-            out["stored_bytes"] = sum(n["size"] for n in index["container"]["members"] if n["name"].startswith("blobs/"))
-            out["inputs_sharing_a_storage"] = len(index["inputs"]) - len({r["storage"] for r in index["inputs"]})
+            blobs = [m for m in index.container.members if m.name.startswith("blobs/")]
+            out["storages"] = len(index.storages)
+            out["blobs"] = len(blobs)
+            out["zero_filled"] = sum(1 for r in index.storages if r.fill == 0)
+            out["stored_bytes"] = sum(m.size for m in blobs)
+            out["inputs_sharing_a_storage"] = len(index.inputs) - len({r.storage for r in index.inputs})
         elif variant == "contentstore-pack":
             from torch.utils._content_store import ContentStoreWriter
 

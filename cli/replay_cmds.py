@@ -116,9 +116,9 @@ def _describe(record) -> str:
         return "none recorded"
     from reproarchive.replay.runner import _KIND_BY_STAGE
 
-    kind = _KIND_BY_STAGE.get(record.get("stage"), record.get("stage") or "unknown")
-    etype = record.get("exception_type") or ""
-    message = (record.get("message") or "").strip().splitlines()
+    kind = _KIND_BY_STAGE.get(record.stage, record.stage)
+    etype = record.exception_type
+    message = record.message.strip().splitlines()
     first = message[0] if message else ""
     if len(first) > 160:
         first = first[:157] + "..."
@@ -131,12 +131,12 @@ def format_outcome(outcome) -> str:
     lines.append(f"{label.get(outcome.status, outcome.status.upper())} (exit {outcome.exit_code})")
     lines.append(f"  replayed  backend {outcome.backend} on {outcome.device}, {outcome.config} config"
                  + (", isolated" if outcome.isolated else "")
-                 + ("" if (outcome.observed or {}).get("stage") in ("compile", "crash")
+                 + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
     lines.append(f"  recorded  {_describe(outcome.recorded)}")
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
-    if outcome.observed and outcome.observed.get("stage") == "crash" and outcome.observed.get("traceback"):
-        text = [t for t in outcome.observed["traceback"].strip().splitlines()
+    if outcome.observed is not None and outcome.observed.stage == "crash" and outcome.observed.traceback:
+        text = [t for t in outcome.observed.traceback.strip().splitlines()
                 if t.strip() and not t.startswith("Extension modules")]
         start = next((i for i, t in enumerate(text) if t.startswith("Fatal Python error")), max(len(text) - 8, 0))
         tail = text[start:start + 8]
@@ -144,16 +144,16 @@ def format_outcome(outcome) -> str:
         lines.extend(f"    {t}" for t in tail)
     acc = outcome.accuracy
     if acc:
-        lines.append(f"  accuracy  tolerance {acc.get('tolerance')}, fp64 reference {acc.get('fp64_reference', '?')}")
-        for out in acc.get("outputs") or []:
-            if not out.get("passed", True):
-                if out.get("max_abs_error") is None:  # a shape, dtype or type mismatch
-                    lines.append(f"    {out.get('name')}: {out.get('reason') or out.get('rule') or 'mismatch'}")
+        lines.append(f"  accuracy  tolerance {acc.tolerance}, fp64 reference {acc.fp64_reference or '?'}")
+        for out in acc.outputs:
+            if not out.passed:
+                if out.max_abs_error is None:  # a shape, dtype or type mismatch
+                    lines.append(f"    {out.name}: {out.reason or out.rule or 'mismatch'}")
                     continue
                 lines.append(
-                    f"    {out.get('name')}: max abs error {_g(out.get('max_abs_error'))}, "
-                    f"{out.get('mismatched_elements')} of {out.get('numel')} elements, "
-                    f"RMSE vs fp64 compiled {_g(out.get('rmse_vs_fp64_compiled'))} / eager {_g(out.get('rmse_vs_fp64_eager'))}"
+                    f"    {out.name}: max abs error {_g(out.max_abs_error)}, "
+                    f"{out.mismatched_elements} of {out.numel} elements, "
+                    f"RMSE vs fp64 compiled {_g(out.rmse_vs_fp64_compiled)} / eager {_g(out.rmse_vs_fp64_eager)}"
                 )
     if outcome.differences:
         shown = [d for d in outcome.differences if d.get("important")] or outcome.differences

@@ -1,4 +1,8 @@
 """``verify`` and ``unpack``: every frame decompressed once and checked, blobs rehashed.
+
+Opening the archive already checked its footer, seek table and every record (the schema);
+what is left here is what only the bytes can tell: each frame against what the index implies,
+each blob against its name, and each call target against this torch's allowlist.
 """
 
 from __future__ import annotations
@@ -7,21 +11,13 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-
-from reproarchive.format import digests, layout
+from reproarchive.codec.checks import check_readable_here
+from reproarchive.errors import CorruptArchiveError, DigestMismatchError
+from reproarchive.format import digests, layout, schema
+from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.layout import LAYOUT_MEMBER, Limits
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.atomic import atomic_dir
-from reproarchive.errors import (
-    CorruptArchiveError,
-    DigestMismatchError,
-)
 from reproarchive.progress import bar
-from reproarchive.archive.validation import check_targets, validate_index
-
-
-# --------------------------------------------------------------------------------------------
-# verify and unpack
 
 
 def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], None] | None, progress,
@@ -29,7 +25,7 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
     """Decompress every frame once and check it: structure byte-exact, blobs by digest."""
     hashers: dict[str, Any] = {}
     last_frame = {m.name: m.first_frame + m.frames - 1 for m in reader.members.values()}
-    expected_layout = layout.layout_bytes(*reader.version)
+    expected_layout = schema.layout_member_bytes(*reader.version)
     blobs = 0
     total = sum(d for _, d in reader.frames)
     with bar(total, desc, enabled=progress) as pbar:
@@ -70,8 +66,7 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
 def verify(path: str | os.PathLike, *, progress: bool | None = None, limits: Limits = layout.DEFAULT_LIMITS) -> dict:
     """Check every rule of the spec and rehash every blob; raises an ArchiveError subclass."""
     with ContainerReader(path, limits=limits) as reader:
-        index = validate_index(reader)
-        check_targets(index["graph"])
+        check_readable_here(reader.index)
         stats = _check_stream(reader, None, progress)
         return {
             "valid": True,
@@ -99,7 +94,7 @@ def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, pr
     built from validated member names; on any failure nothing is left behind."""
     dest = Path(dest) if dest is not None else default_unpack_dir(path)
     with ContainerReader(path, limits=limits) as reader:
-        check_targets(validate_index(reader)["graph"])
+        check_readable_here(reader.index)
         with atomic_dir(dest) as tmp:
             handles: dict[str, Any] = {}
             sizes = {m.name: m.size for m in reader.members.values()}

@@ -10,16 +10,18 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
 
-from reproarchive.format import digests, layout
+from reproarchive.format import digests, layout, schema
+from reproarchive.format.schema import Index, StorageRecord
 from reproarchive.format.layout import Limits
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.parallel import worker_threads
 from reproarchive.codec import graphs as graph_codec, tensors as tensor_codec
+from reproarchive.codec.checks import check_readable_here
 from reproarchive.codec.devices import loader_mapping, remap_graph_devices
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
 from reproarchive.errors import (
@@ -27,7 +29,6 @@ from reproarchive.errors import (
     LimitExceededError,
 )
 from reproarchive.progress import bar
-from reproarchive.archive.validation import validate_index
 
 
 # --------------------------------------------------------------------------------------------
@@ -36,50 +37,31 @@ from reproarchive.archive.validation import validate_index
 
 @dataclasses.dataclass
 class Repro:
-    """A loaded archive: the rebuilt graph, its inputs on the target device, and the records."""
+    """A loaded archive: the rebuilt graph, its inputs on the target device, and the records.
+
+    ``fidelity`` says per input whether its data is ``real``, ``absent`` (generated here) or a
+    plain ``value``; ``warnings`` are the notes load also issued as Python warnings.
+    """
 
     gm: fx.GraphModule
     args: list
     path: Path
     digest: str
-    index: dict
+    index: Index
     fidelity: list[str]
     devices: dict[str, str]
     warnings: list[str]
 
-    def _section(self, key: str):
-        return self.index.get(key)
-
-    config = property(lambda self: self._section("config"))
-    environment = property(lambda self: self._section("environment"))
-    system = property(lambda self: self._section("system"))
-    failure = property(lambda self: self._section("failure"))
-    source = property(lambda self: self._section("source"))
-    backend = property(lambda self: self._section("backend"))
-    accuracy = property(lambda self: self._section("accuracy"))
-    metadata = property(lambda self: self._section("metadata"))
-    minify = property(lambda self: self._section("minify"))
-    parent = property(lambda self: self._section("parent"))
-
-
-def _storage_dtypes(index: dict) -> dict[int, torch.dtype]:
-    """The dtype of the first tensor viewing each storage (to generate absent data sensibly)."""
-    found: dict[int, torch.dtype] = {}
-
-    def visit(rec):
-        if isinstance(rec, dict):
-            if rec.get("kind") == "tensor":
-                found.setdefault(rec["storage"], tensor_codec.dtype_from_name(rec["dtype"]))
-            for v in rec.values():
-                if isinstance(v, (dict, list)):
-                    visit(v)
-        elif isinstance(rec, list):
-            for v in rec:
-                visit(v)
-
-    visit(index["inputs"])
-    visit(index["graph"])
-    return found
+    config = property(lambda self: self.index.config)
+    environment = property(lambda self: self.index.environment)
+    system = property(lambda self: self.index.system)
+    failure = property(lambda self: self.index.failure)
+    source = property(lambda self: self.index.source)
+    backend = property(lambda self: self.index.backend)
+    accuracy = property(lambda self: self.index.accuracy)
+    metadata = property(lambda self: self.index.metadata)
+    minify = property(lambda self: self.index.minify)
+    parent = property(lambda self: self.index.parent)
 
 
 def _torch_errors_as_archive_errors(fn):
@@ -124,31 +106,33 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
     notes: list[str] = []
     mapper = loader_mapping(device)
     with ContainerReader(path, limits=limits) as reader:
-        index = validate_index(reader)
-        records = index["storages"]
+        index = reader.index
+        check_readable_here(index)
+        records = index.storages
         targets_by_storage = []
         devices: dict[str, str] = {}
         for rec in records:
-            target = mapper(rec["device"])
-            if device is None and target != rec["device"] and torch.device(rec["device"]).type != "meta":
-                notes.append(f"recorded device {rec['device']} is not available here; loading on {target}")
-            devices[rec["device"]] = target
+            target = mapper(rec.device)
+            if device is None and target != rec.device and torch.device(rec.device).type != "meta":
+                notes.append(f"recorded device {rec.device} is not available here; loading on {target}")
+            devices[rec.device] = target
             targets_by_storage.append(torch.device(target))
-        total = sum(r["size"] for r in records if r["digest"])
+        total = sum(r.size for r in records if r.digest)
         with bar(total, "load", enabled=progress) as pbar:
-            storages = _materialize(reader, records, range(len(records)), targets_by_storage, _storage_dtypes(index),
-                                    pbar.update, path=path, limits=limits)
-        decoder = tensor_codec.ValueDecoder(storages, records, targets_by_storage)
+            storages = _materialize(reader, records, range(len(records)), targets_by_storage,
+                                    tensor_codec.storage_dtypes(index.tensor_records()), pbar.update,
+                                    path=path, limits=limits)
+        decoder = tensor_codec.ValueDecoder(storages, targets_by_storage)
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).
-        gm = graph_codec.GraphDecoder(decoder.decode).decode(index["graph"])
+        gm = graph_codec.GraphDecoder(decoder.tensor).decode(index.graph)
         if remap_graph:
             remap_graph_devices(gm, mapper)
-        args = [decoder.decode(r) for r in index["inputs"]]
-        fidelity = [_fidelity(r, records) for r in index["inputs"]]
+        args = [decoder.decode(r) for r in index.inputs]
+        fidelity = [input_fidelity(r, records) for r in index.inputs]
         absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
         if absent:
-            names = ", ".join(str(index["inputs"][i].get("name") or i) for i in absent[:8])
+            names = ", ".join(str(getattr(index.inputs[i], "name", None) or i) for i in absent[:8])
             msg = (f"{len(absent)} input(s) had no data in the archive ({names}); "
                    "they were filled with generated values, so the replay is not the original run")
             warnings.warn(msg, stacklevel=3)
@@ -159,37 +143,30 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
         return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes)
 
 
-def _materialize(reader: ContainerReader, records: list[dict], which, devices: list[torch.device],
+def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],
                  dtypes: dict[int, torch.dtype], progress, *, path, limits: Limits) -> list:
     """Storages ``which`` of the storage table, on their devices (others stay None).
 
     Each distinct blob is decompressed once; a storage that merely has the same bytes as an
-    earlier one gets its own copy (it was a storage of its own when packed); all-zero storages
-    need no blob; absent ones get seeded generated data.
+    earlier one gets its own copy (it was a storage of its own when packed).
     """
     which = list(which)
     first_use: dict[str, int] = {}
     for i in which:
-        if records[i]["digest"] is not None:
-            first_use.setdefault(records[i]["digest"], i)
-    blobs = _read_blobs(reader, [(dg, records[i]["size"], devices[i]) for dg, i in first_use.items()], progress,
+        if records[i].digest is not None:
+            first_use.setdefault(records[i].digest, i)
+    blobs = _read_blobs(reader, [(dg, records[i].size, devices[i]) for dg, i in first_use.items()], progress,
                         path=path, limits=limits)
-    storages: list = [None] * len(records)
-    for i in which:
-        rec, dev = records[i], devices[i]
-        if rec["fidelity"] == FIDELITY_ABSENT:
-            st = torch.empty(rec["size"], dtype=torch.uint8, device=dev).untyped_storage()
-            tensor_codec.generate_absent(st, dtypes.get(i, torch.uint8), tensor_codec.ABSENT_SEED + i)
-        elif rec["fill"] == 0:
-            st = torch.zeros(rec["size"], dtype=torch.uint8, device=dev).untyped_storage()
-        else:
-            st = blobs[rec["digest"]]
-            if first_use[rec["digest"]] != i:
-                st = st.clone() if st.device == dev else st.to(device=dev)
-                if progress is not None:
-                    progress(rec["size"])
-        storages[i] = st
-    return storages
+
+    def real(i: int) -> torch.UntypedStorage:
+        st = blobs[records[i].digest]
+        if first_use[records[i].digest] != i:
+            st = st.clone() if st.device == devices[i] else st.to(device=devices[i])
+            if progress is not None:
+                progress(records[i].size)
+        return st
+
+    return tensor_codec.build_storages(records, which, devices, dtypes, real)
 
 
 _madvise = None
@@ -287,13 +264,12 @@ def _read_blobs(reader: ContainerReader, jobs: list[tuple[str, int, torch.device
     return out
 
 
-def _fidelity(rec: dict, storages: list[dict]) -> str:
-    if rec["kind"] == "tensor":
-        return storages[rec["storage"]]["fidelity"]
-    if rec["kind"] in ("tuple", "list"):
-        inner = {_fidelity(r, storages) for r in rec["items"]}
-        return FIDELITY_ABSENT if FIDELITY_ABSENT in inner else (FIDELITY_REAL if FIDELITY_REAL in inner else "value")
-    return "value"
+def input_fidelity(rec: Any, storages: Sequence[StorageRecord]) -> str:
+    """``real`` or ``absent`` for an input with tensor data (absent if any of it is), else ``value``."""
+    found = {storages[t.storage].fidelity for t in schema.iter_tensors(rec)}
+    if FIDELITY_ABSENT in found:
+        return FIDELITY_ABSENT
+    return FIDELITY_REAL if found else "value"
 
 
 @_torch_errors_as_archive_errors
@@ -301,25 +277,19 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
     """One input without loading the rest: reads the footer, the index and that input's blobs."""
     mapper = loader_mapping(device)
     with ContainerReader(path) as reader:
-        index = validate_index(reader)
-        inputs = index["inputs"]
+        index = reader.index
         if isinstance(which, str):
-            matches = [i for i, r in enumerate(inputs) if r.get("name") == which]
+            matches = [i for i, r in enumerate(index.inputs) if getattr(r, "name", None) == which]
             if not matches:
                 raise IndexSchemaError(f"no input named {which!r}", "see `reproarchive inspect` for input names")
             which = matches[0]
-        rec = inputs[which]
-        records = index["storages"]
-        needed = set()
-
-        def visit(r):
-            if r["kind"] == "tensor":
-                needed.add(r["storage"])
-            for item in r.get("items", []):
-                visit(item)
-
-        visit(rec)
-        devs = [torch.device(mapper(r["device"])) for r in records]
-        dtypes = _storage_dtypes({"inputs": [rec], "graph": {}})
-        storages = _materialize(reader, records, sorted(needed), devs, dtypes, None, path=path, limits=reader.limits)
-        return tensor_codec.ValueDecoder(storages, records, devs).decode(rec)
+        if not -len(index.inputs) <= which < len(index.inputs):
+            raise IndexSchemaError(f"the archive has {len(index.inputs)} inputs, no input {which}",
+                                   "see `reproarchive inspect` for the inputs")
+        rec = index.inputs[which]
+        records = index.storages
+        tensors = list(schema.iter_tensors(rec))
+        devs = [torch.device(mapper(r.device)) for r in records]
+        storages = _materialize(reader, records, sorted({t.storage for t in tensors}), devs,
+                                tensor_codec.storage_dtypes(tensors), None, path=path, limits=reader.limits)
+        return tensor_codec.ValueDecoder(storages, devs).decode(rec)

@@ -15,45 +15,46 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.fx as fx
 
-from reproarchive.format import digests, layout
+from reproarchive.format import digests, layout, schema
+from reproarchive.format.plain import SchemaViolation, check_plain
+from reproarchive.format.schema import (
+    ConfigRecord,
+    ContainerRecord,
+    CreatedBy,
+    EnvironmentRecord,
+    FailureRecord,
+    Index,
+    MinifyRecord,
+    SourceRecord,
+    SystemRecord,
+)
 from reproarchive.format.writer import ContainerWriter
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import worker_threads
 from reproarchive.codec import graphs as graph_codec, tensors as tensor_codec
-from reproarchive.codec.tensors import FIDELITY_REAL, StorageTable, storage_view
+from reproarchive.codec.tensors import StorageTable, storage_view
 from reproarchive.errors import (
     PackError,
 )
 from reproarchive.progress import bar
+from reproarchive.version import __version__
 
 
 GRAPH_CODE_MEMBER = "graph.py"
-RECORD_SECTIONS = ("config", "environment", "system", "failure", "source", "minify", "metadata")
 _ZERO_PROBE = 4096
 
 
-# --------------------------------------------------------------------------------------------
-# pack
-
-
-def _plain(value: Any, where: str, depth: int = 0) -> Any:
-    """Records must be plain msgpack data; say which key is not, instead of a msgpack error."""
-    if depth > 32:
-        raise PackError(f"{where} nests too deeply")
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        if isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < (1 << 64):
-            raise PackError(f"{where} holds an integer that does not fit in 64 bits")
+def as_record(cls: type, value: Any, where: str):
+    """A record section for ``pack``: a record of ``cls`` as is, or a mapping checked against it."""
+    if value is None or isinstance(value, cls):
         return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise PackError(f"{where} has a non-string key {k!r}")
-            out[k] = _plain(v, f"{where}.{k}", depth + 1)
-        return out
-    raise PackError(f"{where} holds a {type(value).__name__}, which a record cannot store", "convert it to plain data")
+    if not isinstance(value, Mapping):
+        raise PackError(f"{where} must be a {cls.__name__} or a mapping, not {type(value).__name__}")
+    try:
+        return schema.from_plain(cls, dict(value))
+    except SchemaViolation as exc:
+        raise PackError(f"{where} cannot be stored: {exc}", "records hold plain data (str keys; "
+                        "None, bool, int64, float, str, bytes, lists and maps of these)") from None
 
 
 def _host_bytes(storage: torch.UntypedStorage):
@@ -86,15 +87,15 @@ def pack(
     example_inputs: Sequence[Any],
     path: str | os.PathLike,
     *,
-    config: Mapping | None = None,
-    environment: Mapping | None = None,
-    system: Mapping | None = None,
-    failure: Mapping | None = None,
-    source: Mapping | None = None,
+    config: ConfigRecord | Mapping | None = None,
+    environment: EnvironmentRecord | Mapping | None = None,
+    system: SystemRecord | Mapping | None = None,
+    failure: FailureRecord | Mapping | None = None,
+    source: SourceRecord | Mapping | None = None,
     backend: str | None = None,
     accuracy: bool | None = None,
     parent: str | None = None,
-    minify: Mapping | None = None,
+    minify: MinifyRecord | Mapping | None = None,
     digest: str = digests.DEFAULT_ALGORITHM,
     level: int = layout.DEFAULT_LEVEL,
     frame_size: int = layout.DEFAULT_FRAME_SIZE,
@@ -114,33 +115,31 @@ def pack(
         )
     if parent is not None:
         digests.parse(parent)
-    table = StorageTable()
-    input_records = [
-        tensor_codec.encode_value(v, table, name=n.name, dynamic=graph_codec.dynamic_dims(n))
-        for n, v in zip(placeholders, inputs)
-    ]
-    graph_record = graph_codec.encode_graph(gm, table)
-    code = graph_codec.readable_code(gm).encode()
-    index: dict[str, Any] = {
-        "digest_algorithm": digest,
-        "graph": graph_record,
-        "inputs": input_records,
-        "storages": table.records,
-        "backend": backend,
-        "accuracy": accuracy,
-        "parent": parent,
-        "created_by": {"reproarchive": _version(), "torch": torch.__version__.split("+")[0]},
-    }
-    sections = {"config": config, "environment": environment, "system": system, "failure": failure,
-                "source": source, "minify": minify, "metadata": metadata or None}
-    for key, value in sections.items():
-        index[key] = None if value is None else _plain(dict(value), key)
     if backend is not None and not isinstance(backend, str):
         raise PackError("backend must be a string naming the compiler backend")
+    sections = dict(
+        config=as_record(ConfigRecord, config, "config"),
+        environment=as_record(EnvironmentRecord, environment, "environment"),
+        system=as_record(SystemRecord, system, "system"),
+        failure=as_record(FailureRecord, failure, "failure"),
+        source=as_record(SourceRecord, source, "source"),
+        minify=as_record(MinifyRecord, minify, "minify"),
+    )
+    try:
+        sections["metadata"] = check_plain(metadata) if metadata else None
+    except SchemaViolation as exc:
+        raise PackError(f"metadata cannot be stored: {exc}") from None
+    table = StorageTable()
+    input_records = tuple(
+        tensor_codec.encode_value(v, table, name=n.name, dynamic=graph_codec.dynamic_dims(n))
+        for n, v in zip(placeholders, inputs)
+    )
+    graph_record = graph_codec.encode_graph(gm, table)
+    code = graph_codec.readable_code(gm).encode()
 
-    real = [i for i, r in enumerate(table.records) if r["fidelity"] == FIDELITY_REAL]
+    real = [i for i, r in enumerate(table.records) if r.is_real]
     # the bar counts member bytes as their frames reach the file, and skipped storages at once
-    total = sum(table.records[i]["size"] for i in real) + len(code) + len(layout.layout_bytes())
+    total = sum(table.records[i].size for i in real) + len(code) + len(schema.layout_member_bytes())
     threads = worker_threads()
     # Storages are hashed ahead of the one being compressed (the digest names the blob, so it
     # must be known before its first frame is written). CPU storages are hashed in place, so
@@ -166,28 +165,27 @@ def pack(
             for k, sidx in enumerate(real):
                 submit(k + ahead)
                 keep, view, dg = pending.pop(k).result()
-                record = table.records[sidx]
-                if dg is None:
-                    record["fill"] = 0
-                    pbar.update(record["size"])
+                table.resolve(sidx, dg)
+                if dg is not None and dg not in written:
+                    writer.add_member(digests.blob_member_name(dg), view, keep=keep)
+                    written.add(dg)
                 else:
-                    record["digest"] = dg
-                    if dg not in written:
-                        writer.add_member(digests.blob_member_name(dg), view, keep=keep)
-                        written.add(dg)
-                    else:
-                        pbar.update(record["size"])
+                    pbar.update(table.records[sidx].size)
                 del keep, view
-            writer.finish(index)
+            index = Index(
+                container=ContainerRecord(frame_size=frame_size), digest_algorithm=digest,
+                storages=tuple(table.records), inputs=input_records, graph=graph_record, backend=backend,
+                accuracy=accuracy, parent=parent,
+                created_by=CreatedBy(reproarchive=__version__, torch=torch.__version__.split("+")[0]),
+                **sections,
+            )
+            try:
+                writer.finish(index)
+            except SchemaViolation as exc:
+                raise PackError(f"the archive's records cannot be stored: {exc}") from None
         except BaseException:
             writer.abandon()
             for fut in pending.values():
                 fut.cancel()
             raise
     return Path(path)
-
-
-def _version() -> str:
-    from reproarchive.version import __version__
-
-    return __version__

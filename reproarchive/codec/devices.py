@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Union
 
-from reproarchive.errors import DeviceUnavailableError, ReproArchiveError
+from reproarchive.errors import DeviceUnavailableError, IndexSchemaError, ReproArchiveError
 
 DeviceSpec = Union[None, str, Mapping[str, str]]
 
@@ -40,6 +40,20 @@ def _device(name: str):
         return torch.device(name)
     except (RuntimeError, TypeError, ValueError):
         raise ReproArchiveError(f"{name!r} is not a device name", "use cpu, cuda, cuda:1, mps, ...") from None
+
+
+def check_recorded_device(name: str) -> None:
+    """A device an (already validated) archive names must be a device type this torch knows;
+    otherwise the archive needs a torch build that has it (IndexSchemaError, exit 2)."""
+    import torch
+
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise IndexSchemaError(
+            f"device {name[:40]!r} is unknown to this torch {torch.__version__}",
+            "replay with the torch version recorded in the archive",
+        ) from None
 
 
 def is_available(name: str) -> bool:

@@ -16,11 +16,30 @@ import torch
 import torch.fx as fx
 
 from reproarchive.codec import targets
+from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
 from reproarchive.errors import IndexSchemaError, PackError
-from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value, validate_value
-
-OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
-MAX_GRAPH_DEPTH = 8
+from reproarchive.format.schema import (
+    COMPUTE_OPS,
+    MAX_GRAPH_DEPTH,
+    BufferEntry,
+    ComplexArg,
+    ConstantEntry,
+    DeviceArg,
+    DictArg,
+    DtypeArg,
+    EllipsisArg,
+    GraphRecord,
+    LayoutArg,
+    MemoryFormatArg,
+    ModuleEntry,
+    NodeRecord,
+    NodeRef,
+    ParameterEntry,
+    SliceArg,
+    SubgraphEntry,
+    TensorValue,
+    TupleArg,
+)
 
 _MEMORY_FORMATS = {
     "contiguous_format": torch.contiguous_format,
@@ -40,42 +59,41 @@ _MODULE_INTERNALS = {
 _FILE_COMMENT = re.compile(r"^\s*# (?:File: .*|No stacktrace found for following nodes)$\n?", re.MULTILINE)
 
 
+def op_count(gm: fx.GraphModule) -> int:
+    """Nodes that compute (the same count ``GraphRecord.op_count`` gives for a stored graph)."""
+    return sum(1 for n in gm.graph.nodes if n.op in COMPUTE_OPS)
+
+
 # --------------------------------------------------------------------------------------------
 # Encoding
 
 
 def encode_arg(value: Any) -> Any:
-    """An FX argument as msgpack-safe data; every non-primitive is a map tagged with "k"."""
+    """An FX argument as a record: plain scalars and lists stay, everything else is tagged."""
     if isinstance(value, fx.Node):
-        return {"k": "node", "v": value.name}
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        if not -(1 << 63) <= value < (1 << 63):
-            raise PackError(f"graph constant {value} does not fit in 64 bits")
-        return value
-    if isinstance(value, float):
+        return NodeRef(value.name)
+    if value is None or isinstance(value, (bool, str, int, float)):
         return value
     if isinstance(value, complex):
-        return {"k": "complex", "v": [value.real, value.imag]}
+        return ComplexArg(value.real, value.imag)
     if isinstance(value, torch.dtype):
-        return {"k": "dtype", "v": dtype_name(value)}
+        return DtypeArg(dtype_name(value))
     if isinstance(value, torch.device):
-        return {"k": "device", "v": str(value)}
+        return DeviceArg(str(value))
     if isinstance(value, torch.memory_format):
-        return {"k": "memory_format", "v": str(value).removeprefix("torch.")}
+        return MemoryFormatArg(str(value).removeprefix("torch."))
     if isinstance(value, torch.layout):
-        return {"k": "layout", "v": str(value).removeprefix("torch.")}
+        return LayoutArg(str(value).removeprefix("torch."))
     if isinstance(value, slice):
-        return {"k": "slice", "v": [encode_arg(value.start), encode_arg(value.stop), encode_arg(value.step)]}
+        return SliceArg(encode_arg(value.start), encode_arg(value.stop), encode_arg(value.step))
     if value is Ellipsis:
-        return {"k": "ellipsis"}
+        return EllipsisArg()
     if isinstance(value, list):  # includes fx immutable_list
         return [encode_arg(v) for v in value]
     if isinstance(value, tuple):  # includes torch.Size
-        return {"k": "tuple", "v": [encode_arg(v) for v in value]}
+        return TupleArg(tuple(encode_arg(v) for v in value))
     if isinstance(value, dict):
-        return {"k": "dict", "v": [[encode_arg(k), encode_arg(v)] for k, v in value.items()]}
+        return DictArg(tuple((encode_arg(k), encode_arg(v)) for k, v in value.items()))
     raise PackError(
         f"graph argument of type {type(value).__module__}.{type(value).__qualname__} cannot be stored",
         "report this graph; only tensors-free constants (numbers, dtypes, devices, slices ...) can be graph arguments",
@@ -127,28 +145,24 @@ def readable_code(gm: fx.GraphModule) -> str:
     return _FILE_COMMENT.sub("", code)
 
 
-def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0) -> dict:
+def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0) -> GraphRecord:
     if depth > MAX_GRAPH_DEPTH:
         raise PackError(f"subgraphs nest deeper than {MAX_GRAPH_DEPTH}")
     nodes = []
-    state: dict[str, dict] = {}
+    state: dict[str, Any] = {}
     for node in gm.graph.nodes:
-        rec: dict[str, Any] = {"op": node.op, "name": node.name}
-        if node.op == "call_function":
-            rec["target"] = targets.qualified_name(node.target)
-        else:
-            rec["target"] = str(node.target)
-        rec["args"] = encode_arg(tuple(node.args))["v"]
-        rec["kwargs"] = {str(k): encode_arg(v) for k, v in node.kwargs.items()}
+        target = targets.qualified_name(node.target) if node.op == "call_function" else str(node.target)
         summary = _summary(node_value(node))
-        if summary is not None:
-            rec["meta"] = {"val": summary}
-        nodes.append(rec)
+        nodes.append(NodeRecord(
+            op=node.op, name=node.name, target=target, args=tuple(encode_arg(a) for a in node.args),
+            kwargs={str(k): encode_arg(v) for k, v in node.kwargs.items()},
+            meta=None if summary is None else {"val": summary},
+        ))
         if node.op == "get_attr":
             _encode_attribute(gm, node.target, table, state, depth)
         elif node.op == "call_module":
             _encode_module_tree(gm, node.target, table, state, depth)
-    return {"nodes": nodes, "module_state": [state[p] for p in sorted(state)]}
+    return GraphRecord(nodes=tuple(nodes), module_state=tuple(state[p] for p in sorted(state)))
 
 
 def _encode_attribute(gm, path: str, table, state, depth) -> None:
@@ -158,15 +172,15 @@ def _encode_attribute(gm, path: str, table, state, depth) -> None:
     owner = gm.get_submodule(owner_path) if owner_path else gm
     value = getattr(owner, leaf)
     if isinstance(value, fx.GraphModule):
-        state[path] = {"path": path, "kind": "graph", "graph": encode_graph(value, table, depth + 1)}
+        state[path] = SubgraphEntry(path, encode_graph(value, table, depth + 1))
     elif isinstance(value, torch.nn.Parameter):
-        state[path] = {"path": path, "kind": "parameter", "tensor": encode_value(value, table)}
+        state[path] = ParameterEntry(path, encode_value(value, table))
     elif isinstance(value, torch.Tensor):
-        kind = "buffer" if leaf in owner._buffers else "constant"
-        rec = {"path": path, "kind": kind, "tensor": encode_value(value, table)}
-        if kind == "buffer":
-            rec["persistent"] = leaf not in owner._non_persistent_buffers_set
-        state[path] = rec
+        if leaf in owner._buffers:
+            state[path] = BufferEntry(path, encode_value(value, table),
+                                      persistent=leaf not in owner._non_persistent_buffers_set)
+        else:
+            state[path] = ConstantEntry(path, encode_value(value, table))
     elif isinstance(value, torch.nn.Module):
         _encode_module_tree(gm, path, table, state, depth)
     else:
@@ -178,7 +192,7 @@ def _encode_module_tree(gm, path: str, table, state, depth) -> None:
         return
     module = gm.get_submodule(path)
     if isinstance(module, fx.GraphModule):
-        state[path] = {"path": path, "kind": "graph", "graph": encode_graph(module, table, depth + 1)}
+        state[path] = SubgraphEntry(path, encode_graph(module, table, depth + 1))
         return
     cls = targets.module_class_name(module)
     try:
@@ -196,7 +210,7 @@ def _encode_module_tree(gm, path: str, table, state, depth) -> None:
             attributes[key] = encode_arg(value)
         except PackError:
             raise PackError(f"attribute {path}.{key} of type {type(value).__name__} cannot be stored") from None
-    state[path] = {"path": path, "kind": "module", "class": cls, "training": module.training, "attributes": attributes}
+    state[path] = ModuleEntry(path, class_name=cls, training=module.training, attributes=attributes)
     for name in module._parameters:
         if module._parameters[name] is not None:
             _encode_attribute(gm, f"{path}.{name}", table, state, depth)
@@ -208,14 +222,15 @@ def _encode_module_tree(gm, path: str, table, state, depth) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Validation and decoding
+# Decoding
 
 
 class GraphDecoder:
-    """Rebuilds GraphModules from records; ``tensor`` turns a tensor value record into a tensor.
-    Device constants come back as recorded (``device_map.remap_graph_devices`` moves them)."""
+    """Rebuilds GraphModules from (validated) graph records; ``tensor`` builds a tensor from
+    its value record. Every call target and module class is resolved through the allowlist
+    here; device constants come back as recorded (``devices.remap_graph_devices`` moves them)."""
 
-    def __init__(self, tensor: Callable[[dict], torch.Tensor]):
+    def __init__(self, tensor: Callable[[TensorValue], torch.Tensor]):
         self._tensor = tensor
 
     def decode_arg(self, value: Any, env: dict[str, fx.Node]) -> Any:
@@ -223,18 +238,13 @@ class GraphDecoder:
             return value
         if isinstance(value, list):
             return [self.decode_arg(v, env) for v in value]
-        if not isinstance(value, dict):
-            raise IndexSchemaError(f"graph argument of msgpack type {type(value).__name__} is not allowed")
-        kind, v = value.get("k"), value.get("v")
-        if kind == "node":
-            if not isinstance(v, str) or v not in env:
-                raise IndexSchemaError(f"graph argument refers to node {str(v)[:60]!r}, which is not defined before it")
-            return env[v]
-        if kind == "tuple" and isinstance(v, list):
-            return tuple(self.decode_arg(x, env) for x in v)
-        if kind == "dict" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+        if isinstance(value, NodeRef):
+            return env[value.name]
+        if isinstance(value, TupleArg):
+            return tuple(self.decode_arg(x, env) for x in value.items)
+        if isinstance(value, DictArg):
             out = {}
-            for k, x in v:
+            for k, x in value.items:
                 key = self.decode_arg(k, env)
                 try:
                     hash(key)
@@ -242,125 +252,79 @@ class GraphDecoder:
                     raise IndexSchemaError(f"graph dict argument has an unhashable key of type {type(key).__name__}") from None
                 out[key] = self.decode_arg(x, env)
             return out
-        if kind == "slice" and isinstance(v, list) and len(v) == 3:
-            return slice(*(self.decode_arg(x, env) for x in v))
-        if kind == "dtype":
-            return dtype_from_name(v)
-        if kind == "device" and isinstance(v, str):
+        if isinstance(value, SliceArg):
+            return slice(*(self.decode_arg(x, env) for x in (value.start, value.stop, value.step)))
+        if isinstance(value, DtypeArg):
+            return dtype_from_name(value.name)
+        if isinstance(value, DeviceArg):
             try:
-                return torch.device(v)
+                return torch.device(value.name)
             except RuntimeError:
-                raise IndexSchemaError(f"invalid device {v[:40]!r} in graph") from None
-        if kind == "memory_format" and v in _MEMORY_FORMATS:
-            return _MEMORY_FORMATS[v]
-        if kind == "layout" and v in _LAYOUTS:
-            return _LAYOUTS[v]
-        if kind == "ellipsis":
+                raise IndexSchemaError(f"invalid device {value.name[:40]!r} in graph") from None
+        if isinstance(value, MemoryFormatArg):
+            return _MEMORY_FORMATS[value.name]
+        if isinstance(value, LayoutArg):
+            return _LAYOUTS[value.name]
+        if isinstance(value, EllipsisArg):
             return Ellipsis
-        if kind == "complex" and isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
-            return complex(v[0], v[1])
-        raise IndexSchemaError(f"unknown graph argument tag {str(kind)[:40]!r}")
+        if isinstance(value, ComplexArg):
+            return complex(value.real, value.imag)
+        raise IndexSchemaError(f"unknown graph argument {type(value).__name__}")
 
-    def decode(self, record: Any, depth: int = 0) -> fx.GraphModule:
-        if depth > MAX_GRAPH_DEPTH:
-            raise IndexSchemaError(f"subgraphs nest deeper than {MAX_GRAPH_DEPTH}")
-        if not isinstance(record, dict) or not isinstance(record.get("nodes"), list):
-            raise IndexSchemaError("graph record has no node list")
+    def decode(self, record: GraphRecord) -> fx.GraphModule:
         root = torch.nn.Module()
-        state = record.get("module_state", [])
-        if not isinstance(state, list):
-            raise IndexSchemaError("module_state must be a list")
-        paths = set()
-        for entry in sorted(state, key=lambda e: str(e.get("path", "")).count(".") if isinstance(e, dict) else 0):
-            path = self._install(root, entry, depth)
-            if path in paths:
-                raise IndexSchemaError(f"module_state path {path!r} appears twice")
-            paths.add(path)
+        # parents before children: a module entry's own attributes first, then its contents
+        for entry in sorted(record.module_state, key=lambda e: e.path.count(".")):
+            self._install(root, entry)
         graph = fx.Graph()
         env: dict[str, fx.Node] = {}
-        outputs = 0
-        for i, rec in enumerate(record["nodes"]):
-            if not isinstance(rec, dict):
-                raise IndexSchemaError(f"graph node {i} is not a map")
-            op, name, target = rec.get("op"), rec.get("name"), rec.get("target")
-            if op not in OPS or not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-                raise IndexSchemaError(f"graph node {i} has an invalid op or name")
-            if name in env:
-                raise IndexSchemaError(f"graph node name {name!r} appears twice")
-            if not isinstance(rec.get("args", []), list) or not isinstance(rec.get("kwargs", {}), dict):
-                raise IndexSchemaError(f"graph node {name!r} has malformed args")
-            args = tuple(self.decode_arg(a, env) for a in rec.get("args", []))
-            kwargs = {targets.check_kwarg_name(k): self.decode_arg(v, env) for k, v in rec.get("kwargs", {}).items()}
-            if op == "call_function":
-                fn = targets.resolve_function(target)
-                if fn is getattr:
+        for rec in record.nodes:
+            args = tuple(self.decode_arg(a, env) for a in rec.args)
+            kwargs = {k: self.decode_arg(v, env) for k, v in rec.kwargs.items()}
+            target: Any = rec.target
+            if rec.op == "call_function":
+                target = targets.resolve_function(rec.target)
+                if target is getattr:
                     targets.check_getattr_args(args)
-                target = fn
-            elif op == "call_method":
-                targets.check_method_name(target)
-            elif op in ("get_attr", "call_module"):
-                targets.check_attribute_path(target)
-                if target not in paths and not _has_path(root, target):
-                    raise IndexSchemaError(f"graph node {name!r} refers to attribute {target!r}, which module_state lacks")
-            elif op == "output":
-                outputs += 1
-                target = "output"
-            else:
-                targets.check_placeholder_target(target)
-            env[name] = graph.create_node(op, target, args, kwargs, name=name)
-        if outputs != 1:
-            raise IndexSchemaError(f"graph has {outputs} output nodes, expected exactly one")
+            elif rec.op == "call_method":
+                targets.check_method_name(rec.target)
+            env[rec.name] = graph.create_node(rec.op, target, args, kwargs, name=rec.name)
         try:
             graph.lint()
             return fx.GraphModule(root, graph, class_name="Repro")
         except Exception as exc:
             raise IndexSchemaError(f"stored graph is not a valid FX graph: {str(exc)[:200]}") from exc
 
-    def _install(self, root: torch.nn.Module, entry: Any, depth: int) -> str:
-        if not isinstance(entry, dict):
-            raise IndexSchemaError("module_state entry is not a map")
-        path = targets.check_attribute_path(entry.get("path"))
-        owner_path, _, leaf = path.rpartition(".")
+    def _install(self, root: torch.nn.Module, entry: Any) -> None:
+        owner_path, _, leaf = entry.path.rpartition(".")
         owner = _ensure_module(root, owner_path)
-        kind = entry.get("kind")
-        if kind == "graph":
-            value = self.decode(entry.get("graph"), depth + 1)
-        elif kind in ("parameter", "buffer", "constant"):
-            tensor = self._tensor(entry.get("tensor"))
-            if kind == "parameter":
-                owner.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=tensor.requires_grad))
-                return path
-            if kind == "buffer":
-                owner.register_buffer(leaf, tensor, persistent=bool(entry.get("persistent", True)))
-                return path
-            value = tensor
-        elif kind == "module":
-            cls = targets.resolve_module_class(entry.get("class"))
-            attributes = entry.get("attributes", {})
-            if not isinstance(attributes, dict):
-                raise IndexSchemaError(f"module {path!r} attributes must be a map")
-            value = cls.__new__(cls)
-            torch.nn.Module.__init__(value)
-            for key, raw in attributes.items():
-                if not isinstance(key, str) or key in _MODULE_INTERNALS or key.startswith("__"):
-                    raise IndexSchemaError(f"module {path!r} has a forbidden attribute {str(key)[:40]!r}")
-                object.__setattr__(value, key, self.decode_arg(raw, {}))
-            value.train(bool(entry.get("training", False)))
-            existing = owner._modules.get(leaf)
-            if existing is not None:  # children installed before their parent: keep them
-                for child_name, child in existing._modules.items():
-                    value._modules[child_name] = child
-                for pname, p in existing._parameters.items():
-                    value._parameters[pname] = p
-                for bname, b in existing._buffers.items():
-                    value._buffers[bname] = b
+        if isinstance(entry, SubgraphEntry):
+            owner._modules[leaf] = self.decode(entry.graph)
+        elif isinstance(entry, ParameterEntry):
+            tensor = self._tensor(entry.tensor)
+            owner.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=tensor.requires_grad))
+        elif isinstance(entry, BufferEntry):
+            owner.register_buffer(leaf, self._tensor(entry.tensor), persistent=entry.persistent)
+        elif isinstance(entry, ConstantEntry):
+            setattr(owner, leaf, self._tensor(entry.tensor))
         else:
-            raise IndexSchemaError(f"module_state entry {path!r} has unknown kind {str(kind)[:20]!r}")
-        if isinstance(value, torch.nn.Module):
-            owner._modules[leaf] = value
-        else:
-            setattr(owner, leaf, value)
-        return path
+            owner._modules[leaf] = self._module(entry, owner._modules.get(leaf))
+
+    def _module(self, entry: ModuleEntry, existing: torch.nn.Module | None) -> torch.nn.Module:
+        """A torch.nn module rebuilt without running its constructor (spec §7.4)."""
+        cls = targets.resolve_module_class(entry.class_name)
+        value = cls.__new__(cls)
+        torch.nn.Module.__init__(value)
+        for key, raw in entry.attributes.items():
+            if key in _MODULE_INTERNALS:
+                raise IndexSchemaError(f"module {entry.path!r} has a forbidden attribute {key[:40]!r}")
+            object.__setattr__(value, key, self.decode_arg(raw, {}))
+        value.train(entry.training)
+        if existing is not None:  # children installed before their parent: keep them
+            value._modules.update(existing._modules)
+            value._parameters.update(existing._parameters)
+            value._buffers.update(existing._buffers)
+        return value
 
 
 def _ensure_module(root: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -374,40 +338,3 @@ def _ensure_module(root: torch.nn.Module, path: str) -> torch.nn.Module:
             module._modules[part] = child
         module = child
     return module
-
-
-def _has_path(root: torch.nn.Module, path: str) -> bool:
-    obj: Any = root
-    for part in path.split("."):
-        if isinstance(obj, torch.nn.Module) and part in obj._modules:
-            obj = obj._modules[part]
-        elif isinstance(obj, torch.nn.Module) and (part in obj._parameters or part in obj._buffers or part in vars(obj)):
-            return True
-        else:
-            return False
-    return True
-
-
-def validate_graph_tensors(record: dict, storages: list[dict], depth: int = 0) -> None:
-    """Check every tensor record inside a graph's module state before anything is built."""
-    for entry in record.get("module_state", []) if isinstance(record, dict) else []:
-        if isinstance(entry, dict) and entry.get("kind") in ("parameter", "buffer", "constant"):
-            tensor = entry.get("tensor")
-            validate_value(tensor, storages, f"module_state[{entry.get('path')!r}]")
-            if not isinstance(tensor, dict) or tensor.get("kind") != "tensor":
-                raise IndexSchemaError(f"module_state entry {entry.get('path')!r} must hold a tensor")
-        elif isinstance(entry, dict) and entry.get("kind") == "graph" and depth < MAX_GRAPH_DEPTH:
-            validate_graph_tensors(entry.get("graph"), storages, depth + 1)
-
-
-def count_nodes(record: dict) -> dict[str, int]:
-    """Op histogram of a graph record (call targets by qualified name), for inspect."""
-    histogram: dict[str, int] = {}
-    for rec in record.get("nodes", []):
-        op = rec.get("op")
-        if op in ("call_function", "call_method", "call_module"):
-            key = str(rec.get("target"))
-            if op == "call_method":
-                key = f"Tensor.{key}"
-            histogram[key] = histogram.get(key, 0) + 1
-    return histogram

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from reproarchive.errors import UnsafeArchiveError
+from reproarchive.format.schema import GraphRecord, ModuleEntry, SubgraphEntry
 
 # torch namespaces whose members are tensor computations (or Dynamo/AOT bookkeeping with no I/O).
 ALLOWED_TORCH_PREFIXES = (
@@ -238,16 +239,6 @@ def check_method_name(name: object) -> str:
     return name
 
 
-def check_attribute_path(path: object) -> str:
-    """get_attr / call_module targets and module-state paths: dotted identifiers, no dunders."""
-    if not isinstance(path, str) or not path or len(path) > 500:
-        raise _unsafe(str(path), "malformed attribute path")
-    for part in path.split("."):
-        if not (part.isdigit() or _SEGMENT.match(part)) or part.startswith("__"):
-            raise _unsafe(path, "malformed attribute path")
-    return path
-
-
 def check_getattr_args(args: tuple) -> None:
     """``builtins.getattr`` may only read public attributes named by a constant string."""
     if len(args) < 2 or not isinstance(args[1], str) or args[1].startswith("_"):
@@ -280,26 +271,20 @@ def resolve_module_class(name: object) -> type:
     return obj
 
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def check_placeholder_target(target: object) -> str:
-    """FX pastes a placeholder's target into the ``def forward(...)`` line it generates and
-    execs, so anything but a plain parameter name (optionally ``*args``/``**kwargs``) would be
-    code run at load time."""
-    if not isinstance(target, str) or not _IDENTIFIER.match(target.removeprefix("**").removeprefix("*")):
-        raise UnsafeArchiveError(
-            f"placeholder target {str(target)[:80]!r} is not a parameter name",
-            "the archive is hostile or damaged; refusing to build its graph",
-        )
-    return target
-
-
-def check_kwarg_name(key: object) -> str:
-    """Keyword-argument names are pasted into generated code as ``name = value``."""
-    if not isinstance(key, str) or not _IDENTIFIER.match(key):
-        raise UnsafeArchiveError(
-            f"keyword argument name {str(key)[:80]!r} is not an identifier",
-            "the archive is hostile or damaged; refusing to build its graph",
-        )
-    return key
+def check_graph_targets(record: GraphRecord) -> None:
+    """Every call target and module class of a (schema-checked) graph against the allowlist,
+    without building anything: what ``verify``, ``inspect`` and ``unpack`` check (``load``
+    resolves the same names while it builds). A function name this torch lacks passes here;
+    ``load`` will say so."""
+    for node in record.nodes:
+        if node.op == "call_function":
+            check_function_target(node.target)
+            if node.target == "builtins.getattr":
+                check_getattr_args(node.args)
+        elif node.op == "call_method":
+            check_method_name(node.target)
+    for entry in record.module_state:
+        if isinstance(entry, ModuleEntry):
+            resolve_module_class(entry.class_name)
+        elif isinstance(entry, SubgraphEntry):
+            check_graph_targets(entry.graph)

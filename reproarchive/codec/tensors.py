@@ -1,55 +1,78 @@
-"""Tensors and other graph inputs <-> index records plus raw storage bytes (spec §6).
+"""Tensors and other graph inputs <-> value records plus raw storage bytes (spec §6).
 
 A tensor is stored as its *storage* (the raw bytes, once per distinct storage) plus a view
 record (dtype, shape, stride, offset). That is what keeps inputs bit-exact and keeps aliasing:
 two inputs that were views of one storage come back as views of one storage, and two storages
 that merely hold equal bytes come back as two storages sharing one blob on disk.
+
+Storages an archive has no data for (``absent``) get generated data here, and only here:
+``build_storages`` is the one path from storage records to torch storages, used by ``load``,
+``read_input`` and by the dump import's replay at pack time, so every replay of an archive sees
+the same generated values.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
-import re
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from reproarchive.errors import IndexSchemaError, PackError
+from reproarchive.format import schema
+from reproarchive.format.schema import (
+    BoolValue,
+    FloatValue,
+    IntValue,
+    ListValue,
+    NoneValue,
+    StorageRecord,
+    StrValue,
+    SymBoolValue,
+    SymFloatValue,
+    SymIntValue,
+    TensorValue,
+    TupleValue,
+)
 
 FIDELITY_REAL = "real"
 FIDELITY_ABSENT = "absent"
 ABSENT_SEED = 0
 
 
-def _all_dtypes() -> dict[str, torch.dtype]:
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    """The storable dtypes (``schema.DTYPES``) this torch has, by name."""
     found = {}
     for name in dir(torch):
         value = getattr(torch, name, None)
         if isinstance(value, torch.dtype):
-            found[str(value).removeprefix("torch.")] = value
+            key = str(value).removeprefix("torch.")
+            if key in schema.DTYPES:
+                found[key] = value
     return found
 
 
-DTYPES: dict[str, torch.dtype] = _all_dtypes()
-_QUANTIZED = {name for name in DTYPES if name.startswith(("qint", "quint"))}
+DTYPES: dict[str, torch.dtype] = _torch_dtypes()
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
-    if name not in DTYPES or name in _QUANTIZED:
-        raise PackError(f"dtype {dtype} cannot be stored", "dequantize the input or convert it to a plain dtype")
+    if name not in DTYPES:
+        raise PackError(f"dtype {dtype} cannot be stored in format {schema.FORMAT_VERSION}",
+                        "dequantize the input or convert it to a plain dtype")
     return name
 
 
-def dtype_from_name(name: object) -> torch.dtype:
-    if not isinstance(name, str) or name not in DTYPES or name in _QUANTIZED:
+def dtype_from_name(name: str) -> torch.dtype:
+    """A dtype the (already validated) index names, in this torch."""
+    try:
+        return DTYPES[name]
+    except KeyError:
         raise IndexSchemaError(
-            f"unknown dtype {str(name)[:40]!r}",
-            "the archive was written with a newer torch; install that torch version or newer",
-        )
-    return DTYPES[name]
+            f"this torch {torch.__version__} has no dtype {name!r}",
+            "replay with the torch version recorded in the archive (see `reproarchive inspect`)",
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,13 +94,6 @@ class AbsentTensor:
             stride.append(acc)
             acc *= max(size, 1)
         return tuple(reversed(stride))
-
-
-def view_extent(shape: Sequence[int], stride: Sequence[int], offset: int) -> int:
-    """Elements of storage a view touches (0 for an empty view)."""
-    if any(s == 0 for s in shape):
-        return 0
-    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
 
 
 def storage_view(storage: torch.UntypedStorage) -> memoryview:
@@ -111,11 +127,19 @@ def _sym_hint(value):
     return hint
 
 
+# --------------------------------------------------------------------------------------------
+# encoding
+
+
 class StorageTable:
-    """Assigns one record per distinct storage, keyed by the storage itself, not its bytes."""
+    """Assigns one record per distinct storage, keyed by the storage itself, not its bytes.
+
+    ``records`` are complete but for the digest of real storages, which ``pack`` fills in once
+    the bytes are hashed (``resolve``); ``sources`` holds each real storage (None when absent).
+    """
 
     def __init__(self):
-        self.records: list[dict] = []
+        self.records: list[StorageRecord] = []
         self.sources: list[torch.UntypedStorage | None] = []
         self._by_id: dict[int, int] = {}
 
@@ -133,7 +157,7 @@ class StorageTable:
         return self._add(storage, storage.nbytes(), str(t.device), key=storage._cdata)
 
     def add_absent(self, a: AbsentTensor, stride: tuple[int, ...]) -> int:
-        need = view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
+        need = schema.view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
         size = need if a.storage_size is None else a.storage_size
         if size < need:
             raise PackError(f"AbsentTensor storage_size {size} is smaller than its view needs ({need})")
@@ -142,177 +166,77 @@ class StorageTable:
     def _add(self, source, size: int, device: str, key) -> int:
         if key is not None and key in self._by_id:
             return self._by_id[key]
-        self.records.append(
-            {"size": size, "device": device, "fidelity": FIDELITY_ABSENT if source is None else FIDELITY_REAL, "digest": None, "fill": None}
-        )
+        fidelity = FIDELITY_ABSENT if source is None else FIDELITY_REAL
+        self.records.append(StorageRecord(size=size, device=device, fidelity=fidelity))
         self.sources.append(source)
         if key is not None:
             self._by_id[key] = len(self.records) - 1
         return len(self.records) - 1
 
+    def resolve(self, i: int, digest: str | None) -> None:
+        """Record how real storage ``i`` is stored: by its blob's digest, or (None) as all zeros."""
+        rec = self.records[i]
+        self.records[i] = dataclasses.replace(rec, digest=digest, fill=0 if digest is None else None)
 
-def _check_int(value: int, what: str) -> int:
-    if not -(1 << 63) <= value < (1 << 63):
-        raise PackError(f"{what} {value} does not fit in 64 bits")
-    return value
 
-
-def encode_value(value: Any, table: StorageTable, *, name: str | None = None, dynamic=None) -> dict:
-    """One graph input (or module tensor) as a record; tensors register their storage."""
+def encode_value(value: Any, table: StorageTable, *, name: str | None = None, dynamic=()) -> Any:
+    """One graph input (or module tensor) as a value record; tensors register their storage."""
     if isinstance(value, AbsentTensor):
         stride = tuple(value.stride) if value.stride is not None else value.contiguous_stride()
-        return _tensor_record(
-            table.add_absent(value, stride), value.dtype, value.shape, stride, value.storage_offset,
-            value.requires_grad, True, name, dynamic,
-        )
+        return _tensor_record(table.add_absent(value, stride), value.dtype, value.shape, stride, value.storage_offset,
+                              value.requires_grad, True, name, dynamic)
     if isinstance(value, torch.Tensor):
-        return _tensor_record(
-            table.add_tensor(value), value.dtype, tuple(value.shape), tuple(value.stride()), value.storage_offset(),
-            value.requires_grad, value.is_leaf, name, dynamic,
-        )
+        return _tensor_record(table.add_tensor(value), value.dtype, tuple(value.shape), tuple(value.stride()),
+                              value.storage_offset(), value.requires_grad, value.is_leaf, name, dynamic)
     if isinstance(value, bool):
-        return {"kind": "bool", "value": value}
+        return BoolValue(value)
     if isinstance(value, int):
-        return {"kind": "int", "value": _check_int(value, "int input")}
+        return IntValue(value)
     if isinstance(value, float):
-        return {"kind": "float", "value": value}
+        return FloatValue(value)
     if value is None:
-        return {"kind": "none"}
+        return NoneValue()
     if isinstance(value, str):
-        return {"kind": "str", "value": value}
+        return StrValue(value)
     if isinstance(value, torch.SymBool):
-        return {"kind": "symbool", "hint": bool(_sym_hint(value)), "expr": _sym_expr(value)}
+        return SymBoolValue(bool(_sym_hint(value)), _sym_expr(value))
     if isinstance(value, torch.SymInt):
-        return {"kind": "symint", "hint": _check_int(int(_sym_hint(value)), "SymInt hint"), "expr": _sym_expr(value)}
+        return SymIntValue(int(_sym_hint(value)), _sym_expr(value))
     if isinstance(value, torch.SymFloat):
-        return {"kind": "symfloat", "hint": float(_sym_hint(value)), "expr": _sym_expr(value)}
+        return SymFloatValue(float(_sym_hint(value)), _sym_expr(value))
     if isinstance(value, (tuple, list)):
-        kind = "list" if isinstance(value, list) else "tuple"
-        return {"kind": kind, "items": [encode_value(v, table) for v in value]}
+        items = tuple(encode_value(v, table) for v in value)
+        return ListValue(items) if isinstance(value, list) else TupleValue(items)
     raise PackError(
         f"input of type {type(value).__module__}.{type(value).__qualname__} cannot be stored",
         "graph inputs must be tensors, ints, floats, bools, None, SymInts or tuples/lists of these",
     )
 
 
-def _tensor_record(storage, dtype, shape, stride, offset, requires_grad, is_leaf, name, dynamic) -> dict:
-    shape = [_check_int(int(s), "tensor size") for s in shape]
-    stride = [_check_int(int(s), "tensor stride") for s in stride]
-    return {
-        "kind": "tensor",
-        "storage": storage,
-        "dtype": dtype_name(dtype),
-        "shape": shape,
-        "stride": stride,
-        "offset": _check_int(int(offset), "storage offset"),
-        "requires_grad": bool(requires_grad),
-        "is_leaf": bool(is_leaf),
-        "dynamic": [[int(d), str(e)] for d, e in (dynamic or [])],
-        "name": name,
-    }
+def _tensor_record(storage, dtype, shape, stride, offset, requires_grad, is_leaf, name, dynamic) -> TensorValue:
+    return TensorValue(
+        storage=storage, dtype=dtype_name(dtype), shape=tuple(int(s) for s in shape),
+        stride=tuple(int(s) for s in stride), offset=int(offset), requires_grad=bool(requires_grad),
+        is_leaf=bool(is_leaf), dynamic=tuple((int(d), str(e)) for d, e in dynamic), name=name,
+    )
 
 
 # --------------------------------------------------------------------------------------------
-# Validation and decoding
-
-_DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]*(?::[0-9]{1,4})?$")
-_KINDS = {"tensor", "bool", "int", "float", "none", "str", "symint", "symfloat", "symbool", "tuple", "list"}
-MAX_VALUE_DEPTH = 32
+# decoding
 
 
-def _need(rec: dict, key: str, types, where: str):
-    value = rec.get(key)
-    if not isinstance(value, types) or (types is int and isinstance(value, bool)):
-        raise IndexSchemaError(f"{where}: field {key!r} is missing or has the wrong type")
-    return value
-
-
-def validate_storage(rec: object, i: int) -> None:
-    where = f"storages[{i}]"
-    if not isinstance(rec, dict):
-        raise IndexSchemaError(f"{where} is not a map")
-    size = _need(rec, "size", int, where)
-    if not 0 <= size < 1 << 62:
-        raise IndexSchemaError(f"{where}: size {size} is negative or impossibly large")
-    device = _need(rec, "device", str, where)
-    if not _DEVICE_RE.match(device):
-        raise IndexSchemaError(f"{where}: {device[:40]!r} is not a device name")
-    try:
-        torch.device(device)
-    except RuntimeError:
-        raise IndexSchemaError(
-            f"{where}: device type {device[:40]!r} is unknown to this torch {torch.__version__}",
-            "replay with the torch version recorded in the archive",
-        ) from None
-    fidelity = rec.get("fidelity")
-    digest, fill = rec.get("digest"), rec.get("fill")
-    if fidelity == FIDELITY_REAL:
-        if (digest is None) == (fill is None):
-            raise IndexSchemaError(f"{where}: a real storage has exactly one of digest or fill")
-        if fill is not None and fill != 0:
-            raise IndexSchemaError(f"{where}: fill must be 0")
-    elif fidelity == FIDELITY_ABSENT:
-        if digest is not None or fill is not None:
-            raise IndexSchemaError(f"{where}: an absent storage has neither digest nor fill")
-    else:
-        raise IndexSchemaError(f"{where}: fidelity must be 'real' or 'absent', not {str(fidelity)[:20]!r}")
-
-
-def validate_value(rec: object, storages: list[dict], where: str, depth: int = 0) -> None:
-    if depth > MAX_VALUE_DEPTH:
-        raise IndexSchemaError(f"{where}: values nest deeper than {MAX_VALUE_DEPTH}")
-    if not isinstance(rec, dict) or rec.get("kind") not in _KINDS:
-        raise IndexSchemaError(f"{where}: not a value record")
-    kind = rec["kind"]
-    if kind == "tensor":
-        sidx = _need(rec, "storage", int, where)
-        if not 0 <= sidx < len(storages):
-            raise IndexSchemaError(f"{where}: storage {sidx} does not exist")
-        dtype = dtype_from_name(rec.get("dtype"))
-        shape = _need(rec, "shape", list, where)
-        stride = _need(rec, "stride", list, where)
-        offset = _need(rec, "offset", int, where)
-        if len(shape) != len(stride) or len(shape) > 64:
-            raise IndexSchemaError(f"{where}: shape and stride must have the same rank (at most 64)")
-        for v in shape + stride:
-            if type(v) is not int or v < 0 or v >= 1 << 62:
-                raise IndexSchemaError(f"{where}: sizes and strides must be non-negative integers")
-        if offset < 0:
-            raise IndexSchemaError(f"{where}: negative storage offset")
-        if math.prod(shape) >= 1 << 62:
-            raise IndexSchemaError(f"{where}: the view has more elements than a tensor can index")
-        need = view_extent(shape, stride, offset) * dtype.itemsize
-        if need > storages[sidx]["size"]:
-            raise IndexSchemaError(f"{where}: view needs {need} bytes but its storage has {storages[sidx]['size']}")
-        _need(rec, "requires_grad", bool, where)
-        _need(rec, "is_leaf", bool, where)
-        if not rec["is_leaf"] and not rec["requires_grad"]:
-            raise IndexSchemaError(f"{where}: a non-leaf tensor must require grad")
-        if rec["requires_grad"] and not (dtype.is_floating_point or dtype.is_complex):
-            raise IndexSchemaError(f"{where}: only floating and complex tensors can require grad")
-        dynamic = rec.get("dynamic", [])
-        if not isinstance(dynamic, list) or not all(
-            isinstance(d, list) and len(d) == 2 and type(d[0]) is int and 0 <= d[0] < len(shape) and isinstance(d[1], str)
-            for d in dynamic
-        ):
-            raise IndexSchemaError(f"{where}: malformed dynamic dimensions")
-    elif kind in ("tuple", "list"):
-        items = _need(rec, "items", list, where)
-        for j, item in enumerate(items):
-            validate_value(item, storages, f"{where}[{j}]", depth + 1)
-    elif kind in ("symint", "symfloat", "symbool"):
-        types = {"symint": int, "symfloat": (float, int), "symbool": bool}[kind]
-        _need(rec, "hint", types, where)
-        _need(rec, "expr", str, where)
-    elif kind != "none":
-        types = {"bool": bool, "int": int, "float": (float, int), "str": str}[kind]
-        value = rec.get("value")
-        if not isinstance(value, types) or (kind == "int" and isinstance(value, bool)):
-            raise IndexSchemaError(f"{where}: {kind} value has the wrong type")
+def storage_dtypes(tensors: Iterable[TensorValue]) -> dict[int, torch.dtype]:
+    """The dtype of the first tensor viewing each storage: what generated data is shaped for."""
+    found: dict[int, torch.dtype] = {}
+    for t in tensors:
+        if t.storage not in found:
+            found[t.storage] = dtype_from_name(t.dtype)
+    return found
 
 
 def generate_absent(storage: torch.UntypedStorage, dtype: torch.dtype, seed: int) -> None:
-    """Fill an absent storage with seeded data that fits its dtype (never claimed to be real)."""
+    """Fill an absent storage with seeded data that fits its dtype (never claimed to be real):
+    normal values for floating and complex dtypes, integers in [0, 16), random bools."""
     n = storage.nbytes() // max(dtype.itemsize, 1)
     if n == 0:
         return
@@ -332,35 +256,52 @@ def generate_absent(storage: torch.UntypedStorage, dtype: torch.dtype, seed: int
     target.copy_(values.to(dtype))
 
 
+def build_storages(records: Sequence[StorageRecord], which: Iterable[int], devices: Sequence[torch.device],
+                   dtypes: dict[int, torch.dtype], real: Callable[[int], torch.UntypedStorage]) -> list:
+    """Storages ``which`` of a storage table on their devices (the rest stay None).
+
+    ``real(i)`` supplies the bytes of real storage ``i`` (from its blob, or a live tensor);
+    all-zero storages are allocated here and absent ones filled by ``generate_absent`` with seed
+    ``ABSENT_SEED + i``: the storage's position, so the same archive always gets the same data.
+    """
+    out: list = [None] * len(records)
+    for i in which:
+        rec, dev = records[i], devices[i]
+        if rec.fidelity == FIDELITY_ABSENT:
+            st = torch.empty(rec.size, dtype=torch.uint8, device=dev).untyped_storage()
+            generate_absent(st, dtypes.get(i, torch.uint8), ABSENT_SEED + i)
+        elif rec.fill == 0:
+            st = torch.zeros(rec.size, dtype=torch.uint8, device=dev).untyped_storage()
+        else:
+            st = real(i)
+        out[i] = st
+    return out
+
+
 class ValueDecoder:
-    """Turns value records back into Python values over already-loaded storages."""
+    """Turns value records back into Python values over already-built storages."""
 
-    def __init__(self, storages: list[torch.UntypedStorage], records: list[dict], devices: list[torch.device]):
-        self.storages, self.records, self.devices = storages, records, devices
+    def __init__(self, storages: list[torch.UntypedStorage], devices: Sequence[torch.device]):
+        self.storages, self.devices = storages, devices
 
-    def decode(self, rec: dict) -> Any:
-        kind = rec["kind"]
-        if kind == "tensor":
-            return self._tensor(rec)
-        if kind in ("tuple", "list"):
-            items = [self.decode(r) for r in rec["items"]]
-            return tuple(items) if kind == "tuple" else items
-        if kind == "none":
+    def decode(self, rec: Any) -> Any:
+        if isinstance(rec, TensorValue):
+            return self.tensor(rec)
+        if isinstance(rec, (TupleValue, ListValue)):
+            items = [self.decode(r) for r in rec.items]
+            return tuple(items) if isinstance(rec, TupleValue) else items
+        if isinstance(rec, NoneValue):
             return None
-        if kind in ("symint", "symfloat", "symbool"):
-            return {"symint": int, "symfloat": float, "symbool": bool}[kind](rec["hint"])
-        if kind == "float":
-            return float(rec["value"])
-        return rec["value"]
+        if isinstance(rec, (SymIntValue, SymFloatValue, SymBoolValue)):
+            return rec.hint
+        return rec.value
 
-    def _tensor(self, rec: dict) -> torch.Tensor:
-        sidx = rec["storage"]
-        dtype = dtype_from_name(rec["dtype"])
-        t = torch.empty(0, dtype=dtype, device=self.devices[sidx])
-        t.set_(self.storages[sidx], rec["offset"], rec["shape"], rec["stride"])
-        if rec["requires_grad"]:
+    def tensor(self, rec: TensorValue) -> torch.Tensor:
+        t = torch.empty(0, dtype=dtype_from_name(rec.dtype), device=self.devices[rec.storage])
+        t.set_(self.storages[rec.storage], rec.offset, rec.shape, rec.stride)
+        if rec.requires_grad:
             t.requires_grad_(True)
-            if not rec["is_leaf"]:
+            if not rec.is_leaf:
                 # A view with autograd history: non-leaf like the original, same storage,
                 # so aliasing with other inputs survives.
                 t = t.view_as(t)

@@ -1,20 +1,12 @@
-"""Config, environment and system snapshots: what, besides the graph, decides how it compiles.
+"""The config record: snapshot, apply and diff of torch's compiler config.
 
-PyTorch's repro scripts record only the config values that differ from the defaults, silently
-drop the ones they cannot print (custom passes), copy machine-specific environment values
-(cache dirs, pointer values) and say nothing about the CPU, the driver or Triton. A failure that
-depends on any of these then "does not reproduce" on a teammate's machine and nobody knows why.
-So an archive records:
-
-* ``config``: the FULL value of every setting of the four compiler config modules, not just the
-  changed ones, because defaults move between torch versions; the changed ones again, for people;
-  every value that cannot be stored listed by name with the reason (never dropped silently);
-* ``environment``: the variables that change PyTorch's behaviour, with secrets redacted;
-* ``system``: versions of everything that takes part in compilation, and the hardware.
-
-All three are plain msgpack-able dicts (str keys; str/int/float/bool/None/list/dict values) so
-they go into the archive index unchanged. ``applied_config`` puts a recorded config back for a
-replay; ``config_diff`` / ``environment_diff`` say what differs when a replay's outcome does.
+PyTorch's repro scripts record only the config values that differ from the defaults, and
+silently drop the ones they cannot print (custom passes). A failure that depends on a default
+that moved between torch versions then "does not reproduce" on a teammate's machine and
+nobody knows why. So an archive records the FULL value of every setting of the compiler config
+modules, the changed ones again for people, and every value that cannot be stored listed by
+name with the reason (never dropped silently). ``applied_config`` puts a recorded config back
+for a replay (data only, never a program or path); ``config_diff`` says what differs.
 """
 
 from __future__ import annotations
@@ -26,10 +18,12 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
+from reproarchive.format.plain import INT_MAX, INT_MIN
+from reproarchive.format.schema import ConfigRecord, SettingRef, UnrepresentableSetting
 
 
 #: The config modules every snapshot records in full. Other ``ConfigModule`` instances that are
@@ -50,7 +44,6 @@ class _Unrepresentable(Exception):
     pass
 
 
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
 def _plain(value: Any) -> Any:
@@ -65,7 +58,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         raise _Unrepresentable(f"enum value {type(value).__qualname__}.{value.name}")
     if isinstance(value, int):
-        if not _INT_MIN <= value <= _INT_MAX:
+        if not INT_MIN <= value <= INT_MAX:
             raise _Unrepresentable("integer out of the 64-bit range")
         return int(value)
     if isinstance(value, (list, tuple)):
@@ -144,7 +137,7 @@ def _is_changed(mod: Any, key: str, value: Any) -> bool:
         return value is not default
 
 
-def config_snapshot() -> dict[str, Any]:
+def config_snapshot() -> ConfigRecord:
     """The full current compiler configuration as plain data.
 
     Returns ``{"modules": {module: {key: value}}, "changed": {module: {key: value}},
@@ -164,8 +157,8 @@ def config_snapshot() -> dict[str, Any]:
     changed: dict[str, dict[str, Any]] = {}
     defaults: dict[str, dict[str, Any]] = {}
     types: dict[str, dict[str, str]] = {}
-    unrepresentable: list[dict[str, str]] = []
-    machine_specific: list[dict[str, str]] = []
+    unrepresentable: list[UnrepresentableSetting] = []
+    machine_specific: list[SettingRef] = []
 
     for mod_name, mod in _config_modules().items():
         try:
@@ -179,19 +172,11 @@ def config_snapshot() -> dict[str, Any]:
             try:
                 plain = _plain(value)
             except _Unrepresentable as why:
-                unrepresentable.append(
-                    {
-                        "module": mod_name,
-                        "key": key,
-                        "reason": str(why),
-                        "repr": _short_repr(value),
-                        "changed": is_changed,
-                    }
-                )
+                unrepresentable.append(UnrepresentableSetting(mod_name, key, str(why), _short_repr(value), is_changed))
                 continue
             if _looks_like_path(plain):
                 plain = _redact_value(plain, path_prefixes)
-                machine_specific.append({"module": mod_name, "key": key})
+                machine_specific.append(SettingRef(mod_name, key))
             plain_values[key] = plain
             kind = _container_type(value)
             if kind:
@@ -206,14 +191,8 @@ def config_snapshot() -> dict[str, Any]:
                     )
         modules[mod_name] = plain_values
 
-    return {
-        "modules": modules,
-        "changed": changed,
-        "defaults": defaults,
-        "unrepresentable": unrepresentable,
-        "types": types,
-        "machine_specific": machine_specific,
-    }
+    return ConfigRecord(modules=modules, changed=changed, defaults=defaults, unrepresentable=tuple(unrepresentable),
+                        types=types, machine_specific=tuple(machine_specific))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,7 +279,7 @@ except ImportError:  # pragma: no cover - older torch: nothing is ever forced by
 
 
 @contextlib.contextmanager
-def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: bool = False) -> Iterator[AppliedConfig]:
+def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = False) -> Iterator[AppliedConfig]:
     """Apply a recorded config snapshot to the live torch config modules for the ``with`` body.
 
     Every recorded value is applied (or, with ``only_changed``, only those that differed from
@@ -312,14 +291,14 @@ def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: boo
     trace of the replay. Like ``ConfigModule.patch`` this is per-thread (context-local).
     """
     result = AppliedConfig()
-    if not config_record:
+    if config_record is None:
         yield result
         return
-    modules = config_record.get("modules") or {}
-    changed = config_record.get("changed") or {}
-    types = config_record.get("types") or {}
-    skip = {(u.get("module"), u.get("key")) for u in config_record.get("unrepresentable") or []}
-    machine = {(u.get("module"), u.get("key")) for u in config_record.get("machine_specific") or []}
+    modules = config_record.modules
+    changed = config_record.changed
+    types = config_record.types
+    skip = {(u.module, u.key) for u in config_record.unrepresentable}
+    machine = {(u.module, u.key) for u in config_record.machine_specific}
 
     changed_keys = {(m, k) for m, vals in changed.items() for k in vals}
     undo: list[tuple[Any, str, Any, Any]] = []
@@ -367,9 +346,9 @@ def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: boo
                 forced = getattr(entry, "env_value_force", _TORCH_UNSET)
                 if forced is not _TORCH_UNSET and forced != value:
                     result.forced_by_env.append(full)
-        for u in config_record.get("unrepresentable") or []:
-            full = f"{u.get('module')}.{u.get('key')}"
-            if u.get("changed") and full not in result.unrepresentable:
+        for u in config_record.unrepresentable:
+            full = f"{u.module}.{u.key}"
+            if u.changed and full not in result.unrepresentable:
                 result.unrepresentable.append(full)
         yield result
     finally:
@@ -388,7 +367,7 @@ def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: boo
 # ---------------------------------------------------------------------------------------------
 
 
-def config_diff(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def config_diff(recorded: ConfigRecord | None, current: ConfigRecord | None) -> list[dict[str, Any]]:
     """Settings whose recorded value differs from the current one.
 
     Each entry is ``{module, key, recorded, current, status}`` with status ``"differs"``,
@@ -397,15 +376,14 @@ def config_diff(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] |
     (a callable or object on either side: compared by redacted ``repr``). Machine-specific
     paths are not compared.
     """
-    recorded = recorded or {}
-    current = current or {}
-    rec_mods = recorded.get("modules") or {}
-    cur_mods = current.get("modules") or {}
-    machine = {(m.get("module"), m.get("key")) for side in (recorded, current)
-               for m in side.get("machine_specific") or []}
-    rec_un = {(u["module"], u["key"]): u.get("repr") for u in recorded.get("unrepresentable") or []}
-    cur_un = {(u["module"], u["key"]): u.get("repr") for u in current.get("unrepresentable") or []}
-    cur_changed = current.get("changed") or {}
+    recorded = recorded or ConfigRecord()
+    current = current or ConfigRecord()
+    rec_mods = recorded.modules
+    cur_mods = current.modules
+    machine = {(m.module, m.key) for side in (recorded, current) for m in side.machine_specific}
+    rec_un = {(u.module, u.key): u.repr for u in recorded.unrepresentable}
+    cur_un = {(u.module, u.key): u.repr for u in current.unrepresentable}
+    cur_changed = current.changed
     out: list[dict[str, Any]] = []
     for mod in sorted(set(rec_mods) | set(cur_mods)):
         if mod not in rec_mods:

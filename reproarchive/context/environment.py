@@ -1,4 +1,16 @@
-"""The environment snapshot, and applying recorded variables to a replay.
+"""The environment record: which variables steer torch, and applying them to a replay.
+
+Environment variables change PyTorch's behaviour at three different moments: at import (most
+``TORCHINDUCTOR_*`` / ``TORCHDYNAMO_*`` variables only seed config defaults; ``TORCH_LOGS``,
+``PYTORCH_CUDA_ALLOC_CONF``, ``CUDA_*`` are read once), at call time (a few are read lazily), or
+never again after start-up (``OMP_NUM_THREADS``, which has an in-process equivalent). Setting
+them all in ``os.environ`` for the duration of a replay is right for the lazy ones and harmless
+for the rest; the import-time ones are either covered by the recorded config snapshot (the config
+value they seeded was recorded) or reported as a warning. A child process started with
+``--isolate`` gets them all before torch is imported, so nothing is lost there.
+
+Machine-specific values (cache and debug directories, trace paths, pointer values) are never
+copied: PyTorch's own dumps copy them and then point the replay at directories that do not exist.
 """
 
 from __future__ import annotations
@@ -10,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from reproarchive.context.redaction import redact_paths
-from reproarchive.context.system import _SYSTEM_FIELDS, nested_get, system_snapshot
+from reproarchive.format.schema import EnvironmentRecord
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,10 +62,9 @@ def _selected(name: str) -> bool:
     return upper.startswith(prefixes) or any(s in upper for s in ENV_SUBSTRINGS)
 
 
-def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def environment_snapshot(environ: Mapping[str, str] | None = None) -> EnvironmentRecord:
     """Environment variables that change PyTorch's behaviour, redacted.
 
-    Returns ``{"variables": {name: value}, "redacted": [names], "reasons": {name: reason}}``.
     Selection: names starting with TORCH/PYTORCH/TORCHDYNAMO/TORCHINDUCTOR/INDUCTOR/TRITON/
     CUDA/CUBLAS/CUDNN/NCCL/HIP/ROCM/OMP_/KMP_/MKL/DNNL/ONEDNN/... (``ENV_PREFIXES``), names that
     contain DYNAMO/INDUCTOR/TRITON anywhere (PyTorch's own rule, so we record a superset of its
@@ -89,75 +100,34 @@ def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, 
             reasons[name] = "process-specific value (pointer, pid or descriptor)"
         else:
             variables[name] = redact_paths(str(env[name]))
-    return {"variables": variables, "redacted": redacted, "reasons": reasons}
+    return EnvironmentRecord(variables=variables, redacted=tuple(redacted), reasons=reasons)
 
 
 # ---------------------------------------------------------------------------------------------
 # System snapshot
 
 
-def environment_diff(
-    recorded_env: Mapping[str, Any] | None,
-    recorded_system: Mapping[str, Any] | None,
-    current_env: Mapping[str, Any] | None = None,
-    current_system: Mapping[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """What differs between the packing machine and this one, most consequential first.
-
-    Each entry is ``{"what", "recorded", "current", "important"}``. ``current_*`` default to
-    snapshots of this process. "important" marks the differences that usually change a
-    compiler's behaviour (torch version or commit, GPU model, CUDA/HIP/cuDNN, Triton, CPU ISA);
-    other system fields, package versions and environment variables follow. Redacted
-    variables are compared as present/absent only.
-    """
+def environment_diff(recorded: EnvironmentRecord, current: EnvironmentRecord | None = None) -> list[dict[str, Any]]:
+    """Variables that differ, as ``{"what": "env NAME", "recorded", "current", "important"}``
+    rows; redacted values are compared as present/absent only. ``current`` defaults to this
+    process."""
+    if current is None:
+        current = environment_snapshot()
     out: list[dict[str, Any]] = []
-    if recorded_system:
-        if current_system is None:
-            current_system = system_snapshot()  # runs nvidia-smi/nvcc/g++: only when needed
-        for label, getter, important in _SYSTEM_FIELDS:
-            rv, cv = getter(recorded_system), getter(current_system)
-            if rv != cv:
-                out.append({"what": label, "recorded": rv, "current": cv, "important": important})
-        rec_pk = nested_get(recorded_system, "packages") or {}
-        cur_pk = nested_get(current_system, "packages") or {}
-        for name in sorted(set(rec_pk) | set(cur_pk)):
-            if name in ("torch", "triton", "pytorch-triton"):
-                continue  # reported above
-            if rec_pk.get(name) != cur_pk.get(name):
-                out.append({"what": f"package {name}", "recorded": rec_pk.get(name),
-                            "current": cur_pk.get(name), "important": False})
-    if recorded_env is not None:
-        if current_env is None:
-            current_env = environment_snapshot()
-        rec_vars = recorded_env.get("variables") or {}
-        cur_vars = (current_env or {}).get("variables") or {}
-        for name in sorted(set(rec_vars) | set(cur_vars)):
-            rv, cv = rec_vars.get(name), cur_vars.get(name)
-            if rv in (REDACTED, PROCESS_SPECIFIC) or cv in (REDACTED, PROCESS_SPECIFIC):
-                if (rv is None) == (cv is None):
-                    continue
-            if rv != cv:
-                out.append({"what": f"env {name}", "recorded": rv, "current": cv, "important": False})
-    out.sort(key=lambda d: not d["important"])  # stable: keeps the field order within groups
+    rec_vars, cur_vars = recorded.variables, current.variables
+    for name in sorted(set(rec_vars) | set(cur_vars)):
+        rv, cv = rec_vars.get(name), cur_vars.get(name)
+        if rv in (REDACTED, PROCESS_SPECIFIC) or cv in (REDACTED, PROCESS_SPECIFIC):
+            if (rv is None) == (cv is None):
+                continue
+        if rv != cv:
+            out.append({"what": f"env {name}", "recorded": rv, "current": cv, "important": False})
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Applying recorded variables to a replay
 # ---------------------------------------------------------------------------------------------
-# Applying the recorded environment variables to a replay, and saying which cannot be applied.
-#
-# Environment variables change PyTorch's behaviour at three different moments: at import (most
-# ``TORCHINDUCTOR_*`` / ``TORCHDYNAMO_*`` variables only seed config defaults; ``TORCH_LOGS``,
-# ``PYTORCH_CUDA_ALLOC_CONF``, ``CUDA_*`` are read once), at call time (a few are read lazily), or
-# never again after start-up (``OMP_NUM_THREADS``, which has an in-process equivalent). Setting
-# them all in ``os.environ`` for the duration of a replay is right for the lazy ones and harmless
-# for the rest; the import-time ones are either covered by the recorded config snapshot (the config
-# value they seeded was recorded) or reported as a warning. A child process started with
-# ``--isolate`` gets them all before torch is imported, so nothing is lost there.
-#
-# Machine-specific values (cache and debug directories, trace paths, pointer values) are never
-# copied: PyTorch's own dumps copy them and then point the replay at directories that do not exist.
 
 # Variables whose value is a location or identity on the recording machine.
 _MACHINE_SPECIFIC = re.compile(
@@ -186,23 +156,13 @@ def replayable(name: str, value: str) -> bool:
     return bool(_REPLAYABLE.match(name)) and not _PROGRAM_LIKE.search(name) and not _UNSAFE_VALUE.search(value)
 
 
-def recorded_variables(environment: Mapping[str, Any] | None) -> dict[str, str]:
-    """The name -> value pairs of an environment record (either layout the snapshot may use)."""
-    if not environment:
-        return {}
-    variables = environment.get("variables", environment)
-    if not isinstance(variables, Mapping):
-        return {}
-    return {str(k): str(v) for k, v in variables.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
-
-
-def plan(environment: Mapping[str, Any] | None, *, config_applied: bool) -> tuple[dict[str, str], list[str]]:
+def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tuple[dict[str, str], list[str]]:
     """(variables to set for the replay, warnings about those that cannot take effect)."""
     to_set: dict[str, str] = {}
     warnings: list[str] = []
     late: list[str] = []
     refused: list[str] = []
-    for name, value in sorted(recorded_variables(environment).items()):
+    for name, value in sorted((environment.variables if environment else {}).items()):
         if _MACHINE_SPECIFIC.search(name) or _REDACTED.search(value) or value.startswith("~"):
             continue
         if not replayable(name, value):
@@ -255,7 +215,7 @@ def applied_environment(to_set: Mapping[str, str]) -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-def child_environment(environment: Mapping[str, Any] | None) -> dict[str, str]:
+def child_environment(environment: EnvironmentRecord | None) -> dict[str, str]:
     """The environment for an isolated replay process: this one plus the recorded variables."""
     env = dict(os.environ)
     to_set, _ = plan(environment, config_applied=True)

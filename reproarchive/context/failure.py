@@ -4,16 +4,16 @@ PyTorch's minifier compares errors with ``difflib`` ratios or substring checks a
 unrelated errors. We compare a normalised signature instead: the stage, the exception type and
 the message with everything that legitimately changes between runs (node and buffer names,
 numbers, addresses, paths) masked. Capture writes the record, replay and minify compare against
-it. Records are plain dicts so they go into the archive index unchanged.
+it. The record type itself, ``FailureRecord``, is declared with the rest of the index in
+``reproarchive.format.schema``.
 """
 
 from __future__ import annotations
 
 import re
 import traceback as _traceback
-from typing import Any
 
-STAGES = ("compile", "forward", "backward", "accuracy", "crash", "unknown")
+from reproarchive.format.schema import STAGES, AccuracyReport, FailureRecord
 
 # Order matters: paths and addresses are masked before plain numbers eat their digits.
 _MASKS: list[tuple[re.Pattern[str], str]] = [
@@ -80,7 +80,7 @@ def signature(stage: str, exc_type: str, message: str) -> str:
     return f"{stage}|{exc_type}|{normalise_message(message)}"
 
 
-def record_from_exception(exc: BaseException, stage: str, *, backend: str | None = None) -> dict[str, Any]:
+def record_from_exception(exc: BaseException, stage: str, *, backend: str | None = None) -> FailureRecord:
     """Build the failure record for an exception raised while compiling or running a graph."""
     if stage not in STAGES:
         raise ValueError(f"unknown failure stage {stage!r}")
@@ -88,69 +88,41 @@ def record_from_exception(exc: BaseException, stage: str, *, backend: str | None
     exc_type = exception_type_name(core)
     message = str(core)[:MAX_MESSAGE_CHARS]
     tb = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {
-        "stage": stage,
-        "exception_type": exc_type,
-        "message": message,
-        "traceback": tb[-MAX_TRACEBACK_CHARS:],
-        "signature": signature(stage, exc_type, message),
-        "backend": backend,
-        "accuracy": None,
-    }
+    return FailureRecord(stage=stage, exception_type=exc_type, message=message, traceback=tb[-MAX_TRACEBACK_CHARS:],
+                         signature=signature(stage, exc_type, message), backend=backend)
 
 
-def accuracy_record(details: dict[str, Any], *, backend: str | None = None) -> dict[str, Any]:
+def accuracy_record(report: AccuracyReport, *, backend: str | None = None) -> FailureRecord:
     """Failure record for a compiled result that differs from eager beyond tolerance.
 
-    ``details`` holds the tolerance and the per-output error figures; the signature of every
+    ``report`` holds the tolerance and the per-output error figures; the signature of every
     accuracy failure is the same, because "still wrong" is the only property that matters
     when replaying or minifying one.
     """
-    return {
-        "stage": "accuracy",
-        "exception_type": "AccuracyError",
-        "message": details.get("summary", "compiled result differs from eager"),
-        "traceback": "",
-        "signature": signature("accuracy", "AccuracyError", ""),
-        "backend": backend,
-        "accuracy": details,
-    }
+    return FailureRecord(stage="accuracy", exception_type="AccuracyError",
+                         message=report.summary or "compiled result differs from eager",
+                         signature=signature("accuracy", "AccuracyError", ""), backend=backend, accuracy=report)
 
 
-def crash_record(name: str, message: str, output: str, *, backend: str | None = None) -> dict[str, Any]:
+def crash_record(name: str, message: str, output: str, *, backend: str | None = None) -> FailureRecord:
     """The process running the compiler died (``name``: the signal, e.g. SIGSEGV, or exit
     status). The signature is the signal alone: the crash site's output varies run to run."""
-    return {
-        "stage": "crash",
-        "exception_type": name,
-        "message": message,
-        "traceback": output[-MAX_TRACEBACK_CHARS:],
-        "signature": signature("crash", name, ""),
-        "backend": backend,
-        "accuracy": None,
-    }
+    return FailureRecord(stage="crash", exception_type=name, message=message, traceback=output[-MAX_TRACEBACK_CHARS:],
+                         signature=signature("crash", name, ""), backend=backend)
 
 
-def unknown_record(reason: str, *, backend: str | None = None) -> dict[str, Any]:
-    return {
-        "stage": "unknown",
-        "exception_type": "",
-        "message": reason,
-        "traceback": "",
-        "signature": "",
-        "backend": backend,
-        "accuracy": None,
-    }
+def unknown_record(reason: str, *, backend: str | None = None) -> FailureRecord:
+    return FailureRecord(stage="unknown", message=reason, backend=backend)
 
 
-def same_failure(recorded: dict[str, Any] | None, observed: dict[str, Any] | None) -> bool:
+def same_failure(recorded: FailureRecord | None, observed: FailureRecord | None) -> bool:
     """True when ``observed`` is the failure that ``recorded`` describes.
 
     An unknown recorded failure matches any failure of the same stage class, because the
     archive never knew more than "it failed".
     """
-    if not observed or not recorded:
+    if observed is None or recorded is None:
         return False
-    if recorded.get("stage") == "unknown":
-        return observed.get("stage") not in (None, "unknown")
-    return bool(recorded.get("signature")) and recorded.get("signature") == observed.get("signature")
+    if recorded.stage == "unknown":
+        return observed.stage != "unknown"
+    return bool(recorded.signature) and recorded.signature == observed.signature

@@ -1,9 +1,12 @@
-"""The system snapshot: versions and hardware that take part in compiling and running a graph.
+"""The system record: versions and hardware that take part in compiling and running a graph.
+
+PyTorch's repro scripts say nothing about the CPU, the driver or Triton; "fails there, passes
+here" then has no explanation. ``system_snapshot`` records them, ``system_diff`` says which
+differ and marks the ones that usually change a compiler's behaviour.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import platform
@@ -11,6 +14,8 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from typing import Any
+
+from reproarchive.format.schema import SystemRecord, from_plain
 
 
 #: Distributions whose version changes what torch.compile produces or how it runs.
@@ -196,7 +201,7 @@ def _cuda_info(torch: Any, tools: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=1)
-def _system_snapshot_cached() -> dict[str, Any]:
+def _system_snapshot_cached() -> SystemRecord:
     import torch
 
     tools = _tool_versions()
@@ -207,7 +212,7 @@ def _system_snapshot_cached() -> dict[str, Any]:
     cpu = _cpu_info()
     cpu["capability"] = cpu_capability
     libc = platform.libc_ver()
-    return {
+    return from_plain(SystemRecord, {
         "torch": {
             "version": torch.__version__,
             "git_version": getattr(torch.version, "git_version", None),
@@ -233,10 +238,10 @@ def _system_snapshot_cached() -> dict[str, Any]:
         "nvcc": tools.get("nvcc"),
         "cxx": {"command": tools.get("cxx_command"), "version": tools.get("cxx")},
         "packages": _package_versions(),
-    }
+    })
 
 
-def system_snapshot() -> dict[str, Any]:
+def system_snapshot() -> SystemRecord:
     """Versions and hardware that take part in compiling and running a graph.
 
     Includes torch version and git hash, CUDA/cuDNN/HIP versions, Python, OS, CPU model, vector
@@ -245,44 +250,67 @@ def system_snapshot() -> dict[str, Any]:
     compiler inductor's CPU backend calls, and the versions of the packages in ``PACKAGES``
     (missing ones as None). Without a usable GPU, ``"cuda"`` is ``{"available": False,
     "reason": ...}``. Computed once per process (well under a second; tool queries run
-    concurrently with a 2 s cap) and returned as a fresh copy.
+    concurrently with a 2 s cap).
     """
-    return copy.deepcopy(_system_snapshot_cached())
+    return _system_snapshot_cached()
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-def nested_get(d: Any, *path: str) -> Any:
-    """``d[path[0]][path[1]]...``, or None where a level is missing or not a mapping."""
+def _get(record: Any, *path: str) -> Any:
+    """``record.a.b`` (records) or ``record[a]`` (maps), None where a level is missing."""
     for p in path:
-        if not isinstance(d, Mapping):
+        if record is None:
             return None
-        d = d.get(p)
-    return d
+        record = record.get(p) if isinstance(record, dict) else getattr(record, p, None)
+    return record
 
 
-def _gpu_summary(system: Any) -> Any:
-    devices = nested_get(system, "cuda", "devices")
-    if not nested_get(system, "cuda", "available") or not devices:
+def _gpu_summary(system: SystemRecord) -> Any:
+    devices = _get(system, "cuda", "devices")
+    if not _get(system, "cuda", "available") or not devices:
         return "none"
-    return [f"{d.get('name')} (sm {d.get('capability')})" for d in devices]
+    return [f"{d.name} (sm {d.capability})" for d in devices]
 
 
 #: (label, getter, important). Important differences are the likely reason a replay differs.
 _SYSTEM_FIELDS: tuple[tuple[str, Any, bool], ...] = (
-    ("torch version", lambda s: nested_get(s, "torch", "version"), True),
-    ("torch git hash", lambda s: nested_get(s, "torch", "git_version"), True),
+    ("torch version", lambda s: _get(s, "torch", "version"), True),
+    ("torch git hash", lambda s: _get(s, "torch", "git_version"), True),
     ("GPUs", _gpu_summary, True),
-    ("CUDA version", lambda s: nested_get(s, "torch", "cuda"), True),
-    ("HIP version", lambda s: nested_get(s, "torch", "hip"), True),
-    ("cuDNN version", lambda s: nested_get(s, "cuda", "cudnn"), True),
-    ("GPU driver", lambda s: nested_get(s, "cuda", "driver_version"), False),
-    ("triton version", lambda s: nested_get(s, "packages", "triton") or nested_get(s, "packages", "pytorch-triton"), True),
-    ("CPU ISA", lambda s: nested_get(s, "cpu", "capability"), True),
-    ("CPU model", lambda s: nested_get(s, "cpu", "model"), False),
-    ("C++ compiler", lambda s: nested_get(s, "cxx", "version"), False),
-    ("nvcc", lambda s: nested_get(s, "nvcc"), False),
-    ("Python version", lambda s: nested_get(s, "python", "version"), False),
-    ("OS", lambda s: nested_get(s, "os", "platform"), False),
+    ("CUDA version", lambda s: _get(s, "torch", "cuda"), True),
+    ("HIP version", lambda s: _get(s, "torch", "hip"), True),
+    ("cuDNN version", lambda s: _get(s, "cuda", "cudnn"), True),
+    ("GPU driver", lambda s: _get(s, "cuda", "driver_version"), False),
+    ("triton version", lambda s: _get(s, "packages", "triton") or _get(s, "packages", "pytorch-triton"), True),
+    ("CPU ISA", lambda s: _get(s, "cpu", "capability"), True),
+    ("CPU model", lambda s: _get(s, "cpu", "model"), False),
+    ("C++ compiler", lambda s: _get(s, "cxx", "version"), False),
+    ("nvcc", lambda s: _get(s, "nvcc"), False),
+    ("Python version", lambda s: _get(s, "python", "version"), False),
+    ("OS", lambda s: _get(s, "os", "platform"), False),
 )
+
+
+def system_diff(recorded: SystemRecord, current: SystemRecord | None = None) -> list[dict[str, Any]]:
+    """System facts that differ, as ``{"what", "recorded", "current", "important"}`` rows:
+    "important" ones (torch version or commit, GPU model, CUDA/HIP/cuDNN, Triton, CPU ISA)
+    first, then other fields and package versions. ``current`` defaults to this machine."""
+    if current is None:
+        current = system_snapshot()  # runs nvidia-smi/nvcc/g++: only when needed
+    out: list[dict[str, Any]] = []
+    for label, getter, important in _SYSTEM_FIELDS:
+        rv, cv = getter(recorded), getter(current)
+        if rv != cv:
+            out.append({"what": label, "recorded": rv, "current": cv, "important": important})
+    rec_pk = recorded.packages or {}
+    cur_pk = current.packages or {}
+    for name in sorted(set(rec_pk) | set(cur_pk)):
+        if name in ("torch", "triton", "pytorch-triton"):
+            continue  # reported above
+        if rec_pk.get(name) != cur_pk.get(name):
+            out.append({"what": f"package {name}", "recorded": rec_pk.get(name),
+                        "current": cur_pk.get(name), "important": False})
+    out.sort(key=lambda d: not d["important"])  # stable: keeps the field order within groups
+    return out

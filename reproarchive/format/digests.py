@@ -16,7 +16,7 @@ DEFAULT_ALGORITHM = "sha256"
 ALGORITHMS = ("sha256", "blake3")
 HEX_LENGTH = {"sha256": 64, "blake3": 64}
 
-_DIGEST_RE = re.compile(r"^(sha256|blake3):([0-9a-f]{64})$")
+DIGEST_RE = re.compile(r"^(sha256|blake3):([0-9a-f]{64})$")
 
 
 def new_hasher(algorithm: str):
@@ -50,7 +50,7 @@ def parse(digest: object) -> tuple[str, str]:
     """Split ``algorithm:hex``; raises IndexSchemaError for anything else."""
     if not isinstance(digest, str):
         raise IndexSchemaError(f"digest must be a string, got {type(digest).__name__}")
-    m = _DIGEST_RE.match(digest)
+    m = DIGEST_RE.match(digest)
     if not m:
         raise IndexSchemaError(
             f"malformed digest {digest[:80]!r}", "expected sha256:<64 hex> or blake3:<64 hex>"

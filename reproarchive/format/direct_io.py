@@ -10,7 +10,7 @@ import threading
 
 
 
-class _DirectSink:
+class DirectSink:
     """Writes whole aligned blocks with O_DIRECT, past the page cache, on a writer thread.
 
     In a VM whose fresh pages are slow to touch, copying an archive into new page-cache pages
@@ -47,7 +47,7 @@ class _DirectSink:
         self._fd = fd  # set last: a half-built sink owns nothing, open() closes the descriptor
 
     @classmethod
-    def open(cls, fd: int, base: int) -> "_DirectSink | None":
+    def open(cls, fd: int, base: int) -> "DirectSink | None":
         flag = getattr(os, "O_DIRECT", 0)
         if not flag or base % cls.BLOCK or not sys.platform.startswith("linux"):
             return None

@@ -10,12 +10,7 @@ from typing import Any
 
 import msgpack
 
-from reproarchive.errors import (
-    IndexSchemaError,
-    LimitExceededError,
-)
-
-from reproarchive.format.layout import DEFAULT_LIMITS, Limits
+from reproarchive.errors import IndexSchemaError, LimitExceededError
 
 
 def canonical(obj: Any) -> Any:
@@ -122,12 +117,10 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
         raise IndexSchemaError("index ends in the middle of a msgpack value")
 
 
-def decode_index(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict:
-    check_msgpack_shape(data, max_memory=limits.max_index_memory)
+def decode_index(data: bytes, *, max_memory: int) -> Any:
+    """Plain data from index bytes, after the shape check; ``schema.decode_index`` types it."""
+    check_msgpack_shape(data, max_memory=max_memory)
     try:
-        index = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise IndexSchemaError(f"index is not valid msgpack: {type(exc).__name__}: {str(exc)[:200]}") from exc
-    if not isinstance(index, dict):
-        raise IndexSchemaError("index is not a map")
-    return index

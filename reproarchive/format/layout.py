@@ -1,27 +1,19 @@
-"""The fixed facts of format 1's bytes (spec §2-§5): version, member names, frame sizes,
-magics, footer and seek-table structs, tar headers and the reader's caps.
+"""The fixed facts of format 1's bytes (spec §2-§5): member names, frame sizes, magics, footer
+and seek-table structs, tar headers and the reader's caps.
 
-Writer and reader both take every constant from here, so the two cannot drift apart.
+Writer and reader both take every constant from here, so the two cannot drift apart. The
+format version lives with the records it versions, in ``schema``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import struct
 import tarfile
 
-
-from reproarchive.errors import (
-    UnsafeArchiveError,
-)
-
-
-FORMAT_NAME = "reproarchive"
-FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
-FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+from reproarchive.errors import UnsafeArchiveError
+from reproarchive.format.digests import ALGORITHMS
 
 LAYOUT_MEMBER = "reproarchive-layout"
 INDEX_MEMBER = "index.msgpack"
@@ -38,16 +30,16 @@ FOOTER_FRAME_MAGIC = 0x184D2A50
 SEEK_TABLE_MAGIC = 0x184D2A5E
 SEEKABLE_MAGIC = 0x8F92EAB1
 FOOTER_TAG = b"REPROARC"
-_SKIPPABLE_HEADER = struct.Struct("<II")
-_FOOTER = struct.Struct("<8sHHIQQ32s")  # tag, major, minor, reserved, index frame, index size, sha256
-_SEEK_ENTRY = struct.Struct("<II")
-_SEEK_FOOTER = struct.Struct("<IBI")
-FOOTER_FRAME_SIZE = _SKIPPABLE_HEADER.size + _FOOTER.size
+SKIPPABLE_HEADER = struct.Struct("<II")
+FOOTER_STRUCT = struct.Struct("<8sHHIQQ32s")  # tag, major, minor, reserved, index frame, index size, sha256
+SEEK_ENTRY = struct.Struct("<II")
+SEEK_FOOTER = struct.Struct("<IBI")
+FOOTER_FRAME_SIZE = SKIPPABLE_HEADER.size + FOOTER_STRUCT.size
 TAR_BLOCK = 512
 TAR_EOF = 2 * TAR_BLOCK
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*(?:/[a-z0-9][a-z0-9_.-]*)*$")
-_BLOB_NAME_RE = re.compile(r"^blobs/(sha256|blake3)/[0-9a-f]{64}$")
+_BLOB_NAME_RE = re.compile(rf"^blobs/({'|'.join(ALGORITHMS)})/[0-9a-f]{{64}}$")
 MAX_NAME_LENGTH = 100
 
 
@@ -91,10 +83,6 @@ def tar_header(name: str, size: int) -> bytes:
     info.uname = info.gname = ""
     info.type = tarfile.REGTYPE
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
-
-
-def layout_bytes(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
-    return (json.dumps({"format": FORMAT_NAME, "version": f"{major}.{minor}"}, sort_keys=True) + "\n").encode()
 
 
 def compress_bound(size: int) -> int:

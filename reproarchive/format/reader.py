@@ -28,35 +28,30 @@ from reproarchive.errors import (
     LimitExceededError,
     NotAnArchiveError,
     TruncatedArchiveError,
-    UnsafeArchiveError,
     UnsupportedVersionError,
 )
-
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
     FOOTER_FRAME_MAGIC,
     FOOTER_FRAME_SIZE,
+    FOOTER_STRUCT,
     FOOTER_TAG,
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    FORMAT_NAME,
     INDEX_MEMBER,
     LAYOUT_MEMBER,
     Limits,
-    MAX_FRAME_SIZE,
     MAX_WINDOW_SIZE,
-    MIN_FRAME_SIZE,
-    SEEKABLE_MAGIC,
+    SEEK_ENTRY,
+    SEEK_FOOTER,
     SEEK_TABLE_MAGIC,
+    SEEKABLE_MAGIC,
+    SKIPPABLE_HEADER,
     TAR_BLOCK,
     TAR_EOF,
     ZSTD_MAGIC,
-    check_member_name,
     compress_bound,
     tar_header,
 )
-from reproarchive.format.layout import _FOOTER, _SEEK_ENTRY, _SEEK_FOOTER, _SKIPPABLE_HEADER
-from reproarchive.format.index_codec import decode_index
+from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, Index, decode_index
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,30 +166,30 @@ class ContainerReader:
 
     def _read_tail(self) -> None:
         size = self.file_size
-        if size < FOOTER_FRAME_SIZE + _SKIPPABLE_HEADER.size + _SEEK_FOOTER.size:
+        if size < FOOTER_FRAME_SIZE + SKIPPABLE_HEADER.size + SEEK_FOOTER.size:
             raise self._not_ours(f"only {size} bytes")
-        nframes, descriptor, magic = _SEEK_FOOTER.unpack(self._pread(_SEEK_FOOTER.size, size - _SEEK_FOOTER.size))
+        nframes, descriptor, magic = SEEK_FOOTER.unpack(self._pread(SEEK_FOOTER.size, size - SEEK_FOOTER.size))
         if magic != SEEKABLE_MAGIC:
             raise self._not_ours("no zstd seek table at its end")
         if descriptor != 0:
             raise CorruptArchiveError(f"seek table descriptor is {descriptor:#x}, format 1 requires 0", "the archive is damaged")
         if nframes > self.limits.max_frames:
             raise LimitExceededError(f"archive declares {nframes} frames, more than the limit {self.limits.max_frames}")
-        table_len = nframes * _SEEK_ENTRY.size + _SEEK_FOOTER.size
-        table_start = size - table_len - _SKIPPABLE_HEADER.size
+        table_len = nframes * SEEK_ENTRY.size + SEEK_FOOTER.size
+        table_start = size - table_len - SKIPPABLE_HEADER.size
         footer_start = table_start - FOOTER_FRAME_SIZE
         if footer_start < 0:
             raise TruncatedArchiveError(f"seek table declares {nframes} frames but the file has only {size} bytes")
-        magic, length = _SKIPPABLE_HEADER.unpack(self._pread(_SKIPPABLE_HEADER.size, table_start))
+        magic, length = SKIPPABLE_HEADER.unpack(self._pread(SKIPPABLE_HEADER.size, table_start))
         if magic != SEEK_TABLE_MAGIC or length != table_len:
             raise CorruptArchiveError("seek table frame header is damaged", "the archive is damaged; copy it again")
-        raw = self._pread(nframes * _SEEK_ENTRY.size, table_start + _SKIPPABLE_HEADER.size)
-        self.frames = list(_SEEK_ENTRY.iter_unpack(raw))
-        magic, length = _SKIPPABLE_HEADER.unpack(self._pread(_SKIPPABLE_HEADER.size, footer_start))
-        if magic != FOOTER_FRAME_MAGIC or length != _FOOTER.size:
+        raw = self._pread(nframes * SEEK_ENTRY.size, table_start + SKIPPABLE_HEADER.size)
+        self.frames = list(SEEK_ENTRY.iter_unpack(raw))
+        magic, length = SKIPPABLE_HEADER.unpack(self._pread(SKIPPABLE_HEADER.size, footer_start))
+        if magic != FOOTER_FRAME_MAGIC or length != FOOTER_STRUCT.size:
             raise self._not_ours("no reproarchive footer before the seek table")
-        tag, major, minor, _reserved, index_frame, index_size, index_sha = _FOOTER.unpack(
-            self._pread(_FOOTER.size, footer_start + _SKIPPABLE_HEADER.size)
+        tag, major, minor, _reserved, index_frame, index_size, index_sha = FOOTER_STRUCT.unpack(
+            self._pread(FOOTER_STRUCT.size, footer_start + SKIPPABLE_HEADER.size)
         )
         if tag != FOOTER_TAG:
             raise self._not_ours("footer tag mismatch")
@@ -241,54 +236,30 @@ class ContainerReader:
         if digest != self._index_sha:
             raise CorruptArchiveError("the index does not match the digest in the footer", "the archive is damaged; copy it again")
         self.index_digest = "sha256:" + digest.hex()
-        index = decode_index(bytes(buf), self.limits)
-        if index.get("format") != FORMAT_NAME:
-            raise IndexSchemaError(f"index names format {str(index.get('format'))[:40]!r}, expected {FORMAT_NAME!r}")
-        if index.get("version") != f"{self.version[0]}.{self.version[1]}":
-            raise CorruptArchiveError("index and footer disagree on the format version", "the archive is damaged")
-        self.index = index
+        self.index: Index = decode_index(bytes(buf), self.limits, self.version)
 
     def _check_layout(self) -> None:
-        """Walk the frame table against the member list: every frame must be explained."""
-        container = self.index.get("container")
-        if not isinstance(container, dict):
-            raise IndexSchemaError("index has no container section")
-        frame_size = container.get("frame_size")
-        if type(frame_size) is not int or not MIN_FRAME_SIZE <= frame_size <= MAX_FRAME_SIZE:
-            raise IndexSchemaError(f"frame_size {frame_size!r} is outside [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE}]")
-        raw_members = container.get("members")
-        if not isinstance(raw_members, list) or not raw_members:
-            raise IndexSchemaError("container.members must be a non-empty list")
-        if len(raw_members) > self.limits.max_members:
-            raise LimitExceededError(f"archive declares {len(raw_members)} members, more than the limit {self.limits.max_members}")
+        """Walk the frame table against the member list: every frame must be explained.
+
+        The member list itself (names, counts, sizes) was checked when the index was decoded;
+        this is the geometry of spec §2 and §5 rule 7-8.
+        """
+        container = self.index.container
+        frame_size = container.frame_size
         members: dict[str, Member] = {}
         cursor = 0
         pad = 0
-        total = 0
         nframes = len(self.frames)
 
         def expect_frame(d: int, what: str) -> None:
             if cursor >= nframes or self.frames[cursor][1] != d:
                 raise CorruptArchiveError(f"frame {cursor} does not hold {what} as the index says", "the archive is damaged")
 
-        for i, m in enumerate(raw_members + [None]):
+        for m in (*container.members, None):
             if m is None:
                 name, size, first, count = INDEX_MEMBER, self._index_size, self._index_frame, 1
             else:
-                if not isinstance(m, dict):
-                    raise IndexSchemaError(f"container.members[{i}] is not a map")
-                name, size, first, count = (m.get(k) for k in ("name", "size", "first_frame", "frames"))
-                check_member_name(name)
-                for key, value in (("size", size), ("first_frame", first), ("frames", count)):
-                    if type(value) is not int or value < 0:
-                        raise IndexSchemaError(f"member {name!r} has an invalid {key}: {value!r}")
-                if name in members or name == INDEX_MEMBER:
-                    raise UnsafeArchiveError(f"member {name!r} appears twice", "the archive is unsafe or damaged")
-                if i == 0 and name != LAYOUT_MEMBER:
-                    raise CorruptArchiveError(f"first member is {name!r}, not {LAYOUT_MEMBER!r}", "the archive is damaged")
-                total += size
-                if total > self.limits.max_total_bytes:
-                    raise LimitExceededError(f"members declare more than {self.limits.max_total_bytes} bytes in total")
+                name, size, first, count = m.name, m.size, m.first_frame, m.frames
                 expected_count = -(-size // frame_size)
                 if count != expected_count:
                     raise CorruptArchiveError(f"member {name!r} declares {count} frames; {size} bytes need {expected_count}")

@@ -21,34 +21,41 @@ import sys
 import threading
 from typing import Any, BinaryIO, Callable, Iterable
 
-import zstandard
+import dataclasses
 
+import zstandard
 
 from reproarchive.format.layout import (
     DEFAULT_FRAME_SIZE,
     DEFAULT_LEVEL,
     FOOTER_FRAME_MAGIC,
+    FOOTER_STRUCT,
     FOOTER_TAG,
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    FORMAT_NAME,
-    FORMAT_VERSION,
     INDEX_MEMBER,
     LAYOUT_MEMBER,
     MAX_FRAME_SIZE,
     MAX_LEVEL,
     MIN_FRAME_SIZE,
-    SEEKABLE_MAGIC,
+    SEEK_ENTRY,
+    SEEK_FOOTER,
     SEEK_TABLE_MAGIC,
+    SEEKABLE_MAGIC,
+    SKIPPABLE_HEADER,
     TAR_BLOCK,
     TAR_EOF,
     check_member_name,
-    layout_bytes,
     tar_header,
 )
-from reproarchive.format.layout import _FOOTER, _SEEK_ENTRY, _SEEK_FOOTER, _SKIPPABLE_HEADER
-from reproarchive.format.index_codec import encode_index
-from reproarchive.format.direct_io import _DirectSink
+from reproarchive.format.direct_io import DirectSink
+from reproarchive.format.schema import (
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    ContainerRecord,
+    Index,
+    MemberRecord,
+    encode_index,
+    layout_member_bytes,
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,14 +105,14 @@ class ContainerWriter:
         self._synced = 0
         self._fd = _fileno(fileobj)
         self._base = fileobj.tell()
-        self._direct = _DirectSink.open(self._fd, self._base) if direct_io and self._fd is not None else None
+        self._direct = DirectSink.open(self._fd, self._base) if direct_io and self._fd is not None else None
         self._out = self._direct.write if self._direct is not None else fileobj.write
         self.frames: list[tuple[int, int]] = []  # (compressed, decompressed), as written
-        self.members: list[dict] = []
+        self.members: list[MemberRecord] = []
         self._names: set[str] = set()
         self._pad = 0
         self._finished = False
-        self.add_member(LAYOUT_MEMBER, layout_bytes())
+        self.add_member(LAYOUT_MEMBER, layout_member_bytes())
 
     # -- frames
     def _compress(self, data) -> list:
@@ -167,7 +174,7 @@ class ContainerWriter:
             self._direct.close()
 
     def add_member(self, name: str, data=None, *, size: int | None = None, chunks: Iterable | None = None,
-                   keep: Any = None) -> dict:
+                   keep: Any = None) -> MemberRecord:
         """Add one member from a bytes-like ``data`` or from ``chunks`` totalling ``size`` bytes."""
         if self._finished:
             raise RuntimeError("archive already finished")
@@ -209,32 +216,34 @@ class ContainerWriter:
             raise ValueError(f"member {name!r} got {written} bytes, declared {size}")
         self._pad = (-size) % TAR_BLOCK
         self._names.add(name)
-        member = {"name": name, "size": size, "first_frame": first, "frames": self._nframes - first}
+        member = MemberRecord(name, size, first, self._nframes - first)
         self.members.append(member)
         return member
 
-    def finish(self, index: dict) -> dict:
-        """Write the index member, the tar end, our footer and the seek table. Returns the index."""
-        index = dict(index)
-        index["format"] = FORMAT_NAME
-        index["version"] = FORMAT_VERSION
-        index["container"] = {
-            "frame_size": self._frame_size,
-            "zstd_level": self._level,
-            "zstd_library": ".".join(map(str, zstandard.ZSTD_VERSION)),
-            "members": list(self.members),
-        }
+    def finish(self, index: Index) -> Index:
+        """Write the index member, the tar end, our footer and the seek table.
+
+        ``index`` is complete but for its container section, which only the writer knows; the
+        index as written is returned. A record the schema refuses raises ``SchemaViolation``
+        before anything of the index is written.
+        """
+        index = dataclasses.replace(index, container=ContainerRecord(
+            frame_size=self._frame_size,
+            zstd_level=self._level,
+            zstd_library=".".join(map(str, zstandard.ZSTD_VERSION)),
+            members=tuple(self.members),
+        ))
         data = encode_index(index)
         self._frame(b"\0" * self._pad + tar_header(INDEX_MEMBER, len(data)))
         index_frame = self._nframes
         self._frame(data)
         self._frame(b"\0" * ((-len(data)) % TAR_BLOCK) + b"\0" * TAR_EOF)
         self._drain()
-        footer = _FOOTER.pack(FOOTER_TAG, FORMAT_MAJOR, FORMAT_MINOR, 0, index_frame, len(data), hashlib.sha256(data).digest())
-        self._out(_SKIPPABLE_HEADER.pack(FOOTER_FRAME_MAGIC, _FOOTER.size) + footer)
-        table = b"".join(_SEEK_ENTRY.pack(c, d) for c, d in self.frames)
-        table += _SEEK_FOOTER.pack(len(self.frames), 0, SEEKABLE_MAGIC)
-        self._out(_SKIPPABLE_HEADER.pack(SEEK_TABLE_MAGIC, len(table)) + table)
+        footer = FOOTER_STRUCT.pack(FOOTER_TAG, FORMAT_MAJOR, FORMAT_MINOR, 0, index_frame, len(data), hashlib.sha256(data).digest())
+        self._out(SKIPPABLE_HEADER.pack(FOOTER_FRAME_MAGIC, FOOTER_STRUCT.size) + footer)
+        table = b"".join(SEEK_ENTRY.pack(c, d) for c, d in self.frames)
+        table += SEEK_FOOTER.pack(len(self.frames), 0, SEEKABLE_MAGIC)
+        self._out(SKIPPABLE_HEADER.pack(SEEK_TABLE_MAGIC, len(table)) + table)
         if self._direct is not None:
             # the last partial block goes through the caller's file object, at its offset
             offset, tail = self._direct.finish()

@@ -57,7 +57,7 @@ def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: b
             outcome = replay_graph(
                 gm, list(inputs), backend=backend, recorded_failure=repro.failure, accuracy=accuracy,
                 only_fwd=only_fwd, config=repro.config, environment=repro.environment, system=None,
-                current_config=current_config, source_kind=(repro.source or {}).get("kind"), device=None, tol=tol,
+                current_config=current_config, source_kind=repro.index.source_kind, tol=tol,
                 report_differences=False,
             )
         return outcome.status == REPRODUCED
@@ -119,7 +119,7 @@ def minify_archive(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         repro = load(path, device=device)
-    if not repro.failure or repro.failure.get("stage") in (None, "unknown"):
+    if repro.failure is None or repro.failure.stage == "unknown":
         raise ReproArchiveError(
             "the archive records no failure signature to minify against",
             "replay it first (`reproarchive pack` without --no-replay records one)",

@@ -32,9 +32,12 @@ where and by how much.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from reproarchive.format.schema import AccuracyOutput, AccuracyReport, from_plain
 
 DEFAULT_TOLERANCE = 1e-3
 
@@ -167,7 +170,7 @@ def check_accuracy(
     tol: float = DEFAULT_TOLERANCE,
     use_fp64: bool = True,
     ignore_non_fp: bool = False,
-) -> dict[str, Any]:
+) -> AccuracyReport:
     """Run eager, fp64 and compiled on separate copies of ``args`` and ``compare`` them.
 
     Each run starts from the same RNG state, so graphs with random ops are compared fairly as
@@ -194,9 +197,8 @@ def check_accuracy(
         _set_rng_state(rng, devices)
         compiled = run_forward_backward(compiled_fn, clone_inputs(args), fwd_only=fwd_only)
     report = compare(eager, compiled, fp64, tol=tol, ignore_non_fp=ignore_non_fp)
-    report["fp64_reference"] = "used" if fp64 is not None else f"unavailable ({fp64_error})"
-    report["fwd_only"] = bool(fwd_only)
-    return report
+    return dataclasses.replace(report, fp64_reference="used" if fp64 is not None else f"unavailable ({fp64_error})",
+                               fwd_only=bool(fwd_only))
 
 
 class EagerFailed(Exception):
@@ -409,15 +411,13 @@ def compare(
     *,
     tol: float = DEFAULT_TOLERANCE,
     ignore_non_fp: bool = False,
-) -> dict[str, Any]:
+) -> AccuracyReport:
     """Compare a compiled result with eager (and an optional fp64 reference) by the rule in
     this module's docstring.
 
     The three arguments are any pytrees (tensors, tuples, lists, dicts, scalars), typically the
-    dicts ``run_forward_backward`` returns. Returns ``{"passed", "tolerance", "outputs": [{index,
-    name, shape, dtype, numel, max_abs_error, max_rel_error, mismatched_elements, worst_index,
-    rmse_vs_fp64_eager, rmse_vs_fp64_compiled, passed, rule, reason}], "summary"}``: plain data,
-    ready for a failure record's ``accuracy`` field.
+    dicts ``run_forward_backward`` returns. The report has one ``AccuracyOutput`` per leaf, with
+    its figures, and is what a failure record's ``accuracy`` field holds.
     """
     names, ref_leaves = _flatten(eager_out)
     res_names, res_leaves = _flatten(compiled_out)
@@ -430,7 +430,7 @@ def compare(
     if len(ref_leaves) != len(res_leaves):
         summary = (f"compiled returned {len(res_leaves)} values where eager returned "
                    f"{len(ref_leaves)}")
-        return {"passed": False, "tolerance": tol, "outputs": [], "summary": summary}
+        return AccuracyReport(passed=False, tolerance=tol, summary=summary)
     for i, (name, ref, res) in enumerate(zip(names, ref_leaves, res_leaves)):
         fp64 = fp64_leaves[i] if fp64_leaves is not None else None
         entry = _compare_leaf(ref, res, fp64, tol, ignore_non_fp)
@@ -453,16 +453,6 @@ def compare(
         more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
         summary = (f"{len(failed)} of {len(outputs)} outputs differ from eager beyond tolerance "
                    f"{tol:g}: " + "; ".join(parts) + more)
-    return {"passed": not failed, "tolerance": tol, "outputs": outputs, "summary": summary}
+    return AccuracyReport(passed=not failed, tolerance=tol, summary=summary,
+                          outputs=tuple(from_plain(AccuracyOutput, o) for o in outputs))
 
-
-__all__ = [
-    "DEFAULT_TOLERANCE",
-    "EagerFailed",
-    "check_accuracy",
-    "clone_inputs",
-    "compare",
-    "fp64_reference",
-    "run_forward_backward",
-    "stage_of",
-]

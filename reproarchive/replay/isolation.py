@@ -23,6 +23,7 @@ from typing import Any
 
 from reproarchive import errors
 from reproarchive.context.failure import crash_record
+from reproarchive.format.schema import EnvironmentRecord, FailureRecord, from_plain
 
 _STDERR_TAIL = 8000
 
@@ -37,7 +38,7 @@ def _python_path() -> str:
     return os.pathsep.join(dict.fromkeys(entries))
 
 
-def run_in_child(path: str | os.PathLike, *, environment: dict[str, Any] | None = None, **options: Any):
+def run_in_child(path: str | os.PathLike, *, environment: EnvironmentRecord | None = None, **options: Any):
     """Run ``replay.run(path, isolate=False, **options)`` in a child; return its Outcome."""
     from reproarchive.context.environment import child_environment
     from reproarchive.replay.runner import Outcome, judge
@@ -78,7 +79,7 @@ def run_in_child(path: str | os.PathLike, *, environment: dict[str, Any] | None 
         name = f"exit status {proc.returncode}"
         message = f"the replay process exited with status {proc.returncode} without a result"
     observed = crash_record(name, message, stderr_tail, backend=meta.get("backend"))
-    recorded = meta.get("recorded")
+    recorded = from_plain(FailureRecord, meta["recorded"]) if meta.get("recorded") else None
     status, exit_code = judge(recorded, observed)
     return Outcome(
         status=status,

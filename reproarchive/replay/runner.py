@@ -25,10 +25,19 @@ import warnings as _warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from reproarchive.codec.devices import DeviceSpec, check_spec
 from reproarchive.context import failure as _failure
-from reproarchive.replay.backends import choose_backend, resolve_backend
-from reproarchive.codec.devices import DeviceSpec, check_spec, remap_graph_devices
 from reproarchive.context.environment import applied_environment, plan
+from reproarchive.format.schema import (
+    AccuracyReport,
+    ConfigRecord,
+    EnvironmentRecord,
+    FailureRecord,
+    SystemRecord,
+    from_plain,
+    to_plain,
+)
+from reproarchive.replay.backends import choose_backend, resolve_backend
 
 EXIT_PASSED = 0
 EXIT_REPRODUCED = 1
@@ -61,9 +70,9 @@ class Outcome:
 
     status: str
     exit_code: int
-    observed: dict[str, Any] | None
-    recorded: dict[str, Any] | None
-    accuracy: dict[str, Any] | None = None
+    observed: FailureRecord | None
+    recorded: FailureRecord | None
+    accuracy: AccuracyReport | None = None
     differences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     device: str = "cpu"
     backend: str = ""
@@ -79,20 +88,28 @@ class Outcome:
         """passed, compile error, runtime error (forward/backward), accuracy failure or crash."""
         if self.observed is None:
             return "passed"
-        return _KIND_BY_STAGE.get(self.observed.get("stage", "unknown"), "unknown failure")
+        return _KIND_BY_STAGE.get(self.observed.stage, "unknown failure")
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        """Plain data (what ``run --json`` prints); the records in their archive form."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in ("observed", "recorded", "accuracy"):
+            if data[key] is not None:
+                data[key] = to_plain(data[key])
         data["kind"] = self.kind
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Outcome":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        for key, record in (("observed", FailureRecord), ("recorded", FailureRecord), ("accuracy", AccuracyReport)):
+            if values.get(key) is not None:
+                values[key] = from_plain(record, values[key])
+        return cls(**values)
 
 
-def judge(recorded: dict[str, Any] | None, observed: dict[str, Any] | None) -> tuple[str, int]:
+def judge(recorded: FailureRecord | None, observed: FailureRecord | None) -> tuple[str, int]:
     if observed is None:
         return PASSED, EXIT_PASSED
     if _failure.same_failure(recorded, observed):
@@ -109,32 +126,29 @@ def replay_graph(
     args: list[Any],
     *,
     backend: str,
-    recorded_failure: dict[str, Any] | None = None,
+    recorded_failure: FailureRecord | None = None,
     accuracy: bool = False,
     only_fwd: bool = False,
-    config: Mapping[str, Any] | None = None,
-    environment: Mapping[str, Any] | None = None,
-    system: Mapping[str, Any] | None = None,
+    config: ConfigRecord | None = None,
+    environment: EnvironmentRecord | None = None,
+    system: SystemRecord | None = None,
     current_config: bool = False,
     source_kind: str | None = None,
-    device: DeviceSpec = None,
     tol: float | None = None,
     report_differences: bool = True,
 ) -> Outcome:
-    """Compile ``gm`` with ``backend``, run it on ``args`` and judge the result.
+    """Compile ``gm`` with ``backend``, run it on ``args`` (already on their devices) and judge
+    the result.
 
     ``config``/``environment``/``system`` are the archive's snapshot records: the config is
     applied for the duration (unless ``current_config``), the environment variables that can be
     set in-process are set, and all three are diffed against this machine for the report
     (``report_differences=False`` skips that: it takes fresh snapshots, and the minifier, which
     replays hundreds of candidates, does not need it).
-    Raises BackendUnavailableError / DeviceUnavailableError (exit 125) when it cannot run here.
+    Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
-    check_spec(device)
     compiler_fn = resolve_backend(backend)
     warnings: list[str] = []
-    if device is not None:
-        remap_graph_devices(gm, device)
     config_applied = bool(config) and not current_config
     env_to_set, env_warnings = plan(environment, config_applied=config_applied)
     warnings.extend(env_warnings)
@@ -142,7 +156,7 @@ def replay_graph(
         warnings.append("running with this machine's torch config (--current-config), not the recorded one")
 
     needs_backward = not only_fwd and (
-        (recorded_failure or {}).get("stage") == "backward" or any(t.requires_grad for t in _iter_tensors(args))
+        (recorded_failure is not None and recorded_failure.stage == "backward") or any(t.requires_grad for t in _iter_tensors(args))
     )
     observed: dict[str, Any] | None = None
     details: dict[str, Any] | None = None
@@ -169,7 +183,7 @@ def replay_graph(
         accuracy=details,
         differences=differences(config=config, environment=environment, system=system,
                                 config_applied=config_applied) if report_differences else [],
-        device=_describe_device(args, device),
+        device=_describe_device(args, None),
         backend=backend,
         warnings=warnings,
         ran_backward=ran_backward,
@@ -189,8 +203,8 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
         if accuracy:
             kwargs = {} if tol is None else {"tol": tol}
             report = _accuracy.check_accuracy(gm, compiled, args, fwd_only=fwd_only, **kwargs)
-            ran_backward = any(str(o.get("name", "")).startswith("grad") for o in report.get("outputs") or [])
-            if report.get("passed"):
+            ran_backward = any(str(o.name or "").startswith("grad") for o in report.outputs)
+            if report.passed:
                 return None, report, ran_backward
             return _failure.accuracy_record(report, backend=backend), report, ran_backward
         result = _accuracy.run_forward_backward(compiled, _accuracy.clone_inputs(args), fwd_only=fwd_only)
@@ -292,9 +306,9 @@ def _dedupe(items) -> list[str]:
 
 def differences(
     *,
-    config: Mapping[str, Any] | None,
-    environment: Mapping[str, Any] | None,
-    system: Mapping[str, Any] | None,
+    config: ConfigRecord | None,
+    environment: EnvironmentRecord | None,
+    system: SystemRecord | None,
     config_applied: bool = True,
 ) -> list[dict[str, Any]]:
     """Differences that could explain a different outcome, most telling first.
@@ -306,16 +320,18 @@ def differences(
     """
     from reproarchive.context.config import config_diff, config_snapshot
     from reproarchive.context.environment import environment_diff
+    from reproarchive.context.system import system_diff
 
     rows: list[dict[str, Any]] = []
     try:
-        if environment is not None or system is not None:
-            for row in environment_diff(environment, system):
-                what = "environment" if str(row.get("what", "")).startswith("env ") else "system"
-                name = str(row.get("what", ""))
-                rows.append({"what": what, "name": name[4:] if what == "environment" else name,
-                             "recorded": row.get("recorded"), "current": row.get("current"),
-                             "important": bool(row.get("important"))})
+        if system is not None:
+            for row in system_diff(system):
+                rows.append({"what": "system", "name": row["what"], "recorded": row["recorded"],
+                             "current": row["current"], "important": row["important"]})
+        if environment is not None:
+            for row in environment_diff(environment):
+                rows.append({"what": "environment", "name": row["what"].removeprefix("env "), "recorded": row["recorded"],
+                             "current": row["current"], "important": row["important"]})
         if config:
             for row in config_diff(config, config_snapshot()):
                 status = row.get("status")
@@ -363,21 +379,20 @@ def run(
                    current_config=current_config, tol=tol)
     index = _peek_index(path) if isolate is not False else None
     if isolate is None:
-        isolate = ((index or {}).get("failure") or {}).get("stage") == "crash"
+        isolate = index is not None and index.failure is not None and index.failure.stage == "crash"
     if isolate:
         from reproarchive.replay.isolation import run_in_child
 
-        return run_in_child(path, environment=(index or {}).get("environment"), **options)
+        return run_in_child(path, environment=index.environment if index else None, **options)
     return run_here(path, progress=progress, **options)
 
 
-def _peek_index(path) -> dict[str, Any] | None:
+def _peek_index(path):
     """The archive's records without loading its tensors."""
-    from reproarchive.archive.validation import validate_index
     from reproarchive.format.reader import ContainerReader
 
     with ContainerReader(path) as reader:
-        return validate_index(reader)
+        return reader.index
 
 
 def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
@@ -393,7 +408,7 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
     chosen = choose_backend(backend, repro.backend)
     resolve_backend(chosen)
     if on_start is not None:
-        on_start({"recorded": repro.failure, "backend": chosen, "digest": repro.digest,
+        on_start({"recorded": to_plain(repro.failure) if repro.failure else None, "backend": chosen, "digest": repro.digest,
                   "device": _describe_device(repro.args, device), "warnings": load_warnings,
                   "config": "current" if current_config else "recorded"})
     outcome = replay_graph(
@@ -407,8 +422,7 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         environment=repro.environment,
         system=repro.system,
         current_config=current_config,
-        source_kind=(repro.source or {}).get("kind"),
-        device=None,  # load already put inputs and graph constants where ``device`` says
+        source_kind=repro.index.source_kind,
         tol=tol,
     )
     outcome.device = _describe_device(repro.args, device)

@@ -62,6 +62,7 @@ time ``capture()`` is called.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -74,6 +75,7 @@ from typing import Any
 
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.context import failure as _failure
+from reproarchive.format.schema import AccuracyReport, ConfigRecord, FailureRecord
 from reproarchive.context.config import config_snapshot
 from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.system import system_snapshot
@@ -214,7 +216,7 @@ class _CaptureBackend:
             return compiled
         return self._checked_on_first_call(compiled, gm, pristine_gm, config)
 
-    def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: dict) -> Callable:
+    def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord) -> Callable:
         """Wrap ``compiled`` so that its first call is checked before it runs for real.
 
         The check cannot run inside the backend call: there Dynamo's compile context is still
@@ -237,7 +239,7 @@ class _CaptureBackend:
         run.__reproarchive_compiled__ = compiled  # type: ignore[attr-defined]
         return run
 
-    def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: dict) -> None:
+    def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord) -> None:
         versions = _versions(args)
         report = None
         try:
@@ -262,7 +264,7 @@ class _CaptureBackend:
                 raise
             self._fail(pristine_gm, args, versions, exc, _accuracy.stage_of(exc), config)
             raise
-        if report is not None and not report["passed"]:
+        if report is not None and not report.passed:
             self._accuracy_failed(pristine_gm, args, versions, report, config)
 
     # -- config -----------------------------------------------------------------------------
@@ -281,18 +283,18 @@ class _CaptureBackend:
 
     # -- failure paths ---------------------------------------------------------------------------
 
-    def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str, config: dict) -> None:
+    def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str, config: ConfigRecord) -> None:
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
         path, error = self._write(gm, inputs, versions, record, config)
         _annotate(exc, path, error)
 
-    def _accuracy_failed(self, gm: Any, inputs: list[Any], versions: list, report: dict, config: dict) -> None:
+    def _accuracy_failed(self, gm: Any, inputs: list[Any], versions: list, report: AccuracyReport, config: ConfigRecord) -> None:
         from torch._dynamo.debug_utils import AccuracyError
 
         record = _failure.accuracy_record(report, backend=self.backend_name)
         path, error = self._write(gm, inputs, versions, record, config)
         where = f"archive written to {path}" if path else f"no archive written: {error}"
-        message = f"compiled result differs from eager: {report['summary']}\n[reproarchive] {where}"
+        message = f"compiled result differs from eager: {report.summary}\n[reproarchive] {where}"
         if self.settings["on_accuracy"] == "warn":
             warnings.warn(message, CaptureWarning, stacklevel=3)
             return
@@ -301,11 +303,11 @@ class _CaptureBackend:
         err.reproarchive_record = record  # type: ignore[attr-defined]
         raise err
 
-    def _write(self, gm: Any, inputs: list[Any], versions: list, record: dict, config: dict) -> tuple[Path | None, str | None]:
+    def _write(self, gm: Any, inputs: list[Any], versions: list, record: FailureRecord, config: ConfigRecord) -> tuple[Path | None, str | None]:
         """Write the archive; never let a problem here hide the user's original failure."""
         modified = _modified_inputs(inputs, versions)
         if modified:
-            record["inputs_modified"] = modified
+            record = dataclasses.replace(record, inputs_modified=tuple(modified))
         try:
             destination = self._destination(gm, inputs, record)
             written = _write_archive(
@@ -316,10 +318,10 @@ class _CaptureBackend:
             log.warning("reproarchive.capture could not write an archive: %s: %s", type(err).__name__, err)
             return None, f"{type(err).__name__}: {err}"
         self.written.append(Path(written))
-        log.warning("reproarchive: %s failure captured in %s", record.get("stage"), written)
+        log.warning("reproarchive: %s failure captured in %s", record.stage, written)
         return Path(written), None
 
-    def _destination(self, gm: Any, inputs: list[Any], record: dict) -> Path:
+    def _destination(self, gm: Any, inputs: list[Any], record: FailureRecord) -> Path:
         if _is_file_target(self.target):
             self.target.parent.mkdir(parents=True, exist_ok=True)
             return self.target
@@ -337,8 +339,8 @@ def _write_archive(
     inputs: list[Any],
     destination: Path,
     *,
-    config: dict,
-    failure: dict,
+    config: ConfigRecord,
+    failure: FailureRecord,
     backend: str,
     accuracy: bool,
     capture_settings: dict,
@@ -347,7 +349,7 @@ def _write_archive(
 
     source = {
         "kind": "capture",
-        "stage": failure.get("stage"),
+        "stage": failure.stage,
         "fwd_only": bool(capture_settings.get("fwd_only")),
         "tolerance": capture_settings.get("tolerance"),
         "check_runtime": bool(capture_settings.get("check_runtime")),
@@ -440,7 +442,7 @@ def _preserved_state(gm: Any, inputs: Sequence[Any]):
                         b.copy_(saved)
 
 
-def _short_hash(gm: Any, inputs: Sequence[Any], record: dict) -> str:
+def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:
     import torch
 
     h = hashlib.sha256()
@@ -453,7 +455,7 @@ def _short_hash(gm: Any, inputs: Sequence[Any], record: dict) -> str:
             h.update(f"T{tuple(a.shape)}{a.stride()}{a.dtype}{a.device.type}{a.requires_grad};".encode())
         else:
             h.update(f"V{type(a).__name__}:{a!r};".encode())
-    h.update(str(record.get("signature", "")).encode())
+    h.update(record.signature.encode())
     return h.hexdigest()[:12]
 
 

@@ -19,12 +19,20 @@ from __future__ import annotations
 import os
 import textwrap
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.codec.tensors import storage_view
 from reproarchive.errors import ReproArchiveError
 from reproarchive.context.environment import plan
+from reproarchive.format.schema import (
+    ConfigRecord,
+    EnvironmentRecord,
+    FailureRecord,
+    SystemRecord,
+    TensorValue,
+    TorchInfo,
+)
 
 _INDENT = "    "
 
@@ -45,7 +53,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, Any
     devices = _recorded_devices(repro)
     return write_export(
         repro.gm, list(repro.args), out_dir,
-        backend=repro.backend, source_kind=(repro.source or {}).get("kind"),
+        backend=repro.backend, source_kind=repro.index.source_kind,
         accuracy=bool(repro.accuracy), config=repro.config, environment=repro.environment,
         system=repro.system, failure=repro.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest,
@@ -54,17 +62,8 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, Any
 
 def _recorded_devices(repro: Any) -> list[str | None]:
     """The device each input was recorded on, from the index (the loaded args are on CPU)."""
-    index = getattr(repro, "index", None) or {}
-    storages = index.get("storages") or []
-    out: list[str | None] = []
-    for rec in index.get("inputs") or []:
-        device = rec.get("device") if isinstance(rec, Mapping) else None
-        if device is None and isinstance(rec, Mapping):
-            sidx = rec.get("storage")
-            if isinstance(sidx, int) and 0 <= sidx < len(storages):
-                device = storages[sidx].get("device")
-        out.append(device)
-    return out
+    index = repro.index
+    return [index.storages[rec.storage].device if isinstance(rec, TensorValue) else None for rec in index.inputs]
 
 
 def write_export(
@@ -75,10 +74,10 @@ def write_export(
     backend: str | None,
     source_kind: str | None = None,
     accuracy: bool = False,
-    config: Mapping[str, Any] | None = None,
-    environment: Mapping[str, Any] | None = None,
-    system: Mapping[str, Any] | None = None,
-    failure: Mapping[str, Any] | None = None,
+    config: ConfigRecord | None = None,
+    environment: EnvironmentRecord | None = None,
+    system: SystemRecord | None = None,
+    failure: FailureRecord | None = None,
     fidelity: list[str] | None = None,
     recorded_devices: list[str | None] | None = None,
     archive_name: str = "",
@@ -242,14 +241,14 @@ class _Script:
                      "value": "value"}.get(fid, fid)
             table.append(f"  {i:<3} {placeholders[i] if i < len(placeholders) else '?':<24} {what:<32} {label}")
 
-        needs_backward = (failure or {}).get("stage") == "backward" or any(
+        needs_backward = (failure is not None and failure.stage == "backward") or any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args)
         header = _header(archive_name, digest, system, failure, backend, source_kind, table)
         env_to_set, _ = plan(environment, config_applied=False)
         env_lines = "".join(f"os.environ[{k!r}] = {v!r}\n" for k, v in env_to_set.items())
         config_lines = "".join(
             f"_set_config({mod!r}, {key!r}, {value!r})\n"
-            for mod, values in sorted(((config or {}).get("changed") or {}).items())
+            for mod, values in sorted((config.changed if config else {}).items())
             for key, value in sorted(values.items())
             if (mod, key) not in _machine_specific(config)
         )
@@ -269,8 +268,8 @@ class _Script:
         ).lstrip()
 
 
-def _machine_specific(config: Mapping[str, Any] | None) -> set[tuple[str, str]]:
-    return {(m.get("module"), m.get("key")) for m in (config or {}).get("machine_specific") or []}
+def _machine_specific(config: ConfigRecord | None) -> set[tuple[str, str]]:
+    return {(m.module, m.key) for m in config.machine_specific} if config else set()
 
 
 def _plain_tensor_attrs(gm: Any, known: set[str]):
@@ -287,7 +286,7 @@ def _plain_tensor_attrs(gm: Any, known: set[str]):
 
 
 def _header(archive_name, digest, system, failure, backend, source_kind, table) -> str:
-    torch_rec = (system or {}).get("torch") or {}
+    torch_rec = (system.torch if system else None) or TorchInfo()
     lines = [
         f"Standalone reproduction exported by reproarchive from {archive_name or 'an archive'}",
         f"({digest or 'unknown digest'}).",
@@ -295,13 +294,13 @@ def _header(archive_name, digest, system, failure, backend, source_kind, table) 
         "    python repro.py [--device DEV] [--backend NAME] [--accuracy/--no-accuracy] [--only-fwd] [--dynamo]",
         "It raises the recorded error (or AssertionError for an accuracy failure), or prints 'no failure'.",
         "",
-        f"Recorded with torch {torch_rec.get('version', '?')} (git {torch_rec.get('git_version', '?')}),"
-        f" CUDA {torch_rec.get('cuda')}.",
+        f"Recorded with torch {torch_rec.version or '?'} (git {torch_rec.git_version or '?'}),"
+        f" CUDA {torch_rec.cuda}.",
         f"Backend: {backend}   graph: {source_kind or 'after_dynamo'}",
     ]
     if failure:
-        msg = (failure.get("message") or "").strip().splitlines()
-        lines.append(f"Recorded failure ({failure.get('stage')}): {failure.get('exception_type')}"
+        msg = failure.message.strip().splitlines()
+        lines.append(f"Recorded failure ({failure.stage}): {failure.exception_type}"
                      + (f": {msg[0][:200]}" if msg else ""))
     else:
         lines.append("Recorded failure: none")

@@ -63,11 +63,9 @@ def dtypes():
     raw = torch.arange(64, dtype=torch.uint8) * 37 % 251
     inputs = []
     names = []
-    from reproarchive.codec.tensors import DTYPES, _QUANTIZED
+    from reproarchive.codec.tensors import DTYPES
 
     for name in sorted(DTYPES):
-        if name in _QUANTIZED:
-            continue
         dt = DTYPES[name]
         size = dt.itemsize
         n = 64 // size

@@ -11,7 +11,7 @@ import torch.fx as fx
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import reproarchive
-from reproarchive.codec.tensors import DTYPES, _QUANTIZED
+from reproarchive.codec.tensors import DTYPES
 
 
 def identity_graph(n: int) -> fx.GraphModule:
@@ -33,7 +33,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return sa.nbytes() == sb.nbytes() and bytes(sa) == bytes(sb)
 
 
-STORABLE = sorted(n for n in DTYPES if n not in _QUANTIZED and DTYPES[n].itemsize > 0)
+STORABLE = sorted(n for n in DTYPES if DTYPES[n].itemsize > 0)
 
 
 @pytest.mark.parametrize("name", STORABLE)
@@ -95,8 +95,8 @@ def test_scalars_symints_and_nesting(tmp_path):
     repro = roundtrip(tmp_path, values)
     assert repro.args[:7] == [7, -2.5, float("inf"), True, None, "text", (1, [2.0, None], (False,))]
     assert repro.args[7] == symints[0].node.hint and type(repro.args[7]) is int
-    sym = repro.index["inputs"][7]
-    assert sym["kind"] == "symint" and sym["expr"]
+    sym = repro.index.inputs[7]
+    assert sym.TAG == "symint" and sym.expr
 
 
 def test_zero_storage_is_stored_without_blob_and_duplicate_content_once(tmp_path):
@@ -150,7 +150,7 @@ def test_graph_with_modules_attributes_and_device_constants(tmp_path):
     assert torch.equal(repro.gm(*repro.args), gm(x))
     conv = repro.gm.get_submodule("seq.0")
     assert isinstance(conv, torch.nn.Conv2d) and conv.padding == (1, 1)
-    assert "torch.nn.modules.conv.Conv2d" in {e.get("class") for e in repro.index["graph"]["module_state"]}
+    assert "torch.nn.modules.conv.Conv2d" in {getattr(e, "class_name", None) for e in repro.index.graph.module_state}
 
 
 def test_higher_order_subgraphs(tmp_path):
@@ -169,7 +169,7 @@ def test_higher_order_subgraphs(tmp_path):
     path = reproarchive.pack(gm, inputs, tmp_path / "c.tar.zst")
     repro = reproarchive.load(path)
     assert torch.equal(repro.gm(*repro.args)[0], gm(*inputs)[0])
-    kinds = {e["kind"] for e in repro.index["graph"]["module_state"]}
+    kinds = {e.TAG for e in repro.index.graph.module_state}
     assert "graph" in kinds
 
 

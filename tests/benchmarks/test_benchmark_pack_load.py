@@ -21,6 +21,7 @@ from reproarchive.archive import loading, packing
 from reproarchive.format import digests as digest, layout, reader, writer
 
 from benchmarks import pack_load
+from support.records import minimal_index
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +142,7 @@ def test_thread_count_and_direct_io_do_not_change_bytes(tmp_path, monkeypatch):
         data = bytes(range(256)) * 3000
         w.add_member("a", data)
         w.add_member("b", size=len(data), chunks=[data[:1000], data[1000:]])
-        w.finish({})
+        w.finish(minimal_index())
 
     plain = io.BytesIO()
     write(plain)

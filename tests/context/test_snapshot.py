@@ -16,13 +16,22 @@ from reproarchive.context import config as snapshot
 from reproarchive.context.config import applied_config, config_diff, config_snapshot
 from reproarchive.context.environment import environment_diff, environment_snapshot
 from reproarchive.context.redaction import redact_paths
-from reproarchive.context.system import system_snapshot
+from reproarchive.context.system import system_diff, system_snapshot
+from reproarchive.format.schema import from_plain, to_plain
 
 INJECT = "cpp.inject_relu_bug_TESTING_ONLY"
 
 
-def msgpack_roundtrip(value):
-    return msgpack.unpackb(msgpack.packb(value), strict_map_key=True)
+def msgpack_roundtrip(record):
+    """The record as an archive stores and a reader gets it back."""
+    return from_plain(type(record), msgpack.unpackb(msgpack.packb(to_plain(record)), strict_map_key=True))
+
+
+def edited(record, edit):
+    """A copy of ``record`` with ``edit`` applied to its plain form."""
+    plain = to_plain(record)
+    edit(plain)
+    return from_plain(type(record), plain)
 
 
 def _custom_pass(graph):  # a user's custom pass: code, so never storable
@@ -36,56 +45,56 @@ def _custom_pass(graph):  # a user's custom pass: code, so never storable
 def test_config_snapshot_records_every_module_in_full_as_plain_data():
     snap = config_snapshot()
     for mod in snapshot.CONFIG_MODULES:
-        assert mod in snap["modules"], mod
-    inductor = snap["modules"]["torch._inductor.config"]
+        assert mod in snap.modules, mod
+    inductor = snap.modules["torch._inductor.config"]
     # full values, defaults included, nested classes flattened with dotted keys
     assert inductor[INJECT] is None
     assert "triton.cudagraphs" in inductor
     assert len(inductor) > 100
     assert msgpack_roundtrip(snap) == snap
     # a tuple default is stored as a list with its container type recorded
-    assert snap["types"]["torch._inductor.config"]["cpp.cxx"] == "tuple"
+    assert snap.types["torch._inductor.config"]["cpp.cxx"] == "tuple"
     assert inductor["cpp.cxx"] == list(inductor_config.cpp.cxx)
 
 
 def test_changed_setting_shows_with_its_default():
-    assert INJECT not in config_snapshot()["changed"].get("torch._inductor.config", {})
+    assert INJECT not in config_snapshot().changed.get("torch._inductor.config", {})
     with inductor_config.patch({INJECT: "accuracy", "max_autotune": True}):
         snap = config_snapshot()
-    changed = snap["changed"]["torch._inductor.config"]
+    changed = snap.changed["torch._inductor.config"]
     assert changed[INJECT] == "accuracy"
     assert changed["max_autotune"] is True
-    assert snap["defaults"]["torch._inductor.config"][INJECT] is None
-    assert snap["modules"]["torch._inductor.config"][INJECT] == "accuracy"
+    assert snap.defaults["torch._inductor.config"][INJECT] is None
+    assert snap.modules["torch._inductor.config"][INJECT] == "accuracy"
 
 
 def test_assigning_the_default_value_is_not_a_change():
     with inductor_config.patch({INJECT: None}):
         snap = config_snapshot()
-    assert INJECT not in snap["changed"].get("torch._inductor.config", {})
+    assert INJECT not in snap.changed.get("torch._inductor.config", {})
 
 
 def test_custom_pass_is_listed_as_unrepresentable_never_dropped():
     with inductor_config.patch(post_grad_custom_post_pass=_custom_pass):
         snap = config_snapshot()
-    entries = [u for u in snap["unrepresentable"]
-               if (u["module"], u["key"]) == ("torch._inductor.config", "post_grad_custom_post_pass")]
+    entries = [u for u in snap.unrepresentable
+               if (u.module, u.key) == ("torch._inductor.config", "post_grad_custom_post_pass")]
     assert len(entries) == 1
     entry = entries[0]
-    assert "callable" in entry["reason"] and "_custom_pass" in entry["reason"]
-    assert "_custom_pass" in entry["repr"] and " at 0x" not in entry["repr"]
-    assert entry["changed"] is True
-    assert "post_grad_custom_post_pass" not in snap["modules"]["torch._inductor.config"]
+    assert "callable" in entry.reason and "_custom_pass" in entry.reason
+    assert "_custom_pass" in entry.repr and " at 0x" not in entry.repr
+    assert entry.changed is True
+    assert "post_grad_custom_post_pass" not in snap.modules["torch._inductor.config"]
     assert msgpack_roundtrip(snap) == snap
 
 
 def test_machine_specific_paths_are_flagged_and_redacted():
     home = os.path.expanduser("~")
     snap = config_snapshot()
-    flagged = {(m["module"], m["key"]) for m in snap["machine_specific"]}
+    flagged = {(m.module, m.key) for m in snap.machine_specific}
     assert ("torch._dynamo.config", "debug_dir_root") in flagged
     for mod, key in flagged:
-        value = str(snap["modules"][mod][key])
+        value = str(snap.modules[mod][key])
         assert os.getcwd() not in value or os.getcwd() == "/"
         if home not in ("/", "~"):
             assert home + "/" not in value
@@ -106,8 +115,8 @@ def test_applied_config_applies_and_restores_exactly():
     assert inductor_config.max_autotune is False
     # "not set by the user" comes back too, not merely the default value
     assert (inductor_config._is_default(INJECT), inductor_config._is_default("max_autotune")) == before
-    assert config_snapshot()["changed"] == config_snapshot()["changed"]  # stable
-    assert "torch._inductor.config" not in config_snapshot()["changed"]
+    assert config_snapshot().changed == config_snapshot().changed  # stable
+    assert "torch._inductor.config" not in config_snapshot().changed
 
 
 def test_applied_config_restores_after_an_exception_and_only_changed():
@@ -124,8 +133,12 @@ def test_applied_config_restores_after_an_exception_and_only_changed():
 def test_applied_config_skips_missing_and_never_touches_unrepresentable():
     with inductor_config.patch(post_grad_custom_post_pass=_custom_pass):
         recorded = config_snapshot()
-    recorded["modules"]["torch._inductor.config"]["no_such_setting_in_this_torch"] = 1
-    recorded["modules"]["torch._not_a_config_module"] = {"x": 1}
+
+    def add_unknown(plain):
+        plain["modules"]["torch._inductor.config"]["no_such_setting_in_this_torch"] = 1
+        plain["modules"]["torch._not_a_config_module"] = {"x": 1}
+
+    recorded = edited(recorded, add_unknown)
 
     def live_pass(graph):
         return None
@@ -143,7 +156,7 @@ def test_config_diff_reports_changed_missing_and_unrepresentable():
     base = config_snapshot()
     with inductor_config.patch({INJECT: "accuracy", "post_grad_custom_post_pass": _custom_pass}):
         current = config_snapshot()
-    base["modules"]["torch._inductor.config"]["removed_in_this_torch"] = True
+    base = edited(base, lambda plain: plain["modules"]["torch._inductor.config"].update(removed_in_this_torch=True))
     diff = {(d["module"], d["key"]): d for d in config_diff(base, current)}
     assert diff[("torch._inductor.config", INJECT)]["status"] == "differs"
     assert diff[("torch._inductor.config", INJECT)]["recorded"] is None
@@ -176,23 +189,23 @@ def test_environment_selection_and_secret_redaction(monkeypatch, tmp_path):
         "GITHUB_TOKEN": "ghp_x",
     }
     env = environment_snapshot(environ)
-    v = env["variables"]
+    v = env.variables
     assert v["TORCHINDUCTOR_CACHE_DIR"] == "~/cache/inductor"
     for name in ("TORCH_HUB_TOKEN", "TRITON_API_KEY", "NCCL_SECRET", "torch_password"):
-        assert v[name] == "<redacted>" and name in env["redacted"]
+        assert v[name] == "<redacted>" and name in env.redacted
     assert v["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] == "<process-specific>"
-    assert "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR" in env["redacted"]
+    assert "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR" in env.redacted
     assert v["OMP_NUM_THREADS"] == "4" and v["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert v["MKL_NUM_THREADS"] == "2" and v["MY_DYNAMO_FLAG"] == "1"
     assert "PATH" not in v and "GITHUB_TOKEN" not in v  # not selected at all
-    packed = msgpack.packb(env)
+    packed = msgpack.packb(to_plain(env))
     for secret in (b"hf_abc123", b"139869695953952", str(home).encode()):
         assert secret not in packed
 
 
 def test_environment_snapshot_reads_os_environ(monkeypatch):
     monkeypatch.setenv("TORCH_REPROARCHIVE_TEST_VAR", "x")
-    assert environment_snapshot()["variables"]["TORCH_REPROARCHIVE_TEST_VAR"] == "x"
+    assert environment_snapshot().variables["TORCH_REPROARCHIVE_TEST_VAR"] == "x"
 
 
 def test_redact_paths_respects_component_boundaries(monkeypatch, tmp_path):
@@ -213,42 +226,41 @@ def test_redact_paths_respects_component_boundaries(monkeypatch, tmp_path):
 def test_system_snapshot_content():
     system = system_snapshot()
     assert msgpack_roundtrip(system) == system
-    assert system["torch"]["version"] == torch.__version__
-    assert system["torch"]["git_version"] == torch.version.git_version
-    assert system["python"]["version"].count(".") == 2
+    assert system.torch.version == torch.__version__
+    assert system.torch.git_version == torch.version.git_version
+    assert system.python.version.count(".") == 2
     try:
         numpy_version = importlib.metadata.version("numpy")
     except importlib.metadata.PackageNotFoundError:  # torch does not require numpy
         numpy_version = None
-    assert system["packages"]["numpy"] == numpy_version
-    assert "triton" in system["packages"]  # None when absent, never missing
-    assert system["cpu"]["count"] == os.cpu_count()
+    assert system.packages["numpy"] == numpy_version
+    assert "triton" in system.packages  # None when absent, never missing
+    assert system.cpu.count == os.cpu_count()
     if not torch.cuda.is_available():
-        assert system["cuda"]["available"] is False
-        assert system["cuda"]["reason"]
+        assert system.cuda.available is False
+        assert system.cuda.reason
     else:  # pragma: no cover - GPU machines
-        assert system["cuda"]["device_count"] == torch.cuda.device_count()
-        assert system["cuda"]["devices"][0]["capability"]
-    # a fresh copy each time: callers may edit what they get
-    system["torch"]["version"] = "edited"
-    assert system_snapshot()["torch"]["version"] == torch.__version__
+        assert system.cuda.device_count == torch.cuda.device_count()
+        assert system.cuda.devices[0].capability
 
 
 def test_environment_diff_highlights_torch_and_gpu_changes():
     system = system_snapshot()
     env = environment_snapshot({"TORCH_LOGS": "+dynamo"})
-    recorded = msgpack_roundtrip(system)
-    recorded["torch"]["version"] = "2.0.0"
-    recorded["torch"]["git_version"] = "0" * 40
-    recorded["cuda"] = {"available": True, "version": "12.4",
-                        "devices": [{"name": "NVIDIA H100", "capability": "9.0"}]}
-    recorded["packages"]["numpy"] = "1.0.0"
+    def older_machine(plain):
+        plain["torch"]["version"] = "2.0.0"
+        plain["torch"]["git_version"] = "0" * 40
+        plain["cuda"] = {"available": True, "version": "12.4", "devices": [{"name": "NVIDIA H100", "capability": "9.0"}]}
+        plain["packages"]["numpy"] = "1.0.0"
+
+    recorded = edited(system, older_machine)
     recorded_env = environment_snapshot({"TORCH_LOGS": "+inductor"})
-    diff = environment_diff(recorded_env, recorded, env, system)
+    diff = system_diff(recorded, system) + environment_diff(recorded_env, env)
     whats = [d["what"] for d in diff]
     assert {"torch version", "torch git hash", "GPUs"} <= set(whats)
-    important = [d for d in diff if d["important"]]
-    assert diff[: len(important)] == important  # most consequential first
+    system_rows = system_diff(recorded, system)
+    important = [d for d in system_rows if d["important"]]
+    assert system_rows[: len(important)] == important  # most consequential first
     assert any(d["what"] == "package numpy" and d["recorded"] == "1.0.0" for d in diff)
     assert any(d["what"] == "env TORCH_LOGS" for d in diff)
-    assert environment_diff(env, system, env, system) == []
+    assert system_diff(system, system) == [] and environment_diff(env, env) == []

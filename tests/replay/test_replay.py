@@ -7,6 +7,8 @@ show that the recorded config, not this process's, decides the replay.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import signal
@@ -20,6 +22,7 @@ from reproarchive.context import failure as failure_mod
 from reproarchive.context import config as snapshot
 from reproarchive.codec.devices import parse_device_option, target_for
 from reproarchive.errors import BackendUnavailableError, DeviceUnavailableError, ReproArchiveError
+from reproarchive.format.schema import EnvironmentRecord
 from reproarchive.replay.runner import replay_graph
 
 try:
@@ -72,9 +75,9 @@ def cli(*args):
 @pytest.mark.parametrize("kind, stage", [("compile", "compile"), ("runtime", "forward"), ("accuracy", "accuracy")])
 def test_recorded_failure_reproduces(archives, kind, stage):
     outcome = reproarchive.run(archives[kind])
-    assert outcome.recorded["stage"] == stage
+    assert outcome.recorded.stage == stage
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1)
-    assert outcome.observed["signature"] == outcome.recorded["signature"]
+    assert outcome.observed.signature == outcome.recorded.signature
     code, out = cli("run", archives[kind])
     assert code == 1 and "REPRODUCED" in out
 
@@ -82,10 +85,10 @@ def test_recorded_failure_reproduces(archives, kind, stage):
 def test_accuracy_failure_has_per_output_figures(archives):
     outcome = reproarchive.run(archives["accuracy"])
     assert outcome.kind == "accuracy failure"
-    failing = [o for o in outcome.accuracy["outputs"] if not o["passed"]]
-    assert failing and all(o["max_abs_error"] > 0.5 for o in failing)  # relu(x) became x + 1
-    assert outcome.accuracy["fp64_reference"] == "used"
-    assert any(o["name"].startswith("grad") for o in outcome.accuracy["outputs"])  # backward was compared
+    failing = [o for o in outcome.accuracy.outputs if not o.passed]
+    assert failing and all(o.max_abs_error > 0.5 for o in failing)  # relu(x) became x + 1
+    assert outcome.accuracy.fp64_reference == "used"
+    assert any(o.name.startswith("grad") for o in outcome.accuracy.outputs)  # backward was compared
     code, out = cli("run", archives["accuracy"])
     assert "max abs error" in out
     # Without the comparison the wrong result goes unnoticed: the run passes.
@@ -104,7 +107,7 @@ def test_backend_failing_differently_is_exit_3(archives):
     assert code == 3, out
     assert "DIFFERENT FAILURE" in out and "ReluCompileError" in out and "ReluRuntimeError" in out
     outcome = reproarchive.run(archives["runtime"], backend="relu_compile_error_TESTING_ONLY")
-    assert outcome.status == "different failure" and outcome.observed["stage"] == "compile"
+    assert outcome.status == "different failure" and outcome.observed.stage == "compile"
 
 
 def test_json_output(archives):
@@ -187,17 +190,15 @@ def _graph_with_device_constant(tmp_path, recorded_device):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_graph_runs_on_cpu_with_remapping(tmp_path):
     path = _graph_with_device_constant(tmp_path, "cuda:0")
-    from reproarchive.archive.loading import load
-
-    repro = load(path, device="cpu")
     for spec in ("cpu", {"cuda:0": "cpu"}, {"cuda": "cpu"}):
         outcome = reproarchive.run(path, device=spec)
         assert outcome.exit_code == 0, (spec, outcome.observed)
         assert outcome.device == "cpu"
     with pytest.raises(DeviceUnavailableError):
         reproarchive.run(path, device="cuda")
-    # replay_graph on an in-memory graph remaps its constants too.
-    outcome = replay_graph(repro.gm, repro.args, backend="eager", device={"cuda": "cpu"})
+    # the one place devices are mapped is load: graph constants follow the inputs
+    mapped = reproarchive.load(path, device={"cuda": "cpu"})
+    outcome = replay_graph(mapped.gm, mapped.args, backend="eager")
     assert outcome.exit_code == 0, outcome.observed
 
 
@@ -228,9 +229,9 @@ def helper_module(tmp_path, monkeypatch):
 def test_isolate_reports_abort_as_crash(archives, helper_module):
     outcome = reproarchive.run(archives["compile"], backend=f"{helper_module}:abort_backend", isolate=True)
     assert outcome.isolated
-    assert outcome.observed["stage"] == "crash"
-    assert outcome.observed["exception_type"] == "SIGABRT"
-    assert str(int(signal.SIGABRT)) in outcome.observed["message"]
+    assert outcome.observed.stage == "crash"
+    assert outcome.observed.exception_type == "SIGABRT"
+    assert str(int(signal.SIGABRT)) in outcome.observed.message
     assert (outcome.status, outcome.exit_code) == ("different failure", 3)
 
 
@@ -249,7 +250,7 @@ def test_module_function_backend_and_recorded_crash_reproduces(tmp_path, helper_
     with pytest.raises(reproarchive.ReproArchiveError, match="--backend"):
         reproarchive.run(path)
     outcome = reproarchive.run(path, backend=f"{helper_module}:abort_backend")
-    assert outcome.isolated and outcome.observed["exception_type"] == "SIGABRT"
+    assert outcome.isolated and outcome.observed.exception_type == "SIGABRT"
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1)
     # The same archive with a module:function backend that works, in-process.
     outcome = reproarchive.run(path, backend=f"{helper_module}:passing_backend", isolate=False)
@@ -299,9 +300,9 @@ def test_current_config_reports_the_config_difference(archives):
     repro = load(archives["compile"])
     config = repro.config
     changed = {"torch._inductor.config": {"cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}}
-    config = {**config, "modules": {**config["modules"]}, "changed": changed}
-    config["modules"]["torch._inductor.config"] = {**config["modules"]["torch._inductor.config"],
-                                                   "cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}
+    modules = {**config.modules, "torch._inductor.config": {**config.modules["torch._inductor.config"],
+                                                            "cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}}
+    config = dataclasses.replace(config, modules=modules, changed=changed)
     outcome = replay_graph(repro.gm, repro.args, backend="eager", config=config, current_config=True)
     names = [d["name"] for d in outcome.differences if d["what"] == "config"]
     assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY" in names
@@ -332,13 +333,13 @@ def test_recorded_environment_variables_are_set_for_the_replay(archives, monkeyp
     from reproarchive.archive.loading import load
 
     repro = load(archives["compile"])
-    env = {"variables": {"TORCH_REPLAY_TEST_FLAG": "1", "TORCHINDUCTOR_CACHE_DIR": "/somewhere/else",
-                         "TORCH_LOGS": "+dynamo", "SECRET_TORCH_TOKEN": "<redacted>"}}
+    env = EnvironmentRecord(variables={"TORCH_REPLAY_TEST_FLAG": "1", "TORCHINDUCTOR_CACHE_DIR": "/somewhere/else",
+                                       "TORCH_LOGS": "+dynamo", "SECRET_TORCH_TOKEN": "<redacted>"})
     monkeypatch.delenv("TORCH_REPLAY_TEST_FLAG", raising=False)
     seen = {}
 
     def spy(gm, example_inputs):
-        seen.update({k: os.environ.get(k) for k in env["variables"]})
+        seen.update({k: os.environ.get(k) for k in env.variables})
         return gm
 
     import sys

@@ -18,6 +18,7 @@ import reproarchive
 from reproarchive.cli import main
 from reproarchive.context.environment import child_environment, plan
 from reproarchive.context.config import applied_config, config_snapshot
+from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, from_plain, to_plain
 
 MARKER_MODULE = "reproarchive_marker_for_tests"
 
@@ -59,11 +60,12 @@ def test_recorded_custom_backend_is_not_imported_without_consent(tmp_path, marke
 def test_recorded_config_never_imports_modules_or_sets_programs(marker_module):
     import torch._inductor.config as inductor_config
 
-    record = config_snapshot()
-    record["modules"][MARKER_MODULE] = {"anything": 1}
-    record["modules"]["torch._inductor.config"]["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
-    record["changed"].setdefault("torch._inductor.config", {})["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
-    record["modules"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] = "compile_error"
+    plain = to_plain(config_snapshot())
+    plain["modules"][MARKER_MODULE] = {"anything": 1}
+    plain["modules"]["torch._inductor.config"]["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
+    plain["changed"].setdefault("torch._inductor.config", {})["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
+    plain["modules"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] = "compile_error"
+    record = from_plain(ConfigRecord, plain)
     before = inductor_config.cpp.cxx
     with applied_config(record) as result:
         assert inductor_config.cpp.cxx == before
@@ -76,8 +78,9 @@ def test_recorded_config_never_imports_modules_or_sets_programs(marker_module):
 
 def test_recorded_environment_cannot_set_loaders_or_compilers(monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_FREEZING", raising=False)
-    env = {"variables": {"LD_PRELOAD": "/tmp/evil.so", "PYTHONPATH": "/tmp", "CXX": "sh", "TORCHINDUCTOR_FREEZING": "1",
-                         "TORCH_LOGS": "x;rm -rf /", "TORCHINDUCTOR_CXX_FLAGS": "-O0"}}
+    env = EnvironmentRecord(variables={"LD_PRELOAD": "/tmp/evil.so", "PYTHONPATH": "/tmp", "CXX": "sh",
+                                       "TORCHINDUCTOR_FREEZING": "1", "TORCH_LOGS": "x;rm -rf /",
+                                       "TORCHINDUCTOR_CXX_FLAGS": "-O0"})
     to_set, warnings = plan(env, config_applied=True)
     assert to_set == {"TORCHINDUCTOR_FREEZING": "1"}
     assert any("LD_PRELOAD" in w and "CXX" in w for w in warnings)

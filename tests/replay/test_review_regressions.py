@@ -9,6 +9,7 @@ import torch
 import torch.fx as fx
 
 import reproarchive
+from reproarchive.format.schema import AccuracyOutput, AccuracyReport, FailureRecord
 from reproarchive.context.failure import signature
 from reproarchive.context.config import safe_to_apply
 
@@ -60,8 +61,8 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
     x = g.placeholder("x")
     g.output((g.call_function(torch.relu, (x,)),))
     gm = fx.GraphModule(torch.nn.Module(), g)
-    failure = {"stage": "compile", "exception_type": "OSError", "message": r"cannot open C:\Users\me\x.so",
-               "traceback": "", "signature": "", "backend": "eager", "accuracy": None}
+    failure = FailureRecord(stage="compile", exception_type="OSError", message=r"cannot open C:\Users\me\x.so",
+                            backend="eager")
     report = write_export(gm, [torch.ones(2)], tmp_path / "out", backend="eager", failure=failure)
     ast.parse(open(report["script"]).read())
 
@@ -71,8 +72,8 @@ def test_run_report_prints_mismatches_without_error_figures():
 
     from reproarchive.cli.replay_cmds import format_outcome
 
-    outcome = Outcome(status="reproduced", exit_code=1, observed={"stage": "accuracy"}, recorded={"stage": "accuracy"},
-                      accuracy={"tolerance": 1e-3, "outputs": [{"name": "output[0]", "passed": False,
-                                                               "rule": "shape", "max_abs_error": None,
-                                                               "reason": "shape [2] vs [3]"}]})
+    failure = FailureRecord(stage="accuracy")
+    report = AccuracyReport(passed=False, tolerance=1e-3, outputs=(
+        AccuracyOutput(name="output[0]", passed=False, rule="shape", reason="shape [2] vs [3]"),))
+    outcome = Outcome(status="reproduced", exit_code=1, observed=failure, recorded=failure, accuracy=report)
     assert "shape [2] vs [3]" in format_outcome(outcome)

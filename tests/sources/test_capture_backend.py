@@ -70,17 +70,17 @@ def test_compile_error_is_archived_with_real_inputs_and_reraised(tmp_path):
     assert archive_path(exc) == str(path)
 
     repro = reproarchive.load(path)
-    assert repro.failure["stage"] == "compile"
-    assert repro.failure["exception_type"].endswith("ReluCompileError")
+    assert repro.failure.stage == "compile"
+    assert repro.failure.exception_type.endswith("ReluCompileError")
     assert repro.backend == "relu_compile_error_TESTING_ONLY"
     assert repro.fidelity == ["real", "real"]
     assert torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], y0)
     assert repro.args[1].requires_grad
     assert "torch.relu" in repro.gm.code and "add_" in repro.gm.code
-    assert repro.source["kind"] == "capture"
-    assert repro.config["modules"]["torch._inductor.config"]
-    assert "variables" in repro.environment
-    assert repro.system["torch"]["version"] == torch.__version__
+    assert repro.source.kind == "capture"
+    assert repro.config.modules["torch._inductor.config"]
+    assert repro.environment.variables is not None
+    assert repro.system.torch.version == torch.__version__
 
 
 def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):
@@ -93,9 +93,9 @@ def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):
     # the check ran on copies: the caller's tensors are untouched, gradients included
     assert torch.equal(x, x0) and torch.equal(y.detach(), y0) and y.grad is None
     repro = reproarchive.load(path)
-    assert repro.failure["stage"] == "forward"
-    assert repro.failure["signature"] == "forward|AssertionError|ReluRuntimeError"
-    assert "inputs_modified" not in repro.failure
+    assert repro.failure.stage == "forward"
+    assert repro.failure.signature == "forward|AssertionError|ReluRuntimeError"
+    assert repro.failure.inputs_modified == ()
     assert torch.equal(repro.args[0], x0)
     # the archived graph is the one Dynamo traced, not the backend's rewrite of it
     assert "torch.relu" in repro.gm.code and "_assert" not in repro.gm.code
@@ -121,8 +121,8 @@ def backward_bug_backend(gm, example_inputs):
 def test_backward_failure_is_staged_as_backward(tmp_path):
     exc, _, _ = failing_call(plain_fn, backward_bug_backend, tmp_path)
     repro = reproarchive.load(only_archive(tmp_path))
-    assert repro.failure["stage"] == "backward"
-    assert "injected backward failure" in repro.failure["message"]
+    assert repro.failure.stage == "backward"
+    assert "injected backward failure" in repro.failure.message
     assert repro.backend.endswith(":backward_bug_backend")  # importable module:function form
     assert "injected backward failure" in str(exc)
 
@@ -142,14 +142,14 @@ def test_accuracy_failure_records_per_output_figures(tmp_path):
     assert str(path) in str(exc)
     repro = reproarchive.load(path)
     failure = repro.failure
-    assert failure["stage"] == "accuracy" and repro.accuracy is True
-    details = failure["accuracy"]
-    assert details["passed"] is False and details["tolerance"] == pytest.approx(1e-3)
-    out0 = details["outputs"][0]
-    assert out0["name"] == "output[0]" and out0["shape"] == [3, 4] and out0["dtype"] == "float32"
-    assert out0["passed"] is False and out0["max_abs_error"] >= 1.0 - 1e-6  # relu -> x + 1
-    assert out0["rmse_vs_fp64_compiled"] > out0["rmse_vs_fp64_eager"]
-    assert any(o["name"].startswith("grad of input") for o in details["outputs"])
+    assert failure.stage == "accuracy" and repro.accuracy is True
+    details = failure.accuracy
+    assert details.passed is False and details.tolerance == pytest.approx(1e-3)
+    out0 = details.outputs[0]
+    assert out0.name == "output[0]" and out0.shape == (3, 4) and out0.dtype == "float32"
+    assert out0.passed is False and out0.max_abs_error >= 1.0 - 1e-6  # relu -> x + 1
+    assert out0.rmse_vs_fp64_compiled > out0.rmse_vs_fp64_eager
+    assert any(o.name.startswith("grad of input") for o in details.outputs)
     assert torch.equal(repro.args[0], x0)
 
 
@@ -160,7 +160,7 @@ def test_accuracy_failure_can_warn_instead_of_raising(tmp_path):
     with pytest.warns(CaptureWarning, match="differs from eager"):
         torch.compile(plain_fn, backend=backend)(x, y)
     repro = reproarchive.load(only_archive(tmp_path))
-    assert repro.failure["accuracy"]["tolerance"] == pytest.approx(1e-2)
+    assert repro.failure.accuracy.tolerance == pytest.approx(1e-2)
 
 
 def test_without_accuracy_a_wrong_result_is_not_a_failure(tmp_path):
@@ -183,8 +183,8 @@ def test_real_inductor_cpp_bug_injector_accuracy(tmp_path):
     path = only_archive(tmp_path)
     assert archive_path(info.value) == str(path)
     repro = reproarchive.load(path)
-    assert repro.backend == "inductor" and repro.failure["stage"] == "accuracy"
-    assert repro.config["changed"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] == "accuracy"
+    assert repro.backend == "inductor" and repro.failure.stage == "accuracy"
+    assert repro.config.changed["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] == "accuracy"
     assert torch.equal(repro.args[0], x)
 
 
@@ -241,7 +241,7 @@ def test_file_target_and_default_directory(tmp_path, monkeypatch):
     with pytest.raises(Exception):
         torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=target))(x, y)
     assert target.is_file()
-    assert reproarchive.load(target).failure["stage"] == "compile"
+    assert reproarchive.load(target).failure.stage == "compile"
 
     torch._dynamo.reset()
     monkeypatch.setenv("REPROARCHIVE_DIR", str(tmp_path / "from_env"))
@@ -282,7 +282,7 @@ def test_records_passed_to_pack(tmp_path, monkeypatch):
     assert seen["destination"].parent == tmp_path
     assert seen["destination"].name.startswith("repro-") and seen["destination"].name.endswith(".tar.zst")
     assert seen["backend"] == "relu_runtime_error_TESTING_ONLY" and seen["accuracy"] is False
-    assert seen["failure"]["stage"] == "forward" and seen["failure"]["backend"] == seen["backend"]
+    assert seen["failure"].stage == "forward" and seen["failure"].backend == seen["backend"]
     assert seen["capture_settings"]["tolerance"] == 0.5
     assert [n.op for n in seen["gm"].graph.nodes].count("placeholder") == len(seen["inputs"])
 

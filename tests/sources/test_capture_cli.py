@@ -48,7 +48,7 @@ def test_capture_packs_the_failure_and_keeps_exit_code(captured):
     # PyTorch's dumps went to capture's scratch folder, not into the user's directory
     assert leftovers == ["inputs.pt", "prog.py"]
     repro = reproarchive.load(archives[0])
-    assert repro.failure["stage"] == "forward"
+    assert repro.failure.stage == "forward"
     assert repro.backend == "relu_runtime_error_TESTING_ONLY"
     assert repro.fidelity == ["real"] * 4
 

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 import msgpack
 import zstandard
 
-from reproarchive.format import index_codec, layout
+from reproarchive.format import index_codec, layout, schema
 from reproarchive.format.layout import (
     FOOTER_FRAME_MAGIC,
     FOOTER_TAG,
@@ -60,10 +60,10 @@ ALL = frozenset(LIB_OPS)
 FULL = frozenset({"verify", "unpack"})
 NONE: frozenset = frozenset()
 
-_FOOTER = struct.Struct("<8sHHIQQ32s")
+FOOTER_STRUCT = struct.Struct("<8sHHIQQ32s")
 _SKIP = struct.Struct("<II")
-_SEEK_ENTRY = struct.Struct("<II")
-_SEEK_FOOTER = struct.Struct("<IBI")
+SEEK_ENTRY = struct.Struct("<II")
+SEEK_FOOTER = struct.Struct("<IBI")
 
 
 @dataclasses.dataclass
@@ -144,7 +144,7 @@ def parse(data: bytes) -> Parsed:
             nframes = len(r.frames)
             table_start = len(data) - (nframes * 8 + 9) - 8
             return Parsed(
-                index=r.index, members=members, frames=list(r.frames), frame_offsets=list(r.frame_offsets),
+                index=schema.to_plain(r.index), members=members, frames=list(r.frames), frame_offsets=list(r.frame_offsets),
                 footer_start=table_start - layout.FOOTER_FRAME_SIZE, table_start=table_start,
                 index_frame=r._index_frame, member_frames={m.name: (m.first_frame, m.frames) for m in ordered},
                 frame_size=r.frame_size,
@@ -160,8 +160,8 @@ def assemble(
     *,
     index_bytes: bytes | None = None,
     frame_size: int = layout.DEFAULT_FRAME_SIZE,
-    major: int = layout.FORMAT_MAJOR,
-    minor: int = layout.FORMAT_MINOR,
+    major: int = schema.FORMAT_MAJOR,
+    minor: int = schema.FORMAT_MINOR,
     reserved: int = 0,
     headers: dict[str, bytes] | None = None,
     compressed: dict[int, bytes] | None = None,
@@ -204,9 +204,9 @@ def assemble(
             comp = _CCTX.compress(raw)
         out.write(comp)
         table.append((len(comp), len(raw)))
-    footer = _FOOTER.pack(FOOTER_TAG, major, minor, reserved, index_frame, len(index_bytes), hashlib.sha256(index_bytes).digest())
-    out.write(_SKIP.pack(FOOTER_FRAME_MAGIC, _FOOTER.size) + footer)
-    seek = b"".join(_SEEK_ENTRY.pack(c, d) for c, d in table) + _SEEK_FOOTER.pack(len(table), 0, SEEKABLE_MAGIC)
+    footer = FOOTER_STRUCT.pack(FOOTER_TAG, major, minor, reserved, index_frame, len(index_bytes), hashlib.sha256(index_bytes).digest())
+    out.write(_SKIP.pack(FOOTER_FRAME_MAGIC, FOOTER_STRUCT.size) + footer)
+    seek = b"".join(SEEK_ENTRY.pack(c, d) for c, d in table) + SEEK_FOOTER.pack(len(table), 0, SEEKABLE_MAGIC)
     out.write(_SKIP.pack(SEEK_TABLE_MAGIC, len(seek)) + seek)
     return out.getvalue()
 
@@ -307,12 +307,12 @@ def byte_cases(valid: bytes, p: Parsed, *, all_offsets: bool = True) -> list[Cas
     entry0 = p.table_start + 8
     c0, d0 = p.frames[0]
     c1, d1 = p.frames[1]
-    shifted = patch(entry0, _SEEK_ENTRY.pack(c0 + 1, d0) + _SEEK_ENTRY.pack(c1 - 1, d1))
+    shifted = patch(entry0, SEEK_ENTRY.pack(c0 + 1, d0) + SEEK_ENTRY.pack(c1 - 1, d1))
     cases.append(Case("seek_entry_shifted", "seektable", shifted, FULL))
     # decompressed size lie on a blob frame (sizes no longer match the index)
     bf = p.member_frames[_blob_names(p)[0]][0]
     cases.append(Case("seek_entry_blob_size", "seektable",
-                      patch(entry0 + 8 * bf, _SEEK_ENTRY.pack(p.frames[bf][0], p.frames[bf][1] + 1)), ALL))
+                      patch(entry0 + 8 * bf, SEEK_ENTRY.pack(p.frames[bf][0], p.frames[bf][1] + 1)), ALL))
     return cases
 
 
@@ -339,7 +339,7 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
         index["future_section"] = {"anything": [1, 2, 3]}
 
     def newer_minor_members(members):
-        newer = layout.layout_bytes(1, 9)
+        newer = schema.layout_member_bytes(1, 9)
         members = _replace_member(members, LAYOUT_MEMBER, newer)
         return members + [("notes/readme.txt", b"a member a newer minor version added\n")]
 
@@ -351,7 +351,7 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
             index["version"] = f"{major}.{minor}"
 
         def edit_members(members):
-            return _replace_member(members, LAYOUT_MEMBER, layout.layout_bytes(major, minor))
+            return _replace_member(members, LAYOUT_MEMBER, schema.layout_member_bytes(major, minor))
 
         return rebuild(p, edit_index, edit_members, major=major, minor=minor)
 
@@ -361,7 +361,7 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
     cases.append(Case("version_major_65535", "version", version(65535, 0), ALL, ("UnsupportedVersionError",)))
     cases.append(Case("version_index_disagrees", "version", rebuild(p, lambda i: i.update(version="1.1")), ALL))
     cases.append(Case("version_layout_disagrees", "version",
-                      rebuild(p, None, lambda m: _replace_member(m, LAYOUT_MEMBER, layout.layout_bytes(1, 1))), FULL))
+                      rebuild(p, None, lambda m: _replace_member(m, LAYOUT_MEMBER, schema.layout_member_bytes(1, 1))), FULL))
     cases.append(Case("format_name_wrong", "version", rebuild(p, lambda i: i.update(format="safetensors")), ALL))
     return cases
 
@@ -401,7 +401,7 @@ def tar_cases(valid: bytes, p: Parsed, workdir: Path, escape_root: Path) -> list
     ]
     plain_members = []
     for label, info, data in evil:
-        entries = [(_info("reproarchive-layout", size=len(layout.layout_bytes())), layout.layout_bytes())]
+        entries = [(_info("reproarchive-layout", size=len(schema.layout_member_bytes())), schema.layout_member_bytes())]
         entries.append((info, data) if data is not None else info)
         if label == "symlink_then_write":
             entries.append((_info("link2/escaped_via_symlink", size=5), b"evil\n"))
@@ -607,9 +607,10 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
         ("operator_attrgetter", "operator.attrgetter", ["__class__"]),
         ("importlib", "importlib.import_module", ["os"]),
         ("malformed", "torch.add(1)", [1]),
-        ("not_a_string", 12345, [1]),
     ]:
         add(f"target_{label}", "targets", rebuild(p, graph_edit(set_call(target, args))), ALL, ("UnsafeArchiveError",))
+    # a record of the wrong type is a schema error, before any allowlist is asked
+    add("target_not_a_string", "targets", rebuild(p, graph_edit(set_call(12345, [1]))), ALL, ("IndexSchemaError",))
     # Names under an allowed prefix that reach something else only once torch has imported that
     # module: verify/inspect check what a name resolves to where it resolves; load always does.
     for label, target in [("alias_symbolic_shapes_os", "torch.fx.experimental.symbolic_shapes.os.system"),

@@ -1,0 +1,378 @@
+"""Typed records <-> plain msgpack data, driven by the dataclass declarations in ``schema``.
+
+The index is declared once, as dataclasses; this module derives from those declarations the one
+converter in each direction, so a field cannot be read one way and written another. It plays the
+role of torch.export's ``_dict_to_dataclass`` / ``_dataclass_to_dict``, with two additions the
+format needs:
+
+* **where**: a type error names the field path (``storages[3].size``), so the one-line error a
+  user sees says exactly which record is wrong;
+* **open records**: informative sections (system, source, ...) keep keys this version does not
+  know in an ``extra`` field and write them back, because readers must ignore unknown keys
+  (spec §10) without dropping them when an archive is rewritten (minify keeps its parent's
+  records).
+
+Converters are built once per class and cached; decoding a record is a loop over precomputed
+(key, converter) pairs, cheap enough for indexes of hundreds of thousands of nodes.
+
+Field options (``dataclasses.field(metadata=...)``):
+
+* ``key``: the map key when it differs from the attribute name (``class`` is a keyword);
+* ``omit``: when encoding, leave the key out if the value is ``None`` (``"none"``) or empty
+  (``"empty"``); by default every field is written, so a record's encoding has a fixed key set;
+* ``extra``: this field collects unknown keys (an open record).
+
+Tagged unions are declared with ``Tagged(key, {tag: class})``; a class's tag is its ``TAG``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from typing import Any, Callable, Union
+
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 63) - 1
+MAX_PLAIN_DEPTH = 32
+
+
+class SchemaViolation(Exception):
+    """A value does not fit the schema; ``path`` names where (outermost first).
+
+    Neutral on purpose: reading an archive turns it into ``IndexSchemaError`` (the archive is
+    bad), writing one into ``PackError`` (the caller handed us something the format cannot
+    hold).
+    """
+
+    def __init__(self, problem: str, path: tuple = ()):
+        super().__init__(problem)
+        self.problem = problem
+        self.path = path
+
+    def at(self, step) -> "SchemaViolation":
+        return SchemaViolation(self.problem, (step, *self.path))
+
+    @property
+    def where(self) -> str:
+        out = ""
+        for step in self.path:
+            out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+        return out or "index"
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tagged:
+    """A union of record classes told apart by the value under ``key``."""
+
+    key: str
+    classes: dict[str, type]
+
+
+class PlainData:
+    """Marker type: any plain msgpack data (checked for shape and depth, kept as is)."""
+
+
+# --------------------------------------------------------------------------------------------
+# plain data
+
+
+def check_plain(value: Any, depth: int = 0) -> Any:
+    """Nil, bool, int64, float, str, bytes, and lists / string-keyed maps of these."""
+    if value is None or type(value) in (bool, float, str, bytes):
+        return value
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise SchemaViolation(f"integer {value} does not fit in 64 bits")
+        return int(value)
+    for base in (float, str, bytes):  # a subclass is stored as its builtin base
+        if isinstance(value, base):
+            return base(value)
+    if depth >= MAX_PLAIN_DEPTH:
+        raise SchemaViolation(f"data nests deeper than {MAX_PLAIN_DEPTH} levels")
+    if isinstance(value, (list, tuple)):
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(check_plain(v, depth + 1))
+            except SchemaViolation as exc:
+                raise exc.at(i) from None
+        return out
+    if isinstance(value, dict):
+        out_map = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise SchemaViolation(f"map key {k!r} is not a string")
+            try:
+                out_map[k] = check_plain(v, depth + 1)
+            except SchemaViolation as exc:
+                raise exc.at(k) from None
+        return out_map
+    raise SchemaViolation(f"holds a {type(value).__name__}, which is not plain data")
+
+
+# --------------------------------------------------------------------------------------------
+# scalar converters
+
+
+# Subclasses (torch's TorchVersion is a str, IntEnum an int) are accepted and stored as the
+# base type; bool is never an int here, although Python says it is.
+
+
+def _int(v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise SchemaViolation(f"expected an integer, got {_kind(v)}")
+    if not INT_MIN <= v <= INT_MAX:
+        raise SchemaViolation(f"integer {v} does not fit in 64 bits")
+    return int(v)
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    raise SchemaViolation(f"expected a number, got {_kind(v)}")
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise SchemaViolation(f"expected a string, got {_kind(v)}")
+    return str(v)
+
+
+def _bool(v: Any) -> bool:
+    if type(v) is not bool:
+        raise SchemaViolation(f"expected true or false, got {_kind(v)}")
+    return v
+
+
+def _bytes(v: Any) -> bytes:
+    if type(v) is not bytes:
+        raise SchemaViolation(f"expected binary data, got {_kind(v)}")
+    return v
+
+
+def _kind(v: Any) -> str:
+    names = {type(None): "nil", bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+             bytes: "binary data", list: "a list", tuple: "a list", dict: "a map"}
+    return names.get(type(v), type(v).__name__)
+
+
+_SCALARS: dict[Any, Callable[[Any], Any]] = {int: _int, float: _float, str: _str, bool: _bool, bytes: _bytes}
+
+
+# --------------------------------------------------------------------------------------------
+# building converters from type hints
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    module = __import__(cls.__module__, fromlist=["_"])
+    return typing.get_type_hints(cls, vars(module), include_extras=True)
+
+
+def decoder_for(tp: Any) -> Callable[[Any], Any]:
+    if tp is Any or tp is PlainData:
+        return check_plain
+    if isinstance(tp, Tagged):
+        return _tagged_decoder(tp)
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    custom = getattr(tp, "__plain_decode__", None)
+    if custom is not None:
+        return custom
+    if dataclasses.is_dataclass(tp):
+        return lambda v, tp=tp: decode(tp, v)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return decoder_for(args[1] if isinstance(args[1], Tagged) else args[0])
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1 and len(args) == 2:
+            conv = decoder_for(inner[0])
+            return lambda v, conv=conv: None if v is None else conv(v)
+        raise TypeError(f"unsupported union {tp}")
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        conv = decoder_for(args[0])
+        return lambda v, conv=conv: _decode_list(v, conv)
+    if origin is dict:
+        conv = decoder_for(args[1])
+        return lambda v, conv=conv: _decode_map(v, conv)
+    raise TypeError(f"unsupported field type {tp}")
+
+
+def _decode_list(v: Any, conv) -> tuple:
+    if not isinstance(v, list):
+        raise SchemaViolation(f"expected a list, got {_kind(v)}")
+    out = []
+    for i, item in enumerate(v):
+        try:
+            out.append(conv(item))
+        except SchemaViolation as exc:
+            raise exc.at(i) from None
+    return tuple(out)
+
+
+def _decode_map(v: Any, conv) -> dict:
+    if not isinstance(v, dict):
+        raise SchemaViolation(f"expected a map, got {_kind(v)}")
+    out = {}
+    for k, item in v.items():
+        if not isinstance(k, str):
+            raise SchemaViolation(f"map key {k!r} is not a string")
+        try:
+            out[k] = conv(item)
+        except SchemaViolation as exc:
+            raise exc.at(k) from None
+    return out
+
+
+def _tagged_decoder(tagged: Tagged):
+    decoders = {tag: (lambda v, c=cls: decode(c, v)) for tag, cls in tagged.classes.items()}
+
+    def conv(v: Any):
+        if not isinstance(v, dict):
+            raise SchemaViolation(f"expected a map with a {tagged.key!r} tag, got {_kind(v)}")
+        tag = v.get(tagged.key)
+        dec = decoders.get(tag) if isinstance(tag, str) else None
+        if dec is None:
+            raise SchemaViolation(f"unknown {tagged.key} {str(tag)[:40]!r}")
+        return dec(v)
+
+    return conv
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    attr: str
+    key: str
+    decode: Callable[[Any], Any]
+    encode: Callable[[Any], Any]
+    default: Any  # dataclasses.MISSING when required
+    omit: str | None
+
+
+@functools.cache
+def _specs(cls: type) -> tuple[tuple[_Spec, ...], str | None, frozenset]:
+    hints = _hints(cls)
+    specs = []
+    extra = None
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("extra"):
+            extra = f.name
+            continue
+        default = f.default
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        specs.append(_Spec(f.name, f.metadata.get("key", f.name), decoder_for(hints[f.name]),
+                           encoder_for(hints[f.name]), default, f.metadata.get("omit")))
+    keys = frozenset(s.key for s in specs)
+    tag_key = getattr(cls, "TAG_KEY", None)
+    if tag_key:
+        keys |= {tag_key}
+    return tuple(specs), extra, keys
+
+
+def decode(cls: type, raw: Any):
+    """``raw`` (decoded msgpack) as a ``cls`` record; raises SchemaViolation naming the field."""
+    if not isinstance(raw, dict):
+        raise SchemaViolation(f"expected a map, got {_kind(raw)}")
+    specs, extra, keys = _specs(cls)
+    values = {}
+    for s in specs:
+        v = raw.get(s.key, dataclasses.MISSING)
+        if v is dataclasses.MISSING:
+            if s.default is dataclasses.MISSING:
+                raise SchemaViolation("is missing").at(s.key)
+            values[s.attr] = s.default
+            continue
+        try:
+            values[s.attr] = s.decode(v)
+        except SchemaViolation as exc:
+            raise exc.at(s.key) from None
+    if extra is not None:
+        values[extra] = check_plain({k: v for k, v in raw.items() if k not in keys})
+    return cls(**values)
+
+
+# --------------------------------------------------------------------------------------------
+# encoding
+
+
+def encoder_for(tp: Any) -> Callable[[Any], Any]:
+    if tp is Any or tp is PlainData:
+        return check_plain
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    custom = getattr(tp, "__plain_encode__", None)
+    if custom is not None:
+        return custom
+    if isinstance(tp, Tagged) or dataclasses.is_dataclass(tp):
+        return encode
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return encoder_for(args[1] if isinstance(args[1], Tagged) else args[0])
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        conv = encoder_for(inner[0])
+        return lambda v, conv=conv: None if v is None else conv(v)
+    if origin is tuple:
+        conv = encoder_for(args[0])
+
+        def enc_list(v, conv=conv):
+            out = []
+            for i, item in enumerate(v):
+                try:
+                    out.append(conv(item))
+                except SchemaViolation as exc:
+                    raise exc.at(i) from None
+            return out
+
+        return enc_list
+    if origin is dict:
+        conv = encoder_for(args[1])
+
+        def enc_map(v, conv=conv):
+            out = {}
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise SchemaViolation(f"map key {k!r} is not a string")
+                try:
+                    out[k] = conv(item)
+                except SchemaViolation as exc:
+                    raise exc.at(k) from None
+            return out
+
+        return enc_map
+    raise TypeError(f"unsupported field type {tp}")
+
+
+def encode(record: Any) -> Any:
+    """A record as plain msgpack-ready data (type-checked on the way: SchemaViolation)."""
+    cls = type(record)
+    if not dataclasses.is_dataclass(cls):
+        raise SchemaViolation(f"expected a record, got {_kind(record)}")
+    specs, extra, _ = _specs(cls)
+    out: dict[str, Any] = {}
+    tag_key = getattr(cls, "TAG_KEY", None)
+    if tag_key:
+        out[tag_key] = cls.TAG
+    for s in specs:
+        v = getattr(record, s.attr)
+        if s.omit == "none" and v is None or s.omit == "empty" and not v:
+            continue
+        try:
+            out[s.key] = s.encode(v)
+        except SchemaViolation as exc:
+            raise exc.at(s.key) from None
+    if extra is not None:
+        for k, v in getattr(record, extra).items():
+            out.setdefault(k, v)
+    return out
+

@@ -1,0 +1,1105 @@
+"""The index of format 1, as typed records, and the one function that reads it (spec §5.1–§8).
+
+Everything an archive says about its content is declared here, once, as plain dataclasses:
+storages, values, graph nodes and their arguments, module state, and the record sections
+(config, environment, system, failure, source, minify). ``decode_index`` turns the index
+member's bytes into an ``Index`` and checks every rule of spec §6–§8 in the order the spec
+lists them; code that holds an ``Index`` never re-checks a field or reads a raw map.
+``encode_index`` is its mirror and runs the same checks, so a writer cannot produce an index
+this reader refuses.
+
+Only rules that are properties of the bytes live here (this layer knows nothing of torch).
+What depends on the torch doing the reading — is this call target allowed here, does this
+torch know this device type — is checked by ``reproarchive.codec`` when records become torch
+objects.
+
+Versioning (spec §10), enforced by ``tests/format/test_schema_version.py`` against
+``spec/schema-<major>.<minor>.json``:
+
+* **minor** bump: a new optional field (with a default old readers never need), a new
+  optional record key or section, a new member kind that readers may ignore;
+* **major** bump: removing or renaming a field, changing a field's type or meaning, a new
+  required field, a new storage encoding, a layout change;
+* every bump regenerates ``spec/schema-*.json`` and adds golden vectors under the new version
+  next to the old ones, which must keep loading.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Union
+
+import json
+
+from reproarchive.errors import IndexSchemaError, LimitExceededError, UnsafeArchiveError
+from reproarchive.format import index_codec
+from reproarchive.format.digests import ALGORITHMS as DIGEST_ALGORITHMS
+from reproarchive.format.digests import DIGEST_RE
+from reproarchive.format.layout import (
+    INDEX_MEMBER,
+    LAYOUT_MEMBER,
+    MAX_FRAME_SIZE,
+    MIN_FRAME_SIZE,
+    Limits,
+    check_member_name,
+    is_blob_name,
+)
+from reproarchive.format.plain import (
+    INT_MAX,
+    INT_MIN,
+    PlainData,
+    SchemaViolation,
+    Tagged,
+    decode,
+    decoder_for,
+    encode,
+)
+
+FORMAT_NAME = "reproarchive"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
+
+
+def layout_member_bytes(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
+    """The ``reproarchive-layout`` member: the version, readable by people and by ``tar``."""
+    return (json.dumps({"format": FORMAT_NAME, "version": f"{major}.{minor}"}, sort_keys=True) + "\n").encode()
+
+
+IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]*(?::[0-9]{1,4})?$")
+
+STAGES = ("compile", "forward", "backward", "accuracy", "crash", "unknown")
+FIDELITIES = ("real", "absent")
+NODE_OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
+COMPUTE_OPS = ("call_function", "call_method", "call_module")
+MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
+LAYOUTS = ("strided", "sparse_coo", "sparse_csr", "jagged")
+
+MAX_RANK = 64
+MAX_EXTENT = 1 << 62  # sizes, strides, offsets and element counts stay below this
+MAX_VALUE_DEPTH = 32
+MAX_GRAPH_DEPTH = 8
+MAX_ARG_DEPTH = 32
+
+#: Every storable dtype (spec §6.3): name -> (bytes per element, class). Quantized dtypes are
+#: not storable; a name not listed here was written by a newer format minor version.
+DTYPES: dict[str, tuple[int, str]] = {
+    "bool": (1, "bool"),
+    "uint8": (1, "int"), "uint16": (2, "int"), "uint32": (4, "int"), "uint64": (8, "int"),
+    "int8": (1, "int"), "int16": (2, "int"), "int32": (4, "int"), "int64": (8, "int"),
+    **{f"uint{b}": (1, "int") for b in range(1, 8)},
+    **{f"int{b}": (1, "int") for b in range(1, 8)},
+    "float16": (2, "float"), "bfloat16": (2, "float"), "float32": (4, "float"), "float64": (8, "float"),
+    "float8_e4m3fn": (1, "float"), "float8_e4m3fnuz": (1, "float"), "float8_e5m2": (1, "float"),
+    "float8_e5m2fnuz": (1, "float"), "float8_e8m0fnu": (1, "float"), "float4_e2m1fn_x2": (1, "float"),
+    "complex32": (4, "complex"), "complex64": (8, "complex"), "complex128": (16, "complex"),
+    "bits8": (1, "bits"), "bits16": (2, "bits"), "bits1x8": (1, "bits"), "bits2x4": (1, "bits"),
+    "bits4x2": (1, "bits"),
+}
+
+
+def _omit_none(**kw):
+    return field(metadata={"omit": "none", **kw}, default=None)
+
+
+# --------------------------------------------------------------------------------------------
+# §5 container
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    name: str
+    size: int
+    first_frame: int
+    frames: int
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    frame_size: int
+    zstd_level: int | None = None
+    zstd_library: str | None = None
+    members: tuple[MemberRecord, ...] = ()
+
+
+# --------------------------------------------------------------------------------------------
+# §6.2 storages
+
+
+@dataclass(frozen=True)
+class StorageRecord:
+    """One distinct storage. ``digest`` names its blob (real data) unless ``fill`` is 0 (all zero
+    bytes, no blob); an ``absent`` storage has neither: the source never had its data."""
+
+    size: int
+    device: str
+    fidelity: str
+    digest: str | None = None
+    fill: int | None = None
+
+    @property
+    def is_real(self) -> bool:
+        return self.fidelity == "real"
+
+
+# --------------------------------------------------------------------------------------------
+# §6.3 values
+
+
+class _Dim:
+    """A symbolic dimension, written as the pair ``[dim, symbol]``."""
+
+    @staticmethod
+    def __plain_decode__(v: Any) -> tuple[int, str]:
+        if not (isinstance(v, list) and len(v) == 2 and type(v[0]) is int and type(v[1]) is str):
+            raise SchemaViolation("expected a [dimension, symbol] pair")
+        return (v[0], v[1])
+
+    @staticmethod
+    def __plain_encode__(v: tuple[int, str]) -> list:
+        return [int(v[0]), str(v[1])]
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "tensor"
+    storage: int
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    requires_grad: bool
+    is_leaf: bool
+    dynamic: tuple[_Dim, ...] = ()
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class IntValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "int"
+    value: int
+
+
+@dataclass(frozen=True)
+class FloatValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "float"
+    value: float
+
+
+@dataclass(frozen=True)
+class BoolValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "bool"
+    value: bool
+
+
+@dataclass(frozen=True)
+class StrValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "str"
+    value: str
+
+
+@dataclass(frozen=True)
+class NoneValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "none"
+
+
+@dataclass(frozen=True)
+class SymIntValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "symint"
+    hint: int
+    expr: str
+
+
+@dataclass(frozen=True)
+class SymFloatValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "symfloat"
+    hint: float
+    expr: str
+
+
+@dataclass(frozen=True)
+class SymBoolValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "symbool"
+    hint: bool
+    expr: str
+
+
+@dataclass(frozen=True)
+class TupleValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "tuple"
+    items: tuple["Value", ...]
+
+
+@dataclass(frozen=True)
+class ListValue:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "list"
+    items: tuple["Value", ...]
+
+
+_VALUE_CLASSES = (TensorValue, IntValue, FloatValue, BoolValue, StrValue, NoneValue, SymIntValue, SymFloatValue,
+                  SymBoolValue, TupleValue, ListValue)
+Value = Annotated[Union[_VALUE_CLASSES], Tagged("kind", {c.TAG: c for c in _VALUE_CLASSES})]
+ScalarValue = Union[IntValue, FloatValue, BoolValue, StrValue, NoneValue]
+
+
+def iter_tensors(value: Any):
+    """The tensor records inside a value record, depth first."""
+    if isinstance(value, TensorValue):
+        yield value
+    elif isinstance(value, (TupleValue, ListValue)):
+        for item in value.items:
+            yield from iter_tensors(item)
+
+
+# --------------------------------------------------------------------------------------------
+# §7.2 graph arguments
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    name: str
+
+
+@dataclass(frozen=True)
+class TupleArg:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class DictArg:
+    items: tuple  # (key, value) pairs
+
+
+@dataclass(frozen=True)
+class SliceArg:
+    start: Any
+    stop: Any
+    step: Any
+
+
+@dataclass(frozen=True)
+class DtypeArg:
+    name: str
+
+
+@dataclass(frozen=True)
+class DeviceArg:
+    name: str
+
+
+@dataclass(frozen=True)
+class MemoryFormatArg:
+    name: str
+
+
+@dataclass(frozen=True)
+class LayoutArg:
+    name: str
+
+
+@dataclass(frozen=True)
+class EllipsisArg:
+    pass
+
+
+@dataclass(frozen=True)
+class ComplexArg:
+    real: float
+    imag: float
+
+
+ARG_TYPES = (NodeRef, TupleArg, DictArg, SliceArg, DtypeArg, DeviceArg, MemoryFormatArg, LayoutArg, EllipsisArg,
+             ComplexArg)
+
+
+def _decode_arg(v: Any, depth: int = 0) -> Any:
+    if v is None or type(v) in (bool, float, str):
+        return v
+    if type(v) is int:
+        if not INT_MIN <= v <= INT_MAX:
+            raise SchemaViolation(f"integer {v} does not fit in 64 bits")
+        return v
+    if depth >= MAX_ARG_DEPTH:
+        raise SchemaViolation(f"arguments nest deeper than {MAX_ARG_DEPTH} levels")
+    if isinstance(v, list):
+        return [_decode_arg_at(x, i, depth) for i, x in enumerate(v)]
+    if not isinstance(v, dict):
+        raise SchemaViolation(f"argument of msgpack type {type(v).__name__} is not allowed")
+    k, x = v.get("k"), v.get("v")
+    if k == "node" and isinstance(x, str):
+        return NodeRef(x)
+    if k == "tuple" and isinstance(x, list):
+        return TupleArg(tuple(_decode_arg_at(a, i, depth) for i, a in enumerate(x)))
+    if k == "dict" and isinstance(x, list) and all(isinstance(p, list) and len(p) == 2 for p in x):
+        return DictArg(tuple((_decode_arg_at(a, i, depth), _decode_arg_at(b, i, depth)) for i, (a, b) in enumerate(x)))
+    if k == "slice" and isinstance(x, list) and len(x) == 3:
+        return SliceArg(*(_decode_arg_at(a, i, depth) for i, a in enumerate(x)))
+    if k == "dtype" and isinstance(x, str):
+        return DtypeArg(x)
+    if k == "device" and isinstance(x, str):
+        return DeviceArg(x)
+    if k == "memory_format" and x in MEMORY_FORMATS:
+        return MemoryFormatArg(x)
+    if k == "layout" and x in LAYOUTS:
+        return LayoutArg(x)
+    if k == "ellipsis":
+        return EllipsisArg()
+    if k == "complex" and isinstance(x, list) and len(x) == 2 and all(type(a) in (int, float) for a in x):
+        return ComplexArg(float(x[0]), float(x[1]))
+    raise SchemaViolation(f"unknown or malformed argument tag {str(k)[:40]!r}")
+
+
+def _decode_arg_at(v: Any, i: int, depth: int) -> Any:
+    try:
+        return _decode_arg(v, depth + 1)
+    except SchemaViolation as exc:
+        raise exc.at(i) from None
+
+
+def _encode_arg(v: Any) -> Any:
+    if v is None or type(v) in (bool, float, str):
+        return v
+    if type(v) is int:
+        if not INT_MIN <= v <= INT_MAX:
+            raise SchemaViolation(f"graph constant {v} does not fit in 64 bits")
+        return v
+    if isinstance(v, list):
+        return [_encode_arg(x) for x in v]
+    if isinstance(v, NodeRef):
+        return {"k": "node", "v": v.name}
+    if isinstance(v, TupleArg):
+        return {"k": "tuple", "v": [_encode_arg(x) for x in v.items]}
+    if isinstance(v, DictArg):
+        return {"k": "dict", "v": [[_encode_arg(a), _encode_arg(b)] for a, b in v.items]}
+    if isinstance(v, SliceArg):
+        return {"k": "slice", "v": [_encode_arg(v.start), _encode_arg(v.stop), _encode_arg(v.step)]}
+    if isinstance(v, DtypeArg):
+        return {"k": "dtype", "v": v.name}
+    if isinstance(v, DeviceArg):
+        return {"k": "device", "v": v.name}
+    if isinstance(v, MemoryFormatArg):
+        return {"k": "memory_format", "v": v.name}
+    if isinstance(v, LayoutArg):
+        return {"k": "layout", "v": v.name}
+    if isinstance(v, EllipsisArg):
+        return {"k": "ellipsis"}
+    if isinstance(v, ComplexArg):
+        return {"k": "complex", "v": [v.real, v.imag]}
+    raise SchemaViolation(f"graph argument of type {type(v).__name__} cannot be stored")
+
+
+class Arg:
+    """Field type marker for one graph argument (nil, scalars, lists and the tagged maps of §7.2)."""
+
+    __plain_decode__ = staticmethod(_decode_arg)
+    __plain_encode__ = staticmethod(_encode_arg)
+
+
+def iter_arg_values(value: Any):
+    """Every argument value inside an argument (itself included), depth first."""
+    yield value
+    if isinstance(value, (list, tuple)):
+        inner = value
+    elif isinstance(value, TupleArg):
+        inner = value.items
+    elif isinstance(value, DictArg):
+        inner = [x for pair in value.items for x in pair]
+    elif isinstance(value, SliceArg):
+        inner = (value.start, value.stop, value.step)
+    else:
+        return
+    for x in inner:
+        yield from iter_arg_values(x)
+
+
+def iter_arg_refs(value: Any):
+    """Names of the nodes an argument refers to."""
+    for v in iter_arg_values(value):
+        if isinstance(v, NodeRef):
+            yield v.name
+
+
+# --------------------------------------------------------------------------------------------
+# §7 graph
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    op: str
+    name: str
+    target: str
+    args: tuple[Arg, ...] = ()
+    kwargs: dict[str, Arg] = field(default_factory=dict)
+    meta: PlainData | None = _omit_none()
+
+
+@dataclass(frozen=True)
+class ParameterEntry:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "parameter"
+    path: str
+    tensor: TensorValue
+
+
+@dataclass(frozen=True)
+class BufferEntry:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "buffer"
+    path: str
+    tensor: TensorValue
+    persistent: bool = True
+
+
+@dataclass(frozen=True)
+class ConstantEntry:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "constant"
+    path: str
+    tensor: TensorValue
+
+
+@dataclass(frozen=True)
+class SubgraphEntry:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "graph"
+    path: str
+    graph: "GraphRecord"
+
+
+@dataclass(frozen=True)
+class ModuleEntry:
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "module"
+    path: str
+    class_name: str = field(metadata={"key": "class"})
+    training: bool = False
+    attributes: dict[str, Arg] = field(default_factory=dict)
+
+
+_STATE_CLASSES = (ParameterEntry, BufferEntry, ConstantEntry, SubgraphEntry, ModuleEntry)
+StateEntry = Annotated[Union[_STATE_CLASSES], Tagged("kind", {c.TAG: c for c in _STATE_CLASSES})]
+TENSOR_ENTRIES = (ParameterEntry, BufferEntry, ConstantEntry)
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    nodes: tuple[NodeRecord, ...]
+    module_state: tuple[StateEntry, ...] = ()
+
+    def placeholders(self) -> list[NodeRecord]:
+        return [n for n in self.nodes if n.op == "placeholder"]
+
+    def op_histogram(self) -> dict[str, int]:
+        """Compute nodes by target (methods as ``Tensor.<name>``), largest first: what ``inspect``
+        shows and what every op count in reproarchive is taken from."""
+        histogram: dict[str, int] = {}
+        for n in self.nodes:
+            if n.op in COMPUTE_OPS:
+                key = f"Tensor.{n.target}" if n.op == "call_method" else n.target
+                histogram[key] = histogram.get(key, 0) + 1
+        return dict(sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def op_count(self) -> int:
+        return sum(1 for n in self.nodes if n.op in COMPUTE_OPS)
+
+
+# --------------------------------------------------------------------------------------------
+# §8 records
+
+
+@dataclass(frozen=True)
+class CreatedBy:
+    reproarchive: str | None = _omit_none()
+    torch: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class SettingRef:
+    module: str
+    key: str
+
+
+@dataclass(frozen=True)
+class UnrepresentableSetting:
+    """A config value that is not data (a callable, a class, an object): named, never stored."""
+
+    module: str
+    key: str
+    reason: str = ""
+    repr: str = ""
+    changed: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigRecord:
+    """The full torch compiler config. ``modules`` holds every setting's value; ``changed`` the
+    ones that differed from the default (with ``defaults``); ``types`` restores tuples and sets;
+    ``machine_specific`` names values that are paths of the recording machine."""
+
+    modules: dict[str, dict[str, PlainData]] = field(default_factory=dict)
+    changed: dict[str, dict[str, PlainData]] = field(default_factory=dict)
+    defaults: dict[str, dict[str, PlainData]] = field(default_factory=dict)
+    unrepresentable: tuple[UnrepresentableSetting, ...] = ()
+    types: dict[str, dict[str, str]] = field(default_factory=dict)
+    machine_specific: tuple[SettingRef, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class EnvironmentRecord:
+    """Variables that steer torch and its libraries; secrets and process-specific values are
+    recorded as ``<redacted>`` / ``<process-specific>`` and listed in ``redacted``."""
+
+    variables: dict[str, str] = field(default_factory=dict)
+    redacted: tuple[str, ...] = ()
+    reasons: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    version: str | None = _omit_none()
+    git_version: str | None = _omit_none()
+    debug: bool | None = _omit_none()
+    cuda: str | None = _omit_none()
+    hip: str | None = _omit_none()
+    xpu: str | None = _omit_none()
+    num_threads: int | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    version: str | None = _omit_none()
+    implementation: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class OsInfo:
+    system: str | None = _omit_none()
+    release: str | None = _omit_none()
+    platform: str | None = _omit_none()
+    libc: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str | None = _omit_none()
+    machine: str | None = _omit_none()
+    count: int | None = _omit_none()
+    usable: int | None = _omit_none()
+    flags: tuple[str, ...] | None = _omit_none()
+    capability: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int | None = _omit_none()
+    name: str | None = _omit_none()
+    capability: str | None = _omit_none()
+    total_memory: int | None = _omit_none()
+    multi_processor_count: int | None = _omit_none()
+    arch: str | None = _omit_none()
+    error: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class CudaInfo:
+    available: bool | None = _omit_none()
+    version: str | None = _omit_none()
+    cudnn: int | None = _omit_none()
+    reason: str | None = _omit_none()
+    driver_version: str | None = _omit_none()
+    device_count: int | None = _omit_none()
+    devices: tuple[GpuInfo, ...] | None = _omit_none()
+    arch_list: tuple[str, ...] | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class CompilerInfo:
+    command: str | None = _omit_none()
+    version: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class SystemRecord:
+    """Versions and hardware that take part in compiling and running the graph."""
+
+    torch: TorchInfo | None = _omit_none()
+    python: PythonInfo | None = _omit_none()
+    os: OsInfo | None = _omit_none()
+    cpu: CpuInfo | None = _omit_none()
+    cuda: CudaInfo | None = _omit_none()
+    hip: dict[str, PlainData] | None = _omit_none()
+    nvcc: str | None = _omit_none()
+    cxx: CompilerInfo | None = _omit_none()
+    packages: dict[str, str | None] | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class AccuracyOutput:
+    """How one output (or input gradient) compared: the figures behind a pass or fail."""
+
+    index: int | None = _omit_none()
+    name: str | None = _omit_none()
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    numel: int | None = _omit_none()
+    max_abs_error: float | None = _omit_none()
+    max_rel_error: float | None = _omit_none()
+    mismatched_elements: int | None = _omit_none()
+    worst_index: tuple[int, ...] | None = _omit_none()
+    rmse_vs_fp64_eager: float | None = _omit_none()
+    rmse_vs_fp64_compiled: float | None = _omit_none()
+    passed: bool = False
+    rule: str | None = None
+    reason: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    passed: bool
+    tolerance: float
+    outputs: tuple[AccuracyOutput, ...] = ()
+    summary: str = ""
+    fp64_reference: str | None = _omit_none()
+    fwd_only: bool | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """What failed and how; ``signature`` decides "is this the same failure?" (spec §8)."""
+
+    stage: str
+    exception_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    signature: str = ""
+    backend: str | None = None
+    accuracy: AccuracyReport | None = None
+    inputs_modified: tuple[int, ...] = field(default=(), metadata={"omit": "empty"})
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """Where the archive came from (``kind``: capture, after_dynamo, after_aot, ...); the rest is
+    informative and depends on the kind."""
+
+    kind: str | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    tries: int = 0
+    calls: int = 0
+    cache_hits: int = 0
+    successes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+@dataclass(frozen=True)
+class MinifyRecord:
+    """Provenance of a minified archive: what the minifier did, and where each input came from
+    (``input:<i>`` an input of the parent, ``node:<name>`` a value the parent's graph computed)."""
+
+    calls: int | None = _omit_none()
+    cache_hits: int | None = _omit_none()
+    accepted: int | None = _omit_none()
+    oracle_errors: int | None = _omit_none()
+    initial_ops: int | None = _omit_none()
+    final_ops: int | None = _omit_none()
+    initial_nodes: int | None = _omit_none()
+    final_nodes: int | None = _omit_none()
+    initial_inputs: int | None = _omit_none()
+    final_inputs: int | None = _omit_none()
+    rounds: int | None = _omit_none()
+    elapsed_s: float | None = _omit_none()
+    stop_reason: str | None = _omit_none()
+    passes: dict[str, PassRecord] | None = _omit_none()
+    wall_s: float | None = _omit_none()
+    isolate: bool | None = _omit_none()
+    input_origins: tuple[str, ...] | None = _omit_none()
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
+
+
+# --------------------------------------------------------------------------------------------
+# the index
+
+
+@dataclass(frozen=True)
+class Index:
+    """The whole index member (spec §6); section order is the order ``decode_index`` checks."""
+
+    container: ContainerRecord
+    digest_algorithm: str
+    storages: tuple[StorageRecord, ...]
+    inputs: tuple[Value, ...]
+    graph: GraphRecord
+    backend: str | None = None
+    accuracy: bool | None = None
+    parent: str | None = None
+    created_by: CreatedBy | None = None
+    config: ConfigRecord | None = None
+    environment: EnvironmentRecord | None = None
+    system: SystemRecord | None = None
+    failure: FailureRecord | None = None
+    source: SourceRecord | None = None
+    minify: MinifyRecord | None = None
+    metadata: dict[str, PlainData] | None = None
+    format: str = FORMAT_NAME
+    version: str = FORMAT_VERSION
+
+    @property
+    def source_kind(self) -> str | None:
+        return self.source.kind if self.source is not None else None
+
+    def tensor_records(self):
+        """Every tensor record: inputs first, then module state (the order storages are numbered)."""
+        for value in self.inputs:
+            yield from iter_tensors(value)
+        yield from _graph_tensors(self.graph)
+
+    def storage_of(self, value: Any) -> StorageRecord:
+        return self.storages[value.storage]
+
+
+def _graph_tensors(graph: GraphRecord):
+    for entry in graph.module_state:
+        if isinstance(entry, TENSOR_ENTRIES):
+            yield entry.tensor
+        elif isinstance(entry, SubgraphEntry):
+            yield from _graph_tensors(entry.graph)
+
+
+# --------------------------------------------------------------------------------------------
+# reading and writing
+
+
+def decode_index(data: bytes, limits: Limits, version: tuple[int, int]) -> Index:
+    """Index member bytes -> a checked ``Index``, rules in the order of spec §5.1–§8.
+
+    ``version`` is the footer's (major, minor); the index must agree with it. Raises
+    ``IndexSchemaError`` (or ``LimitExceededError``) naming the first rule that fails.
+    """
+    raw = index_codec.decode_index(data, max_memory=limits.max_index_memory)
+    try:
+        return _checked(raw, limits, version)
+    except SchemaViolation as exc:
+        raise IndexSchemaError(f"index field {exc.where} is invalid: {exc.problem}",
+                               "the archive is damaged or was written by a broken tool") from None
+
+
+def encode_index(index: Index, limits: Limits = Limits()) -> bytes:
+    """The mirror of ``decode_index``: the same rules, then canonical msgpack (spec §5.1).
+    Raises ``SchemaViolation``; ``pack`` reports it as a ``PackError``."""
+    raw = encode(index)
+    _checked(raw, limits, _parse_version(index.version))
+    return index_codec.encode_index(raw)
+
+
+def to_plain(record: Any) -> Any:
+    """A record as plain data (for JSON reports); the inverse is ``from_plain``."""
+    return encode(record)
+
+
+def from_plain(cls: type, raw: Any):
+    """A record from plain data, type-checked (``SchemaViolation`` on a mismatch)."""
+    return decode(cls, raw)
+
+
+def _parse_version(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor)
+
+
+def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
+    if not isinstance(raw, dict):
+        raise SchemaViolation("the index is not a map")
+    # §6: format and version
+    if raw.get("format") != FORMAT_NAME:
+        raise SchemaViolation(f"names format {str(raw.get('format'))[:40]!r}, expected {FORMAT_NAME!r}").at("format")
+    if raw.get("version") != f"{version[0]}.{version[1]}":
+        raise SchemaViolation("disagrees with the footer's format version").at("version")
+    # §5 rule 7: the member list (counts first, before anything is walked)
+    container = _section(raw, "container", ContainerRecord)
+    if len(container.members) > caps.max_members:
+        raise LimitExceededError(f"archive declares {len(container.members)} members, more than the limit {caps.max_members}")
+    _check_container(container, caps)
+    # §6.1 digests
+    algorithm = raw.get("digest_algorithm")
+    if algorithm not in DIGEST_ALGORITHMS:
+        raise SchemaViolation(f"unknown digest algorithm {str(algorithm)[:20]!r}").at("digest_algorithm")
+    # §6.2 storages
+    storages = _section(raw, "storages", tuple[StorageRecord, ...])
+    if len(storages) > caps.max_members:
+        raise LimitExceededError(f"index declares {len(storages)} storages, more than the limit {caps.max_members}")
+    _check_storages(storages, container, caps)
+    # §6.3 inputs
+    inputs = _section(raw, "inputs", tuple[Value, ...])
+    if len(inputs) > caps.max_members:
+        raise LimitExceededError(f"index declares {len(inputs)} inputs, more than the limit {caps.max_members}")
+    for i, value in enumerate(inputs):
+        _check_value(value, storages, ("inputs", i), 0)
+    # §7 graph
+    graph = _section(raw, "graph", GraphRecord)
+    _check_graph(graph, storages, ("graph",), 0)
+    placeholders = sum(1 for n in graph.nodes if n.op == "placeholder")
+    if placeholders != len(inputs):
+        raise SchemaViolation(f"the graph has {placeholders} placeholders but the index stores {len(inputs)} inputs").at("inputs")
+    # §8 records
+    kwargs: dict[str, Any] = {}
+    for key, cls in (("backend", str), ("accuracy", bool), ("parent", str), ("created_by", CreatedBy),
+                     ("config", ConfigRecord), ("environment", EnvironmentRecord), ("system", SystemRecord),
+                     ("failure", FailureRecord), ("source", SourceRecord), ("minify", MinifyRecord),
+                     ("metadata", dict[str, PlainData])):
+        kwargs[key] = _section(raw, key, cls | None)
+    if kwargs["parent"] is not None and not DIGEST_RE.match(kwargs["parent"]):
+        raise SchemaViolation("is not <algorithm>:<hex digest>").at("parent")
+    if kwargs["failure"] is not None:
+        _check_failure(kwargs["failure"])
+    return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
+                 format=FORMAT_NAME, version=raw["version"], **kwargs)
+
+
+def _section(raw: dict, key: str, tp: Any):
+    if key not in raw:
+        if _allows_none(tp):
+            return None
+        raise SchemaViolation("is missing").at(key)
+    try:
+        return decoder_for(tp)(raw[key])
+    except SchemaViolation as exc:
+        raise exc.at(key) from None
+
+
+def _allows_none(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+# -- §5 rule 7 -----------------------------------------------------------------------------------
+
+def _check_container(container: ContainerRecord, caps: Limits) -> None:
+    if not MIN_FRAME_SIZE <= container.frame_size <= MAX_FRAME_SIZE:
+        raise SchemaViolation(f"{container.frame_size} is outside [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE}]").at("frame_size").at("container")
+    if not container.members:
+        raise SchemaViolation("must list at least the layout member").at("members").at("container")
+    seen: set[str] = set()
+    total = 0
+    for i, m in enumerate(container.members):
+        check_member_name(m.name)
+        if m.name in seen or m.name == INDEX_MEMBER:
+            raise UnsafeArchiveError(f"member {m.name!r} appears twice", "the archive is unsafe or damaged")
+        seen.add(m.name)
+        for key in ("size", "first_frame", "frames"):
+            if getattr(m, key) < 0:
+                raise SchemaViolation(f"member {m.name!r} has a negative {key}").at(i).at("members").at("container")
+        if m.name.startswith("blobs/") and not is_blob_name(m.name):
+            raise SchemaViolation(f"member {m.name!r} is under blobs/ but is not named <algorithm>/<hex digest>").at("container")
+        total += m.size
+        if total > caps.max_total_bytes:
+            raise LimitExceededError(f"members declare more than {caps.max_total_bytes} bytes in total")
+    if container.members[0].name != LAYOUT_MEMBER:
+        raise SchemaViolation(f"the first member is {container.members[0].name!r}, not {LAYOUT_MEMBER!r}").at("container")
+
+
+# -- §6.2 ------------------------------------------------------------------------------------------
+
+
+def _check_storages(storages: tuple[StorageRecord, ...], container: ContainerRecord, caps: Limits) -> None:
+    sizes = {m.name: m.size for m in container.members}
+    declared = 0
+    for i, st in enumerate(storages):
+        try:
+            if not 0 <= st.size < MAX_EXTENT:
+                raise SchemaViolation(f"size {st.size} is negative or impossibly large")
+            if not DEVICE_RE.match(st.device):
+                raise SchemaViolation(f"{st.device[:40]!r} is not a device name")
+            if st.fidelity == "real":
+                if (st.digest is None) == (st.fill is None):
+                    raise SchemaViolation("a real storage has exactly one of digest or fill")
+                if st.fill is not None and st.fill != 0:
+                    raise SchemaViolation("fill must be 0")
+            elif st.fidelity == "absent":
+                if st.digest is not None or st.fill is not None:
+                    raise SchemaViolation("an absent storage has neither digest nor fill")
+            else:
+                raise SchemaViolation(f"fidelity must be 'real' or 'absent', not {st.fidelity[:20]!r}")
+            if st.digest is not None:
+                m = DIGEST_RE.match(st.digest)
+                if not m:
+                    raise SchemaViolation(f"malformed digest {st.digest[:80]!r}")
+                name = f"blobs/{m.group(1)}/{m.group(2)}"
+                if name not in sizes:
+                    raise SchemaViolation(f"refers to blob {name}, which the archive does not hold")
+                if sizes[name] != st.size:
+                    raise SchemaViolation(f"declares {st.size} bytes but blob {name} has {sizes[name]}")
+        except SchemaViolation as exc:
+            raise exc.at(i).at("storages") from None
+        declared += st.size
+        if declared > caps.max_total_bytes:
+            raise LimitExceededError(f"storages declare more than {caps.max_total_bytes} bytes in total",
+                                     "the archive is hostile or damaged")
+
+
+# -- §6.3 ------------------------------------------------------------------------------------------
+
+
+def view_extent(shape, stride, offset: int) -> int:
+    """Elements of storage a view touches (0 for an empty view)."""
+    if any(s == 0 for s in shape):
+        return 0
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def _check_value(value: Any, storages, path: tuple, depth: int) -> None:
+    if depth > MAX_VALUE_DEPTH:
+        raise SchemaViolation(f"values nest deeper than {MAX_VALUE_DEPTH}", path)
+    if isinstance(value, TensorValue):
+        _check_tensor(value, storages, path)
+    elif isinstance(value, (TupleValue, ListValue)):
+        for j, item in enumerate(value.items):
+            _check_value(item, storages, (*path, j), depth + 1)
+
+
+def _check_tensor(t: TensorValue, storages, path: tuple) -> None:
+    def bad(problem: str):
+        return SchemaViolation(problem, path)
+
+    if not 0 <= t.storage < len(storages):
+        raise bad(f"storage {t.storage} does not exist")
+    info = DTYPES.get(t.dtype)
+    if info is None:
+        raise bad(f"unknown dtype {t.dtype[:40]!r} (written by a newer reproarchive or torch?)")
+    itemsize, klass = info
+    if len(t.shape) != len(t.stride) or len(t.shape) > MAX_RANK:
+        raise bad(f"shape and stride must have the same rank (at most {MAX_RANK})")
+    if any(not 0 <= v < MAX_EXTENT for v in t.shape + t.stride) or not 0 <= t.offset < MAX_EXTENT:
+        raise bad("sizes, strides and the offset must be non-negative and below 2^62")
+    if math.prod(t.shape) >= MAX_EXTENT:
+        raise bad("the view has more elements than a tensor can index")
+    need = view_extent(t.shape, t.stride, t.offset) * itemsize
+    if need > storages[t.storage].size:
+        raise bad(f"the view needs {need} bytes but its storage has {storages[t.storage].size}")
+    if not t.is_leaf and not t.requires_grad:
+        raise bad("a non-leaf tensor must require grad")
+    if t.requires_grad and klass not in ("float", "complex"):
+        raise bad("only floating and complex tensors can require grad")
+    if not all(0 <= d < len(t.shape) for d, _ in t.dynamic):
+        raise bad("a dynamic dimension is out of range")
+
+
+# -- §7 --------------------------------------------------------------------------------------------
+
+_QUALIFIED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def check_attribute_path(path: Any) -> str:
+    """get_attr / call_module targets and module-state paths: dotted identifiers, no dunders."""
+    ok = isinstance(path, str) and 0 < len(path) <= 500 and all(
+        (p.isdigit() or IDENTIFIER_RE.match(p)) and not p.startswith("__") for p in path.split("."))
+    if not ok:
+        raise UnsafeArchiveError(f"attribute path {str(path)[:120]!r} is malformed",
+                                 "the archive is hostile or damaged; refusing to build its graph")
+    return path
+
+
+def _check_graph(graph: GraphRecord, storages, path: tuple, depth: int) -> None:
+    if depth > MAX_GRAPH_DEPTH:
+        raise SchemaViolation(f"subgraphs nest deeper than {MAX_GRAPH_DEPTH}", path)
+    state_paths = set()
+    for j, entry in enumerate(graph.module_state):
+        check_attribute_path(entry.path)
+        if entry.path in state_paths:
+            raise SchemaViolation(f"module_state path {entry.path!r} appears twice", (*path, "module_state", j))
+        state_paths.add(entry.path)
+        if isinstance(entry, TENSOR_ENTRIES):
+            _check_tensor(entry.tensor, storages, (*path, "module_state", j, "tensor"))
+        elif isinstance(entry, SubgraphEntry):
+            _check_graph(entry.graph, storages, (*path, "module_state", j, "graph"), depth + 1)
+        elif isinstance(entry, ModuleEntry):
+            for key in entry.attributes:
+                if key.startswith("__"):
+                    raise SchemaViolation(f"module {entry.path!r} has a forbidden attribute {key[:40]!r}",
+                                          (*path, "module_state", j))
+    defined: set[str] = set()
+    outputs = 0
+    for i, node in enumerate(graph.nodes):
+        where = (*path, "nodes", i)
+        if node.op not in NODE_OPS:
+            raise SchemaViolation(f"op {node.op[:30]!r} is not an FX op", where)
+        if not IDENTIFIER_RE.match(node.name):
+            raise SchemaViolation(f"node name {node.name[:60]!r} is not an identifier", where)
+        if node.name in defined:
+            raise SchemaViolation(f"node name {node.name!r} appears twice", where)
+        for key in node.kwargs:
+            if not IDENTIFIER_RE.match(key):
+                # FX pastes keyword names into the code it generates and execs
+                raise UnsafeArchiveError(f"keyword argument name {key[:80]!r} is not an identifier",
+                                         "the archive is hostile or damaged; refusing to build its graph")
+        for ref in iter_arg_refs(node.args):
+            if ref not in defined:
+                raise SchemaViolation(f"argument refers to node {ref[:60]!r}, which is not defined before it", where)
+        for ref in iter_arg_refs(list(node.kwargs.values())):
+            if ref not in defined:
+                raise SchemaViolation(f"argument refers to node {ref[:60]!r}, which is not defined before it", where)
+        target = node.target
+        if node.op == "placeholder":
+            if not IDENTIFIER_RE.match(target.removeprefix("**").removeprefix("*")):
+                # pasted into the generated ``def forward(...)`` line
+                raise UnsafeArchiveError(f"placeholder target {target[:80]!r} is not a parameter name",
+                                         "the archive is hostile or damaged; refusing to build its graph")
+        elif node.op == "call_function":
+            if len(target) > 300 or not _QUALIFIED_RE.match(target) or any(
+                    p.startswith("__") for p in target.split(".")[1:]):
+                raise UnsafeArchiveError(f"graph calls {target[:120]!r}, which is not a qualified name",
+                                         "an archive may only call torch tensor operations; refusing to load it")
+        elif node.op == "call_method":
+            if not IDENTIFIER_RE.match(target):
+                raise UnsafeArchiveError(f"method name {target[:80]!r} is malformed",
+                                         "an archive may only call torch tensor operations; refusing to load it")
+        elif node.op in ("get_attr", "call_module"):
+            check_attribute_path(target)
+            if not any(target == p or p.startswith(target + ".") or target.startswith(p + ".") for p in state_paths):
+                raise SchemaViolation(f"refers to attribute {target!r}, which module_state lacks", where)
+        else:
+            outputs += 1
+        defined.add(node.name)
+    if outputs != 1:
+        raise SchemaViolation(f"the graph has {outputs} output nodes, expected exactly one", path)
+
+
+# -- §8 --------------------------------------------------------------------------------------------
+
+
+def _check_failure(failure: FailureRecord) -> None:
+    if failure.stage not in STAGES:
+        raise SchemaViolation(f"stage must be one of {', '.join(STAGES)}").at("stage").at("failure")
+
