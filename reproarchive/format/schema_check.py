@@ -1,0 +1,157 @@
+"""Keeping the schema honest: a change to a record needs a version bump (spec §10).
+
+``describe()`` reduces the index declarations in ``schema`` to plain data (every record class,
+its fields with their types, map keys and defaults, and the dtype table). The description of
+each released version is committed as ``spec/schema-<major>.<minor>.json``; a test compares the
+live schema with the file of the current version, and ``required_bump`` says what a
+difference demands:
+
+* **major**: a record or field removed, a field's type or map key changed, a new field without
+  a default, a default changed, a dtype removed or re-sized;
+* **minor**: a new record class, a new field with a default, a new dtype;
+* **none**: no change.
+
+    python -m reproarchive.format.schema_check            # compare with the committed file
+    python -m reproarchive.format.schema_check --write    # write the current version's file
+
+(torch.export's ``schema.py`` + ``schema_check.py`` is the model.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from reproarchive.format import schema
+from reproarchive.format.plain import PlainData, Tagged
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "nil"
+    if tp is PlainData or tp is Any:
+        return "plain"
+    if isinstance(tp, Tagged):
+        return f"tagged[{tp.key}]({'|'.join(sorted(c.__name__ for c in tp.classes.values()))})"
+    if isinstance(tp, type):
+        return tp.__name__
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _type_name(args[1] if isinstance(args[1], Tagged) else args[0])
+    if origin is tuple:
+        return f"list[{_type_name(args[0])}]"
+    if origin is dict:
+        return f"map[{_type_name(args[1])}]"
+    if args:
+        return "|".join(sorted(_type_name(a) for a in args))
+    return str(tp)
+
+
+def _classes() -> list[type]:
+    """Every record class reachable from ``Index``."""
+    seen: dict[str, type] = {}
+    todo: list[Any] = [schema.Index]
+    while todo:
+        tp = todo.pop()
+        if isinstance(tp, Tagged):
+            todo.extend(tp.classes.values())
+            continue
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            if tp.__name__ in seen:
+                continue
+            seen[tp.__name__] = tp
+            hints = typing.get_type_hints(tp, vars(schema), include_extras=True)
+            todo.extend(hints[f.name] for f in dataclasses.fields(tp))
+            continue
+        todo.extend(typing.get_args(tp))
+    return [seen[k] for k in sorted(seen)]
+
+
+def describe() -> dict[str, Any]:
+    records: dict[str, Any] = {}
+    for cls in _classes():
+        hints = typing.get_type_hints(cls, vars(schema), include_extras=True)
+        fields = {}
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("extra"):
+                fields["*"] = {"type": "open: unknown keys are kept"}
+                continue
+            default = f.default
+            if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            entry = {"key": f.metadata.get("key", f.name), "type": _type_name(hints[f.name])}
+            entry["default"] = "required" if default is dataclasses.MISSING else json.dumps(default, default=repr)
+            fields[f.name] = entry
+        tag = getattr(cls, "TAG", None)
+        records[cls.__name__] = {"tag": tag, "fields": fields}
+    return {"version": schema.FORMAT_VERSION, "records": records,
+            "dtypes": {name: list(info) for name, info in sorted(schema.DTYPES.items())}}
+
+
+def required_bump(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, list[str]]:
+    """("major" | "minor" | "none", reasons) for the change from ``old`` to ``new``."""
+    major: list[str] = []
+    minor: list[str] = []
+    old_recs, new_recs = old["records"], new["records"]
+    for name, rec in old_recs.items():
+        if name not in new_recs:
+            major.append(f"record {name} removed")
+            continue
+        new_rec = new_recs[name]
+        if rec.get("tag") != new_rec.get("tag"):
+            major.append(f"record {name}: tag changed")
+        for field, spec in rec["fields"].items():
+            now = new_rec["fields"].get(field)
+            if now is None:
+                major.append(f"{name}.{field} removed")
+            elif now != spec:
+                major.append(f"{name}.{field} changed: {spec} -> {now}")
+        for field, spec in new_rec["fields"].items():
+            if field not in rec["fields"]:
+                (major if spec.get("default") == "required" else minor).append(
+                    f"{name}.{field} added" + (" without a default" if spec.get("default") == "required" else ""))
+    minor += [f"record {name} added" for name in new_recs if name not in old_recs]
+    for dt, info in old["dtypes"].items():
+        if new["dtypes"].get(dt) != info:
+            major.append(f"dtype {dt} removed or changed")
+    minor += [f"dtype {dt} added" for dt in new["dtypes"] if dt not in old["dtypes"]]
+    if major:
+        return "major", major + minor
+    return ("minor", minor) if minor else ("none", [])
+
+
+def schema_file(spec_dir: Path, version: str = schema.FORMAT_VERSION) -> Path:
+    return spec_dir / f"schema-{version}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", type=Path, default=Path(__file__).resolve().parents[2] / "spec")
+    parser.add_argument("--write", action="store_true", help="write the current version's schema file")
+    opts = parser.parse_args(argv)
+    target = schema_file(opts.spec)
+    current = describe()
+    if opts.write:
+        target.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {target}")
+        return 0
+    if not target.exists():
+        print(f"{target} does not exist: a new version needs its schema file (--write)")
+        return 1
+    bump, reasons = required_bump(json.loads(target.read_text()), current)
+    if bump == "none":
+        print(f"schema {schema.FORMAT_VERSION} unchanged")
+        return 0
+    print(f"the schema changed since {target.name} ({bump} change):")
+    for r in reasons:
+        print(f"  {r}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
