@@ -76,3 +76,69 @@ class BackendUnavailableError(ReproArchiveError):
     """The requested compiler backend cannot be found on this machine (exit 125)."""
 
     exit_code = 125
+
+
+class NotReproducedError(ReproArchiveError):
+    """The archive does not reproduce its recorded failure here: there is nothing to minify."""
+
+    exit_code = 3
+
+
+class NotFailingError(ReproArchiveError):
+    """The graph handed to ``minify`` does not fail, so there is nothing to minify."""
+
+
+class EagerRunError(ReproArchiveError):
+    """The original graph cannot be run eagerly, so there are no intermediate values to cut to."""
+
+
+class ExportError(ReproArchiveError):
+    """The graph uses something a standalone script cannot recreate."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals between parts of reproarchive: caught inside the library, never shown to a user as is.
+
+
+class SchemaViolation(Exception):
+    """A value does not fit the schema; ``path`` names where (outermost first).
+
+    Neutral on purpose: reading an archive turns it into ``IndexSchemaError`` (the archive is
+    bad), writing one into ``PackError`` (the caller handed us something the format cannot
+    hold).
+    """
+
+    def __init__(self, problem: str, path: tuple = ()):
+        super().__init__(problem)
+        self.problem = problem
+        self.path = path
+
+    def at(self, step) -> "SchemaViolation":
+        return SchemaViolation(self.problem, (step, *self.path))
+
+    @property
+    def where(self) -> str:
+        out = ""
+        for step in self.path:
+            out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+        return out or "index"
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}"
+
+
+class BudgetExhausted(Exception):
+    """Raised inside the search when ``max_time`` has run out; never escapes ``minify``."""
+
+
+class EagerFailed(Exception):
+    """The eager (reference) run of a graph raised, so accuracy cannot be judged."""
+
+
+class NotReplayableError(Exception):
+    """Packing a dump: its failure cannot be replayed here (no backend, fails eagerly too);
+    the archive then records an unknown failure with this reason."""
+
+
+class UnrepresentableValue(Exception):
+    """A config value that is not data (a callable, a class): listed by name, never stored."""

@@ -15,12 +15,8 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from reproarchive.format import digests, layout, schema
-from reproarchive.format.schema import Index, StorageRecord
-from reproarchive.format.layout import Limits
-from reproarchive.format.reader import ContainerReader
-from reproarchive.format.parallel import worker_threads
-from reproarchive.codec import graphs as graph_codec, tensors as tensor_codec
+from reproarchive.codec import graphs as graph_codec
+from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.checks import check_readable_here
 from reproarchive.codec.devices import loader_mapping, remap_graph_devices
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
@@ -28,8 +24,12 @@ from reproarchive.errors import (
     IndexSchemaError,
     LimitExceededError,
 )
+from reproarchive.format import digests, layout, schema
+from reproarchive.format.layout import Limits
+from reproarchive.format.parallel import worker_threads
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import Index, StorageRecord
 from reproarchive.progress import bar
-
 
 # --------------------------------------------------------------------------------------------
 # load

@@ -15,8 +15,17 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from reproarchive.codec import graphs as graph_codec
+from reproarchive.codec import tensors as tensor_codec
+from reproarchive.codec.tensors import StorageTable, storage_view
+from reproarchive.errors import (
+    PackError,
+    SchemaViolation,
+)
 from reproarchive.format import digests, layout, schema
-from reproarchive.format.plain import SchemaViolation, check_plain
+from reproarchive.format.atomic import atomic_file
+from reproarchive.format.parallel import worker_threads
+from reproarchive.format.plain import check_plain
 from reproarchive.format.schema import (
     ConfigRecord,
     ContainerRecord,
@@ -29,16 +38,8 @@ from reproarchive.format.schema import (
     SystemRecord,
 )
 from reproarchive.format.writer import ContainerWriter
-from reproarchive.format.atomic import atomic_file
-from reproarchive.format.parallel import worker_threads
-from reproarchive.codec import graphs as graph_codec, tensors as tensor_codec
-from reproarchive.codec.tensors import StorageTable, storage_view
-from reproarchive.errors import (
-    PackError,
-)
 from reproarchive.progress import bar
 from reproarchive.version import __version__
-
 
 GRAPH_CODE_MEMBER = "graph.py"
 _ZERO_PROBE = 4096

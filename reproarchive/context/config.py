@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
+from reproarchive.errors import UnrepresentableValue
 from reproarchive.format.plain import INT_MAX, INT_MIN
 from reproarchive.format.schema import ConfigRecord, SettingRef, UnrepresentableSetting
-
 
 #: The config modules every snapshot records in full. Other ``ConfigModule`` instances that are
 #: already imported when the snapshot is taken (``torch.compiler.config``, ``torch._export.config``,
@@ -40,14 +40,8 @@ CONFIG_MODULES = (
 # ---------------------------------------------------------------------------------------------
 
 
-class _Unrepresentable(Exception):
-    pass
-
-
-
-
 def _plain(value: Any) -> Any:
-    """Convert a config value to plain msgpack data, or raise _Unrepresentable(reason).
+    """Convert a config value to plain msgpack data, or raise UnrepresentableValue(reason).
 
     Tuples become lists and sets sorted lists (their container type is recorded next to the
     value so that ``applied_config`` can restore it). Anything whose meaning would change in
@@ -56,10 +50,10 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, str, float)):
         return value
     if isinstance(value, enum.Enum):
-        raise _Unrepresentable(f"enum value {type(value).__qualname__}.{value.name}")
+        raise UnrepresentableValue(f"enum value {type(value).__qualname__}.{value.name}")
     if isinstance(value, int):
         if not INT_MIN <= value <= INT_MAX:
-            raise _Unrepresentable("integer out of the 64-bit range")
+            raise UnrepresentableValue("integer out of the 64-bit range")
         return int(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
@@ -71,15 +65,15 @@ def _plain(value: Any) -> Any:
             return sorted(items, key=repr)
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
-            raise _Unrepresentable("dict with non-string keys")
+            raise UnrepresentableValue("dict with non-string keys")
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, type):
-        raise _Unrepresentable(f"class {value.__module__}.{value.__qualname__}")
+        raise UnrepresentableValue(f"class {value.__module__}.{value.__qualname__}")
     if callable(value):
         name = getattr(value, "__qualname__", None) or type(value).__qualname__
         module = getattr(value, "__module__", None) or type(value).__module__
-        raise _Unrepresentable(f"callable {module}.{name} (code is never stored in an archive)")
-    raise _Unrepresentable(f"object of type {type(value).__module__}.{type(value).__qualname__}")
+        raise UnrepresentableValue(f"callable {module}.{name} (code is never stored in an archive)")
+    raise UnrepresentableValue(f"object of type {type(value).__module__}.{type(value).__qualname__}")
 
 
 def _container_type(value: Any) -> str | None:
@@ -171,7 +165,7 @@ def config_snapshot() -> ConfigRecord:
             is_changed = _is_changed(mod, key, value)
             try:
                 plain = _plain(value)
-            except _Unrepresentable as why:
+            except UnrepresentableValue as why:
                 unrepresentable.append(UnrepresentableSetting(mod_name, key, str(why), _short_repr(value), is_changed))
                 continue
             if _looks_like_path(plain):
@@ -185,7 +179,7 @@ def config_snapshot() -> ConfigRecord:
                 changed.setdefault(mod_name, {})[key] = plain
                 try:
                     defaults.setdefault(mod_name, {})[key] = _plain(mod._config[key].default)
-                except (_Unrepresentable, KeyError, AttributeError):
+                except (UnrepresentableValue, KeyError, AttributeError):
                     defaults.setdefault(mod_name, {})[key] = _short_repr(
                         getattr(mod._config.get(key), "default", None)
                     )

@@ -24,7 +24,6 @@ from typing import Any
 from reproarchive.context.redaction import redact_paths
 from reproarchive.format.schema import EnvironmentRecord
 
-
 # ---------------------------------------------------------------------------------------------
 # Environment snapshot
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from typing import Any
 
 from reproarchive.format.schema import SystemRecord, from_plain
 
-
 #: Distributions whose version changes what torch.compile produces or how it runs.
 PACKAGES = (
     "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",

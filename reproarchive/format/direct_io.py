@@ -8,8 +8,6 @@ import sys
 import threading
 
 
-
-
 class DirectSink:
     """Writes whole aligned blocks with O_DIRECT, past the page cache, on a writer thread.
 

@@ -33,36 +33,11 @@ import types
 import typing
 from typing import Any, Callable, Union
 
+from reproarchive.errors import SchemaViolation
+
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 63) - 1
 MAX_PLAIN_DEPTH = 32
-
-
-class SchemaViolation(Exception):
-    """A value does not fit the schema; ``path`` names where (outermost first).
-
-    Neutral on purpose: reading an archive turns it into ``IndexSchemaError`` (the archive is
-    bad), writing one into ``PackError`` (the caller handed us something the format cannot
-    hold).
-    """
-
-    def __init__(self, problem: str, path: tuple = ()):
-        super().__init__(problem)
-        self.problem = problem
-        self.path = path
-
-    def at(self, step) -> "SchemaViolation":
-        return SchemaViolation(self.problem, (step, *self.path))
-
-    @property
-    def where(self) -> str:
-        out = ""
-        for step in self.path:
-            out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
-        return out or "index"
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.problem}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -38,7 +38,6 @@ from reproarchive.format.layout import (
     FOOTER_TAG,
     INDEX_MEMBER,
     LAYOUT_MEMBER,
-    Limits,
     MAX_WINDOW_SIZE,
     SEEK_ENTRY,
     SEEK_FOOTER,
@@ -48,11 +47,11 @@ from reproarchive.format.layout import (
     TAR_BLOCK,
     TAR_EOF,
     ZSTD_MAGIC,
+    Limits,
     compress_bound,
     tar_header,
 )
 from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, Index, decode_index
-
 
 # --------------------------------------------------------------------------------------------
 # Reading

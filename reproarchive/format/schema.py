@@ -26,6 +26,7 @@ Versioning (spec §10), enforced by ``tests/format/test_schema_version.py`` agai
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import types
@@ -33,9 +34,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Union
 
-import json
-
-from reproarchive.errors import IndexSchemaError, LimitExceededError, UnsafeArchiveError
+from reproarchive.errors import IndexSchemaError, LimitExceededError, SchemaViolation, UnsafeArchiveError
 from reproarchive.format import index_codec
 from reproarchive.format.digests import ALGORITHMS as DIGEST_ALGORITHMS
 from reproarchive.format.digests import DIGEST_RE
@@ -52,7 +51,6 @@ from reproarchive.format.plain import (
     INT_MAX,
     INT_MIN,
     PlainData,
-    SchemaViolation,
     Tagged,
     decode,
     decoder_for,

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import sys
 import threading
 from typing import Any, BinaryIO, Callable, Iterable
 
-import dataclasses
-
 import zstandard
 
+from reproarchive.format.direct_io import DirectSink
 from reproarchive.format.layout import (
     DEFAULT_FRAME_SIZE,
     DEFAULT_LEVEL,
@@ -46,7 +46,6 @@ from reproarchive.format.layout import (
     check_member_name,
     tar_header,
 )
-from reproarchive.format.direct_io import DirectSink
 from reproarchive.format.schema import (
     FORMAT_MAJOR,
     FORMAT_MINOR,
@@ -56,7 +55,6 @@ from reproarchive.format.schema import (
     encode_index,
     layout_member_bytes,
 )
-
 
 # --------------------------------------------------------------------------------------------
 # Writing

@@ -34,15 +34,11 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-from reproarchive.errors import ReproArchiveError
+from reproarchive.errors import EagerRunError
 
 _OP_KINDS = ("call_function", "call_method", "call_module")
 _SCALARS = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
-class EagerRunError(ReproArchiveError):
-    """The original graph cannot be run eagerly, so there are no intermediate values to cut to."""
 
 
 class _Uncuttable:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import pack
-from reproarchive.errors import ReproArchiveError
+from reproarchive.errors import NotReproducedError, ReproArchiveError
 
 
 @dataclasses.dataclass
@@ -40,12 +40,6 @@ class MinifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-class NotReproducedError(ReproArchiveError):
-    """The archive does not reproduce its recorded failure here: there is nothing to minify."""
-
-    exit_code = 3
 
 
 def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, device, current_config: bool, tol):

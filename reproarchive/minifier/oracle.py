@@ -23,11 +23,9 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
+from reproarchive.errors import BudgetExhausted
+
 from .candidate import Candidate, Recording, fresh_copy
-
-
-class BudgetExhausted(Exception):
-    """Raised inside the search when ``max_time`` has run out; never escapes ``minify``."""
 
 
 @dataclass

@@ -14,14 +14,11 @@ from typing import Any, Callable, Sequence
 
 import torch.fx as fx
 
-from reproarchive.errors import ReproArchiveError
+from reproarchive.errors import NotFailingError
+
 from .candidate import Recording, op_count
 from .oracle import BudgetExhausted, MinifyStats, Oracle, Progress
 from .passes import PASSES, Shrinker, prune
-
-
-class NotFailingError(ReproArchiveError):
-    """The graph handed to ``minify`` does not fail, so there is nothing to minify."""
 
 
 @dataclass

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from reproarchive.errors import EagerFailed
 from reproarchive.format.schema import AccuracyOutput, AccuracyReport, from_plain
 
 DEFAULT_TOLERANCE = 1e-3
@@ -199,10 +200,6 @@ def check_accuracy(
     report = compare(eager, compiled, fp64, tol=tol, ignore_non_fp=ignore_non_fp)
     return dataclasses.replace(report, fp64_reference="used" if fp64 is not None else f"unavailable ({fp64_error})",
                                fwd_only=bool(fwd_only))
-
-
-class EagerFailed(Exception):
-    """The eager (reference) run of a graph raised, so accuracy cannot be judged."""
 
 
 def _rng_state(devices: list[int]) -> tuple[Any, list[Any]]:

@@ -73,12 +73,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from reproarchive.replay import accuracy as _accuracy
 from reproarchive.context import failure as _failure
-from reproarchive.format.schema import AccuracyReport, ConfigRecord, FailureRecord
 from reproarchive.context.config import config_snapshot
 from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.system import system_snapshot
+from reproarchive.format.schema import AccuracyReport, ConfigRecord, FailureRecord
+from reproarchive.replay import accuracy as _accuracy
 
 log = logging.getLogger("reproarchive.capture")
 

@@ -32,10 +32,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from reproarchive.errors import NotReplayableError, PackError, ReproArchiveError, SourceError
 from reproarchive.format.schema import from_plain, to_plain
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
-from reproarchive.errors import SourceError
-from reproarchive.errors import PackError, ReproArchiveError
 
 EVENT_PREFIX = "@@reproarchive-event "
 # PyTorch inlines buffers with at most this many elements as printed literals
@@ -195,9 +194,6 @@ class RecordingReader:
     def opaque(self, script_class_name):
         self._args.append(None)
         self.inputs.append({"kind": "opaque", "note": f"opaque object {script_class_name}; stored as None"})
-
-
-
 
 
 def _tensor_on(storage, shape, stride, storage_offset, dtype, requires_grad, is_leaf, metadata):
@@ -395,7 +391,7 @@ def replay(dump: DumpScript, gm, args: list[Any]) -> tuple[dict[str, Any], dict[
             "the dump names no backend (a custom compiler function was used); not replayed"), notes
     try:
         return _replay_shared(dump, gm, inputs, backend), notes
-    except _NotReplayable as err:
+    except NotReplayableError as err:
         notes["performed"] = False
         return fail.unknown_record(str(err), backend=backend), notes
 
@@ -425,18 +421,14 @@ def _replay_shared(dump, gm, inputs, backend):
             outcome = replay_graph(gm, inputs, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
                                    source_kind=dump.kind)
         except ReproArchiveError as err:
-            raise _NotReplayable(f"cannot replay here: {err}; not replayed")
+            raise NotReplayableError(f"cannot replay here: {err}; not replayed")
     observed = outcome.observed
     if observed is None:
         return _passed(backend)
     if observed.backend == "eager":
-        raise _NotReplayable(f"the graph fails in eager mode too ({observed.exception_type}: "
+        raise NotReplayableError(f"the graph fails in eager mode too ({observed.exception_type}: "
                              f"{_first_line(observed.message)}); not replayed")
     return observed
-
-
-class _NotReplayable(Exception):
-    pass
 
 
 def _passed(backend) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive import errors
-from reproarchive.sources.dump_script import Discovery, discover
 from reproarchive.errors import SourceError
 from reproarchive.progress import human_size
+from reproarchive.sources.dump_script import Discovery, discover
 
 DEFAULT_ARCHIVE_NAME = "repro.tar.zst"
 # The same filter PyTorch uses when it writes env lines into a dump

@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.sources.dump_import import PackResult, pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME
-from reproarchive.errors import SourceError
-from reproarchive.errors import ReproArchiveError
 
 
 @dataclass

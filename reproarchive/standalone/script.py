@@ -21,10 +21,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from reproarchive.format.atomic import atomic_dir
 from reproarchive.codec.tensors import storage_view
-from reproarchive.errors import ReproArchiveError
 from reproarchive.context.environment import plan
+from reproarchive.errors import ExportError
+from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.schema import (
     ConfigRecord,
     EnvironmentRecord,
@@ -35,10 +35,6 @@ from reproarchive.format.schema import (
 )
 
 _INDENT = "    "
-
-
-class ExportError(ReproArchiveError):
-    """The graph uses something a standalone script cannot recreate."""
 
 
 def export(path: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, Any]:

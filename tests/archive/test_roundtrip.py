@@ -8,7 +8,8 @@ import struct
 import pytest
 import torch
 import torch.fx as fx
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import reproarchive
 from reproarchive.codec.tensors import DTYPES

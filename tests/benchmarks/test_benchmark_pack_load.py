@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from reproarchive.archive import loading, packing
-from reproarchive.format import digests as digest, layout, reader, writer
-
 from benchmarks import pack_load
+from reproarchive.archive import loading, packing
+from reproarchive.format import digests as digest
+from reproarchive.format import layout, reader, writer
 from support.records import minimal_index
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ import torch.fx as fx
 import zstandard
 
 import reproarchive
-from reproarchive.format import layout, reader, writer
 from reproarchive.archive.loading import read_input
+from reproarchive.format import layout, reader, writer
 
 needs_tar = pytest.mark.skipif(not shutil.which("tar") or not shutil.which("zstd"), reason="needs GNU tar and zstd")
 

@@ -11,7 +11,6 @@ import torch
 import zstandard
 
 import reproarchive
-
 from spec.vectors import make_vectors
 
 VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"

@@ -10,8 +10,8 @@ import torch.fx as fx
 from click.testing import CliRunner
 
 import reproarchive
-from reproarchive.minifier import driver as ma
 from reproarchive.cli import main
+from reproarchive.minifier import driver as ma
 
 
 class Net(torch.nn.Module):

@@ -8,7 +8,6 @@ show that the recorded config, not this process's, decides the replay.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import signal
@@ -18,9 +17,9 @@ import pytest
 import torch
 
 import reproarchive
-from reproarchive.context import failure as failure_mod
-from reproarchive.context import config as snapshot
 from reproarchive.codec.devices import parse_device_option, target_for
+from reproarchive.context import config as snapshot
+from reproarchive.context import failure as failure_mod
 from reproarchive.errors import BackendUnavailableError, DeviceUnavailableError, ReproArchiveError
 from reproarchive.format.schema import EnvironmentRecord
 from reproarchive.replay.runner import replay_graph

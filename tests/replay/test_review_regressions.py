@@ -9,9 +9,9 @@ import torch
 import torch.fx as fx
 
 import reproarchive
-from reproarchive.format.schema import AccuracyOutput, AccuracyReport, FailureRecord
-from reproarchive.context.failure import signature
 from reproarchive.context.config import safe_to_apply
+from reproarchive.context.failure import signature
+from reproarchive.format.schema import AccuracyOutput, AccuracyReport, FailureRecord
 
 
 def test_signature_tells_dtypes_apart():
@@ -68,9 +68,8 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
 
 
 def test_run_report_prints_mismatches_without_error_figures():
-    from reproarchive.replay.runner import Outcome
-
     from reproarchive.cli.replay_cmds import format_outcome
+    from reproarchive.replay.runner import Outcome
 
     failure = FailureRecord(stage="accuracy")
     report = AccuracyReport(passed=False, tolerance=1e-3, outputs=(

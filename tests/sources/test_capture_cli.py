@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import reproarchive
-from support import dump_programs as progs
 from cli import main  # noqa: E402
+from support import dump_programs as progs
 
 
 def _runner() -> CliRunner:

@@ -17,11 +17,10 @@ import torch
 import zstandard
 
 import reproarchive
-from support import dump_programs as progs
+from reproarchive.errors import SourceError  # noqa: E402
 from reproarchive.sources.dump_import import pack_dump  # noqa: E402
 from reproarchive.sources.dump_script import discover, parse_dump_script
-from reproarchive.errors import SourceError  # noqa: E402
-
+from support import dump_programs as progs
 
 # ---------------------------------------------------------------------------------------------
 # dumps, made once

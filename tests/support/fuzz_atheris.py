@@ -21,6 +21,7 @@ import atheris
 
 with atheris.instrument_imports():
     import hostile_corpus as hc
+
     from reproarchive.format import index_codec, layout, reader, writer  # noqa: F401
 
 _WORK = Path(tempfile.mkdtemp(prefix="reproarchive-atheris-"))

@@ -828,8 +828,8 @@ def run_library_op(op: str, path: str | os.PathLike, sandbox: str | os.PathLike,
     import warnings
 
     import reproarchive
-    from reproarchive.format.layout import Limits
     from reproarchive.errors import ArchiveError
+    from reproarchive.format.layout import Limits
 
     kw = {"limits": Limits(**limits)} if limits else {}
     out: dict[str, Any] = {"op": op}
