@@ -13,7 +13,7 @@ import click
 # we); it would turn every one-line error of ours into three lines.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from reproarchive.errors import ReproArchiveError
+from reproarchive import ReproArchiveError
 
 EXIT_CODES_HELP = """\b
 Exit codes:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from reproarchive.progress import human_size
-
 from .app import emit_json, main
+from .progress import byte_bars
+from .text import human_size
 
 
 @main.command()
@@ -21,7 +21,8 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     """
     import reproarchive
 
-    report = reproarchive.verify(archive, progress=False if quiet else None)
+    with byte_bars(not (quiet or as_json)) as progress:
+        report = reproarchive.verify(archive, progress=progress)
     if as_json:
         emit_json(report)
     else:
@@ -99,7 +100,8 @@ def unpack(archive: str, directory: str | None, quiet: bool, as_json: bool) -> N
     """
     import reproarchive
 
-    dest = reproarchive.unpack(archive, directory, progress=False if (quiet or as_json) else None)
+    with byte_bars(not (quiet or as_json)) as progress:
+        dest = reproarchive.unpack(archive, directory, progress=progress)
     if as_json:
         files = sorted(p for p in dest.rglob("*") if p.is_file())
         emit_json({"archive": archive, "directory": str(dest), "files": [p.relative_to(dest).as_posix() for p in files],

@@ -10,28 +10,15 @@ from pathlib import Path
 import click
 
 from .app import emit_json, main
+from .progress import step_bar
+from .text import human_size, pack_summary
 
 PACK_STAGES = 6  # the events reproarchive.sources.dump_child reports
 
 
-def _progress(enabled: bool, total: int, desc: str):
-    """(callback, close): a bar on stderr advanced by stage names (reproarchive.progress.bar)."""
-    from reproarchive.progress import bar
-
-    b = bar(total, desc, unit="step", enabled=None if enabled else False)
-
-    def step(stage: str) -> None:
-        b.set_postfix_str(stage)
-        b.update(1)
-
-    return step, b.close
-
-
 def _print_pack_result(result) -> None:
-    from reproarchive.progress import human_size
-
     click.echo(f"wrote {result.archive} ({human_size(result.size)})")
-    for line in result.summary_lines():
+    for line in pack_summary(result):
         click.echo(f"  {line}")
 
 
@@ -73,19 +60,18 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     Prints where the archive went, its size, and three summary lines: graph, inputs, failure.
     Exit code 4 when no dump is found or SOURCE is not a PyTorch repro script.
     """
-    from reproarchive.sources.dump_import import pack_dump
+    import reproarchive
 
     debug = bool((ctx.obj or {}).get("debug"))
-    step, close = _progress(not quiet and not as_json, PACK_STAGES - int(no_replay), "packing dump")
     log = None
     if debug:
         fd, name = tempfile.mkstemp(prefix="reproarchive-pack-", suffix=".log")
         os.close(fd)
         log = Path(name)
     try:
-        result = pack_dump(source, out, replay=not no_replay, progress=step, keep_log=log)
+        with step_bar(not quiet and not as_json, PACK_STAGES - int(no_replay), "packing dump") as step:
+            result = reproarchive.pack_dump(source, out, replay=not no_replay, progress=step, keep_log=log)
     finally:
-        close()
         if log is not None:
             if log.exists() and log.stat().st_size:
                 click.echo(f"--- log of the process that imported the dump ({log}) ---", err=True)
@@ -158,13 +144,13 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
     a command in scripts; the archives written are listed on stdout (one path per line with
     --quiet). Exit 4 when the program cannot be started or -o is not a folder.
     """
-    from reproarchive.sources.program import capture_program
+    import reproarchive
 
     def note(stage: str) -> None:
         if not quiet and not as_json:
             click.echo(f"reproarchive: {stage}", err=True)
 
-    result = capture_program(list(command), out_dir, after=after, accuracy=accuracy, replay=not no_replay,
+    result = reproarchive.capture_program(list(command), out_dir, after=after, accuracy=accuracy, replay=not no_replay,
                              keep_dumps=keep_dumps, progress=note)
     if as_json:
         emit_json(result.to_json())

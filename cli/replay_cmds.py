@@ -6,6 +6,33 @@ from __future__ import annotations
 import click
 
 from .app import emit_json, main
+from .progress import byte_bars, minify_status
+
+
+class DeviceOption(click.ParamType):
+    """``--device``: ``cpu``, ``cuda:1``, or a mapping ``cuda:0=cpu,cuda:1=cpu``."""
+
+    name = "DEV"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if not text:
+            return None
+        if "=" not in text:
+            return text
+        mapping: dict[str, str] = {}
+        for item in text.split(","):
+            src, sep, dst = item.partition("=")
+            if not sep or not src.strip() or not dst.strip():
+                self.fail(f"bad mapping {item.strip()!r}: write it as RECORDED=TARGET, e.g. cuda:0=cpu,cuda:1=cpu",
+                          param, ctx)
+            mapping[src.strip()] = dst.strip()
+        return mapping
+
+
+DEVICE = DeviceOption()
 
 RUN_EPILOG = """\b
 Exit codes:
@@ -34,7 +61,7 @@ only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--d
 
 @main.command("run", epilog=RUN_EPILOG)
 @click.argument("archive", type=click.Path(dir_okay=False))
-@click.option("--device", metavar="DEV",
+@click.option("--device", type=DEVICE, metavar="DEV",
               help="Run on DEV (cpu, cuda, cuda:1) or remap devices (cuda:0=cpu,cuda:1=cpu). "
                    "Default: the recorded device, or CPU with a warning when it is missing.")
 @click.option("--backend", metavar="NAME",
@@ -68,19 +95,18 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     keeps the best graph found. Exit 0 when the minified archive is written, 3 when the archive
     does not reproduce here.
     """
-    from reproarchive.codec.devices import parse_device_option
-    from reproarchive.replay.runner import run
+    import reproarchive
 
     if minify:
-        _minify(archive, output, max_time=max_time, isolate=bool(isolate), device=parse_device_option(device),
+        _minify(archive, output, max_time=max_time, isolate=bool(isolate), device=device,
                 backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
                 as_json=as_json, quiet=quiet)
         return
     if output or max_time is not None:
         raise click.UsageError("-o/--output and --max-time only apply with --minify")
-    outcome = run(archive, device=parse_device_option(device), backend=backend, accuracy=accuracy,
-                  only_fwd=only_fwd, isolate=isolate, current_config=current_config, tol=tol,
-                  progress=False if (quiet or as_json) else None)
+    with byte_bars(not (quiet or as_json)) as progress:
+        outcome = reproarchive.run(archive, device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
+                                   isolate=isolate, current_config=current_config, tol=tol, progress=progress)
     if as_json:
         emit_json(outcome.to_dict())
     else:
@@ -89,11 +115,12 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
 
 
 def _minify(archive, output, *, as_json, quiet, **options) -> None:
-    from reproarchive.minifier.driver import minify_archive, progress_printer
+    import reproarchive
 
     if not output:
         raise click.UsageError("--minify needs -o/--output for the minified archive")
-    report = minify_archive(archive, output, progress=None if (quiet or as_json) else progress_printer(), **options)
+    report = reproarchive.minify_archive(archive, output, progress=None if (quiet or as_json) else minify_status(),
+                                         **options)
     s = report.stats
     if as_json:
         emit_json(report.to_dict())
@@ -114,9 +141,9 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
 def _describe(record) -> str:
     if not record:
         return "none recorded"
-    from reproarchive.replay.runner import _KIND_BY_STAGE
+    import reproarchive
 
-    kind = _KIND_BY_STAGE.get(record.stage, record.stage)
+    kind = reproarchive.failure_kind(record)
     etype = record.exception_type
     message = record.message.strip().splitlines()
     first = message[0] if message else ""
@@ -179,9 +206,9 @@ def _g(x) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def export_cmd(archive, out_dir, as_json):
     """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch."""
-    from reproarchive.standalone.script import export
+    import reproarchive
 
-    report = export(archive, out_dir)
+    report = reproarchive.export(archive, out_dir)
     if as_json:
         emit_json(report)
     else:

@@ -24,12 +24,15 @@ _EXPORTS = {
     # capture after a failure
     "capture": "reproarchive.sources.backend",
     "pack_dump": "reproarchive.sources.dump_import",
+    "capture_program": "reproarchive.sources.program",
     # replay and export
     "run": "reproarchive.replay.runner",
     "Outcome": "reproarchive.replay.runner",
+    "failure_kind": "reproarchive.context.failure",
     "export": "reproarchive.standalone.script",
     # minify
     "minify": "reproarchive.minifier",
+    "minify_archive": "reproarchive.minifier.driver",
     # errors
     "ReproArchiveError": "reproarchive.errors",
     "ArchiveError": "reproarchive.errors",
@@ -42,6 +45,11 @@ _EXPORTS = {
     "IndexSchemaError": "reproarchive.errors",
     "UnsafeArchiveError": "reproarchive.errors",
     "PackError": "reproarchive.errors",
+    "SourceError": "reproarchive.errors",
+    "DeviceUnavailableError": "reproarchive.errors",
+    "BackendUnavailableError": "reproarchive.errors",
+    "ExportError": "reproarchive.errors",
+    "NotReproducedError": "reproarchive.errors",
 }
 
 __all__ = sorted(_EXPORTS)

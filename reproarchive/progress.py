@@ -1,50 +1,31 @@
-"""Progress bars for long work (packing or checking gigabytes, minifying).
+"""How long work reports its progress: a callback, no text.
 
-Bars go to stderr, only when it is a terminal and the work is large enough to be worth one,
-so scripts and CI logs stay clean; ``enabled=True/False`` overrides the guess.
+Packing, loading and checking gigabytes take seconds; people want a bar, scripts want silence,
+and the library knows neither. So the library only counts: functions that do such work take
+``progress``, a callable ``progress(task, done, total)`` called as work advances (``task`` is
+"pack", "load", "verify" or "unpack"; ``done`` and ``total`` are bytes). Drawing a bar is the
+CLI's business (``reproarchive.cli.progress``). ``None`` (or False) means nobody is listening.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Optional
+from typing import Callable, Optional
 
-AUTO_THRESHOLD_BYTES = 256 << 20
-
-
-class _Silent:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+ProgressFn = Callable[[str, int, int], None]
 
 
-def bar(total: Optional[int], desc: str, *, enabled: Optional[bool] = None, unit: str = "B"):
-    if enabled is None:
-        enabled = sys.stderr.isatty() and (total is None or unit != "B" or total >= AUTO_THRESHOLD_BYTES)
-    if not enabled:
-        return _Silent()
-    from tqdm import tqdm
+class Tracker:
+    """Counts bytes of one task and reports the running total to a ``ProgressFn``."""
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
-                file=sys.stderr, leave=False, dynamic_ncols=True)
+    def __init__(self, progress: Optional[ProgressFn], task: str, total: int):
+        self._fn = progress or None
+        self._task = task
+        self.total = total
+        self.done = 0
+        if self._fn is not None:
+            self._fn(task, 0, total)
 
-
-def human_size(n: int) -> str:
-    """Bytes for people: 512 B, 3.4 MiB."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+    def update(self, n: int) -> None:
+        self.done += n
+        if self._fn is not None:
+            self._fn(self._task, self.done, self.total)

@@ -17,7 +17,7 @@ from reproarchive.format import digests, layout, schema
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.layout import LAYOUT_MEMBER, Limits
 from reproarchive.format.reader import ContainerReader
-from reproarchive.progress import bar
+from reproarchive.progress import ProgressFn, Tracker
 
 
 def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], None] | None, progress,
@@ -28,42 +28,42 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
     expected_layout = schema.layout_member_bytes(*reader.version)
     blobs = 0
     total = sum(d for _, d in reader.frames)
-    with bar(total, desc, enabled=progress) as pbar:
-        for (i, data), (j, expected) in zip(reader.iter_frames(pbar.update), reader.expected_frame_bytes()):
-            assert i == j
-            if isinstance(expected, bytes):
-                if data != expected:
-                    raise CorruptArchiveError(f"frame {i} (tar header or padding) is not what the index implies", "the archive is damaged or was modified")
-                continue
-            name = expected
-            if sink is not None:
-                sink(name, data)
-            if name == LAYOUT_MEMBER and bytes(data) != expected_layout:
-                raise CorruptArchiveError("the layout member does not match the footer's format version")
-            if layout.is_blob_name(name):
-                h = hashers.get(name)
-                if h is None:
-                    h = hashers[name] = digests.new_hasher(name.split("/")[1])
-                h.update(data)
-                if i == last_frame[name]:
-                    actual = h.hexdigest()
-                    if actual != name.rsplit("/", 1)[1]:
-                        raise DigestMismatchError(
-                            f"blob {name} hashes to {actual[:16]}..., not its name",
-                            "the archive is damaged; copy it again",
-                        )
-                    blobs += 1
-        # empty blobs have no data frames
-        for name, m in reader.members.items():
-            if layout.is_blob_name(name) and m.frames == 0:
-                algo, hexd = name.split("/")[1:]
-                if digests.of_bytes(b"", algo) != f"{algo}:{hexd}":
-                    raise DigestMismatchError(f"empty blob {name} is not named by the digest of no bytes")
+    pbar = Tracker(progress, desc, total)
+    for (i, data), (j, expected) in zip(reader.iter_frames(pbar.update), reader.expected_frame_bytes()):
+        assert i == j
+        if isinstance(expected, bytes):
+            if data != expected:
+                raise CorruptArchiveError(f"frame {i} (tar header or padding) is not what the index implies", "the archive is damaged or was modified")
+            continue
+        name = expected
+        if sink is not None:
+            sink(name, data)
+        if name == LAYOUT_MEMBER and bytes(data) != expected_layout:
+            raise CorruptArchiveError("the layout member does not match the footer's format version")
+        if layout.is_blob_name(name):
+            h = hashers.get(name)
+            if h is None:
+                h = hashers[name] = digests.new_hasher(name.split("/")[1])
+            h.update(data)
+            if i == last_frame[name]:
+                actual = h.hexdigest()
+                if actual != name.rsplit("/", 1)[1]:
+                    raise DigestMismatchError(
+                        f"blob {name} hashes to {actual[:16]}..., not its name",
+                        "the archive is damaged; copy it again",
+                    )
                 blobs += 1
+    # empty blobs have no data frames
+    for name, m in reader.members.items():
+        if layout.is_blob_name(name) and m.frames == 0:
+            algo, hexd = name.split("/")[1:]
+            if digests.of_bytes(b"", algo) != f"{algo}:{hexd}":
+                raise DigestMismatchError(f"empty blob {name} is not named by the digest of no bytes")
+            blobs += 1
     return {"blobs": blobs, "bytes": total}
 
 
-def verify(path: str | os.PathLike, *, progress: bool | None = None, limits: Limits = layout.DEFAULT_LIMITS) -> dict:
+def verify(path: str | os.PathLike, *, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS) -> dict:
     """Check every rule of the spec and rehash every blob; raises an ArchiveError subclass."""
     with ContainerReader(path, limits=limits) as reader:
         check_readable_here(reader.index)
@@ -88,7 +88,7 @@ def default_unpack_dir(path: str | os.PathLike) -> Path:
     return Path(name + ".d")
 
 
-def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, progress: bool | None = None,
+def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, progress: ProgressFn | None = None,
            limits: Limits = layout.DEFAULT_LIMITS) -> Path:
     """Extract to ``dest`` what ``tar -x`` would, after checking everything, writing only paths
     built from validated member names; on any failure nothing is left behind."""

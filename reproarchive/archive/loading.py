@@ -29,7 +29,7 @@ from reproarchive.format.layout import Limits
 from reproarchive.format.parallel import worker_threads
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Index, StorageRecord
-from reproarchive.progress import bar
+from reproarchive.progress import ProgressFn, Tracker
 
 # --------------------------------------------------------------------------------------------
 # load
@@ -92,7 +92,7 @@ def _torch_errors_as_archive_errors(fn):
 
 
 @_torch_errors_as_archive_errors
-def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, limits: Limits = layout.DEFAULT_LIMITS,
+def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS,
          remap_graph: bool = True) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 
@@ -118,10 +118,9 @@ def load(path: str | os.PathLike, *, device=None, progress: bool | None = None, 
             devices[rec.device] = target
             targets_by_storage.append(torch.device(target))
         total = sum(r.size for r in records if r.digest)
-        with bar(total, "load", enabled=progress) as pbar:
-            storages = _materialize(reader, records, range(len(records)), targets_by_storage,
-                                    tensor_codec.storage_dtypes(index.tensor_records()), pbar.update,
-                                    path=path, limits=limits)
+        storages = _materialize(reader, records, range(len(records)), targets_by_storage,
+                                tensor_codec.storage_dtypes(index.tensor_records()),
+                                Tracker(progress, "load", total).update, path=path, limits=limits)
         decoder = tensor_codec.ValueDecoder(storages, targets_by_storage)
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).

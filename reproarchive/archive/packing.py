@@ -38,7 +38,7 @@ from reproarchive.format.schema import (
     SystemRecord,
 )
 from reproarchive.format.writer import ContainerWriter
-from reproarchive.progress import bar
+from reproarchive.progress import ProgressFn, Tracker
 from reproarchive.version import __version__
 
 GRAPH_CODE_MEMBER = "graph.py"
@@ -100,7 +100,7 @@ def pack(
     digest: str = digests.DEFAULT_ALGORITHM,
     level: int = layout.DEFAULT_LEVEL,
     frame_size: int = layout.DEFAULT_FRAME_SIZE,
-    progress: bool | None = None,
+    progress: ProgressFn | None = None,
     **metadata: Any,
 ) -> Path:
     """Write ``gm`` and one example input per placeholder to ``path`` (atomically)."""
@@ -146,8 +146,9 @@ def pack(
     # must be known before its first frame is written). CPU storages are hashed in place, so
     # looking further ahead costs no memory; a device storage costs a host copy while queued.
     ahead = 2 if all(table.sources[i].device.type == "cpu" for i in real) else 1
-    with atomic_file(path) as f, bar(total, "pack", enabled=progress) as pbar, \
-            concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reproarchive-pack") as pool:
+    pbar = Tracker(progress, "pack", total)
+    with atomic_file(path) as f, concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="reproarchive-pack") as pool:
         # With two or more cores the pool compresses frames too, in parallel with hashing;
         # with one, frames are compressed here while the pool thread hashes.
         writer = ContainerWriter(f, level=level, frame_size=frame_size, executor=pool if threads > 1 else None,

@@ -16,23 +16,6 @@ from reproarchive.errors import DeviceUnavailableError, IndexSchemaError, ReproA
 DeviceSpec = Union[None, str, Mapping[str, str]]
 
 
-def parse_device_option(text: str | None) -> DeviceSpec:
-    """``--device`` text: ``cpu``, ``cuda:1``, or a mapping ``cuda:0=cpu,cuda:1=cpu``."""
-    if text is None or text == "":
-        return None
-    if "=" not in text:
-        return text.strip()
-    mapping: dict[str, str] = {}
-    for item in text.split(","):
-        src, sep, dst = item.partition("=")
-        if not sep or not src.strip() or not dst.strip():
-            raise ReproArchiveError(
-                f"bad --device mapping {item!r}", "write it as RECORDED=TARGET, e.g. cuda:0=cpu,cuda:1=cpu"
-            )
-        mapping[src.strip()] = dst.strip()
-    return mapping
-
-
 def _device(name: str):
     import torch
 

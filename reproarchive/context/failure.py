@@ -29,6 +29,22 @@ _MASKS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\s+"), " "),
 ]
 
+#: What each stage is called in a report.
+KIND_BY_STAGE = {
+    "compile": "compile error",
+    "forward": "runtime error (forward)",
+    "backward": "runtime error (backward)",
+    "accuracy": "accuracy failure",
+    "crash": "crash",
+    "unknown": "unknown failure",
+}
+
+
+def failure_kind(record: FailureRecord | None) -> str:
+    """"passed" for no failure, else the kind of failure ("compile error", "crash", ...)."""
+    return "passed" if record is None else KIND_BY_STAGE.get(record.stage, "unknown failure")
+
+
 MAX_MESSAGE_CHARS = 4000
 MAX_TRACEBACK_CHARS = 20000
 

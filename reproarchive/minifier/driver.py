@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import tempfile
 import time
 import warnings
@@ -85,7 +84,7 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
         gm, inputs, path,
         config=repro.config, environment=repro.environment, system=repro.system, failure=repro.failure,
         source=repro.source, backend=repro.backend, accuracy=repro.accuracy, parent=repro.digest,
-        minify=stats, progress=False,
+        minify=stats,
     )
 
 
@@ -153,22 +152,3 @@ def minify_archive(
         status="minified" if changed else "unchanged", stats=stats,
         code=readable_code(result.gm), input_origins=result.input_origins,
     )
-
-
-def progress_printer(stream=None) -> Callable[[Any], None]:
-    """A one-line status on stderr (rewritten in place on a terminal, throttled otherwise)."""
-    stream = stream or sys.stderr
-    tty = stream.isatty()
-    last = [0.0]
-
-    def show(p) -> None:
-        now = time.monotonic()
-        if not tty and now - last[0] < 5:
-            return
-        last[0] = now
-        line = (f"minify: {p.calls} candidates tested, {p.cache_hits} cache hits, "
-                f"candidate {p.candidate_ops} ops, best {p.best_ops} ops ({p.pass_name}, {p.elapsed_s:.0f}s)")
-        stream.write(("\r\033[K" if tty else "") + line + ("" if tty else "\n"))
-        stream.flush()
-
-    return show

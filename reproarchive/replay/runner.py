@@ -37,6 +37,7 @@ from reproarchive.format.schema import (
     from_plain,
     to_plain,
 )
+from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import choose_backend, resolve_backend
 
 EXIT_PASSED = 0
@@ -47,14 +48,6 @@ PASSED = "passed"
 REPRODUCED = "reproduced"
 DIFFERENT = "different failure"
 
-_KIND_BY_STAGE = {
-    "compile": "compile error",
-    "forward": "runtime error (forward)",
-    "backward": "runtime error (backward)",
-    "accuracy": "accuracy failure",
-    "crash": "crash",
-    "unknown": "unknown failure",
-}
 
 
 @dataclasses.dataclass
@@ -86,9 +79,7 @@ class Outcome:
     @property
     def kind(self) -> str:
         """passed, compile error, runtime error (forward/backward), accuracy failure or crash."""
-        if self.observed is None:
-            return "passed"
-        return _KIND_BY_STAGE.get(self.observed.stage, "unknown failure")
+        return _failure.failure_kind(self.observed)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (what ``run --json`` prints); the records in their archive form."""
@@ -362,7 +353,7 @@ def run(
     isolate: bool | None = None,
     current_config: bool = False,
     tol: float | None = None,
-    progress: bool | None = None,
+    progress: ProgressFn | None = None,
 ) -> Outcome:
     """Replay the archive at ``path`` on this machine; see ``reproarchive run --help``.
 
@@ -396,7 +387,7 @@ def _peek_index(path):
 
 
 def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
-             tol=None, on_start=None, progress: bool | None = False) -> Outcome:
+             tol=None, on_start=None, progress: ProgressFn | None = None) -> Outcome:
     """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
     so that an isolating parent can still report them if the compile takes the process down."""
     from reproarchive.archive.loading import load

@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 from reproarchive import errors
 from reproarchive.errors import SourceError
-from reproarchive.progress import human_size
 from reproarchive.sources.dump_script import Discovery, discover
 
 DEFAULT_ARCHIVE_NAME = "repro.tar.zst"
@@ -52,21 +51,6 @@ class PackResult:
     lifted_module_state: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     replay: dict[str, Any] = field(default_factory=dict)
-
-    def summary_lines(self) -> list[str]:
-        """The three lines ``reproarchive pack`` prints under the archive's path."""
-        g = self.graph
-        graph = f"graph:   {g.get('nodes', 0)} nodes, {g.get('compute_nodes', 0)} ops of {g.get('op_kinds', 0)} kinds ({self.kind})"
-        i = self.inputs
-        inputs = (f"inputs:  {i.get('real', 0)} real / {i.get('absent', 0)} absent"
-                  + (f" / {i['values']} values" if i.get("values") else "")
-                  + f", {human_size(i.get('real_bytes', 0))} of data")
-        f = self.failure
-        message = (f.get("message") or "").strip().splitlines()
-        first = message[0][:160] if message else ""
-        kind = f.get("exception_type") or ""
-        failure = f"failure: {f.get('stage')}" + (f" {kind}" if kind else "") + (f": {first}" if first else "")
-        return [graph, inputs, failure]
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -13,14 +13,16 @@ import os
 import signal
 import textwrap
 
+import click
 import pytest
 import torch
 
 import reproarchive
-from reproarchive.codec.devices import parse_device_option, target_for
+from reproarchive.cli.replay_cmds import DEVICE
+from reproarchive.codec.devices import target_for
 from reproarchive.context import config as snapshot
 from reproarchive.context import failure as failure_mod
-from reproarchive.errors import BackendUnavailableError, DeviceUnavailableError, ReproArchiveError
+from reproarchive.errors import BackendUnavailableError, DeviceUnavailableError
 from reproarchive.format.schema import EnvironmentRecord
 from reproarchive.replay.runner import replay_graph
 
@@ -153,9 +155,9 @@ def test_not_an_archive_is_exit_2(tmp_path):
 
 
 def test_device_option_parsing_and_mapping():
-    assert parse_device_option(None) is None
-    assert parse_device_option("cpu") == "cpu"
-    spec = parse_device_option("cuda:0=cpu, cuda:1=cuda:0")
+    assert DEVICE.convert("", None, None) is None
+    assert DEVICE.convert("cpu", None, None) == "cpu"
+    spec = DEVICE.convert("cuda:0=cpu, cuda:1=cuda:0", None, None)
     assert spec == {"cuda:0": "cpu", "cuda:1": "cuda:0"}
     assert target_for("cuda:0", spec) == "cpu"
     assert target_for("cuda:1", spec) == "cuda:0"
@@ -163,8 +165,8 @@ def test_device_option_parsing_and_mapping():
     assert target_for("cuda:3", {"cuda": "cpu"}) == "cpu"  # a type covers every index
     assert target_for("cpu", {"cuda": "cpu"}) == "cpu"
     assert target_for("cuda:2", "cpu") == "cpu"
-    with pytest.raises(ReproArchiveError):
-        parse_device_option("cuda:0=")
+    with pytest.raises(click.BadParameter):
+        DEVICE.convert("cuda:0=", None, None)
 
 
 def _graph_with_device_constant(tmp_path, recorded_device):

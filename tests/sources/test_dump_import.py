@@ -17,6 +17,7 @@ import torch
 import zstandard
 
 import reproarchive
+from reproarchive.cli.text import pack_summary
 from reproarchive.errors import SourceError  # noqa: E402
 from reproarchive.sources.dump_import import pack_dump  # noqa: E402
 from reproarchive.sources.dump_script import discover, parse_dump_script
@@ -100,7 +101,7 @@ def test_after_dynamo_dump_round_trip(dynamo_dump, tmp_path):
     assert result.inputs["real"] == 4 and result.inputs["absent"] == 0
     assert result.failure["stage"] == "compile"
     assert result.failure["exception_type"].endswith("ReluCompileError")
-    lines = result.summary_lines()
+    lines = pack_summary(result)
     assert len(lines) == 3 and lines[0].startswith("graph:") and "4 real / 0 absent" in lines[1]
 
     # no path of this machine in the archive's bytes (dump folder, save_dir, cwd, checkout, home)

@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from reproarchive import ReproArchiveError
+
 INJECTOR = "cpp.inject_relu_bug_TESTING_ONLY"
 
 
@@ -38,14 +40,14 @@ class DemoModel(torch.nn.Module):
         return torch.relu(y).mean(dim=-1) + y.abs().amax(dim=-1)
 
 
-class DemoFailed(Exception):
-    """A step of the demo did not see what it should."""
+def _failed(what: str) -> ReproArchiveError:
+    """A step of the demo did not see what it should (exit 2, like any error of ours)."""
+    return ReproArchiveError(f"demo step failed: {what}")
 
 
 def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify: bool = True) -> dict:
-    """Run every step; returns the paths and outcomes. Raises DemoFailed on a surprise."""
+    """Run every step; returns the paths and outcomes. Raises ReproArchiveError on a surprise."""
     import reproarchive
-    from reproarchive.minifier.driver import minify_archive
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -69,10 +71,10 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
         except Exception as exc:  # noqa: BLE001 - the failure is the point
             say(f"   torch.compile failed as expected: {type(exc).__name__}")
         else:
-            raise DemoFailed("the injected inductor bug did not make torch.compile fail")
+            raise _failed("the injected inductor bug did not make torch.compile fail")
     torch._dynamo.reset()
     if not archive.exists():
-        raise DemoFailed(f"capture did not write {archive}")
+        raise _failed(f"capture did not write {archive}")
     say(f"   captured into {archive} ({archive.stat().st_size} bytes)")
 
     step(f"2. reproarchive verify {archive}")
@@ -88,18 +90,18 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
     changed = (info.get("config_changed") or {}).get("torch._inductor.config", {})
     say(f"   recorded config: {INJECTOR} = {changed.get(INJECTOR)!r}")
     if getattr(inductor_config.cpp, "inject_relu_bug_TESTING_ONLY") is not None:
-        raise DemoFailed("the injector is still set in this process")
+        raise _failed("the injector is still set in this process")
 
     step(f"4. reproarchive run {archive}   (the injector is NOT set here; the archive's config is)")
     outcome = reproarchive.run(archive)
     say(f"   {outcome.status.upper()} (exit {outcome.exit_code}): {outcome.kind}")
     if outcome.exit_code != 1:
-        raise DemoFailed(f"replay should reproduce the failure (exit 1), got {outcome.status}")
+        raise _failed(f"replay should reproduce the failure (exit 1), got {outcome.status}")
 
     result = {"archive": str(archive), "run": outcome.to_dict()}
     if minify:
         step(f"5. reproarchive run --minify {archive} -o {minified}")
-        rep = minify_archive(archive, minified)
+        rep = reproarchive.minify_archive(archive, minified)
         s = rep.stats
         say(f"   {s['initial_ops']} ops -> {s['final_ops']} ops in {s['calls']} replays "
             f"({s['cache_hits']} answered from the memo), {s['wall_s']:.1f}s")
@@ -109,7 +111,7 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
         again = reproarchive.run(minified)
         say(f"   reproarchive run {minified}: {again.status.upper()} (exit {again.exit_code})")
         if again.exit_code != 1 or s["final_ops"] >= s["initial_ops"]:
-            raise DemoFailed("the minified archive must be smaller and still reproduce")
+            raise _failed("the minified archive must be smaller and still reproduce")
         result.update(minified=str(minified), minify=s)
     say(f"\ndone in {time.monotonic() - started:.1f}s: send {archive.name}"
         + (f" (or {minified.name}) " if minify else " ") + "to a teammate; they run `reproarchive run` on it.")

@@ -1,0 +1,29 @@
+"""Text for people that more than one command prints."""
+
+from __future__ import annotations
+
+
+def human_size(n: int) -> str:
+    """Bytes for people: 512 B, 3.4 MiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def pack_summary(result) -> list[str]:
+    """The three lines ``pack`` and ``capture`` print under an archive's path."""
+    g = result.graph
+    graph = f"graph:   {g.get('nodes', 0)} nodes, {g.get('compute_nodes', 0)} ops of {g.get('op_kinds', 0)} kinds ({result.kind})"
+    i = result.inputs
+    inputs = (f"inputs:  {i.get('real', 0)} real / {i.get('absent', 0)} absent"
+              + (f" / {i['values']} values" if i.get("values") else "")
+              + f", {human_size(i.get('real_bytes', 0))} of data")
+    f = result.failure
+    message = (f.get("message") or "").strip().splitlines()
+    first = message[0][:160] if message else ""
+    kind = f.get("exception_type") or ""
+    failure = f"failure: {f.get('stage')}" + (f" {kind}" if kind else "") + (f": {first}" if first else "")
+    return [graph, inputs, failure]
