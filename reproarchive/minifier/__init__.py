@@ -30,9 +30,11 @@ Decisions a caller should know:
 """
 
 
-from .candidate import EagerRunError, op_count
+from reproarchive.codec.graphs import op_count
+from reproarchive.errors import EagerRunError, NotFailingError
+
 from .oracle import MinifyStats, PassStats, Progress
-from .search import MinifyResult, NotFailingError, minify, minify_with_stats
+from .search import MinifyResult, minify, minify_with_stats
 
 __all__ = ["minify", "minify_with_stats", "MinifyResult", "MinifyStats", "PassStats", "Progress",
            "NotFailingError", "EagerRunError", "op_count"]

@@ -35,8 +35,8 @@ import torch.fx as fx
 from torch.fx.node import map_arg
 
 from reproarchive.errors import EagerRunError
+from reproarchive.format.schema import COMPUTE_OPS
 
-_OP_KINDS = ("call_function", "call_method", "call_module")
 _SCALARS = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -236,7 +236,7 @@ class Recording:
         values = interp.values
 
         n = len(self.nodes)
-        self.is_op = [node.op in _OP_KINDS for node in self.nodes]
+        self.is_op = [node.op in COMPUTE_OPS for node in self.nodes]
         self.args: list[tuple[int, ...]] = []
         self.users: list[list[int]] = [[] for _ in range(n)]
         for i, node in enumerate(self.nodes):
@@ -405,8 +405,3 @@ class Recording:
         graph.output(tuple(env[o] for o in cand.outputs))
         gm = fx.GraphModule(self.gm, graph)
         return gm, inputs
-
-
-def op_count(gm: fx.GraphModule) -> int:
-    """The size measure we report: nodes that compute (call_function/method/module)."""
-    return sum(1 for n in gm.graph.nodes if n.op in _OP_KINDS)

@@ -14,9 +14,10 @@ from typing import Any, Callable, Sequence
 
 import torch.fx as fx
 
+from reproarchive.codec.graphs import op_count
 from reproarchive.errors import NotFailingError
 
-from .candidate import Recording, op_count
+from .candidate import Recording
 from .oracle import BudgetExhausted, MinifyStats, Oracle, Progress
 from .passes import PASSES, Shrinker, prune
 

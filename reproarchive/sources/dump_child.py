@@ -2,8 +2,8 @@
 
 A PyTorch repro script sets environment variables and torch config at import time and may
 install Triton kernels or fake process groups; running it in the caller would change the
-caller's torch for good. So ``reproarchive.dump_import`` starts ``python -m
-reproarchive.dump_child`` and this module, in the child:
+caller's torch for good. So ``reproarchive.sources.dump_import`` runs this module in a child
+process (through ``reproarchive.child``), where it:
 
 1. executes the script's module-level code (never its ``__main__`` block) *before* importing
    torch, so import-time environment variables take effect as they did in the failing process;
@@ -16,8 +16,8 @@ reproarchive.dump_child`` and this module, in the child:
 6. calls ``reproarchive.pack`` itself, so nothing is pickled across the process boundary, and
    writes a small JSON report for the parent.
 
-Progress events go to the original stdout (one line each); everything else the dump or torch
-prints goes to stderr, which the parent keeps in a log file.
+Progress events go to the parent as they happen; everything else the dump or torch prints goes
+to a log the parent keeps for --debug.
 """
 
 from __future__ import annotations
@@ -25,33 +25,19 @@ from __future__ import annotations
 import argparse
 import builtins
 import dataclasses
-import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
+from reproarchive.child import child_main
 from reproarchive.errors import NotReplayableError, PackError, ReproArchiveError, SourceError
 from reproarchive.format.schema import from_plain, to_plain
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
 
-EVENT_PREFIX = "@@reproarchive-event "
 # PyTorch inlines buffers with at most this many elements as printed literals
 # (torch._dynamo.debug_utils.MAX_CONSTANT_NUMEL_INLINE); larger ones become torch.randn.
 _INLINE_NUMEL = 4
-
-
-class _Events:
-    """Progress lines to the parent on a private copy of fd 1; fd 1 itself then points at stderr."""
-
-    def __init__(self) -> None:
-        self._out = os.fdopen(os.dup(1), "w", buffering=1)
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
-
-    def __call__(self, stage: str) -> None:
-        self._out.write(EVENT_PREFIX + stage + "\n")
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,19 +311,17 @@ def _resolve_attr(root, target: str):
 
 
 def graph_summary(gm) -> dict[str, Any]:
-    ops: dict[str, int] = {}
-    targets: dict[str, int] = {}
-    for node in gm.graph.nodes:
-        ops[node.op] = ops.get(node.op, 0) + 1
-        if node.op in ("call_function", "call_method", "call_module"):
-            key = node.target if isinstance(node.target, str) else getattr(
-                node.target, "__name__", str(node.target))
-            if hasattr(node.target, "_overloadpacket"):
-                key = str(node.target)
-            targets[key] = targets.get(key, 0) + 1
-    compute = sum(targets.values())
-    return {"nodes": len(gm.graph.nodes), "compute_nodes": compute, "op_kinds": len(targets),
-            "node_ops": ops, "targets": dict(sorted(targets.items(), key=lambda kv: -kv[1])[:20])}
+    """Size and op kinds of the graph as the archive will store it (one way of counting ops)."""
+    from reproarchive.codec.graphs import encode_graph
+    from reproarchive.codec.tensors import StorageTable
+
+    record = encode_graph(gm, StorageTable())
+    histogram = record.op_histogram()
+    node_ops: dict[str, int] = {}
+    for node in record.nodes:
+        node_ops[node.op] = node_ops.get(node.op, 0) + 1
+    return {"nodes": len(record.nodes), "compute_nodes": record.op_count(), "op_kinds": len(histogram),
+            "node_ops": node_ops, "targets": dict(list(histogram.items())[:20])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,7 +386,6 @@ def _replay_shared(dump, gm, inputs, backend):
     import torch
     from torch._dynamo import config as dynamo_config
 
-    from reproarchive.errors import ReproArchiveError
     from reproarchive.replay.runner import replay_graph
 
     accuracy = bool(dump.accuracy_mode)
@@ -700,33 +683,10 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reproarchive.sources.dump_child")
-    parser.add_argument("--script", required=True)
-    parser.add_argument("--script-label", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--result", required=True)
-    parser.add_argument("--no-replay", action="store_true")
-    parser.add_argument("--dump-prefix", action="append", default=[])
-    parser.add_argument("--cwd-prefix", action="append", default=[])
-    opts = parser.parse_args(argv)
-    events = _Events()
-    try:
-        result = run(opts, events)
-        code = 0
-    except ReproArchiveError as err:
-        traceback.print_exc()
-        result = {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}}
-        code = 3
-    except BaseException as err:  # reported by the parent as one line; the log has the rest
-        traceback.print_exc()
-        result = {"error": {"class": "PackError",
-                            "what": f"importing the dump failed: {type(err).__name__}: {_first_line(err)}",
-                            "hint": "rerun with --debug to see the child's log"}}
-        code = 3
-    Path(opts.result).write_text(json.dumps(result, default=str))
-    return code
+def _pack(request: dict, *, started, event) -> dict[str, Any]:
+    opts = argparse.Namespace(**request)
+    return run(opts, event)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child_main(_pack, unexpected=PackError, unexpected_what="importing the dump failed"))

@@ -10,17 +10,13 @@ report into a ``PackResult``. The caller's environment, torch config and cwd are
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive import errors
+from reproarchive.child import run_child
 from reproarchive.errors import SourceError
 from reproarchive.sources.dump_script import Discovery, discover
 
@@ -79,9 +75,6 @@ def _child_env() -> dict[str, str]:
     # except the toolchain paths it deliberately never records (they belong to this machine).
     env = {k: v for k, v in os.environ.items()
            if k in _MACHINE_TOOLCHAIN or not any(m in k for m in _DUMP_ENV_MARKERS)}
-    # The child must import this very reproarchive, whether installed or run from a checkout.
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
@@ -122,47 +115,16 @@ def pack_dump(
     except ValueError:
         label = str(script.relative_to(dump_root.parent))
 
-    work = Path(tempfile.mkdtemp(prefix="reproarchive-dump-"))
-    try:
-        result_file = work / "result.json"
-        log_file = work / "child.log"
-        child_cwd = work / "cwd"
-        child_cwd.mkdir()
-        cmd = [sys.executable, "-m", "reproarchive.sources.dump_child",
-               "--script", str(script), "--script-label", label,
-               "--out", str(out_path), "--result", str(result_file),
-               "--dump-prefix", str(dump_root), "--dump-prefix", str(script.parent),
-               "--cwd-prefix", str(cwd.resolve())]
-        if not replay:
-            cmd.append("--no-replay")
-        with open(log_file, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=child_cwd, env=_child_env(), stdout=subprocess.PIPE,
-                                    stderr=log, stdin=subprocess.DEVNULL, text=True)
-            try:
-                assert proc.stdout is not None
-                from reproarchive.sources.dump_child import EVENT_PREFIX
-
-                for line in proc.stdout:
-                    if line.startswith(EVENT_PREFIX) and progress is not None:
-                        progress(line[len(EVENT_PREFIX):].strip())
-                code = proc.wait()
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-        if keep_log is not None:
-            shutil.copyfile(log_file, keep_log)
-        report = _read_report(result_file, log_file, code)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-    if "error" in report:
-        err = report["error"]
-        name = err.get("class", "PackError")
-        cls = getattr(errors, name, errors.PackError)
-        if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
-            cls = errors.PackError
-        raise cls(err.get("what", "packing the dump failed"), err.get("hint"))
+    request = {"script": str(script), "script_label": label, "out": str(out_path), "no_replay": not replay,
+               "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())]}
+    report, died = run_child("reproarchive.sources.dump_child", request, env=_child_env(), on_event=progress,
+                             keep_log=keep_log)
+    if died is not None:
+        last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")
+        raise errors.PackError(
+            f"the process importing the dump {died.reason}: {last[:300]}",
+            "the dump's own code crashed while loading; rerun with --debug to keep its log",
+        )
     archive = Path(report["archive"])
     return PackResult(
         archive=archive,
@@ -189,18 +151,3 @@ def _dump_root(script: Path) -> Path:
     if script.parent.name == "minifier" and len(parts) > 1 and parts[1].name.startswith("run_"):
         return parts[1]
     return script.parent
-
-
-def _read_report(result_file: Path, log_file: Path, code: int) -> dict[str, Any]:
-    if result_file.is_file():
-        try:
-            return json.loads(result_file.read_text())
-        except ValueError:
-            pass
-    tail = log_file.read_text(errors="replace").strip().splitlines()[-_LOG_TAIL_LINES:] if log_file.is_file() else []
-    last = next((ln.strip() for ln in reversed(tail) if ln.strip()), "no output")
-    signal_note = f" (killed by signal {-code})" if code < 0 else f" (exit {code})"
-    raise errors.PackError(
-        f"the process importing the dump died{signal_note}: {last[:300]}",
-        "the dump's own code crashed while loading; rerun with --debug to keep its log",
-    )
