@@ -27,7 +27,7 @@ _EXPORTS = {
     "capture_program": "reproarchive.sources.program",
     # replay and export
     "run": "reproarchive.replay.runner",
-    "Outcome": "reproarchive.replay.runner",
+    "Outcome": "reproarchive.replay.outcome",
     "failure_kind": "reproarchive.context.failure",
     "export": "reproarchive.standalone.script",
     # minify

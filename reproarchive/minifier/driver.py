@@ -42,7 +42,8 @@ class MinifyReport:
 
 
 def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, device, current_config: bool, tol):
-    from reproarchive.replay.runner import REPRODUCED, replay_graph
+    from reproarchive.replay.outcome import REPRODUCED
+    from reproarchive.replay.runner import replay_graph
 
     def fails(gm, inputs) -> bool:
         with warnings.catch_warnings():
@@ -60,7 +61,7 @@ def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: b
 
 def _isolated_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, device, current_config: bool, tol, workdir: Path):
     from reproarchive.replay.isolation import run_in_child
-    from reproarchive.replay.runner import REPRODUCED
+    from reproarchive.replay.outcome import REPRODUCED
 
     counter = [0]
 

@@ -13,21 +13,19 @@ that only take effect at import (``TORCH_LOGS``, ``PYTORCH_CUDA_ALLOC_CONF``, ..
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
-from reproarchive.child import child_main, run_child
+from reproarchive.child import run_child
 from reproarchive.context.environment import child_environment
 from reproarchive.context.failure import crash_record
 from reproarchive.format.schema import EnvironmentRecord, FailureRecord, from_plain
+from reproarchive.replay.outcome import Outcome, judge
 
 
 def run_in_child(path: str | os.PathLike, *, environment: EnvironmentRecord | None = None, **options: Any):
     """Run ``replay.run(path, isolate=False, **options)`` in a child; return its Outcome."""
-    from reproarchive.replay.runner import Outcome, judge
-
     request = {"path": os.fspath(os.path.abspath(path)), "options": options}
-    result, died = run_child("reproarchive.replay.isolation", request, env=child_environment(environment))
+    result, died = run_child("reproarchive.replay.isolated_run", request, env=child_environment(environment))
     if died is None:
         return Outcome.from_dict({**result, "isolated": True})
     meta = died.started or {}
@@ -49,13 +47,3 @@ def run_in_child(path: str | os.PathLike, *, environment: EnvironmentRecord | No
         archive=os.fspath(path),
         digest=meta.get("digest"),
     )
-
-
-def _replay(request: dict, *, started, event) -> dict:
-    from reproarchive.replay.runner import run_here
-
-    return run_here(request["path"], on_start=started, **request["options"]).to_dict()
-
-
-if __name__ == "__main__":
-    sys.exit(child_main(_replay, unexpected_what="the isolated replay failed"))

@@ -69,7 +69,7 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
 
 def test_run_report_prints_mismatches_without_error_figures():
     from reproarchive.cli.replay_cmds import format_outcome
-    from reproarchive.replay.runner import Outcome
+    from reproarchive.replay.outcome import Outcome
 
     failure = FailureRecord(stage="accuracy")
     report = AccuracyReport(passed=False, tolerance=1e-3, outputs=(

@@ -1,0 +1,81 @@
+"""The outcome of one replay, and the rule that judges it (exit codes included).
+
+"reproduced" (exit 1) only when the observed failure has the recorded signature; any other
+failure is "different failure" (3), no failure is "passed" (0). ``git bisect run`` reads these
+codes: 0 good, 1-127 bad, 125 skip (cannot run here, raised as an error elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from reproarchive.context import failure as _failure
+from reproarchive.format.schema import AccuracyReport, FailureRecord, from_plain, to_plain
+
+EXIT_PASSED = 0
+EXIT_REPRODUCED = 1
+EXIT_DIFFERENT = 3
+
+PASSED = "passed"
+REPRODUCED = "reproduced"
+DIFFERENT = "different failure"
+
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one replay found; ``to_dict()`` is what ``reproarchive run --json`` prints.
+
+    status: "passed", "reproduced" or "different failure"; exit_code: 0, 1 or 3 to match.
+    observed / recorded: failure records (None when it passed / when nothing was recorded).
+    accuracy: the compiled-vs-eager comparison with per-output figures, when it was checked.
+    differences: what differs between the recording machine and this one that could explain
+    a different outcome (system, config, environment), as {"what", "name", "recorded", "current"}.
+    """
+
+    status: str
+    exit_code: int
+    observed: FailureRecord | None
+    recorded: FailureRecord | None
+    accuracy: AccuracyReport | None = None
+    differences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    device: str = "cpu"
+    backend: str = ""
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    ran_backward: bool = False
+    config: str = "recorded"
+    isolated: bool = False
+    archive: str | None = None
+    digest: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """passed, compile error, runtime error (forward/backward), accuracy failure or crash."""
+        return _failure.failure_kind(self.observed)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (what ``run --json`` prints); the records in their archive form."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in ("observed", "recorded", "accuracy"):
+            if data[key] is not None:
+                data[key] = to_plain(data[key])
+        data["kind"] = self.kind
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Outcome":
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        for key, record in (("observed", FailureRecord), ("recorded", FailureRecord), ("accuracy", AccuracyReport)):
+            if values.get(key) is not None:
+                values[key] = from_plain(record, values[key])
+        return cls(**values)
+
+
+def judge(recorded: FailureRecord | None, observed: FailureRecord | None) -> tuple[str, int]:
+    if observed is None:
+        return PASSED, EXIT_PASSED
+    if _failure.same_failure(recorded, observed):
+        return REPRODUCED, EXIT_REPRODUCED
+    return DIFFERENT, EXIT_DIFFERENT
