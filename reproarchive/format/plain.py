@@ -72,23 +72,9 @@ def check_plain(value: Any, depth: int = 0) -> Any:
     if depth >= MAX_PLAIN_DEPTH:
         raise SchemaViolation(f"data nests deeper than {MAX_PLAIN_DEPTH} levels")
     if isinstance(value, (list, tuple)):
-        out = []
-        for i, v in enumerate(value):
-            try:
-                out.append(check_plain(v, depth + 1))
-            except SchemaViolation as exc:
-                raise exc.at(i) from None
-        return out
+        return _items(value, lambda v: check_plain(v, depth + 1))
     if isinstance(value, dict):
-        out_map = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise SchemaViolation(f"map key {k!r} is not a string")
-            try:
-                out_map[k] = check_plain(v, depth + 1)
-            except SchemaViolation as exc:
-                raise exc.at(k) from None
-        return out_map
+        return _entries(value, lambda v: check_plain(v, depth + 1))
     raise SchemaViolation(f"holds a {type(value).__name__}, which is not plain data")
 
 
@@ -181,23 +167,21 @@ def decoder_for(tp: Any) -> Callable[[Any], Any]:
     raise TypeError(f"unsupported field type {tp}")
 
 
-def _decode_list(v: Any, conv) -> tuple:
-    if not isinstance(v, list):
-        raise SchemaViolation(f"expected a list, got {_kind(v)}")
+def _items(seq, conv) -> list:
+    """``conv`` over a sequence; an error names the position."""
     out = []
-    for i, item in enumerate(v):
+    for i, item in enumerate(seq):
         try:
             out.append(conv(item))
         except SchemaViolation as exc:
             raise exc.at(i) from None
-    return tuple(out)
+    return out
 
 
-def _decode_map(v: Any, conv) -> dict:
-    if not isinstance(v, dict):
-        raise SchemaViolation(f"expected a map, got {_kind(v)}")
+def _entries(mapping, conv) -> dict:
+    """``conv`` over a string-keyed map's values; an error names the key."""
     out = {}
-    for k, item in v.items():
+    for k, item in mapping.items():
         if not isinstance(k, str):
             raise SchemaViolation(f"map key {k!r} is not a string")
         try:
@@ -205,6 +189,18 @@ def _decode_map(v: Any, conv) -> dict:
         except SchemaViolation as exc:
             raise exc.at(k) from None
     return out
+
+
+def _decode_list(v: Any, conv) -> tuple:
+    if not isinstance(v, list):
+        raise SchemaViolation(f"expected a list, got {_kind(v)}")
+    return tuple(_items(v, conv))
+
+
+def _decode_map(v: Any, conv) -> dict:
+    if not isinstance(v, dict):
+        raise SchemaViolation(f"expected a map, got {_kind(v)}")
+    return _entries(v, conv)
 
 
 def _tagged_decoder(tagged: Tagged):
@@ -299,32 +295,10 @@ def encoder_for(tp: Any) -> Callable[[Any], Any]:
         return lambda v, conv=conv: None if v is None else conv(v)
     if origin is tuple:
         conv = encoder_for(args[0])
-
-        def enc_list(v, conv=conv):
-            out = []
-            for i, item in enumerate(v):
-                try:
-                    out.append(conv(item))
-                except SchemaViolation as exc:
-                    raise exc.at(i) from None
-            return out
-
-        return enc_list
+        return lambda v, conv=conv: _items(v, conv)
     if origin is dict:
         conv = encoder_for(args[1])
-
-        def enc_map(v, conv=conv):
-            out = {}
-            for k, item in v.items():
-                if not isinstance(k, str):
-                    raise SchemaViolation(f"map key {k!r} is not a string")
-                try:
-                    out[k] = conv(item)
-                except SchemaViolation as exc:
-                    raise exc.at(k) from None
-            return out
-
-        return enc_map
+        return lambda v, conv=conv: _entries(v, conv)
     raise TypeError(f"unsupported field type {tp}")
 
 

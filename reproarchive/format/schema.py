@@ -105,6 +105,15 @@ def _omit_none(**kw):
     return field(metadata={"omit": "none", **kw}, default=None)
 
 
+def open_record(cls):
+    """A frozen record that also keeps the keys this version does not declare (in ``extra``),
+    for informative sections that newer writers may extend (spec §10: readers ignore unknown
+    keys, and rewriting an archive keeps them)."""
+    cls.__annotations__["extra"] = "dict[str, Any]"
+    cls.extra = field(default_factory=dict, metadata={"extra": True})
+    return dataclass(frozen=True)(cls)
+
+
 # --------------------------------------------------------------------------------------------
 # §5 container
 
@@ -521,11 +530,10 @@ class GraphRecord:
 # §8 records
 
 
-@dataclass(frozen=True)
+@open_record
 class CreatedBy:
     reproarchive: str | None = _omit_none()
     torch: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
 @dataclass(frozen=True)
@@ -545,7 +553,7 @@ class UnrepresentableSetting:
     changed: bool = False
 
 
-@dataclass(frozen=True)
+@open_record
 class ConfigRecord:
     """The full torch compiler config. ``modules`` holds every setting's value; ``changed`` the
     ones that differed from the default (with ``defaults``); ``types`` restores tuples and sets;
@@ -557,10 +565,9 @@ class ConfigRecord:
     unrepresentable: tuple[UnrepresentableSetting, ...] = ()
     types: dict[str, dict[str, str]] = field(default_factory=dict)
     machine_specific: tuple[SettingRef, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class EnvironmentRecord:
     """Variables that steer torch and its libraries; secrets and process-specific values are
     recorded as ``<redacted>`` / ``<process-specific>`` and listed in ``redacted``."""
@@ -568,10 +575,9 @@ class EnvironmentRecord:
     variables: dict[str, str] = field(default_factory=dict)
     redacted: tuple[str, ...] = ()
     reasons: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class TorchInfo:
     version: str | None = _omit_none()
     git_version: str | None = _omit_none()
@@ -580,26 +586,23 @@ class TorchInfo:
     hip: str | None = _omit_none()
     xpu: str | None = _omit_none()
     num_threads: int | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class PythonInfo:
     version: str | None = _omit_none()
     implementation: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class OsInfo:
     system: str | None = _omit_none()
     release: str | None = _omit_none()
     platform: str | None = _omit_none()
     libc: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class CpuInfo:
     model: str | None = _omit_none()
     machine: str | None = _omit_none()
@@ -607,10 +610,9 @@ class CpuInfo:
     usable: int | None = _omit_none()
     flags: tuple[str, ...] | None = _omit_none()
     capability: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class GpuInfo:
     index: int | None = _omit_none()
     name: str | None = _omit_none()
@@ -619,10 +621,9 @@ class GpuInfo:
     multi_processor_count: int | None = _omit_none()
     arch: str | None = _omit_none()
     error: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class CudaInfo:
     available: bool | None = _omit_none()
     version: str | None = _omit_none()
@@ -632,17 +633,15 @@ class CudaInfo:
     device_count: int | None = _omit_none()
     devices: tuple[GpuInfo, ...] | None = _omit_none()
     arch_list: tuple[str, ...] | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class CompilerInfo:
     command: str | None = _omit_none()
     version: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class SystemRecord:
     """Versions and hardware that take part in compiling and running the graph."""
 
@@ -655,10 +654,9 @@ class SystemRecord:
     nvcc: str | None = _omit_none()
     cxx: CompilerInfo | None = _omit_none()
     packages: dict[str, str | None] | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class AccuracyOutput:
     """How one output (or input gradient) compared: the figures behind a pass or fail."""
 
@@ -676,10 +674,9 @@ class AccuracyOutput:
     passed: bool = False
     rule: str | None = None
     reason: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class AccuracyReport:
     passed: bool
     tolerance: float
@@ -687,10 +684,9 @@ class AccuracyReport:
     summary: str = ""
     fp64_reference: str | None = _omit_none()
     fwd_only: bool | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class FailureRecord:
     """What failed and how; ``signature`` decides "is this the same failure?" (spec §8)."""
 
@@ -702,28 +698,25 @@ class FailureRecord:
     backend: str | None = None
     accuracy: AccuracyReport | None = None
     inputs_modified: tuple[int, ...] = field(default=(), metadata={"omit": "empty"})
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class SourceRecord:
     """Where the archive came from (``kind``: capture, after_dynamo, after_aot, ...); the rest is
     informative and depends on the kind."""
 
     kind: str | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class PassRecord:
     tries: int = 0
     calls: int = 0
     cache_hits: int = 0
     successes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
-@dataclass(frozen=True)
+@open_record
 class MinifyRecord:
     """Provenance of a minified archive: what the minifier did, and where each input came from
     (``input:<i>`` an input of the parent, ``node:<name>`` a value the parent's graph computed)."""
@@ -745,7 +738,6 @@ class MinifyRecord:
     wall_s: float | None = _omit_none()
     isolate: bool | None = _omit_none()
     input_origins: tuple[str, ...] | None = _omit_none()
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,15 +1,9 @@
-"""The byte layer of format 1: a member-aligned, multi-frame ``.tar.zst`` (spec/FORMAT.md §2–§5).
+"""Writing format 1: members streamed as zstd frames, then the index, footer and seek table.
 
-Any zstd + tar pair extracts the file, because it is an ordinary tar stream compressed as a
-sequence of zstd frames. What makes it more than a tarball: every tar header and every chunk
-of member data is its own frame, an index member lists each member's frames, and two zstd
-skippable frames at the end (our footer and a zstd seekable-format seek table) let a reader
-find the index with one read from the end and then decompress exactly the frames of the one
-member it wants. The layer knows nothing about torch: it moves named byte strings.
-
-Every rule a reader checks is written in the spec and enforced in ``ContainerReader._check_layout``
-before any member is decompressed, so a damaged or hostile file is rejected early, with the
-work bounded by the declared (and capped) sizes.
+The writer is what makes archives deterministic (spec §2.3): fixed tar headers, fixed member
+order, one frame per header and per chunk of member data, each compressed independently with
+fixed parameters, so the bytes do not depend on how many threads compressed them. It knows
+nothing about torch; ``archive.packing`` hands it named byte buffers and the index.
 """
 
 from __future__ import annotations
