@@ -14,23 +14,13 @@ from typing import Any
 from reproarchive.codec.checks import check_readable_here
 from reproarchive.format import layout
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import (
-    Index,
-    ListValue,
-    SymBoolValue,
-    SymFloatValue,
-    SymIntValue,
-    SystemRecord,
-    TensorValue,
-    TupleValue,
-    to_plain,
-)
+from reproarchive.format.schema import Index, SequenceValue, SymValue, SystemRecord, TensorValue, to_plain
 
 
 def _input_rows(index: Index) -> list[dict]:
     rows = []
     for i, rec in enumerate(index.inputs):
-        row: dict[str, Any] = {"index": i, "name": getattr(rec, "name", None), "kind": rec.TAG}
+        row: dict[str, Any] = {"index": i, "name": getattr(rec, "name", None), "kind": _kind(rec)}
         if isinstance(rec, TensorValue):
             st = index.storages[rec.storage]
             row.update(
@@ -38,14 +28,18 @@ def _input_rows(index: Index) -> list[dict]:
                 fidelity=st.fidelity if st.fill is None else "real (zeros)",
                 requires_grad=rec.requires_grad, dynamic=[d for d, _ in rec.dynamic], storage=rec.storage,
             )
-        elif isinstance(rec, (SymIntValue, SymFloatValue, SymBoolValue)):
+        elif isinstance(rec, SymValue):
             row.update(value=rec.hint, expr=rec.expr, fidelity="value")
-        elif isinstance(rec, (TupleValue, ListValue)):
+        elif isinstance(rec, SequenceValue):
             row.update(items=len(rec.items), fidelity="value")
         else:
-            row.update(value=getattr(rec, "value", None), fidelity="value")
+            row.update(value=rec.value, fidelity="value")
         rows.append(row)
     return rows
+
+
+def _kind(rec) -> str:
+    return "tensor" if isinstance(rec, TensorValue) else rec.kind
 
 
 def _storage_stats(reader: ContainerReader, index: Index) -> dict:

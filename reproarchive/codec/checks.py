@@ -12,7 +12,7 @@ from __future__ import annotations
 from reproarchive.codec.devices import check_recorded_device
 from reproarchive.codec.targets import check_graph_targets
 from reproarchive.codec.tensors import dtype_from_name
-from reproarchive.format.schema import DeviceArg, DtypeArg, GraphRecord, Index, SubgraphEntry, iter_arg_values
+from reproarchive.format.schema import ConstantArg, GraphRecord, Index, SubgraphEntry, iter_arg_values
 
 
 def check_readable_here(index: Index) -> None:
@@ -28,9 +28,9 @@ def check_readable_here(index: Index) -> None:
 def _check_graph_constants(graph: GraphRecord) -> None:
     for node in graph.nodes:
         for value in iter_arg_values((node.args, tuple(node.kwargs.values()))):
-            if isinstance(value, DtypeArg):
+            if isinstance(value, ConstantArg) and value.kind == "dtype":
                 dtype_from_name(value.name)
-            elif isinstance(value, DeviceArg):
+            elif isinstance(value, ConstantArg) and value.kind == "device":
                 check_recorded_device(value.name)
     for entry in graph.module_state:
         if isinstance(entry, SubgraphEntry):

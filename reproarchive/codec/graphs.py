@@ -16,27 +16,23 @@ import torch
 import torch.fx as fx
 
 from reproarchive.codec import targets
+from reproarchive.codec.devices import check_recorded_device
 from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
 from reproarchive.errors import IndexSchemaError, PackError
 from reproarchive.format.schema import (
     COMPUTE_OPS,
     MAX_GRAPH_DEPTH,
-    BufferEntry,
     ComplexArg,
-    ConstantEntry,
-    DeviceArg,
+    ConstantArg,
     DictArg,
-    DtypeArg,
     EllipsisArg,
     GraphRecord,
-    LayoutArg,
-    MemoryFormatArg,
     ModuleEntry,
     NodeRecord,
     NodeRef,
-    ParameterEntry,
     SliceArg,
     SubgraphEntry,
+    TensorEntry,
     TensorValue,
     TupleArg,
 )
@@ -59,6 +55,15 @@ _MODULE_INTERNALS = {
 _FILE_COMMENT = re.compile(r"^\s*# (?:File: .*|No stacktrace found for following nodes)$\n?", re.MULTILINE)
 
 
+def _constant(arg: ConstantArg) -> Any:
+    if arg.kind == "dtype":
+        return dtype_from_name(arg.name)
+    if arg.kind == "device":
+        check_recorded_device(arg.name)
+        return torch.device(arg.name)
+    return (_MEMORY_FORMATS if arg.kind == "memory_format" else _LAYOUTS)[arg.name]
+
+
 def op_count(gm: fx.GraphModule) -> int:
     """Nodes that compute (the same count ``GraphRecord.op_count`` gives for a stored graph)."""
     return sum(1 for n in gm.graph.nodes if n.op in COMPUTE_OPS)
@@ -77,13 +82,13 @@ def encode_arg(value: Any) -> Any:
     if isinstance(value, complex):
         return ComplexArg(value.real, value.imag)
     if isinstance(value, torch.dtype):
-        return DtypeArg(dtype_name(value))
+        return ConstantArg("dtype", dtype_name(value))
     if isinstance(value, torch.device):
-        return DeviceArg(str(value))
+        return ConstantArg("device", str(value))
     if isinstance(value, torch.memory_format):
-        return MemoryFormatArg(str(value).removeprefix("torch."))
+        return ConstantArg("memory_format", str(value).removeprefix("torch."))
     if isinstance(value, torch.layout):
-        return LayoutArg(str(value).removeprefix("torch."))
+        return ConstantArg("layout", str(value).removeprefix("torch."))
     if isinstance(value, slice):
         return SliceArg(encode_arg(value.start), encode_arg(value.stop), encode_arg(value.step))
     if value is Ellipsis:
@@ -174,13 +179,13 @@ def _encode_attribute(gm, path: str, table, state, depth) -> None:
     if isinstance(value, fx.GraphModule):
         state[path] = SubgraphEntry(path, encode_graph(value, table, depth + 1))
     elif isinstance(value, torch.nn.Parameter):
-        state[path] = ParameterEntry(path, encode_value(value, table))
+        state[path] = TensorEntry("parameter", path, encode_value(value, table))
     elif isinstance(value, torch.Tensor):
         if leaf in owner._buffers:
-            state[path] = BufferEntry(path, encode_value(value, table),
+            state[path] = TensorEntry("buffer", path, encode_value(value, table),
                                       persistent=leaf not in owner._non_persistent_buffers_set)
         else:
-            state[path] = ConstantEntry(path, encode_value(value, table))
+            state[path] = TensorEntry("constant", path, encode_value(value, table))
     elif isinstance(value, torch.nn.Module):
         _encode_module_tree(gm, path, table, state, depth)
     else:
@@ -254,17 +259,8 @@ class GraphDecoder:
             return out
         if isinstance(value, SliceArg):
             return slice(*(self.decode_arg(x, env) for x in (value.start, value.stop, value.step)))
-        if isinstance(value, DtypeArg):
-            return dtype_from_name(value.name)
-        if isinstance(value, DeviceArg):
-            try:
-                return torch.device(value.name)
-            except RuntimeError:
-                raise IndexSchemaError(f"invalid device {value.name[:40]!r} in graph") from None
-        if isinstance(value, MemoryFormatArg):
-            return _MEMORY_FORMATS[value.name]
-        if isinstance(value, LayoutArg):
-            return _LAYOUTS[value.name]
+        if isinstance(value, ConstantArg):
+            return _constant(value)
         if isinstance(value, EllipsisArg):
             return Ellipsis
         if isinstance(value, ComplexArg):
@@ -300,13 +296,14 @@ class GraphDecoder:
         owner = _ensure_module(root, owner_path)
         if isinstance(entry, SubgraphEntry):
             owner._modules[leaf] = self.decode(entry.graph)
-        elif isinstance(entry, ParameterEntry):
+        elif isinstance(entry, TensorEntry):
             tensor = self._tensor(entry.tensor)
-            owner.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=tensor.requires_grad))
-        elif isinstance(entry, BufferEntry):
-            owner.register_buffer(leaf, self._tensor(entry.tensor), persistent=entry.persistent)
-        elif isinstance(entry, ConstantEntry):
-            setattr(owner, leaf, self._tensor(entry.tensor))
+            if entry.kind == "parameter":
+                owner.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=tensor.requires_grad))
+            elif entry.kind == "buffer":
+                owner.register_buffer(leaf, tensor, persistent=entry.persistent is not False)
+            else:
+                setattr(owner, leaf, tensor)
         else:
             owner._modules[leaf] = self._module(entry, owner._modules.get(leaf))
 

@@ -21,20 +21,7 @@ import torch
 
 from reproarchive.errors import IndexSchemaError, PackError
 from reproarchive.format import schema
-from reproarchive.format.schema import (
-    BoolValue,
-    FloatValue,
-    IntValue,
-    ListValue,
-    NoneValue,
-    StorageRecord,
-    StrValue,
-    SymBoolValue,
-    SymFloatValue,
-    SymIntValue,
-    TensorValue,
-    TupleValue,
-)
+from reproarchive.format.schema import ScalarValue, SequenceValue, StorageRecord, SymValue, TensorValue
 
 FIDELITY_REAL = "real"
 FIDELITY_ABSENT = "absent"
@@ -188,25 +175,18 @@ def encode_value(value: Any, table: StorageTable, *, name: str | None = None, dy
     if isinstance(value, torch.Tensor):
         return _tensor_record(table.add_tensor(value), value.dtype, tuple(value.shape), tuple(value.stride()),
                               value.storage_offset(), value.requires_grad, value.is_leaf, name, dynamic)
-    if isinstance(value, bool):
-        return BoolValue(value)
-    if isinstance(value, int):
-        return IntValue(value)
-    if isinstance(value, float):
-        return FloatValue(value)
+    for kind, cls in (("bool", bool), ("int", int), ("float", float), ("str", str)):  # bool before int
+        if isinstance(value, cls):
+            return ScalarValue(kind, cls(value))
     if value is None:
-        return NoneValue()
-    if isinstance(value, str):
-        return StrValue(value)
-    if isinstance(value, torch.SymBool):
-        return SymBoolValue(bool(_sym_hint(value)), _sym_expr(value))
-    if isinstance(value, torch.SymInt):
-        return SymIntValue(int(_sym_hint(value)), _sym_expr(value))
-    if isinstance(value, torch.SymFloat):
-        return SymFloatValue(float(_sym_hint(value)), _sym_expr(value))
+        return ScalarValue("none")
+    for kind, cls, plain in (("symbool", torch.SymBool, bool), ("symint", torch.SymInt, int),
+                             ("symfloat", torch.SymFloat, float)):
+        if isinstance(value, cls):
+            return SymValue(kind, plain(_sym_hint(value)), _sym_expr(value))
     if isinstance(value, (tuple, list)):
-        items = tuple(encode_value(v, table) for v in value)
-        return ListValue(items) if isinstance(value, list) else TupleValue(items)
+        return SequenceValue("list" if isinstance(value, list) else "tuple",
+                             tuple(encode_value(v, table) for v in value))
     raise PackError(
         f"input of type {type(value).__module__}.{type(value).__qualname__} cannot be stored",
         "graph inputs must be tensors, ints, floats, bools, None, SymInts or tuples/lists of these",
@@ -287,14 +267,12 @@ class ValueDecoder:
     def decode(self, rec: Any) -> Any:
         if isinstance(rec, TensorValue):
             return self.tensor(rec)
-        if isinstance(rec, (TupleValue, ListValue)):
+        if isinstance(rec, SequenceValue):
             items = [self.decode(r) for r in rec.items]
-            return tuple(items) if isinstance(rec, TupleValue) else items
-        if isinstance(rec, NoneValue):
-            return None
-        if isinstance(rec, (SymIntValue, SymFloatValue, SymBoolValue)):
-            return rec.hint
-        return rec.value
+            return tuple(items) if rec.kind == "tuple" else items
+        if isinstance(rec, SymValue):
+            return schema.SYMBOL_KINDS[rec.kind](rec.hint)
+        return float(rec.value) if rec.kind == "float" else rec.value
 
     def tensor(self, rec: TensorValue) -> torch.Tensor:
         t = torch.empty(0, dtype=dtype_from_name(rec.dtype), device=self.devices[rec.storage])

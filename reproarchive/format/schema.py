@@ -27,6 +27,7 @@ Versioning (spec §10), enforced by ``tests/format/test_schema_version.py`` agai
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 import re
 import types
@@ -188,88 +189,46 @@ class TensorValue:
 
 
 @dataclass(frozen=True)
-class IntValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "int"
-    value: int
+class ScalarValue:
+    """``int``, ``float``, ``bool`` or ``str`` with its ``value``, or ``none``."""
+
+    kind: str
+    value: PlainData = _omit_none()
 
 
 @dataclass(frozen=True)
-class FloatValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "float"
-    value: float
+class SymValue:
+    """A symbolic ``symint``, ``symfloat`` or ``symbool``: its concrete ``hint`` in the recorded
+    run and its ``expr`` (``s0``)."""
 
-
-@dataclass(frozen=True)
-class BoolValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "bool"
-    value: bool
-
-
-@dataclass(frozen=True)
-class StrValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "str"
-    value: str
-
-
-@dataclass(frozen=True)
-class NoneValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "none"
-
-
-@dataclass(frozen=True)
-class SymIntValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "symint"
-    hint: int
+    kind: str
+    hint: PlainData
     expr: str
 
 
 @dataclass(frozen=True)
-class SymFloatValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "symfloat"
-    hint: float
-    expr: str
+class SequenceValue:
+    """A ``tuple`` or ``list`` of value records."""
 
-
-@dataclass(frozen=True)
-class SymBoolValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "symbool"
-    hint: bool
-    expr: str
-
-
-@dataclass(frozen=True)
-class TupleValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "tuple"
+    kind: str
     items: tuple["Value", ...]
 
 
-@dataclass(frozen=True)
-class ListValue:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "list"
-    items: tuple["Value", ...]
-
-
-_VALUE_CLASSES = (TensorValue, IntValue, FloatValue, BoolValue, StrValue, NoneValue, SymIntValue, SymFloatValue,
-                  SymBoolValue, TupleValue, ListValue)
-Value = Annotated[Union[_VALUE_CLASSES], Tagged("kind", {c.TAG: c for c in _VALUE_CLASSES})]
-ScalarValue = Union[IntValue, FloatValue, BoolValue, StrValue, NoneValue]
+#: The value kinds of spec §6.3 and the Python type a scalar's value / a symbol's hint has.
+SCALAR_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "none": type(None)}
+SYMBOL_KINDS = {"symint": int, "symfloat": float, "symbool": bool}
+Value = Annotated[
+    Union[TensorValue, ScalarValue, SymValue, SequenceValue],
+    Tagged("kind", {"tensor": TensorValue, "tuple": SequenceValue, "list": SequenceValue,
+                    **{k: ScalarValue for k in SCALAR_KINDS}, **{k: SymValue for k in SYMBOL_KINDS}}),
+]
 
 
 def iter_tensors(value: Any):
     """The tensor records inside a value record, depth first."""
     if isinstance(value, TensorValue):
         yield value
-    elif isinstance(value, (TupleValue, ListValue)):
+    elif isinstance(value, SequenceValue):
         for item in value.items:
             yield from iter_tensors(item)
 
@@ -301,22 +260,10 @@ class SliceArg:
 
 
 @dataclass(frozen=True)
-class DtypeArg:
-    name: str
+class ConstantArg:
+    """A named torch constant: ``kind`` is ``dtype``, ``device``, ``memory_format`` or ``layout``."""
 
-
-@dataclass(frozen=True)
-class DeviceArg:
-    name: str
-
-
-@dataclass(frozen=True)
-class MemoryFormatArg:
-    name: str
-
-
-@dataclass(frozen=True)
-class LayoutArg:
+    kind: str
     name: str
 
 
@@ -331,8 +278,7 @@ class ComplexArg:
     imag: float
 
 
-ARG_TYPES = (NodeRef, TupleArg, DictArg, SliceArg, DtypeArg, DeviceArg, MemoryFormatArg, LayoutArg, EllipsisArg,
-             ComplexArg)
+ARG_TYPES = (NodeRef, TupleArg, DictArg, SliceArg, ConstantArg, EllipsisArg, ComplexArg)
 
 
 def _decode_arg(v: Any, depth: int = 0) -> Any:
@@ -357,14 +303,9 @@ def _decode_arg(v: Any, depth: int = 0) -> Any:
         return DictArg(tuple((_decode_arg_at(a, i, depth), _decode_arg_at(b, i, depth)) for i, (a, b) in enumerate(x)))
     if k == "slice" and isinstance(x, list) and len(x) == 3:
         return SliceArg(*(_decode_arg_at(a, i, depth) for i, a in enumerate(x)))
-    if k == "dtype" and isinstance(x, str):
-        return DtypeArg(x)
-    if k == "device" and isinstance(x, str):
-        return DeviceArg(x)
-    if k == "memory_format" and x in MEMORY_FORMATS:
-        return MemoryFormatArg(x)
-    if k == "layout" and x in LAYOUTS:
-        return LayoutArg(x)
+    if k in ("dtype", "device") and isinstance(x, str) or k == "memory_format" and x in MEMORY_FORMATS \
+            or k == "layout" and x in LAYOUTS:
+        return ConstantArg(k, x)
     if k == "ellipsis":
         return EllipsisArg()
     if k == "complex" and isinstance(x, list) and len(x) == 2 and all(type(a) in (int, float) for a in x):
@@ -396,14 +337,8 @@ def _encode_arg(v: Any) -> Any:
         return {"k": "dict", "v": [[_encode_arg(a), _encode_arg(b)] for a, b in v.items]}
     if isinstance(v, SliceArg):
         return {"k": "slice", "v": [_encode_arg(v.start), _encode_arg(v.stop), _encode_arg(v.step)]}
-    if isinstance(v, DtypeArg):
-        return {"k": "dtype", "v": v.name}
-    if isinstance(v, DeviceArg):
-        return {"k": "device", "v": v.name}
-    if isinstance(v, MemoryFormatArg):
-        return {"k": "memory_format", "v": v.name}
-    if isinstance(v, LayoutArg):
-        return {"k": "layout", "v": v.name}
+    if isinstance(v, ConstantArg):
+        return {"k": v.kind, "v": v.name}
     if isinstance(v, EllipsisArg):
         return {"k": "ellipsis"}
     if isinstance(v, ComplexArg):
@@ -457,28 +392,14 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
-class ParameterEntry:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "parameter"
+class TensorEntry:
+    """A tensor attribute: a ``parameter`` (its requires_grad is the tensor's), a ``buffer``
+    (``persistent`` or not) or a plain ``constant``."""
+
+    kind: str
     path: str
     tensor: TensorValue
-
-
-@dataclass(frozen=True)
-class BufferEntry:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "buffer"
-    path: str
-    tensor: TensorValue
-    persistent: bool = True
-
-
-@dataclass(frozen=True)
-class ConstantEntry:
-    TAG_KEY: ClassVar[str] = "kind"
-    TAG: ClassVar[str] = "constant"
-    path: str
-    tensor: TensorValue
+    persistent: bool | None = _omit_none()
 
 
 @dataclass(frozen=True)
@@ -499,9 +420,11 @@ class ModuleEntry:
     attributes: dict[str, Arg] = field(default_factory=dict)
 
 
-_STATE_CLASSES = (ParameterEntry, BufferEntry, ConstantEntry, SubgraphEntry, ModuleEntry)
-StateEntry = Annotated[Union[_STATE_CLASSES], Tagged("kind", {c.TAG: c for c in _STATE_CLASSES})]
-TENSOR_ENTRIES = (ParameterEntry, BufferEntry, ConstantEntry)
+TENSOR_KINDS = ("parameter", "buffer", "constant")
+StateEntry = Annotated[
+    Union[TensorEntry, SubgraphEntry, ModuleEntry],
+    Tagged("kind", {**{k: TensorEntry for k in TENSOR_KINDS}, "graph": SubgraphEntry, "module": ModuleEntry}),
+]
 
 
 @dataclass(frozen=True)
@@ -577,83 +500,33 @@ class EnvironmentRecord:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-@open_record
-class TorchInfo:
-    version: str | None = _omit_none()
-    git_version: str | None = _omit_none()
-    debug: bool | None = _omit_none()
-    cuda: str | None = _omit_none()
-    hip: str | None = _omit_none()
-    xpu: str | None = _omit_none()
-    num_threads: int | None = _omit_none()
+def informative(name: str, doc: str, /, **fields: Any) -> type:
+    """An open record whose every field is optional: None when the writer did not know it,
+    and then left out of the index. What machines report about themselves is like that."""
+    specs = [(k, tp | None, _omit_none()) for k, tp in fields.items()]
+    specs.append(("extra", dict[str, Any], field(default_factory=dict, metadata={"extra": True})))
+    cls = dataclasses.make_dataclass(name, specs, frozen=True)
+    cls.__doc__, cls.__module__, cls.__qualname__ = doc, __name__, name
+    return cls
 
 
-@open_record
-class PythonInfo:
-    version: str | None = _omit_none()
-    implementation: str | None = _omit_none()
-
-
-@open_record
-class OsInfo:
-    system: str | None = _omit_none()
-    release: str | None = _omit_none()
-    platform: str | None = _omit_none()
-    libc: str | None = _omit_none()
-
-
-@open_record
-class CpuInfo:
-    model: str | None = _omit_none()
-    machine: str | None = _omit_none()
-    count: int | None = _omit_none()
-    usable: int | None = _omit_none()
-    flags: tuple[str, ...] | None = _omit_none()
-    capability: str | None = _omit_none()
-
-
-@open_record
-class GpuInfo:
-    index: int | None = _omit_none()
-    name: str | None = _omit_none()
-    capability: str | None = _omit_none()
-    total_memory: int | None = _omit_none()
-    multi_processor_count: int | None = _omit_none()
-    arch: str | None = _omit_none()
-    error: str | None = _omit_none()
-
-
-@open_record
-class CudaInfo:
-    available: bool | None = _omit_none()
-    version: str | None = _omit_none()
-    cudnn: int | None = _omit_none()
-    reason: str | None = _omit_none()
-    driver_version: str | None = _omit_none()
-    device_count: int | None = _omit_none()
-    devices: tuple[GpuInfo, ...] | None = _omit_none()
-    arch_list: tuple[str, ...] | None = _omit_none()
-
-
-@open_record
-class CompilerInfo:
-    command: str | None = _omit_none()
-    version: str | None = _omit_none()
-
-
-@open_record
-class SystemRecord:
-    """Versions and hardware that take part in compiling and running the graph."""
-
-    torch: TorchInfo | None = _omit_none()
-    python: PythonInfo | None = _omit_none()
-    os: OsInfo | None = _omit_none()
-    cpu: CpuInfo | None = _omit_none()
-    cuda: CudaInfo | None = _omit_none()
-    hip: dict[str, PlainData] | None = _omit_none()
-    nvcc: str | None = _omit_none()
-    cxx: CompilerInfo | None = _omit_none()
-    packages: dict[str, str | None] | None = _omit_none()
+TorchInfo = informative("TorchInfo", "The torch build.", version=str, git_version=str, debug=bool, cuda=str,
+                        hip=str, xpu=str, num_threads=int)
+PythonInfo = informative("PythonInfo", "The Python running torch.", version=str, implementation=str)
+OsInfo = informative("OsInfo", "The operating system.", system=str, release=str, platform=str, libc=str)
+CpuInfo = informative("CpuInfo", "The CPU, and the vector ISA torch dispatches to.", model=str, machine=str,
+                      count=int, usable=int, flags=tuple[str, ...], capability=str)
+GpuInfo = informative("GpuInfo", "One GPU.", index=int, name=str, capability=str, total_memory=int,
+                      multi_processor_count=int, arch=str, error=str)
+CudaInfo = informative("CudaInfo", "CUDA (or HIP) as torch sees it.", available=bool, version=str, cudnn=int,
+                       reason=str, driver_version=str, device_count=int, devices=tuple[GpuInfo, ...],
+                       arch_list=tuple[str, ...])
+CompilerInfo = informative("CompilerInfo", "The C++ compiler inductor's CPU backend calls.", command=str, version=str)
+SystemRecord = informative(
+    "SystemRecord", "Versions and hardware that take part in compiling and running the graph.",
+    torch=TorchInfo, python=PythonInfo, os=OsInfo, cpu=CpuInfo, cuda=CudaInfo, hip=dict[str, PlainData], nvcc=str,
+    cxx=CompilerInfo, packages=dict[str, str | None],
+)
 
 
 @open_record
@@ -716,28 +589,14 @@ class PassRecord:
     successes: int = 0
 
 
-@open_record
-class MinifyRecord:
-    """Provenance of a minified archive: what the minifier did, and where each input came from
-    (``input:<i>`` an input of the parent, ``node:<name>`` a value the parent's graph computed)."""
-
-    calls: int | None = _omit_none()
-    cache_hits: int | None = _omit_none()
-    accepted: int | None = _omit_none()
-    oracle_errors: int | None = _omit_none()
-    initial_ops: int | None = _omit_none()
-    final_ops: int | None = _omit_none()
-    initial_nodes: int | None = _omit_none()
-    final_nodes: int | None = _omit_none()
-    initial_inputs: int | None = _omit_none()
-    final_inputs: int | None = _omit_none()
-    rounds: int | None = _omit_none()
-    elapsed_s: float | None = _omit_none()
-    stop_reason: str | None = _omit_none()
-    passes: dict[str, PassRecord] | None = _omit_none()
-    wall_s: float | None = _omit_none()
-    isolate: bool | None = _omit_none()
-    input_origins: tuple[str, ...] | None = _omit_none()
+MinifyRecord = informative(
+    "MinifyRecord",
+    "Provenance of a minified archive: what the minifier did, and where each input came from "
+    "(``input:<i>`` an input of the parent, ``node:<name>`` a value the parent's graph computed).",
+    calls=int, cache_hits=int, accepted=int, oracle_errors=int, initial_ops=int, final_ops=int, initial_nodes=int,
+    final_nodes=int, initial_inputs=int, final_inputs=int, rounds=int, elapsed_s=float, stop_reason=str,
+    passes=dict[str, PassRecord], wall_s=float, isolate=bool, input_origins=tuple[str, ...],
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -783,7 +642,7 @@ class Index:
 
 def _graph_tensors(graph: GraphRecord):
     for entry in graph.module_state:
-        if isinstance(entry, TENSOR_ENTRIES):
+        if isinstance(entry, TensorEntry):
             yield entry.tensor
         elif isinstance(entry, SubgraphEntry):
             yield from _graph_tensors(entry.graph)
@@ -974,9 +833,21 @@ def _check_value(value: Any, storages, path: tuple, depth: int) -> None:
         raise SchemaViolation(f"values nest deeper than {MAX_VALUE_DEPTH}", path)
     if isinstance(value, TensorValue):
         _check_tensor(value, storages, path)
-    elif isinstance(value, (TupleValue, ListValue)):
+    elif isinstance(value, ScalarValue):
+        _check_kind(value.value, SCALAR_KINDS[value.kind], (*path, "value"))
+    elif isinstance(value, SymValue):
+        _check_kind(value.hint, SYMBOL_KINDS[value.kind], (*path, "hint"))
+    elif isinstance(value, SequenceValue):
         for j, item in enumerate(value.items):
             _check_value(item, storages, (*path, j), depth + 1)
+
+
+def _check_kind(value: Any, expected: type, path: tuple) -> None:
+    """A scalar of the kind its record says (an int stands for a float; a bool never for an int)."""
+    ok = type(value) is expected or expected is float and type(value) is int
+    if not ok:
+        raise SchemaViolation(f"expected {expected.__name__ if expected is not type(None) else 'nil'}, "
+                              f"got {type(value).__name__}", path)
 
 
 def _check_tensor(t: TensorValue, storages, path: tuple) -> None:
@@ -1030,7 +901,7 @@ def _check_graph(graph: GraphRecord, storages, path: tuple, depth: int) -> None:
         if entry.path in state_paths:
             raise SchemaViolation(f"module_state path {entry.path!r} appears twice", (*path, "module_state", j))
         state_paths.add(entry.path)
-        if isinstance(entry, TENSOR_ENTRIES):
+        if isinstance(entry, TensorEntry):
             _check_tensor(entry.tensor, storages, (*path, "module_state", j, "tensor"))
         elif isinstance(entry, SubgraphEntry):
             _check_graph(entry.graph, storages, (*path, "module_state", j, "graph"), depth + 1)

@@ -37,7 +37,7 @@ def _type_name(tp: Any) -> str:
     if tp is PlainData or tp is Any:
         return "plain"
     if isinstance(tp, Tagged):
-        return f"tagged[{tp.key}]({'|'.join(sorted(c.__name__ for c in tp.classes.values()))})"
+        return f"tagged[{tp.key}]({', '.join(f'{tag}={c.__name__}' for tag, c in sorted(tp.classes.items()))})"
     if isinstance(tp, type):
         return tp.__name__
     origin, args = typing.get_origin(tp), typing.get_args(tp)

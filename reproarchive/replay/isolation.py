@@ -19,7 +19,7 @@ from reproarchive.child import run_child
 from reproarchive.context.environment import child_environment
 from reproarchive.context.failure import crash_record
 from reproarchive.format.schema import EnvironmentRecord, FailureRecord, from_plain
-from reproarchive.replay.outcome import Outcome, judge
+from reproarchive.replay.outcome import Outcome, judged
 
 
 def run_in_child(path: str | os.PathLike, *, environment: EnvironmentRecord | None = None, **options: Any):
@@ -33,12 +33,8 @@ def run_in_child(path: str | os.PathLike, *, environment: EnvironmentRecord | No
     observed = crash_record(died.signal_name or f"exit status {died.returncode}", message, died.log_tail,
                             backend=meta.get("backend"))
     recorded = from_plain(FailureRecord, meta["recorded"]) if meta.get("recorded") else None
-    status, exit_code = judge(recorded, observed)
-    return Outcome(
-        status=status,
-        exit_code=exit_code,
-        observed=observed,
-        recorded=recorded,
+    return judged(
+        recorded, observed,
         device=meta.get("device", "cpu"),
         backend=meta.get("backend") or "",
         warnings=list(meta.get("warnings", [])),

@@ -73,6 +73,12 @@ class Outcome:
         return cls(**values)
 
 
+def judged(recorded: FailureRecord | None, observed: FailureRecord | None, **facts: Any) -> "Outcome":
+    """The outcome of a replay that observed ``observed`` where ``recorded`` was recorded."""
+    status, exit_code = judge(recorded, observed)
+    return Outcome(status=status, exit_code=exit_code, observed=observed, recorded=recorded, **facts)
+
+
 def judge(recorded: FailureRecord | None, observed: FailureRecord | None) -> tuple[str, int]:
     if observed is None:
         return PASSED, EXIT_PASSED

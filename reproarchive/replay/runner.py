@@ -36,7 +36,7 @@ from reproarchive.format.schema import (
 )
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import choose_backend, resolve_backend
-from reproarchive.replay.outcome import Outcome, judge
+from reproarchive.replay.outcome import Outcome, judged
 
 # --------------------------------------------------------------------------------------------
 # the replay of one in-memory graph
@@ -95,12 +95,8 @@ def replay_graph(
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
 
-    status, exit_code = judge(recorded_failure, observed)
-    return Outcome(
-        status=status,
-        exit_code=exit_code,
-        observed=observed,
-        recorded=recorded_failure,
+    return judged(
+        recorded_failure, observed,
         accuracy=details,
         differences=differences(config=config, environment=environment, system=system,
                                 config_applied=config_applied) if report_differences else [],
