@@ -136,35 +136,39 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, vars(module), include_extras=True)
 
 
-def decoder_for(tp: Any) -> Callable[[Any], Any]:
+@functools.cache
+def converters(tp: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """(decode, encode) for a field type: plain data -> typed value, and back."""
     if tp is Any or tp is PlainData:
-        return check_plain
+        return check_plain, check_plain
     if isinstance(tp, Tagged):
-        return _tagged_decoder(tp)
+        return _tagged_decoder(tp), encode
     if tp in _SCALARS:
-        return _SCALARS[tp]
-    custom = getattr(tp, "__plain_decode__", None)
-    if custom is not None:
-        return custom
+        return _SCALARS[tp], _SCALARS[tp]
+    if hasattr(tp, "__plain_decode__"):
+        return tp.__plain_decode__, tp.__plain_encode__
     if dataclasses.is_dataclass(tp):
-        return lambda v, tp=tp: decode(tp, v)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+        return (lambda v, tp=tp: decode(tp, v)), encode
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
-        return decoder_for(args[1] if isinstance(args[1], Tagged) else args[0])
+        return converters(args[1] if isinstance(args[1], Tagged) else args[0])
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1 and len(args) == 2:
-            conv = decoder_for(inner[0])
-            return lambda v, conv=conv: None if v is None else conv(v)
-        raise TypeError(f"unsupported union {tp}")
+        if len(inner) != 1 or len(args) != 2:
+            raise TypeError(f"unsupported union {tp}")
+        dec, enc = converters(inner[0])
+        return (lambda v, dec=dec: None if v is None else dec(v)), (lambda v, enc=enc: None if v is None else enc(v))
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        conv = decoder_for(args[0])
-        return lambda v, conv=conv: _decode_list(v, conv)
+        dec, enc = converters(args[0])
+        return (lambda v, dec=dec: _decode_list(v, dec)), (lambda v, enc=enc: _items(v, enc))
     if origin is dict:
-        conv = decoder_for(args[1])
-        return lambda v, conv=conv: _decode_map(v, conv)
+        dec, enc = converters(args[1])
+        return (lambda v, dec=dec: _decode_map(v, dec)), (lambda v, enc=enc: _entries(v, enc))
     raise TypeError(f"unsupported field type {tp}")
+
+
+def decoder_for(tp: Any) -> Callable[[Any], Any]:
+    return converters(tp)[0]
 
 
 def _items(seq, conv) -> list:
@@ -240,8 +244,8 @@ def _specs(cls: type) -> tuple[tuple[_Spec, ...], str | None, frozenset]:
         default = f.default
         if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
-        specs.append(_Spec(f.name, f.metadata.get("key", f.name), decoder_for(hints[f.name]),
-                           encoder_for(hints[f.name]), default, f.metadata.get("omit")))
+        dec, enc = converters(hints[f.name])
+        specs.append(_Spec(f.name, f.metadata.get("key", f.name), dec, enc, default, f.metadata.get("omit")))
     keys = frozenset(s.key for s in specs)
     tag_key = getattr(cls, "TAG_KEY", None)
     if tag_key:
@@ -273,33 +277,6 @@ def decode(cls: type, raw: Any):
 
 # --------------------------------------------------------------------------------------------
 # encoding
-
-
-def encoder_for(tp: Any) -> Callable[[Any], Any]:
-    if tp is Any or tp is PlainData:
-        return check_plain
-    if tp in _SCALARS:
-        return _SCALARS[tp]
-    custom = getattr(tp, "__plain_encode__", None)
-    if custom is not None:
-        return custom
-    if isinstance(tp, Tagged) or dataclasses.is_dataclass(tp):
-        return encode
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is typing.Annotated:
-        return encoder_for(args[1] if isinstance(args[1], Tagged) else args[0])
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        conv = encoder_for(inner[0])
-        return lambda v, conv=conv: None if v is None else conv(v)
-    if origin is tuple:
-        conv = encoder_for(args[0])
-        return lambda v, conv=conv: _items(v, conv)
-    if origin is dict:
-        conv = encoder_for(args[1])
-        return lambda v, conv=conv: _entries(v, conv)
-    raise TypeError(f"unsupported field type {tp}")
 
 
 def encode(record: Any) -> Any:
