@@ -13,7 +13,7 @@ import torch._functorch.config  # noqa: F401
 import torch._inductor.config as inductor_config
 
 from reproarchive.context import config as snapshot
-from reproarchive.context.config import applied_config, config_diff, config_snapshot
+from reproarchive.context.config import applied_config, config_diff, config_snapshot, safe_to_apply
 from reproarchive.context.environment import environment_diff, environment_snapshot
 from reproarchive.context.redaction import redact_paths
 from reproarchive.context.system import system_diff, system_snapshot
@@ -164,6 +164,11 @@ def test_config_diff_reports_changed_missing_and_unrepresentable():
     assert diff[("torch._inductor.config", "removed_in_this_torch")]["status"] == "missing_here"
     assert diff[("torch._inductor.config", "post_grad_custom_post_pass")]["status"] == "unrepresentable"
     assert config_diff(base, base) == []
+
+
+def test_backend_lists_in_config_are_applied():
+    assert safe_to_apply("max_autotune_gemm_backends", "ATEN,CPP")
+    assert not safe_to_apply("cpp.cxx", ["/bin/sh", "-c"])
 
 
 # ------------------------------------------------------------------------------------------

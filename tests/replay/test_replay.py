@@ -25,12 +25,8 @@ from reproarchive.context import failure as failure_mod
 from reproarchive.errors import BackendUnavailableError, DeviceUnavailableError
 from reproarchive.format.schema import EnvironmentRecord
 from reproarchive.replay.runner import replay_graph
-
-try:
-    from reproarchive.cli import main as cli_main
-except ImportError:  # running from a checkout without installing: the CLI is the top-level cli/
-    from cli import main as cli_main
-from click.testing import CliRunner
+from support.captures import capture_failure
+from support.cli import invoke
 
 
 def model(x, y):
@@ -44,14 +40,7 @@ def inputs():
 
 def capture_archive(tmp_path, backend, *, accuracy=False, name="repro.tar.zst"):
     """Run ``model`` under reproarchive.capture(backend); return the archive it wrote."""
-    torch._dynamo.reset()
-    path = tmp_path / name
-    compiled = torch.compile(model, backend=reproarchive.capture(backend, path=path, accuracy=accuracy))
-    with pytest.raises(Exception):
-        compiled(*inputs())
-    torch._dynamo.reset()
-    assert path.exists(), "capture did not write an archive"
-    return path
+    return capture_failure(tmp_path / name, model, inputs(), backend, accuracy=accuracy)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +54,7 @@ def archives(tmp_path_factory):
 
 
 def cli(*args):
-    result = CliRunner().invoke(cli_main, [str(a) for a in args])
+    result = invoke(*args)
     return result.exit_code, result.output
 
 

@@ -18,12 +18,7 @@ import reproarchive
 from reproarchive.sources import backend as capture_backend
 from reproarchive.sources.backend import CaptureWarning, archive_path
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def mutating_fn(x, y):

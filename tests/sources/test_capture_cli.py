@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import reproarchive
-from cli import main  # noqa: E402
+from reproarchive.cli import main
 from support import dump_programs as progs
 
 

@@ -7,6 +7,7 @@ PyTorch's repro env vars in a subprocess. The after_aot ones need a real Inducto
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.fx as fx
 import zstandard
 
 import reproarchive
@@ -371,3 +373,18 @@ def test_random_module_state_is_lifted_to_absent_inputs(tmp_path):
     with pytest.warns(UserWarning):
         repro = reproarchive.load(path)
     assert repro.fidelity == ["absent"] * 4 + ["real", "value"]
+
+
+def test_pack_time_replay_generates_absent_inputs_like_load(tmp_path):
+    """The failure recorded when packing a dump must be the one `run` sees later."""
+    from reproarchive.sources.dump_child import _concrete
+
+    g = fx.Graph()
+    x, idx = g.placeholder("x"), g.placeholder("idx")
+    g.output((g.call_function(operator.getitem, (x, idx)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    args = [torch.arange(20.0), reproarchive.AbsentTensor((3,), torch.int64)]
+    path = reproarchive.pack(gm, args, tmp_path / "a.tar.zst")
+    replayed, generated = _concrete(args)
+    loaded = reproarchive.load(path).args
+    assert generated == 1 and torch.equal(replayed[1], loaded[1])

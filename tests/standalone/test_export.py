@@ -8,24 +8,22 @@ data by an absolute or cwd-relative path would fail here.
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
 
-import pytest
 import torch
+import torch.fx as fx
 
 import reproarchive
 from reproarchive.context import failure as failure_mod
+from reproarchive.format.schema import FailureRecord
 from reproarchive.standalone.script import export
-
-try:
-    from reproarchive.cli import main as cli_main
-except ImportError:
-    from cli import main as cli_main
-from click.testing import CliRunner
+from support.captures import capture_failure
+from support.cli import invoke
 
 
 def model(x, y):
@@ -33,14 +31,9 @@ def model(x, y):
 
 
 def capture_archive(path, backend, *, accuracy=False):
-    torch._dynamo.reset()
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 4, generator=gen, requires_grad=True), torch.randn(4, 4, generator=gen)
-    compiled = torch.compile(model, backend=reproarchive.capture(backend, path=path, accuracy=accuracy))
-    with pytest.raises(Exception):
-        compiled(x, y)
-    torch._dynamo.reset()
-    return path
+    return capture_failure(path, model, (x, y), backend, accuracy=accuracy)
 
 
 def run_isolated(script, *argvs, cwd):
@@ -74,7 +67,7 @@ def run_isolated(script, *argvs, cwd):
 
 def test_export_runs_without_reproarchive_and_reproduces(tmp_path):
     archive = capture_archive(tmp_path / "compile.tar.zst", "relu_compile_error_TESTING_ONLY")
-    code = CliRunner().invoke(cli_main, ["export", str(archive), "-o", str(tmp_path / "out")])
+    code = invoke("export", archive, "-o", tmp_path / "out")
     assert code.exit_code == 0, code.output
     # Move the folder: everything it reads must be found relative to the script.
     moved = tmp_path / "elsewhere" / "bug-report"
@@ -156,7 +149,20 @@ def test_export_refuses_a_non_empty_folder_and_leaves_nothing(tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     before = sorted(p.name for p in tmp_path.iterdir())
-    result = CliRunner().invoke(cli_main, ["export", str(archive), "-o", str(out)])
+    result = invoke("export", archive, "-o", out)
     assert result.exit_code == 4 and result.output.startswith("error: ")  # an unusable output folder
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temp folder left behind
+
+
+def test_export_header_survives_backslashes_in_messages(tmp_path):
+    from reproarchive.standalone.script import write_export
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(torch.relu, (x,)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    failure = FailureRecord(stage="compile", exception_type="OSError", message=r"cannot open C:\Users\me\x.so",
+                            backend="eager")
+    report = write_export(gm, [torch.ones(2)], tmp_path / "out", backend="eager", failure=failure)
+    ast.parse(open(report["script"]).read())
