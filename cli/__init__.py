@@ -9,6 +9,6 @@ from __future__ import annotations
 from .app import main
 
 # Importing a command module registers its commands on ``main``.
-from . import archive_cmds, capture_cmds, demo_cmd, replay_cmds  # noqa: E402,F401
+from . import archive_cmds, capture_cmds, demo_cmd, ls_cmd, replay_cmds  # noqa: E402,F401
 
 __all__ = ["main"]

@@ -61,6 +61,14 @@ class Repro:
     minify = property(lambda self: self._section("minify"))
     parent = property(lambda self: self._section("parent"))
 
+    @property
+    def graph_kind(self) -> str | None:
+        """Which of PyTorch's graphs the archive holds, "after_dynamo" or "after_aot" (it
+        decides how Inductor replays it). Dump imports name it in ``source.kind``; archives
+        packed from a TORCH_TRACE log (kind "torch_trace") in ``source.graph_kind``."""
+        source = self.source if isinstance(self.source, dict) else {}
+        return source.get("graph_kind") or source.get("kind")
+
 
 def _storage_dtypes(index: dict) -> dict[int, torch.dtype]:
     """The dtype of the first tensor viewing each storage (to generate absent data sensibly)."""

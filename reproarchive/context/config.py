@@ -216,6 +216,60 @@ def config_snapshot() -> dict[str, Any]:
     }
 
 
+# What torch writes into compilation_metrics' config strings for a value json cannot encode.
+_LOGGED_UNSERIALIZABLE = ("Value is not JSON serializable",)
+
+
+def config_from_values(values: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A config record, shaped like ``config_snapshot``'s, from full values recorded elsewhere.
+
+    TORCH_TRACE logs record the whole dynamo/inductor/functorch/torch.compiler config of the
+    job as JSON (``compilation_metrics``). JSON keeps no tuples or sets and the log no defaults,
+    so "changed"/"defaults" are computed against this torch's defaults and container types
+    taken from them; a key this torch does not have counts as changed (its default is unknown
+    here). Values torch could not encode are listed in "unrepresentable"; absolute paths are
+    redacted and listed in "machine_specific", as in a snapshot.
+    """
+    live = _config_modules()
+    cwd = os.getcwd()
+    path_prefixes = {cwd: "<cwd>"} if cwd not in ("/", "") else {}
+    record: dict[str, Any] = {"modules": {}, "changed": {}, "defaults": {}, "unrepresentable": [],
+                              "types": {}, "machine_specific": []}
+    for mod_name, recorded in values.items():
+        entries = getattr(live.get(mod_name), "_config", None) or {}
+        plain_values: dict[str, Any] = {}
+        for key in sorted(recorded):
+            value = recorded[key]
+            if isinstance(value, str) and value in _LOGGED_UNSERIALIZABLE:
+                record["unrepresentable"].append({"module": mod_name, "key": key, "changed": True,
+                                                  "reason": "not recorded in the log (not JSON-serializable)",
+                                                  "repr": value})
+                continue
+            logged = value
+            if _looks_like_path(value):
+                value = _redact_value(value, path_prefixes)
+                record["machine_specific"].append({"module": mod_name, "key": key})
+            plain_values[key] = value
+            entry = entries.get(key)
+            default = getattr(entry, "default", _UNSET) if entry is not None else _UNSET
+            kind = _container_type(default) if default is not _UNSET else None
+            if kind:
+                record["types"].setdefault(mod_name, {})[key] = kind
+            try:
+                plain_default = _plain(default) if default is not _UNSET else _UNSET
+            except _Unrepresentable:
+                plain_default = _UNSET
+            same = plain_default is not _UNSET and (
+                plain_default == logged or (kind == "set" and isinstance(logged, list)
+                                            and sorted(map(repr, logged)) == sorted(map(repr, plain_default))))
+            if not same:
+                record["changed"].setdefault(mod_name, {})[key] = value
+                if plain_default is not _UNSET:
+                    record["defaults"].setdefault(mod_name, {})[key] = plain_default
+        record["modules"][mod_name] = plain_values
+    return record
+
+
 # ---------------------------------------------------------------------------------------------
 # Applying a recorded config
 # ---------------------------------------------------------------------------------------------

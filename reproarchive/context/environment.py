@@ -114,8 +114,13 @@ def environment_diff(
     if recorded_system:
         if current_system is None:
             current_system = system_snapshot()  # runs nvidia-smi/nvcc/g++: only when needed
+        # A partial record (e.g. from a TORCH_TRACE log) knows only some facts; a missing one is
+        # unknown, not a difference.
+        partial = bool(recorded_system.get("partial"))
         for label, getter, important in _SYSTEM_FIELDS:
             rv, cv = getter(recorded_system), getter(current_system)
+            if rv is None and partial:
+                continue
             if rv != cv:
                 out.append({"what": label, "recorded": rv, "current": cv, "important": important})
         rec_pk = nested_get(recorded_system, "packages") or {}
@@ -123,6 +128,8 @@ def environment_diff(
         for name in sorted(set(rec_pk) | set(cur_pk)):
             if name in ("torch", "triton", "pytorch-triton"):
                 continue  # reported above
+            if rec_pk.get(name) is None and partial:
+                continue
             if rec_pk.get(name) != cur_pk.get(name):
                 out.append({"what": f"package {name}", "recorded": rec_pk.get(name),
                             "current": cur_pk.get(name), "important": False})

@@ -407,7 +407,7 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         environment=repro.environment,
         system=repro.system,
         current_config=current_config,
-        source_kind=(repro.source or {}).get("kind"),
+        source_kind=repro.graph_kind,
         device=None,  # load already put inputs and graph constants where ``device`` says
         tol=tol,
     )

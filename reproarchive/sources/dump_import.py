@@ -138,47 +138,15 @@ def pack_dump(
     except ValueError:
         label = str(script.relative_to(dump_root.parent))
 
-    work = Path(tempfile.mkdtemp(prefix="reproarchive-dump-"))
-    try:
-        result_file = work / "result.json"
-        log_file = work / "child.log"
-        child_cwd = work / "cwd"
-        child_cwd.mkdir()
-        cmd = [sys.executable, "-m", "reproarchive.sources.dump_child",
-               "--script", str(script), "--script-label", label,
-               "--out", str(out_path), "--result", str(result_file),
-               "--dump-prefix", str(dump_root), "--dump-prefix", str(script.parent),
-               "--cwd-prefix", str(cwd.resolve())]
-        if not replay:
-            cmd.append("--no-replay")
-        with open(log_file, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=child_cwd, env=_child_env(), stdout=subprocess.PIPE,
-                                    stderr=log, stdin=subprocess.DEVNULL, text=True)
-            try:
-                assert proc.stdout is not None
-                from reproarchive.sources.dump_child import EVENT_PREFIX
-
-                for line in proc.stdout:
-                    if line.startswith(EVENT_PREFIX) and progress is not None:
-                        progress(line[len(EVENT_PREFIX):].strip())
-                code = proc.wait()
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-        if keep_log is not None:
-            shutil.copyfile(log_file, keep_log)
-        report = _read_report(result_file, log_file, code)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-    if "error" in report:
-        err = report["error"]
-        name = err.get("class", "PackError")
-        cls = getattr(errors, name, errors.PackError)
-        if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
-            cls = errors.PackError
-        raise cls(err.get("what", "packing the dump failed"), err.get("hint"))
+    args = ["--script", str(script), "--script-label", label,
+            "--out", str(out_path),
+            "--dump-prefix", str(dump_root), "--dump-prefix", str(script.parent),
+            "--cwd-prefix", str(cwd.resolve())]
+    if not replay:
+        args.append("--no-replay")
+    report = run_child("reproarchive.sources.dump_child", args, progress=progress, keep_log=keep_log,
+                       what="the process importing the dump")
+    raise_child_error(report, "packing the dump failed")
     archive = Path(report["archive"])
     return PackResult(
         archive=archive,
@@ -199,6 +167,56 @@ def pack_dump(
     )
 
 
+def run_child(module: str, args: list[str], *, progress: Callable[[str], None] | None,
+              keep_log: str | os.PathLike | None, what: str) -> dict[str, Any]:
+    """Run ``python -m module args --result FILE`` in a scratch cwd with ``_child_env()``; relay
+    its progress events; return its JSON report (``{"error": ...}`` when it failed cleanly).
+
+    Raises PackError when the child died without a report (a crash in the user's own code).
+    ``keep_log`` copies the child's stderr there (for --debug).
+    """
+    from reproarchive.sources.dump_child import EVENT_PREFIX
+
+    work = Path(tempfile.mkdtemp(prefix="reproarchive-child-"))
+    try:
+        result_file = work / "result.json"
+        log_file = work / "child.log"
+        child_cwd = work / "cwd"
+        child_cwd.mkdir()
+        cmd = [sys.executable, "-m", module, *args, "--result", str(result_file)]
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=child_cwd, env=_child_env(), stdout=subprocess.PIPE,
+                                    stderr=log, stdin=subprocess.DEVNULL, text=True)
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if line.startswith(EVENT_PREFIX) and progress is not None:
+                        progress(line[len(EVENT_PREFIX):].strip())
+                code = proc.wait()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+        if keep_log is not None:
+            with open(keep_log, "ab") as dst, open(log_file, "rb") as src:
+                shutil.copyfileobj(src, dst)
+        return _read_report(result_file, log_file, code, what)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def raise_child_error(report: dict[str, Any], default_what: str) -> None:
+    """Re-raise the error a child reported, as the same ReproArchiveError class."""
+    if "error" not in report:
+        return
+    err = report["error"]
+    name = err.get("class", "PackError")
+    cls = getattr(errors, name, errors.PackError)
+    if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
+        cls = errors.PackError
+    raise cls(err.get("what", default_what), err.get("hint"))
+
+
 def _dump_root(script: Path) -> Path:
     """The folder that belongs to this dump: ``run_*`` for a launcher, else the script's folder."""
     parts = script.parents
@@ -207,7 +225,7 @@ def _dump_root(script: Path) -> Path:
     return script.parent
 
 
-def _read_report(result_file: Path, log_file: Path, code: int) -> dict[str, Any]:
+def _read_report(result_file: Path, log_file: Path, code: int, what: str) -> dict[str, Any]:
     if result_file.is_file():
         try:
             return json.loads(result_file.read_text())
@@ -217,6 +235,6 @@ def _read_report(result_file: Path, log_file: Path, code: int) -> dict[str, Any]
     last = next((ln.strip() for ln in reversed(tail) if ln.strip()), "no output")
     signal_note = f" (killed by signal {-code})" if code < 0 else f" (exit {code})"
     raise errors.PackError(
-        f"the process importing the dump died{signal_note}: {last[:300]}",
-        "the dump's own code crashed while loading; rerun with --debug to keep its log",
+        f"{what} died{signal_note}: {last[:300]}",
+        "its own code crashed while loading; rerun with --debug to keep its log",
     )
