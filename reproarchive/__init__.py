@@ -24,6 +24,8 @@ _EXPORTS = {
     # capture after a failure
     "capture": "reproarchive.sources.backend",
     "pack_dump": "reproarchive.sources.dump_import",
+    "pack_trace": "reproarchive.sources.trace_import",
+    "list_trace": "reproarchive.sources.trace_import",
     # replay and export
     "run": "reproarchive.replay.runner",
     "Outcome": "reproarchive.replay.runner",

@@ -33,10 +33,11 @@ import inspect
 import json
 import re
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
-from reproarchive.errors import PackError, SourceError
+from reproarchive.errors import PackError, ReproArchiveError, SourceError
 from reproarchive.sources import dump_child
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
@@ -202,7 +203,7 @@ def from_dynamo_graph(job: dict[str, Any], events) -> dict[str, Any]:
         "nan": float("nan"), "device": torch.device, "fx_pytree": torch.fx._pytree, "pytree": torch.utils._pytree,
     }
     try:
-        exec(compile(code, "<dynamo_output_graph>", "exec"), namespace)  # noqa: S102 - the user's own log, in a throwaway process
+        exec(compile(code, "<dynamo_output_graph>", "exec", dont_inherit=True), namespace)  # noqa: S102 - the user's own log, in a throwaway process
     except Exception as err:
         raise SourceError(f"the logged Dynamo graph does not run as Python: {type(err).__name__}: "
                           f"{dump_child._first_line(err)}", "the payload may be from an unsupported torch version")
@@ -360,8 +361,32 @@ def reconcile(logged: dict[str, Any] | None, observed: dict[str, Any], notes: di
 
 
 def run(opts: argparse.Namespace, events) -> dict[str, Any]:
-    job = json.loads(Path(opts.job).read_text(encoding="utf-8"))
-    work = Path(opts.job).parent
+    """Pack each job in turn. Several Dynamo-graph jobs share one child (nothing of theirs
+    outlives the job: the graph is a class, the config is applied only around the replay); a
+    runnable sets torch config for good when it runs, so the parent gives it a child of its own.
+    One job's error is reported for that job alone."""
+    results = []
+    for path in opts.job:
+        job = json.loads(Path(path).read_text(encoding="utf-8"))
+        label = job["compile"]["label"]
+
+        def step(stage: str, _label=label) -> None:
+            events(f"{_label}: {stage}")
+
+        try:
+            results.append(pack_job(job, Path(path).parent, step))
+        except ReproArchiveError as err:
+            traceback.print_exc()
+            results.append({"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}})
+        except Exception as err:  # noqa: BLE001 - reported as one line for this compile
+            traceback.print_exc()
+            results.append({"error": {"class": "PackError", "hint": "rerun with --debug to see the child's log",
+                                      "what": f"rebuilding {label} failed: {type(err).__name__}: "
+                                              f"{dump_child._first_line(err)}"}})
+    return {"results": results}
+
+
+def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
     built = from_runnable(job, work, events) if job["graph"]["from"] == "fx_graph_runnable" \
         else from_dynamo_graph(job, events)
     scrub_opts = argparse.Namespace(cwd_prefix=job.get("cwd_prefixes") or [], dump_prefix=[])
@@ -433,7 +458,7 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reproarchive.sources.trace_child")
-    parser.add_argument("--job", required=True)
+    parser.add_argument("--job", required=True, action="append")
     parser.add_argument("--result", required=True)
     return dump_child.child_main(run, parser.parse_args(argv), "rebuilding the compile from the log")
 

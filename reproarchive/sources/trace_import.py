@@ -160,40 +160,36 @@ def pack_trace(
     out_dir, single = _output(out, cwd, len(chosen))
     names = _archive_names(chosen, trace)
 
-    packed: list[PackedCompile] = []
+    done: dict[int, PackedCompile] = {}
     skipped: list[dict[str, Any]] = []
     warnings = list(trace.warnings)
+    jobs: list[tuple[Compile, dict[str, Any]]] = []
     for c in chosen:
         target = single if single is not None else out_dir / names[id(c)]
         try:
-            job = _job(trace, c, graph=graph, backend=backend, accuracy=accuracy, replay=replay, out=target, cwd=cwd)
+            jobs.append((c, _job(trace, c, graph=graph, backend=backend, accuracy=accuracy, replay=replay,
+                                 out=target, cwd=cwd)))
         except _Unpackable as why:
             skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(why)})
-            continue
-        if progress is not None:
-            progress(f"{c.label}: starting")
-        step = (lambda stage, _c=c: progress(f"{_c.label}: {stage}")) if progress is not None else None
-        work = Path(tempfile.mkdtemp(prefix="reproarchive-trace-"))
-        try:
-            job_file = work / "job.json"
-            job_file.write_text(json.dumps(job), encoding="utf-8")
-            report = run_child("reproarchive.sources.trace_child", ["--job", str(job_file)], progress=step,
-                               keep_log=keep_log, what=f"the process rebuilding {c.label}")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        try:
-            raise_child_error(report, f"packing {c.label} failed")
-        except ReproArchiveError as err:
-            if len(chosen) == 1:
-                raise
-            skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(err)})
-            continue
-        archive = Path(report["archive"])
-        packed.append(PackedCompile(
-            compile_id=c.id, rank=c.rank, archive=archive, size=archive.stat().st_size, frame=c.frame,
-            graph_from=job["graph"]["from"], kind=report.get("kind", ""), backend=report.get("backend"),
-            graph=report.get("graph", {}), inputs=report.get("inputs", {}), failure=report.get("failure"),
-            replay=report.get("replay", {}), warnings=report.get("warnings", [])))
+    # Dynamo graphs share one child; each runnable gets its own (it sets torch config for good).
+    batches = [[j for j in jobs if j[1]["graph"]["from"] != "fx_graph_runnable"]]
+    batches += [[j] for j in jobs if j[1]["graph"]["from"] == "fx_graph_runnable"]
+    for batch in filter(None, batches):
+        for (c, job), report in zip(batch, _run_batch(batch, progress=progress, keep_log=keep_log)):
+            try:
+                raise_child_error(report, f"packing {c.label} failed")
+            except ReproArchiveError as err:
+                if len(chosen) == 1:
+                    raise
+                skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(err)})
+                continue
+            archive = Path(report["archive"])
+            done[id(c)] = (PackedCompile(
+                compile_id=c.id, rank=c.rank, archive=archive, size=archive.stat().st_size, frame=c.frame,
+                graph_from=job["graph"]["from"], kind=report.get("kind", ""), backend=report.get("backend"),
+                graph=report.get("graph", {}), inputs=report.get("inputs", {}), failure=report.get("failure"),
+                replay=report.get("replay", {}), warnings=report.get("warnings", [])))
+    packed = [done[id(c)] for c in chosen if id(c) in done]
     if not packed:
         first = skipped[0] if skipped else {"compile_id": "?", "reason": "nothing selected"}
         raise SourceError(
@@ -201,6 +197,30 @@ def pack_trace(
             + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""),
             "`reproarchive ls` shows what the log holds for each compile")
     return TracePackResult(source=src, trace_kind=trace.kind, packed=packed, skipped=skipped, warnings=warnings)
+
+
+def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_log) -> list[dict[str, Any]]:
+    """Run one child for the jobs of ``batch``; one report per job (``{"error": ...}`` for a job
+    that failed, and for all of them when the child died)."""
+    work = Path(tempfile.mkdtemp(prefix="reproarchive-trace-"))
+    try:
+        args = []
+        for i, (c, job) in enumerate(batch):
+            job_dir = work / f"job{i}"
+            job_dir.mkdir()
+            (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
+            args += ["--job", str(job_dir / "job.json")]
+        what = f"the process rebuilding {', '.join(c.label for c, _ in batch)}"
+        try:
+            report = run_child("reproarchive.sources.trace_child", args, progress=progress, keep_log=keep_log, what=what)
+        except ReproArchiveError as err:
+            report = {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results = report.get("results")
+    if not isinstance(results, list) or len(results) != len(batch):
+        return [{"error": report.get("error") or {"what": "the child process reported nothing"}}] * len(batch)
+    return results
 
 
 class _Unpackable(Exception):
@@ -317,7 +337,7 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
          cwd: Path) -> dict[str, Any]:
     """Everything the child needs for one compile, as plain JSON (the child never reads the log)."""
     graph_from, event = _choose_graph(c, graph)
-    logged_backend, backend_origin = trace_log.backend_from_log(c)
+    logged_backend, backend_origin = trace_log.backend_from_log(c, trace)
     if graph_from == "fx_graph_runnable":
         logged_backend, backend_origin = "inductor", "fx_graph_runnable is Inductor's input"
     chosen_backend = backend or logged_backend
@@ -365,7 +385,7 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
     scrub = {str(cwd.resolve()): "<cwd>", str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
     scrub.update(trace_log.job_paths(trace, c))
     return {
-        "compile": {"id": c.id, "rank": c.rank},
+        "compile": {"id": c.id, "rank": c.rank, "label": c.label},
         "graph": {"from": graph_from, "code": event.payload, "real_data_script": real_script},
         "describe": trace_log.describe_inputs(c),
         "symbols": trace_log.symbols(c),

@@ -285,6 +285,8 @@ class Trace:
 
     def display_log(self, c: Compile) -> str:
         try:
+            if self.kind == "tlparse":
+                return str(c.log.relative_to(self.root.parent))
             return str(c.log.relative_to(self.root)) if self.root.is_dir() else c.log.name
         except ValueError:
             return c.log.name
@@ -551,6 +553,10 @@ class _Reader:
     def _event(self, path: Path, file_rank, env: dict, lineno: int, text: str | None, state: str,
                page: str | None, *, tlparse_root: Path | None = None, pid: int | None = None) -> None:
         kind = _event_kind(env)
+        if kind == "string_table" and isinstance(env.get("string_table"), list):
+            # tlparse's raw.jsonl starts with the log's interned file names, by index
+            self.strings.setdefault(path, {}).update(enumerate(map(str, env["string_table"])))
+            return
         if kind == "str":
             value = env.get("str")
             if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
@@ -701,18 +707,36 @@ def failure_record(c: Compile, *, backend: str | None) -> tuple[dict[str, Any] |
     return record, diagnostics
 
 
-def backend_from_log(c: Compile) -> tuple[str | None, str]:
-    """(backend name, how we know it). The log names the backend only when it failed
-    (``backend='x' raised``); Inductor is recognised by its artifacts; otherwise unknown."""
+def _named_backend(c: Compile) -> str | None:
     reason = str(c.metrics.get("fail_reason") or "")
     err = c.last("dynamo_error")
     for text in (reason, err.payload if err is not None and err.payload else ""):
         m = re.search(r"backend='([^']+)' raised", text)
         if m:
-            return m.group(1), "named in the failure logged for this compile"
-    if c.runnables() or c.of_kind("inductor_output_code") or c.of_kind("inductor_post_grad_graph") \
-            or c.metrics.get("fail_type") == "InductorError" or c.metrics.get("inductor_compile_time_s"):
+            return m.group(1)
+    return None
+
+
+def _uses_inductor(c: Compile) -> bool:
+    return bool(c.runnables() or c.of_kind("inductor_output_code") or c.of_kind("inductor_post_grad_graph")
+                or c.metrics.get("fail_type") == "InductorError" or c.metrics.get("inductor_compile_time_s"))
+
+
+def backend_from_log(c: Compile, trace: Trace | None = None) -> tuple[str | None, str]:
+    """(backend name, how we know it). The log names the backend only when it failed
+    (``backend='x' raised``); Inductor is recognised by its artifacts. A compile without either
+    takes the backend another compile of the same process named in its failure (one job, one
+    ``torch.compile`` backend, as a rule; the origin says so); otherwise it is unknown."""
+    named = _named_backend(c)
+    if named:
+        return named, "named in the failure logged for this compile"
+    if _uses_inductor(c):
         return "inductor", "Inductor artifacts in the log"
+    others = {(o.id, b) for o in (trace.compiles if trace else []) if o.log == c.log and o.rank == c.rank
+              and (b := _named_backend(o))}
+    if len({b for _, b in others}) == 1:
+        cid, name = sorted(others)[0]
+        return name, f"named in the failure of compile [{cid}] of the same process (this one left no trace of it)"
     return None, "not recorded in TORCH_TRACE logs"
 
 
