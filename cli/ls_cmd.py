@@ -31,7 +31,8 @@ def ls_cmd(source: Path, rank: int | None, failed: bool, as_json: bool) -> None:
       FRAME    the compiled function and where it starts
       OPS      operations in its graph
       STATUS   ok, failed, or incomplete (the log ends inside it: a crash or a cut log);
-               "(no graph)" when Dynamo logged no graph, so there is nothing to pack
+               "(no graph)" when Dynamo logged no graph, "(graph damaged)" when its payload
+               fails its MD5: either way there is nothing to pack
       REASON   the first line of the failure
 
     Problems in the log (truncated lines, payloads whose MD5 does not match, interleaved ranks)

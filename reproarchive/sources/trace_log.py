@@ -166,7 +166,8 @@ class Compile:
     @property
     def status(self) -> str:
         """"failed", "ok", or "incomplete" (the log ends inside the compile: a crash, a kill, or a
-        cut log). "ok" and "failed" get " (no graph)" when Dynamo logged no graph for it."""
+        cut log); " (no graph)" when Dynamo logged no graph for it, " (graph damaged)" when its
+        payload fails its MD5."""
         if self.failed:
             status = "failed"
         elif self.last("compilation_metrics") is None:
@@ -175,6 +176,8 @@ class Compile:
             status = "ok"
         if self.graph_event is None:
             status += " (no graph)"
+        elif self.graph_event.payload_state != "ok":
+            status += " (graph damaged)"
         return status
 
     @property
