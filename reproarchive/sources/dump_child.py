@@ -638,8 +638,9 @@ def import_script(script: Path, store: Path | None, events) -> ImportedScript:
                           lifted=lifted, origin=origin, notes=trace_notes, load_args=load_args)
 
 
-def input_report(imp: ImportedScript) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """(the inputs summary for the report, the storages record for ``source``, warnings)."""
+def input_report(imp: ImportedScript, *, data_expected: bool = True) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(the inputs summary for the report, the storages record for ``source``, warnings).
+    ``data_expected=False`` for scripts written without data by design (no warning for that)."""
     import torch
 
     from reproarchive.codec.tensors import AbsentTensor
@@ -654,7 +655,7 @@ def input_report(imp: ImportedScript) -> tuple[dict[str, Any], dict[str, Any], l
                         + ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
     if unreadable:
         warnings.append("unreadable storage file(s): " + ", ".join(unreadable[:10]))
-    if no_data:
+    if no_data and data_expected:
         warnings.append(f"{no_data} storage(s) were recorded by PyTorch without data "
                         "(fake tensors at dump time): those inputs are marked absent")
     if imp.lifted:

@@ -92,11 +92,11 @@ def from_runnable(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
         if store is not None:
             script = real
     imp = dump_child.import_script(script, store, events)
-    inputs, storages, warnings = dump_child.input_report(imp)
+    # the log's runnable is written without data by design (save_dir=None)
+    inputs, storages, warnings = dump_child.input_report(imp, data_expected=store is not None)
     for info in imp.reader.inputs:
         if info.get("data") == "no_data":
-            info["data"] = "absent"  # the log's runnable is written without data, by design
-    warnings = [w for w in warnings if "recorded by PyTorch without data" not in w]
+            info["data"] = "absent"
     if store is None:
         warnings.insert(0, "the log holds no tensor data: every input is absent (generated at load time); "
                            "run with TORCH_COMPILE_DEBUG=1 TORCH_COMPILE_DEBUG_SAVE_REAL=1 to keep real inputs")

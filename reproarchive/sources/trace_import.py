@@ -354,6 +354,8 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         warnings.append("the log does not name the backend (it names it only when it fails): pass --backend "
                         "to record it; `run --backend NAME` works too")
     pages = _tlparse_pages(c)
+    if pages is not None and event.page:
+        pages[graph_from] = event.page  # the page of the payload packed, not merely the last one
     runnable_event = event if graph_from == "fx_graph_runnable" else None
     used = ["dynamo_output_graph", "fx_graph_runnable", "dynamo_error", "compilation_metrics"]
     source = {
@@ -365,7 +367,7 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         "user_stack": trace_log.user_stack(trace, c),
         "log": trace.display_log(c),
         "trace_format": trace.kind,
-        "log_lines": {k: v for k, v in trace_log.events_lines(c, used).items()} | ({graph_from: event.lineno}),
+        "log_lines": {**trace_log.events_lines(c, used), graph_from: event.lineno},
         "tlparse": {"directory": c.tlparse_directory, "pages": pages},
         "graph_from": graph_from,
         "backend_origin": backend_origin if chosen_backend else "unknown",
@@ -411,6 +413,5 @@ def _tlparse_pages(c: Compile) -> dict[str, str] | None:
     pages: dict[str, str] = {}
     for ev in c.events:
         if ev.page:
-            pages.setdefault(ev.kind, ev.page)
             pages[ev.kind] = ev.page  # the last one of each kind, like the graph we take
     return pages

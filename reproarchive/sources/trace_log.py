@@ -25,10 +25,9 @@ import hashlib
 import json
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from reproarchive.context import failure as failure_records
 from reproarchive.errors import SourceError
@@ -927,11 +926,3 @@ def events_lines(c: Compile, kinds: Iterable[str]) -> dict[str, int]:
         if ev is not None:
             out[kind] = ev.lineno
     return out
-
-
-def iter_problems(trace: Trace) -> Iterator[str]:
-    yield from trace.warnings
-
-
-def summarise_statuses(compiles: Iterable[Compile]) -> dict[str, int]:
-    return dict(Counter(c.status for c in compiles))

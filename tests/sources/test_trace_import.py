@@ -194,14 +194,20 @@ def test_inductor_runnable_with_real_data(trace_jobs, packed):
     assert reproarchive.run(archive).status == "reproduced"
 
 
-def test_default_packs_the_failed_compiles_only(trace_jobs, tmp_path):
-    result = pack_trace(trace_jobs["graph_break"][1], tmp_path, replay=False)
-    assert [p.compile_id for p in result.packed] == ["1/0"]
-    assert result.packed[0].replay["performed"] is False
+def test_default_selects_the_failed_compiles_only(trace_jobs, tmp_path):
+    """What pack takes without --compile-id/--all (selection only: no child process)."""
+    from reproarchive.sources.trace_log import read_trace
+
+    trace = read_trace(trace_jobs["graph_break"][1])
+    assert [c.id for c in trace.select()] == ["1/0"]
+    assert [c.id for c in trace.select(all_compiles=True)] == ["0/0", "1/0"]
+    assert [c.id for c in trace.select(["[0/0]", "1/0_0"])] == ["0/0", "1/0"]
     with pytest.raises(SourceError, match="no compile failed"):
         pack_trace(trace_jobs["runtime_error"][1], tmp_path)
     with pytest.raises(SourceError, match="compile 7/0 is not in"):
         pack_trace(trace_jobs["graph_break"][1], tmp_path, compile_ids=["7/0"])
+    with pytest.raises(SourceError, match="is not a compile id"):
+        pack_trace(trace_jobs["graph_break"][1], tmp_path, compile_ids=["seven"])
 
 
 def test_pack_cli_leaves_the_caller_alone(trace_jobs, tmp_path):
@@ -214,6 +220,9 @@ def test_pack_cli_leaves_the_caller_alone(trace_jobs, tmp_path):
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith("wrote ") and "[0/1]" in res.stdout and "failure: compile" in res.stdout
     assert (tmp_path / "one.tar.zst").is_file()
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "one.tar.zst")])
+    assert "from: TORCH_TRACE log dedicated_log_torch_trace" in res.stdout and "compile [0/1]" in res.stdout
+    assert "tlparse: -_0_1_0/   graph: dynamo_output_graph" in res.stdout
     assert dict(os.environ) == env_before and dcfg.get_config_copy() == dyn_before and os.getcwd() == cwd_before
     res = CliRunner().invoke(main, ["pack", str(trace), "--json", "--no-replay", "-o", str(tmp_path / "one.tar.zst")])
     assert res.exit_code == 4 and json.loads(res.stdout)["error"].startswith("3 compiles are selected")

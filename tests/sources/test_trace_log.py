@@ -95,10 +95,14 @@ def test_interleaved_ranks_and_per_rank_files(trace_jobs, tmp_path):
     assert {(r["rank"], r["compile_id"]) for r in listing["compiles"]} == {
         (0, "0/0"), (0, "1/0"), (1, "0/0"), (1, "0/1"), (1, "0/2")}
     assert any("ranks interleaved" in w for w in listing["warnings"])
-    result = pack_trace(single, tmp_path / "out", rank=1, compile_ids=["0/1"], replay=False)
-    assert [p.archive.name for p in result.packed] == ["repro-rank1-0_1.tar.zst"]
-    info = reproarchive.inspect(result.packed[0].archive)
-    assert info["source"]["rank"] == 1 and info["source"]["symbols"]["s77"]["hint"] == 4
+    trace = trace_log.read_trace(single)
+    chosen = trace.select(["0/1"], rank=1)
+    assert [trace_import._archive_names(chosen, trace)[id(c)] for c in chosen] == ["repro-rank1-0_1.tar.zst"]
+    assert trace_log.symbols(chosen[0])["s77"]["hint"] == 4
+    # both ranks compiled [0/0]: without --rank, one archive each
+    both = trace.select(["0/0"])
+    assert sorted(trace_import._archive_names(both, trace).values()) == ["repro-rank0-0_0.tar.zst",
+                                                                        "repro-rank1-0_0.tar.zst"]
 
     # a folder with one file per rank, as TORCH_TRACE writes them: the rank is in the name
     folder = tmp_path / "ranks"
