@@ -904,17 +904,29 @@ def user_stack(trace: Trace, c: Compile, limit: int = 8) -> list[dict[str, Any]]
 
 
 def job_paths(trace: Trace, c: Compile) -> dict[str, str]:
-    """Prefixes of the job's machine seen in the log, to scrub from what goes into the archive:
-    its site-packages (where torch lives) and the folder of the compiled code."""
+    """Prefixes of the job's machine seen in the log, to scrub from what goes into the archive
+    (spec §8: no absolute path of the machine in a record): its site-packages (where torch
+    lives), the folders of the user's code in the stack and tracebacks ("<job>"), and the
+    Inductor cache dir the runnable names."""
     out: dict[str, str] = {}
     candidates = list(trace.strings.get(c.log, {}).values())
     err = c.last("dynamo_error")
     if err is not None and err.payload:
         candidates += re.findall(r'File "([^"]+)"', err.payload)[:200]
+    frame_file = c.frame.get("file")
+    if isinstance(frame_file, str):
+        candidates.append(frame_file)
     for path in candidates:
-        m = re.match(r"^(.*?)/torch/_(?:dynamo|inductor|logging|functorch|subclasses)/", str(path))
+        path = str(path)
+        m = re.match(r"^(.*?)/torch/_(?:dynamo|inductor|logging|functorch|subclasses)/", path)
         if m and m.group(1):
             out[m.group(1)] = "<site-packages>"
+        elif os.path.isabs(path) and "/site-packages/" not in path and "/lib/python" not in path:
+            out.setdefault(os.path.dirname(path), "<job>")  # the user's own code
+    for ev in c.runnables():
+        m = re.search(r"^os\.environ\['TORCHINDUCTOR_CACHE_DIR'\] = '([^']+)'", ev.payload or "", re.M)
+        if m:
+            out[m.group(1)] = "<inductor-cache>"
     return out
 
 

@@ -108,6 +108,35 @@ def test_every_compile_packs_verifies_and_loads(trace_jobs, packed):
             assert len(repro.args) == info["graph"]["placeholders"]
 
 
+def _strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+
+
+def test_records_hold_no_path_of_the_machine(trace_jobs, packed):
+    """Spec §8: the job's folder, the trace and site-packages are replaced in every record
+    (the environment record keeps install paths, as a snapshot does)."""
+    import os
+
+    site = str(Path(torch.__file__).parent.parent)
+    for name, archives in packed.items():
+        folder = str(trace_jobs[name][0])
+        for path in archives.values():
+            info = reproarchive.inspect(path)
+            for key in ("failure", "config", "system"):
+                for text in _strings(info["records"][key]):
+                    assert folder not in text and site not in text, (name, key, text[:200])
+            for text in _strings(info["source"]):
+                assert folder not in text and site not in text and not text.startswith(os.sep + "tmp"), (name, text)
+
+
 def test_inputs_carry_the_logged_metadata(trace_jobs, packed):
     folder = trace_jobs["compile_error"][0]
     job_inputs = torch.load(folder / "inputs.pt")

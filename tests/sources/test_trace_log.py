@@ -81,6 +81,18 @@ def test_truncated_and_damaged_lines_are_warnings(trace_jobs, tmp_path):
     rows = list_trace(tmp_path / "head")["compiles"]
     assert rows[0]["status"] == "incomplete (graph damaged)" and "crashed or was killed" in rows[0]["fail_reason"]
 
+    # a job that died inside the backend (a segfault in a compiler): the graph is logged, the
+    # error (and with it the backend's name) never is; pack takes the incomplete compile by
+    # default and, given the backend, the replay names the failure
+    crashed = tmp_path / "crashed" / real.name
+    crashed.parent.mkdir()
+    crashed.write_text(text[: text.rindex("\n", 0, text.index('"dynamo_error"')) + 1])
+    result = pack_trace(crashed.parent, tmp_path / "crash_out", backend="relu_compile_error_TESTING_ONLY")
+    info = reproarchive.inspect(result.packed[0].archive)
+    assert info["source"]["status"] == "incomplete"
+    assert info["source"]["replay"]["failure_from"].startswith("replay")
+    assert info["failure"]["exception_type"].endswith("ReluCompileError")
+
 
 def test_interleaved_ranks_and_per_rank_files(trace_jobs, tmp_path):
     a = _events(_log(trace_jobs["graph_break"][1]))
