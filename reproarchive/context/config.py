@@ -308,6 +308,13 @@ _PROGRAM_KEY = re.compile(
 )
 
 
+def _debug_output(module: str, key: str) -> bool:
+    """Inductor's ``trace.*`` settings (TORCH_COMPILE_DEBUG) only make it write debug folders
+    into the cwd; they describe how the recording was debugged, not how the graph compiles
+    (torch leaves them out of its own cache key), so a replay never applies them."""
+    return module == "torch._inductor.config" and key.startswith("trace.")
+
+
 def safe_to_apply(key: str, value: Any) -> bool:
     """Whether a recorded config value may be applied: data (bools, numbers, None, short
     enum-like strings and lists of these), under a key that does not name a program or path."""
@@ -393,7 +400,7 @@ def applied_config(config_record: Mapping[str, Any] | None, *, only_changed: boo
                 if (mod_name, key) in skip:
                     result.unrepresentable.append(full)
                     continue
-                if (mod_name, key) in machine:
+                if (mod_name, key) in machine or _debug_output(mod_name, key):
                     result.machine_specific.append(full)
                     continue
                 if not safe_to_apply(key, value):

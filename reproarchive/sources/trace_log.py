@@ -389,6 +389,9 @@ def find_trace(path: str | os.PathLike) -> tuple[str, list[Path]] | None:
     logs = [f for f in files if f.name.startswith(TRACE_FILE_PREFIX) and sniff_log(f)]
     logs += [f for f in files if not f.name.startswith(TRACE_FILE_PREFIX) and f.suffix in (".log", ".txt", "")
              and sniff_log(f)]
+    if not logs and (p / "tlparse").is_dir() and p.name == "torch_compile_debug":
+        # TORCH_COMPILE_DEBUG=1 without TORCH_TRACE writes the trace to torch_compile_debug/tlparse/
+        return find_trace(p / "tlparse")
     return ("log folder", sorted(logs)) if logs else None
 
 

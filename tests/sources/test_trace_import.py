@@ -200,7 +200,7 @@ def test_records_say_where_the_failure_came_from(packed):
     assert "ReluRuntimeError" in replayed["failure"]["message"]
 
 
-def test_inductor_runnable_with_real_data(trace_jobs, packed):
+def test_inductor_runnable_with_real_data(trace_jobs, packed, tmp_path, monkeypatch):
     """TORCH_COMPILE_DEBUG_SAVE_REAL data next to the log makes the inputs real; the
     fx_graph_runnable (ATen graph) replays through Inductor and the compiler's errors are kept."""
     folder = trace_jobs["inductor_real"][0]
@@ -220,7 +220,14 @@ def test_inductor_runnable_with_real_data(trace_jobs, packed):
     assert "warning:" not in failure["message"]
     assert info["records"]["config"]["modules"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] == \
         "compile_error"
+    # the job ran with TORCH_COMPILE_DEBUG (trace.enabled in the recorded config): a replay
+    # must not write debug folders into the user's directory
+    assert info["records"]["config"]["modules"]["torch._inductor.config"]["trace.enabled"] is True
+    monkeypatch.chdir(tmp_path)
     assert reproarchive.run(archive).status == "reproduced"
+    assert list(tmp_path.iterdir()) == []
+    # TORCH_COMPILE_DEBUG's own folder names the same trace
+    assert list_trace(folder / "torch_compile_debug")["files"] == list_trace(trace_jobs["inductor_real"][1])["files"]
 
 
 def test_default_selects_the_failed_compiles_only(trace_jobs, tmp_path):
