@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -67,3 +68,15 @@ def main(ctx: click.Context, debug: bool) -> None:
 def emit_json(obj) -> None:
     """Machine-readable output: one JSON document on stdout."""
     click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+@contextlib.contextmanager
+def json_errors(as_json: bool):
+    """With --json, an error still prints one JSON document on stdout (``{"error", "exit_code"}``)
+    before the usual one line on stderr and the exit code."""
+    try:
+        yield
+    except ReproArchiveError as err:
+        if as_json:
+            emit_json({"error": str(err), "exit_code": err.exit_code})
+        raise

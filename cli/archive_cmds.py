@@ -51,6 +51,7 @@ def inspect(archive: str, as_json: bool) -> None:
     if info.get("parent"):
         click.echo(f"minified from {info['parent'][:19]}...")
     click.echo(f"backend: {info.get('backend') or 'unknown'}   accuracy check: {bool(info.get('accuracy'))}")
+    _trace_origin(info.get("source"))
     click.echo(f"graph: {g['nodes']} nodes, {g['ops']} ops, {g['placeholders']} inputs, {g['submodules']} stored attributes")
     for name, count in list(g["op_histogram"].items())[:12]:
         click.echo(f"  {count:5d}  {name}")
@@ -84,6 +85,21 @@ def inspect(archive: str, as_json: bool) -> None:
         for module, values in info["config_changed"].items():
             for key, value in values.items():
                 click.echo(f"config: {module}.{key} = {value!r}")
+
+
+def _trace_origin(source) -> None:
+    """For an archive packed from a TORCH_TRACE log: which compile of which log, and where
+    tlparse shows it, so the reader can go back to the log."""
+    if not isinstance(source, dict) or source.get("kind") != "torch_trace":
+        return
+    rank = "" if source.get("rank") is None else f" rank {source['rank']}"
+    frame = source.get("frame") or {}
+    where = f", {frame.get('name')} ({frame.get('file')}:{frame.get('line')})" if frame.get("name") else ""
+    click.echo(f"from: TORCH_TRACE log {source.get('log')}, compile [{source.get('compile_id')}]{rank}{where}")
+    tlparse = source.get("tlparse") or {}
+    pages = tlparse.get("pages") or {}
+    page = pages.get(source.get("graph_from")) if isinstance(pages, dict) else None
+    click.echo(f"tlparse: {page or (str(tlparse.get('directory')) + '/')}   graph: {source.get('graph_from')}")
 
 
 @main.command()

@@ -1,4 +1,5 @@
-"""``pack`` (import a PyTorch repro dump) and ``capture`` (run a program with dumps switched on)."""
+"""``pack`` (import a PyTorch repro dump or a TORCH_TRACE log) and ``capture`` (run a program with dumps
+switched on)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .app import emit_json, main
+from .app import emit_json, json_errors, main
 from .progress import step_bar
 from .text import human_size, pack_summary
 
@@ -30,15 +31,29 @@ def _warn(lines) -> None:
 @main.command("pack")
 @click.argument("source", required=False, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path),
-              help="Archive to write (default: ./repro.tar.zst; a folder gets repro.tar.zst inside).")
+              help="Archive to write (default: ./repro.tar.zst; a folder gets repro.tar.zst inside). "
+                   "For a TORCH_TRACE log: the folder for the archives (default: .), or one .tar.zst.")
 @click.option("--no-replay", is_flag=True,
-              help="Do not replay the dump to record the failure; the archive's failure is 'unknown'.")
+              help="Do not replay the graph to record/confirm the failure; a dump's failure is then 'unknown', "
+                   "a log's is taken as logged.")
+@click.option("--compile-id", "compile_ids", multiple=True, metavar="ID",
+              help="TORCH_TRACE log: pack this compile (0/1 or [0/1], as `reproarchive ls` shows it). Repeatable.")
+@click.option("--all", "all_compiles", is_flag=True, help="TORCH_TRACE log: pack every compile, not only failed ones.")
+@click.option("--rank", type=int, default=None, help="TORCH_TRACE log: only compiles of this rank.")
+@click.option("--graph", type=click.Choice(["auto", "dynamo", "aot"]), default="auto", show_default=True,
+              help="TORCH_TRACE log: the Dynamo graph (any backend) or Inductor's fx_graph_runnable (aot); "
+                   "auto takes the runnable when Inductor logged one.")
+@click.option("--backend", metavar="NAME",
+              help="TORCH_TRACE log: the backend the job used (a log names it only when it failed).")
+@click.option("--accuracy", is_flag=True,
+              help="TORCH_TRACE log: the job failed on accuracy (never logged); replay compares with eager.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no candidate note.")
 @click.pass_context
-def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_replay: bool, as_json: bool,
+def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_replay: bool, compile_ids: tuple[str, ...],
+             all_compiles: bool, rank: int | None, graph: str, backend: str | None, accuracy: bool, as_json: bool,
              quiet: bool) -> None:
-    """Bundle a PyTorch repro dump into one portable archive.
+    """Bundle a PyTorch repro dump, or compiles of a TORCH_TRACE log, into portable archives.
 
     \b
     SOURCE is a repro script PyTorch wrote (minifier_launcher.py, repro.py) or a folder holding
@@ -57,27 +72,41 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     record the error, the dump is replayed once there to record the failure (--no-replay skips
     that). Paths of this machine are replaced by <cwd>, <dump>, ~ and similar in the archive.
 
-    Prints where the archive went, its size, and three summary lines: graph, inputs, failure.
-    Exit code 4 when no dump is found or SOURCE is not a PyTorch repro script.
+    \b
+    SOURCE may also be a TORCH_TRACE log, the folder TORCH_TRACE pointed at (one log per rank),
+    or a tlparse output folder: then one archive is written per compile, named by rank and
+    compile id (repro-0_1.tar.zst, repro-rank3-0_1.tar.zst), by default for the compiles that
+    failed (--compile-id and --all choose others; `reproarchive ls SOURCE` lists them). Each
+    holds the compile's graph, its inputs as 'absent' with the logged metadata (real where a
+    TORCH_COMPILE_DEBUG_SAVE_REAL copy lies next to the log), and the config, torch version and
+    failure from the log. The graph is rebuilt and replayed once in a child process to confirm
+    the failure. Runtime and accuracy failures never reach the log: name such a compile with
+    --compile-id and give --backend (and --accuracy); the replay then records the failure.
+
+    Prints where each archive went, its size, and three summary lines: graph, inputs, failure.
+    Exit code 4 when no dump or log is found, SOURCE is neither, or nothing can be packed.
     """
     import reproarchive
 
+    if source is not None and reproarchive.is_trace(source):
+        with json_errors(as_json):
+            _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
+                        rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet)
+        return
+    trace_only = [name for name, used in (("--compile-id", compile_ids), ("--all", all_compiles),
+                                          ("--rank", rank is not None), ("--graph", graph != "auto"),
+                                          ("--backend", backend), ("--accuracy", accuracy)) if used]
+    if trace_only:
+        raise click.UsageError(f"{', '.join(trace_only)} only apply to a TORCH_TRACE log or tlparse folder as SOURCE")
+
     debug = bool((ctx.obj or {}).get("debug"))
-    log = None
-    if debug:
-        fd, name = tempfile.mkstemp(prefix="reproarchive-pack-", suffix=".log")
-        os.close(fd)
-        log = Path(name)
+    log = _debug_log(debug)
     try:
-        with step_bar(not quiet and not as_json, PACK_STAGES - int(no_replay), "packing dump") as step:
+        with json_errors(as_json), step_bar(not quiet and not as_json, PACK_STAGES - int(no_replay),
+                                            "packing dump") as step:
             result = reproarchive.pack_dump(source, out, replay=not no_replay, progress=step, keep_log=log)
     finally:
-        if log is not None:
-            if log.exists() and log.stat().st_size:
-                click.echo(f"--- log of the process that imported the dump ({log}) ---", err=True)
-                click.echo(log.read_text(errors="replace")[-20000:], err=True)
-            else:
-                log.unlink(missing_ok=True)
+        _show_debug_log(log, "the process that imported the dump")
     if as_json:
         emit_json(result.to_json())
         return
@@ -91,6 +120,56 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
             click.echo(f"  ... and {len(others) - 3} more; name one as SOURCE to choose", err=True)
     _warn(result.warnings)
     _print_pack_result(result)
+
+
+def _debug_log(debug: bool) -> Path | None:
+    if not debug:
+        return None
+    fd, name = tempfile.mkstemp(prefix="reproarchive-pack-", suffix=".log")
+    os.close(fd)
+    return Path(name)
+
+
+def _show_debug_log(log: Path | None, whose: str) -> None:
+    if log is None:
+        return
+    if log.exists() and log.stat().st_size:
+        click.echo(f"--- log of {whose} ({log}) ---", err=True)
+        click.echo(log.read_text(errors="replace")[-20000:], err=True)
+    else:
+        log.unlink(missing_ok=True)
+
+
+def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay: bool, compile_ids, all_compiles: bool,
+                rank, graph: str, backend, accuracy: bool, as_json: bool, quiet: bool) -> None:
+    import reproarchive
+
+    def note(stage: str) -> None:
+        if not quiet and not as_json:
+            click.echo(f"reproarchive: {stage}", err=True)
+
+    log = _debug_log(bool((ctx.obj or {}).get("debug")))
+    try:
+        result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles, rank=rank, graph=graph,
+                            backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log)
+    finally:
+        _show_debug_log(log, "the processes that rebuilt the compiles")
+    if as_json:
+        emit_json(result.to_json())
+        return
+    _warn(result.warnings)
+    for skipped in result.skipped:
+        where = "" if skipped["rank"] is None else f" rank {skipped['rank']}"
+        click.echo(f"warning: not packed [{skipped['compile_id']}]{where}: {skipped['reason']}", err=True)
+    cwd = Path.cwd()
+    for packed in result.packed:
+        _warn(packed.warnings)
+        frame = packed.frame or {}
+        where = f"{frame.get('name')} ({Path(str(frame.get('file') or '?')).name}:{frame.get('line')})" \
+            if frame.get("name") else ""
+        click.echo(f"wrote {_rel(packed.archive, cwd)} ({human_size(packed.size)})  {packed.label} {where}".rstrip())
+        for line in pack_summary(packed):
+            click.echo(f"  {line}")
 
 
 def _rel(path: Path, cwd: Path) -> str:

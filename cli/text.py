@@ -14,14 +14,20 @@ def human_size(n: int) -> str:
 
 
 def pack_summary(result) -> list[str]:
-    """The three lines ``pack`` and ``capture`` print under an archive's path."""
+    """The three lines ``pack`` and ``capture`` print under an archive's path (a dump's or a
+    trace compile's: ``graph_from`` and ``backend`` are said when the result has them)."""
     g = result.graph
-    graph = f"graph:   {g.get('nodes', 0)} nodes, {g.get('compute_nodes', 0)} ops of {g.get('op_kinds', 0)} kinds ({result.kind})"
+    origin = f"{result.kind}, from {result.graph_from}" if getattr(result, "graph_from", None) else result.kind
+    graph = f"graph:   {g.get('nodes', 0)} nodes, {g.get('compute_nodes', 0)} ops of {g.get('op_kinds', 0)} kinds ({origin})"
+    if hasattr(result, "graph_from"):
+        graph += f", backend {result.backend or 'unknown'}"
     i = result.inputs
     inputs = (f"inputs:  {i.get('real', 0)} real / {i.get('absent', 0)} absent"
               + (f" / {i['values']} values" if i.get("values") else "")
               + f", {human_size(i.get('real_bytes', 0))} of data")
     f = result.failure
+    if not f:
+        return [graph, inputs, "failure: none recorded (the compile succeeded in the job)"]
     message = (f.get("message") or "").strip().splitlines()
     first = message[0][:160] if message else ""
     kind = f.get("exception_type") or ""

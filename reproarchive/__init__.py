@@ -25,6 +25,9 @@ _EXPORTS = {
     "capture": "reproarchive.sources.backend",
     "pack_dump": "reproarchive.sources.dump_import",
     "capture_program": "reproarchive.sources.program",
+    "pack_trace": "reproarchive.sources.trace_import",
+    "list_trace": "reproarchive.sources.trace_import",
+    "is_trace": "reproarchive.sources.trace_import",
     # replay and export
     "run": "reproarchive.replay.runner",
     "Outcome": "reproarchive.replay.outcome",

@@ -93,7 +93,7 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
         reply = _read_json(folder / "result.json")
         if reply is not None:
             if "error" in reply:
-                raise _error_from(reply["error"])
+                raise error_from(reply["error"])
             return reply.get("result"), None
         started = _read_json(folder / "started.json")
         tail = log_path.read_text(errors="replace")[-_STDERR_TAIL:]
@@ -113,7 +113,8 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _error_from(data: dict) -> errors.ReproArchiveError:
+def error_from(data: dict) -> errors.ReproArchiveError:
+    """The error a child reported as ``{"class", "what", "hint"}``, as our error class."""
     cls = getattr(errors, str(data.get("class", "")), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
         cls = errors.ReproArchiveError

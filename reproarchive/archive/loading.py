@@ -63,6 +63,10 @@ class Repro:
     minify = property(lambda self: self.index.minify)
     parent = property(lambda self: self.index.parent)
 
+    @property
+    def graph_kind(self) -> str | None:
+        return self.index.graph_kind
+
 
 def _torch_errors_as_archive_errors(fn):
     """After validation, load only allocates and builds tensors and a graph from the records, so

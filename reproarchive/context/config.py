@@ -18,7 +18,7 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
@@ -189,6 +189,60 @@ def config_snapshot() -> ConfigRecord:
                         types=types, machine_specific=tuple(machine_specific))
 
 
+# What torch writes into compilation_metrics' config strings for a value json cannot encode.
+_LOGGED_UNSERIALIZABLE = ("Value is not JSON serializable",)
+
+
+def config_from_values(values: Mapping[str, Mapping[str, Any]]) -> ConfigRecord:
+    """A config record, shaped like ``config_snapshot``'s, from full values recorded elsewhere.
+
+    TORCH_TRACE logs record the whole dynamo/inductor/functorch/torch.compiler config of the
+    job as JSON (``compilation_metrics``). JSON keeps no tuples or sets and the log no defaults,
+    so "changed"/"defaults" are computed against this torch's defaults and container types
+    taken from them; a key this torch does not have counts as changed (its default is unknown
+    here). Values torch could not encode are listed in "unrepresentable"; absolute paths are
+    redacted and listed in "machine_specific", as in a snapshot.
+    """
+    live = _config_modules()
+    cwd = os.getcwd()
+    path_prefixes = {cwd: "<cwd>"} if cwd not in ("/", "") else {}
+    record: dict[str, Any] = {"modules": {}, "changed": {}, "defaults": {}, "types": {}}
+    unrepresentable: list[UnrepresentableSetting] = []
+    machine_specific: list[SettingRef] = []
+    for mod_name, recorded in values.items():
+        entries = getattr(live.get(mod_name), "_config", None) or {}
+        plain_values: dict[str, Any] = {}
+        for key in sorted(recorded):
+            value = recorded[key]
+            if isinstance(value, str) and value in _LOGGED_UNSERIALIZABLE:
+                unrepresentable.append(UnrepresentableSetting(
+                    mod_name, key, "not recorded in the log (not JSON-serializable)", value, changed=True))
+                continue
+            logged = value
+            if _looks_like_path(value):
+                value = _redact_value(value, path_prefixes)
+                machine_specific.append(SettingRef(mod_name, key))
+            plain_values[key] = value
+            entry = entries.get(key)
+            default = getattr(entry, "default", _UNSET) if entry is not None else _UNSET
+            kind = _container_type(default) if default is not _UNSET else None
+            if kind:
+                record["types"].setdefault(mod_name, {})[key] = kind
+            try:
+                plain_default = _plain(default) if default is not _UNSET else _UNSET
+            except UnrepresentableValue:
+                plain_default = _UNSET
+            same = plain_default is not _UNSET and (
+                plain_default == logged or (kind == "set" and isinstance(logged, list)
+                                            and sorted(map(repr, logged)) == sorted(map(repr, plain_default))))
+            if not same:
+                record["changed"].setdefault(mod_name, {})[key] = value
+                if plain_default is not _UNSET:
+                    record["defaults"].setdefault(mod_name, {})[key] = plain_default
+        record["modules"][mod_name] = plain_values
+    return ConfigRecord(**record, unrepresentable=tuple(unrepresentable), machine_specific=tuple(machine_specific))
+
+
 # ---------------------------------------------------------------------------------------------
 # Applying a recorded config
 # ---------------------------------------------------------------------------------------------
@@ -225,6 +279,13 @@ _PROGRAM_KEY = re.compile(
     r"(^|[._])(cxx|cc|c_compiler|compiler|linker|ld|nvcc|ptxas|cmd|command|shell|exe|executable|binary|"
     r"flags|cflags|ldflags|args|path|paths|dir|dirs|root|file|files|url|library|libraries|libs)($|[._])"
 )
+
+
+def _debug_output(module: str, key: str) -> bool:
+    """Inductor's ``trace.*`` settings (TORCH_COMPILE_DEBUG) only make it write debug folders
+    into the cwd; they describe how the recording was debugged, not how the graph compiles
+    (torch leaves them out of its own cache key), so a replay never applies them."""
+    return module == "torch._inductor.config" and key.startswith("trace.")
 
 
 def safe_to_apply(key: str, value: Any) -> bool:
@@ -312,7 +373,7 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
                 if (mod_name, key) in skip:
                     result.unrepresentable.append(full)
                     continue
-                if (mod_name, key) in machine:
+                if (mod_name, key) in machine or _debug_output(mod_name, key):
                     result.machine_specific.append(full)
                     continue
                 if not safe_to_apply(key, value):

@@ -142,3 +142,47 @@ def same_failure(recorded: FailureRecord | None, observed: FailureRecord | None)
     if recorded.stage == "unknown":
         return observed.stage != "unknown"
     return bool(recorded.signature) and recorded.signature == observed.signature
+
+
+# A line in which a compiler reports an error (not a warning or a note): g++/clang/nvcc
+# "file:line:col: error: ...", nvcc/MSVC "file(line): error ...", ptxas, LLVM, and the header of
+# Triton's CompilationError ("at 12:4:"), whose quoted source lines follow it.
+_DIAGNOSTIC = re.compile(
+    r"^(?:[^\s:]+:\d+:(?:\d+:)? (?:fatal )?error\b"
+    r"|[^\s(]+\(\d+\): (?:fatal )?error\b"
+    r"|(?:nvcc |ptxas )?(?:fatal|error)(?: \w+)?: "
+    r"|ptxas (?:fatal|error)\b"
+    r"|LLVM ERROR: "
+    r"|(?:[\w.]+\.)?CompilationError: at \d+:\d+:"
+    r"|at \d+:\d+:$)"
+)
+_TRITON_HEADER = re.compile(r"(?:^|\.|\s)CompilationError: at \d+:\d+:$|^at \d+:\d+:$")
+MAX_DIAGNOSTICS = 20
+_TRITON_CONTEXT_LINES = 8
+
+
+def compiler_diagnostics(text: str, limit: int = MAX_DIAGNOSTICS) -> list[str]:
+    """The error lines a compiler printed, in order and in full, without its warnings and notes.
+
+    A C++ compile error from Inductor quotes the whole compiler output, often thousands of
+    warning lines before the one that matters; this keeps only the lines that say "error"
+    the way g++/clang/nvcc/ptxas/LLVM say it. For Triton's CompilationError the quoted kernel
+    lines after the "at L:C:" header are kept as well (up to a blank line), because the header
+    alone does not say what failed.
+    """
+    out: list[str] = []
+    lines = str(text).splitlines()
+    i = 0
+    while i < len(lines) and len(out) < limit:
+        line = lines[i].rstrip()
+        stripped = line.strip()
+        if stripped and _DIAGNOSTIC.match(stripped):
+            out.append(stripped)
+            if _TRITON_HEADER.search(stripped):
+                for follow in lines[i + 1:i + 1 + _TRITON_CONTEXT_LINES]:
+                    if not follow.strip() or len(out) >= limit:
+                        break
+                    out.append(follow.rstrip())
+                    i += 1
+        i += 1
+    return out

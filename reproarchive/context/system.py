@@ -298,9 +298,14 @@ def system_diff(recorded: SystemRecord, current: SystemRecord | None = None) -> 
     first, then other fields and package versions. ``current`` defaults to this machine."""
     if current is None:
         current = system_snapshot()  # runs nvidia-smi/nvcc/g++: only when needed
+    # A partial record (e.g. from a TORCH_TRACE log) knows only some facts; one it lacks is
+    # unknown, not a difference.
+    partial = bool(recorded.extra.get("partial"))
     out: list[dict[str, Any]] = []
     for label, getter, important in _SYSTEM_FIELDS:
         rv, cv = getter(recorded), getter(current)
+        if rv is None and partial:
+            continue
         if rv != cv:
             out.append({"what": label, "recorded": rv, "current": cv, "important": important})
     rec_pk = recorded.packages or {}
@@ -308,6 +313,8 @@ def system_diff(recorded: SystemRecord, current: SystemRecord | None = None) -> 
     for name in sorted(set(rec_pk) | set(cur_pk)):
         if name in ("torch", "triton", "pytorch-triton"):
             continue  # reported above
+        if rec_pk.get(name) is None and partial:
+            continue
         if rec_pk.get(name) != cur_pk.get(name):
             out.append({"what": f"package {name}", "recorded": rec_pk.get(name),
                         "current": cur_pk.get(name), "important": False})

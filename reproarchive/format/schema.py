@@ -26,8 +26,8 @@ Versioning (spec §10), enforced by ``tests/format/test_schema_version.py`` agai
 
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 import math
 import re
 import types
@@ -627,8 +627,13 @@ class Index:
     version: str = FORMAT_VERSION
 
     @property
-    def source_kind(self) -> str | None:
-        return self.source.kind if self.source is not None else None
+    def graph_kind(self) -> str | None:
+        """Which of PyTorch's graphs the archive holds, ``after_dynamo`` or ``after_aot`` (it
+        decides how Inductor replays it): a dump import says so in ``source.kind``, a trace
+        import (kind ``torch_trace``) in ``source.graph_kind``."""
+        if self.source is None:
+            return None
+        return self.source.extra.get("graph_kind") or self.source.kind
 
     def tensor_records(self):
         """Every tensor record: inputs first, then module state (the order storages are numbered)."""

@@ -51,7 +51,7 @@ def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: b
             outcome = replay_graph(
                 gm, list(inputs), backend=backend, recorded_failure=repro.failure, accuracy=accuracy,
                 only_fwd=only_fwd, config=repro.config, environment=repro.environment, system=None,
-                current_config=current_config, source_kind=repro.index.source_kind, tol=tol,
+                current_config=current_config, source_kind=repro.graph_kind, tol=tol,
                 report_differences=False,
             )
         return outcome.status == REPRODUCED

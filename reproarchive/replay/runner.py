@@ -339,7 +339,7 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         environment=repro.environment,
         system=repro.system,
         current_config=current_config,
-        source_kind=repro.index.source_kind,
+        source_kind=repro.graph_kind,
         tol=tol,
     )
     outcome.device = _describe_device(repro.args, device)

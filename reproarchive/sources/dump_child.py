@@ -27,17 +27,21 @@ import builtins
 import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reproarchive.child import child_main
 from reproarchive.errors import NotReplayableError, PackError, ReproArchiveError, SourceError
-from reproarchive.format.schema import from_plain, to_plain
+from reproarchive.format.schema import FailureRecord, from_plain, to_plain
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
 
 # PyTorch inlines buffers with at most this many elements as printed literals
 # (torch._dynamo.debug_utils.MAX_CONSTANT_NUMEL_INLINE); larger ones become torch.randn.
 _INLINE_NUMEL = 4
+# Module state that is not the model's and becomes an input marked absent: what PyTorch wrote
+# as torch.randn or constructor defaults, and constants a TORCH_TRACE log does not hold.
+LIFTED_ORIGINS = ("random", "defaults", "not_logged")
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,7 +283,7 @@ def lift_state(gm, origin: dict[str, str], example_inputs: list[Any]) -> tuple[A
     anchor = placeholders[0] if placeholders else next(iter(gm.graph.nodes))
     by_target: dict[str, fx.Node] = {}
     for node in list(gm.graph.nodes):
-        if node.op != "get_attr" or origin.get(node.target) not in ("random", "defaults"):
+        if node.op != "get_attr" or origin.get(node.target) not in LIFTED_ORIGINS:
             continue
         value = _resolve_attr(gm, node.target)
         if not isinstance(value, torch.Tensor):
@@ -357,52 +361,62 @@ def _concrete(args: list[Any]) -> tuple[list[Any], int]:
 
 
 def replay(dump: DumpScript, gm, args: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(failure record, replay notes) for a dump: ``replay_once`` the way its ``run_repro`` would
+    detect the failure (its autocast flag, Dynamo's repro_forward_only)."""
+    from torch._dynamo import config as dynamo_config
+
+    return replay_once(gm, args, kind=dump.kind, backend=dump.backend, accuracy=bool(dump.accuracy_mode),
+                       autocast=bool(dump.run_args.get("autocast", False)),
+                       only_fwd=None if dump.kind == "after_aot" else bool(dynamo_config.repro_forward_only))
+
+
+def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy: bool, autocast: bool = False,
+                only_fwd: bool | None = None, config=None, environment=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes). Never raises for a failure of the graph itself.
 
-    Uses ``reproarchive.replay.replay_graph`` (the code behind ``reproarchive run``) so that the
-    recorded signature is classified exactly as a later replay will classify it; after_aot
-    graphs are first retraced with make_fx as the dump's ``run_repro`` does, so Inductor gets
-    the node metadata it expects.
+    Uses ``reproarchive.replay.replay_graph`` (the code behind ``reproarchive run``) on inputs
+    generated exactly as ``load`` will generate absent ones, so that the recorded signature is
+    classified exactly as a later replay will classify it; ``kind`` "after_aot" graphs are
+    retraced with make_fx and compiled by Inductor's inner compiler, as PyTorch's after_aot
+    ``run_repro`` does. ``config``/``environment`` are records applied for the duration, as
+    ``run`` applies an archive's.
     """
     from reproarchive.context import failure as fail
 
     inputs, generated = _concrete(args)
     notes: dict[str, Any] = {"performed": True, "generated_inputs": generated}
-    backend = dump.backend
     if backend is None:
         notes["performed"] = False
         return fail.unknown_record(
-            "the dump names no backend (a custom compiler function was used); not replayed"), notes
+            "no backend is known (a custom compiler function was used); not replayed"), notes
     try:
-        return _replay_shared(dump, gm, inputs, backend), notes
+        return _replay_shared(gm, inputs, kind=kind, backend=backend, accuracy=accuracy, autocast=autocast,
+                              only_fwd=only_fwd, config=config, environment=environment), notes
     except NotReplayableError as err:
         notes["performed"] = False
         return fail.unknown_record(str(err), backend=backend), notes
 
 
-def _replay_shared(dump, gm, inputs, backend):
+def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment):
     import contextlib
 
     import torch
-    from torch._dynamo import config as dynamo_config
 
     from reproarchive.replay.runner import replay_graph
 
-    accuracy = bool(dump.accuracy_mode)
     with contextlib.ExitStack() as stack:
-        if dump.kind == "after_aot":
+        if kind == "after_aot":
             # replay_graph retraces after_aot graphs for inductor itself, exactly as `run` does
             stack.enter_context(torch.no_grad())
             only_fwd = True
         else:
-            only_fwd = bool(dynamo_config.repro_forward_only)
             device_type = next((a.device.type for a in inputs if isinstance(a, torch.Tensor)
                                 and a.device.type != "cpu"), "cpu")
-            stack.enter_context(torch.amp.autocast(device_type,
-                                                   enabled=bool(dump.run_args.get("autocast", False))))
+            stack.enter_context(torch.amp.autocast(device_type, enabled=autocast))
         try:
-            outcome = replay_graph(gm, inputs, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                                   source_kind=dump.kind)
+            outcome = replay_graph(gm, inputs, backend=backend, accuracy=accuracy, only_fwd=bool(only_fwd),
+                                   source_kind=kind, config=config, environment=environment,
+                                   report_differences=False)
         except ReproArchiveError as err:
             raise NotReplayableError(f"cannot replay here: {err}; not replayed")
     observed = outcome.observed
@@ -418,7 +432,7 @@ def _passed(backend) -> dict[str, Any]:
     from reproarchive.context import failure as fail
 
     return fail.unknown_record(
-        "the dump did not fail when replayed here (flaky, device- or data-dependent failure?)",
+        "it did not fail when replayed here (flaky, device- or data-dependent failure?)",
         backend=backend)
 
 
@@ -538,28 +552,46 @@ def _dump_comments(script: Path) -> dict[str, str]:
     return out
 
 
-def run(opts: argparse.Namespace, events) -> dict[str, Any]:
-    script = Path(opts.script)
-    dump = parse_dump_script(script)
-    store, store_note = _store_dir(dump)
+@dataclass
+class ImportedScript:
+    """A repro script's graph and inputs, as ``import_script`` read them in this process."""
 
-    events("running the dump's module code")
+    dump: DumpScript
+    mod: Any
+    reader: RecordingReader
+    gm: Any
+    example_inputs: list[Any]
+    lifted: list[dict[str, Any]]
+    origin: dict[str, str]
+    notes: list[str]
+    load_args: Any
+
+    @property
+    def load_args_version(self) -> Any:
+        return getattr(self.load_args, "_version", None)
+
+
+def import_script(script: Path, store: Path | None, events) -> ImportedScript:
+    """Execute a PyTorch repro script's module code here, read its inputs, trace its graph.
+
+    The script is a repro in PyTorch's after_dynamo/after_aot shape (a dump, or the
+    ``fx_graph_runnable`` of a TORCH_TRACE log); its config and environment lines take effect in
+    this process, which is why this only ever runs in a child process.
+    """
+    dump = parse_dump_script(script)
+    events("running the script's module code")
     try:
         namespace = _exec_module_code(script)
     except Exception as err:
         raise SourceError(
             f"running the module code of {script.name} failed: {type(err).__name__}: {_first_line(err)}",
-            "the dump may need a package or GPU this machine lacks; see --debug for the log")
+            "it may need a package or GPU this machine lacks; see --debug for the log")
     import torch
 
-    from reproarchive.codec.tensors import AbsentTensor
-
-    scrub = Scrubber(_scrub_prefixes(opts, store))
     mod = namespace.get("mod")
     if not isinstance(mod, torch.nn.Module):
         mod = namespace["Repro"]()
     load_args = namespace["load_args"]
-    version = getattr(load_args, "_version", None)
 
     events("loading inputs")
     reader = RecordingReader(store)
@@ -582,20 +614,73 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
                 info["symbolic_shape"] = symbolic[i]["shape"]
     origin = _module_state_origin(mod)
     gm, example_inputs, lifted = lift_state(gm, origin, args)
+    return ImportedScript(dump=dump, mod=mod, reader=reader, gm=gm, example_inputs=example_inputs,
+                          lifted=lifted, origin=origin, notes=trace_notes, load_args=load_args)
 
-    events("taking snapshots")
-    config = environment = system = None
-    snapshot_notes = []
+
+def input_report(imp: ImportedScript, *, data_expected: bool = True) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(the inputs summary for the report, the storages record for ``source``, warnings).
+    ``data_expected=False`` for scripts written without data by design (no warning for that)."""
+    import torch
+
+    from reproarchive.codec.tensors import AbsentTensor
+
+    reader, example_inputs = imp.reader, imp.example_inputs
+    missing = [s.file for s in reader.storages if s.status in ("missing", "no_store") and s.file]
+    unreadable = [f"{s.file} ({s.error})" for s in reader.storages if s.status == "unreadable"]
+    no_data = sum(1 for s in reader.storages if s.status == "no_data")
+    warnings: list[str] = []
+    if missing:
+        warnings.append(f"{len(missing)} storage file(s) named by load_args are missing: "
+                        + ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
+    if unreadable:
+        warnings.append("unreadable storage file(s): " + ", ".join(unreadable[:10]))
+    if no_data and data_expected:
+        warnings.append(f"{no_data} storage(s) were recorded by PyTorch without data "
+                        "(fake tensors at dump time): those inputs are marked absent")
+    if imp.lifted:
+        warnings.append(f"{len(imp.lifted)} module parameter(s)/buffer(s) in the script are not the model's "
+                        "(PyTorch wrote torch.randn or constructor defaults): lifted to inputs marked absent")
+    printed = [n for n, o in imp.origin.items() if o == "printed"]
+    if printed:
+        warnings.append(f"buffer(s) {', '.join(printed)} come from printed literals (rounded floats)")
+    remapped = sorted({str(s.device) for s in reader.storages
+                       if s.status == "real" and s.loaded_on and s.loaded_on != str(s.device)})
+    if remapped:
+        warnings.append(f"data recorded on {', '.join(remapped)} was loaded on cpu (device not present here)")
+    real = sum(1 for a in example_inputs if isinstance(a, torch.Tensor))
+    absent = sum(1 for a in example_inputs if isinstance(a, AbsentTensor))
+    summary = {"total": len(example_inputs), "real": real, "absent": absent,
+               "values": len(example_inputs) - real - absent,
+               "real_bytes": sum(s.nbytes for s in reader.storages if s.status == "real"),
+               "missing_storages": missing}
+    storages = {"total": len(reader.storages), "real": sum(s.status == "real" for s in reader.storages),
+                "no_data": no_data, "missing": missing, "unreadable": unreadable}
+    return summary, storages, warnings + imp.notes
+
+
+def take_snapshots() -> tuple[Any, Any, Any, list[str]]:
+    """(config, environment, system, notes): this process's snapshots, where the script's
+    settings apply. A snapshot that fails is reported, never fatal."""
     from reproarchive.context.config import config_snapshot
     from reproarchive.context.environment import environment_snapshot
     from reproarchive.context.system import system_snapshot
 
     try:
-        config = config_snapshot()
-        environment = environment_snapshot()
-        system = system_snapshot()
+        return config_snapshot(), environment_snapshot(), system_snapshot(), []
     except Exception as err:
-        snapshot_notes.append(f"a snapshot failed: {type(err).__name__}: {_first_line(err)}")
+        return None, None, None, [f"a snapshot failed: {type(err).__name__}: {_first_line(err)}"]
+
+
+def run(opts: argparse.Namespace, events) -> dict[str, Any]:
+    script = Path(opts.script)
+    dump = parse_dump_script(script)
+    store, store_note = _store_dir(dump)
+    imp = import_script(script, store, events)
+    scrub = Scrubber(_scrub_prefixes(opts, store))
+
+    events("taking snapshots")
+    config, environment, system, snapshot_notes = take_snapshots()
 
     from reproarchive.context import failure as fail
 
@@ -604,47 +689,22 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
         replay_notes: dict[str, Any] = {"performed": False}
     else:
         events("replaying the failure")
-        failure, replay_notes = replay(dump, gm, example_inputs)
+        failure, replay_notes = replay(dump, imp.gm, imp.example_inputs)
 
-    missing = [s.file for s in reader.storages if s.status in ("missing", "no_store") and s.file]
-    unreadable = [f"{s.file} ({s.error})" for s in reader.storages if s.status == "unreadable"]
-    fidelity_real = sum(1 for a in example_inputs if isinstance(a, torch.Tensor))
-    fidelity_absent = sum(1 for a in example_inputs if isinstance(a, AbsentTensor))
-    real_bytes = sum(s.nbytes for s in reader.storages if s.status == "real")
-    warnings: list[str] = []
-    if missing:
-        warnings.append(f"{len(missing)} storage file(s) named by load_args are missing: "
-                        + ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
-    if unreadable:
-        warnings.append("unreadable storage file(s): " + ", ".join(unreadable[:10]))
-    no_data = sum(1 for s in reader.storages if s.status == "no_data")
-    if no_data:
-        warnings.append(f"{no_data} storage(s) were recorded by PyTorch without data "
-                        "(fake tensors at dump time): those inputs are marked absent")
-    if lifted:
-        warnings.append(f"{len(lifted)} module parameter(s)/buffer(s) in the dump are not the model's "
-                        "(PyTorch wrote torch.randn or constructor defaults): lifted to inputs marked absent")
-    printed = [n for n, o in origin.items() if o == "printed"]
-    if printed:
-        warnings.append(f"buffer(s) {', '.join(printed)} come from printed literals (rounded floats)")
-    remapped = sorted({str(s.device) for s in reader.storages
-                       if s.status == "real" and s.loaded_on and s.loaded_on != str(s.device)})
-    if remapped:
-        warnings.append(f"data recorded on {', '.join(remapped)} was loaded on cpu (device not present here)")
-    warnings += trace_notes + snapshot_notes
-
+    inputs, storages, warnings = input_report(imp)
+    warnings += snapshot_notes
+    printed = [n for n, o in imp.origin.items() if o == "printed"]
     source = {
         "kind": dump.kind,
         "script": opts.script_label,
         "run_repro": {k: v for k, v in dump.run_args.items() if k != "save_dir"},
         "save_dir_found": store is not None,
         "content_store": store_note,
-        "load_args_version": version,
+        "load_args_version": imp.load_args_version,
         "accuracy_mode": dump.accuracy_mode,
-        "inputs": reader.inputs,
-        "storages": {"total": len(reader.storages), "real": sum(s.status == "real" for s in reader.storages),
-                     "no_data": no_data, "missing": missing, "unreadable": unreadable},
-        "lifted_module_state": lifted,
+        "inputs": imp.reader.inputs,
+        "storages": storages,
+        "lifted_module_state": imp.lifted,
         "printed_module_state": printed,
         "environment_origin": ("TORCH*/DYNAMO*/INDUCTOR*/TRITON* variables as the dump set them; "
                                "other variables from the packing process"),
@@ -659,7 +719,7 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
 
     failure = scrub(failure)
     out = pack(
-        gm, example_inputs, opts.out,
+        imp.gm, imp.example_inputs, opts.out,
         config=scrub(config), system=scrub(system),
         # The environment keeps install and cache paths (they explain behaviour and a replay may
         # set them); only the user's own folders are replaced.
@@ -667,25 +727,29 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
         failure=failure, source=scrub(source), backend=dump.backend,
         accuracy=bool(dump.accuracy_mode),
     )
+    missing = inputs.pop("missing_storages")
     return {
         "archive": str(out),
         "kind": dump.kind,
         "backend": dump.backend,
         "accuracy": dump.accuracy_mode,
-        "graph": graph_summary(gm),
-        "inputs": {"total": len(example_inputs), "real": fidelity_real, "absent": fidelity_absent,
-                   "values": len(example_inputs) - fidelity_real - fidelity_absent, "real_bytes": real_bytes},
+        "graph": graph_summary(imp.gm),
+        "inputs": inputs,
         "missing_storages": missing,
-        "lifted_module_state": [x["attribute"] for x in lifted],
-        "failure": {k: getattr(failure, k) for k in ("stage", "exception_type", "message", "signature")},
+        "lifted_module_state": [x["attribute"] for x in imp.lifted],
+        "failure": failure_summary(failure),
         "replay": replay_notes,
         "warnings": scrub(warnings),
     }
 
 
+def failure_summary(failure: FailureRecord) -> dict[str, Any]:
+    """The failure as the parent prints it (a summary of the record, not the record)."""
+    return {k: getattr(failure, k) for k in ("stage", "exception_type", "message", "signature")}
+
+
 def _pack(request: dict, *, started, event) -> dict[str, Any]:
-    opts = argparse.Namespace(**request)
-    return run(opts, event)
+    return run(argparse.Namespace(**request), event)
 
 
 if __name__ == "__main__":

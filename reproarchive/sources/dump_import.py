@@ -70,7 +70,8 @@ class PackResult:
 _MACHINE_TOOLCHAIN = ("TRITON_LIBDEVICE_PATH", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH")
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """The environment of a child that runs the user's own dump or log payload."""
     # PyTorch's own rule: the dump sets the TORCH/DYNAMO/INDUCTOR/TRITON variables it recorded,
     # except the toolchain paths it deliberately never records (they belong to this machine).
     env = {k: v for k, v in os.environ.items()
@@ -117,7 +118,7 @@ def pack_dump(
 
     request = {"script": str(script), "script_label": label, "out": str(out_path), "no_replay": not replay,
                "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())]}
-    report, died = run_child("reproarchive.sources.dump_child", request, env=_child_env(), on_event=progress,
+    report, died = run_child("reproarchive.sources.dump_child", request, env=child_env(), on_event=progress,
                              keep_log=keep_log)
     if died is not None:
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")

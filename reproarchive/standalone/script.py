@@ -49,7 +49,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike) -> dict[str, Any
     devices = _recorded_devices(repro)
     return write_export(
         repro.gm, list(repro.args), out_dir,
-        backend=repro.backend, source_kind=repro.index.source_kind,
+        backend=repro.backend, source_kind=repro.graph_kind,
         accuracy=bool(repro.accuracy), config=repro.config, environment=repro.environment,
         system=repro.system, failure=repro.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest,

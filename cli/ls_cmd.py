@@ -1,0 +1,81 @@
+"""``ls``: what a source holds. Today: the compiles of a TORCH_TRACE log (or tlparse output).
+
+Sources are told apart here, before anything is read: a trace (a log file, the folder
+TORCH_TRACE pointed at, a tlparse output folder) lists its compiles; anything else is refused
+with one line. Other kinds of sources (e.g. a store of archives) are meant to be recognised
+here as well, each with its own listing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .app import emit_json, json_errors, main
+
+
+@main.command("ls")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--rank", type=int, default=None, help="Only compiles of this rank.")
+@click.option("--failed", is_flag=True, help="Only compiles that failed (what `pack` takes by default).")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
+def ls_cmd(source: Path, rank: int | None, failed: bool, as_json: bool) -> None:
+    """List the compiles in a TORCH_TRACE log, so you can pick one to pack.
+
+    \b
+    SOURCE is a TORCH_TRACE log file, the folder TORCH_TRACE pointed at (one log per rank and
+    process), or a tlparse output folder. One line per compile:
+      COMPILE  the compile id, as tlparse shows it ([frame/compile]); `pack --compile-id` takes it
+      RANK     the rank, for distributed jobs
+      FRAME    the compiled function and where it starts
+      OPS      operations in its graph
+      STATUS   ok, failed, or incomplete (the log ends inside it: a crash or a cut log);
+               "(no graph)" when Dynamo logged no graph, "(graph damaged)" when its payload
+               fails its MD5: either way there is nothing to pack
+      REASON   the first line of the failure
+
+    Problems in the log (truncated lines, payloads whose MD5 does not match, interleaved ranks)
+    are warnings on stderr. Exit 4 when SOURCE is not a trace.
+    """
+    import reproarchive
+    from reproarchive import SourceError
+
+    with json_errors(as_json):
+        if not source.exists():
+            raise SourceError(f"{source} does not exist", "name a TORCH_TRACE log or the folder TORCH_TRACE pointed at")
+        if not reproarchive.is_trace(source):
+            raise SourceError(f"{source} is not a TORCH_TRACE log, a folder of them, or a tlparse output folder",
+                              "ls lists the compiles of a trace: name a log (dedicated_log_torch_trace_*.log) "
+                              "or the folder TORCH_TRACE pointed at")
+        listing = reproarchive.list_trace(source)
+    rows = [r for r in listing["compiles"] if (rank is None or r["rank"] == rank)
+            and (not failed or not r["status"].startswith("ok"))]
+    listing["compiles"] = rows
+    if as_json:
+        emit_json(listing)
+        return
+    for line in listing["warnings"]:
+        click.echo(f"warning: {line}", err=True)
+    with_rank = any(r["rank"] is not None for r in rows)
+    several_logs = len({r["log"] for r in rows}) > 1
+    table = []
+    for r in rows:
+        frame = r["frame"] or {}
+        where = f"{frame.get('name') or '?'} ({Path(str(frame.get('file') or '?')).name}:{frame.get('line') or '?'})"
+        reason = (r["fail_reason"] or "").strip().splitlines()
+        cells = [f"[{r['compile_id']}]"]
+        if with_rank:
+            cells.append("" if r["rank"] is None else str(r["rank"]))
+        cells += [where, "" if r["ops"] is None else str(r["ops"]), r["status"], reason[0][:100] if reason else ""]
+        if several_logs:
+            cells.append(r["log"])
+        table.append(cells)
+    header = ["COMPILE"] + (["RANK"] if with_rank else []) + ["FRAME", "OPS", "STATUS", "REASON"] \
+        + (["LOG"] if several_logs else [])
+    widths = [max(len(h), *(len(row[i]) for row in table)) if table else len(h) for i, h in enumerate(header)]
+    for row in [header, *table]:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    failed_count = sum(1 for r in rows if not r["status"].startswith("ok"))
+    click.echo(f"{len(rows)} compile{'s' if len(rows) != 1 else ''}, {failed_count} failed or incomplete"
+               + (f"; pack them with `reproarchive pack {source}`" if failed_count else ""), err=True)

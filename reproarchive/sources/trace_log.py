@@ -1,0 +1,938 @@
+"""Reading TORCH_TRACE logs, and tlparse's output folders, into compiles, without torch.
+
+A ``TORCH_TRACE`` log is what ``torch._logging.trace_structured`` writes: one glog-prefixed
+JSON envelope per event (``{"dynamo_output_graph": {...}, "frame_id": 0, "frame_compile_id":
+1, "attempt": 0, "rank": 3, "has_payload": "<md5>"}``), followed by its payload as lines that
+start with a tab. tlparse renders such a log as a folder of pages plus ``raw.jsonl`` (the
+envelopes, each naming the page that holds its payload as ``payload_filename``).
+
+This module turns either into ``Compile`` objects keyed by rank and compile id, and derives what
+``reproarchive ls`` shows and ``reproarchive pack`` needs: the graph payloads, the inputs'
+``describe_*`` metadata, the symbols, the config, the torch version and the failure. It never
+imports torch (``ls`` stays instant) and never runs a payload: the Python payloads are handed to
+a child process by ``trace_import``.
+
+Real logs are messy, and every problem becomes a ``TraceProblem`` line instead of an
+exception: lines cut mid-JSON by a crash, payloads whose MD5 does not match (such payloads are
+never used), several ranks interleaved in one file, logs from older torch versions (no
+``attempt``, no config in the metrics, graphs printed without strides), and cache hits that log
+the ``fx_graph_runnable`` a second time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from reproarchive.context import failure as failure_records
+from reproarchive.errors import SourceError
+from reproarchive.format.schema import FailureRecord
+
+# The glog prefix TorchLogsFormatter writes before each envelope (tlparse's own pattern: not
+# anchored, so a prefix added by a log collector, e.g. "[rank3]:", does not hide the event).
+_GLOG = re.compile(
+    r"(?P<level>[VIWEC])(?P<month>\d{2})(?P<day>\d{2}) (?P<time>\d{2}:\d{2}:\d{2}\.\d{6}) "
+    r"(?P<thread>\d+)(?P<pathname>[^:]+):(?P<line>\d+)\] (?P<json>\{.*)$"
+)
+# Envelope keys that are context, not the event (torch's reserved names, plus what tlparse
+# adds to raw.jsonl).
+_CONTEXT_KEYS = frozenset({
+    "rank", "compiled_autograd_id", "frame_id", "frame_compile_id", "attempt", "severity",
+    "timestamp", "pathname", "thread", "subgraph_name", "has_payload", "stack", "lineno",
+    "payload_filename",
+})
+# Payloads worth keeping in memory; the rest (chromium events, output code, post-grad graphs)
+# are only hashed, which keeps reading a multi-GB log cheap.
+KEPT_PAYLOADS = frozenset({
+    "dynamo_output_graph", "fx_graph_runnable", "dynamo_error", "torch_version",
+    "recompile_reasons", "dynamo_graph_break_reason",
+})
+TRACE_FILE_PREFIX = "dedicated_log_torch_trace"
+_RANK_IN_NAME = re.compile(r"rank_(\d+)")
+_SNIFF_BYTES = 1 << 16
+_SNIFF_LINES = 64
+MAX_EXAMPLE_LINES = 5
+# The exception torch wraps a backend's error in, and how the wrapped one is named in its message.
+_WRAPPED = re.compile(r"^(?:backend='(?P<backend>[^']*)' raised:\s*\n)?(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$",
+                      re.DOTALL)
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Failed|Unsupported|Interrupt|Exit|"
+                       r"Warning|Fault|Abort|Break|Timeout|Mismatch|Failure))(?:: (?P<msg>.*))?$")
+
+
+# --------------------------------------------------------------------------------------------
+# records of the log
+
+
+@dataclass
+class TraceEvent:
+    """One envelope: its kind (the artifact name for ``artifact`` events), where it is, and its
+    payload when it is one we keep. ``payload_state`` is "none" (no payload), "ok", "damaged"
+    (MD5 mismatch, truncated) or "missing" (a tlparse page that is not there)."""
+
+    kind: str
+    lineno: int
+    attempt: int | None
+    metadata: Any
+    payload: str | None = None
+    payload_state: str = "none"
+    page: str | None = None
+    pid: int | None = None  # the process that logged it (glog's field; tlparse's "thread")
+
+
+@dataclass
+class Compile:
+    """Everything one rank logged for one compile id (all attempts of it)."""
+
+    log: Path
+    rank: int | None
+    compiled_autograd_id: int | None
+    frame_id: int | None
+    frame_compile_id: int | None
+    events: list[TraceEvent] = field(default_factory=list)
+    tlparse_root: Path | None = None  # set when read from a tlparse output folder
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The compile id as torch and tlparse print it, without brackets: "0/1", "!2/0/1"."""
+        fid = "-" if self.frame_id is None else str(self.frame_id)
+        fcid = "-" if self.frame_compile_id is None else str(self.frame_compile_id)
+        prefix = "" if self.compiled_autograd_id is None else f"!{self.compiled_autograd_id}/"
+        return f"{prefix}{fid}/{fcid}"
+
+    @property
+    def label(self) -> str:
+        return f"[{self.id}]" + ("" if self.rank is None else f" rank {self.rank}")
+
+    @property
+    def attempt(self) -> int:
+        """The last attempt (Dynamo restarts analysis after a graph break inside a compile)."""
+        attempts = [e.attempt for e in self.events if e.attempt is not None]
+        return max(attempts) if attempts else 0
+
+    @property
+    def tlparse_directory(self) -> str:
+        """The folder tlparse writes this compile's pages into (``CompileId::as_directory_name``)."""
+        def part(v):
+            return "-" if v is None else str(v)
+        return "_".join(part(v) for v in (self.compiled_autograd_id, self.frame_id, self.frame_compile_id,
+                                          self.attempt))
+
+    # -- events ------------------------------------------------------------------------
+
+    def of_kind(self, kind: str, *, final_attempt: bool = False) -> list[TraceEvent]:
+        final = self.attempt
+        return [e for e in self.events if e.kind == kind
+                and (not final_attempt or e.attempt is None or e.attempt == final)]
+
+    def last(self, kind: str) -> TraceEvent | None:
+        found = self.of_kind(kind)
+        return found[-1] if found else None
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        ev = self.last("compilation_metrics")
+        return ev.metadata if ev is not None and isinstance(ev.metadata, dict) else {}
+
+    @property
+    def graph_event(self) -> TraceEvent | None:
+        """The Dynamo graph (``dynamo_output_graph``) of the final attempt, if it was logged."""
+        found = self.of_kind("dynamo_output_graph", final_attempt=True) or self.of_kind("dynamo_output_graph")
+        return found[-1] if found else None
+
+    def runnables(self) -> list[TraceEvent]:
+        """Distinct ``fx_graph_runnable`` payloads in log order (a cache hit logs one again)."""
+        seen: set[str] = set()
+        out = []
+        for ev in self.of_kind("fx_graph_runnable"):
+            key = ev.payload if ev.payload is not None else f"line {ev.lineno}"
+            if key not in seen:
+                seen.add(key)
+                out.append(ev)
+        return out
+
+    # -- what ls shows -----------------------------------------------------------------
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.metrics.get("fail_type")) or self.last("dynamo_error") is not None
+
+    @property
+    def status(self) -> str:
+        """"failed", "ok", or "incomplete" (the log ends inside the compile: a crash, a kill, or a
+        cut log); " (no graph)" when Dynamo logged no graph for it, " (graph damaged)" when its
+        payload fails its MD5."""
+        if self.failed:
+            status = "failed"
+        elif self.last("compilation_metrics") is None:
+            status = "incomplete"
+        else:
+            status = "ok"
+        if self.graph_event is None:
+            status += " (no graph)"
+        elif self.graph_event.payload_state != "ok":
+            status += " (graph damaged)"
+        return status
+
+    @property
+    def fail_reason(self) -> str:
+        m = self.metrics
+        if m.get("fail_type"):
+            reason = str(m.get("fail_reason") or "").strip()
+            inner = _WRAPPED.match(reason) if m["fail_type"] in failure_records.WRAPPERS else None
+            if inner and inner.group("type"):
+                # the error inside torch's wrapper is the one that names the bug
+                backend = f" (backend {inner.group('backend')})" if inner.group("backend") else ""
+                msg = (inner.group("msg") or "").strip().splitlines()
+                head = inner.group("type") + (f": {msg[0]}" if msg else "") + backend
+                return "\n".join([head, *msg[1:]])
+            return f"{m['fail_type']}: {reason}" if reason else str(m["fail_type"])
+        err = self.last("dynamo_error")
+        if err is not None and err.payload:
+            line = _last_exception_line(err.payload)
+            if line:
+                return line
+        if self.status.startswith("incomplete"):
+            return "the log ends inside this compile (the process crashed or was killed, or the log is cut)"
+        return ""
+
+    @property
+    def frame(self) -> dict[str, Any]:
+        """Where the compiled code is: function name, file, first line (from the metrics, else
+        the last frame of ``dynamo_start``'s user stack)."""
+        m = self.metrics
+        if m.get("co_name"):
+            return {"name": m.get("co_name"), "file": m.get("co_filename"), "line": m.get("co_firstlineno")}
+        start = self.last("dynamo_start")
+        stack = (start.metadata or {}).get("stack") if start is not None and isinstance(start.metadata, dict) else None
+        if isinstance(stack, list) and stack and isinstance(stack[-1], dict):
+            top = stack[-1]
+            return {"name": top.get("name"), "file": top.get("filename"), "line": top.get("line")}
+        return {"name": None, "file": None, "line": None}
+
+    @property
+    def op_count(self) -> int | None:
+        count = self.metrics.get("graph_op_count")
+        if isinstance(count, int):
+            return count
+        ev = self.graph_event
+        if ev is not None and ev.payload is not None and ev.payload_state == "ok":
+            return count_graph_ops(ev.payload)
+        return None
+
+    @property
+    def cache(self) -> dict[str, int]:
+        """How often the FX graph cache hit, missed or was bypassed, and how often the runnable
+        was logged (a hit logs it again from the cache entry)."""
+        out = {k: len(self.of_kind(f"fx_graph_cache_{k}")) for k in ("hit", "miss", "bypass")}
+        out["runnables_logged"] = len(self.of_kind("fx_graph_runnable"))
+        return {k: v for k, v in out.items() if v}
+
+    def row(self, *, display_log: str | None = None) -> dict[str, Any]:
+        """What ``reproarchive ls`` prints for this compile (``--json`` gives the whole dict)."""
+        frame = self.frame
+        return {
+            "compile_id": self.id,
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "frame": frame,
+            "ops": self.op_count,
+            "status": self.status,
+            "fail_reason": self.fail_reason,
+            "graph": "dynamo_output_graph" if self.graph_event is not None else None,
+            "runnables": len(self.runnables()),
+            "cache": self.cache,
+            "log": display_log or self.log.name,
+            "tlparse_directory": self.tlparse_directory,
+        }
+
+
+@dataclass
+class TraceProblem:
+    """One kind of defect in one file, with how often and where (for a one-line warning)."""
+
+    file: str
+    what: str
+    lines: list[int] = field(default_factory=list)
+    count: int = 0
+
+    def __str__(self) -> str:
+        where = ""
+        if self.lines:
+            shown = ", ".join(str(n) for n in self.lines[:MAX_EXAMPLE_LINES])
+            where = f" (line{'s' if self.count > 1 else ''} {shown}{' ...' if self.count > len(self.lines[:MAX_EXAMPLE_LINES]) else ''})"
+        return f"{self.file}: {self.count} {self.what}{where}"
+
+
+@dataclass
+class Trace:
+    """The compiles of one or more logs, and what was wrong with the logs."""
+
+    root: Path
+    kind: str  # "log" | "log folder" | "tlparse"
+    files: list[Path]
+    compiles: list[Compile]
+    problems: list[TraceProblem]
+    torch_versions: dict[Any, dict[str, Any]]  # (file, rank) -> torch_version payload
+    strings: dict[Path, dict[int, str]]  # interned file names per file
+
+    @property
+    def warnings(self) -> list[str]:
+        return [str(p) for p in self.problems if p.count]
+
+    def display_log(self, c: Compile) -> str:
+        try:
+            if self.kind == "tlparse":
+                return str(c.log.relative_to(self.root.parent))
+            return str(c.log.relative_to(self.root)) if self.root.is_dir() else c.log.name
+        except ValueError:
+            return c.log.name
+
+    def torch_version(self, c: Compile) -> dict[str, Any]:
+        return (self.torch_versions.get((c.log, c.rank)) or self.torch_versions.get((c.log, None))
+                or next((v for (f, _), v in self.torch_versions.items() if f == c.log), None) or {})
+
+    def select(self, compile_ids: Iterable[str] = (), *, all_compiles: bool = False,
+               rank: int | None = None) -> list[Compile]:
+        """The compiles to pack: those named (``0/1``, ``[0/1]``, ``!0/0/1``), or all, or by
+        default the failed and incomplete ones; ``rank`` keeps one rank. SourceError when a named
+        id is not in the log or nothing is selected."""
+        pool = [c for c in self.compiles if rank is None or c.rank == rank]
+        if rank is not None and not pool:
+            ranks = sorted({str(c.rank) for c in self.compiles})
+            raise SourceError(f"no compile of rank {rank} in {self.root}", f"ranks in the log: {', '.join(ranks)}")
+        wanted = [normalise_compile_id(cid) for cid in compile_ids]
+        if wanted:
+            picked = [c for c in pool if c.id in wanted]
+            missing = [w for w in wanted if not any(c.id == w for c in picked)]
+            if missing:
+                raise SourceError(
+                    f"compile {', '.join(missing)} is not in {self.root}"
+                    + (f" (rank {rank})" if rank is not None else ""),
+                    f"`reproarchive ls {self.root}` lists the compiles in the log")
+            return picked
+        if all_compiles:
+            return pool
+        picked = [c for c in pool if c.failed or c.status.startswith("incomplete")]
+        if not picked:
+            raise SourceError(
+                f"no compile failed in {self.root} ({len(pool)} compile{'s' if len(pool) != 1 else ''}, all ok)",
+                "name one with --compile-id (see `reproarchive ls`), or pass --all; runtime and accuracy "
+                "failures are not in TORCH_TRACE logs, so give --backend (and --accuracy) too")
+        return picked
+
+
+def normalise_compile_id(text: str) -> str:
+    """"[0/1]", "0/1", "[0/1_2]" (an attempt) and "!0/0/1" to the form ``Compile.id`` uses."""
+    s = str(text).strip()
+    if s.startswith("[") and s.endswith("]"):
+        s = s[1:-1]
+    s = re.sub(r"_\d+$", "", s)
+    if not re.fullmatch(r"(?:!\d+/)?(?:\d+|-)/(?:\d+|-)", s):
+        raise SourceError(f"{text!r} is not a compile id", "write it as tlparse does: 0/1 or [0/1] (frame/compile)")
+    return s
+
+
+# --------------------------------------------------------------------------------------------
+# finding logs
+
+
+def sniff_log(path: Path) -> bool:
+    """Whether ``path`` is a TORCH_TRACE log: one of its first lines is a glog-prefixed envelope."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    for raw in head.split(b"\n")[:_SNIFF_LINES]:
+        line = raw.decode("utf-8", errors="replace")
+        m = _GLOG.search(line)
+        if m:
+            try:
+                return isinstance(json.loads(m["json"]), dict)
+            except ValueError:
+                continue
+    return False
+
+
+def _tlparse_roots(folder: Path) -> list[Path]:
+    if (folder / "raw.jsonl").is_file():
+        return [folder]
+    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "raw.jsonl").is_file())
+
+
+def find_trace(path: str | os.PathLike) -> tuple[str, list[Path]] | None:
+    """("log" | "log folder" | "tlparse", files or tlparse roots) when ``path`` is a trace, else None.
+
+    A folder is a tlparse output folder when it (or each of its sub-folders, as
+    ``--all-ranks-html`` writes them) holds ``raw.jsonl``; otherwise a folder of logs when files
+    directly in it are TORCH_TRACE logs (one per rank and process). Folders are not searched
+    deeper: a trace folder is named, not discovered.
+    """
+    p = Path(path)
+    if p.is_file():
+        return ("log", [p]) if sniff_log(p) else None
+    if not p.is_dir():
+        return None
+    try:
+        roots = _tlparse_roots(p)
+        if roots:
+            return "tlparse", roots
+        files = sorted(f for f in p.iterdir() if f.is_file())
+    except OSError:
+        return None
+    logs = [f for f in files if f.name.startswith(TRACE_FILE_PREFIX) and sniff_log(f)]
+    logs += [f for f in files if not f.name.startswith(TRACE_FILE_PREFIX) and f.suffix in (".log", ".txt", "")
+             and sniff_log(f)]
+    if not logs and (p / "tlparse").is_dir() and p.name == "torch_compile_debug":
+        # TORCH_COMPILE_DEBUG=1 without TORCH_TRACE writes the trace to torch_compile_debug/tlparse/
+        return find_trace(p / "tlparse")
+    return ("log folder", sorted(logs)) if logs else None
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read a TORCH_TRACE log, a folder of them, or a tlparse output folder.
+
+    SourceError (exit 4) when ``path`` does not exist, is none of these, or holds no compile.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise SourceError(f"{path} does not exist", "name a TORCH_TRACE log, a folder of them, or tlparse's output folder")
+    found = find_trace(p)
+    if found is None:
+        raise SourceError(
+            f"{path} is not a TORCH_TRACE log, a folder of them, or a tlparse output folder",
+            "run the job with TORCH_TRACE=<folder> set and name that folder (or a log file in it)")
+    kind, files = found
+    reader = _Reader()
+    for f in files:
+        if kind == "tlparse":
+            reader.read_tlparse(f)
+        else:
+            reader.read_log(f)
+    trace = reader.finish(p, kind, files)
+    if not trace.compiles:
+        raise SourceError(
+            f"{path} holds no compile (no event with a compile id)"
+            + (f"; {trace.warnings[0]}" if trace.warnings else ""),
+            "was torch.compile reached with TORCH_TRACE set? A log cut before the first compile has nothing to pack")
+    return trace
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+class _Reader:
+    """Accumulates events of several files into compiles; ranks and files are kept apart."""
+
+    def __init__(self) -> None:
+        self.compiles: dict[tuple, Compile] = {}
+        self.problems: dict[tuple[str, str], TraceProblem] = {}
+        self.torch_versions: dict[Any, dict[str, Any]] = {}
+        self.strings: dict[Path, dict[int, str]] = {}
+        self.ranks_seen: dict[Path, set] = {}
+
+    def problem(self, file: Path, what: str, lineno: int | None = None) -> None:
+        key = (str(file), what)
+        prob = self.problems.get(key)
+        if prob is None:
+            prob = self.problems[key] = TraceProblem(file=file.name, what=what)
+        prob.count += 1
+        if lineno is not None and len(prob.lines) < MAX_EXAMPLE_LINES:
+            prob.lines.append(lineno)
+
+    # -- raw logs ----------------------------------------------------------------------
+
+    def read_log(self, path: Path) -> None:
+        file_rank = _rank_from_name(path.name)
+        pending: tuple[dict, int, list[bytes], int] | None = None
+        try:
+            with open(path, "rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    raw = raw.rstrip(b"\n")
+                    if raw.startswith(b"\t"):
+                        if pending is None:
+                            self.problem(path, "payload lines with no event before them (skipped)", lineno)
+                        else:
+                            pending[2].append(raw[1:])
+                        continue
+                    if pending is not None:
+                        self._finish_raw(path, file_rank, *pending)
+                        pending = None
+                    if not raw.strip():
+                        continue
+                    line = raw.decode("utf-8", errors="replace")
+                    m = _GLOG.search(line)
+                    if m is None:
+                        self.problem(path, "lines without a TORCH_TRACE envelope (skipped)", lineno)
+                        continue
+                    try:
+                        env = json.loads(m["json"])
+                    except ValueError:
+                        self.problem(path, "lines that are not valid JSON, truncated or corrupted (skipped)", lineno)
+                        continue
+                    if not isinstance(env, dict):
+                        self.problem(path, "envelopes that are not JSON objects (skipped)", lineno)
+                        continue
+                    pid = int(m["thread"])
+                    if "has_payload" in env:
+                        pending = (env, lineno, [], pid)
+                    else:
+                        self._event(path, file_rank, env, lineno, None, "none", None, pid=pid)
+                if pending is not None:
+                    self._finish_raw(path, file_rank, *pending)
+        except OSError as err:
+            raise SourceError(f"cannot read {path}: {err.strerror}", "check the path and permissions") from err
+
+    def _finish_raw(self, path: Path, file_rank, env: dict, lineno: int, lines: list[bytes], pid: int) -> None:
+        data = b"\n".join(lines)
+        expected = env.get("has_payload")
+        state = "ok" if isinstance(expected, str) and hashlib.md5(data, usedforsecurity=False).hexdigest() == expected \
+            else "damaged"
+        if state == "damaged":
+            self.problem(path, "payloads whose MD5 does not match (truncated or edited; not used)", lineno)
+        kind = _event_kind(env)
+        text = data.decode("utf-8", errors="replace") if kind in KEPT_PAYLOADS else None
+        self._event(path, file_rank, env, lineno, text, state, None, pid=pid)
+
+    # -- tlparse output -----------------------------------------------------------------
+
+    def read_tlparse(self, root: Path) -> None:
+        raw_jsonl = root / "raw.jsonl"
+        file_rank = _rank_from_name(root.name)
+        try:
+            with open(raw_jsonl, "rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        env = json.loads(raw.decode("utf-8", errors="replace"))
+                    except ValueError:
+                        self.problem(raw_jsonl, "lines that are not valid JSON, truncated or corrupted (skipped)", lineno)
+                        continue
+                    if not isinstance(env, dict):
+                        self.problem(raw_jsonl, "envelopes that are not JSON objects (skipped)", lineno)
+                        continue
+                    kind = _event_kind(env)
+                    page = env.get("payload_filename") if isinstance(env.get("payload_filename"), str) else None
+                    text, state = None, "none"
+                    if "has_payload" in env and page:
+                        text, state = self._tlparse_payload(root, raw_jsonl, env, kind, page, lineno)
+                    pid = env.get("thread") if isinstance(env.get("thread"), int) else None
+                    self._event(raw_jsonl, file_rank, env, lineno, text, state, page, tlparse_root=root, pid=pid)
+        except OSError as err:
+            raise SourceError(f"cannot read {raw_jsonl}: {err.strerror}", "check the path and permissions") from err
+
+    def _tlparse_payload(self, root: Path, raw_jsonl: Path, env: dict, kind: str, page: str, lineno: int):
+        if kind not in KEPT_PAYLOADS:
+            return None, "ok"
+        target = (root / page)
+        try:
+            inside = target.resolve().is_relative_to(root.resolve())
+        except OSError:
+            inside = False
+        if os.path.isabs(page) or not inside or not target.is_file():
+            self.problem(raw_jsonl, "payload pages named in raw.jsonl that are missing (not used)", lineno)
+            return None, "missing"
+        data = target.read_bytes()
+        if hashlib.md5(data, usedforsecurity=False).hexdigest() == env.get("has_payload"):
+            return data.decode("utf-8", errors="replace"), "ok"
+        meta = env.get("artifact") if isinstance(env.get("artifact"), dict) else {}
+        if meta.get("encoding") == "json":
+            # tlparse pretty-prints JSON artifacts, so their pages never match the MD5
+            try:
+                return json.dumps(json.loads(data)), "ok"
+            except ValueError:
+                pass
+        self.problem(raw_jsonl, "payloads whose MD5 does not match (truncated or edited; not used)", lineno)
+        return data.decode("utf-8", errors="replace"), "damaged"
+
+    # -- routing -------------------------------------------------------------------------
+
+    def _event(self, path: Path, file_rank, env: dict, lineno: int, text: str | None, state: str,
+               page: str | None, *, tlparse_root: Path | None = None, pid: int | None = None) -> None:
+        kind = _event_kind(env)
+        if kind == "string_table" and isinstance(env.get("string_table"), list):
+            # tlparse's raw.jsonl starts with the log's interned file names, by index
+            self.strings.setdefault(path, {}).update(enumerate(map(str, env["string_table"])))
+            return
+        if kind == "str":
+            value = env.get("str")
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
+                self.strings.setdefault(path, {})[value[1]] = str(value[0])
+            return
+        rank = env.get("rank") if isinstance(env.get("rank"), int) else file_rank
+        if rank is not None:
+            self.ranks_seen.setdefault(path, set()).add(rank)
+        if kind == "torch_version" and text is not None and state == "ok":
+            try:
+                info = json.loads(text)
+            except ValueError:
+                info = None
+            if isinstance(info, dict):
+                self.torch_versions[(path, rank)] = info
+            return
+        ids = tuple(env.get(k) if isinstance(env.get(k), int) else None
+                    for k in ("compiled_autograd_id", "frame_id", "frame_compile_id"))
+        if ids[1] is None and ids[2] is None:
+            return  # not inside a compile (chromium events, global artifacts)
+        key = (path, rank, *ids)
+        comp = self.compiles.get(key)
+        if comp is None:
+            comp = self.compiles[key] = Compile(log=path, rank=rank, compiled_autograd_id=ids[0], frame_id=ids[1],
+                                                frame_compile_id=ids[2], tlparse_root=tlparse_root)
+        attempt = env.get("attempt") if isinstance(env.get("attempt"), int) else None
+        comp.events.append(TraceEvent(kind=kind, lineno=lineno, attempt=attempt, metadata=env.get(_event_key(env)),
+                                      payload=text, payload_state=state, page=page, pid=pid))
+
+    def finish(self, root: Path, kind: str, files: list[Path]) -> Trace:
+        for path, ranks in self.ranks_seen.items():
+            if len(ranks) > 1:
+                prob = TraceProblem(file=path.name, what=f"ranks interleaved in one file ({', '.join(map(str, sorted(ranks)))}); "
+                                    "their compiles are kept apart by rank", count=1)
+                self.problems[(str(path), "ranks")] = prob
+        comps = sorted(self.compiles.values(), key=lambda c: (
+            -1 if c.rank is None else c.rank, str(c.log), _sort_id(c.compiled_autograd_id),
+            _sort_id(c.frame_id), _sort_id(c.frame_compile_id)))
+        return Trace(root=root, kind=kind, files=files, compiles=comps, problems=list(self.problems.values()),
+                     torch_versions=self.torch_versions, strings=self.strings)
+
+
+def _sort_id(v: int | None) -> int:
+    return -1 if v is None else v
+
+
+def _rank_from_name(name: str) -> int | None:
+    m = _RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _event_key(env: dict) -> str | None:
+    return next((k for k in env if k not in _CONTEXT_KEYS), None)
+
+
+def _event_kind(env: dict) -> str:
+    key = _event_key(env)
+    if key == "artifact" and isinstance(env.get("artifact"), dict):
+        return str(env["artifact"].get("name") or "artifact")
+    return key or "unknown"
+
+
+# --------------------------------------------------------------------------------------------
+# reading payloads
+
+
+def count_graph_ops(code: str) -> int:
+    """Calls in a ``print_readable`` graph: assignments whose value is not a bare name or an
+    attribute of ``self`` (placeholder renames and get_attr lines), as Dynamo's op count."""
+    count = 0
+    for line in code.splitlines():
+        m = re.match(r"^\s+[A-Za-z_]\w*(?:\s*:\s*\"[^\"]*\")?\s*=\s*(.+?)(?:;.*)?$", line)
+        if not m:
+            continue
+        value = m.group(1).strip()
+        if re.fullmatch(r"[A-Za-z_]\w*|self(?:\.\w+)+", value):
+            continue
+        count += 1
+    return count
+
+
+def _last_exception_line(tb: str) -> str:
+    """The "Type: message" line that ends a traceback (the message's first line)."""
+    lines = [ln.rstrip() for ln in tb.splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        m = _EXC_LINE.match(lines[i].strip()) if lines[i] and not lines[i].startswith(" ") else None
+        if m:
+            return lines[i].strip()
+    return ""
+
+
+def _exception_block(tb: str) -> tuple[str, str]:
+    """(qualified type, full message) of the final exception of a Python traceback."""
+    lines = tb.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            # the exception starts at the first unindented line after the frames
+            for j in range(i + 1, len(lines)):
+                if lines[j] and not lines[j].startswith(" "):
+                    head, _, rest = lines[j].partition(": ")
+                    message = "\n".join([rest, *lines[j + 1:]]).strip()
+                    return head.strip(), message
+            break
+    line = _last_exception_line(tb)
+    head, _, rest = line.partition(": ")
+    return head, rest
+
+
+def failure_record(c: Compile, *, backend: str | None) -> tuple[FailureRecord | None, list[str]]:
+    """(failure record as the log tells it, compiler diagnostics), or (None, []) for a compile
+    that did not fail. Incomplete compiles get an "unknown" record that says so.
+
+    torch wraps a backend's error (BackendCompilerFailed, InductorError); the record names the
+    wrapped error as the archive's own capture does (``failure.innermost``), because that is
+    what a replay observes. The log names it without its module ("ReluCompileError"), so the
+    signature here matches a replay's only once ``trace_child`` has replayed it and confirmed.
+    """
+    if not c.failed:
+        if c.status.startswith("incomplete"):
+            return failure_records.unknown_record(c.fail_reason, backend=backend), []
+        return None, []
+    m = c.metrics
+    err = c.last("dynamo_error")
+    tb = err.payload if err is not None and err.payload_state == "ok" and err.payload else ""
+    outer_type, outer_msg = _exception_block(tb) if tb else ("", "")
+    fail_type = str(m.get("fail_type") or outer_type.rsplit(".", 1)[-1] or "Exception")
+    reason = str(m.get("fail_reason") if m.get("fail_reason") is not None else outer_msg)
+    exc_type, message = (outer_type or fail_type), reason
+    if fail_type in failure_records.WRAPPERS:
+        inner = _WRAPPED.match(reason.strip())
+        if inner and inner.group("type"):
+            exc_type, message = inner.group("type"), (inner.group("msg") or "").strip()
+    diagnostics = failure_records.compiler_diagnostics(tb or reason)
+    shown = message[:failure_records.MAX_MESSAGE_CHARS]
+    if diagnostics:
+        # the compiler's own error lines, not the thousands of warning lines before them
+        first = message.strip().splitlines()[0] if message.strip() else ""
+        shown = "\n".join([first, "", "compiler errors:", *diagnostics])[:failure_records.MAX_MESSAGE_CHARS]
+    record = FailureRecord(stage="compile", exception_type=exc_type, message=shown,
+                           traceback=(tb or reason)[-failure_records.MAX_TRACEBACK_CHARS:],
+                           signature=failure_records.signature("compile", exc_type, message), backend=backend)
+    return record, diagnostics
+
+
+def _named_backend(c: Compile) -> str | None:
+    reason = str(c.metrics.get("fail_reason") or "")
+    err = c.last("dynamo_error")
+    for text in (reason, err.payload if err is not None and err.payload else ""):
+        m = re.search(r"backend='([^']+)' raised", text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _uses_inductor(c: Compile) -> bool:
+    return bool(c.runnables() or c.of_kind("inductor_output_code") or c.of_kind("inductor_post_grad_graph")
+                or c.metrics.get("fail_type") == "InductorError" or c.metrics.get("inductor_compile_time_s"))
+
+
+def backend_from_log(c: Compile, trace: Trace | None = None) -> tuple[str | None, str]:
+    """(backend name, how we know it). The log names the backend only when it failed
+    (``backend='x' raised``); Inductor is recognised by its artifacts. A compile without either
+    takes the backend another compile of the same process named in its failure (one job, one
+    ``torch.compile`` backend, as a rule; the origin says so); otherwise it is unknown."""
+    named = _named_backend(c)
+    if named:
+        return named, "named in the failure logged for this compile"
+    if _uses_inductor(c):
+        return "inductor", "Inductor artifacts in the log"
+    others = {(o.id, b) for o in (trace.compiles if trace else []) if o.log == c.log and o.rank == c.rank
+              and (b := _named_backend(o))}
+    if len({b for _, b in others}) == 1:
+        cid, name = sorted(others)[0]
+        return name, f"named in the failure of compile [{cid}] of the same process (this one left no trace of it)"
+    return None, "not recorded in TORCH_TRACE logs"
+
+
+def config_values(c: Compile) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """({config module: {key: value}}, notes): the full configs compilation_metrics records
+    (dynamo, inductor, functorch, torch.compiler), as JSON strings in torch >= 2.5."""
+    m = c.metrics
+    out: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    for key, module in (("dynamo_config", "torch._dynamo.config"), ("inductor_config", "torch._inductor.config"),
+                        ("functorch_config", "torch._functorch.config"), ("compiler_config", "torch.compiler.config")):
+        raw = m.get(key)
+        if raw is None:
+            continue
+        try:
+            values = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            notes.append(f"{module} in the log is not JSON ({str(raw)[:60]!r}); not recorded")
+            continue
+        if isinstance(values, dict):
+            out[module] = values
+    if not out:
+        notes.append("the log records no config (torch older than 2.5 or a compile that never finished)")
+    return out, notes
+
+
+def system_record(trace: Trace, c: Compile, runnable: str | None) -> dict[str, Any]:
+    """The system facts a log holds: torch version and commit, CUDA, Triton, Python, and the
+    GPU names fx_graph_runnable's header lists. Everything else about the machine is unknown."""
+    tv = trace.torch_version(c)
+    m = c.metrics
+    torch_version = tv.get("pytorch_version") or m.get("pytorch_version")
+    cuda = m.get("cuda_version")
+    system: dict[str, Any] = {
+        "origin": "torch_trace",
+        "partial": True,  # only what the log says; every other fact about the job's machine is unknown
+        "torch": {"version": torch_version, "git_version": tv.get("commit"), "cuda": cuda},
+        "python": {"version": str(m["python_version"]).split()[0]} if m.get("python_version") else {},
+        "packages": {"torch": torch_version, "triton": m.get("triton_version") or None},
+    }
+    if runnable:
+        gpus = re.findall(r"^# (.+?) : (\d+) *$", runnable.split("# GPU Hardware Info:", 1)[1], re.M) \
+            if "# GPU Hardware Info:" in runnable else []
+        if gpus:
+            system["cuda"] = {"available": True, "version": cuda,
+                              "devices": [{"name": name.strip(), "count": int(n)} for name, n in gpus]}
+        for key, label in (("# torch git version:", "git_version"), ("# torch cuda version:", "cuda")):
+            for line in runnable.splitlines()[:400]:
+                if line.startswith(key) and not system["torch"].get(label):
+                    value = line[len(key):].strip()
+                    system["torch"][label] = None if value == "None" else value
+    return system
+
+
+def describe_inputs(c: Compile) -> dict[str, dict[str, Any]]:
+    """The input tensors Dynamo described in the final attempt, by the placeholder name Dynamo
+    gives their source (``L['self']._modules['lin']._parameters['weight']`` ->
+    ``L_self_modules_lin_parameters_weight_``): dtype, size, stride, device, storage, view base,
+    requires_grad, is_leaf, is_parameter, as ``describe_tensor``/``describe_storage`` logged them."""
+    final = c.attempt
+    storages: dict[tuple, dict] = {}
+    tensors: dict[tuple, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for ev in c.events:
+        if ev.attempt not in (None, final) or not isinstance(ev.metadata, dict):
+            continue
+        md = ev.metadata
+        describer = md.get("describer_id")
+        if ev.kind == "describe_storage":
+            storages[(describer, md.get("id"))] = md
+        elif ev.kind == "describe_tensor":
+            tensors[(describer, md.get("id"))] = md
+        elif ev.kind == "describe_source":
+            t = tensors.get((describer, md.get("id")))
+            source = md.get("source")
+            if t is None or not isinstance(source, str):
+                continue
+            st = storages.get((describer, t.get("storage")))
+            base = tensors.get((describer, t.get("base"))) if t.get("base") is not None else None
+            out[re.sub(r"[^a-zA-Z0-9]+", "_", source)] = {
+                "source": source,
+                "dtype": str(t.get("dtype", "")).replace("torch.", "") or None,
+                "shape": t.get("size"),
+                "stride": t.get("stride"),
+                "storage_offset": t.get("storage_offset", 0),
+                "device": _device_text(t.get("device")),
+                "requires_grad": bool(t.get("requires_grad", False)),
+                "is_leaf": bool(t.get("is_leaf", False)),
+                "is_parameter": bool(t.get("is_parameter", False)),
+                "is_view": bool(t.get("is_view", False)),
+                "storage": t.get("storage"),
+                "storage_bytes": st.get("size") if st else None,
+                "view_base_shape": base.get("size") if base else None,
+            }
+    return out
+
+
+def _device_text(value: Any) -> str | None:
+    """"device(type='cuda', index=0)" -> "cuda:0"."""
+    if not isinstance(value, str):
+        return None
+    m = re.fullmatch(r"device\(type='(\w+)'(?:, index=(\d+))?\)", value)
+    if m:
+        return m.group(1) + (f":{m.group(2)}" if m.group(2) is not None else "")
+    return value
+
+
+def symbols(c: Compile) -> dict[str, dict[str, Any]]:
+    """Symbols the shape env created in the final attempt: hint, source, value range."""
+    out: dict[str, dict[str, Any]] = {}
+    final = c.attempt
+    for ev in c.of_kind("create_symbol"):
+        md = ev.metadata if isinstance(ev.metadata, dict) else {}
+        if ev.attempt not in (None, final) or not isinstance(md.get("symbol"), str):
+            continue
+        try:
+            hint = int(md.get("val"))
+        except (TypeError, ValueError):
+            hint = None
+        out[md["symbol"]] = {"hint": hint, "source": md.get("source"), "range": md.get("vr")}
+    return out
+
+
+def graph_breaks_and_recompiles(c: Compile) -> dict[str, list[str]]:
+    """The reasons the log gives for this compile's graph breaks and recompiles (first lines)."""
+    out: dict[str, list[str]] = {}
+    for kind, key in (("dynamo_graph_break_reason", "graph_breaks"), ("recompile_reasons", "recompile_reasons")):
+        texts = []
+        for ev in c.of_kind(kind):
+            if ev.payload is None or ev.payload_state != "ok":
+                continue
+            text = ev.payload
+            if kind == "recompile_reasons":
+                try:
+                    value = json.loads(text)
+                    text = "\n".join(map(str, value)) if isinstance(value, list) else str(value)
+                except ValueError:
+                    pass
+            first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+            if first and first not in texts:
+                texts.append(first[:300])
+        if texts:
+            out[key] = texts
+    return out
+
+
+def user_stack(trace: Trace, c: Compile, limit: int = 8) -> list[dict[str, Any]]:
+    """The user frames ``dynamo_start`` logged (file names resolved through the log's intern
+    table; the innermost ``limit`` frames)."""
+    start = c.last("dynamo_start")
+    stack = start.metadata.get("stack") if start is not None and isinstance(start.metadata, dict) else None
+    if not isinstance(stack, list):
+        return []
+    names = trace.strings.get(c.log, {})
+    out = []
+    for frame in stack[-limit:]:
+        if not isinstance(frame, dict):
+            continue
+        fn = frame.get("filename")
+        out.append({"file": names.get(fn, fn) if isinstance(fn, int) else fn, "line": frame.get("line"),
+                    "name": frame.get("name"), "code": frame.get("loc")})
+    return out
+
+
+def job_paths(trace: Trace, c: Compile) -> dict[str, str]:
+    """Prefixes of the job's machine seen in the log, to scrub from what goes into the archive
+    (spec §8: no absolute path of the machine in a record): its site-packages (where torch
+    lives), the folders of the user's code in the stack and tracebacks ("<job>"), and the
+    Inductor cache dir the runnable names."""
+    out: dict[str, str] = {}
+    candidates = list(trace.strings.get(c.log, {}).values())
+    err = c.last("dynamo_error")
+    if err is not None and err.payload:
+        candidates += re.findall(r'File "([^"]+)"', err.payload)[:200]
+    frame_file = c.frame.get("file")
+    if isinstance(frame_file, str):
+        candidates.append(frame_file)
+    for path in candidates:
+        path = str(path)
+        m = re.match(r"^(.*?)/torch/_(?:dynamo|inductor|logging|functorch|subclasses)/", path)
+        if m and m.group(1):
+            out[m.group(1)] = "<site-packages>"
+        elif os.path.isabs(path) and "/site-packages/" not in path and "/lib/python" not in path:
+            out.setdefault(os.path.dirname(path), "<job>")  # the user's own code
+    for ev in c.runnables():
+        m = re.search(r"^os\.environ\['TORCHINDUCTOR_CACHE_DIR'\] = '([^']+)'", ev.payload or "", re.M)
+        if m:
+            out[m.group(1)] = "<inductor-cache>"
+    return out
+
+
+def events_lines(c: Compile, kinds: Iterable[str]) -> dict[str, int]:
+    """Where each used artifact is in the log (its line, for someone reading the raw log)."""
+    out = {}
+    for kind in kinds:
+        ev = c.last(kind)
+        if ev is not None:
+            out[kind] = ev.lineno
+    return out

@@ -1,0 +1,266 @@
+"""Archives from real TORCH_TRACE logs: ls, pack, verify, load, run, minify, export.
+
+The logs come from small failing jobs run once per session with TORCH_TRACE set
+(``support/trace_programs.py``, fixture ``trace_jobs`` in conftest.py). Every compile of every
+log is packed once per module (``packed``), with the options a user would give for failures
+the log cannot record (runtime and accuracy failures: ``--backend``, ``--accuracy``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import reproarchive
+from reproarchive.cli import main
+from reproarchive.errors import SourceError
+from reproarchive.minifier.driver import minify_archive
+from reproarchive.sources.trace_import import list_trace, pack_trace
+
+# What a user passes for each job (the log names a backend only when it failed).
+PACK_OPTIONS = {
+    "compile_error": {},
+    "runtime_error": {"backend": "relu_runtime_error_TESTING_ONLY"},
+    "accuracy": {"backend": "relu_accuracy_error_TESTING_ONLY", "accuracy": True},
+    "graph_break": {},
+    "dynamic": {},
+    "inductor_real": {},
+}
+# compile id -> (status in the log, stage recorded in the archive: from the log or the replay)
+EXPECTED = {
+    "compile_error": {"0/0": ("failed", "compile")},
+    "runtime_error": {"0/0": ("ok", "forward")},
+    "accuracy": {"0/0": ("ok", "accuracy")},
+    "graph_break": {"0/0": ("ok", None), "1/0": ("failed", "compile")},
+    "dynamic": {"0/0": ("failed", "compile"), "0/1": ("failed", "compile"), "0/2": ("failed", "compile")},
+    "inductor_real": {"0/0": ("failed", "compile")},
+}
+
+
+@pytest.fixture(scope="module")
+def packed(trace_jobs, tmp_path_factory) -> dict[str, dict[str, Path]]:
+    """job -> compile id -> archive, every compile of every log packed (``--all``)."""
+    out = {}
+    for name, (_, trace) in trace_jobs.items():
+        result = pack_trace(trace, tmp_path_factory.mktemp(f"packed_{name}"), all_compiles=True,
+                            **PACK_OPTIONS[name])
+        assert not result.skipped, result.skipped
+        out[name] = {p.compile_id: p.archive for p in result.packed}
+    return out
+
+
+def test_ls_lists_every_compile_with_its_status(trace_jobs):
+    for name, (_, trace) in trace_jobs.items():
+        listing = list_trace(trace)
+        got = {r["compile_id"]: r for r in listing["compiles"]}
+        assert {cid: r["status"] for cid, r in got.items()} == {cid: s for cid, (s, _) in EXPECTED[name].items()}, name
+        assert all(r["ops"] and r["ops"] > 0 for r in got.values()), name
+        assert listing["warnings"] == []
+    rows = {r["compile_id"]: r for r in list_trace(trace_jobs["graph_break"][1])["compiles"]}
+    assert rows["0/0"]["frame"]["name"] == "f"
+    assert rows["1/0"]["frame"]["name"].startswith("torch_dynamo_resume_in_f")
+    assert rows["1/0"]["fail_reason"].startswith("ReluCompileError")
+
+
+def test_ls_cli_text_json_and_errors(trace_jobs, tmp_path):
+    trace = trace_jobs["dynamic"][1]
+    res = CliRunner().invoke(main, ["ls", str(trace)])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["COMPILE", "FRAME", "OPS", "STATUS", "REASON"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["[0/0]", "[0/1]", "[0/2]"]
+    assert "ReluCompileError (backend relu_compile_error_TESTING_ONLY)" in lines[1]
+    res = CliRunner().invoke(main, ["ls", "--json", str(trace)])
+    assert [r["compile_id"] for r in json.loads(res.stdout)["compiles"]] == ["0/0", "0/1", "0/2"]
+    other = tmp_path / "notes.txt"
+    other.write_text("not a log\n")
+    for args in (["ls", str(other)], ["ls", "--json", str(other)], ["ls", str(tmp_path / "missing")]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 4
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
+        assert "Traceback" not in res.output
+    assert json.loads(CliRunner().invoke(main, ["ls", "--json", str(other)]).stdout)["exit_code"] == 4
+
+
+def test_every_compile_packs_verifies_and_loads(trace_jobs, packed):
+    for name, archives in packed.items():
+        assert set(archives) == set(EXPECTED[name]), name
+        for cid, path in archives.items():
+            assert path.name == f"repro-{cid.replace('/', '_')}.tar.zst"
+            reproarchive.verify(path, progress=False)
+            repro = reproarchive.load(path, device="cpu")
+            info = reproarchive.inspect(path)
+            src = info["source"]
+            assert src["kind"] == "torch_trace" and src["compile_id"] == cid and src["rank"] is None
+            assert src["tlparse"]["directory"] == f"-_{cid.replace('/', '_')}_{src['attempt']}"
+            assert src["log"].startswith("dedicated_log_torch_trace")
+            status, stage = EXPECTED[name][cid]
+            assert (info["failure"] or {}).get("stage") == stage, (name, cid)
+            assert info["system"]["torch"] == torch.__version__
+            assert info["records"]["config"]["modules"]["torch._dynamo.config"]
+            assert len(repro.args) == info["graph"]["placeholders"]
+
+
+def _strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+
+
+def test_records_hold_no_path_of_the_machine(trace_jobs, packed):
+    """Spec §8: the job's folder, the trace and site-packages are replaced in every record
+    (the environment record keeps install paths, as a snapshot does)."""
+    import os
+
+    site = str(Path(torch.__file__).parent.parent)
+    for name, archives in packed.items():
+        folder = str(trace_jobs[name][0])
+        for path in archives.values():
+            info = reproarchive.inspect(path)
+            for key in ("failure", "config", "system"):
+                for text in _strings(info["records"][key]):
+                    assert folder not in text and site not in text, (name, key, text[:200])
+            for text in _strings(info["source"]):
+                assert folder not in text and site not in text and not text.startswith(os.sep + "tmp"), (name, text)
+
+
+def test_inputs_carry_the_logged_metadata(trace_jobs, packed):
+    folder = trace_jobs["compile_error"][0]
+    job_inputs = torch.load(folder / "inputs.pt")
+    info = reproarchive.inspect(packed["compile_error"]["0/0"])
+    rows = {r["name"]: r for r in info["inputs"]}
+    assert all(r["fidelity"] == "absent" for r in rows.values())
+    assert rows["l_x_"]["shape"] == list(job_inputs["x"].shape)
+    assert rows["l_y_"]["stride"] == list(job_inputs["y"].stride())  # the strided view
+    weight = rows["l_self_modules_lin_parameters_weight_"]
+    assert weight["shape"] == list(job_inputs["weight"].shape) and weight["requires_grad"]
+    records = {r["placeholder"]: r for r in info["source"]["inputs"]}
+    assert records["L_self_modules_lin_parameters_weight_"]["is_parameter"]
+    assert records["L_y_"]["source"] == "L['y']"
+
+    dyn = reproarchive.inspect(packed["dynamic"]["0/1"])
+    sym = next(r for r in dyn["source"]["inputs"] if r["kind"] == "symint")
+    assert sym["hint"] == 4 and sym["expr"] == "s77" and sym["source"] == "L['x'].size()[0]"
+    tensor = next(r for r in dyn["source"]["inputs"] if r["kind"] == "tensor")
+    assert tensor["symbolic_shape"] == ["s77", 6] and tensor["shape"] == [4, 6]
+    assert dyn["source"]["symbols"]["s77"]["hint"] == 4
+
+
+@pytest.mark.parametrize("name,cid", [("compile_error", "0/0"), ("runtime_error", "0/0"), ("accuracy", "0/0"),
+                                      ("graph_break", "1/0"), ("dynamic", "0/1")])
+def test_failures_reproduce_minify_and_export(packed, tmp_path, name, cid):
+    """The failure depends only on the graph (PyTorch's bug-injecting backends), so generated
+    inputs reproduce it; the archive minifies to the relu and exports a standalone script."""
+    archive = packed[name][cid]
+    outcome = reproarchive.run(archive)
+    assert outcome.status == "reproduced", outcome.to_dict()
+    report = minify_archive(archive, tmp_path / "min.tar.zst")
+    assert report.status in ("minified", "unchanged")
+    small = reproarchive.load(tmp_path / "min.tar.zst")
+    ops = [n.target for n in small.gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert any("relu" in str(t) for t in ops) and len(ops) <= 2, ops
+    assert reproarchive.inspect(tmp_path / "min.tar.zst")["source"]["kind"] == "torch_trace"
+    reproarchive.export(archive, tmp_path / "bug")
+    assert (tmp_path / "bug" / "repro.py").is_file()
+
+
+def test_exported_script_raises_the_logged_error(packed, tmp_path):
+    reproarchive.export(packed["compile_error"]["0/0"], tmp_path / "bug")
+    proc = subprocess.run([sys.executable, str(tmp_path / "bug" / "repro.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "ReluCompileError" in proc.stderr
+
+
+def test_a_compile_that_passed_replays_as_passed(packed):
+    assert reproarchive.run(packed["graph_break"]["0/0"]).status == "passed"
+
+
+def test_records_say_where_the_failure_came_from(packed):
+    logged = reproarchive.inspect(packed["compile_error"]["0/0"])
+    assert logged["source"]["replay"]["failure_from"] == "log"
+    assert logged["source"]["replay"]["agrees_with_log"] is True
+    assert logged["source"]["backend_origin"] == "named in the failure logged for this compile"
+    replayed = reproarchive.inspect(packed["runtime_error"]["0/0"])
+    assert replayed["source"]["replay"]["failure_from"].startswith("replay")
+    assert replayed["source"]["backend_origin"] == "--backend"
+    assert replayed["failure"]["exception_type"] == "AssertionError"  # torch._assert(False, "ReluRuntimeError")
+    assert "ReluRuntimeError" in replayed["failure"]["message"]
+
+
+def test_inductor_runnable_with_real_data(trace_jobs, packed, tmp_path, monkeypatch):
+    """TORCH_COMPILE_DEBUG_SAVE_REAL data next to the log makes the inputs real; the
+    fx_graph_runnable (ATen graph) replays through Inductor and the compiler's errors are kept."""
+    folder = trace_jobs["inductor_real"][0]
+    job_inputs = torch.load(folder / "inputs.pt")
+    archive = packed["inductor_real"]["0/0"]
+    info = reproarchive.inspect(archive)
+    assert info["source"]["graph_from"] == "fx_graph_runnable" and info["source"]["graph_kind"] == "after_aot"
+    assert info["backend"] == "inductor"
+    assert [r["fidelity"] for r in info["inputs"]] == ["real", "real"]
+    repro = reproarchive.load(archive)
+    assert torch.equal(repro.args[0], job_inputs["a"]) and torch.equal(repro.args[1], job_inputs["b"])
+    failure = info["records"]["failure"]
+    assert failure["exception_type"] == "torch._inductor.exc.CppCompileError"
+    diagnostics = info["source"]["diagnostics"]
+    assert diagnostics and all(": error: " in d for d in diagnostics)
+    assert diagnostics[0] in failure["message"]
+    assert "warning:" not in failure["message"]
+    assert info["records"]["config"]["modules"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] == \
+        "compile_error"
+    # the job ran with TORCH_COMPILE_DEBUG (trace.enabled in the recorded config): a replay
+    # must not write debug folders into the user's directory
+    assert info["records"]["config"]["modules"]["torch._inductor.config"]["trace.enabled"] is True
+    monkeypatch.chdir(tmp_path)
+    assert reproarchive.run(archive).status == "reproduced"
+    assert list(tmp_path.iterdir()) == []
+    # TORCH_COMPILE_DEBUG's own folder names the same trace
+    assert list_trace(folder / "torch_compile_debug")["files"] == list_trace(trace_jobs["inductor_real"][1])["files"]
+
+
+def test_default_selects_the_failed_compiles_only(trace_jobs, tmp_path):
+    """What pack takes without --compile-id/--all (selection only: no child process)."""
+    from reproarchive.sources.trace_log import read_trace
+
+    trace = read_trace(trace_jobs["graph_break"][1])
+    assert [c.id for c in trace.select()] == ["1/0"]
+    assert [c.id for c in trace.select(all_compiles=True)] == ["0/0", "1/0"]
+    assert [c.id for c in trace.select(["[0/0]", "1/0_0"])] == ["0/0", "1/0"]
+    with pytest.raises(SourceError, match="no compile failed"):
+        pack_trace(trace_jobs["runtime_error"][1], tmp_path)
+    with pytest.raises(SourceError, match="compile 7/0 is not in"):
+        pack_trace(trace_jobs["graph_break"][1], tmp_path, compile_ids=["7/0"])
+    with pytest.raises(SourceError, match="is not a compile id"):
+        pack_trace(trace_jobs["graph_break"][1], tmp_path, compile_ids=["seven"])
+
+
+def test_pack_cli_leaves_the_caller_alone(trace_jobs, tmp_path):
+    import torch._dynamo.config as dcfg
+
+    env_before, dyn_before, cwd_before = dict(os.environ), dcfg.get_config_copy(), os.getcwd()
+    trace = trace_jobs["dynamic"][1]
+    res = CliRunner().invoke(main, ["pack", str(trace), "--compile-id", "[0/1]", "-o", str(tmp_path / "one.tar.zst"),
+                                    "--no-replay", "-q"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("wrote ") and "[0/1]" in res.stdout and "failure: compile" in res.stdout
+    assert (tmp_path / "one.tar.zst").is_file()
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "one.tar.zst")])
+    assert "from: TORCH_TRACE log dedicated_log_torch_trace" in res.stdout and "compile [0/1]" in res.stdout
+    assert "tlparse: -_0_1_0/   graph: dynamo_output_graph" in res.stdout
+    assert dict(os.environ) == env_before and dcfg.get_config_copy() == dyn_before and os.getcwd() == cwd_before
+    res = CliRunner().invoke(main, ["pack", str(trace), "--json", "--no-replay", "-o", str(tmp_path / "one.tar.zst")])
+    assert res.exit_code == 4 and json.loads(res.stdout)["error"].startswith("3 compiles are selected")
+    res = CliRunner().invoke(main, ["pack", str(tmp_path), "--compile-id", "0/1"])
+    assert res.exit_code == 2 and "only apply to a TORCH_TRACE log" in res.output
