@@ -300,7 +300,7 @@ def system_diff(recorded: SystemRecord, current: SystemRecord | None = None) -> 
         current = system_snapshot()  # runs nvidia-smi/nvcc/g++: only when needed
     # A partial record (e.g. from a TORCH_TRACE log) knows only some facts; one it lacks is
     # unknown, not a difference.
-    partial = bool(recorded.extra.get("partial"))
+    partial = bool(recorded.partial)
     out: list[dict[str, Any]] = []
     for label, getter, important in _SYSTEM_FIELDS:
         rv, cv = getter(recorded), getter(current)

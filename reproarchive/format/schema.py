@@ -60,7 +60,7 @@ from reproarchive.format.plain import (
 
 FORMAT_NAME = "reproarchive"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 
 
@@ -525,7 +525,7 @@ CompilerInfo = informative("CompilerInfo", "The C++ compiler inductor's CPU back
 SystemRecord = informative(
     "SystemRecord", "Versions and hardware that take part in compiling and running the graph.",
     torch=TorchInfo, python=PythonInfo, os=OsInfo, cpu=CpuInfo, cuda=CudaInfo, hip=dict[str, PlainData], nvcc=str,
-    cxx=CompilerInfo, packages=dict[str, str | None],
+    cxx=CompilerInfo, packages=dict[str, str | None], partial=bool,
 )
 
 
@@ -575,10 +575,12 @@ class FailureRecord:
 
 @open_record
 class SourceRecord:
-    """Where the archive came from (``kind``: capture, after_dynamo, after_aot, ...); the rest is
-    informative and depends on the kind."""
+    """Where the archive came from (``kind``: capture, after_dynamo, after_aot, torch_trace ...);
+    ``graph_kind`` (1.1) says which of PyTorch's graphs it holds when ``kind`` does not; the rest
+    is informative and depends on the kind."""
 
     kind: str | None = _omit_none()
+    graph_kind: str | None = _omit_none()
 
 
 @open_record
@@ -633,7 +635,7 @@ class Index:
         import (kind ``torch_trace``) in ``source.graph_kind``."""
         if self.source is None:
             return None
-        return self.source.extra.get("graph_kind") or self.source.kind
+        return self.source.graph_kind or self.source.kind
 
     def tensor_records(self):
         """Every tensor record: inputs first, then module state (the order storages are numbered)."""

@@ -85,7 +85,12 @@ def describe() -> dict[str, Any]:
             if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
                 default = f.default_factory()
             entry = {"key": f.metadata.get("key", f.name), "type": _type_name(hints[f.name])}
-            entry["default"] = "required" if default is dataclasses.MISSING else json.dumps(default, default=repr)
+            if default is dataclasses.MISSING:
+                entry["default"] = "required"
+            elif cls is schema.Index and f.name == "version":
+                entry["default"] = "the writer's FORMAT_VERSION"
+            else:
+                entry["default"] = json.dumps(default, default=repr)
             fields[f.name] = entry
         tag = getattr(cls, "TAG", None)
         records[cls.__name__] = {"tag": tag, "fields": fields}

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
+from reproarchive.format.schema import FORMAT_VERSION as VERSION
+
 HERE = Path(__file__).resolve().parent
-VERSION = "1.0"
 
 
 def _graph(n_inputs: int, body) -> fx.GraphModule:

@@ -4,6 +4,7 @@ member can be read without the rest, and the reader's rules reject damaged files
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import struct
@@ -17,7 +18,7 @@ import zstandard
 
 import reproarchive
 from reproarchive.archive.loading import read_input
-from reproarchive.format import layout, reader, writer
+from reproarchive.format import layout, reader, schema, writer
 
 needs_tar = pytest.mark.skipif(not shutil.which("tar") or not shutil.which("zstd"), reason="needs GNU tar and zstd")
 
@@ -60,7 +61,8 @@ def test_standard_tools_extract_and_blob_names_are_sha256(tmp_path, sample):
         assert blobs
         for blob in blobs:
             assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
-        assert (out / "reproarchive-layout").read_text().strip() == '{"format": "reproarchive", "version": "1.0"}'
+        layout_text = json.dumps({"format": "reproarchive", "version": schema.FORMAT_VERSION}, sort_keys=True)
+        assert (out / "reproarchive-layout").read_text().strip() == layout_text
         assert "def forward" in (out / "graph.py").read_text()
     listing = subprocess.run(["zstd", "-l", str(path)], capture_output=True, text=True, check=True).stdout
     assert " 2 " in listing.splitlines()[1]  # two skippable frames: footer and seek table

@@ -296,7 +296,7 @@ def byte_cases(valid: bytes, p: Parsed, *, all_offsets: bool = True) -> list[Cas
     cases.append(Case("magic_first_frame", "magic", patch(0, b"\x29\xb5\x2f\xfd"), FULL))
     cases.append(Case("magic_index_frame", "magic", patch(p.frame_offsets[p.index_frame], b"\x29\xb5\x2f\xfd"), ALL))
     cases.append(Case("footer_reserved_nonzero", "footer", patch(p.footer_start + 8 + 12, struct.pack("<I", 1)), ALL,
-                      note="the reserved footer field of a 1.0 archive must be zero"))
+                      note="the reserved footer field of an archive of this minor must be zero"))
     cases.append(Case("footer_index_frame_oob", "footer", patch(p.footer_start + 8 + 16, struct.pack("<Q", 1 << 40)), ALL))
     cases.append(Case("footer_index_size_huge", "footer", patch(p.footer_start + 8 + 24, struct.pack("<Q", 1 << 40)), ALL))
     cases.append(Case("seek_descriptor", "seektable", patch(n - 5, b"\x80"), ALL))
@@ -359,9 +359,11 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
                       "footer, index and layout member all say 2.0"))
     cases.append(Case("version_major_0", "version", version(0, 7), ALL, ("UnsupportedVersionError",)))
     cases.append(Case("version_major_65535", "version", version(65535, 0), ALL, ("UnsupportedVersionError",)))
-    cases.append(Case("version_index_disagrees", "version", rebuild(p, lambda i: i.update(version="1.1")), ALL))
-    cases.append(Case("version_layout_disagrees", "version",
-                      rebuild(p, None, lambda m: _replace_member(m, LAYOUT_MEMBER, schema.layout_member_bytes(1, 1))), FULL))
+    other_minor = schema.FORMAT_MINOR + 1
+    cases.append(Case("version_index_disagrees", "version",
+                      rebuild(p, lambda i: i.update(version=f"{schema.FORMAT_MAJOR}.{other_minor}")), ALL))
+    cases.append(Case("version_layout_disagrees", "version", rebuild(p, None, lambda m: _replace_member(
+        m, LAYOUT_MEMBER, schema.layout_member_bytes(schema.FORMAT_MAJOR, other_minor))), FULL))
     cases.append(Case("format_name_wrong", "version", rebuild(p, lambda i: i.update(format="safetensors")), ALL))
     return cases
 
@@ -759,7 +761,7 @@ def bomb_cases(valid: bytes, p: Parsed) -> list[Case]:
     def raw_index(raw: bytes) -> bytes:
         return assemble(p.members, None, index_bytes=raw, frame_size=p.frame_size)
 
-    hdr = {"format": "reproarchive", "version": "1.0"}
+    hdr = {"format": "reproarchive", "version": schema.FORMAT_VERSION}
     base = msgpack.packb(hdr)
     bombs = {
         "array32_huge": b"\xdd\xff\xff\xff\xff" + b"\xc0" * 16,
