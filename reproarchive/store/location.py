@@ -272,10 +272,12 @@ class Store:
                     if on_chunk:
                         on_chunk(len(c))
             except BaseException:
+                # never close() it: fsspec's close commits what was written so far
                 discard = getattr(f, "discard", None)
                 if discard is not None:
                     with contextlib.suppress(Exception):
                         discard()
+                f.closed = True  # and its finaliser must not try either
                 raise
             f.close()
 

@@ -227,8 +227,12 @@ class BlobCheck:
     and size the archive object records, and (``content=True``) the decompressed bytes against
     the digest in the blob's name and its member size."""
 
-    def __init__(self, segment: BlobSegment, member_size: int | None = None, *, content: bool = False):
+    STORE_HINT = "the copy in the store is damaged or was replaced; push the archive again from a good copy"
+
+    def __init__(self, segment: BlobSegment, member_size: int | None = None, *, content: bool = False,
+                 hint: str = STORE_HINT):
         self.segment = segment
+        self.hint = hint
         self._stored = hashlib.sha256()
         self._got = 0
         self._member_size = member_size
@@ -268,8 +272,7 @@ class BlobCheck:
                 raise self._mismatch("does not hash to its name")
 
     def _mismatch(self, what: str) -> CorruptStoreError:
-        return CorruptStoreError(f"blob {self.segment.blob} (object {self.segment.key}) {what}",
-                                 "the copy in the store is damaged or was replaced; push the archive again from a good copy")
+        return CorruptStoreError(f"blob {self.segment.blob} (object {self.segment.key}) {what}", self.hint)
 
 
 class _ContentSink:

@@ -109,7 +109,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             segments = [moved.get(s.blob, s) if isinstance(s, BlobSegment) else s for s in segments]
             found.update(store.sizes([s.key for s in moved.values()], jobs=jobs))
         missing = [s for s in segments if isinstance(s, BlobSegment) and found.get(s.key) != s.size]
-        uploaded = _upload_blobs(reader, read, store, missing, jobs, progress)
+        uploaded = _upload_blobs(reader, read, store, missing, jobs, progress, path)
 
         archive = ArchiveObject(digest, reader.file_size, reader.index_digest, tuple(segments))
         data = archive.to_bytes()
@@ -157,7 +157,8 @@ def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str,
     return "sha256:" + whole.hexdigest(), out
 
 
-def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[BlobSegment], jobs: int, progress) -> int:
+def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[BlobSegment], jobs: int, progress,
+                  path: Path) -> int:
     """Upload the missing blob objects in parallel, each checked against its name first."""
     if not missing:
         return 0
@@ -173,7 +174,8 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
 
     def one(seg: BlobSegment) -> None:
         member = reader.member(seg.blob)
-        check = BlobCheck(seg, member.size, content=True)
+        check = BlobCheck(seg, member.size, content=True,
+                          hint=f"{path} is damaged: nothing of it is named in the store; `reproarchive verify` it")
         for pos in range(member.offset, member.offset + seg.size, CHUNK_BYTES):
             check.update(read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos)))
         check.finish()  # the archive is damaged: nothing goes under this blob's name
