@@ -90,7 +90,25 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
         read = _reader_of(raw, path)
         blob_members = sorted((m for n, m in reader.members.items() if layout.is_blob_name(n) and m.frames),
                               key=lambda m: m.offset)
-        digest, blob_sha = _hash_file(read, reader.file_size, blob_members, progress)
+        # The lookups and the uploads of what is missing run while the file is hashed: the
+        # archive's digest and the frames' sha256 are needed only for its archive object.
+        stop = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-lookup") as background:
+            found_later = background.submit(store.sizes, [m.name for m in blob_members], jobs=jobs)
+
+            def upload_missing():
+                found = found_later.result()
+                todo = [BlobSegment(m.name, m.name, m.compressed, "") for m in blob_members if found[m.name] is None]
+                return todo, _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
+
+            uploading = background.submit(upload_missing)
+            try:
+                digest, blob_sha = _hash_file(read, reader.file_size, blob_members, progress)
+            except BaseException:
+                stop.set()  # uploads in flight are dropped (never committed), none is started
+                raise
+            missing, uploaded = uploading.result()
+            found = found_later.result()
         segments: list = []
         cursor = 0
         for m in blob_members:
@@ -100,16 +118,16 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             cursor = m.offset + m.compressed
         segments.append(read(cursor, reader.file_size - cursor))
 
-        # One batch of lookups; a key holding other frames of the same blob (another level,
-        # frame size or zstd) gets our frames under a variant key (spec §11.2).
-        found = store.sizes([s.key for s in segments if isinstance(s, BlobSegment)], jobs=jobs)
+        # A key holding other frames of the same blob (another level, frame size or zstd) gets
+        # our frames under a variant key (spec §11.2).
         conflicts = [s for s in segments if isinstance(s, BlobSegment) and found[s.key] not in (None, s.size)]
         if conflicts:
             moved = {s.blob: dataclasses.replace(s, key=objects.variant_key(s.blob, s.sha256)) for s in conflicts}
             segments = [moved.get(s.blob, s) if isinstance(s, BlobSegment) else s for s in segments]
-            found.update(store.sizes([s.key for s in moved.values()], jobs=jobs))
-        missing = [s for s in segments if isinstance(s, BlobSegment) and found.get(s.key) != s.size]
-        uploaded = _upload_blobs(reader, read, store, missing, jobs, progress, path)
+            there = store.sizes([s.key for s in moved.values()], jobs=jobs)
+            variants = [s for s in moved.values() if there[s.key] != s.size]
+            uploaded += _upload_blobs(reader, read, store, variants, jobs, progress, path)
+            missing += variants
 
         archive = ArchiveObject(digest, reader.file_size, reader.index_digest, tuple(segments))
         data = archive.to_bytes()
@@ -158,7 +176,7 @@ def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str,
 
 
 def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[BlobSegment], jobs: int, progress,
-                  path: Path) -> int:
+                  path: Path, stop: threading.Event | None = None) -> int:
     """Upload the missing blob objects in parallel, each checked against its name first."""
     if not missing:
         return 0
@@ -173,8 +191,10 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
                 progress("push", done[0], total)
 
     def one(seg: BlobSegment) -> None:
+        if stop is not None and stop.is_set():
+            raise _Stopped()
         member = reader.member(seg.blob)
-        check = BlobCheck(seg, member.size, content=True,
+        check = BlobCheck(seg, member.size, content=True, stored=False,
                           hint=f"{path} is damaged: nothing of it is named in the store; `reproarchive verify` it")
         for pos in range(member.offset, member.offset + seg.size, CHUNK_BYTES):
             check.update(read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos)))
@@ -182,6 +202,8 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
 
         def chunks():
             for pos in range(member.offset, member.offset + seg.size, CHUNK_BYTES):
+                if stop is not None and stop.is_set():
+                    raise _Stopped()
                 yield read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos))
 
         store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance)
@@ -196,6 +218,10 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
                 f.cancel()
             raise
     return total
+
+
+class _Stopped(Exception):
+    """The push failed elsewhere: an upload still running gives up (and is never committed)."""
 
 
 def _reader_of(raw, path: Path):
