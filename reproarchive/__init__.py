@@ -44,7 +44,6 @@ _EXPORTS = {
     "list_store": "reproarchive.store.listing",
     "is_store": "reproarchive.store.location",
     "is_store_reference": "reproarchive.store.location",
-    "STORE_ENV": "reproarchive.store.push",
     # errors
     "ReproArchiveError": "reproarchive.errors",
     "ArchiveError": "reproarchive.errors",

@@ -4,11 +4,12 @@ The archive object says which bytes go where; blob objects are fetched in parall
 checked against the size and sha256 its archive recorded (a damaged or replaced blob is named
 and nothing is written), the rebuilt file must hash to the archive's digest, and then it is
 verified like any archive from someone else (spec §9: every frame, every blob against its
-name). Only then does it appear under its final name. Stored frames are copied, never
-recompressed, so the bytes do not depend on this machine's zstd.
+name; whether this torch can build it is ``run``'s question, not a transport's). Only then
+does it appear under its final name. Stored frames are copied, never recompressed, so the
+bytes do not depend on this machine's zstd.
 
 ``fetch`` is pull into a cache keyed by digest (what ``run`` and ``load`` use), and
-``inspect_reference`` reads the archive object alone: it lays the inline bytes out in a
+``archive_view`` reads the archive object alone: it lays the inline bytes out in a
 sparse file, so the ordinary reader finds footer, seek table and index where they belong
 without a single blob being downloaded.
 """
@@ -25,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from reproarchive.archive.checking import verify
+from reproarchive.archive.checking import verify_bytes
 from reproarchive.errors import CorruptStoreError, StoreNotFoundError
 from reproarchive.format.atomic import atomic_path
 from reproarchive.format.reader import ContainerReader
@@ -141,7 +142,7 @@ def rebuild(store: Store, archive: ArchiveObject, out: Path, *, jobs: int = DEFA
                     f"the archive rebuilt from {store.url} hashes to {actual[:19]}..., not {archive.digest[:19]}...",
                     "the store's archive object is damaged or hostile; push the archive again from a good copy")
             os.fsync(fd)
-        verify(tmp, progress=progress)  # every frame and every blob against its name, as for any archive
+        verify_bytes(tmp, progress=progress)  # every frame and every blob against its name, as for any archive
     return downloaded
 
 
