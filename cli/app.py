@@ -22,7 +22,9 @@ Exit codes:
   1    run: the recorded failure reproduced
   2    usage error, or the archive is invalid, damaged, unsafe or too new
   3    run: a different failure than the recorded one
-  4    an input file or folder (not an archive) is missing or unusable
+  4    an input file or folder (not an archive) is missing or unusable, or a store
+       or the name asked for in it does not exist
+  5    a store cannot be reached or answered an error (push, pull, ls, --store)
   70   internal error (a bug in reproarchive; --debug shows the traceback)
   125  run: cannot run here (device or backend unavailable)
   130  interrupted (Ctrl-C); partial results are removed or kept as stated

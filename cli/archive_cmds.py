@@ -38,7 +38,8 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
 def inspect(archive: str, as_json: bool) -> None:
     """Show what ARCHIVE holds: graph, inputs, storage sizes, system, config and failure.
 
-    Reads only the index: fast on archives of any size, and nothing is executed.
+    Reads only the index: fast on archives of any size, and nothing is executed. ARCHIVE may
+    be a store reference (STORE/NAME): then only the archive's small object is downloaded.
     """
     import reproarchive
 

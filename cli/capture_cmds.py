@@ -12,6 +12,7 @@ import click
 
 from .app import emit_json, json_errors, main
 from .progress import step_bar
+from .store_cmds import push_line
 from .text import human_size, pack_summary
 
 PACK_STAGES = 6  # the events reproarchive.sources.dump_child reports
@@ -49,10 +50,12 @@ def _warn(lines) -> None:
               help="TORCH_TRACE log: the job failed on accuracy (never logged); replay compares with eager.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no candidate note.")
+@click.option("--store", metavar="STORE", envvar="REPROARCHIVE_STORE", show_envvar=True,
+              help="Also push every archive written to STORE (an fsspec URL or a folder; see `reproarchive push`).")
 @click.pass_context
 def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_replay: bool, compile_ids: tuple[str, ...],
              all_compiles: bool, rank: int | None, graph: str, backend: str | None, accuracy: bool, as_json: bool,
-             quiet: bool) -> None:
+             quiet: bool, store: str | None) -> None:
     """Bundle a PyTorch repro dump, or compiles of a TORCH_TRACE log, into portable archives.
 
     \b
@@ -84,14 +87,17 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     --compile-id and give --backend (and --accuracy); the replay then records the failure.
 
     Prints where each archive went, its size, and three summary lines: graph, inputs, failure.
-    Exit code 4 when no dump or log is found, SOURCE is neither, or nothing can be packed.
+    With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there.
+    Exit code 4 when no dump or log is found, SOURCE is neither, or nothing can be packed;
+    5 when the archives were written but the store could not take them.
     """
     import reproarchive
 
     if source is not None and reproarchive.is_trace(source):
         with json_errors(as_json):
             _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
-                        rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet)
+                        rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet,
+                        store=store)
         return
     trace_only = [name for name, used in (("--compile-id", compile_ids), ("--all", all_compiles),
                                           ("--rank", rank is not None), ("--graph", graph != "auto"),
@@ -108,7 +114,8 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     finally:
         _show_debug_log(log, "the process that imported the dump")
     if as_json:
-        emit_json(result.to_json())
+        with json_errors(True):
+            emit_json({**result.to_json(), **_push_to_store([result.archive], store, quiet=True)})
         return
     if len(result.candidates) > 1 and not quiet:
         cwd = Path.cwd()
@@ -120,6 +127,21 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
             click.echo(f"  ... and {len(others) - 3} more; name one as SOURCE to choose", err=True)
     _warn(result.warnings)
     _print_pack_result(result)
+    _push_to_store([result.archive], store, quiet=quiet)
+
+
+def _push_to_store(archives, store: str | None, *, quiet: bool) -> dict:
+    """Push what a command wrote when --store (or $REPROARCHIVE_STORE) is given; a store error
+    ends the command with exit 5 after the local archives were written."""
+    if not store or not archives:
+        return {}
+    import reproarchive
+
+    results = reproarchive.push([str(a) for a in archives], store)
+    if not quiet:
+        for r in results:
+            click.echo(push_line(r))
+    return {"pushed": [r.to_json() for r in results]}
 
 
 def _debug_log(debug: bool) -> Path | None:
@@ -141,7 +163,7 @@ def _show_debug_log(log: Path | None, whose: str) -> None:
 
 
 def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay: bool, compile_ids, all_compiles: bool,
-                rank, graph: str, backend, accuracy: bool, as_json: bool, quiet: bool) -> None:
+                rank, graph: str, backend, accuracy: bool, as_json: bool, quiet: bool, store: str | None) -> None:
     import reproarchive
 
     def note(stage: str) -> None:
@@ -154,8 +176,9 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
                             backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log)
     finally:
         _show_debug_log(log, "the processes that rebuilt the compiles")
+    archives = [packed.archive for packed in result.packed]
     if as_json:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), **_push_to_store(archives, store, quiet=True)})
         return
     _warn(result.warnings)
     for skipped in result.skipped:
@@ -170,6 +193,7 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
         click.echo(f"wrote {_rel(packed.archive, cwd)} ({human_size(packed.size)})  {packed.label} {where}".rstrip())
         for line in pack_summary(packed):
             click.echo(f"  {line}")
+    _push_to_store(archives, store, quiet=quiet)
 
 
 def _rel(path: Path, cwd: Path) -> str:
@@ -190,9 +214,11 @@ def _rel(path: Path, cwd: Path) -> str:
 @click.option("--keep-dumps", is_flag=True, help="Keep PyTorch's dump folder and print where it is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
+@click.option("--store", metavar="STORE", envvar="REPROARCHIVE_STORE", show_envvar=True,
+              help="Also push every archive written to STORE (an fsspec URL or a folder; see `reproarchive push`).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep_dumps: bool, as_json: bool,
-                quiet: bool, command: tuple[str, ...]) -> None:
+                quiet: bool, store: str | None, command: tuple[str, ...]) -> None:
     """Run a program and pack every torch.compile failure in it, without code changes.
 
     \b
@@ -219,9 +245,14 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
         copy a repro.py into the current directory.
 
     \b
+    With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there, so a CI
+    job can share each failure it sees (`reproarchive ls STORE` then groups them by failure).
+
+    \b
     Exit code: the program's own exit code (128+N if signal N ended it), so capture can wrap
     a command in scripts; the archives written are listed on stdout (one path per line with
-    --quiet). Exit 4 when the program cannot be started or -o is not a folder.
+    --quiet). Exit 4 when the program cannot be started or -o is not a folder. A push that
+    fails is reported on stderr ("error: could not push ...") and leaves the exit code alone.
     """
     import reproarchive
 
@@ -231,8 +262,14 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
 
     result = reproarchive.capture_program(list(command), out_dir, after=after, accuracy=accuracy, replay=not no_replay,
                              keep_dumps=keep_dumps, progress=note)
+    pushed: dict = {}
+    try:
+        pushed = _push_to_store([a.archive for a in result.archives], store, quiet=quiet or as_json)
+    except reproarchive.ReproArchiveError as err:
+        click.echo(f"error: could not push to {store}: {err}", err=True)
+        pushed = {"push_error": str(err)}
     if as_json:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), **pushed})
     else:
         for line in result.errors:
             click.echo(f"error: could not pack {line}", err=True)

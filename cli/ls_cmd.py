@@ -1,9 +1,10 @@
-"""``ls``: what a source holds. Today: the compiles of a TORCH_TRACE log (or tlparse output).
+"""``ls``: what a source holds: the archives of a store, or the compiles of a TORCH_TRACE log
+(or tlparse output).
 
-Sources are told apart here, before anything is read: a trace (a log file, the folder
+Sources are told apart here, before anything is read: a store (a URL, or a folder holding a
+store marker) lists its archives grouped by failure; a trace (a log file, the folder
 TORCH_TRACE pointed at, a tlparse output folder) lists its compiles; anything else is refused
-with one line. Other kinds of sources (e.g. a store of archives) are meant to be recognised
-here as well, each with its own listing.
+with one line.
 """
 
 from __future__ import annotations
@@ -13,15 +14,29 @@ from pathlib import Path
 import click
 
 from .app import emit_json, json_errors, main
+from .store_cmds import print_store_listing
 
 
 @main.command("ls")
-@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("source")
 @click.option("--rank", type=int, default=None, help="Only compiles of this rank.")
 @click.option("--failed", is_flag=True, help="Only compiles that failed (what `pack` takes by default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
-def ls_cmd(source: Path, rank: int | None, failed: bool, as_json: bool) -> None:
-    """List the compiles in a TORCH_TRACE log, so you can pick one to pack.
+def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
+    """List the archives in a store, or the compiles in a TORCH_TRACE log.
+
+    \b
+    SOURCE is a store (s3://bucket/prefix, gs://..., az://..., memory://..., file://...,
+    or a folder `reproarchive push` wrote to): one group per failure signature, so that
+    twenty archives of one bug read as one bug, most recent first; in each, one line per
+    archive:
+      NAME     what `pull`, `run` and `inspect` take after STORE/
+      PUSHED   when it was pushed (UTC)
+      BACKEND  the compiler backend that failed
+      OPS      operations in its graph
+      INPUTS   inputs with real data / inputs without (generated at replay)
+      LOGICAL  bytes of input data;  STORED  size of the archive file
+    Exit 4 when the store does not exist, 5 when it cannot be reached.
 
     \b
     SOURCE is a TORCH_TRACE log file, the folder TORCH_TRACE pointed at (one log per rank and
@@ -41,13 +56,25 @@ def ls_cmd(source: Path, rank: int | None, failed: bool, as_json: bool) -> None:
     import reproarchive
     from reproarchive import SourceError
 
+    if reproarchive.is_store(source):
+        if rank is not None or failed:
+            raise click.UsageError("--rank and --failed apply to TORCH_TRACE logs, not to stores")
+        with json_errors(as_json):
+            listing = reproarchive.list_store(source)
+        if as_json:
+            emit_json(listing)
+        else:
+            print_store_listing(listing)
+        return
+    source = Path(source)
     with json_errors(as_json):
         if not source.exists():
-            raise SourceError(f"{source} does not exist", "name a TORCH_TRACE log or the folder TORCH_TRACE pointed at")
+            raise SourceError(f"{source} does not exist", "name a store (a URL or a folder `reproarchive push` wrote to), "
+                              "a TORCH_TRACE log or the folder TORCH_TRACE pointed at")
         if not reproarchive.is_trace(source):
-            raise SourceError(f"{source} is not a TORCH_TRACE log, a folder of them, or a tlparse output folder",
-                              "ls lists the compiles of a trace: name a log (dedicated_log_torch_trace_*.log) "
-                              "or the folder TORCH_TRACE pointed at")
+            raise SourceError(f"{source} is not a store, a TORCH_TRACE log, a folder of them, or a tlparse output folder",
+                              "ls lists the archives of a store (a URL or a folder `reproarchive push` wrote to) or the "
+                              "compiles of a trace: name a log (dedicated_log_torch_trace_*.log) or the folder TORCH_TRACE pointed at")
         listing = reproarchive.list_trace(source)
     rows = [r for r in listing["compiles"] if (rank is None or r["rank"] == rank)
             and (not failed or not r["status"].startswith("ok"))]

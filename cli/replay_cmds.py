@@ -89,6 +89,9 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
             minify, output, max_time, quiet):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
 
+    ARCHIVE is a file or a store reference (STORE/NAME, e.g. s3://team/repros/resnet-3fa2b1c09d4e),
+    which is pulled once into the cache ($REPROARCHIVE_CACHE, default ~/.cache/reproarchive).
+
     With --minify, shrink it instead: candidates are judged by replaying them (with --isolate,
     each in a child process) and accepted only when they reproduce the recorded failure
     signature. Every accepted step is written to -o at once, so Ctrl-C, --max-time or a crash
@@ -98,6 +101,9 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     import reproarchive
 
     if minify:
+        if reproarchive.is_store_reference(archive):
+            with byte_bars(not (quiet or as_json)) as progress:
+                archive = str(reproarchive.fetch(archive, progress=progress))
         _minify(archive, output, max_time=max_time, isolate=bool(isolate), device=device,
                 backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
                 as_json=as_json, quiet=quiet)

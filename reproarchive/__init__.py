@@ -14,10 +14,11 @@ from reproarchive.version import __version__  # noqa: F401
 _EXPORTS = {
     # format and core library (spec/FORMAT.md)
     "pack": "reproarchive.archive.packing",
-    "load": "reproarchive.archive.loading",
+    # load, inspect and run take a file or a store reference (STORE/NAME)
+    "load": "reproarchive.store.access",
     "verify": "reproarchive.archive.checking",
     "unpack": "reproarchive.archive.checking",
-    "inspect": "reproarchive.archive.inspection",
+    "inspect": "reproarchive.store.access",
     "Repro": "reproarchive.archive.loading",
     "read_input": "reproarchive.archive.loading",
     "AbsentTensor": "reproarchive.codec.tensors",
@@ -29,13 +30,20 @@ _EXPORTS = {
     "list_trace": "reproarchive.sources.trace_import",
     "is_trace": "reproarchive.sources.trace_import",
     # replay and export
-    "run": "reproarchive.replay.runner",
+    "run": "reproarchive.store.access",
     "Outcome": "reproarchive.replay.outcome",
     "failure_kind": "reproarchive.context.failure",
     "export": "reproarchive.standalone.script",
     # minify
     "minify": "reproarchive.minifier",
     "minify_archive": "reproarchive.minifier.driver",
+    # a team store on object storage (spec §11)
+    "push": "reproarchive.store.push",
+    "pull": "reproarchive.store.pull",
+    "fetch": "reproarchive.store.pull",
+    "list_store": "reproarchive.store.listing",
+    "is_store": "reproarchive.store.location",
+    "is_store_reference": "reproarchive.store.location",
     # errors
     "ReproArchiveError": "reproarchive.errors",
     "ArchiveError": "reproarchive.errors",
@@ -53,6 +61,9 @@ _EXPORTS = {
     "BackendUnavailableError": "reproarchive.errors",
     "ExportError": "reproarchive.errors",
     "NotReproducedError": "reproarchive.errors",
+    "StoreError": "reproarchive.errors",
+    "StoreNotFoundError": "reproarchive.errors",
+    "CorruptStoreError": "reproarchive.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -69,6 +80,8 @@ def __getattr__(name: str):
 
 if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.archive.checking import unpack, verify  # noqa: F401
-    from reproarchive.archive.inspection import inspect  # noqa: F401
-    from reproarchive.archive.loading import Repro, load  # noqa: F401
+    from reproarchive.archive.loading import Repro  # noqa: F401
     from reproarchive.archive.packing import pack  # noqa: F401
+    from reproarchive.store.access import inspect, load, run  # noqa: F401
+    from reproarchive.store.pull import fetch, pull  # noqa: F401
+    from reproarchive.store.push import push  # noqa: F401

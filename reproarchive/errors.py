@@ -56,6 +56,23 @@ class UnsafeArchiveError(ArchiveError):
     """The archive asks for something the security model forbids (a path, a target)."""
 
 
+class CorruptStoreError(CorruptArchiveError):
+    """An object in a store does not match what names it (a digest, a size, the grammar of
+    spec §11): refused exactly like a damaged or hostile archive (exit 2)."""
+
+
+class StoreError(ReproArchiveError):
+    """A store cannot be reached, refused a request, or answered with an error (exit 5)."""
+
+    exit_code = 5
+
+
+class StoreNotFoundError(StoreError):
+    """The store, or the name or digest asked for, is not there (exit 4, like a missing file)."""
+
+    exit_code = 4
+
+
 class PackError(ReproArchiveError):
     """The graph or inputs handed to ``pack`` cannot be represented in the format."""
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from reproarchive.codec.checks import check_readable_here
 from reproarchive.errors import CorruptArchiveError, DigestMismatchError
 from reproarchive.format import digests, layout, schema
 from reproarchive.format.atomic import atomic_dir
@@ -65,8 +64,23 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
 
 def verify(path: str | os.PathLike, *, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS) -> dict:
     """Check every rule of the spec and rehash every blob; raises an ArchiveError subclass."""
+    return _verify(path, progress, limits, readable_here=True)
+
+
+def verify_bytes(path: str | os.PathLike, *, progress: ProgressFn | None = None,
+                 limits: Limits = layout.DEFAULT_LIMITS) -> dict:
+    """``verify`` without the questions only this torch can answer (dtypes, device types, call
+    targets): every byte rule and every blob digest. What moving an archive checks (``pull``),
+    so that a transport never needs torch, nor refuses an archive a newer torch could read."""
+    return _verify(path, progress, limits, readable_here=False)
+
+
+def _verify(path, progress, limits: Limits, *, readable_here: bool) -> dict:
     with ContainerReader(path, limits=limits) as reader:
-        check_readable_here(reader.index)
+        if readable_here:
+            from reproarchive.codec.checks import check_readable_here  # torch: only for this question
+
+            check_readable_here(reader.index)
         stats = _check_stream(reader, None, progress)
         return {
             "valid": True,
@@ -93,6 +107,8 @@ def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, pr
     """Extract to ``dest`` what ``tar -x`` would, after checking everything, writing only paths
     built from validated member names; on any failure nothing is left behind."""
     dest = Path(dest) if dest is not None else default_unpack_dir(path)
+    from reproarchive.codec.checks import check_readable_here  # torch: only for this question
+
     with ContainerReader(path, limits=limits) as reader:
         check_readable_here(reader.index)
         with atomic_dir(dest) as tmp:

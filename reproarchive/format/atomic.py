@@ -18,24 +18,36 @@ from reproarchive.errors import SourceError
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, *, fsync: bool = True) -> Iterator[BinaryIO]:
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield the path of an empty temporary file that becomes ``path`` on success.
+
+    For writers that need the file by name while building it (``pull`` verifies the rebuilt
+    archive before it may appear under its final name); the caller makes it durable.
+    """
     final = Path(path)
     if final.is_dir():
         raise SourceError(f"{final} is a directory", "give a file name for the archive")
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-            yield f
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
+        yield Path(tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, *, fsync: bool = True) -> Iterator[BinaryIO]:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb", buffering=1 << 20) as f:
+            yield f
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
 
 
 @contextlib.contextmanager

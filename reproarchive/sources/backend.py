@@ -57,6 +57,11 @@ writes that one file) or a directory (created; archives are named
 signature, so the same failure captured twice overwrites one file rather than piling up).
 Default: ``$REPROARCHIVE_DIR`` if set, else ``./reproarchives/`` in the working directory at the
 time ``capture()`` is called.
+
+Sharing: with ``store=`` (default ``$REPROARCHIVE_STORE``) every archive written is also pushed
+to that store (an fsspec URL or a folder, ``reproarchive push``), so a CI job shares every
+failure it sees. A push that fails is logged and noted on the exception, never raised in place
+of the user's own failure; the archive stays on disk either way.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import AccuracyReport, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
+from reproarchive.store.push import STORE_ENV
 
 log = logging.getLogger("reproarchive.capture")
 
@@ -98,6 +104,7 @@ def capture(
     *,
     path: str | os.PathLike | None = None,
     accuracy: bool = False,
+    store: str | None = None,
     **options: Any,
 ) -> Callable:
     """A torch.compile backend that compiles with ``backend`` and archives its failures.
@@ -129,7 +136,8 @@ def capture(
     }
     compiler, name, config_patches = _resolve_backend(backend, options.get("mode"), options.get("options"))
     target = _resolve_target(path)
-    backend_fn = _CaptureBackend(compiler, name, config_patches, target, settings)
+    backend_fn = _CaptureBackend(compiler, name, config_patches, target, settings,
+                                 store if store is not None else (os.environ.get(STORE_ENV) or None))
     return backend_fn
 
 
@@ -186,8 +194,11 @@ class _CaptureBackend:
     """The callable handed to torch.compile. A class so that ``repr`` and ``__name__`` say what
     it wraps (Dynamo puts ``__name__`` in its error messages: ``backend='capture(inductor)'``)."""
 
-    def __init__(self, compiler: Callable, name: str, config_patches: dict, target: Path, settings: dict):
+    def __init__(self, compiler: Callable, name: str, config_patches: dict, target: Path, settings: dict,
+                 store: str | None = None):
         self.compiler = compiler
+        self.store = store
+        self.pushed: list = []  # PushResult of each archive pushed to ``store``
         self.backend_name = name
         self.config_patches = config_patches
         self.target = target
@@ -319,7 +330,22 @@ class _CaptureBackend:
             return None, f"{type(err).__name__}: {err}"
         self.written.append(Path(written))
         log.warning("reproarchive: %s failure captured in %s", record.stage, written)
+        if self.store:
+            self._push(Path(written))
         return Path(written), None
+
+    def _push(self, written: Path) -> None:
+        """Share the archive; a store that fails costs a log line, never the user's failure."""
+        from reproarchive.store.push import push
+
+        try:
+            (result,) = push([written], self.store)
+        except Exception as err:  # noqa: BLE001 - the archive is on disk; the failure must surface
+            log.warning("reproarchive.capture could not push %s to %s: %s: %s", written, self.store,
+                        type(err).__name__, err)
+            return
+        self.pushed.append(result)
+        log.warning("reproarchive: pushed to %s/%s", result.store, result.name)
 
     def _destination(self, gm: Any, inputs: list[Any], record: FailureRecord) -> Path:
         if _is_file_target(self.target):

@@ -1,0 +1,46 @@
+"""``load``, ``inspect`` and ``run`` that also take a store reference (``STORE/NAME``).
+
+These are the public verbs: a path to a file goes straight to the archive and replay layers;
+a reference is fetched first, as little as each verb needs. ``inspect`` reads the archive
+object alone (no blob is downloaded); ``load`` and ``run`` need every blob the graph uses, so
+they pull the archive into the cache once (``pull.fetch``) and read it from there.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from reproarchive.archive import inspection, loading
+from reproarchive.store.location import is_reference
+from reproarchive.store.pull import archive_view, fetch
+
+
+def local_archive(path: str | os.PathLike, *, progress=None) -> str | os.PathLike:
+    """A path to read: ``path`` itself, or the cached copy of the archive it references."""
+    return fetch(os.fspath(path), progress=progress) if is_reference(path) else path
+
+
+@functools.wraps(loading.load)
+def load(path, *args, **kwargs):
+    return loading.load(local_archive(path, progress=kwargs.get("progress")), *args, **kwargs)
+
+
+@functools.wraps(inspection.inspect)
+def inspect(path, *args, **kwargs):
+    if not is_reference(path):
+        return inspection.inspect(path, *args, **kwargs)
+    with archive_view(os.fspath(path)) as (view, resolved):
+        report = inspection.inspect(view, *args, **kwargs)
+    report["path"] = os.fspath(path)
+    report["store"] = {"url": resolved.store.url, "name": resolved.name, "archive": resolved.digest}
+    return report
+
+
+def run(path, *args, **kwargs):
+    from reproarchive.replay import runner
+
+    return runner.run(local_archive(path, progress=kwargs.get("progress")), *args, **kwargs)
+
+
+run.__doc__ = "Replay an archive (a file or a store reference); see ``reproarchive.replay.runner.run``."

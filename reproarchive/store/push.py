@@ -1,0 +1,265 @@
+"""``push``: put archives in a store, uploading only the blobs it does not hold yet.
+
+The order is what makes a store safe to read while others write to it (spec §11.3), as in
+an OCI registry: blobs first (checked against their names before they go, so a damaged
+archive can never put wrong bytes under a digest that other archives will share), then the
+archive object, then the ref. A push interrupted anywhere leaves no name pointing at
+anything incomplete; the next push of the same archive uploads only what is still missing.
+Two pushes sharing blobs may run at once: they write the same bytes under the same keys.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from reproarchive.errors import TruncatedArchiveError
+from reproarchive.format import layout
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import Index, TensorValue
+from reproarchive.progress import ProgressFn
+from reproarchive.store import objects
+from reproarchive.store.location import CHUNK_BYTES, Store
+from reproarchive.store.objects import ArchiveObject, BlobCheck, BlobSegment, Ref
+
+DEFAULT_JOBS = 8
+STORE_ENV = "REPROARCHIVE_STORE"
+
+
+@dataclasses.dataclass
+class PushResult:
+    archive: Path
+    store: str
+    name: str
+    digest: str
+    size: int
+    blobs: int  # blob objects the archive uses
+    uploaded_blobs: int
+    uploaded_bytes: int  # everything written: blobs, archive object, ref
+    replaced: str | None  # the digest the name pointed to before, when it moved
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "archive": str(self.archive)}
+
+
+def default_name(path: str | os.PathLike, digest: str) -> str:
+    """``<file stem>-<12 hex of the archive digest>``: readable, and unique per content, so
+    every failure a CI job pushes keeps its own name and pushing the same file again is a no-op."""
+    stem = Path(path).name
+    for suffix in (".tar.zst", ".tzst", ".zst"):
+        if stem.endswith(suffix) and len(stem) > len(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    stem = "".join(c if c.isalnum() or c in "._+-" else "-" for c in stem).lstrip("._+-")[:100] or "archive"
+    return f"{stem}-{digest.split(':')[1][:12]}"
+
+
+def push(archives, store: str | os.PathLike, *, name: str | None = None, jobs: int = DEFAULT_JOBS,
+         progress: ProgressFn | None = None, storage_options: dict | None = None) -> list[PushResult]:
+    """Push each archive (a path or a list of paths) to ``store``; see the module docstring.
+
+    ``name`` names a single archive (default: ``default_name``). Raises ``StoreError`` when the
+    store fails, an ``ArchiveError`` when an archive is damaged (nothing of it is named then).
+    """
+    paths = [archives] if isinstance(archives, (str, os.PathLike)) else list(archives)
+    if name is not None and len(paths) != 1:
+        raise ValueError("name= names one archive; push several without it")
+    if name is not None:
+        objects.check_name(name)
+    target = store if isinstance(store, Store) else Store(store, **(storage_options or {}))
+    target.refresh()
+    _ensure_marker(target)
+    return [_push_one(Path(p), target, name, jobs, progress) for p in paths]
+
+
+def _ensure_marker(store: Store) -> None:
+    if store.size(objects.MARKER_KEY) is None:
+        store.write(objects.MARKER_KEY, objects.marker_bytes())
+    else:
+        objects.check_marker(store.read_small(objects.MARKER_KEY, objects.MAX_MARKER_BYTES), store.url)
+
+
+def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: ProgressFn | None) -> PushResult:
+    with ContainerReader(path) as reader, open(path, "rb", buffering=0) as raw:
+        read = _reader_of(raw, path)
+        blob_members = sorted((m for n, m in reader.members.items() if layout.is_blob_name(n) and m.frames),
+                              key=lambda m: m.offset)
+        # The lookups and the uploads of what is missing run while the file is hashed: the
+        # archive's digest and the frames' sha256 are needed only for its archive object.
+        stop = threading.Event()
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-lookup") as background:
+            found_later = background.submit(store.sizes, [m.name for m in blob_members], jobs=jobs)
+
+            def upload_missing():
+                found = found_later.result()
+                todo = [BlobSegment(m.name, m.name, m.compressed, "") for m in blob_members if found[m.name] is None]
+                return todo, _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
+
+            uploading = background.submit(upload_missing)
+            try:
+                digest, blob_sha = _hash_file(read, reader.file_size, blob_members, progress)
+            except BaseException:
+                stop.set()  # uploads in flight are dropped (never committed), none is started
+                raise
+            missing, uploaded = uploading.result()
+            found = found_later.result()
+        segments: list = []
+        cursor = 0
+        for m in blob_members:
+            if m.offset > cursor:
+                segments.append(read(cursor, m.offset - cursor))
+            segments.append(BlobSegment(m.name, m.name, m.compressed, blob_sha[m.name]))
+            cursor = m.offset + m.compressed
+        segments.append(read(cursor, reader.file_size - cursor))
+
+        # A key holding other frames of the same blob (another level, frame size or zstd) gets
+        # our frames under a variant key (spec §11.2).
+        conflicts = [s for s in segments if isinstance(s, BlobSegment) and found[s.key] not in (None, s.size)]
+        if conflicts:
+            moved = {s.blob: dataclasses.replace(s, key=objects.variant_key(s.blob, s.sha256)) for s in conflicts}
+            segments = [moved.get(s.blob, s) if isinstance(s, BlobSegment) else s for s in segments]
+            there = store.sizes([s.key for s in moved.values()], jobs=jobs)
+            variants = [s for s in moved.values() if there[s.key] != s.size]
+            uploaded += _upload_blobs(reader, read, store, variants, jobs, progress, path)
+            missing += variants
+
+        archive = ArchiveObject(digest, reader.file_size, reader.index_digest, tuple(segments))
+        data = archive.to_bytes()
+        key = objects.archive_key(digest)
+        if store.size(key) != len(data):
+            store.write(key, data)
+            uploaded += len(data)
+
+        ref_name = name or default_name(path, digest)
+        ref = Ref(ref_name, digest, reader.file_size, _now(), summary(reader.index, reader.file_size))
+        previous = None
+        old = store.size(objects.ref_key(ref_name))
+        if old is not None:
+            try:
+                previous = objects.decode_ref(ref_name, store.read_small(objects.ref_key(ref_name), objects.MAX_REF_BYTES)).archive
+            except Exception:  # noqa: BLE001 - a damaged ref is simply replaced
+                previous = "unreadable"
+        ref_bytes = ref.to_bytes()
+        store.write(objects.ref_key(ref_name), ref_bytes)
+        uploaded += len(ref_bytes)
+        return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing), uploaded,
+                          previous if previous not in (None, digest) else None)
+
+
+def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str, str]]:
+    """The archive's sha256 and each blob's frames' sha256, in one read of the file."""
+    whole = hashlib.sha256()
+    starts = {m.offset: m for m in blob_members}
+    bounds = sorted({0, total, *starts, *(m.offset + m.compressed for m in blob_members)})
+    out: dict[str, str] = {}
+    done = 0
+    for a, b in zip(bounds, bounds[1:]):
+        member = starts.get(a)
+        h = hashlib.sha256() if member is not None else None
+        for pos in range(a, b, CHUNK_BYTES):
+            chunk = read(pos, min(CHUNK_BYTES, b - pos))
+            whole.update(chunk)
+            if h is not None:
+                h.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress("hash", done, total)
+        if member is not None:
+            out[member.name] = h.hexdigest()
+    return "sha256:" + whole.hexdigest(), out
+
+
+def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[BlobSegment], jobs: int, progress,
+                  path: Path, stop: threading.Event | None = None) -> int:
+    """Upload the missing blob objects in parallel, each checked against its name first."""
+    if not missing:
+        return 0
+    total = sum(s.size for s in missing)
+    lock = threading.Lock()
+    done = [0]
+
+    def advance(n: int) -> None:
+        with lock:
+            done[0] += n
+            if progress:
+                progress("push", done[0], total)
+
+    def one(seg: BlobSegment) -> None:
+        if stop is not None and stop.is_set():
+            raise _Stopped()
+        member = reader.member(seg.blob)
+        check = BlobCheck(seg, member.size, content=True, stored=False,
+                          hint=f"{path} is damaged: nothing of it is named in the store; `reproarchive verify` it")
+        for pos in range(member.offset, member.offset + seg.size, CHUNK_BYTES):
+            check.update(read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos)))
+        check.finish()  # the archive is damaged: nothing goes under this blob's name
+
+        def chunks():
+            for pos in range(member.offset, member.offset + seg.size, CHUNK_BYTES):
+                if stop is not None and stop.is_set():
+                    raise _Stopped()
+                yield read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos))
+
+        store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(jobs, len(missing))), thread_name_prefix="reproarchive-push") as pool:
+        futures = [pool.submit(one, s) for s in missing]
+        try:
+            for f in concurrent.futures.as_completed(futures):
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return total
+
+
+class _Stopped(Exception):
+    """The push failed elsewhere: an upload still running gives up (and is never committed)."""
+
+
+def _reader_of(raw, path: Path):
+    fd = raw.fileno()
+
+    def read(offset: int, n: int) -> bytes:
+        data = os.pread(fd, n, offset)
+        if len(data) != n:
+            raise TruncatedArchiveError(f"{path} changed while being pushed", "push it again")
+        return data
+
+    return read
+
+
+def summary(index: Index, file_size: int) -> dict[str, Any]:
+    """What ``ls`` shows about an archive, kept in its ref so listing reads refs only."""
+    kinds = {"real": 0, "absent": 0, "values": 0}
+    for value in index.inputs:
+        if isinstance(value, TensorValue):
+            kinds["real" if index.storages[value.storage].is_real else "absent"] += 1
+        else:
+            kinds["values"] += 1
+    failure = index.failure
+    message = (failure.message or "").strip().splitlines() if failure else []
+    return {
+        "failure": None if failure is None else {
+            "signature": failure.signature, "stage": failure.stage, "exception_type": failure.exception_type,
+            "message": message[0][:200] if message else None,
+        },
+        "backend": index.backend or (failure.backend if failure else None),
+        "ops": index.graph.op_count(),
+        "inputs": kinds,
+        "bytes_logical": sum(s.size for s in index.storages if s.is_real),
+        "file_bytes": file_size,
+        "torch": index.created_by.torch if index.created_by else None,
+        "source": index.source.kind if index.source else None,
+    }
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
