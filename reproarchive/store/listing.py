@@ -8,6 +8,7 @@ ref is reported and skipped, never trusted.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from reproarchive.errors import ArchiveError
@@ -51,32 +52,15 @@ def list_store(url: str | os.PathLike, *, storage_options: dict | None = None) -
 
 def _row(ref: objects.Ref) -> dict:
     s = ref.summary
-    failure = s.get("failure") if isinstance(s.get("failure"), dict) else None
-    if failure is not None:
-        failure = {k: _text(failure.get(k)) for k in ("signature", "stage", "exception_type", "message")}
-        if failure["signature"] is None:
-            failure = None
-    inputs = s.get("inputs") if isinstance(s.get("inputs"), dict) else {}
     return {
         "name": ref.name,
         "digest": ref.archive,
         "pushed": ref.pushed,
-        "failure": failure,
-        "backend": _text(s.get("backend")),
-        "ops": _int(s.get("ops")),
-        "inputs": {k: _int(inputs.get(k)) for k in ("real", "absent", "values")},
-        "bytes_logical": _int(s.get("bytes_logical")),
+        "failure": None if s.failure is None else dataclasses.asdict(s.failure),
+        "backend": s.backend,
+        "ops": s.ops,
+        "inputs": {"real": s.inputs_real, "absent": s.inputs_absent, "values": s.inputs_values},
+        "bytes_logical": s.bytes_logical,
         "bytes_stored": ref.size,
-        "torch": _text(s.get("torch")),
+        "torch": s.torch,
     }
-
-
-def _text(value) -> str | None:
-    """A ref's text, shortened and without control characters (it is printed on terminals)."""
-    if not isinstance(value, str):
-        return None
-    return "".join(c if c.isprintable() else "?" for c in value[:300])
-
-
-def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -103,6 +103,69 @@ def check_marker(data: bytes, where: str) -> str:
 # refs
 
 
+def _text(value: Any) -> str | None:
+    """A ref's text, shortened and without control characters (``ls`` prints it on terminals)."""
+    if not isinstance(value, str):
+        return None
+    return "".join(c if c.isprintable() else "?" for c in value[:300])
+
+
+def _known_count(value: Any) -> int | None:
+    return value if _count(value) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RefFailure:
+    signature: str
+    stage: str | None = None
+    exception_type: str | None = None
+    message: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RefSummary:
+    """What ``ls`` shows about an archive, kept in its ref so that listing reads refs only.
+
+    Informative, like the index's system record: a field of the wrong type reads as unknown
+    (None) instead of refusing the ref, since nothing is trusted from it but the text shown."""
+
+    failure: RefFailure | None = None
+    backend: str | None = None
+    ops: int | None = None
+    inputs_real: int | None = None
+    inputs_absent: int | None = None
+    inputs_values: int | None = None
+    bytes_logical: int | None = None
+    file_bytes: int | None = None
+    torch: str | None = None
+    source: str | None = None
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "failure": None if self.failure is None else dataclasses.asdict(self.failure),
+            "backend": self.backend, "ops": self.ops,
+            "inputs": {"real": self.inputs_real, "absent": self.inputs_absent, "values": self.inputs_values},
+            "bytes_logical": self.bytes_logical, "file_bytes": self.file_bytes,
+            "torch": self.torch, "source": self.source,
+        }
+
+    @classmethod
+    def from_plain(cls, plain: dict) -> RefSummary:
+        failure = plain.get("failure") if isinstance(plain.get("failure"), dict) else {}
+        signature = _text(failure.get("signature"))
+        inputs = plain.get("inputs") if isinstance(plain.get("inputs"), dict) else {}
+        return cls(
+            failure=None if signature is None else RefFailure(
+                signature, _text(failure.get("stage")), _text(failure.get("exception_type")),
+                _text(failure.get("message"))),
+            backend=_text(plain.get("backend")), ops=_known_count(plain.get("ops")),
+            inputs_real=_known_count(inputs.get("real")), inputs_absent=_known_count(inputs.get("absent")),
+            inputs_values=_known_count(inputs.get("values")),
+            bytes_logical=_known_count(plain.get("bytes_logical")), file_bytes=_known_count(plain.get("file_bytes")),
+            torch=_text(plain.get("torch")), source=_text(plain.get("source")),
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Ref:
     """A name for an archive, with what ``ls`` shows about it (informative: only the archive
@@ -112,11 +175,11 @@ class Ref:
     archive: str
     size: int
     pushed: str
-    summary: dict
+    summary: RefSummary
 
     def to_bytes(self) -> bytes:
         plain = {"format": REF_FORMAT, "archive": self.archive, "size": self.size, "pushed": self.pushed,
-                 "summary": self.summary}
+                 "summary": self.summary.to_plain()}
         return (json.dumps(plain, sort_keys=True, indent=1) + "\n").encode()
 
 
@@ -132,7 +195,8 @@ def decode_ref(name: str, data: bytes) -> Ref:
         raise CorruptStoreError(f"{where} has no valid push date", "the store is damaged or hostile")
     if not isinstance(summary, dict):
         raise CorruptStoreError(f"{where} has no summary map", "the store is damaged or hostile")
-    return Ref(check_name(name), check_digest(plain.get("archive"), where), size, pushed, summary)
+    return Ref(check_name(name), check_digest(plain.get("archive"), where), size, _text(pushed),
+               RefSummary.from_plain(summary))
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import hashlib
 import os
 import threading
 from pathlib import Path
-from typing import Any
 
 from reproarchive.errors import TruncatedArchiveError
 from reproarchive.format import layout
@@ -26,7 +25,7 @@ from reproarchive.format.schema import Index, TensorValue
 from reproarchive.progress import ProgressFn
 from reproarchive.store import objects
 from reproarchive.store.location import CHUNK_BYTES, Store
-from reproarchive.store.objects import ArchiveObject, BlobCheck, BlobSegment, Ref
+from reproarchive.store.objects import ArchiveObject, BlobCheck, BlobSegment, Ref, RefFailure, RefSummary
 
 DEFAULT_JOBS = 8
 STORE_ENV = "REPROARCHIVE_STORE"
@@ -236,7 +235,7 @@ def _reader_of(raw, path: Path):
     return read
 
 
-def summary(index: Index, file_size: int) -> dict[str, Any]:
+def summary(index: Index, file_size: int) -> RefSummary:
     """What ``ls`` shows about an archive, kept in its ref so listing reads refs only."""
     kinds = {"real": 0, "absent": 0, "values": 0}
     for value in index.inputs:
@@ -246,19 +245,17 @@ def summary(index: Index, file_size: int) -> dict[str, Any]:
             kinds["values"] += 1
     failure = index.failure
     message = (failure.message or "").strip().splitlines() if failure else []
-    return {
-        "failure": None if failure is None else {
-            "signature": failure.signature, "stage": failure.stage, "exception_type": failure.exception_type,
-            "message": message[0][:200] if message else None,
-        },
-        "backend": index.backend or (failure.backend if failure else None),
-        "ops": index.graph.op_count(),
-        "inputs": kinds,
-        "bytes_logical": sum(s.size for s in index.storages if s.is_real),
-        "file_bytes": file_size,
-        "torch": index.created_by.torch if index.created_by else None,
-        "source": index.source.kind if index.source else None,
-    }
+    return RefSummary(
+        failure=None if failure is None else RefFailure(
+            failure.signature, failure.stage, failure.exception_type, message[0][:200] if message else None),
+        backend=index.backend or (failure.backend if failure else None),
+        ops=index.graph.op_count(),
+        inputs_real=kinds["real"], inputs_absent=kinds["absent"], inputs_values=kinds["values"],
+        bytes_logical=sum(s.size for s in index.storages if s.is_real),
+        file_bytes=file_size,
+        torch=index.created_by.torch if index.created_by else None,
+        source=index.source.kind if index.source else None,
+    )
 
 
 def _now() -> str:
