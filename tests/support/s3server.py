@@ -44,6 +44,9 @@ def client_environment(endpoint: str) -> Iterator[None]:
     try:
         yield
     finally:
+        # s3fs caches one client per set of constructor arguments, and the endpoint comes from
+        # the environment: a client cached here would keep calling a server that has stopped
+        _forget_s3_clients()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -82,6 +85,12 @@ def process_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _forget_s3_clients() -> None:
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is not None:
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def make_bucket(name: str) -> None:
