@@ -16,7 +16,6 @@ without a single blob being downloaded.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -29,6 +28,7 @@ from typing import Iterator
 from reproarchive.archive.checking import verify_bytes
 from reproarchive.errors import CorruptStoreError, StoreNotFoundError
 from reproarchive.format.atomic import atomic_path
+from reproarchive.format.parallel import run_all
 from reproarchive.format.reader import ContainerReader
 from reproarchive.progress import ProgressFn
 from reproarchive.store import objects
@@ -182,15 +182,7 @@ def _download_blobs(store: Store, archive: ArchiveObject, offsets: list[int], fd
             raise CorruptStoreError(f"blob {seg.blob} (object {seg.key}) is missing from {store.url}",
                                     "the store lost it; push an archive holding it again") from None
 
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(jobs, len(work))), thread_name_prefix="reproarchive-pull") as pool:
-        futures = [pool.submit(guarded, seg, off) for seg, off in work]
-        try:
-            for f in concurrent.futures.as_completed(futures):
-                f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+    run_all(lambda item: guarded(*item), work, jobs=jobs, name="reproarchive-pull")
     return total
 
 

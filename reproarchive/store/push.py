@@ -20,6 +20,7 @@ from pathlib import Path
 
 from reproarchive.errors import TruncatedArchiveError
 from reproarchive.format import layout
+from reproarchive.format.parallel import run_all
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Index, TensorValue
 from reproarchive.progress import ProgressFn
@@ -207,15 +208,7 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
 
         store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance)
 
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(jobs, len(missing))), thread_name_prefix="reproarchive-push") as pool:
-        futures = [pool.submit(one, s) for s in missing]
-        try:
-            for f in concurrent.futures.as_completed(futures):
-                f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+    run_all(one, missing, jobs=jobs, name="reproarchive-push")
     return total
 
 
