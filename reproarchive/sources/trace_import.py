@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 from reproarchive.child import error_from, run_child
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.schema import to_plain
-from reproarchive.sources import trace_log
+from reproarchive.sources import trace_facts, trace_log
 from reproarchive.sources.dump_import import child_env
 from reproarchive.sources.trace_log import Compile, Trace
 
@@ -325,7 +325,7 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
          cwd: Path) -> dict[str, Any]:
     """Everything the child needs for one compile, as plain JSON (the child never reads the log)."""
     graph_from, event = _choose_graph(c, graph)
-    logged_backend, backend_origin = trace_log.backend_from_log(c, trace)
+    logged_backend, backend_origin = trace_facts.backend_from_log(c, trace)
     if graph_from == "fx_graph_runnable":
         logged_backend, backend_origin = "inductor", "fx_graph_runnable is Inductor's input"
     chosen_backend = backend or logged_backend
@@ -333,10 +333,10 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         backend_origin = f"--backend (the log says {logged_backend})"
     elif backend:
         backend_origin = "--backend"
-    failure, diagnostics = trace_log.failure_record(c, backend=chosen_backend)
+    failure, diagnostics = trace_facts.failure_record(c, backend=chosen_backend)
     warnings: list[str] = []
     real_script = _real_data_script(c, event, warnings) if graph_from == "fx_graph_runnable" else None
-    config_values, config_notes = trace_log.config_values(c)
+    config_values, config_notes = trace_facts.config_values(c)
     warnings += config_notes
     if chosen_backend is None:
         warnings.append("the log does not name the backend (it names it only when it fails): pass --backend "
@@ -352,10 +352,10 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         "attempt": c.attempt,
         "rank": c.rank,
         "frame": c.frame,
-        "user_stack": trace_log.user_stack(trace, c),
+        "user_stack": trace_facts.user_stack(trace, c),
         "log": trace.display_log(c),
         "trace_format": trace.kind,
-        "log_lines": {**trace_log.events_lines(c, used), graph_from: event.lineno},
+        "log_lines": {**trace_facts.events_lines(c, used), graph_from: event.lineno},
         "tlparse": {"directory": c.tlparse_directory, "pages": pages},
         "graph_from": graph_from,
         "backend_origin": backend_origin if chosen_backend else "unknown",
@@ -366,21 +366,21 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
                                                    "backend_compile_time_s", "fail_type")
                     if c.metrics.get(k) is not None},
         "cache": c.cache,
-        **trace_log.graph_breaks_and_recompiles(c),
-        "symbols": trace_log.symbols(c),
+        **trace_facts.graph_breaks_and_recompiles(c),
+        "symbols": trace_facts.symbols(c),
         "accuracy_from": "--accuracy" if accuracy else None,
     }
     if real_script:
         source["real_data_from"] = "a TORCH_COMPILE_DEBUG_SAVE_REAL copy of fx_graph_runnable next to the log"
     scrub = {str(cwd.resolve()): "<cwd>", str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
-    scrub.update(trace_log.job_paths(trace, c))
+    scrub.update(trace_facts.job_paths(trace, c))
     return {
         "compile": {"id": c.id, "rank": c.rank, "label": c.label},
         "graph": {"from": graph_from, "code": event.payload, "real_data_script": real_script},
-        "describe": trace_log.describe_inputs(c),
-        "symbols": trace_log.symbols(c),
+        "describe": trace_facts.describe_inputs(c),
+        "symbols": trace_facts.symbols(c),
         "config_values": config_values,
-        "system": trace_log.system_record(trace, c, runnable_event.payload if runnable_event else None),
+        "system": trace_facts.system_record(trace, c, runnable_event.payload if runnable_event else None),
         "failure": to_plain(failure) if failure is not None else None,
         "backend": chosen_backend,
         "accuracy": accuracy,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import reproarchive
 from reproarchive.errors import SourceError
-from reproarchive.sources import trace_import, trace_log
+from reproarchive.sources import trace_facts, trace_import, trace_log
 from reproarchive.sources.trace_import import list_trace, pack_trace
 
 
@@ -111,7 +111,7 @@ def test_interleaved_ranks_and_per_rank_files(trace_jobs, tmp_path):
     trace = trace_log.read_trace(single)
     chosen = trace.select(["0/1"], rank=1)
     assert [trace_import._archive_names(chosen, trace)[id(c)] for c in chosen] == ["repro-rank1-0_1.tar.zst"]
-    assert trace_log.symbols(chosen[0])["s77"]["hint"] == 4
+    assert trace_facts.symbols(chosen[0])["s77"]["hint"] == 4
     # both ranks compiled [0/0]: without --rank, one archive each
     both = trace.select(["0/0"])
     assert sorted(trace_import._archive_names(both, trace).values()) == ["repro-rank0-0_0.tar.zst",
