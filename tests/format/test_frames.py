@@ -128,3 +128,15 @@ def test_archives_with_stored_frames_load_verify_and_keep_random_access(tmp_path
     assert small.stat().st_size < path.stat().st_size
     with reader.ContainerReader(small) as a, reader.ContainerReader(path) as b:
         assert a.index_digest == b.index_digest  # the same index: frame encodings are not recorded
+
+
+def test_a_reader_without_the_stored_frame_path_reads_the_same(monkeypatch):
+    """What a format-1.0 reader that knows nothing of stored frames does: zstd decodes them."""
+    from pathlib import Path
+
+    vector = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "stored-1.0.tar.zst"
+    fast = reproarchive.load(vector).args
+    monkeypatch.setattr(reader, "read_stored_frame", lambda *a: False)
+    slow = reproarchive.load(vector).args
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+    assert reproarchive.verify(vector)["blobs"] == 2
