@@ -53,6 +53,7 @@ def _block_header(size: int, last: bool) -> bytes:
 
 def stored_frame(data: memoryview) -> list:
     """The chunks of one zstd frame holding ``data`` in raw blocks (``data`` is not copied)."""
+    data = memoryview(data).cast("B")
     n = len(data)
     if n == 0:
         raise ValueError("a stored frame holds at least one byte")

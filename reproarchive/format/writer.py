@@ -105,6 +105,7 @@ class ContainerWriter:
         self._base = fileobj.tell()
         self._direct = _DirectSink.open(self._fd, self._base) if direct_io and self._fd is not None else None
         self._out = self._direct.write if self._direct is not None else fileobj.write
+        self._out_all = self._direct.write_all if self._direct is not None else fileobj.writelines
         self.frames: list[tuple[int, int]] = []  # (compressed, decompressed), as written
         self.members: list[dict] = []
         self._names: set[str] = set()
@@ -135,10 +136,8 @@ class ContainerWriter:
     def _write_oldest(self) -> None:
         item, size, _keep, member_data = self._queue.popleft()
         chunks = item.result() if isinstance(item, concurrent.futures.Future) else item
-        compressed = 0
-        for chunk in chunks:
-            self._out(chunk)
-            compressed += len(chunk)
+        self._out_all(chunks)
+        compressed = sum(map(len, chunks))
         self.frames.append((compressed, size))
         self._pending -= size
         if member_data and self._progress is not None:
