@@ -1,7 +1,10 @@
-"""Pack and load side by side with what users run today (issue 6).
+"""Pack and load side by side with what users run today (issues 6 and 17).
 
     python benchmarks/pack_load.py                 # 1 GiB of inputs, every variant once
-    python benchmarks/pack_load.py --gib 1 --repeat 3
+    python benchmarks/pack_load.py --gib 1 --cores 1   # every process pinned to one core
+    python benchmarks/pack_load.py --gib 1 --cores 2   # ... to two
+    python benchmarks/pack_load.py --gib 1 --busy --cores 1,2 --only pack --repeat 5
+                                                   # shared cores: a busy loop on every core
     python benchmarks/pack_load.py --mib 16 --json # small run, JSON report
     python benchmarks/pack_load.py --only pack,load --byteshuffle   # a subset, plus the shuffle measurement
 
@@ -9,7 +12,9 @@ Builds a GraphModule whose inputs look like a model's: fp32 and bf16 weights, in
 a zero-filled buffer, two views of one storage, one tensor passed twice and one tensor whose
 bytes repeat another's. The same inputs (same seed) are then written and read by
 
-  reproarchive       pack (sha256 and blake3), verify, load, read_input of one tensor
+  reproarchive       pack (sha256 and blake3; and with every frame compressed, min_saving=0),
+                     verify, load, read_input of one tensor; and "first-touch": fresh memory for
+                     every storage load returns, faulted in as load does it (what any loader pays)
   contentstore+tar   torch.utils._content_store.ContentStoreWriter(stable_hash=True), then
                      `tar -I zstd -cf` (what PyTorch's repro dumps give users today); load is
                      `tar -I zstd -xf` + ContentStoreReader; one tensor is two `tar -x --occurrence`
@@ -28,6 +33,13 @@ mostly in the page cache; reproarchive's pack writes past the page cache, so of 
 only verify (which runs first) reads from the disk.
 
 GB/s is 10^9 bytes of distinct input storage per second (the same figure for every variant).
+CPU s is user + system time of the child and of the tools it waited for; CPU s/GiB divides it
+by the GiB of distinct input storage, so rows compare whatever the parallelism.
+
+``--cores N`` pins every child, and so every tool it starts (tar, zstd), to the first N cores
+this process may use (its threads then size themselves to N); ``--cores 1,2`` runs each
+variant at each count, interleaved run by run so both see the same machine. ``--busy`` adds a
+competing load for the length of the run: one busy-looping process pinned to each core.
 The machine's load average is recorded before and after: numbers on a shared box are noisy.
 """
 
@@ -300,14 +312,22 @@ def child(variant: str, total: int, work: str) -> dict:
     elif variant == "contentstore-pack":
         import torch._dynamo  # noqa: F401  (hash_storage imports it; paid before timing, in the baseline's favour)
 
-    if variant in ("pack", "pack-blake3", "contentstore-pack", "torchsave-pack"):
+    if variant in ("pack", "pack-blake3", "pack-compress-all", "contentstore-pack", "torchsave-pack"):
         gm, names, inputs = build_inputs(total)
         out["input_bytes"] = distinct_bytes(inputs)
+        # Every writer writes a new file: freeing a previous run's output (with online discard,
+        # a second or more for 1 GiB) happens here, not inside the timed region.
+        outputs = {"pack": [archive], "pack-blake3": [archive + ".b3"], "pack-compress-all": [archive + ".all"],
+                   "contentstore-pack": [cs_tar], "torchsave-pack": [ts_file, ts_file + ".zst"]}[variant]
+        removed = [os.unlink(old) for old in outputs if os.path.exists(old)]
+        if removed:
+            os.sync()
         if variant.startswith("pack"):
             algo = "blake3" if variant == "pack-blake3" else "sha256"
-            target = archive if algo == "sha256" else archive + ".b3"
+            target = {"pack": archive, "pack-blake3": archive + ".b3", "pack-compress-all": archive + ".all"}[variant]
+            options = {"min_saving": 0.0} if variant == "pack-compress-all" else {}
             with Meter() as m:
-                ra.pack(gm, inputs, target, digest=algo, progress=False)
+                ra.pack(gm, inputs, target, digest=algo, progress=False, **options)
             out["file_bytes"] = os.path.getsize(target)
             with open(target, "rb") as f:
                 import hashlib
@@ -364,6 +384,19 @@ def child(variant: str, total: int, work: str) -> dict:
                 t = ra.read_input(archive, ONE_TENSOR)
             result_bytes = _storage_bytes([t])
             check = [{ONE_TENSOR: t}]
+        elif variant == "first-touch":
+            # What any loader pays before it writes a byte: fresh memory for every storage the
+            # load returns, faulted in the way load does it (one populate call per storage).
+            from reproarchive.format.prefault import prefault
+            from reproarchive.format.reader import ContainerReader
+
+            with ContainerReader(archive) as reader:
+                sizes = [r.size for r in reader.index.storages]
+            with Meter() as m:
+                fresh = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+                for t in fresh:
+                    prefault(t.data_ptr(), t.numel())
+            result_bytes = sum(sizes)
         elif variant == "contentstore-load":
             from torch.utils._content_store import ContentStoreReader
 
@@ -426,8 +459,8 @@ def child(variant: str, total: int, work: str) -> dict:
 # --------------------------------------------------------------------------------------------
 # the parent: run children, collect, report
 
-OURS_PACK = ["pack", "pack-blake3"]
-OURS_READ = ["verify", "load", "read-one"]
+OURS_PACK = ["pack", "pack-blake3", "pack-compress-all"]
+OURS_READ = ["verify", "load", "read-one", "first-touch"]
 BASELINES = ["contentstore-pack", "contentstore-load", "contentstore-read-one", "torchsave-pack", "torchsave-load"]
 
 
@@ -467,14 +500,49 @@ def _versions() -> dict:
     }
 
 
-def run_child(variant: str, total: int, work: str, nice: int) -> dict:
+def run_child(variant: str, total: int, work: str, nice: int, cpus: list[int] | None = None) -> dict:
+    """One measurement in a fresh process; ``cpus`` pins it, and every tool it starts, to those cores."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--bytes", str(total), "--work", work]
     if nice:
         cmd = ["nice", "-n", str(nice)] + cmd
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark child {variant!r} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_BUSY_LOOP = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    pass
+"""
+
+
+def start_busy_load(cpus: list[int], seconds: float) -> list[subprocess.Popen]:
+    """One busy-looping process per core (the competing load of a shared machine).
+
+    Each loop is pinned to its core and ends by itself after ``seconds`` even if this process
+    dies; the caller stops them earlier with ``stop_busy_load``.
+    """
+    return [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(cpu), str(seconds)]) for cpu in cpus]
+
+
+def stop_busy_load(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait()
+
+
+def pinned_cpus(cores: int) -> list[int]:
+    """The first ``cores`` of the cores this process may run on."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if not 1 <= cores <= len(allowed):
+        raise SystemExit(f"--cores {cores}: this process may run on {len(allowed)} core(s) ({allowed})")
+    return allowed[:cores]
 
 
 def _median(rows: list[dict], key: str):
@@ -488,13 +556,15 @@ def summarise(results: dict[str, list[dict]], total: int) -> dict:
         secs = [r["seconds"] for r in rows]
         med = statistics.median(secs)
         input_bytes = rows[0].get("input_bytes", total)
+        cpu = _median(rows, "cpu_seconds")
         s = {
             "seconds": med,
             "seconds_min": min(secs),
             "seconds_max": max(secs),
             "runs": len(rows),
             "gb_per_s": input_bytes / med / 1e9 if med > 0 else None,
-            "cpu_seconds": _median(rows, "cpu_seconds"),
+            "cpu_seconds": cpu,
+            "cpu_seconds_per_gib": cpu / (input_bytes / (1 << 30)) if cpu is not None and input_bytes else None,
             "peak_extra_bytes": _median(rows, "peak_extra"),
             "tool_peak_bytes": _median(rows, "tool_peak"),
         }
@@ -515,7 +585,19 @@ def summarise(results: dict[str, list[dict]], total: int) -> dict:
     def ratio(a, b):
         return sec(b) / sec(a) if sec(a) and sec(b) else None
 
+    def cpu_ratio(a, b):
+        ca, cb = (summary.get(v, {}).get("cpu_seconds") for v in (a, b))
+        return cb / ca if ca and cb else None
+
     ratios["pack_speedup_vs_contentstore_tar"] = ratio("pack", "contentstore-pack")
+    ratios["pack_cpu_saving_vs_contentstore_tar"] = cpu_ratio("pack", "contentstore-pack")
+    ratios["load_cpu_saving_vs_contentstore"] = cpu_ratio("load", "contentstore-load")
+    if "load" in summary and "first-touch" in summary:
+        per_gib = [summary[v].get("cpu_seconds_per_gib") for v in ("load", "first-touch")]
+        if None not in per_gib:
+            ratios["load_cpu_s_per_gib_beyond_first_touch"] = per_gib[0] - per_gib[1]
+    if "pack-compress-all" in summary and "pack" in summary:
+        ratios["size_vs_compress_all"] = summary["pack"]["file_bytes"] / summary["pack-compress-all"]["file_bytes"]
     ratios["pack_speedup_vs_torchsave_zstd"] = ratio("pack", "torchsave-pack")
     ratios["pack_blake3_speedup_vs_contentstore_tar"] = ratio("pack-blake3", "contentstore-pack")
     ratios["load_speedup_vs_contentstore"] = ratio("load", "contentstore-load")
@@ -545,27 +627,15 @@ def print_report(report: dict) -> None:
           f"median [min-max]")
     print(f"torch {v['torch']}, zstandard {v['zstandard']} (libzstd {v['libzstd']}), {v['hashlib']}, blake3 {v['blake3']}, "
           f"{v['zstd_cli']}, {v['tar']}, python {v['python']}, {v['cpus']} cpus")
-    print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}")
-    print()
-    print(f"{'variant':24s} {'seconds':>20s} {'GB/s':>6s} {'CPU s':>6s} {'extra peak RSS':>15s} {'tool RSS':>10s} {'file':>10s}")
-    for name, s in report["variants"].items():
-        if "byteshuffle" in s:
-            continue
-        secs = f"{s['seconds']:.3f} [{s['seconds_min']:.3f}-{s['seconds_max']:.3f}]"
-        gbs = f"{s['gb_per_s']:.2f}" if s["gb_per_s"] and name not in ("read-one", "contentstore-read-one") else "-"
-        cpu = f"{s['cpu_seconds']:.2f}" if s.get("cpu_seconds") is not None else "-"
-        print(f"{name:24s} {secs:>20s} {gbs:>6s} {cpu:>6s} {_fmt_bytes(s['peak_extra_bytes']):>15s} "
-              f"{_fmt_bytes(s['tool_peak_bytes']):>10s} {_fmt_bytes(s.get('file_bytes')):>10s}")
-    print()
-    for key, value in report["ratios"].items():
-        if value is not None:
-            print(f"{key:42s} {value:8.2f}{'x' if 'speedup' in key else ''}")
-    p = report["variants"].get("pack")
-    if p:
+    busy = report.get("busy_loops")
+    print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}"
+          + (f"; competing load: {busy} busy-looping process(es), one per core" if busy else ""))
+    tables = report.get("tables") or [{"cores": None, "cpus": None, "variants": report["variants"], "ratios": report["ratios"]}]
+    for table in tables:
         print()
-        print(f"dedup: {p['storages']} storages -> {p['blobs']} blobs ({p['zero_filled']} all-zero stored without a blob; "
-              f"{p['inputs_sharing_a_storage']} inputs share a storage); {_fmt_bytes(p['stored_bytes'])} stored of "
-              f"{_fmt_bytes(p['input_bytes'])}; identical bytes every run: {p.get('identical_bytes_every_run')}")
+        if table["cores"]:
+            print(f"every process pinned to {table['cores']} core(s): cpus {table['cpus']}")
+        _print_table(table)
     shuffle = report["variants"].get("byteshuffle")
     if shuffle:
         print()
@@ -574,8 +644,32 @@ def print_report(report: dict) -> None:
             print(f"  {kind}: ratio {r['ratio_raw']:.4f} -> {r['ratio_byteshuffle']:.4f} ({100 * r['size_change']:+.1f}% bytes); "
                   f"zstd alone {r['gb_per_s_raw']:.2f} GB/s, shuffle+zstd {r['gb_per_s_shuffle_then_zstd']:.2f} GB/s "
                   f"(shuffle alone {r['gb_per_s_shuffle_only']:.2f} GB/s, torch transpose)")
+
+
+def _print_table(table: dict) -> None:
+    variants = table["variants"]
+    print(f"{'variant':24s} {'seconds':>20s} {'GB/s':>6s} {'CPU s':>6s} {'CPU s/GiB':>9s} {'extra peak RSS':>15s} "
+          f"{'tool RSS':>10s} {'file':>10s}")
+    for name, s in variants.items():
+        if "byteshuffle" in s:
+            continue
+        secs = f"{s['seconds']:.3f} [{s['seconds_min']:.3f}-{s['seconds_max']:.3f}]"
+        gbs = f"{s['gb_per_s']:.2f}" if s["gb_per_s"] and name not in ("read-one", "contentstore-read-one") else "-"
+        cpu = f"{s['cpu_seconds']:.2f}" if s.get("cpu_seconds") is not None else "-"
+        per_gib = f"{s['cpu_seconds_per_gib']:.2f}" if s.get("cpu_seconds_per_gib") is not None else "-"
+        print(f"{name:24s} {secs:>20s} {gbs:>6s} {cpu:>6s} {per_gib:>9s} {_fmt_bytes(s['peak_extra_bytes']):>15s} "
+              f"{_fmt_bytes(s['tool_peak_bytes']):>10s} {_fmt_bytes(s.get('file_bytes')):>10s}")
+    print()
+    for key, value in table["ratios"].items():
+        if value is not None:
+            print(f"{key:42s} {value:8.2f}{'x' if 'speedup' in key or 'saving' in key else ''}")
+    p = variants.get("pack")
+    if p:
+        print(f"dedup: {p['storages']} storages -> {p['blobs']} blobs ({p['zero_filled']} all-zero stored without a blob; "
+              f"{p['inputs_sharing_a_storage']} inputs share a storage); {_fmt_bytes(p['stored_bytes'])} stored of "
+              f"{_fmt_bytes(p['input_bytes'])}; identical bytes every run: {p.get('identical_bytes_every_run')}")
     for name in ("load", "read-one", "contentstore-load", "torchsave-load"):
-        s = report["variants"].get(name)
+        s = variants.get(name)
         if s and "bit_exact" in s:
             print(f"{name}: bit-exact {s['bit_exact']} ({s['checked_tensors']} tensors)"
                   + (f", aliasing kept {s['aliasing_kept']}" if "aliasing_kept" in s else ""))
@@ -589,6 +683,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per variant (median and range reported)")
     ap.add_argument("--only", default=None, help="comma-separated variants (default: all)")
     ap.add_argument("--no-baselines", action="store_true", help="skip ContentStoreWriter+tar and torch.save+zstd")
+    ap.add_argument("--cores", default=None,
+                    help="pin every process (ours, the baselines and the tools they run) to the first N cores this "
+                         "process may use; a list such as 1,2 runs every variant at each count, interleaved")
+    ap.add_argument("--busy", action="store_true",
+                    help="competing load: one busy-looping process per core for the length of the run")
     ap.add_argument("--byteshuffle", action="store_true",
                     help="also measure zstd on byte planes of the fp32/bf16 weights (not part of the format)")
     ap.add_argument("--nice", type=int, default=0, help="run children under `nice -n N` (negative needs root)")
@@ -596,6 +695,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bytes", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--busy-seconds", type=float, default=1800, help=argparse.SUPPRESS)  # bound if we die
     args = ap.parse_args(argv)
 
     if args.child:
@@ -611,34 +711,50 @@ def main(argv=None) -> int:
             ap.error(f"unknown variants: {', '.join(sorted(unknown))}")
         # readers need the archives their writers make
         need = set(wanted)
-        if need & {"verify", "load", "read-one"}:
+        if need & {"verify", "load", "read-one", "first-touch"}:
             need.add("pack")
         if need & {"contentstore-load", "contentstore-read-one"}:
             need.add("contentstore-pack")
         if "torchsave-load" in need:
             need.add("torchsave-pack")
         variants = [v for v in OURS_PACK + OURS_READ + BASELINES + ["byteshuffle"] if v in need]
+    try:
+        counts = [int(c) for c in args.cores.split(",")] if args.cores else [None]
+    except ValueError:
+        ap.error("--cores takes a number of cores, or a comma-separated list of them")
+    pins = {n: pinned_cpus(n) if n else None for n in counts}
 
     work = args.work or tempfile.mkdtemp(prefix="reproarchive-bench-")
     os.makedirs(work, exist_ok=True)
+    busy = start_busy_load(sorted(os.sched_getaffinity(0)), args.busy_seconds) if args.busy else []
     loadavg_before = [round(x, 2) for x in os.getloadavg()]
-    results: dict[str, list[dict]] = {}
+    results: dict = {n: {} for n in counts}
     try:
+        # Core counts interleave run by run, so each count sees the same machine conditions.
         for variant in variants:
-            results[variant] = [run_child(variant, total, work, args.nice) for _ in range(max(1, args.repeat))]
+            for _ in range(max(1, args.repeat)):
+                for n in counts:
+                    results[n].setdefault(variant, []).append(run_child(variant, total, work, args.nice, pins[n]))
     finally:
+        stop_busy_load(busy)
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+    loadavg_after = [round(x, 2) for x in os.getloadavg()]
+    tables = [{"cores": n, "cpus": pins[n], **summarise(results[n], total), "runs": results[n]} for n in counts]
+    first = results[counts[0]]
     report = {
-        "input_bytes": results.get("pack", [{}])[0].get("input_bytes", total),
+        "input_bytes": first.get("pack", [{}])[0].get("input_bytes", total),
         "requested_bytes": total,
         "repeat": args.repeat,
         "one_tensor": ONE_TENSOR,
         "versions": _versions(),
         "loadavg_before": loadavg_before,
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        **summarise(results, total),
-        "runs": results,
+        "loadavg_after": loadavg_after,
+        "busy_loops": len(busy),
+        # the first core count's tables also at the top level (one --cores value: the only ones)
+        "variants": tables[0]["variants"],
+        "ratios": tables[0]["ratios"],
+        "tables": tables,
     }
     if args.json:
         print(json.dumps(report, indent=1, sort_keys=False))

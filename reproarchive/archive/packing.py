@@ -1,8 +1,8 @@
 """``pack``: a GraphModule and its inputs -> records -> one archive file.
 
-Packing hashes the next storage on a worker thread while the current one is compressed
-(hashlib and zstd both release the GIL), so the two slowest stages overlap instead of
-adding up.
+Packing hashes storages ahead of the one being written while its frames are encoded
+(hashlib, xxhash and zstd all release the GIL), one thread per core this process may use,
+so the stages overlap instead of adding up.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from reproarchive.errors import (
     PackError,
     SchemaViolation,
 )
-from reproarchive.format import digests, layout, schema
+from reproarchive.format import digests, frames, layout, schema
 from reproarchive.format.atomic import atomic_file
-from reproarchive.format.parallel import worker_threads
+from reproarchive.format.parallel import WorkQueue, worker_threads
 from reproarchive.format.plain import check_plain
 from reproarchive.format.schema import (
     ConfigRecord,
@@ -100,10 +100,15 @@ def pack(
     digest: str = digests.DEFAULT_ALGORITHM,
     level: int = layout.DEFAULT_LEVEL,
     frame_size: int = layout.DEFAULT_FRAME_SIZE,
+    min_saving: float = frames.MIN_SAVING,
     progress: ProgressFn | None = None,
     **metadata: Any,
 ) -> Path:
-    """Write ``gm`` and one example input per placeholder to ``path`` (atomically)."""
+    """Write ``gm`` and one example input per placeholder to ``path`` (atomically).
+
+    Data frames that zstd ``level`` would shrink by less than ``min_saving`` are stored
+    uncompressed (cheaper to write and to read); ``min_saving=0`` compresses every frame.
+    """
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
     digests.check_algorithm(digest)
@@ -145,14 +150,13 @@ def pack(
     # Storages are hashed ahead of the one being compressed (the digest names the blob, so it
     # must be known before its first frame is written). CPU storages are hashed in place, so
     # looking further ahead costs no memory; a device storage costs a host copy while queued.
-    ahead = 2 if all(table.sources[i].device.type == "cpu" for i in real) else 1
+    ahead = 2 * threads if all(table.sources[i].device.type == "cpu" for i in real) else 1
     pbar = Tracker(progress, "pack", total)
-    with atomic_file(path) as f, concurrent.futures.ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="reproarchive-pack") as pool:
-        # With two or more cores the pool compresses frames too, in parallel with hashing;
-        # with one, frames are compressed here while the pool thread hashes.
-        writer = ContainerWriter(f, level=level, frame_size=frame_size, executor=pool if threads > 1 else None,
-                                 progress=pbar.update, direct_io=True)
+    # One thread per core this process may use, this one included: it hashes and encodes too
+    # whenever it would otherwise wait (WorkQueue), so a busy core never holds up the others.
+    with atomic_file(path) as f, WorkQueue(threads - 1, name="reproarchive-pack") as pool:
+        writer = ContainerWriter(f, level=level, frame_size=frame_size, executor=pool,
+                                 progress=pbar.update, direct_io=True, min_saving=min_saving)
         try:
             writer.add_member(GRAPH_CODE_MEMBER, code)
             written: set[str] = set()

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, Callable, Iterable
 import zstandard
 
 from reproarchive.format.direct_io import DirectSink
+from reproarchive.format.frames import MIN_SAVING, FrameEncoder
 from reproarchive.format.layout import (
     DEFAULT_FRAME_SIZE,
     DEFAULT_LEVEL,
@@ -60,15 +61,16 @@ class ContainerWriter:
     Memory stays bounded regardless of member sizes: data goes from the caller's buffers
     through zstd into the file, with at most ``max_pending`` bytes of data frames in flight.
 
-    Frames are independent, so they can be compressed on several threads (pass an
-    ``executor``) and still be written in order. Each thread compresses with its own
-    compressor through exactly the calls a single stream makes (``write`` then
-    ``flush(FLUSH_FRAME)`` on a ``stream_writer``), so the bytes do not depend on the number
-    of threads: with the same zstd library an archive is byte-identical either way.
+    Frames are independent, so they can be encoded on several threads (pass an
+    ``executor``) and still be written in order. Each thread has its own ``FrameEncoder``,
+    whose output depends only on the frame, so with the same zstd library an archive is
+    byte-identical whatever the number of threads. Data frames that zstd would shrink by less
+    than ``min_saving`` are stored in raw blocks instead (``frames.py``).
 
-    Buffers handed to ``add_member`` are read after it returns when an executor is used:
-    they must stay alive and unchanged until ``finish``; ``keep`` holds an owner alive for
-    buffers (such as a view of a tensor storage) that do not keep their memory alive.
+    Buffers handed to ``add_member`` are read after it returns (stored frames are copied into
+    the file only when written): they must stay alive and unchanged until ``finish``; ``keep``
+    holds an owner alive for buffers (such as a view of a tensor storage) that do not keep
+    their memory alive.
     """
 
     # Frames smaller than this are compressed on the calling thread: a thread hop costs more.
@@ -78,13 +80,16 @@ class ContainerWriter:
 
     def __init__(self, fileobj: BinaryIO, *, level: int = DEFAULT_LEVEL, frame_size: int = DEFAULT_FRAME_SIZE,
                  executor=None, max_pending: int = 32 << 20, progress: Callable[[int], Any] | None = None,
-                 direct_io: bool = False):
+                 direct_io: bool = False, min_saving: float = MIN_SAVING):
         if not 1 <= level <= MAX_LEVEL:
             raise ValueError(f"zstd level must be between 1 and {MAX_LEVEL}")
         if not MIN_FRAME_SIZE <= frame_size <= MAX_FRAME_SIZE:
             raise ValueError(f"frame size must be between {MIN_FRAME_SIZE} and {MAX_FRAME_SIZE} bytes")
+        if not 0.0 <= min_saving < 1.0:
+            raise ValueError("min_saving must be at least 0 and below 1")
         self._f = fileobj
         self._level = level
+        self._min_saving = min_saving
         self._frame_size = frame_size
         self._executor = executor
         self._progress = progress
@@ -99,6 +104,7 @@ class ContainerWriter:
         self._base = fileobj.tell()
         self._direct = DirectSink.open(self._fd, self._base) if direct_io and self._fd is not None else None
         self._out = self._direct.write if self._direct is not None else fileobj.write
+        self._out_all = self._direct.write_all if self._direct is not None else fileobj.writelines
         self.frames: list[tuple[int, int]] = []  # (compressed, decompressed), as written
         self.members: list[MemberRecord] = []
         self._names: set[str] = set()
@@ -107,25 +113,19 @@ class ContainerWriter:
         self.add_member(LAYOUT_MEMBER, layout_member_bytes())
 
     # -- frames
-    def _compress(self, data) -> list:
-        """One frame's compressed bytes, as chunks; runs on whichever thread calls it."""
-        state = getattr(self._local, "state", None)
-        if state is None:
-            sink = _ChunkSink()
-            cctx = zstandard.ZstdCompressor(level=self._level, write_checksum=True, write_content_size=False)
-            state = self._local.state = (sink, cctx.stream_writer(sink, closefd=False, write_return_read=True))
-        sink, z = state
-        sink.chunks = []
-        z.write(data)
-        z.flush(zstandard.FLUSH_FRAME)
-        return sink.chunks
+    def _encode(self, data, member_data: bool) -> list:
+        """One frame's bytes, as chunks; runs on whichever thread calls it."""
+        encoder = getattr(self._local, "encoder", None)
+        if encoder is None:
+            encoder = self._local.encoder = FrameEncoder(self._level, self._min_saving)
+        return encoder.encode(data, probe=member_data)
 
     def _frame(self, data, keep=None, *, member_data: bool = False) -> None:
         size = len(data)
         if self._executor is None or size < self._INLINE_BYTES:
-            item = self._compress(data)
+            item = self._encode(data, member_data)
         else:
-            item = self._executor.submit(self._compress, data)
+            item = self._executor.submit(self._encode, data, member_data)
         self._queue.append((item, size, keep, member_data))
         self._nframes += 1
         self._pending += size
@@ -135,10 +135,8 @@ class ContainerWriter:
     def _write_oldest(self) -> None:
         item, size, _keep, member_data = self._queue.popleft()
         chunks = item.result() if isinstance(item, concurrent.futures.Future) else item
-        compressed = 0
-        for chunk in chunks:
-            self._out(chunk)
-            compressed += len(chunk)
+        self._out_all(chunks)
+        compressed = sum(map(len, chunks))
         self.frames.append((compressed, size))
         self._pending -= size
         if member_data and self._progress is not None:
@@ -247,16 +245,6 @@ class ContainerWriter:
 
 def _ready(item) -> bool:
     return not isinstance(item, concurrent.futures.Future) or item.done()
-
-
-class _ChunkSink:
-    """Collects what a zstd stream_writer emits for one frame (the writer thread writes it)."""
-
-    chunks: list
-
-    def write(self, data) -> int:
-        self.chunks.append(data)
-        return len(data)
 
 
 def _fileno(fileobj) -> int | None:

@@ -107,7 +107,23 @@ def absent():
     return gm, [AbsentTensor((2, 3), torch.float32), torch.ones(2, 3)]
 
 
-CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent}
+def stored():
+    """Large data frames: one that zstd cannot shrink (stored in raw blocks) and one it can.
+
+    The incompressible bytes are sha256 in counter mode: no random generator, the same bytes
+    everywhere. Both inputs fill one 320 KiB frame, above the size from which the writer
+    probes frames (format/frames.py).
+    """
+    import hashlib
+
+    n = 320 << 10
+    noise = b"".join(hashlib.sha256(i.to_bytes(8, "little")).digest() for i in range(n // 32))
+    noise_t = torch.frombuffer(bytearray(noise), dtype=torch.uint8)
+    ramp = torch.arange(n // 8, dtype=torch.int64) % 1000
+    return _graph(2, lambda g, xs: (xs[0], g.call_function(operator.add, (xs[1], 1)))), [noise_t, ramp]
+
+
+CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored}
 RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
                 "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager", "accuracy": None},

@@ -97,20 +97,29 @@ def test_seek_table_matches_frames(sample):
 def test_reading_one_input_reads_a_bounded_number_of_bytes(sample, monkeypatch):
     path, inputs = sample
     read = []
-    real_pread = os.pread
+    real_pread, real_preadv = os.pread, os.preadv
 
     def counting(fd, n, offset):
         data = real_pread(fd, n, offset)
         read.append(len(data))
         return data
 
+    def counting_v(fd, buffers, offset):
+        n = real_preadv(fd, buffers, offset)
+        read.append(n)
+        return n
+
     monkeypatch.setattr(os, "pread", counting)
+    monkeypatch.setattr(os, "preadv", counting_v)
     small = read_input(path, 1)
     assert torch.equal(small, inputs[1])
     assert sum(read) < 64 * 1024, f"reading a 80-byte input read {sum(read)} bytes"
     read.clear()
     assert torch.equal(read_input(path, "x4"), inputs[4])
     assert sum(read) < 64 * 1024
+    read.clear()
+    assert torch.equal(read_input(path, 0), inputs[0])  # ~3 MiB in stored frames: read once, no more
+    assert inputs[0].untyped_storage().nbytes() <= sum(read) < inputs[0].untyped_storage().nbytes() + 64 * 1024
 
 
 def test_blake3_digests(tmp_path):
