@@ -198,7 +198,8 @@ def minify_archive(
             if isolate:
                 from reproarchive.replay.isolation import WorkerPool
 
-                pool = WorkerPool(repro.environment, size=jobs,
+                # a crash kills the worker of every failing candidate: keep one warm in reserve
+                pool = WorkerPool(repro.environment, size=jobs, spares=1 if stage == "crash" else 0,
                                   warmup={"backend": chosen, "source_kind": (repro.source or {}).get("kind")})
                 fails = _isolated_predicate(repro, pool, workdir=Path(tmp), **options)
             else:

@@ -193,10 +193,13 @@ class WorkerPool:
     Workers start at once (their torch import overlaps with whatever the caller does next) and
     ``warmup`` -- ``{"backend": name}`` -- has each one compile a one-op graph with that backend
     first, so the compiler's own first-use cost is paid before the first candidate, too. A
-    worker that dies is replaced before its next use. Use as a context manager or call ``close``.
+    worker that dies is replaced at once, and the replacement joins the back of the queue:
+    with ``spares`` extra workers (for failures that are crashes, where every failing
+    candidate kills its worker) the next candidate goes to a worker that is already warm while
+    the replacement warms up. Use as a context manager or call ``close``.
     """
 
-    def __init__(self, environment: dict[str, Any] | None = None, *, size: int = 1,
+    def __init__(self, environment: dict[str, Any] | None = None, *, size: int = 1, spares: int = 0,
                  warmup: dict[str, Any] | None = None):
         self._env = _child_env(environment)
         self._warmup = warmup
@@ -205,7 +208,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self.size = max(1, int(size))
         self.started = 0
-        for _ in range(self.size):
+        for _ in range(self.size + max(0, int(spares))):
             self._idle.put(self._start())
 
     def _start(self) -> _Worker:
