@@ -83,20 +83,32 @@ only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--d
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="With --minify: the archive to write.")
 @click.option("--max-time", type=float, metavar="SECONDS",
               help="With --minify: stop after this long and keep the smallest failing graph so far.")
+@click.option("--strict-accuracy", is_flag=True,
+              help="With --minify: count every output that differs, bool masks and indices included, and "
+                   "look for the first op whose value diverges. Default: only floating outputs and "
+                   "gradients count (PyTorch's --accuracy), and the minifier looks for the op that makes "
+                   "the recorded outputs wrong.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), metavar="N",
+              help="With --minify --isolate: judge N candidates at once in N warm worker processes "
+                   "(default: the idle cores, 1 to 4).")
+@click.option("--shrink-inputs/--no-shrink-inputs", default=True, show_default=True,
+              help="With --minify: also shrink the smallest graph's inputs (halve shapes, narrow dtypes, "
+                   "zeros/ones where the values do not matter); the archive labels such inputs as not "
+                   "the original data.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar (loading) or progress line (--minify).")
 @click.pass_context
 def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
-            minify, output, max_time, quiet):
+            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, quiet):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
 
     ARCHIVE is a file or a store reference (STORE/NAME, e.g. s3://team/repros/resnet-3fa2b1c09d4e),
     which is pulled once into the cache ($REPROARCHIVE_CACHE, default ~/.cache/reproarchive).
 
     With --minify, shrink it instead: candidates are judged by replaying them (with --isolate,
-    each in a child process) and accepted only when they reproduce the recorded failure
-    signature. Every accepted step is written to -o at once, so Ctrl-C, --max-time or a crash
-    keeps the best graph found. Exit 0 when the minified archive is written, 3 when the archive
-    does not reproduce here.
+    in warm worker processes, --jobs at a time) and accepted only when they reproduce the
+    recorded failure signature. Every accepted step is written to -o at once, so Ctrl-C,
+    --max-time or a crash keeps the best graph found. Exit 0 when the minified archive is
+    written, 3 when the archive does not reproduce here.
     """
     import reproarchive
 
@@ -104,12 +116,12 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
         if reproarchive.is_store_reference(archive):
             with byte_bars(not (quiet or as_json)) as progress:
                 archive = str(reproarchive.fetch(archive, progress=progress))
-        _minify(archive, output, max_time=max_time, isolate=bool(isolate), device=device,
-                backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
-                as_json=as_json, quiet=quiet)
+        _minify(archive, output, max_time=max_time, isolate=isolate, jobs=jobs, device=device,
+                backend=backend, accuracy=accuracy, strict_accuracy=strict_accuracy, only_fwd=only_fwd,
+                current_config=current_config, tol=tol, shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet)
         return
-    if output or max_time is not None:
-        raise click.UsageError("-o/--output and --max-time only apply with --minify")
+    if output or max_time is not None or strict_accuracy or jobs is not None:
+        raise click.UsageError("-o/--output, --max-time, --strict-accuracy and --jobs only apply with --minify")
     with byte_bars(not (quiet or as_json)) as progress:
         outcome = reproarchive.run(archive, device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
                                    isolate=isolate, current_config=current_config, tol=tol, progress=progress)
@@ -139,9 +151,33 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
         f"{report.status}: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> {s['final_inputs']} inputs; "
         f"{s['calls']} candidates replayed, {s['cache_hits']} cache hits, {s['wall_s']:.1f}s ({s['stop_reason']})"
     )
+    changed = [e for e in s.get("inputs") or [] if not e.get("real")]
+    if changed:
+        click.echo("inputs that are not the original data:")
+        for name, entry in zip(_placeholder_names(report.code), s["inputs"]):
+            if entry.get("real"):
+                continue
+            what = [entry.get("values", "?")]
+            if entry.get("shape"):
+                what.append(f"shape {entry['shape']['recorded']} -> {entry['shape']['now']}")
+            if entry.get("dtype"):
+                what.append(f"dtype {entry['dtype']['recorded']} -> {entry['dtype']['now']}")
+            if entry.get("from_absent"):
+                what.append("computed from generated data (the original archive had none)")
+            click.echo(f"  {name or entry.get('origin')}: {', '.join(what)}")
     click.echo(f"wrote {report.output} (minified from {report.parent[:19]}...); replay it with: reproarchive run {report.output}")
     if s["stop_reason"] == "interrupted":
         raise SystemExit(130)
+
+
+def _placeholder_names(code: str) -> list[str]:
+    """The forward's parameter names, in order (readable_code prints ``def forward(self, a, b):``)."""
+    for line in code.splitlines():
+        line = line.strip()
+        if line.startswith("def forward(self"):
+            inside = line[line.index("(") + 1: line.rindex(")")]
+            return [p.split(":")[0].strip() for p in inside.split(",")[1:] if p.strip()]
+    return []
 
 
 def _describe(record) -> str:

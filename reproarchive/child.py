@@ -97,13 +97,17 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
             return reply.get("result"), None
         started = _read_json(folder / "started.json")
         tail = log_path.read_text(errors="replace")[-_STDERR_TAIL:]
+    return None, _died(code, tail, started)
+
+
+def _died(code: int, log_tail: str, started: Any) -> Died:
     name = None
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-    return None, Died(code, name, tail, started)
+    return Died(code, name, log_tail[-_STDERR_TAIL:], started)
 
 
 def _read_json(path: Path) -> Any:
@@ -129,11 +133,14 @@ def _write_json(path: Path, data: Any) -> None:
 
 def child_main(handler: Callable[..., Any], *, unexpected: type = errors.ReproArchiveError,
                unexpected_what: str = "the child process failed") -> int:
-    """The child's side: ``handler(request, started=..., event=...)`` returns the result.
+    """The child's side: ``handler(request, started=..., event=...)`` returns the result; with
+    ``--serve`` (a ``Worker``), once per request line until the parent closes the pipe.
 
     An unexpected exception is reported as one line of class ``unexpected``; its traceback
     goes to the log (the parent shows it with --debug).
     """
+    if sys.argv[1:2] == ["--serve"]:
+        return _serve(handler, sys.argv[2], sys.argv[3], unexpected, unexpected_what)
     folder = Path(sys.argv[1])
     event_out = os.fdopen(os.dup(1), "w", buffering=1)  # events on the original stdout ...
     os.dup2(2, 1)  # ... everything else the child or torch prints goes to the log
@@ -148,13 +155,117 @@ def child_main(handler: Callable[..., Any], *, unexpected: type = errors.ReproAr
     try:
         request = json.loads((folder / "request.json").read_text())
         reply: dict[str, Any] = {"result": handler(request, started=started, event=event)}
-    except errors.ReproArchiveError as err:
-        traceback.print_exc()
-        reply = {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}}
-    except BaseException as err:  # one line for the parent; the log has the traceback
-        traceback.print_exc()
-        first = (str(err).strip().splitlines() or [""])[0][:200]
-        reply = {"error": {"class": unexpected.__name__, "what": f"{unexpected_what}: {type(err).__name__}: {first}",
-                           "hint": "rerun with --debug to see the child's log"}}
+    except BaseException as err:
+        reply = _error_reply(err, unexpected, unexpected_what)
     _write_json(folder / "result.json", reply)
+    return 0
+
+
+def _error_reply(err: BaseException, unexpected: type, unexpected_what: str) -> dict[str, Any]:
+    """One line for the parent; the traceback goes to the log (the parent shows it with --debug)."""
+    traceback.print_exc()
+    if isinstance(err, errors.ReproArchiveError):
+        return {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}}
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    return {"error": {"class": unexpected.__name__, "what": f"{unexpected_what}: {type(err).__name__}: {first}",
+                      "hint": "rerun with --debug to see the child's log"}}
+
+
+# --------------------------------------------------------------------------------------------
+# Warm workers: the same protocol, one child serving many requests
+
+
+class Worker:
+    """A child that stays alive between requests (``python -m module --serve``), for callers
+    that send many requests of one kind, such as the minifier replaying candidates: the torch
+    import and a compiler's first-use setup are paid once instead of per request.
+
+    Requests go down one pipe as JSON lines and replies come up another, as ``{"started"}``,
+    ``{"result"}`` or ``{"error"}`` lines with the meaning they have in ``run_child``; stdout and
+    stderr go to a log whose tail is what a ``Died`` reports. ``request`` is not thread-safe:
+    one request at a time per worker.
+    """
+
+    def __init__(self, module: str, *, env: dict[str, str]):
+        env = dict(env, PYTHONPATH=python_path())
+        env.setdefault("PYTHONFAULTHANDLER", "1")
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        self._log = tempfile.TemporaryFile(prefix="reproarchive-worker-")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-X", "faulthandler", "-m", module, "--serve", str(req_r), str(res_w)],
+                env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, pass_fds=(req_r, res_w),
+                start_new_session=True,  # Ctrl-C reaches the parent only; it ends the workers
+            )
+        finally:
+            os.close(req_r)
+            os.close(res_w)
+        self._requests = os.fdopen(req_w, "w", encoding="utf-8")
+        self._replies = os.fdopen(res_r, "r", encoding="utf-8")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, request: Any) -> None:
+        """A request whose reply nobody waits for (a warm-up)."""
+        self._requests.write(json.dumps({"request": request, "reply": False}, default=str) + "\n")
+        self._requests.flush()
+
+    def request(self, request: Any) -> tuple[Any, Died | None]:
+        """(the handler's result, None) or (None, how the worker died); errors re-raised."""
+        start = os.fstat(self._log.fileno()).st_size
+        started = None
+        try:
+            self._requests.write(json.dumps({"request": request, "reply": True}, default=str) + "\n")
+            self._requests.flush()
+            for line in self._replies:
+                reply = json.loads(line)
+                if "started" in reply:
+                    started = reply["started"]
+                elif "error" in reply:
+                    raise error_from(reply["error"])
+                elif "result" in reply:
+                    return reply["result"], None
+        except (BrokenPipeError, ValueError):
+            pass
+        code = self.proc.wait()
+        self._log.seek(start)
+        return None, _died(code, self._log.read().decode("utf-8", "replace"), started)
+
+    def close(self) -> None:
+        for stream in (self._requests, self._replies):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        if self.alive:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _serve(handler: Callable[..., Any], request_fd: str, reply_fd: str, unexpected: type, unexpected_what: str) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    requests = os.fdopen(int(request_fd), "r", encoding="utf-8")
+    replies = os.fdopen(int(reply_fd), "w", encoding="utf-8")
+
+    def send(message: dict[str, Any]) -> None:
+        replies.write(json.dumps(message, default=str) + "\n")
+        replies.flush()
+
+    for line in requests:
+        message = json.loads(line)
+        try:
+            reply: dict[str, Any] = {"result": handler(message["request"], started=lambda facts: send({"started": facts}),
+                                                       event=lambda text: None)}
+        except BaseException as err:
+            reply = _error_reply(err, unexpected, unexpected_what)
+        if message.get("reply", True):
+            send(reply)
     return 0

@@ -591,6 +591,37 @@ class PassRecord:
     successes: int = 0
 
 
+@open_record
+class ShapeChange:
+    recorded: tuple[int, ...] = ()
+    now: tuple[int, ...] = ()
+
+
+@open_record
+class DtypeChange:
+    recorded: str = ""
+    now: str = ""
+
+
+@open_record
+class InputProvenance:
+    """(1.1) Where one input of a minified archive came from, and whether it is original data.
+
+    ``origin`` is ``input:<i>`` or ``node:<name>`` of the parent; ``depends_on`` the parent's
+    inputs it was computed from; ``values`` what input moves did (``recorded``, ``cropped``,
+    ``cast``, ``zeros``, ``ones``, joined by ``+``); ``from_absent`` whether it was computed from
+    data the parent did not have. ``real`` sums these up: the values are (a block of) the
+    original data. It defaults to False, so a writer that did not say is never read as real."""
+
+    origin: str | None = _omit_none()
+    depends_on: tuple[int, ...] = ()
+    values: str = "recorded"
+    shape: ShapeChange | None = _omit_none()
+    dtype: DtypeChange | None = _omit_none()
+    from_absent: bool = False
+    real: bool = False
+
+
 MinifyRecord = informative(
     "MinifyRecord",
     "Provenance of a minified archive: what the minifier did, and where each input came from "
@@ -598,6 +629,8 @@ MinifyRecord = informative(
     calls=int, cache_hits=int, accepted=int, oracle_errors=int, initial_ops=int, final_ops=int, initial_nodes=int,
     final_nodes=int, initial_inputs=int, final_inputs=int, rounds=int, elapsed_s=float, stop_reason=str,
     passes=dict[str, PassRecord], wall_s=float, isolate=bool, input_origins=tuple[str, ...],
+    initial_input_bytes=int, final_input_bytes=int, jobs=int, order=tuple[str, ...],
+    inputs=tuple[InputProvenance, ...], accuracy_mode=str, workers_started=int,
 )
 
 

@@ -37,6 +37,9 @@ from torch.fx.node import map_arg
 from reproarchive.errors import EagerRunError
 from reproarchive.format.schema import COMPUTE_OPS
 
+from . import inputs as _inputs
+from .inputs import IDENTITY, Transform
+
 _SCALARS = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -193,18 +196,26 @@ class _RecordingInterpreter(fx.Interpreter):
 
 @dataclass(frozen=True)
 class Candidate:
-    """One graph in normal form: which original nodes it computes, reads as inputs, and outputs."""
+    """One graph in normal form: which original nodes it computes, reads as inputs, and outputs,
+    and how its inputs differ from the recorded values (input moves)."""
 
     live: tuple[int, ...]          # original op-node indices computed, in topological order
     outputs: tuple[int, ...]       # original indices whose values the graph returns
     inputs: tuple[int, ...]        # original indices whose (recorded or given) values are inputs
     redirects: tuple[tuple[int, int], ...]  # (bypassed node, node read instead) among live edges
     key: Any = field(compare=False, repr=False)
+    xforms: tuple[tuple[int, Transform], ...] = ()  # (input index, transform), identity omitted
+    input_cost: tuple[int, int] = (0, 0)  # (bytes of tensor inputs, recorded-data weight)
 
     @property
-    def size(self) -> tuple[int, int, int]:
-        """Order in which candidates count as smaller: op nodes, then inputs, then outputs."""
-        return (len(self.live), len(self.inputs), len(self.outputs))
+    def size(self) -> tuple[int, ...]:
+        """Order in which candidates count as smaller: op nodes, inputs, outputs, then input
+        bytes, then how much recorded data the inputs hold (zeros < ones < recorded)."""
+        return (len(self.live), len(self.inputs), len(self.outputs)) + self.input_cost
+
+    @property
+    def transforms(self) -> dict[int, Transform]:
+        return dict(self.xforms)
 
 
 class Recording:
@@ -274,16 +285,19 @@ class Recording:
         if output_node.op == "output":
             map_arg(output_node.args, lambda a: flat.append(self.index[a]) or a)
         self.original_outputs = tuple(i for i in dict.fromkeys(flat) if self.is_op[i])
+        costs = [_inputs.cost(v, IDENTITY) for v in self.example_inputs]
         self.original_size = (
-            len(self.ops), len(placeholders), len(flat),
+            len(self.ops), len(placeholders), len(flat), sum(c[0] for c in costs), sum(c[1] for c in costs),
         )
 
     # -- normal form -------------------------------------------------------------------------
 
     def normalise(self, keep: Sequence[int] | frozenset[int], subst: dict[int, int] | None = None,
-                  outputs: Sequence[int] | None = None) -> Candidate:
-        """The candidate that keeps ``keep`` (minus bypassed nodes), closed under the rules above."""
+                  outputs: Sequence[int] | None = None, xforms: dict[int, Transform] | None = None) -> Candidate:
+        """The candidate that keeps ``keep`` (minus bypassed nodes), closed under the rules above;
+        ``xforms`` transforms inputs (kept only for nodes that are still inputs)."""
         subst = subst or {}
+        xforms = xforms or {}
 
         def res(i: int) -> int:
             while i in subst:
@@ -366,8 +380,13 @@ class Recording:
                     ins.add(r)
         ins_t = tuple(sorted(ins))
         redirects_t = tuple(sorted(set(redirects)))
-        key = (order, outs_t, redirects_t, ins_t, tuple(self.meta_key[i] for i in ins_t))
-        return Candidate(order, outs_t, ins_t, redirects_t, key)
+        xf = tuple((i, xforms[i]) for i in ins_t if xforms.get(i, IDENTITY) != IDENTITY)
+        tx = dict(xf)
+        metas = tuple(self.meta_key[i] if i not in tx else _inputs.meta(self.value[i], tx[i]) for i in ins_t)
+        costs = [_inputs.cost(self.value[i], tx.get(i, IDENTITY)) for i in ins_t]
+        key = (order, outs_t, redirects_t, ins_t, metas)
+        return Candidate(order, outs_t, ins_t, redirects_t, key, xf,
+                         (sum(c[0] for c in costs), sum(c[1] for c in costs)))
 
     def start(self) -> Candidate:
         """The original graph in normal form (same outputs, no dead code, no unused inputs)."""
@@ -380,9 +399,34 @@ class Recording:
         return [f"input:{self.input_position[i]}" if i in self.input_position else f"node:{self.nodes[i].name}"
                 for i in cand.inputs]
 
+    def input_provenance(self, cand: Candidate) -> list[dict[str, Any]]:
+        """Per input of ``cand``: its origin, the original inputs its value was computed from
+        (``depends_on``, positions in ``example_inputs``), and how an input move changed it
+        (``values``: recorded, cropped, cast, zeros or ones; ``shape``/``dtype`` from -> to)."""
+        tx = cand.transforms
+        origins = self.input_origins(cand)
+        return [{"origin": origin, "depends_on": self.depends_on(i),
+                 **_inputs.label(self.value[i], tx.get(i, IDENTITY))}
+                for origin, i in zip(origins, cand.inputs)]
+
+    def depends_on(self, i: int) -> list[int]:
+        """Positions of the original inputs whose values node ``i``'s recorded value depends on."""
+        seen, stack, found = set(), [i], set()
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in self.input_position:
+                found.add(self.input_position[v])
+            stack.extend(self.args[v])
+        return sorted(found)
+
     def build(self, cand: Candidate) -> tuple[fx.GraphModule, list[Any]]:
-        """The GraphModule and the input values (the caller's own objects, not copies)."""
+        """The GraphModule and the input values (the caller's own objects, not copies, except
+        transformed inputs, which are new tensors)."""
         subst = dict(cand.redirects)
+        tx = cand.transforms
         graph = fx.Graph()
         env: dict[int, fx.Node] = {}
         inputs: list[Any] = []
@@ -391,7 +435,13 @@ class Recording:
             ph = graph.placeholder(src.name, type_expr=src.type if src.op == "placeholder" else None)
             ph.meta = dict(src.meta)
             env[i] = ph
-            inputs.append(self.value[i])
+            if i in tx:
+                # the recorded meta describes the recorded value, not this one
+                ph.meta.pop("val", None)
+                ph.meta.pop("tensor_meta", None)
+                inputs.append(_inputs.apply(self.value[i], tx[i]))
+            else:
+                inputs.append(self.value[i])
 
         def lookup(a: fx.Node) -> fx.Node:
             i = self.index[a]

@@ -7,12 +7,27 @@ never "it raised something", so the search cannot drift to a different, smaller 
 
 Every accepted step is written to the output archive (atomically), so a crash or Ctrl-C loses
 nothing; the final write adds the statistics. With ``isolate`` every candidate is replayed in a
-child process, so a compiler that segfaults on some candidate cannot take the minifier down.
+warm worker process (``replay.isolation.WorkerPool``), so a compiler that segfaults on some
+candidate cannot take the minifier down, and ``jobs`` workers judge candidates concurrently.
+
+Accuracy modes, as PyTorch's minifier has them: by default only floating outputs (and
+gradients) are compared and the search cuts from the inputs, keeping the recorded outputs --
+it ends at the op that makes the *outputs* wrong; ``strict_accuracy`` also requires
+non-floating outputs (bool masks, indices) to be equal and truncates from the outputs -- it
+ends at the *first* op whose value diverges at all.
+
+What the minified archive says about its inputs (``minify.inputs``, one entry per input): the
+origin (an input of the original archive, or the recorded eager value of one of its nodes),
+the original inputs it was computed from, what an input move did to it (``values``:
+``recorded``, ``cropped``, ``cast``, ``zeros``, ``ones``), whether it was computed from data
+the original archive did not have (``from_absent``) and, summing up, ``real``: whether the
+values are (a block of) the original data. Only this module reads archive records.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import tempfile
 import time
@@ -41,38 +56,43 @@ class MinifyReport:
         return dataclasses.asdict(self)
 
 
-def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, device, current_config: bool, tol):
+def _replay_options(repro: Repro, **options) -> dict[str, Any]:
+    """The replay settings every candidate is judged with (recorded records + user choices)."""
+    return dict(recorded_failure=repro.failure, config=repro.config, environment=repro.environment,
+                source_kind=repro.graph_kind, **options)
+
+
+def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, current_config: bool, tol,
+                      strict_accuracy: bool):
     from reproarchive.replay.outcome import REPRODUCED
     from reproarchive.replay.runner import replay_graph
+
+    settings = _replay_options(repro, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
+                               current_config=current_config, tol=tol, strict_accuracy=strict_accuracy)
 
     def fails(gm, inputs) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outcome = replay_graph(
-                gm, list(inputs), backend=backend, recorded_failure=repro.failure, accuracy=accuracy,
-                only_fwd=only_fwd, config=repro.config, environment=repro.environment, system=None,
-                current_config=current_config, source_kind=repro.graph_kind, tol=tol,
-                report_differences=False,
-            )
+            outcome = replay_graph(gm, list(inputs), system=None, report_differences=False, **settings)
         return outcome.status == REPRODUCED
 
     return fails
 
 
-def _isolated_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, device, current_config: bool, tol, workdir: Path):
-    from reproarchive.replay.isolation import run_in_child
+def _isolated_predicate(repro: Repro, pool, *, backend: str, accuracy: bool, only_fwd: bool, current_config: bool,
+                        tol, strict_accuracy: bool, workdir: Path):
+    """Thread-safe: each call writes its own candidate archive and waits for a free worker."""
     from reproarchive.replay.outcome import REPRODUCED
 
-    counter = [0]
+    counter = itertools.count(1)
 
     def fails(gm, inputs) -> bool:
-        counter[0] += 1
-        candidate = workdir / f"candidate-{counter[0]}.tar.zst"
+        candidate = workdir / f"candidate-{next(counter)}.tar.zst"
         _write(candidate, repro, gm, inputs, stats=None)
         try:
             # the candidate holds already-mapped inputs and graph: map nothing again
-            outcome = run_in_child(candidate, environment=repro.environment, device=None, backend=backend,
-                                   accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol)
+            outcome = pool.run(candidate, device=None, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
+                               current_config=current_config, tol=tol, strict_accuracy=strict_accuracy)
         finally:
             candidate.unlink(missing_ok=True)
         return outcome.status == REPRODUCED
@@ -89,21 +109,66 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     )
 
 
+def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
+    """``stats`` with each input's provenance completed by what the archive knows: whether its
+    value was computed from inputs the original archive had no data for (``from_absent``), and
+    ``real``: the values are (a block of) the original data.
+
+    An input of the parent counts as generated when it is absent, and also when the parent is
+    itself a minified archive that labelled it not real (zeros, a cast, a value computed from
+    absent data): its bytes are stored as real, but they are not the original data, and a second
+    minify must not launder them into it."""
+    from reproarchive.codec.tensors import FIDELITY_ABSENT
+
+    fidelity = list(repro.fidelity or [])
+    parent_inputs = repro.minify.inputs if repro.minify is not None and repro.minify.inputs else None
+    generated = {k for k, f in enumerate(fidelity) if f == FIDELITY_ABSENT}
+    if parent_inputs is not None:
+        generated |= {k for k, p in enumerate(parent_inputs) if not p.real}
+    inputs = []
+    for entry in stats.get("inputs") or []:
+        entry = dict(entry)
+        absent = any(k in generated for k in entry.get("depends_on", []))
+        entry["from_absent"] = absent
+        entry["real"] = not absent and entry.get("values") in ("recorded", "cropped")
+        inputs.append(entry)
+    return {**stats, "inputs": inputs}
+
+
+def auto_jobs() -> int:
+    """Workers for an isolated minify: the cores nobody else is using (at least one, at most 4)."""
+    cores = os.cpu_count() or 1
+    try:
+        busy = int(os.getloadavg()[0] + 0.5)
+    except OSError:
+        busy = 0
+    return max(1, min(4, cores - busy))
+
+
 def minify_archive(
     path: str | os.PathLike,
     output: str | os.PathLike,
     *,
     max_time: float | None = None,
-    isolate: bool = False,
+    isolate: bool | None = None,
+    jobs: int | None = None,
     device=None,
     backend: str | None = None,
     accuracy: bool | None = None,
+    strict_accuracy: bool = False,
     only_fwd: bool = False,
     current_config: bool = False,
     tol: float | None = None,
+    shrink_inputs: bool = True,
     progress: Callable[[Any], None] | None = None,
 ) -> MinifyReport:
-    """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``."""
+    """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``.
+
+    ``isolate`` (default: only when the recorded failure is a crash) judges candidates in warm
+    worker processes, ``jobs`` of them at once (default ``auto_jobs()``; in-process judging is
+    always one at a time). ``strict_accuracy``: see the module docstring. ``shrink_inputs``
+    also shrinks the smallest graph's inputs (shapes, dtypes, zeros/ones), labelled as such.
+    """
     from reproarchive.codec.graphs import readable_code
     from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 
@@ -113,39 +178,67 @@ def minify_archive(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         repro = load(path, device=device)
-    if repro.failure is None or repro.failure.stage == "unknown":
+    stage = repro.failure.stage if repro.failure is not None else None
+    if stage in (None, "unknown"):
         raise ReproArchiveError(
             "the archive records no failure signature to minify against",
             "replay it first (`reproarchive pack` without --no-replay records one)",
         )
     from reproarchive.replay.backends import choose_backend
 
+    if isolate is None:
+        isolate = stage == "crash"  # a crash replayed in this process would end it
+    jobs = (auto_jobs() if jobs is None else max(1, int(jobs))) if isolate else 1
     chosen = choose_backend(backend, repro.backend)
-    options = dict(backend=chosen, accuracy=bool(repro.accuracy) if accuracy is None else accuracy,
-                   only_fwd=only_fwd, device=device, current_config=current_config, tol=tol)
+    judge_accuracy = bool(repro.accuracy) if accuracy is None else accuracy
+    options = dict(backend=chosen, accuracy=judge_accuracy, only_fwd=only_fwd, current_config=current_config,
+                   tol=tol, strict_accuracy=strict_accuracy)
+    localize = "truncate" if judge_accuracy and strict_accuracy else "auto"
     started = time.monotonic()
+    pool = None
     with tempfile.TemporaryDirectory(prefix="reproarchive-minify-") as tmp:
-        fails = _isolated_predicate(repro, workdir=Path(tmp), **options) if isolate else _replay_predicate(repro, **options)
-
-        def checkpoint(gm, inputs, stats) -> None:
-            _write(output, repro, gm, inputs, stats={**stats.as_dict(), "stop_reason": "checkpoint"})
-
         try:
-            result = minify_with_stats(repro.gm, repro.args, fails, max_time=max_time, progress=progress, on_accept=checkpoint)
-        except NotFailingError:
-            raise NotReproducedError(
-                f"{path} does not reproduce its recorded failure here, so it cannot be minified",
-                "run `reproarchive run` on it to see what happens instead",
-            ) from None
-        except EagerRunError as exc:
-            raise NotReproducedError(
-                f"the archived graph does not run in eager mode on its inputs ({str(exc)[:160]})",
-                "the failure is not the compiler's; `reproarchive run --backend eager` shows it",
-            ) from None
+            if isolate:
+                from reproarchive.replay.isolation import WorkerPool
+
+                # a crash kills the worker of every failing candidate: keep one warm in reserve
+                pool = WorkerPool(repro.environment, size=jobs, spares=1 if stage == "crash" else 0,
+                                  warmup={"backend": chosen, "source_kind": repro.graph_kind})
+                fails = _isolated_predicate(repro, pool, workdir=Path(tmp), **options)
+            else:
+                fails = _replay_predicate(repro, **options)
+
+            def checkpoint(gm, inputs, stats) -> None:
+                _write(output, repro, gm, inputs, stats=_labelled({**stats.as_dict(), "stop_reason": "checkpoint"}, repro))
+
+            try:
+                result = minify_with_stats(repro.gm, repro.args, fails, max_time=max_time, progress=progress,
+                                           on_accept=checkpoint, localize=localize, shrink_inputs=shrink_inputs,
+                                           jobs=jobs)
+            except NotFailingError:
+                hint = "run `reproarchive run` on it to see what happens instead"
+                if judge_accuracy and not strict_accuracy and stage == "accuracy" and \
+                        _replay_predicate(repro, **{**options, "strict_accuracy": True})(repro.gm, list(repro.args)):
+                    hint = ("only non-floating outputs (bool masks, indices) differ here; "
+                            "minify with --strict-accuracy to count them")
+                raise NotReproducedError(
+                    f"{path} does not reproduce its recorded failure here, so it cannot be minified", hint,
+                ) from None
+            except EagerRunError as exc:
+                raise NotReproducedError(
+                    f"the archived graph does not run in eager mode on its inputs ({str(exc)[:160]})",
+                    "the failure is not the compiler's; `reproarchive run --backend eager` shows it",
+                ) from None
+        finally:
+            if pool is not None:
+                pool.close()
     stats = result.stats.as_dict()
     stats["wall_s"] = round(time.monotonic() - started, 3)
     stats["isolate"] = isolate
+    stats["accuracy_mode"] = ("strict" if strict_accuracy else "default") if judge_accuracy else None
+    stats["workers_started"] = pool.started if pool is not None else 0
     stats["input_origins"] = result.input_origins
+    stats = _labelled(stats, repro)
     _write(output, repro, result.gm, result.inputs, stats=stats)
     changed = result.stats.accepted > 0
     return MinifyReport(
@@ -153,3 +246,4 @@ def minify_archive(
         status="minified" if changed else "unchanged", stats=stats,
         code=readable_code(result.gm), input_origins=result.input_origins,
     )
+

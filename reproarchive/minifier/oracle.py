@@ -13,13 +13,18 @@ Decisions (documented in the package docstring too):
   stop the search; the best candidate judged failing so far is returned.
 * every call gets fresh copies of the inputs, so a candidate (or ``fails``) that writes into its
   inputs cannot change what later candidates see.
+* with ``jobs > 1`` a pass may hand several candidates at once (``judge_many``); they are judged
+  concurrently (``fails`` must then be thread-safe: the isolated predicate, whose work happens in
+  worker processes, is). Every judged candidate counts as a call, speculative ones included.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch.fx as fx
 
@@ -52,10 +57,17 @@ class MinifyStats:
     final_nodes: int = 0
     initial_inputs: int = 0
     final_inputs: int = 0
+    initial_input_bytes: int = 0   # bytes of tensor inputs
+    final_input_bytes: int = 0
     rounds: int = 0                # fixpoint rounds over the pass list
+    jobs: int = 1                  # candidates judged at once
     elapsed_s: float = 0.0
     stop_reason: str = "running"   # fixpoint | max_time | interrupted
     passes: dict[str, PassStats] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # passes in the order they last ran
+    # provenance of the best graph's inputs (``Recording.input_provenance``): every checkpoint
+    # written from ``on_accept`` says which of its inputs are synthetic
+    inputs: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,7 +90,7 @@ class Oracle:
     def __init__(self, rec: Recording, fails: Callable[[fx.GraphModule, list], Any], *,
                  max_time: float | None, progress: Callable[[Progress], Any] | None,
                  on_accept: Callable[[fx.GraphModule, list, MinifyStats], Any] | None,
-                 stats: MinifyStats):
+                 stats: MinifyStats, jobs: int = 1):
         self.rec = rec
         self.fails = fails
         self.started = time.monotonic()
@@ -89,7 +101,10 @@ class Oracle:
         self.memo: dict[Any, bool] = {}
         self.pass_name = "sanity"
         self.best: Candidate | None = None   # None: the caller's own graph is still the best
-        self.best_size: tuple[int, int, int] = rec.original_size
+        self.best_size: tuple[int, ...] = rec.original_size
+        self.jobs = max(1, int(jobs))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def _pass(self) -> PassStats:
         return self.stats.passes.setdefault(self.pass_name, PassStats())
@@ -97,34 +112,73 @@ class Oracle:
     def call(self, gm: fx.GraphModule, inputs: list) -> bool:
         if self.deadline is not None and time.monotonic() > self.deadline and self.stats.calls > 0:
             raise BudgetExhausted()
-        self.stats.calls += 1
-        self._pass().calls += 1
+        with self._lock:  # may run on pool threads
+            self.stats.calls += 1
+            self._pass().calls += 1
         try:
             return bool(self.fails(gm, [fresh_copy(x) for x in inputs]))
         except Exception:
-            self.stats.oracle_errors += 1
+            with self._lock:
+                self.stats.oracle_errors += 1
             return False
 
     def judge(self, cand: Candidate) -> bool:
         """Does ``cand`` still fail? Adopts it as the best result when it does and is smaller."""
+        return self.judge_many([cand])[0]
+
+    def judge_many(self, cands: Sequence[Candidate]) -> list[bool]:
+        """Judge several candidates, concurrently up to ``jobs``; results in the given order.
+
+        Memo hits cost nothing; the others are built here and their ``fails`` calls run on a
+        thread pool. Afterwards every failing candidate smaller than the best is adopted (the
+        smallest wins), in the order given, so ``on_accept`` sees each improvement.
+        """
         ps = self._pass()
-        ps.tries += 1
-        hit = cand.key in self.memo
-        if hit:
-            failed = self.memo[cand.key]
-            self.stats.cache_hits += 1
-            ps.cache_hits += 1
+        results: list[bool | None] = [None] * len(cands)
+        todo: dict[Any, list[int]] = {}
+        for k, cand in enumerate(cands):
+            ps.tries += 1
+            if cand.key in self.memo:
+                results[k] = self.memo[cand.key]
+                self.stats.cache_hits += 1
+                ps.cache_hits += 1
+            else:
+                todo.setdefault(cand.key, []).append(k)
+        built = {key: self.rec.build(cands[ks[0]]) for key, ks in todo.items()}
+        if len(built) > 1 and self.jobs > 1:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.jobs, thread_name_prefix="reproarchive-minify")
+            futures = {key: self._pool.submit(self.call, *built[key]) for key in built}
+            answers = {}
+            try:
+                for key, fut in futures.items():
+                    answers[key] = fut.result()
+            except BaseException:
+                for fut in futures.values():
+                    fut.cancel()
+                raise
         else:
-            gm, inputs = self.rec.build(cand)
-            failed = self.call(gm, inputs)
-            self.memo[cand.key] = failed
-            if failed and cand.size < self.best_size:
+            answers = {key: self.call(*built[key]) for key in built}
+        for key, failed in answers.items():
+            self.memo[key] = failed
+            for k in todo[key]:
+                results[k] = failed
+        for k, cand in enumerate(cands):
+            failed = bool(results[k])
+            if cand.key in answers and failed and cand.size < self.best_size:
                 self.best, self.best_size = cand, cand.size
                 self.stats.accepted += 1
+                self.stats.inputs = self.rec.input_provenance(cand)
                 ps.successes += 1
                 if self.on_accept is not None:
+                    gm, inputs = built[cand.key]
                     self.on_accept(gm, list(inputs), self.stats)
-        if self.progress is not None:
-            self.progress(Progress(self.stats.calls, self.stats.cache_hits, len(cand.live), self.best_size[0],
-                                   self.pass_name, time.monotonic() - self.started, failed))
-        return failed
+            if self.progress is not None:
+                self.progress(Progress(self.stats.calls, self.stats.cache_hits, len(cand.live), self.best_size[0],
+                                       self.pass_name, time.monotonic() - self.started, failed))
+        return [bool(r) for r in results]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

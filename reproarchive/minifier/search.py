@@ -4,10 +4,16 @@ Structured like Hypothesis' shrinker: independent passes, one memoised oracle, p
 statistics. The loop never restarts a pass at its coarsest granularity after a success (the
 passes continue where they are), and because every judged candidate is memoised, re-running a
 pass in a later round only pays for candidates that the previous round made possible.
+
+Pass order: the localisation pass chosen by ``localize`` opens round one; from round two on the
+node passes run in the order of their measured success rate in this run (successes per oracle
+call), so a pass that keeps paying off is tried first and one that never did is tried last.
+Input moves (``shrink_inputs``) run once the node passes reach their fixpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -15,11 +21,11 @@ from typing import Any, Callable, Sequence
 import torch.fx as fx
 
 from reproarchive.codec.graphs import op_count
-from reproarchive.errors import NotFailingError
+from reproarchive.errors import BudgetExhausted, NotFailingError
 
 from .candidate import Recording
-from .oracle import BudgetExhausted, MinifyStats, Oracle, Progress
-from .passes import PASSES, Shrinker, prune
+from .oracle import MinifyStats, Oracle, Progress
+from .passes import INPUT_PASSES, LOCALIZE, NODE_PASSES, Shrinker, choose_localize, prune
 
 
 @dataclass
@@ -28,16 +34,32 @@ class MinifyResult:
 
     ``inputs`` holds the caller's own objects for original inputs and private copies (detached,
     same strides) of the intermediate values that became inputs, in placeholder order;
-    ``input_origins`` says which is which (an archive stores the latter as real tensors).
+    ``input_origins`` says which is which. ``input_provenance`` adds, per input, the original
+    inputs its value was computed from and what an input move did to it (``values``:
+    ``recorded``, ``cropped``, ``cast``, ``zeros``, ``ones``): whoever stores the result must
+    keep that label, because only ``recorded`` (and ``cropped``) values are the real data.
     """
 
     gm: fx.GraphModule
     inputs: list
     stats: MinifyStats
     input_origins: list[str]  # per input: "input:<position in example_inputs>" or "node:<original node name>"
+    input_provenance: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __iter__(self):  # ``gm, inputs = minify_with_stats(...)`` reads like ``minify``
         return iter((self.gm, self.inputs))
+
+
+def _ordered(names: list[str], stats: MinifyStats, first_round: bool) -> list[str]:
+    """Round one: as given. Later rounds: by measured successes per call (ties keep the order)."""
+    if first_round:
+        return list(names)
+
+    def rate(name: str) -> float:
+        p = stats.passes.get(name)
+        return 0.0 if p is None or p.calls == 0 else p.successes / p.calls
+
+    return sorted(names, key=lambda n: (-rate(n), names.index(n)))
 
 
 def minify_with_stats(
@@ -49,6 +71,9 @@ def minify_with_stats(
     progress: Callable[[Progress], Any] | None = None,
     on_accept: Callable[[fx.GraphModule, list, MinifyStats], Any] | None = None,
     max_rounds: int = 20,
+    localize: str = "auto",
+    shrink_inputs: bool = False,
+    jobs: int = 1,
 ) -> MinifyResult:
     """Shrink ``gm`` while ``fails(candidate_gm, candidate_inputs)`` stays True.
 
@@ -57,45 +82,74 @@ def minify_with_stats(
     checkpoint there. ``max_time`` (seconds) and ``KeyboardInterrupt`` stop the search and return
     the best graph so far; ``stats.stop_reason`` says which. The input graph itself is checked
     first (one call) and ``NotFailingError`` is raised if it does not fail.
+
+    ``localize``: ``"cut"`` opens with cutting prefixes into inputs, keeping the original
+    outputs -- it finds the op that makes the recorded outputs wrong; ``"truncate"`` opens with
+    truncation and finds the first op whose value diverges at all (strict accuracy); ``"cone"``
+    opens by moving a single output upstream, which a judge comparing gradients (averaged over
+    all outputs into one loss) sees best; ``"auto"`` (default) is ``cone`` when an example input
+    requires grad and ``cut`` otherwise. ``shrink_inputs``
+    also shrinks the inputs of the smallest graph (shapes, dtypes, zeros/ones; see
+    ``MinifyResult.input_provenance``). ``jobs > 1`` judges that many candidates at once;
+    ``fails`` must then be thread-safe.
     """
+    localize = choose_localize(localize, example_inputs)
+    if localize not in LOCALIZE:
+        raise ValueError(f"localize must be one of {sorted(LOCALIZE)} or 'auto', not {localize!r}")
     started = time.monotonic()
     rec = Recording(gm, example_inputs)
     stats = MinifyStats(initial_ops=rec.original_size[0], initial_nodes=len(rec.nodes),
-                        initial_inputs=rec.original_size[1])
-    oracle = Oracle(rec, fails, max_time=max_time, progress=progress, on_accept=on_accept, stats=stats)
-    # Ctrl-C here propagates: nothing has been judged, so there is no result to keep.
-    if not oracle.call(gm, rec.example_inputs):
-        raise NotFailingError("the graph does not fail with these inputs (fails() returned False)",
-                              "check the predicate, or replay the archive to see whether it still fails here")
-    shrinker = Shrinker(rec, oracle, rec.start())
+                        initial_inputs=rec.original_size[1], initial_input_bytes=rec.original_size[3],
+                        jobs=max(1, int(jobs)))
+    oracle = Oracle(rec, fails, max_time=max_time, progress=progress, on_accept=on_accept, stats=stats, jobs=jobs)
     try:
-        oracle.pass_name = "prune"
-        prune(shrinker)
-        while stats.rounds < max_rounds:
-            stats.rounds += 1
-            before = shrinker.current.size
-            for name, run in PASSES:
-                oracle.pass_name = name
-                run(shrinker)
-            if shrinker.current.size >= before:
-                break
-        stats.stop_reason = "fixpoint"
-    except BudgetExhausted:
-        stats.stop_reason = "max_time"
-    except KeyboardInterrupt:
-        stats.stop_reason = "interrupted"
+        # Ctrl-C here propagates: nothing has been judged, so there is no result to keep.
+        if not oracle.call(gm, rec.example_inputs):
+            raise NotFailingError("the graph does not fail with these inputs (fails() returned False)",
+                                  "check the predicate, or replay the archive to see whether it still fails here")
+        shrinker = Shrinker(rec, oracle, rec.start())
+        node_order = LOCALIZE[localize] + [n for n in NODE_PASSES if n not in LOCALIZE[localize]]
+        try:
+            oracle.pass_name = "prune"
+            prune(shrinker)
+            for phase, names in (("nodes", node_order), ("inputs", list(INPUT_PASSES) if shrink_inputs else [])):
+                registry = NODE_PASSES if phase == "nodes" else INPUT_PASSES
+                first = True
+                while names and stats.rounds < max_rounds:
+                    stats.rounds += 1
+                    before = shrinker.current.size
+                    order = _ordered(names, stats, first)
+                    stats.order = order
+                    first = False
+                    for name in order:
+                        oracle.pass_name = name
+                        registry[name](shrinker)
+                    if shrinker.current.size >= before:
+                        break
+            stats.stop_reason = "fixpoint"
+        except BudgetExhausted:
+            stats.stop_reason = "max_time"
+        except KeyboardInterrupt:
+            stats.stop_reason = "interrupted"
+    finally:
+        oracle.close()
 
     if oracle.best is None:
         out_gm, out_inputs = gm, list(example_inputs)
         origins = [f"input:{i}" for i in range(len(out_inputs))]
+        provenance = [{"origin": o, "depends_on": [k], "values": "recorded"} for k, o in enumerate(origins)]
+        stats.final_input_bytes = stats.initial_input_bytes
     else:
         out_gm, out_inputs = rec.build(oracle.best)
         origins = rec.input_origins(oracle.best)
+        provenance = rec.input_provenance(oracle.best)
+        stats.final_input_bytes = oracle.best.input_cost[0]
+    stats.inputs = provenance
     stats.final_ops = op_count(out_gm)
     stats.final_nodes = len(out_gm.graph.nodes)
     stats.final_inputs = len(out_inputs)
     stats.elapsed_s = time.monotonic() - started
-    return MinifyResult(out_gm, out_inputs, stats, origins)
+    return MinifyResult(out_gm, out_inputs, stats, origins, provenance)
 
 
 def minify(
@@ -106,8 +160,10 @@ def minify(
     max_time: float | None = None,
     progress: Callable[[Progress], Any] | None = None,
     on_accept: Callable[[fx.GraphModule, list, MinifyStats], Any] | None = None,
+    localize: str = "auto",
+    shrink_inputs: bool = False,
 ) -> tuple[fx.GraphModule, list]:
     """The smallest graph found that still fails, and its inputs (see ``minify_with_stats``)."""
     result = minify_with_stats(gm, example_inputs, fails, max_time=max_time, progress=progress,
-                               on_accept=on_accept)
+                               on_accept=on_accept, localize=localize, shrink_inputs=shrink_inputs)
     return result.gm, result.inputs

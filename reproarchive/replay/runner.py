@@ -57,9 +57,14 @@ def replay_graph(
     source_kind: str | None = None,
     tol: float | None = None,
     report_differences: bool = True,
+    strict_accuracy: bool = True,
 ) -> Outcome:
     """Compile ``gm`` with ``backend``, run it on ``args`` (already on their devices) and judge
     the result.
+
+    ``strict_accuracy=False`` judges accuracy on floating outputs (and gradients) only, as
+    PyTorch's minifier ``--accuracy`` does; the default also requires non-floating outputs
+    (bool masks, indices) to be equal, as capture and PyTorch's ``--strict-accuracy`` do.
 
     ``config``/``environment``/``system`` are the archive's snapshot records: the config is
     applied for the duration (unless ``current_config``), the environment variables that can be
@@ -92,6 +97,7 @@ def replay_graph(
             observed, details, ran_backward = _compile_and_run(
                 compiler_fn, gm, args, backend=backend, source_kind=source_kind,
                 fwd_only=not needs_backward, accuracy=accuracy, tol=tol, warnings=warnings,
+                ignore_non_fp=not strict_accuracy,
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
 
@@ -108,7 +114,8 @@ def replay_graph(
     )
 
 
-def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, accuracy, tol, warnings):
+def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, accuracy, tol, warnings,
+                     ignore_non_fp=False):
     """(observed failure record or None, accuracy report or None, whether backward ran)."""
     from reproarchive.replay import accuracy as _accuracy
 
@@ -119,7 +126,8 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
     try:
         if accuracy:
             kwargs = {} if tol is None else {"tol": tol}
-            report = _accuracy.check_accuracy(gm, compiled, args, fwd_only=fwd_only, **kwargs)
+            report = _accuracy.check_accuracy(gm, compiled, args, fwd_only=fwd_only, ignore_non_fp=ignore_non_fp,
+                                              **kwargs)
             ran_backward = any(str(o.name or "").startswith("grad") for o in report.outputs)
             if report.passed:
                 return None, report, ran_backward
@@ -313,7 +321,7 @@ def _peek_index(path):
 
 
 def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
-             tol=None, on_start=None, progress: ProgressFn | None = None) -> Outcome:
+             tol=None, on_start=None, progress: ProgressFn | None = None, strict_accuracy: bool = True) -> Outcome:
     """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
     so that an isolating parent can still report them if the compile takes the process down."""
     from reproarchive.archive.loading import load
@@ -341,6 +349,7 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         current_config=current_config,
         source_kind=repro.graph_kind,
         tol=tol,
+        strict_accuracy=strict_accuracy,
     )
     outcome.device = _describe_device(repro.args, device)
     outcome.warnings[:0] = load_warnings

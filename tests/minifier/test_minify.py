@@ -253,7 +253,7 @@ def test_two_culprits_and_the_memo_never_judges_a_graph_twice():
     assert sum(p.calls for p in result.stats.passes.values()) == result.stats.calls
     assert result.stats.final_ops == 2 and result.stats.stop_reason == "fixpoint"
     import msgpack
-    assert msgpack.unpackb(msgpack.packb(result.stats.as_dict()))["passes"]["bisect_culprits"]["calls"] > 0
+    assert msgpack.unpackb(msgpack.packb(result.stats.as_dict()))["passes"]["bisect_inputs"]["calls"] > 0
 
 
 def test_fails_raising_counts_as_not_failing():

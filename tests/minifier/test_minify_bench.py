@@ -54,4 +54,4 @@ def test_table_and_exit_status(bench, rows, capsys):
     text = bench.table(rows)
     assert text.count("\n") == len(rows) + 1
     assert bench.main(["--quick", "--no-torch", "--only", "single_20"]) == 0
-    assert "1/1 cases" in capsys.readouterr().out
+    assert "1/1 rows" in capsys.readouterr().out

@@ -51,6 +51,10 @@ def test_minify_cli_end_to_end(captured, tmp_path):
     info = reproarchive.inspect(out)
     assert info["parent"] == reproarchive.inspect(captured)["digest"]
     assert info["minify"]["stop_reason"] == "fixpoint" and info["minify"]["calls"] > 0
+    # input moves ran (default): the one input is labelled as not the original data
+    (entry,) = info["minify"]["inputs"]
+    assert entry["real"] is False and entry["values"] == "zeros" and entry["shape"]["now"] == [1, 1]
+    assert "inputs that are not the original data:" in result.output
     reproarchive.verify(out)
     replay = CliRunner().invoke(main, ["run", str(out)])
     assert replay.exit_code == 1, replay.output
@@ -98,6 +102,9 @@ def test_minify_refuses_an_archive_that_does_not_reproduce(tmp_path):
     assert not (tmp_path / "m.tar.zst").exists()
     usage = CliRunner().invoke(main, ["run", "--minify", str(path)])
     assert usage.exit_code == 2 and "-o" in usage.output
+    for flag in (["--strict-accuracy"], ["--jobs", "2"]):
+        usage = CliRunner().invoke(main, ["run", str(path), *flag])
+        assert usage.exit_code == 2 and "only apply with --minify" in usage.output
 
 
 @pytest.mark.slow
@@ -115,3 +122,46 @@ def test_isolated_minify(tmp_path):
     out = tmp_path / "iso-min.tar.zst"
     report = ma.minify_archive(path, out, isolate=True)
     assert report.stats["isolate"] and ops(out) == 1
+
+
+CRASHING = '''
+import os
+import torch
+
+
+def abort_on_relu(gm, example_inputs):
+    """A compiler that dies (SIGABRT) on any graph with a relu, like inductor's runtime injector."""
+    if any(n.target in (torch.relu, torch.ops.aten.relu.default) for n in gm.graph.nodes):
+        os.abort()
+    return gm
+'''
+
+
+@pytest.mark.slow
+def test_crash_minify_uses_warm_workers(tmp_path, monkeypatch):
+    """A recorded crash is minified isolated by default: warm workers judge two candidates at a
+    time and a worker killed by a crashing candidate is replaced."""
+    from reproarchive.context import failure as failure_mod
+
+    (tmp_path / "crashing_backends.py").write_text(CRASHING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.sin, (x,))
+    b = g.call_function(torch.relu, (a,))
+    c = g.call_function(torch.cos, (b,))
+    g.output((g.call_function(torch.tanh, (c,)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    crash = {"stage": "crash", "exception_type": "SIGABRT", "message": "killed by SIGABRT", "traceback": "",
+             "signature": failure_mod.signature("crash", "SIGABRT", ""), "backend": "crashing_backends:abort_on_relu",
+             "accuracy": None}
+    path = reproarchive.pack(gm, [torch.randn(16, 8)], tmp_path / "crash.tar.zst",
+                             backend="crashing_backends:abort_on_relu", failure=crash)
+    out = tmp_path / "min.tar.zst"
+    report = ma.minify_archive(path, out, backend="crashing_backends:abort_on_relu", jobs=2, shrink_inputs=False)
+    s = report.stats
+    assert s["isolate"] and s["jobs"] == 2 and ops(out) == 1 and "torch.relu" in report.code
+    assert s["workers_started"] > 3  # two workers, a spare, and replacements for crashed ones
+    assert s["inputs"] == [{"origin": "node:sin", "depends_on": [0], "values": "recorded", "from_absent": False,
+                            "real": True}]
+    assert reproarchive.run(out, backend="crashing_backends:abort_on_relu").status == "reproduced"
