@@ -16,6 +16,8 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from reproarchive import ReproArchiveError
 
+from .text import terminal_safe
+
 EXIT_CODES_HELP = """\b
 Exit codes:
   0    success (run: the graph passed)
@@ -35,6 +37,7 @@ class _Group(click.Group):
     """Turns our errors into one line and an exit code, never a traceback (unless --debug)."""
 
     def invoke(self, ctx: click.Context):
+        warnings.showwarning = _show_warning
         try:
             return super().invoke(ctx)
         except ReproArchiveError as err:
@@ -53,8 +56,14 @@ class _Group(click.Group):
 def _fail(ctx: click.Context, message: str, code: int) -> None:
     if (ctx.obj or {}).get("debug"):
         traceback.print_exc()
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {terminal_safe(message)}", err=True)  # one line, whatever the archive said
     sys.exit(code)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Python warnings (ours and torch's) as one ``warning:`` line each, terminal-safe: their
+    text can quote an archive."""
+    click.echo(f"warning: {terminal_safe(message)}", err=True)
 
 
 @click.group(cls=_Group, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,7 +6,12 @@ import click
 
 from .app import emit_json, main
 from .progress import byte_bars
-from .text import human_size
+from .text import human_size, terminal_safe
+
+
+def _say(text: str) -> None:
+    """A line of inspect's report: it quotes the archive, so it goes out terminal-safe."""
+    click.echo(terminal_safe(text))
 
 
 @main.command()
@@ -48,17 +53,17 @@ def inspect(archive: str, as_json: bool) -> None:
         emit_json(info)
         return
     g = info["graph"]
-    click.echo(f"{info['path']}  (format {info['format']}, {info['digest'][:19]}...)")
+    _say(f"{info['path']}  (format {info['format']}, {info['digest'][:19]}...)")
     if info.get("parent"):
-        click.echo(f"minified from {info['parent'][:19]}...")
-    click.echo(f"backend: {info.get('backend') or 'unknown'}   accuracy check: {bool(info.get('accuracy'))}")
+        _say(f"minified from {info['parent'][:19]}...")
+    _say(f"backend: {info.get('backend') or 'unknown'}   accuracy check: {bool(info.get('accuracy'))}")
     _trace_origin(info.get("source"))
-    click.echo(f"graph: {g['nodes']} nodes, {g['ops']} ops, {g['placeholders']} inputs, {g['submodules']} stored attributes")
+    _say(f"graph: {g['nodes']} nodes, {g['ops']} ops, {g['placeholders']} inputs, {g['submodules']} stored attributes")
     for name, count in list(g["op_histogram"].items())[:12]:
-        click.echo(f"  {count:5d}  {name}")
+        _say(f"  {count:5d}  {name}")
     if len(g["op_histogram"]) > 12:
-        click.echo(f"  ... {len(g['op_histogram']) - 12} more kinds")
-    click.echo("inputs:")
+        _say(f"  ... {len(g['op_histogram']) - 12} more kinds")
+    _say("inputs:")
     for row in info["inputs"]:
         if row["kind"] == "tensor":
             desc = f"{row['dtype']}{row['shape']} on {row['device']}"
@@ -66,26 +71,26 @@ def inspect(archive: str, as_json: bool) -> None:
                 desc += f" dynamic dims {row['dynamic']}"
         else:
             desc = f"{row['kind']} = {row.get('value', '...')}"
-        click.echo(f"  {row['index']:3d} {str(row['name'] or ''):40.40s} {desc:40s} {row['fidelity']}")
+        _say(f"  {row['index']:3d} {str(row['name'] or ''):40.40s} {desc:40s} {row['fidelity']}")
     s = info["storage"]
-    click.echo(
+    _say(
         f"storage: {s['storages']} storages, {human_size(s['bytes_logical'])} logical, {human_size(s['bytes_after_dedup'])} after dedup "
         f"({s['blobs']} blobs, {s['zero_filled']} all-zero), {human_size(s['bytes_compressed'])} compressed; file {human_size(s['file_bytes'])}"
     )
     if s["absent"]:
-        click.echo(f"WARNING: {s['absent']} storages have no data (absent); replay will generate values for them")
+        _say(f"WARNING: {s['absent']} storages have no data (absent); replay will generate values for them")
     failure = info.get("failure")
     if failure:
-        click.echo(f"failure: {failure.get('stage')} {failure.get('exception_type')}: {str(failure.get('message') or '').splitlines()[0][:160] if failure.get('message') else ''}")
+        _say(f"failure: {failure.get('stage')} {failure.get('exception_type')}: {str(failure.get('message') or '').splitlines()[0][:160] if failure.get('message') else ''}")
     else:
-        click.echo("failure: not recorded")
+        _say("failure: not recorded")
     system = info.get("system")
     if system:
-        click.echo("system: " + ", ".join(f"{k} {v}" for k, v in system.items() if v not in (None, [])))
+        _say("system: " + ", ".join(f"{k} {v}" for k, v in system.items() if v not in (None, [])))
     if info.get("config_changed"):
         for module, values in info["config_changed"].items():
             for key, value in values.items():
-                click.echo(f"config: {module}.{key} = {value!r}")
+                _say(f"config: {module}.{key} = {value!r}")
 
 
 def _trace_origin(source) -> None:
@@ -96,11 +101,11 @@ def _trace_origin(source) -> None:
     rank = "" if source.get("rank") is None else f" rank {source['rank']}"
     frame = source.get("frame") or {}
     where = f", {frame.get('name')} ({frame.get('file')}:{frame.get('line')})" if frame.get("name") else ""
-    click.echo(f"from: TORCH_TRACE log {source.get('log')}, compile [{source.get('compile_id')}]{rank}{where}")
+    _say(f"from: TORCH_TRACE log {source.get('log')}, compile [{source.get('compile_id')}]{rank}{where}")
     tlparse = source.get("tlparse") or {}
     pages = tlparse.get("pages") or {}
     page = pages.get(source.get("graph_from")) if isinstance(pages, dict) else None
-    click.echo(f"tlparse: {page or (str(tlparse.get('directory')) + '/')}   graph: {source.get('graph_from')}")
+    _say(f"tlparse: {page or (str(tlparse.get('directory')) + '/')}   graph: {source.get('graph_from')}")
 
 
 @main.command()

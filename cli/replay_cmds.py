@@ -7,6 +7,7 @@ import click
 
 from .app import emit_json, main
 from .progress import byte_bars, minify_status
+from .text import terminal_lines, terminal_safe
 
 
 class DeviceOption(click.ParamType):
@@ -33,6 +34,32 @@ class DeviceOption(click.ParamType):
 
 
 DEVICE = DeviceOption()
+
+class SizeOption(click.ParamType):
+    """``--max-memory``: bytes, or a number with K, M, G or T (powers of 1024): ``512M``, ``8G``."""
+
+    name = "SIZE"
+    _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+        number, unit = (text[:-1], text[-1]) if text[-1:] in self._UNITS and text[-1:] else (text, "")
+        try:
+            size = float(number) * self._UNITS[unit]
+        except ValueError:
+            self.fail(f"{value!r} is not a size: write bytes or a number with K, M, G or T (e.g. 8G)", param, ctx)
+        if size <= 0:
+            self.fail(f"{value!r} must be positive", param, ctx)
+        return int(size)
+
+
+MAX_MEMORY = click.option(
+    "--max-memory", type=SizeOption(), default=None, metavar="SIZE",
+    help="Refuse an archive whose storages (real and generated) need more than SIZE (e.g. 8G) before "
+         "allocating anything. Default: the memory available on this machine (and each device's free memory).")
+
 
 RUN_EPILOG = """\b
 Exit codes:
@@ -96,9 +123,10 @@ only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--d
                    "zeros/ones where the values do not matter); the archive labels such inputs as not "
                    "the original data.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar (loading) or progress line (--minify).")
+@MAX_MEMORY
 @click.pass_context
 def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
-            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, quiet):
+            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, quiet, max_memory):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
 
     ARCHIVE is a file or a store reference (STORE/NAME, e.g. s3://team/repros/resnet-3fa2b1c09d4e),
@@ -118,17 +146,19 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
                 archive = str(reproarchive.fetch(archive, progress=progress))
         _minify(archive, output, max_time=max_time, isolate=isolate, jobs=jobs, device=device,
                 backend=backend, accuracy=accuracy, strict_accuracy=strict_accuracy, only_fwd=only_fwd,
-                current_config=current_config, tol=tol, shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet)
+                current_config=current_config, tol=tol, shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet,
+                max_memory=max_memory)
         return
     if output or max_time is not None or strict_accuracy or jobs is not None:
         raise click.UsageError("-o/--output, --max-time, --strict-accuracy and --jobs only apply with --minify")
     with byte_bars(not (quiet or as_json)) as progress:
         outcome = reproarchive.run(archive, device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                                   isolate=isolate, current_config=current_config, tol=tol, progress=progress)
+                                   isolate=isolate, current_config=current_config, tol=tol, progress=progress,
+                                   max_memory=max_memory)
     if as_json:
         emit_json(outcome.to_dict())
     else:
-        click.echo(format_outcome(outcome))
+        click.echo(terminal_lines(format_outcome(outcome)))
     ctx.exit(outcome.exit_code)
 
 
@@ -146,7 +176,7 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
             raise SystemExit(130)
         return
     click.echo("", err=True)
-    click.echo(report.code.rstrip())
+    click.echo(terminal_lines(report.code.rstrip()))
     click.echo(
         f"{report.status}: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> {s['final_inputs']} inputs; "
         f"{s['calls']} candidates replayed, {s['cache_hits']} cache hits, {s['wall_s']:.1f}s ({s['stop_reason']})"
@@ -165,7 +195,8 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
             if entry.get("from_absent"):
                 what.append("computed from generated data (the original archive had none)")
             click.echo(f"  {name or entry.get('origin')}: {', '.join(what)}")
-    click.echo(f"wrote {report.output} (minified from {report.parent[:19]}...); replay it with: reproarchive run {report.output}")
+    click.echo(terminal_safe(f"wrote {report.output} (minified from {report.parent[:19]}...); "
+                             f"replay it with: reproarchive run {report.output}"))
     if s["stop_reason"] == "interrupted":
         raise SystemExit(130)
 
@@ -246,11 +277,12 @@ def _g(x) -> str:
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder to create (must not exist, or be empty).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export_cmd(archive, out_dir, as_json):
+@MAX_MEMORY
+def export_cmd(archive, out_dir, as_json, max_memory):
     """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch."""
     import reproarchive
 
-    report = reproarchive.export(archive, out_dir)
+    report = reproarchive.export(archive, out_dir, max_memory=max_memory)
     if as_json:
         emit_json(report)
     else:

@@ -2,6 +2,30 @@
 
 from __future__ import annotations
 
+import unicodedata
+
+
+def terminal_safe(text: object) -> str:
+    """One line of text as a terminal may show it: every control character (C0, DEL, C1, so
+    escape sequences and carriage returns), line and paragraph separator, and invisible
+    formatting character (bidirectional overrides, zero-width characters, lone surrogates)
+    written as its Python escape. Strings from an archive pass through here before they reach
+    a terminal, so an archive cannot move the cursor, rewrite what was printed, change the
+    title or hide text."""
+    out = []
+    for ch in str(text):
+        if ch.isprintable() and unicodedata.category(ch) not in ("Cf", "Co", "Cs"):
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+                       if ord(ch) < 0xD800 or ord(ch) > 0xDFFF else f"\\u{ord(ch):04x}")
+    return "".join(out)
+
+
+def terminal_lines(text: object) -> str:
+    """Several lines, each ``terminal_safe``: the line breaks are ours, everything else is data."""
+    return "\n".join(terminal_safe(line) for line in str(text).split("\n"))
+
 
 def human_size(n: int) -> str:
     """Bytes for people: 512 B, 3.4 MiB."""
@@ -28,6 +52,7 @@ def pack_summary(result) -> list[str]:
     f = result.failure
     if not f:
         return [graph, inputs, "failure: none recorded (the compile succeeded in the job)"]
+    f = {k: terminal_safe(v) if isinstance(v, str) else v for k, v in f.items()}
     message = (f.get("message") or "").strip().splitlines()
     first = message[0][:160] if message else ""
     kind = f.get("exception_type") or ""

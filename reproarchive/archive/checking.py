@@ -112,26 +112,30 @@ def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, pr
     with ContainerReader(path, limits=limits) as reader:
         check_readable_here(reader.index)
         with atomic_dir(dest) as tmp:
-            handles: dict[str, Any] = {}
-            sizes = {m.name: m.size for m in reader.members.values()}
+            # Frames come in member order, so one file is open at a time however many members
+            # the archive has (a valid archive may hold more than the open-file limit).
+            current: list[Any] = [None, None]  # name, file
+            written: set[str] = set()
 
             def open_member(name: str):
                 target = tmp.joinpath(*name.split("/"))
                 target.parent.mkdir(parents=True, exist_ok=True)
+                written.add(name)
                 return open(target, "xb")
 
             def sink(name: str, data: memoryview) -> None:
-                f = handles.get(name)
-                if f is None:
-                    f = handles[name] = open_member(name)
-                f.write(data)
+                if current[0] != name:
+                    if current[1] is not None:
+                        current[1].close()
+                    current[:] = [name, open_member(name)]
+                current[1].write(data)
 
             try:
                 _check_stream(reader, sink, progress, desc="unpack")
-                for name, size in sizes.items():
-                    if size == 0 and name not in handles:
-                        handles[name] = open_member(name)
             finally:
-                for f in handles.values():
-                    f.close()
+                if current[1] is not None:
+                    current[1].close()
+            for m in reader.members.values():
+                if m.size == 0 and m.name not in written:
+                    open_member(m.name).close()
     return dest

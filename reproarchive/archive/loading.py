@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from reproarchive.archive.memory import check_declared_memory
 from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.checks import check_readable_here
@@ -97,7 +98,7 @@ def _torch_errors_as_archive_errors(fn):
 
 @_torch_errors_as_archive_errors
 def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS,
-         remap_graph: bool = True) -> Repro:
+         remap_graph: bool = True, max_memory: int | None = None) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 
     ``device=None`` keeps each storage's recorded device where this machine has it and falls
@@ -105,7 +106,9 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     ``{"cuda:0": "cpu"}`` or ``{"cuda": "cuda:1"}`` remaps by exact device or device type.
     Inputs recorded as absent get seeded generated data and a loud warning. Device constants
     inside the graph follow the same mapping unless ``remap_graph=False`` (``export`` writes
-    them as recorded, for its script to map).
+    them as recorded, for its script to map). Before anything is allocated, the storages'
+    declared sizes (real and absent) are compared with the memory available here and with
+    ``max_memory`` (bytes); a load that would not fit raises ``LimitExceededError``.
     """
     notes: list[str] = []
     mapper = loader_mapping(device)
@@ -121,6 +124,7 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                 notes.append(f"recorded device {rec.device} is not available here; loading on {target}")
             devices[rec.device] = target
             targets_by_storage.append(torch.device(target))
+        check_declared_memory(zip((r.size for r in records), targets_by_storage), max_memory=max_memory)
         total = sum(r.size for r in records if r.digest)
         storages = _materialize(reader, records, range(len(records)), targets_by_storage,
                                 tensor_codec.storage_dtypes(index.tensor_records()),
@@ -260,6 +264,8 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
         records = index.storages
         tensors = list(schema.iter_tensors(rec))
         devs = [torch.device(mapper(r.device)) for r in records]
+        needed = sorted({t.storage for t in tensors})
+        check_declared_memory((records[i].size, devs[i]) for i in needed)
         storages = _materialize(reader, records, sorted({t.storage for t in tensors}), devs,
                                 tensor_codec.storage_dtypes(tensors), None, path=path, limits=reader.limits)
         return tensor_codec.ValueDecoder(storages, devs).decode(rec)

@@ -1,14 +1,19 @@
-"""Which callables a stored graph may name, and how names become callables (spec §7.3).
+"""Which callables a stored graph may name, how names become callables, and what may flow
+where in a graph (spec §7.3).
 
 A graph record names its call targets as qualified strings. Resolving them is the one place
-where an archive could make us call something dangerous (``torch.load``, ``os.system`` via
-``getattr`` chains, ``torch.library`` registration ...), so resolution is an allowlist walk:
-only names under the prefixes below, attribute lookups only, never an import, never ``eval``.
+where an archive could make us call something (``torch.load``, ``os.system`` via ``getattr``
+chains, a GraphModule method handed to ``max(key=...)``), so resolution is an attribute walk
+from four roots, never an import or ``eval``, and what a name resolves to is then judged by its
+effects (``codec.effects``), never by its name. The graph as a whole is checked too: attribute
+and method access only on tensors and plain values, and callables (subgraphs) only as the
+arguments of higher-order operators.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import operator
 import re
@@ -17,86 +22,18 @@ from typing import Any
 
 import torch
 
+from reproarchive.codec import effects
 from reproarchive.errors import UnsafeArchiveError
-from reproarchive.format.schema import GraphRecord, ModuleEntry, SubgraphEntry
-
-# torch namespaces whose members are tensor computations (or Dynamo/AOT bookkeeping with no I/O).
-ALLOWED_TORCH_PREFIXES = (
-    "torch.ops.",
-    "torch._C._nn.",
-    "torch._C._fft.",
-    "torch._C._linalg.",
-    "torch._C._special.",
-    "torch._C._nested.",
-    "torch._C._VariableFunctions.",
-    "torch._C._functorch.",
-    "torch.nn.functional.",
-    "torch.functional.",
-    "torch.fft.",
-    "torch.linalg.",
-    "torch.special.",
-    "torch.nested.",
-    "torch.masked.",
-    "torch.sparse.",
-    "torch._refs.",
-    "torch._prims.",
-    "torch._prims_common.",
-    "torch._higher_order_ops.",
-    # functorch transforms that Dynamo graphs call (vmap levels, grad, batch dims); not the
-    # whole package, which also holds compilers that write files and config loaders.
-    "torch._functorch.predispatch.",
-    "torch._functorch.vmap.",
-    "torch._functorch.apis.",
-    "torch._functorch.eager_transforms.",
-    "torch._functorch.autograd_function.",
-    "torch.amp.autocast_mode.",
-    "torch.autograd.grad_mode.",
-    "torch.fx.experimental.sym_node.",
-    "torch.fx.experimental.symbolic_shapes.",
-    "torch.Tensor.",
+from reproarchive.format.schema import (
+    GraphRecord,
+    ModuleEntry,
+    NodeRef,
+    SubgraphEntry,
+    TensorEntry,
+    iter_arg_values,
 )
-ALLOWED_TORCH_NAMES = {
-    "torch._C._set_grad_enabled",
-    "torch._assert",
-    "torch._assert_async",
-    "torch._check",
-    "torch._check_is_size",
-    "torch._sym_sqrt",
-    "torch._foreach_add",
-    "torch._C._log_api_usage_once",
-}
-# Top-level torch names that do I/O, load code, or change process-wide state.
-DENIED_TORCH_TOP = {
-    "load", "save", "from_file", "compile", "hub", "jit", "package", "utils", "serialization", "onnx", "export",
-    "library", "cuda", "backends", "distributed", "multiprocessing", "set_default_device", "set_default_dtype",
-    "set_default_tensor_type", "use_deterministic_algorithms", "set_printoptions", "classes", "profiler",
-    "testing", "manual_seed", "seed", "set_rng_state", "set_num_threads", "set_num_interop_threads",
-    "set_float32_matmul_precision", "set_warn_always", "set_deterministic_debug_mode", "set_flush_denormal",
-    "_dynamo", "_inductor", "_export", "_logging", "fx",
-}
-DENIED_OP_NAMESPACES = {"debugprims"}
 
-OPERATOR_NAMES = {
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "matmul", "getitem",
-    "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "invert", "not_", "lshift", "rshift", "truth",
-    "index", "contains", "is_", "is_not", "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow",
-    "iand", "ior", "ixor", "ilshift", "irshift", "imatmul", "setitem", "concat",
-}
-BUILTIN_NAMES = {
-    "getattr", "len", "abs", "min", "max", "sum", "int", "float", "bool", "round", "pow", "divmod", "range",
-    "tuple", "list", "all", "any", "isinstance",
-}
-# Tensor dunder methods a graph may call with call_method (everything else must be public).
-TENSOR_DUNDERS = {
-    "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__", "__imul__",
-    "__truediv__", "__rtruediv__", "__itruediv__", "__floordiv__", "__rfloordiv__", "__ifloordiv__",
-    "__mod__", "__rmod__", "__imod__", "__pow__", "__rpow__", "__ipow__", "__matmul__", "__rmatmul__",
-    "__and__", "__rand__", "__iand__", "__or__", "__ror__", "__ior__", "__xor__", "__rxor__", "__ixor__",
-    "__lshift__", "__rlshift__", "__ilshift__", "__rshift__", "__rrshift__", "__irshift__", "__invert__",
-    "__neg__", "__pos__", "__abs__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
-    "__getitem__", "__setitem__", "__len__", "__bool__", "__float__", "__int__", "__index__",
-}
-
+ROOTS = ("torch", "operator", "math", "builtins")
 _SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -121,54 +58,35 @@ def qualified_name(target: Any) -> str:
 def _unsafe(name: str, why: str) -> UnsafeArchiveError:
     return UnsafeArchiveError(
         f"graph calls {name[:120]!r}, which is not allowed ({why})",
-        "an archive may only call torch tensor operations; refusing to load it",
+        "an archive may only call tensor operations (spec 7.3); refusing to load it",
     )
 
 
 def check_function_name(name: object) -> str:
-    """Allowlist check on a call_function target name, without resolving it."""
+    """The shape of a call_function target name, without resolving it: a dotted name under one
+    of the four roots, no segment after the first a dunder."""
     if not isinstance(name, str) or len(name) > 300:
         raise _unsafe(str(name), "not a qualified name")
     parts = name.split(".")
     if not all(_SEGMENT.match(p) for p in parts) or any(p.startswith("__") for p in parts[1:]):
         raise _unsafe(name, "malformed or dunder name")
-    root = parts[0]
-    if root == "operator":
-        if len(parts) != 2 or parts[1] not in OPERATOR_NAMES:
-            raise _unsafe(name, "operator function outside the allowlist")
-    elif root == "math":
-        if len(parts) != 2:
-            raise _unsafe(name, "not a math function")
-    elif root == "builtins":
-        if len(parts) != 2 or parts[1] not in BUILTIN_NAMES:
-            raise _unsafe(name, "builtin outside the allowlist")
-    elif root == "torch":
-        if name.startswith("torch.ops."):
-            if len(parts) < 4 or parts[2] in DENIED_OP_NAMESPACES:
-                raise _unsafe(name, "operator namespace not allowed")
-        elif name in ALLOWED_TORCH_NAMES or any(name.startswith(p) for p in ALLOWED_TORCH_PREFIXES):
-            pass
-        elif len(parts) == 2 and not parts[1].startswith("_") and parts[1] not in DENIED_TORCH_TOP:
-            pass
-        else:
-            raise _unsafe(name, "torch name outside the allowlist")
-    else:
-        raise _unsafe(name, f"module {root!r} is not allowed")
+    if parts[0] not in ROOTS or len(parts) < 2:
+        raise _unsafe(name, f"module {parts[0]!r} is not allowed")
     return name
 
 
-_ROOTS = {"operator": operator, "math": math, "builtins": builtins, "torch": torch}
+_ROOT_MODULES = {"operator": operator, "math": math, "builtins": builtins, "torch": torch}
 
 
 def _walk(name: str) -> Any:
     """Attribute walk from an allowed root; raises LookupError when a segment is missing.
 
     A module reached on the way must be the module of that name: ``torch._refs.torch`` is the
-    ``torch`` module imported inside ``torch._refs``, an alias that would let an allowed prefix
-    reach any attribute of any module (``torch._refs.torch.load``).
+    ``torch`` module imported inside ``torch._refs``, an alias that would let a name reach any
+    attribute of any module (``torch._refs.torch.load``).
     """
     parts = name.split(".")
-    obj: Any = _ROOTS[parts[0]]
+    obj: Any = _ROOT_MODULES[parts[0]]
     path = parts[0]
     for part in parts[1:]:
         try:
@@ -181,27 +99,23 @@ def _walk(name: str) -> Any:
     return obj
 
 
-def _check_identity(name: str, obj: Any) -> None:
-    """What a name resolves to must be allowed under its own qualified name too: a bound
-    method of a config module (``torch._functorch.config.load_config``) lives in
-    ``torch.utils._config_module``, which no allowed prefix covers."""
+@functools.lru_cache(maxsize=4096)
+def _resolved(name: str) -> Any:
+    """The callable a (well-formed) name resolves to, judged by its effects; LookupError when
+    this torch has no such name. Cached: a graph names few distinct targets many times."""
+    obj = _walk(name)
     if not callable(obj) or isinstance(obj, types.ModuleType):
         raise _unsafe(name, "not a function")
-    try:
-        real = qualified_name(obj)
-    except Exception:
-        raise _unsafe(name, "resolves to an object without a qualified name") from None
-    if real != name:
-        try:
-            check_function_name(real)
-        except UnsafeArchiveError:
-            raise _unsafe(name, f"it is {real[:120]}") from None
+    why = effects.callable_problem(obj)
+    if why is not None:
+        raise _unsafe(name, why)
+    return obj
 
 
 def resolve_function(name: str) -> Any:
     check_function_name(name)
     try:
-        obj = _walk(name)
+        return _resolved(name)
     except LookupError:
         if name.startswith("torch.ops."):
             raise UnsafeArchiveError(
@@ -212,37 +126,35 @@ def resolve_function(name: str) -> Any:
             f"graph calls {name}, which does not exist in this torch {torch.__version__}",
             "replay with the torch version recorded in the archive (see `reproarchive inspect`)",
         ) from None
-    _check_identity(name, obj)
-    return obj
 
 
-def check_function_target(name: object) -> str:
-    """For verify/inspect: the allowlist check plus, where the name resolves in this process,
-    the identity check; a name this torch lacks passes here (load will say so)."""
+def check_function_target(name: object) -> Any | None:
+    """For verify/inspect: the name's shape and, where it resolves in this process, its
+    effects; a name this torch lacks passes here (load will say so) and gives None."""
     check_function_name(name)
     try:
-        obj = _walk(name)
+        return _resolved(name)
     except LookupError:
-        return name
-    _check_identity(name, obj)
-    return name
+        return None
 
 
 def check_method_name(name: object) -> str:
-    """call_method targets: public Tensor methods and arithmetic dunders only."""
+    """call_method targets: Tensor methods and protocol dunders whose effects are allowed."""
     if not isinstance(name, str) or not _SEGMENT.match(name):
         raise _unsafe(str(name), "malformed method name")
-    if name.startswith("_") and name not in TENSOR_DUNDERS:
-        raise _unsafe(name, "private method")
-    if not callable(getattr(torch.Tensor, name, None)):
-        raise _unsafe(name, "not a Tensor method")
+    why = effects.method_problem(name)
+    if why is not None:
+        raise _unsafe(f"Tensor.{name}", why)
     return name
 
 
 def check_getattr_args(args: tuple) -> None:
-    """``builtins.getattr`` may only read public attributes named by a constant string."""
-    if len(args) < 2 or not isinstance(args[1], str) or args[1].startswith("_"):
-        raise _unsafe("builtins.getattr", "getattr needs a constant public attribute name")
+    """``builtins.getattr`` may only read a data attribute (a tensor or plain value) named by a
+    constant string: ``shape``, ``dtype``, ``T`` ..., never a method or an object."""
+    if not 2 <= len(args) <= 3 or not isinstance(args[1], str):
+        raise _unsafe("builtins.getattr", "getattr needs a constant attribute name")
+    if args[1] not in effects.data_attributes():
+        raise _unsafe("builtins.getattr", f"attribute {args[1][:40]!r} is not data of a tensor or value")
 
 
 MODULE_CLASS_PREFIXES = ("torch.nn.modules.", "torch.nn.", "torch.ao.nn.")
@@ -253,7 +165,10 @@ def module_class_name(module: torch.nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+@functools.lru_cache(maxsize=256)
 def resolve_module_class(name: object) -> type:
+    """A ``torch.nn`` module class by name, whose ``forward`` passes the composite rule of
+    ``codec.effects`` (it is rebuilt without running its constructor, spec §7.4)."""
     if not isinstance(name, str) or not name.startswith(MODULE_CLASS_PREFIXES):
         raise _unsafe(str(name), "module classes must come from torch.nn")
     parts = name.split(".")
@@ -268,23 +183,116 @@ def resolve_module_class(name: object) -> type:
     real = f"{obj.__module__}.{obj.__qualname__}"
     if not real.startswith(MODULE_CLASS_PREFIXES):
         raise _unsafe(name, f"it is {real[:120]}, which is not a torch.nn module")
+    forward = getattr(obj, "forward", None)
+    if isinstance(forward, types.FunctionType) and (why := effects.composite_problem(forward)) is not None:
+        raise _unsafe(name, f"its forward: {why}")
     return obj
 
 
+# What a graph value can be, as far as the checks below need to know.
+VALUE = "value"  # a tensor, a plain value, or a tuple/list of these
+SUBGRAPH = "subgraph"  # a GraphModule of the archive: callable, allowlisted node by node
+MODULE = "module"  # an nn.Module (get_attr of a module or a container path)
+HANDLE = "handle"  # an object a state function returned (an autocast context)
+
+
+def _state_kinds(record: GraphRecord) -> dict[str, str]:
+    kinds: dict[str, str] = {}
+    for entry in record.module_state:
+        kinds[entry.path] = VALUE if isinstance(entry, TensorEntry) else SUBGRAPH if isinstance(
+            entry, SubgraphEntry) else MODULE
+        parts = entry.path.split(".")
+        for i in range(1, len(parts)):
+            kinds.setdefault(".".join(parts[:i]), MODULE)
+    return kinds
+
+
+def _flows(node, kinds: dict[str, str], *, subgraphs_ok: bool, consumer: str | None = None) -> None:
+    """Which node values an argument list passes on: only values, subgraphs only to higher-order
+    operators, a handle only to the function that consumes it."""
+    for value in iter_arg_values((node.args, tuple(node.kwargs.values()))):
+        if not isinstance(value, NodeRef):
+            continue
+        kind = kinds.get(value.name, VALUE)
+        if kind == VALUE or kind == SUBGRAPH and subgraphs_ok:
+            continue
+        if kind == HANDLE and consumer is not None:
+            continue
+        what = {SUBGRAPH: "a subgraph (callable)", MODULE: "a module", HANDLE: "a state handle"}[kind]
+        raise UnsafeArchiveError(
+            f"node {node.name} passes {what} {value.name!r} to {str(node.target)[:80]}, which may only take "
+            f"tensors and plain values",
+            "callables may only go to higher-order operators and attributes only be read from tensors; "
+            "the archive is hostile or damaged",
+        )
+
+
+def _receiver(node, kinds: dict[str, str]) -> None:
+    """Attribute and method access only on tensors and plain values."""
+    if not node.args:
+        raise _unsafe(str(node.target), "no object to act on")
+    first = node.args[0]
+    if isinstance(first, NodeRef) and kinds.get(first.name, VALUE) != VALUE:
+        raise UnsafeArchiveError(
+            f"node {node.name} reads {str(node.args[1] if node.op == 'call_function' and len(node.args) > 1 else node.target)[:60]!r} "
+            f"of {first.name!r}, which is not a tensor or a plain value",
+            "attributes and methods may only be used on tensors and plain values; the archive is hostile or damaged",
+        )
+
+
 def check_graph_targets(record: GraphRecord) -> None:
-    """Every call target and module class of a (schema-checked) graph against the allowlist,
-    without building anything: what ``verify``, ``inspect`` and ``unpack`` check (``load``
-    resolves the same names while it builds). A function name this torch lacks passes here;
-    ``load`` will say so."""
+    """Every call target, module class and data flow of a (schema-checked) graph, without
+    building anything: what ``verify``, ``inspect``, ``unpack`` and ``load`` check before a graph
+    is built. A function name this torch lacks passes here; ``load`` will say so."""
+    kinds = _state_kinds(record)
     for node in record.nodes:
-        if node.op == "call_function":
-            check_function_target(node.target)
-            if node.target == "builtins.getattr":
+        op = node.op
+        if op == "placeholder":
+            kinds[node.name] = VALUE
+        elif op == "get_attr":
+            kinds[node.name] = kinds.get(node.target, MODULE)
+        elif op == "call_function":
+            fn = check_function_target(node.target)
+            if fn is None:  # not in this torch: load refuses it
+                kinds[node.name] = VALUE
+                continue
+            state = effects.state_function(fn)
+            _flows(node, kinds, subgraphs_ok=isinstance(fn, torch._ops.HigherOrderOperator),
+                   consumer=_consumer(node, kinds, fn))
+            if fn is getattr:
                 check_getattr_args(node.args)
-        elif node.op == "call_method":
+                _receiver(node, kinds)
+            elif isinstance(fn, torch._ops.OpOverload):
+                why = effects.string_argument_problem(fn, node.args, node.kwargs)
+                if why is not None:
+                    raise _unsafe(node.target, why)
+            kinds[node.name] = HANDLE if state is not None and state.returns_handle else VALUE
+        elif op == "call_method":
             check_method_name(node.target)
+            _receiver(node, kinds)
+            _flows(node, kinds, subgraphs_ok=False)
+            kinds[node.name] = VALUE
+        elif op == "call_module":
+            if kinds.get(node.target) not in (MODULE, SUBGRAPH):
+                raise _unsafe(node.target, "call_module of something that is not a module")
+            _flows(node, kinds, subgraphs_ok=False)
+            kinds[node.name] = VALUE
+        else:  # output
+            _flows(node, kinds, subgraphs_ok=False)
     for entry in record.module_state:
         if isinstance(entry, ModuleEntry):
             resolve_module_class(entry.class_name)
         elif isinstance(entry, SubgraphEntry):
             check_graph_targets(entry.graph)
+
+
+def _consumer(node, kinds: dict[str, str], fn: Any) -> str | None:
+    """The target name when ``fn`` is the declared consumer of every handle it is passed."""
+    handles = [v.name for v in iter_arg_values((node.args, tuple(node.kwargs.values())))
+               if isinstance(v, NodeRef) and kinds.get(v.name) == HANDLE]
+    if not handles:
+        return None
+    for name, spec in effects.STATE_FUNCTIONS.items():
+        if spec.returns_handle and spec.consumer == node.target:
+            return node.target
+    return None

@@ -21,21 +21,11 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from reproarchive.context.admission import CONFIG_MODULES, setting_problem
 from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
 from reproarchive.errors import UnrepresentableValue
 from reproarchive.format.plain import INT_MAX, INT_MIN
 from reproarchive.format.schema import ConfigRecord, SettingRef, UnrepresentableSetting
-
-#: The config modules every snapshot records in full. Other ``ConfigModule`` instances that are
-#: already imported when the snapshot is taken (``torch.compiler.config``, ``torch._export.config``,
-#: a third-party backend's config ...) are recorded too, but never imported just for this.
-CONFIG_MODULES = (
-    "torch._dynamo.config",
-    "torch._inductor.config",
-    "torch._functorch.config",
-    "torch.fx.experimental._config",
-)
-
 
 # ---------------------------------------------------------------------------------------------
 
@@ -259,7 +249,8 @@ class AppliedConfig:
         self.machine_specific: list[str] = []  # paths of the packing machine: left as they are
         self.forced_by_env: list[str] = []  # an env var here forces a value; recorded one ignored
         self.failed: list[dict[str, str]] = []  # setattr raised
-        self.unsafe: list[str] = []  # values that could name a program, path or command: not applied
+        self.unsafe: list[str] = []  # refused by context.admission (program, path, writer, not data)
+        self.reasons: dict[str, str] = {}  # why each unsafe setting was refused
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -272,34 +263,10 @@ class AppliedConfig:
         )
 
 
-# A replayed archive may come from anyone, so its config may only steer *how* torch compiles,
-# never *what it runs*: inductor hands some string settings (cpp.cxx, flags) to subprocesses.
-_SAFE_STRING = re.compile(r"^[A-Za-z0-9_.:+,-]{0,64}$")  # enum-like, and lists such as "ATEN,CPP"
-_PROGRAM_KEY = re.compile(
-    r"(^|[._])(cxx|cc|c_compiler|compiler|linker|ld|nvcc|ptxas|cmd|command|shell|exe|executable|binary|"
-    r"flags|cflags|ldflags|args|path|paths|dir|dirs|root|file|files|url|library|libraries|libs)($|[._])"
-)
-
-
-def _debug_output(module: str, key: str) -> bool:
-    """Inductor's ``trace.*`` settings (TORCH_COMPILE_DEBUG) only make it write debug folders
-    into the cwd; they describe how the recording was debugged, not how the graph compiles
-    (torch leaves them out of its own cache key), so a replay never applies them."""
-    return module == "torch._inductor.config" and key.startswith("trace.")
-
-
 def safe_to_apply(key: str, value: Any) -> bool:
-    """Whether a recorded config value may be applied: data (bools, numbers, None, short
-    enum-like strings and lists of these), under a key that does not name a program or path."""
-    if _PROGRAM_KEY.search(key.lower()) and not isinstance(value, (bool, int, float, type(None))):
-        return False
-    if isinstance(value, (list, tuple)):
-        return all(safe_to_apply(key, v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _SAFE_STRING.match(k) and safe_to_apply(key, v) for k, v in value.items())
-    if isinstance(value, str):
-        return bool(_SAFE_STRING.match(value))
-    return isinstance(value, (bool, int, float, type(None)))
+    """Whether a recorded config value may be applied (``context.admission``, the one filter
+    for every replay and export)."""
+    return setting_problem(key, value) is None
 
 
 def _config_module_named(name: str) -> Any:
@@ -373,16 +340,18 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
                 if (mod_name, key) in skip:
                     result.unrepresentable.append(full)
                     continue
-                if (mod_name, key) in machine or _debug_output(mod_name, key):
+                if (mod_name, key) in machine:
                     result.machine_specific.append(full)
-                    continue
-                if not safe_to_apply(key, value):
-                    if (mod_name, key) in changed_keys:  # a default left as it is needs no warning
-                        result.unsafe.append(full)
                     continue
                 entry = config.get(key)
                 if entry is None:
                     result.missing.append(full)
+                    continue
+                why = setting_problem(key, value, entry.default)
+                if why is not None:
+                    if (mod_name, key) in changed_keys:  # a default left as it is needs no warning
+                        result.unsafe.append(full)
+                        result.reasons[full] = why
                     continue
                 if getattr(entry, "alias", None) is not None:
                     continue

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from reproarchive.context.admission import variable_problem
 from reproarchive.context.redaction import redact_paths
 from reproarchive.format.schema import EnvironmentRecord
 
@@ -141,18 +142,11 @@ _IMPORT_TIME = re.compile(
     r"^(CUDA_|NCCL_|PYTORCH_|TORCH_LOGS|TORCH_SHOW_CPP|TORCH_CPP_LOG|TRITON_|MKL_|KMP_|HIP_|ROCM_)"
 )
 _REDACTED = re.compile(r"^<(redacted|process-specific)>$")
-# Only variables that steer PyTorch and its libraries are replayed. An archive may come from
-# anyone: LD_PRELOAD, PYTHONPATH, CXX or a *_FLAGS value would let it choose code we run.
-_REPLAYABLE = re.compile(
-    r"^(TORCH|PYTORCH|INDUCTOR|TRITON_|CUDA_|CUBLAS|CUDNN|NCCL_|OMP_NUM_THREADS$|MKL_|KMP_|DNNL_|ONEDNN_|HIP_|ROCM_)"
-)
-_PROGRAM_LIKE = re.compile(r"(CXX|CC$|_CC_|COMPILER|LINKER|LD_|FLAGS|CMD|COMMAND|PRELOAD|PLUGIN|EXEC|SHELL|_BIN$|LIBRARY)")
-_UNSAFE_VALUE = re.compile(r"[/\\`$;|&<>\s]")
 
 
 def replayable(name: str, value: str) -> bool:
-    """Whether a recorded variable may be set for a replay (see ``_REPLAYABLE``)."""
-    return bool(_REPLAYABLE.match(name)) and not _PROGRAM_LIKE.search(name) and not _UNSAFE_VALUE.search(value)
+    """Whether a recorded variable may be set for a replay (``context.admission``)."""
+    return variable_problem(name, value) is None
 
 
 def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tuple[dict[str, str], list[str]]:
@@ -164,7 +158,7 @@ def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tupl
     for name, value in sorted((environment.variables if environment else {}).items()):
         if _MACHINE_SPECIFIC.search(name) or _REDACTED.search(value) or value.startswith("~"):
             continue
-        if not replayable(name, value):
+        if variable_problem(name, value) is not None:
             refused.append(name)
             continue
         if os.environ.get(name) == value:
@@ -179,7 +173,8 @@ def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tupl
             late.append(f"{name}={value}")
     if refused:
         warnings.append(
-            "recorded environment variables not set because they could name a program, library or path: "
+            "recorded environment variables not set because they could name a program, library or path, "
+            "or make torch write files: "
             + ", ".join(refused[:10]) + (f" and {len(refused) - 10} more" if len(refused) > 10 else "")
         )
     if late:

@@ -161,6 +161,7 @@ def minify_archive(
     tol: float | None = None,
     shrink_inputs: bool = True,
     progress: Callable[[Any], None] | None = None,
+    max_memory: int | None = None,
 ) -> MinifyReport:
     """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``.
 
@@ -177,7 +178,7 @@ def minify_archive(
         raise ReproArchiveError("the output archive must differ from the input", "pass another -o path")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        repro = load(path, device=device)
+        repro = load(path, device=device, max_memory=max_memory)
     stage = repro.failure.stage if repro.failure is not None else None
     if stage in (None, "unknown"):
         raise ReproArchiveError(
@@ -185,6 +186,7 @@ def minify_archive(
             "replay it first (`reproarchive pack` without --no-replay records one)",
         )
     from reproarchive.replay.backends import choose_backend
+    from reproarchive.replay.containment import contained
 
     if isolate is None:
         isolate = stage == "crash"  # a crash replayed in this process would end it
@@ -212,9 +214,11 @@ def minify_archive(
                 _write(output, repro, gm, inputs, stats=_labelled({**stats.as_dict(), "stop_reason": "checkpoint"}, repro))
 
             try:
-                result = minify_with_stats(repro.gm, repro.args, fails, max_time=max_time, progress=progress,
-                                           on_accept=checkpoint, localize=localize, shrink_inputs=shrink_inputs,
-                                           jobs=jobs)
+                # the eager recording runs the graph here too: its thread state and RNG are put back
+                with contained(outputs=False):
+                    result = minify_with_stats(repro.gm, repro.args, fails, max_time=max_time, progress=progress,
+                                               on_accept=checkpoint, localize=localize, shrink_inputs=shrink_inputs,
+                                               jobs=jobs)
             except NotFailingError:
                 hint = "run `reproarchive run` on it to see what happens instead"
                 if judge_accuracy and not strict_accuracy and stage == "accuracy" and \

@@ -36,6 +36,7 @@ from reproarchive.format.schema import (
 )
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import choose_backend, resolve_backend
+from reproarchive.replay.containment import contained
 from reproarchive.replay.outcome import Outcome, judged
 
 # --------------------------------------------------------------------------------------------
@@ -92,6 +93,7 @@ def replay_graph(
         if config_applied:
             stack.enter_context(_applied_config(config, warnings))
         stack.enter_context(applied_environment(env_to_set))
+        stack.enter_context(contained())
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
             observed, details, ran_backward = _compile_and_run(
@@ -167,7 +169,7 @@ def _applied_config(config: Mapping[str, Any], warnings: list[str]):
     with applied_config(config) as result:
         for label, names in (
             ("recorded config settings this torch does not have", result.missing),
-            ("recorded config modules that cannot be imported here", result.missing_modules),
+            ("recorded config modules not applied (only torch config modules already known here are; a replay never imports a module an archive names)", result.missing_modules),
             ("changed config settings that could not be recorded (e.g. custom passes)", result.unrepresentable),
             ("recorded config settings overridden here by an environment variable", result.forced_by_env),
             ("recorded config settings that failed to apply", [f["key"] for f in result.failed]),
@@ -288,6 +290,7 @@ def run(
     current_config: bool = False,
     tol: float | None = None,
     progress: ProgressFn | None = None,
+    max_memory: int | None = None,
 ) -> Outcome:
     """Replay the archive at ``path`` on this machine; see ``reproarchive run --help``.
 
@@ -301,7 +304,7 @@ def run(
     if backend is not None:
         resolve_backend(backend)  # cannot run here: say so before loading anything
     options = dict(device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                   current_config=current_config, tol=tol)
+                   current_config=current_config, tol=tol, max_memory=max_memory)
     index = _peek_index(path) if isolate is not False else None
     if isolate is None:
         isolate = index is not None and index.failure is not None and index.failure.stage == "crash"
@@ -321,14 +324,15 @@ def _peek_index(path):
 
 
 def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
-             tol=None, on_start=None, progress: ProgressFn | None = None, strict_accuracy: bool = True) -> Outcome:
+             tol=None, on_start=None, progress: ProgressFn | None = None, strict_accuracy: bool = True,
+             max_memory: int | None = None) -> Outcome:
     """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
     so that an isolating parent can still report them if the compile takes the process down."""
     from reproarchive.archive.loading import load
 
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        repro = load(path, device=device, progress=progress)
+        repro = load(path, device=device, progress=progress, max_memory=max_memory)
     load_warnings = _dedupe(repro.warnings or [])
     chosen = choose_backend(backend, repro.backend)
     resolve_backend(chosen)

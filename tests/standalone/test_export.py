@@ -140,7 +140,7 @@ def test_export_writes_recorded_config_settings(tmp_path):
     reproarchive.pack(graphs[0], [torch.randn(3)], path, backend="inductor", config=config)
     export(path, tmp_path / "out")
     text = (tmp_path / "out" / "repro.py").read_text()
-    assert "_set_config('torch._inductor.config', 'cpp.inject_relu_bug_TESTING_ONLY', 'compile_error')" in text
+    assert "_set_config(torch._inductor.config, 'cpp.inject_relu_bug_TESTING_ONLY', 'compile_error')" in text
 
 
 def test_export_refuses_a_non_empty_folder_and_leaves_nothing(tmp_path):

@@ -1,0 +1,609 @@
+"""What a call target can touch: the effect rule of spec §7.3.
+
+An archive names the callables its graph calls, and a name says nothing about what a callable
+does (``torch.from_file`` and ``torch.zeros`` look alike). So a target is allowed by what it can
+touch: it must be a tensor computation whose effects stay on its tensor arguments and results.
+No file, process, network, Python object other than tensors and plain values, and no global or
+random-number state that outlives the replay (the replay restores the thread state that graphs
+legitimately toggle and the RNG, ``replay.containment``).
+
+Where the effects come from:
+
+* an **operator** (``torch.ops.<ns>.<op>.<overload>``): its schema. Every argument and result
+  is a tensor or a plain value (numbers, bools, dtypes, devices, layouts, memory formats, and
+  lists/optionals of these); a string argument is only an enum *selector* or an assertion
+  *message* (``SELECTOR_ARGUMENTS``, values checked per node); an operator that returns nothing
+  writes one of its tensor arguments, or checks a value (``CHECK_OPERATORS``). Schemas cannot
+  show a few effects (a collective reaching the network, the profiler's global state): those
+  namespaces and operators are listed in ``SCHEMA_BLIND`` with the reason;
+* a **Python binding** of operators (``torch.add``, ``torch._C._nn.linear``, ``Tensor.view``):
+  the schema of every overload of the ATen operator of the same name; the few bindings no
+  operator describes are ``SCHEMALESS_BINDINGS``, each with the effect it has;
+* a **Python composite** (``torch.nn.functional.softmax``, ``Tensor.split``): it must be part of
+  torch's tensor API (``torch.overrides``' overridable functions, or a symbolic-shape helper),
+  take no callable and no object by its signature, and its code, followed through the torch
+  functions it calls by name, must not name a file, process, network, import, serialization,
+  autograd-hook or global-setting facility (``FORBIDDEN_NAMES``);
+* a **higher-order operator** has no schema; ``HIGHER_ORDER`` lists each one torch registers
+  with its verdict (the ones that run subgraphs of the archive are allowed, the ones that run
+  code from elsewhere are not);
+* ``operator``, ``math`` and a few ``builtins``: ``operator`` functions that dispatch to a
+  tensor dunder, every ``math`` function, and ``BUILTINS``;
+* **state functions** Dynamo puts in graphs (``torch._C._set_grad_enabled``, autocast and
+  functorch levels): ``STATE_FUNCTIONS``; they change thread-local state that the replay puts
+  back, so their effect does not outlive it.
+
+Anything else is refused. Every verdict is ``None`` (allowed) or the reason it is refused.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import inspect
+import math
+import operator
+import re
+import types
+from typing import Any
+
+import torch
+
+# --------------------------------------------------------------------------------------------
+# operators
+
+
+#: String arguments that select how a tensor computation runs (an enum, an einsum equation) or
+#: carry an assertion's message, by argument name, with the pattern a value must match. Any
+#: other string argument (a file name, a process group, a profiler label) refuses the operator.
+_TOKEN = re.compile(r"^[A-Za-z0-9_]{0,32}$")
+_EQUATION = re.compile(r"^[A-Za-z.,\->\s]{0,256}$")
+_MESSAGE = re.compile(r"^[^\x00-\x08\x0b-\x1f\x7f]{0,2000}$", re.DOTALL)
+SELECTOR_ARGUMENTS: dict[str, re.Pattern] = {
+    **{name: _TOKEN for name in (
+        "approximate", "rounding_mode", "mode", "padding", "norm", "UPLO", "driver", "ord", "p", "indexing",
+        "interpolation", "side", "reduce", "padding_side", "pad_mode", "activation", "algorithm", "attr",
+        "unary_attr", "binary_attr", "unary_algorithm", "post_op_name", "post_op_algorithm", "binary_post_op",
+        "unary_post_op", "unary_post_op_algorithm",
+    )},
+    "equation": _EQUATION,
+    "assert_msg": _MESSAGE,
+    "api_name": _TOKEN,
+}
+
+#: Effects no schema shows: operators whose types look like a tensor computation but which
+#: act elsewhere.
+SCHEMA_BLIND: dict[str, str] = {
+    # namespaces
+    "c10d": "collective communication (network)",
+    "_c10d_functional": "collective communication (network)",
+    "_c10d_functional_autograd": "collective communication (network)",
+    "symm_mem": "symmetric-memory communication between processes (network)",
+    "_dtensor": "distributed tensors (network)",
+    "profiler": "starts and stops the process-wide profiler",
+    "debugprims": "loads tensors by name from a debugging store",
+    "debug_mode_ops": "annotates a process-wide debug mode",
+    "prim": "TorchScript interpreter internals (Python calls, RPC, printing)",
+    "static_runtime": "TorchScript static-runtime internals",
+    "onnx": "ONNX export markers",
+    # operators
+    "aten::backward": "runs the autograd engine (accumulates into .grad, calls hooks)",
+    "aten::_backward": "runs the autograd engine (accumulates into .grad, calls hooks)",
+    "aten::dist_backward": "distributed autograd (network)",
+    "aten::get_gradients": "distributed autograd (network)",
+    "aten::set_data": "replaces a tensor's data outside autograd (tensor identity)",
+}
+
+#: Operators that return nothing, write no tensor, and take no tensor, yet only check a value
+#: (symbolic-shape assertions in graphs with dynamic shapes). Any other such operator can only
+#: have changed global state (``aten::manual_seed``, ``aten::set_grad_enabled``).
+CHECK_OPERATORS = {"aten::_assert_scalar", "aten::sym_constrain_range", "aten::sym_constrain_range_for_size"}
+
+_PLAIN_KINDS = {
+    "TensorType", "IntType", "SymIntType", "FloatType", "SymFloatType", "BoolType", "SymBoolType", "ComplexType",
+    "NumberType", "ScalarTypeType", "LayoutType", "MemoryFormatType", "DeviceObjType", "NoneType",
+}
+
+
+def _type_problem(t: Any, *, optional: bool = False) -> str | None:
+    kind = t.kind()
+    if kind in _PLAIN_KINDS:
+        return None
+    if kind == "OptionalType":
+        return _type_problem(t.getElementType(), optional=True)
+    if kind == "ListType":
+        return _type_problem(t.getElementType())
+    if kind == "TupleType":
+        for e in t.elements():
+            if (why := _type_problem(e)) is not None:
+                return why
+        return None
+    if kind == "GeneratorType" and optional:
+        return None  # a graph cannot hold a generator: the value is always None (the global RNG)
+    return f"takes or returns a {t.annotation_str if hasattr(t, 'annotation_str') else t}"
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why an operator schema is not a tensor computation with contained effects (None: it is)."""
+    writes = False
+    reads_tensor = False
+    for a in schema.arguments:
+        t = a.real_type
+        if a.alias_info is not None and a.alias_info.is_write:
+            writes = True
+        if "Tensor" in str(t):
+            reads_tensor = True
+        base = t.getElementType() if t.kind() == "OptionalType" else t
+        if base.kind() == "StringType":
+            if a.name not in SELECTOR_ARGUMENTS:
+                return f"takes a string argument {a.name!r} that is not an enum selector or message"
+            continue
+        if str(base) in ("Dimname", "List[Dimname]") or "Dimname" in str(t):
+            return f"takes a dimension name {a.name!r} (a string)"
+        if (why := _type_problem(t)) is not None:
+            return f"argument {a.name!r} {why}"
+    for r in schema.returns:
+        if (why := _type_problem(r.real_type)) is not None:
+            return f"result {why}"
+    if "..." in str(schema):
+        return "takes or returns a variable number of untyped values"
+    if not schema.returns and not writes and not reads_tensor and schema.name not in CHECK_OPERATORS:
+        return "returns nothing and writes no tensor: its only effect is on global state"
+    return None
+
+
+def _blind(schema: Any) -> str | None:
+    namespace = schema.name.split("::")[0]
+    return SCHEMA_BLIND.get(namespace) or SCHEMA_BLIND.get(schema.name)
+
+
+@functools.lru_cache(maxsize=None)
+def overload_problem(op: torch._ops.OpOverload) -> str | None:
+    return _blind(op._schema) or schema_problem(op._schema)
+
+
+@functools.lru_cache(maxsize=1)
+def _dispatcher_ops() -> frozenset[str]:
+    """Operators registered with the dispatcher (``aten::add.Tensor``); the rest of a packet's
+    overloads are TorchScript builtins (string, list and dict functions) only a packet reaches."""
+    return frozenset(torch._C._dispatch_get_all_op_names())
+
+
+def _overloads(packet: torch._ops.OpOverloadPacket, *, dispatcher_only: bool):
+    native = _dispatcher_ops()
+    for name in packet.overloads():
+        qualified = packet._qualified_op_name + ("" if name == "default" else f".{name}")
+        if dispatcher_only and qualified not in native:
+            continue
+        try:
+            yield name, getattr(packet, name)
+        except (AttributeError, RuntimeError):
+            continue
+
+
+@functools.lru_cache(maxsize=None)
+def packet_problem(packet: torch._ops.OpOverloadPacket, dispatcher_only: bool = False) -> str | None:
+    """A packet picks its overload from the arguments at run time: every overload it can reach
+    must pass. Called directly, a packet reaches TorchScript builtins too; a Python binding
+    (``torch.add``) reaches only the dispatcher's overloads."""
+    for name, op in _overloads(packet, dispatcher_only=dispatcher_only):
+        if (why := overload_problem(op)) is not None:
+            return f"overload {name}: {why}"
+    return None
+
+
+def string_argument_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
+    """A selector or message value a node passes to an operator, checked against its pattern."""
+    arguments = op._schema.arguments
+    positional = [a for a in arguments if not a.kwarg_only]
+    bound = list(zip(positional, args)) + [(a, kwargs[a.name]) for a in arguments if a.name in kwargs]
+    for a, value in bound:
+        pattern = SELECTOR_ARGUMENTS.get(a.name)
+        if pattern is not None and isinstance(value, str) and not pattern.match(value):
+            return f"its {a.name!r} argument {value[:40]!r} is not a selector value"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# higher-order operators: no schema, one verdict each
+
+_SUBGRAPHS = None  # allowed: runs subgraphs of the archive (allowlisted themselves) on tensors
+HIGHER_ORDER: dict[str, str | None] = {
+    "associative_scan": _SUBGRAPHS, "cond": _SUBGRAPHS, "map_impl": _SUBGRAPHS, "scan": _SUBGRAPHS,
+    "while_loop": _SUBGRAPHS, "while_loop_stack_output": _SUBGRAPHS, "wrap": _SUBGRAPHS,
+    "wrap_with_autocast": _SUBGRAPHS, "wrap_with_set_grad_enabled": _SUBGRAPHS,
+    "tag_activation_checkpoint": _SUBGRAPHS, "wrap_activation_checkpoint": _SUBGRAPHS,
+    "invoke_subgraph": _SUBGRAPHS, "flex_attention": _SUBGRAPHS, "flex_attention_backward": _SUBGRAPHS,
+    "hints_wrapper": _SUBGRAPHS, "autograd_function_apply": _SUBGRAPHS, "strict_mode": _SUBGRAPHS,
+    "foreach_map": _SUBGRAPHS, "invoke_quant": _SUBGRAPHS, "invoke_quant_packed": _SUBGRAPHS,
+    "run_and_save_rng_state": _SUBGRAPHS, "run_with_rng_state": _SUBGRAPHS,
+    "graphsafe_run_with_rng_state": _SUBGRAPHS, "out_dtype": _SUBGRAPHS,
+    "aoti_call_delegate": "runs a compiled shared library",
+    "auto_functionalized": "calls an operator passed as a value",
+    "auto_functionalized_v2": "calls an operator passed as a value",
+    "with_effects": "calls an operator passed as a value, threading effect tokens",
+    "call_torchbind": "calls a method of a TorchScript object",
+    "custom_function_call": "calls a Python autograd.Function class",
+    "dynamo_bypassing_wrapper": "calls an arbitrary Python callable",
+    "executorch_call_delegate": "calls an ExecuTorch delegate",
+    "flat_apply": "calls an arbitrary Python function named by a spec",
+    "inductor_compiled_code": "runs code an earlier compile produced",
+    "inline_asm_elementwise": "compiles inline assembly",
+    "invoke_leaf_function": "calls an arbitrary Python function",
+    "print": "prints to the process's stdout",
+    "run_const_graph": "runs a constant-folded graph of another module",
+    "run_dtensor_rng_op": "distributed RNG (network)",
+    "local_map_hop": "distributed tensors (network)",
+    "_export_tracepoint": "export tracing marker",
+    "triton_kernel_wrapper_mutation": "launches a Triton kernel from this process's side table",
+    "triton_kernel_wrapper_functional": "launches a Triton kernel from this process's side table",
+}
+
+
+def higher_order_problem(op: torch._ops.HigherOrderOperator) -> str | None:
+    name = op.name()
+    if name not in HIGHER_ORDER:
+        return "a higher-order operator reproarchive has not classified"
+    return HIGHER_ORDER[name]
+
+
+# --------------------------------------------------------------------------------------------
+# Python-level functions
+
+#: C bindings that no ATen operator of their name describes, with what they do.
+SCHEMALESS_BINDINGS: dict[str, str | None] = {
+    # conversions and device moves of a tensor (they call aten::to / aten::_to_copy)
+    **{name: None for name in (
+        "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte", "bool", "cfloat",
+        "cdouble", "cuda", "cpu", "xpu", "mtia", "type", "element_size", "nelement", "tolist", "new_tensor",
+        "tensor", "as_tensor", "asarray", "is_shared", "get_device", "dim", "ndimension",
+    )},
+    "numpy": "returns a NumPy array (a Python object)",
+    "untyped_storage": "returns a storage object",
+    "apply_": "calls a Python callable for every element",
+    "map_": "calls a Python callable for every element",
+    "map2_": "calls a Python callable for every element",
+    "data_ptr": "exposes a memory address",
+    "from_numpy": "reads a NumPy array (a Python object)",
+    "frombuffer": "reads a Python buffer object",
+    "from_file": "maps a file",
+}
+
+#: Functions of torch's tensor API that are not overridable yet are tensor computations on
+#: symbolic values: the shape checks Dynamo and AOTAutograd put in graphs.
+SYMBOLIC_HELPERS = (
+    "torch._check", "torch._check_is_size", "torch._check_with", "torch._assert", "torch._assert_async",
+    "torch.sym_int", "torch.sym_float", "torch.sym_max", "torch.sym_min", "torch.sym_not", "torch.sym_ite",
+    "torch.sym_sum", "torch._sym_sqrt",
+)
+
+#: Names whose appearance in a composite's code means an effect outside tensors, by kind.
+FORBIDDEN_NAMES: dict[str, str] = {
+    **{n: "files" for n in (
+        "open", "save", "load", "from_file", "to_folder", "tofile", "mkdir", "makedirs", "unlink", "rmdir",
+        "rmtree", "chdir", "remove", "rename", "NamedTemporaryFile", "mkdtemp", "TemporaryDirectory", "Path")},
+    **{n: "processes" for n in ("system", "popen", "Popen", "subprocess", "spawn", "fork", "execv", "execvp")},
+    **{n: "network" for n in ("socket", "urlopen", "urllib", "request", "distributed", "rpc")},
+    **{n: "code" for n in ("exec", "eval", "compile", "__import__", "import_module", "importlib", "globals",
+                           "setattr", "delattr", "__builtins__")},
+    **{n: "Python objects" for n in (
+        "numpy", "to_dlpack", "_typed_storage", "untyped_storage", "TypedStorage", "UntypedStorage", "storage",
+        "_share_memory_", "share_memory_", "_new_shared", "deepcopy", "_reduce_ex_internal", "pickle",
+        "copyreg", "_rebuild_from_type_v2", "__setstate__")},
+    **{n: "the autograd engine and hooks" for n in (
+        "backward", "_backward_hooks", "RemovableHandle", "register_hook", "_post_accumulate_grad_hooks",
+        "retain_grad", "_execution_engine", "run_backward")},
+    **{n: "global state" for n in (
+        "manual_seed", "seed", "set_rng_state", "set_default_dtype", "set_default_device",
+        "set_default_tensor_type", "set_num_threads", "set_flush_denormal", "use_deterministic_algorithms",
+        "environ", "putenv", "set_printoptions", "set_grad_enabled", "_set_grad_enabled")},
+}
+
+
+#: Names the scan would flag in torch's own composites where the use is reviewed and harmless.
+REVIEWED_USES: dict[tuple[str, str], str] = {
+    ("torch.nn.functional.pad", "import_module"): "imports torch._decomp.decompositions by a constant name",
+    ("torch.nn.functional.pad", "importlib"): "imports torch._decomp.decompositions by a constant name",
+    ("torch.nn.functional.interpolate", "import_module"): "imports torch._decomp.decompositions by a constant name",
+    ("torch.nn.functional.interpolate", "importlib"): "imports torch._decomp.decompositions by a constant name",
+    ("torch.nn.functional.max_pool3d_with_indices", "import_module"): "imports torch._decomp by a constant name",
+    ("torch.nn.functional.max_pool3d_with_indices", "importlib"): "imports torch._decomp by a constant name",
+    ("torch.__all_and_float_types", "numpy"): "isinstance checks against NumPy scalar types",
+}
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _unwrap(fn: Any) -> Any:
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+_MAX_COMPOSITE_FUNCTIONS = 400
+#: The ``__torch_function__`` protocol: it only runs code of tensor subclasses, and a graph's
+#: values are plain tensors (inputs are rebuilt as ``torch.Tensor``, parameters as ``Parameter``).
+_DISPATCH_PLUMBING = {"torch.overrides", "torch._C"}
+
+
+def composite_problem(fn: types.FunctionType) -> str | None:
+    """The code of a composite and of the torch Python functions it reaches by name."""
+    seen: set[int] = set()
+    todo = [_unwrap(fn)]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen or not isinstance(f, types.FunctionType):
+            continue
+        seen.add(id(f))
+        if len(seen) > _MAX_COMPOSITE_FUNCTIONS:
+            return "its code reaches too many Python functions to check"
+        names = _code_names(f.__code__)
+        where = f"{f.__module__}.{f.__qualname__}"
+        for name in sorted(names):
+            if name in FORBIDDEN_NAMES and (where, name) not in REVIEWED_USES:
+                return f"its code ({where}) names {name!r} ({FORBIDDEN_NAMES[name]})"
+        scope = dict(f.__globals__)
+        for cell, var in zip(f.__closure__ or (), f.__code__.co_freevars):
+            try:
+                scope[var] = cell.cell_contents
+            except ValueError:
+                pass
+        for name in names | set(f.__code__.co_freevars):
+            target = _unwrap(scope.get(name))
+            if isinstance(target, types.FunctionType) and str(target.__module__).startswith("torch") \
+                    and target.__module__ not in _DISPATCH_PLUMBING:
+                todo.append(target)
+    return None
+
+
+def _signature_problem(fn: Any) -> str | None:
+    """Callable or object parameters, by annotation (a composite calls what it is given)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    for p in sig.parameters.values():
+        text = str(p.annotation)
+        if "Callable" in text or "Module" in text or "Generator" in text and "Optional" not in text:
+            return f"takes a callable or object parameter {p.name!r}"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _tensor_api() -> frozenset[int]:
+    """Ids of torch's tensor API: what ``torch.overrides`` calls overridable, plus the symbolic
+    helpers."""
+    import torch.overrides
+
+    ids = set()
+    for functions in torch.overrides.get_overridable_functions().values():
+        ids.update(id(_unwrap(f)) for f in functions)
+    for name in SYMBOLIC_HELPERS:
+        obj: Any = torch
+        for part in name.split(".")[1:]:
+            obj = getattr(obj, part, None)
+        if obj is not None:
+            ids.add(id(_unwrap(obj)))
+    return frozenset(ids)
+
+
+def _aten_packet(name: str) -> torch._ops.OpOverloadPacket | None:
+    if not name or name.startswith("__"):
+        return None
+    try:
+        packet = getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError):
+        return None
+    return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
+
+
+_OPERATOR_DUNDER = {"not_": None, "truth": "__bool__", "is_": None, "is_not": None, "concat": "__add__",
+                    "iconcat": "__iadd__", "index": "__index__", "contains": "__contains__"}
+#: builtins a graph may call: numeric and structural functions on values (``getattr`` only for
+#: data attributes, checked per node).
+BUILTINS = {"getattr", "len", "abs", "min", "max", "sum", "int", "float", "bool", "round", "pow", "divmod", "range",
+            "tuple", "list", "all", "any", "isinstance", "slice"}
+
+
+def operator_problem(name: str) -> str | None:
+    """An ``operator`` function is allowed when it is the function form of a tensor dunder."""
+    if name in _OPERATOR_DUNDER:
+        dunder = _OPERATOR_DUNDER[name]
+    else:
+        dunder = f"__{name.rstrip('_')}__"
+    if dunder is None or hasattr(torch.Tensor, dunder):
+        fn = getattr(operator, name, None)
+        if isinstance(fn, types.BuiltinFunctionType):
+            return None
+    return "not the function form of a tensor operator"
+
+
+def _binding_problem(fn: Any, name: str) -> str | None:
+    packet = _aten_packet(name)
+    if packet is not None:
+        return packet_problem(packet, dispatcher_only=True)
+    if name in SCHEMALESS_BINDINGS:
+        return SCHEMALESS_BINDINGS[name]
+    return "a C function no operator schema describes"
+
+
+#: The Python data model's numeric, comparison, item and conversion protocol.
+PROTOCOL_DUNDERS = {
+    "add", "sub", "mul", "truediv", "floordiv", "div", "mod", "pow", "matmul", "and", "or", "xor", "lshift",
+    "rshift", "neg", "pos", "abs", "invert", "eq", "ne", "lt", "le", "gt", "ge", "getitem", "setitem", "len",
+    "bool", "nonzero", "float", "int", "long", "index", "complex", "contains",
+}
+
+
+def dunder_problem(name: str) -> str | None:
+    """Tensor dunders: the numeric, comparison and item protocol (also reflected ``__r*__`` and
+    in-place ``__i*__``), and conversions to numbers."""
+    core = name[2:-2]
+    if core in PROTOCOL_DUNDERS or core[:1] in ("r", "i") and core[1:] in PROTOCOL_DUNDERS:
+        return None
+    return "a dunder method outside the numeric and item protocol"
+
+
+def callable_problem(fn: Any) -> str | None:
+    """Why a resolved Python-level callable is refused (None: allowed)."""
+    if isinstance(fn, torch._ops.OpOverload):
+        return overload_problem(fn)
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return packet_problem(fn)
+    if isinstance(fn, torch._ops.HigherOrderOperator):
+        return higher_order_problem(fn)
+    state = state_function(fn)
+    if state is not None:
+        return None
+    module = getattr(fn, "__module__", None) or getattr(getattr(fn, "__objclass__", None), "__module__", None)
+    name = getattr(fn, "__name__", "")
+    if fn is getattr(builtins, name, None) and name in BUILTINS:
+        return None
+    if module == "math" and isinstance(fn, types.BuiltinFunctionType) and fn is getattr(math, name, None):
+        return None
+    if module in ("operator", "_operator") and fn is getattr(operator, name, None):
+        return operator_problem(name)
+    if isinstance(fn, type):
+        return "a class (constructing objects)"
+    if name.startswith("__") and name.endswith("__"):
+        return dunder_problem(name) if _is_tensor_member(fn) else "a dunder method"
+    if isinstance(fn, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                       types.MethodWrapperType)):
+        if not str(module or "torch").startswith("torch") and not _is_tensor_member(fn):
+            return "a C function outside torch"
+        return _binding_problem(fn, name)
+    target = _unwrap(fn)
+    if target is not fn and isinstance(target, (types.BuiltinFunctionType, types.MethodDescriptorType)):
+        return _binding_problem(target, getattr(target, "__name__", ""))
+    if isinstance(target, types.FunctionType):
+        if id(target) not in _tensor_api():
+            return "a Python function outside torch's tensor API"
+        return _signature_problem(target) or composite_problem(target)
+    return f"a {type(fn).__name__}, not a function"
+
+
+def _is_tensor_member(fn: Any) -> bool:
+    owner = getattr(fn, "__objclass__", None)
+    return owner is not None and issubclass(torch.Tensor, owner) if isinstance(owner, type) else False
+
+
+@functools.lru_cache(maxsize=None)
+def method_problem(name: str) -> str | None:
+    """A ``call_method`` target: a public method of ``torch.Tensor`` (or a protocol dunder),
+    classified like the function it is."""
+    fn = inspect.getattr_static(torch.Tensor, name, None)
+    if fn is None or not callable(getattr(torch.Tensor, name, None)):
+        return "not a Tensor method"
+    if name.startswith("__"):
+        return dunder_problem(name)
+    if name.startswith("_"):
+        return "a private method"
+    if isinstance(fn, (staticmethod, classmethod)):
+        return "a static or class method"
+    return callable_problem(getattr(torch.Tensor, name))
+
+
+# --------------------------------------------------------------------------------------------
+# thread state that graphs toggle, and results that are handles
+
+
+@dataclasses.dataclass(frozen=True)
+class StateFunction:
+    """A function that changes thread-local state the replay restores (``replay.containment``)."""
+
+    state: str  # which state: "grad", "autocast", "functorch", "forward_ad", "usage_log"
+    returns_handle: bool = False  # its result is an object only ``consumer`` may take
+    consumer: str | None = None
+
+
+STATE_FUNCTIONS: dict[str, StateFunction] = {
+    "torch._C._set_grad_enabled": StateFunction("grad"),
+    "torch._C._set_fwd_grad_enabled": StateFunction("forward_ad"),
+    "torch.amp.autocast_mode._enter_autocast": StateFunction("autocast", True,
+                                                             "torch.amp.autocast_mode._exit_autocast"),
+    "torch.amp.autocast_mode._exit_autocast": StateFunction("autocast"),
+    "torch._C._log_api_usage_once": StateFunction("usage_log"),
+    **{f"torch._C._functorch.{n}": StateFunction("functorch") for n in (
+        "_vmap_increment_nesting", "_vmap_decrement_nesting", "_add_batch_dim", "_remove_batch_dim",
+        "_grad_increment_nesting", "_grad_decrement_nesting", "_wrap_for_grad", "_unwrap_for_grad",
+        "_jvp_increment_nesting", "_jvp_decrement_nesting", "_wrap_functional_tensor", "_unwrap_functional_tensor",
+        "_func_increment_nesting", "_func_decrement_nesting", "set_inplace_requires_grad_allowed",
+        "get_inplace_requires_grad_allowed", "_set_dynamic_layer_keys_included", "maybe_current_level",
+        "is_batchedtensor", "get_unwrapped", "_unwrap_batched", "_is_functionaltensor", "current_level")},
+    **{f"torch._functorch.predispatch.{n}": StateFunction("functorch") for n in (
+        "_add_batch_dim", "_remove_batch_dim", "_vmap_increment_nesting", "_vmap_decrement_nesting", "lazy_load_decompositions")},
+    **{f"torch._functorch.vmap.{n}": StateFunction("functorch") for n in (
+        "lazy_load_decompositions", "_check_randomness_arg")},
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _state_objects() -> dict[int, str]:
+    found = {}
+    for name in STATE_FUNCTIONS:
+        obj: Any = torch
+        try:
+            for part in name.split(".")[1:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        found[id(obj)] = name
+    return found
+
+
+def state_function(fn: Any) -> StateFunction | None:
+    name = _state_objects().get(id(fn))
+    return STATE_FUNCTIONS[name] if name else None
+
+
+# --------------------------------------------------------------------------------------------
+# attributes a graph may read with getattr
+
+
+@functools.lru_cache(maxsize=1)
+def data_attributes() -> frozenset[str]:
+    """Public attributes that hold data on tensors and on the values graphs compute: what
+    ``getattr`` may read. Derived by reading every non-callable Tensor attribute on probe
+    tensors and keeping those whose value is a tensor or a plain value on every probe where it
+    exists (``grad_fn``, an autograd node, is not), plus the field names of ``torch.return_types``
+    that are not also Tensor methods."""
+    import warnings
+
+    plain = (torch.Tensor, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.layout,
+             torch.Size, torch.memory_format)
+    leaf = torch.ones(2, 2, requires_grad=True)
+    probes = [leaf, leaf * 2, torch.ones(2, 2, dtype=torch.complex64), torch.ones(3, dtype=torch.int64)]
+    names = set()
+    for name in dir(torch.Tensor):
+        if name.startswith("_"):
+            continue
+        static = inspect.getattr_static(torch.Tensor, name, None)
+        if not isinstance(static, (types.GetSetDescriptorType, property, types.MemberDescriptorType)):
+            continue
+        values = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for p in probes:
+                try:
+                    values.append(getattr(p, name))
+                except Exception:  # noqa: BLE001 - undefined on this probe (mT of a 1-d tensor)
+                    pass
+        if values and all(isinstance(v, plain) for v in values):
+            names.add(name)
+    from torch import return_types
+
+    for cls_name in dir(return_types):
+        cls = getattr(return_types, cls_name)
+        if isinstance(cls, type) and issubclass(cls, tuple):
+            # a field that is also a Tensor method (``values``, ``max``) would read a bound
+            # method off a tensor: left out (graphs index these tuples with getitem anyway)
+            names.update(k for k, v in vars(cls).items() if isinstance(v, types.MemberDescriptorType)
+                         and not k.startswith("_") and not callable(getattr(torch.Tensor, k, None)))
+    return frozenset(names)

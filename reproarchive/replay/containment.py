@@ -1,0 +1,97 @@
+"""What a replay may change in this process, and how it is put back (spec §9).
+
+The allowlist (spec §7.3) admits a few targets whose effect is on thread state rather than on
+tensors, because real graphs need them: ``torch._C._set_grad_enabled`` (every ``no_grad``
+region), autocast enter/exit, functorch transform levels (``vmap``), and random operators that
+advance the generator (dropout). Compilers also write files when asked to (debug traces, logs)
+into the working folder or torch's debug folder. ``contained`` bounds both: the replay runs in
+a private working folder with torch's debug folder pointed into it, and afterwards the folder
+is removed and grad mode, autocast, forward-AD, functorch levels and every RNG are restored,
+so nothing a graph did outlives the replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "ipu", "mtia", "maia")
+
+
+@contextlib.contextmanager
+def private_outputs() -> Iterator[Path]:
+    """A fresh working folder for the ``with`` body, torch's debug folder inside it; removed
+    afterwards. Paths the caller needs must be absolute before entering."""
+    import torch._dynamo.config as dynamo_config
+
+    folder = Path(tempfile.mkdtemp(prefix="reproarchive-replay-"))
+    old_cwd = os.getcwd()
+    old_env = os.environ.get("TORCH_COMPILE_DEBUG_DIR")
+    os.environ["TORCH_COMPILE_DEBUG_DIR"] = str(folder)
+    try:
+        with dynamo_config.patch(debug_dir_root=str(folder / "torch_compile_debug")):
+            os.chdir(folder)
+            try:
+                yield folder
+            finally:
+                os.chdir(old_cwd)
+    finally:
+        if old_env is None:
+            os.environ.pop("TORCH_COMPILE_DEBUG_DIR", None)
+        else:
+            os.environ["TORCH_COMPILE_DEBUG_DIR"] = old_env
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def restored_thread_state() -> Iterator[None]:
+    """Grad mode, forward-AD, autocast (per device type, dtype, cache, nesting) and functorch
+    levels as they were before the body, whatever the body's graph toggled."""
+    import torch
+
+    grad = torch.is_grad_enabled()
+    fwd = torch._C._is_fwd_grad_enabled()
+    autocast = {}
+    for dev in _AUTOCAST_DEVICES:
+        try:
+            autocast[dev] = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        except (RuntimeError, ValueError, TypeError):
+            continue
+    cache = torch.is_autocast_cache_enabled()
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+    try:
+        yield
+    finally:
+        if torch._C._functorch.get_dynamic_layer_stack_depth() > depth:
+            torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+        now = torch.autocast_increment_nesting() - 1
+        torch.autocast_decrement_nesting()
+        for _ in range(max(now - nesting, 0)):
+            torch.autocast_decrement_nesting()
+        for dev, (enabled, dtype) in autocast.items():
+            torch.set_autocast_enabled(dev, enabled)
+            torch.set_autocast_dtype(dev, dtype)
+        torch.set_autocast_cache_enabled(cache)
+        torch._C._set_fwd_grad_enabled(fwd)
+        torch.set_grad_enabled(grad)
+
+
+@contextlib.contextmanager
+def contained(*, outputs: bool = True) -> Iterator[Path | None]:
+    """Thread state restored and every random generator forked (the replay draws from the same
+    seeds; the caller's generators are untouched afterwards), and with ``outputs`` a private
+    working folder."""
+    import torch
+
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with contextlib.ExitStack() as stack:
+        folder = stack.enter_context(private_outputs()) if outputs else None
+        stack.enter_context(restored_thread_state())
+        stack.enter_context(torch.random.fork_rng(devices=cuda))
+        yield folder

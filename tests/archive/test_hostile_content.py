@@ -1,0 +1,222 @@
+"""Hostile content (issue 12): archives that pass every byte-level check, written with
+reproarchive's own writer or by editing a valid index, still cannot write, read or run anything.
+
+Every attack goes through the commands that read an archive. For each: nothing outside the
+target changed (a victim tree and the working folder are hashed before and after), no marker
+from a payload appeared, a refusal is one line with exit 2, and there is no traceback and no
+exit 70.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import content_attacks as ca
+from support import hostile_corpus as hc
+from support.cli import invoke
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with its digest (what an attack could have changed)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()}
+
+
+def _cli(args: list[str], cwd: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    entry = "from reproarchive.cli import main; main()"
+    full_env = dict(os.environ, PYTHONPATH=str(hc.ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", entry, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def _in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The same command in this process (no torch import per call), in ``cwd``."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = invoke(*args)
+    finally:
+        os.chdir(old)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+def _one_line_refusal(proc: subprocess.CompletedProcess, what: str) -> None:
+    assert proc.returncode == 2, (what, proc.returncode, proc.stderr[-800:])
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, (what, proc.stderr[-800:])
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    """A working folder, a victim tree next to it, and the archives of every target attack."""
+    root = tmp_path_factory.mktemp("content")
+    victim = root / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("user data\n")
+    work = root / "work"
+    work.mkdir()
+    return {"root": root, "victim": victim, "work": work,
+            "targets": ca.target_archives(root, victim / "precious.txt")}
+
+
+@pytest.mark.parametrize("label", [a[0] for a in ca.TARGET_ATTACKS])
+def test_target_attacks_are_refused_by_every_reader(scene, label):
+    """Targets by effect, not name: every attack archive is refused by verify, inspect, load
+    (library) and by the CLI's verify, inspect, run and export, and touches nothing."""
+    path = scene["targets"][label]
+    before = _tree(scene["victim"]), _tree(scene["work"])
+    for op in ("verify", "inspect", "load"):
+        res = hc.run_library_op(op, path, scene["work"])
+        assert res["outcome"] == "archive_error" and res["type"] == "UnsafeArchiveError", (label, op, res)
+    for argv in (["verify", "-q", str(path)], ["inspect", str(path)],
+                 ["run", "--no-isolate", str(path)], ["export", str(path), "-o", "out"]):
+        _one_line_refusal(_in_process(argv, scene["work"]), f"{label} {argv[0]}")
+    assert (_tree(scene["victim"]), _tree(scene["work"])) == before, label
+
+
+@pytest.fixture(scope="module")
+def context_scene(tmp_path_factory):
+    """An archive whose recorded config and environment would run a program, import a module it
+    names and write logs and traces; a module of that name waits in the working folder."""
+    root = tmp_path_factory.mktemp("context")
+    work = root / "work"
+    work.mkdir()
+    marker = root / "MARKER"
+    module = "reproarchive_evil_config_module"
+    (work / f"{module}.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n")
+    archive = ca.context_archive(root / "context.tar.zst", marker, module)
+    return {"root": root, "work": work, "marker": marker, "archive": archive, "module": module}
+
+
+@pytest.mark.parametrize("argv", [["run", "--no-isolate", "--json"], ["run", "--isolate", "--json"]],
+                         ids=["run", "run-isolate"])
+def test_recorded_config_and_environment_cannot_run_import_or_write(context_scene, argv):
+    """A real inductor compile with the recorded context applied through the one filter: the
+    compiler setting, the module section, and every log/trace/debug writer are refused and
+    named; nothing appears in the working folder and the payload never runs."""
+    work = context_scene["work"]
+    before = _tree(work)
+    proc = _cli([*argv, str(context_scene["archive"])], work, timeout=420)
+    assert proc.returncode in (0, 1, 3), proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr
+    outcome = json.loads(proc.stdout)
+    assert not context_scene["marker"].exists(), "the recorded config ran a program or imported a module"
+    assert _tree(work) == before, sorted(set(_tree(work)) - set(before))
+    refused = " ".join(outcome["warnings"])
+    for name in ("cpp.cxx", "trace.enabled", "debug_dir_root", "TORCH_LOGS_OUT", "TORCH_COMPILE_DEBUG", "LD_PRELOAD",
+                 context_scene["module"]):
+        assert name in refused, (name, outcome["warnings"])
+    # TORCH_TRACE and TORCHINDUCTOR_CACHE_DIR name places on the recording machine: never copied
+
+
+def test_exported_script_embeds_only_filtered_context(context_scene, tmp_path):
+    """export's repro.py applies no refused setting, imports no module the archive names, and
+    running it in a scratch folder writes nothing there but what it is for."""
+    out = tmp_path / "exported"
+    proc = _cli(["export", str(context_scene["archive"]), "-o", str(out)], context_scene["work"])
+    assert proc.returncode == 0, proc.stderr[-800:]
+    script = (out / "repro.py").read_text()
+    ast.parse(script)
+    for needle in ("cpp.cxx", "sh -c", "trace.enabled", "TORCH_LOGS_OUT", "LD_PRELOAD", context_scene["module"]):
+        assert f"{needle!r}" not in script and f'"{needle}"' not in script, needle
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / f"{context_scene['module']}.py").write_text((context_scene["work"] / f"{context_scene['module']}.py").read_text())
+    before = _tree(scratch)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPROARCHIVE")}
+    env["PYTHONPATH"] = str(scratch)  # the archive's module is importable, to prove it is not imported
+    ran = subprocess.run([sys.executable, str(out / "repro.py"), "--backend", "eager"], cwd=scratch,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert "Traceback" not in ran.stderr or "RuntimeError" in ran.stderr, ran.stderr[-1500:]
+    assert not context_scene["marker"].exists()
+    assert _tree(scratch) == before
+
+
+@pytest.mark.parametrize("text", ca.HOSTILE_TEXT, ids=[f"text{i}" for i in range(len(ca.HOSTILE_TEXT))])
+def test_record_strings_are_neutralised_for_terminals_and_code(text, tmp_path):
+    marker = tmp_path / "MARKER"
+    archive = ca.text_archive(tmp_path / "t.tar.zst", marker, text)
+    shown = _in_process(["inspect", str(archive)], tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    raw_controls = [c for c in shown.stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0
+                    or c in "\u202e\u202c\u2028"]
+    assert not raw_controls, [hex(ord(c)) for c in raw_controls]
+    out = tmp_path / "exported"
+    exported = _in_process(["export", str(archive), "-o", str(out)], tmp_path)
+    assert exported.returncode == 0, exported.stderr[-800:]
+    ast.parse((out / "repro.py").read_text())  # the strings are data in the script, never code
+    ran = subprocess.run([sys.executable, str(out / "repro.py"), "--backend", "eager"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), ran.stderr[-500:]
+
+
+def test_offset_past_int64_is_one_line_not_exit_70(tmp_path):
+    parsed = ca.valid_parsed(tmp_path)
+
+    def edit(index):
+        next(v for v in index["inputs"] if isinstance(v, dict) and "storage" in v)["offset"] = (1 << 64) - 1
+
+    path = ca.edited(tmp_path / "offset.tar.zst", parsed, edit)
+    for argv in (["verify", "-q", str(path)], ["inspect", str(path)], ["run", "--no-isolate", str(path)]):
+        _one_line_refusal(_in_process(argv, tmp_path), argv[0])
+
+
+def test_declared_memory_is_checked_before_allocating(tmp_path):
+    """A small archive declaring more memory than allowed is refused with one line (exit 2)."""
+    import torch
+    import torch.fx as fx
+
+    import reproarchive
+    from reproarchive.codec.tensors import AbsentTensor
+
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    g.output((g.call_function(torch.add, (x, 1)), y))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    # 4 MiB of zeros (stored as no blob at all: the file stays small, the load does not)
+    zeros = reproarchive.pack(gm, [torch.zeros(1024, 1024), 1], tmp_path / "zeros.tar.zst", backend="eager")
+    assert zeros.stat().st_size < 4096
+    for argv in (["run", "--no-isolate", "--max-memory", "1M", str(zeros)],
+                 ["export", "--max-memory", "1M", str(zeros), "-o", str(tmp_path / "out")]):
+        proc = _in_process(argv, tmp_path)
+        _one_line_refusal(proc, argv[0])
+        assert "--max-memory" in proc.stderr or "memory" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+    # a terabyte of absent data declared in a small archive, against the machine's own memory
+    huge = reproarchive.pack(gm, [AbsentTensor((1 << 38,), torch.float32), 1], tmp_path / "huge.tar.zst",
+                             backend="eager")
+    assert huge.stat().st_size < 4096
+    _one_line_refusal(_in_process(["run", "--no-isolate", str(huge)], tmp_path), "absent terabyte")
+
+
+def test_unpack_keeps_few_files_open(tmp_path):
+    """1,100 storages unpack under a 256 open-file limit (unpack keeps a constant number open)."""
+    import torch
+    import torch.fx as fx
+
+    import reproarchive
+
+    g = fx.Graph()
+    xs = [g.placeholder(f"x{i}") for i in range(1100)]
+    g.output(tuple(xs[:1]))
+    path = reproarchive.pack(fx.GraphModule(torch.nn.Module(), g), [torch.full((4,), float(i + 1)) for i in range(1100)],
+                             tmp_path / "many.tar.zst")
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)); "
+            "from reproarchive.cli import main; sys.argv[0] = 'reproarchive'; main()")
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft >= 256
+    proc = subprocess.run([sys.executable, "-c", code, "unpack", "-q", str(path), "-C", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(hc.ROOT)))
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert len(list((tmp_path / "out" / "blobs").rglob("*"))) >= 1100
