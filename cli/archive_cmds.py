@@ -40,14 +40,24 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
 @main.command()
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (includes the full records).")
-def inspect(archive: str, as_json: bool) -> None:
+@click.option("--graph", "show_graph", is_flag=True,
+              help="Print the graph as readable code (with shapes, strides and devices) instead.")
+def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     """Show what ARCHIVE holds: graph, inputs, storage sizes, system, config and failure.
 
-    Reads only the index: fast on archives of any size, and nothing is executed. ARCHIVE may
-    be a store reference (STORE/NAME): then only the archive's small object is downloaded.
+    Reads only the index (and, with --graph, the small graph.py member): fast on archives of
+    any size, and nothing is executed. ARCHIVE may be a store reference (STORE/NAME): then
+    only the archive's small object is downloaded.
     """
     import reproarchive
 
+    if show_graph:
+        code = reproarchive.graph_code(archive)
+        if as_json:
+            emit_json({"path": archive, "code": code})
+        else:
+            click.echo(code.rstrip("\n"))
+        return
     info = reproarchive.inspect(archive)
     if as_json:
         emit_json(info)

@@ -19,6 +19,7 @@ _EXPORTS = {
     "verify": "reproarchive.archive.checking",
     "unpack": "reproarchive.archive.checking",
     "inspect": "reproarchive.store.access",
+    "graph_code": "reproarchive.archive.graph_code",
     "Repro": "reproarchive.archive.loading",
     "read_input": "reproarchive.archive.loading",
     "AbsentTensor": "reproarchive.codec.tensors",
@@ -34,6 +35,9 @@ _EXPORTS = {
     "Outcome": "reproarchive.replay.outcome",
     "failure_kind": "reproarchive.context.failure",
     "export": "reproarchive.standalone.script",
+    # triage
+    "diff": "reproarchive.triage.diff",
+    "view": "reproarchive.triage.view",
     # minify
     "minify": "reproarchive.minifier",
     "minify_archive": "reproarchive.minifier.driver",

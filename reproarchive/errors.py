@@ -113,6 +113,12 @@ class ExportError(ReproArchiveError):
     """The graph uses something a standalone script cannot recreate."""
 
 
+class ViewError(ReproArchiveError):
+    """``view`` cannot draw: no graph layout engine here, or the page cannot be written (exit 4)."""
+
+    exit_code = 4
+
+
 # ---------------------------------------------------------------------------------------------
 # Signals between parts of reproarchive: caught inside the library, never shown to a user as is.
 

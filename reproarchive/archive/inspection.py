@@ -8,23 +8,25 @@ data (the CLI prints it as text or JSON); the full records are included under ``
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
-from reproarchive.codec.checks import check_readable_here
 from reproarchive.format import layout
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import Index, SequenceValue, SymValue, SystemRecord, TensorValue, to_plain
+from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, SystemRecord, TensorValue, to_plain
 
 
-def _input_rows(index: Index) -> list[dict]:
+def input_rows(index: Index) -> list[dict]:
+    """One row per graph input: what ``inspect`` lists and ``view`` tabulates."""
     rows = []
     for i, rec in enumerate(index.inputs):
         row: dict[str, Any] = {"index": i, "name": getattr(rec, "name", None), "kind": _kind(rec)}
         if isinstance(rec, TensorValue):
             st = index.storages[rec.storage]
             row.update(
-                shape=list(rec.shape), dtype=rec.dtype, stride=list(rec.stride), device=st.device,
+                shape=list(rec.shape), dtype=rec.dtype, stride=list(rec.stride), offset=rec.offset, device=st.device,
+                bytes=math.prod(rec.shape) * DTYPES[rec.dtype][0],
                 fidelity=st.fidelity if st.fill is None else "real (zeros)",
                 requires_grad=rec.requires_grad, dynamic=[d for d, _ in rec.dynamic], storage=rec.storage,
             )
@@ -94,6 +96,8 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
 
     It refuses what load would refuse from the index alone (including call targets outside
     the allowlist), so "inspect shows it" never means "load would run something unsafe"."""
+    from reproarchive.codec.checks import check_readable_here  # imports torch: only here, not for view
+
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
         check_readable_here(index)
@@ -116,7 +120,7 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
                 "op_histogram": graph.op_histogram(),
                 "submodules": len(graph.module_state),
             },
-            "inputs": _input_rows(index),
+            "inputs": input_rows(index),
             "storage": _storage_stats(reader, index),
             **_summaries(index),
             # the full records, for --json readers and tools; the summaries above are for people

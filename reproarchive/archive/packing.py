@@ -41,7 +41,7 @@ from reproarchive.format.writer import ContainerWriter
 from reproarchive.progress import ProgressFn, Tracker
 from reproarchive.version import __version__
 
-GRAPH_CODE_MEMBER = "graph.py"
+GRAPH_CODE_MEMBER = layout.GRAPH_CODE_MEMBER
 _ZERO_PROBE = 4096
 
 

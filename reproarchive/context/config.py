@@ -294,10 +294,16 @@ def _restore_type(value: Any, kind: str | None) -> Any:
 
 
 _UNSET = object()
-try:
-    from torch.utils._config_module import _UNSET_SENTINEL as _TORCH_UNSET
-except ImportError:  # pragma: no cover - older torch: nothing is ever forced by env
-    _TORCH_UNSET = _UNSET
+
+
+def _torch_unset() -> Any:
+    """torch's "no environment override" sentinel, imported only when a config is applied, so
+    that comparing two recorded configs (``diff``) does not import torch."""
+    try:
+        from torch.utils._config_module import _UNSET_SENTINEL
+    except ImportError:  # pragma: no cover - older torch: nothing is ever forced by env
+        return _UNSET
+    return _UNSET_SENTINEL
 
 
 @contextlib.contextmanager
@@ -367,8 +373,8 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
                     continue
                 undo.append((mod, key, prior_override, prior_hide))
                 result.applied.append(full)
-                forced = getattr(entry, "env_value_force", _TORCH_UNSET)
-                if forced is not _TORCH_UNSET and forced != value:
+                forced = getattr(entry, "env_value_force", _torch_unset())
+                if forced is not _torch_unset() and forced != value:
                     result.forced_by_env.append(full)
         for u in config_record.unrepresentable:
             full = f"{u.module}.{u.key}"

@@ -17,6 +17,7 @@ from reproarchive.format.digests import ALGORITHMS
 
 LAYOUT_MEMBER = "reproarchive-layout"
 INDEX_MEMBER = "index.msgpack"
+GRAPH_CODE_MEMBER = "graph.py"  # the graph as readable Python, for people only (never executed)
 
 DEFAULT_FRAME_SIZE = 4 << 20
 MIN_FRAME_SIZE = 64 << 10

@@ -1,0 +1,1 @@
+"""Triage: compare two archives (``diff``) and look at one (``view``), from their indexes."""

@@ -1,0 +1,442 @@
+"""``diff``: is archive B the same bug as archive A, and if not, what differs?
+
+A triager holding two archives asks whether they are one bug (the failure signature), whether
+the graphs are the same (a structural diff), whether the inputs are the same (per input: the
+same blob, the same metadata with other data, other metadata, other fidelity), and what
+differs in the config, environment and machine. Every answer is in the two indexes: blobs are
+named by their digest, so equal data is an equal digest and no blob is ever decompressed —
+diffing two 50 GiB archives costs two index reads.
+
+The graph diff aligns the node sequences by (op, target) — placeholders and the output by
+position — with ``difflib``'s longest-matching-blocks alignment, so an op inserted upstream
+does not make every later node "different" just because FX renumbered its names. Aligned
+nodes whose arguments (node references compared through the alignment), keyword arguments or
+recorded value type differ are "changed"; so are same-kind nodes replaced one for one.
+
+The config, environment and system comparison is the code ``run`` uses (``reproarchive.context``),
+reached through ``record_differences`` only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+from reproarchive.archive.graph_code import node_line
+from reproarchive.context.config import config_diff
+from reproarchive.context.environment import environment_diff
+from reproarchive.context.system import system_diff
+from reproarchive.format import layout
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import (
+    ConfigRecord,
+    DictArg,
+    EnvironmentRecord,
+    GraphRecord,
+    Index,
+    NodeRef,
+    ScalarValue,
+    SequenceValue,
+    SliceArg,
+    SymValue,
+    TensorEntry,
+    TensorValue,
+    TupleArg,
+    to_plain,
+)
+
+#: Sections of the report, in the order they are printed; any difference in one makes exit 1.
+SECTIONS = ("failure", "replay", "graph", "inputs", "config", "environment", "system")
+_TENSOR_FIELDS = ("dtype", "shape", "stride", "offset", "device", "requires_grad")
+
+
+def diff(a: str | os.PathLike, b: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> dict:
+    """Compare two archives from their indexes alone; a JSON-ready report.
+
+    ``report["identical"]`` is True when nothing in any section differs; ``report["differing"]``
+    names the sections that do. Raises an ``ArchiveError`` when either file is not a readable
+    archive (nothing is compared then)."""
+    with ContainerReader(a, limits=limits) as ra, ContainerReader(b, limits=limits) as rb:
+        ia, ib = ra.index, rb.index
+        relation = _relation(ra.index_digest, ia, rb.index_digest, ib)
+        report: dict[str, Any] = {
+            "a": _identity(a, ra.index_digest, ia),
+            "b": _identity(b, rb.index_digest, ib),
+            "relation": relation,
+            "failure": failure_diff(ia, ib),
+            "replay": _replay_diff(ia, ib),
+            "graph": graph_diff(ia.graph, ib.graph),
+            "inputs": input_diff(ia, ib, relation),
+            **{k: {"rows": rows, "same": not rows} for k, rows in record_differences(ia, ib).items()},
+        }
+    report["differing"] = [s for s in SECTIONS if not report[s]["same"]]
+    report["identical"] = not report["differing"]
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# the records: one adapter over the comparisons run uses
+
+
+def record_differences(a: Index, b: Index) -> dict[str, list[dict[str, Any]]]:
+    """Config, environment and system rows that differ between two archives, each row
+    ``{"name", "a", "b", "important"}`` (config rows also ``"status"``).
+
+    The one place ``diff`` and ``view`` compare records: it calls the comparisons that ``run``
+    and its no-run check use (``reproarchive.context``), with archive A as the recorded side
+    and B as the current one, and only renames their columns."""
+    config = [{"name": f"{r.get('module')}.{r.get('key')}", "a": r.get("recorded"), "b": r.get("current"),
+               "important": r.get("status") != "differs", "status": r.get("status")}
+              for r in config_diff(a.config or ConfigRecord(), b.config or ConfigRecord())]
+    # run's comparison skips config modules only the current side has (imported here, they say
+    # nothing about the recording); between two archives, B's own modules count too
+    seen = {row["name"] for row in config}
+    config += [{"name": f"{r.get('module')}.{r.get('key')}", "a": r.get("current"), "b": r.get("recorded"),
+                "important": True, "status": "only_in_b"}
+               for r in config_diff(b.config or ConfigRecord(), a.config or ConfigRecord())
+               if f"{r.get('module')}.{r.get('key')}" not in seen
+               and r.get("module") not in (a.config.modules if a.config else {})]
+    environment = [{"name": r["what"].removeprefix("env "), "a": r["recorded"], "b": r["current"],
+                    "important": r["important"]}
+                   for r in environment_diff(a.environment or EnvironmentRecord(), b.environment or EnvironmentRecord())]
+    if a.system is not None and b.system is not None:
+        system = [{"name": r["what"], "a": r["recorded"], "b": r["current"], "important": r["important"]}
+                  for r in system_diff(a.system, b.system)]
+    elif (a.system is None) != (b.system is None):
+        system = [{"name": "system record", "a": "recorded" if a.system else None,
+                   "b": "recorded" if b.system else None, "important": False}]
+    else:
+        system = []
+    return {"config": config, "environment": environment, "system": system}
+
+
+# --------------------------------------------------------------------------------------------
+# identity, failure, replay settings
+
+
+def _identity(path, digest: str, index: Index) -> dict:
+    return {"path": str(path), "digest": digest, "format": index.version, "nodes": len(index.graph.nodes),
+            "ops": index.graph.op_count(), "inputs": len(index.inputs), "parent": index.parent}
+
+
+def _relation(digest_a: str, a: Index, digest_b: str, b: Index) -> str | None:
+    """"b_minified_from_a" / "a_minified_from_b" when one archive records the other as its
+    parent (``run --minify``), "same_archive" when the indexes are byte-identical."""
+    if digest_a == digest_b:
+        return "same_archive"
+    if b.parent == digest_a:
+        return "b_minified_from_a"
+    if a.parent == digest_b:
+        return "a_minified_from_b"
+    return None
+
+
+def failure_diff(a: Index, b: Index) -> dict:
+    """Same failure means the same strict signature (stage, exception type, normalised
+    message) that ``run`` uses to say "reproduced"; an archive without a failure matches only
+    another without one."""
+    fa, fb = a.failure, b.failure
+
+    def side(f):
+        if f is None:
+            return None
+        first = next((ln.strip() for ln in f.message.splitlines() if ln.strip()), "")
+        return {"stage": f.stage, "exception_type": f.exception_type, "message": first[:300],
+                "signature": f.signature, "backend": f.backend}
+
+    if fa is None or fb is None:
+        same = fa is None and fb is None
+    else:
+        same = fa.stage == fb.stage and fa.signature == fb.signature
+    return {"same": same, "a": side(fa), "b": side(fb)}
+
+
+def _replay_diff(a: Index, b: Index) -> dict:
+    """What ``run`` takes from the archive besides records: the backend, the accuracy check and
+    which of PyTorch's graphs it holds (it decides how Inductor is called)."""
+    rows = []
+    for name, va, vb in (("backend", a.backend, b.backend), ("accuracy", bool(a.accuracy), bool(b.accuracy)),
+                         ("graph kind", a.graph_kind, b.graph_kind)):
+        if va != vb:
+            rows.append({"name": name, "a": va, "b": vb})
+    return {"same": not rows, "rows": rows}
+
+
+# --------------------------------------------------------------------------------------------
+# the graph
+
+
+def _key(node) -> tuple:
+    return (node.op,) if node.op == "output" else (node.op, node.target)
+
+
+def align(ga: GraphRecord, gb: GraphRecord) -> list[tuple[int | None, int | None]]:
+    """The two node sequences aligned, in graph order: ``(i, j)`` for matched nodes, ``(i, None)``
+    for a node only A has, ``(None, j)`` for one only B has. Nodes match by (op, target) in
+    order; a same-length run of same-kind nodes replaced one for one counts as matched."""
+    ka, kb = [_key(n) for n in ga.nodes], [_key(n) for n in gb.nodes]
+    # identical prefix and suffix first: the common case, and it keeps the matcher's work small
+    lo = 0
+    while lo < min(len(ka), len(kb)) and ka[lo] == kb[lo]:
+        lo += 1
+    hi = 0
+    while hi < min(len(ka), len(kb)) - lo and ka[-1 - hi] == kb[-1 - hi]:
+        hi += 1
+    out: list[tuple[int | None, int | None]] = [(i, i) for i in range(lo)]
+    middle = difflib.SequenceMatcher(None, ka[lo:len(ka) - hi], kb[lo:len(kb) - hi], autojunk=False)
+    for tag, i1, i2, j1, j2 in middle.get_opcodes():
+        i1, i2, j1, j2 = i1 + lo, i2 + lo, j1 + lo, j2 + lo
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1
+                              and all(ga.nodes[i].op == gb.nodes[j].op for i, j in zip(range(i1, i2), range(j1, j2)))):
+            out.extend(zip(range(i1, i2), range(j1, j2)))
+        else:
+            out.extend((i, None) for i in range(i1, i2))
+            out.extend((None, j) for j in range(j1, j2))
+    out.extend((len(ka) - hi + k, len(kb) - hi + k) for k in range(hi))
+    return out
+
+
+def graph_diff(ga: GraphRecord, gb: GraphRecord) -> dict:
+    """Nodes removed (only in A), added (only in B) and changed (aligned, but with another
+    target, other arguments or another recorded value type), in graph order."""
+    aligned = align(ga, gb)
+    b_of_a = {ga.nodes[i].name: j for i, j in aligned if i is not None and j is not None}
+    index_b = {n.name: j for j, n in enumerate(gb.nodes)}
+
+    def ref_a(name):
+        return ("node", b_of_a.get(name, f"a:{name}"))
+
+    def ref_b(name):
+        return ("node", index_b.get(name))
+
+    rows: list[dict[str, Any]] = []
+    counts = {"nodes_a": len(ga.nodes), "nodes_b": len(gb.nodes), "matched": 0, "changed": 0, "removed": 0, "added": 0}
+    for i, j in aligned:
+        if j is None:
+            counts["removed"] += 1
+            rows.append({"status": "removed", "a": _node(ga.nodes[i], i), "b": None})
+            continue
+        if i is None:
+            counts["added"] += 1
+            rows.append({"status": "added", "a": None, "b": _node(gb.nodes[j], j)})
+            continue
+        na, nb = ga.nodes[i], gb.nodes[j]
+        changes = []
+        if na.target != nb.target and na.op != "output":
+            changes.append("target")
+        if _canon(na.args, ref_a) != _canon(nb.args, ref_b):
+            changes.append("args")
+        if _canon(na.kwargs, ref_a) != _canon(nb.kwargs, ref_b):
+            changes.append("kwargs")
+        if _value(na) != _value(nb):
+            changes.append("value")
+        if changes:
+            counts["changed"] += 1
+            rows.append({"status": "changed", "changes": changes, "a": _node(na, i), "b": _node(nb, j)})
+        else:
+            counts["matched"] += 1
+    ops_a, ops_b = ga.op_histogram(), gb.op_histogram()
+    op_changes = {k: [ops_a.get(k, 0), ops_b.get(k, 0)] for k in sorted(set(ops_a) | set(ops_b))
+                  if ops_a.get(k, 0) != ops_b.get(k, 0)}
+    same = not rows and _state_paths(ga) == _state_paths(gb)
+    return {"same": same, "counts": counts, "nodes": rows, "op_counts": op_changes}
+
+
+def _node(node, index: int) -> dict:
+    return {"index": index, "name": node.name, "op": node.op, "target": node.target, "line": node_line(node)}
+
+
+def _value(node) -> Any:
+    return node.meta.get("val") if isinstance(node.meta, dict) else None
+
+
+def _state_paths(graph: GraphRecord) -> list[tuple[str, str]]:
+    return [(type(e).__name__, e.path) for e in graph.module_state]
+
+
+def _canon(value: Any, ref) -> Any:
+    """An argument as comparable plain data, node references replaced by ``ref(name)``."""
+    if isinstance(value, NodeRef):
+        return ref(value.name)
+    if isinstance(value, TupleArg):
+        return ("tuple", tuple(_canon(v, ref) for v in value.items))
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(_canon(v, ref) for v in value))
+    if isinstance(value, dict):
+        return ("kwargs", tuple((k, _canon(v, ref)) for k, v in sorted(value.items())))
+    if isinstance(value, DictArg):
+        return ("dict", tuple((_canon(k, ref), _canon(v, ref)) for k, v in value.items))
+    if isinstance(value, SliceArg):
+        return ("slice", _canon(value.start, ref), _canon(value.stop, ref), _canon(value.step, ref))
+    return (type(value).__name__, value)  # 1 and 1.0 and True are different arguments
+
+
+# --------------------------------------------------------------------------------------------
+# the inputs
+
+
+def input_diff(a: Index, b: Index, relation: str | None) -> dict:
+    """Per input pair: the same blob, the same metadata with different data, different
+    metadata (which fields), different fidelity; and inputs only one side has.
+
+    Inputs are paired through a minified archive's record of where each input came from when
+    one archive is the other's parent, by name when both sides name the same inputs, else by
+    position. Module-state tensors (parameters, buffers and constants stored with the graph)
+    are paired by attribute path."""
+    aliases = (_alias_map(a), _alias_map(b))
+    rows = [_compare(a, b, x, y, ia, ib, aliases) for ia, ib, x, y in _input_pairs(a, b, relation)]
+    state_a = {e.path: e.tensor for e in a.graph.module_state if isinstance(e, TensorEntry)}
+    state_b = {e.path: e.tensor for e in b.graph.module_state if isinstance(e, TensorEntry)}
+    attributes = [_compare(a, b, state_a.get(p), state_b.get(p), p, p, aliases) for p in sorted(set(state_a) | set(state_b))]
+    attributes = [r for r in attributes if r["status"] != "same"]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    same = all(r["status"] == "same" for r in rows) and not attributes
+    return {"same": same, "counts": counts, "rows": rows, "attributes": attributes,
+            "paired_by": _paired_by(a, b, relation)}
+
+
+def _paired_by(a: Index, b: Index, relation: str | None) -> str:
+    if relation == "b_minified_from_a" and b.minify is not None and b.minify.input_origins:
+        return "origin"
+    if relation == "a_minified_from_b" and a.minify is not None and a.minify.input_origins:
+        return "origin"
+    na, nb = [_name(v) for v in a.inputs], [_name(v) for v in b.inputs]
+    if None not in na and None not in nb and len(set(na)) == len(na) and set(na) == set(nb) and na != nb:
+        return "name"
+    return "position"
+
+
+def _name(value) -> str | None:
+    return getattr(value, "name", None)
+
+
+def _input_pairs(a: Index, b: Index, relation: str | None):
+    """(label A, label B, value A or None, value B or None) in B's order, then A's leftovers.
+    A label is the input's position; an input a minified archive cut out of its parent's
+    graph is labelled ``node:<name>``."""
+    how = _paired_by(a, b, relation)
+    if how == "origin":
+        flip = relation == "a_minified_from_b"
+        parent, child = (b, a) if flip else (a, b)
+        used = set()
+        out = []
+        for j, origin in enumerate(child.minify.input_origins[:len(child.inputs)]):
+            kind, _, ref = origin.partition(":")
+            i = int(ref) if kind == "input" and ref.isdigit() and int(ref) < len(parent.inputs) else None
+            if i is not None:
+                used.add(i)
+            pv = parent.inputs[i] if i is not None else None
+            plabel = i if i is not None else origin
+            out.append((j, plabel, child.inputs[j], pv) if flip else (plabel, j, pv, child.inputs[j]))
+        for i in range(len(parent.inputs)):
+            if i not in used:
+                out.append((None, i, None, parent.inputs[i]) if flip else (i, None, parent.inputs[i], None))
+        return out
+    if how == "name":
+        where = {_name(v): i for i, v in enumerate(a.inputs)}
+        return [(where[_name(v)], j, a.inputs[where[_name(v)]], v) for j, v in enumerate(b.inputs)]
+    n = max(len(a.inputs), len(b.inputs))
+    return [(i if i < len(a.inputs) else None, i if i < len(b.inputs) else None,
+             a.inputs[i] if i < len(a.inputs) else None, b.inputs[i] if i < len(b.inputs) else None) for i in range(n)]
+
+
+def _compare(a: Index, b: Index, x, y, label_a, label_b, aliases) -> dict:
+    row: dict[str, Any] = {"a": label_a, "b": label_b, "name": _name(y) or _name(x),
+                           "a_desc": _describe(a, x), "b_desc": _describe(b, y)}
+    if x is None or y is None:
+        if isinstance(label_a, str) and label_a.startswith("node:"):
+            row["status"] = "computed_in_a"  # a value A's graph computes, stored as an input of B
+        elif isinstance(label_b, str) and label_b.startswith("node:"):
+            row["status"] = "computed_in_b"
+        else:
+            row["status"] = "only_a" if y is None else "only_b"
+        return row
+    leaves_a, leaves_b = list(_leaves(x)), list(_leaves(y))
+    if [k for k, _ in leaves_a] != [k for k, _ in leaves_b]:
+        row.update(status="different_kind", changes=["kind"])
+        return row
+    statuses, changes = [], []
+    for (_, va), (_, vb) in zip(leaves_a, leaves_b):
+        status, fields = _compare_leaf(a, b, va, vb, aliases)
+        statuses.append(status)
+        changes += [f for f in fields if f not in changes]
+    order = ("different_kind", "different_metadata", "different_fidelity", "different_value", "different_data",
+             "same_metadata_absent", "same")
+    row["status"] = min(statuses, key=order.index) if statuses else "same"
+    if row["status"] == "same_metadata_absent":
+        row["status"] = "same"
+        row["note"] = "no data on either side (absent): only the metadata can be compared"
+    if changes:
+        row["changes"] = changes
+    return row
+
+
+def _leaves(value, path: str = ""):
+    if isinstance(value, SequenceValue):
+        for k, item in enumerate(value.items):
+            yield from _leaves(item, f"{path}[{k}]")
+    else:
+        kind = "tensor" if isinstance(value, TensorValue) else value.kind
+        yield (path, kind), value
+
+
+def _compare_leaf(a: Index, b: Index, x, y, aliases) -> tuple[str, list[str]]:
+    if isinstance(x, TensorValue):
+        sa, sb = a.storages[x.storage], b.storages[y.storage]
+        fields = [f for f in _TENSOR_FIELDS if _tensor_field(x, sa, f) != _tensor_field(y, sb, f)]
+        if len(aliases[0].get(x.storage, ())) != len(aliases[1].get(y.storage, ())):
+            fields.append("aliasing")
+        if fields:
+            return "different_metadata", fields
+        if sa.fidelity != sb.fidelity:
+            return "different_fidelity", ["fidelity"]
+        if not sa.is_real:
+            return "same_metadata_absent", []
+        data_a, data_b = (sa.digest, sa.fill, sa.size), (sb.digest, sb.fill, sb.size)
+        if data_a == data_b:
+            return "same", []
+        return "different_data", ["data"]
+    if isinstance(x, SymValue):
+        return ("same", []) if (x.hint, x.expr) == (y.hint, y.expr) else ("different_value", ["value"])
+    if isinstance(x, ScalarValue):
+        return ("same", []) if (type(x.value), x.value) == (type(y.value), y.value) else ("different_value", ["value"])
+    return "same", []
+
+
+def _tensor_field(t: TensorValue, storage, name: str) -> Any:
+    return storage.device if name == "device" else getattr(t, name)
+
+
+def _alias_map(index: Index) -> dict[int, tuple[int, ...]]:
+    """Storage -> the positions of the inputs that view it, for storages more than one input
+    views (aliasing is metadata: a graph compiled for aliased inputs can fail where the same
+    data unaliased passes)."""
+    users: dict[int, set[int]] = {}
+    for k, value in enumerate(index.inputs):
+        for _, leaf in _leaves(value):
+            if isinstance(leaf, TensorValue):
+                users.setdefault(leaf.storage, set()).add(k)
+    return {st: tuple(sorted(ks)) for st, ks in users.items() if len(ks) > 1}
+
+
+def _describe(index: Index, value) -> str | None:
+    """``float32[8, 32] stride [32, 1] cpu, real`` (``+16`` after the stride: a storage offset)."""
+    if value is None:
+        return None
+    if isinstance(value, TensorValue):
+        st = index.storages[value.storage]
+        fidelity = "zeros" if st.fill == 0 else st.fidelity
+        offset = f" +{value.offset}" if value.offset else ""
+        grad = " requires_grad" if value.requires_grad else ""
+        return f"{value.dtype}{list(value.shape)} stride {list(value.stride)}{offset} {st.device}{grad}, {fidelity}"
+    if isinstance(value, SymValue):
+        return f"{value.kind} {value.expr} = {value.hint!r}"
+    if isinstance(value, ScalarValue):
+        return f"{value.kind} {value.value!r}"
+    if isinstance(value, SequenceValue):
+        return f"{value.kind} of {len(value.items)}: " + ", ".join(_describe(index, v) or "" for v in value.items[:4]) \
+            + (" ..." if len(value.items) > 4 else "")
+    return str(to_plain(value))
