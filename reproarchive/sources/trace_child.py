@@ -40,7 +40,7 @@ from typing import Any
 from reproarchive.child import child_main
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
 from reproarchive.format.schema import FailureRecord, from_plain
-from reproarchive.sources import dump_child
+from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
 # child write a new trace or debug folder into the user's directories.
@@ -79,7 +79,7 @@ def runnable_script(code: str, work: Path, name: str = "fx_graph_runnable.py") -
 
 def _store_of(script: Path) -> Path | None:
     """The content store of a TORCH_COMPILE_DEBUG runnable: the save_dir it names, if present."""
-    save_dir = dump_child.parse_dump_script(script).save_dir
+    save_dir = dump_script.parse_dump_script(script).save_dir
     return Path(save_dir) if save_dir and (Path(save_dir) / "storages").is_dir() else None
 
 
@@ -208,7 +208,7 @@ def from_dynamo_graph(job: dict[str, Any], events) -> dict[str, Any]:
         exec(compile(code, "<dynamo_output_graph>", "exec", dont_inherit=True), namespace)  # noqa: S102 - the user's own log, in a throwaway process
     except Exception as err:
         raise SourceError(f"the logged Dynamo graph does not run as Python: {type(err).__name__}: "
-                          f"{dump_child._first_line(err)}", "the payload may be from an unsupported torch version")
+                          f"{first_replay.first_line(err)}", "the payload may be from an unsupported torch version")
     cls = namespace.get("GraphModule")
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise SourceError("the logged Dynamo graph defines no GraphModule class",
@@ -297,14 +297,14 @@ def from_dynamo_graph(job: dict[str, Any], events) -> dict[str, Any]:
     events("tracing the graph")
     try:
         with torch.enable_grad():
-            gm, trace_notes = dump_child.trace_repro(mod)
+            gm, trace_notes = dump_graph.trace_repro(mod)
     except Exception as err:
-        raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: {dump_child._first_line(err)}",
+        raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: {first_replay.first_line(err)}",
                         "graphs with higher-order ops (cond, while_loop, checkpoint) are not supported from a log yet")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise PackError(f"the rebuilt graph takes {len(placeholders)} inputs but its forward declares {len(inputs)}")
-    gm, inputs, lifted = dump_child.lift_state(gm, origin, inputs)
+    gm, inputs, lifted = dump_graph.lift_state(gm, origin, inputs)
     for i, item in enumerate(lifted):
         inputs[i] = dataclasses.replace(inputs[i], device=const_devices.get(item["attribute"], "cpu"))
         item["origin"] = "a constant of the graph; the log holds no value for it"
@@ -384,7 +384,7 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
             traceback.print_exc()
             results.append({"error": {"class": "PackError", "hint": "rerun with --debug to see the child's log",
                                       "what": f"rebuilding {label} failed: {type(err).__name__}: "
-                                              f"{dump_child._first_line(err)}"}})
+                                              f"{first_replay.first_line(err)}"}})
     return {"results": results}
 
 
@@ -392,9 +392,9 @@ def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
     built = from_runnable(job, work, events) if job["graph"]["from"] == "fx_graph_runnable" \
         else from_dynamo_graph(job, events)
     scrub_opts = argparse.Namespace(cwd_prefix=job.get("cwd_prefixes") or [], dump_prefix=[])
-    prefixes = dump_child._scrub_prefixes(scrub_opts, None)
+    prefixes = path_scrub.scrub_prefixes(scrub_opts, None)
     prefixes.update(job.get("scrub") or {})
-    scrub = dump_child.Scrubber(prefixes)
+    scrub = path_scrub.Scrubber(prefixes)
 
     from reproarchive.context import failure as fail
     from reproarchive.context.config import config_from_values
@@ -411,7 +411,7 @@ def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
     replay_notes: dict[str, Any] = {"performed": False}
     if job.get("replay") and backend:
         events("replaying the failure")
-        observed, replay_notes = dump_child.replay_once(
+        observed, replay_notes = first_replay.replay_once(
             built["gm"], built["inputs"], kind=built["kind"], backend=backend, accuracy=bool(job.get("accuracy")),
             config=config, environment=built["environment"])
         failure, more = reconcile(logged, observed, replay_notes)
@@ -450,7 +450,7 @@ def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
         "archive": str(out),
         "kind": built["kind"],
         "backend": backend,
-        "graph": dump_child.graph_summary(built["gm"]),
+        "graph": dump_graph.graph_summary(built["gm"]),
         "inputs": built["inputs_summary"],
         "failure": dump_child.failure_summary(failure) if failure else None,
         "replay": replay_notes,

@@ -347,10 +347,10 @@ class _DumpedRepro(torch.nn.Module):
 
 
 def test_random_module_state_is_lifted_to_absent_inputs(tmp_path):
-    from reproarchive.sources.dump_child import _module_state_origin, lift_state, trace_repro
+    from reproarchive.sources.dump_graph import lift_state, module_state_origin, trace_repro
 
     mod = _DumpedRepro()
-    origin = _module_state_origin(mod)
+    origin = module_state_origin(mod)
     assert origin == {"lin.weight": "defaults", "lin.bias": "defaults", "scale": "random",
                       "_tensor_constant0": "random", "small": "real"}
     gm, notes = trace_repro(mod)
@@ -377,7 +377,7 @@ def test_random_module_state_is_lifted_to_absent_inputs(tmp_path):
 
 def test_pack_time_replay_generates_absent_inputs_like_load(tmp_path):
     """The failure recorded when packing a dump must be the one `run` sees later."""
-    from reproarchive.sources.dump_child import _concrete
+    from reproarchive.sources.first_replay import _concrete
 
     g = fx.Graph()
     x, idx = g.placeholder("x"), g.placeholder("idx")

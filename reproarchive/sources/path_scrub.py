@@ -1,0 +1,80 @@
+"""Replacing the recording machine's paths (the dump folder, its store, inductor's cache) in what
+an import records, so an archive does not carry where it was made."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from reproarchive.format.schema import from_plain, to_plain
+
+
+class Scrubber:
+    """Replace the packing machine's paths in every string that goes into the archive.
+
+    A thin layer over ``snapshot.redact_paths`` (component-boundary matching, symlink-resolved
+    spellings, home as ``~``) with the prefixes only the dump import knows: the dump's folder and
+    content store, the user's cwd, the child's scratch cwd, and the install locations that show
+    up in tracebacks and compiler command lines (inductor's cache, site-packages, Python).
+    """
+
+    def __init__(self, prefixes: dict[str, str]):
+        self.prefixes = {os.path.normpath(p): label for p, label in prefixes.items()
+                         if p and os.path.normpath(p) != "/"}
+
+    def without(self, *labels: str) -> "Scrubber":
+        return Scrubber({p: l for p, l in self.prefixes.items() if l not in labels})
+
+    def text(self, s: str) -> str:
+        from reproarchive.context.redaction import redact_paths
+
+        return redact_paths(s, self.prefixes)
+
+    def __call__(self, obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj):  # a record: scrub its plain form
+            return from_plain(type(obj), self(to_plain(obj)))
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            return {self(k) if isinstance(k, str) else k: self(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self(v) for v in obj)
+        return obj
+
+
+def scrub_prefixes(opts: argparse.Namespace, store: Path | None) -> dict[str, str]:
+    prefixes: dict[str, str] = {}
+    for path in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        prefixes[path] = "<python>"
+    try:
+        import torch
+
+        prefixes[str(Path(torch.__file__).resolve().parent.parent)] = "<site-packages>"
+    except ImportError:
+        pass
+    prefixes[str(Path(__file__).resolve().parent.parent)] = "<reproarchive>"
+    for label, path in (("<inductor-cache>", _inductor_cache_dir()),
+                        ("<triton-cache>", os.environ.get("TRITON_CACHE_DIR"))):
+        if path:
+            prefixes[path] = label
+    prefixes[os.getcwd()] = "<tmp>"
+    for path in opts.cwd_prefix:
+        prefixes[path] = "<cwd>"
+    for path in opts.dump_prefix:
+        prefixes[path] = "<dump>"
+    if store is not None:
+        prefixes[str(store)] = "<dump>/checkpoints"
+    return prefixes
+
+
+def _inductor_cache_dir() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return cache_dir()
+    except Exception:
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
