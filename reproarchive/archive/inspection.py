@@ -20,6 +20,7 @@ from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, S
 def input_rows(index: Index) -> list[dict]:
     """One row per graph input: what ``inspect`` lists and ``view`` tabulates."""
     rows = []
+    derived = index.not_original_inputs()
     for i, rec in enumerate(index.inputs):
         row: dict[str, Any] = {"index": i, "name": getattr(rec, "name", None), "kind": _kind(rec)}
         if isinstance(rec, TensorValue):
@@ -27,7 +28,8 @@ def input_rows(index: Index) -> list[dict]:
             row.update(
                 shape=list(rec.shape), dtype=rec.dtype, stride=list(rec.stride), offset=rec.offset, device=st.device,
                 bytes=math.prod(rec.shape) * DTYPES[rec.dtype][0],
-                fidelity=st.fidelity if st.fill is None else "real (zeros)",
+                fidelity=(st.fidelity if st.fill is None else "real (zeros)") if i not in derived
+                else f"not original: {derived[i]}",
                 requires_grad=rec.requires_grad, dynamic=[d for d, _ in rec.dynamic], storage=rec.storage,
             )
         elif isinstance(rec, SymValue):

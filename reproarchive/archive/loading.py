@@ -144,6 +144,14 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                    "they were filled with generated values, so the replay is not the original run")
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
+        derived = index.not_original_inputs()
+        if derived:
+            names = ", ".join(f"{getattr(index.inputs[i], 'name', None) or i} ({what})"
+                              for i, what in list(derived.items())[:8])
+            msg = (f"{len(derived)} input(s) of this minified archive are not the original data: {names}; "
+                   "the replay is not the original run")
+            warnings.warn(msg, stacklevel=3)
+            notes.append(msg)
         if device is None:
             for note in dict.fromkeys(n for n in notes if n.startswith("recorded device")):
                 warnings.warn(note, stacklevel=3)

@@ -679,6 +679,20 @@ class Index:
     def storage_of(self, value: Any) -> StorageRecord:
         return self.storages[value.storage]
 
+    def not_original_inputs(self) -> dict[int, str]:
+        """Inputs whose stored bytes are not the original data, by what a minified archive
+        records of them (``minify.inputs``, §8): index -> what they are. Their storages are real
+        (the bytes exist), so fidelity alone does not say it; every reader that reports
+        fidelity reports this too."""
+        provenance = self.minify.inputs if self.minify is not None and self.minify.inputs else ()
+        out = {}
+        for i, p in enumerate(provenance[:len(self.inputs)]):
+            if p.real:
+                continue
+            what = "computed from generated data" if p.from_absent else (p.values or "not recorded")
+            out[i] = what
+        return out
+
 
 def _graph_tensors(graph: GraphRecord):
     for entry in graph.module_state:
