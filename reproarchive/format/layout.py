@@ -53,6 +53,7 @@ class Limits:
     max_frames: int = 1 << 22
     max_total_bytes: int = 1 << 42  # 4 TiB of member data
     max_index_memory: int = 1 << 30  # estimated bytes of Python objects the decoded index may take
+    max_nodes: int = 150_000  # graph nodes, subgraphs included: inspect/verify of the largest stay < 10 s
 
 
 DEFAULT_LIMITS = Limits()

@@ -771,7 +771,10 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         raise LimitExceededError(f"index declares {len(inputs)} inputs, more than the limit {caps.max_members}")
     for i, value in enumerate(inputs):
         _check_value(value, storages, ("inputs", i), 0)
-    # §7 graph
+    # §7 graph (the node count first, before anything is decoded)
+    nodes = _raw_node_count(raw.get("graph"), 0)
+    if nodes > caps.max_nodes:
+        raise LimitExceededError(f"the graph has {nodes} nodes, more than the limit {caps.max_nodes}")
     graph = _section(raw, "graph", GraphRecord)
     _check_graph(graph, storages, ("graph",), 0)
     placeholders = sum(1 for n in graph.nodes if n.op == "placeholder")
@@ -790,6 +793,20 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         _check_failure(kwargs["failure"])
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
                  format=FORMAT_NAME, version=raw["version"], **kwargs)
+
+
+def _raw_node_count(graph: Any, depth: int) -> int:
+    """Nodes of a graph and its subgraphs as the msgpack decoded them, before any checking
+    (a malformed graph counts what it can; the schema names its defect afterwards)."""
+    if not isinstance(graph, dict) or depth > MAX_GRAPH_DEPTH:
+        return 0
+    nodes = graph.get("nodes")
+    count = len(nodes) if isinstance(nodes, list) else 0
+    state = graph.get("module_state")
+    for entry in state if isinstance(state, list) else ():
+        if isinstance(entry, dict) and entry.get("kind") == "graph":
+            count += _raw_node_count(entry.get("graph"), depth + 1)
+    return count
 
 
 def _section(raw: dict, key: str, tp: Any):

@@ -220,3 +220,25 @@ def test_unpack_keeps_few_files_open(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(hc.ROOT)))
     assert proc.returncode == 0, proc.stderr[-800:]
     assert len(list((tmp_path / "out" / "blobs").rglob("*"))) >= 1100
+
+
+def test_graph_node_cap_is_one_line_before_decoding(tmp_path):
+    """More graph nodes than the reader's cap: one line, exit 2, for every reader."""
+    from reproarchive.format.layout import Limits
+
+    parsed = ca.valid_parsed(tmp_path)
+
+    def edit(index):
+        nodes = index["graph"]["nodes"]
+        body = [{"op": "call_function", "name": f"n{i}", "target": "torch.ops.aten.relu.default",
+                 "args": [{"k": "node", "v": "x" if i == 0 else f"n{i - 1}"}], "kwargs": {}} for i in range(400)]
+        index["graph"]["nodes"] = nodes[:-1] + body + nodes[-1:]
+
+    path = ca.edited(tmp_path / "many.tar.zst", parsed, edit)
+    import reproarchive
+
+    assert reproarchive.inspect(path, limits=Limits(max_nodes=100_000))["graph"]["nodes"] > 400  # under the cap
+    res = hc.run_library_op("inspect", path, tmp_path, limits={"max_nodes": 300})
+    assert res["outcome"] == "archive_error" and res["type"] == "LimitExceededError", res
+    assert "nodes, more than the limit 300" in res["message"]
+
