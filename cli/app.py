@@ -21,7 +21,7 @@ from .text import terminal_safe
 EXIT_CODES_HELP = """\b
 Exit codes:
   0    success (run: the graph passed)
-  1    run: the recorded failure reproduced
+  1    run: the recorded failure reproduced; diff: the archives differ
   2    usage error, or the archive is invalid, damaged, unsafe or too new
   3    run: a different failure than the recorded one
   4    an input file or folder (not an archive) is missing or unusable, or a store
