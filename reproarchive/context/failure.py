@@ -10,6 +10,7 @@ it. The record type itself, ``FailureRecord``, is declared with the rest of the 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import traceback as _traceback
 
@@ -106,6 +107,17 @@ def record_from_exception(exc: BaseException, stage: str, *, backend: str | None
     tb = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
     return FailureRecord(stage=stage, exception_type=exc_type, message=message, traceback=tb[-MAX_TRACEBACK_CHARS:],
                          signature=signature(stage, exc_type, message), backend=backend)
+
+
+def without_machine_paths(record: FailureRecord, prefixes: dict[str, str] | None = None) -> FailureRecord:
+    """The record with this machine's paths replaced in its message and traceback (home,
+    Python, site-packages, caches, the temporary folder, and ``prefixes``). The signature stays
+    as it is: it masks every path already, so it matches replays on other machines."""
+    from reproarchive.context.redaction import machine_prefixes, redact_paths
+
+    table = {**machine_prefixes(), **(prefixes or {})}
+    return dataclasses.replace(record, message=redact_paths(record.message, table),
+                               traceback=redact_paths(record.traceback, table))
 
 
 def accuracy_record(report: AccuracyReport, *, backend: str | None = None) -> FailureRecord:

@@ -1,4 +1,5 @@
-"""Replacing the recording machine's paths (home, cwd, dump folders) in recorded text.
+"""Replacing the recording machine's paths (home, cwd, dump folders, its Python, caches and
+temporary folder) in recorded text, the same way for every capture path.
 """
 
 from __future__ import annotations
@@ -54,6 +55,42 @@ def redact_paths(
     for prefix in sorted(pairs, key=len, reverse=True):
         text = re.sub(re.escape(prefix) + _PATH_END, lambda _m, r=pairs[prefix]: r, text)
     return text
+
+
+def machine_prefixes() -> dict[str, str]:
+    """Directories of this machine that compiler messages and tracebacks name, each with the
+    label that replaces it: the Python installation and its site-packages, reproarchive
+    itself, inductor's and Triton's caches and the temporary folder (the home folder is
+    ``redact_paths``' own). Every capture path redacts with these plus its own folders."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    prefixes: dict[str, str] = {}
+    for path in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        prefixes[path] = "<python>"
+    try:
+        import torch
+
+        prefixes[str(Path(torch.__file__).resolve().parent.parent)] = "<site-packages>"
+    except ImportError:
+        pass
+    prefixes[str(Path(__file__).resolve().parent.parent)] = "<reproarchive>"
+    for label, path in (("<inductor-cache>", _inductor_cache_dir()),
+                        ("<triton-cache>", os.environ.get("TRITON_CACHE_DIR"))):
+        if path:
+            prefixes[path] = label
+    prefixes.setdefault(tempfile.gettempdir(), "<tmp>")
+    return prefixes
+
+
+def _inductor_cache_dir() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return cache_dir()
+    except Exception:
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 _ABS_PATH = re.compile(r"(?:^|[\s=:'\"(\[,])(?:/[\w.\-+@~]+|[A-Za-z]:\\)")

@@ -319,6 +319,7 @@ class _CaptureBackend:
         modified = _modified_inputs(inputs, versions)
         if modified:
             record = dataclasses.replace(record, inputs_modified=tuple(modified))
+        record = _failure.without_machine_paths(record, {os.getcwd(): "."})
         try:
             destination = self._destination(gm, inputs, record)
             written = _write_archive(

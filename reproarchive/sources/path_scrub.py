@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from reproarchive.context.redaction import machine_prefixes
 from reproarchive.format.schema import from_plain, to_plain
 
 
@@ -47,20 +47,7 @@ class Scrubber:
 
 
 def scrub_prefixes(opts: argparse.Namespace, store: Path | None) -> dict[str, str]:
-    prefixes: dict[str, str] = {}
-    for path in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
-        prefixes[path] = "<python>"
-    try:
-        import torch
-
-        prefixes[str(Path(torch.__file__).resolve().parent.parent)] = "<site-packages>"
-    except ImportError:
-        pass
-    prefixes[str(Path(__file__).resolve().parent.parent)] = "<reproarchive>"
-    for label, path in (("<inductor-cache>", _inductor_cache_dir()),
-                        ("<triton-cache>", os.environ.get("TRITON_CACHE_DIR"))):
-        if path:
-            prefixes[path] = label
+    prefixes = machine_prefixes()
     prefixes[os.getcwd()] = "<tmp>"
     for path in opts.cwd_prefix:
         prefixes[path] = "<cwd>"
@@ -69,12 +56,3 @@ def scrub_prefixes(opts: argparse.Namespace, store: Path | None) -> dict[str, st
     if store is not None:
         prefixes[str(store)] = "<dump>/checkpoints"
     return prefixes
-
-
-def _inductor_cache_dir() -> str | None:
-    try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        return cache_dir()
-    except Exception:
-        return os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -77,6 +77,23 @@ def test_compile_error_is_archived_with_real_inputs_and_reraised(tmp_path):
     assert repro.system.torch.version == torch.__version__
 
 
+def test_failure_text_names_no_path_of_the_capturing_machine(tmp_path):
+    """The in-process backend redacts its message and traceback like pack does: no absolute path
+    of this machine (home, Python, site-packages, caches, temp, cwd) is left in them."""
+    import os
+    import sys
+    import tempfile
+
+    failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", tmp_path)
+    failure = reproarchive.load(only_archive(tmp_path)).failure
+    text = failure.message + "\n" + failure.traceback
+    assert "site-packages" in failure.traceback or "<python>" in failure.traceback  # a real traceback
+    for path in {os.path.expanduser("~"), sys.prefix, os.path.dirname(torch.__file__), tempfile.gettempdir(),
+                 os.getcwd()}:
+        if len(path) > 1:
+            assert path + "/" not in text, path
+
+
 def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):
     exc, (x, y), (x0, y0) = failing_call(mutating_fn, "relu_runtime_error_TESTING_ONLY", tmp_path)
     path = only_archive(tmp_path)
