@@ -38,6 +38,8 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         warnings.showwarning = _show_warning
+        protected = getattr(ctx, "_protected_args", None)
+        ctx.ensure_object(dict)["argv"] = [*(ctx.protected_args if protected is None else protected), *ctx.args]
         try:
             return super().invoke(ctx)
         except ReproArchiveError as err:
@@ -45,7 +47,12 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             _fail(ctx, "interrupted", 130)
         except OSError as err:
-            _fail(ctx, f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), 4)
+            what = f"{err.strerror or err}: {err.filename or ''}".rstrip(": ")
+            _fail(ctx, f"{what}; check the path (and that you may read or write it)", 4)
+        except click.UsageError as err:  # click's own usage errors: one line too, exit 2
+            where = f"reproarchive {err.ctx.command_path.split(' ', 1)[1]}" if err.ctx and " " in err.ctx.command_path \
+                else "reproarchive"
+            _fail(ctx, f"{err.format_message()} (see `{where} --help`)", 2)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except Exception as err:  # a bug of ours: still one line, the traceback behind --debug
@@ -56,6 +63,9 @@ class _Group(click.Group):
 def _fail(ctx: click.Context, message: str, code: int) -> None:
     if (ctx.obj or {}).get("debug"):
         traceback.print_exc()
+    exc = sys.exc_info()[1]
+    if "--json" in (ctx.obj or {}).get("argv", ()) and not getattr(exc, "json_emitted", False):
+        emit_json({"error": message, "exit_code": code})  # every command with --json says it in JSON too
     click.echo(f"error: {terminal_safe(message)}", err=True)  # one line, whatever the archive said
     sys.exit(code)
 
@@ -90,4 +100,5 @@ def json_errors(as_json: bool):
     except ReproArchiveError as err:
         if as_json:
             emit_json({"error": str(err), "exit_code": err.exit_code})
+            err.json_emitted = True
         raise

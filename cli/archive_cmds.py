@@ -14,7 +14,16 @@ def _say(text: str) -> None:
     click.echo(terminal_safe(text))
 
 
-@main.command()
+ARCHIVE_EXIT_CODES = """\b
+Exit codes:
+  0    the archive is valid (and was shown or extracted)
+  2    usage error, or the archive is invalid, damaged, unsafe or too new (one line says what)
+  4    the file is missing or cannot be read, or (unpack) the output folder cannot be written
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
+"""
+
+
+@main.command(epilog=ARCHIVE_EXIT_CODES)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -37,7 +46,7 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
         )
 
 
-@main.command()
+@main.command(epilog=ARCHIVE_EXIT_CODES)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (includes the full records).")
 @click.option("--graph", "show_graph", is_flag=True,
@@ -118,7 +127,7 @@ def _trace_origin(source) -> None:
     _say(f"tlparse: {page or (str(tlparse.get('directory')) + '/')}   graph: {source.get('graph_from')}")
 
 
-@main.command()
+@main.command(epilog=ARCHIVE_EXIT_CODES)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("-C", "--directory", "directory", type=click.Path(file_okay=False), default=None,
               help="Folder to create (default: the archive's name without .tar.zst). Must not exist or be empty.")

@@ -83,6 +83,14 @@ To bisect only the recorded failure and skip commits that fail differently:
 EXPORT_EPILOG = """\b
 The folder holds repro.py and the input data (raw bytes, read by relative path); run it with
 only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--dynamo]
+
+\b
+Exit codes:
+  0    the folder was written
+  2    usage error, or the archive is invalid, damaged, unsafe or too new, or its graph cannot
+       be written as a script (one line says what)
+  4    the archive is missing or unreadable, or the folder exists and is not empty
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
 """
 
 
@@ -97,7 +105,7 @@ only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--d
 @click.option("--accuracy/--no-accuracy", default=None,
               help="Compare the compiled result with eager (judged against an fp64 run). "
                    "Default: what the archive recorded.")
-@click.option("--tol", type=float, default=None, help="Accuracy tolerance (default 1e-3).")
+@click.option("--tol", type=click.FloatRange(min=0, min_open=True), default=None, help="Accuracy tolerance (default 1e-3).")
 @click.option("--only-fwd", is_flag=True, help="Run forward only, never backward.")
 @click.option("--isolate/--no-isolate", default=None,
               help="Replay in a child process so a segfault or abort is reported as a crash "
@@ -108,7 +116,7 @@ only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--d
 @click.option("--minify", is_flag=True,
               help="Shrink the graph while the recorded failure keeps reproducing; write the result to -o.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="With --minify: the archive to write.")
-@click.option("--max-time", type=float, metavar="SECONDS",
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="With --minify: stop after this long and keep the smallest failing graph so far.")
 @click.option("--strict-accuracy", is_flag=True,
               help="With --minify: count every output that differs, bool masks and indices included, and "

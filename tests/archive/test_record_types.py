@@ -10,6 +10,7 @@ traceback), before it runs anything.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from pathlib import Path
 
@@ -169,9 +170,14 @@ def test_every_command_prints_one_line_and_exits_2(corpus, tmp_path):
             work.mkdir(exist_ok=True)
             args = [a.replace("{tmp}", str(work)) for a in command]
             result = runner.invoke(main, [args[0], str(path), *args[1:]])
-            lines = result.output.strip().splitlines()
+            lines = result.stderr.strip().splitlines()
             if result.exit_code != 2 or len(lines) != 1 or not lines[0].startswith("error: "):
                 problems.append(f"{name} {command}: exit {result.exit_code}: {result.output[-200:]!r}")
+            if "--json" in command:  # the failure as a JSON document on stdout too
+                if json.loads(result.stdout).get("exit_code") != 2:
+                    problems.append(f"{name} {command}: no JSON error document: {result.stdout[-200:]!r}")
+            elif result.stdout.strip():
+                problems.append(f"{name} {command}: printed {result.stdout[-200:]!r}")
             if list(work.iterdir()):
                 problems.append(f"{name} {command}: wrote {sorted(p.name for p in work.iterdir())}")
     assert problems == []
