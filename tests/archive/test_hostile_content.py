@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from support import content_attacks as ca
 from support import hostile_corpus as hc
@@ -78,8 +80,9 @@ def test_target_attacks_are_refused_by_every_reader(scene, label):
     for op in ("verify", "inspect", "load"):
         res = hc.run_library_op(op, path, scene["work"])
         assert res["outcome"] == "archive_error" and res["type"] == "UnsafeArchiveError", (label, op, res)
-    for argv in (["verify", "-q", str(path)], ["inspect", str(path)],
-                 ["run", "--no-isolate", str(path)], ["export", str(path), "-o", "out"]):
+    for argv in (["verify", "-q", str(path)], ["inspect", str(path)], ["unpack", "-q", str(path), "-C", "out"],
+                 ["run", "--no-isolate", str(path)], ["run", "--minify", str(path), "-o", "min.tar.zst"],
+                 ["export", str(path), "-o", "out"]):
         _one_line_refusal(_in_process(argv, scene["work"]), f"{label} {argv[0]}")
     assert (_tree(scene["victim"]), _tree(scene["work"])) == before, label
 
@@ -158,6 +161,21 @@ def test_record_strings_are_neutralised_for_terminals_and_code(text, tmp_path):
     ran = subprocess.run([sys.executable, str(out / "repro.py"), "--backend", "eager"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert not marker.exists(), ran.stderr[-500:]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(min_size=1, max_size=200))
+def test_fuzzed_record_strings_never_reach_terminal_or_code(text, tmp_path_factory):
+    """Any string in the failure and source records: inspect prints no raw control character,
+    and export's repro.py still parses (the string is data there)."""
+    work = tmp_path_factory.mktemp("fuzz")
+    archive = ca.text_archive(work / "t.tar.zst", work / "MARKER", text)
+    shown = _in_process(["inspect", str(archive)], work)
+    assert shown.returncode == 0, shown.stderr
+    assert not [c for c in shown.stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0]
+    exported = _in_process(["export", str(archive), "-o", str(work / "out")], work)
+    assert exported.returncode == 0, exported.stderr[-500:]
+    ast.parse((work / "out" / "repro.py").read_text())
 
 
 def test_offset_past_int64_is_one_line_not_exit_70(tmp_path):
