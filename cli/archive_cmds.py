@@ -101,6 +101,9 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     failure = info.get("failure")
     if failure:
         _say(f"failure: {failure.get('stage')} {failure.get('exception_type')}: {str(failure.get('message') or '').splitlines()[0][:160] if failure.get('message') else ''}")
+        errors = reproarchive.compiler_errors(str(failure.get("message") or ""))
+        for line in (["compiler errors:", *errors[:5]] if errors else []):
+            _say(f"  {line}")
     else:
         _say("failure: not recorded")
     system = info.get("system")
@@ -149,3 +152,4 @@ def unpack(archive: str, directory: str | None, quiet: bool, as_json: bool) -> N
                    "bytes": sum(p.stat().st_size for p in files)})
     else:
         click.echo(f"unpacked {archive} into {dest}/")
+

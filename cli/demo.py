@@ -5,7 +5,11 @@ injector (``torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY``) makes ind
 that does not compile for ``relu``. The failure is captured into an archive, verified,
 inspected, replayed in this process *after the injected setting has been removed* (so it only
 reproduces because replay applies the recorded config), and minified to the one op that
-breaks. Each step checks what it should see, so the demo doubles as a smoke test.
+breaks. Then a native crash: a program whose kernel aborts the whole process (the injector's
+``runtime_error``, a C++ ``throw`` inside an OpenMP loop) still leaves an archive, written
+before the kernel ran, and ``run`` replays it in a child process, so the crash becomes a
+verdict instead of taking the demo down. Each step checks what it should see, so the demo
+doubles as a smoke test.
 """
 
 from __future__ import annotations
@@ -113,6 +117,48 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
         if again.exit_code != 1 or s["final_ops"] >= s["initial_ops"]:
             raise _failed("the minified archive must be smaller and still reproduce")
         result.update(minified=str(minified), minify=s)
+    step("6. a native crash: the same injector makes the kernel throw, and the process aborts")
+    crashed = out / "crash.tar.zst"
+    result["crash"] = _crash_demo(crashed, say)
+
     say(f"\ndone in {time.monotonic() - started:.1f}s: send {archive.name}"
         + (f" (or {minified.name}) " if minify else " ") + "to a teammate; they run `reproarchive run` on it.")
     return result
+
+
+# The crashing program runs in its own process: the crash is real and ends that process.
+_CRASHING_PROGRAM = """
+import sys, torch, reproarchive
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "runtime_error"
+def f(a):
+    return torch.relu(a + 1) * 2
+torch.compile(f, backend=reproarchive.capture("inductor", path=sys.argv[1]))(torch.randn(1 << 16))
+"""
+
+
+def _crash_demo(archive: Path, say: Callable[[str], None]) -> dict:
+    import signal
+    import subprocess
+    import sys
+
+    import reproarchive
+
+    archive.unlink(missing_ok=True)
+    done = subprocess.run([sys.executable, "-c", _CRASHING_PROGRAM, str(archive)], capture_output=True, text=True)
+    if done.returncode >= 0:
+        raise _failed(f"the crashing program did not crash (exit {done.returncode})")
+    say(f"   the program was killed by {signal.Signals(-done.returncode).name}; it left {archive} "
+        f"({archive.stat().st_size if archive.exists() else 0} bytes), written before the kernel ran")
+    if not archive.exists():
+        raise _failed("the crashing program left no archive")
+    reproarchive.verify(archive)
+    say(f"   reproarchive run {archive}   (replayed in a child process)")
+    outcome = reproarchive.run(archive)
+    observed = outcome.observed
+    say(f"   {outcome.status.upper()} (exit {outcome.exit_code}): {outcome.kind}, "
+        f"{observed.exception_type if observed else '-'}" + (", isolated" if outcome.isolated else ""))
+    for line in (observed.message.splitlines()[1:2] if observed else []):
+        say(f"   the crashed process said: {line}")
+    if outcome.exit_code != 1 or not outcome.isolated:
+        raise _failed(f"the crash should reproduce in a child process (exit 1), got {outcome.status}")
+    return {"archive": str(archive), "run": outcome.to_dict()}

@@ -17,8 +17,9 @@ def demo(directory: str, no_minify: bool, as_json: bool) -> None:
 
     A real torch.compile (inductor) failure -- made with PyTorch's own relu bug injector -- is
     captured into an archive, verified, inspected, replayed without the injector (the archive's
-    recorded config brings the bug back) and minified to the op that fails. Exit 0 when every
-    step saw what it should.
+    recorded config brings the bug back) and minified to the op that fails. Then a program whose
+    compiled kernel aborts the process leaves an archive that replays the crash in a child
+    process. Exit 0 when every step saw what it should.
     """
     from .demo import run_demo
 

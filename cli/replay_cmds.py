@@ -3,6 +3,8 @@ standalone script for a bug report."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .app import emit_json, main
@@ -109,13 +111,14 @@ Exit codes:
 @click.option("--only-fwd", is_flag=True, help="Run forward only, never backward.")
 @click.option("--isolate/--no-isolate", default=None,
               help="Replay in a child process so a segfault or abort is reported as a crash "
-                   "(default: only when the recorded failure was a crash).")
+                   "(default: when the recorded failure is a crash, unknown or not recorded).")
 @click.option("--current-config", is_flag=True,
               help="Use this machine's torch config instead of the recorded one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--minify", is_flag=True,
               help="Shrink the graph while the recorded failure keeps reproducing; write the result to -o.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="With --minify: the archive to write.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="With --minify: the archive to write (default: NAME.min.tar.zst next to ARCHIVE).")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="With --minify: stop after this long and keep the smallest failing graph so far.")
 @click.option("--strict-accuracy", is_flag=True,
@@ -174,7 +177,7 @@ def _minify(archive, output, *, as_json, quiet, **options) -> None:
     import reproarchive
 
     if not output:
-        raise click.UsageError("--minify needs -o/--output for the minified archive")
+        output = str(default_minified_path(archive))
     report = reproarchive.minify_archive(archive, output, progress=None if (quiet or as_json) else minify_status(),
                                          **options)
     s = report.stats
@@ -233,6 +236,15 @@ def _describe(record) -> str:
     return f"{kind}: {etype}{': ' if etype and first else ''}{first}" if (etype or first) else kind
 
 
+def _compiler_lines(record) -> list[str]:
+    """The compiler's own first error lines under a failure (a C++ or Triton compile error)."""
+    import reproarchive
+
+    if record is None:
+        return []
+    return [f"            {terminal_safe(d)}" for d in reproarchive.compiler_errors(record.message)[:3]]
+
+
 def format_outcome(outcome) -> str:
     lines = []
     label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
@@ -242,14 +254,14 @@ def format_outcome(outcome) -> str:
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
     lines.append(f"  recorded  {_describe(outcome.recorded)}")
+    lines.extend(_compiler_lines(outcome.recorded))
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
+    lines.extend(_compiler_lines(outcome.observed))
     if outcome.observed is not None and outcome.observed.stage == "crash" and outcome.observed.traceback:
-        text = [t for t in outcome.observed.traceback.strip().splitlines()
-                if t.strip() and not t.startswith("Extension modules")]
-        start = next((i for i, t in enumerate(text) if t.startswith("Fatal Python error")), max(len(text) - 8, 0))
-        tail = text[start:start + 8]
+        said = outcome.observed.message.splitlines()[1:]  # the native runtime's last words
+        stack = [t for t in outcome.observed.traceback.strip().splitlines() if t.strip()]
         lines.append("  the crashed process said:")
-        lines.extend(f"    {t}" for t in tail)
+        lines.extend(f"    {terminal_safe(t)}" for t in [*said, *stack][:12])
     acc = outcome.accuracy
     if acc:
         lines.append(f"  accuracy  tolerance {acc.tolerance}, fp64 reference {acc.fp64_reference or '?'}")
@@ -296,3 +308,29 @@ def export_cmd(archive, out_dir, as_json, max_memory):
     else:
         click.echo(f"wrote {report['script']} ({len(report['files'])} files, {report['bytes']} bytes)")
         click.echo(f"run it with: python {report['script']}")
+
+
+def default_minified_path(archive: str) -> Path:
+    """``repro.tar.zst`` -> ``repro.min.tar.zst``, in the folder of the archive."""
+    path = Path(archive)
+    stem = path.name.removesuffix(".tar.zst").removesuffix(".zst")
+    return path.with_name(f"{stem}.min.tar.zst")
+
+
+def _add_minify_alias() -> None:
+    """``reproarchive minify ARCHIVE``: PyTorch's launcher calls this step ``minify``."""
+
+    @click.pass_context
+    def minify_cmd(ctx, **options):
+        ctx.invoke(run_cmd, minify=True, **options)
+
+    params = [p for p in run_cmd.params if p.name != "minify"]
+    main.add_command(click.Command(
+        "minify", params=params, callback=minify_cmd, epilog=RUN_EPILOG,
+        help="Shrink ARCHIVE to the smallest graph that still fails the recorded way: the same as "
+             "`reproarchive run --minify`. Writes NAME.min.tar.zst next to ARCHIVE unless -o says "
+             "otherwise.",
+        short_help="Shrink a failing archive (run --minify)."))
+
+
+_add_minify_alias()

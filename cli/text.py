@@ -52,9 +52,9 @@ def pack_summary(result) -> list[str]:
     f = result.failure
     if not f:
         return [graph, inputs, "failure: none recorded (the compile succeeded in the job)"]
-    f = {k: terminal_safe(v) if isinstance(v, str) else v for k, v in f.items()}
     message = (f.get("message") or "").strip().splitlines()
-    first = message[0][:160] if message else ""
+    f = {k: terminal_safe(v) if isinstance(v, str) else v for k, v in f.items()}
+    first = terminal_safe(message[0][:160]) if message else ""
     kind = f.get("exception_type") or ""
     failure = f"failure: {f.get('stage')}" + (f" {kind}" if kind else "") + (f": {first}" if first else "")
     return [graph, inputs, failure]

@@ -34,6 +34,7 @@ _EXPORTS = {
     "run": "reproarchive.store.access",
     "Outcome": "reproarchive.replay.outcome",
     "failure_kind": "reproarchive.context.failure",
+    "compiler_errors": "reproarchive.context.failure",
     "export": "reproarchive.standalone.script",
     # triage
     "diff": "reproarchive.triage.diff",

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from reproarchive import errors
 
 EVENT_PREFIX = "@@reproarchive-event "
-_STDERR_TAIL = 8000
+_STDERR_TAIL = 64000  # enough for faulthandler's report of every thread and module
 
 
 def python_path() -> str:

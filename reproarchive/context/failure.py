@@ -93,20 +93,54 @@ def innermost(exc: BaseException) -> BaseException:
     return exc
 
 
-def signature(stage: str, exc_type: str, message: str) -> str:
-    return f"{stage}|{exc_type}|{normalise_message(message)}"
+DIAGNOSTIC_MARK = "|diag:"
+
+
+def signature(stage: str, exc_type: str, message: str, diagnostic: str = "") -> str:
+    """``stage|type|normalised first line``, and for a compiler's error the normalised first
+    diagnostic after ``|diag:``: every C++ compile error's first line is "C++ compile error",
+    so without it any two would count as the same failure."""
+    base = f"{stage}|{exc_type}|{normalise_message(message)}"
+    return f"{base}{DIAGNOSTIC_MARK}{normalise_message(diagnostic)}" if diagnostic else base
 
 
 def record_from_exception(exc: BaseException, stage: str, *, backend: str | None = None) -> FailureRecord:
-    """Build the failure record for an exception raised while compiling or running a graph."""
+    """Build the failure record for an exception raised while compiling or running a graph.
+
+    When the message quotes a compiler's output (g++, nvcc, Triton), its error lines come right
+    after the first line, under "compiler errors:", instead of the command line and the
+    thousands of warning lines that may precede them (the traceback keeps the whole output):
+    ``inspect`` and ``run`` show them, and the first one is part of the signature."""
     if stage not in STAGES:
         raise ValueError(f"unknown failure stage {stage!r}")
     core = innermost(exc)
     exc_type = exception_type_name(core)
-    message = str(core)[:MAX_MESSAGE_CHARS]
+    full = str(core)
+    diagnostics = compiler_diagnostics(full)
+    message = with_diagnostics(full, diagnostics)[:MAX_MESSAGE_CHARS]
     tb = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
     return FailureRecord(stage=stage, exception_type=exc_type, message=message, traceback=tb[-MAX_TRACEBACK_CHARS:],
-                         signature=signature(stage, exc_type, message), backend=backend)
+                         signature=signature(stage, exc_type, full, diagnostics[0] if diagnostics else ""),
+                         backend=backend)
+
+
+def with_diagnostics(message: str, diagnostics: list[str]) -> str:
+    """The message's first line and the compiler's error lines, without the compiler's command
+    line and warnings (the whole output stays in the record's traceback)."""
+    if not diagnostics:
+        return message
+    lines = message.strip().splitlines()
+    return "\n".join([lines[0] if lines else "", "", "compiler errors:", *diagnostics])
+
+
+def compiler_errors(message: str) -> list[str]:
+    """The compiler error lines a failure message holds (``with_diagnostics``), for display."""
+    lines = str(message).splitlines()
+    if "compiler errors:" not in lines:
+        return []
+    start = lines.index("compiler errors:") + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
 
 
 def without_machine_paths(record: FailureRecord, prefixes: dict[str, str] | None = None) -> FailureRecord:
@@ -134,9 +168,86 @@ def accuracy_record(report: AccuracyReport, *, backend: str | None = None) -> Fa
 
 def crash_record(name: str, message: str, output: str, *, backend: str | None = None) -> FailureRecord:
     """The process running the compiler died (``name``: the signal, e.g. SIGSEGV, or exit
-    status). The signature is the signal alone: the crash site's output varies run to run."""
-    return FailureRecord(stage="crash", exception_type=name, message=message, traceback=output[-MAX_TRACEBACK_CHARS:],
-                         signature=signature("crash", name, ""), backend=backend)
+    status); ``output`` is the end of what it printed. The signature is the signal alone: the
+    crash site's output varies run to run.
+
+    The message gets the native runtime's own last words (``terminate called after throwing
+    ...``, a device-side assert) and the traceback the crashing thread's Python stack, taken
+    from faulthandler's report: its other threads' stacks (a progress monitor, a DataLoader)
+    and its list of extension modules say nothing about the crash and are left out.
+    """
+    native, stack = crash_report(output)
+    if native:
+        message = "\n".join([message, *native])
+    return FailureRecord(stage="crash", exception_type=name, message=message[:MAX_MESSAGE_CHARS],
+                         traceback=stack[-MAX_TRACEBACK_CHARS:], signature=signature("crash", name, ""),
+                         backend=backend)
+
+
+def pending_crash_record(*, backend: str | None = None) -> FailureRecord:
+    """The failure of an archive written just before compiled code first runs, which stays on
+    disk only if the process dies there: a ``crash`` whose signal is not known (empty
+    ``exception_type``), which ``same_failure`` matches with a crash of any signal."""
+    return FailureRecord(stage="crash", exception_type="",
+                         message="the process died while the compiled graph ran for the first time (this archive "
+                                 "was written just before it ran, so the signal is not recorded)",
+                         signature=signature("crash", "", ""), backend=backend)
+
+
+_FATAL = re.compile(r"Fatal Python error: ")
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+_WARNING = re.compile(r"\b\w*Warning: ")
+_NATIVE_LINES = 6
+
+
+def crash_report(output: str) -> tuple[list[str], str]:
+    """(what the native runtime said just before the crash, faulthandler's report with only the
+    crashing thread's stack), from a dead process's output.
+
+    The crashing thread is the one faulthandler calls "Current thread". A crash on a thread
+    Python does not know (an OpenMP worker running a kernel) has none; then the main thread's
+    stack is kept (the one not started by ``threading``), which is where the kernel was
+    called from, and the report says so. Python warnings and the lines they quote are not
+    the runtime's words and are left out. Without a faulthandler report (killed from outside):
+    no lines, and the output's last lines.
+    """
+    lines = str(output).splitlines()
+    start = max((i for i, ln in enumerate(lines) if _FATAL.search(ln)), default=None)
+    if start is None:
+        return [], "\n".join(lines[-40:])
+    head = _FATAL.search(lines[start]).start()
+    if head:  # two threads wrote at once: "terminate called ... 'Fatal Python error: intAborted"
+        lines[start:start + 1] = [lines[start][:head], lines[start][head:]]
+        start += 1
+    native: list[str] = []
+    for ln in reversed(lines[:start]):
+        if not ln.strip() or len(native) >= _NATIVE_LINES:
+            break
+        if _WARNING.search(ln) or (ln[:1].isspace() and not ln.strip().startswith("what():")):
+            continue
+        native.insert(0, ln.rstrip())
+    blocks: list[tuple[str, list[str]]] = []
+    for ln in lines[start + 1:]:
+        header = _THREAD.match(ln)
+        if header:
+            blocks.append((ln.rstrip(), []))
+        elif ln.startswith("Extension modules:") or not ln.strip():
+            if blocks and blocks[-1][1]:
+                blocks.append(("", []))  # the end of a block
+        elif blocks and blocks[-1][0]:
+            blocks[-1][1].append(ln.rstrip())
+    blocks = [b for b in blocks if b[0]]
+    current = [b for b in blocks if b[0].startswith("Current thread")]
+    if current:
+        chosen, note = current[0], []
+    else:
+        main = [b for b in blocks if not any("threading.py" in f and "_bootstrap" in f for f in b[1])]
+        chosen = main[-1] if main else (blocks[-1] if blocks else None)
+        note = ["(it crashed on a thread Python does not run, such as a kernel's worker; the main thread's stack:)"]
+    kept = [lines[start].rstrip(), *note]
+    if chosen is not None:
+        kept += [chosen[0], *chosen[1]]
+    return native, "\n".join(kept)
 
 
 def unknown_record(reason: str, *, backend: str | None = None) -> FailureRecord:
@@ -147,13 +258,21 @@ def same_failure(recorded: FailureRecord | None, observed: FailureRecord | None)
     """True when ``observed`` is the failure that ``recorded`` describes.
 
     An unknown recorded failure matches any failure of the same stage class, because the
-    archive never knew more than "it failed".
+    archive never knew more than "it failed"; a crash recorded without its signal (written
+    before the process died) matches a crash by any signal, for the same reason.
     """
     if observed is None or recorded is None:
         return False
     if recorded.stage == "unknown":
         return observed.stage != "unknown"
-    return bool(recorded.signature) and recorded.signature == observed.signature
+    if recorded.stage == "crash" and not recorded.exception_type:
+        return observed.stage == "crash"  # written before the crash, the signal unknown
+    if not recorded.signature:
+        return False
+    # an archive recorded before diagnostics were signed knows less: it matches on the rest
+    return recorded.signature == observed.signature or (
+        DIAGNOSTIC_MARK not in recorded.signature
+        and observed.signature.startswith(recorded.signature + DIAGNOSTIC_MARK))
 
 
 # A line in which a compiler reports an error (not a warning or a note): g++/clang/nvcc

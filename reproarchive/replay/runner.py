@@ -296,7 +296,8 @@ def run(
 
     ``backend``/``accuracy`` default to what the archive recorded. ``isolate`` runs the replay in
     a child process so that a crash (segfault, abort, fatal device error) becomes an outcome
-    instead of killing the caller; by default it is on only when the recorded failure is a crash.
+    instead of killing the caller; by default it is on when the recorded failure is a crash, is
+    unknown, or is not recorded (``needs_isolation``).
     Raises DeviceUnavailableError / BackendUnavailableError (exit 125) when it cannot run here,
     ArchiveError (exit 2) for an unreadable archive.
     """
@@ -307,12 +308,20 @@ def run(
                    current_config=current_config, tol=tol, max_memory=max_memory)
     index = _peek_index(path) if isolate is not False else None
     if isolate is None:
-        isolate = index is not None and index.failure is not None and index.failure.stage == "crash"
+        isolate = needs_isolation(index.failure if index is not None else None)
     if isolate:
         from reproarchive.replay.isolation import run_in_child
 
         return run_in_child(path, environment=index.environment if index else None, **options)
     return run_here(path, progress=progress, **options)
+
+
+def needs_isolation(recorded: FailureRecord | None) -> bool:
+    """Whether a replay must run in a child: when the archive does not say that the failure is
+    an ordinary exception, it may be a crash (an archive packed with --no-replay, or written
+    before the compiled code ran), and a crash in this process would take the caller, and a
+    ``git bisect run`` verdict, with it. Known exceptions keep the fast in-process path."""
+    return recorded is None or recorded.stage in ("crash", "unknown")
 
 
 def _peek_index(path):

@@ -34,6 +34,15 @@ What it does for each graph Dynamo hands it:
 5. Otherwise the compiled function runs exactly as without capture; after the first call the
    wrapper only tests a flag and forwards the arguments.
 
+Native crashes: a segfault, an abort from the C++ runtime or a fatal device assert ends the
+process inside step 3, where nothing can be written any more. So, unless ``crash=False``, the
+archive is written *before* the first run, with a ``crash`` failure whose signal is not yet
+known (spec §8), and removed when the run ends any other way (passed, raised, interrupted; a
+raised failure then writes its own archive). A process that dies leaves that archive, complete
+and verifiable; ``reproarchive run`` replays such an archive in a child process and reports
+the signal and the crashing thread's stack. The price: one archive write per compiled graph,
+at its first call (pack speed: about 1 GB/s of inputs on these machines), and a file removed.
+
 Cost and side effects of the check, by design:
 
 * one extra forward (+ backward) per compiled graph, once; with ``accuracy=True`` also one
@@ -92,7 +101,7 @@ DEFAULT_DIR_ENV = "REPROARCHIVE_DIR"
 DEFAULT_DIR_NAME = "reproarchives"
 ARCHIVE_SUFFIX = ".tar.zst"
 
-_OPTIONS = {"fwd_only", "tolerance", "check_runtime", "on_accuracy", "mode", "options", "use_fp64"}
+_OPTIONS = {"fwd_only", "tolerance", "check_runtime", "on_accuracy", "mode", "options", "use_fp64", "crash"}
 
 
 class CaptureWarning(UserWarning):
@@ -117,7 +126,9 @@ def capture(
     ``tolerance`` (float, default 1e-3, PyTorch's ``repro_tolerance``), ``check_runtime`` (bool,
     default True; False captures compile errors only and never runs the graph),
     ``on_accuracy`` ("raise" | "warn"), ``use_fp64`` (bool, default True: fp64 reference for
-    accuracy), and for ``backend="inductor"`` the ``mode`` / ``options`` that torch.compile
+    accuracy), ``crash`` (bool, default True: write the archive before the first run so that a
+    native crash leaves one; see the module docstring), and for ``backend="inductor"`` the
+    ``mode`` / ``options`` that torch.compile
     would take (they are applied while compiling and recorded in the config snapshot).
     """
     unknown = set(options) - _OPTIONS
@@ -132,6 +143,7 @@ def capture(
         "check_runtime": bool(options.get("check_runtime", True)),
         "on_accuracy": on_accuracy,
         "use_fp64": bool(options.get("use_fp64", True)),
+        "crash": bool(options.get("crash", True)),
         "accuracy": bool(accuracy),
     }
     compiler, name, config_patches = _resolve_backend(backend, options.get("mode"), options.get("options"))
@@ -165,15 +177,19 @@ def _resolve_backend(backend: str | Callable, mode: str | None, inductor_options
         raise TypeError(f"capture(): backend must be a name or a callable, not {type(backend).__name__}")
     if mode or inductor_options:
         raise ValueError("capture(): mode= and options= only apply to backend='inductor'")
+    return backend, recorded_name(backend), {}
+
+
+def recorded_name(backend: Callable) -> str:
+    """The name an archive records for a backend callable: its ``compiler_name``, else an
+    importable ``module:function`` when there is one (replay resolves that form), else its name."""
     name = getattr(backend, "compiler_name", None)
-    if not isinstance(name, str):
-        # Record an importable ``module:function`` when there is one: replay resolves that form.
-        module, qualname = getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)
-        if module and qualname and "<" not in qualname and module != "__main__":
-            name = f"{module}:{qualname}"
-        else:
-            name = getattr(backend, "__name__", None) or type(backend).__qualname__
-    return backend, name, {}
+    if isinstance(name, str):
+        return name
+    module, qualname = getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)
+    if module and qualname and "<" not in qualname and module != "__main__":
+        return f"{module}:{qualname}"
+    return getattr(backend, "__name__", None) or type(backend).__qualname__
 
 
 def _resolve_target(path: str | os.PathLike | None) -> Path:
@@ -205,13 +221,14 @@ class _CaptureBackend:
         self.settings = settings
         self.__name__ = f"capture({name})"
         self.written: list[Path] = []  # archives this backend wrote, oldest first
+        self._made_folder = False  # the folder of ``target`` was created for a pending archive
 
     def __repr__(self) -> str:
         return f"reproarchive.capture({self.backend_name!r}, path={str(self.target)!r})"
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         example_inputs = list(example_inputs)
-        pristine_gm = _copy_graph_structure(gm)
+        pristine_gm = copy_graph_structure(gm)
         versions = _versions(example_inputs)
 
         with self._patched_config():
@@ -252,6 +269,16 @@ class _CaptureBackend:
 
     def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord) -> None:
         versions = _versions(args)
+        pending = self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
+        try:
+            self._run_check(compiled, gm, pristine_gm, args, config, versions)
+        finally:
+            # The check ran to its end (passed, failed, or was interrupted): the process did
+            # not crash, so the pending archive is not a record of anything.
+            self._discard(pending)
+
+    def _run_check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
+                   versions: list) -> None:
         report = None
         try:
             with _preserved_state(gm, args):
@@ -268,7 +295,7 @@ class _CaptureBackend:
         except _accuracy.EagerFailed as exc:
             # The traced graph fails eagerly too: not this backend's bug. The real call below
             # will raise whatever it raises.
-            warnings.warn(f"reproarchive.capture: accuracy not checked: {exc}", CaptureWarning, stacklevel=3)
+            warnings.warn(f"reproarchive.capture: accuracy not checked: {exc}", CaptureWarning, stacklevel=4)
             return
         except Exception as exc:
             if _is_control_flow(exc):
@@ -292,6 +319,44 @@ class _CaptureBackend:
         with inductor_config.patch(self.config_patches):
             yield
 
+    # -- a crash: the archive written before the compiled code runs ----------------------------
+
+    def _write_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord) -> Path | None:
+        """Write the archive a native crash would leave, before the compiled code first runs.
+
+        A crash (segfault, abort from C++, fatal device assert) ends the process with no chance
+        to write anything afterwards, so the archive is written first, with a ``crash`` failure
+        whose signal is not known yet; ``_discard`` removes it once the check has run to its
+        end. Never raises: a write that fails costs the crash record, not the user's run. A
+        file target that already holds an archive is not overwritten by a pending one.
+        """
+        record = _failure.pending_crash_record(backend=self.backend_name)
+        folder = self.target.parent if _is_file_target(self.target) else self.target
+        self._made_folder = self._made_folder or not folder.exists()
+        try:
+            destination = self._destination(gm, inputs, record)
+            if _is_file_target(self.target) and destination.exists():
+                return None
+            written = write_archive(gm, inputs, destination, config=config, failure=record, backend=self.backend_name,
+                                     accuracy=self.settings["accuracy"], capture_settings=self.settings)
+        except Exception as err:  # noqa: BLE001 - never in place of the user's own run
+            log.warning("reproarchive.capture could not write the archive a crash would leave: %s: %s",
+                        type(err).__name__, err)
+            return None
+        log.debug("reproarchive: %s written before the first run (removed when it does not crash)", written)
+        return Path(written)
+
+    def _discard(self, pending: Path | None) -> None:
+        if pending is None or pending in self.written:  # a real failure was written over it
+            return
+        try:
+            pending.unlink()
+            if self._made_folder and not self.written:  # leave no trace of a run that passed
+                pending.parent.rmdir()
+                self._made_folder = False
+        except OSError:
+            pass
+
     # -- failure paths ---------------------------------------------------------------------------
 
     def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str, config: ConfigRecord) -> None:
@@ -307,7 +372,7 @@ class _CaptureBackend:
         where = f"archive written to {path}" if path else f"no archive written: {error}"
         message = f"compiled result differs from eager: {report.summary}\n[reproarchive] {where}"
         if self.settings["on_accuracy"] == "warn":
-            warnings.warn(message, CaptureWarning, stacklevel=3)
+            warnings.warn(message, CaptureWarning, stacklevel=4)
             return
         err = AccuracyError(message)
         err.reproarchive_path = str(path) if path else None  # type: ignore[attr-defined]
@@ -322,7 +387,7 @@ class _CaptureBackend:
         record = _failure.without_machine_paths(record, {os.getcwd(): "."})
         try:
             destination = self._destination(gm, inputs, record)
-            written = _write_archive(
+            written = write_archive(
                 gm, inputs, destination, config=config, failure=record, backend=self.backend_name,
                 accuracy=self.settings["accuracy"], capture_settings=self.settings,
             )
@@ -361,7 +426,7 @@ class _CaptureBackend:
 # ---------------------------------------------------------------------------------------------
 
 
-def _write_archive(
+def write_archive(
     gm: Any,
     inputs: list[Any],
     destination: Path,
@@ -381,6 +446,8 @@ def _write_archive(
         "tolerance": capture_settings.get("tolerance"),
         "check_runtime": bool(capture_settings.get("check_runtime")),
     }
+    if failure.stage == "crash":
+        source["written_before_run"] = True
     return Path(
         pack(
             gm,
@@ -402,7 +469,7 @@ def _write_archive(
 # ---------------------------------------------------------------------------------------------
 
 
-def _copy_graph_structure(gm: Any) -> Any:
+def copy_graph_structure(gm: Any) -> Any:
     """A GraphModule with its own copy of the graph that shares the original's parameters,
     buffers and submodules: O(nodes), no tensor data copied."""
     import torch

@@ -12,7 +12,9 @@ process (through ``reproarchive.child``), where it:
 3. traces ``Repro`` into a GraphModule whose placeholders match ``load_args`` one to one, and
    lifts module state that PyTorch replaced by ``torch.randn`` into inputs marked absent;
 4. takes the config / environment / system snapshots here, where the dump's settings apply;
-5. replays the failure once the way the dump's ``run_repro`` would detect it;
+5. replays the failure once the way the dump's ``run_repro`` would detect it (saying so first:
+   when the replay kills this process, the parent starts a second child that packs the dump
+   with the crash as its failure, from the first one's signal and faulthandler report);
 6. calls ``reproarchive.pack`` itself, so nothing is pickled across the process boundary, and
    writes a small JSON report for the parent.
 
@@ -197,7 +199,7 @@ def take_snapshots() -> tuple[Any, Any, Any, list[str]]:
         return None, None, None, [f"a snapshot failed: {type(err).__name__}: {first_line(err)}"]
 
 
-def run(opts: argparse.Namespace, events) -> dict[str, Any]:
+def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     script = Path(opts.script)
     dump = parse_dump_script(script)
     store, store_note = _store_dir(dump)
@@ -209,11 +211,19 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
 
     from reproarchive.context import failure as fail
 
-    if opts.no_replay:
+    crash = getattr(opts, "crash", None)
+    if crash:
+        # An earlier child died replaying this dump; this one packs what it died of.
+        failure = fail.crash_record(crash["signal"], f"the replay that records the failure {crash['reason']}",
+                                    crash["log"], backend=dump.backend)
+        replay_notes: dict[str, Any] = {"performed": True, "crashed": True}
+    elif opts.no_replay:
         failure = fail.unknown_record("not replayed when packing (--no-replay)", backend=dump.backend)
-        replay_notes: dict[str, Any] = {"performed": False}
+        replay_notes = {"performed": False}
     else:
         events("replaying the failure")
+        if started is not None:
+            started({"stage": "replay"})  # if the replay takes this process down, the parent knows
         failure, replay_notes = replay(dump, imp.gm, imp.example_inputs)
 
     inputs, storages, warnings = input_report(imp)
@@ -274,7 +284,7 @@ def failure_summary(failure: FailureRecord) -> dict[str, Any]:
 
 
 def _pack(request: dict, *, started, event) -> dict[str, Any]:
-    return run(argparse.Namespace(**request), event)
+    return run(argparse.Namespace(**request), event, started)
 
 
 if __name__ == "__main__":

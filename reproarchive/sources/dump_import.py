@@ -120,11 +120,19 @@ def pack_dump(
                "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())]}
     report, died = run_child("reproarchive.sources.dump_child", request, env=child_env(), on_event=progress,
                              keep_log=keep_log)
+    if died is not None and (died.started or {}).get("stage") == "replay":
+        # The graph crashed the process that replayed it: that is the failure to record.
+        if progress is not None:
+            progress(f"the replay {died.reason}: packing the dump with the crash as its failure")
+        crash = {"signal": died.signal_name or f"exit status {died.returncode}", "reason": died.reason,
+                 "log": died.log_tail}
+        report, died = run_child("reproarchive.sources.dump_child", {**request, "crash": crash}, env=child_env(),
+                                 on_event=progress)
     if died is not None:
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")
         raise errors.PackError(
-            f"the process importing the dump {died.reason}: {last[:300]}",
-            "the dump's own code crashed while loading; rerun with --debug to keep its log",
+            f"the process importing the dump {died.reason} while loading it: {last[:300]}",
+            "the dump's own code crashed; `reproarchive --debug pack ...` keeps its log",
         )
     archive = Path(report["archive"])
     return PackResult(

@@ -7,6 +7,13 @@ that could clash with the program's own ``sitecustomize``. The dumps go to a pri
 folder (``TORCH_COMPILE_DEBUG_DIR``), so the user's tree stays clean, and each is packed with
 ``pack_dump`` (real inputs, snapshots, one replay to record the failure).
 
+Native crashes (a segfault, an abort from C++ in compiled code) leave no PyTorch dump: the
+hooks write from an ``except`` clause. For those the program also runs with
+``sources.crash_guard`` (through a ``sitecustomize`` first on ``PYTHONPATH``), which writes an
+archive before each graph is compiled and run and removes it after; what a crashed program
+leaves is replayed here in a child process, and packed with the crash it shows (signal, the
+crashing thread's stack) as its failure.
+
 Limits, inherited from PyTorch's hooks (documented in ``reproarchive capture --help``):
 * one dump per process: a second failure in the same process overwrites the first;
 * after_dynamo level 2 compiles each graph once more and runs it forward/backward on copies of
@@ -29,6 +36,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive.errors import ReproArchiveError, SourceError
+from reproarchive.sources import crash_guard
+from reproarchive.sources.crash_guard import CRASH_DIR_ENV, pending_archives
+from reproarchive.format.schema import to_plain
 from reproarchive.sources.dump_import import PackResult, pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME
 
@@ -62,6 +72,12 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
     env["TORCHDYNAMO_REPRO_AFTER"] = after
     env["TORCHDYNAMO_REPRO_LEVEL"] = "4" if accuracy else "2"
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
+    env[CRASH_DIR_ENV] = str(dump_dir / "crash")
+    # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
+    # the program may run another Python), then the program's own PYTHONPATH
+    shim = Path(crash_guard.__file__).resolve().parent / "crash_shim"
+    root = Path(crash_guard.__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(root), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
@@ -136,9 +152,80 @@ def capture_program(
                 result.archives.append(pack_dump(launcher, target, replay=replay))
             except ReproArchiveError as err:
                 result.errors.append(f"{launcher.parent.parent.name}: {err}")
+        for pending in pending_archives(dump_dir / "crash"):
+            if progress is not None:
+                progress("replaying the graph the program crashed in")
+            target = _next_free(out)
+            try:
+                result.archives.append(pack_crash(pending, target, program_exit=result.exit_code, replay=replay))
+            except ReproArchiveError as err:
+                result.errors.append(f"the graph the program crashed in: {err}")
     finally:
         if keep_dumps:
             result.dumps_kept = dump_dir
         else:
             shutil.rmtree(dump_dir, ignore_errors=True)
     return result
+
+
+def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool = True) -> PackResult:
+    """The archive for a graph the program died in: ``pending`` (written by ``crash_guard``
+    before the graph ran) with the crash as its failure.
+
+    The program's own output went to the user's terminal, so the signal and the crashing
+    thread's stack come from replaying the graph once more in a child process; when that replay
+    does not crash (or ``replay`` is off), the record keeps the signal the program died of and
+    says what the replay gave instead.
+    """
+    import dataclasses
+
+    from reproarchive.archive.loading import load
+    from reproarchive.archive.packing import pack
+    from reproarchive.context.failure import crash_record, failure_kind
+    from reproarchive.replay.isolation import run_in_child
+    from reproarchive.sources.dump_graph import graph_summary
+
+    signal_name = _signal_name(program_exit)
+    how = f"was killed by {signal_name}" if signal_name else f"exited with status {program_exit}"
+    observed, notes = None, {"performed": False}
+    if replay:
+        outcome = run_in_child(pending)
+        observed, notes = outcome.observed, {"performed": True, "isolated": True}
+    if observed is not None and observed.stage == "crash":
+        failure = dataclasses.replace(
+            observed, message=f"the program {how} while this graph ran; replayed alone: {observed.message}")
+    else:
+        said = f"; replayed alone here it gave: {failure_kind(observed)}" if replay else ""
+        failure = crash_record(signal_name or f"exit status {program_exit}",
+                               f"the program {how} while this graph ran{said}", "")
+    repro = load(pending)
+    if "absent" in (repro.fidelity or []):
+        raise ReproArchiveError("the archive the program left holds inputs without data", "this is a bug: report it")
+    source = {**(to_plain(repro.source) if repro.source is not None else {}), "kind": "capture", "stage": "crash",
+              "written_before_run": True, "replay": notes, "program_exit": program_exit}
+    pack(repro.gm, list(repro.args), target, config=repro.config, environment=repro.environment,
+         system=repro.system, failure=failure, source=source, backend=repro.backend, accuracy=False)
+    pending.unlink()
+    summary = {"stage": failure.stage, "exception_type": failure.exception_type, "message": failure.message,
+               "signature": failure.signature}
+    return PackResult(archive=target, size=target.stat().st_size, script=target, discovery_reason="crash",
+                      candidates=[], kind="capture (crash)", backend=repro.backend, accuracy="",
+                      graph=graph_summary(repro.gm), inputs=_inputs_summary(repro), failure=summary, replay=notes)
+
+
+def _signal_name(exit_code: int) -> str | None:
+    if exit_code <= 128:
+        return None
+    try:
+        return signal.Signals(exit_code - 128).name
+    except ValueError:
+        return None
+
+
+def _inputs_summary(repro) -> dict[str, Any]:
+    import torch
+
+    real = sum(isinstance(a, torch.Tensor) for a in repro.args)
+    real_bytes = sum(a.untyped_storage().nbytes() for a in repro.args if isinstance(a, torch.Tensor))
+    return {"total": len(repro.args), "real": real, "absent": 0, "values": len(repro.args) - real,
+            "real_bytes": real_bytes}

@@ -61,14 +61,13 @@ def failure_record(c: Compile, *, backend: str | None) -> tuple[FailureRecord | 
         if inner and inner.group("type"):
             exc_type, message = inner.group("type"), (inner.group("msg") or "").strip()
     diagnostics = failure_records.compiler_diagnostics(tb or reason)
-    shown = message[:failure_records.MAX_MESSAGE_CHARS]
-    if diagnostics:
-        # the compiler's own error lines, not the thousands of warning lines before them
-        first = message.strip().splitlines()[0] if message.strip() else ""
-        shown = "\n".join([first, "", "compiler errors:", *diagnostics])[:failure_records.MAX_MESSAGE_CHARS]
+    # the compiler's own error lines first, not the thousands of warning lines before them
+    shown = failure_records.with_diagnostics(message, diagnostics)[:failure_records.MAX_MESSAGE_CHARS]
     record = FailureRecord(stage="compile", exception_type=exc_type, message=shown,
                            traceback=(tb or reason)[-failure_records.MAX_TRACEBACK_CHARS:],
-                           signature=failure_records.signature("compile", exc_type, message), backend=backend)
+                           signature=failure_records.signature("compile", exc_type, message,
+                                                               diagnostics[0] if diagnostics else ""),
+                           backend=backend)
     return record, diagnostics
 
 

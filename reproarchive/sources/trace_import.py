@@ -204,7 +204,7 @@ def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_lo
         labels = ", ".join(c.label for c, _ in batch)
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")
         report = {"error": {"class": "PackError", "what": f"the process rebuilding {labels} {died.reason}: {last[:300]}",
-                            "hint": "its own code crashed while loading; rerun with --debug to keep its log"}}
+                            "hint": "its own code crashed; `reproarchive --debug pack ...` keeps its log"}}
     results = report.get("results")
     if not isinstance(results, list) or len(results) != len(batch):
         return [{"error": report.get("error") or {"what": "the child process reported nothing"}}] * len(batch)

@@ -10,3 +10,68 @@ def test_signature_tells_dtypes_apart():
     b = signature("compile", "RuntimeError", "expected scalar type float64 but found float32")
     assert a != b
     assert signature("compile", "E", "add_3 failed on buf12") == signature("compile", "E", "add_7 failed on buf3")
+
+
+# --------------------------------------------------------------------------------------------
+# compiler diagnostics: two different C++ errors are two different failures
+
+
+def _cpp_compile_error(folder, source: str):
+    """Inductor's CppCompileError around real g++ output for ``source``."""
+    import subprocess
+
+    from torch._inductor.exc import CppCompileError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kernel.cpp").write_text(source)
+    cmd = ["g++", "-Wall", "-c", str(folder / "kernel.cpp"), "-o", str(folder / "kernel.o")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0
+    return CppCompileError(cmd, done.stderr)
+
+
+_UNDECLARED = "int f(int x) { int unused = 1; return x + undeclared_name; }\n"
+_MISSING_SEMICOLON = "int f(int x) { int unused = 1; return x }\n"
+
+
+def test_cpp_compile_errors_are_told_apart_by_their_first_diagnostic(tmp_path):
+    from reproarchive.context.failure import compiler_errors, record_from_exception, same_failure
+
+    a = record_from_exception(_cpp_compile_error(tmp_path / "a", _UNDECLARED), "compile")
+    a_again = record_from_exception(_cpp_compile_error(tmp_path / "elsewhere", _UNDECLARED), "compile")
+    b = record_from_exception(_cpp_compile_error(tmp_path / "b", _MISSING_SEMICOLON), "compile")
+    assert a.message.splitlines()[0] == "C++ compile error"
+    assert "undeclared_name" in a.signature and "|diag:" in a.signature
+    assert any("error:" in line and "undeclared_name" in line for line in compiler_errors(a.message))
+    assert not any("warning" in line for line in compiler_errors(a.message))  # -Wall's unused warning
+    assert same_failure(a, a_again)  # other folder, same error
+    assert not same_failure(a, b)
+
+
+def test_an_archive_signed_before_diagnostics_still_matches(tmp_path):
+    import dataclasses
+
+    from reproarchive.context.failure import DIAGNOSTIC_MARK, record_from_exception, same_failure
+
+    observed = record_from_exception(_cpp_compile_error(tmp_path, _UNDECLARED), "compile")
+    old = dataclasses.replace(observed, signature=observed.signature.split(DIAGNOSTIC_MARK)[0])
+    assert same_failure(old, observed)
+    assert not same_failure(observed, dataclasses.replace(observed, signature=old.signature + DIAGNOSTIC_MARK + "x"))
+
+
+def test_inspect_and_run_show_the_compiler_errors(tmp_path):
+    import torch
+
+    import reproarchive
+    from reproarchive.cli import main
+    from reproarchive.context.failure import record_from_exception
+    from click.testing import CliRunner
+
+    record = record_from_exception(_cpp_compile_error(tmp_path / "c", _UNDECLARED), "compile", backend="eager")
+    gm = torch.fx.symbolic_trace(lambda x: x.sin())
+    path = reproarchive.pack(gm, [torch.ones(2)], tmp_path / "a.tar.zst", failure=record, backend="eager")
+    shown = CliRunner().invoke(main, ["inspect", str(path)]).output
+    assert "compiler errors:" in shown and "undeclared_name" in shown and "was not declared" in shown
+    ran = CliRunner().invoke(main, ["run", str(path)])
+    assert ran.exit_code == 0  # eager passes; the recorded compiler error is still shown
+    assert "undeclared_name" in ran.output and "was not declared" in ran.output

@@ -272,7 +272,7 @@ def test_a_failing_write_never_hides_the_original_error(tmp_path, monkeypatch):
     def broken_write(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(capture_backend, "_write_archive", broken_write)
+    monkeypatch.setattr(capture_backend, "write_archive", broken_write)
     exc, _, _ = failing_call(plain_fn, "relu_runtime_error_TESTING_ONLY", tmp_path)
     assert type(exc) is AssertionError
     assert "ReluRuntimeError" in str(exc)
@@ -288,7 +288,7 @@ def test_records_passed_to_pack(tmp_path, monkeypatch):
         destination.write_bytes(b"stub")
         return destination
 
-    monkeypatch.setattr(capture_backend, "_write_archive", recording_write)
+    monkeypatch.setattr(capture_backend, "write_archive", recording_write)
     failing_call(mutating_fn, "relu_runtime_error_TESTING_ONLY", tmp_path, tolerance=0.5)
     assert seen["destination"].parent == tmp_path
     assert seen["destination"].name.startswith("repro-") and seen["destination"].name.endswith(".tar.zst")

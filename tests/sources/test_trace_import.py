@@ -224,7 +224,8 @@ def test_inductor_runnable_with_real_data(trace_jobs, packed, tmp_path, monkeypa
     # must not write debug folders into the user's directory
     assert info["records"]["config"]["modules"]["torch._inductor.config"]["trace.enabled"] is True
     monkeypatch.chdir(tmp_path)
-    assert reproarchive.run(archive).status == "reproduced"
+    outcome = reproarchive.run(archive)
+    assert outcome.status == "reproduced", (outcome.recorded.signature, outcome.observed and outcome.observed.signature)
     assert list(tmp_path.iterdir()) == []
     # TORCH_COMPILE_DEBUG's own folder names the same trace
     assert list_trace(folder / "torch_compile_debug")["files"] == list_trace(trace_jobs["inductor_real"][1])["files"]

@@ -1,0 +1,166 @@
+"""Leaving an archive behind when a program's compiled code crashes natively (``capture --``).
+
+PyTorch's repro hooks write their dump from an ``except`` clause, so a segfault or an abort from
+C++ inside compiled code leaves nothing; their "level 3" (dump every graph first) fails on
+Inductor graphs in torch 2.13 ("expected Tensor() for op: input") and writes nothing for
+after_aot. So ``capture --`` starts the program with ``crash_shim/`` first on ``PYTHONPATH``:
+its ``sitecustomize`` (which still runs the program's own one) arranges for
+``install`` to wrap Dynamo's ``WrapBackendDebug.__call__``, the door every torch.compile
+backend goes through, when torch loads it. For each graph the wrapper writes an archive
+*before* the backend compiles and runs it (graph as Dynamo traced it, the real example inputs,
+config, environment, system, and a ``crash`` failure whose signal is not known), and removes
+it once the compiled code has returned from its first call, or raised, or when the program
+exits normally (``atexit``). Only a process that dies inside leaves it: ``capture_program``
+then replays it in a child to learn the signal and the crashing thread's stack.
+
+Nothing here runs unless ``$REPROARCHIVE_CRASH_DIR`` is set, and nothing here may break the
+program: every failure to write costs the crash record, never the run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import itertools
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
+PENDING_PREFIX = "pending-"
+_TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
+
+log = logging.getLogger("reproarchive.capture")
+_counter = itertools.count(1)
+_pending: set[Path] = set()
+_lock = threading.Lock()
+
+
+def install() -> None:
+    """Guard every backend once torch loads Dynamo's repro module (now, if it is loaded)."""
+    if not os.environ.get(CRASH_DIR_ENV):
+        return
+    module = sys.modules.get(_TARGET_MODULE)
+    if module is not None:
+        _patch(module)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+    atexit.register(_discard_all)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: lets the next finder find Dynamo's repro module, then patches it
+    right after it executes. Importing torch here instead would change the program's own
+    import order (environment variables set before ``import torch`` must still count)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                execute = spec.loader.exec_module
+
+                def exec_module(module, _execute=execute):
+                    _execute(module)
+                    _patch(module)
+
+                spec.loader.exec_module = exec_module  # this spec's own loader instance
+                return spec
+        return None
+
+
+def _patch(module: Any) -> None:
+    cls = getattr(module, "WrapBackendDebug", None)
+    if cls is None or getattr(cls, "_reproarchive_guarded", False):
+        return
+    original = cls.__call__
+
+    @functools.wraps(original)
+    def __call__(self, gm, example_inputs, **kwargs):
+        pending = _write_pending(gm, list(example_inputs), _backend_name(self))
+        try:
+            compiled = original(self, gm, example_inputs, **kwargs)
+        except BaseException:
+            _discard(pending)
+            raise
+        return compiled if pending is None else _discard_after_first_call(compiled, pending)
+
+    cls.__call__ = __call__
+    cls._reproarchive_guarded = True
+
+
+def _backend_name(wrapper: Any) -> str:
+    name = getattr(wrapper, "_compiler_name", None)
+    if isinstance(name, str):
+        return name
+    from reproarchive.sources.backend import recorded_name
+
+    return recorded_name(getattr(wrapper, "_torchdynamo_orig_backend", None) or wrapper)
+
+
+def _write_pending(gm: Any, inputs: list[Any], backend: str) -> Path | None:
+    try:
+        from reproarchive.context.config import config_snapshot
+        from reproarchive.context.failure import pending_crash_record
+        from reproarchive.sources.backend import copy_graph_structure, write_archive
+
+        folder = Path(os.environ[CRASH_DIR_ENV])
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{PENDING_PREFIX}{os.getpid()}-{next(_counter)}.tar.zst"
+        write_archive(copy_graph_structure(gm), inputs, path, config=config_snapshot(),
+                      failure=pending_crash_record(backend=backend), backend=backend, accuracy=False,
+                      capture_settings={"check_runtime": True})
+    except Exception as err:  # noqa: BLE001 - never in place of the program's own run
+        log.warning("reproarchive capture: could not write the archive a crash would leave: %s: %s",
+                    type(err).__name__, err)
+        return None
+    with _lock:
+        _pending.add(path)
+    return path
+
+
+def _discard_after_first_call(compiled: Any, pending: Path) -> Any:
+    """``compiled`` behind a wrapper that removes ``pending`` when its first call ends."""
+    done = [False]
+
+    @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if done[0]:
+            return compiled(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            done[0] = True
+            _discard(pending)
+
+    return run
+
+
+def _discard(pending: Path | None) -> None:
+    if pending is None:
+        return
+    with _lock:
+        _pending.discard(pending)
+    try:
+        pending.unlink()
+    except OSError:
+        pass
+
+
+def _discard_all() -> None:
+    """At a normal exit: graphs compiled but never run did not crash either."""
+    for path in list(_pending):
+        _discard(path)
+
+
+def pending_archives(folder: Path) -> list[Path]:
+    """The archives a crashed program left, oldest first."""
+    found = [p for p in folder.glob(f"{PENDING_PREFIX}*.tar.zst") if p.is_file()]
+    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))

@@ -1,0 +1,237 @@
+"""Native crashes become archives, by every way of getting one, and replay in a child.
+
+The crashes are real: Inductor's C++ bug injector (``cpp.inject_relu_bug_TESTING_ONLY =
+"runtime_error"`` puts ``throw 1`` in the kernel; on a tensor large enough for the OpenMP loop
+the throw ends in ``std::terminate``, SIGABRT) and a custom op that reads address 0 (SIGSEGV).
+Each program runs in its own process, which dies; the test process looks at what it left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import reproarchive
+from reproarchive.context.failure import crash_report, same_failure
+from reproarchive.format.schema import FailureRecord
+from support.cli import invoke
+
+
+def cli(*args) -> tuple[int, str]:
+    result = invoke(*args)
+    return result.exit_code, result.output
+
+# A graph whose Inductor kernel aborts the process (the relu is the injected bug).
+_ABORTING = """
+import sys, torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "runtime_error"
+
+def f(a):
+    return torch.relu(a + 1) * 2
+
+x = torch.randn(1 << 16)
+"""
+
+# A custom op that dereferences address 0; aot_eager runs it as it is.
+_SEGFAULTING = """
+import ctypes, sys, torch
+
+@torch.library.custom_op("crashtest::boom", mutates_args=())
+def boom(x: torch.Tensor) -> torch.Tensor:
+    ctypes.string_at(0)
+    return x.clone()
+
+@boom.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+def f(a):
+    return boom(a.sin()) + 1
+
+x = torch.randn(8)
+"""
+
+
+def _run(folder: Path, source: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "prog.py").write_text(textwrap.dedent(source))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHDYNAMO_REPRO", "TORCH_COMPILE_DEBUG"))}
+    full_env.update(env or {}, PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "prog.py", *args], cwd=folder, env=full_env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _only_archive(folder: Path) -> Path:
+    found = sorted(folder.glob("*.tar.zst"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+# --------------------------------------------------------------------------------------------
+# the in-process backend: the archive is on disk before the compiled code runs
+
+
+def test_backend_leaves_a_verifying_archive_when_the_kernel_aborts(tmp_path):
+    prog = _ABORTING + "print(torch.compile(f, backend=__import__('reproarchive').capture('inductor', path=sys.argv[1]))(x))\n"
+    done = _run(tmp_path / "job", prog, str(tmp_path / "archives"))
+    assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
+    archive = _only_archive(tmp_path / "archives")
+    reproarchive.verify(archive)  # raises on any defect
+    recorded = reproarchive.load(archive).failure
+    assert recorded.stage == "crash" and recorded.exception_type == ""  # the signal came after
+    assert "written just before it ran" in recorded.message
+
+    # `run` replays it in a child by default: the caller survives, the exit code stays below 128
+    code, out = cli("run", "--json", archive)
+    report = json.loads(out)
+    assert code == 1 and report["status"] == "reproduced" and report["isolated"] is True
+    observed = report["observed"]
+    assert observed["stage"] == "crash" and observed["exception_type"] == "SIGABRT"
+    assert "terminate called after throwing an instance of 'int'" in observed["message"]
+    assert observed["traceback"].startswith("Fatal Python error: Aborted")
+    assert " in call\n" in observed["traceback"]  # the compiled code's frame, where it died
+    assert "tqdm" not in observed["traceback"]  # no other thread's stack
+
+
+def test_backend_archive_of_a_segfaulting_custom_op(tmp_path):
+    prog = _SEGFAULTING + "print(torch.compile(f, backend=__import__('reproarchive').capture('aot_eager', path=sys.argv[1]))(x))\n"
+    done = _run(tmp_path / "job", prog, str(tmp_path / "archives"))
+    assert done.returncode == -signal.SIGSEGV, done.stderr[-2000:]
+    archive = _only_archive(tmp_path / "archives")
+    reproarchive.verify(archive)
+    summary = reproarchive.inspect(archive)
+    assert summary["failure"]["stage"] == "crash"
+    assert "crashtest.boom" in json.dumps(summary["graph"]["op_histogram"])
+
+
+def test_backend_removes_the_pending_archive_when_nothing_crashes(tmp_path):
+    import torch
+
+    def backend(gm, example_inputs):
+        return gm.forward
+
+    compiled = torch.compile(lambda a: a.sin() + 1, backend=reproarchive.capture(backend, path=tmp_path / "a"))
+    compiled(torch.randn(4))
+    compiled(torch.randn(4))
+    assert list((tmp_path / "a").glob("*.tar.zst")) == []
+
+
+# --------------------------------------------------------------------------------------------
+# pack: the replay that records the failure crashes
+
+
+def test_pack_records_the_crash_of_its_replay(tmp_path):
+    # PyTorch's own dump writer, called directly, on the aborting graph and its real input
+    prog = _ABORTING + textwrap.dedent("""
+        import torch._dynamo
+        from torch._dynamo.repro.after_dynamo import dump_to_minify_after_dynamo
+        def backend(gm, example_inputs):
+            dump_to_minify_after_dynamo(gm, example_inputs, "inductor")
+            return gm.forward
+        torch.compile(f, backend=backend)(x)
+    """)
+    done = _run(tmp_path / "job", prog, env={"TORCH_COMPILE_DEBUG_DIR": str(tmp_path / "dbg")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (launcher,) = (tmp_path / "dbg").glob("torch_compile_debug/run_*/minifier/minifier_launcher.py")
+
+    code, out = cli("pack", "--json", launcher, "-o", tmp_path / "crash.tar.zst")
+    assert code == 0, out
+    failure = json.loads(out)["failure"]
+    assert failure["stage"] == "crash" and failure["exception_type"] == "SIGABRT"
+    record = reproarchive.load(tmp_path / "crash.tar.zst").failure
+    assert "terminate called" in record.message and record.traceback.startswith("Fatal Python error")
+
+    # packed without the replay, `run` still replays it in a child: the caller is not killed
+    code, out = cli("pack", launcher, "--no-replay", "-o", tmp_path / "unknown.tar.zst")
+    assert code == 0, out
+    outcome = reproarchive.run(tmp_path / "unknown.tar.zst")
+    assert outcome.isolated and outcome.observed.stage == "crash" and outcome.exit_code == 1
+
+
+# --------------------------------------------------------------------------------------------
+# capture --: PyTorch's hooks write nothing for a native crash, the crash guard does
+
+
+def test_capture_program_packs_the_graph_it_crashed_in(tmp_path):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "prog.py").write_text(textwrap.dedent(_ABORTING) + "print(torch.compile(f)(x))\n")
+    out = tmp_path / "archives"
+    out.mkdir()
+    code, text = cli("capture", "--after", "aot", "-o", out, "--json", "--", sys.executable, folder / "prog.py")
+    assert code == 128 + signal.SIGABRT, text  # the program's own exit status
+    report = json.loads(text)
+    (packed,) = report["archives"]
+    assert packed["failure"]["stage"] == "crash" and packed["failure"]["exception_type"] == "SIGABRT"
+    archive = Path(packed["archive"])
+    assert [p.name for p in out.iterdir()] == [archive.name]
+    reproarchive.verify(archive)
+    repro = reproarchive.load(archive)
+    assert repro.fidelity == ["real"] and repro.backend == "inductor"
+    assert "the program was killed by SIGABRT" in repro.failure.message
+    assert repro.failure.traceback.startswith("Fatal Python error: Aborted")
+
+
+# --------------------------------------------------------------------------------------------
+# reading faulthandler's report
+
+
+def test_crash_report_keeps_the_crashing_threads_stack_only(tmp_path):
+    script = tmp_path / "die.py"
+    script.write_text(textwrap.dedent("""
+        import os, threading, time
+        def monitor():
+            while True:
+                time.sleep(0.05)
+        threading.Thread(target=monitor, daemon=True).start()
+        time.sleep(0.1)
+        def crashing_frame():
+            os.abort()
+        crashing_frame()
+    """))
+    done = subprocess.run([sys.executable, "-X", "faulthandler", str(script)], capture_output=True, text=True)
+    assert done.returncode == -signal.SIGABRT
+    native, stack = crash_report(done.stderr + "\nExtension modules: a, b, c (total: 3)\n")
+    assert stack.splitlines()[0] == "Fatal Python error: Aborted"
+    assert "in crashing_frame" in stack and "in monitor" not in stack and "Extension" not in stack
+
+
+def test_crash_report_without_a_current_thread_and_with_interleaved_output():
+    # a kernel's OpenMP worker aborted: faulthandler knows no "Current thread"; the C++ runtime
+    # and faulthandler wrote at once
+    output = textwrap.dedent("""\
+        /x/functional_tensor.py:368: UserWarning: Failed to initialize NumPy
+          cpu = _conversion_method_template(device=torch.device("cpu"))
+        terminate called after throwing an instance of 'Fatal Python error: intAborted
+        '
+
+        Thread 0x00007f1 (most recent call first):
+          File "/usr/lib/python3.11/threading.py", line 331 in wait
+          File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+
+        Thread 0x00007f2 (most recent call first):
+          File "/tmp/torchinductor/kernel.py", line 88 in call
+          File "prog.py", line 5 in <module>
+
+        Extension modules: torch._C (total: 1)
+    """)
+    native, stack = crash_report(output)
+    assert native == ["terminate called after throwing an instance of '"]
+    assert "kernel.py" in stack and "threading.py" not in stack and "main thread" in stack
+
+
+def test_a_crash_recorded_before_its_signal_matches_any_crash():
+    from reproarchive.context.failure import crash_record, pending_crash_record
+
+    pending = pending_crash_record(backend="inductor")
+    assert same_failure(pending, crash_record("SIGSEGV", "died", ""))
+    assert not same_failure(pending, FailureRecord(stage="forward", exception_type="RuntimeError",
+                                                   signature="forward|RuntimeError|x"))
+    assert not same_failure(crash_record("SIGABRT", "died", ""), crash_record("SIGSEGV", "died", ""))
