@@ -1,4 +1,4 @@
-"""Commands over an existing archive: verify, inspect, unpack."""
+"""Commands over an existing archive: verify, inspect, doctor, unpack."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import click
 
 from .app import emit_json, main
 from .progress import byte_bars
-from .text import human_size, terminal_safe
+from .text import difference_line, human_size, terminal_safe
 
 
 def _say(text: str) -> None:
@@ -113,6 +113,45 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         for module, values in info["config_changed"].items():
             for key, value in values.items():
                 _say(f"config: {module}.{key} = {value!r}")
+
+
+DOCTOR_EXIT_CODES = """\b
+Exit codes:
+  0    the report was printed, whether or not anything differs
+  2    usage error, or the archive is invalid, damaged, unsafe or too new (one line says what)
+  4    the file is missing or cannot be read
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
+"""
+
+
+@main.command(epilog=DOCTOR_EXIT_CODES)
+@click.argument("archive", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor(archive: str, as_json: bool) -> None:
+    """List what differs between the machine that recorded ARCHIVE and this one.
+
+    Torch config, environment variables, torch/CUDA/Triton versions, GPU, CPU, packages: the
+    differences `run` would list, without loading inputs or compiling anything (only the
+    index is read). One line each, those that could change `run`'s outcome first; config
+    values that merely differ are applied from the archive by `run`. ARCHIVE may be a store
+    reference (STORE/NAME).
+    """
+    import reproarchive
+
+    report = reproarchive.doctor(archive)
+    if as_json:
+        emit_json(report)
+        return
+    rows = report["differences"]
+    for row in rows:
+        _say(("! " if row.get("important") else "  ") + difference_line(row))
+    if not rows:
+        _say("no differences that could change the outcome")
+    else:
+        noun = "difference" if len(rows) == 1 else "differences"
+        could = (f"{report['important']} could change the outcome of `reproarchive run` (marked !)"
+                 if report["important"] else "none is likely to change the outcome of `reproarchive run`")
+        _say(f"{len(rows)} {noun} from the recording machine; {could}")
 
 
 def _trace_origin(source) -> None:

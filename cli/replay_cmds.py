@@ -9,7 +9,7 @@ import click
 
 from .app import emit_json, main
 from .progress import byte_bars, minify_status
-from .text import terminal_lines, terminal_safe
+from .text import difference_line, terminal_lines, terminal_safe
 
 
 class DeviceOption(click.ParamType):
@@ -280,7 +280,7 @@ def format_outcome(outcome) -> str:
         more = len(outcome.differences) - len(shown[:12])
         lines.append("differences from the recording machine that could change the outcome:")
         for d in shown[:12]:
-            lines.append(f"  {d['what']:<11} {d['name']}: recorded {d['recorded']!r}, here {d['current']!r}")
+            lines.append(f"  {difference_line(d)}")
         if more > 0:
             lines.append(f"  ... and {more} more (see --json)")
     for w in outcome.warnings:

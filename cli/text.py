@@ -27,6 +27,28 @@ def terminal_lines(text: object) -> str:
     return "\n".join(terminal_safe(line) for line in str(text).split("\n"))
 
 
+def difference_line(d: dict) -> str:
+    """One row of ``run``'s and ``doctor``'s differences for people. A side that has no such
+    setting or variable says so in words: "None" would read as a value (and "recorded None,
+    here None" as a difference that is not one)."""
+    recorded, current = d.get("recorded"), d.get("current")
+    status = d.get("status")
+    if status == "missing_here":
+        change = f"recorded {recorded!r}; this torch has no such setting"
+    elif status == "new_here":
+        change = f"the recording torch had no such setting; here it is {current!r}, not its default"
+    elif status == "not_compared":
+        change = (f"recorded {recorded!r} (changed there); not compared: its module is not imported here, "
+                  "and a module an archive names is never imported")
+    elif d.get("what") == "environment" and (recorded is None or current is None):
+        change = f"unset there, here {current!r}" if recorded is None else f"recorded {recorded!r}, unset here"
+    else:
+        change = f"recorded {recorded!r}, here {current!r}"
+        if status == "unrepresentable":
+            change += " (not plain data: compared by repr)"
+    return f"{d['what']:<11} {d['name']}: {change}"
+
+
 def human_size(n: int) -> str:
     """Bytes for people: 512 B, 3.4 MiB."""
     size = float(n)

@@ -19,6 +19,7 @@ _EXPORTS = {
     "verify": "reproarchive.archive.checking",
     "unpack": "reproarchive.archive.checking",
     "inspect": "reproarchive.store.access",
+    "doctor": "reproarchive.store.access",
     "graph_code": "reproarchive.archive.graph_code",
     "Repro": "reproarchive.archive.loading",
     "read_input": "reproarchive.archive.loading",
@@ -87,6 +88,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.archive.checking import unpack, verify  # noqa: F401
     from reproarchive.archive.loading import Repro  # noqa: F401
     from reproarchive.archive.packing import pack  # noqa: F401
-    from reproarchive.store.access import inspect, load, run  # noqa: F401
+    from reproarchive.store.access import doctor, inspect, load, run  # noqa: F401
     from reproarchive.store.pull import fetch, pull  # noqa: F401
     from reproarchive.store.push import push  # noqa: F401

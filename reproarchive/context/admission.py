@@ -39,6 +39,19 @@ CONFIG_MODULES = (
     "torch.fx.experimental._config",
 )
 
+#: torch's other config modules (a fixed list, never names read from an archive). Comparing a
+#: record with this machine (``doctor``, ``run``'s differences) may import these, and
+#: ``CONFIG_MODULES``, to read their values: a module that is merely not imported yet must not
+#: look like settings this torch lacks. Nothing is ever applied to them; any other module a
+#: record names is compared only when it is already imported here.
+COMPARED_MODULES = CONFIG_MODULES + (
+    "torch._export.config",
+    "torch._inductor.config_comms",
+    "torch.compiler.config",
+    "torch.distributed.config",
+    "torch.utils.serialization.config",
+)
+
 #: A string value that is data: enum-like tokens and comma lists of them, or a version number.
 _DATA_STRING = re.compile(r"^(?:[A-Za-z0-9_+][A-Za-z0-9_+:,-]{0,63}|[0-9]{1,9}(?:\.[0-9]{1,9}){0,3})?$")
 

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from reproarchive.context.admission import CONFIG_MODULES, setting_problem
+from reproarchive.context.admission import COMPARED_MODULES, CONFIG_MODULES, setting_problem
 from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
 from reproarchive.errors import UnrepresentableValue
 from reproarchive.format.plain import INT_MAX, INT_MIN
@@ -397,14 +397,42 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
 # ---------------------------------------------------------------------------------------------
 
 
-def config_diff(recorded: ConfigRecord | None, current: ConfigRecord | None) -> list[dict[str, Any]]:
-    """Settings whose recorded value differs from the current one.
+def comparable_snapshot(recorded: ConfigRecord | None) -> ConfigRecord:
+    """This process's config, with every torch config module ``recorded`` names loaded first.
 
-    Each entry is ``{module, key, recorded, current, status}`` with status ``"differs"``,
-    ``"missing_here"`` (this torch has no such setting), ``"new_here"`` (a setting the recording
-    torch did not have, listed only when it is not at its default here) or ``"unrepresentable"``
-    (a callable or object on either side: compared by redacted ``repr``). Machine-specific
-    paths are not compared.
+    A config module is recorded when it was imported while packing; in another process it may
+    not be imported yet, and comparing then reports each of its settings as lacking here. So
+    the modules the record names are imported, but only those on the project's fixed list
+    (``admission.COMPARED_MODULES``, torch's own): importing runs a module's code, and an
+    archive's names are untrusted (spec section 9). Any other module stays as it is here.
+    """
+    names = set((recorded.modules if recorded else {}) or {})
+    names |= {u.module for u in (recorded.unrepresentable if recorded else ())}
+    for name in sorted(names & set(COMPARED_MODULES)):
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - an older or partial torch: then it is not here
+                pass
+    return config_snapshot()
+
+
+def config_diff(recorded: ConfigRecord | None, current: ConfigRecord | None) -> list[dict[str, Any]]:
+    """Settings whose recorded value differs from the current one; never two equal values.
+
+    Each entry is ``{module, key, recorded, current, status}`` with status:
+
+    * ``"differs"``: both sides have the setting, with different values;
+    * ``"unrepresentable"``: a callable or object on either side (compared by redacted ``repr``);
+    * ``"missing_here"``: the current side has the module but not this setting (this torch
+      lacks it); ``current`` is None meaning "no such setting", not the value None;
+    * ``"new_here"``: a setting the recording side did not have, listed only when it is not at
+      its default here; ``recorded`` is None meaning "no such setting";
+    * ``"not_compared"``: the current side has no such module at all (here: not imported, and
+      not one this package may import), so nothing is known about its settings; listed only for
+      settings the recording changed from their default, with ``current`` None ("unknown").
+
+    Machine-specific paths are not compared.
     """
     recorded = recorded or ConfigRecord()
     current = current or ConfigRecord()
@@ -413,11 +441,12 @@ def config_diff(recorded: ConfigRecord | None, current: ConfigRecord | None) -> 
     machine = {(m.module, m.key) for side in (recorded, current) for m in side.machine_specific}
     rec_un = {(u.module, u.key): u.repr for u in recorded.unrepresentable}
     cur_un = {(u.module, u.key): u.repr for u in current.unrepresentable}
+    rec_changed = {(m, k) for m, vals in recorded.changed.items() for k in vals}
+    rec_changed |= {(u.module, u.key) for u in recorded.unrepresentable if u.changed}
     cur_changed = current.changed
     out: list[dict[str, Any]] = []
-    for mod in sorted(set(rec_mods) | set(cur_mods)):
-        if mod not in rec_mods:
-            continue  # a config module only imported here says nothing about the recording
+    # a config module only the current side has says nothing about the recording
+    for mod in sorted(set(rec_mods) | {m for (m, _) in rec_un}):
         rec_vals = rec_mods.get(mod) or {}
         cur_vals = cur_mods.get(mod)
         keys = set(rec_vals) | {k for (m, k) in rec_un if m == mod}
@@ -428,19 +457,26 @@ def config_diff(recorded: ConfigRecord | None, current: ConfigRecord | None) -> 
                 continue
             r_un, c_un = (mod, key) in rec_un, (mod, key) in cur_un
             rv = rec_un.get((mod, key)) if r_un else rec_vals.get(key, _UNSET)
+            row = {"module": mod, "key": key, "recorded": None if rv is _UNSET else rv, "current": None}
             if cur_vals is None:
-                cv = _UNSET
-            else:
-                cv = cur_un.get((mod, key)) if c_un else cur_vals.get(key, _UNSET)
+                if (mod, key) in rec_changed:
+                    out.append({**row, "status": "not_compared"})
+                continue
+            cv = cur_un.get((mod, key)) if c_un else cur_vals.get(key, _UNSET)
             if rv is _UNSET and cv is _UNSET:
                 continue
             if rv is _UNSET:
-                if key not in cur_changed.get(mod, {}):
-                    continue
-                out.append({"module": mod, "key": key, "recorded": None, "current": cv, "status": "new_here"})
+                if key in cur_changed.get(mod, {}):
+                    out.append({**row, "current": cv, "status": "new_here"})
             elif cv is _UNSET:
-                out.append({"module": mod, "key": key, "recorded": rv, "current": None, "status": "missing_here"})
-            elif rv != cv or r_un != c_un:
-                status = "unrepresentable" if (r_un or c_un) else "differs"
-                out.append({"module": mod, "key": key, "recorded": rv, "current": cv, "status": status})
+                out.append({**row, "status": "missing_here"})
+            elif r_un != c_un or not _same(rv, cv):
+                out.append({**row, "current": cv, "status": "unrepresentable" if (r_un or c_un) else "differs"})
     return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal plain values; NaN equals NaN (a recorded ``nan`` setting is not a difference)."""
+    if a == b:
+        return True
+    return isinstance(a, float) and isinstance(b, float) and a != a and b != b

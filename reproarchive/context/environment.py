@@ -109,8 +109,13 @@ def environment_snapshot(environ: Mapping[str, str] | None = None) -> Environmen
 
 def environment_diff(recorded: EnvironmentRecord, current: EnvironmentRecord | None = None) -> list[dict[str, Any]]:
     """Variables that differ, as ``{"what": "env NAME", "recorded", "current", "important"}``
-    rows; redacted values are compared as present/absent only. ``current`` defaults to this
-    process."""
+    rows (None: not set on that side); redacted values are compared as present/absent only.
+
+    ``current`` defaults to this process; then a variable set on one side only, to the value
+    torch itself gives it on this machine when compiling (``set_by_torch_here``), is not a
+    difference: it says that one process had compiled something, not how.
+    """
+    here = current is None
     if current is None:
         current = environment_snapshot()
     out: list[dict[str, Any]] = []
@@ -120,9 +125,31 @@ def environment_diff(recorded: EnvironmentRecord, current: EnvironmentRecord | N
         if rv in (REDACTED, PROCESS_SPECIFIC) or cv in (REDACTED, PROCESS_SPECIFIC):
             if (rv is None) == (cv is None):
                 continue
-        if rv != cv:
-            out.append({"what": f"env {name}", "recorded": rv, "current": cv, "important": False})
+        if rv == cv:
+            continue
+        if here and (rv is None or cv is None) and set_by_torch_here(name, rv if cv is None else cv):
+            continue
+        out.append({"what": f"env {name}", "recorded": rv, "current": cv, "important": False})
     return out
+
+
+def set_by_torch_here(name: str, value: str) -> bool:
+    """Whether torch sets ``name`` to ``value`` (as recorded: paths redacted) by itself on this
+    machine: inductor's cache folder and Triton's inside it, which torch exports when unset,
+    and the pointer inductor exports for its C++ wrapper in every process that compiles."""
+    if name.startswith("_TORCHINDUCTOR_PYOBJECT"):
+        return True
+    if name not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        return False
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        default = redact_paths(os.path.abspath(default_cache_dir()))
+    except Exception:  # noqa: BLE001 - no inductor here: nothing is set by it
+        return False
+    if name == "TORCHINDUCTOR_CACHE_DIR":
+        return value == default
+    return value.startswith(default + os.sep + "triton" + os.sep)
 
 
 # ---------------------------------------------------------------------------------------------

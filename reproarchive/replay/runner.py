@@ -37,6 +37,7 @@ from reproarchive.format.schema import (
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import choose_backend, resolve_backend
 from reproarchive.replay.containment import contained
+from reproarchive.replay.differences import differences
 from reproarchive.replay.outcome import Outcome, judged
 
 # --------------------------------------------------------------------------------------------
@@ -225,54 +226,6 @@ def _dedupe(items) -> list[str]:
     for item in items:
         seen.setdefault(item, None)
     return list(seen)
-
-
-# --------------------------------------------------------------------------------------------
-# what differs between the recording machine and this one
-
-
-def differences(
-    *,
-    config: ConfigRecord | None,
-    environment: EnvironmentRecord | None,
-    system: SystemRecord | None,
-    config_applied: bool = True,
-) -> list[dict[str, Any]]:
-    """Differences that could explain a different outcome, most telling first.
-
-    Rows are ``{"what", "name", "recorded", "current", "important"}``. When the recorded config
-    was applied, a config value that merely differs here was overridden for the replay and
-    cannot explain anything; what remains are settings this torch lacks, settings that could
-    not be stored (custom passes) and settings this torch has that the recording one did not.
-    """
-    from reproarchive.context.config import config_diff, config_snapshot
-    from reproarchive.context.environment import environment_diff
-    from reproarchive.context.system import system_diff
-
-    rows: list[dict[str, Any]] = []
-    try:
-        if system is not None:
-            for row in system_diff(system):
-                rows.append({"what": "system", "name": row["what"], "recorded": row["recorded"],
-                             "current": row["current"], "important": row["important"]})
-        if environment is not None:
-            for row in environment_diff(environment):
-                rows.append({"what": "environment", "name": row["what"].removeprefix("env "), "recorded": row["recorded"],
-                             "current": row["current"], "important": row["important"]})
-        if config:
-            for row in config_diff(config, config_snapshot()):
-                status = row.get("status")
-                if config_applied and status == "differs":
-                    continue
-                rows.append({"what": "config", "name": f"{row.get('module')}.{row.get('key')}",
-                             "recorded": row.get("recorded"), "current": row.get("current"),
-                             "important": status in ("missing_here", "unrepresentable") or not config_applied,
-                             "status": status})
-    except Exception as exc:  # noqa: BLE001 - the report must not fail because a diff did
-        rows.append({"what": "diff", "name": "(could not compare)", "recorded": None,
-                     "current": f"{type(exc).__name__}: {exc}", "important": False})
-    rows.sort(key=lambda r: not r["important"])
-    return rows
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""``load``, ``inspect`` and ``run`` that also take a store reference (``STORE/NAME``).
+"""``load``, ``inspect``, ``doctor`` and ``run`` that also take a store reference (``STORE/NAME``).
 
 These are the public verbs: a path to a file goes straight to the archive and replay layers;
-a reference is fetched first, as little as each verb needs. ``inspect`` reads the archive
-object alone (no blob is downloaded); ``load`` and ``run`` need every blob the graph uses, so
+a reference is fetched first, as little as each verb needs. ``inspect`` and ``doctor`` read the
+archive object alone (no blob is downloaded); ``load`` and ``run`` need every blob the graph uses, so
 they pull the archive into the cache once (``pull.fetch``) and read it from there.
 """
 
@@ -35,6 +35,21 @@ def inspect(path, *args, **kwargs):
     report["path"] = os.fspath(path)
     report["store"] = {"url": resolved.store.url, "name": resolved.name, "archive": resolved.digest}
     return report
+
+
+def doctor(path, *args, **kwargs):
+    from reproarchive.replay import differences
+
+    if not is_reference(path):
+        return differences.doctor(path, *args, **kwargs)
+    with archive_view(os.fspath(path)) as (view, _):
+        report = differences.doctor(view, *args, **kwargs)
+    report["path"] = os.fspath(path)
+    return report
+
+
+doctor.__doc__ = ("What differs between an archive's recording machine and this one (a file or a store "
+                  "reference); see ``reproarchive.replay.differences.doctor``.")
 
 
 def run(path, *args, **kwargs):

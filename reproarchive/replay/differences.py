@@ -1,0 +1,87 @@
+"""What differs between an archive's recording machine and this one: ``run``'s report and
+``doctor``.
+
+"Fails there, passes here" is explained by a difference, so a list padded with non-differences
+hides the one that matters. Every row here is a real difference: a config setting compared
+only when both sides can be read (the torch config modules the record names are loaded first,
+from a fixed list; never a module an archive names), an environment variable set differently
+(not one torch sets by itself when compiling), a system fact. ``doctor`` reads the index
+alone, so it costs nothing and runs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from reproarchive.format import layout
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, SystemRecord
+
+def differences(
+    *,
+    config: ConfigRecord | None,
+    environment: EnvironmentRecord | None,
+    system: SystemRecord | None,
+    config_applied: bool | None = True,
+) -> list[dict[str, Any]]:
+    """Differences that could explain a different outcome, most telling first.
+
+    Rows are ``{"what", "name", "recorded", "current", "important"}``, config rows also
+    ``"status"`` (``context.config.config_diff``; for "missing_here", "new_here" and
+    "not_compared" the side without the setting is None and means "no such setting" or
+    "unknown", never the value None). ``config_applied``: True when the recorded config was
+    applied to the replay: a value that merely differs here was overridden and cannot explain
+    anything, so it is left out; False (``run --current-config``): every config row is
+    important; None (``doctor``, nothing run): differing values are listed but not important,
+    since ``run`` applies them. Important are also settings this torch lacks that the
+    recording changed, and settings that could not be stored (custom passes).
+    """
+    from reproarchive.context.config import comparable_snapshot, config_diff
+    from reproarchive.context.environment import environment_diff
+    from reproarchive.context.system import system_diff
+
+    rows: list[dict[str, Any]] = []
+    try:
+        if system is not None:
+            for row in system_diff(system):
+                rows.append({"what": "system", "name": row["what"], "recorded": row["recorded"],
+                             "current": row["current"], "important": row["important"]})
+        if environment is not None:
+            for row in environment_diff(environment):
+                rows.append({"what": "environment", "name": row["what"].removeprefix("env "),
+                             "recorded": row["recorded"], "current": row["current"], "important": row["important"]})
+        if config:
+            changed = {(m, k) for m, values in config.changed.items() for k in values}
+            for row in config_diff(config, comparable_snapshot(config)):
+                status = row["status"]
+                if config_applied and status == "differs":
+                    continue
+                important = (config_applied is False or status == "unrepresentable"
+                             or status in ("missing_here", "not_compared") and (row["module"], row["key"]) in changed)
+                rows.append({"what": "config", "name": f"{row['module']}.{row['key']}",
+                             "recorded": row["recorded"], "current": row["current"],
+                             "important": important, "status": status})
+    except Exception as exc:  # noqa: BLE001 - the report must not fail because a diff did
+        rows.append({"what": "diff", "name": "(could not compare)", "recorded": None,
+                     "current": f"{type(exc).__name__}: {exc}", "important": False})
+    rows.sort(key=lambda r: not r["important"])
+    return rows
+
+
+def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> dict[str, Any]:
+    """What differs between the machine that recorded the archive at ``path`` and this one,
+    without loading a tensor or compiling anything: ``{"path", "digest", "differences",
+    "count", "important"}`` (rows as ``differences`` gives them, important first).
+
+    Reads the index alone (validated like every reader's: ArchiveError, exit 2, for a bad
+    archive). The graph is not rebuilt, so an archive this torch could not load (a device type
+    or call target it lacks) is still compared: its torch version is then usually the answer.
+    """
+    with ContainerReader(path, limits=limits) as reader:
+        index = reader.index
+        digest = reader.index_digest
+    rows = differences(config=index.config, environment=index.environment, system=index.system,
+                       config_applied=None)
+    return {"path": str(path), "digest": digest, "differences": rows, "count": len(rows),
+            "important": sum(1 for r in rows if r["important"])}
