@@ -567,8 +567,16 @@ def _run(fn, args, backward):
 
 
 def _clone(args):
+    """Copies for one run. A recorded non-leaf stays a non-leaf that requires grad, as the
+    original run handed it to the backend (some backends treat the two differently; torch's
+    clone_inputs gives a leaf that does not); its gradient is retained."""
     from torch._dynamo.utils import clone_inputs
-    return clone_inputs(args)
+    out = clone_inputs(args)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and not a.is_leaf and a.requires_grad:
+            out[i] = out[i].detach().requires_grad_(True).clone()
+            out[i].retain_grad()
+    return out
 
 
 def main():

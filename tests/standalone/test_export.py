@@ -166,3 +166,17 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
                             backend="eager")
     report = write_export(gm, [torch.ones(2)], tmp_path / "out", backend="eager", failure=failure)
     ast.parse(open(report["script"]).read())
+
+
+def test_export_hands_the_backend_non_leaf_inputs_as_recorded(tmp_path):
+    """A non-leaf input stays non-leaf in the script's runs too: the archive of
+    ``non_leaf_compile_error_TESTING_ONLY`` (fails only on a non-leaf) reproduces."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 4, generator=gen, requires_grad=True) * 2
+    archive = capture_failure(tmp_path / "nonleaf.tar.zst", model, (x, torch.randn(4, 4, generator=gen)),
+                              "non_leaf_compile_error_TESTING_ONLY")
+    export(archive, tmp_path / "out")
+    (failed, detail), (passed, output) = run_isolated(tmp_path / "out" / "repro.py", [], ["--backend", "eager"],
+                                                      cwd=tmp_path)
+    assert failed == "raised" and detail.startswith("TestingOnlyCompileError"), detail
+    assert passed == "ok" and "no failure" in output, output
