@@ -53,8 +53,13 @@ DEFAULT_TOLERANCE = 1e-3
 
 def clone_inputs(args: Sequence[Any]) -> list[Any]:
     """Copies of graph inputs that a run may mutate: same strides, dtype, device and
-    ``requires_grad``; tensors become leaves (as in PyTorch's minifier), so gradients of a
-    backward land on the copies and never on the caller's tensors."""
+    ``requires_grad``, detached from the caller's tensors, so gradients of a backward land on
+    the copies and never on the caller's tensors.
+
+    A leaf stays a leaf and a non-leaf stays a non-leaf (``_with_history``): a backend may
+    behave differently on each (``non_leaf_compile_error_TESTING_ONLY`` fails only on a
+    non-leaf), and an in-place op that was legal on the original non-leaf input is an error
+    on a leaf that requires grad, so a replay of leaves would not be the original run."""
     import torch
     from torch._dynamo.utils import clone_input
 
@@ -64,12 +69,35 @@ def clone_inputs(args: Sequence[Any]) -> list[Any]:
             c = clone_input(a).detach()
             if a.requires_grad and (c.is_floating_point() or c.is_complex()):
                 c.requires_grad_(True)
+                if not a.is_leaf:
+                    c = _with_history(c)
             out.append(c)
         elif isinstance(a, (list, tuple)):
             out.append(type(a)(clone_inputs(a)) if isinstance(a, tuple) else clone_inputs(a))
         else:
             out.append(a)
     return out
+
+
+def _with_history(leaf: Any) -> Any:
+    """A non-leaf with ``leaf``'s values and exact layout, whose ``.grad`` is kept.
+
+    The values are copied into a second buffer of the same layout (``copy_`` gives it a
+    ``grad_fn``), not viewed: an in-place op on a view of a leaf that requires grad is an
+    autograd error, on the original non-leaf it was not. ``retain_grad`` keeps its gradient,
+    which accuracy compares. A layout that cannot be written into (overlapping strides, as
+    from ``expand``) falls back to a view, which such an input is anyway.
+    """
+    import torch
+    from torch._dynamo.utils import clone_input
+
+    with torch.enable_grad():
+        try:
+            t = clone_input(leaf.detach()).copy_(leaf)
+        except RuntimeError:
+            t = leaf.view_as(leaf)
+    t.retain_grad()
+    return t
 
 
 def _requires_bwd(out: Any) -> bool:

@@ -83,7 +83,12 @@ def replay_graph(
     if config and not config_applied:
         warnings.append("running with this machine's torch config (--current-config), not the recorded one")
 
-    needs_backward = not only_fwd and (
+    # An after_aot graph is one half of what AOTAutograd compiled, and AOTAutograd runs both
+    # halves with grad mode off (its autograd.Function supplies the autograd): replay it so,
+    # forward only. With grad on, inductor's out= kernels (addmm) refuse inputs that require
+    # grad, a failure the original run never had.
+    after_aot = source_kind == "after_aot"
+    needs_backward = not only_fwd and not after_aot and (
         (recorded_failure is not None and recorded_failure.stage == "backward") or any(t.requires_grad for t in _iter_tensors(args))
     )
     observed: dict[str, Any] | None = None
@@ -95,6 +100,10 @@ def replay_graph(
             stack.enter_context(_applied_config(config, warnings))
         stack.enter_context(applied_environment(env_to_set))
         stack.enter_context(contained())
+        if after_aot:
+            import torch
+
+            stack.enter_context(torch.no_grad())
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
             observed, details, ran_backward = _compile_and_run(

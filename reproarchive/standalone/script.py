@@ -267,8 +267,9 @@ class _Script:
                      "value": "value"}.get(fid, fid)
             table.append(f"  {i:<3} {placeholders[i] if i < len(placeholders) else '?':<24} {what:<32} {label}")
 
-        needs_backward = (failure is not None and failure.stage == "backward") or any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        needs_backward = source_kind != "after_aot" and (
+            (failure is not None and failure.stage == "backward")
+            or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))
         header = _header(archive_name, digest, system, failure, backend, source_kind, table)
         env_to_set, _ = plan(environment, config_applied=False)
         env_lines = "".join(f"os.environ[{k!r}] = {v!r}\n" for k, v in env_to_set.items())
@@ -556,7 +557,10 @@ def _backend(name):
 
 
 def _run(fn, args, backward):
-    out = fn(*args)
+    """One call (and backward). An after_aot graph runs with grad mode off, as AOTAutograd ran
+    it: with grad on, inductor's out= kernels refuse inputs that require grad."""
+    with torch.set_grad_enabled(SOURCE_KIND != "after_aot"):
+        out = fn(*args)
     tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
     grads = []
     if backward and any(t.requires_grad for t in tensors):
@@ -567,8 +571,16 @@ def _run(fn, args, backward):
 
 
 def _clone(args):
+    """Copies for one run. A recorded non-leaf stays a non-leaf that requires grad, as the
+    original run handed it to the backend (some backends treat the two differently; torch's
+    clone_inputs gives a leaf that does not); its gradient is retained."""
     from torch._dynamo.utils import clone_inputs
-    return clone_inputs(args)
+    out = clone_inputs(args)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and not a.is_leaf and a.requires_grad:
+            out[i] = out[i].detach().requires_grad_(True).clone()
+            out[i].retain_grad()
+    return out
 
 
 def main():

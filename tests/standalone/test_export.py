@@ -9,7 +9,6 @@ data by an absolute or cwd-relative path would fail here.
 from __future__ import annotations
 
 import ast
-import json
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from reproarchive.format.schema import FailureRecord
 from reproarchive.standalone.script import export
 from support.captures import capture_failure
 from support.cli import invoke
+from support.isolated import run_isolated
 
 
 def model(x, y):
@@ -34,35 +34,6 @@ def capture_archive(path, backend, *, accuracy=False):
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 4, generator=gen, requires_grad=True), torch.randn(4, 4, generator=gen)
     return capture_failure(path, model, (x, y), backend, accuracy=accuracy)
-
-
-def run_isolated(script, *argvs, cwd):
-    """Run ``script`` once per argv in one child Python where only torch is importable.
-
-    Returns one (outcome, detail) per run: ("ok", stdout text) or ("raised", "Type: message").
-    One child for several runs keeps the cost of importing torch to once per test.
-    """
-    code = textwrap.dedent(f"""
-        import contextlib, io, json, runpy, sys, traceback
-        sys.modules["reproarchive"] = None
-        results = []
-        for argv in {[list(a) for a in argvs]!r}:
-            sys.argv = [{str(script)!r}, *argv]
-            out = io.StringIO()
-            try:
-                with contextlib.redirect_stdout(out):
-                    runpy.run_path({str(script)!r}, run_name="__main__")
-                results.append(["ok", out.getvalue()])
-            except BaseException as exc:
-                results.append(["raised", type(exc).__name__ + ": " + str(exc) + "\\n" + traceback.format_exc()])
-            import torch._dynamo
-            torch._dynamo.reset()
-        print("RESULTS" + json.dumps(results))
-    """)
-    proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
-    marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS")]
-    assert proc.returncode == 0 and marker, proc.stderr[-3000:]
-    return json.loads(marker[-1][len("RESULTS"):])
 
 
 def test_export_runs_without_reproarchive_and_reproduces(tmp_path):
@@ -166,3 +137,17 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
                             backend="eager")
     report = write_export(gm, [torch.ones(2)], tmp_path / "out", backend="eager", failure=failure)
     ast.parse(open(report["script"]).read())
+
+
+def test_export_hands_the_backend_non_leaf_inputs_as_recorded(tmp_path):
+    """A non-leaf input stays non-leaf in the script's runs too: the archive of
+    ``non_leaf_compile_error_TESTING_ONLY`` (fails only on a non-leaf) reproduces."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 4, generator=gen, requires_grad=True) * 2
+    archive = capture_failure(tmp_path / "nonleaf.tar.zst", model, (x, torch.randn(4, 4, generator=gen)),
+                              "non_leaf_compile_error_TESTING_ONLY")
+    export(archive, tmp_path / "out")
+    (failed, detail), (passed, output) = run_isolated(tmp_path / "out" / "repro.py", [], ["--backend", "eager"],
+                                                      cwd=tmp_path)
+    assert failed == "raised" and detail.startswith("TestingOnlyCompileError"), detail
+    assert passed == "ok" and "no failure" in output, output

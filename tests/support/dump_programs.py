@@ -71,6 +71,23 @@ def aot_program(bug: str) -> str:
     """)
 
 
+def aot_grad_program(bug: str) -> str:
+    """Inductor (CPU) with an injected relu bug on a Linear whose input and parameters require
+    grad: the after_aot forward graph has an addmm over inputs that require grad."""
+    return textwrap.dedent(f"""
+        import torch
+        torch.manual_seed(0)
+        torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = {bug!r}
+        lin = torch.nn.Linear(4, 5)
+
+        def f(a):
+            return torch.relu(lin(a)).sum(1)
+
+        a = torch.randn(3, 4, requires_grad=True)
+        torch.compile(f, backend="inductor")(a).sum().backward()
+    """)
+
+
 def run_program(folder: Path, source: str, *, after: str, level: int, timeout: float = 240) -> subprocess.CompletedProcess:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "prog.py").write_text(source)

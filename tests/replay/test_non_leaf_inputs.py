@@ -1,0 +1,82 @@
+"""Replay hands the backend what the original run handed it: a non-leaf input stays non-leaf.
+
+PyTorch's ``non_leaf_compile_error_TESTING_ONLY`` backend fails only when an input is a
+non-leaf tensor, so an archive captured from it reproduces only if the replayed input still
+has autograd history when the compiler sees it (a replay that rebuilt every input as a leaf
+reported "passed"). The bytes on disk carry ``is_leaf``; nothing else is needed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reproarchive
+from reproarchive.replay.outcome import REPRODUCED
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+BACKEND = "non_leaf_compile_error_TESTING_ONLY"
+
+
+def fn(x, y):
+    return torch.relu(x) * y
+
+
+def capture_non_leaf(tmp_path, mutate=False):
+    x = torch.randn(3, requires_grad=True) * 2  # non-leaf: the result of an autograd op
+    y = torch.randn(3)
+    compiled = torch.compile(mutating if mutate else fn, backend=reproarchive.capture(BACKEND, path=tmp_path / "a.tar.zst"))
+    with pytest.raises(Exception, match="TestingOnlyCompileError"):
+        compiled(x, y)
+    return tmp_path / "a.tar.zst"
+
+
+def mutating(x, y):
+    x.mul_(2)  # legal on a non-leaf; a view of a leaf that requires grad would refuse it
+    return torch.relu(x) * y
+
+
+def test_loaded_non_leaf_input_has_autograd_history(tmp_path):
+    repro = reproarchive.load(capture_non_leaf(tmp_path))
+    x, y = repro.args
+    assert x.requires_grad and not x.is_leaf and x.grad_fn is not None
+    assert y.is_leaf and not y.requires_grad
+    assert repro.index.inputs[0].is_leaf is False
+
+
+def test_non_leaf_compile_error_reproduces(tmp_path):
+    path = capture_non_leaf(tmp_path)
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED, outcome.to_dict()
+    assert outcome.exit_code == 1
+
+
+def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path, monkeypatch):
+    """A backend that only records: the non-leaf arrives non-leaf, the leaf as a leaf; and an
+    in-place op on the non-leaf input runs forward and backward, as it did originally."""
+    from reproarchive.replay import runner
+
+    repro = reproarchive.load(capture_non_leaf(tmp_path, mutate=True))
+    outcome = runner.replay_graph(repro.gm, repro.args, backend="eager", recorded_failure=repro.failure)
+    assert outcome.observed is None and outcome.ran_backward, outcome.to_dict()
+
+    seen = []
+
+    def recording(gm, example_inputs):
+        seen.append([(t.is_leaf, t.requires_grad, t.grad_fn is not None) for t in example_inputs])
+        return gm
+
+    monkeypatch.setattr(runner, "resolve_backend", lambda name: recording)
+    runner.replay_graph(repro.gm, repro.args, backend="recording", recorded_failure=repro.failure)
+    assert seen == [[(False, True, True), (True, False, False)]]
+
+
+def test_accuracy_replay_compares_gradients_of_non_leaf_inputs(tmp_path):
+    """Accuracy runs take gradients through the non-leaf inputs too (kept with retain_grad)."""
+    from reproarchive.replay import runner
+
+    repro = reproarchive.load(capture_non_leaf(tmp_path))
+    outcome = runner.replay_graph(repro.gm, repro.args, backend="aot_eager", accuracy=True)
+    names = [o.name for o in outcome.accuracy.outputs]
+    assert outcome.observed is None and any(str(n).startswith("grad") for n in names), outcome.to_dict()
