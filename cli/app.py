@@ -65,9 +65,18 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
         traceback.print_exc()
     exc = sys.exc_info()[1]
     if "--json" in (ctx.obj or {}).get("argv", ()) and not getattr(exc, "json_emitted", False):
-        emit_json({"error": message, "exit_code": code})  # every command with --json says it in JSON too
+        emit_json(error_document(message, code, exc))  # every command with --json says it in JSON too
     click.echo(f"error: {terminal_safe(message)}", err=True)  # one line, whatever the archive said
     sys.exit(code)
+
+
+def error_document(message: str, code: int, exc: BaseException | None) -> dict:
+    """What a failing ``--json`` command prints: ``{"error": {"message", "what", "hint",
+    "exit_code"}, "exit_code"}`` (``what``/``hint``: the two halves of our own errors)."""
+    error = {"message": message, "exit_code": code}
+    if isinstance(exc, ReproArchiveError):
+        error.update(what=exc.what, hint=exc.hint)
+    return {"error": error, "exit_code": code}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -93,12 +102,12 @@ def emit_json(obj) -> None:
 
 @contextlib.contextmanager
 def json_errors(as_json: bool):
-    """With --json, an error still prints one JSON document on stdout (``{"error", "exit_code"}``)
+    """With --json, an error still prints one JSON document on stdout (``error_document``)
     before the usual one line on stderr and the exit code."""
     try:
         yield
     except ReproArchiveError as err:
         if as_json:
-            emit_json({"error": str(err), "exit_code": err.exit_code})
+            emit_json(error_document(str(err), err.exit_code, err))
             err.json_emitted = True
         raise

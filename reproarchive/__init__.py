@@ -13,7 +13,7 @@ from reproarchive.version import __version__  # noqa: F401
 
 _EXPORTS = {
     # format and core library (spec/FORMAT.md)
-    "pack": "reproarchive.archive.packing",
+    "pack": "reproarchive.sources.graph_pack",
     # load, inspect and run take a file or a store reference (STORE/NAME)
     "load": "reproarchive.store.access",
     "verify": "reproarchive.archive.checking",
@@ -87,7 +87,7 @@ def __getattr__(name: str):
 if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.archive.checking import unpack, verify  # noqa: F401
     from reproarchive.archive.loading import Repro  # noqa: F401
-    from reproarchive.archive.packing import pack  # noqa: F401
+    from reproarchive.sources.graph_pack import pack  # noqa: F401
     from reproarchive.store.access import doctor, inspect, load, run  # noqa: F401
     from reproarchive.store.pull import fetch, pull  # noqa: F401
     from reproarchive.store.push import push  # noqa: F401

@@ -183,7 +183,7 @@ def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tupl
     late: list[str] = []
     refused: list[str] = []
     for name, value in sorted((environment.variables if environment else {}).items()):
-        if _MACHINE_SPECIFIC.search(name) or _REDACTED.search(value) or value.startswith("~"):
+        if _MACHINE_SPECIFIC.search(name) or _REDACTED.search(value) or value.startswith(("~", "<")):
             continue
         if variable_problem(name, value) is not None:
             refused.append(name)

@@ -143,17 +143,6 @@ def compiler_errors(message: str) -> list[str]:
     return lines[start:end]
 
 
-def without_machine_paths(record: FailureRecord, prefixes: dict[str, str] | None = None) -> FailureRecord:
-    """The record with this machine's paths replaced in its message and traceback (home,
-    Python, site-packages, caches, the temporary folder, and ``prefixes``). The signature stays
-    as it is: it masks every path already, so it matches replays on other machines."""
-    from reproarchive.context.redaction import machine_prefixes, redact_paths
-
-    table = {**machine_prefixes(), **(prefixes or {})}
-    return dataclasses.replace(record, message=redact_paths(record.message, table),
-                               traceback=redact_paths(record.traceback, table))
-
-
 def accuracy_record(report: AccuracyReport, *, backend: str | None = None) -> FailureRecord:
     """Failure record for a compiled result that differs from eager beyond tolerance.
 

@@ -1,5 +1,11 @@
 """Replacing the recording machine's paths (home, cwd, dump folders, its Python, caches and
-temporary folder) in recorded text, the same way for every capture path.
+temporary folder) and its user name in recorded text, the same way for every capture path.
+
+``redacted_records`` is the one pass every capture path (the capture backend and the crash
+guard, ``pack`` of a dump, ``capture --``, ``pack`` of a TORCH_TRACE log) runs over the records
+it is about to store: failure message and traceback, config values, environment values, the
+source record. Replay loses nothing by it: settings and variables that hold paths are machine
+specific and never applied (``context.config``, ``context.environment.plan``).
 """
 
 from __future__ import annotations
@@ -117,3 +123,59 @@ def _redact_value(value: Any, prefixes: Mapping[str, str]) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# Every record an archive gets from a capture
+# ---------------------------------------------------------------------------------------------
+
+RECORD_SECTIONS = ("config", "environment", "system", "failure", "source")
+
+
+def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``records`` (section name -> record or plain data, as ``pack`` takes them) with every
+    string value redacted: this machine's directories (``machine_prefixes``), the home folder
+    (``~``), ``prefixes`` (the caller's own folders, which win over the machine's), and the
+    user name where a path spells it (``torchinductor_ann`` -> ``torchinductor_<user>``).
+    Keys are left alone: they are setting and variable names, not machine facts."""
+    import dataclasses
+
+    from reproarchive.format.schema import from_plain, to_plain
+
+    table = {**machine_prefixes(), **(prefixes or {})}
+    user = _user_name()
+
+    def text(value: str) -> str:
+        value = redact_paths(value, table)
+        if user and ("/" in value or "\\" in value):
+            value = re.sub(r"(?<=[/\\_\-])" + re.escape(user) + r"(?![\w.\-])", "<user>", value)
+        return value
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return text(value)
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(walk(v) for v in value)
+        return value
+
+    out: dict[str, Any] = {}
+    for name, record in records.items():
+        if record is None:
+            out[name] = None
+        elif dataclasses.is_dataclass(record):
+            out[name] = from_plain(type(record), walk(to_plain(record)))
+        else:
+            out[name] = walk(record)
+    return out
+
+
+def _user_name() -> str | None:
+    import getpass
+
+    try:
+        name = getpass.getuser()
+    except Exception:  # no user database entry (a container's random uid)
+        return None
+    return name if len(name) >= 3 else None  # "a" would mask half of every path

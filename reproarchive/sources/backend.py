@@ -384,7 +384,6 @@ class _CaptureBackend:
         modified = _modified_inputs(inputs, versions)
         if modified:
             record = dataclasses.replace(record, inputs_modified=tuple(modified))
-        record = _failure.without_machine_paths(record, {os.getcwd(): "."})
         try:
             destination = self._destination(gm, inputs, record)
             written = write_archive(
@@ -439,6 +438,8 @@ def write_archive(
 ) -> Path:
     from reproarchive.archive.packing import pack
 
+    from reproarchive.context.redaction import redacted_records
+
     source = {
         "kind": "capture",
         "stage": failure.stage,
@@ -448,20 +449,9 @@ def write_archive(
     }
     if failure.stage == "crash":
         source["written_before_run"] = True
-    return Path(
-        pack(
-            gm,
-            inputs,
-            destination,
-            config=config,
-            environment=environment_snapshot(),
-            system=system_snapshot(),
-            failure=failure,
-            backend=backend,
-            accuracy=accuracy,
-            source=source,
-        )
-    )
+    records = redacted_records(dict(config=config, environment=environment_snapshot(), system=system_snapshot(),
+                                    failure=failure, source=source), {os.getcwd(): "."})
+    return Path(pack(gm, inputs, destination, backend=backend, accuracy=accuracy, **records))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.child import child_main
+from reproarchive.context.redaction import redacted_records
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format.schema import FailureRecord
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
@@ -252,16 +253,11 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     events("writing the archive")
     from reproarchive.archive.packing import pack
 
-    failure = scrub(failure)
-    out = pack(
-        imp.gm, imp.example_inputs, opts.out,
-        config=scrub(config), system=scrub(system),
-        # The environment keeps install and cache paths (they explain behaviour and a replay may
-        # set them); only the user's own folders are replaced.
-        environment=scrub.without("<inductor-cache>", "<triton-cache>", "<python>", "<site-packages>")(environment),
-        failure=failure, source=scrub(source), backend=dump.backend,
-        accuracy=bool(dump.accuracy_mode),
-    )
+    records = redacted_records(dict(config=config, system=system, environment=environment, failure=failure,
+                                    source=source), scrub.prefixes)
+    failure = records["failure"]
+    out = pack(imp.gm, imp.example_inputs, opts.out, backend=dump.backend, accuracy=bool(dump.accuracy_mode),
+               **records)
     missing = inputs.pop("missing_storages")
     return {
         "archive": str(out),

@@ -182,6 +182,7 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
     from reproarchive.archive.loading import load
     from reproarchive.archive.packing import pack
     from reproarchive.context.failure import crash_record, failure_kind
+    from reproarchive.context.redaction import redacted_records
     from reproarchive.replay.isolation import run_in_child
     from reproarchive.sources.dump_graph import graph_summary
 
@@ -203,8 +204,10 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
         raise ReproArchiveError("the archive the program left holds inputs without data", "this is a bug: report it")
     source = {**(to_plain(repro.source) if repro.source is not None else {}), "kind": "capture", "stage": "crash",
               "written_before_run": True, "replay": notes, "program_exit": program_exit}
-    pack(repro.gm, list(repro.args), target, config=repro.config, environment=repro.environment,
-         system=repro.system, failure=failure, source=source, backend=repro.backend, accuracy=False)
+    records = redacted_records(dict(config=repro.config, environment=repro.environment, system=repro.system,
+                                    failure=failure, source=source))
+    pack(repro.gm, list(repro.args), target, backend=repro.backend, accuracy=False, **records)
+    failure = records["failure"]
     pending.unlink()
     summary = {"stage": failure.stage, "exception_type": failure.exception_type, "message": failure.message,
                "signature": failure.signature}

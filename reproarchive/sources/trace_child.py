@@ -442,10 +442,13 @@ def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
     events("writing the archive")
     from reproarchive.archive.packing import pack
 
-    failure = scrub(failure) if failure is not None else None
-    out = pack(built["gm"], built["inputs"], job["out"], config=scrub(config) if config else None,
-               system=scrub(job.get("system")), environment=built["environment"], failure=failure,
-               source=scrub(source), backend=backend, accuracy=bool(job.get("accuracy")))
+    from reproarchive.context.redaction import redacted_records
+
+    records = redacted_records(dict(config=config or None, system=job.get("system"), environment=built["environment"],
+                                    failure=failure, source=source), scrub.prefixes)
+    failure = records["failure"]
+    out = pack(built["gm"], built["inputs"], job["out"], backend=backend, accuracy=bool(job.get("accuracy")),
+               **records)
     return {
         "archive": str(out),
         "kind": built["kind"],

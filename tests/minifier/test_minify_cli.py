@@ -100,8 +100,11 @@ def test_minify_refuses_an_archive_that_does_not_reproduce(tmp_path):
     result = CliRunner().invoke(main, ["run", "--minify", str(path), "-o", str(tmp_path / "m.tar.zst")])
     assert result.exit_code == 3 and "does not reproduce" in result.output
     assert not (tmp_path / "m.tar.zst").exists()
-    usage = CliRunner().invoke(main, ["run", "--minify", str(path)])
-    assert usage.exit_code == 2 and "-o" in usage.output
+    # without -o the output goes next to the input; `minify` is the same command
+    for argv in (["run", "--minify", str(path)], ["minify", str(path)]):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 3 and "does not reproduce" in result.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["p.tar.zst"]
     for flag in (["--strict-accuracy"], ["--jobs", "2"]):
         usage = CliRunner().invoke(main, ["run", str(path), *flag])
         assert usage.exit_code == 2 and "only apply with --minify" in usage.output
@@ -165,3 +168,10 @@ def test_crash_minify_uses_warm_workers(tmp_path, monkeypatch):
     assert s["inputs"] == [{"origin": "node:sin", "depends_on": [0], "values": "recorded", "from_absent": False,
                             "real": True}]
     assert reproarchive.run(out, backend="crashing_backends:abort_on_relu").status == "reproduced"
+
+
+def test_the_default_minified_name_sits_next_to_the_input(tmp_path):
+    from reproarchive.cli.replay_cmds import default_minified_path
+
+    assert default_minified_path(str(tmp_path / "bug.tar.zst")) == tmp_path / "bug.min.tar.zst"
+    assert default_minified_path("repro.zst").name == "repro.min.tar.zst"

@@ -17,6 +17,7 @@ from torch._dynamo.debug_utils import AccuracyError
 import reproarchive
 from reproarchive.sources import backend as capture_backend
 from reproarchive.sources.backend import CaptureWarning, archive_path
+from support.machine_paths import machine_paths_in
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -92,6 +93,8 @@ def test_failure_text_names_no_path_of_the_capturing_machine(tmp_path):
                  os.getcwd()}:
         if len(path) > 1:
             assert path + "/" not in text, path
+    # nor anywhere else in the index: config values, environment values, the source record
+    assert machine_paths_in(only_archive(tmp_path), tmp_path, os.getcwd()) == []
 
 
 def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import reproarchive
 from reproarchive.cli import main
 from support import dump_programs as progs
+from support.machine_paths import machine_paths_in
 
 
 def _runner() -> CliRunner:
@@ -47,6 +48,7 @@ def test_capture_packs_the_failure_and_keeps_exit_code(captured):
     assert "4 real / 0 absent" in result.output
     # PyTorch's dumps went to capture's scratch folder, not into the user's directory
     assert leftovers == ["inputs.pt", "prog.py"]
+    assert machine_paths_in(archives[0], folder) == []  # one redaction for every capture path
     repro = reproarchive.load(archives[0])
     assert repro.failure.stage == "forward"
     assert repro.backend == "relu_runtime_error_TESTING_ONLY"

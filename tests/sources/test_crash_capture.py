@@ -22,6 +22,7 @@ import reproarchive
 from reproarchive.context.failure import crash_report, same_failure
 from reproarchive.format.schema import FailureRecord
 from support.cli import invoke
+from support.machine_paths import machine_paths_in
 
 
 def cli(*args) -> tuple[int, str]:
@@ -87,6 +88,7 @@ def test_backend_leaves_a_verifying_archive_when_the_kernel_aborts(tmp_path):
     recorded = reproarchive.load(archive).failure
     assert recorded.stage == "crash" and recorded.exception_type == ""  # the signal came after
     assert "written just before it ran" in recorded.message
+    assert machine_paths_in(archive, tmp_path) == []
 
     # `run` replays it in a child by default: the caller survives, the exit code stays below 128
     code, out = cli("run", "--json", archive)
@@ -176,6 +178,7 @@ def test_capture_program_packs_the_graph_it_crashed_in(tmp_path):
     repro = reproarchive.load(archive)
     assert repro.fidelity == ["real"] and repro.backend == "inductor"
     assert "the program was killed by SIGABRT" in repro.failure.message
+    assert machine_paths_in(archive, folder) == []
     assert repro.failure.traceback.startswith("Fatal Python error: Aborted")
 
 

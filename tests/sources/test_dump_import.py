@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.fx as fx
 import zstandard
+from support.machine_paths import machine_paths_in
 
 import reproarchive
 from reproarchive.cli.text import pack_summary
@@ -114,6 +115,8 @@ def test_after_dynamo_dump_round_trip(dynamo_dump, tmp_path):
     home = os.path.expanduser("~")
     if home not in ("/", "~", ""):
         assert (home + "/").encode() not in data
+    # nor in any record: site-packages, inductor's cache, the temporary folder, the user name
+    assert machine_paths_in(result.archive, work, dynamo_dump) == []
 
     # the dump is gone and the archive lives elsewhere: it must stand on its own
     shutil.rmtree(work)

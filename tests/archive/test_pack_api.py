@@ -1,0 +1,56 @@
+"""``reproarchive.pack`` as a user calls it: snapshots by default, a failure given as the
+exception itself, and the same redaction as every capture path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import reproarchive
+from support.machine_paths import machine_paths_in
+
+
+def _graph():
+    return torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+
+
+def test_pack_records_this_process_by_default(tmp_path):
+    path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", backend="eager")
+    repro = reproarchive.load(path)
+    assert repro.config.modules["torch._inductor.config"]  # the torch config of this process
+    assert repro.system.torch.version == torch.__version__
+    assert repro.environment is not None
+    assert machine_paths_in(path, tmp_path, os.getcwd()) == []
+
+    bare = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "b.tar.zst", snapshot=False)
+    index = reproarchive.load(bare)
+    assert index.config is None and index.system is None and index.environment is None
+
+
+def test_pack_takes_the_exception_itself(tmp_path):
+    try:
+        raise RuntimeError(f"boom in {tmp_path}/kernel.cpp")
+    except RuntimeError as err:
+        path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", failure=err,
+                                 failure_stage="forward", backend="eager")
+    failure = reproarchive.load(path).failure
+    assert failure.stage == "forward" and failure.exception_type == "RuntimeError"
+    assert failure.signature == "forward|RuntimeError|boom in <path>"
+    assert "test_pack_takes_the_exception_itself" in failure.traceback  # the real traceback
+    assert str(tmp_path) not in failure.message + failure.traceback
+    with pytest.raises(ValueError):
+        reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "c.tar.zst", failure=RuntimeError("x"),
+                          failure_stage="later")
+
+
+def test_a_failing_json_command_prints_an_error_object(tmp_path):
+    import json
+
+    from support.cli import invoke
+
+    result = invoke("inspect", "--json", tmp_path / "missing.tar.zst")
+    document = json.loads(result.stdout)
+    assert result.exit_code == 4 and document["exit_code"] == 4
+    assert document["error"]["exit_code"] == 4 and "missing.tar.zst" in document["error"]["message"]
