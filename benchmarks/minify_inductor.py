@@ -26,9 +26,10 @@ Wall time is ``perf_counter`` around the command; CPU time is user + system of t
 every process it waited for (``RUSAGE_CHILDREN``). ``TORCHINDUCTOR_COMPILE_THREADS=1`` for
 both, so that no compile worker outlives the accounting.
 
-``reproarchive pack`` cannot record a crash yet (issue 18): for the runtime_error rows the
-harness packs with ``--no-replay`` and records the failure from one isolated replay
-(``record_crash``), keeping absent inputs absent.
+For the runtime_error rows the harness packs with ``--no-replay`` and records the failure from
+one isolated replay (``record_crash``), keeping absent inputs absent: when the rows in
+benchmarks/README.md were measured, ``pack`` could not record a crash itself (it can now: its
+replay runs in a child), and the harness is kept as it was so that the rows stay comparable.
 
 The ``strict`` row is PyTorch's ``test_accuracy_vs_strict_accuracy`` scenario (relu and log1p
 accuracy injectors): PyTorch's ``minify`` and ``minify --strict-accuracy`` against

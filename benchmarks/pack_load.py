@@ -290,7 +290,7 @@ def _warm_up(work: str, algo: str) -> float:
     t0 = time.perf_counter()
     gm, names, inputs = build_inputs(0, seed=1)
     path = os.path.join(work, f"warm-up-{os.getpid()}.tar.zst")
-    ra.pack(gm, inputs, path, digest=algo, progress=False)
+    ra.pack(gm, inputs, path, digest=algo, progress=False, snapshot=False)
     ra.load(path, progress=False)
     ra.read_input(path, names[0])
     ra.verify(path, progress=False)
@@ -327,7 +327,7 @@ def child(variant: str, total: int, work: str) -> dict:
             target = {"pack": archive, "pack-blake3": archive + ".b3", "pack-compress-all": archive + ".all"}[variant]
             options = {"min_saving": 0.0} if variant == "pack-compress-all" else {}
             with Meter() as m:
-                ra.pack(gm, inputs, target, digest=algo, progress=False, **options)
+                ra.pack(gm, inputs, target, digest=algo, progress=False, snapshot=False, **options)
             out["file_bytes"] = os.path.getsize(target)
             with open(target, "rb") as f:
                 import hashlib

@@ -48,3 +48,45 @@ def test_a_second_minify_keeps_generated_values_generated(tmp_path):
     labelled = _labelled(stats, repro)["inputs"]
     assert labelled[0]["from_absent"] is True and labelled[0]["real"] is False
     assert labelled[1]["from_absent"] is False and labelled[1]["real"] is True
+
+
+def test_minify_of_mixed_real_and_absent_inputs_keeps_generated_values_labelled(tmp_path):
+    """Through the real minifier and CLI: an archive with one real and one absent input, whose
+    failing op (relu, PyTorch's compile-error injector) sees a value computed from both. The
+    minimized archive's input is that value: its bytes are stored, but it is labelled as
+    computed from generated data, and load, inspect and run say so; minifying it again keeps
+    the label."""
+    from click.testing import CliRunner
+
+    from reproarchive.cli import main
+
+    g = fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    mixed = g.call_function(torch.add, (g.call_function(torch.sin, (a,)), g.call_function(torch.cos, (b,))))
+    g.output((g.call_function(torch.relu, (mixed,)), g.call_function(torch.mul, (a, 2))))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    failure = {"stage": "compile", "exception_type": "torch._dynamo.backends.debugging.ReluCompileError",
+               "message": "", "signature": "compile|torch._dynamo.backends.debugging.ReluCompileError|"}
+    archive = reproarchive.pack(gm, [torch.randn(4), reproarchive.AbsentTensor((4,), torch.float32)],
+                                tmp_path / "mixed.tar.zst", backend="relu_compile_error_TESTING_ONLY",
+                                failure=failure, snapshot=False)
+    assert reproarchive.run(archive).status == "reproduced"
+
+    result = CliRunner().invoke(main, ["minify", str(archive)])
+    assert result.exit_code == 0, result.output
+    assert "inputs that are not the original data:" in result.output
+    minified = tmp_path / "mixed.min.tar.zst"
+    with pytest.warns(UserWarning, match="not the original data"):
+        repro = reproarchive.load(minified)
+    assert "torch.relu" in repro.gm.code and "torch.sin" not in repro.gm.code
+    (entry,) = repro.index.minify.inputs
+    assert entry.from_absent and not entry.real
+    assert reproarchive.inspect(minified)["inputs"][0]["fidelity"].startswith("not original")
+    outcome = reproarchive.run(minified)
+    assert outcome.status == "reproduced" and any("not the original data" in w for w in outcome.warnings)
+
+    again = CliRunner().invoke(main, ["minify", str(minified), "-o", str(tmp_path / "again.tar.zst")])
+    assert again.exit_code == 0, again.output
+    with pytest.warns(UserWarning, match="not the original data"):
+        twice = reproarchive.load(tmp_path / "again.tar.zst")
+    assert all(not e.real for e in twice.index.minify.inputs)

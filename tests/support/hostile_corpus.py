@@ -114,7 +114,7 @@ def make_valid(path: str | os.PathLike, **kwargs) -> Path:
 
     gm, inputs = make_graph()
     kwargs.setdefault("backend", "eager")
-    return reproarchive.pack(gm, inputs, path, progress=False, **kwargs)
+    return reproarchive.pack(gm, inputs, path, progress=False, snapshot=False, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------
