@@ -209,7 +209,8 @@ def _rel(path: Path, cwd: Path) -> str:
 @click.option("--after", type=click.Choice(["dynamo", "aot"]), default="dynamo", show_default=True,
               help="Where PyTorch intercepts: the Dynamo graph (any backend) or the AOT graph (Inductor).")
 @click.option("--accuracy", is_flag=True,
-              help="Dump accuracy failures (compiled vs eager) instead of errors (repro level 4).")
+              help="Also check every compiled graph against eager (reproarchive's in-process check; "
+                   "PyTorch's level-4 hook fails on dynamic shapes). --after does not apply.")
 @click.option("--no-replay", is_flag=True, help="Pack without replaying each dump; failures are 'unknown'.")
 @click.option("--keep-dumps", is_flag=True, help="Keep PyTorch's dump folder and print where it is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
@@ -227,22 +228,33 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
 
     \b
     How: the program runs with PyTorch's own repro hooks switched on
-    (TORCHDYNAMO_REPRO_AFTER=dynamo|aot, TORCHDYNAMO_REPRO_LEVEL=2, or 4 with --accuracy), which
-    wrap every backend torch.compile uses, in every process the program starts. Their dumps go
-    to a private temporary folder (TORCH_COMPILE_DEBUG_DIR), and after the program ends each
-    dump is packed as by `reproarchive pack` (real inputs, snapshots, one replay to record the
-    failure), then the dumps are deleted (--keep-dumps keeps them).
+    (TORCHDYNAMO_REPRO_AFTER=dynamo|aot, TORCHDYNAMO_REPRO_LEVEL=2), which wrap every backend
+    torch.compile uses, in every process the program starts. Their dumps go to a private
+    temporary folder (TORCH_COMPILE_DEBUG_DIR), and after the program ends each dump is packed
+    as by `reproarchive pack` (real inputs, snapshots, one replay to record the failure), then
+    the dumps are deleted (--keep-dumps keeps them).
+
+    \b
+    Native crashes leave no PyTorch dump, so a crash guard (a sitecustomize first on
+    PYTHONPATH; the program's own still runs) writes an archive of each graph before it is
+    compiled and first run, and removes it after; a program that dies inside leaves it, and it
+    is replayed in a child process and packed with the crash (signal, stack) as its failure.
+
+    \b
+    With --accuracy, PyTorch's hooks stay off: through the same guard every graph goes to
+    reproarchive's in-process capture backend (reproarchive.capture(..., accuracy=True)), which
+    compares the compiled result and gradients with eager and an fp64 run at the first call
+    and archives accuracy, compile and runtime failures (PyTorch's level-4 hook fails on
+    working programs with dynamic shapes in torch 2.13).
 
     \b
     Limits (PyTorch's hooks):
       - one dump per process: a later failure in the same process replaces an earlier one;
       - every graph is compiled once more and run forward/backward on copies of its inputs
         while checking, so compilation is slower under capture;
-      - --accuracy dumps accuracy failures only (exceptions then pass through undumped);
       - errors before a graph reaches the backend (Dynamo tracing errors) are not dumped;
       - --after aot dumps of compile errors carry no input data (PyTorch had only fake
-        tensors): those inputs are marked absent; --after aot --accuracy also makes PyTorch
-        copy a repro.py into the current directory.
+        tensors): those inputs are marked absent.
 
     \b
     With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there, so a CI

@@ -13,6 +13,10 @@ it once the compiled code has returned from its first call, or raised, or when t
 exits normally (``atexit``). Only a process that dies inside leaves it: ``capture_program``
 then replays it in a child to learn the signal and the crashing thread's stack.
 
+With ``$REPROARCHIVE_ACCURACY_DIR`` set (``capture --accuracy``) the same door also hands each
+graph to reproarchive's own capture backend with its accuracy check, which writes its archives
+there (``_accuracy_backend``).
+
 Nothing here runs unless ``$REPROARCHIVE_CRASH_DIR`` is set, and nothing here may break the
 program: every failure to write costs the crash record, never the run.
 """
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
+ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
 _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
@@ -85,8 +90,12 @@ def _patch(module: Any) -> None:
     @functools.wraps(original)
     def __call__(self, gm, example_inputs, **kwargs):
         pending = _write_pending(gm, list(example_inputs), _backend_name(self))
+        accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         try:
-            compiled = original(self, gm, example_inputs, **kwargs)
+            if accuracy_dir and not kwargs:
+                compiled = _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
+            else:
+                compiled = original(self, gm, example_inputs, **kwargs)
         except BaseException:
             _discard(pending)
             raise
@@ -94,6 +103,21 @@ def _patch(module: Any) -> None:
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
+
+
+def _accuracy_backend(wrapper: Any, folder: str) -> Any:
+    """``capture --accuracy``: the in-process capture backend (``reproarchive.capture(...,
+    accuracy=True)``) around the program's real backend, in place of PyTorch's level-4 hook,
+    which fails on working programs whose shapes are dynamic (torch 2.13: "sources must not
+    be empty for symbol s22"). It archives compile, runtime and accuracy failures itself."""
+    backend = getattr(wrapper, "_reproarchive_accuracy", None)
+    if backend is None:
+        from reproarchive.sources.backend import capture
+
+        backend = capture(wrapper._torchdynamo_orig_backend, path=folder, accuracy=True, crash=False)
+        backend.backend_name = _backend_name(wrapper)
+        wrapper._reproarchive_accuracy = backend
+    return backend
 
 
 def _backend_name(wrapper: Any) -> str:

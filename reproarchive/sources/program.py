@@ -18,10 +18,13 @@ Limits, inherited from PyTorch's hooks (documented in ``reproarchive capture --h
 * one dump per process: a second failure in the same process overwrites the first;
 * after_dynamo level 2 compiles each graph once more and runs it forward/backward on copies of
   the inputs while checking, so capture makes compilation slower;
-* ``--accuracy`` (level 4) dumps accuracy failures only; exceptions then propagate undumped;
 * failures before a graph reaches the backend (Dynamo tracing errors, graph breaks) are not
-  dumped by PyTorch and so not captured;
-* ``--after aot --accuracy`` makes PyTorch also copy a ``repro.py`` into the current directory.
+  dumped by PyTorch and so not captured.
+
+``--accuracy`` does not use PyTorch's level-4 hook, which fails on working programs with
+dynamic shapes in torch 2.13 ("sources must not be empty for symbol s22"): the crash guard hands
+every graph to the in-process capture backend with its accuracy check instead, and its archives
+are moved into ``out_dir``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any, Callable
 
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.sources import crash_guard
-from reproarchive.sources.crash_guard import CRASH_DIR_ENV, pending_archives
+from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, pending_archives
 from reproarchive.format.schema import to_plain
 from reproarchive.sources.dump_import import PackResult, pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME
@@ -69,8 +72,14 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
     if after not in ("dynamo", "aot"):
         raise ValueError(f"after must be 'dynamo' or 'aot', not {after!r}")
     env = dict(os.environ if base is None else base)
-    env["TORCHDYNAMO_REPRO_AFTER"] = after
-    env["TORCHDYNAMO_REPRO_LEVEL"] = "4" if accuracy else "2"
+    if accuracy:
+        # reproarchive's own in-process check (PyTorch's level 4 fails on dynamic shapes)
+        for name in ("TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL"):
+            env.pop(name, None)
+        env[ACCURACY_DIR_ENV] = str(dump_dir / "accuracy")
+    else:
+        env["TORCHDYNAMO_REPRO_AFTER"] = after
+        env["TORCHDYNAMO_REPRO_LEVEL"] = "2"
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
     # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
@@ -152,6 +161,10 @@ def capture_program(
                 result.archives.append(pack_dump(launcher, target, replay=replay))
             except ReproArchiveError as err:
                 result.errors.append(f"{launcher.parent.parent.name}: {err}")
+        for written in sorted((dump_dir / "accuracy").glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
+            target = _next_free(out)
+            shutil.move(str(written), target)
+            result.archives.append(_captured(target))
         for pending in pending_archives(dump_dir / "crash"):
             if progress is not None:
                 progress("replaying the graph the program crashed in")
@@ -232,3 +245,21 @@ def _inputs_summary(repro) -> dict[str, Any]:
     real_bytes = sum(a.untyped_storage().nbytes() for a in repro.args if isinstance(a, torch.Tensor))
     return {"total": len(repro.args), "real": real, "absent": 0, "values": len(repro.args) - real,
             "real_bytes": real_bytes}
+
+
+def _captured(archive: Path) -> PackResult:
+    """What ``capture --`` reports for an archive the in-process capture backend wrote."""
+    from reproarchive.archive.inspection import inspect
+
+    info = inspect(archive)
+    fidelity = [r.get("fidelity", "") for r in info["inputs"]]
+    failure = info.get("failure") or {}
+    graph = {"nodes": info["graph"]["nodes"], "compute_nodes": info["graph"]["ops"],
+             "op_kinds": len(info["graph"].get("op_histogram") or {})}
+    inputs = {"total": len(fidelity), "real": fidelity.count("real"), "absent": fidelity.count("absent"),
+              "values": sum(1 for f in fidelity if f not in ("real", "absent")),
+              "real_bytes": (info.get("storage") or {}).get("bytes_logical", 0)}
+    return PackResult(archive=archive, size=archive.stat().st_size, script=archive, discovery_reason="capture",
+                      candidates=[], kind="capture", backend=info.get("backend"), accuracy="accuracy",
+                      graph=graph, inputs=inputs,
+                      failure={k: failure.get(k) for k in ("stage", "exception_type", "message", "signature")})

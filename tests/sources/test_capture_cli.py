@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -91,3 +92,65 @@ def test_capture_passing_and_failing_programs_without_torch(tmp_path):
     assert list(tmp_path.iterdir()) == []
     missing = runner.invoke(main, ["capture", "--", str(tmp_path / "no-such-program")])
     assert missing.exit_code == 4 and "not found" in missing.stderr
+
+
+# A user's training step (conv + batch norm + MLP, an optimizer, a batch size that changes, so
+# Dynamo recompiles with dynamic shapes): PyTorch's level-4 accuracy hook fails on it in torch
+# 2.13 ("sources must not be empty for symbol s..."), `capture --accuracy` must not.
+_TRAINING = """
+import torch
+torch.manual_seed(0)
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+m = M()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+f = torch.compile(m, backend=BACKEND)
+for n in (4, 5, 6):
+    loss = f(torch.randn(n, 3, 16, 16)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("trained", n)
+"""
+
+
+def _capture_accuracy(tmp_path, backend: str):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "prog.py").write_text(_TRAINING.replace("BACKEND", repr(backend)))
+    out = tmp_path / "archives"
+    out.mkdir()
+    cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    done = subprocess.run([*cli, "capture", "--accuracy", "--json", "-o", str(out), "--", sys.executable, "prog.py"],
+                          cwd=folder, capture_output=True, text=True, timeout=600)
+    return done, out
+
+
+def test_capture_accuracy_leaves_a_working_program_working(tmp_path):
+    done, out = _capture_accuracy(tmp_path, "aot_eager")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained 6" in done.stdout
+    assert json.loads(done.stdout[done.stdout.index("{"):])["archives"] == []
+    assert list(out.iterdir()) == []
+
+
+def test_capture_accuracy_archives_an_accuracy_bug_that_replays(tmp_path):
+    done, out = _capture_accuracy(tmp_path, "relu_accuracy_error_TESTING_ONLY")
+    assert done.returncode == 1, done.stderr[-3000:]  # the program's own: AccuracyError
+    report = json.loads(done.stdout[done.stdout.index("{"):])
+    (packed,) = report["archives"]
+    assert packed["failure"]["stage"] == "accuracy"
+    archive = Path(packed["archive"])
+    assert [p.name for p in out.iterdir()] == [archive.name] == ["repro.tar.zst"]
+    assert machine_paths_in(archive, tmp_path) == []
+    outcome = reproarchive.run(archive)
+    assert outcome.status == "reproduced" and outcome.kind == "accuracy failure"
