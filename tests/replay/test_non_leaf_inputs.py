@@ -8,6 +8,9 @@ reported "passed"). The bytes on disk carry ``is_leaf``; nothing else is needed.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -80,3 +83,37 @@ def test_accuracy_replay_compares_gradients_of_non_leaf_inputs(tmp_path):
     outcome = runner.replay_graph(repro.gm, repro.args, backend="aot_eager", accuracy=True)
     names = [o.name for o in outcome.accuracy.outputs]
     assert outcome.observed is None and any(str(n).startswith("grad") for n in names), outcome.to_dict()
+
+
+def test_non_leaf_compile_error_captured_from_a_program_reproduces(tmp_path):
+    """The other two ways: ``capture --`` of a program whose compiled function gets a non-leaf
+    input, and ``pack`` of the PyTorch dump it kept. (PyTorch's after_aot hook never sees this
+    Dynamo-level backend, so the dump is after_dynamo.)"""
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "prog.py").write_text(textwrap.dedent(f"""
+        import torch
+        def fn(x, y):
+            return torch.relu(x) * y
+        x = torch.randn(3, requires_grad=True) * 2
+        torch.compile(fn, backend={BACKEND!r})(x, torch.randn(3))
+    """))
+    out = tmp_path / "archives"
+    out.mkdir()
+    cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    done = subprocess.run([*cli, "capture", "--keep-dumps", "-o", str(out), "--", sys.executable, "prog.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    archives = sorted(out.glob("*.tar.zst"))
+    assert done.returncode == 1 and len(archives) == 1, done.stderr[-3000:]
+    assert reproarchive.run(archives[0]).status == REPRODUCED
+
+    kept = next(line.split(" in ", 1)[1].strip() for line in done.stderr.splitlines() if "dumps kept in" in line)
+    (launcher,) = sorted(Path(kept).glob("torch_compile_debug/run_*/minifier/minifier_launcher.py"))
+    try:
+        packed = reproarchive.pack_dump(launcher, tmp_path / "packed.tar.zst")
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+    assert packed.failure["exception_type"].endswith("TestingOnlyCompileError")
+    assert reproarchive.run(packed.archive).status == REPRODUCED
