@@ -116,8 +116,14 @@ def environment_diff(recorded: EnvironmentRecord, current: EnvironmentRecord | N
     difference: it says that one process had compiled something, not how.
     """
     here = current is None
+    raw: dict[str, str] = {}
     if current is None:
-        current = environment_snapshot()
+        # this process, redacted as every capture redacts (so "<inductor-cache>" == its folder)
+        from reproarchive.context.redaction import redacted_records
+
+        snapshot = environment_snapshot()
+        raw = dict(snapshot.variables)
+        current = redacted_records({"environment": snapshot})["environment"]
     out: list[dict[str, Any]] = []
     rec_vars, cur_vars = recorded.variables, current.variables
     for name in sorted(set(rec_vars) | set(cur_vars)):
@@ -125,7 +131,7 @@ def environment_diff(recorded: EnvironmentRecord, current: EnvironmentRecord | N
         if rv in (REDACTED, PROCESS_SPECIFIC) or cv in (REDACTED, PROCESS_SPECIFIC):
             if (rv is None) == (cv is None):
                 continue
-        if rv == cv:
+        if rv == cv or (rv is not None and rv == raw.get(name)):  # or recorded before paths were redacted
             continue
         if here and (rv is None or cv is None) and set_by_torch_here(name, rv if cv is None else cv):
             continue
@@ -144,12 +150,15 @@ def set_by_torch_here(name: str, value: str) -> bool:
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        default = redact_paths(os.path.abspath(default_cache_dir()))
+        from reproarchive.context.redaction import redacted_records
+
+        plain = redact_paths(os.path.abspath(default_cache_dir()))
+        defaults = {plain, redacted_records({"dir": plain})["dir"]}  # as recorded before and since
     except Exception:  # noqa: BLE001 - no inductor here: nothing is set by it
         return False
     if name == "TORCHINDUCTOR_CACHE_DIR":
-        return value == default
-    return value.startswith(default + os.sep + "triton" + os.sep)
+        return value in defaults
+    return any(value.startswith(d + os.sep + "triton" + os.sep) for d in defaults)
 
 
 # ---------------------------------------------------------------------------------------------

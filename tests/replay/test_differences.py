@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch._inductor.config  # noqa: F401 - the inductor key below is read from it
 import torch._inductor.config_comms  # noqa: F401 - imported by a compile; a fresh process lacks it
 
@@ -53,8 +54,14 @@ def _assert_real(rows: list[dict]) -> None:
     assert [r for r in rows if r["recorded"] == r["current"]] == []
 
 
-def test_same_machine_archive_has_no_config_differences_here_or_in_a_fresh_process(tmp_path):
-    path = pack_chain(tmp_path / "same.tar.zst", 8, **_records())
+@pytest.mark.parametrize("redacted", [False, True], ids=["raw", "redacted-as-captured"])
+def test_same_machine_archive_has_no_config_differences_here_or_in_a_fresh_process(tmp_path, redacted):
+    """Records as every capture path stores them (``redacted_records``: the cache folder is
+    ``<inductor-cache>``) and as archives from before that redaction stored them."""
+    from reproarchive.context.redaction import redacted_records
+
+    records = redacted_records(_records()) if redacted else _records()
+    path = pack_chain(tmp_path / "same.tar.zst", 8, **records)
     recorded = reproarchive.doctor(path)
     assert "torch._inductor.config_comms" in reproarchive.load(path).config.modules
     for report in (recorded, _fresh_doctor(path)):
