@@ -362,21 +362,22 @@ def reconcile(logged: FailureRecord | None, observed: FailureRecord, notes: dict
 # main
 
 
-def run(opts: argparse.Namespace, events) -> dict[str, Any]:
+def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     """Pack each job in turn. Several Dynamo-graph jobs share one child (nothing of theirs
     outlives the job: the graph is a class, the config is applied only around the replay); a
     runnable sets torch config for good when it runs, so the parent gives it a child of its own.
     One job's error is reported for that job alone."""
     results = []
-    for path in opts.job:
+    for index, path in enumerate(opts.job):
         job = json.loads(Path(path).read_text(encoding="utf-8"))
         label = job["compile"]["label"]
+        job_started = None if started is None else (lambda facts, _i=index: started({**facts, "job": _i}))
 
         def step(stage: str, _label=label) -> None:
             events(f"{_label}: {stage}")
 
         try:
-            results.append(pack_job(job, Path(path).parent, step))
+            results.append(pack_job(job, Path(path).parent, step, job_started))
         except ReproArchiveError as err:
             traceback.print_exc()
             results.append({"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}})
@@ -388,7 +389,7 @@ def run(opts: argparse.Namespace, events) -> dict[str, Any]:
     return {"results": results}
 
 
-def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
+def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str, Any]:
     built = from_runnable(job, work, events) if job["graph"]["from"] == "fx_graph_runnable" \
         else from_dynamo_graph(job, events)
     scrub_opts = argparse.Namespace(cwd_prefix=job.get("cwd_prefixes") or [], dump_prefix=[])
@@ -409,11 +410,20 @@ def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
     backend = job.get("backend")
     logged = from_plain(FailureRecord, job["failure"]) if job.get("failure") else None
     replay_notes: dict[str, Any] = {"performed": False}
-    if job.get("replay") and backend:
+    if job.get("crash"):  # an earlier child died replaying this compile (trace_import)
+        crash = job["crash"]
+        failure = fail.crash_record(crash["signal"], f"the replay that records the failure {crash['reason']}",
+                                    crash["log"], backend=backend)
+        replay_notes = {"performed": True, "crashed": True, "failure_from": "replay"}
+    elif job.get("replay") and backend:
         events("replaying the failure")
+        if started is not None:
+            started({"stage": "replay"})  # if the replay kills this process, the parent knows
         observed, replay_notes = first_replay.replay_once(
             built["gm"], built["inputs"], kind=built["kind"], backend=backend, accuracy=bool(job.get("accuracy")),
             config=config, environment=built["environment"])
+        if started is not None:
+            started({"stage": "packing"})
         failure, more = reconcile(logged, observed, replay_notes)
         warnings += more
     else:
@@ -462,7 +472,7 @@ def pack_job(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
 
 
 def _pack_jobs(request: dict, *, started, event) -> dict[str, Any]:
-    return run(argparse.Namespace(job=request["job"]), event)
+    return run(argparse.Namespace(job=request["job"]), event, started)
 
 
 if __name__ == "__main__":

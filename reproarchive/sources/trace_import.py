@@ -185,21 +185,32 @@ def pack_trace(
 def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_log) -> list[dict[str, Any]]:
     """Run one child for the jobs of ``batch``; one report per job (``{"error": ...}`` for a job
     that failed, and for all of them when the child died)."""
-    work = Path(tempfile.mkdtemp(prefix="reproarchive-trace-"))
-    try:
-        paths = []
-        for i, (c, job) in enumerate(batch):
-            job_dir = work / f"job{i}"
-            job_dir.mkdir()
-            (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-            paths.append(str(job_dir / "job.json"))
+    crashes: dict[int, dict[str, str]] = {}  # job -> how the replay of it killed the child
+    while True:
+        work = Path(tempfile.mkdtemp(prefix="reproarchive-trace-"))
         try:
-            report, died = run_child("reproarchive.sources.trace_child", {"job": paths}, env=child_env(),
-                                     on_event=progress, keep_log=keep_log)
-        except ReproArchiveError as err:
-            report, died = {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}}, None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            paths = []
+            for i, (c, job) in enumerate(batch):
+                job_dir = work / f"job{i}"
+                job_dir.mkdir()
+                if i in crashes:  # pack it with the crash as its failure, without replaying again
+                    job = {**job, "replay": False, "crash": crashes[i]}
+                (job_dir / "job.json").write_text(json.dumps(job), encoding="utf-8")
+                paths.append(str(job_dir / "job.json"))
+            try:
+                report, died = run_child("reproarchive.sources.trace_child", {"job": paths}, env=child_env(),
+                                         on_event=progress, keep_log=keep_log)
+            except ReproArchiveError as err:
+                report, died = {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}}, None
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        crashed = (died.started or {}) if died is not None else {}
+        if crashed.get("stage") == "replay" and crashed.get("job") not in crashes:
+            # the graph killed the process that replayed it: that is this compile's failure
+            crashes[crashed["job"]] = {"signal": died.signal_name or f"exit status {died.returncode}",
+                                       "reason": died.reason, "log": died.log_tail}
+            continue
+        break
     if died is not None:
         labels = ", ".join(c.label for c, _ in batch)
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")

@@ -238,3 +238,18 @@ def test_a_crash_recorded_before_its_signal_matches_any_crash():
     assert not same_failure(pending, FailureRecord(stage="forward", exception_type="RuntimeError",
                                                    signature="forward|RuntimeError|x"))
     assert not same_failure(crash_record("SIGABRT", "died", ""), crash_record("SIGSEGV", "died", ""))
+
+
+def test_pack_of_a_trace_log_records_the_crash_of_its_replay(tmp_path):
+    """A TORCH_TRACE job that died in compiled code: the log says the compile succeeded; named
+    with --compile-id and --backend, its replay kills the child, and the archive says so."""
+    prog = _ABORTING + "print(torch.compile(f)(x))\n"
+    done = _run(tmp_path / "job", prog, env={"TORCH_TRACE": str(tmp_path / "trace")})
+    assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
+    code, out = cli("pack", "--json", tmp_path / "trace", "--compile-id", "0/0", "--backend", "inductor",
+                    "-o", tmp_path / "crash.tar.zst")
+    assert code == 0, out
+    record = reproarchive.load(tmp_path / "crash.tar.zst").failure
+    assert record.stage == "crash" and record.exception_type == "SIGABRT"
+    assert "terminate called" in record.message
+    assert machine_paths_in(tmp_path / "crash.tar.zst", tmp_path) == []
