@@ -41,7 +41,8 @@ known (spec §8), and removed when the run ends any other way (passed, raised, i
 raised failure then writes its own archive). A process that dies leaves that archive, complete
 and verifiable; ``reproarchive run`` replays such an archive in a child process and reports
 the signal and the crashing thread's stack. The price: one archive write per compiled graph,
-at its first call (pack speed: about 1 GB/s of inputs on these machines), and a file removed.
+at its first call, and a file removed (measured: 0.20 s for a graph of six Linear(2048) layers,
+101 MB of inputs, on 2 cores busy with a test run).
 
 Cost and side effects of the check, by design:
 
