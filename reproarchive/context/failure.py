@@ -10,7 +10,6 @@ it. The record type itself, ``FailureRecord``, is declared with the rest of the 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import traceback as _traceback
 
