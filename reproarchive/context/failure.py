@@ -183,8 +183,9 @@ def pending_crash_record(*, backend: str | None = None) -> FailureRecord:
 
 
 _FATAL = re.compile(r"Fatal Python error: ")
-_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+_THREAD = re.compile(r"(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
 _WARNING = re.compile(r"\b\w*Warning: ")
+_FRAME = re.compile(r'^  File ".*", line \d+ in ')
 _NATIVE_LINES = 6
 
 
@@ -216,26 +217,42 @@ def crash_report(output: str) -> tuple[list[str], str]:
         native.insert(0, ln.rstrip())
     blocks: list[tuple[str, list[str]]] = []
     for ln in lines[start + 1:]:
-        header = _THREAD.match(ln)
+        header = _THREAD.search(ln)
         if header:
-            blocks.append((ln.rstrip(), []))
+            blocks.append((ln[header.start():].rstrip(), []))
         elif ln.startswith("Extension modules:") or not ln.strip():
             if blocks and blocks[-1][1]:
                 blocks.append(("", []))  # the end of a block
-        elif blocks and blocks[-1][0]:
+        elif blocks and blocks[-1][0] and _FRAME.match(ln):
             blocks[-1][1].append(ln.rstrip())
+        # anything else inside a block is another thread's output written at the same moment
     blocks = [b for b in blocks if b[0]]
     current = [b for b in blocks if b[0].startswith("Current thread")]
     if current:
         chosen, note = current[0], []
     else:
-        main = [b for b in blocks if not any("threading.py" in f and "_bootstrap" in f for f in b[1])]
-        chosen = main[-1] if main else (blocks[-1] if blocks else None)
+        chosen = _main_thread(blocks)
         note = ["(it crashed on a thread Python does not run, such as a kernel's worker; the main thread's stack:)"]
     kept = [lines[start].rstrip(), *note]
     if chosen is not None:
         kept += [chosen[0], *chosen[1]]
     return native, "\n".join(kept)
+
+
+def _main_thread(blocks: list[tuple[str, list[str]]]) -> tuple[str, list[str]] | None:
+    """The main thread's block: the one whose outermost frame is a module's top level (a script,
+    ``python -m``); else one not started by ``threading``; else the longest."""
+    def outermost_is_module(frames):
+        return bool(frames) and (frames[-1].endswith("in <module>") or "_run_module_as_main" in frames[-1])
+
+    def started_by_threading(frames):
+        return any("threading.py" in f and "_bootstrap" in f for f in frames)
+
+    for pick in (outermost_is_module, lambda f: f and not started_by_threading(f), bool):
+        found = [b for b in blocks if pick(b[1])]
+        if found:
+            return max(found, key=lambda b: len(b[1]))
+    return blocks[-1] if blocks else None
 
 
 def unknown_record(reason: str, *, backend: str | None = None) -> FailureRecord:
