@@ -26,26 +26,27 @@ def load(path, *args, **kwargs):
     return loading.load(local_archive(path, progress=kwargs.get("progress")), *args, **kwargs)
 
 
-@functools.wraps(inspection.inspect)
-def inspect(path, *args, **kwargs):
+def _index_report(verb, path, *args, **kwargs) -> dict:
+    """``verb(path)`` for a file; for a reference, ``verb`` of the archive object alone (no blob
+    is downloaded), reported under the reference's name and where it came from."""
     if not is_reference(path):
-        return inspection.inspect(path, *args, **kwargs)
+        return verb(path, *args, **kwargs)
     with archive_view(os.fspath(path)) as (view, resolved):
-        report = inspection.inspect(view, *args, **kwargs)
+        report = verb(view, *args, **kwargs)
     report["path"] = os.fspath(path)
     report["store"] = {"url": resolved.store.url, "name": resolved.name, "archive": resolved.digest}
     return report
 
 
+@functools.wraps(inspection.inspect)
+def inspect(path, *args, **kwargs):
+    return _index_report(inspection.inspect, path, *args, **kwargs)
+
+
 def doctor(path, *args, **kwargs):
     from reproarchive.replay import differences
 
-    if not is_reference(path):
-        return differences.doctor(path, *args, **kwargs)
-    with archive_view(os.fspath(path)) as (view, _):
-        report = differences.doctor(view, *args, **kwargs)
-    report["path"] = os.fspath(path)
-    return report
+    return _index_report(differences.doctor, path, *args, **kwargs)
 
 
 doctor.__doc__ = ("What differs between an archive's recording machine and this one (a file or a store "
