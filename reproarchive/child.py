@@ -51,6 +51,12 @@ class Died:
     log_tail: str
     started: Any  # what it reported before the risky part, or None
 
+    def crash_facts(self) -> dict[str, str]:
+        """What a second child needs to record this death as a crash (``first_replay.crashed``):
+        plain data, so it travels in a request."""
+        return {"signal": self.signal_name or f"exit status {self.returncode}", "reason": self.reason,
+                "log": self.log_tail}
+
     @property
     def reason(self) -> str:
         """What happened, to follow "the process": "was killed by SIGSEGV (11)"."""

@@ -38,7 +38,7 @@ from reproarchive.format.schema import FailureRecord
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
 from reproarchive.sources.dump_reader import RecordingReader
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
-from reproarchive.sources.first_replay import first_line, replay
+from reproarchive.sources.first_replay import crashed, first_line, replay
 from reproarchive.sources.path_scrub import Scrubber, scrub_prefixes
 
 # --------------------------------------------------------------------------------------------
@@ -215,9 +215,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     crash = getattr(opts, "crash", None)
     if crash:
         # An earlier child died replaying this dump; this one packs what it died of.
-        failure = fail.crash_record(crash["signal"], f"the replay that records the failure {crash['reason']}",
-                                    crash["log"], backend=dump.backend)
-        replay_notes: dict[str, Any] = {"performed": True, "crashed": True}
+        failure, replay_notes = crashed(crash, dump.backend)
     elif opts.no_replay:
         failure = fail.unknown_record("not replayed when packing (--no-replay)", backend=dump.backend)
         replay_notes = {"performed": False}

@@ -124,9 +124,8 @@ def pack_dump(
         # The graph crashed the process that replayed it: that is the failure to record.
         if progress is not None:
             progress(f"the replay {died.reason}: packing the dump with the crash as its failure")
-        crash = {"signal": died.signal_name or f"exit status {died.returncode}", "reason": died.reason,
-                 "log": died.log_tail}
-        report, died = run_child("reproarchive.sources.dump_child", {**request, "crash": crash}, env=child_env(),
+        report, died = run_child("reproarchive.sources.dump_child", {**request, "crash": died.crash_facts()},
+                                 env=child_env(),
                                  on_event=progress)
     if died is not None:
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")

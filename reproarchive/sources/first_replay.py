@@ -112,6 +112,16 @@ def _passed(backend) -> dict[str, Any]:
         backend=backend)
 
 
+def crashed(crash: dict[str, str], backend: str | None) -> tuple[Any, dict[str, Any]]:
+    """(failure record, replay notes) for a graph whose replay killed an earlier child
+    (``child.Died.crash_facts``): the importers pack it again with this as its failure."""
+    from reproarchive.context import failure as fail
+
+    record = fail.crash_record(crash["signal"], f"the replay that records the failure {crash['reason']}",
+                               crash["log"], backend=backend)
+    return record, {"performed": True, "crashed": True, "failure_from": "replay"}
+
+
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else ""

@@ -197,8 +197,6 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
     from reproarchive.context.failure import crash_record, failure_kind
     from reproarchive.context.redaction import redacted_records
     from reproarchive.replay.isolation import run_in_child
-    from reproarchive.sources.dump_graph import graph_summary
-
     signal_name = _signal_name(program_exit)
     how = f"was killed by {signal_name}" if signal_name else f"exited with status {program_exit}"
     observed, notes = None, {"performed": False}
@@ -220,13 +218,8 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
     records = redacted_records(dict(config=repro.config, environment=repro.environment, system=repro.system,
                                     failure=failure, source=source))
     pack(repro.gm, list(repro.args), target, backend=repro.backend, accuracy=False, **records)
-    failure = records["failure"]
     pending.unlink()
-    summary = {"stage": failure.stage, "exception_type": failure.exception_type, "message": failure.message,
-               "signature": failure.signature}
-    return PackResult(archive=target, size=target.stat().st_size, script=target, discovery_reason="crash",
-                      candidates=[], kind="capture (crash)", backend=repro.backend, accuracy="",
-                      graph=graph_summary(repro.gm), inputs=_inputs_summary(repro), failure=summary, replay=notes)
+    return _captured(target, kind="capture (crash)", replay=notes)
 
 
 def _signal_name(exit_code: int) -> str | None:
@@ -238,17 +231,9 @@ def _signal_name(exit_code: int) -> str | None:
         return None
 
 
-def _inputs_summary(repro) -> dict[str, Any]:
-    import torch
-
-    real = sum(isinstance(a, torch.Tensor) for a in repro.args)
-    real_bytes = sum(a.untyped_storage().nbytes() for a in repro.args if isinstance(a, torch.Tensor))
-    return {"total": len(repro.args), "real": real, "absent": 0, "values": len(repro.args) - real,
-            "real_bytes": real_bytes}
-
-
-def _captured(archive: Path) -> PackResult:
-    """What ``capture --`` reports for an archive the in-process capture backend wrote."""
+def _captured(archive: Path, *, kind: str = "capture", replay: dict | None = None) -> PackResult:
+    """What ``capture --`` reports for an archive it did not pack from a dump (the in-process
+    capture backend's, or a crashed graph's), read back from the archive itself."""
     from reproarchive.archive.inspection import inspect
 
     info = inspect(archive)
@@ -259,7 +244,8 @@ def _captured(archive: Path) -> PackResult:
     inputs = {"total": len(fidelity), "real": fidelity.count("real"), "absent": fidelity.count("absent"),
               "values": sum(1 for f in fidelity if f not in ("real", "absent")),
               "real_bytes": (info.get("storage") or {}).get("bytes_logical", 0)}
-    return PackResult(archive=archive, size=archive.stat().st_size, script=archive, discovery_reason="capture",
-                      candidates=[], kind="capture", backend=info.get("backend"), accuracy="accuracy",
-                      graph=graph, inputs=inputs,
-                      failure={k: failure.get(k) for k in ("stage", "exception_type", "message", "signature")})
+    return PackResult(archive=archive, size=archive.stat().st_size, script=archive, discovery_reason=kind,
+                      candidates=[], kind=kind, backend=info.get("backend"),
+                      accuracy="accuracy" if info.get("accuracy") else "", graph=graph, inputs=inputs,
+                      failure={k: failure.get(k) for k in ("stage", "exception_type", "message", "signature")},
+                      replay=replay or {})

@@ -411,10 +411,7 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
     logged = from_plain(FailureRecord, job["failure"]) if job.get("failure") else None
     replay_notes: dict[str, Any] = {"performed": False}
     if job.get("crash"):  # an earlier child died replaying this compile (trace_import)
-        crash = job["crash"]
-        failure = fail.crash_record(crash["signal"], f"the replay that records the failure {crash['reason']}",
-                                    crash["log"], backend=backend)
-        replay_notes = {"performed": True, "crashed": True, "failure_from": "replay"}
+        failure, replay_notes = first_replay.crashed(job["crash"], backend)
     elif job.get("replay") and backend:
         events("replaying the failure")
         if started is not None:

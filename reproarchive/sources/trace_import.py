@@ -207,8 +207,7 @@ def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_lo
         crashed = (died.started or {}) if died is not None else {}
         if crashed.get("stage") == "replay" and crashed.get("job") not in crashes:
             # the graph killed the process that replayed it: that is this compile's failure
-            crashes[crashed["job"]] = {"signal": died.signal_name or f"exit status {died.returncode}",
-                                       "reason": died.reason, "log": died.log_tail}
+            crashes[crashed["job"]] = died.crash_facts()
             continue
         break
     if died is not None:
