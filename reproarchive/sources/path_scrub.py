@@ -26,9 +26,6 @@ class Scrubber:
         self.prefixes = {os.path.normpath(p): label for p, label in prefixes.items()
                          if p and os.path.normpath(p) != "/"}
 
-    def without(self, *labels: str) -> "Scrubber":
-        return Scrubber({p: l for p, l in self.prefixes.items() if l not in labels})
-
     def text(self, s: str) -> str:
         from reproarchive.context.redaction import redact_paths
 
