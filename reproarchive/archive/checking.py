@@ -24,7 +24,7 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
     """Decompress every frame once and check it: structure byte-exact, blobs by digest."""
     hashers: dict[str, Any] = {}
     last_frame = {m.name: m.first_frame + m.frames - 1 for m in reader.members.values()}
-    expected_layout = schema.layout_member_bytes(*reader.version)
+    expected_layout = layout.layout_member_bytes(*reader.version)
     blobs = 0
     total = sum(d for _, d in reader.frames)
     pbar = Tracker(progress, desc, total)

@@ -248,7 +248,7 @@ def _read_blobs(reader: ContainerReader, jobs: list[tuple[str, int, torch.device
 
 def input_fidelity(rec: Any, storages: Sequence[StorageRecord]) -> str:
     """``real`` or ``absent`` for an input with tensor data (absent if any of it is), else ``value``."""
-    found = {storages[t.storage].fidelity for t in schema.iter_tensors(rec)}
+    found = {storages[t.storage].fidelity for t in rec.tensors()}
     if FIDELITY_ABSENT in found:
         return FIDELITY_ABSENT
     return FIDELITY_REAL if found else "value"
@@ -270,7 +270,7 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
                                    "see `reproarchive inspect` for the inputs")
         rec = index.inputs[which]
         records = index.storages
-        tensors = list(schema.iter_tensors(rec))
+        tensors = list(rec.tensors())
         devs = [torch.device(mapper(r.device)) for r in records]
         needed = sorted({t.storage for t in tensors})
         check_declared_memory((records[i].size, devs[i]) for i in needed)

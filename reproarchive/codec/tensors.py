@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from reproarchive.errors import IndexSchemaError, PackError
-from reproarchive.format import schema
+from reproarchive.format import index_rules, schema
 from reproarchive.format.schema import ScalarValue, SequenceValue, StorageRecord, SymValue, TensorValue
 
 FIDELITY_REAL = "real"
@@ -144,7 +144,7 @@ class StorageTable:
         return self._add(storage, storage.nbytes(), str(t.device), key=storage._cdata)
 
     def add_absent(self, a: AbsentTensor, stride: tuple[int, ...]) -> int:
-        need = schema.view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
+        need = index_rules.view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
         size = need if a.storage_size is None else a.storage_size
         if size < need:
             raise PackError(f"AbsentTensor storage_size {size} is smaller than its view needs ({need})")

@@ -140,7 +140,7 @@ def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | N
     Keys are left alone: they are setting and variable names, not machine facts."""
     import dataclasses
 
-    from reproarchive.format.schema import from_plain, to_plain
+    from reproarchive.format.plain import from_plain, to_plain
 
     table = {**machine_prefixes(), **(prefixes or {})}
     user = _user_name()

@@ -41,15 +41,9 @@ from reproarchive.format.layout import (
     check_member_name,
     tar_header,
 )
-from reproarchive.format.schema import (
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    ContainerRecord,
-    Index,
-    MemberRecord,
-    encode_index,
-    layout_member_bytes,
-)
+from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, ContainerRecord, Index, MemberRecord
+from reproarchive.format.index_rules import encode_index
+from reproarchive.format.layout import layout_member_bytes
 
 # --------------------------------------------------------------------------------------------
 # Writing

@@ -24,13 +24,12 @@ def _concrete(args: list[Any]) -> tuple[list[Any], int]:
         encode_value,
         storage_dtypes,
     )
-    from reproarchive.format.schema import iter_tensors
 
     table = StorageTable()
     records = [encode_value(a, table) for a in args]
     devices = [torch.device(r.device if is_available(r.device) else "cpu") for r in table.records]
     absent = [i for i, r in enumerate(table.records) if not r.is_real]
-    dtypes = storage_dtypes(t for r in records for t in iter_tensors(r))
+    dtypes = storage_dtypes(t for r in records for t in r.tensors())
     decoder = ValueDecoder(build_storages(table.records, absent, devices, dtypes, real=None), devices)
     out = [decoder.decode(r) if isinstance(a, AbsentTensor) else a for a, r in zip(args, records)]
     return out, sum(isinstance(a, AbsentTensor) for a in args)

@@ -39,7 +39,8 @@ from typing import Any
 
 from reproarchive.child import child_main
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
-from reproarchive.format.schema import FailureRecord, from_plain
+from reproarchive.format.schema import FailureRecord
+from reproarchive.format.plain import from_plain
 from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the

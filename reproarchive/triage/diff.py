@@ -43,8 +43,8 @@ from reproarchive.format.schema import (
     TensorEntry,
     TensorValue,
     TupleArg,
-    to_plain,
 )
+from reproarchive.format.plain import to_plain
 
 #: Sections of the report, in the order they are printed; any difference in one makes exit 1.
 SECTIONS = ("failure", "replay", "graph", "inputs", "config", "environment", "system")
