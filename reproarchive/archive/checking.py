@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive.errors import CorruptArchiveError, DigestMismatchError
-from reproarchive.format import digests, layout, schema
+from reproarchive.format import digests, layout
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.layout import LAYOUT_MEMBER, Limits
 from reproarchive.format.reader import ContainerReader

@@ -24,7 +24,7 @@ from reproarchive.errors import (
     IndexSchemaError,
     LimitExceededError,
 )
-from reproarchive.format import digests, layout, schema
+from reproarchive.format import digests, layout
 from reproarchive.format.layout import Limits
 from reproarchive.format.parallel import worker_threads
 from reproarchive.format.prefault import prefault

@@ -22,7 +22,7 @@ from reproarchive.errors import (
     PackError,
     SchemaViolation,
 )
-from reproarchive.format import digests, frames, layout, plain, schema
+from reproarchive.format import digests, frames, layout, plain
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import WorkQueue, worker_threads
 from reproarchive.format.plain import check_plain

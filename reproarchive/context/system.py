@@ -15,8 +15,8 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from reproarchive.format.schema import SystemRecord
 from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import SystemRecord
 
 #: Distributions whose version changes what torch.compile produces or how it runs.
 PACKAGES = (

@@ -24,8 +24,16 @@ from typing import Any, Union
 from reproarchive.errors import IndexSchemaError, LimitExceededError, Rule, SchemaViolation, UnsafeArchiveError
 from reproarchive.format import index_codec
 from reproarchive.format.digests import DIGEST_RE
-from reproarchive.format.layout import INDEX_MEMBER, LAYOUT_MEMBER, MAX_FRAME_SIZE, MIN_FRAME_SIZE, Limits
-from reproarchive.format.layout import check_member_name, is_blob_name
+from reproarchive.format.layout import (
+    DEFAULT_LIMITS,
+    INDEX_MEMBER,
+    LAYOUT_MEMBER,
+    MAX_FRAME_SIZE,
+    MIN_FRAME_SIZE,
+    Limits,
+    check_member_name,
+    is_blob_name,
+)
 from reproarchive.format.plain import PlainData, decoder_for, encode
 from reproarchive.format.schema import (
     DTYPES,
@@ -96,7 +104,7 @@ def decode_index(data: bytes, limits: Limits, version: tuple[int, int]) -> Index
                                rule=exc.rule or Rule.FIELD_TYPES) from None
 
 
-def encode_index(index: Index, limits: Limits = Limits()) -> bytes:
+def encode_index(index: Index, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """The mirror of ``decode_index``: the same rules, then canonical msgpack (spec §5.1).
     Raises ``SchemaViolation``; ``pack`` reports it as a ``PackError``."""
     raw = encode(index)

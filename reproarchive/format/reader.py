@@ -33,6 +33,7 @@ from reproarchive.errors import (
     UnsupportedVersionError,
 )
 from reproarchive.format.frames import read_stored_frame, stored_frame_size
+from reproarchive.format.index_rules import decode_index
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
     FOOTER_FRAME_MAGIC,
@@ -54,7 +55,6 @@ from reproarchive.format.layout import (
     compress_bound,
     tar_header,
 )
-from reproarchive.format.index_rules import decode_index
 from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, Index
 
 # --------------------------------------------------------------------------------------------

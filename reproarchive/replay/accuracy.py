@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reproarchive.errors import EagerFailed
-from reproarchive.format.schema import AccuracyOutput, AccuracyReport
 from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import AccuracyOutput, AccuracyReport
 
 DEFAULT_TOLERANCE = 1e-3
 

@@ -27,8 +27,8 @@ from typing import Any, Mapping
 from reproarchive.codec.devices import DeviceSpec, check_spec
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
-from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, FailureRecord, SystemRecord
 from reproarchive.format.plain import to_plain
+from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, FailureRecord, SystemRecord
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import choose_backend, resolve_backend
 from reproarchive.replay.containment import contained

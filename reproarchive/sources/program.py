@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive.errors import ReproArchiveError, SourceError
+from reproarchive.format.plain import to_plain
 from reproarchive.sources import crash_guard
 from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, pending_archives
-from reproarchive.format.plain import to_plain
 from reproarchive.sources.dump_import import PackResult, pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME
 

@@ -39,8 +39,8 @@ from typing import Any
 
 from reproarchive.child import child_main
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
-from reproarchive.format.schema import FailureRecord
 from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import FailureRecord
 from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
@@ -449,7 +449,6 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
 
     events("writing the archive")
     from reproarchive.archive.packing import pack
-
     from reproarchive.context.redaction import redacted_records
 
     records = redacted_records(dict(config=config or None, system=job.get("system"), environment=built["environment"],
