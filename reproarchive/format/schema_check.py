@@ -125,7 +125,8 @@ def _enum_of(tp: Any) -> type | None:
 
 
 def _enums() -> list[type]:
-    return sorted((v for v in vars(schema).values() if isinstance(v, type) and issubclass(v, enum.Enum)),
+    return sorted((v for v in vars(schema).values()
+                   if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == schema.__name__),
                   key=lambda cls: cls.__name__)
 
 
