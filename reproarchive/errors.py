@@ -49,8 +49,10 @@ class ErrorCode(StrEnum):
 
 
 class Rule(StrEnum):
-    """Rule ids of the reader (spec §5–§8, ``R<section>-<n>``): every refusal names one."""
+    """Rule ids of the reader (spec §2, §5–§8, ``R<section>-<n>``): every refusal names one."""
 
+    HEADER_BYTES = "R2.1-1"
+    LAYOUT_MEMBER = "R2.2-1"
     NOT_AN_ARCHIVE = "R5-1"
     SEEK_TABLE = "R5-2"
     VERSION = "R5-3"
@@ -71,6 +73,7 @@ class Rule(StrEnum):
     FIELD_TYPES = "R6-1"
     DIGEST_ALGORITHM = "R6.1-1"
     DIGEST_SYNTAX = "R6.1-2"
+    BLOB_DIGEST = "R6.1-3"
     STORAGE_SIZE = "R6.2-1"
     STORAGE_DEVICE = "R6.2-2"
     STORAGE_FIDELITY = "R6.2-3"

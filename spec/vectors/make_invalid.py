@@ -23,6 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import zstandard  # noqa: E402
 
+from reproarchive.format.layout import LAYOUT_MEMBER, layout_member_bytes, tar_header  # noqa: E402
 from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402
 
 OUT = HERE / "invalid"
@@ -95,6 +96,10 @@ NOT_VECTORISED = {
 
 #: (rule, file slug, expected error code, builder, reader limits or None)
 CASES: list[tuple[str, str, str, Callable, dict | None]] = [
+    ("R2.1-1", "tar-header", "E_CORRUPT", lambda p, valid: rebuild(p, headers={"graph.py": _other_header(p)}), None),
+    ("R2.2-1", "layout-member", "E_CORRUPT",
+     lambda p, valid: rebuild(p, edit_members=lambda ms: [(n, layout_member_bytes(1, 0) if n == LAYOUT_MEMBER else d)
+                                                         for n, d in ms]), None),
     ("R5-1", "truncated", "E_TRUNCATED", lambda p, valid: valid[: len(valid) // 2], None),
     ("R5-2", "seek-descriptor", "E_CORRUPT", _patch(5, 1), None),
     ("R5-3", "major-2", "E_VERSION", lambda p, valid: rebuild(p, major=2), None),
@@ -120,6 +125,9 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
     ("R5.1-7", "uint64", "E_SCHEMA", _edit(_set(("metadata",), {"big": (1 << 64) - 1})), None),
     ("R6-1", "field-type", "E_SCHEMA", _edit(_set(("storages", 0, "size"), "96")), None),
     ("R6.1-1", "digest-algorithm", "E_SCHEMA", _edit(_set(("digest_algorithm",), "md5")), None),
+    ("R6.1-3", "blob-bytes", "E_DIGEST",
+     lambda p, valid: rebuild(p, edit_members=lambda ms: [(n, bytes(len(d)) if n.startswith("blobs/") else d)
+                                                         for n, d in ms]), None),
     ("R6.1-2", "parent-digest", "E_SCHEMA", _edit(_set(("parent",), "sha256:xyz")), None),
     ("R6.2-1", "storage-size", "E_SCHEMA", _edit(_set(("storages", 2, "size"), -1)), None),
     ("R6.2-2", "storage-device", "E_SCHEMA", _edit(_set(("storages", 0, "device"), "CUDA 0")), None),
@@ -160,6 +168,14 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
                                                              "training": False, "attributes": {"__init__": 1}})), None),
     ("R8-1", "failure-stage", "E_SCHEMA", _edit(_set(("failure", "stage"), "timeout")), None),
 ]
+
+
+def _other_header(p) -> bytes:
+    """graph.py's tar header with another mtime: the same length, not the header §2.1 fixes."""
+    size = len(dict(p.members)["graph.py"])
+    header = bytearray(tar_header("graph.py", size))
+    header[136:148] = b"00000000001\0"  # mtime 1 instead of 0 (its checksum left as is)
+    return bytes(header)
 
 
 def _flip_index_sha(p, valid: bytes) -> bytes:
