@@ -17,13 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import zstandard
+
+from reproarchive.format.layout import LAYOUT_MEMBER, layout_member_bytes, tar_header
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-import zstandard  # noqa: E402
-
-from reproarchive.format.layout import LAYOUT_MEMBER, layout_member_bytes, tar_header  # noqa: E402
+sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assembler, run as a script too
 from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402
 
 OUT = HERE / "invalid"

@@ -7,7 +7,6 @@ import dataclasses
 import enum
 import json
 import re
-import sys
 import types
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from reproarchive import errors
 from reproarchive.archive.checking import verify
 from reproarchive.format import schema_cddl, schema_check
 from reproarchive.format.layout import Limits
+from spec.vectors import make_example, make_invalid
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "spec"
@@ -66,11 +66,6 @@ def test_reader_refuses_each_invalid_vector_with_its_code_and_rule(name):
 
 
 def test_invalid_vectors_are_what_the_generator_writes(tmp_path, monkeypatch):
-    sys.path.insert(0, str(SPEC / "vectors"))
-    try:
-        import make_invalid
-    finally:
-        sys.path.remove(str(SPEC / "vectors"))
     monkeypatch.setattr(make_invalid, "OUT", tmp_path)
     make_invalid.build()
     assert json.loads((tmp_path / "manifest.json").read_text()) == MANIFEST
@@ -79,11 +74,6 @@ def test_invalid_vectors_are_what_the_generator_writes(tmp_path, monkeypatch):
 
 
 def test_the_worked_example_is_the_golden_vector_decoded():
-    sys.path.insert(0, str(SPEC / "vectors"))
-    try:
-        import make_example
-    finally:
-        sys.path.remove(str(SPEC / "vectors"))
     assert (SPEC / "example-index.json").read_text() == make_example.example_text(), \
         "run `python spec/vectors/make_example.py`"
 
