@@ -25,8 +25,9 @@ TARGET = HERE.parent / "example-index.json"
 
 def decoded_index(path: Path = VECTOR) -> dict:
     with zstandard.ZstdDecompressor().stream_reader(path.open("rb"), read_across_frames=True) as stream:
-        with tarfile.open(fileobj=io.BytesIO(stream.read()), mode="r:") as tar:
-            return msgpack.unpackb(tar.extractfile("index.msgpack").read(), raw=False)
+        tar_bytes = stream.read()
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tar:
+        return msgpack.unpackb(tar.extractfile("index.msgpack").read(), raw=False)
 
 
 def example_text() -> str:

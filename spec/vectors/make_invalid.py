@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import zstandard
 
@@ -23,7 +24,7 @@ from reproarchive.format.layout import LAYOUT_MEMBER, layout_member_bytes, tar_h
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assembler, run as a script too
-from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402
+from support.hostile_corpus import assemble, parse, rebuild
 
 OUT = HERE / "invalid"
 BASE = HERE / "basic-1.1.tar.zst"

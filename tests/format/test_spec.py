@@ -106,3 +106,11 @@ def test_json_error_names_code_class_and_rule():
     assert error["what"].startswith("index field storages[0].size is invalid")
     usage = CliRunner().invoke(main, ["verify", "--json", "--no-such-option", "x"])
     assert json.loads(usage.stdout)["error"]["code"] == "E_USAGE" and usage.exit_code == 2
+
+
+def test_an_error_keeps_its_code_and_rule_across_the_child_process_boundary():
+    from reproarchive import child
+
+    sent = errors.UnsafeArchiveError("graph calls 'torch.load'", "refusing", rule=errors.Rule.CALL_TARGET)
+    got = child.error_from(json.loads(json.dumps(child._error_reply(sent, errors.ReproArchiveError, "x")))["error"])
+    assert (type(got), got.code, got.rule, str(got)) == (type(sent), sent.code, sent.rule, str(sent))
