@@ -217,14 +217,13 @@ def _place(names: list[str], spec: DeviceSpec, missing: str) -> tuple[dict[str, 
             targets[name] = "cpu"
             fallback.append(name)
         else:
-            try:
-                check_available(name)
-            except DeviceUnavailableError as exc:
-                raise DeviceUnavailableError(
-                    f"the archive was recorded on {name}: {exc.what}",
-                    "replay it on the CPU with --device cpu (the verdict then says it ran on another "
-                    f"device type), or on a machine with {_device(name).type}",
-                ) from None
+            kind, rt = _device(name).type, runtime(name)
+            have = f"it has {rt.device_count()} {kind} device(s)" if rt.available() else f"it has no {kind} device"
+            raise DeviceUnavailableError(
+                f"the archive was recorded on {name}, which this machine does not have ({have})",
+                "replay it on the CPU with --device cpu (the verdict then says it ran on another device type), "
+                f"or on a machine with {kind}",
+            )
     return targets, fallback
 
 

@@ -1,7 +1,7 @@
 """Which device a replay runs on: resolved once, never silently another device type.
 
 CUDA archives are made here without a GPU by rewriting a CPU archive's storage records
-(``support.records.with_storage_devices``), or by packing a graph whose device constant names
+(``support.devices.with_storage_devices``), or by packing a graph whose device constant names
 ``cuda:0``; a machine that has CUDA skips the tests that need its absence.
 """
 
@@ -17,12 +17,11 @@ from reproarchive.codec import devices as devices_mod
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.device_runtime import runtime
 from reproarchive.codec.devices import DevicePlan, canonical, resolve_devices
-from reproarchive.context import failure as failure_mod
 from reproarchive.errors import DeviceUnavailableError, ReproArchiveError
 from reproarchive.format.reader import ContainerReader
 from support.captures import capture_failure
 from support.cli import invoke
-from support.records import with_storage_devices
+from support.devices import pack_with_device_constant, with_storage_devices
 
 no_cuda = pytest.mark.skipif(runtime("cuda").available(), reason="needs a machine without CUDA")
 
@@ -46,23 +45,6 @@ def cuda_archive(cpu_archive, tmp_path_factory):
     return with_storage_devices(cpu_archive, tmp_path_factory.mktemp("dev") / "cuda.tar.zst", "cuda:0")
 
 
-def _graph_with_constant(tmp_path, device: str, backend: str = "aot_eager"):
-    """``x.relu() + torch.ones(4, device=...)``: the graph names a device as a constant."""
-    def f(x):
-        return x.relu() + torch.ones(4, device="cpu")
-
-    graphs = []
-    torch._dynamo.reset()
-    torch.compile(f, backend=lambda gm, ex: graphs.append(gm) or gm)(torch.randn(4))
-    gm = graphs[0]
-    for node in gm.graph.nodes:
-        if "device" in node.kwargs:
-            node.kwargs = {**node.kwargs, "device": torch.device(device)}
-    gm.recompile()
-    return reproarchive.pack(gm, [torch.randn(4)], tmp_path / "constant.tar.zst", backend=backend,
-                             failure=failure_mod.unknown_record("test"))
-
-
 # ---------------------------------------------------------------------------------------------
 # a device this machine lacks: cannot run here, unless asked to move
 
@@ -84,7 +66,7 @@ def test_recorded_device_missing_is_cannot_run_here(cuda_archive):
 
 @no_cuda
 def test_a_device_named_only_by_the_graph_counts_too(tmp_path):
-    path = _graph_with_constant(tmp_path, "cuda:0")
+    path = pack_with_device_constant(tmp_path / "c.tar.zst", "cuda:0", backend="aot_eager")
     with pytest.raises(DeviceUnavailableError, match="recorded on cuda:0"):
         reproarchive.run(path, isolate=False)
     assert reproarchive.run(path, device="cpu", isolate=False).same_device_type is False
@@ -105,11 +87,18 @@ def test_moved_to_cpu_the_verdict_says_another_device_type(cuda_archive):
 
 
 @no_cuda
-@pytest.mark.slow
 def test_an_isolated_replay_gets_the_parents_plan(cuda_archive):
-    outcome = reproarchive.run(cuda_archive, device="cpu", isolate=True)
-    assert outcome.isolated and outcome.status == "reproduced"
-    assert (outcome.recorded_device, outcome.same_device_type) == ("cuda:0", False)
+    """The child side of ``--isolate``, called here: the request carries the parent's plan as
+    JSON, and the child replays under it (checking nothing again) and reports it at start."""
+    from reproarchive.replay.isolated_run import _replay
+
+    plan = resolve_devices(["cuda:0"], "cpu")
+    request = json.loads(json.dumps({"path": str(cuda_archive), "options": {"device": plan.to_plain()}}))
+    started = []
+    result = _replay(request, started=started.append, event=None)
+    assert (result["status"], result["recorded_device"], result["same_device_type"]) == ("reproduced", "cuda:0", False)
+    assert (started[0]["device"], started[0]["recorded_device"], started[0]["same_device_type"]) == ("cpu", "cuda:0",
+                                                                                                     False)
 
 
 def test_same_device_is_a_faithful_replay(cpu_archive):
@@ -133,7 +122,7 @@ def test_load_alone_still_falls_back_with_a_warning(cuda_archive):
 
 def test_cpu_with_an_index_means_the_cpu(tmp_path):
     assert canonical("cpu:0") == "cpu" and canonical("cuda:1") == "cuda:1"
-    path = _graph_with_constant(tmp_path, "cpu")
+    path = pack_with_device_constant(tmp_path / "c.tar.zst", "cpu", backend="aot_eager")
     for spec in ("cpu:0", {"cpu": "cpu:0"}, {"cpu:0": "cpu"}):
         outcome = reproarchive.run(path, device=spec, isolate=False)
         # a "cpu:0" graph constant beside "cpu" inputs failed: "found at least two devices, cpu and cpu:0"
@@ -152,9 +141,9 @@ def test_a_mapping_for_a_device_the_archive_does_not_use_is_an_error(cpu_archive
     assert err.value.exit_code == 2 and "cuda:1" in err.value.what and "it uses cpu" in err.value.what
     result = invoke("run", cpu_archive, "--device", "cuda:1=cpu,cpu=cpu")
     assert result.exit_code == 2
-    assert result.output.strip().splitlines() == [
+    assert result.output.strip().splitlines() == [(
         "error: the device mapping names cuda:1, which the archive does not use (it uses cpu); map one of the "
-        "archive's devices (e.g. --device cuda:0=cpu), or move everything with --device cpu"]
+        "archive's devices (e.g. --device cuda:0=cpu), or move everything with --device cpu")]
     data = json.loads(invoke("run", cpu_archive, "--device", "cuda=cpu", "--json").stdout)
     assert data["exit_code"] == 2 and "does not use" in data["error"]["what"]
 
@@ -180,7 +169,7 @@ def test_a_plan_crosses_a_process_boundary_as_plain_data():
 def test_recorded_devices_include_the_ones_a_graph_names_as_text(tmp_path):
     """``x.to("cuda:1")``, ``x.cuda()`` and ``device="meta"`` name devices as text; ``load``
     remaps them, so a replay must resolve them too."""
-    import torch.fx as fx
+    from torch import fx
 
     g = fx.Graph()
     x = g.placeholder("x")
