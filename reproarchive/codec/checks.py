@@ -54,11 +54,10 @@ def recorded_devices(index: Index) -> list[str]:
     found = [storage.device for storage in index.storages]
     found += [value.name for value in _graph_constants(index.graph) if value.kind == "device"]
     for node in _graph_nodes(index.graph):
-        device = node.kwargs.get("device")
-        if isinstance(device, str):
-            found.append(device)
+        text = [node.kwargs.get("device")]
         if node.op == "call_method" and node.target == "cuda" and len(node.args) == 1 and not node.kwargs:
-            found.append("cuda")
+            text.append("cuda")
         if node.op == "call_method" and node.target == "to":
-            found += [a for a in node.args if isinstance(a, str) and DEVICE_RE.match(a) and is_device_name(a)]
+            text += node.args
+        found += [t for t in text if isinstance(t, str) and DEVICE_RE.match(t) and is_device_name(t)]
     return list(dict.fromkeys(found))
