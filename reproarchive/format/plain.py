@@ -317,7 +317,6 @@ def encode(record: Any) -> Any:
     return out
 
 
-
 def to_plain(record: Any) -> Any:
     """A record as plain data (for JSON reports and child processes); the inverse is ``from_plain``."""
     return encode(record)

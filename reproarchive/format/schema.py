@@ -209,8 +209,7 @@ class ScalarValue:
 
 @dataclass(frozen=True)
 class SymValue:
-    """A symbolic ``symint``, ``symfloat`` or ``symbool``: its concrete ``hint`` in the recorded
-    run and its ``expr`` (``s0``)."""
+    """A symbolic ``symint``, ``symfloat`` or ``symbool``: its recorded ``hint`` and ``expr`` (``s0``)."""
 
     kind: str
     hint: PlainData
@@ -227,8 +226,7 @@ class SequenceValue:
     kind: str
     items: tuple["Value", ...]
 
-    def tensors(self):
-        """The tensor records inside, depth first."""
+    def tensors(self):  # the tensor records inside, depth first
         for item in self.items:
             yield from item.tensors()
 
