@@ -6,7 +6,8 @@ index: token ids fed to a 1000-row embedding stay in range by luck, position ids
 table do not, and the replay then fails with an ``IndexError`` the program never had. So before
 absent storages are filled, the graph is read for the inputs it uses as indices (embedding,
 embedding_bag, index_select, gather, scatter, index_add/copy/fill, advanced indexing:
-``aten.index.Tensor``, ``index_put``, ``x[idx]``) and for the size of the dimension each one
+``aten.index.Tensor``, ``index_put``, ``x[idx]``, the class targets of ``nll_loss`` and
+``cross_entropy``) and for the size of the dimension each one
 indexes, and for the offsets of an ``embedding_bag`` (non-decreasing, from 0, at most the
 number of indices). Masks need nothing: a bool input is generated as booleans anyway.
 
@@ -69,8 +70,13 @@ _ATEN_INDEXING: dict[str, tuple[int, int, Any]] = {
     "index_fill": (0, 2, "arg:1"),
     "index_fill_": (0, 2, "arg:1"),
 }
+# class targets of a loss index the class dimension: dim 1, or 0 for an unbatched input
+for _loss in ("nll_loss", "nll_loss_forward", "nll_loss2d", "nll_loss2d_forward", "nll_loss_nd"):
+    _ATEN_INDEXING[_loss] = (0, 1, "class")
+_ATEN_INDEXING["nll_loss_backward"] = _ATEN_INDEXING["nll_loss2d_backward"] = (1, 2, "class")
 # torch.nn.functional's own argument order differs from aten's
-_FUNCTIONAL_INDEXING = {"embedding": (1, 0, 0), "embedding_bag": (1, 0, 0)}
+_FUNCTIONAL_INDEXING = {"embedding": (1, 0, 0), "embedding_bag": (1, 0, 0), "nll_loss": (0, 1, "class"),
+                        "cross_entropy": (0, 1, "class")}
 # aten/torch ops whose first argument is a list of index tensors, one per leading dim
 _INDEX_LISTS = {"index", "_unsafe_index", "index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_"}
 # ops that keep an index's values (they only reshape, copy or re-type it)
@@ -106,16 +112,21 @@ def _arg(node: fx.Node, position: int, name: str | None = None) -> Any:
     return node.kwargs.get(name) if name else None
 
 
-def _source_input(value: Any, positions: dict[fx.Node, int]) -> int | None:
-    """The graph input ``value`` is, through ops that keep its values; None if it is not one."""
-    seen = 0
-    while isinstance(value, fx.Node) and seen < 64:
-        if value in positions:
-            return positions[value]
-        if _op_name(value) not in _PASS_THROUGH or not value.args:
-            return None
-        value, seen = value.args[0], seen + 1
-    return None
+def _source_input(value: Any, positions: dict[fx.Node, int], depth: int = 0) -> int | None:
+    """The graph input ``value`` is, through ops that keep its values (and through either
+    branch of a ``where``, as a decomposed ``nll_loss`` masks its ignored targets); None if it
+    is not one."""
+    if not isinstance(value, fx.Node) or depth > 64:
+        return None
+    if value in positions:
+        return positions[value]
+    name = _op_name(value)
+    if name == "where" and len(value.args) == 3:
+        found = (_source_input(branch, positions, depth + 1) for branch in value.args[1:])
+        return next((i for i in found if i is not None), None)
+    if name not in _PASS_THROUGH or not value.args:
+        return None
+    return _source_input(value.args[0], positions, depth + 1)
 
 
 class _Shapes:
@@ -160,10 +171,21 @@ class _Shapes:
         seen: dict[fx.Node, Any] = {}
 
         class Recorder(fx.Interpreter):
+            """Everything on ``meta``: the graph's own tensors and the devices it names too."""
+
             def run_node(self, n: fx.Node) -> Any:
                 result = super().run_node(n)
                 seen[n] = result
                 return result
+
+            def get_attr(self, target, args, kwargs):
+                value = super().get_attr(target, args, kwargs)
+                return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+            def call_function(self, target, args, kwargs):
+                if "device" in kwargs:
+                    kwargs = {**kwargs, "device": "meta"}
+                return super().call_function(target, args, kwargs)
 
         with contextlib.suppress(Exception), torch.no_grad():
             # data-dependent or meta-less ops end the run: the shapes known so far stay
@@ -201,10 +223,13 @@ def input_demands(gm: fx.GraphModule, inputs: Sequence[Any]) -> dict[int, Demand
         if spec is None:
             continue
         indexed_at, index_at, dim = spec
-        if isinstance(dim, str):
-            dim = _arg(node, int(dim.split(":")[1]), "dim")
         indexed = _arg(node, indexed_at, "weight" if name.startswith("embedding") else None)
-        index = _arg(node, index_at, "input" if _is_functional(node) else "index")
+        index = _arg(node, index_at, "input" if _is_functional(node) and name.startswith("embedding") else None)
+        if dim == "class":
+            shape = shapes.shape(indexed)
+            dim = None if shape is None else int(len(shape) >= 2)
+        elif isinstance(dim, str):
+            dim = _arg(node, int(dim.split(":")[1]), "dim")
         demand(index, indexed, dim)
         if name in _OFFSETS_OPS:
             offsets = _arg(node, 2, "offsets")

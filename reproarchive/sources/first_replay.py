@@ -68,11 +68,24 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
         return fail.unknown_record(
             "no backend is known (a custom compiler function was used); not replayed"), notes
     try:
-        return _replay_shared(gm, inputs, kind=kind, backend=backend, accuracy=accuracy, autocast=autocast,
-                              only_fwd=only_fwd, config=config, environment=environment), notes
+        failure = _replay_shared(gm, inputs, kind=kind, backend=backend, accuracy=accuracy, autocast=autocast,
+                                 only_fwd=only_fwd, config=config, environment=environment)
     except NotReplayableError as err:
         notes["performed"] = False
         return fail.unknown_record(str(err), backend=backend), notes
+    if failure.stage != "unknown":
+        # the source does not say what the program failed with; this replay does
+        notes["failure_from"] = "replay on generated data" if generated else "replay"
+    return failure, notes
+
+
+def generated_data_warning(notes: dict[str, Any]) -> list[str]:
+    """The warning a pack prints when the failure it records was learned on generated data."""
+    if not str(notes.get("failure_from", "")).startswith("replay on generated data"):
+        return []
+    return [(f"the failure recorded was learned by replaying with {notes.get('generated_inputs')} generated "
+             "input(s): the source does not record the program's own failure, which may differ (data-dependent "
+             "failures cannot be told from generated data); `capture --after aot` keeps the real inputs")]
 
 
 def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment):
