@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -84,3 +85,14 @@ def test_the_data_less_dump_packed_alone_says_its_failure_came_from_generated_da
     assert packed["replay"]["failure_from"] == "replay on generated data"
     assert any("generated input(s)" in w for w in packed["warnings"])
     assert reproarchive.inspect(packed["archive"])["source"]["replay"]["failure_from"] == "replay on generated data"
+
+
+def test_export_reproduces_the_compile_error(captured, tmp_path):
+    _, report = captured
+    result = invoke("export", report["archives"][0]["archive"], "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    script = tmp_path / "out" / "repro.py"
+    assert "GENERATED" not in script.read_text()  # every input is the program's own data
+    done = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True, check=False,
+                          timeout=600)
+    assert done.returncode != 0 and "CppCompileError" in done.stdout + done.stderr, done.stderr[-2000:]
