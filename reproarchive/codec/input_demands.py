@@ -142,8 +142,8 @@ class _Shapes:
         if not isinstance(node, fx.Node):
             return None
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return tuple(int(d) for d in val.shape) if all(isinstance(d, int) for d in val.shape) else None
+        if isinstance(val, torch.Tensor) and all(isinstance(d, int) for d in val.shape):
+            return tuple(val.shape)
         if node in self.placeholders:
             rec = self._record(self.placeholders.index(node))
             return tuple(rec.shape) if isinstance(rec, TensorValue) else None
@@ -224,7 +224,7 @@ def input_demands(gm: fx.GraphModule, inputs: Sequence[Any]) -> dict[int, Demand
             continue
         indexed_at, index_at, dim = spec
         indexed = _arg(node, indexed_at, "weight" if name.startswith("embedding") else None)
-        index = _arg(node, index_at, "input" if _is_functional(node) and name.startswith("embedding") else None)
+        index = _arg(node, index_at, _index_keyword(name, _is_functional(node)))
         if dim == "class":
             shape = shapes.shape(indexed)
             dim = None if shape is None else int(len(shape) >= 2)
@@ -238,6 +238,13 @@ def input_demands(gm: fx.GraphModule, inputs: Sequence[Any]) -> dict[int, Demand
             if i is not None and count is not None and len(count) == 1:
                 found[i] = Demand("offsets", count[0]).tighter(found.get(i))
     return found
+
+
+def _index_keyword(name: str, functional: bool) -> str:
+    """What the index argument is called when it is passed by keyword."""
+    if "embedding" in name:
+        return "input" if functional else "indices"
+    return "target" if "loss" in name or name == "cross_entropy" else "index"
 
 
 def _getitem_demands(node: fx.Node, demand) -> None:

@@ -26,8 +26,8 @@ def _graph(build, n_inputs: int) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), g)
 
 
-def _fn(target, *args, **kwargs):
-    return lambda g, *ins: g.call_function(target, tuple(ins[a] if isinstance(a, Ref) else a for a in args),
+def _fn(op, *args, **kwargs):
+    return lambda g, *ins: g.call_function(op, tuple(ins[a] if isinstance(a, Ref) else a for a in args),
                                            {k: ins[v] if isinstance(v, Ref) else v for k, v in kwargs.items()})
 
 
@@ -57,7 +57,7 @@ CASES = {
     "aten.index.Tensor": (lambda g, t, i: g.call_function(aten.index.Tensor, (t, [None, i])), [WIDE, IDX], 1, ROWS),
     "aten.nll_loss_forward": (lambda g, x, t: g.call_function(operator.getitem, (
         g.call_function(aten.nll_loss_forward.default, (x, t, None, 1, -100)), 0)), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
-    "F.cross_entropy": (_fn(F.cross_entropy, Ref(0), Ref(1)), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
+    "F.cross_entropy": (_fn(F.cross_entropy, Ref(0), target=Ref(1)), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
     "gather of where(ne(t, -100), t, 0)": (lambda g, x, t: g.call_function(aten.gather.default, (x, 1, g.call_function(
         aten.unsqueeze.default, (g.call_function(torch.where, (g.call_function(aten.ne.Scalar, (t, -100)), t,
                                                                    0)), 1)))), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
