@@ -85,7 +85,7 @@ def generated_data_warning(notes: dict[str, Any]) -> list[str]:
         return []
     return [(f"the failure recorded was learned by replaying with {notes.get('generated_inputs')} generated "
              "input(s): the source does not record the program's own failure, which may differ (data-dependent "
-             "failures cannot be told from generated data); `capture --after aot` keeps the real inputs")]
+             "failures cannot be told from generated data); `reproarchive capture` keeps the real inputs")]
 
 
 def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment):
