@@ -341,8 +341,9 @@ def reconcile(logged: FailureRecord | None, observed: FailureRecord, notes: dict
     seen = observed if observed.stage != "unknown" else None
     if logged is None or logged.stage == "unknown":
         if seen is not None:
-            notes["failure_from"] = "replay: the log records no failure for this compile"
-            return seen, warnings
+            learned = "replay on generated data" if notes.get("generated_inputs") else "replay"
+            notes["failure_from"] = f"{learned}: the log records no failure for this compile"
+            return seen, first_replay.generated_data_warning(notes)
         notes["failure_from"] = "log" if logged else "none"
         return logged, warnings
     notes["failure_from"] = "log"
