@@ -73,6 +73,13 @@ class StoreNotFoundError(StoreError):
     exit_code = 4
 
 
+class StoreURLError(StoreError):
+    """The store location is not one this installation can use: an unknown URL scheme, or a
+    URL fsspec cannot parse (exit 2, a usage error: retrying cannot help)."""
+
+    exit_code = 2
+
+
 class PackError(ReproArchiveError):
     """The graph or inputs handed to ``pack`` cannot be represented in the format."""
 

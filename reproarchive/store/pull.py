@@ -32,7 +32,8 @@ from reproarchive.format.parallel import run_all
 from reproarchive.format.reader import ContainerReader
 from reproarchive.progress import ProgressFn
 from reproarchive.store import objects
-from reproarchive.store.location import CHUNK_BYTES, Store, split_reference
+from reproarchive.store.backend import CHUNK_BYTES, Store
+from reproarchive.store.location import open_location, split_reference
 from reproarchive.store.objects import ArchiveObject, BlobCheck, BlobSegment, Ref
 from reproarchive.store.push import DEFAULT_JOBS
 
@@ -63,7 +64,7 @@ class Resolved:
 
 def open_store(url: str | os.PathLike, storage_options: dict | None = None) -> Store:
     """A store that exists: its marker is there and of a layout this version reads."""
-    store = url if isinstance(url, Store) else Store(url, **(storage_options or {}))
+    store = open_location(url, **(storage_options or {}))
     store.refresh()
     try:
         marker = store.read_small(objects.MARKER_KEY, objects.MAX_MARKER_BYTES)

@@ -25,7 +25,8 @@ from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Index, TensorValue
 from reproarchive.progress import ProgressFn
 from reproarchive.store import objects
-from reproarchive.store.location import CHUNK_BYTES, Store
+from reproarchive.store.backend import CHUNK_BYTES, Store
+from reproarchive.store.location import open_location
 from reproarchive.store.objects import ArchiveObject, BlobCheck, BlobSegment, Ref, RefFailure, RefSummary
 
 DEFAULT_JOBS = 8
@@ -72,7 +73,8 @@ def push(archives, store: str | os.PathLike, *, name: str | None = None, jobs: i
         raise ValueError("name= names one archive; push several without it")
     if name is not None:
         objects.check_name(name)
-    target = store if isinstance(store, Store) else Store(store, **(storage_options or {}))
+    target = open_location(store, **(storage_options or {}))
+    target.check_writable()
     target.refresh()
     _ensure_marker(target)
     return [_push_one(Path(p), target, name, jobs, progress) for p in paths]
@@ -99,7 +101,8 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             def upload_missing():
                 found = found_later.result()
                 todo = [BlobSegment(m.name, m.name, m.compressed, "") for m in blob_members if found[m.name] is None]
-                return todo, _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
+                sent, raced = _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
+                return [s for s in todo if s not in raced], sent, raced
 
             uploading = background.submit(upload_missing)
             try:
@@ -107,8 +110,15 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             except BaseException:
                 stop.set()  # uploads in flight are dropped (never committed), none is started
                 raise
-            missing, uploaded = uploading.result()
+            missing, uploaded, raced = uploading.result()
             found = found_later.result()
+        # Another push created a blob between our lookup and our upload: its frames count as
+        # found, like a blob that was there before, unless they are not ours (§11.2).
+        if raced:
+            found.update(store.sizes([s.key for s in raced], jobs=jobs))
+            for seg in raced:
+                if found[seg.key] == seg.size and not _same_frames(store, seg, blob_sha[seg.blob]):
+                    found[seg.key] = -1  # taken by other frames of the same size: ours go to a variant
         segments: list = []
         cursor = 0
         for m in blob_members:
@@ -126,7 +136,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             segments = [moved.get(s.blob, s) if isinstance(s, BlobSegment) else s for s in segments]
             there = store.sizes([s.key for s in moved.values()], jobs=jobs)
             variants = [s for s in moved.values() if there[s.key] != s.size]
-            uploaded += _upload_blobs(reader, read, store, variants, jobs, progress, path)
+            uploaded += _upload_blobs(reader, read, store, variants, jobs, progress, path)[0]
             missing += variants
 
         archive = ArchiveObject(digest, reader.file_size, reader.index_digest, tuple(segments))
@@ -176,10 +186,13 @@ def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str,
 
 
 def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[BlobSegment], jobs: int, progress,
-                  path: Path, stop: threading.Event | None = None) -> int:
-    """Upload the missing blob objects in parallel, each checked against its name first."""
+                  path: Path, stop: threading.Event | None = None) -> tuple[int, list[BlobSegment]]:
+    """Upload the missing blob objects in parallel, each checked against its name first and
+    created only if the key is still free. Returns the bytes sent and the blobs whose key
+    another writer took in the meantime (nothing of ours is written there)."""
     if not missing:
-        return 0
+        return 0, []
+    raced: list[BlobSegment] = []
     total = sum(s.size for s in missing)
     lock = threading.Lock()
     done = [0]
@@ -206,10 +219,21 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
                     raise _Stopped()
                 yield read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos))
 
-        store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance)
+        if not store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance, exclusive=True):
+            with lock:
+                raced.append(seg)
 
     run_all(one, missing, jobs=jobs, name="reproarchive-push")
-    return total
+    return total - sum(s.size for s in raced), raced
+
+
+def _same_frames(store: Store, seg: BlobSegment, sha256_hex: str) -> bool:
+    """Whether the object another push just created under ``seg.key`` holds our frames (read
+    back only after a lost race, which is rare)."""
+    h = hashlib.sha256()
+    for chunk in store.iter_object(seg.key, seg.size):
+        h.update(chunk)
+    return h.hexdigest() == sha256_hex
 
 
 class _Stopped(Exception):
