@@ -6,7 +6,7 @@ import click
 
 from .app import emit_json, main
 from .progress import byte_bars
-from .text import difference_line, human_size, terminal_safe
+from .text import difference_line, human_size, index_digest, terminal_safe, with_index_digest
 
 
 def _say(text: str) -> None:
@@ -38,11 +38,12 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     with byte_bars(not (quiet or as_json)) as progress:
         report = reproarchive.verify(archive, progress=progress)
     if as_json:
-        emit_json(report)
+        emit_json(with_index_digest(report))
     else:
         click.echo(
             f"ok: {archive} is a valid reproarchive {report['format']} "
-            f"({report['blobs']} blobs, {human_size(report['uncompressed_bytes'])} -> {human_size(report['file_bytes'])}, {report['digest'][:19]}...)"
+            f"({report['blobs']} blobs, {human_size(report['uncompressed_bytes'])} -> {human_size(report['file_bytes'])}, "
+            f"{index_digest(report['digest'])})"
         )
 
 
@@ -69,12 +70,12 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         return
     info = reproarchive.inspect(archive)
     if as_json:
-        emit_json(info)
+        emit_json(with_index_digest(info))
         return
     g = info["graph"]
-    _say(f"{info['path']}  (format {info['format']}, {info['digest'][:19]}...)")
+    _say(f"{info['path']}  (format {info['format']}, {index_digest(info['digest'])})")
     if info.get("parent"):
-        _say(f"minified from {info['parent'][:19]}...")
+        _say(f"minified from the archive of {index_digest(info['parent'])}")
     _say(f"backend: {info.get('backend') or 'unknown'}   accuracy check: {bool(info.get('accuracy'))}")
     _trace_origin(info.get("source"))
     _say(f"graph: {g['nodes']} nodes, {g['ops']} ops, {g['placeholders']} inputs, {g['submodules']} stored attributes")
@@ -140,7 +141,7 @@ def doctor(archive: str, as_json: bool) -> None:
 
     report = reproarchive.doctor(archive)
     if as_json:
-        emit_json(report)
+        emit_json(with_index_digest(report))
         return
     rows = report["differences"]
     for row in rows:

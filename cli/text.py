@@ -49,6 +49,24 @@ def difference_line(d: dict) -> str:
     return f"{d['what']:<11} {d['name']}: {change}"
 
 
+def index_digest(digest: str) -> str:
+    """The index's digest, as ``inspect``, ``verify``, ``diff`` and ``view`` print it. An archive
+    has two digests: its index's (what names it inside the format: ``parent``, ``diff``) and
+    its file's (what a store names it by: ``push``, ``pull``, ``ls``). Each is printed with its
+    label, and a store reference takes either."""
+    return f"index {digest[:19]}..."
+
+
+def file_digest(digest: str) -> str:
+    """The archive file's digest, as ``push``, ``pull`` and ``ls`` print it (see ``index_digest``)."""
+    return f"file {digest[:19]}..."
+
+
+def with_index_digest(report: dict) -> dict:
+    """A report whose ``digest`` is the index's, with that said in its key too (``--json``)."""
+    return {**report, "index_digest": report.get("digest")}
+
+
 def human_size(n: int) -> str:
     """Bytes for people: 512 B, 3.4 MiB."""
     size = float(n)

@@ -7,7 +7,7 @@ import sys
 import click
 
 from .app import emit_json, json_errors, main
-from .text import terminal_lines, terminal_safe
+from .text import index_digest, terminal_lines, terminal_safe, with_index_digest
 
 DIFF_EPILOG = """\b
 Exit codes:
@@ -46,7 +46,7 @@ def diff_cmd(ctx, a: str, b: str, as_json: bool) -> None:
     with json_errors(as_json):
         report = reproarchive.diff(a, b)
     if as_json:
-        emit_json(report)
+        emit_json({**report, "a": with_index_digest(report["a"]), "b": with_index_digest(report["b"])})
     else:
         click.echo(terminal_lines("\n".join(format_diff(report))))
     ctx.exit(0 if report["identical"] else 1)
@@ -58,9 +58,9 @@ def format_diff(r: dict) -> list[str]:
     width = max(len(a["path"]), len(b["path"]))
     relation = {"b_minified_from_a": "   (minified from A)", "a_minified_from_b": ""}.get(r["relation"] or "", "")
     lines = [
-        f"A  {a['path']:<{width}}  {a['digest'][:19]}...  {_counts(a)}"
+        f"A  {a['path']:<{width}}  {index_digest(a['digest'])}  {_counts(a)}"
         + ("   (minified from B)" if r["relation"] == "a_minified_from_b" else ""),
-        f"B  {b['path']:<{width}}  {b['digest'][:19]}...  {_counts(b)}{relation}",
+        f"B  {b['path']:<{width}}  {index_digest(b['digest'])}  {_counts(b)}{relation}",
     ]
     if r["relation"] == "same_archive":
         lines.append("(the two files hold the same index)")

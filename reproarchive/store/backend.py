@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from reproarchive.errors import CorruptStoreError, LimitExceededError, StoreError, StoreNotFoundError
 
@@ -90,6 +90,12 @@ class Store(abc.ABC):
     # -- defaults built on the core
     def refresh(self) -> None:
         """Forget cached listings and sizes (other processes push to the same store)."""
+
+    def missing_root(self) -> str | None:
+        """What is missing when the place the store lives in does not exist (a bucket), said as
+        a sentence; None when it exists or is created on demand (a folder). Asked only after
+        the store's marker was not found, to tell "no bucket" from "no store in the bucket"."""
+        return None
 
     def check_writable(self) -> None:
         if not self.supports_writes:

@@ -216,7 +216,7 @@ def _overlapping_archives(folder) -> list:
     """Four small archives over the same weights: two with 128 KiB frames, two with 64 KiB frames
     (so the same blob names hold different frames), each with an input of its own."""
     import torch
-    import torch.fx as fx
+    from torch import fx
 
     import reproarchive
 

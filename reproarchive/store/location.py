@@ -25,14 +25,14 @@ import re
 import threading
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from reproarchive.errors import ReproArchiveError, StoreError, StoreNotFoundError, StoreURLError
 from reproarchive.format.atomic import atomic_file
 from reproarchive.store import objects
 from reproarchive.store.backend import CHUNK_BYTES, STREAM_BYTES, Store
 
-__all__ = ["CHUNK_BYTES", "STREAM_BYTES", "FsspecStore", "Store", "open_location", "backend_errors"]
+__all__ = ["CHUNK_BYTES", "STREAM_BYTES", "FsspecStore", "Store", "backend_errors", "open_location"]
 
 _URL_RE = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
@@ -169,6 +169,15 @@ class FsspecStore(Store):
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
+
+    def missing_root(self) -> str | None:
+        if self.local or self.memory:
+            return None  # created on demand by the first push
+        bucket = self.root.split("/", 1)[0]
+        with self._errors("looking up"):
+            if bucket and not self.fs.exists(bucket):
+                return f"the bucket {bucket!r} does not exist"
+        return None
 
     def _errors(self, doing: str, key: str | None = None):
         return backend_errors(doing, f"{self.url}/{key}" if key else self.url)

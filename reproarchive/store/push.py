@@ -18,7 +18,7 @@ import os
 import threading
 from pathlib import Path
 
-from reproarchive.errors import TruncatedArchiveError
+from reproarchive.errors import StoreNotFoundError, TruncatedArchiveError
 from reproarchive.format import layout
 from reproarchive.format.parallel import run_all
 from reproarchive.format.reader import ContainerReader
@@ -44,9 +44,10 @@ class PushResult:
     uploaded_blobs: int
     uploaded_bytes: int  # everything written: blobs, archive object, ref
     replaced: str | None  # the digest the name pointed to before, when it moved
+    index_digest: str | None = None  # what inspect/verify/diff print; ``digest`` is the file's
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "archive": str(self.archive)}
+        return {**dataclasses.asdict(self), "archive": str(self.archive), "file_digest": self.digest}
 
 
 def default_name(path: str | os.PathLike, digest: str) -> str:
@@ -82,6 +83,10 @@ def push(archives, store: str | os.PathLike, *, name: str | None = None, jobs: i
 
 def _ensure_marker(store: Store) -> None:
     if store.size(objects.MARKER_KEY) is None:
+        missing = store.missing_root()
+        if missing:
+            raise StoreNotFoundError(f"{store.url}: {missing}", "create it first (a push creates a store inside an "
+                                     "existing bucket), or check the URL and the endpoint (AWS_ENDPOINT_URL)")
         store.write(objects.MARKER_KEY, objects.marker_bytes())
     else:
         objects.check_marker(store.read_small(objects.MARKER_KEY, objects.MAX_MARKER_BYTES), store.url)
@@ -147,7 +152,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             uploaded += len(data)
 
         ref_name = name or default_name(path, digest)
-        ref = Ref(ref_name, digest, reader.file_size, _now(), summary(reader.index, reader.file_size))
+        ref = Ref(ref_name, digest, reader.file_size, _now(), summary(reader.index, reader.file_size, reader.index_digest))
         previous = None
         old = store.size(objects.ref_key(ref_name))
         if old is not None:
@@ -159,7 +164,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
         store.write(objects.ref_key(ref_name), ref_bytes)
         uploaded += len(ref_bytes)
         return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing), uploaded,
-                          previous if previous not in (None, digest) else None)
+                          previous if previous not in (None, digest) else None, reader.index_digest)
 
 
 def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str, str]]:
@@ -252,7 +257,7 @@ def _reader_of(raw, path: Path):
     return read
 
 
-def summary(index: Index, file_size: int) -> RefSummary:
+def summary(index: Index, file_size: int, index_digest: str | None = None) -> RefSummary:
     """What ``ls`` shows about an archive, kept in its ref so listing reads refs only."""
     kinds = {"real": 0, "absent": 0, "values": 0}
     for value in index.inputs:
@@ -272,6 +277,7 @@ def summary(index: Index, file_size: int) -> RefSummary:
         file_bytes=file_size,
         torch=index.created_by.torch if index.created_by else None,
         source=index.source.kind if index.source else None,
+        index_digest=index_digest,
     )
 
 
