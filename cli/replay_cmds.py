@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .app import emit_json, main
+from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
 from .progress import byte_bars, minify_status
 from .text import difference_line, terminal_lines, terminal_safe
 
@@ -63,15 +64,15 @@ MAX_MEMORY = click.option(
          "allocating anything. Default: the memory available on this machine (and each device's free memory).")
 
 
-RUN_EPILOG = """\b
-Exit codes:
-  0    passed: the graph compiled and ran (and matched eager with --accuracy)
-  1    reproduced: it failed the way the archive recorded
-  2    usage error, or the archive is invalid, damaged, unsafe or too new
-  3    different failure: it failed, but not the way the archive recorded
-  125  cannot run here: the device or the backend is not available
-  130  interrupted
-
+RUN_EPILOG = exit_codes(
+    (0, "passed: the graph compiled and ran (and matched eager with --accuracy)"),
+    (1, "reproduced: it failed the way the archive recorded"),
+    (2, "usage error, or the archive is invalid, damaged, unsafe or too new"),
+    (3, "different failure: it failed, but not the way the archive recorded"),
+    ARCHIVE_MISSING, STORE_MISSING, STORE_UNREACHABLE, INTERNAL,
+    (125, "cannot run here: the device or the backend is not available"),
+    INTERRUPTED,
+) + """
 \b
 Bisecting PyTorch ("when did this start failing?"):
   git bisect start <bad-commit> <good-commit>

@@ -7,7 +7,7 @@ import sys
 import click
 
 from .app import emit_json, json_errors, main
-from .text import index_digest, terminal_lines, terminal_safe, with_index_digest
+from .text import failure_kind, index_digest, terminal_lines, terminal_safe, with_index_digest
 
 DIFF_EPILOG = """\b
 Exit codes:
@@ -16,6 +16,7 @@ Exit codes:
   1    they differ (as diff(1) does)
   2    usage error, or an archive is invalid, damaged, unsafe or too new
   4    an archive file is missing or unreadable
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
 """
 
 VIEW_EPILOG = """\b
@@ -23,6 +24,7 @@ Exit codes:
   0    the page was written
   2    usage error, or the archive (or --parent) is invalid, damaged, unsafe or too new
   4    an archive file is missing or unreadable, or the page cannot be written
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
 """
 
 #: Graph rows printed as text; --json has them all.
@@ -85,7 +87,7 @@ def _failure(f: dict) -> list[str]:
     def text(side):
         if side is None:
             return "no failure recorded"
-        return f"{side['stage']} {side['exception_type']}: {side['message'][:140]}".rstrip(": ")
+        return f"{side['stage']} {failure_kind(side)}: {side['message'][:140]}".rstrip(": ")
 
     if f["same"]:
         return [f"{'failure':<12} same signature: {text(f['a'])}"]

@@ -24,8 +24,8 @@ import os
 import re
 import threading
 import uuid
-from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from reproarchive.errors import ReproArchiveError, StoreError, StoreNotFoundError, StoreURLError
 from reproarchive.format.atomic import atomic_file
@@ -52,7 +52,7 @@ def is_reference(text: str | os.PathLike) -> bool:
     text = os.fspath(text)
     if has_scheme(text) and not text.startswith("file://"):
         return True
-    path = Path(text[len("file://"):] if text.startswith("file://") else text)
+    path = Path(text.removeprefix("file://"))
     if path.is_file():
         return False
     return text.startswith("file://") or is_local_store(path.parent)
@@ -67,14 +67,14 @@ def is_store(text: str | os.PathLike) -> bool:
     text = os.fspath(text)
     if has_scheme(text) and not text.startswith("file://"):
         return True
-    return is_local_store(text[len("file://"):] if text.startswith("file://") else text)
+    return is_local_store(text.removeprefix("file://"))
 
 
 def split_reference(text: str) -> tuple[str, str]:
     """``STORE/NAME`` -> (STORE, NAME): the last path segment names the archive."""
     text = os.fspath(text).rstrip("/")
     store, sep, name = text.rpartition("/")
-    if not sep or not name or store.endswith(":/") or store.endswith(":"):
+    if not sep or not name or store.endswith((":/", ":")):
         raise StoreNotFoundError(f"{text!r} names no archive in a store", "write STORE/NAME or STORE/DIGEST-PREFIX, e.g. s3://team/repros/resnet-3fa2b1c0")
     return store, name
 
@@ -99,7 +99,7 @@ def backend_errors(doing: str, where: str) -> Iterator[None]:
         raise StoreError(f"{doing} {where}: permission denied ({_short(exc)})", _credentials_hint(where)) from None
     except (OSError, RuntimeError, ValueError, asyncio.TimeoutError) as exc:
         raise _failed(doing, where, _short(exc), exc) from None
-    except Exception as exc:  # backends raise their own types (botocore, aiohttp, azure)
+    except Exception as exc:  # noqa: BLE001 - backends raise their own types (botocore, aiohttp, azure)
         raise _failed(doing, where, f"{type(exc).__name__}: {_short(exc)}", exc) from None
 
 

@@ -247,7 +247,7 @@ def decode_archive_object(digest: str, data: bytes) -> ArchiveObject:
         plain = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except IndexSchemaError as exc:
         raise CorruptStoreError(f"{where} is not valid msgpack: {exc}", "the store is damaged or hostile") from None
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
         raise CorruptStoreError(f"{where} is not valid msgpack: {type(exc).__name__}", "the store is damaged or hostile") from None
     if not isinstance(plain, dict) or plain.get("format") != ARCHIVE_OBJECT_FORMAT:
         raise CorruptStoreError(f"{where} is not a reproarchive archive object", "the store is damaged or hostile")

@@ -22,8 +22,8 @@ import hashlib
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from reproarchive.archive.checking import verify_bytes
 from reproarchive.errors import ArchiveError, CorruptStoreError, SourceError, StoreNotFoundError

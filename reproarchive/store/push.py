@@ -14,6 +14,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -174,7 +175,7 @@ def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str,
     bounds = sorted({0, total, *starts, *(m.offset + m.compressed for m in blob_members)})
     out: dict[str, str] = {}
     done = 0
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         member = starts.get(a)
         h = hashlib.sha256() if member is not None else None
         for pos in range(a, b, CHUNK_BYTES):
