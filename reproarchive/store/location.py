@@ -1,4 +1,4 @@
-"""Where a store is, and the few operations on it that push, pull and ls need.
+"""Where a store is, and ``FsspecStore``: the ``Store`` interface (``backend``) on fsspec.
 
 A store is any fsspec URL: ``s3://bucket/prefix``, ``gs://…``, ``az://…``, ``memory://…``,
 ``file:///path``, or a plain local folder. fsspec comes with torch, so local and memory stores
@@ -6,11 +6,13 @@ need no extra; S3 needs ``s3fs`` (``pip install reproarchive[store]``), GCS ``gc
 ``adlfs``. Credentials and endpoints are the backend's own (``AWS_PROFILE``,
 ``AWS_ENDPOINT_URL``, ``GOOGLE_APPLICATION_CREDENTIALS`` …): reproarchive never handles them.
 
-What this module guarantees to the layers above:
+What this module guarantees to the layers above (the promises of ``backend.Store``):
 
 * an object appears whole or not at all: object stores give that for a PUT; local folders
   get a temporary name and a rename, and a streamed upload that fails is discarded, never
   committed;
+* ``create`` is atomic on S3 (a PUT with ``If-None-Match: *``), in a folder (a hard link)
+  and in memory (a lock); on other filesystems it is a lookup then a write;
 * every error of the backend becomes one ``StoreError`` line saying what failed where;
 * reads are bounded: a small object (marker, ref, archive object) is read only after its
   size is known to be under its cap.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import re
 import threading
@@ -30,9 +33,9 @@ from pathlib import Path
 from reproarchive.errors import ReproArchiveError, StoreError, StoreNotFoundError, StoreURLError
 from reproarchive.format.atomic import atomic_file
 from reproarchive.store import objects
-from reproarchive.store.backend import CHUNK_BYTES, STREAM_BYTES, Store
+from reproarchive.store.backend import CHUNK_BYTES, Store
 
-__all__ = ["CHUNK_BYTES", "STREAM_BYTES", "FsspecStore", "Store", "backend_errors", "open_location"]
+__all__ = ["FsspecStore", "backend_errors", "open_location"]
 
 _URL_RE = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 _EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
@@ -272,11 +275,24 @@ class FsspecStore(Store):
                         return False
                     self.fs.pipe_file(self.path(key), data)
                     return True
+            if not self.atomic_create:
+                return self._lookup_then_write(key, data)
             try:
                 self.fs.pipe_file(self.path(key), data, mode="create")
             except FileExistsError:
                 return False
+            except OSError as exc:
+                if exc.errno != errno.ENOSYS:  # an S3 API without conditional writes answers 501
+                    raise
+                self.atomic_create = False
+                return self._lookup_then_write(key, data)
             return True
+
+    def _lookup_then_write(self, key: str, data: bytes) -> bool:
+        if self.size(key) is not None:
+            return False
+        self.fs.pipe_file(self.path(key), data)
+        return True
 
     def write_stream(self, key: str, size: int, chunks: Iterable, *, on_chunk: Callable[[int], None] | None = None,
                      exclusive: bool = False) -> bool:
@@ -300,8 +316,11 @@ class FsspecStore(Store):
                     for c in counted():
                         f.write(c)
                 return True
+            if exclusive and not self.atomic_create and self.size(key) is not None:
+                return False
             try:
-                f = self.fs.open(self.path(key), "xb" if exclusive else "wb", block_size=max(CHUNK_BYTES, 5 << 20))
+                f = self.fs.open(self.path(key), "xb" if exclusive and self.atomic_create else "wb",
+                                 block_size=max(CHUNK_BYTES, 5 << 20))
             except FileExistsError:
                 return False
             try:

@@ -111,3 +111,27 @@ def test_pull_does_not_overwrite_another_file(tmp_path, archives):
     assert out.read_bytes() == Path(a).read_bytes()
     again = invoke("pull", f"{store}/{name}", "-o", out, "--json")  # the same archive: nothing to do
     assert again.exit_code == 0 and json.loads(again.stdout)["downloaded_bytes"] == 0
+
+
+def test_an_s3_api_without_conditional_writes_still_takes_pushes(s3_store, archives, monkeypatch, tmp_path):
+    """Some S3 APIs answer a conditional PUT with 501: ``create`` falls back to a lookup and a
+    write (and says it is no longer atomic), so a push still succeeds."""
+    import errno
+
+    from reproarchive.store.location import FsspecStore
+
+    store = FsspecStore(s3_store)
+    plain_pipe = store.fs.pipe_file
+
+    def no_conditional_writes(path, data, mode="overwrite", **kwargs):
+        if mode == "create":
+            raise OSError(errno.ENOSYS, "NotImplemented")
+        return plain_pipe(path, data, **kwargs)
+
+    monkeypatch.setattr(store.fs, "pipe_file", no_conditional_writes)
+    assert store.atomic_create
+    result = reproarchive.push(archives[0], store)[0]
+    assert not store.atomic_create and result.uploaded_blobs == result.blobs
+    assert store.create("refs/x", b"1") is True and store.create("refs/x", b"2") is False
+    pulled = reproarchive.pull(f"{s3_store}/{result.name}", tmp_path / "out.tar.zst")
+    assert pulled.path.read_bytes() == Path(archives[0]).read_bytes()
