@@ -2,7 +2,9 @@
 or ``--serve`` as a warm worker of ``isolation.WorkerPool``.
 
 It reports what it is about to replay (``started``) before compiling, so that if the compiler
-takes the process down, the parent can still say what crashed (``replay.isolation``).
+takes the process down, the parent can still say what crashed (``replay.isolation``). A
+request's ``device`` is the parent's resolved ``DevicePlan`` as plain data (or None: the
+recorded devices), so the device is resolved once per run, in the parent.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from reproarchive.child import child_main
+from reproarchive.codec.devices import DevicePlan
 from reproarchive.replay.runner import replay_graph, run_here
 
 
@@ -17,7 +20,10 @@ def _replay(request: dict, *, started, event) -> dict | None:
     if "warmup" in request:
         _warm(request["warmup"])
         return None
-    return run_here(request["path"], on_start=started, **request["options"]).to_dict()
+    options = dict(request["options"])
+    if options.get("device") is not None:  # the parent's resolved DevicePlan, as plain data
+        options["device"] = DevicePlan.from_plain(options["device"])
+    return run_here(request["path"], on_start=started, **options).to_dict()
 
 
 def _warm(spec: dict) -> None:

@@ -55,6 +55,8 @@ def _outcome(path: str | os.PathLike, result: Any, died: Died | None) -> Outcome
     return judged(
         recorded, observed,
         device=meta.get("device", "cpu"),
+        recorded_device=meta.get("recorded_device"),
+        same_device_type=meta.get("same_device_type", True),
         backend=meta.get("backend") or "",
         warnings=list(meta.get("warnings", [])),
         config=meta.get("config", "recorded"),

@@ -24,7 +24,9 @@ import warnings as _warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from reproarchive.codec.devices import DeviceSpec, check_spec
+from reproarchive.codec.checks import recorded_devices
+from reproarchive.codec.device_runtime import devices_of, synchronize
+from reproarchive.codec.devices import DevicePlan, DeviceSpec, resolve_devices
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.format.schema import (
@@ -145,7 +147,7 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
                 return None, report, ran_backward
             return _failure.accuracy_record(report, backend=backend), report, ran_backward
         result = _accuracy.run_forward_backward(compiled, _accuracy.clone_inputs(args), fwd_only=fwd_only)
-        _synchronize(args)
+        synchronize(devices_of(args))  # an asynchronous device error belongs to this stage
         return None, None, bool(result.get("grads"))
     except _accuracy.EagerFailed as exc:
         warnings.append("the graph fails in eager mode too, so the compiler is not to blame")
@@ -209,21 +211,26 @@ def _iter_tensors(value: Any):
             yield from _iter_tensors(v)
 
 
-def _synchronize(args: Any) -> None:
-    """Surface asynchronous device errors inside the stage that caused them."""
-    import torch
-
-    for t in _iter_tensors(args):
-        if t.device.type == "cuda":
-            torch.cuda.synchronize(t.device)
-            return
-
-
-def _describe_device(args: Any, spec: DeviceSpec) -> str:
+def _describe_device(args: Any, plan: DevicePlan | None) -> str:
     devices = sorted({str(t.device) for t in _iter_tensors(args)})
     if devices:
         return ",".join(devices)
-    return spec if isinstance(spec, str) else "cpu"
+    used = sorted(set(plan.targets.values())) if plan is not None else []
+    return ",".join(used) if used else "cpu"
+
+
+def _device_facts(args: Any, plan: DevicePlan) -> dict[str, Any]:
+    """Where the replay ran and where the archive was recorded, for the outcome."""
+    return {"device": _describe_device(args, plan), "recorded_device": plan.recorded,
+            "same_device_type": not plan.moved}
+
+
+def _moved_warning(plan: DevicePlan) -> list[str]:
+    if not plan.moved:
+        return []
+    moved = ", ".join(f"{r} -> {t}" for r, t in plan.moved.items())
+    return [(f"replayed on another device type than recorded ({moved}): a pass here does not show that the "
+             "recorded failure is gone on the recorded device")]
 
 
 def _worth_reporting(w: _warnings.WarningMessage) -> bool:
@@ -260,22 +267,26 @@ def run(
     a child process so that a crash (segfault, abort, fatal device error) becomes an outcome
     instead of killing the caller; by default it is on when the recorded failure is a crash, is
     unknown, or is not recorded (``needs_isolation``).
+    ``device=None`` replays on the recorded devices: an archive recorded on a device this
+    machine lacks cannot run here (125) until ``device`` moves it (``"cpu"``), and then the
+    outcome says it ran on another device type (``same_device_type``).
     Raises DeviceUnavailableError / BackendUnavailableError (exit 125) when it cannot run here,
-    ArchiveError (exit 2) for an unreadable archive.
+    ArchiveError (exit 2) for an unreadable archive, ReproArchiveError (2) for a device mapping
+    that names a device the archive does not use.
     """
-    check_spec(device)
     if backend is not None:
         resolve_backend(backend)  # cannot run here: say so before loading anything
-    options = dict(device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                   current_config=current_config, tol=tol, max_memory=max_memory)
-    index = _peek_index(path) if isolate is not False else None
+    index = _peek_index(path)
+    plan = resolve_devices(recorded_devices(index), device)  # once per run: load and the child use it
+    options = {"backend": backend, "accuracy": accuracy, "only_fwd": only_fwd,
+               "current_config": current_config, "tol": tol, "max_memory": max_memory}
     if isolate is None:
-        isolate = needs_isolation(index.failure if index is not None else None)
+        isolate = needs_isolation(index.failure)
     if isolate:
         from reproarchive.replay.isolation import run_in_child
 
-        return run_in_child(path, environment=index.environment if index else None, **options)
-    return run_here(path, progress=progress, **options)
+        return run_in_child(path, environment=index.environment, device=plan.to_plain(), **options)
+    return run_here(path, progress=progress, device=plan, **options)
 
 
 def needs_isolation(recorded: FailureRecord | None) -> bool:
@@ -298,18 +309,21 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
              tol=None, on_start=None, progress: ProgressFn | None = None, strict_accuracy: bool = True,
              max_memory: int | None = None) -> Outcome:
     """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
-    so that an isolating parent can still report them if the compile takes the process down."""
+    so that an isolating parent can still report them if the compile takes the process down.
+    ``device`` is a ``DevicePlan`` (``run`` resolves one), or a spec resolved here as ``run`` does."""
     from reproarchive.archive.loading import load
 
+    plan = device if isinstance(device, DevicePlan) else resolve_devices(recorded_devices(_peek_index(path)), device)
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        repro = load(path, device=device, progress=progress, max_memory=max_memory)
-    load_warnings = _dedupe(repro.warnings or [])
+        repro = load(path, device=plan, progress=progress, max_memory=max_memory)
+    load_warnings = _dedupe([*(repro.warnings or []), *_moved_warning(plan)])
+    facts = _device_facts(repro.args, plan)
     chosen = choose_backend(backend, repro.backend)
     resolve_backend(chosen)
     if on_start is not None:
         on_start({"recorded": to_plain(repro.failure) if repro.failure else None, "backend": chosen, "digest": repro.digest,
-                  "device": _describe_device(repro.args, device), "warnings": load_warnings,
+                  **facts, "warnings": load_warnings,
                   "config": "current" if current_config else "recorded"})
     outcome = replay_graph(
         repro.gm,
@@ -326,7 +340,8 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         tol=tol,
         strict_accuracy=strict_accuracy,
     )
-    outcome.device = _describe_device(repro.args, device)
+    outcome.device, outcome.recorded_device, outcome.same_device_type = (
+        facts["device"], facts["recorded_device"], facts["same_device_type"])
     outcome.warnings[:0] = load_warnings
     outcome.archive = str(path)
     outcome.digest = repro.digest
