@@ -7,7 +7,7 @@ import click
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
 from .progress import byte_bars
-from .text import difference_line, failure_kind, human_size, index_digest, terminal_safe, with_index_digest
+from .text import difference_line, failure_title, human_size, index_digest, terminal_safe, with_index_digest
 
 
 def _say(text: str) -> None:
@@ -100,7 +100,7 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         _say(f"WARNING: {s['absent']} storages have no data (absent); replay will generate values for them")
     failure = info.get("failure")
     if failure:
-        _say(f"failure: {failure.get('stage')} {failure_kind(failure)}: {str(failure.get('message') or '').splitlines()[0][:160] if failure.get('message') else ''}")
+        _say(f"failure: {failure_title(failure)}: {str(failure.get('message') or '').splitlines()[0][:160] if failure.get('message') else ''}")
         errors = reproarchive.compiler_errors(str(failure.get("message") or ""))
         for line in (["compiler errors:", *errors[:5]] if errors else []):
             _say(f"  {line}")

@@ -7,7 +7,7 @@ import click
 
 from .app import emit_json, json_errors, main
 from .progress import byte_bars
-from .text import failure_kind, file_digest, human_size
+from .text import failure_title, file_digest, human_size
 
 STORE_HELP = """\b
 STORE is an fsspec URL: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix,
@@ -111,7 +111,7 @@ def print_store_listing(listing: dict) -> None:
     for group in listing["groups"]:
         failure = group["failure"]
         if failure:
-            what = f"{failure.get('stage')} {failure_kind(failure)}"
+            what = failure_title(failure)
             message = f": {failure['message'][:100]}" if failure.get("message") else ""
             title = f"{what}{message}"
         else:

@@ -67,13 +67,12 @@ def with_index_digest(report: dict) -> dict:
     return {**report, "index_digest": report.get("digest")}
 
 
-def failure_kind(failure: dict) -> str:
-    """A failure's exception type, or what stands in its place: a crash archive written before
-    the graph first ran (kept only because the process died there) has no signal recorded."""
-    kind = failure.get("exception_type")
-    if kind:
-        return str(kind)
-    return "(signal not recorded)" if failure.get("stage") == "crash" else "(exception type not recorded)"
+def failure_title(failure: dict) -> str:
+    """A failure's stage and exception type (``compile InductorError``). A crash archive written
+    before the graph first ran (kept only because the process died there) has no signal: that
+    is said, not left as an empty type."""
+    kind = failure.get("exception_type") or ("(signal not recorded)" if failure.get("stage") == "crash" else "")
+    return " ".join(str(part) for part in (failure.get("stage"), kind) if part)
 
 
 def human_size(n: int) -> str:
@@ -104,5 +103,5 @@ def pack_summary(result) -> list[str]:
     message = (f.get("message") or "").strip().splitlines()
     f = {k: terminal_safe(v) if isinstance(v, str) else v for k, v in f.items()}
     first = terminal_safe(message[0][:160]) if message else ""
-    failure = f"failure: {f.get('stage')} {failure_kind(f)}" + (f": {first}" if first else "")
+    failure = f"failure: {failure_title(f)}" + (f": {first}" if first else "")
     return [graph, inputs, failure]

@@ -7,7 +7,7 @@ import sys
 import click
 
 from .app import emit_json, json_errors, main
-from .text import failure_kind, index_digest, terminal_lines, terminal_safe, with_index_digest
+from .text import failure_title, index_digest, terminal_lines, terminal_safe, with_index_digest
 
 DIFF_EPILOG = """\b
 Exit codes:
@@ -87,7 +87,7 @@ def _failure(f: dict) -> list[str]:
     def text(side):
         if side is None:
             return "no failure recorded"
-        return f"{side['stage']} {failure_kind(side)}: {side['message'][:140]}".rstrip(": ")
+        return f"{failure_title(side)}: {side['message'][:140]}".rstrip(": ")
 
     if f["same"]:
         return [f"{'failure':<12} same signature: {text(f['a'])}"]
