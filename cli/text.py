@@ -104,4 +104,7 @@ def pack_summary(result) -> list[str]:
     f = {k: terminal_safe(v) if isinstance(v, str) else v for k, v in f.items()}
     first = terminal_safe(message[0][:160]) if message else ""
     failure = f"failure: {failure_title(f)}" + (f": {first}" if first else "")
+    learned = (getattr(result, "replay", None) or {}).get("failure_from")
+    if learned and f.get("stage") != "unknown":
+        failure += f"  [from the {terminal_safe(str(learned))}]"
     return [graph, inputs, failure]

@@ -13,8 +13,9 @@ import os
 from typing import Any
 
 from reproarchive.format import layout
+from reproarchive.format.plain import to_plain
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, SystemRecord, TensorValue, to_plain
+from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, SystemRecord, TensorValue
 
 
 def input_rows(index: Index) -> list[dict]:

@@ -26,7 +26,8 @@ from typing import Any
 from reproarchive.child import Died, Worker, run_child
 from reproarchive.context.environment import child_environment
 from reproarchive.context.failure import crash_record
-from reproarchive.format.schema import EnvironmentRecord, FailureRecord, from_plain
+from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import EnvironmentRecord, FailureRecord
 from reproarchive.replay.outcome import Outcome, judged
 
 _MODULE = "reproarchive.replay.isolated_run"

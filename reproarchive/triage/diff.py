@@ -28,6 +28,7 @@ from reproarchive.context.config import config_diff
 from reproarchive.context.environment import environment_diff
 from reproarchive.context.system import system_diff
 from reproarchive.format import layout
+from reproarchive.format.plain import to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     ConfigRecord,
@@ -43,7 +44,6 @@ from reproarchive.format.schema import (
     TensorEntry,
     TensorValue,
     TupleArg,
-    to_plain,
 )
 
 #: Sections of the report, in the order they are printed; any difference in one makes exit 1.
