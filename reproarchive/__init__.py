@@ -71,6 +71,7 @@ _EXPORTS = {
     "NotReproducedError": "reproarchive.errors",
     "StoreError": "reproarchive.errors",
     "StoreNotFoundError": "reproarchive.errors",
+    "StoreURLError": "reproarchive.errors",
     "CorruptStoreError": "reproarchive.errors",
 }
 

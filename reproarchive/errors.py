@@ -195,6 +195,13 @@ class StoreNotFoundError(StoreError):
     code = ErrorCode.STORE_NOT_FOUND
 
 
+class StoreURLError(StoreError):
+    """The store location is not one this installation can use: an unknown URL scheme, or a
+    URL fsspec cannot parse (exit 2, a usage error: retrying cannot help)."""
+
+    exit_code = 2
+
+
 class PackError(ReproArchiveError):
     """The graph or inputs handed to ``pack`` cannot be represented in the format."""
 

@@ -22,8 +22,11 @@ def input_rows(index: Index) -> list[dict]:
     """One row per graph input: what ``inspect`` lists and ``view`` tabulates."""
     rows = []
     derived = index.not_original_inputs()
+    placeholders = index.graph.placeholders()  # one per input, in order (spec: checked at decode)
     for i, rec in enumerate(index.inputs):
-        row: dict[str, Any] = {"index": i, "name": getattr(rec, "name", None), "kind": _kind(rec)}
+        # a tensor records its placeholder's name; a SymInt, a scalar or a list has only the placeholder
+        name = getattr(rec, "name", None) or (placeholders[i].name if i < len(placeholders) else None)
+        row: dict[str, Any] = {"index": i, "name": name, "kind": _kind(rec)}
         if isinstance(rec, TensorValue):
             st = index.storages[rec.storage]
             row.update(
