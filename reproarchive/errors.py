@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     STORE_CORRUPT = "E_STORE_CORRUPT"
     STORE = "E_STORE"
     STORE_NOT_FOUND = "E_STORE_NOT_FOUND"
+    STORE_URL = "E_STORE_URL"
     PACK = "E_PACK"
     SOURCE = "E_SOURCE"
     DEVICE = "E_DEVICE"
@@ -200,6 +201,7 @@ class StoreURLError(StoreError):
     URL fsspec cannot parse (exit 2, a usage error: retrying cannot help)."""
 
     exit_code = 2
+    code = ErrorCode.STORE_URL
 
 
 class PackError(ReproArchiveError):
