@@ -270,11 +270,11 @@ def run(
                    current_config=current_config, tol=tol, max_memory=max_memory)
     index = _peek_index(path) if isolate is not False else None
     if isolate is None:
-        isolate = needs_isolation(index.failure if index is not None else None)
+        isolate = needs_isolation(index.records.failure if index is not None else None)
     if isolate:
         from reproarchive.replay.isolation import run_in_child
 
-        return run_in_child(path, environment=index.environment if index else None, **options)
+        return run_in_child(path, environment=index.records.environment if index else None, **options)
     return run_here(path, progress=progress, **options)
 
 
@@ -305,24 +305,24 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
         repro = load(path, device=device, progress=progress, max_memory=max_memory)
     load_warnings = _dedupe(repro.warnings or [])
-    chosen = choose_backend(backend, repro.backend)
+    chosen = choose_backend(backend, repro.records.backend)
     resolve_backend(chosen)
     if on_start is not None:
-        on_start({"recorded": to_plain(repro.failure) if repro.failure else None, "backend": chosen, "digest": repro.digest,
+        on_start({"recorded": to_plain(repro.records.failure) if repro.records.failure else None, "backend": chosen, "digest": repro.digest,
                   "device": _describe_device(repro.args, device), "warnings": load_warnings,
                   "config": "current" if current_config else "recorded"})
     outcome = replay_graph(
         repro.gm,
         list(repro.args),
         backend=chosen,
-        recorded_failure=repro.failure,
-        accuracy=bool(repro.accuracy) if accuracy is None else accuracy,
+        recorded_failure=repro.records.failure,
+        accuracy=bool(repro.records.accuracy) if accuracy is None else accuracy,
         only_fwd=only_fwd,
-        config=repro.config,
-        environment=repro.environment,
-        system=repro.system,
+        config=repro.records.config,
+        environment=repro.records.environment,
+        system=repro.records.system,
         current_config=current_config,
-        source_kind=repro.graph_kind,
+        source_kind=repro.records.graph_kind,
         tol=tol,
         strict_accuracy=strict_accuracy,
     )

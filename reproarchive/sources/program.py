@@ -213,11 +213,11 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
     repro = load(pending)
     if "absent" in (repro.fidelity or []):
         raise ReproArchiveError("the archive the program left holds inputs without data", "this is a bug: report it")
-    source = {**(to_plain(repro.source) if repro.source is not None else {}), "kind": "capture", "stage": "crash",
+    source = {**(to_plain(repro.records.source) if repro.records.source is not None else {}), "kind": "capture", "stage": "crash",
               "written_before_run": True, "replay": notes, "program_exit": program_exit}
-    records = redacted_records(dict(config=repro.config, environment=repro.environment, system=repro.system,
+    records = redacted_records(dict(config=repro.records.config, environment=repro.records.environment, system=repro.records.system,
                                     failure=failure, source=source))
-    pack(repro.gm, list(repro.args), target, backend=repro.backend, accuracy=False, **records)
+    pack(repro.gm, list(repro.args), target, backend=repro.records.backend, accuracy=False, **records)
     pending.unlink()
     return _captured(target, kind="capture (crash)", replay=notes)
 

@@ -58,9 +58,9 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, *, max_memory: i
     devices = _recorded_devices(repro)
     return write_export(
         repro.gm, list(repro.args), out_dir,
-        backend=repro.backend, source_kind=repro.graph_kind,
-        accuracy=bool(repro.accuracy), config=repro.config, environment=repro.environment,
-        system=repro.system, failure=repro.failure, fidelity=list(repro.fidelity or []),
+        backend=repro.records.backend, source_kind=repro.records.graph_kind,
+        accuracy=bool(repro.records.accuracy), config=repro.records.config, environment=repro.records.environment,
+        system=repro.records.system, failure=repro.records.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest,
     )
 

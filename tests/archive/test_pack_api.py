@@ -19,14 +19,14 @@ def _graph():
 def test_pack_records_this_process_by_default(tmp_path):
     path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", backend="eager")
     repro = reproarchive.load(path)
-    assert repro.config.modules["torch._inductor.config"]  # the torch config of this process
-    assert repro.system.torch.version == torch.__version__
-    assert repro.environment is not None
+    assert repro.records.config.modules["torch._inductor.config"]  # the torch config of this process
+    assert repro.records.system.torch.version == torch.__version__
+    assert repro.records.environment is not None
     assert machine_paths_in(path, tmp_path, os.getcwd()) == []
 
     bare = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "b.tar.zst", snapshot=False)
     index = reproarchive.load(bare)
-    assert index.config is None and index.system is None and index.environment is None
+    assert index.records.config is None and index.records.system is None and index.records.environment is None
 
 
 def test_pack_takes_the_exception_itself(tmp_path):
@@ -35,7 +35,7 @@ def test_pack_takes_the_exception_itself(tmp_path):
     except RuntimeError as err:
         path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", failure=err,
                                  failure_stage="forward", backend="eager")
-    failure = reproarchive.load(path).failure
+    failure = reproarchive.load(path).records.failure
     assert failure.stage == "forward" and failure.exception_type == "RuntimeError"
     assert failure.signature == "forward|RuntimeError|boom in <path>"
     assert "test_pack_takes_the_exception_itself" in failure.traceback  # the real traceback

@@ -51,8 +51,8 @@ def test_capture_packs_the_failure_and_keeps_exit_code(captured):
     assert leftovers == ["inputs.pt", "prog.py"]
     assert machine_paths_in(archives[0], folder) == []  # one redaction for every capture path
     repro = reproarchive.load(archives[0])
-    assert repro.failure.stage == "forward"
-    assert repro.backend == "relu_runtime_error_TESTING_ONLY"
+    assert repro.records.failure.stage == "forward"
+    assert repro.records.backend == "relu_runtime_error_TESTING_ONLY"
     assert repro.fidelity == ["real"] * 4
 
 

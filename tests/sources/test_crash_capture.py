@@ -206,10 +206,10 @@ def test_capture_program_packs_the_graph_it_crashed_in(tmp_path):
     assert [p.name for p in out.iterdir()] == [archive.name]
     reproarchive.verify(archive)
     repro = reproarchive.load(archive)
-    assert repro.fidelity == ["real"] and repro.backend == "inductor"
-    assert "the program was killed by SIGABRT" in repro.failure.message
+    assert repro.fidelity == ["real"] and repro.records.backend == "inductor"
+    assert "the program was killed by SIGABRT" in repro.records.failure.message
     assert machine_paths_in(archive, folder) == []
-    assert "terminate called" in repro.failure.message + repro.failure.traceback
+    assert "terminate called" in repro.records.failure.message + repro.records.failure.traceback
 
 
 # --------------------------------------------------------------------------------------------

@@ -126,12 +126,12 @@ def test_after_dynamo_dump_round_trip(dynamo_dump, tmp_path):
     repro = reproarchive.load(moved)
 
     assert repro.fidelity == ["real"] * 4
-    assert repro.backend == "relu_compile_error_TESTING_ONLY"
-    assert not repro.accuracy
-    assert repro.source.kind == "after_dynamo"
-    assert repro.failure.stage == "compile"
-    assert repro.failure.signature.startswith("compile|")
-    assert repro.config and repro.system and repro.environment is not None
+    assert repro.records.backend == "relu_compile_error_TESTING_ONLY"
+    assert not repro.records.accuracy
+    assert repro.records.source.kind == "after_dynamo"
+    assert repro.records.failure.stage == "compile"
+    assert repro.records.failure.signature.startswith("compile|")
+    assert repro.records.config and repro.records.system and repro.records.environment is not None
 
     # graph: the Dynamo graph, placeholders in load_args order
     nodes = [(n.op, n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target)))
@@ -173,7 +173,7 @@ def test_missing_storage_is_reported_and_absent(dynamo_dump, tmp_path):
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["real", "real", "absent", "real"]
     assert tuple(repro.args[2].shape) == (3, 4)
-    assert repro.source.extra["storages"]["missing"] == [f"storages/{x_hash}"]
+    assert repro.records.source.extra["storages"]["missing"] == [f"storages/{x_hash}"]
 
 
 def parse_x_hash(launcher: Path) -> str:
@@ -208,11 +208,11 @@ def test_after_aot_accuracy_dump(aot_accuracy_dump, tmp_path):
     shutil.rmtree(work)
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["real", "real"]
-    assert repro.accuracy is True
+    assert repro.records.accuracy is True
     assert torch.equal(repro.args[0], program_inputs["a"]) and torch.equal(repro.args[1], program_inputs["b"])
     targets = [str(n.target) for n in repro.gm.graph.nodes if n.op == "call_function"]
     assert targets == ["aten.mm.default", "aten.add.Tensor", "aten.relu.default", "aten.sum.dim_IntList"]
-    assert repro.failure.accuracy.outputs, "per-output error figures are recorded"
+    assert repro.records.failure.accuracy.outputs, "per-output error figures are recorded"
     assert launcher  # the launcher existed before deletion
     # the whole pipeline: PyTorch's dump -> pack -> replay here reproduces the recorded failure
     outcome = reproarchive.run(result.archive)
@@ -238,8 +238,8 @@ def test_after_aot_storages_without_data(aot_accuracy_dump, tmp_path):
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["absent", "absent"]
     assert [tuple(a.shape) for a in repro.args] == [(3, 4), (4, 5)]
-    assert [i["data"] for i in repro.source.extra["inputs"]] == ["no_data", "no_data"]
-    assert repro.source.extra["torch_version"] == torch.__version__
+    assert [i["data"] for i in repro.records.source.extra["inputs"]] == ["no_data", "no_data"]
+    assert repro.records.source.extra["torch_version"] == torch.__version__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ def test_level1_repro_py_after_folder_moved(tmp_path_factory, tmp_path):
     assert result.failure["stage"] == "forward"
     assert "ReluRuntimeError" in result.failure["message"]
     repro = reproarchive.load(result.archive)
-    assert "beside the script" in repro.source.extra["content_store"]
+    assert "beside the script" in repro.records.source.extra["content_store"]
 
 
 # ---------------------------------------------------------------------------------------------
