@@ -10,9 +10,10 @@ record field is filled where the source builds its ``Records`` and written here.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from reproarchive.archive.packing import pack
 from reproarchive.context.redaction import redacted

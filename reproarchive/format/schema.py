@@ -685,6 +685,11 @@ class DumpSource:
     torch_cuda_version: str | None = _omit_none()
     torch_git_version: str | None = _omit_none()
 
+    def __post_init__(self):
+        # read back, another kind would be another record: a writer cannot make one
+        if self.kind not in DUMP_KINDS:
+            raise SchemaViolation(f"a dump's kind is one of {', '.join(DUMP_KINDS)}, not {str(self.kind)[:40]!r}")
+
     @property
     def graph_kind(self) -> str:
         return self.kind
@@ -910,8 +915,6 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         raise SchemaViolation("is not <algorithm>:<hex digest>").at("parent")
     if records.failure is not None:
         _check_failure(records.failure)
-    if isinstance(records.source, DumpSource) and records.source.kind not in DUMP_KINDS:
-        raise SchemaViolation(f"a dump's kind is one of {', '.join(DUMP_KINDS)}").at("kind").at("source")
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
                  records=records, format=FORMAT_NAME, version=raw["version"])
 

@@ -39,8 +39,11 @@ from typing import Any
 
 from reproarchive.child import child_main
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
-from reproarchive.format.schema import FailureRecord, from_plain
+from reproarchive.format.schema import FailureRecord, Records, SystemRecord, TraceSource, from_plain
+from reproarchive.archive.writing import Capture, write_capture
+from reproarchive.context.redaction import redacted
 from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
+from reproarchive.sources.report import PackReport, failure_summary
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
 # child write a new trace or debug folder into the user's directories.
@@ -430,42 +433,46 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
     if failure is None and job.get("accuracy"):
         failure = fail.unknown_record("an accuracy failure was reported with --accuracy; not replayed", backend=backend)
 
-    source = dict(job["source"])
-    source.update({
-        "graph_kind": built["kind"],
-        "inputs": built["input_records"],
-        "config_origin": config_origin,
-        "environment_origin": ("the environment variables fx_graph_runnable sets (the job's TORCH*/INDUCTOR*/"
-                               "TRITON* variables)") if built["environment"] else "not in the log",
-        "replay": replay_notes,
-    })
-    if built["lifted"]:
-        source["lifted_module_state"] = built["lifted"]
-    if built["storages"]:
-        source["storages"] = built["storages"]
-    if built["content_store"]:
-        source["content_store"] = built["content_store"]
+    capture = capture_of(built, job, config=config, config_origin=config_origin, failure=failure,
+                         replay_notes=replay_notes)
 
     events("writing the archive")
-    from reproarchive.archive.packing import pack
+    out = write_capture(capture, job["out"], prefixes=scrub.prefixes)
+    compile_ = job["compile"]
+    return PackReport(
+        archive=out, size=out.stat().st_size, kind=built["kind"], backend=backend,
+        accuracy="accuracy" if job.get("accuracy") else "", graph=dump_graph.graph_summary(built["gm"]),
+        inputs=built["inputs_summary"],
+        failure=failure_summary(redacted(Records(failure=failure), scrub.prefixes).failure),
+        replay=replay_notes, warnings=tuple(scrub(warnings)), compile_id=compile_["id"], rank=compile_["rank"],
+        graph_from=job["graph"]["from"],
+    ).to_plain()
 
-    from reproarchive.context.redaction import redacted_records
 
-    records = redacted_records(dict(config=config or None, system=job.get("system"), environment=built["environment"],
-                                    failure=failure, source=source), scrub.prefixes)
-    failure = records["failure"]
-    out = pack(built["gm"], built["inputs"], job["out"], backend=backend, accuracy=bool(job.get("accuracy")),
-               **records)
-    return {
-        "archive": str(out),
-        "kind": built["kind"],
-        "backend": backend,
-        "graph": dump_graph.graph_summary(built["gm"]),
-        "inputs": built["inputs_summary"],
-        "failure": dump_child.failure_summary(failure) if failure else None,
-        "replay": replay_notes,
-        "warnings": scrub(warnings),
-    }
+SOURCE_RECORD = TraceSource
+
+
+def capture_of(built: dict[str, Any], job: dict[str, Any], *, config: Any, config_origin: str | None,
+               failure: Any, replay_notes: dict[str, Any]) -> Capture:
+    """The compile's graph and inputs as ``from_dynamo_graph`` / the runnable rebuilt them,
+    and the records around them: what the parent read from the log (``job``: source, system,
+    backend) completed with what only this process learnt."""
+    source = dataclasses.replace(
+        from_plain(TraceSource, job["source"]),
+        graph_kind=built["kind"],
+        inputs=built["input_records"],
+        config_origin=config_origin,
+        environment_origin=("the environment variables fx_graph_runnable sets (the job's TORCH*/INDUCTOR*/"
+                            "TRITON* variables)") if built["environment"] else "not in the log",
+        replay=replay_notes,
+        lifted_module_state=built["lifted"] or None,
+        storages=built["storages"] or None,
+        content_store=built["content_store"] or None,
+    )
+    return Capture(built["gm"], built["inputs"], Records(
+        backend=job.get("backend"), accuracy=bool(job.get("accuracy")), config=config or None,
+        system=from_plain(SystemRecord, job["system"]) if job.get("system") else None,
+        environment=built["environment"], failure=failure, source=source))
 
 
 def _pack_jobs(request: dict, *, started, event) -> dict[str, Any]:

@@ -16,8 +16,10 @@ from torch._dynamo.debug_utils import AccuracyError
 
 import reproarchive
 from reproarchive.sources import backend as capture_backend
+from reproarchive.format.schema import CaptureSource
 from reproarchive.sources.backend import CaptureWarning, archive_path
 from support.machine_paths import machine_paths_in
+from support.source_tests import Captured, SourceTests
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -86,7 +88,7 @@ def test_failure_text_names_no_path_of_the_capturing_machine(tmp_path):
     import tempfile
 
     failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", tmp_path)
-    failure = reproarchive.load(only_archive(tmp_path)).failure
+    failure = reproarchive.load(only_archive(tmp_path)).records.failure
     text = failure.message + "\n" + failure.traceback
     assert "site-packages" in failure.traceback or "<python>" in failure.traceback  # a real traceback
     for path in {os.path.expanduser("~"), sys.prefix, os.path.dirname(torch.__file__), tempfile.gettempdir(),
@@ -255,7 +257,7 @@ def test_file_target_and_default_directory(tmp_path, monkeypatch):
     with pytest.raises(Exception):
         torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=target))(x, y)
     assert target.is_file()
-    assert reproarchive.load(target).failure.stage == "compile"
+    assert reproarchive.load(target).records.failure.stage == "compile"
 
     torch._dynamo.reset()
     monkeypatch.setenv("REPROARCHIVE_DIR", str(tmp_path / "from_env"))
@@ -315,3 +317,22 @@ def test_options_are_checked_and_the_public_name_stays_a_function():
         warnings.simplefilter("error")
         inductor_backend = reproarchive.capture("inductor", mode="max-autotune-no-cudagraphs")
     assert inductor_backend.config_patches.get("max_autotune") is True
+
+
+# ------------------------------------------------------------------------------------------
+# the contract of every source
+
+
+class TestBackendSource(SourceTests):
+    """The in-process capture backend, on a compile error from PyTorch's bug injector."""
+
+    source_record = CaptureSource
+    stage = "compile"
+
+    @pytest.fixture(scope="module")
+    def captured(self, tmp_path_factory) -> Captured:
+        folder = tmp_path_factory.mktemp("backend_source")
+        torch._dynamo.reset()
+        failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", folder)
+        torch._dynamo.reset()
+        return Captured(archives=sorted(folder.glob("repro-*.tar.zst")), folders=(folder,))

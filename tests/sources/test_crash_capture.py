@@ -84,7 +84,7 @@ def test_backend_leaves_a_verifying_archive_when_the_kernel_aborts(tmp_path):
     assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
     archive = _only_archive(tmp_path / "archives")
     reproarchive.verify(archive)  # raises on any defect
-    recorded = reproarchive.load(archive).failure
+    recorded = reproarchive.load(archive).records.failure
     assert recorded.stage == "crash" and recorded.exception_type == ""  # the signal came after
     assert "written just before it ran" in recorded.message
     assert machine_paths_in(archive, tmp_path) == []
@@ -177,7 +177,7 @@ def test_pack_records_the_crash_of_its_replay(tmp_path):
     assert code == 0, out
     failure = json.loads(out)["failure"]
     assert failure["stage"] == "crash" and failure["exception_type"] == "SIGABRT"
-    record = reproarchive.load(tmp_path / "crash.tar.zst").failure
+    record = reproarchive.load(tmp_path / "crash.tar.zst").records.failure
     assert "terminate called" in record.message + record.traceback
 
     # packed without the replay, `run` still replays it in a child: the caller is not killed
@@ -284,7 +284,7 @@ def test_pack_of_a_trace_log_records_the_crash_of_its_replay(tmp_path):
     code, out = cli("pack", "--json", tmp_path / "trace", "--compile-id", "0/0", "--backend", "inductor",
                     "-o", tmp_path / "crash.tar.zst")
     assert code == 0, out
-    record = reproarchive.load(tmp_path / "crash.tar.zst").failure
+    record = reproarchive.load(tmp_path / "crash.tar.zst").records.failure
     assert record.stage == "crash" and record.exception_type == "SIGABRT"
     assert "terminate called" in record.message + record.traceback
     assert machine_paths_in(tmp_path / "crash.tar.zst", tmp_path) == []

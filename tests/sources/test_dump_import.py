@@ -22,9 +22,11 @@ from support.machine_paths import machine_paths_in
 import reproarchive
 from reproarchive.cli.text import pack_summary
 from reproarchive.errors import SourceError  # noqa: E402
+from reproarchive.format.schema import DumpSource
 from reproarchive.sources.dump_import import pack_dump  # noqa: E402
 from reproarchive.sources.dump_script import discover, parse_dump_script
 from support import dump_programs as progs
+from support.source_tests import Captured, SourceTests
 
 # ---------------------------------------------------------------------------------------------
 # dumps, made once
@@ -391,3 +393,20 @@ def test_pack_time_replay_generates_absent_inputs_like_load(tmp_path):
     replayed, generated = _concrete(args)
     loaded = reproarchive.load(path).args
     assert generated == 1 and torch.equal(replayed[1], loaded[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract of every source
+
+
+class TestDumpSource(SourceTests):
+    """``pack`` of an after_dynamo dump whose graph fails to compile (PyTorch's bug injector)."""
+
+    source_record = DumpSource
+    stage = "compile"
+
+    @pytest.fixture(scope="module")
+    def captured(self, dynamo_dump, tmp_path_factory) -> Captured:
+        work = _copy(dynamo_dump, tmp_path_factory.mktemp("dump_source") / "work")
+        report = _pack_in(work, work.parent / "out.tar.zst")
+        return Captured(archives=[report.archive], reports=[report], folders=(work, dynamo_dump))
