@@ -167,7 +167,7 @@ def test_missing_storage_is_reported_and_absent(dynamo_dump, tmp_path):
     (launcher.parent / "checkpoints" / "storages" / x_hash).unlink()
 
     result = _pack_in(work, tmp_path / "out.tar.zst", replay=False)
-    assert result.missing_storages == [f"storages/{x_hash}"]
+    assert result.missing_storages == (f"storages/{x_hash}",)
     assert any(x_hash in w for w in result.warnings)
     assert result.inputs["real"] == 3 and result.inputs["absent"] == 1
     assert result.failure["stage"] == "unknown"
@@ -175,7 +175,7 @@ def test_missing_storage_is_reported_and_absent(dynamo_dump, tmp_path):
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["real", "real", "absent", "real"]
     assert tuple(repro.args[2].shape) == (3, 4)
-    assert repro.records.source.extra["storages"]["missing"] == [f"storages/{x_hash}"]
+    assert repro.records.source.storages["missing"] == [f"storages/{x_hash}"]
 
 
 def parse_x_hash(launcher: Path) -> str:
@@ -240,8 +240,8 @@ def test_after_aot_storages_without_data(aot_accuracy_dump, tmp_path):
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["absent", "absent"]
     assert [tuple(a.shape) for a in repro.args] == [(3, 4), (4, 5)]
-    assert [i["data"] for i in repro.records.source.extra["inputs"]] == ["no_data", "no_data"]
-    assert repro.records.source.extra["torch_version"] == torch.__version__
+    assert [i["data"] for i in repro.records.source.inputs] == ["no_data", "no_data"]
+    assert repro.records.source.torch_version == torch.__version__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def test_level1_repro_py_after_folder_moved(tmp_path_factory, tmp_path):
     assert result.failure["stage"] == "forward"
     assert "ReluRuntimeError" in result.failure["message"]
     repro = reproarchive.load(result.archive)
-    assert "beside the script" in repro.records.source.extra["content_store"]
+    assert "beside the script" in repro.records.source.content_store
 
 
 # ---------------------------------------------------------------------------------------------
