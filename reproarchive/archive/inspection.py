@@ -126,6 +126,6 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             "storage": _storage_stats(reader, index),
             **_summaries(index),
             # the full records, for --json readers and tools; the summaries above are for people
-            "records": {key: (to_plain(getattr(index.records, key)) if getattr(index.records, key) is not None else None)
+            "records": {key: to_plain(getattr(index.records, key)) if getattr(index.records, key) is not None else None
                         for key in ("failure", "config", "environment", "system")},
         }

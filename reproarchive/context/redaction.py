@@ -3,8 +3,9 @@ temporary folder) and its user name in recorded text, the same way for every cap
 
 ``redacted`` is the one pass the one capture writer (``archive.writing.write_capture``, which
 every capture source writes through) runs over the records it is about to store: failure
-message and traceback, config values, environment values, the system and source records. Replay loses nothing by it: settings and variables that hold paths are machine
-specific and never applied (``context.config``, ``context.environment.plan``).
+message and traceback, config values, environment values, the system and source records.
+Replay loses nothing by it: settings and variables that hold paths are machine specific and
+never applied (``context.config``, ``context.environment.plan``).
 """
 
 from __future__ import annotations

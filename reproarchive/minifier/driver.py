@@ -58,8 +58,9 @@ class MinifyReport:
 
 def _replay_options(repro: Repro, **options) -> dict[str, Any]:
     """The replay settings every candidate is judged with (recorded records + user choices)."""
-    return dict(recorded_failure=repro.records.failure, config=repro.records.config, environment=repro.records.environment,
-                source_kind=repro.records.graph_kind, **options)
+    records = repro.records
+    return dict(recorded_failure=records.failure, config=records.config, environment=records.environment,
+                source_kind=records.graph_kind, **options)
 
 
 def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, current_config: bool, tol,
@@ -119,7 +120,8 @@ def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
     from reproarchive.codec.tensors import FIDELITY_ABSENT
 
     fidelity = list(repro.fidelity or [])
-    parent_inputs = repro.records.minify.inputs if repro.records.minify is not None and repro.records.minify.inputs else None
+    minify = repro.records.minify
+    parent_inputs = minify.inputs if minify is not None and minify.inputs else None
     generated = {k for k, f in enumerate(fidelity) if f == FIDELITY_ABSENT}
     if parent_inputs is not None:
         generated |= {k for k, p in enumerate(parent_inputs) if not p.real}

@@ -308,7 +308,8 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
     chosen = choose_backend(backend, repro.records.backend)
     resolve_backend(chosen)
     if on_start is not None:
-        on_start({"recorded": to_plain(repro.records.failure) if repro.records.failure else None, "backend": chosen, "digest": repro.digest,
+        recorded = repro.records.failure
+        on_start({"recorded": to_plain(recorded) if recorded else None, "backend": chosen, "digest": repro.digest,
                   "device": _describe_device(repro.args, device), "warnings": load_warnings,
                   "config": "current" if current_config else "recorded"})
     outcome = replay_graph(

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reproarchive.child import child_main
 from reproarchive.archive.writing import Capture, write_capture
+from reproarchive.child import child_main
 from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format.schema import DumpSource, Records

@@ -10,8 +10,8 @@ report (a ``PackReport``) back. The caller's environment, torch config and cwd a
 
 from __future__ import annotations
 
-import os
 import dataclasses
+import os
 from pathlib import Path
 from typing import Callable
 

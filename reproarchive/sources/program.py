@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from reproarchive.errors import ReproArchiveError, SourceError
+from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import crash_guard
 from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, pending_archives
-from reproarchive.format.schema import CaptureSource
 from reproarchive.sources.dump_import import pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME
 from reproarchive.sources.report import PackReport, archive_report

@@ -37,11 +37,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
+from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
 from reproarchive.format.schema import FailureRecord, Records, SystemRecord, TraceSource, from_plain
-from reproarchive.archive.writing import Capture, write_capture
-from reproarchive.context.redaction import redacted
 from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
 from reproarchive.sources.report import PackReport, failure_summary
 

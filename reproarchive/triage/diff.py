@@ -99,7 +99,8 @@ def record_differences(a: Index, b: Index) -> dict[str, list[dict[str, Any]]]:
                and r.get("module") not in (a.records.config.modules if a.records.config else {})]
     environment = [{"name": r["what"].removeprefix("env "), "a": r["recorded"], "b": r["current"],
                     "important": r["important"]}
-                   for r in environment_diff(a.records.environment or EnvironmentRecord(), b.records.environment or EnvironmentRecord())]
+                   for r in environment_diff(a.records.environment or EnvironmentRecord(),
+                                             b.records.environment or EnvironmentRecord())]
     if a.records.system is not None and b.records.system is not None:
         system = [{"name": r["what"], "a": r["recorded"], "b": r["current"], "important": r["important"]}
                   for r in system_diff(a.records.system, b.records.system)]
@@ -156,7 +157,8 @@ def _replay_diff(a: Index, b: Index) -> dict:
     """What ``run`` takes from the archive besides records: the backend, the accuracy check and
     which of PyTorch's graphs it holds (it decides how Inductor is called)."""
     rows = []
-    for name, va, vb in (("backend", a.records.backend, b.records.backend), ("accuracy", bool(a.records.accuracy), bool(b.records.accuracy)),
+    for name, va, vb in (("backend", a.records.backend, b.records.backend),
+                         ("accuracy", bool(a.records.accuracy), bool(b.records.accuracy)),
                          ("graph kind", a.records.graph_kind, b.records.graph_kind)):
         if va != vb:
             rows.append({"name": name, "a": va, "b": vb})

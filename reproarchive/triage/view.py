@@ -90,7 +90,8 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
     else:
         parent_side, child_side = _find_related(archive, digest, index, limits)
     if index.records.parent is not None and parent_side is None:
-        warnings.append(f"minified from {index.records.parent[:19]}..., which is not next to it (--parent shows before and after)")
+        warnings.append(f"minified from {index.records.parent[:19]}..., which is not next to it "
+                        "(--parent shows before and after)")
 
     highlight = _failure_named(index)
     if child_side is not None:

@@ -15,8 +15,8 @@ import torch._inductor.config as inductor_config
 from torch._dynamo.debug_utils import AccuracyError
 
 import reproarchive
-from reproarchive.sources import backend as capture_backend
 from reproarchive.format.schema import CaptureSource
+from reproarchive.sources import backend as capture_backend
 from reproarchive.sources.backend import CaptureWarning, archive_path
 from support.machine_paths import machine_paths_in
 from support.source_tests import Captured, SourceTests

@@ -16,7 +16,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 import reproarchive
 from reproarchive.context.failure import crash_report, same_failure
 from reproarchive.format.schema import FailureRecord

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.fx as fx
 import zstandard
-from support.machine_paths import machine_paths_in
 
 import reproarchive
 from reproarchive.cli.text import pack_summary
@@ -26,6 +25,7 @@ from reproarchive.format.schema import DumpSource
 from reproarchive.sources.dump_import import pack_dump  # noqa: E402
 from reproarchive.sources.dump_script import discover, parse_dump_script
 from support import dump_programs as progs
+from support.machine_paths import machine_paths_in
 from support.source_tests import Captured, SourceTests
 
 # ---------------------------------------------------------------------------------------------

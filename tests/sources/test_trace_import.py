@@ -21,8 +21,8 @@ from click.testing import CliRunner
 import reproarchive
 from reproarchive.cli import main
 from reproarchive.errors import SourceError
-from reproarchive.minifier.driver import minify_archive
 from reproarchive.format.schema import TraceSource
+from reproarchive.minifier.driver import minify_archive
 from reproarchive.sources.trace_import import TracePackResult, list_trace, pack_trace
 from support.source_tests import Captured, SourceTests
 
