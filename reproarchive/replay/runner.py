@@ -305,25 +305,25 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
         repro = load(path, device=device, progress=progress, max_memory=max_memory)
     load_warnings = _dedupe(repro.warnings or [])
-    chosen = choose_backend(backend, repro.records.backend)
+    records = repro.records
+    chosen = choose_backend(backend, records.backend)
     resolve_backend(chosen)
     if on_start is not None:
-        recorded = repro.records.failure
-        on_start({"recorded": to_plain(recorded) if recorded else None, "backend": chosen, "digest": repro.digest,
+        on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen, "digest": repro.digest,
                   "device": _describe_device(repro.args, device), "warnings": load_warnings,
                   "config": "current" if current_config else "recorded"})
     outcome = replay_graph(
         repro.gm,
         list(repro.args),
         backend=chosen,
-        recorded_failure=repro.records.failure,
-        accuracy=bool(repro.records.accuracy) if accuracy is None else accuracy,
+        recorded_failure=records.failure,
+        accuracy=bool(records.accuracy) if accuracy is None else accuracy,
         only_fwd=only_fwd,
-        config=repro.records.config,
-        environment=repro.records.environment,
-        system=repro.records.system,
+        config=records.config,
+        environment=records.environment,
+        system=records.system,
         current_config=current_config,
-        source_kind=repro.records.graph_kind,
+        source_kind=records.graph_kind,
         tol=tol,
         strict_accuracy=strict_accuracy,
     )
