@@ -217,7 +217,8 @@ def _kept_region(parent_graph: GraphRecord, child: Index) -> dict[str, int]:
     parent_nodes = {n.name: n for n in parent_graph.nodes}
     region = {n.name: FLAG_HIGHLIGHT for n in child.graph.nodes
               if n.op in COMPUTE_OPS and n.name in parent_nodes and parent_nodes[n.name].target == n.target}
-    for origin in (child.minify.input_origins if child.minify and child.minify.input_origins else ()):
+    minify = child.records.minify
+    for origin in (minify.input_origins if minify and minify.input_origins else ()):
         kind, _, name = origin.partition(":")
         if kind == "node" and name in parent_nodes:
             region.setdefault(name, FLAG_BOUNDARY)
