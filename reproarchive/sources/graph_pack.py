@@ -13,7 +13,8 @@ import dataclasses
 import inspect
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from reproarchive.context.redaction import redacted_records
 from reproarchive.format.schema import Records
@@ -31,15 +32,16 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
     forward, backward, accuracy or crash). With ``snapshot`` (the default) the config,
     environment and system not given are this process's. Keywords of
     ``archive.packing.pack`` (``digest``, ``level``, ``frame_size``, ``min_saving``,
-    ``progress``) are passed on; any other keyword is user metadata.
+    ``progress``) are passed on; any other keyword is user metadata (added to ``records``').
     """
     from reproarchive.archive.packing import as_records
     from reproarchive.archive.packing import pack as pack_records
 
+    base = as_records(records)
     options = {k: kwargs.pop(k) for k in list(kwargs) if k in inspect.signature(pack_records).parameters}
     sections = {k: kwargs.pop(k) for k in list(kwargs) if k in {f.name for f in dataclasses.fields(Records)}}
-    if kwargs:
-        sections["metadata"] = {**(sections.get("metadata") or {}), **kwargs}
+    if kwargs:  # user metadata, added to what ``records`` holds
+        sections["metadata"] = {**(base.metadata or {}), **(sections.get("metadata") or {}), **kwargs}
     taken: dict[str, Any] = {}
     if isinstance(failure, BaseException):
         from reproarchive.context.failure import record_from_exception
@@ -48,7 +50,7 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
     elif failure is not None:
         sections["failure"] = failure
     named = as_records(sections)
-    given = dataclasses.replace(as_records(records), **{k: getattr(named, k) for k in sections})
+    given = dataclasses.replace(base, **{k: getattr(named, k) for k in sections})
     if snapshot:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.environment import environment_snapshot

@@ -3,6 +3,7 @@ exception itself, and the same redaction as every capture path."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -54,3 +55,23 @@ def test_a_failing_json_command_prints_an_error_object(tmp_path):
     document = json.loads(result.stdout)
     assert result.exit_code == 4 and document["exit_code"] == 4
     assert document["error"]["exit_code"] == 4 and "missing.tar.zst" in document["error"]["message"]
+
+
+def test_records_go_in_and_come_back_in_one_piece(tmp_path):
+    from reproarchive.format.schema import CaptureSource, FailureRecord
+
+    records = reproarchive.Records(backend="eager", accuracy=False, source=CaptureSource(stage="compile"),
+                                   failure=FailureRecord(stage="compile", signature="compile|E|x"),
+                                   metadata={"ticket": "T-1"})
+    path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", records=records, snapshot=False)
+    back = reproarchive.load(path).records
+    assert back.created_by.reproarchive == reproarchive.__version__  # the writer's own
+    assert back == dataclasses.replace(records, created_by=back.created_by)
+    # a section given as a keyword wins over the same section in ``records``; the rest is metadata
+    path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "b.tar.zst", records=records, snapshot=False,
+                             backend="inductor", note="n")
+    back = reproarchive.load(path).records
+    assert back.backend == "inductor" and back.metadata == {"ticket": "T-1", "note": "n"}
+    assert back.failure == records.failure
+    with pytest.raises(reproarchive.PackError, match="'sauce' is not a record section"):
+        reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "c.tar.zst", records={"sauce": {}})
