@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from reproarchive.context.redaction import redacted_records
