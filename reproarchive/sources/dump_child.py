@@ -33,7 +33,6 @@ from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
-from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format.schema import DumpSource, Records
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
@@ -273,7 +272,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
         archive=out, size=out.stat().st_size, kind=dump.kind, backend=dump.backend, accuracy=dump.accuracy_mode,
         graph=graph_summary(imp.gm), inputs=inputs, missing_storages=tuple(missing),
         lifted_module_state=tuple(x["attribute"] for x in imp.lifted),
-        failure=failure_summary(redacted(Records(failure=failure), scrub.prefixes).failure), replay=replay_notes,
+        failure=failure_summary(failure, scrub.prefixes), replay=replay_notes,
         warnings=tuple(scrub(warnings)),
     ).to_plain()
 

@@ -89,10 +89,16 @@ def archive_report(archive: Path, *, kind: str, replay: dict[str, Any] | None = 
         failure=failure_summary(records.failure), replay=replay or {})
 
 
-def failure_summary(failure: Any) -> dict[str, Any] | None:
-    """A failure record as reports print it (a summary of the record, not the record)."""
+def failure_summary(failure: Any, prefixes: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """A failure record as reports print it (a summary of the record, not the record); with
+    ``prefixes``, redacted as ``write_capture`` stores it."""
     if failure is None:
         return None
+    if prefixes is not None:
+        from reproarchive.context.redaction import redacted
+        from reproarchive.format.schema import Records
+
+        failure = redacted(Records(failure=failure), prefixes).failure
     return {k: getattr(failure, k) for k in ("stage", "exception_type", "message", "signature")}
 
 

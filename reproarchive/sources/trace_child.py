@@ -39,7 +39,6 @@ from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
-from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
 from reproarchive.format.schema import FailureRecord, Records, SystemRecord, TraceSource, from_plain
 from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
@@ -461,7 +460,7 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
         archive=out, size=out.stat().st_size, kind=built.kind, backend=backend,
         accuracy="accuracy" if job.get("accuracy") else "", graph=dump_graph.graph_summary(built.gm),
         inputs=built.inputs_summary,
-        failure=failure_summary(redacted(Records(failure=failure), scrub.prefixes).failure),
+        failure=failure_summary(failure, scrub.prefixes),
         replay=replay_notes, warnings=tuple(scrub(warnings)), compile_id=compile_["id"], rank=compile_["rank"],
         graph_from=job["graph"]["from"],
     ).to_plain()
