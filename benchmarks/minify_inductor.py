@@ -237,6 +237,7 @@ def record_crash(archive: Path, env: dict[str, str]) -> None:
     """Until ``pack`` records crashes (issue 18): the failure of one isolated replay, written
     into the archive, absent inputs kept absent."""
     code = f'''
+import dataclasses
 import warnings
 warnings.simplefilter("ignore")
 from reproarchive.archive.loading import load
@@ -245,12 +246,11 @@ from reproarchive.codec.tensors import AbsentTensor, FIDELITY_ABSENT
 from reproarchive.replay.isolation import run_in_child
 path = {str(archive)!r}
 repro = load(path)
-outcome = run_in_child(path, environment=repro.environment)
+outcome = run_in_child(path, environment=repro.records.environment)
 assert outcome.observed and outcome.observed.stage == "crash", outcome.observed
 args = [AbsentTensor(tuple(a.shape), a.dtype, tuple(a.stride()), a.storage_offset(), str(a.device), a.requires_grad)
         if f == FIDELITY_ABSENT else a for a, f in zip(repro.args, repro.fidelity)]
-pack(repro.gm, args, path, config=repro.config, environment=repro.environment, system=repro.system,
-     failure=outcome.observed, source=repro.source, backend=repro.backend, accuracy=repro.accuracy)
+pack(repro.gm, args, path, records=dataclasses.replace(repro.records, failure=outcome.observed))
 '''
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 

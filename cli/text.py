@@ -86,12 +86,12 @@ def human_size(n: int) -> str:
 
 
 def pack_summary(result) -> list[str]:
-    """The three lines ``pack`` and ``capture`` print under an archive's path (a dump's or a
-    trace compile's: ``graph_from`` and ``backend`` are said when the result has them)."""
+    """The three lines ``pack`` and ``capture`` print under an archive's ``PackReport`` (a trace
+    compile's also says ``graph_from`` and ``backend``)."""
     g = result.graph
-    origin = f"{result.kind}, from {result.graph_from}" if getattr(result, "graph_from", None) else result.kind
+    origin = f"{result.kind}, from {result.graph_from}" if result.graph_from else result.kind
     graph = f"graph:   {g.get('nodes', 0)} nodes, {g.get('compute_nodes', 0)} ops of {g.get('op_kinds', 0)} kinds ({origin})"
-    if hasattr(result, "graph_from"):
+    if result.graph_from:
         graph += f", backend {result.backend or 'unknown'}"
     i = result.inputs
     inputs = (f"inputs:  {i.get('real', 0)} real / {i.get('absent', 0)} absent"

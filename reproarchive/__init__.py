@@ -22,6 +22,7 @@ _EXPORTS = {
     "doctor": "reproarchive.store.access",
     "graph_code": "reproarchive.archive.graph_code",
     "Repro": "reproarchive.archive.loading",
+    "Records": "reproarchive.format.schema",
     "read_input": "reproarchive.archive.loading",
     "AbsentTensor": "reproarchive.codec.tensors",
     # capture after a failure
@@ -90,6 +91,7 @@ def __getattr__(name: str):
 if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.archive.checking import unpack, verify  # noqa: F401
     from reproarchive.archive.loading import Repro  # noqa: F401
+    from reproarchive.format.schema import Records  # noqa: F401
     from reproarchive.sources.graph_pack import pack  # noqa: F401
     from reproarchive.store.access import doctor, inspect, load, run  # noqa: F401
     from reproarchive.store.pull import fetch, pull  # noqa: F401

@@ -86,11 +86,11 @@ def system_summary(system: SystemRecord) -> dict:
 
 
 def _summaries(index: Index) -> dict:
-    failure, config, environment = index.failure, index.config, index.environment
+    failure, config, environment = index.records.failure, index.records.config, index.records.environment
     return {
         "failure": ({"stage": failure.stage, "exception_type": failure.exception_type, "message": failure.message,
                      "signature": failure.signature, "backend": failure.backend} if failure else None),
-        "system": system_summary(index.system) if index.system else None,
+        "system": system_summary(index.records.system) if index.records.system else None,
         "config_changed": (config.changed or None) if config else None,
         "config_unrepresentable": [to_plain(u) for u in config.unrepresentable] or None if config else None,
         "environment": (environment.variables or None) if environment else None,
@@ -113,12 +113,12 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             "format": index.version,
             "digest": reader.index_digest,
             "digest_algorithm": index.digest_algorithm,
-            "created_by": to_plain(index.created_by) if index.created_by else None,
-            "backend": index.backend,
-            "accuracy": index.accuracy,
-            "parent": index.parent,
-            "source": to_plain(index.source) if index.source else None,
-            "minify": to_plain(index.minify) if index.minify else None,
+            "created_by": to_plain(index.records.created_by) if index.records.created_by else None,
+            "backend": index.records.backend,
+            "accuracy": index.records.accuracy,
+            "parent": index.records.parent,
+            "source": to_plain(index.records.source) if index.records.source else None,
+            "minify": to_plain(index.records.minify) if index.records.minify else None,
             "graph": {
                 "nodes": len(graph.nodes),
                 "ops": graph.op_count(),
@@ -130,6 +130,6 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             "storage": _storage_stats(reader, index),
             **_summaries(index),
             # the full records, for --json readers and tools; the summaries above are for people
-            "records": {key: (to_plain(getattr(index, key)) if getattr(index, key) is not None else None)
+            "records": {key: to_plain(getattr(index.records, key)) if getattr(index.records, key) is not None else None
                         for key in ("failure", "config", "environment", "system")},
         }

@@ -30,7 +30,7 @@ from reproarchive.format.layout import Limits
 from reproarchive.format.parallel import worker_threads
 from reproarchive.format.prefault import prefault
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import Index, StorageRecord
+from reproarchive.format.schema import Index, Records, StorageRecord
 from reproarchive.progress import ProgressFn, Tracker
 
 # --------------------------------------------------------------------------------------------
@@ -54,20 +54,11 @@ class Repro:
     devices: dict[str, str]
     warnings: list[str]
 
-    config = property(lambda self: self.index.config)
-    environment = property(lambda self: self.index.environment)
-    system = property(lambda self: self.index.system)
-    failure = property(lambda self: self.index.failure)
-    source = property(lambda self: self.index.source)
-    backend = property(lambda self: self.index.backend)
-    accuracy = property(lambda self: self.index.accuracy)
-    metadata = property(lambda self: self.index.metadata)
-    minify = property(lambda self: self.index.minify)
-    parent = property(lambda self: self.index.parent)
-
     @property
-    def graph_kind(self) -> str | None:
-        return self.index.graph_kind
+    def records(self) -> Records:
+        """The records around the graph in one piece (backend, accuracy, config, environment,
+        system, failure, source, minify ...: spec §8), as the index holds them."""
+        return self.index.records
 
 
 def _torch_errors_as_archive_errors(fn):

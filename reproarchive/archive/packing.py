@@ -8,6 +8,7 @@ so the stages overlap instead of adding up.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -25,18 +26,7 @@ from reproarchive.errors import (
 from reproarchive.format import digests, frames, layout, plain
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import WorkQueue, worker_threads
-from reproarchive.format.plain import check_plain
-from reproarchive.format.schema import (
-    ConfigRecord,
-    ContainerRecord,
-    CreatedBy,
-    EnvironmentRecord,
-    FailureRecord,
-    Index,
-    MinifyRecord,
-    SourceRecord,
-    SystemRecord,
-)
+from reproarchive.format.schema import ContainerRecord, CreatedBy, Index, Records
 from reproarchive.format.writer import ContainerWriter
 from reproarchive.progress import ProgressFn, Tracker
 from reproarchive.version import __version__
@@ -45,16 +35,24 @@ GRAPH_CODE_MEMBER = layout.GRAPH_CODE_MEMBER
 _ZERO_PROBE = 4096
 
 
-def as_record(cls: type, value: Any, where: str):
-    """A record section for ``pack``: a record of ``cls`` as is, or a mapping checked against it."""
-    if value is None or isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise PackError(f"{where} must be a {cls.__name__} or a mapping, not {type(value).__name__}")
+def as_records(records: Records | Mapping[str, Any] | None) -> Records:
+    """The records for ``pack``: a ``Records`` as is, or a mapping of section name -> record or
+    plain data (``{"failure": {...}, "backend": "eager"}``), checked against the schema."""
+    if records is None:
+        return Records()
+    if isinstance(records, Records):
+        return records
+    if not isinstance(records, Mapping):
+        raise PackError(f"records must be a Records or a mapping, not {type(records).__name__}")
+    unknown = sorted(set(records) - {f.name for f in dataclasses.fields(Records)})
+    if unknown:
+        raise PackError(f"{unknown[0]!r} is not a record section",
+                        f"the sections are {', '.join(f.name for f in dataclasses.fields(Records))}")
     try:
-        return plain.from_plain(cls, dict(value))
+        return plain.from_plain(Records, {k: plain.to_plain(v) if dataclasses.is_dataclass(v) else v
+                                          for k, v in records.items() if v is not None})
     except SchemaViolation as exc:
-        raise PackError(f"{where} cannot be stored: {exc}", "records hold plain data (str keys; "
+        raise PackError(f"the records cannot be stored: {exc}", "records hold plain data (str keys; "
                         "None, bool, int64, float, str, bytes, lists and maps of these)") from None
 
 
@@ -88,26 +86,19 @@ def pack(
     example_inputs: Sequence[Any],
     path: str | os.PathLike,
     *,
-    config: ConfigRecord | Mapping | None = None,
-    environment: EnvironmentRecord | Mapping | None = None,
-    system: SystemRecord | Mapping | None = None,
-    failure: FailureRecord | Mapping | None = None,
-    source: SourceRecord | Mapping | None = None,
-    backend: str | None = None,
-    accuracy: bool | None = None,
-    parent: str | None = None,
-    minify: MinifyRecord | Mapping | None = None,
+    records: Records | Mapping[str, Any] | None = None,
     digest: str = digests.DEFAULT_ALGORITHM,
     level: int = layout.DEFAULT_LEVEL,
     frame_size: int = layout.DEFAULT_FRAME_SIZE,
     min_saving: float = frames.MIN_SAVING,
     progress: ProgressFn | None = None,
-    **metadata: Any,
 ) -> Path:
-    """Write ``gm`` and one example input per placeholder to ``path`` (atomically).
+    """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
 
-    Data frames that zstd ``level`` would shrink by less than ``min_saving`` are stored
-    uncompressed (cheaper to write and to read); ``min_saving=0`` compresses every frame.
+    The records are stored as given (``created_by`` is this writer's); a capture source writes
+    through ``archive.writing.write_capture``, which redacts them first. Data frames that zstd
+    ``level`` would shrink by less than ``min_saving`` are stored uncompressed (cheaper to write
+    and to read); ``min_saving=0`` compresses every frame.
     """
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
@@ -119,22 +110,10 @@ def pack(
             f"graph has {len(placeholders)} placeholders but {len(inputs)} example inputs were given",
             "pass exactly one example input per placeholder, in order",
         )
-    if parent is not None:
-        digests.parse(parent)
-    if backend is not None and not isinstance(backend, str):
-        raise PackError("backend must be a string naming the compiler backend")
-    sections = dict(
-        config=as_record(ConfigRecord, config, "config"),
-        environment=as_record(EnvironmentRecord, environment, "environment"),
-        system=as_record(SystemRecord, system, "system"),
-        failure=as_record(FailureRecord, failure, "failure"),
-        source=as_record(SourceRecord, source, "source"),
-        minify=as_record(MinifyRecord, minify, "minify"),
-    )
-    try:
-        sections["metadata"] = check_plain(metadata) if metadata else None
-    except SchemaViolation as exc:
-        raise PackError(f"metadata cannot be stored: {exc}") from None
+    records = dataclasses.replace(
+        as_records(records), created_by=CreatedBy(reproarchive=__version__, torch=torch.__version__.split("+")[0]))
+    if records.parent is not None:
+        digests.parse(records.parent)
     table = StorageTable()
     input_records = tuple(
         tensor_codec.encode_value(v, table, name=n.name, dynamic=graph_codec.dynamic_dims(n))
@@ -180,11 +159,7 @@ def pack(
                 del keep, view
             index = Index(
                 container=ContainerRecord(frame_size=frame_size), digest_algorithm=digest,
-                storages=tuple(table.records), inputs=input_records, graph=graph_record, backend=backend,
-                accuracy=accuracy, parent=parent,
-                created_by=CreatedBy(reproarchive=__version__, torch=torch.__version__.split("+")[0]),
-                **sections,
-            )
+                storages=tuple(table.records), inputs=input_records, graph=graph_record, records=records)
             try:
                 writer.finish(index)
             except SchemaViolation as exc:

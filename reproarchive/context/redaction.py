@@ -1,11 +1,11 @@
 """Replacing the recording machine's paths (home, cwd, dump folders, its Python, caches and
 temporary folder) and its user name in recorded text, the same way for every capture path.
 
-``redacted_records`` is the one pass every capture path (the capture backend and the crash
-guard, ``pack`` of a dump, ``capture --``, ``pack`` of a TORCH_TRACE log) runs over the records
-it is about to store: failure message and traceback, config values, environment values, the
-source record. Replay loses nothing by it: settings and variables that hold paths are machine
-specific and never applied (``context.config``, ``context.environment.plan``).
+``redacted`` is the one pass the one capture writer (``archive.writing.write_capture``, which
+every capture source writes through) runs over the records it is about to store: failure
+message and traceback, config values, environment values, the system and source records.
+Replay loses nothing by it: settings and variables that hold paths are machine specific and
+never applied (``context.config``, ``context.environment.plan``).
 """
 
 from __future__ import annotations
@@ -128,6 +128,19 @@ def _redact_value(value: Any, prefixes: Mapping[str, str]) -> Any:
 # ---------------------------------------------------------------------------------------------
 # Every record an archive gets from a capture
 # ---------------------------------------------------------------------------------------------
+
+#: The sections that hold what the machine said about itself; the others (backend, parent,
+#: minify, metadata ...) are the tool's or the user's own words.
+RECORD_SECTIONS = ("config", "environment", "system", "failure", "source")
+
+
+def redacted(records: Any, prefixes: Mapping[str, str] | None = None) -> Any:
+    """A ``format.schema.Records`` with its ``RECORD_SECTIONS`` redacted (``redacted_records``)."""
+    import dataclasses
+
+    sections = {name: getattr(records, name) for name in RECORD_SECTIONS}
+    return dataclasses.replace(records, **redacted_records(sections, prefixes))
+
 
 def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``records`` (section name -> record or plain data, as ``pack`` takes them) with every

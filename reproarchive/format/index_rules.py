@@ -15,6 +15,7 @@ torch objects; the *shape* of a call-target or method name is written here once 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import types
@@ -23,6 +24,7 @@ from typing import Any, Union
 
 from reproarchive.errors import IndexSchemaError, LimitExceededError, Rule, SchemaViolation, UnsafeArchiveError
 from reproarchive.format import index_codec
+from reproarchive.format import schema as schema_module
 from reproarchive.format.digests import DIGEST_RE
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
@@ -34,7 +36,7 @@ from reproarchive.format.layout import (
     check_member_name,
     is_blob_name,
 )
-from reproarchive.format.plain import PlainData, decoder_for, encode
+from reproarchive.format.plain import decoder_for, encode
 from reproarchive.format.schema import (
     DTYPES,
     FORMAT_NAME,
@@ -46,29 +48,24 @@ from reproarchive.format.schema import (
     MAX_VALUE_DEPTH,
     SCALAR_KINDS,
     SYMBOL_KINDS,
-    ConfigRecord,
     ContainerRecord,
-    CreatedBy,
     DictArg,
     DigestAlgorithm,
-    EnvironmentRecord,
     FailureRecord,
     Fidelity,
     GraphRecord,
     Index,
-    MinifyRecord,
     ModuleEntry,
     NodeOp,
     NodeRef,
+    Records,
     ScalarValue,
     SequenceValue,
     SliceArg,
-    SourceRecord,
     Stage,
     StorageRecord,
     SubgraphEntry,
     SymValue,
-    SystemRecord,
     TensorEntry,
     TensorValue,
     TupleArg,
@@ -162,18 +159,14 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         raise SchemaViolation(f"the graph has {placeholders} placeholders but the index stores {len(inputs)} inputs",
                               ("inputs",), Rule.INPUTS)
     # §8 records
-    kwargs: dict[str, Any] = {}
-    for key, cls in (("backend", str), ("accuracy", bool), ("parent", str), ("created_by", CreatedBy),
-                     ("config", ConfigRecord), ("environment", EnvironmentRecord), ("system", SystemRecord),
-                     ("failure", FailureRecord), ("source", SourceRecord), ("minify", MinifyRecord),
-                     ("metadata", dict[str, PlainData])):
-        kwargs[key] = _section(raw, key, cls | None)
-    if kwargs["parent"] is not None and not DIGEST_RE.match(kwargs["parent"]):
+    hints = typing.get_type_hints(Records, vars(schema_module), include_extras=True)
+    records = Records(**{f.name: _section(raw, f.name, hints[f.name]) for f in dataclasses.fields(Records)})
+    if records.parent is not None and not DIGEST_RE.match(records.parent):
         raise SchemaViolation("is not <algorithm>:<hex digest>", ("parent",), Rule.DIGEST_SYNTAX)
-    if kwargs["failure"] is not None:
-        check_failure(kwargs["failure"])
+    if records.failure is not None:
+        check_failure(records.failure)
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
-                 format=FORMAT_NAME, version=raw["version"], **kwargs)
+                 records=records, format=FORMAT_NAME, version=raw["version"])
 
 
 def _raw_node_count(graph: Any, depth: int) -> int:

@@ -20,9 +20,15 @@ Field options (``dataclasses.field(metadata=...)``):
 * ``key``: the map key when it differs from the attribute name (``class`` is a keyword);
 * ``omit``: when encoding, leave the key out if the value is ``None`` (``"none"``) or empty
   (``"empty"``); by default every field is written, so a record's encoding has a fixed key set;
-* ``extra``: this field collects unknown keys (an open record).
+* ``extra``: this field collects unknown keys (an open record);
+* ``inline``: the field is a record whose keys are written into this record's map, not under
+  a key of their own (the index keeps its records at the top level; in memory they are one
+  ``Records`` value).
 
-Tagged unions are declared with ``Tagged(key, {tag: class})``; a class's tag is its ``TAG``.
+Tagged unions are declared with ``Tagged(key, {tag: class}, fallback)``; a class's tag is its
+``TAG`` (or its own ``key`` field, for a class that stands for several tags). A map whose tag is
+none of them (or missing) decodes as ``fallback`` when there is one, so a reader keeps a variant
+written by a newer minor version as an open record instead of refusing the archive.
 
 Besides the converters, this module holds what ``schema`` needs to declare records without
 holding code itself (``schema_check`` refuses anything there that is not a record, an enum or a
@@ -54,6 +60,7 @@ class Tagged:
 
     key: str
     classes: dict[str, type]
+    fallback: type | None = None
 
 
 class PlainData:
@@ -223,6 +230,7 @@ def _decode_map(v: Any, conv) -> dict:
 
 def _tagged_decoder(tagged: Tagged):
     decoders = {tag: (lambda v, c=cls: decode(c, v)) for tag, cls in tagged.classes.items()}
+    fallback = (lambda v, c=tagged.fallback: decode(c, v)) if tagged.fallback is not None else None
 
     def conv(v: Any):
         if not isinstance(v, dict):
@@ -230,7 +238,9 @@ def _tagged_decoder(tagged: Tagged):
         tag = v.get(tagged.key)
         dec = decoders.get(tag) if isinstance(tag, str) else None
         if dec is None:
-            raise SchemaViolation(f"unknown {tagged.key} {str(tag)[:40]!r}")
+            if tagged.fallback is None:
+                raise SchemaViolation(f"unknown {tagged.key} {str(tag)[:40]!r}")
+            dec = fallback
         return dec(v)
 
     return conv
@@ -244,6 +254,7 @@ class _Spec:
     encode: Callable[[Any], Any]
     default: Any  # dataclasses.MISSING when required
     omit: str | None
+    inline: type | None = None  # a record whose keys live in this record's map
 
 
 @functools.cache
@@ -258,9 +269,12 @@ def _specs(cls: type) -> tuple[tuple[_Spec, ...], str | None, frozenset]:
         default = f.default
         if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
+        if f.metadata.get("inline"):
+            specs.append(_Spec(f.name, f.name, None, None, default, None, inline=hints[f.name]))
+            continue
         dec, enc = converters(hints[f.name])
         specs.append(_Spec(f.name, f.metadata.get("key", f.name), dec, enc, default, f.metadata.get("omit")))
-    keys = frozenset(s.key for s in specs)
+    keys = frozenset(k for s in specs for k in (_specs(s.inline)[2] if s.inline else (s.key,)))
     tag_key = getattr(cls, "TAG_KEY", None)
     if tag_key:
         keys |= {tag_key}
@@ -274,6 +288,9 @@ def decode(cls: type, raw: Any):
     specs, extra, keys = _specs(cls)
     values = {}
     for s in specs:
+        if s.inline is not None:
+            values[s.attr] = decode(s.inline, raw)
+            continue
         v = raw.get(s.key, dataclasses.MISSING)
         if v is dataclasses.MISSING:
             if s.default is dataclasses.MISSING:
@@ -305,6 +322,9 @@ def encode(record: Any) -> Any:
         out[tag_key] = cls.TAG
     for s in specs:
         v = getattr(record, s.attr)
+        if s.inline is not None:
+            out.update(encode(v))
+            continue
         if s.omit == "none" and v is None or s.omit == "empty" and not v:
             continue
         try:

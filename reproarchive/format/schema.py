@@ -26,7 +26,7 @@ from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim, informa
 
 FORMAT_NAME = "reproarchive"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 1
+FORMAT_MINOR = 2
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 
 
@@ -481,16 +481,6 @@ class FailureRecord:
 
 
 @open_record
-class SourceRecord:
-    """Where the archive came from (``kind``: capture, after_dynamo, after_aot, torch_trace ...);
-    ``graph_kind`` (1.1) says which of PyTorch's graphs it holds when ``kind`` does not; the rest
-    is informative and depends on the kind."""
-
-    kind: str | None = omit_none()
-    graph_kind: str | None = omit_none()
-
-
-@open_record
 class PassRecord:
     tries: int = 0
     calls: int = 0
@@ -541,7 +531,162 @@ MinifyRecord = informative(
 )
 
 
-# -- the index -----------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------
+# §8 source: where the archive came from, one typed record per kind of source (1.2)
+
+
+@open_record
+class SourceRecord:
+    """A source of a kind this version has no record for (a newer writer's, or one written
+    before 1.2 without a kind): ``kind`` and ``graph_kind`` (1.1: which of PyTorch's graphs it
+    holds) are known, every other key is kept as written."""
+
+    kind: str | None = omit_none()
+    graph_kind: str | None = omit_none()
+
+
+@open_record
+class CaptureSource:
+    """The capture backend caught the failure in the failing process (``reproarchive.capture``,
+    ``capture --``). ``written_before_run``: written before the compiled code ran, kept only
+    because the process died; ``program_exit`` then says how ``capture --``'s program ended."""
+
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "capture"
+    kind: ClassVar[str] = "capture"
+    stage: str | None = omit_none()
+    fwd_only: bool | None = omit_none()
+    tolerance: float | None = omit_none()
+    check_runtime: bool | None = omit_none()
+    written_before_run: bool | None = omit_none()
+    program_exit: int | None = omit_none()
+    replay: dict[str, PlainData] | None = omit_none()
+    # (1.2) an archive written at a door that is not Dynamo's: Inductor's (``capture --after aot``)
+    graph_kind: str | None = omit_none()  # None: Dynamo's graph, as a backend receives it
+    door: str | None = omit_none()
+    real_inputs: int | None = omit_none()
+
+
+DUMP_KINDS = ("after_dynamo", "after_aot")
+
+
+@open_record
+class DumpSource:
+    """A repro script PyTorch's minifier dumped (``pack``); ``kind`` is the graph it holds,
+    ``after_dynamo`` or ``after_aot``. What the script was run with (``run_repro``), where its
+    data came from (``content_store``, ``inputs``, ``storages``), what module state had to be
+    lifted, and how the one replay that recorded the failure went (``replay``)."""
+
+    kind: str = "after_dynamo"
+    script: str | None = omit_none()
+    run_repro: dict[str, PlainData] | None = omit_none()
+    run_repro_non_literal: tuple[str, ...] | None = omit_none()
+    save_dir_found: bool | None = omit_none()
+    content_store: str | None = omit_none()
+    load_args_version: PlainData = omit_none()
+    accuracy_mode: str | None = omit_none()
+    inputs: tuple[dict[str, PlainData], ...] | None = omit_none()
+    storages: dict[str, PlainData] | None = omit_none()
+    lifted_module_state: tuple[dict[str, PlainData], ...] | None = omit_none()
+    printed_module_state: tuple[str, ...] | None = omit_none()
+    environment_origin: str | None = omit_none()
+    replay: dict[str, PlainData] | None = omit_none()
+    torch_version: str | None = omit_none()
+    torch_cuda_version: str | None = omit_none()
+    torch_git_version: str | None = omit_none()
+
+    @property
+    def graph_kind(self) -> str:
+        return self.kind
+
+
+@open_record
+class TraceSource:
+    """One compile of a TORCH_TRACE log (``pack LOG``): which compile (``compile_id``,
+    ``attempt``, ``rank``, ``frame``), which artifact the graph came from (``graph_from``) and
+    which of PyTorch's graphs that is (``graph_kind``), what the log says of it, and where its
+    config, environment and data came from."""
+
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "torch_trace"
+    kind: ClassVar[str] = "torch_trace"
+    compile_id: str | None = omit_none()
+    attempt: int | None = omit_none()
+    rank: int | None = omit_none()
+    frame: PlainData = omit_none()
+    user_stack: PlainData = omit_none()
+    log: str | None = omit_none()
+    trace_format: str | None = omit_none()
+    log_lines: dict[str, PlainData] | None = omit_none()
+    tlparse: dict[str, PlainData] | None = omit_none()
+    graph_from: str | None = omit_none()
+    graph_kind: str | None = omit_none()
+    backend_origin: str | None = omit_none()
+    status: str | None = omit_none()
+    diagnostics: PlainData = omit_none()
+    metrics: dict[str, PlainData] | None = omit_none()
+    cache: PlainData = omit_none()
+    graph_breaks: tuple[str, ...] | None = omit_none()
+    recompile_reasons: tuple[str, ...] | None = omit_none()
+    symbols: PlainData = omit_none()
+    accuracy_from: str | None = omit_none()
+    real_data_from: str | None = omit_none()
+    inputs: PlainData = omit_none()
+    config_origin: str | None = omit_none()
+    environment_origin: str | None = omit_none()
+    replay: dict[str, PlainData] | None = omit_none()
+    lifted_module_state: PlainData = omit_none()
+    storages: PlainData = omit_none()
+    content_store: PlainData = omit_none()
+
+
+#: ``source`` is one of these by its ``kind``; any other kind (or none) is a ``SourceRecord``.
+Source = Annotated[
+    Union[CaptureSource, DumpSource, TraceSource, SourceRecord],
+    Tagged("kind", {"capture": CaptureSource, **{k: DumpSource for k in DUMP_KINDS}, "torch_trace": TraceSource},
+           SourceRecord),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# the records of a repro
+
+
+@dataclass(frozen=True)
+class Records:
+    """Everything an archive says around its graph and inputs, as one value: what failed and
+    how to replay it (backend, accuracy, config, environment, failure), where it came from
+    (source, parent, minify, created_by), the machine (system) and the user's metadata.
+
+    On disk these are top-level keys of the index (§8); in memory they travel together, from
+    the capture source that fills them, through the one writer that redacts and packs them, to
+    ``Repro.records``. A new record is a field here, its rules in spec §8, and the writer that
+    fills it."""
+
+    backend: str | None = None
+    accuracy: bool | None = None
+    parent: str | None = None
+    created_by: CreatedBy | None = None
+    config: ConfigRecord | None = None
+    environment: EnvironmentRecord | None = None
+    system: SystemRecord | None = None
+    failure: FailureRecord | None = None
+    source: Source | None = None
+    minify: MinifyRecord | None = None
+    metadata: dict[str, PlainData] | None = None
+
+    @property
+    def graph_kind(self) -> str | None:
+        """Which of PyTorch's graphs the archive holds, ``after_dynamo`` or ``after_aot`` (it
+        decides how Inductor replays it): a dump says so in its kind, a trace import in
+        ``source.graph_kind``; a capture holds Dynamo's graph (None)."""
+        if self.source is None:
+            return None
+        return self.source.graph_kind or (self.source.kind if isinstance(self.source, SourceRecord) else None)
+
+
+# --------------------------------------------------------------------------------------------
+# the index
 
 
 @dataclass(frozen=True)
@@ -553,27 +698,9 @@ class Index:
     storages: tuple[StorageRecord, ...]
     inputs: tuple[Value, ...]
     graph: GraphRecord
-    backend: str | None = None
-    accuracy: bool | None = None
-    parent: str | None = None
-    created_by: CreatedBy | None = None
-    config: ConfigRecord | None = None
-    environment: EnvironmentRecord | None = None
-    system: SystemRecord | None = None
-    failure: FailureRecord | None = None
-    source: SourceRecord | None = None
-    minify: MinifyRecord | None = None
-    metadata: dict[str, PlainData] | None = None
+    records: Records = field(default_factory=Records, metadata={"inline": True})
     format: str = FORMAT_NAME
     version: str = FORMAT_VERSION
-
-    @property
-    def graph_kind(self) -> str | None:
-        """Which ``GraphKind`` the archive holds (it decides how Inductor replays it): a dump
-        import says so in ``source.kind``, a trace import in ``source.graph_kind``."""
-        if self.source is None:
-            return None
-        return self.source.graph_kind or self.source.kind
 
     def tensor_records(self):
         """Every tensor record: inputs first, then module state (the order storages are numbered)."""
@@ -589,7 +716,8 @@ class Index:
         records of them (``minify.inputs``, §8): index -> what they are. Their storages are real
         (the bytes exist), so fidelity alone does not say it; every reader that reports
         fidelity reports this too."""
-        provenance = self.minify.inputs if self.minify is not None and self.minify.inputs else ()
+        minify = self.records.minify
+        provenance = minify.inputs if minify is not None and minify.inputs else ()
         out = {}
         for i, p in enumerate(provenance[:len(self.inputs)]):
             if p.real:

@@ -10,7 +10,9 @@ file of the current version, and ``required_bump`` says what a difference demand
   field without a default, a default changed, a dtype removed or re-sized, a member removed
   from a value set, a limit lowered or removed;
 * **minor**: a new record class, a new field with a default, a new dtype, a new value set or a
-  new member of one (old readers refuse it, as they refuse a new dtype), a limit raised or added;
+  new member of one (old readers refuse it, as they refuse a new dtype), a limit raised or added,
+  a record field widened into a tagged union whose fallback is that record (an old reader reads
+  every variant as the record it knew: open records keep what they do not declare);
 * **none**: no change. A description written before value sets were described (no ``enums``
   key: schema-1.0.json) is compared on records and dtypes only.
 
@@ -50,7 +52,10 @@ def _type_name(tp: Any) -> str:
     if isinstance(tp, ArgCodec):
         return "Arg"
     if isinstance(tp, Tagged):
-        return f"tagged[{tp.key}]({', '.join(f'{tag}={c.__name__}' for tag, c in sorted(tp.classes.items()))})"
+        variants = [f"{tag}={c.__name__}" for tag, c in sorted(tp.classes.items())]
+        if tp.fallback is not None:
+            variants.append(f"*={tp.fallback.__name__}")
+        return f"tagged[{tp.key}]({', '.join(variants)})"
     if isinstance(tp, type):
         return tp.__name__
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -65,6 +70,19 @@ def _type_name(tp: Any) -> str:
     return str(tp)
 
 
+def _fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    """(field, type) of a record as its map holds them: an ``inline`` record's fields are the
+    parent's (the description is of bytes, not of how the code groups them)."""
+    hints = typing.get_type_hints(cls, vars(schema), include_extras=True)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("inline"):
+            out += _fields(hints[f.name])
+        else:
+            out.append((f, hints[f.name]))
+    return out
+
+
 def _classes() -> list[type]:
     """Every record class reachable from ``Index``."""
     seen: dict[str, type] = {}
@@ -73,13 +91,13 @@ def _classes() -> list[type]:
         tp = todo.pop()
         if isinstance(tp, Tagged):
             todo.extend(tp.classes.values())
+            todo.extend([tp.fallback] if tp.fallback is not None else [])
             continue
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             if tp.__name__ in seen:
                 continue
             seen[tp.__name__] = tp
-            hints = typing.get_type_hints(tp, vars(schema), include_extras=True)
-            todo.extend(hints[f.name] for f in dataclasses.fields(tp))
+            todo.extend(hint for _, hint in _fields(tp))
             continue
         todo.extend(typing.get_args(tp))
     return [seen[k] for k in sorted(seen)]
@@ -88,17 +106,16 @@ def _classes() -> list[type]:
 def describe() -> dict[str, Any]:
     records: dict[str, Any] = {}
     for cls in _classes():
-        hints = typing.get_type_hints(cls, vars(schema), include_extras=True)
         fields = {}
-        for f in dataclasses.fields(cls):
+        for f, hint in _fields(cls):
             if f.metadata.get("extra"):
                 fields["*"] = {"type": "open: unknown keys are kept"}
                 continue
             default = f.default
             if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
                 default = f.default_factory()
-            entry = {"key": f.metadata.get("key", f.name), "type": _type_name(hints[f.name])}
-            values = _enum_of(hints[f.name])
+            entry = {"key": f.metadata.get("key", f.name), "type": _type_name(hint)}
+            values = _enum_of(hint)
             if values is not None:
                 entry["enum"] = values.__name__
             if default is dataclasses.MISSING:
@@ -195,6 +212,8 @@ def required_bump(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, list[s
             now = new_rec["fields"].get(field)
             if now is None:
                 major.append(f"{name}.{field} removed")
+            elif now != spec and _widened(spec, now):
+                minor.append(f"{name}.{field} widened into {now['type']}")
             elif now != spec:
                 major.append(f"{name}.{field} changed: {spec} -> {now}")
         for field, spec in new_rec["fields"].items():
@@ -233,6 +252,17 @@ def _compare_limits(old: dict, new: dict, major: list[str], minor: list[str]) ->
         elif now != value:
             minor.append(f"limit {name} relaxed: {value} -> {now}")
     minor += [f"limit {name} added" for name in new if name not in old]
+def _widened(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a field's type went from a record to a tagged union whose fallback is that record
+    (``SourceRecord|nil`` -> ``nil|tagged[kind](..., *=SourceRecord)``), nothing else changed."""
+    if {k: v for k, v in old.items() if k != "type"} != {k: v for k, v in new.items() if k != "type"}:
+        return False
+    before, after = old["type"].split("|"), new["type"].split("|")
+    if sorted(a for a in after if not a.startswith("tagged[")) != sorted(b for b in before if b in after):
+        return False
+    widened = [b for b in before if b not in after]
+    unions = [a for a in after if a.startswith("tagged[")]
+    return len(widened) == 1 and len(unions) == 1 and unions[0].endswith(f", *={widened[0]})")
 
 
 def schema_file(spec_dir: Path, version: str = schema.FORMAT_VERSION) -> Path:

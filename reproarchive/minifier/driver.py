@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive.archive.loading import Repro, load
-from reproarchive.archive.packing import pack
+from reproarchive.archive.packing import as_records, pack
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 
 
@@ -58,8 +58,9 @@ class MinifyReport:
 
 def _replay_options(repro: Repro, **options) -> dict[str, Any]:
     """The replay settings every candidate is judged with (recorded records + user choices)."""
-    return dict(recorded_failure=repro.failure, config=repro.config, environment=repro.environment,
-                source_kind=repro.graph_kind, **options)
+    records = repro.records
+    return dict(recorded_failure=records.failure, config=records.config, environment=records.environment,
+                source_kind=records.graph_kind, **options)
 
 
 def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, current_config: bool, tol,
@@ -101,12 +102,10 @@ def _isolated_predicate(repro: Repro, pool, *, backend: str, accuracy: bool, onl
 
 
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
-    pack(
-        gm, inputs, path,
-        config=repro.config, environment=repro.environment, system=repro.system, failure=repro.failure,
-        source=repro.source, backend=repro.backend, accuracy=repro.accuracy, parent=repro.digest,
-        minify=stats,
-    )
+    """A candidate (``stats`` None) or the result: the parent's records, this archive's
+    provenance (``parent``, ``minify``) in place of the parent's."""
+    minify = as_records({"minify": stats}).minify if stats is not None else None
+    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify))
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
@@ -121,7 +120,8 @@ def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
     from reproarchive.codec.tensors import FIDELITY_ABSENT
 
     fidelity = list(repro.fidelity or [])
-    parent_inputs = repro.minify.inputs if repro.minify is not None and repro.minify.inputs else None
+    minify = repro.records.minify
+    parent_inputs = minify.inputs if minify is not None and minify.inputs else None
     generated = {k for k, f in enumerate(fidelity) if f == FIDELITY_ABSENT}
     if parent_inputs is not None:
         generated |= {k for k, p in enumerate(parent_inputs) if not p.real}
@@ -179,7 +179,7 @@ def minify_archive(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         repro = load(path, device=device, max_memory=max_memory)
-    stage = repro.failure.stage if repro.failure is not None else None
+    stage = repro.records.failure.stage if repro.records.failure is not None else None
     if stage in (None, "unknown"):
         raise ReproArchiveError(
             "the archive records no failure signature to minify against",
@@ -191,8 +191,8 @@ def minify_archive(
     if isolate is None:
         isolate = stage == "crash"  # a crash replayed in this process would end it
     jobs = (auto_jobs() if jobs is None else max(1, int(jobs))) if isolate else 1
-    chosen = choose_backend(backend, repro.backend)
-    judge_accuracy = bool(repro.accuracy) if accuracy is None else accuracy
+    chosen = choose_backend(backend, repro.records.backend)
+    judge_accuracy = bool(repro.records.accuracy) if accuracy is None else accuracy
     options = dict(backend=chosen, accuracy=judge_accuracy, only_fwd=only_fwd, current_config=current_config,
                    tol=tol, strict_accuracy=strict_accuracy)
     localize = "truncate" if judge_accuracy and strict_accuracy else "auto"
@@ -204,8 +204,8 @@ def minify_archive(
                 from reproarchive.replay.isolation import WorkerPool
 
                 # a crash kills the worker of every failing candidate: keep one warm in reserve
-                pool = WorkerPool(repro.environment, size=jobs, spares=1 if stage == "crash" else 0,
-                                  warmup={"backend": chosen, "source_kind": repro.graph_kind})
+                pool = WorkerPool(repro.records.environment, size=jobs, spares=1 if stage == "crash" else 0,
+                                  warmup={"backend": chosen, "source_kind": repro.records.graph_kind})
                 fails = _isolated_predicate(repro, pool, workdir=Path(tmp), **options)
             else:
                 fails = _replay_predicate(repro, **options)

@@ -81,7 +81,7 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
         digest = reader.index_digest
-    rows = differences(config=index.config, environment=index.environment, system=index.system,
+    rows = differences(config=index.records.config, environment=index.records.environment, system=index.records.system,
                        config_applied=None)
     return {"path": str(path), "digest": digest, "differences": rows, "count": len(rows),
             "important": sum(1 for r in rows if r["important"])}

@@ -276,11 +276,11 @@ def run(
     options = {"backend": backend, "accuracy": accuracy, "only_fwd": only_fwd,
                "current_config": current_config, "tol": tol, "max_memory": max_memory}
     if isolate is None:
-        isolate = needs_isolation(index.failure)
+        isolate = needs_isolation(index.records.failure)
     if isolate:
         from reproarchive.replay.isolation import run_in_child
 
-        return run_in_child(path, environment=index.environment, device=plan.to_plain(), **options)
+        return run_in_child(path, environment=index.records.environment, device=plan.to_plain(), **options)
     return run_here(path, progress=progress, device=plan, **options)
 
 
@@ -314,24 +314,25 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         repro = load(path, device=plan, progress=progress, max_memory=max_memory)
     load_warnings = _dedupe([*(repro.warnings or []), *_moved_warning(plan)])
     facts = _device_facts(repro.args, plan)
-    chosen = choose_backend(backend, repro.backend)
+    records = repro.records
+    chosen = choose_backend(backend, records.backend)
     resolve_backend(chosen)
     if on_start is not None:
-        on_start({"recorded": to_plain(repro.failure) if repro.failure else None, "backend": chosen, "digest": repro.digest,
+        on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen, "digest": repro.digest,
                   **facts, "warnings": load_warnings,
                   "config": "current" if current_config else "recorded"})
     outcome = replay_graph(
         repro.gm,
         list(repro.args),
         backend=chosen,
-        recorded_failure=repro.failure,
-        accuracy=bool(repro.accuracy) if accuracy is None else accuracy,
+        recorded_failure=records.failure,
+        accuracy=bool(records.accuracy) if accuracy is None else accuracy,
         only_fwd=only_fwd,
-        config=repro.config,
-        environment=repro.environment,
-        system=repro.system,
+        config=records.config,
+        environment=records.environment,
+        system=records.system,
         current_config=current_config,
-        source_kind=repro.graph_kind,
+        source_kind=records.graph_kind,
         tol=tol,
         strict_accuracy=strict_accuracy,
     )

@@ -88,11 +88,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.system import system_snapshot
-from reproarchive.format.schema import AccuracyReport, ConfigRecord, FailureRecord
+from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.store.push import STORE_ENV
 
@@ -422,41 +423,30 @@ class _CaptureBackend:
 
 
 # ---------------------------------------------------------------------------------------------
-# The one place that calls the format core.
+# What this source records, written through the one capture writer
 # ---------------------------------------------------------------------------------------------
 
 
-def write_archive(
-    gm: Any,
-    inputs: list[Any],
-    destination: Path,
-    *,
-    config: ConfigRecord,
-    failure: FailureRecord,
-    backend: str,
-    accuracy: bool,
-    capture_settings: dict,
-    source_extra: dict | None = None,
-) -> Path:
-    """``source_extra``: more of the source record, from a capture door that is not Dynamo's
-    (``inductor_door``: ``graph_kind`` after_aot and where the inputs came from)."""
-    from reproarchive.archive.packing import pack
+SOURCE_RECORD = CaptureSource
 
-    from reproarchive.context.redaction import redacted_records
 
-    source = {
-        "kind": "capture",
-        "stage": failure.stage,
-        "fwd_only": bool(capture_settings.get("fwd_only")),
-        "tolerance": capture_settings.get("tolerance"),
-        "check_runtime": bool(capture_settings.get("check_runtime")),
-    }
-    if failure.stage == "crash":
-        source["written_before_run"] = True
-    source.update(source_extra or {})
-    records = redacted_records(dict(config=config, environment=environment_snapshot(), system=system_snapshot(),
-                                    failure=failure, source=source), {os.getcwd(): "."})
-    return Path(pack(gm, inputs, destination, backend=backend, accuracy=accuracy, **records))
+def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: FailureRecord, backend: str,
+               accuracy: bool, capture_settings: dict, door: dict | None = None) -> Capture:
+    """The failing graph, its inputs and the records of this process around them. ``door``: the
+    source fields of a capture door that is not Dynamo's (``inductor_door``: ``graph_kind``
+    after_aot, the door, how many inputs are real, where the failure came from)."""
+    source = CaptureSource(stage=failure.stage, fwd_only=bool(capture_settings.get("fwd_only")),
+                           tolerance=capture_settings.get("tolerance"),
+                           check_runtime=bool(capture_settings.get("check_runtime")),
+                           written_before_run=True if failure.stage == "crash" else None, **(door or {}))
+    return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
+                                       environment=environment_snapshot(), system=system_snapshot(),
+                                       failure=failure, source=source))
+
+
+def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:
+    """``capture_of`` written to ``destination`` (redacted: ``archive.writing``)."""
+    return write_capture(capture_of(gm, inputs, **records), destination)
 
 
 # ---------------------------------------------------------------------------------------------

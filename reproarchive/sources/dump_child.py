@@ -31,15 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
-from reproarchive.context.redaction import redacted_records
 from reproarchive.errors import PackError, SourceError
-from reproarchive.format.schema import FailureRecord
+from reproarchive.format.schema import DumpSource, Records
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
 from reproarchive.sources.dump_reader import RecordingReader
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
 from reproarchive.sources.first_replay import crashed, first_line, generated_data_warning, replay
 from reproarchive.sources.path_scrub import Scrubber, scrub_prefixes
+from reproarchive.sources.report import PackReport, failure_summary
 
 # --------------------------------------------------------------------------------------------
 # Main
@@ -200,6 +201,39 @@ def take_snapshots() -> tuple[Any, Any, Any, list[str]]:
         return None, None, None, [f"a snapshot failed: {type(err).__name__}: {first_line(err)}"]
 
 
+SOURCE_RECORD = DumpSource
+
+
+def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note: str, storages: dict[str, Any],
+               snapshots: tuple[Any, Any, Any], failure: Any, replay_notes: dict[str, Any]) -> Capture:
+    """The dump's graph and inputs as ``import_script`` read them, and the records around them:
+    this process's ``snapshots`` (config, environment, system) where the script's settings
+    apply, the failure its one replay recorded, and where everything came from."""
+    dump = imp.dump
+    config, environment, system = snapshots
+    source = DumpSource(
+        kind=dump.kind,
+        script=label,
+        run_repro={k: v for k, v in dump.run_args.items() if k != "save_dir"},
+        run_repro_non_literal=tuple(dump.non_literal_args) or None,
+        save_dir_found=store_found,
+        content_store=store_note,
+        load_args_version=imp.load_args_version,
+        accuracy_mode=dump.accuracy_mode,
+        inputs=tuple(imp.reader.inputs),
+        storages=storages,
+        lifted_module_state=tuple(imp.lifted),
+        printed_module_state=tuple(n for n, o in imp.origin.items() if o == "printed"),
+        environment_origin=("TORCH*/DYNAMO*/INDUCTOR*/TRITON* variables as the dump set them; "
+                            "other variables from the packing process"),
+        replay=replay_notes,
+        **_dump_comments(dump.path),
+    )
+    return Capture(imp.gm, imp.example_inputs, Records(
+        backend=dump.backend, accuracy=bool(dump.accuracy_mode), config=config, system=system,
+        environment=environment, failure=failure, source=source))
+
+
 def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     script = Path(opts.script)
     dump = parse_dump_script(script)
@@ -227,54 +261,20 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
 
     inputs, storages, warnings = input_report(imp)
     warnings += snapshot_notes + generated_data_warning(replay_notes)
-    printed = [n for n, o in imp.origin.items() if o == "printed"]
-    source = {
-        "kind": dump.kind,
-        "script": opts.script_label,
-        "run_repro": {k: v for k, v in dump.run_args.items() if k != "save_dir"},
-        "save_dir_found": store is not None,
-        "content_store": store_note,
-        "load_args_version": imp.load_args_version,
-        "accuracy_mode": dump.accuracy_mode,
-        "inputs": imp.reader.inputs,
-        "storages": storages,
-        "lifted_module_state": imp.lifted,
-        "printed_module_state": printed,
-        "environment_origin": ("TORCH*/DYNAMO*/INDUCTOR*/TRITON* variables as the dump set them; "
-                               "other variables from the packing process"),
-        "replay": replay_notes,
-        **_dump_comments(script),
-    }
-    if dump.non_literal_args:
-        source["run_repro_non_literal"] = dump.non_literal_args
+    capture = capture_of(imp, label=opts.script_label, store_found=store is not None, store_note=store_note,
+                         storages=storages, snapshots=(config, environment, system), failure=failure,
+                         replay_notes=replay_notes)
 
     events("writing the archive")
-    from reproarchive.archive.packing import pack
-
-    records = redacted_records(dict(config=config, system=system, environment=environment, failure=failure,
-                                    source=source), scrub.prefixes)
-    failure = records["failure"]
-    out = pack(imp.gm, imp.example_inputs, opts.out, backend=dump.backend, accuracy=bool(dump.accuracy_mode),
-               **records)
+    out = write_capture(capture, opts.out, prefixes=scrub.prefixes)
     missing = inputs.pop("missing_storages")
-    return {
-        "archive": str(out),
-        "kind": dump.kind,
-        "backend": dump.backend,
-        "accuracy": dump.accuracy_mode,
-        "graph": graph_summary(imp.gm),
-        "inputs": inputs,
-        "missing_storages": missing,
-        "lifted_module_state": [x["attribute"] for x in imp.lifted],
-        "failure": failure_summary(failure),
-        "replay": replay_notes,
-        "warnings": scrub(warnings),
-    }
-
-
-def failure_summary(failure: FailureRecord) -> dict[str, Any]:
-    """The failure as the parent prints it (a summary of the record, not the record)."""
-    return {k: getattr(failure, k) for k in ("stage", "exception_type", "message", "signature")}
+    return PackReport(
+        archive=out, size=out.stat().st_size, kind=dump.kind, backend=dump.backend, accuracy=dump.accuracy_mode,
+        graph=graph_summary(imp.gm), inputs=inputs, missing_storages=tuple(missing),
+        lifted_module_state=tuple(x["attribute"] for x in imp.lifted),
+        failure=failure_summary(failure, scrub.prefixes), replay=replay_notes,
+        warnings=tuple(scrub(warnings)),
+    ).to_plain()
 
 
 def _pack(request: dict, *, started, event) -> dict[str, Any]:

@@ -5,65 +5,27 @@ imported and read their inputs from an absolute ``save_dir``. Importing one in t
 process would change its torch for good, so the work happens in a child process
 (``reproarchive.sources.dump_child``) that writes the archive itself; this side only finds the dump,
 starts the child with a clean copy of the environment, relays progress and turns the child's
-report into a ``PackResult``. The caller's environment, torch config and cwd are never changed.
+report (a ``PackReport``) back. The caller's environment, torch config and cwd are never changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from reproarchive import errors
 from reproarchive.child import run_child
 from reproarchive.errors import SourceError
 from reproarchive.sources.dump_script import Discovery, discover
+from reproarchive.sources.report import PackReport
 
 DEFAULT_ARCHIVE_NAME = "repro.tar.zst"
 # The same filter PyTorch uses when it writes env lines into a dump
 # (torch._dynamo.debug_utils.generate_env_vars_string): every such variable of the failing
 # process is in the script, so the packing process's own values are removed from the child.
 _DUMP_ENV_MARKERS = ("TORCH", "DYNAMO", "INDUCTOR", "TRITON")
-
-
-@dataclass
-class PackResult:
-    """What ``pack_dump`` did, for printing and for ``--json``."""
-
-    archive: Path
-    size: int
-    script: Path
-    discovery_reason: str
-    candidates: list[Path]
-    kind: str
-    backend: str | None
-    accuracy: str
-    graph: dict[str, Any]
-    inputs: dict[str, Any]
-    failure: dict[str, Any]
-    missing_storages: list[str] = field(default_factory=list)
-    lifted_module_state: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    replay: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "archive": str(self.archive),
-            "size": self.size,
-            "script": str(self.script),
-            "discovery": {"reason": self.discovery_reason, "candidates": [str(c) for c in self.candidates]},
-            "kind": self.kind,
-            "backend": self.backend,
-            "accuracy": self.accuracy,
-            "graph": self.graph,
-            "inputs": self.inputs,
-            "failure": self.failure,
-            "missing_storages": self.missing_storages,
-            "lifted_module_state": self.lifted_module_state,
-            "replay": self.replay,
-            "warnings": self.warnings,
-        }
 
 
 _MACHINE_TOOLCHAIN = ("TRITON_LIBDEVICE_PATH", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH")
@@ -87,7 +49,7 @@ def pack_dump(
     cwd: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     keep_log: str | os.PathLike | None = None,
-) -> PackResult:
+) -> PackReport:
     """Pack the PyTorch repro dump ``source`` (a script, a folder, or None: search ``cwd``).
 
     ``out`` defaults to ``repro.tar.zst`` in ``cwd``. ``replay=False`` skips the one replay that
@@ -132,24 +94,8 @@ def pack_dump(
             f"the process importing the dump {died.reason} while loading it: {last[:300]}",
             "the dump's own code crashed; `reproarchive --debug pack ...` keeps its log",
         )
-    archive = Path(report["archive"])
-    return PackResult(
-        archive=archive,
-        size=archive.stat().st_size,
-        script=script,
-        discovery_reason=found.reason,
-        candidates=found.candidates,
-        kind=report["kind"],
-        backend=report.get("backend"),
-        accuracy=report.get("accuracy", ""),
-        graph=report.get("graph", {}),
-        inputs=report.get("inputs", {}),
-        failure=report.get("failure", {}),
-        missing_storages=report.get("missing_storages", []),
-        lifted_module_state=report.get("lifted_module_state", []),
-        warnings=report.get("warnings", []),
-        replay=report.get("replay", {}),
-    )
+    return dataclasses.replace(PackReport.from_plain(report), script=script, discovery_reason=found.reason,
+                               candidates=tuple(found.candidates))
 
 
 def _dump_root(script: Path) -> Path:

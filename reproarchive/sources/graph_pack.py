@@ -1,39 +1,56 @@
 """``reproarchive.pack``: a GraphModule and its inputs into an archive, as a user calls it.
 
-The format layer's ``archive.packing.pack`` stores exactly the records it is given, which is
-what re-packing code (the minifier, the importers) needs. A user who packs a graph by hand
-wants what every capture path records: the torch config, environment and system of this
-process, redacted like every capture (``context.redaction``), and a failure given as the
-exception itself. ``snapshot=False`` records only what is passed.
+``archive.packing.pack`` stores exactly the records it is given, which is what re-packing code
+(the minifier) needs. A user who packs a graph by hand wants what every capture source records:
+the torch config, environment and system of this process, redacted like every capture
+(``context.redaction``), and a failure given as the exception itself. Records the caller gives
+are stored as given. ``snapshot=False`` records only what is passed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from reproarchive.context.redaction import redacted_records
+from reproarchive.format.schema import Records
 
 
-def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *, snapshot: bool = True,
-         failure: Any = None, failure_stage: str = "compile", **kwargs: Any) -> Path:
+def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
+         records: Records | Mapping[str, Any] | None = None, snapshot: bool = True, failure: Any = None,
+         failure_stage: str = "compile", **kwargs: Any) -> Path:
     """Write ``gm`` and one example input per placeholder to ``path`` (atomically).
 
-    ``failure``: a ``FailureRecord``, a mapping of one, or an exception (recorded as a failure
-    of ``failure_stage``: compile, forward, backward, accuracy or crash). With ``snapshot``
-    (the default) the config, environment and system records not given are this process's.
-    Every other keyword is ``archive.packing.pack``'s (``backend``, ``accuracy``, ``source``,
-    ``digest``, ``level``, ``progress``, metadata ...).
+    The records come as one ``records`` value (a ``Records``, or a mapping of section name ->
+    record or plain data), or section by section as keywords (``backend="eager"``,
+    ``source={...}``, ``config=...``: any field of ``Records``), which win over ``records``.
+    ``failure`` may also be an exception, recorded as a failure of ``failure_stage`` (compile,
+    forward, backward, accuracy or crash). With ``snapshot`` (the default) the config,
+    environment and system not given are this process's. Keywords of
+    ``archive.packing.pack`` (``digest``, ``level``, ``frame_size``, ``min_saving``,
+    ``progress``) are passed on; any other keyword is user metadata (added to ``records``').
     """
+    from reproarchive.archive.packing import as_records
     from reproarchive.archive.packing import pack as pack_records
 
+    base = as_records(records)
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k in inspect.signature(pack_records).parameters}
+    sections = {k: kwargs.pop(k) for k in list(kwargs) if k in {f.name for f in dataclasses.fields(Records)}}
+    if kwargs:  # user metadata, added to what ``records`` holds
+        sections["metadata"] = {**(base.metadata or {}), **(sections.get("metadata") or {}), **kwargs}
     taken: dict[str, Any] = {}
     if isinstance(failure, BaseException):
         from reproarchive.context.failure import record_from_exception
 
-        taken["failure"] = record_from_exception(failure, failure_stage, backend=kwargs.get("backend"))
-        failure = None
+        taken["failure"] = record_from_exception(failure, failure_stage, backend=sections.get("backend"))
+    elif failure is not None:
+        sections["failure"] = failure
+    named = as_records(sections)
+    given = dataclasses.replace(base, **{k: getattr(named, k) for k in sections})
     if snapshot:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.environment import environment_snapshot
@@ -41,10 +58,8 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *, sna
 
         for name, take in (("config", config_snapshot), ("environment", environment_snapshot),
                            ("system", system_snapshot)):
-            if kwargs.get(name) is None:
+            if getattr(given, name) is None:
                 taken[name] = take()
-    if taken:
-        kwargs.update(redacted_records(taken, {os.getcwd(): "."}))
-    if failure is not None:
-        kwargs["failure"] = failure
-    return pack_records(gm, example_inputs, path, **kwargs)
+    # what this process records of itself is redacted like every capture's; what is given, as given
+    given = dataclasses.replace(given, **redacted_records(taken, {os.getcwd(): "."}))
+    return pack_records(gm, example_inputs, path, records=given, **options)

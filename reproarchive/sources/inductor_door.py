@@ -169,8 +169,8 @@ def _write(gm: Any, example_inputs: list[Any], caller: Any, exc: BaseException, 
         write_archive(gm, inputs, path, config=config_snapshot(),
                       failure=record_from_exception(exc, "compile", backend=compiler_name),
                       backend=compiler_name, accuracy=False, capture_settings={"fwd_only": True},
-                      source_extra={"graph_kind": "after_aot", "door": "inductor (compile_fx_inner)",
-                                    "failure_from": "program", "real_inputs": real})
+                      door={"graph_kind": "after_aot", "door": "inductor (compile_fx_inner)",
+                            "replay": {"performed": False, "failure_from": "program"}, "real_inputs": real})
     except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
         log.warning("reproarchive capture: could not archive the graph Inductor failed on: %s: %s",
                     type(err).__name__, err)

@@ -29,6 +29,7 @@ are moved into ``out_dir``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -36,20 +37,24 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from reproarchive.errors import ReproArchiveError, SourceError
-from reproarchive.format.plain import to_plain
+from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import crash_guard, inductor_door
 from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, pending_archives
-from reproarchive.sources.dump_import import PackResult, pack_dump
+from reproarchive.sources.dump_import import pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME, holds_no_data
+from reproarchive.sources.report import PackReport, archive_report
+
+if TYPE_CHECKING:
+    from reproarchive.archive.writing import Capture
 
 
 @dataclass
 class CaptureResult:
     exit_code: int  # the program's own; 128+N when a signal N ended it
-    archives: list[PackResult] = field(default_factory=list)
+    archives: list[PackReport] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one line per dump that could not be packed
     dumps_found: int = 0
     dumps_kept: Path | None = None
@@ -170,12 +175,12 @@ def capture_program(
         for written in door:
             target = _next_free(out)
             shutil.move(str(written), target)
-            result.archives.append(_captured(target, kind="capture (after_aot)",
+            result.archives.append(archive_report(target, kind="capture (after_aot)",
                                              replay={"performed": False, "failure_from": "program"}))
         for written in sorted((dump_dir / "accuracy").glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
             target = _next_free(out)
             shutil.move(str(written), target)
-            result.archives.append(_captured(target))
+            result.archives.append(archive_report(target, kind="capture"))
         for pending in pending_archives(dump_dir / "crash"):
             if progress is not None:
                 progress("replaying the graph the program crashed in")
@@ -205,7 +210,7 @@ def _without_superseded(launchers: list[Path], door_pids: set[int | None]) -> li
     return kept
 
 
-def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool = True) -> PackResult:
+def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool = True) -> PackReport:
     """The archive for a graph the program died in: ``pending`` (written by ``crash_guard``
     before the graph ran) with the crash as its failure.
 
@@ -214,12 +219,10 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
     does not crash (or ``replay`` is off), the record keeps the signal the program died of and
     says what the replay gave instead.
     """
-    import dataclasses
 
     from reproarchive.archive.loading import load
-    from reproarchive.archive.packing import pack
+    from reproarchive.archive.writing import write_capture
     from reproarchive.context.failure import crash_record, failure_kind
-    from reproarchive.context.redaction import redacted_records
     from reproarchive.replay.isolation import run_in_child
     signal_name = _signal_name(program_exit)
     how = f"was killed by {signal_name}" if signal_name else f"exited with status {program_exit}"
@@ -237,13 +240,24 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
     repro = load(pending)
     if "absent" in (repro.fidelity or []):
         raise ReproArchiveError("the archive the program left holds inputs without data", "this is a bug: report it")
-    source = {**(to_plain(repro.source) if repro.source is not None else {}), "kind": "capture", "stage": "crash",
-              "written_before_run": True, "replay": notes, "program_exit": program_exit}
-    records = redacted_records(dict(config=repro.config, environment=repro.environment, system=repro.system,
-                                    failure=failure, source=source))
-    pack(repro.gm, list(repro.args), target, backend=repro.backend, accuracy=False, **records)
+    write_capture(capture_of(repro, failure, replay_notes=notes, program_exit=program_exit), target, prefixes={})
     pending.unlink()
-    return _captured(target, kind="capture (crash)", replay=notes)
+    return archive_report(target, kind="capture (crash)", replay=notes)
+
+
+SOURCE_RECORD = CaptureSource
+
+
+def capture_of(pending: Any, failure: Any, *, replay_notes: dict[str, Any], program_exit: int) -> Capture:
+    """The graph the program died in (``pending``: the loaded archive the crash guard wrote
+    before it ran) with the crash as its failure and how the program ended."""
+    recorded = pending.records.source if isinstance(pending.records.source, CaptureSource) else CaptureSource()
+    source = dataclasses.replace(recorded, stage="crash", written_before_run=True, replay=replay_notes,
+                                 program_exit=program_exit)
+    from reproarchive.archive.writing import Capture
+
+    return Capture(pending.gm, list(pending.args),
+                   dataclasses.replace(pending.records, accuracy=False, failure=failure, source=source))
 
 
 def _signal_name(exit_code: int) -> str | None:
@@ -253,24 +267,3 @@ def _signal_name(exit_code: int) -> str | None:
         return signal.Signals(exit_code - 128).name
     except ValueError:
         return None
-
-
-def _captured(archive: Path, *, kind: str = "capture", replay: dict | None = None) -> PackResult:
-    """What ``capture --`` reports for an archive it did not pack from a dump (the in-process
-    capture backend's, or a crashed graph's), read back from the archive itself."""
-    from reproarchive.archive.inspection import inspect
-
-    info = inspect(archive)
-    fidelity = [r.get("fidelity", "") for r in info["inputs"]]
-    failure = info.get("failure") or {}
-    graph = {"nodes": info["graph"]["nodes"], "compute_nodes": info["graph"]["ops"],
-             "op_kinds": len(info["graph"].get("op_histogram") or {})}
-    real = sum(1 for f in fidelity if f.startswith("real"))  # "real (zeros)" is real too
-    inputs = {"total": len(fidelity), "real": real, "absent": fidelity.count("absent"),
-              "values": len(fidelity) - real - fidelity.count("absent"),
-              "real_bytes": (info.get("storage") or {}).get("bytes_logical", 0)}
-    return PackResult(archive=archive, size=archive.stat().st_size, script=archive, discovery_reason=kind,
-                      candidates=[], kind=kind, backend=info.get("backend"),
-                      accuracy="accuracy" if info.get("accuracy") else "", graph=graph, inputs=inputs,
-                      failure={k: failure.get(k) for k in ("stage", "exception_type", "message", "signature")},
-                      replay=replay or {})

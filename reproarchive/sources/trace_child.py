@@ -37,11 +37,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
 from reproarchive.format.plain import from_plain
-from reproarchive.format.schema import FailureRecord
+from reproarchive.format.schema import FailureRecord, Records, SystemRecord, TraceSource
 from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
+from reproarchive.sources.report import PackReport, failure_summary
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
 # child write a new trace or debug folder into the user's directories.
@@ -51,6 +53,25 @@ _ANNOTATION = re.compile(r"^(?P<dtype>[a-z][a-z0-9]*)\[(?P<shape>[^\]]*)\](?:\[(
                          r"(?P<device>[a-z]+(?::\d+)?)?$")
 _SYM = re.compile(r"^Sym\((?P<expr>.+)\)$")
 _ATTR_LINE = re.compile(r"^\s+\w+(?:\s*:\s*\"(?P<ann>[^\"]*)\")?\s*=\s*self\.(?P<attr>\w+)\s*(?:;.*)?$")
+
+
+@dataclasses.dataclass
+class Rebuilt:
+    """A compile's graph as this process rebuilt it from the log, with what the archive's
+    records say about how: the graph PyTorch had (``kind``), each input as the log described it
+    (``input_records``) and counted (``inputs_summary``), module state lifted to inputs, and
+    where the environment and data came from."""
+
+    gm: Any
+    inputs: list[Any]
+    kind: str  # after_dynamo (dynamo_output_graph) or after_aot (fx_graph_runnable)
+    input_records: list[dict[str, Any]]
+    inputs_summary: dict[str, Any]
+    warnings: list[str]
+    lifted: list[dict[str, Any]]
+    environment: Any = None
+    storages: dict[str, Any] | None = None
+    content_store: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,7 +105,7 @@ def _store_of(script: Path) -> Path | None:
     return Path(save_dir) if save_dir and (Path(save_dir) / "storages").is_dir() else None
 
 
-def from_runnable(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
+def from_runnable(job: dict[str, Any], work: Path, events) -> Rebuilt:
     graph = job["graph"]
     script, env = runnable_script(graph["code"], work)
     store = None
@@ -105,11 +126,11 @@ def from_runnable(job: dict[str, Any], work: Path, events) -> dict[str, Any]:
                            "run with TORCH_COMPILE_DEBUG=1 TORCH_COMPILE_DEBUG_SAVE_REAL=1 to keep real inputs")
     from reproarchive.context.environment import environment_snapshot
 
-    return {"gm": imp.gm, "inputs": imp.example_inputs, "input_records": imp.reader.inputs,
-            "inputs_summary": inputs, "warnings": warnings, "kind": "after_aot",
-            "environment": environment_snapshot(environ=env) if env else None,
-            "storages": storages, "lifted": imp.lifted,
-            "content_store": "TORCH_COMPILE_DEBUG_SAVE_REAL data next to the log" if store is not None else None}
+    return Rebuilt(gm=imp.gm, inputs=imp.example_inputs, input_records=imp.reader.inputs, inputs_summary=inputs,
+                   warnings=warnings, kind="after_aot",
+                   environment=environment_snapshot(environ=env) if env else None, storages=storages,
+                   lifted=imp.lifted,
+                   content_store="TORCH_COMPILE_DEBUG_SAVE_REAL data next to the log" if store is not None else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,7 +211,7 @@ def _hints(params: dict[str, dict | None], described: dict[str, dict], syms: dic
     return hints
 
 
-def from_dynamo_graph(job: dict[str, Any], events) -> dict[str, Any]:
+def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
     import torch
     from torch.fx.graph import dtype_abbrs
 
@@ -315,9 +336,8 @@ def from_dynamo_graph(job: dict[str, Any], events) -> dict[str, Any]:
     absent = sum(1 for a in inputs if isinstance(a, AbsentTensor))
     summary = {"total": len(inputs), "real": 0, "absent": absent, "values": len(inputs) - absent, "real_bytes": 0}
     notes.insert(0, "the log holds no tensor data: every input is absent (generated at load time)")
-    return {"gm": gm, "inputs": inputs, "input_records": records, "inputs_summary": summary,
-            "warnings": notes + trace_notes, "kind": "after_dynamo", "environment": None, "lifted": lifted,
-            "storages": None, "content_store": None}
+    return Rebuilt(gm=gm, inputs=inputs, input_records=records, inputs_summary=summary,
+                   warnings=notes + trace_notes, kind="after_dynamo", lifted=lifted)
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,8 +424,8 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
 
     config = config_from_values(job["config_values"]) if job.get("config_values") else None
     config_origin = "compilation_metrics in the log" if config else None
-    warnings = list(job.get("warnings") or []) + built["warnings"]
-    if config is None and built["kind"] == "after_aot":
+    warnings = list(job.get("warnings") or []) + built.warnings
+    if config is None and built.kind == "after_aot":
         config, _, _, notes = dump_child.take_snapshots()
         config_origin = "the runnable's config lines over this machine's defaults (the log records no config)"
         warnings += notes
@@ -419,8 +439,8 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
         if started is not None:
             started({"stage": "replay"})  # if the replay kills this process, the parent knows
         observed, replay_notes = first_replay.replay_once(
-            built["gm"], built["inputs"], kind=built["kind"], backend=backend, accuracy=bool(job.get("accuracy")),
-            config=config, environment=built["environment"])
+            built.gm, built.inputs, kind=built.kind, backend=backend, accuracy=bool(job.get("accuracy")),
+            config=config, environment=built.environment)
         if started is not None:
             started({"stage": "packing"})
         failure, more = reconcile(logged, observed, replay_notes)
@@ -432,41 +452,46 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
     if failure is None and job.get("accuracy"):
         failure = fail.unknown_record("an accuracy failure was reported with --accuracy; not replayed", backend=backend)
 
-    source = dict(job["source"])
-    source.update({
-        "graph_kind": built["kind"],
-        "inputs": built["input_records"],
-        "config_origin": config_origin,
-        "environment_origin": ("the environment variables fx_graph_runnable sets (the job's TORCH*/INDUCTOR*/"
-                               "TRITON* variables)") if built["environment"] else "not in the log",
-        "replay": replay_notes,
-    })
-    if built["lifted"]:
-        source["lifted_module_state"] = built["lifted"]
-    if built["storages"]:
-        source["storages"] = built["storages"]
-    if built["content_store"]:
-        source["content_store"] = built["content_store"]
+    capture = capture_of(built, job, config=config, config_origin=config_origin, failure=failure,
+                         replay_notes=replay_notes)
 
     events("writing the archive")
-    from reproarchive.archive.packing import pack
-    from reproarchive.context.redaction import redacted_records
+    out = write_capture(capture, job["out"], prefixes=scrub.prefixes)
+    compile_ = job["compile"]
+    return PackReport(
+        archive=out, size=out.stat().st_size, kind=built.kind, backend=backend,
+        accuracy="accuracy" if job.get("accuracy") else "", graph=dump_graph.graph_summary(built.gm),
+        inputs=built.inputs_summary,
+        failure=failure_summary(failure, scrub.prefixes),
+        replay=replay_notes, warnings=tuple(scrub(warnings)), compile_id=compile_["id"], rank=compile_["rank"],
+        graph_from=job["graph"]["from"],
+    ).to_plain()
 
-    records = redacted_records(dict(config=config or None, system=job.get("system"), environment=built["environment"],
-                                    failure=failure, source=source), scrub.prefixes)
-    failure = records["failure"]
-    out = pack(built["gm"], built["inputs"], job["out"], backend=backend, accuracy=bool(job.get("accuracy")),
-               **records)
-    return {
-        "archive": str(out),
-        "kind": built["kind"],
-        "backend": backend,
-        "graph": dump_graph.graph_summary(built["gm"]),
-        "inputs": built["inputs_summary"],
-        "failure": dump_child.failure_summary(failure) if failure else None,
-        "replay": replay_notes,
-        "warnings": scrub(warnings),
-    }
+
+SOURCE_RECORD = TraceSource
+
+
+def capture_of(built: Rebuilt, job: dict[str, Any], *, config: Any, config_origin: str | None,
+               failure: Any, replay_notes: dict[str, Any]) -> Capture:
+    """The compile's graph and inputs as ``from_dynamo_graph`` / the runnable rebuilt them,
+    and the records around them: what the parent read from the log (``job``: source, system,
+    backend) completed with what only this process learnt."""
+    source = dataclasses.replace(
+        from_plain(TraceSource, job["source"]),
+        graph_kind=built.kind,
+        inputs=built.input_records,
+        config_origin=config_origin,
+        environment_origin=("the environment variables fx_graph_runnable sets (the job's TORCH*/INDUCTOR*/"
+                            "TRITON* variables)") if built.environment else "not in the log",
+        replay=replay_notes,
+        lifted_module_state=built.lifted or None,
+        storages=built.storages or None,
+        content_store=built.content_store or None,
+    )
+    return Capture(built.gm, built.inputs, Records(
+        backend=job.get("backend"), accuracy=bool(job.get("accuracy")), config=config or None,
+        system=from_plain(SystemRecord, job["system"]) if job.get("system") else None,
+        environment=built.environment, failure=failure, source=source))
 
 
 def _pack_jobs(request: dict, *, started, event) -> dict[str, Any]:

@@ -15,20 +15,23 @@ environment, torch config and cwd are never touched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from reproarchive.child import error_from, run_child
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.plain import to_plain
+from reproarchive.format.schema import TraceSource
 from reproarchive.sources import trace_facts, trace_log
 from reproarchive.sources.dump_import import child_env
+from reproarchive.sources.report import PackReport
 from reproarchive.sources.trace_log import Compile, Trace
 
 GRAPH_CHOICES = ("auto", "dynamo", "aot")
@@ -39,41 +42,12 @@ _STORAGE_CALL = re.compile(r"reader\.storage\((?:'[0-9a-f]*'|\"[0-9a-f]*\"|None)
 
 
 @dataclass
-class PackedCompile:
-    """One archive ``pack_trace`` wrote (``to_json`` is what ``--json`` prints per compile)."""
-
-    compile_id: str
-    rank: int | None
-    archive: Path
-    size: int
-    frame: dict[str, Any]
-    graph_from: str
-    kind: str
-    backend: str | None
-    graph: dict[str, Any]
-    inputs: dict[str, Any]
-    failure: dict[str, Any] | None
-    replay: dict[str, Any]
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"[{self.compile_id}]" + ("" if self.rank is None else f" rank {self.rank}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"compile_id": self.compile_id, "rank": self.rank, "archive": str(self.archive), "size": self.size,
-                "frame": self.frame, "graph_from": self.graph_from, "kind": self.kind, "backend": self.backend,
-                "graph": self.graph, "inputs": self.inputs, "failure": self.failure, "replay": self.replay,
-                "warnings": self.warnings}
-
-
-@dataclass
 class TracePackResult:
     """What ``pack_trace`` did: archives written, compiles it could not pack, log problems."""
 
     source: Path
     trace_kind: str
-    packed: list[PackedCompile]
+    packed: list[PackReport]
     skipped: list[dict[str, Any]]
     warnings: list[str]
 
@@ -144,7 +118,7 @@ def pack_trace(
     out_dir, single = _output(out, cwd, len(chosen))
     names = _archive_names(chosen, trace)
 
-    done: dict[int, PackedCompile] = {}
+    done: dict[int, PackReport] = {}
     skipped: list[dict[str, Any]] = []
     warnings = list(trace.warnings)
     jobs: list[tuple[Compile, dict[str, Any]]] = []
@@ -166,12 +140,7 @@ def pack_trace(
                     raise err
                 skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(err)})
                 continue
-            archive = Path(report["archive"])
-            done[id(c)] = (PackedCompile(
-                compile_id=c.id, rank=c.rank, archive=archive, size=archive.stat().st_size, frame=c.frame,
-                graph_from=job["graph"]["from"], kind=report.get("kind", ""), backend=report.get("backend"),
-                graph=report.get("graph", {}), inputs=report.get("inputs", {}), failure=report.get("failure"),
-                replay=report.get("replay", {}), warnings=report.get("warnings", [])))
+            done[id(c)] = dataclasses.replace(PackReport.from_plain(report), frame=c.frame)
     packed = [done[id(c)] for c in chosen if id(c) in done]
     if not packed:
         first = skipped[0] if skipped else {"compile_id": "?", "reason": "nothing selected"}
@@ -356,32 +325,31 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         pages[graph_from] = event.page  # the page of the payload packed, not merely the last one
     runnable_event = event if graph_from == "fx_graph_runnable" else None
     used = ["dynamo_output_graph", "fx_graph_runnable", "dynamo_error", "compilation_metrics"]
-    source = {
-        "kind": "torch_trace",
-        "compile_id": c.id,
-        "attempt": c.attempt,
-        "rank": c.rank,
-        "frame": c.frame,
-        "user_stack": trace_facts.user_stack(trace, c),
-        "log": trace.display_log(c),
-        "trace_format": trace.kind,
-        "log_lines": {**trace_facts.events_lines(c, used), graph_from: event.lineno},
-        "tlparse": {"directory": c.tlparse_directory, "pages": pages},
-        "graph_from": graph_from,
-        "backend_origin": backend_origin if chosen_backend else "unknown",
-        "status": c.status,
-        "diagnostics": diagnostics,
-        "metrics": {k: c.metrics.get(k) for k in ("graph_op_count", "graph_node_count", "graph_input_count",
-                                                   "guard_count", "entire_frame_compile_time_s",
-                                                   "backend_compile_time_s", "fail_type")
-                    if c.metrics.get(k) is not None},
-        "cache": c.cache,
-        **trace_facts.graph_breaks_and_recompiles(c),
-        "symbols": trace_facts.symbols(c),
-        "accuracy_from": "--accuracy" if accuracy else None,
-    }
-    if real_script:
-        source["real_data_from"] = "a TORCH_COMPILE_DEBUG_SAVE_REAL copy of fx_graph_runnable next to the log"
+    source = TraceSource(
+        compile_id=c.id,
+        attempt=c.attempt,
+        rank=c.rank,
+        frame=c.frame,
+        user_stack=trace_facts.user_stack(trace, c),
+        log=trace.display_log(c),
+        trace_format=trace.kind,
+        log_lines={**trace_facts.events_lines(c, used), graph_from: event.lineno},
+        tlparse={"directory": c.tlparse_directory, "pages": pages},
+        graph_from=graph_from,
+        backend_origin=backend_origin if chosen_backend else "unknown",
+        status=c.status,
+        diagnostics=diagnostics,
+        metrics={k: c.metrics.get(k) for k in ("graph_op_count", "graph_node_count", "graph_input_count",
+                                                "guard_count", "entire_frame_compile_time_s",
+                                                "backend_compile_time_s", "fail_type")
+                 if c.metrics.get(k) is not None},
+        cache=c.cache,
+        symbols=trace_facts.symbols(c),
+        accuracy_from="--accuracy" if accuracy else None,
+        real_data_from=("a TORCH_COMPILE_DEBUG_SAVE_REAL copy of fx_graph_runnable next to the log"
+                        if real_script else None),
+        **{k: tuple(v) for k, v in trace_facts.graph_breaks_and_recompiles(c).items()},
+    )
     scrub = {str(cwd.resolve()): "<cwd>", str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
     scrub.update(trace_facts.job_paths(trace, c))
     return {
@@ -395,7 +363,7 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         "backend": chosen_backend,
         "accuracy": accuracy,
         "replay": replay,
-        "source": source,
+        "source": to_plain(source),
         "scrub": scrub,
         "cwd_prefixes": [str(cwd.resolve())],
         "out": str(out),

@@ -56,11 +56,12 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, *, max_memory: i
 
     repro = load(path, device="cpu", remap_graph=False, max_memory=max_memory)
     devices = _recorded_devices(repro)
+    records = repro.records
     return write_export(
         repro.gm, list(repro.args), out_dir,
-        backend=repro.backend, source_kind=repro.graph_kind,
-        accuracy=bool(repro.accuracy), config=repro.config, environment=repro.environment,
-        system=repro.system, failure=repro.failure, fidelity=list(repro.fidelity or []),
+        backend=records.backend, source_kind=records.graph_kind,
+        accuracy=bool(records.accuracy), config=records.config, environment=records.environment,
+        system=records.system, failure=records.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest,
     )
 

@@ -266,18 +266,18 @@ def summary(index: Index, file_size: int, index_digest: str | None = None) -> Re
             kinds["real" if index.storages[value.storage].is_real else "absent"] += 1
         else:
             kinds["values"] += 1
-    failure = index.failure
+    failure = index.records.failure
     message = (failure.message or "").strip().splitlines() if failure else []
     return RefSummary(
         failure=None if failure is None else RefFailure(
             failure.signature, failure.stage, failure.exception_type, message[0][:200] if message else None),
-        backend=index.backend or (failure.backend if failure else None),
+        backend=index.records.backend or (failure.backend if failure else None),
         ops=index.graph.op_count(),
         inputs_real=kinds["real"], inputs_absent=kinds["absent"], inputs_values=kinds["values"],
         bytes_logical=sum(s.size for s in index.storages if s.is_real),
         file_bytes=file_size,
-        torch=index.created_by.torch if index.created_by else None,
-        source=index.source.kind if index.source else None,
+        torch=index.records.created_by.torch if index.records.created_by else None,
+        source=index.records.source.kind if index.records.source else None,
         index_digest=index_digest,
     )
 

@@ -88,24 +88,25 @@ def record_differences(a: Index, b: Index) -> dict[str, list[dict[str, Any]]]:
     and B as the current one, and only renames their columns."""
     config = [{"name": f"{r.get('module')}.{r.get('key')}", "a": r.get("recorded"), "b": r.get("current"),
                "important": r.get("status") != "differs", "status": r.get("status")}
-              for r in config_diff(a.config or ConfigRecord(), b.config or ConfigRecord())]
+              for r in config_diff(a.records.config or ConfigRecord(), b.records.config or ConfigRecord())]
     # run's comparison skips config modules only the current side has (imported here, they say
     # nothing about the recording); between two archives, B's own modules count too
     seen = {row["name"] for row in config}
     config += [{"name": f"{r.get('module')}.{r.get('key')}", "a": r.get("current"), "b": r.get("recorded"),
                 "important": True, "status": "only_in_b"}
-               for r in config_diff(b.config or ConfigRecord(), a.config or ConfigRecord())
+               for r in config_diff(b.records.config or ConfigRecord(), a.records.config or ConfigRecord())
                if f"{r.get('module')}.{r.get('key')}" not in seen
-               and r.get("module") not in (a.config.modules if a.config else {})]
+               and r.get("module") not in (a.records.config.modules if a.records.config else {})]
     environment = [{"name": r["what"].removeprefix("env "), "a": r["recorded"], "b": r["current"],
                     "important": r["important"]}
-                   for r in environment_diff(a.environment or EnvironmentRecord(), b.environment or EnvironmentRecord())]
-    if a.system is not None and b.system is not None:
+                   for r in environment_diff(a.records.environment or EnvironmentRecord(),
+                                             b.records.environment or EnvironmentRecord())]
+    if a.records.system is not None and b.records.system is not None:
         system = [{"name": r["what"], "a": r["recorded"], "b": r["current"], "important": r["important"]}
-                  for r in system_diff(a.system, b.system)]
-    elif (a.system is None) != (b.system is None):
-        system = [{"name": "system record", "a": "recorded" if a.system else None,
-                   "b": "recorded" if b.system else None, "important": False}]
+                  for r in system_diff(a.records.system, b.records.system)]
+    elif (a.records.system is None) != (b.records.system is None):
+        system = [{"name": "system record", "a": "recorded" if a.records.system else None,
+                   "b": "recorded" if b.records.system else None, "important": False}]
     else:
         system = []
     return {"config": config, "environment": environment, "system": system}
@@ -117,7 +118,7 @@ def record_differences(a: Index, b: Index) -> dict[str, list[dict[str, Any]]]:
 
 def _identity(path, digest: str, index: Index) -> dict:
     return {"path": str(path), "digest": digest, "format": index.version, "nodes": len(index.graph.nodes),
-            "ops": index.graph.op_count(), "inputs": len(index.inputs), "parent": index.parent}
+            "ops": index.graph.op_count(), "inputs": len(index.inputs), "parent": index.records.parent}
 
 
 def _relation(digest_a: str, a: Index, digest_b: str, b: Index) -> str | None:
@@ -125,9 +126,9 @@ def _relation(digest_a: str, a: Index, digest_b: str, b: Index) -> str | None:
     parent (``run --minify``), "same_archive" when the indexes are byte-identical."""
     if digest_a == digest_b:
         return "same_archive"
-    if b.parent == digest_a:
+    if b.records.parent == digest_a:
         return "b_minified_from_a"
-    if a.parent == digest_b:
+    if a.records.parent == digest_b:
         return "a_minified_from_b"
     return None
 
@@ -136,7 +137,7 @@ def failure_diff(a: Index, b: Index) -> dict:
     """Same failure means the same strict signature (stage, exception type, normalised
     message) that ``run`` uses to say "reproduced"; an archive without a failure matches only
     another without one."""
-    fa, fb = a.failure, b.failure
+    fa, fb = a.records.failure, b.records.failure
 
     def side(f):
         if f is None:
@@ -156,8 +157,9 @@ def _replay_diff(a: Index, b: Index) -> dict:
     """What ``run`` takes from the archive besides records: the backend, the accuracy check and
     which of PyTorch's graphs it holds (it decides how Inductor is called)."""
     rows = []
-    for name, va, vb in (("backend", a.backend, b.backend), ("accuracy", bool(a.accuracy), bool(b.accuracy)),
-                         ("graph kind", a.graph_kind, b.graph_kind)):
+    for name, va, vb in (("backend", a.records.backend, b.records.backend),
+                         ("accuracy", bool(a.records.accuracy), bool(b.records.accuracy)),
+                         ("graph kind", a.records.graph_kind, b.records.graph_kind)):
         if va != vb:
             rows.append({"name": name, "a": va, "b": vb})
     return {"same": not rows, "rows": rows}
@@ -299,9 +301,9 @@ def input_diff(a: Index, b: Index, relation: str | None) -> dict:
 
 
 def _paired_by(a: Index, b: Index, relation: str | None) -> str:
-    if relation == "b_minified_from_a" and b.minify is not None and b.minify.input_origins:
+    if relation == "b_minified_from_a" and b.records.minify is not None and b.records.minify.input_origins:
         return "origin"
-    if relation == "a_minified_from_b" and a.minify is not None and a.minify.input_origins:
+    if relation == "a_minified_from_b" and a.records.minify is not None and a.records.minify.input_origins:
         return "origin"
     na, nb = [_name(v) for v in a.inputs], [_name(v) for v in b.inputs]
     if None not in na and None not in nb and len(set(na)) == len(na) and set(na) == set(nb) and na != nb:
@@ -323,7 +325,7 @@ def _input_pairs(a: Index, b: Index, relation: str | None):
         parent, child = (b, a) if flip else (a, b)
         used = set()
         out = []
-        for j, origin in enumerate(child.minify.input_origins[:len(child.inputs)]):
+        for j, origin in enumerate(child.records.minify.input_origins[:len(child.inputs)]):
             kind, _, ref = origin.partition(":")
             i = int(ref) if kind == "input" and ref.isdigit() and int(ref) < len(parent.inputs) else None
             if i is not None:

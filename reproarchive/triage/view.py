@@ -85,14 +85,15 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
     parent_side = child_side = None
     if parent is not None:
         parent_side = _open_related(Path(parent), limits)
-        if index.parent is None:
+        if index.records.parent is None:
             warnings.append(f"{archive.name} records no parent; showing {Path(parent).name} beside it anyway")
-        elif parent_side[1] != index.parent:
+        elif parent_side[1] != index.records.parent:
             warnings.append(f"{Path(parent).name} is not the archive {archive.name} was minified from")
     else:
         parent_side, child_side = _find_related(archive, digest, index, limits)
-    if index.parent is not None and parent_side is None:
-        warnings.append(f"minified from {index.parent[:19]}..., which is not next to it (--parent shows before and after)")
+    if index.records.parent is not None and parent_side is None:
+        warnings.append(f"minified from {index.records.parent[:19]}..., which is not next to it "
+                        "(--parent shows before and after)")
 
     highlight = _failure_named(index)
     if child_side is not None:
@@ -110,8 +111,8 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
         "histogram": list(index.graph.op_histogram().items()),
         "inputs": input_rows(index),
         "config": _config(index),
-        "system": system_summary(index.system) if index.system else None,
-        "environment": dict(index.environment.variables) if index.environment else {},
+        "system": system_summary(index.records.system) if index.records.system else None,
+        "environment": dict(index.records.environment.variables) if index.records.environment else {},
         "related": {"parent": str(parent_side[0]) if parent_side else None,
                     "child": str(child_side[0]) if child_side else None},
         "layout": graph_layout.engine(),
@@ -143,12 +144,12 @@ def render_page(data: dict) -> str:
 
 
 def _header(path: Path, digest: str, index: Index) -> dict:
-    minify = index.minify
+    minify = index.records.minify
     return {
-        "name": printable(path.name), "digest": digest, "format": index.version, "backend": index.backend,
-        "accuracy": bool(index.accuracy), "source": index.source.kind if index.source else None,
-        "graph_kind": index.graph_kind, "parent": index.parent,
-        "created_by": to_plain(index.created_by) if index.created_by else None,
+        "name": printable(path.name), "digest": digest, "format": index.version, "backend": index.records.backend,
+        "accuracy": bool(index.records.accuracy), "source": index.records.source.kind if index.records.source else None,
+        "graph_kind": index.records.graph_kind, "parent": index.records.parent,
+        "created_by": to_plain(index.records.created_by) if index.records.created_by else None,
         "minify": ({"initial_ops": minify.initial_ops, "final_ops": minify.final_ops, "calls": minify.calls,
                     "stop_reason": minify.stop_reason} if minify else None),
         "nodes": len(index.graph.nodes), "ops": index.graph.op_count(),
@@ -156,7 +157,7 @@ def _header(path: Path, digest: str, index: Index) -> dict:
 
 
 def _failure(index: Index) -> dict | None:
-    f = index.failure
+    f = index.records.failure
     if f is None:
         return None
     # issue 18 may give the record the compiler's error lines; older records have only the message
@@ -172,7 +173,7 @@ def _failure(index: Index) -> dict | None:
 
 
 def _config(index: Index) -> list[dict]:
-    c = index.config
+    c = index.records.config
     if c is None:
         return []
     rows = [{"name": f"{module}.{key}", "value": value, "default": c.defaults.get(module, {}).get(key)}
@@ -202,9 +203,9 @@ def _find_related(archive: Path, digest: str, index: Index, limits):
     for path in siblings[:MAX_SIBLINGS]:
         try:
             with ContainerReader(path, limits=limits) as reader:
-                if index.parent is not None and parent is None and reader.index_digest == index.parent:
+                if index.records.parent is not None and parent is None and reader.index_digest == index.records.parent:
                     parent = (path, reader.index_digest, reader.index, stored_or_rendered_code(reader))
-                elif reader.index.parent == digest and (child is None or len(reader.index.graph.nodes)
+                elif reader.index.records.parent == digest and (child is None or len(reader.index.graph.nodes)
                                                         < len(child[2].graph.nodes)):
                     child = (path, reader.index_digest, reader.index, "")
         except (ArchiveError, OSError):
@@ -218,7 +219,8 @@ def _kept_region(parent_graph: GraphRecord, child: Index) -> dict[str, int]:
     parent_nodes = {n.name: n for n in parent_graph.nodes}
     region = {n.name: FLAG_HIGHLIGHT for n in child.graph.nodes
               if n.op in COMPUTE_OPS and n.name in parent_nodes and parent_nodes[n.name].target == n.target}
-    for origin in (child.minify.input_origins if child.minify and child.minify.input_origins else ()):
+    minify = child.records.minify
+    for origin in (minify.input_origins if minify and minify.input_origins else ()):
         kind, _, name = origin.partition(":")
         if kind == "node" and name in parent_nodes:
             region.setdefault(name, FLAG_BOUNDARY)
@@ -230,7 +232,7 @@ _TARGET_IN_MESSAGE = re.compile(r"\btarget: ([\w.]+)")
 
 def _failure_named(index: Index) -> dict[str, int]:
     """Nodes the error names: inductor's LoweringException says ``target: aten.<op>.<overload>``."""
-    f = index.failure
+    f = index.records.failure
     if f is None:
         return {}
     named = set(_TARGET_IN_MESSAGE.findall(f.message))

@@ -128,6 +128,8 @@ RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
                 "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager", "accuracy": None},
     "system": {"note": "golden vector"},
+    # 1.2: a typed source (§8); the key it does not declare stays in the record as written
+    "source": {"kind": "capture", "stage": "compile", "fwd_only": False, "note": "golden vector"},
 }
 
 

@@ -3,6 +3,7 @@ exception itself, and the same redaction as every capture path."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -19,14 +20,14 @@ def _graph():
 def test_pack_records_this_process_by_default(tmp_path):
     path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", backend="eager")
     repro = reproarchive.load(path)
-    assert repro.config.modules["torch._inductor.config"]  # the torch config of this process
-    assert repro.system.torch.version == torch.__version__
-    assert repro.environment is not None
+    assert repro.records.config.modules["torch._inductor.config"]  # the torch config of this process
+    assert repro.records.system.torch.version == torch.__version__
+    assert repro.records.environment is not None
     assert machine_paths_in(path, tmp_path, os.getcwd()) == []
 
     bare = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "b.tar.zst", snapshot=False)
     index = reproarchive.load(bare)
-    assert index.config is None and index.system is None and index.environment is None
+    assert index.records.config is None and index.records.system is None and index.records.environment is None
 
 
 def test_pack_takes_the_exception_itself(tmp_path):
@@ -35,7 +36,7 @@ def test_pack_takes_the_exception_itself(tmp_path):
     except RuntimeError as err:
         path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", failure=err,
                                  failure_stage="forward", backend="eager")
-    failure = reproarchive.load(path).failure
+    failure = reproarchive.load(path).records.failure
     assert failure.stage == "forward" and failure.exception_type == "RuntimeError"
     assert failure.signature == "forward|RuntimeError|boom in <path>"
     assert "test_pack_takes_the_exception_itself" in failure.traceback  # the real traceback
@@ -54,3 +55,23 @@ def test_a_failing_json_command_prints_an_error_object(tmp_path):
     document = json.loads(result.stdout)
     assert result.exit_code == 4 and document["exit_code"] == 4
     assert document["error"]["exit_code"] == 4 and "missing.tar.zst" in document["error"]["message"]
+
+
+def test_records_go_in_and_come_back_in_one_piece(tmp_path):
+    from reproarchive.format.schema import CaptureSource, FailureRecord
+
+    records = reproarchive.Records(backend="eager", accuracy=False, source=CaptureSource(stage="compile"),
+                                   failure=FailureRecord(stage="compile", signature="compile|E|x"),
+                                   metadata={"ticket": "T-1"})
+    path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "a.tar.zst", records=records, snapshot=False)
+    back = reproarchive.load(path).records
+    assert back.created_by.reproarchive == reproarchive.__version__  # the writer's own
+    assert back == dataclasses.replace(records, created_by=back.created_by)
+    # a section given as a keyword wins over the same section in ``records``; the rest is metadata
+    path = reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "b.tar.zst", records=records, snapshot=False,
+                             backend="inductor", note="n")
+    back = reproarchive.load(path).records
+    assert back.backend == "inductor" and back.metadata == {"ticket": "T-1", "note": "n"}
+    assert back.failure == records.failure
+    with pytest.raises(reproarchive.PackError, match="'sauce' is not a record section"):
+        reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "c.tar.zst", records={"sauce": {}})

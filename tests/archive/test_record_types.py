@@ -77,7 +77,7 @@ def _cases(p: hc.Parsed) -> list[tuple[str, object]]:
         (("system",), schema.SystemRecord),
         (("failure",), schema.FailureRecord),
         (("failure", "accuracy"), schema.AccuracyReport),
-        (("source",), schema.SourceRecord),
+        (("source",), schema.CaptureSource),  # the kind the valid archive records
         (("minify",), schema.MinifyRecord),
     ]
     for key in ("torch", "python", "os", "cpu", "cuda", "cxx"):

@@ -79,7 +79,7 @@ def test_minify_of_mixed_real_and_absent_inputs_keeps_generated_values_labelled(
     with pytest.warns(UserWarning, match="not the original data"):
         repro = reproarchive.load(minified)
     assert "torch.relu" in repro.gm.code and "torch.sin" not in repro.gm.code
-    (entry,) = repro.index.minify.inputs
+    (entry,) = repro.index.records.minify.inputs
     assert entry.from_absent and not entry.real
     assert reproarchive.inspect(minified)["inputs"][0]["fidelity"].startswith("not original")
     outcome = reproarchive.run(minified)
@@ -89,4 +89,4 @@ def test_minify_of_mixed_real_and_absent_inputs_keeps_generated_values_labelled(
     assert again.exit_code == 0, again.output
     with pytest.warns(UserWarning, match="not the original data"):
         twice = reproarchive.load(tmp_path / "again.tar.zst")
-    assert all(not e.real for e in twice.index.minify.inputs)
+    assert all(not e.real for e in twice.index.records.minify.inputs)

@@ -23,9 +23,9 @@ def test_after_aot_dump_with_requires_grad_inputs_reproduces_in_run_and_export(t
     archive = tmp_path / "aot.tar.zst"
     pack_dump(folder, archive)
     repro = reproarchive.load(archive)
-    assert repro.graph_kind == "after_aot" and "addmm" in repro.gm.code
+    assert repro.records.graph_kind == "after_aot" and "addmm" in repro.gm.code
     assert all(a.requires_grad for a in repro.args)
-    assert repro.failure.message == "unhandled error", repro.failure
+    assert repro.records.failure.message == "unhandled error", repro.records.failure
 
     outcome = reproarchive.run(archive)
     assert outcome.status == REPRODUCED, outcome.observed

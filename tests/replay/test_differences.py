@@ -64,7 +64,7 @@ def test_same_machine_archive_has_no_config_differences_here_or_in_a_fresh_proce
     records = redacted_records(_records()) if redacted else _records()
     path = pack_chain(tmp_path / "same.tar.zst", 8, **records)
     recorded = reproarchive.doctor(path)
-    assert "torch._inductor.config_comms" in reproarchive.load(path).config.modules
+    assert "torch._inductor.config_comms" in reproarchive.load(path).records.config.modules
     for report in (recorded, _fresh_doctor(path)):
         rows = report["differences"]
         assert [r for r in rows if r["what"] == "config"] == []

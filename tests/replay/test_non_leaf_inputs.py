@@ -61,7 +61,7 @@ def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path,
     from reproarchive.replay import runner
 
     repro = reproarchive.load(capture_non_leaf(tmp_path, mutate=True))
-    outcome = runner.replay_graph(repro.gm, repro.args, backend="eager", recorded_failure=repro.failure)
+    outcome = runner.replay_graph(repro.gm, repro.args, backend="eager", recorded_failure=repro.records.failure)
     assert outcome.observed is None and outcome.ran_backward, outcome.to_dict()
 
     seen = []
@@ -71,7 +71,7 @@ def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path,
         return gm
 
     monkeypatch.setattr(runner, "resolve_backend", lambda name: recording)
-    runner.replay_graph(repro.gm, repro.args, backend="recording", recorded_failure=repro.failure)
+    runner.replay_graph(repro.gm, repro.args, backend="recording", recorded_failure=repro.records.failure)
     assert seen == [[(False, True, True), (True, False, False)]]
 
 

@@ -270,7 +270,7 @@ def test_current_config_reports_the_config_difference(archives):
     from reproarchive.archive.loading import load
 
     repro = load(archives["compile"])
-    config = repro.config
+    config = repro.records.config
     changed = {"torch._inductor.config": {"cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}}
     modules = {**config.modules, "torch._inductor.config": {**config.modules["torch._inductor.config"],
                                                             "cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}}

@@ -55,7 +55,7 @@ def test_the_archive_holds_the_real_inputs_and_the_programs_compile_error(captur
     assert packed["failure"]["exception_type"].endswith("CppCompileError")
     assert packed["replay"]["failure_from"] == "program"
     repro = reproarchive.load(packed["archive"])
-    assert repro.graph_kind == "after_aot" and repro.backend == "inductor"
+    assert repro.records.graph_kind == "after_aot" and repro.records.backend == "inductor"
     assert set(repro.fidelity) <= {"real"}
     saved = torch.load(folder / "inputs.pt")
     ints = [a for a in repro.args if isinstance(a, torch.Tensor) and a.dtype == torch.int64]

@@ -15,9 +15,11 @@ import torch._inductor.config as inductor_config
 from torch._dynamo.debug_utils import AccuracyError
 
 import reproarchive
+from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import backend as capture_backend
 from reproarchive.sources.backend import CaptureWarning, archive_path
 from support.machine_paths import machine_paths_in
+from support.source_tests import Captured, SourceTests
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -65,17 +67,17 @@ def test_compile_error_is_archived_with_real_inputs_and_reraised(tmp_path):
     assert archive_path(exc) == str(path)
 
     repro = reproarchive.load(path)
-    assert repro.failure.stage == "compile"
-    assert repro.failure.exception_type.endswith("ReluCompileError")
-    assert repro.backend == "relu_compile_error_TESTING_ONLY"
+    assert repro.records.failure.stage == "compile"
+    assert repro.records.failure.exception_type.endswith("ReluCompileError")
+    assert repro.records.backend == "relu_compile_error_TESTING_ONLY"
     assert repro.fidelity == ["real", "real"]
     assert torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], y0)
     assert repro.args[1].requires_grad
     assert "torch.relu" in repro.gm.code and "add_" in repro.gm.code
-    assert repro.source.kind == "capture"
-    assert repro.config.modules["torch._inductor.config"]
-    assert repro.environment.variables is not None
-    assert repro.system.torch.version == torch.__version__
+    assert repro.records.source.kind == "capture"
+    assert repro.records.config.modules["torch._inductor.config"]
+    assert repro.records.environment.variables is not None
+    assert repro.records.system.torch.version == torch.__version__
 
 
 def test_failure_text_names_no_path_of_the_capturing_machine(tmp_path):
@@ -86,7 +88,7 @@ def test_failure_text_names_no_path_of_the_capturing_machine(tmp_path):
     import tempfile
 
     failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", tmp_path)
-    failure = reproarchive.load(only_archive(tmp_path)).failure
+    failure = reproarchive.load(only_archive(tmp_path)).records.failure
     text = failure.message + "\n" + failure.traceback
     assert "site-packages" in failure.traceback or "<python>" in failure.traceback  # a real traceback
     for path in {os.path.expanduser("~"), sys.prefix, os.path.dirname(torch.__file__), tempfile.gettempdir(),
@@ -107,9 +109,9 @@ def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):
     # the check ran on copies: the caller's tensors are untouched, gradients included
     assert torch.equal(x, x0) and torch.equal(y.detach(), y0) and y.grad is None
     repro = reproarchive.load(path)
-    assert repro.failure.stage == "forward"
-    assert repro.failure.signature == "forward|AssertionError|ReluRuntimeError"
-    assert repro.failure.inputs_modified == ()
+    assert repro.records.failure.stage == "forward"
+    assert repro.records.failure.signature == "forward|AssertionError|ReluRuntimeError"
+    assert repro.records.failure.inputs_modified == ()
     assert torch.equal(repro.args[0], x0)
     # the archived graph is the one Dynamo traced, not the backend's rewrite of it
     assert "torch.relu" in repro.gm.code and "_assert" not in repro.gm.code
@@ -135,9 +137,9 @@ def backward_bug_backend(gm, example_inputs):
 def test_backward_failure_is_staged_as_backward(tmp_path):
     exc, _, _ = failing_call(plain_fn, backward_bug_backend, tmp_path)
     repro = reproarchive.load(only_archive(tmp_path))
-    assert repro.failure.stage == "backward"
-    assert "injected backward failure" in repro.failure.message
-    assert repro.backend.endswith(":backward_bug_backend")  # importable module:function form
+    assert repro.records.failure.stage == "backward"
+    assert "injected backward failure" in repro.records.failure.message
+    assert repro.records.backend.endswith(":backward_bug_backend")  # importable module:function form
     assert "injected backward failure" in str(exc)
 
 
@@ -155,8 +157,8 @@ def test_accuracy_failure_records_per_output_figures(tmp_path):
     assert isinstance(exc, AccuracyError)
     assert str(path) in str(exc)
     repro = reproarchive.load(path)
-    failure = repro.failure
-    assert failure.stage == "accuracy" and repro.accuracy is True
+    failure = repro.records.failure
+    assert failure.stage == "accuracy" and repro.records.accuracy is True
     details = failure.accuracy
     assert details.passed is False and details.tolerance == pytest.approx(1e-3)
     out0 = details.outputs[0]
@@ -174,7 +176,7 @@ def test_accuracy_failure_can_warn_instead_of_raising(tmp_path):
     with pytest.warns(CaptureWarning, match="differs from eager"):
         torch.compile(plain_fn, backend=backend)(x, y)
     repro = reproarchive.load(only_archive(tmp_path))
-    assert repro.failure.accuracy.tolerance == pytest.approx(1e-2)
+    assert repro.records.failure.accuracy.tolerance == pytest.approx(1e-2)
 
 
 def test_without_accuracy_a_wrong_result_is_not_a_failure(tmp_path):
@@ -197,8 +199,8 @@ def test_real_inductor_cpp_bug_injector_accuracy(tmp_path):
     path = only_archive(tmp_path)
     assert archive_path(info.value) == str(path)
     repro = reproarchive.load(path)
-    assert repro.backend == "inductor" and repro.failure.stage == "accuracy"
-    assert repro.config.changed["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] == "accuracy"
+    assert repro.records.backend == "inductor" and repro.records.failure.stage == "accuracy"
+    assert repro.records.config.changed["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] == "accuracy"
     assert torch.equal(repro.args[0], x)
 
 
@@ -255,7 +257,7 @@ def test_file_target_and_default_directory(tmp_path, monkeypatch):
     with pytest.raises(Exception):
         torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=target))(x, y)
     assert target.is_file()
-    assert reproarchive.load(target).failure.stage == "compile"
+    assert reproarchive.load(target).records.failure.stage == "compile"
 
     torch._dynamo.reset()
     monkeypatch.setenv("REPROARCHIVE_DIR", str(tmp_path / "from_env"))
@@ -315,3 +317,22 @@ def test_options_are_checked_and_the_public_name_stays_a_function():
         warnings.simplefilter("error")
         inductor_backend = reproarchive.capture("inductor", mode="max-autotune-no-cudagraphs")
     assert inductor_backend.config_patches.get("max_autotune") is True
+
+
+# ------------------------------------------------------------------------------------------
+# the contract of every source
+
+
+class TestBackendSource(SourceTests):
+    """The in-process capture backend, on a compile error from PyTorch's bug injector."""
+
+    source_record = CaptureSource
+    stage = "compile"
+
+    @pytest.fixture(scope="module")
+    def captured(self, tmp_path_factory) -> Captured:
+        folder = tmp_path_factory.mktemp("backend_source")
+        torch._dynamo.reset()
+        failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", folder)
+        torch._dynamo.reset()
+        return Captured(archives=sorted(folder.glob("repro-*.tar.zst")), folders=(folder,))

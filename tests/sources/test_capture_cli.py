@@ -12,8 +12,10 @@ from click.testing import CliRunner
 
 import reproarchive
 from reproarchive.cli import main
+from reproarchive.format.schema import DumpSource
 from support import dump_programs as progs
 from support.machine_paths import machine_paths_in
+from support.source_tests import Captured, SourceTests
 
 
 def _runner() -> CliRunner:
@@ -51,8 +53,8 @@ def test_capture_packs_the_failure_and_keeps_exit_code(captured):
     assert leftovers == ["inputs.pt", "prog.py"]
     assert machine_paths_in(archives[0], folder) == []  # one redaction for every capture path
     repro = reproarchive.load(archives[0])
-    assert repro.failure.stage == "forward"
-    assert repro.backend == "relu_runtime_error_TESTING_ONLY"
+    assert repro.records.failure.stage == "forward"
+    assert repro.records.backend == "relu_runtime_error_TESTING_ONLY"
     assert repro.fidelity == ["real"] * 4
 
 
@@ -154,3 +156,16 @@ def test_capture_accuracy_archives_an_accuracy_bug_that_replays(tmp_path):
     assert machine_paths_in(archive, tmp_path) == []
     outcome = reproarchive.run(archive)
     assert outcome.status == "reproduced" and outcome.kind == "accuracy failure"
+
+
+class TestProgramSource(SourceTests):
+    """``capture -- python prog.py`` of a program whose compiled graph fails at runtime: the dump
+    PyTorch wrote, packed."""
+
+    source_record = DumpSource
+    stage = "forward"
+
+    @pytest.fixture(scope="module")
+    def captured(self, captured) -> Captured:  # the module's one capture run
+        folder, out, _, _ = captured
+        return Captured(archives=sorted(out.glob("*.tar.zst")), folders=(folder,))

@@ -16,7 +16,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 import reproarchive
 from reproarchive.context.failure import crash_report, same_failure
 from reproarchive.format.schema import FailureRecord
@@ -84,7 +83,7 @@ def test_backend_leaves_a_verifying_archive_when_the_kernel_aborts(tmp_path):
     assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
     archive = _only_archive(tmp_path / "archives")
     reproarchive.verify(archive)  # raises on any defect
-    recorded = reproarchive.load(archive).failure
+    recorded = reproarchive.load(archive).records.failure
     assert recorded.stage == "crash" and recorded.exception_type == ""  # the signal came after
     assert "written just before it ran" in recorded.message
     assert machine_paths_in(archive, tmp_path) == []
@@ -177,7 +176,7 @@ def test_pack_records_the_crash_of_its_replay(tmp_path):
     assert code == 0, out
     failure = json.loads(out)["failure"]
     assert failure["stage"] == "crash" and failure["exception_type"] == "SIGABRT"
-    record = reproarchive.load(tmp_path / "crash.tar.zst").failure
+    record = reproarchive.load(tmp_path / "crash.tar.zst").records.failure
     assert "terminate called" in record.message + record.traceback
 
     # packed without the replay, `run` still replays it in a child: the caller is not killed
@@ -206,10 +205,10 @@ def test_capture_program_packs_the_graph_it_crashed_in(tmp_path):
     assert [p.name for p in out.iterdir()] == [archive.name]
     reproarchive.verify(archive)
     repro = reproarchive.load(archive)
-    assert repro.fidelity == ["real"] and repro.backend == "inductor"
-    assert "the program was killed by SIGABRT" in repro.failure.message
+    assert repro.fidelity == ["real"] and repro.records.backend == "inductor"
+    assert "the program was killed by SIGABRT" in repro.records.failure.message
     assert machine_paths_in(archive, folder) == []
-    assert "terminate called" in repro.failure.message + repro.failure.traceback
+    assert "terminate called" in repro.records.failure.message + repro.records.failure.traceback
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,7 +283,7 @@ def test_pack_of_a_trace_log_records_the_crash_of_its_replay(tmp_path):
     code, out = cli("pack", "--json", tmp_path / "trace", "--compile-id", "0/0", "--backend", "inductor",
                     "-o", tmp_path / "crash.tar.zst")
     assert code == 0, out
-    record = reproarchive.load(tmp_path / "crash.tar.zst").failure
+    record = reproarchive.load(tmp_path / "crash.tar.zst").records.failure
     assert record.stage == "crash" and record.exception_type == "SIGABRT"
     assert "terminate called" in record.message + record.traceback
     assert machine_paths_in(tmp_path / "crash.tar.zst", tmp_path) == []

@@ -17,14 +17,16 @@ import pytest
 import torch
 import torch.fx as fx
 import zstandard
-from support.machine_paths import machine_paths_in
 
 import reproarchive
 from reproarchive.cli.text import pack_summary
 from reproarchive.errors import SourceError  # noqa: E402
+from reproarchive.format.schema import DumpSource
 from reproarchive.sources.dump_import import pack_dump  # noqa: E402
 from reproarchive.sources.dump_script import discover, parse_dump_script
 from support import dump_programs as progs
+from support.machine_paths import machine_paths_in
+from support.source_tests import Captured, SourceTests
 
 # ---------------------------------------------------------------------------------------------
 # dumps, made once
@@ -126,12 +128,12 @@ def test_after_dynamo_dump_round_trip(dynamo_dump, tmp_path):
     repro = reproarchive.load(moved)
 
     assert repro.fidelity == ["real"] * 4
-    assert repro.backend == "relu_compile_error_TESTING_ONLY"
-    assert not repro.accuracy
-    assert repro.source.kind == "after_dynamo"
-    assert repro.failure.stage == "compile"
-    assert repro.failure.signature.startswith("compile|")
-    assert repro.config and repro.system and repro.environment is not None
+    assert repro.records.backend == "relu_compile_error_TESTING_ONLY"
+    assert not repro.records.accuracy
+    assert repro.records.source.kind == "after_dynamo"
+    assert repro.records.failure.stage == "compile"
+    assert repro.records.failure.signature.startswith("compile|")
+    assert repro.records.config and repro.records.system and repro.records.environment is not None
 
     # graph: the Dynamo graph, placeholders in load_args order
     nodes = [(n.op, n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target)))
@@ -165,7 +167,7 @@ def test_missing_storage_is_reported_and_absent(dynamo_dump, tmp_path):
     (launcher.parent / "checkpoints" / "storages" / x_hash).unlink()
 
     result = _pack_in(work, tmp_path / "out.tar.zst", replay=False)
-    assert result.missing_storages == [f"storages/{x_hash}"]
+    assert result.missing_storages == (f"storages/{x_hash}",)
     assert any(x_hash in w for w in result.warnings)
     assert result.inputs["real"] == 3 and result.inputs["absent"] == 1
     assert result.failure["stage"] == "unknown"
@@ -173,7 +175,7 @@ def test_missing_storage_is_reported_and_absent(dynamo_dump, tmp_path):
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["real", "real", "absent", "real"]
     assert tuple(repro.args[2].shape) == (3, 4)
-    assert repro.source.extra["storages"]["missing"] == [f"storages/{x_hash}"]
+    assert repro.records.source.storages["missing"] == [f"storages/{x_hash}"]
 
 
 def parse_x_hash(launcher: Path) -> str:
@@ -208,11 +210,11 @@ def test_after_aot_accuracy_dump(aot_accuracy_dump, tmp_path):
     shutil.rmtree(work)
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["real", "real"]
-    assert repro.accuracy is True
+    assert repro.records.accuracy is True
     assert torch.equal(repro.args[0], program_inputs["a"]) and torch.equal(repro.args[1], program_inputs["b"])
     targets = [str(n.target) for n in repro.gm.graph.nodes if n.op == "call_function"]
     assert targets == ["aten.mm.default", "aten.add.Tensor", "aten.relu.default", "aten.sum.dim_IntList"]
-    assert repro.failure.accuracy.outputs, "per-output error figures are recorded"
+    assert repro.records.failure.accuracy.outputs, "per-output error figures are recorded"
     assert launcher  # the launcher existed before deletion
     # the whole pipeline: PyTorch's dump -> pack -> replay here reproduces the recorded failure
     outcome = reproarchive.run(result.archive)
@@ -238,8 +240,8 @@ def test_after_aot_storages_without_data(aot_accuracy_dump, tmp_path):
     repro = reproarchive.load(result.archive)
     assert repro.fidelity == ["absent", "absent"]
     assert [tuple(a.shape) for a in repro.args] == [(3, 4), (4, 5)]
-    assert [i["data"] for i in repro.source.extra["inputs"]] == ["no_data", "no_data"]
-    assert repro.source.extra["torch_version"] == torch.__version__
+    assert [i["data"] for i in repro.records.source.inputs] == ["no_data", "no_data"]
+    assert repro.records.source.torch_version == torch.__version__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +261,7 @@ def test_level1_repro_py_after_folder_moved(tmp_path_factory, tmp_path):
     assert result.failure["stage"] == "forward"
     assert "ReluRuntimeError" in result.failure["message"]
     repro = reproarchive.load(result.archive)
-    assert "beside the script" in repro.source.extra["content_store"]
+    assert "beside the script" in repro.records.source.content_store
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,3 +393,20 @@ def test_pack_time_replay_generates_absent_inputs_like_load(tmp_path):
     replayed, generated = _concrete(gm, args)
     loaded = reproarchive.load(path).args
     assert generated == 1 and torch.equal(replayed[1], loaded[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract of every source
+
+
+class TestDumpSource(SourceTests):
+    """``pack`` of an after_dynamo dump whose graph fails to compile (PyTorch's bug injector)."""
+
+    source_record = DumpSource
+    stage = "compile"
+
+    @pytest.fixture(scope="module")
+    def captured(self, dynamo_dump, tmp_path_factory) -> Captured:
+        work = _copy(dynamo_dump, tmp_path_factory.mktemp("dump_source") / "work")
+        report = _pack_in(work, work.parent / "out.tar.zst")
+        return Captured(archives=[report.archive], reports=[report], folders=(work, dynamo_dump))

@@ -21,8 +21,10 @@ from click.testing import CliRunner
 import reproarchive
 from reproarchive.cli import main
 from reproarchive.errors import SourceError
+from reproarchive.format.schema import TraceSource
 from reproarchive.minifier.driver import minify_archive
-from reproarchive.sources.trace_import import list_trace, pack_trace
+from reproarchive.sources.trace_import import TracePackResult, list_trace, pack_trace
+from support.source_tests import Captured, SourceTests
 
 # What a user passes for each job (the log names a backend only when it failed).
 PACK_OPTIONS = {
@@ -45,15 +47,34 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def packed(trace_jobs, tmp_path_factory) -> dict[str, dict[str, Path]]:
-    """job -> compile id -> archive, every compile of every log packed (``--all``)."""
+def packed_results(trace_jobs, tmp_path_factory) -> dict[str, TracePackResult]:
+    """job -> what ``pack_trace`` reported, every compile of every log packed (``--all``)."""
     out = {}
     for name, (_, trace) in trace_jobs.items():
         result = pack_trace(trace, tmp_path_factory.mktemp(f"packed_{name}"), all_compiles=True,
                             **PACK_OPTIONS[name])
         assert not result.skipped, result.skipped
-        out[name] = {p.compile_id: p.archive for p in result.packed}
+        out[name] = result
     return out
+
+
+@pytest.fixture(scope="module")
+def packed(packed_results) -> dict[str, dict[str, Path]]:
+    """job -> compile id -> archive."""
+    return {name: {p.compile_id: p.archive for p in result.packed} for name, result in packed_results.items()}
+
+
+class TestTraceSource(SourceTests):
+    """``pack LOG`` of a compile that failed in the log (PyTorch's bug injector)."""
+
+    source_record = TraceSource
+    stage = "compile"
+    filled = ("backend", "system", "failure", "source")  # the log of a Dynamo graph holds no config
+
+    @pytest.fixture(scope="module")
+    def captured(self, packed_results, trace_jobs) -> Captured:
+        reports = packed_results["compile_error"].packed
+        return Captured(archives=[r.archive for r in reports], reports=reports, folders=trace_jobs["compile_error"])
 
 
 def test_ls_lists_every_compile_with_its_status(trace_jobs):
@@ -98,7 +119,7 @@ def test_every_compile_packs_verifies_and_loads(trace_jobs, packed):
             repro = reproarchive.load(path, device="cpu")
             info = reproarchive.inspect(path)
             src = info["source"]
-            assert src["kind"] == "torch_trace" and src["compile_id"] == cid and src["rank"] is None
+            assert src["kind"] == "torch_trace" and src["compile_id"] == cid and src.get("rank") is None
             assert src["tlparse"]["directory"] == f"-_{cid.replace('/', '_')}_{src['attempt']}"
             assert src["log"].startswith("dedicated_log_torch_trace")
             status, stage = EXPECTED[name][cid]

@@ -1,0 +1,37 @@
+"""Every capture source module declares the ``Source`` protocol, and writes through the one writer."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+
+import pytest
+
+from reproarchive.format import schema
+from reproarchive.sources.source import SOURCE_MODULES, Source
+
+
+@pytest.mark.parametrize("name", SOURCE_MODULES)
+def test_each_source_module_is_a_source(name):
+    module = importlib.import_module(name)
+    assert isinstance(module, Source)
+    assert module.SOURCE_RECORD in typing_args(schema.Source)
+
+
+@pytest.mark.parametrize("name", SOURCE_MODULES)
+def test_no_source_packs_or_redacts_by_hand(name):
+    """The records go through ``archive.writing.write_capture``: no source calls ``pack`` or the
+    redaction itself."""
+    tree = ast.parse(inspect.getsource(importlib.import_module(name)))
+    called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+              for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert not called & {"pack", "redacted_records"}, name
+    assert "write_capture" in called or name.endswith("backend") and "write_archive" in {
+        n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+
+def typing_args(tp) -> tuple:
+    import typing
+
+    return typing.get_args(typing.get_args(tp)[0])

@@ -1,0 +1,94 @@
+"""``SourceTests``: the contract every capture source meets, as a suite each source's tests subclass.
+
+The model is zarr-python v3's ``StoreTests`` (``src/zarr/testing/store.py``): the base class
+holds the checks, a subclass says how to run its source once (a module-scoped fixture, so a
+real failure is captured once per source) and what that run must have left. The archives are
+read through a side door (the format reader, ``support.machine_paths``), never through the
+source's own report, so the report is checked against them rather than trusted.
+
+A subclass sets ``source_record`` (the ``source`` variant its archives carry), ``failures``
+(archives the run must write), ``stage`` (the failure they record), optionally ``filled``
+(the record sections the source must fill), and provides a ``captured`` fixture returning a
+``Captured``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+import reproarchive
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import Records
+from reproarchive.sources.report import PackReport
+from support.machine_paths import machine_paths_in
+
+
+@dataclasses.dataclass
+class Captured:
+    """What one run of a source left: its archives, its reports (None for a source that
+    reports no ``PackReport``, like the in-process backend), and folders of the run (cwd, dump
+    or log folder) that no archive may name."""
+
+    archives: list[Path]
+    reports: list[PackReport] | None = None
+    folders: tuple[Path, ...] = ()
+
+
+def records_of(archive: Path) -> Records:
+    with ContainerReader(archive) as reader:
+        return reader.index.records
+
+
+class SourceTests:
+    source_record: ClassVar[type]
+    failures: ClassVar[int] = 1
+    stage: ClassVar[str]
+    filled: ClassVar[tuple[str, ...]] = ("backend", "config", "environment", "system", "failure", "source")
+
+    @pytest.fixture(scope="module")
+    def captured(self) -> Captured:
+        raise NotImplementedError("a SourceTests subclass provides a module-scoped `captured` fixture")
+
+    def test_one_archive_per_failure(self, captured: Captured):
+        archives = [Path(a).resolve() for a in captured.archives]
+        assert len(archives) == self.failures and len(set(archives)) == len(archives), archives
+        assert all(a.is_file() for a in archives)
+        if captured.reports is not None:
+            assert sorted(Path(r.archive).resolve() for r in captured.reports) == sorted(archives)
+
+    def test_archives_verify(self, captured: Captured):
+        for archive in captured.archives:
+            reproarchive.verify(archive)
+
+    def test_records_are_filled(self, captured: Captured):
+        for archive in captured.archives:
+            records = records_of(archive)
+            missing = [name for name in self.filled if getattr(records, name) is None]
+            assert not missing, f"{archive.name}: the source left {', '.join(missing)} empty"
+            assert isinstance(records.source, self.source_record), type(records.source).__name__
+            assert records.created_by is not None and records.created_by.reproarchive == reproarchive.__version__
+
+    def test_failure_is_recorded(self, captured: Captured):
+        for archive in captured.archives:
+            failure = records_of(archive).failure
+            assert failure is not None and failure.stage == self.stage, failure
+            assert failure.signature.startswith(f"{self.stage}|")
+
+    def test_redaction_is_applied(self, captured: Captured):
+        for archive in captured.archives:
+            assert machine_paths_in(archive, *captured.folders) == []
+
+    def test_report_says_what_the_archive_holds(self, captured: Captured):
+        if captured.reports is None:
+            pytest.skip("this source reports no PackReport")
+        for report in captured.reports:
+            records = records_of(report.archive)
+            assert report.size == Path(report.archive).stat().st_size
+            assert report.backend == records.backend
+            assert report.failure is not None and report.failure["stage"] == records.failure.stage
+            assert report.failure["signature"] == records.failure.signature
+            assert PackReport.from_plain(report.to_plain()) == report
