@@ -20,10 +20,12 @@ Where the effects come from:
   the schema of every overload of the ATen operator of the same name; the few bindings no
   operator describes are ``SCHEMALESS_BINDINGS``, each with the effect it has;
 * a **Python composite** (``torch.nn.functional.softmax``, ``Tensor.split``): it must be part of
-  torch's tensor API (``torch.overrides``' overridable functions, or a symbolic-shape helper),
-  take no callable and no object by its signature, and its code, followed through the torch
-  functions it calls by name, must not name a file, process, network, import, serialization,
-  autograd-hook or global-setting facility (``FORBIDDEN_NAMES``);
+  torch's tensor API (``_tensor_api``: the overridable functions of ``torch.overrides``, the
+  public functions of the modules that define tensor functions, ``TENSOR_API_MODULES``, and the
+  symbolic-shape helpers), its signature must type it as a tensor computation (no callable,
+  object or file parameter, not a function that returns nothing), and its code, followed through
+  the torch functions it calls by name, must not name a file, process, network, import,
+  serialization, autograd-hook or global-setting facility (``FORBIDDEN_NAMES``);
 * a **higher-order operator** has no schema; ``HIGHER_ORDER`` lists each one torch registers
   with its verdict (the ones that run subgraphs of the archive are allowed, the ones that run
   code from elsewhere are not);
@@ -363,28 +365,56 @@ def composite_problem(fn: types.FunctionType) -> str | None:
     return None
 
 
+#: Annotation words that type a parameter as something other than a tensor or a plain value.
+_OBJECT_PARAMETER = re.compile(r"\b(Callable|Module|Any|object|IO|PathLike|BinaryIO|FILE_LIKE|Storage)\b")
+
+
 def _signature_problem(fn: Any) -> str | None:
-    """Callable or object parameters, by annotation (a composite calls what it is given)."""
+    """What the signature says about effects: a composite calls what it is given (a callable or
+    module parameter), reads what it is handed (an object, a file), and one annotated to return
+    nothing can only have acted on something other than its result."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None
     for p in sig.parameters.values():
         text = str(p.annotation)
-        if "Callable" in text or "Module" in text or "Generator" in text and "Optional" not in text:
+        if p.annotation is inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue  # a graph passes only values (``codec.targets``): the annotation is all it adds
+        if "Generator" in text and "None" not in text and "Optional" not in text:
+            return f"takes a generator parameter {p.name!r}"
+        if _OBJECT_PARAMETER.search(text.replace("typing.", "")):
             return f"takes a callable or object parameter {p.name!r}"
+    if sig.return_annotation in (None, "None"):
+        return "returns nothing: its only effect is outside its results"
     return None
+
+
+#: The modules that define torch's tensor functions in Python. ``torch.overrides``' overridable
+#: list is the set its ``__torch_function__`` tests cover, not the tensor API: it leaves out
+#: deprecated wrappers (``F.sigmoid``, ``F.upsample``), functions it has no test override for
+#: (``F.hardswish``, ``F.hardsigmoid``) and new operators (``F.scaled_mm``, ``F.grouped_mm``), all
+#: plain tensor functions. A public function these modules define is in the API too, and is then
+#: judged like any composite, by its signature and its code.
+TENSOR_API_MODULES = ("torch.nn.functional", "torch.functional", "torch._tensor")
 
 
 @functools.lru_cache(maxsize=1)
 def _tensor_api() -> frozenset[int]:
-    """Ids of torch's tensor API: what ``torch.overrides`` calls overridable, plus the symbolic
-    helpers."""
+    """Ids of torch's tensor API: the overridable functions, the public functions defined in
+    ``TENSOR_API_MODULES`` (as torch.overrides indexes its namespaces: torch, torch.functional,
+    torch.nn.functional, torch.Tensor, ...), and the symbolic helpers."""
     import torch.overrides
 
     ids = set()
     for functions in torch.overrides.get_overridable_functions().values():
         ids.update(id(_unwrap(f)) for f in functions)
+    for fn, where in torch.overrides._get_overridable_functions()[1].items():
+        public = where.rsplit(".", 1)[-1]
+        target = _unwrap(fn)
+        if isinstance(target, types.FunctionType) and not public.startswith("_") \
+                and target.__module__ in TENSOR_API_MODULES:
+            ids.add(id(target))
     for name in SYMBOLIC_HELPERS:
         obj: Any = torch
         for part in name.split(".")[1:]:
