@@ -424,6 +424,28 @@ def _tensor_api() -> frozenset[int]:
     return frozenset(ids)
 
 
+@functools.lru_cache(maxsize=1)
+def tensor_namespaces() -> frozenset[str]:
+    """Where an allowed callable can live: the namespaces ``torch.overrides`` indexes (``torch``,
+    ``torch.nn.functional``, ``torch.Tensor``, ...), the modules of the state functions and
+    symbolic helpers, and ``torch._C`` (the C bindings of operators). A name this torch cannot
+    resolve under any other module (``torch.utils.cpp_extension.load`` while that module is not
+    imported) would be refused whatever it is, so the rule can judge it without resolving it."""
+    import torch.overrides
+
+    homes = {where.rsplit(".", 1)[0] for where in torch.overrides._get_overridable_functions()[1].values()}
+    homes |= {name.rsplit(".", 1)[0] for name in (*STATE_FUNCTIONS, *SYMBOLIC_HELPERS)}
+    return frozenset(homes | {"torch._C"})
+
+
+def unresolved_problem(found: str) -> str | None:
+    """For a name whose longest resolvable prefix is ``found``: why it is refused
+    without resolving it (None: it could be a tensor function a newer torch has)."""
+    if found in tensor_namespaces() or found.startswith("torch._C."):
+        return None
+    return f"not part of torch's tensor API: {found} holds none of its functions"
+
+
 def _aten_packet(name: str) -> torch._ops.OpOverloadPacket | None:
     if not name or name.startswith("__"):
         return None
