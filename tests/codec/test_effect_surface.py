@@ -48,7 +48,7 @@ def _read_table() -> dict[str, str]:
 
 def _write_table(refused: dict[str, str]) -> None:
     lines = [f"# Every refusal of the effect rule over torch {torch.__version__}'s public tensor surface, reviewed.",
-             "# name<TAB>reason; regenerate with REPROARCHIVE_WRITE_EFFECT_TABLE=1 (tests/codec/test_effect_surface.py)"]
+             "# name<TAB>reason; rewrite: REPROARCHIVE_WRITE_EFFECT_TABLE=1 pytest tests/codec/test_effect_surface.py"]
     lines += [f"{name}\t{reason}" for name, reason in sorted(refused.items())]
     TABLE.write_text("\n".join(lines) + "\n")
 
@@ -61,10 +61,11 @@ def test_every_refusal_over_the_public_surface_is_reviewed(verdicts):
         _write_table(refused)
         pytest.skip(f"wrote {TABLE.name}: review its git diff")
     reviewed = _read_table()
-    changes = [f"newly refused: {n}: {refused[n]}" for n in sorted(refused.keys() - reviewed.keys()) if n in verdicts]
+    changes = [f"newly refused: {n}: {refused[n]}" for n in sorted(refused.keys() - reviewed.keys())]
     changes += [f"newly allowed: {n} (was refused: {reviewed[n]})" for n in sorted(reviewed.keys() - refused.keys())
                 if n in verdicts]
-    changes += [f"gone from this torch: {n} (was refused: {reviewed[n]})" for n in sorted(reviewed.keys() - verdicts.keys())]
+    changes += [f"gone from this torch: {n} (was refused: {reviewed[n]})"
+                for n in sorted(reviewed.keys() - verdicts.keys())]
     changes += [f"reason changed: {n}: {reviewed[n]} -> {refused[n]}" for n in sorted(refused.keys() & reviewed.keys())
                 if refused[n] != reviewed[n]]
     assert not changes, (f"{len(changes)} verdicts differ from the reviewed table {TABLE.name} "
