@@ -111,7 +111,7 @@ def _resolved(name: str) -> Any:
     return obj
 
 
-def resolve_function(name: str) -> Any:
+def resolve_function(name: object) -> Any:
     """The callable ``name`` names, allowed by its effects; what ``load`` builds a graph with.
     A name this torch cannot resolve is refused when the rule would refuse it whatever it is
     (``effects.unresolved_problem``), and otherwise is not replayable here."""
@@ -132,12 +132,6 @@ def resolve_function(name: str) -> Any:
             f"graph calls {name}, which this torch {torch.__version__} does not have: not replayable here",
             "replay with the torch version recorded in the archive (see `reproarchive inspect`)", rule=Rule.CALL_TARGET,
         ) from None
-
-
-def check_function_target(name: object) -> Any:
-    """For verify/inspect/unpack: the same rule as ``load`` (``resolve_function``), so that an
-    archive ``verify`` calls ok is one ``run`` can build."""
-    return resolve_function(check_function_name(name))
 
 
 def check_method_name(name: object) -> str:
@@ -257,7 +251,7 @@ def check_graph_targets(record: GraphRecord) -> None:
         elif op == "get_attr":
             kinds[node.name] = kinds.get(node.target, MODULE)
         elif op == "call_function":
-            fn = check_function_target(node.target)
+            fn = resolve_function(node.target)  # the rule load applies: verify's "ok" is run's
             state = effects.state_function(fn)
             _flows(node, kinds, subgraphs_ok=isinstance(fn, torch._ops.HigherOrderOperator),
                    consumer=_consumer(node, kinds, fn))

@@ -3,7 +3,7 @@ graph of ``support.model_corpus`` is allowed by the effect rule, and every graph
 verifies, loads bit-exact, replays (eager backend) and exports.
 
 The default suite runs ``model_corpus.SAMPLE`` (one model of each family, MobileNetV3 among
-them); the whole corpus (60 models) runs with ``REPROARCHIVE_CORPUS=1 pytest -m corpus
+them); the whole corpus (58 models) runs with ``REPROARCHIVE_CORPUS=1 pytest -m corpus
 tests/codec/test_model_corpus.py``.
 """
 
@@ -86,3 +86,27 @@ def test_the_corpus_spans_the_families_and_at_least_fifty_models():
     for family in ("mobilenet_v3_small", "efficientnet", "convnext", "regnet", "resnet", "vit", "swin", "deit", "bert",
                    "gpt2", "t5", "llama", "yolos", "wav2vec2"):
         assert family in names, family
+
+
+def test_a_mobilenet_v3_failure_replays_minifies_and_exports(tmp_path):
+    """The MobileNetV3 family's graph (hard-swish, hard-sigmoid) through the failure flow:
+    PyTorch's relu injector fails on its squeeze-excitation's relu; ``run`` reproduces it,
+    ``minify`` reaches the one relu, and both archives export."""
+    from reproarchive.replay.outcome import REPRODUCED
+    from support.captures import capture_failure
+
+    model, inputs = model_corpus.build("mobilenet_v3_small")
+    with torch.no_grad():
+        path = capture_failure(tmp_path / "mnv3.tar.zst", model, [inputs["x"]], "relu_compile_error_TESTING_ONLY")
+    targets = [str(n.target) for n in reproarchive.load(path).index.graph.nodes]
+    assert "torch.nn.functional.hardswish" in targets and "torch.nn.functional.hardsigmoid" in targets
+    assert reproarchive.run(path, isolate=False).status == REPRODUCED
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst")
+    kept = [str(n.target) for n in reproarchive.load(report.output).index.graph.nodes
+            if n.op in ("call_function", "call_method", "call_module")]
+    assert kept == ["torch.relu"], report.code
+    for archive, out in ((path, "export"), (report.output, "export-min")):
+        reproarchive.export(archive, tmp_path / out)
+        assert (tmp_path / out / "repro.py").is_file()

@@ -21,22 +21,21 @@ pytestmark = [pytest.mark.usefixtures("fresh_dynamo"),
               pytest.mark.filterwarnings("ignore:.*not the original data:UserWarning")]
 
 
-def after_dynamo(x):
-    for _ in range(10):
-        x = torch.sin(x)
-    x = torch.relu(x)
-    for _ in range(10):
-        x = torch.cos(x)
-    return x
+def sin_relu_cos(n: int):
+    """``n`` sines, a relu, ``n`` cosines: test_after_dynamo_* (10) and test_if_graph_minified (20)."""
+
+    def inner(x):
+        for _ in range(n):
+            x = torch.sin(x)
+        x = torch.relu(x)
+        for _ in range(n):
+            x = torch.cos(x)
+        return x
+
+    return inner
 
 
-def graph_minified(x):
-    for _ in range(20):
-        x = torch.sin(x)
-    x = torch.relu(x)
-    for _ in range(20):
-        x = torch.cos(x)
-    return x
+after_dynamo, graph_minified = sin_relu_cos(10), sin_relu_cos(20)
 
 
 def non_leaf(x):

@@ -32,7 +32,7 @@ class SqueezeExcitation(nn.Module):
 
     def forward(self, x):
         s = F.adaptive_avg_pool2d(x, 1)
-        return x * self.scale(self.fc2(F.relu(self.fc1(s))))
+        return x * self.scale(self.fc2(torch.relu(self.fc1(s))))
 
 
 class InvertedResidual(nn.Module):
@@ -127,6 +127,29 @@ _VIT = {
     "num_hidden_layers": 2,
     "num_attention_heads": 2,
     "intermediate_size": 64,
+}
+
+_SEQ2SEQ = {
+    "vocab_size": 128,
+    "d_model": 32,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "max_position_embeddings": 64,
+}
+_SPEECH = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "conv_dim": [8, 8],
+    "conv_kernel": [10, 3],
+    "conv_stride": [5, 2],
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 2,
 }
 
 # name: (model class, config class, config keywords, input kind)
@@ -241,35 +264,13 @@ TRANSFORMERS: dict[str, tuple[str, str, dict, str]] = {
     "bart": (
         "BartModel",
         "BartConfig",
-        {
-            "vocab_size": 128,
-            "d_model": 32,
-            "encoder_layers": 1,
-            "decoder_layers": 1,
-            "encoder_attention_heads": 2,
-            "decoder_attention_heads": 2,
-            "encoder_ffn_dim": 64,
-            "decoder_ffn_dim": 64,
-            "max_position_embeddings": 64,
-        },
+        _SEQ2SEQ,
         "seq2seq",
     ),
     "marian": (
         "MarianModel",
         "MarianConfig",
-        {
-            "vocab_size": 128,
-            "d_model": 32,
-            "encoder_layers": 1,
-            "decoder_layers": 1,
-            "encoder_attention_heads": 2,
-            "decoder_attention_heads": 2,
-            "encoder_ffn_dim": 64,
-            "decoder_ffn_dim": 64,
-            "max_position_embeddings": 64,
-            "pad_token_id": 0,
-            "decoder_start_token_id": 0,
-        },
+        {**_SEQ2SEQ, "pad_token_id": 0, "decoder_start_token_id": 0},
         "seq2seq",
     ),
     # vision transformers
@@ -388,33 +389,13 @@ TRANSFORMERS: dict[str, tuple[str, str, dict, str]] = {
     "wav2vec2": (
         "Wav2Vec2Model",
         "Wav2Vec2Config",
-        {
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "conv_dim": [8, 8],
-            "conv_kernel": [10, 3],
-            "conv_stride": [5, 2],
-            "num_conv_pos_embeddings": 16,
-            "num_conv_pos_embedding_groups": 2,
-        },
+        _SPEECH,
         "audio",
     ),
     "hubert": (
         "HubertModel",
         "HubertConfig",
-        {
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "conv_dim": [8, 8],
-            "conv_kernel": [10, 3],
-            "conv_stride": [5, 2],
-            "num_conv_pos_embeddings": 16,
-            "num_conv_pos_embedding_groups": 2,
-        },
+        _SPEECH,
         "audio",
     ),
 }
