@@ -64,6 +64,7 @@ _EXPORTS = {
     "LimitExceededError": "reproarchive.errors",
     "IndexSchemaError": "reproarchive.errors",
     "UnsafeArchiveError": "reproarchive.errors",
+    "NotReplayableHereError": "reproarchive.errors",
     "PackError": "reproarchive.errors",
     "SourceError": "reproarchive.errors",
     "DeviceUnavailableError": "reproarchive.errors",

@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     LIMIT = "E_LIMIT"
     SCHEMA = "E_SCHEMA"
     UNSAFE = "E_UNSAFE"
+    NOT_REPLAYABLE = "E_NOT_REPLAYABLE"
     STORE_CORRUPT = "E_STORE_CORRUPT"
     STORE = "E_STORE"
     STORE_NOT_FOUND = "E_STORE_NOT_FOUND"
@@ -173,6 +174,14 @@ class UnsafeArchiveError(ArchiveError):
     """The archive asks for something the security model forbids (a path, a target)."""
 
     code = ErrorCode.UNSAFE
+
+
+class NotReplayableHereError(ArchiveError):
+    """The archive names something this torch does not have (a tensor function, an operator, a
+    module class), where a torch that has it could judge and replay it: not unsafe, not
+    replayable here."""
+
+    code = ErrorCode.NOT_REPLAYABLE
 
 
 class CorruptStoreError(CorruptArchiveError):

@@ -9,21 +9,24 @@ legitimately toggle and the RNG, ``replay.containment``).
 
 Where the effects come from:
 
-* an **operator** (``torch.ops.<ns>.<op>.<overload>``): its schema. Every argument and result
-  is a tensor or a plain value (numbers, bools, dtypes, devices, layouts, memory formats, and
-  lists/optionals of these); a string argument is only an enum *selector* or an assertion
-  *message* (``SELECTOR_ARGUMENTS``, values checked per node); an operator that returns nothing
-  writes one of its tensor arguments, or checks a value (``CHECK_OPERATORS``). Schemas cannot
-  show a few effects (a collective reaching the network, the profiler's global state): those
-  namespaces and operators are listed in ``SCHEMA_BLIND`` with the reason;
+* an **operator** (``torch.ops.<ns>.<op>.<overload>``): its schema (``codec.operator_effects``).
+  Every argument and result is a tensor or a plain value (numbers, bools, dtypes, devices,
+  layouts, memory formats, and lists/optionals of these); a string argument is only an enum
+  *selector* or an assertion *message* (``SELECTOR_ARGUMENTS``, values checked per node); an
+  operator that returns nothing writes one of its tensor arguments, or checks a value
+  (``CHECK_OPERATORS``). Schemas cannot show a few effects (a collective reaching the network,
+  the profiler's global state): those namespaces and operators are listed in ``SCHEMA_BLIND``
+  with the reason;
 * a **Python binding** of operators (``torch.add``, ``torch._C._nn.linear``, ``Tensor.view``):
   the schema of every overload of the ATen operator of the same name; the few bindings no
   operator describes are ``SCHEMALESS_BINDINGS``, each with the effect it has;
 * a **Python composite** (``torch.nn.functional.softmax``, ``Tensor.split``): it must be part of
-  torch's tensor API (``torch.overrides``' overridable functions, or a symbolic-shape helper),
-  take no callable and no object by its signature, and its code, followed through the torch
-  functions it calls by name, must not name a file, process, network, import, serialization,
-  autograd-hook or global-setting facility (``FORBIDDEN_NAMES``);
+  torch's tensor API (``_tensor_api``: the overridable functions of ``torch.overrides``, the
+  public functions of the modules that define tensor functions, ``TENSOR_API_MODULES``, and the
+  symbolic-shape helpers), its signature must type it as a tensor computation (no callable,
+  object or file parameter, not a function that returns nothing), and its code, followed through
+  the torch functions it calls by name, must not name a file, process, network, import,
+  serialization, autograd-hook or global-setting facility (``FORBIDDEN_NAMES``);
 * a **higher-order operator** has no schema; ``HIGHER_ORDER`` lists each one torch registers
   with its verdict (the ones that run subgraphs of the archive are allowed, the ones that run
   code from elsewhere are not);
@@ -50,160 +53,16 @@ from typing import Any
 
 import torch
 
-# --------------------------------------------------------------------------------------------
-# operators
-
-
-#: String arguments that select how a tensor computation runs (an enum, an einsum equation) or
-#: carry an assertion's message, by argument name, with the pattern a value must match. Any
-#: other string argument (a file name, a process group, a profiler label) refuses the operator.
-_TOKEN = re.compile(r"^[A-Za-z0-9_]{0,32}$")
-_EQUATION = re.compile(r"^[A-Za-z.,\->\s]{0,256}$")
-_MESSAGE = re.compile(r"^[^\x00-\x08\x0b-\x1f\x7f]{0,2000}$", re.DOTALL)
-SELECTOR_ARGUMENTS: dict[str, re.Pattern] = {
-    **{name: _TOKEN for name in (
-        "approximate", "rounding_mode", "mode", "padding", "norm", "UPLO", "driver", "ord", "p", "indexing",
-        "interpolation", "side", "reduce", "padding_side", "pad_mode", "activation", "algorithm", "attr",
-        "unary_attr", "binary_attr", "unary_algorithm", "post_op_name", "post_op_algorithm", "binary_post_op",
-        "unary_post_op", "unary_post_op_algorithm",
-    )},
-    "equation": _EQUATION,
-    "assert_msg": _MESSAGE,
-    "api_name": _TOKEN,
-}
-
-#: Effects no schema shows: operators whose types look like a tensor computation but which
-#: act elsewhere.
-SCHEMA_BLIND: dict[str, str] = {
-    # namespaces
-    "c10d": "collective communication (network)",
-    "_c10d_functional": "collective communication (network)",
-    "_c10d_functional_autograd": "collective communication (network)",
-    "symm_mem": "symmetric-memory communication between processes (network)",
-    "_dtensor": "distributed tensors (network)",
-    "profiler": "starts and stops the process-wide profiler",
-    "debugprims": "loads tensors by name from a debugging store",
-    "debug_mode_ops": "annotates a process-wide debug mode",
-    "prim": "TorchScript interpreter internals (Python calls, RPC, printing)",
-    "static_runtime": "TorchScript static-runtime internals",
-    "onnx": "ONNX export markers",
-    # operators
-    "aten::backward": "runs the autograd engine (accumulates into .grad, calls hooks)",
-    "aten::_backward": "runs the autograd engine (accumulates into .grad, calls hooks)",
-    "aten::dist_backward": "distributed autograd (network)",
-    "aten::get_gradients": "distributed autograd (network)",
-    "aten::set_data": "replaces a tensor's data outside autograd (tensor identity)",
-}
-
-#: Operators that return nothing, write no tensor, and take no tensor, yet only check a value
-#: (symbolic-shape assertions in graphs with dynamic shapes). Any other such operator can only
-#: have changed global state (``aten::manual_seed``, ``aten::set_grad_enabled``).
-CHECK_OPERATORS = {"aten::_assert_scalar", "aten::sym_constrain_range", "aten::sym_constrain_range_for_size"}
-
-_PLAIN_KINDS = {
-    "TensorType", "IntType", "SymIntType", "FloatType", "SymFloatType", "BoolType", "SymBoolType", "ComplexType",
-    "NumberType", "ScalarTypeType", "LayoutType", "MemoryFormatType", "DeviceObjType", "NoneType",
-}
-
-
-def _type_problem(t: Any, *, optional: bool = False) -> str | None:
-    kind = t.kind()
-    if kind in _PLAIN_KINDS:
-        return None
-    if kind == "OptionalType":
-        return _type_problem(t.getElementType(), optional=True)
-    if kind == "ListType":
-        return _type_problem(t.getElementType())
-    if kind == "TupleType":
-        for e in t.elements():
-            if (why := _type_problem(e)) is not None:
-                return why
-        return None
-    if kind == "GeneratorType" and optional:
-        return None  # a graph cannot hold a generator: the value is always None (the global RNG)
-    return f"takes or returns a {t.annotation_str if hasattr(t, 'annotation_str') else t}"
-
-
-def schema_problem(schema: Any) -> str | None:
-    """Why an operator schema is not a tensor computation with contained effects (None: it is)."""
-    writes = False
-    reads_tensor = False
-    for a in schema.arguments:
-        t = a.real_type
-        if a.alias_info is not None and a.alias_info.is_write:
-            writes = True
-        if "Tensor" in str(t):
-            reads_tensor = True
-        base = t.getElementType() if t.kind() == "OptionalType" else t
-        if base.kind() == "StringType":
-            if a.name not in SELECTOR_ARGUMENTS:
-                return f"takes a string argument {a.name!r} that is not an enum selector or message"
-            continue
-        if str(base) in ("Dimname", "List[Dimname]") or "Dimname" in str(t):
-            return f"takes a dimension name {a.name!r} (a string)"
-        if (why := _type_problem(t)) is not None:
-            return f"argument {a.name!r} {why}"
-    for r in schema.returns:
-        if (why := _type_problem(r.real_type)) is not None:
-            return f"result {why}"
-    if "..." in str(schema):
-        return "takes or returns a variable number of untyped values"
-    if not schema.returns and not writes and not reads_tensor and schema.name not in CHECK_OPERATORS:
-        return "returns nothing and writes no tensor: its only effect is on global state"
-    return None
-
-
-def _blind(schema: Any) -> str | None:
-    namespace = schema.name.split("::")[0]
-    return SCHEMA_BLIND.get(namespace) or SCHEMA_BLIND.get(schema.name)
-
-
-@functools.lru_cache(maxsize=None)
-def overload_problem(op: torch._ops.OpOverload) -> str | None:
-    return _blind(op._schema) or schema_problem(op._schema)
-
-
-@functools.lru_cache(maxsize=1)
-def _dispatcher_ops() -> frozenset[str]:
-    """Operators registered with the dispatcher (``aten::add.Tensor``); the rest of a packet's
-    overloads are TorchScript builtins (string, list and dict functions) only a packet reaches."""
-    return frozenset(torch._C._dispatch_get_all_op_names())
-
-
-def _overloads(packet: torch._ops.OpOverloadPacket, *, dispatcher_only: bool):
-    native = _dispatcher_ops()
-    for name in packet.overloads():
-        qualified = packet._qualified_op_name + ("" if name == "default" else f".{name}")
-        if dispatcher_only and qualified not in native:
-            continue
-        try:
-            yield name, getattr(packet, name)
-        except (AttributeError, RuntimeError):
-            continue
-
-
-@functools.lru_cache(maxsize=None)
-def packet_problem(packet: torch._ops.OpOverloadPacket, dispatcher_only: bool = False) -> str | None:
-    """A packet picks its overload from the arguments at run time: every overload it can reach
-    must pass. Called directly, a packet reaches TorchScript builtins too; a Python binding
-    (``torch.add``) reaches only the dispatcher's overloads."""
-    for name, op in _overloads(packet, dispatcher_only=dispatcher_only):
-        if (why := overload_problem(op)) is not None:
-            return f"overload {name}: {why}"
-    return None
-
-
-def string_argument_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
-    """A selector or message value a node passes to an operator, checked against its pattern."""
-    arguments = op._schema.arguments
-    positional = [a for a in arguments if not a.kwarg_only]
-    bound = list(zip(positional, args)) + [(a, kwargs[a.name]) for a in arguments if a.name in kwargs]
-    for a, value in bound:
-        pattern = SELECTOR_ARGUMENTS.get(a.name)
-        if pattern is not None and isinstance(value, str) and not pattern.match(value):
-            return f"its {a.name!r} argument {value[:40]!r} is not a selector value"
-    return None
-
+# operators: by their schemas (``codec.operator_effects``); the names below are read from here
+from reproarchive.codec.operator_effects import (  # noqa: F401 - re-exported
+    CHECK_OPERATORS,
+    SCHEMA_BLIND,
+    SELECTOR_ARGUMENTS,
+    overload_problem,
+    packet_problem,
+    schema_problem,
+    string_argument_problem,
+)
 
 # --------------------------------------------------------------------------------------------
 # higher-order operators: no schema, one verdict each
@@ -363,28 +222,56 @@ def composite_problem(fn: types.FunctionType) -> str | None:
     return None
 
 
+#: Annotation words that type a parameter as something other than a tensor or a plain value.
+_OBJECT_PARAMETER = re.compile(r"\b(Callable|Module|Any|object|IO|PathLike|BinaryIO|FILE_LIKE|Storage)\b")
+
+
 def _signature_problem(fn: Any) -> str | None:
-    """Callable or object parameters, by annotation (a composite calls what it is given)."""
+    """What the signature says about effects: a composite calls what it is given (a callable or
+    module parameter), reads what it is handed (an object, a file), and one annotated to return
+    nothing can only have acted on something other than its result."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None
     for p in sig.parameters.values():
         text = str(p.annotation)
-        if "Callable" in text or "Module" in text or "Generator" in text and "Optional" not in text:
+        if p.annotation is inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue  # a graph passes only values (``codec.targets``): the annotation is all it adds
+        if "Generator" in text and "None" not in text and "Optional" not in text:
+            return f"takes a generator parameter {p.name!r}"
+        if _OBJECT_PARAMETER.search(text.replace("typing.", "")):
             return f"takes a callable or object parameter {p.name!r}"
+    if sig.return_annotation in (None, "None"):
+        return "returns nothing: its only effect is outside its results"
     return None
+
+
+#: The modules that define torch's tensor functions in Python. ``torch.overrides``' overridable
+#: list is the set its ``__torch_function__`` tests cover, not the tensor API: it leaves out
+#: deprecated wrappers (``F.sigmoid``, ``F.upsample``), functions it has no test override for
+#: (``F.hardswish``, ``F.hardsigmoid``) and new operators (``F.scaled_mm``, ``F.grouped_mm``), all
+#: plain tensor functions. A public function these modules define is in the API too, and is then
+#: judged like any composite, by its signature and its code.
+TENSOR_API_MODULES = ("torch.nn.functional", "torch.functional", "torch._tensor")
 
 
 @functools.lru_cache(maxsize=1)
 def _tensor_api() -> frozenset[int]:
-    """Ids of torch's tensor API: what ``torch.overrides`` calls overridable, plus the symbolic
-    helpers."""
+    """Ids of torch's tensor API: the overridable functions, the public functions defined in
+    ``TENSOR_API_MODULES`` (as torch.overrides indexes its namespaces: torch, torch.functional,
+    torch.nn.functional, torch.Tensor, ...), and the symbolic helpers."""
     import torch.overrides
 
     ids = set()
     for functions in torch.overrides.get_overridable_functions().values():
         ids.update(id(_unwrap(f)) for f in functions)
+    for fn, where in torch.overrides._get_overridable_functions()[1].items():
+        public = where.rsplit(".", 1)[-1]
+        target = _unwrap(fn)
+        if isinstance(target, types.FunctionType) and not public.startswith("_") \
+                and target.__module__ in TENSOR_API_MODULES:
+            ids.add(id(target))
     for name in SYMBOLIC_HELPERS:
         obj: Any = torch
         for part in name.split(".")[1:]:
@@ -392,6 +279,28 @@ def _tensor_api() -> frozenset[int]:
         if obj is not None:
             ids.add(id(_unwrap(obj)))
     return frozenset(ids)
+
+
+@functools.lru_cache(maxsize=1)
+def tensor_namespaces() -> frozenset[str]:
+    """Where an allowed callable can live: the namespaces ``torch.overrides`` indexes (``torch``,
+    ``torch.nn.functional``, ``torch.Tensor``, ...), the modules of the state functions and
+    symbolic helpers, and ``torch._C`` (the C bindings of operators). A name this torch cannot
+    resolve under any other module (``torch.utils.cpp_extension.load`` while that module is not
+    imported) would be refused whatever it is, so the rule can judge it without resolving it."""
+    import torch.overrides
+
+    homes = {where.rsplit(".", 1)[0] for where in torch.overrides._get_overridable_functions()[1].values()}
+    homes |= {name.rsplit(".", 1)[0] for name in (*STATE_FUNCTIONS, *SYMBOLIC_HELPERS)}
+    return frozenset(homes | {"torch._C"})
+
+
+def unresolved_problem(found: str) -> str | None:
+    """For a name whose longest resolvable prefix is ``found``: why it is refused
+    without resolving it (None: it could be a tensor function a newer torch has)."""
+    if found in tensor_namespaces() or found.startswith("torch._C."):
+        return None
+    return f"not part of torch's tensor API: {found} holds none of its functions"
 
 
 def _aten_packet(name: str) -> torch._ops.OpOverloadPacket | None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from reproarchive.codec import effects
-from reproarchive.errors import Rule, UnsafeArchiveError
+from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
 from reproarchive.format.index_rules import function_name_problem, iter_arg_values, method_name_problem
 from reproarchive.format.schema import CallRoot, GraphRecord, ModuleEntry, NodeRef, SubgraphEntry, TensorEntry
 
@@ -69,6 +69,14 @@ def check_function_name(name: object) -> str:
 _ROOT_MODULES = {"operator": operator, "math": math, "builtins": builtins, "torch": torch}
 
 
+class _Missing(LookupError):
+    """A name this torch cannot resolve; ``found``: its longest resolvable prefix."""
+
+    def __init__(self, name: str, found: str):
+        super().__init__(name)
+        self.found = found
+
+
 def _walk(name: str) -> Any:
     """Attribute walk from an allowed root; raises LookupError when a segment is missing.
 
@@ -83,7 +91,7 @@ def _walk(name: str) -> Any:
         try:
             obj = getattr(obj, part)
         except (AttributeError, RuntimeError):
-            raise LookupError(name) from None
+            raise _Missing(name, path) from None
         path = f"{path}.{part}"
         if isinstance(obj, types.ModuleType) and obj.__name__ != path:
             raise _unsafe(name, f"{path} is an alias of module {obj.__name__}")
@@ -103,31 +111,27 @@ def _resolved(name: str) -> Any:
     return obj
 
 
-def resolve_function(name: str) -> Any:
+def resolve_function(name: object) -> Any:
+    """The callable ``name`` names, allowed by its effects; what ``load`` builds a graph with.
+    A name this torch cannot resolve is refused when the rule would refuse it whatever it is
+    (``effects.unresolved_problem``), and otherwise is not replayable here."""
     check_function_name(name)
     try:
         return _resolved(name)
-    except LookupError:
+    except _Missing as missing:
         if name.startswith("torch.ops."):
-            raise UnsafeArchiveError(
-                f"operator {name} is not registered in this process",
+            raise NotReplayableHereError(
+                f"graph calls operator {name}, which is not registered in this process: not replayable here",
                 "import the library that defines this custom op before loading (or replay where it is installed)",
                 rule=Rule.CALL_TARGET,
             ) from None
-        raise UnsafeArchiveError(
-            f"graph calls {name}, which does not exist in this torch {torch.__version__}",
+        why = effects.unresolved_problem(missing.found)
+        if why is not None:
+            raise _unsafe(name, why) from None
+        raise NotReplayableHereError(
+            f"graph calls {name}, which this torch {torch.__version__} does not have: not replayable here",
             "replay with the torch version recorded in the archive (see `reproarchive inspect`)", rule=Rule.CALL_TARGET,
         ) from None
-
-
-def check_function_target(name: object) -> Any | None:
-    """For verify/inspect: the name's shape and, where it resolves in this process, its
-    effects; a name this torch lacks passes here (load will say so) and gives None."""
-    check_function_name(name)
-    try:
-        return _resolved(name)
-    except LookupError:
-        return None
 
 
 def check_method_name(name: object) -> str:
@@ -169,8 +173,9 @@ def resolve_module_class(name: object) -> type:
     try:
         obj = _walk(name)
     except LookupError:
-        raise UnsafeArchiveError(f"module class {name} does not exist in this torch", "replay with the recorded torch version",
-                                 rule=Rule.STATE_MODULE) from None
+        raise NotReplayableHereError(f"module class {name} does not exist in this torch {torch.__version__}: "
+                                     "not replayable here", "replay with the recorded torch version",
+                                     rule=Rule.STATE_MODULE) from None
     if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
         raise _unsafe(name, "not an nn.Module class", Rule.STATE_MODULE)
     real = f"{obj.__module__}.{obj.__qualname__}"
@@ -237,7 +242,7 @@ def _receiver(node, kinds: dict[str, str]) -> None:
 def check_graph_targets(record: GraphRecord) -> None:
     """Every call target, module class and data flow of a (schema-checked) graph, without
     building anything: what ``verify``, ``inspect``, ``unpack`` and ``load`` check before a graph
-    is built. A function name this torch lacks passes here; ``load`` will say so."""
+    is built, with the rule ``load`` applies."""
     kinds = _state_kinds(record)
     for node in record.nodes:
         op = node.op
@@ -246,10 +251,7 @@ def check_graph_targets(record: GraphRecord) -> None:
         elif op == "get_attr":
             kinds[node.name] = kinds.get(node.target, MODULE)
         elif op == "call_function":
-            fn = check_function_target(node.target)
-            if fn is None:  # not in this torch: load refuses it
-                kinds[node.name] = VALUE
-                continue
+            fn = resolve_function(node.target)  # the rule load applies: verify's "ok" is run's
             state = effects.state_function(fn)
             _flows(node, kinds, subgraphs_ok=isinstance(fn, torch._ops.HigherOrderOperator),
                    consumer=_consumer(node, kinds, fn))

@@ -74,13 +74,18 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def snapshot_tensor(t: torch.Tensor) -> torch.Tensor:
+def snapshot_tensor(t: torch.Tensor, *, keep_leafness: bool = False) -> torch.Tensor:
     """A private copy with the same sizes, strides, storage offset, dtype and device.
 
     Strides matter: many compiler bugs only happen on a transposed or sliced input, and an
-    intermediate turned into an input must look exactly like it did in eager. The copy is a
-    detached leaf (so candidates never share autograd history or storage); it requires grad when
-    the original did, so backward-stage failures still reproduce.
+    intermediate turned into an input must look exactly like it did in eager. The copy is
+    detached from the original (candidates never share autograd history or storage); it requires
+    grad when the original did, so backward-stage failures still reproduce. With ``keep_leafness`` (the
+    graph's own inputs, and every copy an oracle call gets) it is a non-leaf when the original
+    was one (a view with a history of its own, as ``load`` rebuilds a recorded non-leaf): the
+    original is judged on the inputs ``run`` hands the compiler, or the two could disagree
+    (``non_leaf_compile_error_TESTING_ONLY`` fails only on a non-leaf). An intermediate value
+    cut into an input is a leaf.
     """
     with torch.no_grad():
         base = t.detach()
@@ -96,21 +101,23 @@ def snapshot_tensor(t: torch.Tensor) -> torch.Tensor:
             out = base.clone()
     if t.requires_grad and (out.is_floating_point() or out.is_complex()):
         out.requires_grad_(True)
+        if keep_leafness and not t.is_leaf:
+            out = out.view_as(out)
     return out
 
 
 def fresh_copy(value: Any) -> Any:
     """What one oracle call receives, so a candidate that mutates its inputs corrupts nothing."""
     if isinstance(value, torch.Tensor):
-        return snapshot_tensor(value)
+        return snapshot_tensor(value, keep_leafness=True)
     if isinstance(value, (list, tuple)):
         return type(value)(fresh_copy(v) for v in value)
     return value
 
 
-def _record_value(value: Any) -> Any:
+def _record_value(value: Any, *, keep_leafness: bool = False) -> Any:
     if isinstance(value, torch.Tensor):
-        return snapshot_tensor(value)
+        return snapshot_tensor(value, keep_leafness=keep_leafness)
     if isinstance(value, _SYMBOLIC):
         try:
             return concrete_scalar(value)
@@ -188,7 +195,7 @@ class _RecordingInterpreter(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         if n.op != "output":
-            self.values[n] = _record_value(result)
+            self.values[n] = _record_value(result, keep_leafness=n.op == "placeholder")
             if isinstance(result, (tuple, list)):
                 self.tuples.add(n)
         return result

@@ -56,25 +56,19 @@ class MinifyReport:
         return dataclasses.asdict(self)
 
 
-def _replay_options(repro: Repro, **options) -> dict[str, Any]:
-    """The replay settings every candidate is judged with (recorded records + user choices)."""
-    records = repro.records
-    return dict(recorded_failure=records.failure, config=records.config, environment=records.environment,
-                source_kind=records.graph_kind, **options)
-
-
 def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, current_config: bool, tol,
                       strict_accuracy: bool):
+    """Judged by ``replay_repro``, as ``run`` judges the archive (the differences report, which
+    takes fresh snapshots, is left out: it does not change a verdict)."""
     from reproarchive.replay.outcome import REPRODUCED
-    from reproarchive.replay.runner import replay_graph
-
-    settings = _replay_options(repro, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                               current_config=current_config, tol=tol, strict_accuracy=strict_accuracy)
+    from reproarchive.replay.runner import replay_repro
 
     def fails(gm, inputs) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outcome = replay_graph(gm, list(inputs), system=None, report_differences=False, **settings)
+            outcome = replay_repro(repro, gm, inputs, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
+                                   current_config=current_config, tol=tol, strict_accuracy=strict_accuracy,
+                                   report_differences=False)
         return outcome.status == REPRODUCED
 
     return fails

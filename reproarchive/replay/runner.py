@@ -321,24 +321,29 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
         on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen, "digest": repro.digest,
                   **facts, "warnings": load_warnings,
                   "config": "current" if current_config else "recorded"})
-    outcome = replay_graph(
-        repro.gm,
-        list(repro.args),
-        backend=chosen,
-        recorded_failure=records.failure,
-        accuracy=bool(records.accuracy) if accuracy is None else accuracy,
-        only_fwd=only_fwd,
-        config=records.config,
-        environment=records.environment,
-        system=records.system,
-        current_config=current_config,
-        source_kind=records.graph_kind,
-        tol=tol,
-        strict_accuracy=strict_accuracy,
-    )
+    outcome = replay_repro(repro, backend=chosen, accuracy=bool(records.accuracy) if accuracy is None else accuracy,
+                           only_fwd=only_fwd, current_config=current_config, tol=tol, strict_accuracy=strict_accuracy)
     outcome.device, outcome.recorded_device, outcome.same_device_type = (
         facts["device"], facts["recorded_device"], facts["same_device_type"])
     outcome.warnings[:0] = load_warnings
     outcome.archive = str(path)
     outcome.digest = repro.digest
     return outcome
+
+
+def replay_repro(repro, gm=None, args=None, *, backend: str, accuracy: bool, only_fwd: bool = False,
+                 current_config: bool = False, tol: float | None = None, strict_accuracy: bool = True,
+                 report_differences: bool = True) -> Outcome:
+    """Judge a loaded archive's graph, or a candidate ``gm`` on ``args`` made from it, against
+    its recorded failure with its recorded records: the one judgement ``run``, the minifier's
+    check of the original and its oracle all go through, so they cannot disagree about whether
+    an archive reproduces."""
+    records = repro.records
+    return replay_graph(
+        repro.gm if gm is None else gm,
+        list(repro.args if args is None else args),
+        backend=backend, recorded_failure=records.failure, accuracy=accuracy, only_fwd=only_fwd,
+        config=records.config, environment=records.environment, system=records.system if report_differences else None,
+        current_config=current_config, source_kind=records.graph_kind, tol=tol,
+        report_differences=report_differences, strict_accuracy=strict_accuracy,
+    )

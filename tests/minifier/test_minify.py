@@ -55,6 +55,13 @@ def test_snapshot_keeps_strides_offset_and_grad_but_not_storage_or_history():
     assert torch.equal(snap, view.detach())
     assert snap.is_leaf and snap.requires_grad
     assert snap.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()
+    # an oracle's copy of a graph input: a non-leaf stays one (as `run` hands it to the
+    # compiler), with a history of its own
+    kept = snapshot_tensor(view, keep_leafness=True)
+    assert not kept.is_leaf and kept.requires_grad and kept.stride() == view.stride()
+    kept.sum().backward()
+    assert base.grad is None
+    assert snapshot_tensor(base, keep_leafness=True).is_leaf
     expanded = torch.randn(1, 4).expand(3, 4)
     assert snapshot_tensor(expanded).stride() == expanded.stride()
 
