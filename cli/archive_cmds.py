@@ -30,7 +30,9 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     """Check ARCHIVE against every rule of the format and rehash every blob.
 
     Exit 0 when it is intact and readable by this version; otherwise exit 2 with one line
-    saying what is wrong.
+    saying what is wrong. A call target this torch lacks (a custom op whose library is not
+    loaded, a newer torch's function) is not damage: it is listed as "not replayable here"
+    (`run` answers 125 for it) and the archive still verifies.
     """
     import reproarchive
 
@@ -44,6 +46,8 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
             f"({report['blobs']} blobs, {human_size(report['uncompressed_bytes'])} -> {human_size(report['file_bytes'])}, "
             f"{index_digest(report['digest'])})"
         )
+        for what in report.get("not_replayable_here") or ():
+            click.echo(terminal_safe(f"warning: not replayable here: {what}"), err=True)
 
 
 @main.command(epilog=INSPECT_EXIT_CODES)
@@ -78,6 +82,8 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     _say(f"backend: {info.get('backend') or 'unknown'}   accuracy check: {bool(info.get('accuracy'))}")
     _trace_origin(info.get("source"))
     _say(f"graph: {g['nodes']} nodes, {g['ops']} ops, {g['placeholders']} inputs, {g['submodules']} stored attributes")
+    for what in info.get("not_replayable_here") or ():
+        _say(f"not replayable here: {what}")
     for name, count in list(g["op_histogram"].items())[:12]:
         _say(f"  {count:5d}  {name}")
     if len(g["op_histogram"]) > 12:

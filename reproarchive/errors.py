@@ -179,8 +179,10 @@ class UnsafeArchiveError(ArchiveError):
 class NotReplayableHereError(ArchiveError):
     """The archive names something this torch does not have (a tensor function, an operator, a
     module class), where a torch that has it could judge and replay it: not unsafe, not
-    replayable here."""
+    replayable here. Exit 125, like a device this machine lacks; ``verify`` and ``inspect``
+    report it and pass (they run nothing)."""
 
+    exit_code = 125
     code = ErrorCode.NOT_REPLAYABLE
 
 

@@ -77,11 +77,12 @@ def verify_bytes(path: str | os.PathLike, *, progress: ProgressFn | None = None,
 
 
 def _verify(path, progress, limits: Limits, *, readable_here: bool) -> dict:
+    missing = None
     with ContainerReader(path, limits=limits) as reader:
         if readable_here:
             from reproarchive.codec.checks import check_readable_here  # torch: only for this question
 
-            check_readable_here(reader.index)
+            missing = check_readable_here(reader.index, replaying=False)
         stats = _check_stream(reader, None, progress)
         return {
             "valid": True,
@@ -92,6 +93,8 @@ def _verify(path, progress, limits: Limits, *, readable_here: bool) -> dict:
             "blobs": stats["blobs"],
             "uncompressed_bytes": stats["bytes"],
             "file_bytes": reader.file_size,
+            # intact and safe, but this process lacks what replaying it needs (``run`` says 125)
+            **({"not_replayable_here": missing} if readable_here else {}),
         }
 
 
@@ -111,7 +114,7 @@ def unpack(path: str | os.PathLike, dest: str | os.PathLike | None = None, *, pr
     from reproarchive.codec.checks import check_readable_here  # torch: only for this question
 
     with ContainerReader(path, limits=limits) as reader:
-        check_readable_here(reader.index)
+        check_readable_here(reader.index, replaying=False)  # unpacking replays nothing
         with atomic_dir(dest) as tmp:
             # Frames come in member order, so one file is open at a time however many members
             # the archive has (a valid archive may hold more than the open-file limit).

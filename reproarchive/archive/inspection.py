@@ -106,7 +106,7 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
 
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
-        check_readable_here(index)
+        missing = check_readable_here(index, replaying=False)
         graph = index.graph
         return {
             "path": str(path),
@@ -127,6 +127,7 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
                 "submodules": len(graph.module_state),
             },
             "inputs": input_rows(index),
+            "not_replayable_here": missing,
             "storage": _storage_stats(reader, index),
             **_summaries(index),
             # the full records, for --json readers and tools; the summaries above are for people

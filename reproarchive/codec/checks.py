@@ -16,14 +16,20 @@ from reproarchive.format.index_rules import DEVICE_RE, iter_arg_values
 from reproarchive.format.schema import ConstantArg, GraphRecord, Index, SubgraphEntry
 
 
-def check_readable_here(index: Index) -> None:
-    """Raise the error ``load`` would raise for a dtype, device type or call target."""
+def check_readable_here(index: Index, *, replaying: bool = True) -> list[str]:
+    """Raise the error ``load`` would raise for a dtype, device type or call target.
+
+    ``replaying=False`` (``verify``, ``inspect``, ``unpack``: they run nothing) returns what this
+    process lacks to replay it (``NotReplayableHereError`` messages: a custom op not loaded, a
+    newer torch's function) instead of raising; what the rule refuses still raises."""
     for storage in index.storages:
         check_recorded_device(storage.device)
     for tensor in index.tensor_records():
         dtype_from_name(tensor.dtype)
     _check_graph_constants(index.graph)
-    check_graph_targets(index.graph)
+    missing: list | None = None if replaying else []
+    check_graph_targets(index.graph, missing)
+    return list(dict.fromkeys(err.what for err in missing or ()))
 
 
 def _check_graph_constants(graph: GraphRecord) -> None:

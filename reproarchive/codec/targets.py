@@ -239,10 +239,16 @@ def _receiver(node, kinds: dict[str, str]) -> None:
         )
 
 
-def check_graph_targets(record: GraphRecord) -> None:
+def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereError] | None = None) -> None:
     """Every call target, module class and data flow of a (schema-checked) graph, without
     building anything: what ``verify``, ``inspect``, ``unpack`` and ``load`` check before a graph
-    is built, with the rule ``load`` applies."""
+    is built, with the rule ``load`` applies.
+
+    A target the rule refuses raises ``UnsafeArchiveError`` for all of them. A target this torch
+    does not have (a custom op whose library is not loaded, a newer torch's function) is not a
+    reason to call the archive damaged or unsafe: with ``missing`` given (``verify``,
+    ``inspect``) it is collected there and the check goes on; without (``load``) it raises
+    ``NotReplayableHereError``."""
     kinds = _state_kinds(record)
     for node in record.nodes:
         op = node.op
@@ -251,7 +257,15 @@ def check_graph_targets(record: GraphRecord) -> None:
         elif op == "get_attr":
             kinds[node.name] = kinds.get(node.target, MODULE)
         elif op == "call_function":
-            fn = resolve_function(node.target)  # the rule load applies: verify's "ok" is run's
+            try:
+                fn = resolve_function(node.target)  # the rule load applies: verify's "ok" is run's
+            except NotReplayableHereError as err:
+                if missing is None:
+                    raise
+                missing.append(err)
+                _flows(node, kinds, subgraphs_ok=False)
+                kinds[node.name] = VALUE
+                continue
             state = effects.state_function(fn)
             _flows(node, kinds, subgraphs_ok=isinstance(fn, torch._ops.HigherOrderOperator),
                    consumer=_consumer(node, kinds, fn))
@@ -277,9 +291,14 @@ def check_graph_targets(record: GraphRecord) -> None:
             _flows(node, kinds, subgraphs_ok=False)
     for entry in record.module_state:
         if isinstance(entry, ModuleEntry):
-            resolve_module_class(entry.class_name)
+            try:
+                resolve_module_class(entry.class_name)
+            except NotReplayableHereError as err:
+                if missing is None:
+                    raise
+                missing.append(err)
         elif isinstance(entry, SubgraphEntry):
-            check_graph_targets(entry.graph)
+            check_graph_targets(entry.graph, missing)
 
 
 def _consumer(node, kinds: dict[str, str], fn: Any) -> str | None:

@@ -38,17 +38,31 @@ def test_cpp_extension_load_is_refused_by_the_effect_rule_everywhere(parsed, tmp
     assert "does not exist" not in str(caught.value)
 
 
-@pytest.mark.parametrize("command", ["verify", "run", "load", "inspect"])
+@pytest.mark.parametrize("command", ["run", "load"])
 def test_a_tensor_function_this_torch_lacks_is_not_replayable_here(parsed, tmp_path, command):
     path = _archive(parsed, tmp_path, "torch.nn.functional.from_a_newer_torch")
     with pytest.raises(NotReplayableHereError, match="not replayable here"):
         getattr(reproarchive, command)(path)
 
 
-def test_verify_cli_gives_the_real_reason_and_exit_2(parsed, tmp_path):
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_what_runs_nothing_lists_what_is_not_replayable_here_and_passes(parsed, tmp_path, command):
+    """The archive is intact and nothing in it is refused: a verifier says what this process
+    lacks to replay it, instead of the answer it gives a damaged or unsafe file."""
+    path = _archive(parsed, tmp_path, "torch.nn.functional.from_a_newer_torch")
+    report = getattr(reproarchive, command)(path)
+    (what,) = report["not_replayable_here"]
+    assert "from_a_newer_torch" in what and "not replayable here" in what
+
+
+def test_verify_cli_gives_the_real_reason(parsed, tmp_path):
     path = _archive(parsed, tmp_path, "torch.utils.cpp_extension.load")
     result = invoke("verify", str(path))
     assert result.exit_code == 2
     assert "not allowed" in result.stderr and "tensor API" in result.stderr
-    missing = invoke("verify", str(_archive(parsed, tmp_path, "torch.ops.not_a_library.op.default")))
-    assert missing.exit_code == 2 and "not replayable here" in missing.stderr
+    op = _archive(parsed, tmp_path, "torch.ops.not_a_library.op.default")
+    missing = invoke("verify", str(op))
+    assert missing.exit_code == 0 and "warning: not replayable here" in missing.stderr
+    assert "not_a_library" in missing.stderr
+    ran = invoke("run", str(op))
+    assert ran.exit_code == 125 and "not replayable here" in ran.stderr
