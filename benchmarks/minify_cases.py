@@ -22,7 +22,8 @@ compiler as a ``compiler_fn``:
 Accuracy bugs come in two kinds: a forward op off by 1e-2 (absolute) or by 1% (relative), and a
 backward-only bug (the op's gradient off by 30%) on inputs that require grad -- the judge then
 compares input gradients after PyTorch's ``reduce_to_scalar_loss``, which averages every output
-into one loss, so a candidate with more outputs shows less of the error.
+into one loss, so a candidate with more outputs shows less of the error. ``accuracy_saved_*``
+also return the culprit's value, as an AOT forward returns a saved activation (``also_output``).
 
 The known minimum counts op nodes (call_function/method/module), the size both minifiers are
 reported in. It is the minimum reachable with cuts (intermediates, ints included, as inputs)
