@@ -21,10 +21,10 @@ Localisation passes open the search, in an order the caller chooses (``localize`
   ("any divergence counts", bool masks included) asks for.
 * ``bisect_outputs`` moves a single output upstream (the earliest node whose cone alone still
   fails), as PyTorch's truncation does, starting from the first output (last node first, then
-  the others latest first) whose cone alone fails. With a backward, a judge compares input gradients of
-  one loss averaged over all outputs, and where the leaves are decides what it sees: a
-  single output is the clearest view (``localize="cone"``, chosen by ``auto`` when an input
-  requires grad).
+  the original outputs latest first) whose cone alone fails. With a backward, a judge compares
+  input gradients of one loss averaged over all outputs, and where the leaves are decides what
+  it sees: a single output is the clearest view (``localize="cone"``, chosen by ``auto`` when
+  an input requires grad).
 
 Outputs that are intermediate values. An AOT forward graph returns the activations its
 backward saves, so a miscomputed op's value is often returned *and* read further on, where
@@ -37,10 +37,11 @@ compared the final value only. Counted on the benchmark's ``accuracy_saved_100``
 sigmoid, and every needed-set the bisection then built one node at a time -- with 5 memo hits:
 the memo answers repeated questions, and each rejected cut was a different node set, so none
 repeated; the judge rejected them because the question itself had lost the output. (The
-same graph with a backward-only bug: 437 calls, 435 rejected; at 500 ops see search.py.)
+backward-only variant, ``accuracy_saved_bwd_100``: 437 calls, 435 rejected; at 500 ops see
+search.py.)
 Two moves use those outputs directly: ``bisect_inputs`` first tries the output ops alone
-(``_outputs_alone``: one call, then halving), and ``bisect_outputs`` tries each output's cone,
-not only the last node's.
+(``_outputs_alone``: one call, then halving), and ``bisect_outputs`` tries each original
+output's cone, not only the last node's.
 
 With ``jobs > 1`` the bisections probe several points at once and the one-node-at-a-time scans
 judge several proposals at once (speculatively; the first success in order is taken).
@@ -176,8 +177,8 @@ def bisect_inputs(sh: Shrinker) -> None:
 
 def _outputs_alone(sh: Shrinker) -> bool:
     """With several of the original outputs kept: do their ops alone (their arguments cut into
-    inputs) fail? If so, halve that set while a half still fails; True if that adopted something. One call when they do not; about
-    2 log2(k) + 1 for k outputs when they do.
+    inputs) fail? If so, halve that set while a half still fails; True if that adopted
+    something. One call when they do not; about 2 log2(k) + 1 for k outputs when they do.
 
     The prefix cuts below keep every kept output, and the last node alone is their first probe;
     an output that is an intermediate value (an AOT forward's saved activation) is in the
