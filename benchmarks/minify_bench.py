@@ -205,9 +205,7 @@ def run(quick: bool = False, with_torch: bool = True, only: str | None = None,
         log: Callable[[str], None] | None = None, shrink_inputs: bool = False) -> list[tuple[Case, str, Row, Row | None]]:
     torch.manual_seed(0)
     pairs = []
-    for case in all_cases(quick=quick):
-        if only and only not in case.name:
-            continue
+    for case in all_cases(quick=quick, only=only):
         for oracle in case.oracle_names():
             ours = run_ours(case, oracle, shrink_inputs)
             theirs = run_torch(case, oracle) if with_torch else None

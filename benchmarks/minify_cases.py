@@ -22,7 +22,8 @@ compiler as a ``compiler_fn``:
 Accuracy bugs come in two kinds: a forward op off by 1e-2 (absolute) or by 1% (relative), and a
 backward-only bug (the op's gradient off by 30%) on inputs that require grad -- the judge then
 compares input gradients after PyTorch's ``reduce_to_scalar_loss``, which averages every output
-into one loss, so a candidate with more outputs shows less of the error.
+into one loss, so a candidate with more outputs shows less of the error. ``accuracy_saved_*``
+also return the culprit's value, as an AOT forward returns a saved activation (``also_output``).
 
 The known minimum counts op nodes (call_function/method/module), the size both minifiers are
 reported in. It is the minimum reachable with cuts (intermediates, ints included, as inputs)
@@ -385,10 +386,25 @@ def accuracy_judges(miscompile: dict, *, only_fwd: bool) -> dict[str, Callable[[
     return {"torch": torch_judge, "same2": same2, "ours": ours}
 
 
+def also_output(gm: fx.GraphModule, target) -> fx.GraphModule:
+    """``gm`` with the value of its (first) ``target`` node returned as an extra output, as an
+    AOT forward graph returns the activations its backward saves."""
+    node = next(n for n in gm.graph.nodes if n.target is target)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    out.args = (tuple(out.args[0]) + (node,),)
+    gm.recompile()
+    return gm
+
+
 def _accuracy_case(name, n, seed, *, miscompile=None, judges=("strict", "torch", "same2", "ours"),
-                   backward=False, quick=False) -> Case:
+                   backward=False, quick=False, saved=False) -> Case:
     """The first seed from ``seed`` on whose planted bug the first judge sees (saturating ops
-    often hide an error downstream, as in real models)."""
+    often hide an error downstream, as in real models).
+
+    ``saved``: the culprit's value is also an output (an AOT forward's saved activation), and
+    the seed is the first on which the final value *alone* does not show the error -- the
+    judge sees it through the extra output only, as when the bug is in a saved activation
+    that the rest of the forward washes out."""
     miscompile = miscompile or {aten.sigmoid.default: _sigmoid_off}
     table = accuracy_judges(miscompile, only_fwd=not backward)
 
@@ -410,74 +426,87 @@ def _accuracy_case(name, n, seed, *, miscompile=None, judges=("strict", "torch",
         gm, inputs, _ = branchy_graph(n, seed, {(1, 0.5): _unary_plant(aten.sigmoid.default)})
         if backward:
             inputs = [x.requires_grad_() for x in inputs]
+        if saved:
+            if first(gm, inputs):
+                continue  # the final value shows it: not the case the extra output is about
+            gm = also_output(gm, aten.sigmoid.default)
         if first(gm, inputs):
             break
     assert first(gm, inputs), f"case {name}: the planted accuracy bug does not show"
     oracles = {j: every[j] for j in judges if j != "strict"}
     case = Case(name, "accuracy (backward)" if backward else "accuracy", gm, inputs, 1,
                 strict if "strict" in judges else None, loose if "strict" in judges else None,
-                "accuracy|AccuracyError|", quick, {"seed": seed}, oracles)
+                "accuracy|AccuracyError|", quick, {"seed": seed, "saved": saved}, oracles)
     return case
 
 
 MSG = "fakecc: lowering failed for {} at buf{}"
 
 
-def all_cases(quick: bool = False) -> list[Case]:
+def all_cases(quick: bool = False, only: str | None = None) -> list[Case]:
+    """Every case (``quick``: the small ones), or those whose name contains ``only``."""
     atan, erf, asinh = CULPRITS
     cases: list[Case] = []
 
-    def add(make: Callable[[], Case], is_quick: bool = False) -> None:
-        if is_quick or not quick:
+    def add(name: str, make: Callable[[], Case], is_quick: bool = False) -> None:
+        if (is_quick or not quick) and (only is None or only in name):
             case = make()
             case.quick = is_quick
             cases.append(case)
 
     for n, seed in ((20, 1), (100, 2), (400, 3), (800, 4)):
-        add(lambda n=n, seed=seed: _exception_case(
+        add(f"single_{n}", lambda n=n, seed=seed: _exception_case(
             f"single_{n}", "one culprit", n, seed, {(2, 0.6): _unary_plant(atan)},
             [rule_op(atan, MSG.format("atan", 3))], 1), n <= 100)
     # a single chain is PyTorch's best case: truncation alone gets close to the culprit
-    add(lambda: _exception_case(
+    add("single_chain_200", lambda: _exception_case(
         "single_chain_200", "one culprit", 200, 19, {(0, 0.6): _unary_plant(atan)},
         [rule_op(atan, MSG.format("atan", 3))], 1, branches=1))
     for n, seed in ((40, 5), (400, 6)):
-        add(lambda n=n, seed=seed: _exception_case(
+        add(f"connected_{n}", lambda n=n, seed=seed: _exception_case(
             f"connected_{n}", "two connected", n, seed, {(1, 0.4): _pair_plant(atan, erf)},
             [rule_fed_by(erf, atan, MSG.format("atan+erf", 7))], 2), n <= 40)
-    add(lambda: _exception_case(
+    add("path_100", lambda: _exception_case(
         "path_100", "two joined by a path", 100, 7, {(0, 0.3): _pair_plant(atan, erf, path=4)},
         [rule_fed_by(erf, atan, MSG.format("atan..erf", 9), anywhere_upstream=True)], 2))
     for n, seed in ((60, 8), (200, 9), (800, 10)):
-        add(lambda n=n, seed=seed: _exception_case(
+        add(f"two_distant_{n}", lambda n=n, seed=seed: _exception_case(
             f"two_distant_{n}", "two distant", n, seed,
             {(0, 0.2): _unary_plant(atan), (3, 0.8): _unary_plant(erf)},
             [rule_all_present([atan, erf], MSG.format("fused atan/erf", 11))], 2), n <= 60)
     for n, seed in ((60, 11), (400, 12)):
-        add(lambda n=n, seed=seed: _exception_case(
+        add(f"three_distant_{n}", lambda n=n, seed=seed: _exception_case(
             f"three_distant_{n}", "three distant", n, seed,
             {(0, 0.1): _unary_plant(atan), (2, 0.5): _unary_plant(erf), (3, 0.9): _unary_plant(asinh)},
             [rule_all_present([atan, erf, asinh], MSG.format("fused 3", 13))], 3), n <= 60)
-    add(lambda: _exception_case(
+    add("dtype_100", lambda: _exception_case(
         "dtype_100", "dtype", 100, 13, {(1, 0.5): _dtype_plant},
         [rule_dtype(aten.mul.Tensor, torch.float16, MSG.format("half mul", 17))], 1), True)
-    add(lambda: _exception_case(
+    add("stride_100", lambda: _exception_case(
         "stride_100", "strides", 100, 14, {(2, 0.5): _stride_plant},
         [rule_noncontiguous(aten.add.Tensor, MSG.format("strided add", 19))], 1))
-    add(lambda: _exception_case(
+    add("int_100", lambda: _exception_case(
         "int_100", "int input", 100, 15, {(3, 0.5): _int_plant},
         [rule_view_size(2, MSG.format("view(2, -1)", 23))], 1), True)
     for n, seed in ((100, 16), (400, 17)):
-        add(lambda n=n, seed=seed: _accuracy_case(f"accuracy_{n}", n, seed), n <= 100)
+        add(f"accuracy_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_{n}", n, seed), n <= 100)
     # one op 1% off, judged as the issue's users judge it; seeds searched under PyTorch's judge
     for n, seed in ((100, 30), (500, 30), (1000, 100)):
-        add(lambda n=n, seed=seed: _accuracy_case(f"accuracy_rel_{n}", n, seed, miscompile={
+        add(f"accuracy_rel_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_rel_{n}", n, seed, miscompile={
             aten.sigmoid.default: _sigmoid_rel}, judges=("torch", "same2", "ours", "strict")), False)
     # a backward-only bug: PyTorch's judge averages the outputs into one loss (dilution)
     for n, seed in ((60, 0), (100, 0), (200, 0)):
-        add(lambda n=n, seed=seed: _accuracy_case(f"accuracy_bwd_{n}", n, seed, miscompile={
+        add(f"accuracy_bwd_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_bwd_{n}", n, seed, miscompile={
             aten.sigmoid.default: _SigmoidBadBackward.apply}, judges=("torch", "ours"), backward=True), n <= 60)
-    add(lambda: _exception_case(
+    # the same bugs with the culprit's value also an output (an AOT forward's saved activation),
+    # judged by PyTorch's two accuracy judges: the final value alone does not show the error
+    for n, seed in ((100, 30), (500, 30), (1000, 100)):
+        add(f"accuracy_saved_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_saved_{n}", n, seed, miscompile={
+            aten.sigmoid.default: _sigmoid_rel}, judges=("torch", "same2"), saved=True), False)
+        add(f"accuracy_saved_bwd_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_saved_bwd_{n}", n, seed, miscompile={
+            aten.sigmoid.default: _SigmoidBadBackward.apply}, judges=("torch", "same2"), backward=True,
+            saved=True), False)
+    add("decoy_100", lambda: _exception_case(
         "decoy_100", "decoy", 100, 18, {(2, 0.7): _unary_plant(atan)},
         [rule_decoy("fakecc: cos of a graph input is unsupported"), rule_op(atan, MSG.format("atan", 29))], 1),
         True)

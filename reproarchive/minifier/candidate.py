@@ -10,7 +10,10 @@ value replaces it). Everything else follows by construction:
   new graph input ("cut"), whatever the value is: tensor, int, float, bool or a SymInt
   concretised to its hint;
 * outputs are the kept nodes nobody kept reads (the frontier), so removing a node "hoists" the
-  output to its arguments and any node can become an output;
+  output to its arguments and any node can become an output; a kept node whose value the
+  original graph returns stays an output even when a kept node reads it (an AOT forward returns
+  the activations its backward saves: an accuracy judge may see an error only there, and
+  dropping that output silently changes what every candidate is judged on; see passes.py);
 * dead code and unused inputs never appear, because only what the outputs and the side-effecting
   nodes need is emitted;
 * values that cannot be graph inputs (tuples from ``split``/``max.dim``, opaque objects) are never
@@ -342,6 +345,8 @@ class Recording:
                              and u not in subst]
                     outs.extend(items)
                     S.update(items)
+            kept = {res(o) for o in self.original_outputs} & S  # returned by the original: stays returned
+            outs.extend(sorted(o for o in kept - set(outs) if self.is_tensor[o]))
         roots = set(outs) | {v for v in S if self.effectful[v]}
 
         def closure(seeds: set[int]) -> set[int]:

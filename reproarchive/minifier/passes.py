@@ -20,10 +20,28 @@ Localisation passes open the search, in an order the caller chooses (``localize`
   output. It finds the *first* op whose value diverges anywhere -- what a strict accuracy check
   ("any divergence counts", bool masks included) asks for.
 * ``bisect_outputs`` moves a single output upstream (the earliest node whose cone alone still
-  fails), as PyTorch's truncation does. With a backward, a judge compares input gradients of
-  one loss averaged over all outputs, and where the leaves are decides what it sees: a
-  single output is the clearest view (``localize="cone"``, chosen by ``auto`` when an input
-  requires grad).
+  fails), as PyTorch's truncation does, starting from the first output (last node first, then
+  the original outputs latest first) whose cone alone fails. With a backward, a judge compares
+  input gradients of one loss averaged over all outputs, and where the leaves are decides what
+  it sees: a single output is the clearest view (``localize="cone"``, chosen by ``auto`` when
+  an input requires grad).
+
+Outputs that are intermediate values. An AOT forward graph returns the activations its
+backward saves, so a miscomputed op's value is often returned *and* read further on, where
+saturating ops can wash the error out of the final value. Until candidates kept the original
+outputs (``candidate.py``: a kept node the original returns stays an output), every cut that
+kept the culprit also kept a reader of it, the culprit fell off the frontier, and the judge
+compared the final value only. Counted on the benchmark's ``accuracy_saved_100`` (one
+``sigmoid`` 1% off, its value also returned; PyTorch's ``backend_accuracy_fails``): 436 calls,
+435 of them in ``bisect_inputs``, 434 judged "not failing" -- every prefix cut that keeps the
+sigmoid, and every needed-set the bisection then built one node at a time -- with 5 memo hits:
+the memo answers repeated questions, and each rejected cut was a different node set, so none
+repeated; the judge rejected them because the question itself had lost the output. (The
+backward-only variant, ``accuracy_saved_bwd_100``: 437 calls, 435 rejected; at 500 ops see
+search.py.)
+Two moves use those outputs directly: ``bisect_inputs`` first tries the output ops alone
+(``_outputs_alone``: one call, then halving), and ``bisect_outputs`` tries each original
+output's cone, not only the last node's.
 
 With ``jobs > 1`` the bisections probe several points at once and the one-node-at-a-time scans
 judge several proposals at once (speculatively; the first success in order is taken).
@@ -128,8 +146,12 @@ def bisect_inputs(sh: Shrinker) -> None:
     order), the largest i with R + C[i:] still failing is found by bisection: C[i] is needed
     (cutting it into an input -- its eager value -- makes the failure go away), and the search
     continues on C[i+1:]. The first round keeps the original outputs exactly (everything after
-    a cut is kept). About k * (log2 n + 2) calls for k needed nodes among n.
+    a cut is kept, and a kept node the original returns stays returned). About
+    k * (log2 n + 2) calls for k needed nodes among n. With several original outputs, their own
+    ops alone are tried first (``_outputs_alone``).
     """
+    if _outputs_alone(sh):
+        return
     needed: set[int] = set()
     rest = sh.live
     while rest:
@@ -151,6 +173,32 @@ def bisect_inputs(sh: Shrinker) -> None:
         if _alone(sh, needed, rest[lo]):
             return
         rest = rest[lo + 1:]
+
+
+def _outputs_alone(sh: Shrinker) -> bool:
+    """With several of the original outputs kept: do their ops alone (their arguments cut into
+    inputs) fail? If so, halve that set while a half still fails; True if that adopted
+    something. One call when they do not; about 2 log2(k) + 1 for k outputs when they do.
+
+    The prefix cuts below keep every kept output, and the last node alone is their first probe;
+    an output that is an intermediate value (an AOT forward's saved activation) is in the
+    middle of the graph, where a bisection over prefixes needs log2(n) calls to reach it. When
+    the error is in such an output's own op (the judge sees it right there), this finds it in
+    a handful of calls whatever the graph's size.
+    """
+    before = sh.current
+    outs = [o for o in before.outputs if o in sh.rec.original_outputs and sh.rec.is_tensor[o]]
+    if len(outs) < 2 or not sh.test(set(outs)):
+        return False
+    while len(outs) > 1:
+        half = len(outs) // 2
+        for part in (outs[:half], outs[half:]):
+            if sh.test(set(part)):
+                outs = part
+                break
+        else:
+            break
+    return sh.current.key != before.key
 
 
 def bisect_culprits(sh: Shrinker) -> None:
@@ -188,7 +236,8 @@ def _alone(sh: Shrinker, needed: set[int], newest: int) -> bool:
 def bisect_outputs(sh: Shrinker) -> None:
     """Move the one output upstream: the earliest node whose cone (the node and what it needs,
     the node the only output) still fails, found by bisection over the topological order and
-    repeated inside that cone until it stops moving.
+    repeated inside that cone until it stops moving. The first cone is the last node's, or
+    else the first original output's (latest first) that fails alone.
 
     PyTorch's truncation keeps a single output too; a single output is what an accuracy judge
     that averages all outputs into one loss sees best. Not monotone (a position may hold a node
@@ -214,10 +263,15 @@ def bisect_outputs(sh: Shrinker) -> None:
         live = [v for v in sh.live if rec.is_tensor[v]]  # a tuple or an int is no graph output
         if len(live) < 2:
             return
-        # the last node's cone fails if it is the only output; otherwise it must be shown
-        if not sh.judge([single(live[-1], within)])[0]:
+        # the last node's cone first (it fails if it is the only output); then every other
+        # original output's, latest first: an output that is an intermediate value (an AOT
+        # forward's saved activation) may be the only place the judge sees the error
+        outs = [live[-1]] + [o for o in reversed(sh.current.outputs)
+                             if o != live[-1] and o in rec.original_outputs and rec.is_tensor[o]]
+        top = next((o for o in outs if sh.judge([single(o, within)])[0]), None)
+        if top is None:
             return
-        _, hi = _search(sh, -1, len(live) - 1, lambda i: single(live[i], within), lo_fails=False)
+        _, hi = _search(sh, -1, live.index(top), lambda i: single(live[i], within), lo_fails=False)
         if set(sh.current.live) == within:  # nothing smaller was adopted: the cone is the graph
             return
 
