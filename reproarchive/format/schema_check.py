@@ -39,7 +39,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from reproarchive.format import layout, plain, schema, schema_records, schema_sets
+from reproarchive.format import layout, plain, schema, schema_sets
 from reproarchive.format.plain import ArgCodec, PlainData, Tagged
 
 

@@ -9,7 +9,7 @@ every name, so readers import them from there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, ClassVar, Union  # noqa: F401 - Any: field types are resolved here
 
 from reproarchive.format.plain import PlainData, Tagged, informative, omit_none, open_record
 from reproarchive.format.schema_sets import Stage
