@@ -24,7 +24,6 @@ from typing import Any, Union
 
 from reproarchive.errors import IndexSchemaError, LimitExceededError, Rule, SchemaViolation, UnsafeArchiveError
 from reproarchive.format import index_codec
-from reproarchive.format import schema as schema_module
 from reproarchive.format.digests import DIGEST_RE
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
@@ -159,7 +158,7 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         raise SchemaViolation(f"the graph has {placeholders} placeholders but the index stores {len(inputs)} inputs",
                               ("inputs",), Rule.INPUTS)
     # §8 records
-    hints = typing.get_type_hints(Records, vars(schema_module), include_extras=True)
+    hints = typing.get_type_hints(Records, include_extras=True)
     records = Records(**{f.name: _section(raw, f.name, hints[f.name]) for f in dataclasses.fields(Records)})
     if records.parent is not None and not DIGEST_RE.match(records.parent):
         raise SchemaViolation("is not <algorithm>:<hex digest>", ("parent",), Rule.DIGEST_SYNTAX)

@@ -16,8 +16,9 @@ file of the current version, and ``required_bump`` says what a difference demand
 * **none**: no change. A description written before value sets were described (no ``enums``
   key: schema-1.0.json) is compared on records and dtypes only.
 
-``data_only_problems()`` keeps ``schema`` a module of data: anything in it that is not a
-record, an enum, a constant or a type alias is refused (the test fails naming it).
+``data_only_problems()`` keeps ``schema`` (and ``schema_sets``, ``schema_records``) modules of
+data: anything in one that is not a record, an enum, a constant or a type alias is refused (the
+test fails naming it).
 
     python -m reproarchive.format.schema_check            # compare with the committed file
     python -m reproarchive.format.schema_check --write    # write the current version's file
@@ -38,7 +39,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from reproarchive.format import layout, plain, schema
+from reproarchive.format import layout, plain, schema, schema_sets
 from reproarchive.format.plain import ArgCodec, PlainData, Tagged
 
 
@@ -141,16 +142,20 @@ def _enum_of(tp: Any) -> type | None:
     return None
 
 
+#: The modules the schema is declared in (``schema`` re-exports the other two's names).
+SCHEMA_MODULES = ("reproarchive.format.schema", "reproarchive.format.schema_sets", "reproarchive.format.schema_records")
+
+
 def _enums() -> list[type]:
     return sorted((v for v in vars(schema).values()
-                   if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == schema.__name__),
+                   if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ in SCHEMA_MODULES),
                   key=lambda cls: cls.__name__)
 
 
 def limits() -> dict[str, int]:
     """Every limit of the format: the schema's, the byte layer's bounds and the reader's
     default caps that spec §5 states (``max_nodes`` is a reader setting, not a format rule)."""
-    out = {name: value for module in (schema, plain) for name, value in vars(module).items()
+    out = {name: value for module in (schema_sets, plain) for name, value in vars(module).items()
            if re.fullmatch(r"(MAX|MIN|INT)_[A-Z0-9_]+", name) and type(value) is int}
     out.update({name: getattr(layout, name) for name in ("MIN_FRAME_SIZE", "MAX_FRAME_SIZE", "MAX_WINDOW_SIZE",
                                                          "MAX_NAME_LENGTH", "MAX_LEVEL")})

@@ -29,7 +29,7 @@ from reproarchive.child import error_from, run_child
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.plain import to_plain
 from reproarchive.format.schema import TraceSource
-from reproarchive.sources import trace_facts, trace_log
+from reproarchive.sources import trace_facts, trace_log, trace_reader
 from reproarchive.sources.dump_import import child_env
 from reproarchive.sources.report import PackReport
 from reproarchive.sources.trace_log import Compile, Trace
@@ -58,7 +58,7 @@ class TracePackResult:
 
 def is_trace(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a TORCH_TRACE log, a folder of them, or a tlparse output folder."""
-    return trace_log.find_trace(path) is not None
+    return trace_reader.find_trace(path) is not None
 
 
 def list_trace(source: str | os.PathLike) -> dict[str, Any]:
@@ -68,7 +68,7 @@ def list_trace(source: str | os.PathLike) -> dict[str, Any]:
     id, rank, frame (name, file, line), op count, status (ok / failed / incomplete, "(no graph)"
     when Dynamo logged none), fail reason, and what the log holds for it.
     """
-    trace = trace_log.read_trace(source)
+    trace = trace_reader.read_trace(source)
     return {
         "source": str(source),
         "kind": trace.kind,
@@ -113,7 +113,7 @@ def pack_trace(
     src = Path(source)
     if not src.is_absolute():
         src = cwd / src
-    trace = trace_log.read_trace(src)
+    trace = trace_reader.read_trace(src)
     chosen = trace.select(compile_ids, all_compiles=all_compiles, rank=rank)
     out_dir, single = _output(out, cwd, len(chosen))
     names = _archive_names(chosen, trace)
@@ -234,7 +234,7 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
     for c in chosen:
         s = stem(c)
         if counts[s] > 1:
-            s += "-" + re.sub(r"[^A-Za-z0-9]+", "_", c.log.stem.replace(trace_log.TRACE_FILE_PREFIX, "")).strip("_")
+            s += "-" + re.sub(r"[^A-Za-z0-9]+", "_", c.log.stem.replace(trace_reader.TRACE_FILE_PREFIX, "")).strip("_")
         out[id(c)] = s + ARCHIVE_SUFFIX
     return out
 

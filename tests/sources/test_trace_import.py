@@ -247,7 +247,7 @@ def test_inductor_runnable_with_real_data(trace_jobs, packed, tmp_path, monkeypa
 
 def test_default_selects_the_failed_compiles_only(trace_jobs, tmp_path):
     """What pack takes without --compile-id/--all (selection only: no child process)."""
-    from reproarchive.sources.trace_log import read_trace
+    from reproarchive.sources.trace_reader import read_trace
 
     trace = read_trace(trace_jobs["graph_break"][1])
     assert [c.id for c in trace.select()] == ["1/0"]
