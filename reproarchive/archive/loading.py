@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import threading
@@ -98,7 +99,7 @@ def _torch_errors_as_archive_errors(fn):
 
 @_torch_errors_as_archive_errors
 def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS,
-         remap_graph: bool = True, max_memory: int | None = None) -> Repro:
+         remap_graph: bool = True, max_memory: int | None = None, reader: ContainerReader | None = None) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 
     ``device=None`` keeps each storage's recorded device where this machine has it and falls
@@ -109,10 +110,11 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     them as recorded, for its script to map). Before anything is allocated, the storages'
     declared sizes (real and absent) are compared with the memory available here and with
     ``max_memory`` (bytes); a load that would not fit raises ``LimitExceededError``.
+    ``reader``: ``path`` already open, so that its index is not decoded again (the caller closes it).
     """
     notes: list[str] = []
     mapper = loader_mapping(device)
-    with ContainerReader(path, limits=limits) as reader:
+    with ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader) as reader:
         index = reader.index
         check_readable_here(index)
         records = index.storages

@@ -11,13 +11,15 @@ import sys
 
 from reproarchive.child import child_main
 from reproarchive.replay.runner import replay_graph, run_here
+from reproarchive.replay.settings import ReplaySettings
 
 
 def _replay(request: dict, *, started, event) -> dict | None:
     if "warmup" in request:
         _warm(request["warmup"])
         return None
-    return run_here(request["path"], on_start=started, **request["options"]).to_dict()
+    settings = ReplaySettings.from_plain(request["settings"])
+    return run_here(request["path"], settings, on_start=started).to_dict()
 
 
 def _warm(spec: dict) -> None:
@@ -30,8 +32,8 @@ def _warm(spec: dict) -> None:
     g.output((g.call_function(torch.ops.aten.sin.default, (x,)),))
     gm = fx.GraphModule(torch.nn.Module(), g)
     try:
-        replay_graph(gm, [torch.ones(4)], backend=spec.get("backend") or "eager", source_kind=spec.get("source_kind"),
-                     only_fwd=True, report_differences=False)
+        replay_graph(gm, [torch.ones(4)], ReplaySettings(backend=spec.get("backend") or "eager", only_fwd=True),
+                     source_kind=spec.get("source_kind"), report_differences=False)
     except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request its setup
         pass
 

@@ -10,9 +10,9 @@ so ``compile_fx_inner`` is called, as PyTorch's after_aot ``run`` does.
 
 How the outcome is judged. Every stage is classified separately (compile, forward, backward,
 accuracy) and turned into a failure record with a normalised signature
-(``reproarchive.failure``), which is compared with the recorded one: "reproduced", "different
-failure" or "passed". Accuracy compares compiled against eager and uses an fp64 run of the same
-graph to decide which of the two is wrong (``reproarchive.accuracy.compare``), so a compiled
+(``reproarchive.context.failure``), which is compared with the recorded one: "reproduced",
+"different failure" or "passed". Accuracy compares compiled against eager and uses an fp64 run of
+the same graph to decide which of the two is wrong (``reproarchive.replay.accuracy.compare``), so a compiled
 result that is closer to the truth than eager is not reported as a bug.
 """
 
@@ -24,7 +24,7 @@ import warnings as _warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from reproarchive.codec.devices import DeviceSpec, check_spec
+from reproarchive.codec.devices import check_spec
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.format.schema import (
@@ -39,6 +39,7 @@ from reproarchive.replay.backends import choose_backend, resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
 from reproarchive.replay.outcome import Outcome, judged
+from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
 # the replay of one in-memory graph
@@ -47,37 +48,35 @@ from reproarchive.replay.outcome import Outcome, judged
 def replay_graph(
     gm: Any,
     args: list[Any],
+    settings: ReplaySettings,
     *,
-    backend: str,
     recorded_failure: FailureRecord | None = None,
-    accuracy: bool = False,
-    only_fwd: bool = False,
     config: ConfigRecord | None = None,
     environment: EnvironmentRecord | None = None,
     system: SystemRecord | None = None,
-    current_config: bool = False,
     source_kind: str | None = None,
-    tol: float | None = None,
     report_differences: bool = True,
-    strict_accuracy: bool = True,
 ) -> Outcome:
-    """Compile ``gm`` with ``backend``, run it on ``args`` (already on their devices) and judge
-    the result.
+    """Compile ``gm`` with ``settings.backend``, run it on ``args`` (already on their devices)
+    and judge the result.
 
-    ``strict_accuracy=False`` judges accuracy on floating outputs (and gradients) only, as
+    ``settings`` come with the backend and accuracy mode chosen (``settings.for_recorded``);
+    ``settings.device`` and ``max_memory`` were used when ``args`` were loaded. With
+    ``strict_accuracy=False`` accuracy is judged on floating outputs (and gradients) only, as
     PyTorch's minifier ``--accuracy`` does; the default also requires non-floating outputs
     (bool masks, indices) to be equal, as capture and PyTorch's ``--strict-accuracy`` do.
 
     ``config``/``environment``/``system`` are the archive's snapshot records: the config is
-    applied for the duration (unless ``current_config``), the environment variables that can be
-    set in-process are set, and all three are diffed against this machine for the report
-    (``report_differences=False`` skips that: it takes fresh snapshots, and the minifier, which
-    replays hundreds of candidates, does not need it).
+    applied for the duration (unless ``settings.current_config``), the environment variables
+    that can be set in-process are set, and all three are diffed against this machine for the
+    report (``report_differences=False`` skips that: it takes fresh snapshots, and the
+    minifier, which replays hundreds of candidates, does not need it).
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
+    backend = settings.backend
     compiler_fn = resolve_backend(backend)
     warnings: list[str] = []
-    config_applied = bool(config) and not current_config
+    config_applied = bool(config) and not settings.current_config
     env_to_set, env_warnings = plan(environment, config_applied=config_applied)
     warnings.extend(env_warnings)
     if config and not config_applied:
@@ -88,7 +87,7 @@ def replay_graph(
     # forward only. With grad on, inductor's out= kernels (addmm) refuse inputs that require
     # grad, a failure the original run never had.
     after_aot = source_kind == "after_aot"
-    needs_backward = not only_fwd and not after_aot and (
+    needs_backward = not settings.only_fwd and not after_aot and (
         (recorded_failure is not None and recorded_failure.stage == "backward") or any(t.requires_grad for t in _iter_tensors(args))
     )
     observed: dict[str, Any] | None = None
@@ -108,8 +107,8 @@ def replay_graph(
             _warnings.simplefilter("always")
             observed, details, ran_backward = _compile_and_run(
                 compiler_fn, gm, args, backend=backend, source_kind=source_kind,
-                fwd_only=not needs_backward, accuracy=accuracy, tol=tol, warnings=warnings,
-                ignore_non_fp=not strict_accuracy,
+                fwd_only=not needs_backward, accuracy=bool(settings.accuracy), tol=settings.tol,
+                warnings=warnings, ignore_non_fp=not settings.strict_accuracy,
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
 
@@ -118,7 +117,7 @@ def replay_graph(
         accuracy=details,
         differences=differences(config=config, environment=environment, system=system,
                                 config_applied=config_applied) if report_differences else [],
-        device=_describe_device(args, None),
+        device=_describe_device(args),
         backend=backend,
         warnings=warnings,
         ran_backward=ran_backward,
@@ -219,7 +218,7 @@ def _synchronize(args: Any) -> None:
             return
 
 
-def _describe_device(args: Any, spec: DeviceSpec) -> str:
+def _describe_device(args: Any, spec: Any = None) -> str:
     devices = sorted({str(t.device) for t in _iter_tensors(args)})
     if devices:
         return ",".join(devices)
@@ -241,41 +240,31 @@ def _dedupe(items) -> list[str]:
 # the public entry point
 
 
-def run(
-    path: str | Path,
-    *,
-    device: DeviceSpec = None,
-    backend: str | None = None,
-    accuracy: bool | None = None,
-    only_fwd: bool = False,
-    isolate: bool | None = None,
-    current_config: bool = False,
-    tol: float | None = None,
-    progress: ProgressFn | None = None,
-    max_memory: int | None = None,
-) -> Outcome:
-    """Replay the archive at ``path`` on this machine; see ``reproarchive run --help``.
+def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = None,
+        progress: ProgressFn | None = None) -> Outcome:
+    """Replay the archive at ``path`` on this machine under ``settings``; see ``reproarchive run --help``.
 
-    ``backend``/``accuracy`` default to what the archive recorded. ``isolate`` runs the replay in
-    a child process so that a crash (segfault, abort, fatal device error) becomes an outcome
-    instead of killing the caller; by default it is on when the recorded failure is a crash, is
-    unknown, or is not recorded (``needs_isolation``).
+    ``isolate`` runs the replay in a child process so that a crash (segfault, abort, fatal
+    device error) becomes an outcome instead of killing the caller; by default it is on when
+    the recorded failure is a crash, is unknown, or is not recorded (``needs_isolation``). The
+    index is decoded once: the reader that answers that question also loads the archive.
     Raises DeviceUnavailableError / BackendUnavailableError (exit 125) when it cannot run here,
     ArchiveError (exit 2) for an unreadable archive.
     """
-    check_spec(device)
-    if backend is not None:
-        resolve_backend(backend)  # cannot run here: say so before loading anything
-    options = dict(device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                   current_config=current_config, tol=tol, max_memory=max_memory)
-    index = _peek_index(path) if isolate is not False else None
-    if isolate is None:
-        isolate = needs_isolation(index.failure if index is not None else None)
-    if isolate:
-        from reproarchive.replay.isolation import run_in_child
+    check_spec(settings.device)
+    if settings.backend is not None:
+        resolve_backend(settings.backend)  # cannot run here: say so before loading anything
+    if isolate is False:
+        return run_here(path, settings, progress=progress)
+    from reproarchive.format.reader import ContainerReader
 
-        return run_in_child(path, environment=index.environment if index else None, **options)
-    return run_here(path, progress=progress, **options)
+    with ContainerReader(path) as reader:
+        index = reader.index
+        if not (needs_isolation(index.failure) if isolate is None else isolate):
+            return run_here(path, settings, progress=progress, reader=reader)
+    from reproarchive.replay.isolation import run_in_child
+
+    return run_in_child(path, settings, environment=index.environment)
 
 
 def needs_isolation(recorded: FailureRecord | None) -> bool:
@@ -286,47 +275,35 @@ def needs_isolation(recorded: FailureRecord | None) -> bool:
     return recorded is None or recorded.stage in ("crash", "unknown")
 
 
-def _peek_index(path):
-    """The archive's records without loading its tensors."""
-    from reproarchive.format.reader import ContainerReader
-
-    with ContainerReader(path) as reader:
-        return reader.index
-
-
-def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
-             tol=None, on_start=None, progress: ProgressFn | None = None, strict_accuracy: bool = True,
-             max_memory: int | None = None) -> Outcome:
+def run_here(path, settings: ReplaySettings, *, on_start=None, progress: ProgressFn | None = None,
+             reader=None) -> Outcome:
     """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
-    so that an isolating parent can still report them if the compile takes the process down."""
+    so that an isolating parent can still report them if the compile takes the process down.
+    ``reader``: ``path`` already open (its index decoded), as ``run`` has it."""
     from reproarchive.archive.loading import load
 
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        repro = load(path, device=device, progress=progress, max_memory=max_memory)
+        repro = load(path, device=settings.device, progress=progress, max_memory=settings.max_memory, reader=reader)
     load_warnings = _dedupe(repro.warnings or [])
-    chosen = choose_backend(backend, repro.backend)
-    resolve_backend(chosen)
+    chosen = settings.for_recorded(repro.backend, repro.accuracy)
+    resolve_backend(chosen.backend)
+    device = _describe_device(repro.args, settings.device)
     if on_start is not None:
-        on_start({"recorded": to_plain(repro.failure) if repro.failure else None, "backend": chosen, "digest": repro.digest,
-                  "device": _describe_device(repro.args, device), "warnings": load_warnings,
-                  "config": "current" if current_config else "recorded"})
+        on_start({"recorded": to_plain(repro.failure) if repro.failure else None, "backend": chosen.backend,
+                  "digest": repro.digest, "device": device, "warnings": load_warnings,
+                  "config": "current" if chosen.current_config else "recorded"})
     outcome = replay_graph(
         repro.gm,
         list(repro.args),
-        backend=chosen,
+        chosen,
         recorded_failure=repro.failure,
-        accuracy=bool(repro.accuracy) if accuracy is None else accuracy,
-        only_fwd=only_fwd,
         config=repro.config,
         environment=repro.environment,
         system=repro.system,
-        current_config=current_config,
         source_kind=repro.graph_kind,
-        tol=tol,
-        strict_accuracy=strict_accuracy,
     )
-    outcome.device = _describe_device(repro.args, device)
+    outcome.device = device
     outcome.warnings[:0] = load_warnings
     outcome.archive = str(path)
     outcome.digest = repro.digest

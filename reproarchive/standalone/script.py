@@ -44,22 +44,30 @@ from reproarchive.format.schema import (
     TorchInfo,
 )
 from reproarchive.replay.backends import is_custom
+from reproarchive.replay.settings import ReplaySettings
 
 
-def export(path: str | os.PathLike, out_dir: str | os.PathLike, *, max_memory: int | None = None) -> dict[str, Any]:
+def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings | None = None,
+           **options: Any) -> dict[str, Any]:
     """Write ``out_dir`` with ``repro.py`` and its data files; returns what was written.
 
     ``out_dir`` must not exist or be empty. It is built in a temporary sibling folder and
-    renamed into place, so a failure leaves nothing behind.
+    renamed into place, so a failure leaves nothing behind. ``settings`` (or ``options``, its
+    fields) give the script's backend and accuracy mode (default: the recorded ones) and the
+    load's ``max_memory``; the data is always read on the CPU and the script maps devices
+    itself when it runs (its ``--device``).
     """
     from reproarchive.archive.loading import load
 
-    repro = load(path, device="cpu", remap_graph=False, max_memory=max_memory)
+    settings = ReplaySettings.given(settings, options)
+    repro = load(path, device="cpu", remap_graph=False, max_memory=settings.max_memory)
     devices = _recorded_devices(repro)
+    # not ``settings.for_recorded``: a script may name a recorded custom compiler function for
+    # its reader to supply (``run`` never imports one on an archive's say-so)
     return write_export(
         repro.gm, list(repro.args), out_dir,
-        backend=repro.backend, source_kind=repro.graph_kind,
-        accuracy=bool(repro.accuracy), config=repro.config, environment=repro.environment,
+        backend=settings.backend or repro.backend, source_kind=repro.graph_kind,
+        accuracy=bool(repro.accuracy) if settings.accuracy is None else settings.accuracy, config=repro.config, environment=repro.environment,
         system=repro.system, failure=repro.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest,
     )

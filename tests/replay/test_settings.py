@@ -1,0 +1,45 @@
+"""ReplaySettings: checked once when made, unchanged across the process boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+import reproarchive
+from reproarchive import ReplaySettings
+from reproarchive.errors import ReproArchiveError
+
+
+def test_plain_round_trip_keeps_every_field():
+    settings = ReplaySettings(backend="aot_eager", accuracy=True, only_fwd=True, current_config=True, tol=0.5,
+                              strict_accuracy=False, device={"cuda:0": "cpu"}, max_memory=1 << 20)
+    plain = settings.to_plain()
+    assert plain["device"] == {"cuda:0": "cpu"} and type(plain["device"]) is dict
+    assert ReplaySettings.from_plain(plain) == settings
+
+
+@pytest.mark.parametrize("bad", [dict(tol=0), dict(tol=float("nan")), dict(max_memory=-1), dict(backend=""),
+                                 dict(device={"cuda:0": ""})])
+def test_bad_values_are_refused_when_made(bad):
+    with pytest.raises(ReproArchiveError):
+        ReplaySettings(**bad)
+
+
+def test_frozen_and_device_mapping_read_only():
+    settings = ReplaySettings(device={"cuda": "cpu"})
+    with pytest.raises(Exception):
+        settings.backend = "eager"
+    with pytest.raises(TypeError):
+        settings.device["cuda"] = "cuda:1"
+
+
+def test_for_recorded_fills_only_what_was_not_chosen():
+    assert ReplaySettings().for_recorded("inductor", None) == ReplaySettings(backend="inductor", accuracy=False)
+    chosen = ReplaySettings(backend="eager", accuracy=False).for_recorded("inductor", {"tolerance": 1e-3})
+    assert (chosen.backend, chosen.accuracy) == ("eager", False)
+
+
+def test_public_run_takes_a_value_or_its_fields_not_both(tmp_path):
+    with pytest.raises(TypeError):
+        reproarchive.run(tmp_path / "x.tar.zst", ReplaySettings(), backend="eager")
+    with pytest.raises(TypeError):
+        reproarchive.run(tmp_path / "x.tar.zst", no_such_option=True)
