@@ -38,11 +38,11 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     with byte_bars(not (quiet or as_json)) as progress:
         report = reproarchive.verify(archive, progress=progress)
     if as_json:
-        emit_json(report)
+        emit_json(report.to_plain())
     else:
         click.echo(
-            f"ok: {archive} is a valid reproarchive {report['format']} "
-            f"({report['blobs']} blobs, {human_size(report['uncompressed_bytes'])} -> {human_size(report['file_bytes'])}, {report['digest'][:19]}...)"
+            f"ok: {archive} is a valid reproarchive {report.format} "
+            f"({report.blobs} blobs, {human_size(report.uncompressed_bytes)} -> {human_size(report.file_bytes)}, {report.digest[:19]}...)"
         )
 
 
@@ -69,48 +69,47 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         return
     info = reproarchive.inspect(archive)
     if as_json:
-        emit_json(info)
+        emit_json(info.to_plain())
         return
-    g = info["graph"]
-    _say(f"{info['path']}  (format {info['format']}, {info['digest'][:19]}...)")
-    if info.get("parent"):
-        _say(f"minified from {info['parent'][:19]}...")
-    _say(f"backend: {info.get('backend') or 'unknown'}   accuracy check: {bool(info.get('accuracy'))}")
-    _trace_origin(info.get("source"))
-    _say(f"graph: {g['nodes']} nodes, {g['ops']} ops, {g['placeholders']} inputs, {g['submodules']} stored attributes")
-    for name, count in list(g["op_histogram"].items())[:12]:
+    g = info.graph
+    _say(f"{info.path}  (format {info.format}, {info.digest[:19]}...)")
+    if info.parent:
+        _say(f"minified from {info.parent[:19]}...")
+    _say(f"backend: {info.backend or 'unknown'}   accuracy check: {bool(info.accuracy)}")
+    _trace_origin(info.source)
+    _say(f"graph: {g.nodes} nodes, {g.ops} ops, {g.placeholders} inputs, {g.submodules} stored attributes")
+    for name, count in list(g.op_histogram.items())[:12]:
         _say(f"  {count:5d}  {name}")
-    if len(g["op_histogram"]) > 12:
-        _say(f"  ... {len(g['op_histogram']) - 12} more kinds")
+    if len(g.op_histogram) > 12:
+        _say(f"  ... {len(g.op_histogram) - 12} more kinds")
     _say("inputs:")
-    for row in info["inputs"]:
-        if row["kind"] == "tensor":
-            desc = f"{row['dtype']}{row['shape']} on {row['device']}"
-            if row["dynamic"]:
-                desc += f" dynamic dims {row['dynamic']}"
+    for row in info.inputs:
+        if row.kind == "tensor":
+            desc = f"{row.dtype}{list(row.shape)} on {row.device}"
+            if row.dynamic:
+                desc += f" dynamic dims {list(row.dynamic)}"
         else:
-            desc = f"{row['kind']} = {row.get('value', '...')}"
-        _say(f"  {row['index']:3d} {str(row['name'] or ''):40.40s} {desc:40s} {row['fidelity']}")
-    s = info["storage"]
+            desc = f"{row.kind} = {'...' if row.items is not None else row.value}"
+        _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {desc:40s} {row.fidelity}")
+    s = info.storage
     _say(
-        f"storage: {s['storages']} storages, {human_size(s['bytes_logical'])} logical, {human_size(s['bytes_after_dedup'])} after dedup "
-        f"({s['blobs']} blobs, {s['zero_filled']} all-zero), {human_size(s['bytes_compressed'])} compressed; file {human_size(s['file_bytes'])}"
+        f"storage: {s.storages} storages, {human_size(s.bytes_logical)} logical, {human_size(s.bytes_after_dedup)} after dedup "
+        f"({s.blobs} blobs, {s.zero_filled} all-zero), {human_size(s.bytes_compressed)} compressed; file {human_size(s.file_bytes)}"
     )
-    if s["absent"]:
-        _say(f"WARNING: {s['absent']} storages have no data (absent); replay will generate values for them")
-    failure = info.get("failure")
+    if s.absent:
+        _say(f"WARNING: {s.absent} storages have no data (absent); replay will generate values for them")
+    failure = info.failure
     if failure:
-        _say(f"failure: {failure.get('stage')} {failure.get('exception_type')}: {str(failure.get('message') or '').splitlines()[0][:160] if failure.get('message') else ''}")
-        errors = reproarchive.compiler_errors(str(failure.get("message") or ""))
+        _say(f"failure: {failure.stage} {failure.exception_type}: {failure.message.splitlines()[0][:160] if failure.message else ''}")
+        errors = reproarchive.compiler_errors(failure.message)
         for line in (["compiler errors:", *errors[:5]] if errors else []):
             _say(f"  {line}")
     else:
         _say("failure: not recorded")
-    system = info.get("system")
-    if system:
-        _say("system: " + ", ".join(f"{k} {v}" for k, v in system.items() if v not in (None, [])))
-    if info.get("config_changed"):
-        for module, values in info["config_changed"].items():
+    if info.system:
+        _say("system: " + ", ".join(f"{k} {v}" for k, v in info.system.to_plain().items() if v not in (None, [])))
+    if info.config_changed:
+        for module, values in info.config_changed.items():
             for key, value in values.items():
                 _say(f"config: {module}.{key} = {value!r}")
 
@@ -140,17 +139,17 @@ def doctor(archive: str, as_json: bool) -> None:
 
     report = reproarchive.doctor(archive)
     if as_json:
-        emit_json(report)
+        emit_json(report.to_plain())
         return
-    rows = report["differences"]
+    rows = report.differences
     for row in rows:
         _say(("! " if row.get("important") else "  ") + difference_line(row))
     if not rows:
         _say("no differences that could change the outcome")
     else:
         noun = "difference" if len(rows) == 1 else "differences"
-        could = (f"{report['important']} could change the outcome of `reproarchive run` (marked !)"
-                 if report["important"] else "none is likely to change the outcome of `reproarchive run`")
+        could = (f"{report.important} could change the outcome of `reproarchive run` (marked !)"
+                 if report.important else "none is likely to change the outcome of `reproarchive run`")
         _say(f"{len(rows)} {noun} from the recording machine; {could}")
 
 

@@ -304,10 +304,10 @@ def export_cmd(archive, out_dir, as_json, max_memory):
 
     report = reproarchive.export(archive, out_dir, reproarchive.ReplaySettings(max_memory=max_memory))
     if as_json:
-        emit_json(report)
+        emit_json(report.to_plain())
     else:
-        click.echo(f"wrote {report['script']} ({len(report['files'])} files, {report['bytes']} bytes)")
-        click.echo(f"run it with: python {report['script']}")
+        click.echo(f"wrote {report.script} ({len(report.files)} files, {report.bytes} bytes)")
+        click.echo(f"run it with: python {report.script}")
 
 
 def default_minified_path(archive: str) -> Path:

@@ -11,11 +11,13 @@ settings here, at the edge, and hands them on unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import Any
 
 from reproarchive.archive import inspection, loading
+from reproarchive.archive.inspection import StoreOrigin
 from reproarchive.progress import ProgressFn
 from reproarchive.replay import differences, runner
 from reproarchive.replay.outcome import Outcome
@@ -41,9 +43,8 @@ def _index_report(verb, path, *args, **kwargs):
         return verb(path, *args, **kwargs)
     with archive_view(os.fspath(path)) as (view, resolved):
         report = verb(view, *args, **kwargs)
-    report["path"] = os.fspath(path)
-    report["store"] = {"url": resolved.store.url, "name": resolved.name, "archive": resolved.digest}
-    return report
+    return dataclasses.replace(report, path=os.fspath(path),
+                               store=StoreOrigin(url=resolved.store.url, name=resolved.name, archive=resolved.digest))
 
 
 @functools.wraps(inspection.inspect)

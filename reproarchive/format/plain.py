@@ -302,3 +302,12 @@ def encode(record: Any) -> Any:
             out.setdefault(k, v)
     return out
 
+
+
+class PlainRecord:
+    """Mixin for a typed report (what a command prints with ``--json``): ``to_plain()`` is its
+    JSON-ready form, by the same converter as the index records, so the declared fields are
+    exactly the printed keys (spec/json/reports.schema.json declares them for readers)."""
+
+    def to_plain(self) -> dict[str, Any]:
+        return encode(self)

@@ -237,15 +237,14 @@ def _captured(archive: Path, *, kind: str = "capture", replay: dict | None = Non
     from reproarchive.archive.inspection import inspect
 
     info = inspect(archive)
-    fidelity = [r.get("fidelity", "") for r in info["inputs"]]
-    failure = info.get("failure") or {}
-    graph = {"nodes": info["graph"]["nodes"], "compute_nodes": info["graph"]["ops"],
-             "op_kinds": len(info["graph"].get("op_histogram") or {})}
+    fidelity = [r.fidelity for r in info.inputs]
+    failure = info.failure
+    graph = {"nodes": info.graph.nodes, "compute_nodes": info.graph.ops, "op_kinds": len(info.graph.op_histogram)}
     inputs = {"total": len(fidelity), "real": fidelity.count("real"), "absent": fidelity.count("absent"),
               "values": sum(1 for f in fidelity if f not in ("real", "absent")),
-              "real_bytes": (info.get("storage") or {}).get("bytes_logical", 0)}
+              "real_bytes": info.storage.bytes_logical}
     return PackResult(archive=archive, size=archive.stat().st_size, script=archive, discovery_reason=kind,
-                      candidates=[], kind=kind, backend=info.get("backend"),
-                      accuracy="accuracy" if info.get("accuracy") else "", graph=graph, inputs=inputs,
-                      failure={k: failure.get(k) for k in ("stage", "exception_type", "message", "signature")},
+                      candidates=[], kind=kind, backend=info.backend,
+                      accuracy="accuracy" if info.accuracy else "", graph=graph, inputs=inputs,
+                      failure={k: getattr(failure, k, None) for k in ("stage", "exception_type", "message", "signature")},
                       replay=replay or {})

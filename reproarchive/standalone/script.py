@@ -22,6 +22,7 @@ archive contains.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -35,6 +36,7 @@ from reproarchive.context.config import CONFIG_MODULES
 from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
+from reproarchive.format.plain import PlainRecord
 from reproarchive.format.schema import (
     ConfigRecord,
     EnvironmentRecord,
@@ -47,8 +49,18 @@ from reproarchive.replay.backends import is_custom
 from reproarchive.replay.settings import ReplaySettings
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportReport(PlainRecord):
+    """What ``export`` wrote; ``to_plain()`` is ``export --json``."""
+
+    folder: str
+    script: str  # folder/repro.py
+    files: tuple[str, ...]  # relative to folder
+    bytes: int
+
+
 def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings | None = None,
-           **options: Any) -> dict[str, Any]:
+           **options: Any) -> ExportReport:
     """Write ``out_dir`` with ``repro.py`` and its data files; returns what was written.
 
     ``out_dir`` must not exist or be empty. It is built in a temporary sibling folder and
@@ -95,7 +107,7 @@ def write_export(
     recorded_devices: list[str | None] | None = None,
     archive_name: str = "",
     digest: str | None = None,
-) -> dict[str, Any]:
+) -> ExportReport:
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         writer = _DataWriter(tmp)
@@ -107,7 +119,7 @@ def write_export(
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
-    return {"folder": str(out), "script": str(out / "repro.py"), "files": files, "bytes": size}
+    return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
 
 
 class _DataWriter:
