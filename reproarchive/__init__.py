@@ -88,8 +88,8 @@ def __getattr__(name: str):
 if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.archive.checking import unpack, verify  # noqa: F401
     from reproarchive.archive.loading import Repro  # noqa: F401
-    from reproarchive.sources.graph_pack import pack  # noqa: F401
     from reproarchive.references import doctor, inspect, load, run  # noqa: F401
     from reproarchive.replay.settings import ReplaySettings  # noqa: F401
+    from reproarchive.sources.graph_pack import pack  # noqa: F401
     from reproarchive.store.pull import fetch, pull  # noqa: F401
     from reproarchive.store.push import push  # noqa: F401

@@ -114,7 +114,8 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     """
     notes: list[str] = []
     mapper = loader_mapping(device)
-    with ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader) as reader:
+    opened = ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader)
+    with opened as reader:  # noqa: PLR1704 - the reader given, or the one opened here
         index = reader.index
         check_readable_here(index)
         records = index.storages

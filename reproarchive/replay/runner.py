@@ -35,7 +35,7 @@ from reproarchive.format.schema import (
     to_plain,
 )
 from reproarchive.progress import ProgressFn
-from reproarchive.replay.backends import choose_backend, resolve_backend
+from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
 from reproarchive.replay.outcome import Outcome, judged
