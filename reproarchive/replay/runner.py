@@ -260,11 +260,13 @@ def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = No
 
     with ContainerReader(path) as reader:
         index = reader.index
-        if not (needs_isolation(index.failure) if isolate is None else isolate):
-            return run_here(path, settings, progress=progress, reader=reader)
-    from reproarchive.replay.isolation import run_in_child
+        isolate = needs_isolation(index.failure) if isolate is None else isolate
+        repro = None if isolate else _loaded(path, settings, progress, reader=reader)
+    if repro is None:
+        from reproarchive.replay.isolation import run_in_child
 
-    return run_in_child(path, settings, environment=index.environment)
+        return run_in_child(path, settings, environment=index.environment)
+    return _replayed(path, repro, settings)
 
 
 def needs_isolation(recorded: FailureRecord | None) -> bool:
@@ -275,16 +277,22 @@ def needs_isolation(recorded: FailureRecord | None) -> bool:
     return recorded is None or recorded.stage in ("crash", "unknown")
 
 
-def run_here(path, settings: ReplaySettings, *, on_start=None, progress: ProgressFn | None = None,
-             reader=None) -> Outcome:
+def run_here(path, settings: ReplaySettings, *, on_start=None, progress: ProgressFn | None = None) -> Outcome:
     """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
-    so that an isolating parent can still report them if the compile takes the process down.
-    ``reader``: ``path`` already open (its index decoded), as ``run`` has it."""
+    so that an isolating parent can still report them if the compile takes the process down."""
+    return _replayed(path, _loaded(path, settings, progress), settings, on_start=on_start)
+
+
+def _loaded(path, settings: ReplaySettings, progress: ProgressFn | None, *, reader=None):
+    """The archive loaded under ``settings``; ``reader``: ``path`` already open (its index decoded)."""
     from reproarchive.archive.loading import load
 
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        repro = load(path, device=settings.device, progress=progress, max_memory=settings.max_memory, reader=reader)
+        return load(path, device=settings.device, progress=progress, max_memory=settings.max_memory, reader=reader)
+
+
+def _replayed(path, repro, settings: ReplaySettings, *, on_start=None) -> Outcome:
     load_warnings = _dedupe(repro.warnings or [])
     chosen = settings.for_recorded(repro.backend, repro.accuracy)
     resolve_backend(chosen.backend)

@@ -45,3 +45,19 @@ def test_public_run_takes_a_value_or_its_fields_not_both(tmp_path):
         reproarchive.run(tmp_path / "x.tar.zst", ReplaySettings(), backend="eager")
     with pytest.raises(TypeError):
         reproarchive.run(tmp_path / "x.tar.zst", no_such_option=True)
+
+
+def test_an_in_process_run_decodes_the_index_once(tmp_path, monkeypatch):
+    """``run`` asks the index whether to isolate, then loads from the same reader."""
+    from reproarchive.format import reader as reader_module
+    from support.graphs import pack_chain
+
+    failure = {"stage": "compile", "exception_type": "RuntimeError", "message": "boom",
+               "signature": "compile|RuntimeError|boom", "backend": "eager"}
+    path = pack_chain(tmp_path / "a.tar.zst", 6, failure=failure)
+    decoded = []
+    real = reader_module.decode_index
+    monkeypatch.setattr(reader_module, "decode_index", lambda *a, **k: decoded.append(1) or real(*a, **k))
+    outcome = reproarchive.run(path, ReplaySettings(backend="eager"))
+    assert outcome.status == "passed"  # eager compiles what the recording says failed
+    assert not outcome.isolated and len(decoded) == 1
