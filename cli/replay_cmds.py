@@ -69,7 +69,9 @@ Exit codes:
   1    reproduced: it failed the way the archive recorded
   2    usage error, or the archive is invalid, damaged, unsafe or too new
   3    different failure: it failed, but not the way the archive recorded
-  125  cannot run here: the device or the backend is not available
+  125  cannot run here: the device or the backend is not available, or the archive was
+       recorded on a device this machine lacks (--device cpu runs it on the CPU, and the
+       verdict then says it ran on another device type)
   130  interrupted
 
 \b
@@ -99,8 +101,9 @@ Exit codes:
 @main.command("run", epilog=RUN_EPILOG)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--device", type=DEVICE, metavar="DEV",
-              help="Run on DEV (cpu, cuda, cuda:1) or remap devices (cuda:0=cpu,cuda:1=cpu). "
-                   "Default: the recorded device, or CPU with a warning when it is missing.")
+              help="Run on DEV (cpu, cuda, cuda:1) or remap the archive's devices (cuda:0=cpu,cuda:1=cpu). "
+                   "Default: the recorded devices; an archive recorded on a device this machine lacks "
+                   "cannot run here (exit 125).")
 @click.option("--backend", metavar="NAME",
               help="Compile with NAME instead of the recorded backend: any name torch.compile "
                    "accepts, or module:function for a custom compiler function.")
@@ -248,7 +251,9 @@ def _compiler_lines(record) -> list[str]:
 def format_outcome(outcome) -> str:
     lines = []
     label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
-    lines.append(f"{label.get(outcome.status, outcome.status.upper())} (exit {outcome.exit_code})")
+    moved = ("" if outcome.same_device_type
+             else f" ON ANOTHER DEVICE TYPE ({outcome.device}, recorded on {outcome.recorded_device})")
+    lines.append(f"{label.get(outcome.status, outcome.status.upper())}{moved} (exit {outcome.exit_code})")
     lines.append(f"  replayed  backend {outcome.backend} on {outcome.device}, {outcome.config} config"
                  + (", isolated" if outcome.isolated else "")
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")

@@ -18,8 +18,8 @@ import torch.fx as fx
 from reproarchive.archive.memory import check_declared_memory
 from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
-from reproarchive.codec.checks import check_readable_here
-from reproarchive.codec.devices import loader_mapping, remap_graph_devices
+from reproarchive.codec.checks import check_readable_here, recorded_devices
+from reproarchive.codec.devices import remap_graph_devices, resolve_devices
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
 from reproarchive.errors import (
     IndexSchemaError,
@@ -104,7 +104,9 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
 
     ``device=None`` keeps each storage's recorded device where this machine has it and falls
     back to CPU with a warning; a string moves everything there; a mapping such as
-    ``{"cuda:0": "cpu"}`` or ``{"cuda": "cuda:1"}`` remaps by exact device or device type.
+    ``{"cuda:0": "cpu"}`` or ``{"cuda": "cuda:1"}`` remaps by exact device or device type (a
+    key the archive does not use is an error). A ``DevicePlan`` (``resolve_devices``, what a
+    replay passes) is used as resolved, without checking this machine again.
     Inputs recorded as absent get seeded generated data and a loud warning. Device constants
     inside the graph follow the same mapping unless ``remap_graph=False`` (``export`` writes
     them as recorded, for its script to map). Before anything is allocated, the storages'
@@ -112,19 +114,19 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     ``max_memory`` (bytes); a load that would not fit raises ``LimitExceededError``.
     ``reader``: ``path`` already open, so that its index is not decoded again (the caller closes it).
     """
-    notes: list[str] = []
-    mapper = loader_mapping(device)
     opened = ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader)
     with opened as reader:  # noqa: PLR1704 - the reader given, or the one opened here
         index = reader.index
         check_readable_here(index)
+        mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
+        notes = [f"recorded device {name} is not available here; loading on cpu" for name in mapper.fallback]
+        for note in notes:
+            warnings.warn(note, stacklevel=3)
         records = index.storages
         targets_by_storage = []
         devices: dict[str, str] = {}
         for rec in records:
             target = mapper(rec.device)
-            if device is None and target != rec.device and torch.device(rec.device).type != "meta":
-                notes.append(f"recorded device {rec.device} is not available here; loading on {target}")
             devices[rec.device] = target
             targets_by_storage.append(torch.device(target))
         check_declared_memory(zip((r.size for r in records), targets_by_storage), max_memory=max_memory)
@@ -155,9 +157,6 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                    "the replay is not the original run")
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
-        if device is None:
-            for note in dict.fromkeys(n for n in notes if n.startswith("recorded device")):
-                warnings.warn(note, stacklevel=3)
         return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes)
 
 
@@ -260,9 +259,9 @@ def input_fidelity(rec: Any, storages: Sequence[StorageRecord]) -> str:
 @_torch_errors_as_archive_errors
 def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any:
     """One input without loading the rest: reads the footer, the index and that input's blobs."""
-    mapper = loader_mapping(device)
     with ContainerReader(path) as reader:
         index = reader.index
+        mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
         if isinstance(which, str):
             matches = [i for i, r in enumerate(index.inputs) if getattr(r, "name", None) == which]
             if not matches:

@@ -10,52 +10,10 @@ how much and where, when it exceeds what this machine has available or the calle
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Iterable
 
+from reproarchive.codec.device_runtime import free_memory
 from reproarchive.errors import LimitExceededError
-
-
-def available_host_memory() -> int | None:
-    """Bytes this process can still get: the kernel's MemAvailable, bounded by the cgroup's
-    memory limit where there is one (containers); None where neither can be read."""
-    found: list[int] = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < (1 << 60):
-            found.append(max(int(limit) - usage, 0))
-        break
-    if not found and hasattr(os, "sysconf"):
-        try:
-            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError):
-            pass
-    return min(found) if found else None
-
-
-def _device_free(device) -> int | None:
-    import torch
-
-    if device.type == "cuda" and torch.cuda.is_available():
-        try:
-            return torch.cuda.mem_get_info(device)[0]
-        except RuntimeError:
-            return None
-    return None
 
 
 def _size(n: int) -> str:
@@ -84,7 +42,7 @@ def check_declared_memory(sizes: Iterable[tuple[int, object]], *, max_memory: in
             "raise --max-memory if this machine can hold them, or check the archive with `reproarchive inspect`",
         )
     for key, need in by_device.items():
-        free = available_host_memory() if key == "cpu" else _device_free(devices[key])
+        free = free_memory(devices[key])
         if free is not None and need > free:
             where = "memory available on this machine" if key == "cpu" else f"free memory on {key}"
             raise LimitExceededError(

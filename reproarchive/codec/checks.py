@@ -9,10 +9,10 @@ the same questions while it builds.
 
 from __future__ import annotations
 
-from reproarchive.codec.devices import check_recorded_device
+from reproarchive.codec.devices import check_recorded_device, is_device_name
 from reproarchive.codec.targets import check_graph_targets
 from reproarchive.codec.tensors import dtype_from_name
-from reproarchive.format.schema import ConstantArg, GraphRecord, Index, SubgraphEntry, iter_arg_values
+from reproarchive.format.schema import DEVICE_RE, ConstantArg, GraphRecord, Index, SubgraphEntry, iter_arg_values
 
 
 def check_readable_here(index: Index) -> None:
@@ -26,12 +26,38 @@ def check_readable_here(index: Index) -> None:
 
 
 def _check_graph_constants(graph: GraphRecord) -> None:
-    for node in graph.nodes:
-        for value in iter_arg_values((node.args, tuple(node.kwargs.values()))):
-            if isinstance(value, ConstantArg) and value.kind == "dtype":
-                dtype_from_name(value.name)
-            elif isinstance(value, ConstantArg) and value.kind == "device":
-                check_recorded_device(value.name)
+    for value in _graph_constants(graph):
+        if value.kind == "dtype":
+            dtype_from_name(value.name)
+        elif value.kind == "device":
+            check_recorded_device(value.name)
+
+
+def _graph_nodes(graph: GraphRecord):
+    yield from graph.nodes
     for entry in graph.module_state:
         if isinstance(entry, SubgraphEntry):
-            _check_graph_constants(entry.graph)
+            yield from _graph_nodes(entry.graph)
+
+
+def _graph_constants(graph: GraphRecord):
+    for node in _graph_nodes(graph):
+        for value in iter_arg_values((node.args, tuple(node.kwargs.values()))):
+            if isinstance(value, ConstantArg):
+                yield value
+
+
+def recorded_devices(index: Index) -> list[str]:
+    """Every device the archive names, in first-seen order: the storages' devices, the graph's
+    device constants, and the device names a graph passes as text (``device="cuda"``,
+    ``x.to("cuda:1")``, ``x.cuda()``), which ``load`` remaps the same way."""
+    found = [storage.device for storage in index.storages]
+    found += [value.name for value in _graph_constants(index.graph) if value.kind == "device"]
+    for node in _graph_nodes(index.graph):
+        text = [node.kwargs.get("device")]
+        if node.op == "call_method" and node.target == "cuda" and len(node.args) == 1 and not node.kwargs:
+            text.append("cuda")
+        if node.op == "call_method" and node.target == "to":
+            text += node.args
+        found += [t for t in text if isinstance(t, str) and DEVICE_RE.match(t) and is_device_name(t)]
+    return list(dict.fromkeys(found))

@@ -12,9 +12,9 @@ import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Mapping
 from typing import Any
 
+from reproarchive.codec.device_runtime import cuda_runtime
 from reproarchive.format.schema import SystemRecord, from_plain
 
 #: Distributions whose version changes what torch.compile produces or how it runs.
@@ -147,58 +147,6 @@ def _package_versions() -> dict[str, str | None]:
     return {k: v for k, v in versions.items() if v is not None or k in always}
 
 
-def _cuda_info(torch: Any, tools: Mapping[str, Any]) -> dict[str, Any]:
-    info: dict[str, Any] = {"available": False, "version": torch.version.cuda}
-    cudnn = None
-    try:
-        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    except Exception:
-        cudnn = None
-    info["cudnn"] = cudnn
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        info["reason"] = f"this torch build has no CUDA/ROCm support ({torch.__version__})"
-        info["driver_version"] = tools.get("driver")
-        return info
-    try:
-        available = torch.cuda.is_available()
-    except Exception as exc:
-        available = False
-        info["reason"] = f"torch.cuda.is_available() raised {type(exc).__name__}: {exc}"
-    if not available:
-        info.setdefault(
-            "reason",
-            "no usable GPU (no device, no driver, or CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s})",
-        )
-        info["driver_version"] = tools.get("driver")
-        return info
-    devices = []
-    for index in range(torch.cuda.device_count()):
-        try:
-            props = torch.cuda.get_device_properties(index)
-        except Exception as exc:
-            devices.append({"index": index, "error": f"{type(exc).__name__}: {exc}"})
-            continue
-        devices.append(
-            {
-                "index": index,
-                "name": props.name,
-                "capability": f"{props.major}.{props.minor}",
-                "total_memory": int(props.total_memory),
-                "multi_processor_count": int(props.multi_processor_count),
-                "arch": getattr(props, "gcnArchName", None),
-            }
-        )
-    info.update(
-        available=True,
-        device_count=len(devices),
-        devices=devices,
-        driver_version=tools.get("driver"),
-        arch_list=list(torch.cuda.get_arch_list()) if hasattr(torch.cuda, "get_arch_list") else None,
-    )
-    return info
-
-
 @functools.lru_cache(maxsize=1)
 def _system_snapshot_cached() -> SystemRecord:
     import torch
@@ -232,7 +180,7 @@ def _system_snapshot_cached() -> SystemRecord:
             "libc": " ".join(x for x in libc if x) or None,
         },
         "cpu": cpu,
-        "cuda": _cuda_info(torch, tools),
+        "cuda": cuda_runtime().system_info(torch, tools.get("driver")),
         "hip": {"version": getattr(torch.version, "hip", None)},
         "nvcc": tools.get("nvcc"),
         "cxx": {"command": tools.get("cxx_command"), "version": tools.get("cxx")},

@@ -40,6 +40,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from reproarchive.codec.device_runtime import devices_of, forked_rng, synchronize
 from reproarchive.errors import EagerFailed
 from reproarchive.format.schema import AccuracyOutput, AccuracyReport, from_plain
 
@@ -135,11 +136,10 @@ def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = Fals
     """
     import torch
 
-    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    devices = devices_of(args)
     try:
         out = fn(*args)
-        if cuda:
-            torch.cuda.synchronize()  # an asynchronous kernel error belongs to this stage
+        synchronize(devices)  # an asynchronous kernel error belongs to this stage
     except Exception as exc:
         _tag(exc, "forward")
         raise
@@ -147,8 +147,7 @@ def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = Fals
     if not fwd_only and torch.is_grad_enabled() and _requires_bwd(out):
         try:
             _scalar_loss(out).backward()
-            if cuda:
-                torch.cuda.synchronize()
+            synchronize(devices)
         except Exception as exc:
             _tag(exc, "backward")
             raise
@@ -212,39 +211,20 @@ def check_accuracy(
     fault); an exception in the compiled run propagates tagged with its stage (see
     ``run_forward_backward``).
     """
-    import torch
-
-    devices = sorted({a.device.index or 0 for a in args
-                      if isinstance(a, torch.Tensor) and a.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices):
-        rng = _rng_state(devices)
+    with forked_rng(devices_of(args)) as rng:
         try:
             eager = run_forward_backward(copy.deepcopy(eager_gm), clone_inputs(args), fwd_only=fwd_only)
         except Exception as exc:
             raise EagerFailed(f"the graph fails in eager mode: {type(exc).__name__}: {exc}") from exc
         fp64, fp64_error = (None, "disabled")
         if use_fp64:
-            _set_rng_state(rng, devices)
+            rng.restore()
             fp64, fp64_error = fp64_reference(eager_gm, args, fwd_only=fwd_only)
-        _set_rng_state(rng, devices)
+        rng.restore()
         compiled = run_forward_backward(compiled_fn, clone_inputs(args), fwd_only=fwd_only)
     report = compare(eager, compiled, fp64, tol=tol, ignore_non_fp=ignore_non_fp)
     return dataclasses.replace(report, fp64_reference="used" if fp64 is not None else f"unavailable ({fp64_error})",
                                fwd_only=bool(fwd_only))
-
-
-def _rng_state(devices: list[int]) -> tuple[Any, list[Any]]:
-    import torch
-
-    return torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
-
-
-def _set_rng_state(state: tuple[Any, list[Any]], devices: list[int]) -> None:
-    import torch
-
-    torch.set_rng_state(state[0])
-    for d, s in zip(devices, state[1]):
-        torch.cuda.set_rng_state(s, d)
 
 
 # ---------------------------------------------------------------------------------------------

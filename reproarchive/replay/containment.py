@@ -87,11 +87,10 @@ def contained(*, outputs: bool = True) -> Iterator[Path | None]:
     """Thread state restored and every random generator forked (the replay draws from the same
     seeds; the caller's generators are untouched afterwards), and with ``outputs`` a private
     working folder."""
-    import torch
+    from reproarchive.codec.device_runtime import devices_here, forked_rng
 
-    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with contextlib.ExitStack() as stack:
         folder = stack.enter_context(private_outputs()) if outputs else None
         stack.enter_context(restored_thread_state())
-        stack.enter_context(torch.random.fork_rng(devices=cuda))
+        stack.enter_context(forked_rng(devices_here()))
         yield folder

@@ -2,7 +2,9 @@
 or ``--serve`` as a warm worker of ``isolation.WorkerPool``.
 
 It reports what it is about to replay (``started``) before compiling, so that if the compiler
-takes the process down, the parent can still say what crashed (``replay.isolation``).
+takes the process down, the parent can still say what crashed (``replay.isolation``). A
+request carries the ``ReplaySettings`` and the parent's resolved ``DevicePlan`` as plain data
+(the plan None: resolve ``settings.device`` here), so the device is resolved once per run.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from reproarchive.child import child_main
+from reproarchive.codec.devices import DevicePlan
 from reproarchive.replay.runner import replay_graph, run_here
 from reproarchive.replay.settings import ReplaySettings
 
@@ -19,7 +22,8 @@ def _replay(request: dict, *, started, event) -> dict | None:
         _warm(request["warmup"])
         return None
     settings = ReplaySettings.from_plain(request["settings"])
-    return run_here(request["path"], settings, on_start=started).to_dict()
+    plan = DevicePlan.from_plain(request["plan"]) if request.get("plan") is not None else None
+    return run_here(request["path"], settings, plan=plan, on_start=started).to_dict()
 
 
 def _warm(spec: dict) -> None:

@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from reproarchive.child import Died, Worker, run_child
+from reproarchive.codec.devices import DevicePlan
 from reproarchive.context.environment import child_environment
 from reproarchive.context.failure import crash_record
 from reproarchive.format.schema import EnvironmentRecord, FailureRecord, from_plain
@@ -33,16 +34,18 @@ from reproarchive.replay.settings import ReplaySettings
 _MODULE = "reproarchive.replay.isolated_run"
 
 
-def run_in_child(path: str | os.PathLike, settings: ReplaySettings | None = None, *,
+def run_in_child(path: str | os.PathLike, settings: ReplaySettings | None = None, *, plan: DevicePlan | None = None,
                  environment: EnvironmentRecord | None = None) -> Outcome:
-    """Run ``replay.run(path, settings, isolate=False)`` in a child; return its Outcome."""
-    result, died = run_child(_MODULE, _request(path, settings), env=child_environment(environment))
+    """Run ``replay.run(path, settings, isolate=False)`` in a child, on the devices ``plan``
+    resolved (None: the child resolves ``settings.device``); return its Outcome."""
+    result, died = run_child(_MODULE, _request(path, settings, plan), env=child_environment(environment))
     return _outcome(path, result, died)
 
 
-def _request(path: str | os.PathLike, settings: ReplaySettings | None) -> dict[str, Any]:
-    """What the child reads: the archive and the settings, as plain data."""
-    return {"path": os.fspath(os.path.abspath(path)), "settings": (settings or ReplaySettings()).to_plain()}
+def _request(path: str | os.PathLike, settings: ReplaySettings | None, plan: DevicePlan | None = None) -> dict[str, Any]:
+    """What the child reads: the archive, the settings and the device plan, as plain data."""
+    return {"path": os.fspath(os.path.abspath(path)), "settings": (settings or ReplaySettings()).to_plain(),
+            "plan": plan.to_plain() if plan is not None else None}
 
 
 def _outcome(path: str | os.PathLike, result: Any, died: Died | None) -> Outcome:
@@ -58,6 +61,8 @@ def _outcome(path: str | os.PathLike, result: Any, died: Died | None) -> Outcome
     return judged(
         recorded, observed,
         device=meta.get("device", "cpu"),
+        recorded_device=meta.get("recorded_device"),
+        same_device_type=meta.get("same_device_type", True),
         backend=meta.get("backend") or "",
         warnings=list(meta.get("warnings", [])),
         config=meta.get("config", "recorded"),

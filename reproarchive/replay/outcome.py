@@ -32,6 +32,9 @@ class Outcome:
     accuracy: the compiled-vs-eager comparison with per-output figures, when it was checked.
     differences: what differs between the recording machine and this one that could explain
     a different outcome (system, config, environment), as {"what", "name", "recorded", "current"}.
+    device / recorded_device: where it ran and where the archive was recorded;
+    same_device_type: False when the caller moved a recorded device to another device type
+    (``--device cpu`` for a CUDA archive): then a pass is no evidence about the recorded device.
     """
 
     status: str
@@ -41,6 +44,8 @@ class Outcome:
     accuracy: AccuracyReport | None = None
     differences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     device: str = "cpu"
+    recorded_device: str | None = None
+    same_device_type: bool = True
     backend: str = ""
     warnings: list[str] = dataclasses.field(default_factory=list)
     ran_backward: bool = False

@@ -24,7 +24,9 @@ import warnings as _warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from reproarchive.codec.devices import check_spec
+from reproarchive.codec.checks import recorded_devices
+from reproarchive.codec.device_runtime import devices_of, synchronize
+from reproarchive.codec.devices import DevicePlan, resolve_devices
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.format.schema import (
@@ -144,7 +146,7 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
                 return None, report, ran_backward
             return _failure.accuracy_record(report, backend=backend), report, ran_backward
         result = _accuracy.run_forward_backward(compiled, _accuracy.clone_inputs(args), fwd_only=fwd_only)
-        _synchronize(args)
+        synchronize(devices_of(args))  # an asynchronous device error belongs to this stage
         return None, None, bool(result.get("grads"))
     except _accuracy.EagerFailed as exc:
         warnings.append("the graph fails in eager mode too, so the compiler is not to blame")
@@ -208,21 +210,26 @@ def _iter_tensors(value: Any):
             yield from _iter_tensors(v)
 
 
-def _synchronize(args: Any) -> None:
-    """Surface asynchronous device errors inside the stage that caused them."""
-    import torch
-
-    for t in _iter_tensors(args):
-        if t.device.type == "cuda":
-            torch.cuda.synchronize(t.device)
-            return
-
-
-def _describe_device(args: Any, spec: Any = None) -> str:
+def _describe_device(args: Any, plan: DevicePlan | None = None) -> str:
     devices = sorted({str(t.device) for t in _iter_tensors(args)})
     if devices:
         return ",".join(devices)
-    return spec if isinstance(spec, str) else "cpu"
+    used = sorted(set(plan.targets.values())) if plan is not None else []
+    return ",".join(used) if used else "cpu"
+
+
+def _device_facts(args: Any, plan: DevicePlan) -> dict[str, Any]:
+    """Where the replay ran and where the archive was recorded, for the outcome."""
+    return {"device": _describe_device(args, plan), "recorded_device": plan.recorded,
+            "same_device_type": not plan.moved}
+
+
+def _moved_warning(plan: DevicePlan) -> list[str]:
+    if not plan.moved:
+        return []
+    moved = ", ".join(f"{r} -> {t}" for r, t in plan.moved.items())
+    return [(f"replayed on another device type than recorded ({moved}): a pass here does not show that the "
+             "recorded failure is gone on the recorded device")]
 
 
 def _worth_reporting(w: _warnings.WarningMessage) -> bool:
@@ -246,27 +253,30 @@ def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = No
 
     ``isolate`` runs the replay in a child process so that a crash (segfault, abort, fatal
     device error) becomes an outcome instead of killing the caller; by default it is on when
-    the recorded failure is a crash, is unknown, or is not recorded (``needs_isolation``). The
-    index is decoded once: the reader that answers that question also loads the archive.
+    the recorded failure is a crash, is unknown, or is not recorded (``needs_isolation``).
+    ``settings.device=None`` replays on the recorded devices: an archive recorded on a device
+    this machine lacks cannot run here (125) until ``device`` moves it (``"cpu"``), and then the
+    outcome says it ran on another device type (``same_device_type``). The index is decoded
+    and the devices resolved once: the reader that answers both questions also loads the
+    archive, and a child gets the resolved plan.
     Raises DeviceUnavailableError / BackendUnavailableError (exit 125) when it cannot run here,
-    ArchiveError (exit 2) for an unreadable archive.
+    ArchiveError (exit 2) for an unreadable archive, ReproArchiveError (2) for a device mapping
+    that names a device the archive does not use.
     """
-    check_spec(settings.device)
-    if settings.backend is not None:
-        resolve_backend(settings.backend)  # cannot run here: say so before loading anything
-    if isolate is False:
-        return run_here(path, settings, progress=progress)
     from reproarchive.format.reader import ContainerReader
 
+    if settings.backend is not None:
+        resolve_backend(settings.backend)  # cannot run here: say so before loading anything
     with ContainerReader(path) as reader:
         index = reader.index
+        plan = resolve_devices(recorded_devices(index), settings.device)  # once per run: load and the child use it
         isolate = needs_isolation(index.failure) if isolate is None else isolate
-        repro = None if isolate else _loaded(path, settings, progress, reader=reader)
+        repro = None if isolate else _loaded(path, settings, plan, progress, reader=reader)
     if repro is None:
         from reproarchive.replay.isolation import run_in_child
 
-        return run_in_child(path, settings, environment=index.environment)
-    return _replayed(path, repro, settings)
+        return run_in_child(path, settings, plan=plan, environment=index.environment)
+    return _replayed(path, repro, settings, plan)
 
 
 def needs_isolation(recorded: FailureRecord | None) -> bool:
@@ -277,29 +287,37 @@ def needs_isolation(recorded: FailureRecord | None) -> bool:
     return recorded is None or recorded.stage in ("crash", "unknown")
 
 
-def run_here(path, settings: ReplaySettings, *, on_start=None, progress: ProgressFn | None = None) -> Outcome:
-    """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
-    so that an isolating parent can still report them if the compile takes the process down."""
-    return _replayed(path, _loaded(path, settings, progress), settings, on_start=on_start)
+def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, on_start=None,
+             progress: ProgressFn | None = None) -> Outcome:
+    """Load and replay in this process (an isolated child's side of ``run``). ``plan``: the
+    devices as ``run`` resolved them (None: resolved here from ``settings.device``, as ``run``
+    does). ``on_start`` gets the recorded facts before compiling, so that an isolating parent
+    can still report them if the compile takes the process down."""
+    from reproarchive.format.reader import ContainerReader
+
+    with ContainerReader(path) as reader:
+        plan = plan or resolve_devices(recorded_devices(reader.index), settings.device)
+        repro = _loaded(path, settings, plan, progress, reader=reader)
+    return _replayed(path, repro, settings, plan, on_start=on_start)
 
 
-def _loaded(path, settings: ReplaySettings, progress: ProgressFn | None, *, reader=None):
-    """The archive loaded under ``settings``; ``reader``: ``path`` already open (its index decoded)."""
+def _loaded(path, settings: ReplaySettings, plan: DevicePlan, progress: ProgressFn | None, *, reader):
+    """The archive at ``path`` (open in ``reader``, its index decoded) loaded under ``plan``."""
     from reproarchive.archive.loading import load
 
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        return load(path, device=settings.device, progress=progress, max_memory=settings.max_memory, reader=reader)
+        return load(path, device=plan, progress=progress, max_memory=settings.max_memory, reader=reader)
 
 
-def _replayed(path, repro, settings: ReplaySettings, *, on_start=None) -> Outcome:
-    load_warnings = _dedupe(repro.warnings or [])
+def _replayed(path, repro, settings: ReplaySettings, plan: DevicePlan, *, on_start=None) -> Outcome:
+    load_warnings = _dedupe([*(repro.warnings or []), *_moved_warning(plan)])
+    facts = _device_facts(repro.args, plan)
     chosen = settings.for_recorded(repro.backend, repro.accuracy)
     resolve_backend(chosen.backend)
-    device = _describe_device(repro.args, settings.device)
     if on_start is not None:
         on_start({"recorded": to_plain(repro.failure) if repro.failure else None, "backend": chosen.backend,
-                  "digest": repro.digest, "device": device, "warnings": load_warnings,
+                  "digest": repro.digest, **facts, "warnings": load_warnings,
                   "config": "current" if chosen.current_config else "recorded"})
     outcome = replay_graph(
         repro.gm,
@@ -311,7 +329,8 @@ def _replayed(path, repro, settings: ReplaySettings, *, on_start=None) -> Outcom
         system=repro.system,
         source_kind=repro.graph_kind,
     )
-    outcome.device = device
+    outcome.device, outcome.recorded_device, outcome.same_device_type = (
+        facts["device"], facts["recorded_device"], facts["same_device_type"])
     outcome.warnings[:0] = load_warnings
     outcome.archive = str(path)
     outcome.digest = repro.digest

@@ -508,14 +508,14 @@ def _preserved_state(gm: Any, inputs: Sequence[Any]):
     grads and buffer values of parameters the graph holds as attributes (inputs are copies)."""
     import torch
 
-    devices = sorted({a.device.index or 0 for a in inputs
-                      if isinstance(a, torch.Tensor) and a.device.type == "cuda"})
+    from reproarchive.codec.device_runtime import devices_of, forked_rng
+
     params = list(gm.named_parameters()) if hasattr(gm, "named_parameters") else []
     buffers = list(gm.named_buffers()) if hasattr(gm, "named_buffers") else []
     grads = [(p, p.grad) for _, p in params]
     saved_buffers = [(b, b.detach().clone()) for _, b in buffers if isinstance(b, torch.Tensor)]
     with ExitStack() as stack:
-        stack.enter_context(torch.random.fork_rng(devices=devices))
+        stack.enter_context(forked_rng(devices_of(inputs)))
         try:
             yield
         finally:

@@ -28,6 +28,7 @@ from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
 from support.captures import capture_failure
 from support.cli import invoke
+from support.devices import pack_with_device_constant
 
 
 def model(x, y):
@@ -110,7 +111,7 @@ def test_json_output(archives):
 
 
 @pytest.mark.parametrize("option", [["--backend", "no_such_backend"], ["--backend", "no_such_module:fn"],
-                                    ["--device", "cuda"], ["--device", "cuda:0=cuda:7"]])
+                                    ["--device", "cuda"], ["--device", "cpu=cuda:7"]])
 def test_cannot_run_here_is_125(archives, option):
     if "cuda" in " ".join(option) and torch.cuda.is_available() and torch.cuda.device_count() > 7:
         pytest.skip("this machine has the device")
@@ -159,28 +160,9 @@ def test_device_option_parsing_and_mapping():
         DEVICE.convert("cuda:0=", None, None)
 
 
-def _graph_with_device_constant(tmp_path, recorded_device):
-    """A graph that creates a tensor on ``recorded_device`` (edited in: this machine has no GPU)."""
-    def f(x):
-        return x + torch.ones(4, device="cpu")
-
-    graphs = []
-    torch._dynamo.reset()
-    torch.compile(f, backend=lambda gm, ex: graphs.append(gm) or gm)(torch.randn(4))
-    gm = graphs[0]
-    for node in gm.graph.nodes:
-        if "device" in node.kwargs:
-            node.kwargs = {**node.kwargs, "device": torch.device(recorded_device)}
-    gm.recompile()
-    path = tmp_path / "device.tar.zst"
-    reproarchive.pack(gm, [torch.randn(4)], path, backend="eager",
-                      failure=failure_mod.unknown_record("test"))
-    return path
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_graph_runs_on_cpu_with_remapping(tmp_path):
-    path = _graph_with_device_constant(tmp_path, "cuda:0")
+    path = pack_with_device_constant(tmp_path / "device.tar.zst", "cuda:0")
     for spec in ("cpu", {"cuda:0": "cpu"}, {"cuda": "cpu"}):
         outcome = reproarchive.run(path, device=spec)
         assert outcome.exit_code == 0, (spec, outcome.observed)
