@@ -8,8 +8,9 @@ layer below re-checks or re-defaults them. Across a process boundary they travel
 data (``to_plain`` / ``from_plain``), never as ``**options``.
 
 ``None`` for ``backend`` and ``accuracy`` means "what the archive recorded"; ``for_recorded``
-fills them in once the archive is open. Whether the device exists here is not a shape
-question: it is asked once per run, by whatever first maps the archive's devices (``load``).
+fills them in once the archive is open. ``device`` is what was asked for; whether those
+devices exist here depends on the archive, so ``run`` resolves it once against the archive's
+devices into a ``codec.devices.DevicePlan``, which load and an isolated child then use as is.
 """
 
 from __future__ import annotations
