@@ -14,7 +14,7 @@ import click
 # we); it would turn every one-line error of ours into three lines.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from reproarchive import ReproArchiveError
+from reproarchive import ErrorCode, ReproArchiveError
 
 from .text import terminal_safe
 
@@ -72,11 +72,27 @@ def _fail(ctx: click.Context, message: str, code: int) -> None:
 
 def error_document(message: str, code: int, exc: BaseException | None) -> dict:
     """What a failing ``--json`` command prints: ``{"error": {"message", "what", "hint",
-    "exit_code"}, "exit_code"}`` (``what``/``hint``: the two halves of our own errors)."""
-    error = {"message": message, "exit_code": code}
+    "code", "class", "rule", "exit_code"}, "exit_code"}``. ``what``/``hint`` are the two halves
+    of our own errors; ``code`` is the stable code to match on (README "Exit codes"), ``class``
+    the error's class and ``rule`` the spec rule an archive broke (or null)."""
+    error = {"message": message, "exit_code": code, "code": str(_error_code(exc)),
+             "class": type(exc).__name__ if exc is not None else None, "rule": None}
     if isinstance(exc, ReproArchiveError):
-        error.update(what=exc.what, hint=exc.hint)
+        error.update(what=exc.what, hint=exc.hint, rule=str(exc.rule) if exc.rule else None)
     return {"error": error, "exit_code": code}
+
+
+def _error_code(exc: BaseException | None) -> ErrorCode:
+    """The stable code of what ended the command: ours, or the CLI's own four."""
+    if isinstance(exc, ReproArchiveError):
+        return exc.code
+    if isinstance(exc, click.UsageError):
+        return ErrorCode.USAGE
+    if isinstance(exc, KeyboardInterrupt):
+        return ErrorCode.INTERRUPTED
+    if isinstance(exc, OSError):
+        return ErrorCode.IO
+    return ErrorCode.INTERNAL
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

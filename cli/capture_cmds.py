@@ -73,7 +73,8 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     The dump is executed in a child process (it is your own script): this process's
     environment, torch config and directory are not touched. Because PyTorch's dumps do not
     record the error, the dump is replayed once there to record the failure (--no-replay skips
-    that). Paths of this machine are replaced by <cwd>, <dump>, ~ and similar in the archive.
+    that); a failure learned on generated inputs is printed and recorded as such. Generated
+    integers the graph uses as indices stay inside the dimension they index. Paths of this machine are replaced by <cwd>, <dump>, ~ and similar in the archive.
 
     \b
     SOURCE may also be a TORCH_TRACE log, the folder TORCH_TRACE pointed at (one log per rank),
@@ -254,7 +255,9 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
         while checking, so compilation is slower under capture;
       - errors before a graph reaches the backend (Dynamo tracing errors) are not dumped;
       - --after aot dumps of compile errors carry no input data (PyTorch had only fake
-        tensors): those inputs are marked absent.
+        tensors): such a graph is archived instead at Inductor's own door, with the
+        program's real inputs and exception, and the data-less dump is left out; inputs
+        that never existed as data there (a backward graph's activations) stay absent.
 
     \b
     With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there, so a CI

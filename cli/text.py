@@ -79,4 +79,7 @@ def pack_summary(result) -> list[str]:
     first = terminal_safe(message[0][:160]) if message else ""
     kind = f.get("exception_type") or ""
     failure = f"failure: {f.get('stage')}" + (f" {kind}" if kind else "") + (f": {first}" if first else "")
+    learned = (getattr(result, "replay", None) or {}).get("failure_from")
+    if learned and f.get("stage") != "unknown":
+        failure += f"  [from the {terminal_safe(str(learned))}]"
     return [graph, inputs, failure]

@@ -51,7 +51,9 @@ _EXPORTS = {
     "list_store": "reproarchive.store.listing",
     "is_store": "reproarchive.store.location",
     "is_store_reference": "reproarchive.store.location",
-    # errors
+    # errors: every class has a stable ``code`` (ErrorCode); a refused archive names a spec ``Rule``
+    "ErrorCode": "reproarchive.errors",
+    "Rule": "reproarchive.errors",
     "ReproArchiveError": "reproarchive.errors",
     "ArchiveError": "reproarchive.errors",
     "NotAnArchiveError": "reproarchive.errors",

@@ -10,7 +10,7 @@ crash (a segfault would take the caller with it). Both use this one protocol:
 * the child may report ``started`` facts before the risky part (so a parent can still say what
   was being replayed when the child dies), and progress ``event`` lines on its original stdout;
   everything else it prints goes to stderr, which the parent keeps in a log file;
-* the child writes ``{"result": ...}`` or ``{"error": {"class", "what", "hint"}}``; the parent
+* the child writes ``{"result": ...}`` or ``{"error": {"class", "what", "hint", "rule"}}``; the parent
   re-raises our error classes by name (only ``ReproArchiveError`` subclasses) and reports a
   child that died without a result as ``Died`` with its signal and the end of its log.
 """
@@ -128,7 +128,9 @@ def error_from(data: dict) -> errors.ReproArchiveError:
     cls = getattr(errors, str(data.get("class", "")), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
         cls = errors.ReproArchiveError
-    return cls(str(data.get("what") or "the child process failed"), data.get("hint"))
+    rule = data.get("rule")
+    return cls(str(data.get("what") or "the child process failed"), data.get("hint"),
+               rule=rule if rule in {str(r) for r in errors.Rule} else None)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -171,7 +173,8 @@ def _error_reply(err: BaseException, unexpected: type, unexpected_what: str) -> 
     """One line for the parent; the traceback goes to the log (the parent shows it with --debug)."""
     traceback.print_exc()
     if isinstance(err, errors.ReproArchiveError):
-        return {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint}}
+        return {"error": {"class": type(err).__name__, "what": err.what, "hint": err.hint,
+                          "rule": str(err.rule) if err.rule else None}}
     first = (str(err).strip().splitlines() or [""])[0][:200]
     return {"error": {"class": unexpected.__name__, "what": f"{unexpected_what}: {type(err).__name__}: {first}",
                       "hint": "rerun with --debug to see the child's log"}}

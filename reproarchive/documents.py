@@ -17,6 +17,7 @@ Regenerate the file after changing a document: ``python -m reproarchive.document
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import sys
 import types
@@ -26,6 +27,7 @@ from typing import Any, Union
 
 from reproarchive.archive.checking import VerifyReport
 from reproarchive.archive.inspection import InspectReport
+from reproarchive.errors import ErrorCode
 from reproarchive.format.plain import PlainData, Tagged
 from reproarchive.minifier.driver import MinifyReport
 from reproarchive.replay.differences import DoctorReport
@@ -76,11 +78,14 @@ _LISTINGS = {
         })},
         "warnings": _STRINGS,
     }),
-    # what every command with --json prints when it fails (cli/app.py, error_document); ``error``
-    # is open: it may carry more than these keys
+    # what every command with --json prints when it fails (cli/app.py, error_document): ``code``
+    # one of the stable codes, ``class`` the error's class, ``rule`` the spec rule or null;
+    # ``what``/``hint`` only for errors of ours
     "Error": _object({
-        "error": _object({"message": _STRING, "exit_code": _INTEGER, "what": _nullable(_STRING),
-                          "hint": _nullable(_STRING)}, optional=("what", "hint"), open_=True),
+        "error": _object({"message": _STRING, "exit_code": _INTEGER,
+                          "code": {"enum": sorted(str(c) for c in ErrorCode)},
+                          "class": _nullable(_STRING), "rule": _nullable(_STRING),
+                          "what": _nullable(_STRING), "hint": _nullable(_STRING)}, optional=("what", "hint")),
         "exit_code": _INTEGER,
     }),
 }
@@ -113,6 +118,8 @@ class _Builder:
             return {}
         if isinstance(tp, Tagged):
             return {"anyOf": [self.record(c) for c in dict.fromkeys(tp.classes.values())]}
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            return {"enum": [m.value for m in tp]}  # a closed value set of the schema
         if tp in _SCALARS:
             return dict(_SCALARS[tp])
         if hasattr(tp, "__plain_decode__"):

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from reproarchive.errors import CorruptArchiveError, DigestMismatchError
-from reproarchive.format import digests, layout, schema
+from reproarchive.errors import CorruptArchiveError, DigestMismatchError, Rule
+from reproarchive.format import digests, layout
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.layout import LAYOUT_MEMBER, Limits
 from reproarchive.format.plain import PlainRecord
@@ -26,7 +26,7 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
     """Decompress every frame once and check it: structure byte-exact, blobs by digest."""
     hashers: dict[str, Any] = {}
     last_frame = {m.name: m.first_frame + m.frames - 1 for m in reader.members.values()}
-    expected_layout = schema.layout_member_bytes(*reader.version)
+    expected_layout = layout.layout_member_bytes(*reader.version)
     blobs = 0
     total = sum(d for _, d in reader.frames)
     pbar = Tracker(progress, desc, total)
@@ -34,13 +34,14 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
         assert i == j
         if isinstance(expected, bytes):
             if data != expected:
-                raise CorruptArchiveError(f"frame {i} (tar header or padding) is not what the index implies", "the archive is damaged or was modified")
+                raise CorruptArchiveError(f"frame {i} (tar header or padding) is not what the index implies",
+                                          "the archive is damaged or was modified", rule=Rule.HEADER_BYTES)
             continue
         name = expected
         if sink is not None:
             sink(name, data)
         if name == LAYOUT_MEMBER and bytes(data) != expected_layout:
-            raise CorruptArchiveError("the layout member does not match the footer's format version")
+            raise CorruptArchiveError("the layout member does not match the footer's format version", rule=Rule.LAYOUT_MEMBER)
         if layout.is_blob_name(name):
             h = hashers.get(name)
             if h is None:
@@ -51,7 +52,7 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
                 if actual != name.rsplit("/", 1)[1]:
                     raise DigestMismatchError(
                         f"blob {name} hashes to {actual[:16]}..., not its name",
-                        "the archive is damaged; copy it again",
+                        "the archive is damaged; copy it again", rule=Rule.BLOB_DIGEST,
                     )
                 blobs += 1
     # empty blobs have no data frames
@@ -59,7 +60,7 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
         if layout.is_blob_name(name) and m.frames == 0:
             algo, hexd = name.split("/")[1:]
             if digests.of_bytes(b"", algo) != f"{algo}:{hexd}":
-                raise DigestMismatchError(f"empty blob {name} is not named by the digest of no bytes")
+                raise DigestMismatchError(f"empty blob {name} is not named by the digest of no bytes", rule=Rule.BLOB_DIGEST)
             blobs += 1
     return {"blobs": blobs, "bytes": total}
 

@@ -15,9 +15,9 @@ import os
 from dataclasses import field
 
 from reproarchive.format import layout
-from reproarchive.format.plain import PlainData, PlainRecord
+from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, SystemRecord, TensorValue, to_plain
+from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, SystemRecord, TensorValue
 
 _OMIT_NONE = {"omit": "none"}  # a key only some rows (or some reports) have
 

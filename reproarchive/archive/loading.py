@@ -20,12 +20,13 @@ from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.checks import check_readable_here, recorded_devices
 from reproarchive.codec.devices import remap_graph_devices, resolve_devices
+from reproarchive.codec.input_demands import storage_demands
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
 from reproarchive.errors import (
     IndexSchemaError,
     LimitExceededError,
 )
-from reproarchive.format import digests, layout, schema
+from reproarchive.format import digests, layout
 from reproarchive.format.layout import Limits
 from reproarchive.format.parallel import worker_threads
 from reproarchive.format.prefault import prefault
@@ -133,7 +134,8 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
         total = sum(r.size for r in records if r.digest)
         storages = _materialize(reader, records, range(len(records)), targets_by_storage,
                                 tensor_codec.storage_dtypes(index.tensor_records()),
-                                Tracker(progress, "load", total).update, path=path, limits=limits)
+                                Tracker(progress, "load", total).update, path=path, limits=limits,
+                                demands=storage_demands(index.inputs, records, index.graph))
         decoder = tensor_codec.ValueDecoder(storages, targets_by_storage)
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).
@@ -161,7 +163,7 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
 
 
 def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],
-                 dtypes: dict[int, torch.dtype], progress, *, path, limits: Limits) -> list:
+                 dtypes: dict[int, torch.dtype], progress, *, path, limits: Limits, demands=None) -> list:
     """Storages ``which`` of the storage table, on their devices (others stay None).
 
     Each distinct blob is decompressed once; a storage that merely has the same bytes as an
@@ -183,7 +185,7 @@ def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], whic
                 progress(records[i].size)
         return st
 
-    return tensor_codec.build_storages(records, which, devices, dtypes, real)
+    return tensor_codec.build_storages(records, which, devices, dtypes, real, demands)
 
 
 # Below this many bytes a second reader (it re-reads and re-checks the index) costs more than
@@ -250,7 +252,7 @@ def _read_blobs(reader: ContainerReader, jobs: list[tuple[str, int, torch.device
 
 def input_fidelity(rec: Any, storages: Sequence[StorageRecord]) -> str:
     """``real`` or ``absent`` for an input with tensor data (absent if any of it is), else ``value``."""
-    found = {storages[t.storage].fidelity for t in schema.iter_tensors(rec)}
+    found = {storages[t.storage].fidelity for t in rec.tensors()}
     if FIDELITY_ABSENT in found:
         return FIDELITY_ABSENT
     return FIDELITY_REAL if found else "value"
@@ -272,10 +274,11 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
                                    "see `reproarchive inspect` for the inputs")
         rec = index.inputs[which]
         records = index.storages
-        tensors = list(schema.iter_tensors(rec))
+        tensors = list(rec.tensors())
         devs = [torch.device(mapper(r.device)) for r in records]
         needed = sorted({t.storage for t in tensors})
         check_declared_memory((records[i].size, devs[i]) for i in needed)
         storages = _materialize(reader, records, sorted({t.storage for t in tensors}), devs,
-                                tensor_codec.storage_dtypes(tensors), None, path=path, limits=reader.limits)
+                                tensor_codec.storage_dtypes(tensors), None, path=path, limits=reader.limits,
+                                demands=storage_demands(index.inputs, records, index.graph))
         return tensor_codec.ValueDecoder(storages, devs).decode(rec)

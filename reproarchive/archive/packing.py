@@ -22,7 +22,7 @@ from reproarchive.errors import (
     PackError,
     SchemaViolation,
 )
-from reproarchive.format import digests, frames, layout, schema
+from reproarchive.format import digests, frames, layout, plain
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import WorkQueue, worker_threads
 from reproarchive.format.plain import check_plain
@@ -52,7 +52,7 @@ def as_record(cls: type, value: Any, where: str):
     if not isinstance(value, Mapping):
         raise PackError(f"{where} must be a {cls.__name__} or a mapping, not {type(value).__name__}")
     try:
-        return schema.from_plain(cls, dict(value))
+        return plain.from_plain(cls, dict(value))
     except SchemaViolation as exc:
         raise PackError(f"{where} cannot be stored: {exc}", "records hold plain data (str keys; "
                         "None, bool, int64, float, str, bytes, lists and maps of these)") from None
@@ -145,7 +145,7 @@ def pack(
 
     real = [i for i, r in enumerate(table.records) if r.is_real]
     # the bar counts member bytes as their frames reach the file, and skipped storages at once
-    total = sum(table.records[i].size for i in real) + len(code) + len(schema.layout_member_bytes())
+    total = sum(table.records[i].size for i in real) + len(code) + len(layout.layout_member_bytes())
     threads = worker_threads()
     # Storages are hashed ahead of the one being compressed (the digest names the blob, so it
     # must be known before its first frame is written). CPU storages are hashed in place, so

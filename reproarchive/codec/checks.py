@@ -12,7 +12,8 @@ from __future__ import annotations
 from reproarchive.codec.devices import check_recorded_device, is_device_name
 from reproarchive.codec.targets import check_graph_targets
 from reproarchive.codec.tensors import dtype_from_name
-from reproarchive.format.schema import DEVICE_RE, ConstantArg, GraphRecord, Index, SubgraphEntry, iter_arg_values
+from reproarchive.format.index_rules import DEVICE_RE, iter_arg_values
+from reproarchive.format.schema import ConstantArg, GraphRecord, Index, SubgraphEntry
 
 
 def check_readable_here(index: Index) -> None:

@@ -425,7 +425,7 @@ def operator_problem(name: str) -> str | None:
     return "not the function form of a tensor operator"
 
 
-def _binding_problem(fn: Any, name: str) -> str | None:
+def _binding_problem(name: str) -> str | None:
     packet = _aten_packet(name)
     if packet is not None:
         return packet_problem(packet, dispatcher_only=True)
@@ -478,10 +478,10 @@ def callable_problem(fn: Any) -> str | None:
                        types.MethodWrapperType)):
         if not str(module or "torch").startswith("torch") and not _is_tensor_member(fn):
             return "a C function outside torch"
-        return _binding_problem(fn, name)
+        return _binding_problem(name)
     target = _unwrap(fn)
     if target is not fn and isinstance(target, (types.BuiltinFunctionType, types.MethodDescriptorType)):
-        return _binding_problem(target, getattr(target, "__name__", ""))
+        return _binding_problem(getattr(target, "__name__", ""))
     if isinstance(target, types.FunctionType):
         if id(target) not in _tensor_api():
             return "a Python function outside torch's tensor API"

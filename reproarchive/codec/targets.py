@@ -16,25 +16,17 @@ import builtins
 import functools
 import math
 import operator
-import re
 import types
 from typing import Any
 
 import torch
 
 from reproarchive.codec import effects
-from reproarchive.errors import UnsafeArchiveError
-from reproarchive.format.schema import (
-    GraphRecord,
-    ModuleEntry,
-    NodeRef,
-    SubgraphEntry,
-    TensorEntry,
-    iter_arg_values,
-)
+from reproarchive.errors import Rule, UnsafeArchiveError
+from reproarchive.format.index_rules import function_name_problem, iter_arg_values, method_name_problem
+from reproarchive.format.schema import CallRoot, GraphRecord, ModuleEntry, NodeRef, SubgraphEntry, TensorEntry
 
-ROOTS = ("torch", "operator", "math", "builtins")
-_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ROOTS = tuple(root.value for root in CallRoot)
 
 
 def qualified_name(target: Any) -> str:
@@ -55,21 +47,20 @@ def qualified_name(target: Any) -> str:
     return name
 
 
-def _unsafe(name: str, why: str) -> UnsafeArchiveError:
+def _unsafe(name: str, why: str, rule: Rule = Rule.CALL_TARGET) -> UnsafeArchiveError:
     return UnsafeArchiveError(
         f"graph calls {name[:120]!r}, which is not allowed ({why})",
-        "an archive may only call tensor operations (spec 7.3); refusing to load it",
+        "an archive may only call tensor operations (spec 7.3); refusing to load it", rule=rule,
     )
 
 
 def check_function_name(name: object) -> str:
-    """The shape of a call_function target name, without resolving it: a dotted name under one
-    of the four roots, no segment after the first a dunder."""
-    if not isinstance(name, str) or len(name) > 300:
-        raise _unsafe(str(name), "not a qualified name")
+    """The shape of a call_function target name, without resolving it: a qualified name
+    (``index_rules.function_name_problem``) under one of the four roots."""
+    problem = function_name_problem(name)
+    if problem is not None:
+        raise _unsafe(str(name), problem, Rule.NODE_FUNCTION_NAME)
     parts = name.split(".")
-    if not all(_SEGMENT.match(p) for p in parts) or any(p.startswith("__") for p in parts[1:]):
-        raise _unsafe(name, "malformed or dunder name")
     if parts[0] not in ROOTS or len(parts) < 2:
         raise _unsafe(name, f"module {parts[0]!r} is not allowed")
     return name
@@ -121,10 +112,11 @@ def resolve_function(name: str) -> Any:
             raise UnsafeArchiveError(
                 f"operator {name} is not registered in this process",
                 "import the library that defines this custom op before loading (or replay where it is installed)",
+                rule=Rule.CALL_TARGET,
             ) from None
         raise UnsafeArchiveError(
             f"graph calls {name}, which does not exist in this torch {torch.__version__}",
-            "replay with the torch version recorded in the archive (see `reproarchive inspect`)",
+            "replay with the torch version recorded in the archive (see `reproarchive inspect`)", rule=Rule.CALL_TARGET,
         ) from None
 
 
@@ -140,8 +132,9 @@ def check_function_target(name: object) -> Any | None:
 
 def check_method_name(name: object) -> str:
     """call_method targets: Tensor methods and protocol dunders whose effects are allowed."""
-    if not isinstance(name, str) or not _SEGMENT.match(name):
-        raise _unsafe(str(name), "malformed method name")
+    problem = method_name_problem(name)
+    if problem is not None:
+        raise _unsafe(str(name), problem, Rule.NODE_METHOD_NAME)
     why = effects.method_problem(name)
     if why is not None:
         raise _unsafe(f"Tensor.{name}", why)
@@ -170,22 +163,22 @@ def resolve_module_class(name: object) -> type:
     """A ``torch.nn`` module class by name, whose ``forward`` passes the composite rule of
     ``codec.effects`` (it is rebuilt without running its constructor, spec §7.4)."""
     if not isinstance(name, str) or not name.startswith(MODULE_CLASS_PREFIXES):
-        raise _unsafe(str(name), "module classes must come from torch.nn")
-    parts = name.split(".")
-    if not all(_SEGMENT.match(p) and not p.startswith("__") for p in parts):
-        raise _unsafe(name, "malformed class name")
+        raise _unsafe(str(name), "module classes must come from torch.nn", Rule.STATE_MODULE)
+    if function_name_problem(name) or name.split(".")[0].startswith("__"):
+        raise _unsafe(name, "malformed class name", Rule.STATE_MODULE)
     try:
         obj = _walk(name)
     except LookupError:
-        raise UnsafeArchiveError(f"module class {name} does not exist in this torch", "replay with the recorded torch version") from None
+        raise UnsafeArchiveError(f"module class {name} does not exist in this torch", "replay with the recorded torch version",
+                                 rule=Rule.STATE_MODULE) from None
     if not (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
-        raise _unsafe(name, "not an nn.Module class")
+        raise _unsafe(name, "not an nn.Module class", Rule.STATE_MODULE)
     real = f"{obj.__module__}.{obj.__qualname__}"
     if not real.startswith(MODULE_CLASS_PREFIXES):
-        raise _unsafe(name, f"it is {real[:120]}, which is not a torch.nn module")
+        raise _unsafe(name, f"it is {real[:120]}, which is not a torch.nn module", Rule.STATE_MODULE)
     forward = getattr(obj, "forward", None)
     if isinstance(forward, types.FunctionType) and (why := effects.composite_problem(forward)) is not None:
-        raise _unsafe(name, f"its forward: {why}")
+        raise _unsafe(name, f"its forward: {why}", Rule.STATE_MODULE)
     return obj
 
 
@@ -223,7 +216,7 @@ def _flows(node, kinds: dict[str, str], *, subgraphs_ok: bool, consumer: str | N
             f"node {node.name} passes {what} {value.name!r} to {str(node.target)[:80]}, which may only take "
             f"tensors and plain values",
             "callables may only go to higher-order operators and attributes only be read from tensors; "
-            "the archive is hostile or damaged",
+            "the archive is hostile or damaged", rule=Rule.CALL_TARGET,
         )
 
 
@@ -237,6 +230,7 @@ def _receiver(node, kinds: dict[str, str]) -> None:
             f"node {node.name} reads {str(node.args[1] if node.op == 'call_function' and len(node.args) > 1 else node.target)[:60]!r} "
             f"of {first.name!r}, which is not a tensor or a plain value",
             "attributes and methods may only be used on tensors and plain values; the archive is hostile or damaged",
+            rule=Rule.CALL_TARGET,
         )
 
 

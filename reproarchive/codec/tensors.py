@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from reproarchive.errors import IndexSchemaError, PackError
-from reproarchive.format import schema
+from reproarchive.format import index_rules, schema
 from reproarchive.format.schema import ScalarValue, SequenceValue, StorageRecord, SymValue, TensorValue
 
 FIDELITY_REAL = "real"
@@ -144,7 +144,7 @@ class StorageTable:
         return self._add(storage, storage.nbytes(), str(t.device), key=storage._cdata)
 
     def add_absent(self, a: AbsentTensor, stride: tuple[int, ...]) -> int:
-        need = schema.view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
+        need = index_rules.view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
         size = need if a.storage_size is None else a.storage_size
         if size < need:
             raise PackError(f"AbsentTensor storage_size {size} is smaller than its view needs ({need})")
@@ -214,9 +214,11 @@ def storage_dtypes(tensors: Iterable[TensorValue]) -> dict[int, torch.dtype]:
     return found
 
 
-def generate_absent(storage: torch.UntypedStorage, dtype: torch.dtype, seed: int) -> None:
+def generate_absent(storage: torch.UntypedStorage, dtype: torch.dtype, seed: int, demand: Any = None) -> None:
     """Fill an absent storage with seeded data that fits its dtype (never claimed to be real):
-    normal values for floating and complex dtypes, integers in [0, 16), random bools."""
+    normal values for floating and complex dtypes, integers in [0, 16), random bools. An integer
+    storage the graph uses as an index or as offsets (``demand``, an ``input_demands.Demand``)
+    gets integers in [0, min(16, high)), or sorted offsets from 0 up to ``high``."""
     n = storage.nbytes() // max(dtype.itemsize, 1)
     if n == 0:
         return
@@ -230,26 +232,32 @@ def generate_absent(storage: torch.UntypedStorage, dtype: torch.dtype, seed: int
         if dtype.is_complex:
             values = torch.complex(values, torch.randn((n,), generator=gen, dtype=real))
     elif dtype.is_signed or dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
-        values = torch.randint(0, 16, (n,), generator=gen, dtype=torch.int64)
+        high = 16 if demand is None or demand.kind != "index" else max(1, min(16, demand.high))
+        values = torch.randint(0, high, (n,), generator=gen, dtype=torch.int64)
+        if demand is not None and demand.kind == "offsets":
+            values = torch.randint(0, demand.high + 1, (n,), generator=gen, dtype=torch.int64).sort().values
+            values[0] = 0
     else:
         return  # bit types: zeros are as good as anything
     target.copy_(values.to(dtype))
 
 
 def build_storages(records: Sequence[StorageRecord], which: Iterable[int], devices: Sequence[torch.device],
-                   dtypes: dict[int, torch.dtype], real: Callable[[int], torch.UntypedStorage]) -> list:
+                   dtypes: dict[int, torch.dtype], real: Callable[[int], torch.UntypedStorage],
+                   demands: dict[int, Any] | None = None) -> list:
     """Storages ``which`` of a storage table on their devices (the rest stay None).
 
     ``real(i)`` supplies the bytes of real storage ``i`` (from its blob, or a live tensor);
     all-zero storages are allocated here and absent ones filled by ``generate_absent`` with seed
-    ``ABSENT_SEED + i``: the storage's position, so the same archive always gets the same data.
+    ``ABSENT_SEED + i``: the storage's position, so the same archive always gets the same data,
+    and ``demands`` (``input_demands.storage_demands``): what the graph needs of storage ``i``.
     """
     out: list = [None] * len(records)
     for i in which:
         rec, dev = records[i], devices[i]
         if rec.fidelity == FIDELITY_ABSENT:
             st = torch.empty(rec.size, dtype=torch.uint8, device=dev).untyped_storage()
-            generate_absent(st, dtypes.get(i, torch.uint8), ABSENT_SEED + i)
+            generate_absent(st, dtypes.get(i, torch.uint8), ABSENT_SEED + i, (demands or {}).get(i))
         elif rec.fill == 0:
             st = torch.zeros(rec.size, dtype=torch.uint8, device=dev).untyped_storage()
         else:

@@ -180,11 +180,6 @@ _IMPORT_TIME = re.compile(
 _REDACTED = re.compile(r"^<(redacted|process-specific)>$")
 
 
-def replayable(name: str, value: str) -> bool:
-    """Whether a recorded variable may be set for a replay (``context.admission``)."""
-    return variable_problem(name, value) is None
-
-
 def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tuple[dict[str, str], list[str]]:
     """(variables to set for the replay, warnings about those that cannot take effect)."""
     to_set: dict[str, str] = {}

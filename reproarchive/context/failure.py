@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import traceback as _traceback
 
-from reproarchive.format.schema import STAGES, AccuracyReport, FailureRecord
+from reproarchive.format.schema import AccuracyReport, FailureRecord, Stage
 
 # Order matters: paths and addresses are masked before plain numbers eat their digits.
 _MASKS: list[tuple[re.Pattern[str], str]] = [
@@ -110,7 +110,7 @@ def record_from_exception(exc: BaseException, stage: str, *, backend: str | None
     after the first line, under "compiler errors:", instead of the command line and the
     thousands of warning lines that may precede them (the traceback keeps the whole output):
     ``inspect`` and ``run`` show them, and the first one is part of the signature."""
-    if stage not in STAGES:
+    if stage not in frozenset(Stage):
         raise ValueError(f"unknown failure stage {stage!r}")
     core = innermost(exc)
     exc_type = exception_type_name(core)

@@ -129,9 +129,6 @@ def _redact_value(value: Any, prefixes: Mapping[str, str]) -> Any:
 # Every record an archive gets from a capture
 # ---------------------------------------------------------------------------------------------
 
-RECORD_SECTIONS = ("config", "environment", "system", "failure", "source")
-
-
 def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``records`` (section name -> record or plain data, as ``pack`` takes them) with every
     string value redacted: this machine's directories (``machine_prefixes``), the home folder
@@ -140,7 +137,7 @@ def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | N
     Keys are left alone: they are setting and variable names, not machine facts."""
     import dataclasses
 
-    from reproarchive.format.schema import from_plain, to_plain
+    from reproarchive.format.plain import from_plain, to_plain
 
     table = {**machine_prefixes(), **(prefixes or {})}
     user = _user_name()

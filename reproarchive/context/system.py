@@ -15,7 +15,8 @@ import subprocess
 from typing import Any
 
 from reproarchive.codec.device_runtime import cuda_runtime
-from reproarchive.format.schema import SystemRecord, from_plain
+from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import SystemRecord
 
 #: Distributions whose version changes what torch.compile produces or how it runs.
 PACKAGES = (

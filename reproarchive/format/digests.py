@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 
-from reproarchive.errors import IndexSchemaError
+from reproarchive.errors import IndexSchemaError, Rule
+from reproarchive.format.schema import DigestAlgorithm
 
-DEFAULT_ALGORITHM = "sha256"
-ALGORITHMS = ("sha256", "blake3")
-HEX_LENGTH = {"sha256": 64, "blake3": 64}
+DEFAULT_ALGORITHM = DigestAlgorithm.SHA256.value
+ALGORITHMS = tuple(a.value for a in DigestAlgorithm)
 
-DIGEST_RE = re.compile(r"^(sha256|blake3):([0-9a-f]{64})$")
+DIGEST_RE = re.compile(rf"^({'|'.join(ALGORITHMS)}):([0-9a-f]{{64}})$")
 
 
 def new_hasher(algorithm: str):
@@ -49,11 +49,11 @@ def check_algorithm(algorithm: str) -> str:
 def parse(digest: object) -> tuple[str, str]:
     """Split ``algorithm:hex``; raises IndexSchemaError for anything else."""
     if not isinstance(digest, str):
-        raise IndexSchemaError(f"digest must be a string, got {type(digest).__name__}")
+        raise IndexSchemaError(f"digest must be a string, got {type(digest).__name__}", rule=Rule.DIGEST_SYNTAX)
     m = DIGEST_RE.match(digest)
     if not m:
         raise IndexSchemaError(
-            f"malformed digest {digest[:80]!r}", "expected sha256:<64 hex> or blake3:<64 hex>"
+            f"malformed digest {digest[:80]!r}", "expected sha256:<64 hex> or blake3:<64 hex>", rule=Rule.DIGEST_SYNTAX
         )
     return m.group(1), m.group(2)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 
-from reproarchive.errors import IndexSchemaError, LimitExceededError
+from reproarchive.errors import IndexSchemaError, LimitExceededError, Rule
 
 
 def canonical(obj: Any) -> Any:
@@ -63,7 +63,7 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
     budget = max_memory if max_memory is not None else 1 << 62
     while pos < n:
         if owed == 0:
-            raise IndexSchemaError(f"{n - pos} bytes of trailing data after the index")
+            raise IndexSchemaError(f"{n - pos} bytes of trailing data after the index", rule=Rule.MSGPACK_TRAILING)
         b = data[pos]
         pos += 1
         owed -= 1
@@ -94,33 +94,38 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
             pos += width
             memory += _COST_CONTAINER
         elif 0xC7 <= b <= 0xC9 or 0xD4 <= b <= 0xD8:
-            raise IndexSchemaError("index uses a msgpack extension type", "format 1 has no extension types; the archive is hostile or damaged")
+            raise IndexSchemaError("index uses a msgpack extension type",
+                                  "format 1 has no extension types; the archive is hostile or damaged",
+                                  rule=Rule.MSGPACK_EXTENSION)
         else:
-            raise IndexSchemaError(f"index holds an invalid msgpack byte {b:#x}")
+            raise IndexSchemaError(f"index holds an invalid msgpack byte {b:#x}", rule=Rule.MSGPACK_INVALID)
         if count:
             if len(stack) >= max_depth:
-                raise IndexSchemaError(f"index nests deeper than {max_depth} levels")
+                raise IndexSchemaError(f"index nests deeper than {max_depth} levels", rule=Rule.MSGPACK_DEPTH)
             if owed + count > n - pos:
                 raise IndexSchemaError(
-                    "index declares more elements than it has bytes (a msgpack bomb)", "the archive is hostile or damaged"
+                    "index declares more elements than it has bytes (a msgpack bomb)", "the archive is hostile or damaged",
+                    rule=Rule.MSGPACK_BOMB,
                 )
             stack.append(count)
             owed += count
             memory += _COST_POINTER * count
         if memory > budget:
             raise LimitExceededError(
-                f"index would take more than {budget >> 20} MiB of memory to decode", "the archive is hostile or damaged"
+                f"index would take more than {budget >> 20} MiB of memory to decode", "the archive is hostile or damaged",
+                rule=Rule.MSGPACK_MEMORY,
             )
         while stack and stack[-1] == 0:
             stack.pop()
     if owed or pos != n:
-        raise IndexSchemaError("index ends in the middle of a msgpack value")
+        raise IndexSchemaError("index ends in the middle of a msgpack value", rule=Rule.MSGPACK_INVALID)
 
 
 def decode_index(data: bytes, *, max_memory: int) -> Any:
-    """Plain data from index bytes, after the shape check; ``schema.decode_index`` types it."""
+    """Plain data from index bytes, after the shape check; ``index_rules.decode_index`` types it."""
     check_msgpack_shape(data, max_memory=max_memory)
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise IndexSchemaError(f"index is not valid msgpack: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        raise IndexSchemaError(f"index is not valid msgpack: {type(exc).__name__}: {str(exc)[:200]}",
+                               rule=Rule.MSGPACK_INVALID) from exc

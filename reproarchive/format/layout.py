@@ -2,18 +2,21 @@
 and seek-table structs, tar headers and the reader's caps.
 
 Writer and reader both take every constant from here, so the two cannot drift apart. The
-format version lives with the records it versions, in ``schema``.
+format version lives with the records it versions, in ``schema``; the layout member that
+repeats it is built here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import struct
 import tarfile
 
-from reproarchive.errors import UnsafeArchiveError
+from reproarchive.errors import Rule, UnsafeArchiveError
 from reproarchive.format.digests import ALGORITHMS
+from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, FORMAT_NAME
 
 LAYOUT_MEMBER = "reproarchive-layout"
 INDEX_MEMBER = "index.msgpack"
@@ -65,10 +68,17 @@ def check_member_name(name: object) -> str:
         raise UnsafeArchiveError(
             f"member name {str(name)[:120]!r} is not allowed",
             "member names must be relative lowercase paths like blobs/sha256/<hex>; the archive is unsafe or damaged",
+            rule=Rule.MEMBERS,
         )
     if any(seg in (".", "..") for seg in name.split("/")):
-        raise UnsafeArchiveError(f"member name {name!r} contains a '.' or '..' segment", "the archive is unsafe")
+        raise UnsafeArchiveError(f"member name {name!r} contains a '.' or '..' segment", "the archive is unsafe",
+                                 rule=Rule.MEMBERS)
     return name
+
+
+def layout_member_bytes(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
+    """The ``reproarchive-layout`` member: the version, readable by people and by ``tar``."""
+    return (json.dumps({"format": FORMAT_NAME, "version": f"{major}.{minor}"}, sort_keys=True) + "\n").encode()
 
 
 def is_blob_name(name: str) -> bool:

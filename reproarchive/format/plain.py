@@ -23,21 +23,29 @@ Field options (``dataclasses.field(metadata=...)``):
 * ``extra``: this field collects unknown keys (an open record).
 
 Tagged unions are declared with ``Tagged(key, {tag: class})``; a class's tag is its ``TAG``.
+
+Besides the converters, this module holds what ``schema`` needs to declare records without
+holding code itself (``schema_check`` refuses anything there that is not a record, an enum or a
+constant): the field helpers (``omit_none``, ``open_record``, ``informative``) and the two field
+types with codecs of their own, a symbolic dimension (``_Dim``) and a graph argument
+(``ArgCodec``, the tagged maps of spec §7.2).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import types
 import typing
 from typing import Any, Callable, Union
 
-from reproarchive.errors import SchemaViolation
+from reproarchive.errors import Rule, SchemaViolation
 
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 63) - 1
 MAX_PLAIN_DEPTH = 32
+MAX_ARG_DEPTH = 32
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -64,7 +72,7 @@ def check_plain(value: Any, depth: int = 0) -> Any:
         return bool(value)
     if isinstance(value, int):
         if not INT_MIN <= value <= INT_MAX:
-            raise SchemaViolation(f"integer {value} does not fit in 64 bits")
+            raise SchemaViolation(f"integer {value} does not fit in 64 bits", rule=Rule.INT64)
         return int(value)
     for base in (float, str, bytes):  # a subclass is stored as its builtin base
         if isinstance(value, base):
@@ -90,7 +98,7 @@ def _int(v: Any) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
         raise SchemaViolation(f"expected an integer, got {_kind(v)}")
     if not INT_MIN <= v <= INT_MAX:
-        raise SchemaViolation(f"integer {v} does not fit in 64 bits")
+        raise SchemaViolation(f"integer {v} does not fit in 64 bits", rule=Rule.INT64)
     return int(v)
 
 
@@ -143,15 +151,21 @@ def converters(tp: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
         return check_plain, check_plain
     if isinstance(tp, Tagged):
         return _tagged_decoder(tp), encode
+    if isinstance(tp, ArgCodec):
+        return tp.decode, tp.encode
     if tp in _SCALARS:
         return _SCALARS[tp], _SCALARS[tp]
+    if isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+        # a closed value set is a string on disk and in the record; its members are checked by
+        # the index rules, which name the rule of the set's own section
+        return _str, _str
     if hasattr(tp, "__plain_decode__"):
         return tp.__plain_decode__, tp.__plain_encode__
     if dataclasses.is_dataclass(tp):
         return (lambda v, tp=tp: decode(tp, v)), encode
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
-        return converters(args[1] if isinstance(args[1], Tagged) else args[0])
+        return converters(args[1] if isinstance(args[1], (Tagged, ArgCodec)) else args[0])
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         if len(inner) != 1 or len(args) != 2:
@@ -302,6 +316,141 @@ def encode(record: Any) -> Any:
             out.setdefault(k, v)
     return out
 
+
+def to_plain(record: Any) -> Any:
+    """A record as plain data (for JSON reports and child processes); the inverse is ``from_plain``."""
+    return encode(record)
+
+
+def from_plain(cls: type, raw: Any):
+    """A record from plain data, type-checked (``SchemaViolation`` on a mismatch)."""
+    return decode(cls, raw)
+
+
+# --------------------------------------------------------------------------------------------
+# declaring records (used by ``schema``)
+
+
+def omit_none(**kw):
+    """An optional field that is left out of the index when it is None."""
+    return dataclasses.field(metadata={"omit": "none", **kw}, default=None)
+
+
+def open_record(cls):
+    """A frozen record that also keeps the keys this version does not declare (in ``extra``),
+    for informative sections that newer writers may extend (spec §10: readers ignore unknown
+    keys, and rewriting an archive keeps them)."""
+    cls.__annotations__["extra"] = "dict[str, Any]"
+    cls.extra = dataclasses.field(default_factory=dict, metadata={"extra": True})
+    return dataclasses.dataclass(frozen=True)(cls)
+
+
+def informative(name: str, doc: str, module: str, /, **fields: Any) -> type:
+    """An open record whose every field is optional: None when the writer did not know it,
+    and then left out of the index. What machines report about themselves is like that."""
+    specs = [(k, tp | None, omit_none()) for k, tp in fields.items()]
+    specs.append(("extra", dict[str, Any], dataclasses.field(default_factory=dict, metadata={"extra": True})))
+    cls = dataclasses.make_dataclass(name, specs, frozen=True)
+    cls.__doc__, cls.__module__, cls.__qualname__ = doc, module, name
+    return cls
+
+
+class _Dim:
+    """Field type of a symbolic dimension, written as the pair ``[dim, symbol]``."""
+
+    @staticmethod
+    def __plain_decode__(v: Any) -> tuple[int, str]:
+        if not (isinstance(v, list) and len(v) == 2 and type(v[0]) is int and type(v[1]) is str):
+            raise SchemaViolation("expected a [dimension, symbol] pair")
+        return (v[0], v[1])
+
+    @staticmethod
+    def __plain_encode__(v: tuple[int, str]) -> list:
+        return [int(v[0]), str(v[1])]
+
+
+# --------------------------------------------------------------------------------------------
+# graph arguments (spec §7.2)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ArgCodec:
+    """Field type of one graph argument: nil, bool, int64, float, str, lists of arguments, and
+    the tagged maps ``{"k": tag, "v": ...}`` of spec §7.2, decoded into the records ``schema``
+    declares (and hands in here, so this module needs nothing from it). ``constants`` maps each
+    named-constant tag to the value set its name must be in (None: any string)."""
+
+    node: type
+    tuple: type
+    dict: type
+    slice: type
+    constant: type
+    ellipsis: type
+    complex: type
+    constants: dict[str, Any]
+
+    def decode(self, v: Any, depth: int = 0) -> Any:
+        if v is None or type(v) in (bool, float, str):
+            return v
+        if type(v) is int:
+            if not INT_MIN <= v <= INT_MAX:
+                raise SchemaViolation(f"integer {v} does not fit in 64 bits", rule=Rule.INT64)
+            return v
+        if depth >= MAX_ARG_DEPTH:
+            raise SchemaViolation(f"arguments nest deeper than {MAX_ARG_DEPTH} levels", rule=Rule.ARG_TAG)
+        if isinstance(v, list):
+            return [self._at(x, i, depth) for i, x in enumerate(v)]
+        if not isinstance(v, dict):
+            raise SchemaViolation(f"argument of msgpack type {type(v).__name__} is not allowed", rule=Rule.ARG_TAG)
+        k, x = v.get("k"), v.get("v")
+        if k == "node" and isinstance(x, str):
+            return self.node(x)
+        if k == "tuple" and isinstance(x, list):
+            return self.tuple(tuple(self._at(a, i, depth) for i, a in enumerate(x)))
+        if k == "dict" and isinstance(x, list) and all(isinstance(p, list) and len(p) == 2 for p in x):
+            return self.dict(tuple((self._at(a, i, depth), self._at(b, i, depth)) for i, (a, b) in enumerate(x)))
+        if k == "slice" and isinstance(x, list) and len(x) == 3:
+            return self.slice(*(self._at(a, i, depth) for i, a in enumerate(x)))
+        if isinstance(k, str) and k in self.constants and isinstance(x, str):
+            allowed = self.constants[k]
+            if allowed is None or x in frozenset(allowed):
+                return self.constant(k, x)
+        if k == "ellipsis":
+            return self.ellipsis()
+        if k == "complex" and isinstance(x, list) and len(x) == 2 and all(type(a) in (int, float) for a in x):
+            return self.complex(float(x[0]), float(x[1]))
+        raise SchemaViolation(f"unknown or malformed argument tag {str(k)[:40]!r}", rule=Rule.ARG_TAG)
+
+    def _at(self, v: Any, i: int, depth: int) -> Any:
+        try:
+            return self.decode(v, depth + 1)
+        except SchemaViolation as exc:
+            raise exc.at(i) from None
+
+    def encode(self, v: Any) -> Any:
+        if v is None or type(v) in (bool, float, str):
+            return v
+        if type(v) is int:
+            if not INT_MIN <= v <= INT_MAX:
+                raise SchemaViolation(f"graph constant {v} does not fit in 64 bits", rule=Rule.INT64)
+            return v
+        if isinstance(v, list):
+            return [self.encode(x) for x in v]
+        if isinstance(v, self.node):
+            return {"k": "node", "v": v.name}
+        if isinstance(v, self.tuple):
+            return {"k": "tuple", "v": [self.encode(x) for x in v.items]}
+        if isinstance(v, self.dict):
+            return {"k": "dict", "v": [[self.encode(a), self.encode(b)] for a, b in v.items]}
+        if isinstance(v, self.slice):
+            return {"k": "slice", "v": [self.encode(v.start), self.encode(v.stop), self.encode(v.step)]}
+        if isinstance(v, self.constant):
+            return {"k": str(v.kind), "v": v.name}
+        if isinstance(v, self.ellipsis):
+            return {"k": "ellipsis"}
+        if isinstance(v, self.complex):
+            return {"k": "complex", "v": [v.real, v.imag]}
+        raise SchemaViolation(f"graph argument of type {type(v).__name__} cannot be stored")
 
 
 class PlainRecord:

@@ -7,9 +7,10 @@ skippable frames at the end (our footer and a zstd seekable-format seek table) l
 find the index with one read from the end and then decompress exactly the frames of the one
 member it wants. The layer knows nothing about torch: it moves named byte strings.
 
-Every rule a reader checks is written in the spec and enforced in ``ContainerReader._check_layout``
-before any member is decompressed, so a damaged or hostile file is rejected early, with the
-work bounded by the declared (and capped) sizes.
+Every rule a reader checks is written in the spec (§5, each with its rule id, which every
+refusal names) and enforced here and in ``index_rules`` before any member is decompressed, so
+a damaged or hostile file is rejected early, with the work bounded by the declared (and
+capped) sizes.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from reproarchive.errors import (
     IndexSchemaError,
     LimitExceededError,
     NotAnArchiveError,
+    Rule,
     TruncatedArchiveError,
     UnsupportedVersionError,
 )
 from reproarchive.format.frames import read_stored_frame, stored_frame_size
+from reproarchive.format.index_rules import decode_index
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
     FOOTER_FRAME_MAGIC,
@@ -52,7 +55,7 @@ from reproarchive.format.layout import (
     compress_bound,
     tar_header,
 )
-from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, Index, decode_index
+from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, Index
 
 # --------------------------------------------------------------------------------------------
 # Reading
@@ -94,7 +97,7 @@ class ContainerReader:
         try:
             self._fd = os.open(self.path, os.O_RDONLY)
         except IsADirectoryError:
-            raise NotAnArchiveError(f"{self.path} is a directory, not an archive") from None
+            raise NotAnArchiveError(f"{self.path} is a directory, not an archive", rule=Rule.NOT_AN_ARCHIVE) from None
         try:
             self.file_size = os.fstat(self._fd).st_size
             self._frame_buffer = bytearray()
@@ -122,30 +125,32 @@ class ContainerReader:
     def _pread(self, n: int, offset: int) -> bytes:
         data = os.pread(self._fd, n, offset)
         if len(data) != n:
-            raise TruncatedArchiveError(f"file ends at {self.file_size} bytes, inside a structure it declares")
+            raise TruncatedArchiveError(f"file ends at {self.file_size} bytes, inside a structure it declares", rule=Rule.SEEK_TABLE)
         return data
 
-    def _not_ours(self, why: str):
+    def _not_ours(self, why: str, rule: Rule):
         head = os.pread(self._fd, 4, 0)
         if self.file_size == 0:
-            return NotAnArchiveError(f"{self.path} is empty", "pack the failure again; an empty file holds nothing")
+            return NotAnArchiveError(f"{self.path} is empty", "pack the failure again; an empty file holds nothing",
+                                     rule=rule)
         if len(head) == 4 and struct.unpack("<I", head)[0] == ZSTD_MAGIC:
             if self._starts_like_ours():
                 extra = self._trailing_bytes()
                 if extra:
                     return CorruptArchiveError(
                         f"{self.path} has {extra} unexpected bytes after the end of the archive",
-                        "something was appended to the file; copy or download it again",
+                        "something was appended to the file; copy or download it again", rule=rule,
                     )
                 return TruncatedArchiveError(
                     f"{self.path} is a truncated reproarchive ({self.file_size} bytes; its end with the index is missing)",
-                    "copy or download the archive again",
+                    "copy or download the archive again", rule=rule,
                 )
             return NotAnArchiveError(
                 f"{self.path} is a zstd file but not a reproarchive ({why})",
-                "extract it with `zstd -dc FILE | tar -x`, or pack the failure with `reproarchive pack`",
+                "extract it with `zstd -dc FILE | tar -x`, or pack the failure with `reproarchive pack`", rule=rule,
             )
-        return NotAnArchiveError(f"{self.path} is not a reproarchive ({why})", "check the file name; expected a .tar.zst written by reproarchive")
+        return NotAnArchiveError(f"{self.path} is not a reproarchive ({why})",
+                                 "check the file name; expected a .tar.zst written by reproarchive", rule=rule)
 
     def _starts_like_ours(self) -> bool:
         # Our first frame is exactly the layout member's tar header: a tar.zst written by tar
@@ -168,42 +173,43 @@ class ContainerReader:
     def _read_tail(self) -> None:
         size = self.file_size
         if size < FOOTER_FRAME_SIZE + SKIPPABLE_HEADER.size + SEEK_FOOTER.size:
-            raise self._not_ours(f"only {size} bytes")
+            raise self._not_ours(f"only {size} bytes", Rule.NOT_AN_ARCHIVE)
         nframes, descriptor, magic = SEEK_FOOTER.unpack(self._pread(SEEK_FOOTER.size, size - SEEK_FOOTER.size))
         if magic != SEEKABLE_MAGIC:
-            raise self._not_ours("no zstd seek table at its end")
+            raise self._not_ours("no zstd seek table at its end", Rule.NOT_AN_ARCHIVE)
         if descriptor != 0:
-            raise CorruptArchiveError(f"seek table descriptor is {descriptor:#x}, format 1 requires 0", "the archive is damaged")
+            raise CorruptArchiveError(f"seek table descriptor is {descriptor:#x}, format 1 requires 0", "the archive is damaged", rule=Rule.SEEK_TABLE)
         if nframes > self.limits.max_frames:
-            raise LimitExceededError(f"archive declares {nframes} frames, more than the limit {self.limits.max_frames}")
+            raise LimitExceededError(f"archive declares {nframes} frames, more than the limit {self.limits.max_frames}", rule=Rule.SEEK_TABLE)
         table_len = nframes * SEEK_ENTRY.size + SEEK_FOOTER.size
         table_start = size - table_len - SKIPPABLE_HEADER.size
         footer_start = table_start - FOOTER_FRAME_SIZE
         if footer_start < 0:
-            raise TruncatedArchiveError(f"seek table declares {nframes} frames but the file has only {size} bytes")
+            raise TruncatedArchiveError(f"seek table declares {nframes} frames but the file has only {size} bytes", rule=Rule.SEEK_TABLE)
         magic, length = SKIPPABLE_HEADER.unpack(self._pread(SKIPPABLE_HEADER.size, table_start))
         if magic != SEEK_TABLE_MAGIC or length != table_len:
-            raise CorruptArchiveError("seek table frame header is damaged", "the archive is damaged; copy it again")
+            raise CorruptArchiveError("seek table frame header is damaged", "the archive is damaged; copy it again", rule=Rule.SEEK_TABLE)
         raw = self._pread(nframes * SEEK_ENTRY.size, table_start + SKIPPABLE_HEADER.size)
         self.frames = list(SEEK_ENTRY.iter_unpack(raw))
         magic, length = SKIPPABLE_HEADER.unpack(self._pread(SKIPPABLE_HEADER.size, footer_start))
         if magic != FOOTER_FRAME_MAGIC or length != FOOTER_STRUCT.size:
-            raise self._not_ours("no reproarchive footer before the seek table")
+            raise self._not_ours("no reproarchive footer before the seek table", Rule.SEEK_TABLE)
         tag, major, minor, _reserved, index_frame, index_size, index_sha = FOOTER_STRUCT.unpack(
             self._pread(FOOTER_STRUCT.size, footer_start + SKIPPABLE_HEADER.size)
         )
         if tag != FOOTER_TAG:
-            raise self._not_ours("footer tag mismatch")
+            raise self._not_ours("footer tag mismatch", Rule.SEEK_TABLE)
         if major != FORMAT_MAJOR:
             if major > FORMAT_MAJOR:
                 raise UnsupportedVersionError(
                     f"this archive is format {major}.{minor}; this reproarchive reads format {FORMAT_MAJOR}.x",
-                    "this archive needs a newer reproarchive: pip install -U reproarchive",
+                    "this archive needs a newer reproarchive: pip install -U reproarchive", rule=Rule.VERSION,
                 )
-            raise UnsupportedVersionError(f"archive declares format {major}.{minor}, which never existed", "the archive is damaged")
+            raise UnsupportedVersionError(f"archive declares format {major}.{minor}, which never existed", "the archive is damaged", rule=Rule.VERSION)
         if _reserved and minor <= FORMAT_MINOR:
             raise CorruptArchiveError(
-                f"footer reserved field is {_reserved:#x}; format {major}.{minor} requires 0", "the archive is damaged or was modified"
+                f"footer reserved field is {_reserved:#x}; format {major}.{minor} requires 0", "the archive is damaged or was modified",
+                rule=Rule.VERSION,
             )
         self.version = (major, minor)
         offsets = []
@@ -215,19 +221,19 @@ class ContainerReader:
             if pos > footer_start:
                 raise CorruptArchiveError(
                     f"seek table declares {pos} bytes of frames but only {footer_start} precede the footer",
-                    "the archive is truncated or damaged",
+                    "the archive is truncated or damaged", rule=Rule.FRAME_OFFSETS,
                 )
             raise CorruptArchiveError(
                 f"{footer_start - pos} unexplained bytes between the last frame and the footer",
-                "the archive is damaged or was modified",
+                "the archive is damaged or was modified", rule=Rule.FRAME_OFFSETS,
             )
         self.frame_offsets = offsets
         if index_frame >= nframes:
-            raise CorruptArchiveError("footer points to an index frame that does not exist", "the archive is damaged")
+            raise CorruptArchiveError("footer points to an index frame that does not exist", "the archive is damaged", rule=Rule.INDEX_FRAME)
         if index_size > self.limits.max_index_bytes:
-            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit {self.limits.max_index_bytes}")
+            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit {self.limits.max_index_bytes}", rule=Rule.INDEX_FRAME)
         if self.frames[index_frame][1] != index_size:
-            raise CorruptArchiveError("footer and seek table disagree on the index size", "the archive is damaged")
+            raise CorruptArchiveError("footer and seek table disagree on the index size", "the archive is damaged", rule=Rule.INDEX_FRAME)
         self._index_frame, self._index_size, self._index_sha = index_frame, index_size, index_sha
 
     def _read_index(self) -> None:
@@ -235,7 +241,7 @@ class ContainerReader:
         self._decompress_into(self._index_frame, 1, memoryview(buf), what="the index")
         digest = hashlib.sha256(buf).digest()
         if digest != self._index_sha:
-            raise CorruptArchiveError("the index does not match the digest in the footer", "the archive is damaged; copy it again")
+            raise CorruptArchiveError("the index does not match the digest in the footer", "the archive is damaged; copy it again", rule=Rule.INDEX_FRAME)
         self.index_digest = "sha256:" + digest.hex()
         self.index: Index = decode_index(bytes(buf), self.limits, self.version)
 
@@ -254,7 +260,7 @@ class ContainerReader:
 
         def expect_frame(d: int, what: str) -> None:
             if cursor >= nframes or self.frames[cursor][1] != d:
-                raise CorruptArchiveError(f"frame {cursor} does not hold {what} as the index says", "the archive is damaged")
+                raise CorruptArchiveError(f"frame {cursor} does not hold {what} as the index says", "the archive is damaged", rule=Rule.MEMBERS)
 
         for m in (*container.members, None):
             if m is None:
@@ -263,14 +269,14 @@ class ContainerReader:
                 name, size, first, count = m.name, m.size, m.first_frame, m.frames
                 expected_count = -(-size // frame_size)
                 if count != expected_count:
-                    raise CorruptArchiveError(f"member {name!r} declares {count} frames; {size} bytes need {expected_count}")
+                    raise CorruptArchiveError(f"member {name!r} declares {count} frames; {size} bytes need {expected_count}", rule=Rule.MEMBERS)
             expect_frame(pad + len(tar_header(name, size)), f"the tar header of {name!r}")
             cursor += 1
             if first != cursor:
-                raise CorruptArchiveError(f"member {name!r} starts at frame {first}, expected {cursor}", "the archive is damaged")
+                raise CorruptArchiveError(f"member {name!r} starts at frame {first}, expected {cursor}", "the archive is damaged", rule=Rule.MEMBERS)
             if m is None:
                 if size == 0:
-                    raise CorruptArchiveError("the index is empty")
+                    raise CorruptArchiveError("the index is empty", rule=Rule.MEMBERS)
                 cursor += 1
             else:
                 left = size
@@ -280,17 +286,17 @@ class ContainerReader:
                     cursor += 1
             compressed_end = self.frame_offsets[cursor] if cursor < nframes else None
             if compressed_end is None:
-                raise CorruptArchiveError("the tar end frame is missing", "the archive is damaged")
+                raise CorruptArchiveError("the tar end frame is missing", "the archive is damaged", rule=Rule.MEMBERS)
             start = self.frame_offsets[first] if count else compressed_end
             for c, d in self.frames[first : first + count]:
                 if c < 9 or c > compress_bound(d):
-                    raise CorruptArchiveError(f"a frame of {name!r} has an impossible compressed size {c} for {d} bytes")
+                    raise CorruptArchiveError(f"a frame of {name!r} has an impossible compressed size {c} for {d} bytes", rule=Rule.FRAME_SIZES)
             if m is not None:
                 members[name] = Member(name, size, first, count, start, compressed_end - start)
             pad = (-size) % TAR_BLOCK
         expect_frame(pad + TAR_EOF, "the tar end")
         if cursor + 1 != nframes:
-            raise CorruptArchiveError(f"{nframes - cursor - 1} frames after the tar end", "the archive is damaged or was modified")
+            raise CorruptArchiveError(f"{nframes - cursor - 1} frames after the tar end", "the archive is damaged or was modified", rule=Rule.MEMBERS)
         self.frame_size = frame_size
         self.members = members
 
@@ -304,11 +310,11 @@ class ContainerReader:
         """
         if count == 0:
             if len(dest):
-                raise CorruptArchiveError(f"{what} has no data frames but declares {len(dest)} bytes")
+                raise CorruptArchiveError(f"{what} has no data frames but declares {len(dest)} bytes", rule=Rule.MEMBER_DATA)
             return
         declared = sum(d for _, d in self.frames[first : first + count])
         if declared != len(dest):
-            raise CorruptArchiveError(f"{what} declares {len(dest)} bytes but its frames hold {declared}", "the archive is damaged")
+            raise CorruptArchiveError(f"{what} declares {len(dest)} bytes but its frames hold {declared}", "the archive is damaged", rule=Rule.MEMBER_DATA)
         got = 0
         try:
             for i in range(first, first + count):
@@ -323,12 +329,12 @@ class ContainerReader:
                 while got < end:
                     n = reader.readinto(dest[got:end])
                     if not n:
-                        raise CorruptArchiveError(f"{what} decompresses to {got} bytes, fewer than the {len(dest)} declared", "the archive is damaged")
+                        raise CorruptArchiveError(f"{what} decompresses to {got} bytes, fewer than the {len(dest)} declared", "the archive is damaged", rule=Rule.MEMBER_DATA)
                     got += n
                 if reader.read(1):
-                    raise CorruptArchiveError(f"{what} decompresses to more than the {len(dest)} bytes declared", "the archive is damaged or hostile")
+                    raise CorruptArchiveError(f"{what} decompresses to more than the {len(dest)} bytes declared", "the archive is damaged or hostile", rule=Rule.MEMBER_DATA)
         except zstandard.ZstdError as exc:
-            raise CorruptArchiveError(f"{what} is damaged: zstd says {str(exc)[:160]}", "copy the archive again") from exc
+            raise CorruptArchiveError(f"{what} is damaged: zstd says {str(exc)[:160]}", "copy the archive again", rule=Rule.MEMBER_DATA) from exc
 
     def _read_frame(self, i: int) -> memoryview:
         """Frame ``i``'s compressed bytes, read into a buffer this reader reuses (valid until the next call).
@@ -343,7 +349,7 @@ class ContainerReader:
         view = memoryview(self._frame_buffer)[:c]
         n = os.preadv(self._fd, [view], self.frame_offsets[i])
         if n != c:
-            raise TruncatedArchiveError(f"file ends at {self.file_size} bytes, inside frame {i}")
+            raise TruncatedArchiveError(f"file ends at {self.file_size} bytes, inside frame {i}", rule=Rule.MEMBER_DATA)
         return view
 
     def member(self, name: str) -> Member:

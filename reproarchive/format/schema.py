@@ -1,62 +1,28 @@
-"""The index of format 1, as typed records, and the one function that reads it (spec §5.1–§8).
+"""The index of format 1 as data: typed records, the closed value sets, the limits (spec §6–§8).
 
-Everything an archive says about its content is declared here, once, as plain dataclasses:
-storages, values, graph nodes and their arguments, module state, and the record sections
-(config, environment, system, failure, source, minify). ``decode_index`` turns the index
-member's bytes into an ``Index`` and checks every rule of spec §6–§8 in the order the spec
-lists them; code that holds an ``Index`` never re-checks a field or reads a raw map.
-``encode_index`` is its mirror and runs the same checks, so a writer cannot produce an index
-this reader refuses.
+Everything an archive says about its content is declared here, once: storages, values, graph
+nodes and their arguments, module state, and the record sections (config, environment,
+system, failure, source, minify). This module holds nothing but records (frozen dataclasses),
+enums and constants; ``schema_check`` refuses anything else here, so the schema cannot grow
+logic. The rules that read and write it (``decode_index``, ``encode_index``, one checker per
+spec section, each failure tagged with its rule id) live in ``index_rules``; the converters
+between records and plain msgpack data, and the field helpers used below, in ``plain``.
 
-Only rules that are properties of the bytes live here (this layer knows nothing of torch).
-What depends on the torch doing the reading — is this call target allowed here, does this
-torch know this device type — is checked by ``reproarchive.codec`` when records become torch
-objects.
+A closed value set is a ``StrEnum``: on disk and in a decoded record it is the member's plain
+string; ``schema_check`` describes every set, so a new member needs a version bump.
 
-Versioning (spec §10), enforced by ``tests/format/test_schema_version.py`` against
-``spec/schema-<major>.<minor>.json``:
-
-* **minor** bump: a new optional field (with a default old readers never need), a new
-  optional record key or section, a new member kind that readers may ignore;
-* **major** bump: removing or renaming a field, changing a field's type or meaning, a new
-  required field, a new storage encoding, a layout change;
-* every bump regenerates ``spec/schema-*.json`` and adds golden vectors under the new version
-  next to the old ones, which must keep loading.
+Versioning (spec §10): a change here needs the version bump ``schema_check`` names (its
+docstring has the rules), a new ``spec/schema-<major>.<minor>.json`` and golden vectors next to
+the old ones, which must keep loading; ``tests/format/test_schema_version.py`` enforces it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import re
-import types
-import typing
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Union
 
-from reproarchive.errors import IndexSchemaError, LimitExceededError, SchemaViolation, UnsafeArchiveError
-from reproarchive.format import index_codec
-from reproarchive.format.digests import ALGORITHMS as DIGEST_ALGORITHMS
-from reproarchive.format.digests import DIGEST_RE
-from reproarchive.format.layout import (
-    INDEX_MEMBER,
-    LAYOUT_MEMBER,
-    MAX_FRAME_SIZE,
-    MIN_FRAME_SIZE,
-    Limits,
-    check_member_name,
-    is_blob_name,
-)
-from reproarchive.format.plain import (
-    INT_MAX,
-    INT_MIN,
-    PlainData,
-    Tagged,
-    decode,
-    decoder_for,
-    encode,
-)
+from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim, informative, omit_none, open_record
 
 FORMAT_NAME = "reproarchive"
 FORMAT_MAJOR = 1
@@ -64,26 +30,91 @@ FORMAT_MINOR = 1
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 
 
-def layout_member_bytes(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
-    """The ``reproarchive-layout`` member: the version, readable by people and by ``tar``."""
-    return (json.dumps({"format": FORMAT_NAME, "version": f"{major}.{minor}"}, sort_keys=True) + "\n").encode()
+# -- closed value sets ---------------------------------------------------------------------------
 
 
-IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]*(?::[0-9]{1,4})?$")
+class Stage(StrEnum):
+    """Where a failure happened (§8 ``failure.stage``)."""
 
-STAGES = ("compile", "forward", "backward", "accuracy", "crash", "unknown")
-FIDELITIES = ("real", "absent")
-NODE_OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
-COMPUTE_OPS = ("call_function", "call_method", "call_module")
-MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
-LAYOUTS = ("strided", "sparse_coo", "sparse_csr", "jagged")
+    (COMPILE, FORWARD, BACKWARD, ACCURACY, CRASH, UNKNOWN) = (
+        "compile", "forward", "backward", "accuracy", "crash", "unknown")
 
+
+class Fidelity(StrEnum):
+    """Whether a storage's bytes are the original data (§6.2)."""
+
+    REAL, ABSENT = "real", "absent"
+
+
+class DigestAlgorithm(StrEnum):
+    """Blob digest algorithms (§6.1)."""
+
+    SHA256, BLAKE3 = "sha256", "blake3"
+
+
+class NodeOp(StrEnum):
+    """FX node ops (§7.1)."""
+
+    (PLACEHOLDER, GET_ATTR, CALL_FUNCTION, CALL_METHOD, CALL_MODULE, OUTPUT) = (
+        "placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
+
+
+class ArgTag(StrEnum):
+    """The tags ``k`` of a tagged argument map (§7.2)."""
+
+    (NODE, TUPLE, DICT, SLICE, DTYPE, DEVICE, MEMORY_FORMAT, LAYOUT, ELLIPSIS, COMPLEX) = (
+        "node", "tuple", "dict", "slice", "dtype", "device", "memory_format", "layout", "ellipsis", "complex")
+
+
+class ConstantKind(StrEnum):
+    """The named torch constants an argument may hold (a subset of ``ArgTag``)."""
+
+    DTYPE, DEVICE, MEMORY_FORMAT, LAYOUT = "dtype", "device", "memory_format", "layout"
+
+
+class MemoryFormat(StrEnum):
+    """``torch.memory_format`` names (§7.2)."""
+
+    (CONTIGUOUS_FORMAT, CHANNELS_LAST, CHANNELS_LAST_3D, PRESERVE_FORMAT) = (
+        "contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
+
+
+class Layout(StrEnum):
+    """``torch.layout`` names (§7.2)."""
+
+    STRIDED, SPARSE_COO, SPARSE_CSR, JAGGED = "strided", "sparse_coo", "sparse_csr", "jagged"
+
+
+class TensorKind(StrEnum):
+    """Module-state entries that hold a tensor (§7.4)."""
+
+    PARAMETER, BUFFER, CONSTANT = "parameter", "buffer", "constant"
+
+
+class GraphKind(StrEnum):
+    """Which of PyTorch's graphs an archive holds (§8 ``source.kind`` / ``source.graph_kind``)."""
+
+    AFTER_DYNAMO, AFTER_AOT = "after_dynamo", "after_aot"
+
+
+class CallRoot(StrEnum):
+    """The modules a call target's name is resolved from (§7.3)."""
+
+    TORCH, OPERATOR, MATH, BUILTINS = "torch", "operator", "math", "builtins"
+
+
+# -- constants -----------------------------------------------------------------------------------
+
+#: Node ops that compute (what op counts and histograms count).
+COMPUTE_OPS = (NodeOp.CALL_FUNCTION, NodeOp.CALL_METHOD, NodeOp.CALL_MODULE)
+
+#: Limits of the format (a reader's adjustable caps are ``layout.Limits``).
 MAX_RANK = 64
 MAX_EXTENT = 1 << 62  # sizes, strides, offsets and element counts stay below this
 MAX_VALUE_DEPTH = 32
 MAX_GRAPH_DEPTH = 8
-MAX_ARG_DEPTH = 32
+MAX_TARGET_LENGTH = 300
+MAX_ATTRIBUTE_PATH_LENGTH = 500
 
 #: Every storable dtype (spec §6.3): name -> (bytes per element, class). Quantized dtypes are
 #: not storable; a name not listed here was written by a newer format minor version.
@@ -101,22 +132,12 @@ DTYPES: dict[str, tuple[int, str]] = {
     "bits4x2": (1, "bits"),
 }
 
-
-def _omit_none(**kw):
-    return field(metadata={"omit": "none", **kw}, default=None)
-
-
-def open_record(cls):
-    """A frozen record that also keeps the keys this version does not declare (in ``extra``),
-    for informative sections that newer writers may extend (spec §10: readers ignore unknown
-    keys, and rewriting an archive keeps them)."""
-    cls.__annotations__["extra"] = "dict[str, Any]"
-    cls.extra = field(default_factory=dict, metadata={"extra": True})
-    return dataclass(frozen=True)(cls)
+#: The value kinds of spec §6.3 and the Python type a scalar's value / a symbol's hint has.
+SCALAR_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "none": type(None)}
+SYMBOL_KINDS = {"symint": int, "symfloat": float, "symbool": bool}
 
 
-# --------------------------------------------------------------------------------------------
-# §5 container
+# -- §5 container --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -135,8 +156,7 @@ class ContainerRecord:
     members: tuple[MemberRecord, ...] = ()
 
 
-# --------------------------------------------------------------------------------------------
-# §6.2 storages
+# -- §6.2 storages -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -146,7 +166,7 @@ class StorageRecord:
 
     size: int
     device: str
-    fidelity: str
+    fidelity: Fidelity
     digest: str | None = None
     fill: int | None = None
 
@@ -155,22 +175,7 @@ class StorageRecord:
         return self.fidelity == "real"
 
 
-# --------------------------------------------------------------------------------------------
-# §6.3 values
-
-
-class _Dim:
-    """A symbolic dimension, written as the pair ``[dim, symbol]``."""
-
-    @staticmethod
-    def __plain_decode__(v: Any) -> tuple[int, str]:
-        if not (isinstance(v, list) and len(v) == 2 and type(v[0]) is int and type(v[1]) is str):
-            raise SchemaViolation("expected a [dimension, symbol] pair")
-        return (v[0], v[1])
-
-    @staticmethod
-    def __plain_encode__(v: tuple[int, str]) -> list:
-        return [int(v[0]), str(v[1])]
+# -- §6.3 values ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -187,23 +192,31 @@ class TensorValue:
     dynamic: tuple[_Dim, ...] = ()
     name: str | None = None
 
+    def tensors(self):
+        yield self
+
 
 @dataclass(frozen=True)
 class ScalarValue:
     """``int``, ``float``, ``bool`` or ``str`` with its ``value``, or ``none``."""
 
     kind: str
-    value: PlainData = _omit_none()
+    value: PlainData = omit_none()
+
+    def tensors(self):
+        return iter(())
 
 
 @dataclass(frozen=True)
 class SymValue:
-    """A symbolic ``symint``, ``symfloat`` or ``symbool``: its concrete ``hint`` in the recorded
-    run and its ``expr`` (``s0``)."""
+    """A symbolic ``symint``, ``symfloat`` or ``symbool``: its recorded ``hint`` and ``expr`` (``s0``)."""
 
     kind: str
     hint: PlainData
     expr: str
+
+    def tensors(self):
+        return iter(())
 
 
 @dataclass(frozen=True)
@@ -213,10 +226,11 @@ class SequenceValue:
     kind: str
     items: tuple["Value", ...]
 
+    def tensors(self):  # the tensor records inside, depth first
+        for item in self.items:
+            yield from item.tensors()
 
-#: The value kinds of spec §6.3 and the Python type a scalar's value / a symbol's hint has.
-SCALAR_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "none": type(None)}
-SYMBOL_KINDS = {"symint": int, "symfloat": float, "symbool": bool}
+
 Value = Annotated[
     Union[TensorValue, ScalarValue, SymValue, SequenceValue],
     Tagged("kind", {"tensor": TensorValue, "tuple": SequenceValue, "list": SequenceValue,
@@ -224,17 +238,7 @@ Value = Annotated[
 ]
 
 
-def iter_tensors(value: Any):
-    """The tensor records inside a value record, depth first."""
-    if isinstance(value, TensorValue):
-        yield value
-    elif isinstance(value, SequenceValue):
-        for item in value.items:
-            yield from iter_tensors(item)
-
-
-# --------------------------------------------------------------------------------------------
-# §7.2 graph arguments
+# -- §7.2 graph arguments ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,7 @@ class SliceArg:
 class ConstantArg:
     """A named torch constant: ``kind`` is ``dtype``, ``device``, ``memory_format`` or ``layout``."""
 
-    kind: str
+    kind: ConstantKind
     name: str
 
 
@@ -278,117 +282,24 @@ class ComplexArg:
     imag: float
 
 
-ARG_TYPES = (NodeRef, TupleArg, DictArg, SliceArg, ConstantArg, EllipsisArg, ComplexArg)
+#: One graph argument: nil, bool, int64, float, str, a list of arguments, or one of the records above.
+Arg = Annotated[Any, ArgCodec(node=NodeRef, tuple=TupleArg, dict=DictArg, slice=SliceArg, constant=ConstantArg,
+                              ellipsis=EllipsisArg, complex=ComplexArg,
+                              constants={ConstantKind.DTYPE: None, ConstantKind.DEVICE: None,
+                                         ConstantKind.MEMORY_FORMAT: MemoryFormat, ConstantKind.LAYOUT: Layout})]
 
 
-def _decode_arg(v: Any, depth: int = 0) -> Any:
-    if v is None or type(v) in (bool, float, str):
-        return v
-    if type(v) is int:
-        if not INT_MIN <= v <= INT_MAX:
-            raise SchemaViolation(f"integer {v} does not fit in 64 bits")
-        return v
-    if depth >= MAX_ARG_DEPTH:
-        raise SchemaViolation(f"arguments nest deeper than {MAX_ARG_DEPTH} levels")
-    if isinstance(v, list):
-        return [_decode_arg_at(x, i, depth) for i, x in enumerate(v)]
-    if not isinstance(v, dict):
-        raise SchemaViolation(f"argument of msgpack type {type(v).__name__} is not allowed")
-    k, x = v.get("k"), v.get("v")
-    if k == "node" and isinstance(x, str):
-        return NodeRef(x)
-    if k == "tuple" and isinstance(x, list):
-        return TupleArg(tuple(_decode_arg_at(a, i, depth) for i, a in enumerate(x)))
-    if k == "dict" and isinstance(x, list) and all(isinstance(p, list) and len(p) == 2 for p in x):
-        return DictArg(tuple((_decode_arg_at(a, i, depth), _decode_arg_at(b, i, depth)) for i, (a, b) in enumerate(x)))
-    if k == "slice" and isinstance(x, list) and len(x) == 3:
-        return SliceArg(*(_decode_arg_at(a, i, depth) for i, a in enumerate(x)))
-    if k in ("dtype", "device") and isinstance(x, str) or k == "memory_format" and x in MEMORY_FORMATS \
-            or k == "layout" and x in LAYOUTS:
-        return ConstantArg(k, x)
-    if k == "ellipsis":
-        return EllipsisArg()
-    if k == "complex" and isinstance(x, list) and len(x) == 2 and all(type(a) in (int, float) for a in x):
-        return ComplexArg(float(x[0]), float(x[1]))
-    raise SchemaViolation(f"unknown or malformed argument tag {str(k)[:40]!r}")
-
-
-def _decode_arg_at(v: Any, i: int, depth: int) -> Any:
-    try:
-        return _decode_arg(v, depth + 1)
-    except SchemaViolation as exc:
-        raise exc.at(i) from None
-
-
-def _encode_arg(v: Any) -> Any:
-    if v is None or type(v) in (bool, float, str):
-        return v
-    if type(v) is int:
-        if not INT_MIN <= v <= INT_MAX:
-            raise SchemaViolation(f"graph constant {v} does not fit in 64 bits")
-        return v
-    if isinstance(v, list):
-        return [_encode_arg(x) for x in v]
-    if isinstance(v, NodeRef):
-        return {"k": "node", "v": v.name}
-    if isinstance(v, TupleArg):
-        return {"k": "tuple", "v": [_encode_arg(x) for x in v.items]}
-    if isinstance(v, DictArg):
-        return {"k": "dict", "v": [[_encode_arg(a), _encode_arg(b)] for a, b in v.items]}
-    if isinstance(v, SliceArg):
-        return {"k": "slice", "v": [_encode_arg(v.start), _encode_arg(v.stop), _encode_arg(v.step)]}
-    if isinstance(v, ConstantArg):
-        return {"k": v.kind, "v": v.name}
-    if isinstance(v, EllipsisArg):
-        return {"k": "ellipsis"}
-    if isinstance(v, ComplexArg):
-        return {"k": "complex", "v": [v.real, v.imag]}
-    raise SchemaViolation(f"graph argument of type {type(v).__name__} cannot be stored")
-
-
-class Arg:
-    """Field type marker for one graph argument (nil, scalars, lists and the tagged maps of §7.2)."""
-
-    __plain_decode__ = staticmethod(_decode_arg)
-    __plain_encode__ = staticmethod(_encode_arg)
-
-
-def iter_arg_values(value: Any):
-    """Every argument value inside an argument (itself included), depth first."""
-    yield value
-    if isinstance(value, (list, tuple)):
-        inner = value
-    elif isinstance(value, TupleArg):
-        inner = value.items
-    elif isinstance(value, DictArg):
-        inner = [x for pair in value.items for x in pair]
-    elif isinstance(value, SliceArg):
-        inner = (value.start, value.stop, value.step)
-    else:
-        return
-    for x in inner:
-        yield from iter_arg_values(x)
-
-
-def iter_arg_refs(value: Any):
-    """Names of the nodes an argument refers to."""
-    for v in iter_arg_values(value):
-        if isinstance(v, NodeRef):
-            yield v.name
-
-
-# --------------------------------------------------------------------------------------------
-# §7 graph
+# -- §7 graph ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class NodeRecord:
-    op: str
+    op: NodeOp
     name: str
     target: str
     args: tuple[Arg, ...] = ()
     kwargs: dict[str, Arg] = field(default_factory=dict)
-    meta: PlainData | None = _omit_none()
+    meta: PlainData | None = omit_none()
 
 
 @dataclass(frozen=True)
@@ -396,10 +307,10 @@ class TensorEntry:
     """A tensor attribute: a ``parameter`` (its requires_grad is the tensor's), a ``buffer``
     (``persistent`` or not) or a plain ``constant``."""
 
-    kind: str
+    kind: TensorKind
     path: str
     tensor: TensorValue
-    persistent: bool | None = _omit_none()
+    persistent: bool | None = omit_none()
 
 
 @dataclass(frozen=True)
@@ -420,10 +331,9 @@ class ModuleEntry:
     attributes: dict[str, Arg] = field(default_factory=dict)
 
 
-TENSOR_KINDS = ("parameter", "buffer", "constant")
 StateEntry = Annotated[
     Union[TensorEntry, SubgraphEntry, ModuleEntry],
-    Tagged("kind", {**{k: TensorEntry for k in TENSOR_KINDS}, "graph": SubgraphEntry, "module": ModuleEntry}),
+    Tagged("kind", {**{k.value: TensorEntry for k in TensorKind}, "graph": SubgraphEntry, "module": ModuleEntry}),
 ]
 
 
@@ -448,15 +358,22 @@ class GraphRecord:
     def op_count(self) -> int:
         return sum(1 for n in self.nodes if n.op in COMPUTE_OPS)
 
+    def tensors(self):
+        """The tensor records of module state, subgraphs included."""
+        for entry in self.module_state:
+            if isinstance(entry, TensorEntry):
+                yield entry.tensor
+            elif isinstance(entry, SubgraphEntry):
+                yield from entry.graph.tensors()
 
-# --------------------------------------------------------------------------------------------
-# §8 records
+
+# -- §8 records ----------------------------------------------------------------------------------
 
 
 @open_record
 class CreatedBy:
-    reproarchive: str | None = _omit_none()
-    torch: str | None = _omit_none()
+    reproarchive: str | None = omit_none()
+    torch: str | None = omit_none()
 
 
 @dataclass(frozen=True)
@@ -500,30 +417,20 @@ class EnvironmentRecord:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-def informative(name: str, doc: str, /, **fields: Any) -> type:
-    """An open record whose every field is optional: None when the writer did not know it,
-    and then left out of the index. What machines report about themselves is like that."""
-    specs = [(k, tp | None, _omit_none()) for k, tp in fields.items()]
-    specs.append(("extra", dict[str, Any], field(default_factory=dict, metadata={"extra": True})))
-    cls = dataclasses.make_dataclass(name, specs, frozen=True)
-    cls.__doc__, cls.__module__, cls.__qualname__ = doc, __name__, name
-    return cls
-
-
-TorchInfo = informative("TorchInfo", "The torch build.", version=str, git_version=str, debug=bool, cuda=str,
+TorchInfo = informative("TorchInfo", "The torch build.", __name__, version=str, git_version=str, debug=bool, cuda=str,
                         hip=str, xpu=str, num_threads=int)
-PythonInfo = informative("PythonInfo", "The Python running torch.", version=str, implementation=str)
-OsInfo = informative("OsInfo", "The operating system.", system=str, release=str, platform=str, libc=str)
-CpuInfo = informative("CpuInfo", "The CPU, and the vector ISA torch dispatches to.", model=str, machine=str,
+PythonInfo = informative("PythonInfo", "The Python running torch.", __name__, version=str, implementation=str)
+OsInfo = informative("OsInfo", "The operating system.", __name__, system=str, release=str, platform=str, libc=str)
+CpuInfo = informative("CpuInfo", "The CPU, and the vector ISA torch dispatches to.", __name__, model=str, machine=str,
                       count=int, usable=int, flags=tuple[str, ...], capability=str)
-GpuInfo = informative("GpuInfo", "One GPU.", index=int, name=str, capability=str, total_memory=int,
+GpuInfo = informative("GpuInfo", "One GPU.", __name__, index=int, name=str, capability=str, total_memory=int,
                       multi_processor_count=int, arch=str, error=str)
-CudaInfo = informative("CudaInfo", "CUDA (or HIP) as torch sees it.", available=bool, version=str, cudnn=int,
+CudaInfo = informative("CudaInfo", "CUDA (or HIP) as torch sees it.", __name__, available=bool, version=str, cudnn=int,
                        reason=str, driver_version=str, device_count=int, devices=tuple[GpuInfo, ...],
                        arch_list=tuple[str, ...])
-CompilerInfo = informative("CompilerInfo", "The C++ compiler inductor's CPU backend calls.", command=str, version=str)
+CompilerInfo = informative("CompilerInfo", "The C++ compiler inductor's CPU backend calls.", __name__, command=str, version=str)
 SystemRecord = informative(
-    "SystemRecord", "Versions and hardware that take part in compiling and running the graph.",
+    "SystemRecord", "Versions and hardware that take part in compiling and running the graph.", __name__,
     torch=TorchInfo, python=PythonInfo, os=OsInfo, cpu=CpuInfo, cuda=CudaInfo, hip=dict[str, PlainData], nvcc=str,
     cxx=CompilerInfo, packages=dict[str, str | None], partial=bool,
 )
@@ -533,20 +440,20 @@ SystemRecord = informative(
 class AccuracyOutput:
     """How one output (or input gradient) compared: the figures behind a pass or fail."""
 
-    index: int | None = _omit_none()
-    name: str | None = _omit_none()
+    index: int | None = omit_none()
+    name: str | None = omit_none()
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
-    numel: int | None = _omit_none()
-    max_abs_error: float | None = _omit_none()
-    max_rel_error: float | None = _omit_none()
-    mismatched_elements: int | None = _omit_none()
-    worst_index: tuple[int, ...] | None = _omit_none()
-    rmse_vs_fp64_eager: float | None = _omit_none()
-    rmse_vs_fp64_compiled: float | None = _omit_none()
+    numel: int | None = omit_none()
+    max_abs_error: float | None = omit_none()
+    max_rel_error: float | None = omit_none()
+    mismatched_elements: int | None = omit_none()
+    worst_index: tuple[int, ...] | None = omit_none()
+    rmse_vs_fp64_eager: float | None = omit_none()
+    rmse_vs_fp64_compiled: float | None = omit_none()
     passed: bool = False
     rule: str | None = None
-    reason: str | None = _omit_none()
+    reason: str | None = omit_none()
 
 
 @open_record
@@ -555,15 +462,15 @@ class AccuracyReport:
     tolerance: float
     outputs: tuple[AccuracyOutput, ...] = ()
     summary: str = ""
-    fp64_reference: str | None = _omit_none()
-    fwd_only: bool | None = _omit_none()
+    fp64_reference: str | None = omit_none()
+    fwd_only: bool | None = omit_none()
 
 
 @open_record
 class FailureRecord:
     """What failed and how; ``signature`` decides "is this the same failure?" (spec §8)."""
 
-    stage: str
+    stage: Stage
     exception_type: str = ""
     message: str = ""
     traceback: str = ""
@@ -579,8 +486,8 @@ class SourceRecord:
     ``graph_kind`` (1.1) says which of PyTorch's graphs it holds when ``kind`` does not; the rest
     is informative and depends on the kind."""
 
-    kind: str | None = _omit_none()
-    graph_kind: str | None = _omit_none()
+    kind: str | None = omit_none()
+    graph_kind: str | None = omit_none()
 
 
 @open_record
@@ -613,11 +520,11 @@ class InputProvenance:
     data the parent did not have. ``real`` sums these up: the values are (a block of) the
     original data. It defaults to False, so a writer that did not say is never read as real."""
 
-    origin: str | None = _omit_none()
+    origin: str | None = omit_none()
     depends_on: tuple[int, ...] = ()
     values: str = "recorded"
-    shape: ShapeChange | None = _omit_none()
-    dtype: DtypeChange | None = _omit_none()
+    shape: ShapeChange | None = omit_none()
+    dtype: DtypeChange | None = omit_none()
     from_absent: bool = False
     real: bool = False
 
@@ -625,7 +532,7 @@ class InputProvenance:
 MinifyRecord = informative(
     "MinifyRecord",
     "Provenance of a minified archive: what the minifier did, and where each input came from "
-    "(``input:<i>`` an input of the parent, ``node:<name>`` a value the parent's graph computed).",
+    "(``input:<i>`` an input of the parent, ``node:<name>`` a value the parent's graph computed).", __name__,
     calls=int, cache_hits=int, accepted=int, oracle_errors=int, initial_ops=int, final_ops=int, initial_nodes=int,
     final_nodes=int, initial_inputs=int, final_inputs=int, rounds=int, elapsed_s=float, stop_reason=str,
     passes=dict[str, PassRecord], wall_s=float, isolate=bool, input_origins=tuple[str, ...],
@@ -634,8 +541,7 @@ MinifyRecord = informative(
 )
 
 
-# --------------------------------------------------------------------------------------------
-# the index
+# -- the index -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -643,7 +549,7 @@ class Index:
     """The whole index member (spec §6); section order is the order ``decode_index`` checks."""
 
     container: ContainerRecord
-    digest_algorithm: str
+    digest_algorithm: DigestAlgorithm
     storages: tuple[StorageRecord, ...]
     inputs: tuple[Value, ...]
     graph: GraphRecord
@@ -663,9 +569,8 @@ class Index:
 
     @property
     def graph_kind(self) -> str | None:
-        """Which of PyTorch's graphs the archive holds, ``after_dynamo`` or ``after_aot`` (it
-        decides how Inductor replays it): a dump import says so in ``source.kind``, a trace
-        import (kind ``torch_trace``) in ``source.graph_kind``."""
+        """Which ``GraphKind`` the archive holds (it decides how Inductor replays it): a dump
+        import says so in ``source.kind``, a trace import in ``source.graph_kind``."""
         if self.source is None:
             return None
         return self.source.graph_kind or self.source.kind
@@ -673,8 +578,8 @@ class Index:
     def tensor_records(self):
         """Every tensor record: inputs first, then module state (the order storages are numbered)."""
         for value in self.inputs:
-            yield from iter_tensors(value)
-        yield from _graph_tensors(self.graph)
+            yield from value.tensors()
+        yield from self.graph.tensors()
 
     def storage_of(self, value: Any) -> StorageRecord:
         return self.storages[value.storage]
@@ -692,346 +597,3 @@ class Index:
             what = "computed from generated data" if p.from_absent else (p.values or "not recorded")
             out[i] = what
         return out
-
-
-def _graph_tensors(graph: GraphRecord):
-    for entry in graph.module_state:
-        if isinstance(entry, TensorEntry):
-            yield entry.tensor
-        elif isinstance(entry, SubgraphEntry):
-            yield from _graph_tensors(entry.graph)
-
-
-# --------------------------------------------------------------------------------------------
-# reading and writing
-
-
-def decode_index(data: bytes, limits: Limits, version: tuple[int, int]) -> Index:
-    """Index member bytes -> a checked ``Index``, rules in the order of spec §5.1–§8.
-
-    ``version`` is the footer's (major, minor); the index must agree with it. Raises
-    ``IndexSchemaError`` (or ``LimitExceededError``) naming the first rule that fails.
-    """
-    raw = index_codec.decode_index(data, max_memory=limits.max_index_memory)
-    try:
-        return _checked(raw, limits, version)
-    except SchemaViolation as exc:
-        raise IndexSchemaError(f"index field {exc.where} is invalid: {exc.problem}",
-                               "the archive is damaged or was written by a broken tool") from None
-
-
-def encode_index(index: Index, limits: Limits = Limits()) -> bytes:
-    """The mirror of ``decode_index``: the same rules, then canonical msgpack (spec §5.1).
-    Raises ``SchemaViolation``; ``pack`` reports it as a ``PackError``."""
-    raw = encode(index)
-    _checked(raw, limits, _parse_version(index.version))
-    return index_codec.encode_index(raw)
-
-
-def to_plain(record: Any) -> Any:
-    """A record as plain data (for JSON reports); the inverse is ``from_plain``."""
-    return encode(record)
-
-
-def from_plain(cls: type, raw: Any):
-    """A record from plain data, type-checked (``SchemaViolation`` on a mismatch)."""
-    return decode(cls, raw)
-
-
-def _parse_version(text: str) -> tuple[int, int]:
-    major, _, minor = text.partition(".")
-    return int(major), int(minor)
-
-
-def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
-    if not isinstance(raw, dict):
-        raise SchemaViolation("the index is not a map")
-    # §6: format and version
-    if raw.get("format") != FORMAT_NAME:
-        raise SchemaViolation(f"names format {str(raw.get('format'))[:40]!r}, expected {FORMAT_NAME!r}").at("format")
-    if raw.get("version") != f"{version[0]}.{version[1]}":
-        raise SchemaViolation("disagrees with the footer's format version").at("version")
-    # §5 rule 7: the member list (counts first, before anything is walked)
-    container = _section(raw, "container", ContainerRecord)
-    if len(container.members) > caps.max_members:
-        raise LimitExceededError(f"archive declares {len(container.members)} members, more than the limit {caps.max_members}")
-    _check_container(container, caps)
-    # §6.1 digests
-    algorithm = raw.get("digest_algorithm")
-    if algorithm not in DIGEST_ALGORITHMS:
-        raise SchemaViolation(f"unknown digest algorithm {str(algorithm)[:20]!r}").at("digest_algorithm")
-    # §6.2 storages
-    storages = _section(raw, "storages", tuple[StorageRecord, ...])
-    if len(storages) > caps.max_members:
-        raise LimitExceededError(f"index declares {len(storages)} storages, more than the limit {caps.max_members}")
-    _check_storages(storages, container, caps)
-    # §6.3 inputs
-    inputs = _section(raw, "inputs", tuple[Value, ...])
-    if len(inputs) > caps.max_members:
-        raise LimitExceededError(f"index declares {len(inputs)} inputs, more than the limit {caps.max_members}")
-    for i, value in enumerate(inputs):
-        _check_value(value, storages, ("inputs", i), 0)
-    # §7 graph (the node count first, before anything is decoded)
-    nodes = _raw_node_count(raw.get("graph"), 0)
-    if nodes > caps.max_nodes:
-        raise LimitExceededError(f"the graph has {nodes} nodes, more than the limit {caps.max_nodes}")
-    graph = _section(raw, "graph", GraphRecord)
-    _check_graph(graph, storages, ("graph",), 0)
-    placeholders = sum(1 for n in graph.nodes if n.op == "placeholder")
-    if placeholders != len(inputs):
-        raise SchemaViolation(f"the graph has {placeholders} placeholders but the index stores {len(inputs)} inputs").at("inputs")
-    # §8 records
-    kwargs: dict[str, Any] = {}
-    for key, cls in (("backend", str), ("accuracy", bool), ("parent", str), ("created_by", CreatedBy),
-                     ("config", ConfigRecord), ("environment", EnvironmentRecord), ("system", SystemRecord),
-                     ("failure", FailureRecord), ("source", SourceRecord), ("minify", MinifyRecord),
-                     ("metadata", dict[str, PlainData])):
-        kwargs[key] = _section(raw, key, cls | None)
-    if kwargs["parent"] is not None and not DIGEST_RE.match(kwargs["parent"]):
-        raise SchemaViolation("is not <algorithm>:<hex digest>").at("parent")
-    if kwargs["failure"] is not None:
-        _check_failure(kwargs["failure"])
-    return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
-                 format=FORMAT_NAME, version=raw["version"], **kwargs)
-
-
-def _raw_node_count(graph: Any, depth: int) -> int:
-    """Nodes of a graph and its subgraphs as the msgpack decoded them, before any checking
-    (a malformed graph counts what it can; the schema names its defect afterwards)."""
-    if not isinstance(graph, dict) or depth > MAX_GRAPH_DEPTH:
-        return 0
-    nodes = graph.get("nodes")
-    count = len(nodes) if isinstance(nodes, list) else 0
-    state = graph.get("module_state")
-    for entry in state if isinstance(state, list) else ():
-        if isinstance(entry, dict) and entry.get("kind") == "graph":
-            count += _raw_node_count(entry.get("graph"), depth + 1)
-    return count
-
-
-def _section(raw: dict, key: str, tp: Any):
-    if key not in raw:
-        if _allows_none(tp):
-            return None
-        raise SchemaViolation("is missing").at(key)
-    try:
-        return decoder_for(tp)(raw[key])
-    except SchemaViolation as exc:
-        raise exc.at(key) from None
-
-
-def _allows_none(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
-
-
-# -- §5 rule 7 -----------------------------------------------------------------------------------
-
-def _check_container(container: ContainerRecord, caps: Limits) -> None:
-    if not MIN_FRAME_SIZE <= container.frame_size <= MAX_FRAME_SIZE:
-        raise SchemaViolation(f"{container.frame_size} is outside [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE}]").at("frame_size").at("container")
-    if not container.members:
-        raise SchemaViolation("must list at least the layout member").at("members").at("container")
-    seen: set[str] = set()
-    total = 0
-    for i, m in enumerate(container.members):
-        check_member_name(m.name)
-        if m.name in seen or m.name == INDEX_MEMBER:
-            raise UnsafeArchiveError(f"member {m.name!r} appears twice", "the archive is unsafe or damaged")
-        seen.add(m.name)
-        for key in ("size", "first_frame", "frames"):
-            if getattr(m, key) < 0:
-                raise SchemaViolation(f"member {m.name!r} has a negative {key}").at(i).at("members").at("container")
-        if m.name.startswith("blobs/") and not is_blob_name(m.name):
-            raise SchemaViolation(f"member {m.name!r} is under blobs/ but is not named <algorithm>/<hex digest>").at("container")
-        total += m.size
-        if total > caps.max_total_bytes:
-            raise LimitExceededError(f"members declare more than {caps.max_total_bytes} bytes in total")
-    if container.members[0].name != LAYOUT_MEMBER:
-        raise SchemaViolation(f"the first member is {container.members[0].name!r}, not {LAYOUT_MEMBER!r}").at("container")
-
-
-# -- §6.2 ------------------------------------------------------------------------------------------
-
-
-def _check_storages(storages: tuple[StorageRecord, ...], container: ContainerRecord, caps: Limits) -> None:
-    sizes = {m.name: m.size for m in container.members}
-    declared = 0
-    for i, st in enumerate(storages):
-        try:
-            if not 0 <= st.size < MAX_EXTENT:
-                raise SchemaViolation(f"size {st.size} is negative or impossibly large")
-            if not DEVICE_RE.match(st.device):
-                raise SchemaViolation(f"{st.device[:40]!r} is not a device name")
-            if st.fidelity == "real":
-                if (st.digest is None) == (st.fill is None):
-                    raise SchemaViolation("a real storage has exactly one of digest or fill")
-                if st.fill is not None and st.fill != 0:
-                    raise SchemaViolation("fill must be 0")
-            elif st.fidelity == "absent":
-                if st.digest is not None or st.fill is not None:
-                    raise SchemaViolation("an absent storage has neither digest nor fill")
-            else:
-                raise SchemaViolation(f"fidelity must be 'real' or 'absent', not {st.fidelity[:20]!r}")
-            if st.digest is not None:
-                m = DIGEST_RE.match(st.digest)
-                if not m:
-                    raise SchemaViolation(f"malformed digest {st.digest[:80]!r}")
-                name = f"blobs/{m.group(1)}/{m.group(2)}"
-                if name not in sizes:
-                    raise SchemaViolation(f"refers to blob {name}, which the archive does not hold")
-                if sizes[name] != st.size:
-                    raise SchemaViolation(f"declares {st.size} bytes but blob {name} has {sizes[name]}")
-        except SchemaViolation as exc:
-            raise exc.at(i).at("storages") from None
-        declared += st.size
-        if declared > caps.max_total_bytes:
-            raise LimitExceededError(f"storages declare more than {caps.max_total_bytes} bytes in total",
-                                     "the archive is hostile or damaged")
-
-
-# -- §6.3 ------------------------------------------------------------------------------------------
-
-
-def view_extent(shape, stride, offset: int) -> int:
-    """Elements of storage a view touches (0 for an empty view)."""
-    if any(s == 0 for s in shape):
-        return 0
-    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
-
-
-def _check_value(value: Any, storages, path: tuple, depth: int) -> None:
-    if depth > MAX_VALUE_DEPTH:
-        raise SchemaViolation(f"values nest deeper than {MAX_VALUE_DEPTH}", path)
-    if isinstance(value, TensorValue):
-        _check_tensor(value, storages, path)
-    elif isinstance(value, ScalarValue):
-        _check_kind(value.value, SCALAR_KINDS[value.kind], (*path, "value"))
-    elif isinstance(value, SymValue):
-        _check_kind(value.hint, SYMBOL_KINDS[value.kind], (*path, "hint"))
-    elif isinstance(value, SequenceValue):
-        for j, item in enumerate(value.items):
-            _check_value(item, storages, (*path, j), depth + 1)
-
-
-def _check_kind(value: Any, expected: type, path: tuple) -> None:
-    """A scalar of the kind its record says (an int stands for a float; a bool never for an int)."""
-    ok = type(value) is expected or expected is float and type(value) is int
-    if not ok:
-        raise SchemaViolation(f"expected {expected.__name__ if expected is not type(None) else 'nil'}, "
-                              f"got {type(value).__name__}", path)
-
-
-def _check_tensor(t: TensorValue, storages, path: tuple) -> None:
-    def bad(problem: str):
-        return SchemaViolation(problem, path)
-
-    if not 0 <= t.storage < len(storages):
-        raise bad(f"storage {t.storage} does not exist")
-    info = DTYPES.get(t.dtype)
-    if info is None:
-        raise bad(f"unknown dtype {t.dtype[:40]!r} (written by a newer reproarchive or torch?)")
-    itemsize, klass = info
-    if len(t.shape) != len(t.stride) or len(t.shape) > MAX_RANK:
-        raise bad(f"shape and stride must have the same rank (at most {MAX_RANK})")
-    if any(not 0 <= v < MAX_EXTENT for v in t.shape + t.stride) or not 0 <= t.offset < MAX_EXTENT:
-        raise bad("sizes, strides and the offset must be non-negative and below 2^62")
-    if math.prod(t.shape) >= MAX_EXTENT:
-        raise bad("the view has more elements than a tensor can index")
-    need = view_extent(t.shape, t.stride, t.offset) * itemsize
-    if need > storages[t.storage].size:
-        raise bad(f"the view needs {need} bytes but its storage has {storages[t.storage].size}")
-    if not t.is_leaf and not t.requires_grad:
-        raise bad("a non-leaf tensor must require grad")
-    if t.requires_grad and klass not in ("float", "complex"):
-        raise bad("only floating and complex tensors can require grad")
-    if not all(0 <= d < len(t.shape) for d, _ in t.dynamic):
-        raise bad("a dynamic dimension is out of range")
-
-
-# -- §7 --------------------------------------------------------------------------------------------
-
-_QUALIFIED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-def check_attribute_path(path: Any) -> str:
-    """get_attr / call_module targets and module-state paths: dotted identifiers, no dunders."""
-    ok = isinstance(path, str) and 0 < len(path) <= 500 and all(
-        (p.isdigit() or IDENTIFIER_RE.match(p)) and not p.startswith("__") for p in path.split("."))
-    if not ok:
-        raise UnsafeArchiveError(f"attribute path {str(path)[:120]!r} is malformed",
-                                 "the archive is hostile or damaged; refusing to build its graph")
-    return path
-
-
-def _check_graph(graph: GraphRecord, storages, path: tuple, depth: int) -> None:
-    if depth > MAX_GRAPH_DEPTH:
-        raise SchemaViolation(f"subgraphs nest deeper than {MAX_GRAPH_DEPTH}", path)
-    state_paths = set()
-    for j, entry in enumerate(graph.module_state):
-        check_attribute_path(entry.path)
-        if entry.path in state_paths:
-            raise SchemaViolation(f"module_state path {entry.path!r} appears twice", (*path, "module_state", j))
-        state_paths.add(entry.path)
-        if isinstance(entry, TensorEntry):
-            _check_tensor(entry.tensor, storages, (*path, "module_state", j, "tensor"))
-        elif isinstance(entry, SubgraphEntry):
-            _check_graph(entry.graph, storages, (*path, "module_state", j, "graph"), depth + 1)
-        elif isinstance(entry, ModuleEntry):
-            for key in entry.attributes:
-                if key.startswith("__"):
-                    raise SchemaViolation(f"module {entry.path!r} has a forbidden attribute {key[:40]!r}",
-                                          (*path, "module_state", j))
-    defined: set[str] = set()
-    outputs = 0
-    for i, node in enumerate(graph.nodes):
-        where = (*path, "nodes", i)
-        if node.op not in NODE_OPS:
-            raise SchemaViolation(f"op {node.op[:30]!r} is not an FX op", where)
-        if not IDENTIFIER_RE.match(node.name):
-            raise SchemaViolation(f"node name {node.name[:60]!r} is not an identifier", where)
-        if node.name in defined:
-            raise SchemaViolation(f"node name {node.name!r} appears twice", where)
-        for key in node.kwargs:
-            if not IDENTIFIER_RE.match(key):
-                # FX pastes keyword names into the code it generates and execs
-                raise UnsafeArchiveError(f"keyword argument name {key[:80]!r} is not an identifier",
-                                         "the archive is hostile or damaged; refusing to build its graph")
-        for ref in iter_arg_refs(node.args):
-            if ref not in defined:
-                raise SchemaViolation(f"argument refers to node {ref[:60]!r}, which is not defined before it", where)
-        for ref in iter_arg_refs(list(node.kwargs.values())):
-            if ref not in defined:
-                raise SchemaViolation(f"argument refers to node {ref[:60]!r}, which is not defined before it", where)
-        target = node.target
-        if node.op == "placeholder":
-            if not IDENTIFIER_RE.match(target.removeprefix("**").removeprefix("*")):
-                # pasted into the generated ``def forward(...)`` line
-                raise UnsafeArchiveError(f"placeholder target {target[:80]!r} is not a parameter name",
-                                         "the archive is hostile or damaged; refusing to build its graph")
-        elif node.op == "call_function":
-            if len(target) > 300 or not _QUALIFIED_RE.match(target) or any(
-                    p.startswith("__") for p in target.split(".")[1:]):
-                raise UnsafeArchiveError(f"graph calls {target[:120]!r}, which is not a qualified name",
-                                         "an archive may only call torch tensor operations; refusing to load it")
-        elif node.op == "call_method":
-            if not IDENTIFIER_RE.match(target):
-                raise UnsafeArchiveError(f"method name {target[:80]!r} is malformed",
-                                         "an archive may only call torch tensor operations; refusing to load it")
-        elif node.op in ("get_attr", "call_module"):
-            check_attribute_path(target)
-            if not any(target == p or p.startswith(target + ".") or target.startswith(p + ".") for p in state_paths):
-                raise SchemaViolation(f"refers to attribute {target!r}, which module_state lacks", where)
-        else:
-            outputs += 1
-        defined.add(node.name)
-    if outputs != 1:
-        raise SchemaViolation(f"the graph has {outputs} output nodes, expected exactly one", path)
-
-
-# -- §8 --------------------------------------------------------------------------------------------
-
-
-def _check_failure(failure: FailureRecord) -> None:
-    if failure.stage not in STAGES:
-        raise SchemaViolation(f"stage must be one of {', '.join(STAGES)}").at("stage").at("failure")
-

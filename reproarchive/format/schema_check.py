@@ -1,15 +1,21 @@
 """Keeping the schema honest: a change to a record needs a version bump (spec §10).
 
-``describe()`` reduces the index declarations in ``schema`` to plain data (every record class,
-its fields with their types, map keys and defaults, and the dtype table). The description of
-each released version is committed as ``spec/schema-<major>.<minor>.json``; a test compares the
-live schema with the file of the current version, and ``required_bump`` says what a
-difference demands:
+``describe()`` reduces the index declarations in ``schema`` to plain data: every record class,
+its fields with their types, map keys, defaults and value sets; the dtype table; every closed
+value set (enum) and the limits of the format. The description of each released version is
+committed as ``spec/schema-<major>.<minor>.json``; a test compares the live schema with the
+file of the current version, and ``required_bump`` says what a difference demands:
 
-* **major**: a record or field removed, a field's type or map key changed, a new field without
-  a default, a default changed, a dtype removed or re-sized;
-* **minor**: a new record class, a new field with a default, a new dtype;
-* **none**: no change.
+* **major**: a record or field removed, a field's type, map key or value set changed, a new
+  field without a default, a default changed, a dtype removed or re-sized, a member removed
+  from a value set, a limit lowered or removed;
+* **minor**: a new record class, a new field with a default, a new dtype, a new value set or a
+  new member of one (old readers refuse it, as they refuse a new dtype), a limit raised or added;
+* **none**: no change. A description written before value sets were described (no ``enums``
+  key: schema-1.0.json) is compared on records and dtypes only.
+
+``data_only_problems()`` keeps ``schema`` a module of data: anything in it that is not a
+record, an enum, a constant or a type alias is refused (the test fails naming it).
 
     python -m reproarchive.format.schema_check            # compare with the committed file
     python -m reproarchive.format.schema_check --write    # write the current version's file
@@ -21,14 +27,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
+import re
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from reproarchive.format import schema
-from reproarchive.format.plain import PlainData, Tagged
+from reproarchive.format import layout, plain, schema
+from reproarchive.format.plain import ArgCodec, PlainData, Tagged
 
 
 def _type_name(tp: Any) -> str:
@@ -36,13 +45,17 @@ def _type_name(tp: Any) -> str:
         return "nil"
     if tp is PlainData or tp is Any:
         return "plain"
+    if isinstance(tp, type) and issubclass(tp, enum.StrEnum):
+        return "str"  # on disk; the field's ``enum`` names the value set
+    if isinstance(tp, ArgCodec):
+        return "Arg"
     if isinstance(tp, Tagged):
         return f"tagged[{tp.key}]({', '.join(f'{tag}={c.__name__}' for tag, c in sorted(tp.classes.items()))})"
     if isinstance(tp, type):
         return tp.__name__
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
-        return _type_name(args[1] if isinstance(args[1], Tagged) else args[0])
+        return _type_name(args[1] if isinstance(args[1], (Tagged, ArgCodec)) else args[0])
     if origin is tuple:
         return f"list[{_type_name(args[0])}]"
     if origin is dict:
@@ -85,6 +98,9 @@ def describe() -> dict[str, Any]:
             if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
                 default = f.default_factory()
             entry = {"key": f.metadata.get("key", f.name), "type": _type_name(hints[f.name])}
+            values = _enum_of(hints[f.name])
+            if values is not None:
+                entry["enum"] = values.__name__
             if default is dataclasses.MISSING:
                 entry["default"] = "required"
             elif cls is schema.Index and f.name == "version":
@@ -95,13 +111,78 @@ def describe() -> dict[str, Any]:
         tag = getattr(cls, "TAG", None)
         records[cls.__name__] = {"tag": tag, "fields": fields}
     return {"version": schema.FORMAT_VERSION, "records": records,
-            "dtypes": {name: list(info) for name, info in sorted(schema.DTYPES.items())}}
+            "dtypes": {name: list(info) for name, info in sorted(schema.DTYPES.items())},
+            "enums": {cls.__name__: [m.value for m in cls] for cls in _enums()},
+            "limits": limits()}
+
+
+def _enum_of(tp: Any) -> type | None:
+    """The value set a field draws from (through ``X | None``), or None."""
+    for t in (tp, *typing.get_args(tp)):
+        if isinstance(t, type) and issubclass(t, enum.StrEnum):
+            return t
+    return None
+
+
+def _enums() -> list[type]:
+    return sorted((v for v in vars(schema).values()
+                   if isinstance(v, type) and issubclass(v, enum.Enum) and v.__module__ == schema.__name__),
+                  key=lambda cls: cls.__name__)
+
+
+def limits() -> dict[str, int]:
+    """Every limit of the format: the schema's, the byte layer's bounds and the reader's
+    default caps that spec §5 states (``max_nodes`` is a reader setting, not a format rule)."""
+    out = {name: value for module in (schema, plain) for name, value in vars(module).items()
+           if re.fullmatch(r"(MAX|MIN|INT)_[A-Z0-9_]+", name) and type(value) is int}
+    out.update({name: getattr(layout, name) for name in ("MIN_FRAME_SIZE", "MAX_FRAME_SIZE", "MAX_WINDOW_SIZE",
+                                                         "MAX_NAME_LENGTH", "MAX_LEVEL")})
+    out.update({f"Limits.{k}": v for k, v in dataclasses.asdict(layout.DEFAULT_LIMITS).items() if k != "max_nodes"})
+    return dict(sorted(out.items()))
+
+
+_IMPORTED_OK = {"annotations", "dataclass", "field", "StrEnum", "Annotated", "Any", "ClassVar", "Union"}
+
+
+def data_only_problems(module: types.ModuleType = schema) -> list[str]:
+    """Names in ``module`` that are neither a record (a dataclass), an enum, a constant (plain
+    data, tuples of enum members) nor a type alias (``Annotated``); empty when it is data only.
+    The field helpers and field types it imports from ``plain`` are allowed by name."""
+    problems = []
+    for name, value in vars(module).items():
+        if name.startswith("__") or name in _IMPORTED_OK:
+            continue
+        if getattr(value, "__module__", None) == plain.__name__ and name in vars(plain):
+            continue  # ArgCodec, PlainData, Tagged, _Dim, informative, omit_none, open_record
+        if isinstance(value, type) and (dataclasses.is_dataclass(value) or issubclass(value, enum.Enum)):
+            continue
+        if typing.get_origin(value) is typing.Annotated or _is_constant(value):
+            continue
+        problems.append(f"{name} ({type(value).__name__}) is not a record, an enum or a constant")
+    return problems
+
+
+def _is_constant(value: Any) -> bool:
+    if value is None or type(value) in (bool, int, float, str, bytes) or isinstance(value, enum.Enum):
+        return True
+    if isinstance(value, type) and value in (int, float, bool, str, type(None)):
+        return True  # SCALAR_KINDS maps kinds to these
+    if isinstance(value, (tuple, frozenset)):
+        return all(_is_constant(v) for v in value)
+    if isinstance(value, dict):
+        return all(type(k) is str and _is_constant(v) for k, v in value.items())
+    return False
 
 
 def required_bump(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, list[str]]:
     """("major" | "minor" | "none", reasons) for the change from ``old`` to ``new``."""
     major: list[str] = []
     minor: list[str] = []
+    described = "enums" in old  # older descriptions say nothing of value sets and limits
+    if not described:
+        new = {**new, "records": {name: {**rec, "fields": {k: {x: y for x, y in f.items() if x != "enum"}
+                                                          for k, f in rec["fields"].items()}}
+                                  for name, rec in new["records"].items()}}
     old_recs, new_recs = old["records"], new["records"]
     for name, rec in old_recs.items():
         if name not in new_recs:
@@ -125,9 +206,33 @@ def required_bump(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, list[s
         if new["dtypes"].get(dt) != info:
             major.append(f"dtype {dt} removed or changed")
     minor += [f"dtype {dt} added" for dt in new["dtypes"] if dt not in old["dtypes"]]
+    if described:
+        _compare_sets(old["enums"], new.get("enums", {}), major, minor)
+        _compare_limits(old.get("limits", {}), new.get("limits", {}), major, minor)
     if major:
         return "major", major + minor
     return ("minor", minor) if minor else ("none", [])
+
+
+def _compare_sets(old: dict, new: dict, major: list[str], minor: list[str]) -> None:
+    for name, members in old.items():
+        now = new.get(name)
+        if now is None:
+            major.append(f"value set {name} removed")
+            continue
+        major += [f"{name}.{m} removed" for m in members if m not in now]
+        minor += [f"{name}.{m} added" for m in now if m not in members]
+    minor += [f"value set {name} added" for name in new if name not in old]
+
+
+def _compare_limits(old: dict, new: dict, major: list[str], minor: list[str]) -> None:
+    for name, value in old.items():
+        now = new.get(name)
+        if now is None or now != value and (now < value) != (name.startswith("MIN_") or name.endswith("_MIN")):
+            major.append(f"limit {name} removed or tightened: {value} -> {now}")
+        elif now != value:
+            minor.append(f"limit {name} relaxed: {value} -> {now}")
+    minor += [f"limit {name} added" for name in new if name not in old]
 
 
 def schema_file(spec_dir: Path, version: str = schema.FORMAT_VERSION) -> Path:

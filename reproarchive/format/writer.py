@@ -20,6 +20,7 @@ import zstandard
 
 from reproarchive.format.direct_io import DirectSink
 from reproarchive.format.frames import MIN_SAVING, FrameEncoder
+from reproarchive.format.index_rules import encode_index
 from reproarchive.format.layout import (
     DEFAULT_FRAME_SIZE,
     DEFAULT_LEVEL,
@@ -39,17 +40,10 @@ from reproarchive.format.layout import (
     TAR_BLOCK,
     TAR_EOF,
     check_member_name,
+    layout_member_bytes,
     tar_header,
 )
-from reproarchive.format.schema import (
-    FORMAT_MAJOR,
-    FORMAT_MINOR,
-    ContainerRecord,
-    Index,
-    MemberRecord,
-    encode_index,
-    layout_member_bytes,
-)
+from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, ContainerRecord, Index, MemberRecord
 
 # --------------------------------------------------------------------------------------------
 # Writing

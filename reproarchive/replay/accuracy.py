@@ -42,7 +42,8 @@ from typing import Any
 
 from reproarchive.codec.device_runtime import devices_of, forked_rng, synchronize
 from reproarchive.errors import EagerFailed
-from reproarchive.format.schema import AccuracyOutput, AccuracyReport, from_plain
+from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import AccuracyOutput, AccuracyReport
 
 DEFAULT_TOLERANCE = 1e-3
 

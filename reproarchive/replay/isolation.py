@@ -27,7 +27,8 @@ from reproarchive.child import Died, Worker, run_child
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.context.environment import child_environment
 from reproarchive.context.failure import crash_record
-from reproarchive.format.schema import EnvironmentRecord, FailureRecord, from_plain
+from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import EnvironmentRecord, FailureRecord
 from reproarchive.replay.outcome import Outcome, judged
 from reproarchive.replay.settings import ReplaySettings
 

@@ -11,7 +11,8 @@ import dataclasses
 from typing import Any, Mapping
 
 from reproarchive.context import failure as _failure
-from reproarchive.format.schema import AccuracyReport, FailureRecord, from_plain, to_plain
+from reproarchive.format.plain import from_plain, to_plain
+from reproarchive.format.schema import AccuracyReport, FailureRecord
 
 EXIT_PASSED = 0
 EXIT_REPRODUCED = 1

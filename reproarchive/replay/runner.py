@@ -29,13 +29,8 @@ from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan, resolve_devices
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
-from reproarchive.format.schema import (
-    ConfigRecord,
-    EnvironmentRecord,
-    FailureRecord,
-    SystemRecord,
-    to_plain,
-)
+from reproarchive.format.plain import to_plain
+from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, FailureRecord, SystemRecord
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained

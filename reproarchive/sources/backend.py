@@ -436,7 +436,10 @@ def write_archive(
     backend: str,
     accuracy: bool,
     capture_settings: dict,
+    source_extra: dict | None = None,
 ) -> Path:
+    """``source_extra``: more of the source record, from a capture door that is not Dynamo's
+    (``inductor_door``: ``graph_kind`` after_aot and where the inputs came from)."""
     from reproarchive.archive.packing import pack
 
     from reproarchive.context.redaction import redacted_records
@@ -450,6 +453,7 @@ def write_archive(
     }
     if failure.stage == "crash":
         source["written_before_run"] = True
+    source.update(source_extra or {})
     records = redacted_records(dict(config=config, environment=environment_snapshot(), system=system_snapshot(),
                                     failure=failure, source=source), {os.getcwd(): "."})
     return Path(pack(gm, inputs, destination, backend=backend, accuracy=accuracy, **records))

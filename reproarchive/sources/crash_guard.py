@@ -17,6 +17,11 @@ With ``$REPROARCHIVE_ACCURACY_DIR`` set (``capture --accuracy``) the same door a
 graph to reproarchive's own capture backend with its accuracy check, which writes its archives
 there (``_accuracy_backend``).
 
+With ``$REPROARCHIVE_AOT_DIR`` set (``capture --after aot``) the wrapper also keeps the graph and
+its real inputs known for the duration of the backend call, and Inductor's door
+(``inductor_door``) is wrapped when torch loads ``torch._inductor.compile_fx``: a graph Inductor
+fails to compile is archived there with the program's real inputs and exception.
+
 Nothing here runs unless ``$REPROARCHIVE_CRASH_DIR`` is set, and nothing here may break the
 program: every failure to write costs the crash record, never the run.
 """
@@ -34,6 +39,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from reproarchive.sources import inductor_door
+
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
@@ -46,14 +53,18 @@ _lock = threading.Lock()
 
 
 def install() -> None:
-    """Guard every backend once torch loads Dynamo's repro module (now, if it is loaded)."""
+    """Guard every backend once torch loads Dynamo's repro module (now, if it is loaded), and
+    Inductor's door once torch loads it."""
     if not os.environ.get(CRASH_DIR_ENV):
         return
-    module = sys.modules.get(_TARGET_MODULE)
-    if module is not None:
-        _patch(module)
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    patches = {_TARGET_MODULE: _patch, inductor_door.TARGET_MODULE: inductor_door.patch}
+    for name, patch in list(patches.items()):
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+            del patches[name]
+    if patches and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(patches))
     atexit.register(_discard_all)
 
 
@@ -62,8 +73,12 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     right after it executes. Importing torch here instead would change the program's own
     import order (environment variables set before ``import torch`` must still count)."""
 
+    def __init__(self, patches: dict[str, Any]):
+        self.patches = patches  # module name -> what patches it
+
     def find_spec(self, name, path, target=None):
-        if name != _TARGET_MODULE:
+        patch = self.patches.get(name)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -72,7 +87,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
                 execute = spec.loader.exec_module
 
-                def exec_module(module, _execute=execute):
+                def exec_module(module, _execute=execute, _patch=patch):
                     _execute(module)
                     _patch(module)
 
@@ -92,10 +107,11 @@ def _patch(module: Any) -> None:
         pending = _write_pending(gm, list(example_inputs), _backend_name(self))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         try:
-            if accuracy_dir and not kwargs:
-                compiled = _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
-            else:
-                compiled = original(self, gm, example_inputs, **kwargs)
+            with inductor_door.dynamo_call(gm, list(example_inputs)):
+                if accuracy_dir and not kwargs:
+                    compiled = _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
+                else:
+                    compiled = original(self, gm, example_inputs, **kwargs)
         except BaseException:
             _discard(pending)
             raise

@@ -38,7 +38,7 @@ from reproarchive.format.schema import FailureRecord
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
 from reproarchive.sources.dump_reader import RecordingReader
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
-from reproarchive.sources.first_replay import crashed, first_line, replay
+from reproarchive.sources.first_replay import crashed, first_line, generated_data_warning, replay
 from reproarchive.sources.path_scrub import Scrubber, scrub_prefixes
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
         failure, replay_notes = replay(dump, imp.gm, imp.example_inputs)
 
     inputs, storages, warnings = input_report(imp)
-    warnings += snapshot_notes
+    warnings += snapshot_notes + generated_data_warning(replay_notes)
     printed = [n for n, o in imp.origin.items() if o == "printed"]
     source = {
         "kind": dump.kind,

@@ -25,7 +25,6 @@ DEFAULT_ARCHIVE_NAME = "repro.tar.zst"
 # (torch._dynamo.debug_utils.generate_env_vars_string): every such variable of the failing
 # process is in the script, so the packing process's own values are removed from the child.
 _DUMP_ENV_MARKERS = ("TORCH", "DYNAMO", "INDUCTOR", "TRITON")
-_LOG_TAIL_LINES = 40
 
 
 @dataclass

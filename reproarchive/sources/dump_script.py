@@ -184,6 +184,16 @@ def symbolic_shapes(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
+def holds_no_data(path: str | os.PathLike) -> bool:
+    """Whether every storage load_args reads was written without data (``reader.storage(None,
+    ...)``: PyTorch had only fake tensors, as in an after_aot dump of a compile error)."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+    keys = [node.args[0] for fn in tree.body if isinstance(fn, ast.FunctionDef) and fn.name == "load_args"
+            for node in _sorted_calls(fn)
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "storage" and node.args]
+    return bool(keys) and all(isinstance(k, ast.Constant) and k.value is None for k in keys)
+
+
 def _sorted_calls(fn: ast.FunctionDef) -> list[ast.Call]:
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
     return sorted(calls, key=lambda n: (n.lineno, n.col_offset))

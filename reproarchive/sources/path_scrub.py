@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.context.redaction import machine_prefixes
-from reproarchive.format.schema import from_plain, to_plain
+from reproarchive.format.plain import from_plain, to_plain
 
 
 class Scrubber:

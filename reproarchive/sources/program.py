@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive.errors import ReproArchiveError, SourceError
-from reproarchive.sources import crash_guard
+from reproarchive.format.plain import to_plain
+from reproarchive.sources import crash_guard, inductor_door
 from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, pending_archives
-from reproarchive.format.schema import to_plain
 from reproarchive.sources.dump_import import PackResult, pack_dump
-from reproarchive.sources.dump_script import LAUNCHER_NAME
+from reproarchive.sources.dump_script import LAUNCHER_NAME, holds_no_data
 
 
 @dataclass
@@ -80,6 +80,9 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
     else:
         env["TORCHDYNAMO_REPRO_AFTER"] = after
         env["TORCHDYNAMO_REPRO_LEVEL"] = "2"
+        if after == "aot":
+            # Inductor's door: compile errors with the real inputs (PyTorch's dump has none)
+            env[inductor_door.AOT_DIR_ENV] = str(dump_dir / "aot")
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
     # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
@@ -153,6 +156,8 @@ def capture_program(
 
         launchers = find_launchers(dump_dir)
         result.dumps_found = len(launchers)
+        door = inductor_door.archives(dump_dir / "aot")
+        launchers = _without_superseded(launchers, {inductor_door.writer_pid(a) for a in door})
         for i, launcher in enumerate(launchers, 1):
             if progress is not None:
                 progress(f"packing dump {i} of {len(launchers)}")
@@ -161,6 +166,11 @@ def capture_program(
                 result.archives.append(pack_dump(launcher, target, replay=replay))
             except ReproArchiveError as err:
                 result.errors.append(f"{launcher.parent.parent.name}: {err}")
+        for written in door:
+            target = _next_free(out)
+            shutil.move(str(written), target)
+            result.archives.append(_captured(target, kind="capture (after_aot)",
+                                             replay={"performed": False, "failure_from": "program"}))
         for written in sorted((dump_dir / "accuracy").glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
             target = _next_free(out)
             shutil.move(str(written), target)
@@ -179,6 +189,19 @@ def capture_program(
         else:
             shutil.rmtree(dump_dir, ignore_errors=True)
     return result
+
+
+def _without_superseded(launchers: list[Path], door_pids: set[int | None]) -> list[Path]:
+    """The dumps still to pack: a data-less after_aot dump (a compile error, PyTorch had only
+    fake tensors) of a process whose compile errors Inductor's door archived with their real
+    inputs and exception is the same failure without its data, and is left out."""
+    kept = []
+    for launcher in launchers:
+        pid = launcher.parent.parent.name.rpartition("-pid_")[2]
+        if pid.isdigit() and int(pid) in door_pids and holds_no_data(launcher):
+            continue
+        kept.append(launcher)
+    return kept
 
 
 def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool = True) -> PackResult:
@@ -240,8 +263,9 @@ def _captured(archive: Path, *, kind: str = "capture", replay: dict | None = Non
     fidelity = [r.fidelity for r in info.inputs]
     failure = info.failure
     graph = {"nodes": info.graph.nodes, "compute_nodes": info.graph.ops, "op_kinds": len(info.graph.op_histogram)}
-    inputs = {"total": len(fidelity), "real": fidelity.count("real"), "absent": fidelity.count("absent"),
-              "values": sum(1 for f in fidelity if f not in ("real", "absent")),
+    real = sum(1 for f in fidelity if f.startswith("real"))  # "real (zeros)" is real too
+    inputs = {"total": len(fidelity), "real": real, "absent": fidelity.count("absent"),
+              "values": len(fidelity) - real - fidelity.count("absent"),
               "real_bytes": info.storage.bytes_logical}
     return PackResult(archive=archive, size=archive.stat().st_size, script=archive, discovery_reason=kind,
                       candidates=[], kind=kind, backend=info.backend,

@@ -39,7 +39,8 @@ from typing import Any
 
 from reproarchive.child import child_main
 from reproarchive.errors import PackError, ReproArchiveError, SourceError
-from reproarchive.format.schema import FailureRecord, from_plain
+from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import FailureRecord
 from reproarchive.sources import dump_child, dump_graph, dump_script, first_replay, path_scrub
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
@@ -340,8 +341,9 @@ def reconcile(logged: FailureRecord | None, observed: FailureRecord, notes: dict
     seen = observed if observed.stage != "unknown" else None
     if logged is None or logged.stage == "unknown":
         if seen is not None:
-            notes["failure_from"] = "replay: the log records no failure for this compile"
-            return seen, warnings
+            learned = "replay on generated data" if notes.get("generated_inputs") else "replay"
+            notes["failure_from"] = f"{learned}: the log records no failure for this compile"
+            return seen, first_replay.generated_data_warning(notes)
         notes["failure_from"] = "log" if logged else "none"
         return logged, warnings
     notes["failure_from"] = "log"
@@ -448,7 +450,6 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
 
     events("writing the archive")
     from reproarchive.archive.packing import pack
-
     from reproarchive.context.redaction import redacted_records
 
     records = redacted_records(dict(config=config or None, system=job.get("system"), environment=built["environment"],

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 
 from reproarchive.child import error_from, run_child
 from reproarchive.errors import ReproArchiveError, SourceError
-from reproarchive.format.schema import to_plain
+from reproarchive.format.plain import to_plain
 from reproarchive.sources import trace_facts, trace_log
 from reproarchive.sources.dump_import import child_env
 from reproarchive.sources.trace_log import Compile, Trace

@@ -30,7 +30,7 @@ from reproarchive.context.config import config_diff
 from reproarchive.context.environment import environment_diff
 from reproarchive.context.system import system_diff
 from reproarchive.format import layout
-from reproarchive.format.plain import PlainData, PlainRecord
+from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     ConfigRecord,
@@ -46,7 +46,6 @@ from reproarchive.format.schema import (
     TensorEntry,
     TensorValue,
     TupleArg,
-    to_plain,
 )
 
 #: Sections of the report, in the order they are printed; any difference in one makes exit 1.

@@ -29,8 +29,10 @@ from reproarchive.context.failure import compiler_diagnostics, failure_kind
 from reproarchive.errors import ArchiveError, ViewError
 from reproarchive.format import layout
 from reproarchive.format.atomic import atomic_file
+from reproarchive.format.index_rules import iter_arg_refs
+from reproarchive.format.plain import to_plain
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index, iter_arg_refs, to_plain
+from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index
 from reproarchive.triage import graph_layout
 
 #: Ops per page of a large graph; a graph with at most ``SINGLE_PAGE_NODES`` nodes is one page.

@@ -11,7 +11,8 @@ from reproarchive.cli.text import difference_line
 from reproarchive.context.config import config_snapshot
 from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.system import system_snapshot
-from reproarchive.format.schema import ConfigRecord, from_plain, to_plain
+from reproarchive.format.plain import from_plain, to_plain
+from reproarchive.format.schema import ConfigRecord
 from support.cli import invoke
 from support.graphs import pack_chain
 

@@ -18,7 +18,7 @@ from reproarchive.context.config import applied_config, config_diff, config_snap
 from reproarchive.context.environment import environment_diff, environment_snapshot
 from reproarchive.context.redaction import redact_paths
 from reproarchive.context.system import system_diff, system_snapshot
-from reproarchive.format.schema import from_plain, to_plain
+from reproarchive.format.plain import from_plain, to_plain
 
 INJECT = "cpp.inject_relu_bug_TESTING_ONLY"
 

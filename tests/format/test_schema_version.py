@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import json
 from pathlib import Path
 
@@ -19,13 +20,59 @@ def _version(path: Path) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def test_live_schema_matches_the_file_of_its_version():
+def _unbumped_change() -> str | None:
+    """What changed in the live schema since the committed file of its version, or None."""
     committed = json.loads(schema_file(SPEC).read_text())
     bump, reasons = required_bump(committed, describe())
-    assert bump == "none", (
-        f"the index schema changed ({bump} change) but FORMAT_VERSION is still {schema.FORMAT_VERSION}: "
-        f"bump it by spec/FORMAT.md §10, run `python -m reproarchive.format.schema_check --write` and "
-        f"`python spec/vectors/make_vectors.py`: " + "; ".join(reasons))
+    if bump == "none":
+        return None
+    return (f"the index schema changed ({bump} change) but FORMAT_VERSION is still {schema.FORMAT_VERSION}: "
+            f"bump it by spec/FORMAT.md §10, run `python -m reproarchive.format.schema_check --write` and "
+            f"`python spec/vectors/make_vectors.py`: " + "; ".join(reasons))
+
+
+def test_live_schema_matches_the_file_of_its_version():
+    problem = _unbumped_change()
+    assert problem is None, problem
+
+
+@pytest.mark.parametrize("name, members, expected", [
+    ("Stage", [*schema.Stage, "timeout"], "minor: Stage.timeout added"),
+    ("Stage", [s for s in schema.Stage if s != "crash"], "major: Stage.crash removed"),
+    ("NodeOp", [*schema.NodeOp, "call_anything"], "minor: NodeOp.call_anything added"),
+    ("DigestAlgorithm", [*schema.DigestAlgorithm, "sha512"], "minor: DigestAlgorithm.sha512 added"),
+])
+def test_changing_a_value_set_without_a_bump_fails(monkeypatch, name, members, expected):
+    monkeypatch.setattr(schema, name, enum.StrEnum(name, {str(m).upper(): str(m) for m in members},
+                                                    module=schema.__name__))
+    problem = _unbumped_change()
+    bump, reason = expected.split(": ")
+    assert problem is not None and f"({bump} change)" in problem and reason in problem
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("MAX_RANK", 128, "minor"), ("MAX_RANK", 32, "major"), ("MAX_GRAPH_DEPTH", 9, "minor")])
+def test_changing_a_limit_without_a_bump_fails(monkeypatch, name, value, expected):
+    monkeypatch.setattr(schema, name, value)
+    problem = _unbumped_change()
+    assert problem is not None and f"({expected} change)" in problem and f"limit {name}" in problem
+
+
+def test_a_field_that_changes_its_value_set_is_a_major_change():
+    old = describe()
+    new = copy.deepcopy(old)
+    new["records"]["FailureRecord"]["fields"]["stage"]["enum"] = "NodeOp"
+    assert required_bump(old, new)[0] == "major"
+
+
+def test_descriptions_before_value_sets_compare_on_records_only():
+    old = describe()
+    for key in ("enums", "limits"):
+        del old[key]
+    for rec in old["records"].values():
+        for spec in rec["fields"].values():
+            spec.pop("enum", None)
+    assert required_bump(old, describe()) == ("none", [])
 
 
 def test_each_released_version_followed_the_bump_rules():

@@ -18,7 +18,8 @@ import reproarchive
 from reproarchive.cli import main
 from reproarchive.context.config import applied_config, config_snapshot
 from reproarchive.context.environment import child_environment, plan
-from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, from_plain, to_plain
+from reproarchive.format.plain import from_plain, to_plain
+from reproarchive.format.schema import ConfigRecord, EnvironmentRecord
 
 MARKER_MODULE = "reproarchive_marker_for_tests"
 

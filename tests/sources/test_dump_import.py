@@ -388,6 +388,6 @@ def test_pack_time_replay_generates_absent_inputs_like_load(tmp_path):
     gm = fx.GraphModule(torch.nn.Module(), g)
     args = [torch.arange(20.0), reproarchive.AbsentTensor((3,), torch.int64)]
     path = reproarchive.pack(gm, args, tmp_path / "a.tar.zst")
-    replayed, generated = _concrete(args)
+    replayed, generated = _concrete(gm, args)
     loaded = reproarchive.load(path).args
     assert generated == 1 and torch.equal(replayed[1], loaded[1])

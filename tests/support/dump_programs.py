@@ -115,3 +115,52 @@ def make_dump(folder: Path, source: str, *, after: str, level: int) -> Path:
             raise AssertionError(f"PyTorch wrote no repro.py:\n{proc.stderr[-2000:]}")
         return repro
     return launcher_in(folder)
+
+
+def bert_step_program(bug: str = "compile_error") -> str:
+    """A BERT-style training step (token, position and token-type embeddings, a Transformer
+    encoder layer with a padding mask, a classifier and a cross-entropy loss, backward and an
+    optimizer step) under torch.compile with Inductor's C++ relu bug injector. The token-type
+    table has 2 rows and the classifier 3 classes: generated integers in [0, 16) index past
+    both. The program saves its real ids and labels to ``inputs.pt``."""
+    return textwrap.dedent(f"""
+        import torch
+        from torch import nn
+
+        torch.manual_seed(0)
+        torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = {bug!r}
+
+        class TinyBert(nn.Module):
+            def __init__(self, vocab=100, hidden=16, seq=8, classes=3):
+                super().__init__()
+                self.words = nn.Embedding(vocab, hidden)
+                self.positions = nn.Embedding(seq, hidden)
+                self.token_types = nn.Embedding(2, hidden)
+                self.norm = nn.LayerNorm(hidden)
+                layer = nn.TransformerEncoderLayer(hidden, 2, 2 * hidden, dropout=0.0, batch_first=True)
+                self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+                self.classifier = nn.Linear(hidden, classes)
+
+            def forward(self, ids, token_types, padding):
+                positions = torch.arange(ids.shape[1], device=ids.device)
+                h = self.norm(self.words(ids) + self.positions(positions) + self.token_types(token_types))
+                return self.classifier(self.encoder(h, src_key_padding_mask=padding)[:, 0])
+
+        model = TinyBert()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ids = torch.randint(0, 100, (2, 8))
+        token_types = torch.ones(2, 8, dtype=torch.long)
+        padding = torch.zeros(2, 8, dtype=torch.bool)
+        padding[1, 6:] = True
+        labels = torch.tensor([0, 2])
+        torch.save({{"ids": ids, "labels": labels}}, "inputs.pt")
+
+        def step():
+            loss = nn.functional.cross_entropy(model(ids, token_types, padding), labels)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        torch.compile(step)()
+    """)

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 import msgpack
 import zstandard
 
-from reproarchive.format import index_codec, layout, schema
+from reproarchive.format import index_codec, layout, plain, schema
 from reproarchive.format.layout import (
     FOOTER_FRAME_MAGIC,
     FOOTER_TAG,
@@ -144,7 +144,7 @@ def parse(data: bytes) -> Parsed:
             nframes = len(r.frames)
             table_start = len(data) - (nframes * 8 + 9) - 8
             return Parsed(
-                index=schema.to_plain(r.index), members=members, frames=list(r.frames), frame_offsets=list(r.frame_offsets),
+                index=plain.to_plain(r.index), members=members, frames=list(r.frames), frame_offsets=list(r.frame_offsets),
                 footer_start=table_start - layout.FOOTER_FRAME_SIZE, table_start=table_start,
                 index_frame=r._index_frame, member_frames={m.name: (m.first_frame, m.frames) for m in ordered},
                 frame_size=r.frame_size,
@@ -339,7 +339,7 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
         index["future_section"] = {"anything": [1, 2, 3]}
 
     def newer_minor_members(members):
-        newer = schema.layout_member_bytes(1, 9)
+        newer = layout.layout_member_bytes(1, 9)
         members = _replace_member(members, LAYOUT_MEMBER, newer)
         return members + [("notes/readme.txt", b"a member a newer minor version added\n")]
 
@@ -351,7 +351,7 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
             index["version"] = f"{major}.{minor}"
 
         def edit_members(members):
-            return _replace_member(members, LAYOUT_MEMBER, schema.layout_member_bytes(major, minor))
+            return _replace_member(members, LAYOUT_MEMBER, layout.layout_member_bytes(major, minor))
 
         return rebuild(p, edit_index, edit_members, major=major, minor=minor)
 
@@ -363,7 +363,7 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
     cases.append(Case("version_index_disagrees", "version",
                       rebuild(p, lambda i: i.update(version=f"{schema.FORMAT_MAJOR}.{other_minor}")), ALL))
     cases.append(Case("version_layout_disagrees", "version", rebuild(p, None, lambda m: _replace_member(
-        m, LAYOUT_MEMBER, schema.layout_member_bytes(schema.FORMAT_MAJOR, other_minor))), FULL))
+        m, LAYOUT_MEMBER, layout.layout_member_bytes(schema.FORMAT_MAJOR, other_minor))), FULL))
     cases.append(Case("format_name_wrong", "version", rebuild(p, lambda i: i.update(format="safetensors")), ALL))
     return cases
 
@@ -403,7 +403,7 @@ def tar_cases(valid: bytes, p: Parsed, workdir: Path, escape_root: Path) -> list
     ]
     plain_members = []
     for label, info, data in evil:
-        entries = [(_info("reproarchive-layout", size=len(schema.layout_member_bytes())), schema.layout_member_bytes())]
+        entries = [(_info("reproarchive-layout", size=len(layout.layout_member_bytes())), layout.layout_member_bytes())]
         entries.append((info, data) if data is not None else info)
         if label == "symlink_then_write":
             entries.append((_info("link2/escaped_via_symlink", size=5), b"evil\n"))

@@ -1,0 +1,202 @@
+"""Build the invalid vectors of spec/FORMAT.md §5.2: one archive per reader rule, each broken in
+exactly that rule and otherwise valid (frames, index digest, footer and seek table agree).
+
+    python spec/vectors/make_invalid.py
+
+Every file starts from the golden vector ``basic-1.1.tar.zst`` and is re-assembled by the hostile
+corpus' ``assemble`` (tests/support/hostile_corpus.py), so the defect under test is the only
+one. ``invalid/manifest.json`` maps each file to the rule id a reader MUST name and the error
+code it MUST raise (``verify``, which checks every rule); ``limits``, where given, are reader
+caps to apply first (two rules are about caps whose defaults would need files of megabytes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from reproarchive.format.layout import LAYOUT_MEMBER, layout_member_bytes, tar_header
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assembler, run as a script too
+from support.hostile_corpus import assemble, parse, rebuild
+
+OUT = HERE / "invalid"
+BASE = HERE / "basic-1.1.tar.zst"
+
+
+def _node(index: dict, name: str) -> dict:
+    return next(n for n in index["graph"]["nodes"] if n["name"] == name)
+
+
+def _edit(fn: Callable[[dict], Any]) -> Callable:
+    return lambda p, valid: rebuild(p, fn)
+
+
+def _patch(offset_from_end: int, value: int) -> Callable:
+    def build(p, valid: bytes) -> bytes:
+        data = bytearray(valid)
+        data[len(data) - offset_from_end] = value
+        return bytes(data)
+    return build
+
+
+def _raw_index(raw: bytes) -> Callable:
+    return lambda p, valid: assemble(p.members, None, index_bytes=raw, frame_size=p.frame_size)
+
+
+def _frame(which: Callable[[Any], int], compressed: Callable[[Any], bytes]) -> Callable:
+    return lambda p, valid: rebuild(p, compressed={which(p): compressed(p)})
+
+
+def _first_blob_frame(p) -> int:
+    name = next(n for n, _ in p.members if n.startswith("blobs/"))
+    return p.member_frames[name][0]
+
+
+def _first_blob(p) -> bytes:
+    return next(d for n, d in p.members if n.startswith("blobs/"))
+
+
+def _set(path: tuple, value: Any) -> Callable[[dict], None]:
+    def fn(index: dict) -> None:
+        target = index
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = value
+    return fn
+
+
+def _deep_graph(depth: int) -> dict:
+    graph = {"nodes": [{"op": "output", "name": "output", "target": "output", "args": [None], "kwargs": {}}],
+             "module_state": []}
+    for _ in range(depth):
+        graph = {"nodes": graph["nodes"], "module_state": [{"kind": "graph", "path": "g", "graph": graph}]}
+    return graph
+
+
+def _add_state(entry: dict) -> Callable[[dict], None]:
+    return lambda index: index["graph"]["module_state"].append(entry)
+
+
+def _swap_output(index: dict) -> None:
+    out = _node(index, "output")
+    index["graph"]["nodes"].append({**out, "name": "output_1"})
+
+
+#: Rules no file can break alone, and why.
+NOT_VECTORISED = {
+    "R6.3-8": "implied by R5.1-2: values 33 deep take at least 66 msgpack levels, and the index allows 64",
+}
+
+#: (rule, file slug, expected error code, builder, reader limits or None)
+CASES: list[tuple[str, str, str, Callable, dict | None]] = [
+    ("R2.1-1", "tar-header", "E_CORRUPT", lambda p, valid: rebuild(p, headers={"graph.py": _other_header(p)}), None),
+    ("R2.2-1", "layout-member", "E_CORRUPT",
+     lambda p, valid: rebuild(p, edit_members=lambda ms: [(n, layout_member_bytes(1, 0) if n == LAYOUT_MEMBER else d)
+                                                         for n, d in ms]), None),
+    ("R5-1", "truncated", "E_TRUNCATED", lambda p, valid: valid[: len(valid) // 2], None),
+    ("R5-2", "seek-descriptor", "E_CORRUPT", _patch(5, 1), None),
+    ("R5-3", "major-2", "E_VERSION", lambda p, valid: rebuild(p, major=2), None),
+    ("R5-4", "gap-before-footer", "E_CORRUPT",
+     lambda p, valid: valid[: p.footer_start] + bytes(7) + valid[p.footer_start:], None),
+    ("R5-5", "index-digest", "E_CORRUPT", lambda p, valid: _flip_index_sha(p, valid), None),
+    ("R5-6", "format-name", "E_SCHEMA", _edit(_set(("format",), "zip")), None),
+    ("R5-7", "frame-size", "E_SCHEMA", _edit(_set(("container", "frame_size"), 1024)), None),
+    ("R5-7", "member-name", "E_UNSAFE",
+     lambda p, valid: rebuild(p, edit_members=lambda ms: [("Graph.py" if n == "graph.py" else n, d) for n, d in ms]),
+     None),
+    ("R5-8", "tiny-frame", "E_CORRUPT", _frame(_first_blob_frame, lambda p: b"\x28\xb5\x2f\xfd\x00\x00\x00\x00"), None),
+    ("R5-9", "node-cap", "E_LIMIT", _edit(lambda i: None), {"max_nodes": 10}),
+    ("R5-10", "member-too-long", "E_CORRUPT",
+     _frame(_first_blob_frame, lambda p: zstandard.ZstdCompressor(write_checksum=True).compress(_first_blob(p) + b"x")),
+     None),
+    ("R5.1-1", "extension-type", "E_SCHEMA", _raw_index(b"\x81\xa1a\xd4\x01\x00"), None),
+    ("R5.1-2", "depth", "E_SCHEMA", _raw_index(b"\x91" * 70 + b"\xc0"), None),
+    ("R5.1-3", "trailing", "E_SCHEMA", _raw_index(b"\x80\xc0"), None),
+    ("R5.1-4", "bomb", "E_SCHEMA", _raw_index(b"\xdd\xff\xff\xff\xff\xc0"), None),
+    ("R5.1-5", "memory", "E_LIMIT", _raw_index(b"\xdc\x01\x00" + b"\x90" * 256), {"max_index_memory": 4096}),
+    ("R5.1-6", "invalid-byte", "E_SCHEMA", _raw_index(b"\x81\xa1a\xc1"), None),
+    ("R5.1-7", "uint64", "E_SCHEMA", _edit(_set(("metadata",), {"big": (1 << 64) - 1})), None),
+    ("R6-1", "field-type", "E_SCHEMA", _edit(_set(("storages", 0, "size"), "96")), None),
+    ("R6.1-1", "digest-algorithm", "E_SCHEMA", _edit(_set(("digest_algorithm",), "md5")), None),
+    ("R6.1-3", "blob-bytes", "E_DIGEST",
+     lambda p, valid: rebuild(p, edit_members=lambda ms: [(n, bytes(len(d)) if n.startswith("blobs/") else d)
+                                                         for n, d in ms]), None),
+    ("R6.1-2", "parent-digest", "E_SCHEMA", _edit(_set(("parent",), "sha256:xyz")), None),
+    ("R6.2-1", "storage-size", "E_SCHEMA", _edit(_set(("storages", 2, "size"), -1)), None),
+    ("R6.2-2", "storage-device", "E_SCHEMA", _edit(_set(("storages", 0, "device"), "CUDA 0")), None),
+    ("R6.2-3", "storage-fidelity", "E_SCHEMA", _edit(_set(("storages", 0, "fidelity"), "fake")), None),
+    ("R6.2-4", "storage-blob", "E_SCHEMA", _edit(_set(("storages", 0, "digest"), "sha256:" + "0" * 64)), None),
+    ("R6.2-5", "storage-total", "E_LIMIT",
+     _edit(lambda i: i["storages"].append({"size": 1 << 43, "device": "cpu", "fidelity": "absent"})), None),
+    ("R6.3-1", "tensor-storage", "E_SCHEMA", _edit(_set(("inputs", 0, "storage"), 99)), None),
+    ("R6.3-2", "tensor-dtype", "E_SCHEMA", _edit(_set(("inputs", 0, "dtype"), "float7")), None),
+    ("R6.3-3", "tensor-rank", "E_SCHEMA", _edit(_set(("inputs", 0, "stride"), [4])), None),
+    ("R6.3-4", "tensor-fits", "E_SCHEMA", _edit(_set(("inputs", 0, "shape"), [30, 4])), None),
+    ("R6.3-5", "tensor-grad", "E_SCHEMA", _edit(_set(("inputs", 2, "requires_grad"), False)), None),
+    ("R6.3-6", "tensor-dynamic", "E_SCHEMA", _edit(_set(("inputs", 0, "dynamic"), [[5, "s0"]])), None),
+    ("R6.3-7", "scalar-kind", "E_SCHEMA", _edit(_set(("inputs", 7, "value"), "three")), None),
+    ("R6.3-9", "inputs-count", "E_SCHEMA", _edit(lambda i: i["inputs"].pop()), None),
+    ("R7-1", "graph-depth", "E_SCHEMA", _edit(_set(("graph", "module_state"),
+                                                     [{"kind": "graph", "path": "g", "graph": _deep_graph(9)}])), None),
+    ("R7.1-1", "node-op", "E_SCHEMA", _edit(lambda i: _node(i, "relu").update(op="call_evil")), None),
+    ("R7.1-2", "node-name", "E_SCHEMA", _edit(lambda i: _node(i, "relu").update(name="in0")), None),
+    ("R7.1-3", "two-outputs", "E_SCHEMA", _edit(_swap_output), None),
+    ("R7.1-4", "kwarg-name", "E_UNSAFE", _edit(lambda i: _node(i, "relu").update(kwargs={"a b": 1})), None),
+    ("R7.1-5", "placeholder", "E_UNSAFE", _edit(lambda i: _node(i, "in0").update(target="x=__import__('os')")), None),
+    ("R7.1-6", "function-name", "E_UNSAFE", _edit(lambda i: _node(i, "relu").update(target="torch.__dict__.load")),
+     None),
+    ("R7.1-7", "method-name", "E_UNSAFE",
+     _edit(lambda i: next(n for n in i["graph"]["nodes"] if n["op"] == "call_method").update(target="sum()")), None),
+    ("R7.1-8", "attribute", "E_SCHEMA",
+     _edit(lambda i: _node(i, "relu").update(op="get_attr", target="missing", args=[])), None),
+    ("R7.2-1", "arg-tag", "E_SCHEMA", _edit(lambda i: _node(i, "relu").update(args=[{"k": "pickle", "v": "x"}])),
+     None),
+    ("R7.2-2", "arg-ref", "E_SCHEMA", _edit(lambda i: _node(i, "relu").update(args=[{"k": "node", "v": "output"}])),
+     None),
+    ("R7.3-1", "call-target", "E_UNSAFE", _edit(lambda i: _node(i, "relu").update(target="torch.load")), None),
+    ("R7.4-1", "state-path", "E_UNSAFE", _edit(_add_state({"kind": "module", "path": "__class__", "class":
+                                                           "torch.nn.ReLU", "training": False, "attributes": {}})),
+     None),
+    ("R7.4-2", "state-module", "E_SCHEMA", _edit(_add_state({"kind": "module", "path": "m", "class": "torch.nn.ReLU",
+                                                             "training": False, "attributes": {"__init__": 1}})), None),
+    ("R8-1", "failure-stage", "E_SCHEMA", _edit(_set(("failure", "stage"), "timeout")), None),
+]
+
+
+def _other_header(p) -> bytes:
+    """graph.py's tar header with another mtime: the same length, not the header §2.1 fixes."""
+    size = len(dict(p.members)["graph.py"])
+    header = bytearray(tar_header("graph.py", size))
+    header[136:148] = b"00000000001\0"  # mtime 1 instead of 0 (its checksum left as is)
+    return bytes(header)
+
+
+def _flip_index_sha(p, valid: bytes) -> bytes:
+    data = bytearray(valid)
+    data[p.footer_start + 8 + 32] ^= 0xFF  # first byte of the footer's index sha256
+    return bytes(data)
+
+
+def build() -> dict[str, dict]:
+    valid = BASE.read_bytes()
+    parsed = parse(valid)
+    OUT.mkdir(exist_ok=True)
+    vectors: dict[str, dict] = {}
+    for rule, slug, code, builder, limits in CASES:
+        name = f"{rule}-{slug}.tar.zst"
+        (OUT / name).write_bytes(builder(parsed, valid))
+        vectors[name] = {"rule": rule, "code": code, **({"limits": limits} if limits else {})}
+    manifest = {"base": BASE.name, "vectors": vectors, "not_vectorised": NOT_VECTORISED}
+    (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return vectors
+
+
+if __name__ == "__main__":
+    print(f"wrote {len(build())} invalid vectors to {OUT}")

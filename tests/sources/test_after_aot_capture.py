@@ -1,0 +1,98 @@
+"""``capture --after aot`` on a BERT-style training step with Inductor's C++ compile-error
+injector: the archive holds the graph Inductor was handed with the program's real inputs and
+its CppCompileError (Inductor's door, ``sources.inductor_door``), and PyTorch's data-less dump
+of the same failure, packed alone, records the failure it learned on generated data as such,
+reaching the real compile error instead of an IndexError from generated ids.
+
+One capture (one failing Inductor compile) serves every test; each replay is one more."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import reproarchive
+from support import dump_programs as progs
+from support.cli import invoke
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bert")
+    (folder / "prog.py").write_text(progs.bert_step_program("compile_error"))
+    out = folder / "archives"
+    out.mkdir()
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        result = invoke("capture", "--after", "aot", "--keep-dumps", "--json", "-o", out, "--",
+                        sys.executable, "prog.py")
+    finally:
+        os.chdir(cwd)
+    report = json.loads(result.stdout)
+    yield folder, report
+    if report.get("dumps_kept"):
+        shutil.rmtree(report["dumps_kept"], ignore_errors=True)
+
+
+def test_the_archive_holds_the_real_inputs_and_the_programs_compile_error(captured):
+    folder, report = captured
+    assert report["exit_code"] == 1
+    assert report["dumps_found"] == 1 and report["errors"] == []
+    (packed,) = report["archives"]  # PyTorch's data-less dump of the same failure is left out
+    assert packed["kind"] == "capture (after_aot)"
+    assert packed["inputs"]["absent"] == 0 and packed["inputs"]["real"] == packed["inputs"]["total"] > 20
+    assert packed["failure"]["stage"] == "compile"
+    assert packed["failure"]["exception_type"].endswith("CppCompileError")
+    assert packed["replay"]["failure_from"] == "program"
+    repro = reproarchive.load(packed["archive"])
+    assert repro.graph_kind == "after_aot" and repro.backend == "inductor"
+    assert set(repro.fidelity) <= {"real"}
+    saved = torch.load(folder / "inputs.pt")
+    ints = [a for a in repro.args if isinstance(a, torch.Tensor) and a.dtype == torch.int64]
+    assert any(torch.equal(a, saved["ids"]) for a in ints)  # the program's own token ids
+    assert any(torch.equal(a, saved["labels"]) for a in ints)
+
+
+def test_run_reproduces_the_compile_error(captured):
+    _, report = captured
+    result = invoke("run", "--json", report["archives"][0]["archive"])
+    outcome = json.loads(result.stdout)
+    assert result.exit_code == 1, result.output
+    assert outcome["status"] == "reproduced"
+    assert outcome["observed"]["exception_type"].endswith("CppCompileError")
+
+
+def test_the_data_less_dump_packed_alone_says_its_failure_came_from_generated_data(captured, tmp_path):
+    _, report = captured
+    dump = Path(report["dumps_kept"])
+    result = invoke("pack", "--json", dump, "-o", tmp_path / "dump.tar.zst")
+    packed = json.loads(result.stdout)
+    assert result.exit_code == 0, result.output
+    assert packed["inputs"]["real"] == 0 and packed["inputs"]["absent"] == packed["inputs"]["total"]
+    # generated ids stay inside the token-type table and the classes: the replay reaches the
+    # program's compile error, and the archive says it was learned on generated data
+    assert packed["failure"]["exception_type"].endswith("CppCompileError"), packed["failure"]
+    assert packed["replay"]["failure_from"] == "replay on generated data"
+    assert any("generated input(s)" in w for w in packed["warnings"])
+    assert reproarchive.inspect(packed["archive"]).to_plain()["source"]["replay"]["failure_from"] == "replay on generated data"
+
+
+def test_export_reproduces_the_compile_error(captured, tmp_path):
+    _, report = captured
+    result = invoke("export", report["archives"][0]["archive"], "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    script = tmp_path / "out" / "repro.py"
+    assert "GENERATED" not in script.read_text()  # every input is the program's own data
+    done = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True, check=False,
+                          timeout=600)
+    assert done.returncode != 0 and "CppCompileError" in done.stdout + done.stderr, done.stderr[-2000:]
