@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import traceback
 import warnings
@@ -22,14 +23,16 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0    success (run: the graph passed)
   1    run: the recorded failure reproduced; diff: the archives differ
-  2    usage error, or the archive is invalid, damaged, unsafe or too new
+  2    usage error (a store URL of no known kind included), or the archive is invalid,
+       damaged, unsafe or too new
   3    run: a different failure than the recorded one
-  4    an input file or folder (not an archive) is missing or unusable, or a store
+  4    an input file or folder (an archive included) is missing or unusable, or a store
        or the name asked for in it does not exist
   5    a store cannot be reached or answered an error (push, pull, ls, --store)
   70   internal error (a bug in reproarchive; --debug shows the traceback)
   125  run: cannot run here (device or backend unavailable)
   130  interrupted (Ctrl-C); partial results are removed or kept as stated
+  141  the reader of stdout went away (piped into head): stops quietly, as Unix tools do
 """
 
 
@@ -46,6 +49,10 @@ class _Group(click.Group):
             _fail(ctx, str(err), err.exit_code)
         except KeyboardInterrupt:
             _fail(ctx, "interrupted", 130)
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise
+            _quiet_exit()
         except OSError as err:
             what = f"{err.strerror or err}: {err.filename or ''}".rstrip(": ")
             _fail(ctx, f"{what}; check the path (and that you may read or write it)", 4)
@@ -58,6 +65,28 @@ class _Group(click.Group):
         except Exception as err:  # a bug of ours: still one line, the traceback behind --debug
             _fail(ctx, f"unexpected {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''} "
                        "(rerun with --debug and report this)", 70)
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout went away (``reproarchive ls STORE | head``), as opposed to
+    some other pipe breaking."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True
+
+
+def _quiet_exit() -> None:
+    """Stop as a Unix tool stops when its reader goes away: no message, the status a shell
+    reports for SIGPIPE. stdout now points at /dev/null, so that flushing what is left on
+    the way out cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(141)
 
 
 def _fail(ctx: click.Context, message: str, code: int) -> None:

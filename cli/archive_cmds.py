@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from .app import emit_json, main
+from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
 from .progress import byte_bars
-from .text import difference_line, human_size, terminal_safe
+from .text import difference_line, failure_title, human_size, index_digest, terminal_safe
 
 
 def _say(text: str) -> None:
@@ -14,16 +15,14 @@ def _say(text: str) -> None:
     click.echo(terminal_safe(text))
 
 
-ARCHIVE_EXIT_CODES = """\b
-Exit codes:
-  0    the archive is valid (and was shown or extracted)
-  2    usage error, or the archive is invalid, damaged, unsafe or too new (one line says what)
-  4    the file is missing or cannot be read, or (unpack) the output folder cannot be written
-  70   internal error (a bug in reproarchive; --debug shows the traceback)
-"""
+VERIFY_EXIT_CODES = exit_codes((0, "the archive is valid"), USAGE, ARCHIVE_MISSING, INTERNAL)
+INSPECT_EXIT_CODES = exit_codes((0, "the archive is valid and was shown"), USAGE, ARCHIVE_MISSING, STORE_MISSING,
+                                STORE_UNREACHABLE, INTERNAL)
+UNPACK_EXIT_CODES = exit_codes((0, "the archive is valid and was extracted"), USAGE, ARCHIVE_MISSING,
+                               (4, "the output folder exists and is not empty, or cannot be written"), INTERNAL)
 
 
-@main.command(epilog=ARCHIVE_EXIT_CODES)
+@main.command(epilog=VERIFY_EXIT_CODES)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -42,11 +41,12 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     else:
         click.echo(
             f"ok: {archive} is a valid reproarchive {report.format} "
-            f"({report.blobs} blobs, {human_size(report.uncompressed_bytes)} -> {human_size(report.file_bytes)}, {report.digest[:19]}...)"
+            f"({report.blobs} blobs, {human_size(report.uncompressed_bytes)} -> {human_size(report.file_bytes)}, "
+            f"{index_digest(report.digest)})"
         )
 
 
-@main.command(epilog=ARCHIVE_EXIT_CODES)
+@main.command(epilog=INSPECT_EXIT_CODES)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (includes the full records).")
 @click.option("--graph", "show_graph", is_flag=True,
@@ -72,9 +72,9 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         emit_json(info.to_plain())
         return
     g = info.graph
-    _say(f"{info.path}  (format {info.format}, {info.digest[:19]}...)")
+    _say(f"{info.path}  (format {info.format}, {index_digest(info.digest)})")
     if info.parent:
-        _say(f"minified from {info.parent[:19]}...")
+        _say(f"minified from the archive of {index_digest(info.parent)}")
     _say(f"backend: {info.backend or 'unknown'}   accuracy check: {bool(info.accuracy)}")
     _trace_origin(info.source)
     _say(f"graph: {g.nodes} nodes, {g.ops} ops, {g.placeholders} inputs, {g.submodules} stored attributes")
@@ -100,7 +100,7 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         _say(f"WARNING: {s.absent} storages have no data (absent); replay will generate values for them")
     failure = info.failure
     if failure:
-        _say(f"failure: {failure.stage} {failure.exception_type}: {failure.message.splitlines()[0][:160] if failure.message else ''}")
+        _say(f"failure: {failure_title(failure.to_plain())}: {failure.message.splitlines()[0][:160] if failure.message else ''}")
         errors = reproarchive.compiler_errors(failure.message)
         for line in (["compiler errors:", *errors[:5]] if errors else []):
             _say(f"  {line}")
@@ -114,13 +114,8 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
                 _say(f"config: {module}.{key} = {value!r}")
 
 
-DOCTOR_EXIT_CODES = """\b
-Exit codes:
-  0    the report was printed, whether or not anything differs
-  2    usage error, or the archive is invalid, damaged, unsafe or too new (one line says what)
-  4    the file is missing or cannot be read
-  70   internal error (a bug in reproarchive; --debug shows the traceback)
-"""
+DOCTOR_EXIT_CODES = exit_codes((0, "the report was printed, whether or not anything differs"), USAGE, ARCHIVE_MISSING,
+                               STORE_MISSING, STORE_UNREACHABLE, INTERNAL)
 
 
 @main.command(epilog=DOCTOR_EXIT_CODES)
@@ -143,14 +138,48 @@ def doctor(archive: str, as_json: bool) -> None:
         return
     rows = report.differences
     for row in rows:
-        _say(("! " if row.get("important") else "  ") + difference_line(row))
+        mark = "! " if row.get("important") else "= " if _applied_by_run(row) else "  "
+        _say(mark + difference_line(row) + _applied_note(row))
     if not rows:
         _say("no differences that could change the outcome")
-    else:
-        noun = "difference" if len(rows) == 1 else "differences"
-        could = (f"{report.important} could change the outcome of `reproarchive run` (marked !)"
-                 if report.important else "none is likely to change the outcome of `reproarchive run`")
-        _say(f"{len(rows)} {noun} from the recording machine; {could}")
+        return
+    _say(doctor_summary(rows, report.important))
+
+
+def _applied_by_run(row: dict) -> bool:
+    """A recorded config value that merely differs here: `run` sets it from the archive."""
+    return row.get("what") == "config" and row.get("status") == "differs" and not row.get("important")
+
+
+def _testing_only(row: dict) -> bool:
+    return _applied_by_run(row) and str(row.get("name", "")).endswith("_TESTING_ONLY")
+
+
+def _applied_note(row: dict) -> str:
+    if _testing_only(row):
+        return "  (a testing-only setting, such as a bug injector: `run` applies it, so it may be what makes the archive fail)"
+    return "  (`run` applies the recorded value)" if _applied_by_run(row) else ""
+
+
+def doctor_summary(rows: list[dict], important: int) -> str:
+    """The last line of ``doctor``: how many differences, which could change `run`'s outcome,
+    and which `run` takes from the archive (those are part of the failure, not a difference
+    in how it replays)."""
+    noun = "difference" if len(rows) == 1 else "differences"
+    parts = [f"{len(rows)} {noun} from the recording machine"]
+    applied = [r for r in rows if _applied_by_run(r)]
+    if important:
+        parts.append(f"{important} could change the outcome of `reproarchive run` (marked !)")
+    if applied:
+        parts.append(f"{len(applied)} recorded config value{'s are' if len(applied) != 1 else ' is'} applied by "
+                     "`reproarchive run` as recorded (marked =)")
+    testing = [r["name"] for r in rows if _testing_only(r)]
+    if testing:
+        parts.append(f"{', '.join(testing)} is set in the archive: a testing-only setting that `run` applies too")
+    if not important:
+        parts.append("nothing else is likely to change the outcome" if applied
+                     else "none is likely to change the outcome of `reproarchive run`")
+    return "; ".join(parts)
 
 
 def _trace_origin(source) -> None:
@@ -168,7 +197,7 @@ def _trace_origin(source) -> None:
     _say(f"tlparse: {page or (str(tlparse.get('directory')) + '/')}   graph: {source.get('graph_from')}")
 
 
-@main.command(epilog=ARCHIVE_EXIT_CODES)
+@main.command(epilog=UNPACK_EXIT_CODES)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("-C", "--directory", "directory", type=click.Path(file_okay=False), default=None,
               help="Folder to create (default: the archive's name without .tar.zst). Must not exist or be empty.")

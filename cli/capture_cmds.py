@@ -11,11 +11,25 @@ from pathlib import Path
 import click
 
 from .app import emit_json, json_errors, main
+from .exit_codes import INTERNAL, INTERRUPTED, exit_codes
 from .progress import step_bar
 from .store_cmds import push_line
 from .text import human_size, pack_summary
 
 PACK_STAGES = 6  # the events reproarchive.sources.dump_child reports
+
+PACK_EXIT_CODES = exit_codes(
+    (0, "every archive was written (and pushed, with --store)"),
+    (2, "usage error, or the dump or log holds something that cannot be packed safely"),
+    (4, "no dump or log is found, SOURCE is neither (an archive already packed included), or nothing can be packed"),
+    (5, "the archives were written but the store could not take them"),
+    INTERNAL, INTERRUPTED)
+
+CAPTURE_EXIT_CODES = """\b
+Exit codes:
+  N    the program's own exit code (128+N if signal N ended it), so capture can wrap a command
+""" + exit_codes((2, "usage error (-o naming a file included)"), (4, "the program cannot be started"),
+                 INTERNAL).split("Exit codes:\n", 1)[1]
 
 
 def _print_pack_result(result) -> None:
@@ -29,7 +43,7 @@ def _warn(lines) -> None:
         click.echo(f"warning: {line}", err=True)
 
 
-@main.command("pack")
+@main.command("pack", epilog=PACK_EXIT_CODES)
 @click.argument("source", required=False, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path),
               help="Archive to write (default: ./repro.tar.zst; a folder gets repro.tar.zst inside). "
@@ -89,8 +103,6 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
 
     Prints where each archive went, its size, and three summary lines: graph, inputs, failure.
     With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there.
-    Exit code 4 when no dump or log is found, SOURCE is neither, or nothing can be packed;
-    5 when the archives were written but the store could not take them.
     """
     import reproarchive
 
@@ -204,7 +216,7 @@ def _rel(path: Path, cwd: Path) -> str:
         return str(path)
 
 
-@main.command("capture", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command("capture", epilog=CAPTURE_EXIT_CODES, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
               show_default=True, help="Folder for the archives (repro.tar.zst, repro-2.tar.zst, ...).")
 @click.option("--after", type=click.Choice(["dynamo", "aot"]), default="dynamo", show_default=True,
@@ -264,10 +276,9 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
     job can share each failure it sees (`reproarchive ls STORE` then groups them by failure).
 
     \b
-    Exit code: the program's own exit code (128+N if signal N ended it), so capture can wrap
-    a command in scripts; the archives written are listed on stdout (one path per line with
-    --quiet). Exit 4 when the program cannot be started or -o is not a folder. A push that
-    fails is reported on stderr ("error: could not push ...") and leaves the exit code alone.
+    The archives written are listed on stdout (one path per line with --quiet); -o is created
+    if it does not exist. A push that fails is reported on stderr ("error: could not push
+    ...") and leaves the exit code (the program's own) alone.
     """
     import reproarchive
 

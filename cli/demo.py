@@ -83,7 +83,7 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
 
     step(f"2. reproarchive verify {archive}")
     report = reproarchive.verify(archive)
-    say(f"   ok: format {report.format}, {report.blobs} blobs, digest {report.digest[:23]}...")
+    say(f"   ok: format {report.format}, {report.blobs} blobs, index digest {report.digest[:23]}...")
 
     step(f"3. reproarchive inspect {archive}")
     info = reproarchive.inspect(archive)

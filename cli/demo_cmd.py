@@ -5,9 +5,12 @@ from __future__ import annotations
 import click
 
 from .app import emit_json, main
+from .exit_codes import INTERNAL, exit_codes
 
 
-@main.command()
+@main.command(epilog=exit_codes((0, "every step saw what it should"),
+                                (2, "usage error, or a step did not see what it should (one line says which)"),
+                                (4, "the demo's folder cannot be written"), INTERNAL))
 @click.option("-C", "--directory", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the demo's archives.")
 @click.option("--no-minify", is_flag=True, help="Stop after the replay.")
@@ -19,7 +22,7 @@ def demo(directory: str, no_minify: bool, as_json: bool) -> None:
     captured into an archive, verified, inspected, replayed without the injector (the archive's
     recorded config brings the bug back) and minified to the op that fails. Then a program whose
     compiled kernel aborts the process leaves an archive that replays the crash in a child
-    process. Exit 0 when every step saw what it should.
+    process.
     """
     from .demo import run_demo
 

@@ -14,10 +14,16 @@ from pathlib import Path
 import click
 
 from .app import emit_json, json_errors, main
+from .exit_codes import INTERNAL, exit_codes
 from .store_cmds import print_store_listing
 
 
-@main.command("ls")
+@main.command("ls", epilog=exit_codes(
+    (0, "the listing was printed"),
+    (2, "usage error (a URL of no known kind of store included), or a store's marker is of a newer layout"),
+    (4, "SOURCE does not exist or is neither a store nor a trace, or the store (its bucket) does not exist"),
+    (5, "the store cannot be reached or answered an error (credentials included)"),
+    INTERNAL))
 @click.argument("source")
 @click.option("--rank", type=int, default=None, help="Only compiles of this rank.")
 @click.option("--failed", is_flag=True, help="Only compiles that failed (what `pack` takes by default).")
@@ -36,7 +42,6 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
       OPS      operations in its graph
       INPUTS   inputs with real data / inputs without (generated at replay)
       LOGICAL  bytes of input data;  STORED  size of the archive file
-    Exit 4 when the store does not exist, 5 when it cannot be reached.
 
     \b
     SOURCE is a TORCH_TRACE log file, the folder TORCH_TRACE pointed at (one log per rank and
@@ -51,7 +56,7 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
       REASON   the first line of the failure
 
     Problems in the log (truncated lines, payloads whose MD5 does not match, interleaved ranks)
-    are warnings on stderr. Exit 4 when SOURCE is not a trace.
+    are warnings on stderr.
     """
     import reproarchive
     from reproarchive import SourceError

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .app import emit_json, main
+from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
 from .progress import byte_bars, minify_status
 from .text import difference_line, terminal_lines, terminal_safe
 
@@ -63,17 +64,17 @@ MAX_MEMORY = click.option(
          "allocating anything. Default: the memory available on this machine (and each device's free memory).")
 
 
-RUN_EPILOG = """\b
-Exit codes:
-  0    passed: the graph compiled and ran (and matched eager with --accuracy)
-  1    reproduced: it failed the way the archive recorded
-  2    usage error, or the archive is invalid, damaged, unsafe or too new
-  3    different failure: it failed, but not the way the archive recorded
-  125  cannot run here: the device or the backend is not available, or the archive was
-       recorded on a device this machine lacks (--device cpu runs it on the CPU, and the
-       verdict then says it ran on another device type)
-  130  interrupted
-
+RUN_EPILOG = exit_codes(
+    (0, "passed: the graph compiled and ran (and matched eager with --accuracy)"),
+    (1, "reproduced: it failed the way the archive recorded"),
+    (2, "usage error, or the archive is invalid, damaged, unsafe or too new"),
+    (3, "different failure: it failed, but not the way the archive recorded"),
+    ARCHIVE_MISSING, STORE_MISSING, STORE_UNREACHABLE, INTERNAL,
+    (125, "cannot run here: the device or the backend is not available, or the archive was recorded on a "
+          "device this machine lacks (--device cpu runs it on the CPU, and the verdict then says it ran on "
+          "another device type)"),
+    INTERRUPTED,
+) + """
 \b
 Bisecting PyTorch ("when did this start failing?"):
   git bisect start <bad-commit> <good-commit>

@@ -7,7 +7,7 @@ import click
 
 from .app import emit_json, json_errors, main
 from .progress import byte_bars
-from .text import human_size
+from .text import failure_title, file_digest, human_size
 
 STORE_HELP = """\b
 STORE is an fsspec URL: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix,
@@ -18,9 +18,12 @@ memory://name, file:///path, or a local folder. S3 needs `pip install 'reproarch
 STORE_EXIT_CODES = """\b
 Exit codes:
   0    success
-  2    an archive, or an object in the store, is invalid, damaged or does not match its digest
-  4    an archive file, the store, or the name asked for does not exist
-  5    the store cannot be reached or answered an error
+  2    usage error (an unknown kind of store URL included), or an archive, or an object in
+       the store, is invalid, damaged or does not match its digest
+  4    an archive file, the store (its bucket), or the name asked for does not exist, or
+       (pull) the output file exists and holds another archive (see --force)
+  5    the store cannot be reached or answered an error (credentials included)
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
   130  interrupted (nothing is named in the store until an archive is complete)
 """
 
@@ -57,8 +60,8 @@ def push_cmd(archives: tuple[str, ...], store: str, name: str | None, jobs: int,
 
 
 def push_line(r) -> str:
-    moved = f" (the name pointed to {r.replaced[:19]}... before)" if r.replaced else ""
-    return (f"pushed {r.archive} as {r.store}/{r.name}  {r.digest[:19]}...  "
+    moved = f" (the name pointed to {file_digest(r.replaced)} before)" if r.replaced else ""
+    return (f"pushed {r.archive} as {r.store}/{r.name}  {file_digest(r.digest)}  "
             f"sent {human_size(r.uploaded_bytes)} for {human_size(r.size)} "
             f"({r.uploaded_blobs} of {r.blobs} blobs were new){moved}")
 
@@ -67,26 +70,33 @@ def push_line(r) -> str:
 @click.argument("reference")
 @click.option("-o", "--output", type=click.Path(), default=None,
               help="File to write (default: ./NAME.tar.zst; a folder gets NAME.tar.zst inside).")
+@click.option("-f", "--force", is_flag=True, help="Replace an existing output file that holds other bytes.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 64), default=8, show_default=True, help="Parallel downloads.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def pull_cmd(reference: str, output: str | None, jobs: int, as_json: bool, quiet: bool) -> None:
+def pull_cmd(reference: str, output: str | None, force: bool, jobs: int, as_json: bool, quiet: bool) -> None:
     """Download the archive REFERENCE names (STORE/NAME or STORE/DIGEST-PREFIX), byte-identical.
+
+    DIGEST-PREFIX is at least 4 hex digits of either digest: the file's (`push`, `ls`, `pull`
+    print it as "file sha256:...") or the index's (`inspect`, `verify`, `diff` print it as
+    "index sha256:...").
 
     \b
     The archive is rebuilt from the blobs and its own object, each checked against the
     digest and size recorded at push; the file must hash to the archive's digest and pass
     `verify` before it appears under its name. A damaged or replaced object is named, and
-    nothing is written. `run`, `inspect` and `load` take REFERENCE directly too.
+    nothing is written. An existing output file is kept when it already is the archive, and
+    refused (exit 4) when it is not, unless --force. `run`, `inspect` and `load` take
+    REFERENCE directly too.
     """
     import reproarchive
 
     with json_errors(as_json), byte_bars(not (quiet or as_json)) as progress:
-        result = reproarchive.pull(reference, output, jobs=jobs, progress=progress)
+        result = reproarchive.pull(reference, output, jobs=jobs, progress=progress, force=force)
     if as_json:
         emit_json(result.to_json())
         return
-    click.echo(f"pulled {result.path} ({human_size(result.size)}, {result.digest[:19]}..., verified)")
+    click.echo(f"pulled {result.path} ({human_size(result.size)}, {file_digest(result.digest)}, verified)")
 
 
 pull_cmd.help = (pull_cmd.help or "") + "\n\n" + STORE_HELP
@@ -101,7 +111,7 @@ def print_store_listing(listing: dict) -> None:
     for group in listing["groups"]:
         failure = group["failure"]
         if failure:
-            what = f"{failure.get('stage')} {failure.get('exception_type') or ''}".rstrip()
+            what = failure_title(failure)
             message = f": {failure['message'][:100]}" if failure.get("message") else ""
             title = f"{what}{message}"
         else:

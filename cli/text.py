@@ -49,6 +49,27 @@ def difference_line(d: dict) -> str:
     return f"{d['what']:<11} {d['name']}: {change}"
 
 
+def index_digest(digest: str) -> str:
+    """The index's digest, as ``inspect``, ``verify``, ``diff`` and ``view`` print it. An archive
+    has two digests: its index's (what names it inside the format: ``parent``, ``diff``) and
+    its file's (what a store names it by: ``push``, ``pull``, ``ls``). Each is printed with its
+    label, and a store reference takes either."""
+    return f"index {digest[:19]}..."
+
+
+def file_digest(digest: str) -> str:
+    """The archive file's digest, as ``push``, ``pull`` and ``ls`` print it (see ``index_digest``)."""
+    return f"file {digest[:19]}..."
+
+
+def failure_title(failure: dict) -> str:
+    """A failure's stage and exception type (``compile InductorError``). A crash archive written
+    before the graph first ran (kept only because the process died there) has no signal: that
+    is said, not left as an empty type."""
+    kind = failure.get("exception_type") or ("(signal not recorded)" if failure.get("stage") == "crash" else "")
+    return " ".join(str(part) for part in (failure.get("stage"), kind) if part)
+
+
 def human_size(n: int) -> str:
     """Bytes for people: 512 B, 3.4 MiB."""
     size = float(n)
@@ -77,8 +98,7 @@ def pack_summary(result) -> list[str]:
     message = (f.get("message") or "").strip().splitlines()
     f = {k: terminal_safe(v) if isinstance(v, str) else v for k, v in f.items()}
     first = terminal_safe(message[0][:160]) if message else ""
-    kind = f.get("exception_type") or ""
-    failure = f"failure: {f.get('stage')}" + (f" {kind}" if kind else "") + (f": {first}" if first else "")
+    failure = f"failure: {failure_title(f)}" + (f": {first}" if first else "")
     learned = (getattr(result, "replay", None) or {}).get("failure_from")
     if learned and f.get("stage") != "unknown":
         failure += f"  [from the {terminal_safe(str(learned))}]"

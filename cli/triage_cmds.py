@@ -7,7 +7,7 @@ import sys
 import click
 
 from .app import emit_json, json_errors, main
-from .text import terminal_lines, terminal_safe
+from .text import failure_title, index_digest, terminal_lines, terminal_safe
 
 DIFF_EPILOG = """\b
 Exit codes:
@@ -16,6 +16,7 @@ Exit codes:
   1    they differ (as diff(1) does)
   2    usage error, or an archive is invalid, damaged, unsafe or too new
   4    an archive file is missing or unreadable
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
 """
 
 VIEW_EPILOG = """\b
@@ -23,6 +24,7 @@ Exit codes:
   0    the page was written
   2    usage error, or the archive (or --parent) is invalid, damaged, unsafe or too new
   4    an archive file is missing or unreadable, or the page cannot be written
+  70   internal error (a bug in reproarchive; --debug shows the traceback)
 """
 
 #: Graph rows printed as text; --json has them all.
@@ -58,9 +60,9 @@ def format_diff(r) -> list[str]:
     width = max(len(a.path), len(b.path))
     relation = {"b_minified_from_a": "   (minified from A)", "a_minified_from_b": ""}.get(r.relation or "", "")
     lines = [
-        f"A  {a.path:<{width}}  {a.digest[:19]}...  {_counts(a)}"
+        f"A  {a.path:<{width}}  {index_digest(a.digest)}  {_counts(a)}"
         + ("   (minified from B)" if r.relation == "a_minified_from_b" else ""),
-        f"B  {b.path:<{width}}  {b.digest[:19]}...  {_counts(b)}{relation}",
+        f"B  {b.path:<{width}}  {index_digest(b.digest)}  {_counts(b)}{relation}",
     ]
     if r.relation == "same_archive":
         lines.append("(the two files hold the same index)")
@@ -85,7 +87,7 @@ def _failure(f: dict) -> list[str]:
     def text(side):
         if side is None:
             return "no failure recorded"
-        return f"{side['stage']} {side['exception_type']}: {side['message'][:140]}".rstrip(": ")
+        return f"{failure_title(side)}: {side['message'][:140]}".rstrip(": ")
 
     if f["same"]:
         return [f"{'failure':<12} same signature: {text(f['a'])}"]

@@ -72,6 +72,7 @@ _EXPORTS = {
     "NotReproducedError": "reproarchive.errors",
     "StoreError": "reproarchive.errors",
     "StoreNotFoundError": "reproarchive.errors",
+    "StoreURLError": "reproarchive.errors",
     "CorruptStoreError": "reproarchive.errors",
 }
 

@@ -145,7 +145,7 @@ class _Builder:
             raise TypeError(f"two documented records are named {name}")
         if name not in self.defs:
             self.defs[name] = {}  # a placeholder while the fields refer back to it
-            hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]), include_extras=True)
+            hints = typing.get_type_hints(cls, include_extras=True)
             properties: dict[str, dict] = {}
             optional, open_ = [], False
             tag_key = getattr(cls, "TAG_KEY", None)
@@ -159,7 +159,9 @@ class _Builder:
                 properties[key] = f.metadata.get("json") or self.of(hints[f.name])
                 if f.metadata.get("omit"):
                     optional.append(key)
-            for key, tp in _COMPUTED.get(cls, {}).items():
+            computed = {key: typing.get_type_hints(getattr(cls, key).fget)["return"]
+                        for key in getattr(cls, "COMPUTED", ())}
+            for key, tp in {**computed, **_COMPUTED.get(cls, {})}.items():
                 properties[key] = self.of(tp)
             schema = _object(properties, optional=tuple(optional), open_=open_)
             doc = (cls.__doc__ or "").strip()

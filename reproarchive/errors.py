@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     STORE_CORRUPT = "E_STORE_CORRUPT"
     STORE = "E_STORE"
     STORE_NOT_FOUND = "E_STORE_NOT_FOUND"
+    STORE_URL = "E_STORE_URL"
     PACK = "E_PACK"
     SOURCE = "E_SOURCE"
     DEVICE = "E_DEVICE"
@@ -193,6 +194,14 @@ class StoreNotFoundError(StoreError):
 
     exit_code = 4
     code = ErrorCode.STORE_NOT_FOUND
+
+
+class StoreURLError(StoreError):
+    """The store location is not one this installation can use: an unknown URL scheme, or a
+    URL fsspec cannot parse (exit 2, a usage error: retrying cannot help)."""
+
+    exit_code = 2
+    code = ErrorCode.STORE_URL
 
 
 class PackError(ReproArchiveError):

@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from reproarchive.archive.inspection import NamedByIndex
 from reproarchive.errors import CorruptArchiveError, DigestMismatchError, Rule
 from reproarchive.format import digests, layout
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.layout import LAYOUT_MEMBER, Limits
-from reproarchive.format.plain import PlainRecord
 from reproarchive.format.reader import ContainerReader
 from reproarchive.progress import ProgressFn, Tracker
 
@@ -66,7 +66,7 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
 
 
 @dataclasses.dataclass(frozen=True)
-class VerifyReport(PlainRecord):
+class VerifyReport(NamedByIndex):
     """An archive that passed every check; ``to_plain()`` is ``verify --json``."""
 
     valid: bool  # always True: a failed check raises instead

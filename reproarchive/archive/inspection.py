@@ -22,6 +22,17 @@ from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, S
 _OMIT_NONE = {"omit": "none"}  # a key only some rows (or some reports) have
 
 
+class NamedByIndex(PlainRecord):
+    """A report about an archive whose ``digest`` is its index's. An archive has two digests
+    (a store names its file by the other), so ``--json`` also says which in a key of its own."""
+
+    COMPUTED = ("index_digest",)
+
+    @property
+    def index_digest(self) -> str:
+        return self.digest
+
+
 @dataclasses.dataclass(frozen=True)
 class InputRow(PlainRecord):
     """One graph input. Tensors have the tensor fields; symbols ``value`` (the hint) and
@@ -99,7 +110,7 @@ class StoreOrigin(PlainRecord):
 
 
 @dataclasses.dataclass(frozen=True)
-class InspectReport(PlainRecord):
+class InspectReport(NamedByIndex):
     """What ``inspect`` says about an archive; ``to_plain()`` is ``inspect --json``."""
 
     path: str
@@ -128,8 +139,10 @@ def input_rows(index: Index) -> list[InputRow]:
     """One row per graph input: what ``inspect`` lists and ``view`` tabulates."""
     rows = []
     derived = index.not_original_inputs()
+    placeholders = index.graph.placeholders()  # one per input, in order (spec: checked at decode)
     for i, rec in enumerate(index.inputs):
-        name = getattr(rec, "name", None)
+        # a tensor records its placeholder's name; a SymInt, a scalar or a list has only the placeholder
+        name = getattr(rec, "name", None) or (placeholders[i].name if i < len(placeholders) else None)
         if isinstance(rec, TensorValue):
             st = index.storages[rec.storage]
             fidelity = ((st.fidelity if st.fill is None else "real (zeros)") if i not in derived

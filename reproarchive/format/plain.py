@@ -38,7 +38,7 @@ import enum
 import functools
 import types
 import typing
-from typing import Any, Callable, Union
+from typing import Any, Callable, ClassVar, Union
 
 from reproarchive.errors import Rule, SchemaViolation
 
@@ -455,8 +455,11 @@ class ArgCodec:
 
 class PlainRecord:
     """Mixin for a typed report (what a command prints with ``--json``): ``to_plain()`` is its
-    JSON-ready form, by the same converter as the index records, so the declared fields are
-    exactly the printed keys (spec/json/reports.schema.json declares them for readers)."""
+    JSON-ready form, by the same converter as the index records, so the declared fields (and
+    the properties named in ``COMPUTED``) are exactly the printed keys
+    (spec/json/reports.schema.json declares them for readers)."""
+
+    COMPUTED: ClassVar[tuple[str, ...]] = ()  # properties to_plain() writes too
 
     def to_plain(self) -> dict[str, Any]:
-        return encode(self)
+        return {**encode(self), **{key: getattr(self, key) for key in self.COMPUTED}}

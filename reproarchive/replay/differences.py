@@ -15,11 +15,12 @@ import dataclasses
 import os
 from typing import Any
 
-from reproarchive.archive.inspection import StoreOrigin
+from reproarchive.archive.inspection import NamedByIndex, StoreOrigin
 from reproarchive.format import layout
-from reproarchive.format.plain import PlainData, PlainRecord
+from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, SystemRecord
+
 
 def differences(
     *,
@@ -73,7 +74,7 @@ def differences(
 
 
 @dataclasses.dataclass(frozen=True)
-class DoctorReport(PlainRecord):
+class DoctorReport(NamedByIndex):
     """What ``doctor`` found; ``to_plain()`` is ``doctor --json``."""
 
     path: str

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.errors import SourceError
+from reproarchive.format.layout import ZSTD_MAGIC
 
 LAUNCHER_NAME = "minifier_launcher.py"
 # after_dynamo / after_aot are importable; aoti dumps hold an ExportedProgram (.pt2, pickled
@@ -67,6 +68,19 @@ class DumpScript:
 
 
 
+def _refuse_binary(path: Path) -> None:
+    """A file named as a dump that is not text: most often an archive that is already packed."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head[:4] == ZSTD_MAGIC.to_bytes(4, "little"):
+        raise SourceError(f"{path.name} is already a compressed archive (zstd), not a PyTorch repro dump: pack "
+                          "makes archives from dumps and TORCH_TRACE logs",
+                          f"use it as it is: `reproarchive inspect {path}`, `run`, `verify`, or `push` it to a store")
+    if b"\0" in head:
+        raise SourceError(f"{path.name} is a binary file, not a PyTorch repro dump",
+                          "name a repro.py or minifier_launcher.py that PyTorch wrote, or a TORCH_TRACE log")
+
+
 def parse_dump_script(path: str | os.PathLike) -> DumpScript:
     """Read a PyTorch repro script; SourceError when it is not one we can import."""
     path = Path(path)
@@ -74,6 +88,8 @@ def parse_dump_script(path: str | os.PathLike) -> DumpScript:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as err:
         raise SourceError(f"cannot read {path}: {err.strerror}", "check the path and permissions") from err
+    if "\ufffd" in text[:4096] or "\0" in text[:4096]:
+        _refuse_binary(path)
     if text.startswith("Repro is not generated"):
         raise SourceError(
             f"{path.name} holds no repro: PyTorch refused to write one (a BackwardState input)",
@@ -83,7 +99,7 @@ def parse_dump_script(path: str | os.PathLike) -> DumpScript:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as err:
         raise SourceError(
-            f"{path.name} is not valid Python (line {err.lineno}): not a PyTorch repro dump",
+            f"{path.name} is not valid Python{'' if err.lineno is None else f' (line {err.lineno})'}: not a PyTorch repro dump",
             "name a repro.py or minifier_launcher.py that PyTorch wrote",
         ) from err
     info = _inspect_tree(tree)

@@ -123,13 +123,14 @@ def capture_program(
     """Run ``argv`` with repro dumps on; pack each dump into ``out_dir``; return what happened.
 
     The program inherits stdin/stdout/stderr and the current directory. Raises SourceError when
-    the program cannot be started or ``out_dir`` is not a folder.
+    the program cannot be started or ``out_dir`` is a file (a missing folder is created).
     """
     if not argv:
         raise SourceError("no program to run", "give it after --, e.g. reproarchive capture -- python train.py")
     out = Path(out_dir)
-    if not out.is_dir():
-        raise SourceError(f"output folder {out} does not exist", "create it or choose another -o")
+    if out.exists() and not out.is_dir():
+        raise SourceError(f"output folder {out} is a file", "choose a folder for -o")
+    out.mkdir(parents=True, exist_ok=True)  # as the in-process capture backend does
     dump_dir = Path(tempfile.mkdtemp(prefix="reproarchive-capture-"))
     result = CaptureResult(exit_code=0)
     try:

@@ -54,7 +54,9 @@ def _row(ref: objects.Ref) -> dict:
     s = ref.summary
     return {
         "name": ref.name,
-        "digest": ref.archive,
+        "digest": ref.archive,  # the file's, as push and pull print it
+        "file_digest": ref.archive,
+        "index_digest": s.index_digest,  # as inspect, verify and diff print it (None: pushed before refs kept it)
         "pushed": ref.pushed,
         "failure": None if s.failure is None else dataclasses.asdict(s.failure),
         "backend": s.backend,

@@ -45,7 +45,8 @@ MAX_SEGMENTS = 2 * layout.DEFAULT_LIMITS.max_members + 2
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 SHA256_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
-HEX_PREFIX_RE = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
+# A digest prefix as people copy it: "file sha256:3fa2...", "index-sha256:3fa2", "sha256:3fa2", "3fa2"
+HEX_PREFIX_RE = re.compile(r"^(?:(file|index)[-_: ]?)?(?:sha256:)?([0-9a-f]{4,64})(?:\.\.\.|\u2026)?$")
 # A blob object is stored under its member name; a copy compressed differently from the one
 # already there goes under the member name plus 16 hex digits of its own sha256 (§11.2).
 _VARIANT_RE = re.compile(r"^\.[0-9a-f]{16}$")
@@ -139,6 +140,7 @@ class RefSummary:
     file_bytes: int | None = None
     torch: str | None = None
     source: str | None = None
+    index_digest: str | None = None  # lets a reference give the digest `inspect` prints
 
     def to_plain(self) -> dict[str, Any]:
         return {
@@ -146,7 +148,7 @@ class RefSummary:
             "backend": self.backend, "ops": self.ops,
             "inputs": {"real": self.inputs_real, "absent": self.inputs_absent, "values": self.inputs_values},
             "bytes_logical": self.bytes_logical, "file_bytes": self.file_bytes,
-            "torch": self.torch, "source": self.source,
+            "torch": self.torch, "source": self.source, "index_digest": self.index_digest,
         }
 
     @classmethod
@@ -163,6 +165,7 @@ class RefSummary:
             inputs_values=_known_count(inputs.get("values")),
             bytes_logical=_known_count(plain.get("bytes_logical")), file_bytes=_known_count(plain.get("file_bytes")),
             torch=_text(plain.get("torch")), source=_text(plain.get("source")),
+            index_digest=plain.get("index_digest") if SHA256_RE.match(str(plain.get("index_digest"))) else None,
         )
 
 
@@ -244,7 +247,7 @@ def decode_archive_object(digest: str, data: bytes) -> ArchiveObject:
         plain = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except IndexSchemaError as exc:
         raise CorruptStoreError(f"{where} is not valid msgpack: {exc}", "the store is damaged or hostile") from None
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
         raise CorruptStoreError(f"{where} is not valid msgpack: {type(exc).__name__}", "the store is damaged or hostile") from None
     if not isinstance(plain, dict) or plain.get("format") != ARCHIVE_OBJECT_FORMAT:
         raise CorruptStoreError(f"{where} is not a reproarchive archive object", "the store is damaged or hostile")

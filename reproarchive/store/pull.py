@@ -22,17 +22,18 @@ import hashlib
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from reproarchive.archive.checking import verify_bytes
-from reproarchive.errors import CorruptStoreError, StoreNotFoundError
+from reproarchive.errors import ArchiveError, CorruptStoreError, SourceError, StoreNotFoundError
 from reproarchive.format.atomic import atomic_path
 from reproarchive.format.parallel import run_all
 from reproarchive.format.reader import ContainerReader
 from reproarchive.progress import ProgressFn
 from reproarchive.store import objects
-from reproarchive.store.location import CHUNK_BYTES, Store, split_reference
+from reproarchive.store.backend import CHUNK_BYTES, Store
+from reproarchive.store.location import open_location, split_reference
 from reproarchive.store.objects import ArchiveObject, BlobCheck, BlobSegment, Ref
 from reproarchive.store.push import DEFAULT_JOBS
 
@@ -48,9 +49,10 @@ class PullResult:
     size: int
     blobs: int
     downloaded_bytes: int
+    index_digest: str | None = None  # what inspect/verify/diff print; ``digest`` is the file's
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "path": str(self.path)}
+        return {**dataclasses.asdict(self), "path": str(self.path), "file_digest": self.digest}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +65,15 @@ class Resolved:
 
 def open_store(url: str | os.PathLike, storage_options: dict | None = None) -> Store:
     """A store that exists: its marker is there and of a layout this version reads."""
-    store = url if isinstance(url, Store) else Store(url, **(storage_options or {}))
+    store = open_location(url, **(storage_options or {}))
     store.refresh()
     try:
         marker = store.read_small(objects.MARKER_KEY, objects.MAX_MARKER_BYTES)
     except StoreNotFoundError:
+        missing = store.missing_root()
+        if missing:
+            raise StoreNotFoundError(f"{store.url}: {missing}", "check the URL, and the endpoint (AWS_ENDPOINT_URL) "
+                                     "and account it is looked up in") from None
         raise StoreNotFoundError(f"{store.url} is not a reproarchive store (it has no {objects.MARKER_KEY} marker)",
                                  "check the URL; `reproarchive push ARCHIVE STORE` creates a store") from None
     objects.check_marker(marker, store.url)
@@ -76,7 +82,10 @@ def open_store(url: str | os.PathLike, storage_options: dict | None = None) -> S
 
 def resolve(reference: str, storage_options: dict | None = None) -> Resolved:
     """``STORE/NAME`` or ``STORE/DIGEST-PREFIX`` -> the archive's digest. A name wins over a
-    prefix; a prefix must name exactly one archive."""
+    prefix; a prefix must name exactly one archive. A digest prefix may be the archive file's
+    (what ``push``, ``ls`` and ``pull`` print as "file sha256:") or its index's (what
+    ``inspect``, ``verify`` and ``diff`` print as "index sha256:"), with or without the label,
+    ``sha256:`` and a trailing "..."."""
     url, target = split_reference(reference)
     store = open_store(url, storage_options)
     if objects.NAME_RE.match(target) and store.size(objects.ref_key(target)) is not None:
@@ -85,17 +94,39 @@ def resolve(reference: str, storage_options: dict | None = None) -> Resolved:
     m = objects.HEX_PREFIX_RE.match(target)
     if m is None:
         raise StoreNotFoundError(f"{store.url} has no archive named {target!r}", f"`reproarchive ls {store.url}` lists the names")
-    prefix = m.group(1)
-    hexes = [k.rsplit("/", 1)[1] for k in store.list("archives/sha256")]
+    prefix, kind = m.group(2), m.group(1)
+    hexes = [k.rsplit("/", 1)[1] for k in store.list("archives/sha256")] if kind != "index" else []
     matches = sorted(h for h in hexes if h.startswith(prefix) and objects.SHA256_RE.match("sha256:" + h))
+    if not matches and kind != "file":
+        matches = _by_index_digest(store, prefix)
     if not matches:
-        raise StoreNotFoundError(f"{store.url} has no archive named {target!r} and none whose digest starts with {prefix}",
+        what = {"file": "whose file digest", "index": "whose index digest"}.get(kind, "whose file or index digest")
+        raise StoreNotFoundError(f"{store.url} has no archive named {target!r} and none {what} starts with {prefix}",
                                  f"`reproarchive ls {store.url}` lists the names")
     if len(matches) > 1:
         raise StoreNotFoundError(f"{prefix} is the start of {len(matches)} archive digests in {store.url} "
                                  f"({', '.join(h[:16] for h in matches[:4])}{' ...' if len(matches) > 4 else ''})",
                                  "give more digits")
     return Resolved(store, None, "sha256:" + matches[0], None)
+
+
+def _by_index_digest(store: Store, prefix: str) -> list[str]:
+    """The archives (file digests, hex) whose index digest starts with ``prefix``: what a ref
+    says is only a hint, so each candidate's archive object must say it too. Refs written
+    before refs carried the index digest cost one archive object read each."""
+    refs = [k for k in store.list("refs") if objects.NAME_RE.match(k.rsplit("/", 1)[1])]
+    candidates = set()
+    for key, data in store.read_many(refs).items():
+        try:
+            ref = objects.decode_ref(key.rsplit("/", 1)[1], data) if isinstance(data, bytes) else None
+        except ArchiveError:
+            continue
+        hint = ref.summary.index_digest if ref else None
+        if ref is not None and (hint is None or hint.split(":")[1].startswith(prefix)):
+            candidates.add(ref.archive)
+    found = {d.split(":")[1] for d in candidates
+             if read_archive_object(store, d).index_digest.split(":")[1].startswith(prefix)}
+    return sorted(found)
 
 
 def read_archive_object(store: Store, digest: str) -> ArchiveObject:
@@ -113,15 +144,31 @@ def default_output(resolved: Resolved) -> Path:
 
 
 def pull(reference: str, output: str | os.PathLike | None = None, *, jobs: int = DEFAULT_JOBS,
-         progress: ProgressFn | None = None, storage_options: dict | None = None) -> PullResult:
-    """Rebuild the archive ``reference`` names at ``output`` (default ``./NAME.tar.zst``)."""
+         progress: ProgressFn | None = None, storage_options: dict | None = None, force: bool = False) -> PullResult:
+    """Rebuild the archive ``reference`` names at ``output`` (default ``./NAME.tar.zst``).
+
+    An existing file there is left alone when it already is this archive (nothing is
+    downloaded) and refused when it is not, unless ``force``."""
     resolved = resolve(reference, storage_options)
     out = Path(output) if output is not None else default_output(resolved)
     if out.is_dir() or os.fspath(output or "").endswith(("/", os.sep)):
         out = out / default_output(resolved)
     archive = read_archive_object(resolved.store, resolved.digest)
-    downloaded = rebuild(resolved.store, archive, out, jobs=jobs, progress=progress)
-    return PullResult(reference, out, resolved.name, resolved.digest, archive.size, len(archive.blobs()), downloaded)
+    already = _holds(out, archive)
+    if out.is_file() and not already and not force:
+        raise SourceError(f"{out} already exists and is not the archive {resolved.digest[:19]}...",
+                          "pass --force (force=True) to replace it, or -o another file")
+    downloaded = 0 if already else rebuild(resolved.store, archive, out, jobs=jobs, progress=progress)
+    return PullResult(reference, out, resolved.name, resolved.digest, archive.size, len(archive.blobs()), downloaded,
+                      archive.index_digest)
+
+
+def _holds(path: Path, archive: ArchiveObject) -> bool:
+    """Whether ``path`` is already the archive (its size, then its sha256)."""
+    if not path.is_file() or path.stat().st_size != archive.size:
+        return False
+    with open(path, "rb", buffering=0) as f:
+        return _sha256_of(f.fileno(), archive.size, None) == archive.digest
 
 
 def rebuild(store: Store, archive: ArchiveObject, out: Path, *, jobs: int = DEFAULT_JOBS,

@@ -14,18 +14,20 @@ import concurrent.futures
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import os
 import threading
 from pathlib import Path
 
-from reproarchive.errors import TruncatedArchiveError
+from reproarchive.errors import StoreNotFoundError, TruncatedArchiveError
 from reproarchive.format import layout
 from reproarchive.format.parallel import run_all
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Index, TensorValue
 from reproarchive.progress import ProgressFn
 from reproarchive.store import objects
-from reproarchive.store.location import CHUNK_BYTES, Store
+from reproarchive.store.backend import CHUNK_BYTES, Store
+from reproarchive.store.location import open_location
 from reproarchive.store.objects import ArchiveObject, BlobCheck, BlobSegment, Ref, RefFailure, RefSummary
 
 DEFAULT_JOBS = 8
@@ -43,9 +45,10 @@ class PushResult:
     uploaded_blobs: int
     uploaded_bytes: int  # everything written: blobs, archive object, ref
     replaced: str | None  # the digest the name pointed to before, when it moved
+    index_digest: str | None = None  # what inspect/verify/diff print; ``digest`` is the file's
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "archive": str(self.archive)}
+        return {**dataclasses.asdict(self), "archive": str(self.archive), "file_digest": self.digest}
 
 
 def default_name(path: str | os.PathLike, digest: str) -> str:
@@ -72,7 +75,8 @@ def push(archives, store: str | os.PathLike, *, name: str | None = None, jobs: i
         raise ValueError("name= names one archive; push several without it")
     if name is not None:
         objects.check_name(name)
-    target = store if isinstance(store, Store) else Store(store, **(storage_options or {}))
+    target = open_location(store, **(storage_options or {}))
+    target.check_writable()
     target.refresh()
     _ensure_marker(target)
     return [_push_one(Path(p), target, name, jobs, progress) for p in paths]
@@ -80,6 +84,10 @@ def push(archives, store: str | os.PathLike, *, name: str | None = None, jobs: i
 
 def _ensure_marker(store: Store) -> None:
     if store.size(objects.MARKER_KEY) is None:
+        missing = store.missing_root()
+        if missing:
+            raise StoreNotFoundError(f"{store.url}: {missing}", "create it first (a push creates a store inside an "
+                                     "existing bucket), or check the URL and the endpoint (AWS_ENDPOINT_URL)")
         store.write(objects.MARKER_KEY, objects.marker_bytes())
     else:
         objects.check_marker(store.read_small(objects.MARKER_KEY, objects.MAX_MARKER_BYTES), store.url)
@@ -99,7 +107,8 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             def upload_missing():
                 found = found_later.result()
                 todo = [BlobSegment(m.name, m.name, m.compressed, "") for m in blob_members if found[m.name] is None]
-                return todo, _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
+                sent, raced = _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
+                return [s for s in todo if s not in raced], sent, raced
 
             uploading = background.submit(upload_missing)
             try:
@@ -107,8 +116,15 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             except BaseException:
                 stop.set()  # uploads in flight are dropped (never committed), none is started
                 raise
-            missing, uploaded = uploading.result()
+            missing, uploaded, raced = uploading.result()
             found = found_later.result()
+        # Another push created a blob between our lookup and our upload: its frames count as
+        # found, like a blob that was there before, unless they are not ours (§11.2).
+        if raced:
+            found.update(store.sizes([s.key for s in raced], jobs=jobs))
+            for seg in raced:
+                if found[seg.key] == seg.size and not _same_frames(store, seg, blob_sha[seg.blob]):
+                    found[seg.key] = -1  # taken by other frames of the same size: ours go to a variant
         segments: list = []
         cursor = 0
         for m in blob_members:
@@ -126,7 +142,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             segments = [moved.get(s.blob, s) if isinstance(s, BlobSegment) else s for s in segments]
             there = store.sizes([s.key for s in moved.values()], jobs=jobs)
             variants = [s for s in moved.values() if there[s.key] != s.size]
-            uploaded += _upload_blobs(reader, read, store, variants, jobs, progress, path)
+            uploaded += _upload_blobs(reader, read, store, variants, jobs, progress, path)[0]
             missing += variants
 
         archive = ArchiveObject(digest, reader.file_size, reader.index_digest, tuple(segments))
@@ -137,7 +153,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             uploaded += len(data)
 
         ref_name = name or default_name(path, digest)
-        ref = Ref(ref_name, digest, reader.file_size, _now(), summary(reader.index, reader.file_size))
+        ref = Ref(ref_name, digest, reader.file_size, _now(), summary(reader.index, reader.file_size, reader.index_digest))
         previous = None
         old = store.size(objects.ref_key(ref_name))
         if old is not None:
@@ -149,7 +165,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
         store.write(objects.ref_key(ref_name), ref_bytes)
         uploaded += len(ref_bytes)
         return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing), uploaded,
-                          previous if previous not in (None, digest) else None)
+                          previous if previous not in (None, digest) else None, reader.index_digest)
 
 
 def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str, str]]:
@@ -159,7 +175,7 @@ def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str,
     bounds = sorted({0, total, *starts, *(m.offset + m.compressed for m in blob_members)})
     out: dict[str, str] = {}
     done = 0
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         member = starts.get(a)
         h = hashlib.sha256() if member is not None else None
         for pos in range(a, b, CHUNK_BYTES):
@@ -176,10 +192,13 @@ def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str,
 
 
 def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[BlobSegment], jobs: int, progress,
-                  path: Path, stop: threading.Event | None = None) -> int:
-    """Upload the missing blob objects in parallel, each checked against its name first."""
+                  path: Path, stop: threading.Event | None = None) -> tuple[int, list[BlobSegment]]:
+    """Upload the missing blob objects in parallel, each checked against its name first and
+    created only if the key is still free. Returns the bytes sent and the blobs whose key
+    another writer took in the meantime (nothing of ours is written there)."""
     if not missing:
-        return 0
+        return 0, []
+    raced: list[BlobSegment] = []
     total = sum(s.size for s in missing)
     lock = threading.Lock()
     done = [0]
@@ -206,10 +225,21 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
                     raise _Stopped()
                 yield read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos))
 
-        store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance)
+        if not store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance, exclusive=True):
+            with lock:
+                raced.append(seg)
 
     run_all(one, missing, jobs=jobs, name="reproarchive-push")
-    return total
+    return total - sum(s.size for s in raced), raced
+
+
+def _same_frames(store: Store, seg: BlobSegment, sha256_hex: str) -> bool:
+    """Whether the object another push just created under ``seg.key`` holds our frames (read
+    back only after a lost race, which is rare)."""
+    h = hashlib.sha256()
+    for chunk in store.iter_object(seg.key, seg.size):
+        h.update(chunk)
+    return h.hexdigest() == sha256_hex
 
 
 class _Stopped(Exception):
@@ -228,7 +258,7 @@ def _reader_of(raw, path: Path):
     return read
 
 
-def summary(index: Index, file_size: int) -> RefSummary:
+def summary(index: Index, file_size: int, index_digest: str | None = None) -> RefSummary:
     """What ``ls`` shows about an archive, kept in its ref so listing reads refs only."""
     kinds = {"real": 0, "absent": 0, "values": 0}
     for value in index.inputs:
@@ -248,6 +278,7 @@ def summary(index: Index, file_size: int) -> RefSummary:
         file_bytes=file_size,
         torch=index.created_by.torch if index.created_by else None,
         source=index.source.kind if index.source else None,
+        index_digest=index_digest,
     )
 
 

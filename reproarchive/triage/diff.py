@@ -26,6 +26,7 @@ from dataclasses import field
 from typing import Any
 
 from reproarchive.archive.graph_code import node_line
+from reproarchive.archive.inspection import NamedByIndex
 from reproarchive.context.config import config_diff
 from reproarchive.context.environment import environment_diff
 from reproarchive.context.system import system_diff
@@ -54,7 +55,7 @@ _TENSOR_FIELDS = ("dtype", "shape", "stride", "offset", "device", "requires_grad
 
 
 @dataclasses.dataclass(frozen=True)
-class ArchiveSide(PlainRecord):
+class ArchiveSide(NamedByIndex):
     """One of the two archives compared."""
 
     path: str

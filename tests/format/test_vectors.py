@@ -28,7 +28,13 @@ def test_vector_loads_to_recorded_values(name, recwarn):
     for key in ("index_digest", "fidelity", "inputs", "storage_aliases"):
         assert facts[key] == expected[key], key
     if "outputs" in expected:
-        assert facts["outputs"] == expected["outputs"]
+        assert len(facts["outputs"]) == len(expected["outputs"])
+        for got, want in zip(facts["outputs"], expected["outputs"]):
+            assert {k: v for k, v in got.items() if k != "values"} == {k: v for k, v in want.items() if k != "values"}
+            # computed values: kernels round differently on different CPUs (make_vectors.output_facts)
+            if "values" in want:
+                torch.testing.assert_close(torch.tensor(got["values"]), torch.tensor(want["values"]),
+                                           rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def test_every_case_has_a_vector_for_the_current_version():

@@ -13,7 +13,7 @@ import torch
 
 import reproarchive
 from reproarchive.store import objects
-from reproarchive.store.location import Store
+from reproarchive.store.location import FsspecStore as Store
 
 
 def sha256(path) -> str:

@@ -19,7 +19,7 @@ import torch.fx as fx
 import reproarchive
 from reproarchive.store import location, objects
 from reproarchive.store import push as push_module
-from reproarchive.store.location import Store
+from reproarchive.store.location import FsspecStore as Store
 from support import hostile_corpus
 from support.cli import invoke
 from support.store_archives import make_archive
@@ -62,7 +62,7 @@ def test_an_interrupted_push_names_nothing_and_the_next_push_completes_it(kind, 
     small = [torch.randn(4096, generator=gen) for _ in range(3)]
     gm = fx.symbolic_trace(lambda a, b, c, d: a.sum() + b.sum() + c.sum() + d.sum())
     path = reproarchive.pack(gm, [big, *small], tmp_path / "big.tar.zst")
-    monkeypatch.setattr(location, "STREAM_BYTES", 1 << 20)
+    monkeypatch.setattr(location.FsspecStore, "stream_bytes", 1 << 20)
     monkeypatch.setattr(push_module, "CHUNK_BYTES", 1 << 20)
     real = Store.write_stream
 

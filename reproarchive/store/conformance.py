@@ -1,0 +1,247 @@
+"""``StoreTests``: the conformance suite every store backend's tests subclass.
+
+It ships in the library, not under ``tests/``, for the reason zarr-python ships
+``zarr.testing.store.StoreTests``: a backend written in another package (a company's object
+store, a cache in front of one) proves itself with the same tests as ours by subclassing it.
+Running it needs pytest; importing the library does not (pytest is imported inside the tests).
+
+A subclass gives three things (see ``tests/store/test_store_conformance.py``):
+
+* a pytest fixture ``store`` that opens an empty store of the backend under test;
+* ``side_put(store, key, data)`` and ``side_get(store, key)``: a side door that writes and reads
+  the backend's objects *without* the class under test (plain files, the S3 API, the memory
+  filesystem's dict), so that what is tested is the store's own methods, not a round trip
+  through two of them that could be wrong in the same way;
+* nothing else: a capability the backend does not claim (``Store.atomic_create``) skips its
+  tests instead of failing them.
+
+The last test pushes overlapping archives from several threads at once, including two that
+hold the same blobs in different frames, and pulls every one back byte for byte: whatever the
+backend, concurrent pushes lose nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import threading
+
+from reproarchive.errors import LimitExceededError, StoreError, StoreNotFoundError
+from reproarchive.store.backend import Store
+
+__all__ = ["StoreTests"]
+
+
+class StoreTests(abc.ABC):
+    """Subclass with a ``store`` fixture and the side door; name the subclass ``Test...``."""
+
+    @abc.abstractmethod
+    def side_put(self, store: Store, key: str, data: bytes) -> None:
+        """Write ``data`` under ``key`` without any method of ``store``."""
+
+    @abc.abstractmethod
+    def side_get(self, store: Store, key: str) -> bytes | None:
+        """The bytes under ``key`` (None: no object), read without any method of ``store``."""
+
+    # -- what it is
+    def test_is_a_store(self, store):
+        assert isinstance(store, Store)
+        for flag in ("supports_writes", "supports_listing", "atomic_create"):
+            assert isinstance(getattr(store, flag), bool), flag
+        assert isinstance(store.url, str) and store.url
+
+    # -- reading
+    def test_size_of_a_missing_key_is_none(self, store):
+        assert store.size("refs/nothing-here") is None
+        assert store.sizes(["refs/nothing-here"]) == {"refs/nothing-here": None}
+
+    def test_size_and_ranges(self, store):
+        data = bytes(range(256)) * 5
+        self.side_put(store, "blobs/sha256/aa", data)
+        store.refresh()
+        assert store.size("blobs/sha256/aa") == len(data)
+        assert store.read_range("blobs/sha256/aa", 0, len(data)) == data
+        assert store.read_range("blobs/sha256/aa", 10, 20) == data[10:20]
+        assert store.read_range("blobs/sha256/aa", len(data) - 3, len(data) + 100) == data[-3:]
+
+    def test_sizes_in_one_batch(self, store):
+        for i in range(5):
+            self.side_put(store, f"blobs/sha256/{i:02d}", b"x" * (i + 1))
+        store.refresh()
+        keys = [f"blobs/sha256/{i:02d}" for i in range(7)]
+        assert store.sizes(keys, jobs=3) == {k: (i + 1 if i < 5 else None) for i, k in enumerate(keys)}
+
+    def test_reading_a_missing_key_says_not_found(self, store):
+        for read in (lambda: store.read_range("refs/missing", 0, 10), lambda: store.read_small("refs/missing", 100)):
+            try:
+                read()
+            except StoreNotFoundError:
+                continue
+            raise AssertionError("reading a missing key must raise StoreNotFoundError")
+
+    def test_read_small_refuses_an_object_over_its_cap(self, store):
+        self.side_put(store, "refs/big", b"y" * 100)
+        store.refresh()
+        assert store.read_small("refs/big", 100) == b"y" * 100
+        try:
+            store.read_small("refs/big", 99)
+        except LimitExceededError:
+            return
+        raise AssertionError("an object over the cap must be refused")
+
+    def test_iter_object_never_reads_past_the_declared_size(self, store):
+        data = bytes(range(200))
+        self.side_put(store, "blobs/sha256/bb", data)
+        store.refresh()
+        assert b"".join(store.iter_object("blobs/sha256/bb", len(data), chunk=7)) == data
+        # an object longer than recorded yields one byte more, so the checker sees it, and no more
+        assert b"".join(store.iter_object("blobs/sha256/bb", 50, chunk=7)) == data[:51]
+
+    def test_read_many(self, store):
+        keys = [f"refs/r{i}" for i in range(4)]
+        for k in keys:
+            self.side_put(store, k, k.encode())
+        store.refresh()
+        got = store.read_many(keys)
+        assert {k: got[k] for k in keys} == {k: k.encode() for k in keys}
+        assert store.read_many([]) == {}
+
+    def test_list_gives_the_keys_directly_under_a_prefix(self, store):
+        if not store.supports_listing:
+            _skip("the store does not list")
+        for key in ("refs/a", "refs/b-1.x", "archives/sha256/cc", "reproarchive-store"):
+            self.side_put(store, key, b"1")
+        store.refresh()
+        assert sorted(store.list("refs")) == ["refs/a", "refs/b-1.x"]
+        assert store.list("archives/sha256") == ["archives/sha256/cc"]
+        assert store.list("blobs/sha256") == []
+
+    def test_refresh_sees_what_another_writer_wrote(self, store):
+        if store.supports_listing:
+            assert store.list("refs") == []
+        assert store.size("refs/later") is None
+        self.side_put(store, "refs/later", b"abc")
+        store.refresh()
+        assert store.size("refs/later") == 3
+        if store.supports_listing:
+            assert store.list("refs") == ["refs/later"]
+
+    # -- writing
+    def test_write_and_overwrite(self, store):
+        _writable(store)
+        store.write("refs/w", b"first")
+        assert self.side_get(store, "refs/w") == b"first"
+        store.write("refs/w", b"second, longer")
+        assert self.side_get(store, "refs/w") == b"second, longer"
+
+    def test_create_writes_only_a_new_key(self, store):
+        _writable(store)
+        assert store.create("blobs/sha256/new", b"mine") is True
+        assert self.side_get(store, "blobs/sha256/new") == b"mine"
+        assert store.create("blobs/sha256/new", b"theirs") is False
+        assert self.side_get(store, "blobs/sha256/new") == b"mine"
+
+    def test_create_has_one_winner_among_racing_writers(self, store):
+        _writable(store)
+        if not store.atomic_create:
+            _skip("the store does not claim an atomic create")
+        start = threading.Barrier(6)
+
+        def one(i):
+            start.wait()
+            return store.create("blobs/sha256/raced", f"writer {i}".encode() * 1000)
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            won = list(pool.map(one, range(6)))
+        assert won.count(True) == 1
+        assert self.side_get(store, "blobs/sha256/raced") == f"writer {won.index(True)}".encode() * 1000
+
+    def test_write_stream_small_and_streamed(self, store):
+        _writable(store)
+        data = bytes(range(256)) * 64
+        chunks = [data[i:i + 1000] for i in range(0, len(data), 1000)]
+        store.stream_bytes = 4096  # this instance streams anything larger (multipart on S3)
+        for key, exclusive in (("blobs/sha256/s1", False), ("blobs/sha256/s2", True)):
+            seen = []
+            assert store.write_stream(key, len(data), iter(chunks), on_chunk=seen.append, exclusive=exclusive) is True
+            assert self.side_get(store, key) == data and sum(seen) == len(data)
+        assert store.write_stream("blobs/sha256/s2", len(data), iter([b"other"] * 1000), exclusive=True) is False
+        assert self.side_get(store, "blobs/sha256/s2") == data
+        assert store.write_stream("blobs/sha256/s3", 3, iter([b"abc"])) is True
+        assert self.side_get(store, "blobs/sha256/s3") == b"abc"
+
+    def test_a_failed_write_stream_leaves_nothing(self, store):
+        _writable(store)
+
+        def failing():
+            yield b"z" * 3000
+            yield b"z" * 3000
+            raise OSError("the source went away")
+
+        store.stream_bytes = 4096
+        for size in (1000, 100_000):  # joined in memory, and streamed
+            for exclusive in (False, True):
+                try:
+                    store.write_stream("blobs/sha256/broken", size, failing(), exclusive=exclusive)
+                except (OSError, StoreError):
+                    pass
+                else:
+                    raise AssertionError("the failure of the chunks must reach the caller")
+                assert self.side_get(store, "blobs/sha256/broken") is None
+        store.refresh()
+        assert store.size("blobs/sha256/broken") is None
+
+    # -- what push and pull need of it, together
+    def test_concurrent_pushes_of_overlapping_archives_lose_nothing(self, store, tmp_path):
+        _writable(store)
+        from reproarchive.store.listing import list_store
+        from reproarchive.store.pull import pull
+        from reproarchive.store.push import push as push_archive
+
+        paths = _overlapping_archives(tmp_path)
+        start = threading.Barrier(len(paths))
+
+        def push(path):
+            start.wait()
+            return push_archive(path, store, jobs=4)[0]
+
+        with concurrent.futures.ThreadPoolExecutor(len(paths)) as pool:
+            pushed = list(pool.map(push, paths))
+        for path, result in zip(paths, pushed):
+            out = pull(f"{store.url}/{result.name}", tmp_path / "pulled" / path.name)
+            assert out.path.read_bytes() == path.read_bytes(), path.name
+        if store.supports_listing:
+            assert list_store(store.url)["archives"] == len(paths)
+
+
+def _overlapping_archives(folder) -> list:
+    """Four small archives over the same weights: two with 128 KiB frames, two with 64 KiB frames
+    (so the same blob names hold different frames), each with an input of its own."""
+    import torch
+    from torch import fx
+
+    from reproarchive.archive.packing import pack
+
+    class Model(torch.nn.Module):
+        def forward(self, w, b, x):
+            return (x @ w + b).relu()
+
+    weights = [torch.randn(256, 256, generator=torch.Generator().manual_seed(0)), torch.randn(256)]
+    paths = []
+    for i, frame_size in enumerate((128 << 10, 128 << 10, 64 << 10, 64 << 10)):
+        x = torch.randn(8, 256, generator=torch.Generator().manual_seed(100 + i))
+        path = folder / f"overlap-{i}.tar.zst"
+        pack(fx.symbolic_trace(Model()), [*weights, x], path, frame_size=frame_size)
+        paths.append(path)
+    return paths
+
+
+def _writable(store: Store) -> None:
+    if not store.supports_writes:
+        _skip("the store is read-only")
+
+
+def _skip(why: str) -> None:
+    import pytest
+
+    pytest.skip(why)
