@@ -38,7 +38,7 @@ import enum
 import functools
 import types
 import typing
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, Callable, Union
 
 from reproarchive.errors import Rule, SchemaViolation
 
@@ -459,7 +459,7 @@ class PlainRecord:
     the properties named in ``COMPUTED``) are exactly the printed keys
     (spec/json/reports.schema.json declares them for readers)."""
 
-    COMPUTED: ClassVar[tuple[str, ...]] = ()  # properties to_plain() writes too
+    COMPUTED = ()  # names of properties to_plain() writes too (not annotated: no field)
 
     def to_plain(self) -> dict[str, Any]:
         return {**encode(self), **{key: getattr(self, key) for key in self.COMPUTED}}
