@@ -60,7 +60,8 @@ _LISTINGS = {
             "signature": _STRING,
             "failure": {"anyOf": [{"type": "object"}, {"type": "null"}]},
             "archives": {"type": "array", "items": _object({
-                "name": _STRING, "digest": _STRING, "pushed": {}, "failure": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+                "name": _STRING, "digest": _STRING, "file_digest": _STRING, "index_digest": _nullable(_STRING),
+                "pushed": {}, "failure": {"anyOf": [{"type": "object"}, {"type": "null"}]},
                 "backend": {}, "ops": {}, "inputs": {"type": "object"}, "bytes_logical": {}, "bytes_stored": _INTEGER,
                 "torch": {},
             })},

@@ -105,7 +105,7 @@ class StoreOrigin(PlainRecord):
     """Where an archive read through a store reference came from."""
 
     url: str
-    name: str
+    name: str | None  # None when the reference named the archive by a digest
     archive: str  # the archive file's digest in the store
 
 

@@ -314,6 +314,8 @@ def encode(record: Any) -> Any:
     if extra is not None:
         for k, v in getattr(record, extra).items():
             out.setdefault(k, v)
+    for key in getattr(cls, "COMPUTED", ()):  # a report's derived keys (PlainRecord)
+        out[key] = check_plain(getattr(record, key))
     return out
 
 
@@ -462,4 +464,4 @@ class PlainRecord:
     COMPUTED = ()  # names of properties to_plain() writes too (not annotated: no field)
 
     def to_plain(self) -> dict[str, Any]:
-        return {**encode(self), **{key: getattr(self, key) for key in self.COMPUTED}}
+        return encode(self)
