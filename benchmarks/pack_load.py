@@ -377,7 +377,7 @@ def child(variant: str, total: int, work: str) -> dict:
         elif variant == "verify":
             with Meter() as m:
                 report = ra.verify(archive, progress=False)
-            out["blobs"] = report["blobs"]
+            out["blobs"] = report.blobs
             result_bytes = 0
         elif variant == "read-one":
             with Meter() as m:

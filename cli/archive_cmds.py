@@ -7,7 +7,7 @@ import click
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
 from .progress import byte_bars
-from .text import difference_line, failure_title, human_size, index_digest, terminal_safe, with_index_digest
+from .text import difference_line, failure_title, human_size, index_digest, terminal_safe
 
 
 def _say(text: str) -> None:
@@ -39,14 +39,14 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     with byte_bars(not (quiet or as_json)) as progress:
         report = reproarchive.verify(archive, progress=progress)
     if as_json:
-        emit_json(with_index_digest(report))
+        emit_json(report.to_plain())
     else:
         click.echo(
-            f"ok: {archive} is a valid reproarchive {report['format']} "
-            f"({report['blobs']} blobs, {human_size(report['uncompressed_bytes'])} -> {human_size(report['file_bytes'])}, "
-            f"{index_digest(report['digest'])})"
+            f"ok: {archive} is a valid reproarchive {report.format} "
+            f"({report.blobs} blobs, {human_size(report.uncompressed_bytes)} -> {human_size(report.file_bytes)}, "
+            f"{index_digest(report.digest)})"
         )
-        for what in report.get("not_replayable_here") or ():
+        for what in report.not_replayable_here:
             click.echo(terminal_safe(f"warning: not replayable here: {what}"), err=True)
 
 
@@ -73,50 +73,49 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         return
     info = reproarchive.inspect(archive)
     if as_json:
-        emit_json(with_index_digest(info))
+        emit_json(info.to_plain())
         return
-    g = info["graph"]
-    _say(f"{info['path']}  (format {info['format']}, {index_digest(info['digest'])})")
-    if info.get("parent"):
-        _say(f"minified from the archive of {index_digest(info['parent'])}")
-    _say(f"backend: {info.get('backend') or 'unknown'}   accuracy check: {bool(info.get('accuracy'))}")
-    _trace_origin(info.get("source"))
-    _say(f"graph: {g['nodes']} nodes, {g['ops']} ops, {g['placeholders']} inputs, {g['submodules']} stored attributes")
-    for what in info.get("not_replayable_here") or ():
+    g = info.graph
+    _say(f"{info.path}  (format {info.format}, {index_digest(info.digest)})")
+    if info.parent:
+        _say(f"minified from the archive of {index_digest(info.parent)}")
+    _say(f"backend: {info.backend or 'unknown'}   accuracy check: {bool(info.accuracy)}")
+    _trace_origin(info.source)
+    _say(f"graph: {g.nodes} nodes, {g.ops} ops, {g.placeholders} inputs, {g.submodules} stored attributes")
+    for what in info.not_replayable_here:
         _say(f"not replayable here: {what}")
-    for name, count in list(g["op_histogram"].items())[:12]:
+    for name, count in list(g.op_histogram.items())[:12]:
         _say(f"  {count:5d}  {name}")
-    if len(g["op_histogram"]) > 12:
-        _say(f"  ... {len(g['op_histogram']) - 12} more kinds")
+    if len(g.op_histogram) > 12:
+        _say(f"  ... {len(g.op_histogram) - 12} more kinds")
     _say("inputs:")
-    for row in info["inputs"]:
-        if row["kind"] == "tensor":
-            desc = f"{row['dtype']}{row['shape']} on {row['device']}"
-            if row["dynamic"]:
-                desc += f" dynamic dims {row['dynamic']}"
+    for row in info.inputs:
+        if row.kind == "tensor":
+            desc = f"{row.dtype}{list(row.shape)} on {row.device}"
+            if row.dynamic:
+                desc += f" dynamic dims {list(row.dynamic)}"
         else:
-            desc = f"{row['kind']} = {row.get('value', '...')}"
-        _say(f"  {row['index']:3d} {str(row['name'] or ''):40.40s} {desc:40s} {row['fidelity']}")
-    s = info["storage"]
+            desc = f"{row.kind} = {'...' if row.items is not None else row.value}"
+        _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {desc:40s} {row.fidelity}")
+    s = info.storage
     _say(
-        f"storage: {s['storages']} storages, {human_size(s['bytes_logical'])} logical, {human_size(s['bytes_after_dedup'])} after dedup "
-        f"({s['blobs']} blobs, {s['zero_filled']} all-zero), {human_size(s['bytes_compressed'])} compressed; file {human_size(s['file_bytes'])}"
+        f"storage: {s.storages} storages, {human_size(s.bytes_logical)} logical, {human_size(s.bytes_after_dedup)} after dedup "
+        f"({s.blobs} blobs, {s.zero_filled} all-zero), {human_size(s.bytes_compressed)} compressed; file {human_size(s.file_bytes)}"
     )
-    if s["absent"]:
-        _say(f"WARNING: {s['absent']} storages have no data (absent); replay will generate values for them")
-    failure = info.get("failure")
+    if s.absent:
+        _say(f"WARNING: {s.absent} storages have no data (absent); replay will generate values for them")
+    failure = info.failure
     if failure:
-        _say(f"failure: {failure_title(failure)}: {str(failure.get('message') or '').splitlines()[0][:160] if failure.get('message') else ''}")
-        errors = reproarchive.compiler_errors(str(failure.get("message") or ""))
+        _say(f"failure: {failure_title(failure.to_plain())}: {failure.message.splitlines()[0][:160] if failure.message else ''}")
+        errors = reproarchive.compiler_errors(failure.message)
         for line in (["compiler errors:", *errors[:5]] if errors else []):
             _say(f"  {line}")
     else:
         _say("failure: not recorded")
-    system = info.get("system")
-    if system:
-        _say("system: " + ", ".join(f"{k} {v}" for k, v in system.items() if v not in (None, [])))
-    if info.get("config_changed"):
-        for module, values in info["config_changed"].items():
+    if info.system:
+        _say("system: " + ", ".join(f"{k} {v}" for k, v in info.system.to_plain().items() if v not in (None, [])))
+    if info.config_changed:
+        for module, values in info.config_changed.items():
             for key, value in values.items():
                 _say(f"config: {module}.{key} = {value!r}")
 
@@ -141,16 +140,16 @@ def doctor(archive: str, as_json: bool) -> None:
 
     report = reproarchive.doctor(archive)
     if as_json:
-        emit_json(with_index_digest(report))
+        emit_json(report.to_plain())
         return
-    rows = report["differences"]
+    rows = report.differences
     for row in rows:
         mark = "! " if row.get("important") else "= " if _applied_by_run(row) else "  "
         _say(mark + difference_line(row) + _applied_note(row))
     if not rows:
         _say("no differences that could change the outcome")
         return
-    _say(doctor_summary(rows, report["important"]))
+    _say(doctor_summary(rows, report.important))
 
 
 def _applied_by_run(row: dict) -> bool:

@@ -83,15 +83,14 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
 
     step(f"2. reproarchive verify {archive}")
     report = reproarchive.verify(archive)
-    say(f"   ok: format {report['format']}, {report['blobs']} blobs, index digest {report['digest'][:23]}...")
+    say(f"   ok: format {report.format}, {report.blobs} blobs, index digest {report.digest[:23]}...")
 
     step(f"3. reproarchive inspect {archive}")
     info = reproarchive.inspect(archive)
-    say(f"   graph: {info['graph']['nodes']} nodes, {info['graph']['ops']} ops; inputs: {len(info['inputs'])} "
-        f"({sum(1 for r in info['inputs'] if r.get('fidelity', '').startswith('real'))} with real data)")
-    failure = info["failure"] or {}
-    say(f"   failure: {failure.get('stage')} {failure.get('exception_type')}")
-    changed = (info.get("config_changed") or {}).get("torch._inductor.config", {})
+    say(f"   graph: {info.graph.nodes} nodes, {info.graph.ops} ops; inputs: {len(info.inputs)} "
+        f"({sum(1 for r in info.inputs if r.fidelity.startswith('real'))} with real data)")
+    say(f"   failure: {getattr(info.failure, 'stage', None)} {getattr(info.failure, 'exception_type', None)}")
+    changed = (info.config_changed or {}).get("torch._inductor.config", {})
     say(f"   recorded config: {INJECTOR} = {changed.get(INJECTOR)!r}")
     if getattr(inductor_config.cpp, "inject_relu_bug_TESTING_ONLY") is not None:
         raise _failed("the injector is still set in this process")

@@ -155,21 +155,21 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     """
     import reproarchive
 
+    if not minify and (output or max_time is not None or strict_accuracy or jobs is not None):
+        raise click.UsageError("-o/--output, --max-time, --strict-accuracy and --jobs only apply with --minify")
+    # run judges every output (strict); the minifier by default floating outputs only
+    settings = reproarchive.ReplaySettings(
+        backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
+        strict_accuracy=strict_accuracy or not minify, device=device, max_memory=max_memory)
     if minify:
         if reproarchive.is_store_reference(archive):
             with byte_bars(not (quiet or as_json)) as progress:
                 archive = str(reproarchive.fetch(archive, progress=progress))
-        _minify(archive, output, max_time=max_time, isolate=isolate, jobs=jobs, device=device,
-                backend=backend, accuracy=accuracy, strict_accuracy=strict_accuracy, only_fwd=only_fwd,
-                current_config=current_config, tol=tol, shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet,
-                max_memory=max_memory)
+        _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs,
+                shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet)
         return
-    if output or max_time is not None or strict_accuracy or jobs is not None:
-        raise click.UsageError("-o/--output, --max-time, --strict-accuracy and --jobs only apply with --minify")
     with byte_bars(not (quiet or as_json)) as progress:
-        outcome = reproarchive.run(archive, device=device, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                                   isolate=isolate, current_config=current_config, tol=tol, progress=progress,
-                                   max_memory=max_memory)
+        outcome = reproarchive.run(archive, settings, isolate=isolate, progress=progress)
     if as_json:
         emit_json(outcome.to_dict())
     else:
@@ -177,13 +177,13 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     ctx.exit(outcome.exit_code)
 
 
-def _minify(archive, output, *, as_json, quiet, **options) -> None:
+def _minify(archive, output, settings, *, as_json, quiet, **options) -> None:
     import reproarchive
 
     if not output:
         output = str(default_minified_path(archive))
-    report = reproarchive.minify_archive(archive, output, progress=None if (quiet or as_json) else minify_status(),
-                                         **options)
+    report = reproarchive.minify_archive(archive, output, settings,
+                                         progress=None if (quiet or as_json) else minify_status(), **options)
     s = report.stats
     if as_json:
         emit_json(report.to_dict())
@@ -308,12 +308,12 @@ def export_cmd(archive, out_dir, as_json, max_memory):
     """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch."""
     import reproarchive
 
-    report = reproarchive.export(archive, out_dir, max_memory=max_memory)
+    report = reproarchive.export(archive, out_dir, reproarchive.ReplaySettings(max_memory=max_memory))
     if as_json:
-        emit_json(report)
+        emit_json(report.to_plain())
     else:
-        click.echo(f"wrote {report['script']} ({len(report['files'])} files, {report['bytes']} bytes)")
-        click.echo(f"run it with: python {report['script']}")
+        click.echo(f"wrote {report.script} ({len(report.files)} files, {report.bytes} bytes)")
+        click.echo(f"run it with: python {report.script}")
 
 
 def default_minified_path(archive: str) -> Path:

@@ -62,11 +62,6 @@ def file_digest(digest: str) -> str:
     return f"file {digest[:19]}..."
 
 
-def with_index_digest(report: dict) -> dict:
-    """A report whose ``digest`` is the index's, with that said in its key too (``--json``)."""
-    return {**report, "index_digest": report.get("digest")}
-
-
 def failure_title(failure: dict) -> str:
     """A failure's stage and exception type (``compile InductorError``). A crash archive written
     before the graph first ran (kept only because the process died there) has no signal: that

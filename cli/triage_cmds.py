@@ -7,7 +7,7 @@ import sys
 import click
 
 from .app import emit_json, json_errors, main
-from .text import failure_title, index_digest, terminal_lines, terminal_safe, with_index_digest
+from .text import failure_title, index_digest, terminal_lines, terminal_safe
 
 DIFF_EPILOG = """\b
 Exit codes:
@@ -48,39 +48,39 @@ def diff_cmd(ctx, a: str, b: str, as_json: bool) -> None:
     with json_errors(as_json):
         report = reproarchive.diff(a, b)
     if as_json:
-        emit_json({**report, "a": with_index_digest(report["a"]), "b": with_index_digest(report["b"])})
+        emit_json(report.to_plain())
     else:
         click.echo(terminal_lines("\n".join(format_diff(report))))
-    ctx.exit(0 if report["identical"] else 1)
+    ctx.exit(0 if report.identical else 1)
 
 
-def format_diff(r: dict) -> list[str]:
+def format_diff(r) -> list[str]:
     """The comparison for people: one line per section, then what differs in it."""
-    a, b = r["a"], r["b"]
-    width = max(len(a["path"]), len(b["path"]))
-    relation = {"b_minified_from_a": "   (minified from A)", "a_minified_from_b": ""}.get(r["relation"] or "", "")
+    a, b = r.a, r.b
+    width = max(len(a.path), len(b.path))
+    relation = {"b_minified_from_a": "   (minified from A)", "a_minified_from_b": ""}.get(r.relation or "", "")
     lines = [
-        f"A  {a['path']:<{width}}  {index_digest(a['digest'])}  {_counts(a)}"
-        + ("   (minified from B)" if r["relation"] == "a_minified_from_b" else ""),
-        f"B  {b['path']:<{width}}  {index_digest(b['digest'])}  {_counts(b)}{relation}",
+        f"A  {a.path:<{width}}  {index_digest(a.digest)}  {_counts(a)}"
+        + ("   (minified from B)" if r.relation == "a_minified_from_b" else ""),
+        f"B  {b.path:<{width}}  {index_digest(b.digest)}  {_counts(b)}{relation}",
     ]
-    if r["relation"] == "same_archive":
+    if r.relation == "same_archive":
         lines.append("(the two files hold the same index)")
-    lines += _failure(r["failure"])
-    lines += _rows("replay", r["replay"], "same backend, accuracy check and graph kind")
-    lines += _graph(r["graph"])
-    lines += _inputs(r["inputs"], r["relation"])
+    lines += _failure(r.failure)
+    lines += _rows("replay", r.replay, "same backend, accuracy check and graph kind")
+    lines += _graph(r.graph)
+    lines += _inputs(r.inputs, r.relation)
     for section in ("config", "environment", "system"):
-        lines += _rows(section, r[section], "same")
-    if r["identical"]:
+        lines += _rows(section, getattr(r, section), "same")
+    if r.identical:
         lines.append("=> identical (exit 0)")
     else:
-        lines.append(f"=> different: {', '.join(r['differing'])} (exit 1)")
+        lines.append(f"=> different: {', '.join(r.differing)} (exit 1)")
     return lines
 
 
-def _counts(side: dict) -> str:
-    return f"{side['nodes']} nodes, {side['ops']} ops, {side['inputs']} inputs"
+def _counts(side) -> str:
+    return f"{side.nodes} nodes, {side.ops} ops, {side.inputs} inputs"
 
 
 def _failure(f: dict) -> list[str]:

@@ -15,11 +15,11 @@ _EXPORTS = {
     # format and core library (spec/FORMAT.md)
     "pack": "reproarchive.sources.graph_pack",
     # load, inspect and run take a file or a store reference (STORE/NAME)
-    "load": "reproarchive.store.access",
+    "load": "reproarchive.references",
     "verify": "reproarchive.archive.checking",
     "unpack": "reproarchive.archive.checking",
-    "inspect": "reproarchive.store.access",
-    "doctor": "reproarchive.store.access",
+    "inspect": "reproarchive.references",
+    "doctor": "reproarchive.references",
     "graph_code": "reproarchive.archive.graph_code",
     "Repro": "reproarchive.archive.loading",
     "Records": "reproarchive.format.schema",
@@ -33,8 +33,9 @@ _EXPORTS = {
     "list_trace": "reproarchive.sources.trace_import",
     "is_trace": "reproarchive.sources.trace_import",
     # replay and export
-    "run": "reproarchive.store.access",
+    "run": "reproarchive.references",
     "Outcome": "reproarchive.replay.outcome",
+    "ReplaySettings": "reproarchive.replay.settings",
     "failure_kind": "reproarchive.context.failure",
     "compiler_errors": "reproarchive.context.failure",
     "export": "reproarchive.standalone.script",
@@ -93,7 +94,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.archive.checking import unpack, verify  # noqa: F401
     from reproarchive.archive.loading import Repro  # noqa: F401
     from reproarchive.format.schema import Records  # noqa: F401
+    from reproarchive.references import doctor, inspect, load, run  # noqa: F401
+    from reproarchive.replay.settings import ReplaySettings  # noqa: F401
     from reproarchive.sources.graph_pack import pack  # noqa: F401
-    from reproarchive.store.access import doctor, inspect, load, run  # noqa: F401
     from reproarchive.store.pull import fetch, pull  # noqa: F401
     from reproarchive.store.push import push  # noqa: F401

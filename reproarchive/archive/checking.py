@@ -7,10 +7,12 @@ each blob against its name, and each call target against this torch's allowlist.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Callable
 
+from reproarchive.archive.inspection import NamedByIndex
 from reproarchive.errors import CorruptArchiveError, DigestMismatchError, Rule
 from reproarchive.format import digests, layout
 from reproarchive.format.atomic import atomic_dir
@@ -63,20 +65,37 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
     return {"blobs": blobs, "bytes": total}
 
 
-def verify(path: str | os.PathLike, *, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS) -> dict:
+@dataclasses.dataclass(frozen=True)
+class VerifyReport(NamedByIndex):
+    """An archive that passed every check; ``to_plain()`` is ``verify --json``."""
+
+    valid: bool  # always True: a failed check raises instead
+    path: str
+    format: str
+    digest: str  # the index digest
+    members: int
+    blobs: int
+    uncompressed_bytes: int
+    file_bytes: int
+    # intact and safe, but what this process lacks to replay it (``run`` answers 125 for it)
+    not_replayable_here: tuple[str, ...] = ()
+
+
+def verify(path: str | os.PathLike, *, progress: ProgressFn | None = None,
+           limits: Limits = layout.DEFAULT_LIMITS) -> VerifyReport:
     """Check every rule of the spec and rehash every blob; raises an ArchiveError subclass."""
     return _verify(path, progress, limits, readable_here=True)
 
 
 def verify_bytes(path: str | os.PathLike, *, progress: ProgressFn | None = None,
-                 limits: Limits = layout.DEFAULT_LIMITS) -> dict:
+                 limits: Limits = layout.DEFAULT_LIMITS) -> VerifyReport:
     """``verify`` without the questions only this torch can answer (dtypes, device types, call
     targets): every byte rule and every blob digest. What moving an archive checks (``pull``),
     so that a transport never needs torch, nor refuses an archive a newer torch could read."""
     return _verify(path, progress, limits, readable_here=False)
 
 
-def _verify(path, progress, limits: Limits, *, readable_here: bool) -> dict:
+def _verify(path, progress, limits: Limits, *, readable_here: bool) -> VerifyReport:
     missing = None
     with ContainerReader(path, limits=limits) as reader:
         if readable_here:
@@ -84,18 +103,18 @@ def _verify(path, progress, limits: Limits, *, readable_here: bool) -> dict:
 
             missing = check_readable_here(reader.index, replaying=False)
         stats = _check_stream(reader, None, progress)
-        return {
-            "valid": True,
-            "path": str(path),
-            "format": f"{reader.version[0]}.{reader.version[1]}",
-            "digest": reader.index_digest,
-            "members": len(reader.members) + 1,
-            "blobs": stats["blobs"],
-            "uncompressed_bytes": stats["bytes"],
-            "file_bytes": reader.file_size,
+        return VerifyReport(
+            valid=True,
+            path=str(path),
+            format=f"{reader.version[0]}.{reader.version[1]}",
+            digest=reader.index_digest,
+            members=len(reader.members) + 1,
+            blobs=stats["blobs"],
+            uncompressed_bytes=stats["bytes"],
+            file_bytes=reader.file_size,
             # intact and safe, but this process lacks what replaying it needs (``run`` says 125)
-            **({"not_replayable_here": missing} if readable_here else {}),
-        }
+            not_replayable_here=tuple(missing or ()),
+        )
 
 
 def default_unpack_dir(path: str | os.PathLike) -> Path:

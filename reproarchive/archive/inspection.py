@@ -3,22 +3,140 @@
 A teammate deciding whether an attachment is worth replaying wants the graph's size and ops,
 which inputs are real, how big the data is, and what failed where; all of that is in the
 index, so inspect costs two small reads however large the archive is. The result is plain
-data (the CLI prints it as text or JSON); the full records are included under ``records``.
+data, typed (``InspectReport``; the CLI prints it as text, or ``to_plain()`` with --json);
+the full records are included under ``records``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from typing import Any
+from dataclasses import field
 
 from reproarchive.format import layout
-from reproarchive.format.plain import to_plain
+from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, SystemRecord, TensorValue
 
+_OMIT_NONE = {"omit": "none"}  # a key only some rows (or some reports) have
 
-def input_rows(index: Index) -> list[dict]:
+
+class NamedByIndex(PlainRecord):
+    """A report about an archive whose ``digest`` is its index's. An archive has two digests
+    (a store names its file by the other), so ``--json`` also says which in a key of its own."""
+
+    COMPUTED = ("index_digest",)
+
+    @property
+    def index_digest(self) -> str:
+        return self.digest
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRow(PlainRecord):
+    """One graph input. Tensors have the tensor fields; symbols ``value`` (the hint) and
+    ``expr``; constants ``value`` (left out for ``none``); sequences ``items``."""
+
+    index: int
+    name: str | None
+    kind: str  # tensor, or the value kind of spec §6.3
+    fidelity: str  # real, real (zeros), absent, not original: ..., or value
+    shape: tuple[int, ...] | None = field(default=None, metadata=_OMIT_NONE)
+    dtype: str | None = field(default=None, metadata=_OMIT_NONE)
+    stride: tuple[int, ...] | None = field(default=None, metadata=_OMIT_NONE)
+    offset: int | None = field(default=None, metadata=_OMIT_NONE)
+    device: str | None = field(default=None, metadata=_OMIT_NONE)
+    bytes: int | None = field(default=None, metadata=_OMIT_NONE)
+    requires_grad: bool | None = field(default=None, metadata=_OMIT_NONE)
+    dynamic: tuple[int, ...] | None = field(default=None, metadata=_OMIT_NONE)
+    storage: int | None = field(default=None, metadata=_OMIT_NONE)
+    value: PlainData = field(default=None, metadata=_OMIT_NONE)
+    expr: str | None = field(default=None, metadata=_OMIT_NONE)
+    items: int | None = field(default=None, metadata=_OMIT_NONE)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSummary(PlainRecord):
+    nodes: int
+    ops: int
+    placeholders: int
+    op_histogram: dict[str, int]
+    submodules: int  # stored attributes (parameters, buffers, nested graphs)
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageSummary(PlainRecord):
+    storages: int
+    absent: int
+    zero_filled: int
+    blobs: int
+    bytes_logical: int
+    bytes_after_dedup: int
+    bytes_compressed: int
+    file_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureSummary(PlainRecord):
+    stage: str
+    exception_type: str
+    message: str
+    signature: str
+    backend: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemSummary(PlainRecord):
+    """The few machine facts that most often explain "fails there, passes here"."""
+
+    torch: str | None
+    torch_git: str | None
+    python: str | None
+    os: str | None
+    cpu: str | None
+    cuda: str  # its version, or "no (why)"
+    gpus: tuple[str, ...] | None
+    triton: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreOrigin(PlainRecord):
+    """Where an archive read through a store reference came from."""
+
+    url: str
+    name: str | None  # None when the reference named the archive by a digest
+    archive: str  # the archive file's digest in the store
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectReport(NamedByIndex):
+    """What ``inspect`` says about an archive; ``to_plain()`` is ``inspect --json``."""
+
+    path: str
+    format: str
+    digest: str  # the index digest
+    digest_algorithm: str
+    created_by: PlainData
+    backend: str | None
+    accuracy: bool | None
+    parent: str | None
+    source: PlainData
+    minify: PlainData
+    graph: GraphSummary
+    inputs: tuple[InputRow, ...]
+    not_replayable_here: tuple[str, ...]  # call targets this torch lacks (``run`` answers 125)
+    storage: StorageSummary
+    failure: FailureSummary | None
+    system: SystemSummary | None
+    config_changed: PlainData
+    config_unrepresentable: PlainData
+    environment: PlainData
+    records: PlainData  # the full failure, config, environment and system records, for tools
+    store: StoreOrigin | None = field(default=None, metadata=_OMIT_NONE)
+
+
+def input_rows(index: Index) -> list[InputRow]:
     """One row per graph input: what ``inspect`` lists and ``view`` tabulates."""
     rows = []
     derived = index.not_original_inputs()
@@ -26,79 +144,61 @@ def input_rows(index: Index) -> list[dict]:
     for i, rec in enumerate(index.inputs):
         # a tensor records its placeholder's name; a SymInt, a scalar or a list has only the placeholder
         name = getattr(rec, "name", None) or (placeholders[i].name if i < len(placeholders) else None)
-        row: dict[str, Any] = {"index": i, "name": name, "kind": _kind(rec)}
         if isinstance(rec, TensorValue):
             st = index.storages[rec.storage]
-            row.update(
-                shape=list(rec.shape), dtype=rec.dtype, stride=list(rec.stride), offset=rec.offset, device=st.device,
-                bytes=math.prod(rec.shape) * DTYPES[rec.dtype][0],
-                fidelity=(st.fidelity if st.fill is None else "real (zeros)") if i not in derived
-                else f"not original: {derived[i]}",
-                requires_grad=rec.requires_grad, dynamic=[d for d, _ in rec.dynamic], storage=rec.storage,
-            )
+            fidelity = ((st.fidelity if st.fill is None else "real (zeros)") if i not in derived
+                        else f"not original: {derived[i]}")
+            rows.append(InputRow(
+                i, name, "tensor", fidelity, shape=tuple(rec.shape), dtype=rec.dtype, stride=tuple(rec.stride),
+                offset=rec.offset, device=st.device, bytes=math.prod(rec.shape) * DTYPES[rec.dtype][0],
+                requires_grad=rec.requires_grad, dynamic=tuple(d for d, _ in rec.dynamic), storage=rec.storage,
+            ))
         elif isinstance(rec, SymValue):
-            row.update(value=rec.hint, expr=rec.expr, fidelity="value")
+            rows.append(InputRow(i, name, rec.kind, "value", value=rec.hint, expr=rec.expr))
         elif isinstance(rec, SequenceValue):
-            row.update(items=len(rec.items), fidelity="value")
+            rows.append(InputRow(i, name, rec.kind, "value", items=len(rec.items)))
         else:
-            row.update(value=rec.value, fidelity="value")
-        rows.append(row)
+            rows.append(InputRow(i, name, rec.kind, "value", value=rec.value))
     return rows
 
 
-def _kind(rec) -> str:
-    return "tensor" if isinstance(rec, TensorValue) else rec.kind
-
-
-def _storage_stats(reader: ContainerReader, index: Index) -> dict:
+def _storage_stats(reader: ContainerReader, index: Index) -> StorageSummary:
     storages = index.storages
     unique = {s.digest: s.size for s in storages if s.digest}
     compressed = sum(m.compressed for name, m in reader.members.items() if layout.is_blob_name(name))
-    return {
-        "storages": len(storages),
-        "absent": sum(1 for s in storages if s.fidelity == "absent"),
-        "zero_filled": sum(1 for s in storages if s.fill == 0),
-        "blobs": len(unique),
-        "bytes_logical": sum(s.size for s in storages if s.is_real),
-        "bytes_after_dedup": sum(unique.values()),
-        "bytes_compressed": compressed,
-        "file_bytes": reader.file_size,
-    }
+    return StorageSummary(
+        storages=len(storages),
+        absent=sum(1 for s in storages if s.fidelity == "absent"),
+        zero_filled=sum(1 for s in storages if s.fill == 0),
+        blobs=len(unique),
+        bytes_logical=sum(s.size for s in storages if s.is_real),
+        bytes_after_dedup=sum(unique.values()),
+        bytes_compressed=compressed,
+        file_bytes=reader.file_size,
+    )
 
 
-def system_summary(system: SystemRecord) -> dict:
+def system_summary(system: SystemRecord) -> SystemSummary:
     """The few machine facts that most often explain "fails there, passes here"."""
     cuda = system.cuda
     if cuda is not None and cuda.available:
         cuda_text = cuda.version or "available"
     else:
         cuda_text = f"no ({(cuda.reason if cuda else None) or 'not available'})"
-    return {
-        "torch": system.torch.version if system.torch else None,
-        "torch_git": system.torch.git_version if system.torch else None,
-        "python": system.python.version if system.python else None,
-        "os": system.os.platform if system.os else None,
-        "cpu": system.cpu.model if system.cpu else None,
-        "cuda": cuda_text,
-        "gpus": [g.name for g in (cuda.devices or ())] or None if cuda else None,
-        "triton": (system.packages or {}).get("triton"),
-    }
+    return SystemSummary(
+        torch=system.torch.version if system.torch else None,
+        torch_git=system.torch.git_version if system.torch else None,
+        python=system.python.version if system.python else None,
+        os=system.os.platform if system.os else None,
+        cpu=system.cpu.model if system.cpu else None,
+        cuda=cuda_text,
+        gpus=tuple(g.name for g in (cuda.devices or ())) or None if cuda else None,
+        triton=(system.packages or {}).get("triton"),
+    )
 
 
-def _summaries(index: Index) -> dict:
-    failure, config, environment = index.records.failure, index.records.config, index.records.environment
-    return {
-        "failure": ({"stage": failure.stage, "exception_type": failure.exception_type, "message": failure.message,
-                     "signature": failure.signature, "backend": failure.backend} if failure else None),
-        "system": system_summary(index.records.system) if index.records.system else None,
-        "config_changed": (config.changed or None) if config else None,
-        "config_unrepresentable": [to_plain(u) for u in config.unrepresentable] or None if config else None,
-        "environment": (environment.variables or None) if environment else None,
-    }
-
-
-def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> dict:
-    """A JSON-ready summary of an archive (the CLI prints it as text or with --json).
+def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> InspectReport:
+    """A typed summary of an archive (the CLI prints it as text, or ``to_plain()`` with --json).
 
     It refuses what load would refuse from the index alone (including call targets outside
     the allowlist), so "inspect shows it" never means "load would run something unsafe"."""
@@ -108,29 +208,36 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
         index = reader.index
         missing = check_readable_here(index, replaying=False)
         graph = index.graph
-        return {
-            "path": str(path),
-            "format": index.version,
-            "digest": reader.index_digest,
-            "digest_algorithm": index.digest_algorithm,
-            "created_by": to_plain(index.records.created_by) if index.records.created_by else None,
-            "backend": index.records.backend,
-            "accuracy": index.records.accuracy,
-            "parent": index.records.parent,
-            "source": to_plain(index.records.source) if index.records.source else None,
-            "minify": to_plain(index.records.minify) if index.records.minify else None,
-            "graph": {
-                "nodes": len(graph.nodes),
-                "ops": graph.op_count(),
-                "placeholders": len(graph.placeholders()),
-                "op_histogram": graph.op_histogram(),
-                "submodules": len(graph.module_state),
-            },
-            "inputs": input_rows(index),
-            "not_replayable_here": missing,
-            "storage": _storage_stats(reader, index),
-            **_summaries(index),
+        records = index.records
+        failure, config, environment = records.failure, records.config, records.environment
+        return InspectReport(
+            path=str(path),
+            format=index.version,
+            digest=reader.index_digest,
+            digest_algorithm=index.digest_algorithm,
+            created_by=to_plain(records.created_by) if records.created_by else None,
+            backend=records.backend,
+            accuracy=records.accuracy,
+            parent=records.parent,
+            source=to_plain(records.source) if records.source else None,
+            minify=to_plain(records.minify) if records.minify else None,
+            graph=GraphSummary(
+                nodes=len(graph.nodes),
+                ops=graph.op_count(),
+                placeholders=len(graph.placeholders()),
+                op_histogram=graph.op_histogram(),
+                submodules=len(graph.module_state),
+            ),
+            inputs=tuple(input_rows(index)),
+            not_replayable_here=tuple(missing),
+            storage=_storage_stats(reader, index),
+            failure=(FailureSummary(failure.stage, failure.exception_type, failure.message, failure.signature,
+                                    failure.backend) if failure else None),
+            system=system_summary(records.system) if records.system else None,
+            config_changed=(config.changed or None) if config else None,
+            config_unrepresentable=[to_plain(u) for u in config.unrepresentable] or None if config else None,
+            environment=(environment.variables or None) if environment else None,
             # the full records, for --json readers and tools; the summaries above are for people
-            "records": {key: to_plain(getattr(index.records, key)) if getattr(index.records, key) is not None else None
-                        for key in ("failure", "config", "environment", "system")},
-        }
+            records={key: (to_plain(getattr(records, key)) if getattr(records, key) is not None else None)
+                     for key in ("failure", "config", "environment", "system")},
+        )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import threading
@@ -90,7 +91,7 @@ def _torch_errors_as_archive_errors(fn):
 
 @_torch_errors_as_archive_errors
 def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS,
-         remap_graph: bool = True, max_memory: int | None = None) -> Repro:
+         remap_graph: bool = True, max_memory: int | None = None, reader: ContainerReader | None = None) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 
     ``device=None`` keeps each storage's recorded device where this machine has it and falls
@@ -103,8 +104,10 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     them as recorded, for its script to map). Before anything is allocated, the storages'
     declared sizes (real and absent) are compared with the memory available here and with
     ``max_memory`` (bytes); a load that would not fit raises ``LimitExceededError``.
+    ``reader``: ``path`` already open, so that its index is not decoded again (the caller closes it).
     """
-    with ContainerReader(path, limits=limits) as reader:
+    opened = ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader)
+    with opened as reader:  # noqa: PLR1704 - the reader given, or the one opened here
         index = reader.index
         check_readable_here(index)
         mapper = resolve_devices(recorded_devices(index), device, missing="cpu")

@@ -334,6 +334,8 @@ def encode(record: Any) -> Any:
     if extra is not None:
         for k, v in getattr(record, extra).items():
             out.setdefault(k, v)
+    for key in getattr(cls, "COMPUTED", ()):  # a report's derived keys (PlainRecord)
+        out[key] = check_plain(getattr(record, key))
     return out
 
 
@@ -471,3 +473,15 @@ class ArgCodec:
         if isinstance(v, self.complex):
             return {"k": "complex", "v": [v.real, v.imag]}
         raise SchemaViolation(f"graph argument of type {type(v).__name__} cannot be stored")
+
+
+class PlainRecord:
+    """Mixin for a typed report (what a command prints with ``--json``): ``to_plain()`` is its
+    JSON-ready form, by the same converter as the index records, so the declared fields (and
+    the properties named in ``COMPUTED``) are exactly the printed keys
+    (spec/json/reports.schema.json declares them for readers)."""
+
+    COMPUTED = ()  # names of properties to_plain() writes too (not annotated: no field)
+
+    def to_plain(self) -> dict[str, Any]:
+        return encode(self)

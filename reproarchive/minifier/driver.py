@@ -38,6 +38,7 @@ from typing import Any, Callable
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.replay.settings import ReplaySettings
 
 
 @dataclasses.dataclass
@@ -56,38 +57,36 @@ class MinifyReport:
         return dataclasses.asdict(self)
 
 
-def _replay_predicate(repro: Repro, *, backend: str, accuracy: bool, only_fwd: bool, current_config: bool, tol,
-                      strict_accuracy: bool):
-    """Judged by ``replay_repro``, as ``run`` judges the archive (the differences report, which
-    takes fresh snapshots, is left out: it does not change a verdict)."""
+def _replay_predicate(repro: Repro, settings: ReplaySettings):
+    """Judged by ``replay_repro`` with ``settings`` (backend and accuracy chosen), as ``run``
+    judges the archive (the differences report, which takes fresh snapshots, is left out: it
+    does not change a verdict)."""
     from reproarchive.replay.outcome import REPRODUCED
     from reproarchive.replay.runner import replay_repro
 
     def fails(gm, inputs) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outcome = replay_repro(repro, gm, inputs, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                                   current_config=current_config, tol=tol, strict_accuracy=strict_accuracy,
+            outcome = replay_repro(repro, settings, gm, inputs,
                                    report_differences=False)
         return outcome.status == REPRODUCED
 
     return fails
 
 
-def _isolated_predicate(repro: Repro, pool, *, backend: str, accuracy: bool, only_fwd: bool, current_config: bool,
-                        tol, strict_accuracy: bool, workdir: Path):
+def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir: Path):
     """Thread-safe: each call writes its own candidate archive and waits for a free worker."""
     from reproarchive.replay.outcome import REPRODUCED
 
     counter = itertools.count(1)
+    # the candidate holds already-mapped inputs and graph: map nothing again
+    candidate_settings = settings.replace(device=None)
 
     def fails(gm, inputs) -> bool:
         candidate = workdir / f"candidate-{next(counter)}.tar.zst"
         _write(candidate, repro, gm, inputs, stats=None)
         try:
-            # the candidate holds already-mapped inputs and graph: map nothing again
-            outcome = pool.run(candidate, device=None, backend=backend, accuracy=accuracy, only_fwd=only_fwd,
-                               current_config=current_config, tol=tol, strict_accuracy=strict_accuracy)
+            outcome = pool.run(candidate, candidate_settings)
         finally:
             candidate.unlink(missing_ok=True)
         return outcome.status == REPRODUCED
@@ -142,28 +141,25 @@ def auto_jobs() -> int:
 def minify_archive(
     path: str | os.PathLike,
     output: str | os.PathLike,
+    settings: ReplaySettings | None = None,
     *,
     max_time: float | None = None,
     isolate: bool | None = None,
     jobs: int | None = None,
-    device=None,
-    backend: str | None = None,
-    accuracy: bool | None = None,
-    strict_accuracy: bool = False,
-    only_fwd: bool = False,
-    current_config: bool = False,
-    tol: float | None = None,
     shrink_inputs: bool = True,
     progress: Callable[[Any], None] | None = None,
-    max_memory: int | None = None,
+    **options: Any,
 ) -> MinifyReport:
     """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``.
 
+    ``settings`` judge every candidate (or ``options``, its fields: ``backend``, ``accuracy``,
+    ``strict_accuracy`` (here False by default; see the module docstring), ``device``, ...).
     ``isolate`` (default: only when the recorded failure is a crash) judges candidates in warm
     worker processes, ``jobs`` of them at once (default ``auto_jobs()``; in-process judging is
-    always one at a time). ``strict_accuracy``: see the module docstring. ``shrink_inputs``
-    also shrinks the smallest graph's inputs (shapes, dtypes, zeros/ones), labelled as such.
+    always one at a time). ``shrink_inputs`` also shrinks the smallest graph's inputs (shapes,
+    dtypes, zeros/ones), labelled as such.
     """
+    settings = ReplaySettings.given(settings, options, strict_accuracy=False)
     from reproarchive.codec.graphs import readable_code
     from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 
@@ -172,23 +168,20 @@ def minify_archive(
         raise ReproArchiveError("the output archive must differ from the input", "pass another -o path")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        repro = load(path, device=device, max_memory=max_memory)
+        repro = load(path, device=settings.device, max_memory=settings.max_memory)
     stage = repro.records.failure.stage if repro.records.failure is not None else None
     if stage in (None, "unknown"):
         raise ReproArchiveError(
             "the archive records no failure signature to minify against",
             "replay it first (`reproarchive pack` without --no-replay records one)",
         )
-    from reproarchive.replay.backends import choose_backend
     from reproarchive.replay.containment import contained
 
     if isolate is None:
         isolate = stage == "crash"  # a crash replayed in this process would end it
     jobs = (auto_jobs() if jobs is None else max(1, int(jobs))) if isolate else 1
-    chosen = choose_backend(backend, repro.records.backend)
-    judge_accuracy = bool(repro.records.accuracy) if accuracy is None else accuracy
-    options = dict(backend=chosen, accuracy=judge_accuracy, only_fwd=only_fwd, current_config=current_config,
-                   tol=tol, strict_accuracy=strict_accuracy)
+    chosen = settings.for_recorded(repro.records.backend, repro.records.accuracy)
+    judge_accuracy, strict_accuracy = chosen.accuracy, chosen.strict_accuracy
     localize = "truncate" if judge_accuracy and strict_accuracy else "auto"
     started = time.monotonic()
     pool = None
@@ -199,10 +192,10 @@ def minify_archive(
 
                 # a crash kills the worker of every failing candidate: keep one warm in reserve
                 pool = WorkerPool(repro.records.environment, size=jobs, spares=1 if stage == "crash" else 0,
-                                  warmup={"backend": chosen, "source_kind": repro.records.graph_kind})
-                fails = _isolated_predicate(repro, pool, workdir=Path(tmp), **options)
+                                  warmup={"backend": chosen.backend, "source_kind": repro.records.graph_kind})
+                fails = _isolated_predicate(repro, pool, chosen, workdir=Path(tmp))
             else:
-                fails = _replay_predicate(repro, **options)
+                fails = _replay_predicate(repro, chosen)
 
             def checkpoint(gm, inputs, stats) -> None:
                 _write(output, repro, gm, inputs, stats=_labelled({**stats.as_dict(), "stop_reason": "checkpoint"}, repro))
@@ -216,7 +209,7 @@ def minify_archive(
             except NotFailingError:
                 hint = "run `reproarchive run` on it to see what happens instead"
                 if judge_accuracy and not strict_accuracy and stage == "accuracy" and \
-                        _replay_predicate(repro, **{**options, "strict_accuracy": True})(repro.gm, list(repro.args)):
+                        _replay_predicate(repro, chosen.replace(strict_accuracy=True))(repro.gm, list(repro.args)):
                     hint = ("only non-floating outputs (bool masks, indices) differ here; "
                             "minify with --strict-accuracy to count them")
                 raise NotReproducedError(

@@ -11,12 +11,16 @@ alone, so it costs nothing and runs nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
+from reproarchive.archive.inspection import NamedByIndex, StoreOrigin
 from reproarchive.format import layout
+from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, SystemRecord
+
 
 def differences(
     *,
@@ -69,10 +73,21 @@ def differences(
     return rows
 
 
-def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class DoctorReport(NamedByIndex):
+    """What ``doctor`` found; ``to_plain()`` is ``doctor --json``."""
+
+    path: str
+    digest: str  # the index digest
+    differences: tuple[PlainData, ...]  # rows as ``differences`` gives them, important first
+    count: int
+    important: int  # how many rows could change the outcome of ``run``
+    store: StoreOrigin | None = dataclasses.field(default=None, metadata={"omit": "none"})
+
+
+def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> DoctorReport:
     """What differs between the machine that recorded the archive at ``path`` and this one,
-    without loading a tensor or compiling anything: ``{"path", "digest", "differences",
-    "count", "important"}`` (rows as ``differences`` gives them, important first).
+    without loading a tensor or compiling anything.
 
     Reads the index alone (validated like every reader's: ArchiveError, exit 2, for a bad
     archive). The graph is not rebuilt, so an archive this torch could not load (a device type
@@ -83,5 +98,5 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
         digest = reader.index_digest
     rows = differences(config=index.records.config, environment=index.records.environment, system=index.records.system,
                        config_applied=None)
-    return {"path": str(path), "digest": digest, "differences": rows, "count": len(rows),
-            "important": sum(1 for r in rows if r["important"])}
+    return DoctorReport(path=str(path), digest=digest, differences=tuple(rows), count=len(rows),
+                        important=sum(1 for r in rows if r["important"]))

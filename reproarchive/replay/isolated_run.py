@@ -3,8 +3,8 @@ or ``--serve`` as a warm worker of ``isolation.WorkerPool``.
 
 It reports what it is about to replay (``started``) before compiling, so that if the compiler
 takes the process down, the parent can still say what crashed (``replay.isolation``). A
-request's ``device`` is the parent's resolved ``DevicePlan`` as plain data (or None: the
-recorded devices), so the device is resolved once per run, in the parent.
+request carries the ``ReplaySettings`` and the parent's resolved ``DevicePlan`` as plain data
+(the plan None: resolve ``settings.device`` here), so the device is resolved once per run.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import sys
 from reproarchive.child import child_main
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.replay.runner import replay_graph, run_here
+from reproarchive.replay.settings import ReplaySettings
 
 
 def _replay(request: dict, *, started, event) -> dict | None:
     if "warmup" in request:
         _warm(request["warmup"])
         return None
-    options = dict(request["options"])
-    if options.get("device") is not None:  # the parent's resolved DevicePlan, as plain data
-        options["device"] = DevicePlan.from_plain(options["device"])
-    return run_here(request["path"], on_start=started, **options).to_dict()
+    settings = ReplaySettings.from_plain(request["settings"])
+    plan = DevicePlan.from_plain(request["plan"]) if request.get("plan") is not None else None
+    return run_here(request["path"], settings, plan=plan, on_start=started).to_dict()
 
 
 def _warm(spec: dict) -> None:
@@ -36,8 +36,8 @@ def _warm(spec: dict) -> None:
     g.output((g.call_function(torch.ops.aten.sin.default, (x,)),))
     gm = fx.GraphModule(torch.nn.Module(), g)
     try:
-        replay_graph(gm, [torch.ones(4)], backend=spec.get("backend") or "eager", source_kind=spec.get("source_kind"),
-                     only_fwd=True, report_differences=False)
+        replay_graph(gm, [torch.ones(4)], ReplaySettings(backend=spec.get("backend") or "eager", only_fwd=True),
+                     source_kind=spec.get("source_kind"), report_differences=False)
     except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request its setup
         pass
 

@@ -24,23 +24,29 @@ import threading
 from typing import Any
 
 from reproarchive.child import Died, Worker, run_child
+from reproarchive.codec.devices import DevicePlan
 from reproarchive.context.environment import child_environment
 from reproarchive.context.failure import crash_record
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import EnvironmentRecord, FailureRecord
 from reproarchive.replay.outcome import Outcome, judged
+from reproarchive.replay.settings import ReplaySettings
 
 _MODULE = "reproarchive.replay.isolated_run"
 
 
-def run_in_child(path: str | os.PathLike, *, environment: EnvironmentRecord | None = None, **options: Any):
-    """Run ``replay.run(path, isolate=False, **options)`` in a child; return its Outcome."""
-    result, died = run_child(_MODULE, _request(path, options), env=child_environment(environment))
+def run_in_child(path: str | os.PathLike, settings: ReplaySettings | None = None, *, plan: DevicePlan | None = None,
+                 environment: EnvironmentRecord | None = None) -> Outcome:
+    """Run ``replay.run(path, settings, isolate=False)`` in a child, on the devices ``plan``
+    resolved (None: the child resolves ``settings.device``); return its Outcome."""
+    result, died = run_child(_MODULE, _request(path, settings, plan), env=child_environment(environment))
     return _outcome(path, result, died)
 
 
-def _request(path: str | os.PathLike, options: dict[str, Any]) -> dict[str, Any]:
-    return {"path": os.fspath(os.path.abspath(path)), "options": options}
+def _request(path: str | os.PathLike, settings: ReplaySettings | None, plan: DevicePlan | None = None) -> dict[str, Any]:
+    """What the child reads: the archive, the settings and the device plan, as plain data."""
+    return {"path": os.fspath(os.path.abspath(path)), "settings": (settings or ReplaySettings()).to_plain(),
+            "plan": plan.to_plain() if plan is not None else None}
 
 
 def _outcome(path: str | os.PathLike, result: Any, died: Died | None) -> Outcome:
@@ -100,13 +106,13 @@ class WorkerPool:
             self.started += 1
         return worker
 
-    def run(self, path: str | os.PathLike, **options: Any) -> Outcome:
-        """``replay.run(path, isolate=False, **options)`` in a warm worker; its Outcome."""
+    def run(self, path: str | os.PathLike, settings: ReplaySettings) -> Outcome:
+        """``replay.run(path, settings, isolate=False)`` in a warm worker; its Outcome."""
         worker = self._idle.get()
         try:
             if not worker.alive:
                 worker = self._replace(worker)
-            result, died = worker.request(_request(path, options))
+            result, died = worker.request(_request(path, settings))
         finally:
             if not worker.alive:
                 worker = self._replace(worker)

@@ -10,9 +10,9 @@ so ``compile_fx_inner`` is called, as PyTorch's after_aot ``run`` does.
 
 How the outcome is judged. Every stage is classified separately (compile, forward, backward,
 accuracy) and turned into a failure record with a normalised signature
-(``reproarchive.failure``), which is compared with the recorded one: "reproduced", "different
-failure" or "passed". Accuracy compares compiled against eager and uses an fp64 run of the same
-graph to decide which of the two is wrong (``reproarchive.accuracy.compare``), so a compiled
+(``reproarchive.context.failure``), which is compared with the recorded one: "reproduced",
+"different failure" or "passed". Accuracy compares compiled against eager and uses an fp64 run of
+the same graph to decide which of the two is wrong (``reproarchive.replay.accuracy.compare``), so a compiled
 result that is closer to the truth than eager is not reported as a bug.
 """
 
@@ -26,16 +26,17 @@ from typing import Any, Mapping
 
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.device_runtime import devices_of, synchronize
-from reproarchive.codec.devices import DevicePlan, DeviceSpec, resolve_devices
+from reproarchive.codec.devices import DevicePlan, resolve_devices
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.format.plain import to_plain
 from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, FailureRecord, SystemRecord
 from reproarchive.progress import ProgressFn
-from reproarchive.replay.backends import choose_backend, resolve_backend
+from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
 from reproarchive.replay.outcome import Outcome, judged
+from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
 # the replay of one in-memory graph
@@ -44,37 +45,35 @@ from reproarchive.replay.outcome import Outcome, judged
 def replay_graph(
     gm: Any,
     args: list[Any],
+    settings: ReplaySettings,
     *,
-    backend: str,
     recorded_failure: FailureRecord | None = None,
-    accuracy: bool = False,
-    only_fwd: bool = False,
     config: ConfigRecord | None = None,
     environment: EnvironmentRecord | None = None,
     system: SystemRecord | None = None,
-    current_config: bool = False,
     source_kind: str | None = None,
-    tol: float | None = None,
     report_differences: bool = True,
-    strict_accuracy: bool = True,
 ) -> Outcome:
-    """Compile ``gm`` with ``backend``, run it on ``args`` (already on their devices) and judge
-    the result.
+    """Compile ``gm`` with ``settings.backend``, run it on ``args`` (already on their devices)
+    and judge the result.
 
-    ``strict_accuracy=False`` judges accuracy on floating outputs (and gradients) only, as
+    ``settings`` come with the backend and accuracy mode chosen (``settings.for_recorded``);
+    ``settings.device`` and ``max_memory`` were used when ``args`` were loaded. With
+    ``strict_accuracy=False`` accuracy is judged on floating outputs (and gradients) only, as
     PyTorch's minifier ``--accuracy`` does; the default also requires non-floating outputs
     (bool masks, indices) to be equal, as capture and PyTorch's ``--strict-accuracy`` do.
 
     ``config``/``environment``/``system`` are the archive's snapshot records: the config is
-    applied for the duration (unless ``current_config``), the environment variables that can be
-    set in-process are set, and all three are diffed against this machine for the report
-    (``report_differences=False`` skips that: it takes fresh snapshots, and the minifier, which
-    replays hundreds of candidates, does not need it).
+    applied for the duration (unless ``settings.current_config``), the environment variables
+    that can be set in-process are set, and all three are diffed against this machine for the
+    report (``report_differences=False`` skips that: it takes fresh snapshots, and the
+    minifier, which replays hundreds of candidates, does not need it).
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
+    backend = settings.backend
     compiler_fn = resolve_backend(backend)
     warnings: list[str] = []
-    config_applied = bool(config) and not current_config
+    config_applied = bool(config) and not settings.current_config
     env_to_set, env_warnings = plan(environment, config_applied=config_applied)
     warnings.extend(env_warnings)
     if config and not config_applied:
@@ -85,7 +84,7 @@ def replay_graph(
     # forward only. With grad on, inductor's out= kernels (addmm) refuse inputs that require
     # grad, a failure the original run never had.
     after_aot = source_kind == "after_aot"
-    needs_backward = not only_fwd and not after_aot and (
+    needs_backward = not settings.only_fwd and not after_aot and (
         (recorded_failure is not None and recorded_failure.stage == "backward") or any(t.requires_grad for t in _iter_tensors(args))
     )
     observed: dict[str, Any] | None = None
@@ -105,8 +104,8 @@ def replay_graph(
             _warnings.simplefilter("always")
             observed, details, ran_backward = _compile_and_run(
                 compiler_fn, gm, args, backend=backend, source_kind=source_kind,
-                fwd_only=not needs_backward, accuracy=accuracy, tol=tol, warnings=warnings,
-                ignore_non_fp=not strict_accuracy,
+                fwd_only=not needs_backward, accuracy=bool(settings.accuracy), tol=settings.tol,
+                warnings=warnings, ignore_non_fp=not settings.strict_accuracy,
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
 
@@ -115,7 +114,7 @@ def replay_graph(
         accuracy=details,
         differences=differences(config=config, environment=environment, system=system,
                                 config_applied=config_applied) if report_differences else [],
-        device=_describe_device(args, None),
+        device=_describe_device(args),
         backend=backend,
         warnings=warnings,
         ran_backward=ran_backward,
@@ -206,7 +205,7 @@ def _iter_tensors(value: Any):
             yield from _iter_tensors(v)
 
 
-def _describe_device(args: Any, plan: DevicePlan | None) -> str:
+def _describe_device(args: Any, plan: DevicePlan | None = None) -> str:
     devices = sorted({str(t.device) for t in _iter_tensors(args)})
     if devices:
         return ",".join(devices)
@@ -243,45 +242,36 @@ def _dedupe(items) -> list[str]:
 # the public entry point
 
 
-def run(
-    path: str | Path,
-    *,
-    device: DeviceSpec = None,
-    backend: str | None = None,
-    accuracy: bool | None = None,
-    only_fwd: bool = False,
-    isolate: bool | None = None,
-    current_config: bool = False,
-    tol: float | None = None,
-    progress: ProgressFn | None = None,
-    max_memory: int | None = None,
-) -> Outcome:
-    """Replay the archive at ``path`` on this machine; see ``reproarchive run --help``.
+def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = None,
+        progress: ProgressFn | None = None) -> Outcome:
+    """Replay the archive at ``path`` on this machine under ``settings``; see ``reproarchive run --help``.
 
-    ``backend``/``accuracy`` default to what the archive recorded. ``isolate`` runs the replay in
-    a child process so that a crash (segfault, abort, fatal device error) becomes an outcome
-    instead of killing the caller; by default it is on when the recorded failure is a crash, is
-    unknown, or is not recorded (``needs_isolation``).
-    ``device=None`` replays on the recorded devices: an archive recorded on a device this
-    machine lacks cannot run here (125) until ``device`` moves it (``"cpu"``), and then the
-    outcome says it ran on another device type (``same_device_type``).
+    ``isolate`` runs the replay in a child process so that a crash (segfault, abort, fatal
+    device error) becomes an outcome instead of killing the caller; by default it is on when
+    the recorded failure is a crash, is unknown, or is not recorded (``needs_isolation``).
+    ``settings.device=None`` replays on the recorded devices: an archive recorded on a device
+    this machine lacks cannot run here (125) until ``device`` moves it (``"cpu"``), and then the
+    outcome says it ran on another device type (``same_device_type``). The index is decoded
+    and the devices resolved once: the reader that answers both questions also loads the
+    archive, and a child gets the resolved plan.
     Raises DeviceUnavailableError / BackendUnavailableError (exit 125) when it cannot run here,
     ArchiveError (exit 2) for an unreadable archive, ReproArchiveError (2) for a device mapping
     that names a device the archive does not use.
     """
-    if backend is not None:
-        resolve_backend(backend)  # cannot run here: say so before loading anything
-    index = _peek_index(path)
-    plan = resolve_devices(recorded_devices(index), device)  # once per run: load and the child use it
-    options = {"backend": backend, "accuracy": accuracy, "only_fwd": only_fwd,
-               "current_config": current_config, "tol": tol, "max_memory": max_memory}
-    if isolate is None:
-        isolate = needs_isolation(index.records.failure)
-    if isolate:
+    from reproarchive.format.reader import ContainerReader
+
+    if settings.backend is not None:
+        resolve_backend(settings.backend)  # cannot run here: say so before loading anything
+    with ContainerReader(path) as reader:
+        index = reader.index
+        plan = resolve_devices(recorded_devices(index), settings.device)  # once per run: load and the child use it
+        isolate = needs_isolation(index.records.failure) if isolate is None else isolate
+        repro = None if isolate else _loaded(path, settings, plan, progress, reader=reader)
+    if repro is None:
         from reproarchive.replay.isolation import run_in_child
 
-        return run_in_child(path, environment=index.records.environment, device=plan.to_plain(), **options)
-    return run_here(path, progress=progress, device=plan, **options)
+        return run_in_child(path, settings, plan=plan, environment=index.records.environment)
+    return _replayed(path, repro, settings, plan)
 
 
 def needs_isolation(recorded: FailureRecord | None) -> bool:
@@ -292,37 +282,40 @@ def needs_isolation(recorded: FailureRecord | None) -> bool:
     return recorded is None or recorded.stage in ("crash", "unknown")
 
 
-def _peek_index(path):
-    """The archive's records without loading its tensors."""
+def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, on_start=None,
+             progress: ProgressFn | None = None) -> Outcome:
+    """Load and replay in this process (an isolated child's side of ``run``). ``plan``: the
+    devices as ``run`` resolved them (None: resolved here from ``settings.device``, as ``run``
+    does). ``on_start`` gets the recorded facts before compiling, so that an isolating parent
+    can still report them if the compile takes the process down."""
     from reproarchive.format.reader import ContainerReader
 
     with ContainerReader(path) as reader:
-        return reader.index
+        plan = plan or resolve_devices(recorded_devices(reader.index), settings.device)
+        repro = _loaded(path, settings, plan, progress, reader=reader)
+    return _replayed(path, repro, settings, plan, on_start=on_start)
 
 
-def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, current_config=False,
-             tol=None, on_start=None, progress: ProgressFn | None = None, strict_accuracy: bool = True,
-             max_memory: int | None = None) -> Outcome:
-    """Load and replay in this process. ``on_start`` gets the recorded facts before compiling,
-    so that an isolating parent can still report them if the compile takes the process down.
-    ``device`` is a ``DevicePlan`` (``run`` resolves one), or a spec resolved here as ``run`` does."""
+def _loaded(path, settings: ReplaySettings, plan: DevicePlan, progress: ProgressFn | None, *, reader):
+    """The archive at ``path`` (open in ``reader``, its index decoded) loaded under ``plan``."""
     from reproarchive.archive.loading import load
 
-    plan = device if isinstance(device, DevicePlan) else resolve_devices(recorded_devices(_peek_index(path)), device)
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        repro = load(path, device=plan, progress=progress, max_memory=max_memory)
+        return load(path, device=plan, progress=progress, max_memory=settings.max_memory, reader=reader)
+
+
+def _replayed(path, repro, settings: ReplaySettings, plan: DevicePlan, *, on_start=None) -> Outcome:
     load_warnings = _dedupe([*(repro.warnings or []), *_moved_warning(plan)])
     facts = _device_facts(repro.args, plan)
     records = repro.records
-    chosen = choose_backend(backend, records.backend)
-    resolve_backend(chosen)
+    chosen = settings.for_recorded(records.backend, records.accuracy)
+    resolve_backend(chosen.backend)
     if on_start is not None:
-        on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen, "digest": repro.digest,
-                  **facts, "warnings": load_warnings,
-                  "config": "current" if current_config else "recorded"})
-    outcome = replay_repro(repro, backend=chosen, accuracy=bool(records.accuracy) if accuracy is None else accuracy,
-                           only_fwd=only_fwd, current_config=current_config, tol=tol, strict_accuracy=strict_accuracy)
+        on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen.backend,
+                  "digest": repro.digest, **facts, "warnings": load_warnings,
+                  "config": "current" if chosen.current_config else "recorded"})
+    outcome = replay_repro(repro, chosen)
     outcome.device, outcome.recorded_device, outcome.same_device_type = (
         facts["device"], facts["recorded_device"], facts["same_device_type"])
     outcome.warnings[:0] = load_warnings
@@ -331,19 +324,17 @@ def run_here(path, *, device=None, backend=None, accuracy=None, only_fwd=False, 
     return outcome
 
 
-def replay_repro(repro, gm=None, args=None, *, backend: str, accuracy: bool, only_fwd: bool = False,
-                 current_config: bool = False, tol: float | None = None, strict_accuracy: bool = True,
-                 report_differences: bool = True) -> Outcome:
+def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_differences: bool = True) -> Outcome:
     """Judge a loaded archive's graph, or a candidate ``gm`` on ``args`` made from it, against
     its recorded failure with its recorded records: the one judgement ``run``, the minifier's
     check of the original and its oracle all go through, so they cannot disagree about whether
-    an archive reproduces."""
+    an archive reproduces. ``settings`` has its backend and accuracy chosen (``for_recorded``)."""
     records = repro.records
     return replay_graph(
         repro.gm if gm is None else gm,
         list(repro.args if args is None else args),
-        backend=backend, recorded_failure=records.failure, accuracy=accuracy, only_fwd=only_fwd,
-        config=records.config, environment=records.environment, system=records.system if report_differences else None,
-        current_config=current_config, source_kind=records.graph_kind, tol=tol,
-        report_differences=report_differences, strict_accuracy=strict_accuracy,
+        settings,
+        recorded_failure=records.failure, config=records.config, environment=records.environment,
+        system=records.system if report_differences else None, source_kind=records.graph_kind,
+        report_differences=report_differences,
     )

@@ -51,7 +51,7 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
                 only_fwd: bool | None = None, config=None, environment=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes). Never raises for a failure of the graph itself.
 
-    Uses ``reproarchive.replay.replay_graph`` (the code behind ``reproarchive run``) on inputs
+    Uses ``reproarchive.replay.runner.replay_graph`` (the code behind ``reproarchive run``) on inputs
     generated exactly as ``load`` will generate absent ones, so that the recorded signature is
     classified exactly as a later replay will classify it; ``kind`` "after_aot" graphs are
     retraced with make_fx and compiled by Inductor's inner compiler, as PyTorch's after_aot
@@ -93,6 +93,7 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
     import torch
 
     from reproarchive.replay.runner import replay_graph
+    from reproarchive.replay.settings import ReplaySettings
 
     with contextlib.ExitStack() as stack:
         if kind == "after_aot":
@@ -104,8 +105,8 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
                                 and a.device.type != "cpu"), "cpu")
             stack.enter_context(torch.amp.autocast(device_type, enabled=autocast))
         try:
-            outcome = replay_graph(gm, inputs, backend=backend, accuracy=accuracy, only_fwd=bool(only_fwd),
-                                   source_kind=kind, config=config, environment=environment,
+            settings = ReplaySettings(backend=backend, accuracy=bool(accuracy), only_fwd=bool(only_fwd))
+            outcome = replay_graph(gm, inputs, settings, source_kind=kind, config=config, environment=environment,
                                    report_differences=False)
         except ReproArchiveError as err:
             raise NotReplayableError(f"cannot replay here: {err}; not replayed")

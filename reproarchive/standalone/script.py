@@ -22,6 +22,7 @@ archive contains.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -35,6 +36,7 @@ from reproarchive.context.config import CONFIG_MODULES
 from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
+from reproarchive.format.plain import PlainRecord
 from reproarchive.format.schema import (
     ConfigRecord,
     EnvironmentRecord,
@@ -44,23 +46,42 @@ from reproarchive.format.schema import (
     TorchInfo,
 )
 from reproarchive.replay.backends import is_custom
+from reproarchive.replay.settings import ReplaySettings
 
 
-def export(path: str | os.PathLike, out_dir: str | os.PathLike, *, max_memory: int | None = None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ExportReport(PlainRecord):
+    """What ``export`` wrote; ``to_plain()`` is ``export --json``."""
+
+    folder: str
+    script: str  # folder/repro.py
+    files: tuple[str, ...]  # relative to folder
+    bytes: int
+
+
+def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings | None = None,
+           **options: Any) -> ExportReport:
     """Write ``out_dir`` with ``repro.py`` and its data files; returns what was written.
 
     ``out_dir`` must not exist or be empty. It is built in a temporary sibling folder and
-    renamed into place, so a failure leaves nothing behind.
+    renamed into place, so a failure leaves nothing behind. ``settings`` (or ``options``, its
+    fields) give the script's backend and accuracy mode (default: the recorded ones) and the
+    load's ``max_memory``; the data is always read on the CPU and the script maps devices
+    itself when it runs (its ``--device``).
     """
     from reproarchive.archive.loading import load
 
-    repro = load(path, device="cpu", remap_graph=False, max_memory=max_memory)
+    settings = ReplaySettings.given(settings, options)
+    repro = load(path, device="cpu", remap_graph=False, max_memory=settings.max_memory)
     devices = _recorded_devices(repro)
     records = repro.records
+    # not ``settings.for_recorded``: a script may name a recorded custom compiler function for
+    # its reader to supply (``run`` never imports one on an archive's say-so)
     return write_export(
         repro.gm, list(repro.args), out_dir,
-        backend=records.backend, source_kind=records.graph_kind,
-        accuracy=bool(records.accuracy), config=records.config, environment=records.environment,
+        backend=settings.backend or records.backend, source_kind=records.graph_kind,
+        accuracy=bool(records.accuracy) if settings.accuracy is None else settings.accuracy,
+        config=records.config, environment=records.environment,
         system=records.system, failure=records.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest,
     )
@@ -88,7 +109,7 @@ def write_export(
     recorded_devices: list[str | None] | None = None,
     archive_name: str = "",
     digest: str | None = None,
-) -> dict[str, Any]:
+) -> ExportReport:
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         writer = _DataWriter(tmp)
@@ -100,7 +121,7 @@ def write_export(
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
-    return {"folder": str(out), "script": str(out / "repro.py"), "files": files, "bytes": size}
+    return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
 
 
 class _DataWriter:

@@ -19,16 +19,19 @@ reached through ``record_differences`` only.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
+from dataclasses import field
 from typing import Any
 
 from reproarchive.archive.graph_code import node_line
+from reproarchive.archive.inspection import NamedByIndex
 from reproarchive.context.config import config_diff
 from reproarchive.context.environment import environment_diff
 from reproarchive.context.system import system_diff
 from reproarchive.format import layout
-from reproarchive.format.plain import to_plain
+from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     ConfigRecord,
@@ -51,28 +54,61 @@ SECTIONS = ("failure", "replay", "graph", "inputs", "config", "environment", "sy
 _TENSOR_FIELDS = ("dtype", "shape", "stride", "offset", "device", "requires_grad")
 
 
-def diff(a: str | os.PathLike, b: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> dict:
-    """Compare two archives from their indexes alone; a JSON-ready report.
+@dataclasses.dataclass(frozen=True)
+class ArchiveSide(NamedByIndex):
+    """One of the two archives compared."""
 
-    ``report["identical"]`` is True when nothing in any section differs; ``report["differing"]``
-    names the sections that do. Raises an ``ArchiveError`` when either file is not a readable
-    archive (nothing is compared then)."""
+    path: str
+    digest: str  # the index digest
+    format: str
+    nodes: int
+    ops: int
+    inputs: int
+    parent: str | None
+
+
+#: A section of the comparison: plain data whose ``same`` says whether it differs.
+_SECTION = {"json": {"type": "object", "required": ["same"], "properties": {"same": {"type": "boolean"}}}}
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffReport(PlainRecord):
+    """What ``diff`` found; ``to_plain()`` is ``diff --json``. The sections are plain data
+    (their rows depend on the section); each has ``same``."""
+
+    a: ArchiveSide
+    b: ArchiveSide
+    relation: str | None  # same_archive, b_minified_from_a, a_minified_from_b
+    failure: PlainData = field(metadata=_SECTION)
+    replay: PlainData = field(metadata=_SECTION)
+    graph: PlainData = field(metadata=_SECTION)
+    inputs: PlainData = field(metadata=_SECTION)
+    config: PlainData = field(metadata=_SECTION)
+    environment: PlainData = field(metadata=_SECTION)
+    system: PlainData = field(metadata=_SECTION)
+    differing: tuple[str, ...] = ()  # the sections that differ, in SECTIONS order
+    identical: bool = False
+
+
+def diff(a: str | os.PathLike, b: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> DiffReport:
+    """Compare two archives from their indexes alone.
+
+    ``identical`` is True when nothing in any section differs; ``differing`` names the
+    sections that do. Raises an ``ArchiveError`` when either file is not a readable archive
+    (nothing is compared then)."""
     with ContainerReader(a, limits=limits) as ra, ContainerReader(b, limits=limits) as rb:
         ia, ib = ra.index, rb.index
         relation = _relation(ra.index_digest, ia, rb.index_digest, ib)
-        report: dict[str, Any] = {
-            "a": _identity(a, ra.index_digest, ia),
-            "b": _identity(b, rb.index_digest, ib),
-            "relation": relation,
+        sections: dict[str, Any] = {
             "failure": failure_diff(ia, ib),
             "replay": _replay_diff(ia, ib),
             "graph": graph_diff(ia.graph, ib.graph),
             "inputs": input_diff(ia, ib, relation),
             **{k: {"rows": rows, "same": not rows} for k, rows in record_differences(ia, ib).items()},
         }
-    report["differing"] = [s for s in SECTIONS if not report[s]["same"]]
-    report["identical"] = not report["differing"]
-    return report
+        differing = tuple(s for s in SECTIONS if not sections[s]["same"])
+        return DiffReport(a=_identity(a, ra.index_digest, ia), b=_identity(b, rb.index_digest, ib), relation=relation,
+                          **sections, differing=differing, identical=not differing)
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,9 +152,9 @@ def record_differences(a: Index, b: Index) -> dict[str, list[dict[str, Any]]]:
 # identity, failure, replay settings
 
 
-def _identity(path, digest: str, index: Index) -> dict:
-    return {"path": str(path), "digest": digest, "format": index.version, "nodes": len(index.graph.nodes),
-            "ops": index.graph.op_count(), "inputs": len(index.inputs), "parent": index.records.parent}
+def _identity(path, digest: str, index: Index) -> ArchiveSide:
+    return ArchiveSide(path=str(path), digest=digest, format=index.version, nodes=len(index.graph.nodes),
+                       ops=index.graph.op_count(), inputs=len(index.inputs), parent=index.records.parent)
 
 
 def _relation(digest_a: str, a: Index, digest_b: str, b: Index) -> str | None:

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from reproarchive.archive.graph_code import node_lines, printable, stored_or_rendered_code
-from reproarchive.archive.inspection import input_rows, system_summary
+from reproarchive.archive.inspection import InputRow, input_rows, system_summary
 from reproarchive.context.failure import compiler_diagnostics, failure_kind
 from reproarchive.errors import ArchiveError, ViewError
 from reproarchive.format import layout
@@ -109,9 +109,9 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
         "failure": _failure(index),
         "graphs": graphs,
         "histogram": list(index.graph.op_histogram().items()),
-        "inputs": input_rows(index),
+        "inputs": [row.to_plain() for row in input_rows(index)],
         "config": _config(index),
-        "system": system_summary(index.records.system) if index.records.system else None,
+        "system": system_summary(index.records.system).to_plain() if index.records.system else None,
         "environment": dict(index.records.environment.variables) if index.records.environment else {},
         "related": {"parent": str(parent_side[0]) if parent_side else None,
                     "child": str(child_side[0]) if child_side else None},
@@ -296,10 +296,10 @@ def _value_text(node) -> str:
     return ""
 
 
-def _input_text(row: dict) -> str:
-    if row["kind"] == "tensor":
-        return f"{row['dtype']}{row['shape']} {row['device']}, {row['fidelity']}"
-    return f"{row['kind']} {row.get('value', '')}".strip()
+def _input_text(row: InputRow) -> str:
+    if row.kind == "tensor":
+        return f"{row.dtype}{list(row.shape or ())} {row.device}, {row.fidelity}"
+    return f"{row.kind} {'' if row.value is None else row.value}".strip()
 
 
 def _pages(graph: GraphRecord, inputs_of: list[list[int]]) -> list[list[int]]:

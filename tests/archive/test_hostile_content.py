@@ -256,7 +256,7 @@ def test_graph_node_cap_is_one_line_before_decoding(tmp_path):
     path = ca.edited(tmp_path / "many.tar.zst", parsed, edit)
     import reproarchive
 
-    assert reproarchive.inspect(path, limits=Limits(max_nodes=100_000))["graph"]["nodes"] > 400  # under the cap
+    assert reproarchive.inspect(path, limits=Limits(max_nodes=100_000)).graph.nodes > 400  # under the cap
     res = hc.run_library_op("inspect", path, tmp_path, limits={"max_nodes": 300})
     assert res["outcome"] == "archive_error" and res["type"] == "LimitExceededError", res
     assert "nodes, more than the limit 300" in res["message"]

@@ -128,7 +128,7 @@ def test_the_cases_cover_every_section(corpus):
 
 LIBRARY = {
     "verify": lambda path, tmp: reproarchive.verify(path),
-    "inspect": lambda path, tmp: reproarchive.inspect(path),
+    "inspect": lambda path, tmp: reproarchive.inspect(path).to_plain(),
     "unpack": lambda path, tmp: reproarchive.unpack(path, tmp / "out"),
     "load": lambda path, tmp: reproarchive.load(path),
     "read_input": lambda path, tmp: reproarchive.read_input(path, 0),

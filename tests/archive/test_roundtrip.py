@@ -105,7 +105,7 @@ def test_zero_storage_is_stored_without_blob_and_duplicate_content_once(tmp_path
     a = torch.arange(1000, dtype=torch.float32)
     b = a.clone()
     repro = roundtrip(tmp_path, [z, a, b])
-    info = reproarchive.inspect(repro.path)
+    info = reproarchive.inspect(repro.path).to_plain()
     assert info["storage"]["zero_filled"] == 1
     assert info["storage"]["blobs"] == 1
     assert info["storage"]["bytes_after_dedup"] == 4000 and info["storage"]["bytes_logical"] == 12000
@@ -118,7 +118,7 @@ def test_absent_inputs_are_generated_and_labelled(tmp_path):
         repro = roundtrip(tmp_path, [absent, torch.ones(2)])
     assert repro.fidelity == ["absent", "real"]
     assert repro.args[0].shape == (4, 5) and repro.args[0].dtype == torch.float16 and repro.args[0].device.type == "cpu"
-    assert reproarchive.inspect(repro.path)["inputs"][0]["fidelity"] == "absent"
+    assert reproarchive.inspect(repro.path).inputs[0].fidelity == "absent"
 
 
 def test_device_mapping_and_unavailable_device(tmp_path):

@@ -15,4 +15,4 @@ def test_demo_runs_the_whole_story(tmp_path):
     assert result.exit_code == 0, result.output
     for text in ("REPRODUCED (exit 1)", "ops -> 1 ops", "torch.relu"):
         assert text in result.output
-    assert reproarchive.inspect(tmp_path / "repro.min.tar.zst")["graph"]["ops"] == 1
+    assert reproarchive.inspect(tmp_path / "repro.min.tar.zst").graph.ops == 1

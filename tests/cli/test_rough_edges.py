@@ -68,7 +68,7 @@ def test_inspect_names_every_input_symints_included(tmp_path):
 
     torch._dynamo.reset()
     torch.compile(lambda x, n: x * n + x.shape[0], backend=backend, dynamic=True)(torch.randn(5, 2), 3)
-    rows = reproarchive.inspect(path)["inputs"]
+    rows = reproarchive.inspect(path).to_plain()["inputs"]
     assert any(r["kind"] == "symint" for r in rows)
     assert all(r["name"] for r in rows), rows
     symint = next(r for r in rows if r["kind"] == "symint")

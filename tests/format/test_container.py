@@ -127,8 +127,8 @@ def test_blake3_digests(tmp_path):
     t = torch.arange(1000, dtype=torch.float32)
     path = reproarchive.pack(graph(1), [t], tmp_path / "b.tar.zst", digest="blake3")
     report = reproarchive.verify(path)
-    assert report["blobs"] == 1
-    assert reproarchive.inspect(path)["digest_algorithm"] == "blake3"
+    assert report.blobs == 1
+    assert reproarchive.inspect(path).digest_algorithm == "blake3"
     assert torch.equal(reproarchive.load(path).args[0], t)
 
 

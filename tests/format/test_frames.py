@@ -119,7 +119,7 @@ def test_archives_with_stored_frames_load_verify_and_keep_random_access(tmp_path
     with reader.ContainerReader(path) as r:
         stored = [c == frames.stored_frame_size(d) for c, d in r.frames]
         assert any(stored) and not all(stored)
-    assert reproarchive.verify(path)["blobs"] == 2
+    assert reproarchive.verify(path).blobs == 2
     repro = reproarchive.load(path)
     assert torch.equal(repro.args[0], weights) and torch.equal(repro.args[1], ramp)
     assert torch.equal(reproarchive.read_input(path, 0), weights)
@@ -139,4 +139,4 @@ def test_a_reader_without_the_stored_frame_path_reads_the_same(monkeypatch):
     monkeypatch.setattr(reader, "read_stored_frame", lambda *a: False)
     slow = reproarchive.load(vector).args
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
-    assert reproarchive.verify(vector)["blobs"] == 2
+    assert reproarchive.verify(vector).blobs == 2

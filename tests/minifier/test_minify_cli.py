@@ -39,7 +39,7 @@ def captured(tmp_path_factory):
 
 
 def ops(path) -> int:
-    return reproarchive.inspect(path)["graph"]["ops"]
+    return reproarchive.inspect(path).graph.ops
 
 
 def test_minify_cli_end_to_end(captured, tmp_path):
@@ -48,8 +48,8 @@ def test_minify_cli_end_to_end(captured, tmp_path):
     assert result.exit_code == 0, result.output
     assert "torch.relu" in result.output and "minified:" in result.output
     assert ops(out) == 1 < ops(captured)
-    info = reproarchive.inspect(out)
-    assert info["parent"] == reproarchive.inspect(captured)["digest"]
+    info = reproarchive.inspect(out).to_plain()
+    assert info["parent"] == reproarchive.inspect(captured).digest
     assert info["minify"]["stop_reason"] == "fixpoint" and info["minify"]["calls"] > 0
     # input moves ran (default): the one input is labelled as not the original data
     (entry,) = info["minify"]["inputs"]

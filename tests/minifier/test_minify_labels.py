@@ -31,7 +31,7 @@ def test_load_and_inspect_say_an_input_is_not_the_original_data(tmp_path):
                                          r"\(computed from generated data\)"):
         repro = reproarchive.load(path)
     assert any("not the original data" in w for w in repro.warnings)
-    rows = reproarchive.inspect(path)["inputs"]
+    rows = reproarchive.inspect(path).to_plain()["inputs"]
     assert rows[0]["fidelity"] == "not original: computed from generated data"
     assert rows[1]["fidelity"] == "real"
 
@@ -81,7 +81,7 @@ def test_minify_of_mixed_real_and_absent_inputs_keeps_generated_values_labelled(
     assert "torch.relu" in repro.gm.code and "torch.sin" not in repro.gm.code
     (entry,) = repro.index.records.minify.inputs
     assert entry.from_absent and not entry.real
-    assert reproarchive.inspect(minified)["inputs"][0]["fidelity"].startswith("not original")
+    assert reproarchive.inspect(minified).inputs[0].fidelity.startswith("not original")
     outcome = reproarchive.run(minified)
     assert outcome.status == "reproduced" and any("not the original data" in w for w in outcome.warnings)
 

@@ -91,9 +91,10 @@ def test_an_isolated_replay_gets_the_parents_plan(cuda_archive):
     """The child side of ``--isolate``, called here: the request carries the parent's plan as
     JSON, and the child replays under it (checking nothing again) and reports it at start."""
     from reproarchive.replay.isolated_run import _replay
+    from reproarchive.replay.isolation import _request
 
     plan = resolve_devices(["cuda:0"], "cpu")
-    request = json.loads(json.dumps({"path": str(cuda_archive), "options": {"device": plan.to_plain()}}))
+    request = json.loads(json.dumps(_request(cuda_archive, reproarchive.ReplaySettings(), plan)))
     started = []
     result = _replay(request, started=started.append, event=None)
     assert (result["status"], result["recorded_device"], result["same_device_type"]) == ("reproduced", "cuda:0", False)

@@ -44,7 +44,7 @@ def _records(edit=None):
 def _fresh_doctor(path: Path) -> dict:
     """``reproarchive.doctor`` in a new process, where no compile has imported anything."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    code = "import json, sys, reproarchive; print(json.dumps(reproarchive.doctor(sys.argv[1]), default=str))"
+    code = "import json, sys, reproarchive; print(json.dumps(reproarchive.doctor(sys.argv[1]).to_plain(), default=str))"
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -63,7 +63,7 @@ def test_same_machine_archive_has_no_config_differences_here_or_in_a_fresh_proce
 
     records = redacted_records(_records()) if redacted else _records()
     path = pack_chain(tmp_path / "same.tar.zst", 8, **records)
-    recorded = reproarchive.doctor(path)
+    recorded = reproarchive.doctor(path).to_plain()
     assert "torch._inductor.config_comms" in reproarchive.load(path).records.config.modules
     for report in (recorded, _fresh_doctor(path)):
         rows = report["differences"]
@@ -81,7 +81,7 @@ def test_one_changed_key_is_the_one_difference(tmp_path):
         plain["changed"].setdefault("torch._inductor.config", {})[KEY] = not value
 
     path = pack_chain(tmp_path / "changed.tar.zst", 8, **_records(edit))
-    for report in (reproarchive.doctor(path), _fresh_doctor(path)):
+    for report in (reproarchive.doctor(path).to_plain(), _fresh_doctor(path)):
         config_rows = [r for r in report["differences"] if r["what"] == "config"]
         assert config_rows == [{"what": "config", "name": f"torch._inductor.config.{KEY}", "recorded": not value,
                                 "current": value, "important": False, "status": "differs"}]
@@ -102,7 +102,7 @@ def test_a_module_named_by_the_archive_is_never_imported(tmp_path, monkeypatch):
     imported = []
     real_import = importlib.import_module
     monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name) or real_import(name, *a))
-    report = reproarchive.doctor(path)
+    report = reproarchive.doctor(path).to_plain()
     assert not {"evil.mod", "evil", "os", "torch._not_a_config_module"} & set(imported)
     assert "evil.mod" not in sys.modules and "evil" not in sys.modules
     assert "torch._not_a_config_module" not in sys.modules

@@ -16,6 +16,7 @@ import torch
 
 import reproarchive
 from reproarchive.replay.outcome import REPRODUCED
+from reproarchive.replay.settings import ReplaySettings
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -61,7 +62,8 @@ def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path,
     from reproarchive.replay import runner
 
     repro = reproarchive.load(capture_non_leaf(tmp_path, mutate=True))
-    outcome = runner.replay_graph(repro.gm, repro.args, backend="eager", recorded_failure=repro.records.failure)
+    outcome = runner.replay_graph(repro.gm, repro.args, ReplaySettings(backend="eager"),
+                                  recorded_failure=repro.records.failure)
     assert outcome.observed is None and outcome.ran_backward, outcome.to_dict()
 
     seen = []
@@ -71,7 +73,7 @@ def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path,
         return gm
 
     monkeypatch.setattr(runner, "resolve_backend", lambda name: recording)
-    runner.replay_graph(repro.gm, repro.args, backend="recording", recorded_failure=repro.records.failure)
+    runner.replay_graph(repro.gm, repro.args, ReplaySettings(backend="recording"), recorded_failure=repro.records.failure)
     assert seen == [[(False, True, True), (True, False, False)]]
 
 
@@ -80,7 +82,7 @@ def test_accuracy_replay_compares_gradients_of_non_leaf_inputs(tmp_path):
     from reproarchive.replay import runner
 
     repro = reproarchive.load(capture_non_leaf(tmp_path))
-    outcome = runner.replay_graph(repro.gm, repro.args, backend="aot_eager", accuracy=True)
+    outcome = runner.replay_graph(repro.gm, repro.args, ReplaySettings(backend="aot_eager", accuracy=True))
     names = [o.name for o in outcome.accuracy.outputs]
     assert outcome.observed is None and any(str(n).startswith("grad") for n in names), outcome.to_dict()
 

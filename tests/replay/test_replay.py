@@ -25,6 +25,7 @@ from reproarchive.context import failure as failure_mod
 from reproarchive.errors import BackendUnavailableError, DeviceUnavailableError
 from reproarchive.format.schema import EnvironmentRecord
 from reproarchive.replay.runner import replay_graph
+from reproarchive.replay.settings import ReplaySettings
 from support.captures import capture_failure
 from support.cli import invoke
 from support.devices import pack_with_device_constant
@@ -170,7 +171,7 @@ def test_cuda_graph_runs_on_cpu_with_remapping(tmp_path):
         reproarchive.run(path, device="cuda")
     # the one place devices are mapped is load: graph constants follow the inputs
     mapped = reproarchive.load(path, device={"cuda": "cpu"})
-    outcome = replay_graph(mapped.gm, mapped.args, backend="eager")
+    outcome = replay_graph(mapped.gm, mapped.args, ReplaySettings(backend="eager"))
     assert outcome.exit_code == 0, outcome.observed
 
 
@@ -275,7 +276,7 @@ def test_current_config_reports_the_config_difference(archives):
     modules = {**config.modules, "torch._inductor.config": {**config.modules["torch._inductor.config"],
                                                             "cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}}
     config = dataclasses.replace(config, modules=modules, changed=changed)
-    outcome = replay_graph(repro.gm, repro.args, backend="eager", config=config, current_config=True)
+    outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="eager", current_config=True), config=config)
     names = [d["name"] for d in outcome.differences if d["what"] == "config"]
     assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY" in names
     assert outcome.config == "current"
@@ -293,7 +294,7 @@ def test_current_config_reports_the_config_difference(archives):
     mod.spy = spy
     sys.modules["replay_spy_backend"] = mod
     try:
-        outcome = replay_graph(repro.gm, repro.args, backend="replay_spy_backend:spy", config=config)
+        outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="replay_spy_backend:spy"), config=config)
     finally:
         del sys.modules["replay_spy_backend"]
     assert seen["value"] == "runtime_error"
@@ -320,7 +321,7 @@ def test_recorded_environment_variables_are_set_for_the_replay(archives, monkeyp
     mod = types.ModuleType("replay_env_spy")
     mod.spy = spy
     monkeypatch.setitem(sys.modules, "replay_env_spy", mod)
-    outcome = replay_graph(repro.gm, repro.args, backend="replay_env_spy:spy", environment=env)
+    outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="replay_env_spy:spy"), environment=env)
     assert seen["TORCH_REPLAY_TEST_FLAG"] == "1"
     assert seen["TORCHINDUCTOR_CACHE_DIR"] != "/somewhere/else"  # machine-specific: not copied
     assert seen["SECRET_TORCH_TOKEN"] != "<redacted>"

@@ -137,7 +137,7 @@ def test_backend_archive_of_a_segfaulting_custom_op(tmp_path):
     assert done.returncode == -signal.SIGSEGV, done.stderr[-2000:]
     archive = _only_archive(tmp_path / "archives")
     reproarchive.verify(archive)
-    summary = reproarchive.inspect(archive)
+    summary = reproarchive.inspect(archive).to_plain()
     assert summary["failure"]["stage"] == "crash"
     assert "crashtest.boom" in json.dumps(summary["graph"]["op_histogram"])
 

@@ -117,7 +117,7 @@ def test_every_compile_packs_verifies_and_loads(trace_jobs, packed):
             assert path.name == f"repro-{cid.replace('/', '_')}.tar.zst"
             reproarchive.verify(path, progress=False)
             repro = reproarchive.load(path, device="cpu")
-            info = reproarchive.inspect(path)
+            info = reproarchive.inspect(path).to_plain()
             src = info["source"]
             assert src["kind"] == "torch_trace" and src["compile_id"] == cid and src.get("rank") is None
             assert src["tlparse"]["directory"] == f"-_{cid.replace('/', '_')}_{src['attempt']}"
@@ -154,7 +154,7 @@ def test_records_hold_no_path_of_the_machine(trace_jobs, packed):
 def test_inputs_carry_the_logged_metadata(trace_jobs, packed):
     folder = trace_jobs["compile_error"][0]
     job_inputs = torch.load(folder / "inputs.pt")
-    info = reproarchive.inspect(packed["compile_error"]["0/0"])
+    info = reproarchive.inspect(packed["compile_error"]["0/0"]).to_plain()
     rows = {r["name"]: r for r in info["inputs"]}
     assert all(r["fidelity"] == "absent" for r in rows.values())
     assert rows["l_x_"]["shape"] == list(job_inputs["x"].shape)
@@ -165,7 +165,7 @@ def test_inputs_carry_the_logged_metadata(trace_jobs, packed):
     assert records["L_self_modules_lin_parameters_weight_"]["is_parameter"]
     assert records["L_y_"]["source"] == "L['y']"
 
-    dyn = reproarchive.inspect(packed["dynamic"]["0/1"])
+    dyn = reproarchive.inspect(packed["dynamic"]["0/1"]).to_plain()
     sym = next(r for r in dyn["source"]["inputs"] if r["kind"] == "symint")
     assert sym["hint"] == 4 and sym["expr"] == "s77" and sym["source"] == "L['x'].size()[0]"
     tensor = next(r for r in dyn["source"]["inputs"] if r["kind"] == "tensor")
@@ -186,7 +186,7 @@ def test_failures_reproduce_minify_and_export(packed, tmp_path, name, cid):
     small = reproarchive.load(tmp_path / "min.tar.zst")
     ops = [n.target for n in small.gm.graph.nodes if n.op in ("call_function", "call_method")]
     assert any("relu" in str(t) for t in ops) and len(ops) <= 2, ops
-    assert reproarchive.inspect(tmp_path / "min.tar.zst")["source"]["kind"] == "torch_trace"
+    assert reproarchive.inspect(tmp_path / "min.tar.zst").to_plain()["source"]["kind"] == "torch_trace"
     reproarchive.export(archive, tmp_path / "bug")
     assert (tmp_path / "bug" / "repro.py").is_file()
 
@@ -203,11 +203,11 @@ def test_a_compile_that_passed_replays_as_passed(packed):
 
 
 def test_records_say_where_the_failure_came_from(packed):
-    logged = reproarchive.inspect(packed["compile_error"]["0/0"])
+    logged = reproarchive.inspect(packed["compile_error"]["0/0"]).to_plain()
     assert logged["source"]["replay"]["failure_from"] == "log"
     assert logged["source"]["replay"]["agrees_with_log"] is True
     assert logged["source"]["backend_origin"] == "named in the failure logged for this compile"
-    replayed = reproarchive.inspect(packed["runtime_error"]["0/0"])
+    replayed = reproarchive.inspect(packed["runtime_error"]["0/0"]).to_plain()
     assert replayed["source"]["replay"]["failure_from"].startswith("replay")
     assert replayed["source"]["backend_origin"] == "--backend"
     assert replayed["failure"]["exception_type"] == "AssertionError"  # torch._assert(False, "ReluRuntimeError")
@@ -220,7 +220,7 @@ def test_inductor_runnable_with_real_data(trace_jobs, packed, tmp_path, monkeypa
     folder = trace_jobs["inductor_real"][0]
     job_inputs = torch.load(folder / "inputs.pt")
     archive = packed["inductor_real"]["0/0"]
-    info = reproarchive.inspect(archive)
+    info = reproarchive.inspect(archive).to_plain()
     assert info["source"]["graph_from"] == "fx_graph_runnable" and info["source"]["graph_kind"] == "after_aot"
     assert info["backend"] == "inductor"
     assert [r["fidelity"] for r in info["inputs"]] == ["real", "real"]

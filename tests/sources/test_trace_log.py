@@ -89,7 +89,7 @@ def test_truncated_and_damaged_lines_are_warnings(trace_jobs, tmp_path):
     crashed.parent.mkdir()
     crashed.write_text(text[: text.rindex("\n", 0, text.index('"dynamo_error"')) + 1])
     result = pack_trace(crashed.parent, tmp_path / "crash_out", backend="relu_compile_error_TESTING_ONLY")
-    info = reproarchive.inspect(result.packed[0].archive)
+    info = reproarchive.inspect(result.packed[0].archive).to_plain()
     assert info["source"]["status"] == "incomplete"
     assert info["source"]["replay"]["failure_from"].startswith("replay")
     assert info["failure"]["exception_type"].endswith("ReluCompileError")
@@ -149,7 +149,7 @@ def test_a_log_from_an_older_torch(trace_jobs, tmp_path):
     result = pack_trace(old, tmp_path / "out")
     archive = result.packed[0].archive
     assert any("records no config" in w for w in result.packed[0].warnings)
-    info = reproarchive.inspect(archive)
+    info = reproarchive.inspect(archive).to_plain()
     assert info["records"]["config"] is None
     records = {r["placeholder"]: r for r in info["source"]["inputs"]}
     assert records["L_x_"]["metadata_from"] == "graph annotation" and records["L_x_"]["shape"] == [3, 4]
@@ -183,7 +183,7 @@ def test_tlparse_output_folder(trace_jobs, tmp_path):
                    capture_output=True, timeout=120)
     assert [r["compile_id"] for r in list_trace(tmp_path / "tl")["compiles"]] == ["0/0", "0/1", "0/2"]
     result = pack_trace(tmp_path / "tl", tmp_path / "out", compile_ids=["0/1"], replay=False)
-    src = reproarchive.inspect(result.packed[0].archive)["source"]
+    src = reproarchive.inspect(result.packed[0].archive).to_plain()["source"]
     assert src["trace_format"] == "tlparse" and src["frame"]["name"] == "f"
     page = src["tlparse"]["pages"]["dynamo_output_graph"]
     assert page.startswith("-_0_1_0/dynamo_output_graph_") and (tmp_path / "tl" / page).is_file()

@@ -71,7 +71,7 @@ def test_export_data_is_raw_bytes_and_aliasing_survives(tmp_path):
     path = tmp_path / "alias.tar.zst"
     reproarchive.pack(graphs[0], [a, b], path, backend="eager", failure=failure_mod.unknown_record("test"))
     report = export(path, tmp_path / "out")
-    data_files = [f for f in report["files"] if f.startswith("data/")]
+    data_files = [f for f in report.files if f.startswith("data/")]
     assert len(data_files) == 1
     assert (tmp_path / "out" / data_files[0]).read_bytes() == bytes(base.untyped_storage())
 
@@ -136,7 +136,7 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
     failure = FailureRecord(stage="compile", exception_type="OSError", message=r"cannot open C:\Users\me\x.so",
                             backend="eager")
     report = write_export(gm, [torch.ones(2)], tmp_path / "out", backend="eager", failure=failure)
-    ast.parse(open(report["script"]).read())
+    ast.parse(open(report.script).read())
 
 
 def test_export_hands_the_backend_non_leaf_inputs_as_recorded(tmp_path):

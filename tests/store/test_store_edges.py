@@ -61,7 +61,7 @@ def test_a_ref_written_before_refs_kept_the_index_digest_still_resolves_by_it(tm
     plain = json.loads(ref_path.read_text())
     del plain["summary"]["index_digest"]
     ref_path.write_text(json.dumps(plain))
-    index = reproarchive.inspect(a)["digest"]
+    index = reproarchive.inspect(a).digest
     assert reproarchive.pull(f"{store}/{index[:16]}", tmp_path / "out.tar.zst").digest == _sha256(a)
 
 

@@ -839,14 +839,14 @@ def run_library_op(op: str, path: str | os.PathLike, sandbox: str | os.PathLike,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if op == "verify":
-                out["digest"] = reproarchive.verify(path, progress=False, **kw)["digest"]
+                out["digest"] = reproarchive.verify(path, progress=False, **kw).digest
             elif op == "load":
                 repro = reproarchive.load(path, **kw)
                 out["digest"] = repro.digest
                 out["args"] = [_fingerprint(a) for a in repro.args]
                 out["code"] = repro.gm.code
             elif op == "inspect":
-                out["digest"] = reproarchive.inspect(path, **kw)["digest"]
+                out["digest"] = reproarchive.inspect(path, **kw).digest
             elif op == "unpack":
                 dest = Path(sandbox) / "out"
                 reproarchive.unpack(path, dest, progress=False, **kw)

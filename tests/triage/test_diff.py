@@ -51,10 +51,10 @@ def test_dtype_graph_and_failure_differences_are_named(tmp_path):
     b = _pack(tmp_path / "b.tar.zst", torch.ones(4, 4), dtype=torch.float64,
               failure=dict(FAILURE, message="other", signature="compile|RuntimeError|other"))
     c = pack_chain(tmp_path / "c.tar.zst", 30)
-    report = reproarchive.diff(a, b)
+    report = reproarchive.diff(a, b).to_plain()
     assert set(report["differing"]) >= {"failure", "inputs"} and not report["failure"]["same"]
     assert "dtype" in json.dumps(report["inputs"])
-    report = reproarchive.diff(a, c)
+    report = reproarchive.diff(a, c).to_plain()
     assert not report["graph"]["same"]
 
 
