@@ -51,7 +51,7 @@ def test_what_runs_nothing_lists_what_is_not_replayable_here_and_passes(parsed, 
     lacks to replay it, instead of the answer it gives a damaged or unsafe file."""
     path = _archive(parsed, tmp_path, "torch.nn.functional.from_a_newer_torch")
     report = getattr(reproarchive, command)(path)
-    (what,) = report["not_replayable_here"]
+    (what,) = report.not_replayable_here
     assert "from_a_newer_torch" in what and "not replayable here" in what
 
 
