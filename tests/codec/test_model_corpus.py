@@ -57,7 +57,7 @@ def check_model(name: str, tmp_path) -> None:
     assert not refused, f"{name}: " + "\n".join(sorted(set(refused)))
     for i, (gm, inputs) in enumerate(graphs):
         path = reproarchive.pack(gm, inputs, tmp_path / f"{name}-{i}.tar.zst", backend="eager")
-        assert reproarchive.verify(path)["valid"]
+        assert reproarchive.verify(path).valid
         repro = reproarchive.load(path)
         assert len(repro.args) == len(inputs)
         for got, want in zip(repro.args, inputs):
