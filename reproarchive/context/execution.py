@@ -62,8 +62,7 @@ def execution_snapshot(inputs: Sequence[Any] = ()) -> ExecutionRecord:
     and autocast are the ones Dynamo guarded the graph on."""
     import torch
 
-    tensors = [(i, x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
-    device_types = [*AUTOCAST_DEVICE_TYPES, *(x.device.type for _, x in tensors)]
+    device_types = [*AUTOCAST_DEVICE_TYPES, *(x.device.type for x in inputs if isinstance(x, torch.Tensor))]
     return ExecutionRecord(
         grad_enabled=torch.is_grad_enabled(),
         inference_mode=torch.is_inference_mode_enabled(),
@@ -72,8 +71,15 @@ def execution_snapshot(inputs: Sequence[Any] = ()) -> ExecutionRecord:
         deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
         default_dtype=_dtype_name(torch.get_default_dtype()),
         float32_matmul_precision=torch.get_float32_matmul_precision(),
-        inference_inputs=tuple(i for i, x in tensors if x.is_inference()),
+        inference_inputs=inference_inputs(inputs),
     )
+
+
+def inference_inputs(inputs: Sequence[Any]) -> tuple[int, ...]:
+    """Which of ``inputs`` are inference tensors (made under inference mode)."""
+    import torch
+
+    return tuple(i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_inference())
 
 
 @contextlib.contextmanager

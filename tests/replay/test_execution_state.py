@@ -9,6 +9,7 @@ must not, and must say that the state was not recorded: the record is what makes
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +17,11 @@ from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
 import reproarchive
 from reproarchive.archive.packing import pack
+from reproarchive.errors import IndexSchemaError
 from reproarchive.context.execution import applied_execution, execution_snapshot
 from reproarchive.format.schema import AutocastState, ExecutionRecord
 from reproarchive.replay.outcome import PASSED, REPRODUCED
+from support import hostile_corpus
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -103,10 +106,12 @@ def test_record_round_trips_through_pack_and_load(tmp_path):
                              autocast=(AutocastState(device_type="cpu", enabled=True, dtype="bfloat16"),),
                              deterministic=True, deterministic_warn_only=True, default_dtype="float64",
                              float32_matmul_precision="medium", inference_inputs=(1,))
-    path = pack(gm, [torch.randn(4, 8), torch.randn(8, 3)], tmp_path / "a.tar.zst",
-                records={"backend": "eager", "execution": record})
+    with torch.inference_mode():
+        w = torch.randn(8, 3)
+    path = pack(gm, [torch.randn(4, 8), w], tmp_path / "a.tar.zst",
+                records={"backend": "eager", "execution": dataclasses.replace(record, inference_inputs=(0,))})
     repro = reproarchive.load(path)
-    assert repro.records.execution == record
+    assert repro.records.execution == record  # inference_inputs: what the stored inputs are
     assert [a.is_inference() for a in repro.args] == [False, True]
 
 
@@ -123,3 +128,12 @@ def test_applied_execution_enters_the_record_and_restores_this_thread():
         record, inference_mode=False, inference_inputs=())
     assert AutocastState(device_type="cpu", enabled=True, dtype="bfloat16") in inside.autocast
     assert execution_snapshot() == before
+
+
+def test_an_inference_input_that_is_not_an_input_is_refused(tmp_path):
+    vector = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "basic-1.2.tar.zst"
+    bad = tmp_path / "bad.tar.zst"
+    bad.write_bytes(hostile_corpus.rebuild(hostile_corpus.parse(vector.read_bytes()),
+                                           lambda index: index.update(execution={"inference_inputs": [99]})))
+    with pytest.raises(IndexSchemaError, match="inference_inputs.*names input 99"):
+        reproarchive.load(bad)
