@@ -124,9 +124,9 @@ def grammar() -> str:
         tag_key = getattr(cls, "TAG_KEY", None)
         if tag_key:
             lines.append(f'{tag_key}: "{cls.TAG}"')
-        for f, hints in _fields(cls, hints):
+        for f, field_hints in _fields(cls, hints):
             key = f.metadata.get("key", f.name)
-            tp = _name(hints[f.name], tags)
+            tp = _name(field_hints[f.name], tags)
             if cls in tags and key == "kind":
                 tp = _literal(tags[cls])
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

@@ -17,8 +17,8 @@ from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
 import reproarchive
 from reproarchive.archive.packing import pack
-from reproarchive.errors import IndexSchemaError
 from reproarchive.context.execution import applied_execution, execution_snapshot
+from reproarchive.errors import IndexSchemaError
 from reproarchive.format.schema import AutocastState, ExecutionRecord
 from reproarchive.replay.outcome import PASSED, REPRODUCED
 from support import hostile_corpus
