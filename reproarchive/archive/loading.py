@@ -22,6 +22,7 @@ from reproarchive.codec.checks import check_readable_here, recorded_devices
 from reproarchive.codec.devices import remap_graph_devices, resolve_devices
 from reproarchive.codec.input_demands import storage_demands
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
+from reproarchive.context.execution import rebuilt_as_inference
 from reproarchive.errors import (
     IndexSchemaError,
     LimitExceededError,
@@ -134,6 +135,10 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
         if remap_graph:
             remap_graph_devices(gm, mapper)
         args = [decoder.decode(r) for r in index.inputs]
+        execution = index.records.execution
+        for i in (execution.inference_inputs or ()) if execution is not None else ():
+            if isinstance(args[i], torch.Tensor):  # an inference tensor, as recorded (spec §8 execution)
+                args[i] = rebuilt_as_inference(args[i])
         fidelity = [input_fidelity(r, records) for r in index.inputs]
         absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
         if absent:

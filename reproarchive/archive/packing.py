@@ -19,6 +19,7 @@ import torch.fx as fx
 from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.tensors import StorageTable, storage_view
+from reproarchive.context.execution import inference_inputs
 from reproarchive.errors import (
     PackError,
     SchemaViolation,
@@ -114,6 +115,9 @@ def pack(
         as_records(records), created_by=CreatedBy(reproarchive=__version__, torch=torch.__version__.split("+")[0]))
     if records.parent is not None:
         digests.parse(records.parent)
+    if records.execution is not None:  # the inputs stored here (a minified archive's are others)
+        records = dataclasses.replace(records, execution=dataclasses.replace(
+            records.execution, inference_inputs=inference_inputs(inputs)))
     table = StorageTable()
     input_records = tuple(
         tensor_codec.encode_value(v, table, name=n.name, dynamic=graph_codec.dynamic_dims(n))

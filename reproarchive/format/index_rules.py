@@ -164,6 +164,11 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         raise SchemaViolation("is not <algorithm>:<hex digest>", ("parent",), Rule.DIGEST_SYNTAX)
     if records.failure is not None:
         check_failure(records.failure)
+    execution = records.execution
+    for i in (execution.inference_inputs or ()) if execution is not None else ():
+        if not 0 <= i < len(inputs):
+            raise SchemaViolation(f"names input {i}, but the index stores {len(inputs)} inputs",
+                                  ("execution", "inference_inputs"), Rule.INPUTS)
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
                  records=records, format=FORMAT_NAME, version=raw["version"])
 

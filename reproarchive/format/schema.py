@@ -25,6 +25,7 @@ from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim, omit_no
 from reproarchive.format.schema_records import (  # noqa: F401 - the schema's names are one namespace
     AccuracyOutput,
     AccuracyReport,
+    AutocastState,
     CaptureSource,
     CompilerInfo,
     ConfigRecord,
@@ -35,6 +36,7 @@ from reproarchive.format.schema_records import (  # noqa: F401 - the schema's na
     DtypeChange,
     DumpSource,
     EnvironmentRecord,
+    ExecutionRecord,
     FailureRecord,
     GpuInfo,
     InputProvenance,

@@ -70,7 +70,11 @@ def _name(tp: Any, tags: dict[type, list[str]]) -> str:
 
 def _union_name(tagged: Tagged) -> str:
     classes = list(dict.fromkeys(tagged.classes.values()))
-    return "Value" if any(c is schema.TensorValue for c in classes) else "StateEntry"
+    if any(c is schema.TensorValue for c in classes):
+        return "Value"
+    if set(classes) <= set(typing.get_args(schema.StateEntry)[1].classes.values()):
+        return "StateEntry"
+    return " / ".join(c.__name__ for c in [*classes, *([tagged.fallback] if tagged.fallback else [])])
 
 
 def _tags() -> dict[type, list[str]]:
@@ -87,6 +91,19 @@ def _tags() -> dict[type, list[str]]:
 
 def _literal(values) -> str:
     return " / ".join(f'"{v}"' for v in values)
+
+
+def _fields(cls: type, hints: dict):
+    """(field, the type hints it resolves in) for each key of ``cls``'s map: an inline record's
+    fields (``Index.records``) are keys of the map that holds it."""
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("extra"):
+            continue
+        if f.metadata.get("inline"):
+            inner = hints[f.name]
+            yield from _fields(inner, typing.get_type_hints(inner, vars(schema), include_extras=True))
+        else:
+            yield f, hints
 
 
 def grammar() -> str:
@@ -107,11 +124,9 @@ def grammar() -> str:
         tag_key = getattr(cls, "TAG_KEY", None)
         if tag_key:
             lines.append(f'{tag_key}: "{cls.TAG}"')
-        for f in dataclasses.fields(cls):
-            if f.metadata.get("extra"):
-                continue
+        for f, field_hints in _fields(cls, hints):
             key = f.metadata.get("key", f.name)
-            tp = _name(hints[f.name], tags)
+            tp = _name(field_hints[f.name], tags)
             if cls in tags and key == "kind":
                 tp = _literal(tags[cls])
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

@@ -178,6 +178,33 @@ MinifyRecord = informative(
 )
 
 
+@open_record
+class AutocastState:
+    """Autocast on one device type as the failing call saw it."""
+
+    device_type: str
+    enabled: bool = False
+    dtype: str | None = omit_none()
+
+
+@open_record
+class ExecutionRecord:
+    """(1.2) The thread state the failing call ran under, which changes what a graph computes
+    and how it is compiled: grad and inference mode, autocast per device type, deterministic
+    algorithms (and ``warn_only``), the default dtype, float32 matmul precision, and which
+    inputs were inference tensors. A field that is None was not read; a source that could not
+    see the state (a dump, a trace log) writes no record at all."""
+
+    grad_enabled: bool | None = omit_none()
+    inference_mode: bool | None = omit_none()
+    autocast: tuple[AutocastState, ...] | None = omit_none()
+    deterministic: bool | None = omit_none()
+    deterministic_warn_only: bool | None = omit_none()
+    default_dtype: str | None = omit_none()
+    float32_matmul_precision: str | None = omit_none()
+    inference_inputs: tuple[int, ...] | None = omit_none()
+
+
 # --------------------------------------------------------------------------------------------
 # §8 source: where the archive came from, one typed record per kind of source (1.2)
 
@@ -303,7 +330,8 @@ Source = Annotated[
 class Records:
     """Everything an archive says around its graph and inputs, as one value: what failed and
     how to replay it (backend, accuracy, config, environment, failure), where it came from
-    (source, parent, minify, created_by), the machine (system) and the user's metadata.
+    (source, parent, minify, created_by), the machine (system), the thread state the failing
+    call ran under (execution) and the user's metadata.
 
     On disk these are top-level keys of the index (§8); in memory they travel together, from
     the capture source that fills them, through the one writer that redacts and packs them, to
@@ -321,6 +349,7 @@ class Records:
     source: Source | None = None
     minify: MinifyRecord | None = None
     metadata: dict[str, PlainData] | None = None
+    execution: ExecutionRecord | None = omit_none()  # (1.2) absent, not nil, when unknown
 
     @property
     def graph_kind(self) -> str | None:

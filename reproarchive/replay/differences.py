@@ -19,7 +19,7 @@ from reproarchive.archive.inspection import NamedByIndex, StoreOrigin
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, SystemRecord
+from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, ExecutionRecord, SystemRecord
 
 
 def differences(
@@ -28,6 +28,7 @@ def differences(
     environment: EnvironmentRecord | None,
     system: SystemRecord | None,
     config_applied: bool | None = True,
+    execution: ExecutionRecord | None = None,
 ) -> list[dict[str, Any]]:
     """Differences that could explain a different outcome, most telling first.
 
@@ -39,10 +40,13 @@ def differences(
     anything, so it is left out; False (``run --current-config``): every config row is
     important; None (``doctor``, nothing run): differing values are listed but not important,
     since ``run`` applies them. Important are also settings this torch lacks that the
-    recording changed, and settings that could not be stored (custom passes).
+    recording changed, and settings that could not be stored (custom passes). ``execution``
+    rows (``doctor``'s; ``run`` enters the recorded state, so it has none) are where the
+    recorded thread state differs from a fresh process's: any other replay must enter it.
     """
     from reproarchive.context.config import comparable_snapshot, config_diff
     from reproarchive.context.environment import environment_diff
+    from reproarchive.context.execution import execution_diff
     from reproarchive.context.system import system_diff
 
     rows: list[dict[str, Any]] = []
@@ -55,6 +59,10 @@ def differences(
             for row in environment_diff(environment):
                 rows.append({"what": "environment", "name": row["what"].removeprefix("env "),
                              "recorded": row["recorded"], "current": row["current"], "important": row["important"]})
+        if execution is not None:
+            for row in execution_diff(execution):
+                rows.append({"what": "execution", "name": row["what"], "recorded": row["recorded"],
+                             "current": row["current"], "important": True})
         if config:
             changed = {(m, k) for m, values in config.changed.items() for k in values}
             for row in config_diff(config, comparable_snapshot(config)):
@@ -96,7 +104,8 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
         digest = reader.index_digest
-    rows = differences(config=index.records.config, environment=index.records.environment, system=index.records.system,
-                       config_applied=None)
+    records = index.records
+    rows = differences(config=records.config, environment=records.environment, system=records.system,
+                       execution=records.execution, config_applied=None)
     return DoctorReport(path=str(path), digest=digest, differences=tuple(rows), count=len(rows),
                         important=sum(1 for r in rows if r["important"]))

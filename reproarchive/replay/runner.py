@@ -29,8 +29,9 @@ from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan, resolve_devices
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
+from reproarchive.context.execution import applied_execution
 from reproarchive.format.plain import to_plain
-from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, FailureRecord, SystemRecord
+from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, ExecutionRecord, FailureRecord, SystemRecord
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
@@ -53,6 +54,7 @@ def replay_graph(
     system: SystemRecord | None = None,
     source_kind: str | None = None,
     report_differences: bool = True,
+    execution: ExecutionRecord | None = None,
 ) -> Outcome:
     """Compile ``gm`` with ``settings.backend``, run it on ``args`` (already on their devices)
     and judge the result.
@@ -67,7 +69,10 @@ def replay_graph(
     applied for the duration (unless ``settings.current_config``), the environment variables
     that can be set in-process are set, and all three are diffed against this machine for the
     report (``report_differences=False`` skips that: it takes fresh snapshots, and the
-    minifier, which replays hundreds of candidates, does not need it).
+    minifier, which replays hundreds of candidates, does not need it). ``execution`` is the
+    thread state the failing call ran under (grad and inference mode, autocast, deterministic
+    algorithms, default dtype, matmul precision), entered around compile and run; without it
+    the graph runs in this thread's state, and a warning says so.
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
     backend = settings.backend
@@ -78,6 +83,9 @@ def replay_graph(
     warnings.extend(env_warnings)
     if config and not config_applied:
         warnings.append("running with this machine's torch config (--current-config), not the recorded one")
+    if execution is None:
+        warnings.append("the execution state (grad mode, autocast, inference mode ...) was not recorded: "
+                        "replayed in this process's state")
 
     # An after_aot graph is one half of what AOTAutograd compiled, and AOTAutograd runs both
     # halves with grad mode off (its autograd.Function supplies the autograd): replay it so,
@@ -96,6 +104,7 @@ def replay_graph(
             stack.enter_context(_applied_config(config, warnings))
         stack.enter_context(applied_environment(env_to_set))
         stack.enter_context(contained())
+        warnings.extend(stack.enter_context(applied_execution(execution)))
         if after_aot:
             import torch
 
@@ -336,5 +345,5 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
         settings,
         recorded_failure=records.failure, config=records.config, environment=records.environment,
         system=records.system if report_differences else None, source_kind=records.graph_kind,
-        report_differences=report_differences,
+        report_differences=report_differences, execution=records.execution,
     )

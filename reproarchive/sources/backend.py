@@ -92,6 +92,7 @@ from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.context.environment import environment_snapshot
+from reproarchive.context.execution import execution_snapshot
 from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
 from reproarchive.replay import accuracy as _accuracy
@@ -434,14 +435,17 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
                accuracy: bool, capture_settings: dict, door: dict | None = None) -> Capture:
     """The failing graph, its inputs and the records of this process around them. ``door``: the
     source fields of a capture door that is not Dynamo's (``inductor_door``: ``graph_kind``
-    after_aot, the door, how many inputs are real, where the failure came from)."""
+    after_aot, the door, how many inputs are real, where the failure came from). The execution
+    state is read here, in the failing call: the backend call while Dynamo traces (compile
+    failures) or the first call of the compiled graph (runtime failures, the crash guard), both
+    under the grad mode and autocast Dynamo guarded the graph on."""
     source = CaptureSource(stage=failure.stage, fwd_only=bool(capture_settings.get("fwd_only")),
                            tolerance=capture_settings.get("tolerance"),
                            check_runtime=bool(capture_settings.get("check_runtime")),
                            written_before_run=True if failure.stage == "crash" else None, **(door or {}))
     return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
                                        environment=environment_snapshot(), system=system_snapshot(),
-                                       failure=failure, source=source))
+                                       failure=failure, source=source, execution=execution_snapshot(inputs)))
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:
