@@ -630,7 +630,8 @@ def print_report(report: dict) -> None:
     busy = report.get("busy_loops")
     print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}"
           + (f"; competing load: {busy} busy-looping process(es), one per core" if busy else ""))
-    tables = report.get("tables") or [{"cores": None, "cpus": None, "variants": report["variants"], "ratios": report["ratios"]}]
+    tables = report.get("tables") or [{"cores": None, "cpus": None, "variants": report["variants"],
+                                       "ratios": report["ratios"]}]
     for table in tables:
         print()
         if table["cores"]:

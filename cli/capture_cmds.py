@@ -185,7 +185,8 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
 
     log = _debug_log(bool((ctx.obj or {}).get("debug")))
     try:
-        result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles, rank=rank, graph=graph,
+        result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles, rank=rank,
+                                         graph=graph,
                             backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log)
     finally:
         _show_debug_log(log, "the processes that rebuilt the compiles")
@@ -216,7 +217,8 @@ def _rel(path: Path, cwd: Path) -> str:
         return str(path)
 
 
-@main.command("capture", epilog=CAPTURE_EXIT_CODES, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command("capture", epilog=CAPTURE_EXIT_CODES, context_settings={"ignore_unknown_options": True,
+                                                                      "allow_interspersed_args": False})
 @click.option("-o", "--output-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
               show_default=True, help="Folder for the archives (repro.tar.zst, repro-2.tar.zst, ...).")
 @click.option("--after", type=click.Choice(["dynamo", "aot"]), default="dynamo", show_default=True,

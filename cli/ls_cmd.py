@@ -74,7 +74,8 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
     source = Path(source)
     with json_errors(as_json):
         if not source.exists():
-            raise SourceError(f"{source} does not exist", "name a store (a URL or a folder `reproarchive push` wrote to), "
+            raise SourceError(f"{source} does not exist",
+                              "name a store (a URL or a folder `reproarchive push` wrote to), "
                               "a TORCH_TRACE log or the folder TORCH_TRACE pointed at")
         if not reproarchive.is_trace(source):
             raise SourceError(f"{source} is not a store, a TORCH_TRACE log, a folder of them, or a tlparse output folder",

@@ -111,7 +111,8 @@ Exit codes:
 @click.option("--accuracy/--no-accuracy", default=None,
               help="Compare the compiled result with eager (judged against an fp64 run). "
                    "Default: what the archive recorded.")
-@click.option("--tol", type=click.FloatRange(min=0, min_open=True), default=None, help="Accuracy tolerance (default 1e-3).")
+@click.option("--tol", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Accuracy tolerance (default 1e-3).")
 @click.option("--only-fwd", is_flag=True, help="Run forward only, never backward.")
 @click.option("--isolate/--no-isolate", default=None,
               help="Replay in a child process so a segfault or abort is reported as a crash "

@@ -182,7 +182,8 @@ def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_lo
     if died is not None:
         labels = ", ".join(c.label for c, _ in batch)
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")
-        report = {"error": {"class": "PackError", "what": f"the process rebuilding {labels} {died.reason}: {last[:300]}",
+        report = {"error": {"class": "PackError",
+                            "what": f"the process rebuilding {labels} {died.reason}: {last[:300]}",
                             "hint": "its own code crashed; `reproarchive --debug pack ...` keeps its log"}}
     results = report.get("results")
     if not isinstance(results, list) or len(results) != len(batch):
@@ -350,7 +351,8 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
                         if real_script else None),
         **{k: tuple(v) for k, v in trace_facts.graph_breaks_and_recompiles(c).items()},
     )
-    scrub = {str(cwd.resolve()): "<cwd>", str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
+    scrub = {str(cwd.resolve()): "<cwd>",
+             str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
     scrub.update(trace_facts.job_paths(trace, c))
     return {
         "compile": {"id": c.id, "rank": c.rank, "label": c.label},

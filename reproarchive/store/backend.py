@@ -106,7 +106,8 @@ class Store(abc.ABC):
         keys = list(dict.fromkeys(keys))
         if not keys:
             return {}
-        with concurrent.futures.ThreadPoolExecutor(min(jobs, len(keys)), thread_name_prefix="reproarchive-size") as pool:
+        with concurrent.futures.ThreadPoolExecutor(min(jobs, len(keys)),
+                                                   thread_name_prefix="reproarchive-size") as pool:
             return dict(zip(keys, pool.map(self.size, keys)))
 
     def read_small(self, key: str, cap: int) -> bytes:

@@ -78,7 +78,8 @@ def split_reference(text: str) -> tuple[str, str]:
     text = os.fspath(text).rstrip("/")
     store, sep, name = text.rpartition("/")
     if not sep or not name or store.endswith((":/", ":")):
-        raise StoreNotFoundError(f"{text!r} names no archive in a store", "write STORE/NAME or STORE/DIGEST-PREFIX, e.g. s3://team/repros/resnet-3fa2b1c0")
+        raise StoreNotFoundError(f"{text!r} names no archive in a store",
+                                 "write STORE/NAME or STORE/DIGEST-PREFIX, e.g. s3://team/repros/resnet-3fa2b1c0")
     return store, name
 
 

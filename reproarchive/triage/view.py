@@ -350,7 +350,8 @@ def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, 
     for i, n in enumerate(nodes):
         kind, label = classify(n.op, n.target)
         out_nodes.append({"n": n.name, "o": n.op, "t": n.target, "k": kind, "l": label, "c": lines.get(n.name, ""),
-                          "v": input_text.get(i) or _value_text(n), "f": flags.get(n.name, 0), "i": inputs_of[i], "p": page_of[i]})
+                          "v": input_text.get(i) or _value_text(n), "f": flags.get(n.name, 0), "i": inputs_of[i],
+                          "p": page_of[i]})
     jobs = []
     page_items = []
     for members in pages:
@@ -368,7 +369,8 @@ def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, 
     for (members, ghosts, sizes, edges), lay in zip(page_items, layouts):
         out_pages.append({
             "nodes": members, "ghosts": ghosts,
-            "boxes": [[round(x, 1), round(y, 1), round(w, 1), round(h, 1)] for (x, y), (w, h) in zip(lay.centres, sizes)],
+            "boxes": [[round(x, 1), round(y, 1), round(w, 1), round(h, 1)] for (x, y), (w, h) in zip(lay.centres,
+                                                                                                     sizes)],
             "edges": [[a, b, kind[0], [round(c, 1) for c in pts]] for (a, b), (kind, pts) in zip(edges, lay.paths)],
             "w": round(lay.width, 1), "h": round(lay.height, 1),
         })

@@ -25,7 +25,8 @@ from support import hostile_corpus as hc
 
 EXAMPLES = int(os.environ.get("REPROARCHIVE_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="REPROARCHIVE_FUZZ_EXAMPLES" not in os.environ,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,7 @@ def test_export_reproduces_the_compile_error(captured, tmp_path):
     assert result.exit_code == 0, result.output
     script = tmp_path / "out" / "repro.py"
     assert "GENERATED" not in script.read_text()  # every input is the program's own data
-    done = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True, check=False,
+    done = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          check=False,
                           timeout=600)
     assert done.returncode != 0 and "CppCompileError" in done.stdout + done.stderr, done.stderr[-2000:]

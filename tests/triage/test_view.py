@@ -73,7 +73,8 @@ def test_view_shows_before_and_after_for_a_minified_archive(tmp_path):
     relus = [n for n in repro.gm.graph.nodes if n.target is torch.ops.aten.relu.default]
     assert relus
     gm, inputs = reproarchive.minify(repro.gm, repro.args,
-                                     lambda gm, xs: any(n.target is torch.ops.aten.relu.default for n in gm.graph.nodes))
+                                     lambda gm,
+                                     xs: any(n.target is torch.ops.aten.relu.default for n in gm.graph.nodes))
     child = reproarchive.pack(gm, inputs, tmp_path / "child.tar.zst", backend="inductor", parent=repro.digest)
     out = reproarchive.view(child, tmp_path / "child.html")
     assert out["parent"] is not None and out["parent"].endswith("parent.tar.zst")
