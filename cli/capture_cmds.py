@@ -88,7 +88,8 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     environment, torch config and directory are not touched. Because PyTorch's dumps do not
     record the error, the dump is replayed once there to record the failure (--no-replay skips
     that); a failure learned on generated inputs is printed and recorded as such. Generated
-    integers the graph uses as indices stay inside the dimension they index. Paths of this machine are replaced by <cwd>, <dump>, ~ and similar in the archive.
+    integers the graph uses as indices stay inside the dimension they index. Paths of this machine
+    are replaced by <cwd>, <dump>, ~ and similar in the archive.
 
     \b
     SOURCE may also be a TORCH_TRACE log, the folder TORCH_TRACE pointed at (one log per rank),

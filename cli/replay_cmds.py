@@ -194,8 +194,9 @@ def _minify(archive, output, settings, *, as_json, quiet, **options) -> None:
     click.echo("", err=True)
     click.echo(terminal_lines(report.code.rstrip()))
     click.echo(
-        f"{report.status}: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> {s['final_inputs']} inputs; "
-        f"{s['calls']} candidates replayed, {s['cache_hits']} cache hits, {s['wall_s']:.1f}s ({s['stop_reason']})"
+        f"{report.status}: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> {s['final_inputs']} "
+        f"inputs; {s['calls']} candidates replayed, {s['cache_hits']} cache hits, "
+        f"{s['wall_s']:.1f}s ({s['stop_reason']})"
     )
     changed = [e for e in s.get("inputs") or [] if not e.get("real")]
     if changed:

@@ -256,7 +256,8 @@ class GraphDecoder:
                 try:
                     hash(key)
                 except TypeError:
-                    raise IndexSchemaError(f"graph dict argument has an unhashable key of type {type(key).__name__}") from None
+                    raise IndexSchemaError(
+                        f"graph dict argument has an unhashable key of type {type(key).__name__}") from None
                 out[key] = self.decode_arg(x, env)
             return out
         if isinstance(value, SliceArg):

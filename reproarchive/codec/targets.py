@@ -232,7 +232,8 @@ def _receiver(node, kinds: dict[str, str]) -> None:
     first = node.args[0]
     if isinstance(first, NodeRef) and kinds.get(first.name, VALUE) != VALUE:
         raise UnsafeArchiveError(
-            f"node {node.name} reads {str(node.args[1] if node.op == 'call_function' and len(node.args) > 1 else node.target)[:60]!r} "
+            f"node {node.name} reads "
+            f"{str(node.args[1] if node.op == 'call_function' and len(node.args) > 1 else node.target)[:60]!r} "
             f"of {first.name!r}, which is not a tensor or a plain value",
             "attributes and methods may only be used on tensors and plain values; the archive is hostile or damaged",
             rule=Rule.CALL_TARGET,

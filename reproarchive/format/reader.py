@@ -143,7 +143,8 @@ class ContainerReader:
                         "something was appended to the file; copy or download it again", rule=rule,
                     )
                 return TruncatedArchiveError(
-                    f"{self.path} is a truncated reproarchive ({self.file_size} bytes; its end with the index is missing)",
+                    f"{self.path} is a truncated reproarchive ({self.file_size} bytes; its end with the index is "
+                    "missing)",
                     "copy or download the archive again", rule=rule,
                 )
             return NotAnArchiveError(
@@ -240,7 +241,8 @@ class ContainerReader:
             raise CorruptArchiveError("footer points to an index frame that does not exist", "the archive is damaged",
                                       rule=Rule.INDEX_FRAME)
         if index_size > self.limits.max_index_bytes:
-            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit {self.limits.max_index_bytes}", rule=Rule.INDEX_FRAME)
+            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit "
+                                     f"{self.limits.max_index_bytes}", rule=Rule.INDEX_FRAME)
         if self.frames[index_frame][1] != index_size:
             raise CorruptArchiveError("footer and seek table disagree on the index size", "the archive is damaged",
                                       rule=Rule.INDEX_FRAME)
@@ -281,7 +283,8 @@ class ContainerReader:
                 name, size, first, count = m.name, m.size, m.first_frame, m.frames
                 expected_count = -(-size // frame_size)
                 if count != expected_count:
-                    raise CorruptArchiveError(f"member {name!r} declares {count} frames; {size} bytes need {expected_count}", rule=Rule.MEMBERS)
+                    raise CorruptArchiveError(f"member {name!r} declares {count} frames; {size} bytes need "
+                                              f"{expected_count}", rule=Rule.MEMBERS)
             expect_frame(pad + len(tar_header(name, size)), f"the tar header of {name!r}")
             cursor += 1
             if first != cursor:
@@ -303,7 +306,9 @@ class ContainerReader:
             start = self.frame_offsets[first] if count else compressed_end
             for c, d in self.frames[first : first + count]:
                 if c < 9 or c > compress_bound(d):
-                    raise CorruptArchiveError(f"a frame of {name!r} has an impossible compressed size {c} for {d} bytes", rule=Rule.FRAME_SIZES)
+                    raise CorruptArchiveError(
+                        f"a frame of {name!r} has an impossible compressed size {c} for {d} bytes",
+                        rule=Rule.FRAME_SIZES)
             if m is not None:
                 members[name] = Member(name, size, first, count, start, compressed_end - start)
             pad = (-size) % TAR_BLOCK
@@ -346,7 +351,8 @@ class ContainerReader:
                 while got < end:
                     n = reader.readinto(dest[got:end])
                     if not n:
-                        raise CorruptArchiveError(f"{what} decompresses to {got} bytes, fewer than the {len(dest)} declared", "the archive is damaged", rule=Rule.MEMBER_DATA)
+                        raise CorruptArchiveError(f"{what} decompresses to {got} bytes, fewer than the {len(dest)} "
+                                                  "declared", "the archive is damaged", rule=Rule.MEMBER_DATA)
                     got += n
                 if reader.read(1):
                     raise CorruptArchiveError(f"{what} decompresses to more than the {len(dest)} bytes declared",

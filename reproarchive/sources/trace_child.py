@@ -321,7 +321,8 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
         with torch.enable_grad():
             gm, trace_notes = dump_graph.trace_repro(mod)
     except Exception as err:
-        raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: {first_replay.first_line(err)}",
+        raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: "
+                        f"{first_replay.first_line(err)}",
                         "graphs with higher-order ops (cond, while_loop, checkpoint) are not supported from a log yet")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):

@@ -225,7 +225,8 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
             parts.append(f"rank{c.rank}")
         if c.compiled_autograd_id is not None:
             parts.append(f"ca{c.compiled_autograd_id}")
-        parts.append(f"{'-' if c.frame_id is None else c.frame_id}_{'-' if c.frame_compile_id is None else c.frame_compile_id}")
+        frame = "-" if c.frame_id is None else c.frame_id
+        parts.append(f"{frame}_{'-' if c.frame_compile_id is None else c.frame_compile_id}")
         return "-".join(parts)
 
     counts: dict[str, int] = {}

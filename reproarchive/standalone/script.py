@@ -395,7 +395,8 @@ def _doc_text(text: str) -> str:
             out.append(ch)
         else:
             code = ord(ch)
-            out.append(f"\\\\x{code:02x}" if code < 0x100 else f"\\\\u{code:04x}" if code < 0x10000 else f"\\\\U{code:08x}")
+            out.append(f"\\\\x{code:02x}" if code < 0x100
+                       else f"\\\\u{code:04x}" if code < 0x10000 else f"\\\\U{code:08x}")
     return "".join(out).replace(_TRIPLE_QUOTE, "'''")
 
 

@@ -95,7 +95,8 @@ def check_marker(data: bytes, where: str) -> str:
     major, _, _minor = plain["version"].partition(".")
     if major != str(STORE_MAJOR):
         raise UnsupportedVersionError(
-            f"{where} is a reproarchive store of layout {plain['version']}; this reproarchive reads layout {STORE_MAJOR}.x",
+            f"{where} is a reproarchive store of layout {plain['version']}; this reproarchive reads layout "
+            f"{STORE_MAJOR}.x",
             "this store needs a newer reproarchive: pip install -U reproarchive",
         )
     return plain["version"]

@@ -289,6 +289,7 @@ def archive_view(reference: str, storage_options: dict | None = None) -> Iterato
                     _pwrite_all(f.fileno(), seg, offset)
         with ContainerReader(path) as reader:
             if reader.index_digest != archive.index_digest:
-                raise CorruptStoreError(f"the archive object {archive.digest[:19]}... holds an index other than the one it declares",
+                raise CorruptStoreError(f"the archive object {archive.digest[:19]}... holds an index other than the "
+                                        "one it declares",
                                         "the store is damaged or hostile")
         yield path, resolved

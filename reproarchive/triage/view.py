@@ -45,8 +45,8 @@ MAX_MESSAGE_CHARS = 20000
 FLAG_HIGHLIGHT = 1  # the failing node, or the region a minified archive kept
 FLAG_BOUNDARY = 2  # a value the minified archive takes as an input instead of computing it
 
-_MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|conv\w*|convolution\w*|einsum|_?scaled_dot_product\w*|"
-                     r"_?flash_attention\w*|_?efficient_attention\w*|addmv|mv|dot)$")
+_MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|conv\w*|convolution\w*|einsum|"
+                     r"_?scaled_dot_product\w*|_?flash_attention\w*|_?efficient_attention\w*|addmv|mv|dot)$")
 _REDUCTION = re.compile(r"^(sum|mean|amax|amin|max|min|var|std|var_mean|prod|_?softmax|_?log_softmax|logsumexp|"
                         r"argmax|argmin|cumsum|cumprod|norm|linalg_vector_norm|any|all|native_layer_norm|layer_norm|"
                         r"native_batch_norm|_native_batch_norm_legit\w*|batch_norm|group_norm|native_group_norm|"

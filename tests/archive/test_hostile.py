@@ -264,8 +264,8 @@ def _registered() -> tuple[set[str], str]:
 def _replay_argv(command: str, archive: str, box: Path) -> list[str] | None:
     commands, run_help = _registered()
     if command == "run":
-        return ["run", "--no-isolate", archive] if "--no-isolate" in run_help else (["run",
-                                                                                     archive] if "run" in commands else None)
+        return (["run", "--no-isolate", archive] if "--no-isolate" in run_help
+                else (["run", archive] if "run" in commands else None))
     if command == "export":
         return ["export", archive, "-o", str(box / "out")] if "export" in commands else None
     if command == "minify":
@@ -326,7 +326,8 @@ def test_cli_subprocess_one_line_no_traceback(corpus):
     assert "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-c", entry, "--debug", "verify", path], capture_output=True, text=True,
                           timeout=120, env=env, cwd=corpus["root"] / "sandbox")
-    assert proc.returncode == 2 and "Traceback" in proc.stderr and proc.stderr.rstrip().splitlines()[-1].startswith("error: ")
+    assert (proc.returncode == 2 and "Traceback" in proc.stderr
+            and proc.stderr.rstrip().splitlines()[-1].startswith("error: "))
 
 
 def test_corpus_covers_issue_categories(corpus):

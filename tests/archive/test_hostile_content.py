@@ -134,7 +134,8 @@ def test_exported_script_embeds_only_filtered_context(context_scene, tmp_path):
         assert f"{needle!r}" not in script and f'"{needle}"' not in script, needle
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    (scratch / f"{context_scene['module']}.py").write_text((context_scene["work"] / f"{context_scene['module']}.py").read_text())
+    module_file = f"{context_scene['module']}.py"
+    (scratch / module_file).write_text((context_scene["work"] / module_file).read_text())
     before = _tree(scratch)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPROARCHIVE")}
     env["PYTHONPATH"] = str(scratch)  # the archive's module is importable, to prove it is not imported

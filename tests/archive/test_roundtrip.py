@@ -63,7 +63,8 @@ def test_views_keep_aliasing_strides_and_offsets(tmp_path):
     back = roundtrip(tmp_path, [a, b, c, other]).args
     for x, y in zip([a, b, c, other], back):
         assert same_bits(x, y)
-    assert back[0].untyped_storage().data_ptr() == back[1].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
+    assert (back[0].untyped_storage().data_ptr() == back[1].untyped_storage().data_ptr()
+            == back[2].untyped_storage().data_ptr())
     assert back[3].untyped_storage().data_ptr() != back[0].untyped_storage().data_ptr()
     back[0][0, 0] = 1234.0  # writes through the shared storage, as it would have originally
     flat = torch.empty(0, dtype=torch.float32).set_(back[1].untyped_storage())

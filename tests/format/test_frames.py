@@ -98,8 +98,8 @@ def test_encoder_stores_only_large_frames_that_barely_compress():
     enc = frames.FrameEncoder(level=1, min_saving=frames.MIN_SAVING)
     big = frames.PROBE_MIN_BYTES
     noise = memoryview(incompressible(big))
-    weights = memoryview(bytes((torch.randn(big // 4,
-                                            generator=torch.Generator().manual_seed(0)) * 0.02).view(torch.uint8).tolist()))
+    weights = memoryview(bytes((torch.randn(big // 4, generator=torch.Generator().manual_seed(0)) * 0.02)
+                               .view(torch.uint8).tolist()))
     ramp = memoryview(bytes((torch.arange(big // 8, dtype=torch.int64) % 1000).view(torch.uint8).tolist()))
     stored = frame_bytes(frames.stored_frame(noise))
     assert frame_bytes(enc.encode(noise, probe=True)) == stored

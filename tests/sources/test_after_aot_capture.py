@@ -84,7 +84,8 @@ def test_the_data_less_dump_packed_alone_says_its_failure_came_from_generated_da
     assert packed["failure"]["exception_type"].endswith("CppCompileError"), packed["failure"]
     assert packed["replay"]["failure_from"] == "replay on generated data"
     assert any("generated input(s)" in w for w in packed["warnings"])
-    assert reproarchive.inspect(packed["archive"]).to_plain()["source"]["replay"]["failure_from"] == "replay on generated data"
+    replay = reproarchive.inspect(packed["archive"]).to_plain()["source"]["replay"]
+    assert replay["failure_from"] == "replay on generated data"
 
 
 def test_export_reproduces_the_compile_error(captured, tmp_path):

@@ -106,7 +106,8 @@ def test_pull_does_not_overwrite_another_file(tmp_path, archives):
     out = tmp_path / "out.tar.zst"
     out.write_bytes(Path(b).read_bytes())
     refused = invoke("pull", f"{store}/{name}", "-o", out, "--json")
-    assert refused.exit_code == 4 and "already exists and is not the archive" in refused.stderr and "--force" in refused.stderr
+    assert (refused.exit_code == 4 and "already exists and is not the archive" in refused.stderr
+            and "--force" in refused.stderr)
     assert out.read_bytes() == Path(b).read_bytes()
 
     assert invoke("pull", f"{store}/{name}", "-o", out, "--force").exit_code == 0

@@ -274,7 +274,8 @@ def _edits(pushed):
         "not msgpack": lambda plain: b"\xc1garbage",
         "wrong digest field": lambda plain: plain.update(digest="sha256:" + "b" * 64),
         "sizes do not add up": lambda plain: plain.update(size=plain["size"] + 1),
-        "key escapes the blobs": lambda plain: first_blob(plain).update(key=first_blob(plain)["blob"] + "/../../refs/x"),
+        "key escapes the blobs": lambda plain: first_blob(plain).update(
+            key=first_blob(plain)["blob"] + "/../../refs/x"),
         "not a blob name": lambda plain: first_blob(plain).update(blob="blobs/md5/" + blob_hex,
                                                                   key="blobs/md5/" + blob_hex),
         "blob size lies": lambda plain: (first_blob(plain).update(size=first_blob(plain)["size"] + 7),

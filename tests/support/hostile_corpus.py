@@ -827,7 +827,8 @@ def bomb_cases(valid: bytes, p: Parsed) -> list[Case]:
     amp = b"\xdd" + (2_000_000).to_bytes(4, "big") + b"\x90" * 2_000_000
     cases.append(Case("msgpack_amplification", "msgpack", raw_index(b"\x81\xa1k" + amp), ALL,
                       ("IndexSchemaError", "LimitExceededError"), heavy=True, limits={"max_index_memory": 32 << 20},
-                      note="2M empty lists: 2 MB of msgpack, ~150 MB of Python objects; the limit is lowered to 32 MiB"))
+                      note="2M empty lists: 2 MB of msgpack, ~150 MB of Python objects; "
+                           "the limit is lowered to 32 MiB"))
     return cases
 
 
@@ -908,7 +909,8 @@ def _fingerprint(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         t = value.detach()
         return [str(t.dtype), list(t.shape), list(t.stride()), t.storage_offset(),
-                hashlib.sha256(bytes(t.contiguous().view(torch.uint8).reshape(-1).clone().untyped_storage())).hexdigest() if t.numel() else ""]
+                hashlib.sha256(bytes(t.contiguous().view(torch.uint8).reshape(-1).clone().untyped_storage())).hexdigest()
+                if t.numel() else ""]
     if isinstance(value, (list, tuple)):
         return [_fingerprint(v) for v in value]
     return repr(value)

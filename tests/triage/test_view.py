@@ -63,7 +63,7 @@ def test_page_in_a_real_browser(tmp_path, nodes):
         page.screenshot(path=str(shot), full_page=False)
         assert shot.stat().st_size > 5000
     assert not log.errors, log.errors
-    assert all(u.startswith("file://") or u.startswith("data:") or u.startswith("blob:") for u in log.requests), log.requests
+    assert all(u.startswith(("file://", "data:", "blob:")) for u in log.requests), log.requests
 
 
 def test_view_shows_before_and_after_for_a_minified_archive(tmp_path):
