@@ -202,8 +202,8 @@ def input_moves(pairs) -> str:
 
 
 def run(quick: bool = False, with_torch: bool = True, only: str | None = None,
-        log: Callable[[str], None] | None = None, shrink_inputs: bool = False) -> list[tuple[Case, str, Row,
-                                                                                             Row | None]]:
+        log: Callable[[str], None] | None = None,
+        shrink_inputs: bool = False) -> list[tuple[Case, str, Row, Row | None]]:
     torch.manual_seed(0)
     pairs = []
     for case in all_cases(quick=quick, only=only):

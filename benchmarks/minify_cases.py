@@ -503,8 +503,8 @@ def all_cases(quick: bool = False, only: str | None = None) -> list[Case]:
     for n, seed in ((100, 30), (500, 30), (1000, 100)):
         add(f"accuracy_saved_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_saved_{n}", n, seed, miscompile={
             aten.sigmoid.default: _sigmoid_rel}, judges=("torch", "same2"), saved=True), False)
-        add(f"accuracy_saved_bwd_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_saved_bwd_{n}", n, seed,
-                                                                             miscompile={
+        add(f"accuracy_saved_bwd_{n}", lambda n=n,
+            seed=seed: _accuracy_case(f"accuracy_saved_bwd_{n}", n, seed, miscompile={
             aten.sigmoid.default: _SigmoidBadBackward.apply}, judges=("torch", "same2"), backward=True,
             saved=True), False)
     add("decoy_100", lambda: _exception_case(

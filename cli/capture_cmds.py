@@ -218,8 +218,8 @@ def _rel(path: Path, cwd: Path) -> str:
         return str(path)
 
 
-@main.command("capture", epilog=CAPTURE_EXIT_CODES, context_settings={"ignore_unknown_options": True,
-                                                                      "allow_interspersed_args": False})
+@main.command("capture", epilog=CAPTURE_EXIT_CODES,
+              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
               show_default=True, help="Folder for the archives (repro.tar.zst, repro-2.tar.zst, ...).")
 @click.option("--after", type=click.Choice(["dynamo", "aot"]), default="dynamo", show_default=True,

@@ -340,8 +340,8 @@ class ContainerReader:
         try:
             for i in range(first, first + count):
                 c, d = self.frames[i]
-                if c == stored_frame_size(d) and read_stored_frame(self._fd, self.frame_offsets[i],
-                                                                   dest[got : got + d]):
+                if c == stored_frame_size(d) and read_stored_frame(
+                        self._fd, self.frame_offsets[i], dest[got : got + d]):
                     got += d
                     continue
                 src = self._read_frame(i)

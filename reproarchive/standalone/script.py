@@ -233,8 +233,8 @@ class _Script:
     def tensor_literal(self, t: Any, device: str | None) -> str:
         import torch
 
-        if t.layout != torch.strided or t.is_sparse or type(t) is not torch.Tensor and not isinstance(t,
-                                                                                                      torch.nn.Parameter):
+        if (t.layout != torch.strided or t.is_sparse
+                or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
             raise ExportError(f"input of type {type(t).__name__} / layout {t.layout} cannot be exported",
                               "replay it with `reproarchive run` instead")
         name, nbytes = self.writer.storage(t)

@@ -135,8 +135,8 @@ RECORDS = {
 
 
 def tensor_facts(t: torch.Tensor) -> dict:
-    data = t.detach().contiguous().view(torch.uint8) if t.numel() and t.dtype.itemsize else torch.empty(0,
-                                                                                                        dtype=torch.uint8)
+    data = (t.detach().contiguous().view(torch.uint8) if t.numel() and t.dtype.itemsize
+            else torch.empty(0, dtype=torch.uint8))
     return {
         "dtype": str(t.dtype).removeprefix("torch."),
         "shape": list(t.shape),

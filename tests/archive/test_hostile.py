@@ -35,8 +35,8 @@ def corpus(tmp_path_factory):
     cases = hc.generate(root / "work", escape_root=escape)
     files = root / "corpus"
     hc.write_corpus(files, cases)
-    valid = {op: hc.run_library_op(op, files / "control_valid.tar.zst", _sandbox(root, "valid",
-                                                                                 op)) for op in hc.LIB_OPS}
+    valid = {op: hc.run_library_op(op, files / "control_valid.tar.zst",
+                                   _sandbox(root, "valid", op)) for op in hc.LIB_OPS}
     assert all(v["outcome"] == "ok" for v in valid.values()), valid
     return {"root": root, "escape": escape, "files": files, "cases": cases, "valid": valid}
 

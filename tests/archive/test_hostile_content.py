@@ -229,8 +229,8 @@ def test_unpack_keeps_few_files_open(tmp_path):
     g = fx.Graph()
     xs = [g.placeholder(f"x{i}") for i in range(1100)]
     g.output(tuple(xs[:1]))
-    path = reproarchive.pack(fx.GraphModule(torch.nn.Module(), g), [torch.full((4,),
-                                                                               float(i + 1)) for i in range(1100)],
+    path = reproarchive.pack(fx.GraphModule(torch.nn.Module(), g),
+                             [torch.full((4,), float(i + 1)) for i in range(1100)],
                              tmp_path / "many.tar.zst")
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)); "
             "from reproarchive.cli import main; sys.argv[0] = 'reproarchive'; main()")

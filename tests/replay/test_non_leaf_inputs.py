@@ -30,8 +30,8 @@ def fn(x, y):
 def capture_non_leaf(tmp_path, mutate=False):
     x = torch.randn(3, requires_grad=True) * 2  # non-leaf: the result of an autograd op
     y = torch.randn(3)
-    compiled = torch.compile(mutating if mutate else fn, backend=reproarchive.capture(BACKEND,
-                                                                                      path=tmp_path / "a.tar.zst"))
+    compiled = torch.compile(mutating if mutate else fn,
+                             backend=reproarchive.capture(BACKEND, path=tmp_path / "a.tar.zst"))
     with pytest.raises(Exception, match="TestingOnlyCompileError"):
         compiled(x, y)
     return tmp_path / "a.tar.zst"

@@ -33,8 +33,8 @@ def test_each_digest_is_labelled_and_a_reference_takes_either(tmp_path, archives
     index = json.loads(invoke("inspect", a, "--json").stdout)["index_digest"]
     assert first["index_digest"] == index != first["file_digest"]
     rows = [r for g in json.loads(invoke("ls", store, "--json").stdout)["groups"] for r in g["archives"]]
-    assert {(r["file_digest"], r["index_digest"]) for r in rows} == {(p["file_digest"],
-                                                                      p["index_digest"]) for p in pushed}
+    assert ({(r["file_digest"], r["index_digest"]) for r in rows}
+            == {(p["file_digest"], p["index_digest"]) for p in pushed})
 
     # what people read: each printed digest says which one it is
     assert f"index {index[:19]}..." in invoke("inspect", a).stdout

@@ -276,8 +276,8 @@ def _edits(pushed):
         "sizes do not add up": lambda plain: plain.update(size=plain["size"] + 1),
         "key escapes the blobs": lambda plain: first_blob(plain).update(
             key=first_blob(plain)["blob"] + "/../../refs/x"),
-        "not a blob name": lambda plain: first_blob(plain).update(blob="blobs/md5/" + blob_hex,
-                                                                  key="blobs/md5/" + blob_hex),
+        "not a blob name": lambda plain: first_blob(plain).update(
+            blob="blobs/md5/" + blob_hex, key="blobs/md5/" + blob_hex),
         "blob size lies": lambda plain: (first_blob(plain).update(size=first_blob(plain)["size"] + 7),
                                          plain.update(size=plain["size"] + 7)),
         "inline byte changed": lambda plain: segments(plain, lambda s: [bytes([s[0][0] ^ 1]) + s[0][1:], *s[1:]]),

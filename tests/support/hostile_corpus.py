@@ -291,8 +291,8 @@ def byte_cases(valid: bytes, p: Parsed, *, all_offsets: bool = True) -> list[Cas
         b[off : off + len(raw)] = raw
         return bytes(b)
 
-    cases.append(Case("magic_seekable", "magic", patch(n - 4, struct.pack("<I", 0x8F92EAB0)), ALL, ("NotAnArchiveError",
-                                                                                                    "TruncatedArchiveError")))
+    cases.append(Case("magic_seekable", "magic", patch(n - 4, struct.pack("<I", 0x8F92EAB0)), ALL,
+                      ("NotAnArchiveError", "TruncatedArchiveError")))
     cases.append(Case("magic_seektable_frame", "magic", patch(p.table_start, struct.pack("<I", 0x184D2A5F)), ALL))
     cases.append(Case("magic_footer_frame", "magic", patch(p.footer_start, struct.pack("<I", 0x184D2A51)), ALL))
     cases.append(Case("magic_footer_tag", "magic", patch(p.footer_start + 8, b"REPROARX"), ALL))
@@ -567,8 +567,8 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("input_offset_huge", "records", rebuild(p, input_edit(offset=1 << 62)), ALL)
     add("input_stride_negative", "records", rebuild(p, input_edit(stride=[-4, 1])), ALL)
     add("input_requires_grad_int", "records", rebuild(p, input_edit(dtype="int32", requires_grad=True)), ALL)
-    add("input_kind_unknown", "records", rebuild(p, lambda i: i["inputs"].__setitem__(0, {"kind": "pickle",
-                                                                                          "value": "x"})), ALL)
+    add("input_kind_unknown", "records",
+        rebuild(p, lambda i: i["inputs"].__setitem__(0, {"kind": "pickle", "value": "x"})), ALL)
     add("input_int_is_str", "records", rebuild(p, lambda i: i["inputs"][1].update(value="3")), ALL)
     add("inputs_count_mismatch", "records", rebuild(p, lambda i: i["inputs"].append({"kind": "none"})), ALL)
 
@@ -673,9 +673,9 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     def nodes_edit(fn):
         return graph_edit(lambda g: fn(g["nodes"]))
 
-    add("graph_undefined_node", "graph", rebuild(p, nodes_edit(lambda ns: ns[-1].update(args=[{"k": "node",
-                                                                                               "v": "nope"}]))),
-                                                                                               frozenset({"load"}))
+    add("graph_undefined_node", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[-1].update(args=[{"k": "node", "v": "nope"}]))),
+        frozenset({"load"}))
     add("graph_forward_reference", "graph", rebuild(p, nodes_edit(lambda ns: ns.insert(2, ns.pop(-2)))),
         frozenset({"load"}))
     add("graph_duplicate_name", "graph", rebuild(p, nodes_edit(lambda ns: ns[3].update(name="x"))), frozenset({"load"}))
@@ -685,20 +685,20 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("graph_bad_op", "graph", rebuild(p, nodes_edit(lambda ns: ns[3].update(op="call_pickle"))), frozenset({"load"}))
     add("graph_nodes_not_list", "graph", rebuild(p, graph_edit(lambda g: g.update(nodes={"a": 1}))), ALL)
     add("graph_missing", "graph", rebuild(p, lambda i: i.pop("graph")), ALL)
-    add("graph_arg_unknown_tag", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "pickle",
-                                                                                                 "v": "x"}))),
-                                                                                                 frozenset({"load"}))
+    add("graph_arg_unknown_tag", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "pickle", "v": "x"}))),
+        frozenset({"load"}))
     add("graph_arg_bytes", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append(b"\x80\x04"))),
         frozenset({"load"}))
     add("graph_arg_unhashable_key", "graph",
         rebuild(p, nodes_edit(lambda ns: ns[3]["kwargs"].update(d={"k": "dict", "v": [[[1, 2], 3]]}))),
         frozenset({"load"}))
-    add("graph_arg_bad_device", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "device",
-                                                                                                "v": "warp:9"}))),
-                                                                                                frozenset({"load"}))
-    add("graph_arg_dtype_unknown", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "dtype",
-                                                                                                   "v": "evil"}))),
-                                                                                                   frozenset({"load"}))
+    add("graph_arg_bad_device", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "device", "v": "warp:9"}))),
+        frozenset({"load"}))
+    add("graph_arg_dtype_unknown", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "dtype", "v": "evil"}))),
+        frozenset({"load"}))
 
     def deep_arg(ns):
         v: Any = 1
@@ -820,8 +820,8 @@ def bomb_cases(valid: bytes, p: Parsed) -> list[Case]:
         "invalid_utf8": b"\x81\xa1k\xa2\xff\xfe",
     }
     for label, raw in bombs.items():
-        cases.append(Case(f"msgpack_{label}", "msgpack", raw_index(raw), ALL, ("IndexSchemaError",
-                                                                               "LimitExceededError"),
+        cases.append(Case(f"msgpack_{label}", "msgpack", raw_index(raw), ALL,
+                          ("IndexSchemaError", "LimitExceededError"),
                           heavy=True))
     # many small containers: a few MB of msgpack that would decode to hundreds of MB
     amp = b"\xdd" + (2_000_000).to_bytes(4, "big") + b"\x90" * 2_000_000

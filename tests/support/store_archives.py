@@ -24,8 +24,8 @@ def make_archive(path, *, shared_seed: int = 0, own_seed: int | None = None,
     same seed), one input of its own, and a recorded failure. Frames of 64 KiB give every blob
     several frames."""
     gen = torch.Generator().manual_seed(shared_seed)
-    weights = [torch.randn(128, 128, generator=gen), torch.randn(128, 64, generator=gen), torch.randn(64, 64,
-                                                                                                      generator=gen)]
+    weights = [torch.randn(128, 128, generator=gen), torch.randn(128, 64, generator=gen),
+               torch.randn(64, 64, generator=gen)]
     own = torch.Generator().manual_seed(1000 + (own_seed if own_seed is not None else next(_COUNTER)))
     w3 = torch.randn(96, 96, generator=own)
     x = torch.randn(16, 128, generator=own)
