@@ -114,7 +114,7 @@ def import_script(script: Path, store: Path | None, events) -> ImportedScript:
     except Exception as err:
         raise SourceError(
             f"running the module code of {script.name} failed: {type(err).__name__}: {first_line(err)}",
-            "it may need a package or GPU this machine lacks; see --debug for the log")
+            "it may need a package or GPU this machine lacks; see --debug for the log") from err
     import torch
 
     mod = namespace.get("mod")
