@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
           f"rows{'; missed: ' + ', '.join(missed) if missed else ''}")
     print(f"total wall time {time.perf_counter() - start:.1f} s")
     if args.json:
-        for c, orc, o, t in pairs:
+        for _c, _orc, o, t in pairs:
             for row in (o, t):
                 if row is not None:
                     print(json.dumps(asdict(row)))

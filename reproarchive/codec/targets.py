@@ -308,7 +308,7 @@ def _consumer(node, kinds: dict[str, str], fn: Any) -> str | None:
                if isinstance(v, NodeRef) and kinds.get(v.name) == HANDLE]
     if not handles:
         return None
-    for name, spec in effects.STATE_FUNCTIONS.items():
+    for spec in effects.STATE_FUNCTIONS.values():
         if spec.returns_handle and spec.consumer == node.target:
             return node.target
     return None

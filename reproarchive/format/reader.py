@@ -223,7 +223,7 @@ class ContainerReader:
         self.version = (major, minor)
         offsets = []
         pos = 0
-        for c, d in self.frames:
+        for c, _d in self.frames:
             offsets.append(pos)
             pos += c
         if pos != footer_start:
@@ -399,7 +399,7 @@ class ContainerReader:
         """Every frame's decompressed bytes in order, each checked against its declared size."""
         buf = bytearray(max(d for _, d in self.frames))
         view = memoryview(buf)
-        for i, (c, d) in enumerate(self.frames):
+        for i, (_c, d) in enumerate(self.frames):
             self._decompress_into(i, 1, view[:d], what=f"frame {i}")
             yield i, view[:d]
             if progress:

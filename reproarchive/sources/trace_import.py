@@ -133,7 +133,7 @@ def pack_trace(
     batches = [[j for j in jobs if j[1]["graph"]["from"] != "fx_graph_runnable"]]
     batches += [[j] for j in jobs if j[1]["graph"]["from"] == "fx_graph_runnable"]
     for batch in filter(None, batches):
-        for (c, job), report in zip(batch, _run_batch(batch, progress=progress, keep_log=keep_log)):
+        for (c, _), report in zip(batch, _run_batch(batch, progress=progress, keep_log=keep_log)):
             if "error" in report:
                 err = error_from(report["error"])
                 if len(chosen) == 1:
@@ -159,7 +159,7 @@ def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_lo
         work = Path(tempfile.mkdtemp(prefix="reproarchive-trace-"))
         try:
             paths = []
-            for i, (c, job) in enumerate(batch):
+            for i, (_c, job) in enumerate(batch):
                 job_dir = work / f"job{i}"
                 job_dir.mkdir()
                 if i in crashes:  # pack it with the crash as its failure, without replaying again

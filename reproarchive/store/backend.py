@@ -88,7 +88,7 @@ class Store(abc.ABC):
         there are none."""
 
     # -- defaults built on the core
-    def refresh(self) -> None:
+    def refresh(self) -> None:  # noqa: B027 - a default: a store that caches nothing has nothing to forget
         """Forget cached listings and sizes (other processes push to the same store)."""
 
     def missing_root(self) -> str | None:

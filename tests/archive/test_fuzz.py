@@ -42,7 +42,7 @@ def originals(tmp_path_factory):
     b = reproarchive.pack(gm, [torch.arange(8, dtype=torch.float32).reshape(2, 4), 5], root / "b.tar.zst",
                           progress=False).read_bytes()
     refs = {}
-    for name, data in (("a", a), ("b", b)):
+    for name in ("a", "b"):
         path = root / f"{name}.tar.zst"
         refs[name] = {op: hc.run_library_op(op, path, root) for op in ("verify", "load", "inspect")}
     return {"a": a, "b": b, "refs": refs, "root": root}

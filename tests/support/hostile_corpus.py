@@ -248,7 +248,7 @@ def byte_cases(valid: bytes, p: Parsed, *, all_offsets: bool = True) -> list[Cas
                           f"first {k} of {n} bytes"))
 
     regions: dict[str, list[int]] = {}
-    for i, (c, d) in enumerate(p.frames):
+    for i, (c, _d) in enumerate(p.frames):
         start = p.frame_offsets[i]
         owner = "structure"
         for name, (first, count) in p.member_frames.items():
