@@ -625,9 +625,8 @@ def print_report(report: dict) -> None:
     v = report["versions"]
     print(f"pack/load benchmark: {_fmt_bytes(report['input_bytes'])} of distinct input storage, {report['repeat']} "
           f"run(s) each, median [min-max]")
-    print(f"torch {v['torch']}, zstandard {v['zstandard']} (libzstd {v['libzstd']}), {v['hashlib']}, blake3 "
-          f"{v['blake3']}, "
-          f"{v['zstd_cli']}, {v['tar']}, python {v['python']}, {v['cpus']} cpus")
+    print(f"torch {v['torch']}, zstandard {v['zstandard']} (libzstd {v['libzstd']}), {v['hashlib']}, "
+          f"blake3 {v['blake3']}, {v['zstd_cli']}, {v['tar']}, python {v['python']}, {v['cpus']} cpus")
     busy = report.get("busy_loops")
     print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}"
           + (f"; competing load: {busy} busy-looping process(es), one per core" if busy else ""))

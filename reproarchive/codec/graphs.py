@@ -138,8 +138,8 @@ def dynamic_dims(node: fx.Node) -> list[tuple[int, str]]:
     if not isinstance(value, torch.Tensor):
         return []
     # A dimension Dynamo first made symbolic and later specialised prints as a plain number.
-    return [(i, str(s)) for i,
-            s in enumerate(value.shape) if not isinstance(s, int) and not str(s).lstrip("-").isdigit()]
+    return [(i, str(s)) for i, s in enumerate(value.shape)
+            if not isinstance(s, int) and not str(s).lstrip("-").isdigit()]
 
 
 def readable_code(gm: fx.GraphModule) -> str:

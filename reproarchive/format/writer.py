@@ -150,8 +150,8 @@ class ContainerWriter:
 
         Frames already being compressed are waited for: they read buffers that ``keep`` holds.
         """
-        running = [item for item,
-                   *_ in self._queue if isinstance(item, concurrent.futures.Future) and not item.cancel()]
+        running = [item for item, *_ in self._queue
+                   if isinstance(item, concurrent.futures.Future) and not item.cancel()]
         concurrent.futures.wait(running)
         self._queue.clear()
         self._pending = 0

@@ -324,8 +324,8 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
     except Exception as err:
         raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: "
                         f"{first_replay.first_line(err)}",
-                        "graphs with higher-order ops (cond, while_loop, checkpoint) are not supported from a log yet"
-                        ) from err
+                        "graphs with higher-order ops (cond, while_loop, checkpoint) are not supported from a log "
+                        "yet") from err
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise PackError(f"the rebuilt graph takes {len(placeholders)} inputs but its forward declares {len(inputs)}")

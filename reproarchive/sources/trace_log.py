@@ -32,8 +32,8 @@ from reproarchive.errors import SourceError
 
 MAX_EXAMPLE_LINES = 5
 # The exception torch wraps a backend's error in, and how the wrapped one is named in its message.
-WRAPPED_ERROR = re.compile(r"^(?:backend='(?P<backend>[^']*)' raised:\s*\n)?(?P<type>[A-Za-z_][\w.]*)(?:: "
-                           r"?(?P<msg>.*))?$",
+WRAPPED_ERROR = re.compile(r"^(?:backend='(?P<backend>[^']*)' raised:\s*\n)?"
+                           r"(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$",
                       re.DOTALL)
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Failed|Unsupported|Interrupt|Exit|"
                        r"Warning|Fault|Abort|Break|Timeout|Mismatch|Failure))(?:: (?P<msg>.*))?$")

@@ -130,10 +130,10 @@ _S3_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROF
                    "server other than AWS; s3fs reads them, reproarchive never handles them")
 _CREDENTIALS = {
     "s3": _S3_CREDENTIALS, "s3a": _S3_CREDENTIALS,
-    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or run `gcloud auth application-default "
-          "login`)",
-    "gcs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or run `gcloud auth application-default "
-           "login`)",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file "
+          "(or run `gcloud auth application-default login`)",
+    "gcs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file "
+           "(or run `gcloud auth application-default login`)",
     "az": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY",
     "abfs": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY",
     "file": "check that you may read and write the folder",

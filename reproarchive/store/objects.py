@@ -278,8 +278,8 @@ def decode_archive_object(digest: str, data: bytes) -> ArchiveObject:
         if not isinstance(blob, str) or not layout.is_blob_name(blob) or blob in seen:
             raise CorruptStoreError(f"{where}: segment {i} names no valid blob ({str(blob)[:80]!r})",
                                     "the store is damaged or hostile")
-        if not isinstance(key,
-                          str) or not (key == blob or (key.startswith(blob) and _VARIANT_RE.match(key[len(blob):]))):
+        if not isinstance(key, str) or not (key == blob
+                                            or (key.startswith(blob) and _VARIANT_RE.match(key[len(blob):]))):
             raise CorruptStoreError(f"{where}: segment {i} keeps {blob} under an invalid key {str(key)[:100]!r}",
                                     "the store is damaged or hostile")
         if not _count(n) or n < 9 or not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):

@@ -167,8 +167,7 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
         store.write(objects.ref_key(ref_name), ref_bytes)
         uploaded += len(ref_bytes)
         return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing),
-                          uploaded,
-                          previous if previous not in (None, digest) else None, reader.index_digest)
+                          uploaded, previous if previous not in (None, digest) else None, reader.index_digest)
 
 
 def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str, str]]:

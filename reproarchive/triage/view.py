@@ -369,8 +369,8 @@ def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, 
     for (members, ghosts, sizes, edges), lay in zip(page_items, layouts):
         out_pages.append({
             "nodes": members, "ghosts": ghosts,
-            "boxes": [[round(x, 1), round(y, 1), round(w, 1), round(h, 1)] for (x, y),
-                      (w, h) in zip(lay.centres, sizes)],
+            "boxes": [[round(x, 1), round(y, 1), round(w, 1), round(h, 1)]
+                      for (x, y), (w, h) in zip(lay.centres, sizes)],
             "edges": [[a, b, kind[0], [round(c, 1) for c in pts]] for (a, b), (kind, pts) in zip(edges, lay.paths)],
             "w": round(lay.width, 1), "h": round(lay.height, 1),
         })
