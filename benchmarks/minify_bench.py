@@ -202,7 +202,8 @@ def input_moves(pairs) -> str:
 
 
 def run(quick: bool = False, with_torch: bool = True, only: str | None = None,
-        log: Callable[[str], None] | None = None, shrink_inputs: bool = False) -> list[tuple[Case, str, Row, Row | None]]:
+        log: Callable[[str], None] | None = None,
+        shrink_inputs: bool = False) -> list[tuple[Case, str, Row, Row | None]]:
     torch.manual_seed(0)
     pairs = []
     for case in all_cases(quick=quick, only=only):
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
           f"rows{'; missed: ' + ', '.join(missed) if missed else ''}")
     print(f"total wall time {time.perf_counter() - start:.1f} s")
     if args.json:
-        for c, orc, o, t in pairs:
+        for _c, _orc, o, t in pairs:
             for row in (o, t):
                 if row is not None:
                     print(json.dumps(asdict(row)))

@@ -107,7 +107,7 @@ def branchy_graph(n_ops: int, seed: int, plants: dict[tuple[int, float], Callabl
                     todo.remove(((pb, frac), plant))
             if b.ops < n_ops - (branches - 1):
                 b.filler(chain)
-    for (pb, frac), plant in todo:  # tiny graphs: plant what is left at the end of its branch
+    for (pb, _frac), plant in todo:  # tiny graphs: plant what is left at the end of its branch
         plant(b, chains[pb])
     out = chains[0][-1]
     for c in chains[1:]:
@@ -422,7 +422,8 @@ def _accuracy_case(name, n, seed, *, miscompile=None, judges=("strict", "torch",
 
     every = {"strict": strict, **table}
     first = every[judges[0]]
-    for seed in range(seed, seed + 50):
+    start = seed
+    for seed in range(start, start + 50):  # the seed it stops at is the case's
         gm, inputs, _ = branchy_graph(n, seed, {(1, 0.5): _unary_plant(aten.sigmoid.default)})
         if backward:
             inputs = [x.requires_grad_() for x in inputs]
@@ -503,7 +504,8 @@ def all_cases(quick: bool = False, only: str | None = None) -> list[Case]:
     for n, seed in ((100, 30), (500, 30), (1000, 100)):
         add(f"accuracy_saved_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_saved_{n}", n, seed, miscompile={
             aten.sigmoid.default: _sigmoid_rel}, judges=("torch", "same2"), saved=True), False)
-        add(f"accuracy_saved_bwd_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_saved_bwd_{n}", n, seed, miscompile={
+        add(f"accuracy_saved_bwd_{n}", lambda n=n,
+            seed=seed: _accuracy_case(f"accuracy_saved_bwd_{n}", n, seed, miscompile={
             aten.sigmoid.default: _SigmoidBadBackward.apply}, judges=("torch", "same2"), backward=True,
             saved=True), False)
     add("decoy_100", lambda: _exception_case(

@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         parser.error("pass --row, --all, --list or --table")
     args.out.mkdir(parents=True, exist_ok=True)
-    for k, row in enumerate(rows):
+    for row in rows:
         if row not in ROWS:
             parser.error(f"unknown row {row!r}; --list shows them")
         if args.skip_done and (args.out / f"{row}.json").exists():

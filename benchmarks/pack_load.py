@@ -623,14 +623,15 @@ def _fmt_bytes(n) -> str:
 
 def print_report(report: dict) -> None:
     v = report["versions"]
-    print(f"pack/load benchmark: {_fmt_bytes(report['input_bytes'])} of distinct input storage, {report['repeat']} run(s) each, "
-          f"median [min-max]")
-    print(f"torch {v['torch']}, zstandard {v['zstandard']} (libzstd {v['libzstd']}), {v['hashlib']}, blake3 {v['blake3']}, "
-          f"{v['zstd_cli']}, {v['tar']}, python {v['python']}, {v['cpus']} cpus")
+    print(f"pack/load benchmark: {_fmt_bytes(report['input_bytes'])} of distinct input storage, {report['repeat']} "
+          f"run(s) each, median [min-max]")
+    print(f"torch {v['torch']}, zstandard {v['zstandard']} (libzstd {v['libzstd']}), {v['hashlib']}, "
+          f"blake3 {v['blake3']}, {v['zstd_cli']}, {v['tar']}, python {v['python']}, {v['cpus']} cpus")
     busy = report.get("busy_loops")
     print(f"load average before {report['loadavg_before']}, after {report['loadavg_after']}"
           + (f"; competing load: {busy} busy-looping process(es), one per core" if busy else ""))
-    tables = report.get("tables") or [{"cores": None, "cpus": None, "variants": report["variants"], "ratios": report["ratios"]}]
+    tables = report.get("tables") or [{"cores": None, "cpus": None, "variants": report["variants"],
+                                       "ratios": report["ratios"]}]
     for table in tables:
         print()
         if table["cores"]:
@@ -641,7 +642,8 @@ def print_report(report: dict) -> None:
         print()
         print("byte shuffle before zstd -1 (measurement only; not in the format):")
         for kind, r in shuffle["byteshuffle"].items():
-            print(f"  {kind}: ratio {r['ratio_raw']:.4f} -> {r['ratio_byteshuffle']:.4f} ({100 * r['size_change']:+.1f}% bytes); "
+            print(f"  {kind}: ratio {r['ratio_raw']:.4f} -> {r['ratio_byteshuffle']:.4f} "
+                  f"({100 * r['size_change']:+.1f}% bytes); "
                   f"zstd alone {r['gb_per_s_raw']:.2f} GB/s, shuffle+zstd {r['gb_per_s_shuffle_then_zstd']:.2f} GB/s "
                   f"(shuffle alone {r['gb_per_s_shuffle_only']:.2f} GB/s, torch transpose)")
 
@@ -665,8 +667,9 @@ def _print_table(table: dict) -> None:
             print(f"{key:42s} {value:8.2f}{'x' if 'speedup' in key or 'saving' in key else ''}")
     p = variants.get("pack")
     if p:
-        print(f"dedup: {p['storages']} storages -> {p['blobs']} blobs ({p['zero_filled']} all-zero stored without a blob; "
-              f"{p['inputs_sharing_a_storage']} inputs share a storage); {_fmt_bytes(p['stored_bytes'])} stored of "
+        print(f"dedup: {p['storages']} storages -> {p['blobs']} blobs ({p['zero_filled']} all-zero stored without a "
+              f"blob; {p['inputs_sharing_a_storage']} inputs share a storage); "
+              f"{_fmt_bytes(p['stored_bytes'])} stored of "
               f"{_fmt_bytes(p['input_bytes'])}; identical bytes every run: {p.get('identical_bytes_every_run')}")
     for name in ("load", "read-one", "contentstore-load", "torchsave-load"):
         s = variants.get(name)
@@ -703,7 +706,8 @@ def main(argv=None) -> int:
         return 0
 
     total = int((args.mib or 0) * (1 << 20)) if args.mib else int((args.gib or 1.0) * (1 << 30))
-    variants = OURS_PACK + OURS_READ + ([] if args.no_baselines else BASELINES) + (["byteshuffle"] if args.byteshuffle else [])
+    variants = (OURS_PACK + OURS_READ + ([] if args.no_baselines else BASELINES)
+                + (["byteshuffle"] if args.byteshuffle else []))
     if args.only:
         wanted = args.only.split(",")
         unknown = set(wanted) - set(OURS_PACK + OURS_READ + BASELINES + ["byteshuffle"])

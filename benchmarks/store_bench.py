@@ -147,7 +147,8 @@ def main(argv=None) -> int:
     print(f"| whole-file get (s3fs) | {r['whole_get_s']:.1f} | |")
     print(f"| push | {r['push_s']:.1f} | {r['push_sent_bytes']:,} |")
     print(f"| pull (rebuild, hash, verify) | {r['pull_s']:.1f} | |")
-    print(f"| second push (90% shared) | {r['second_push_s']:.1f} | {r['second_push_sent_bytes']:,} ({r['second_push_new_blobs']} blobs new) |")
+    print(f"| second push (90% shared) | {r['second_push_s']:.1f} | {r['second_push_sent_bytes']:,} "
+          f"({r['second_push_new_blobs']} blobs new) |")
     print(f"| second pull | {r['second_pull_s']:.1f} | |")
     print()
     print("| ratio | measured | target |")

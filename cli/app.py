@@ -15,9 +15,9 @@ import click
 # we); it would turn every one-line error of ours into three lines.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from reproarchive import ErrorCode, ReproArchiveError
+from reproarchive import ErrorCode, ReproArchiveError  # noqa: E402 (after the filter above)
 
-from .text import terminal_safe
+from .text import terminal_safe  # noqa: E402
 
 EXIT_CODES_HELP = """\b
 Exit codes:

@@ -99,14 +99,16 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {desc:40s} {row.fidelity}")
     s = info.storage
     _say(
-        f"storage: {s.storages} storages, {human_size(s.bytes_logical)} logical, {human_size(s.bytes_after_dedup)} after dedup "
-        f"({s.blobs} blobs, {s.zero_filled} all-zero), {human_size(s.bytes_compressed)} compressed; file {human_size(s.file_bytes)}"
+        f"storage: {s.storages} storages, {human_size(s.bytes_logical)} logical, {human_size(s.bytes_after_dedup)} "
+        f"after dedup ({s.blobs} blobs, {s.zero_filled} all-zero), {human_size(s.bytes_compressed)} compressed; file "
+        f"{human_size(s.file_bytes)}"
     )
     if s.absent:
         _say(f"WARNING: {s.absent} storages have no data (absent); replay will generate values for them")
     failure = info.failure
     if failure:
-        _say(f"failure: {failure_title(failure.to_plain())}: {failure.message.splitlines()[0][:160] if failure.message else ''}")
+        _say(f"failure: {failure_title(failure.to_plain())}: "
+             f"{failure.message.splitlines()[0][:160] if failure.message else ''}")
         errors = reproarchive.compiler_errors(failure.message)
         for line in (["compiler errors:", *errors[:5]] if errors else []):
             _say(f"  {line}")
@@ -163,7 +165,8 @@ def _testing_only(row: dict) -> bool:
 
 def _applied_note(row: dict) -> str:
     if _testing_only(row):
-        return "  (a testing-only setting, such as a bug injector: `run` applies it, so it may be what makes the archive fail)"
+        return ("  (a testing-only setting, such as a bug injector: `run` applies it, "
+                "so it may be what makes the archive fail)")
     return "  (`run` applies the recorded value)" if _applied_by_run(row) else ""
 
 

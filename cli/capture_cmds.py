@@ -88,7 +88,8 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     environment, torch config and directory are not touched. Because PyTorch's dumps do not
     record the error, the dump is replayed once there to record the failure (--no-replay skips
     that); a failure learned on generated inputs is printed and recorded as such. Generated
-    integers the graph uses as indices stay inside the dimension they index. Paths of this machine are replaced by <cwd>, <dump>, ~ and similar in the archive.
+    integers the graph uses as indices stay inside the dimension they index. Paths of this machine
+    are replaced by <cwd>, <dump>, ~ and similar in the archive.
 
     \b
     SOURCE may also be a TORCH_TRACE log, the folder TORCH_TRACE pointed at (one log per rank),
@@ -185,7 +186,8 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
 
     log = _debug_log(bool((ctx.obj or {}).get("debug")))
     try:
-        result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles, rank=rank, graph=graph,
+        result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles, rank=rank,
+                                         graph=graph,
                             backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log)
     finally:
         _show_debug_log(log, "the processes that rebuilt the compiles")
@@ -216,7 +218,8 @@ def _rel(path: Path, cwd: Path) -> str:
         return str(path)
 
 
-@main.command("capture", epilog=CAPTURE_EXIT_CODES, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command("capture", epilog=CAPTURE_EXIT_CODES,
+              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
               show_default=True, help="Folder for the archives (repro.tar.zst, repro-2.tar.zst, ...).")
 @click.option("--after", type=click.Choice(["dynamo", "aot"]), default="dynamo", show_default=True,

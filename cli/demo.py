@@ -92,7 +92,7 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
     say(f"   failure: {getattr(info.failure, 'stage', None)} {getattr(info.failure, 'exception_type', None)}")
     changed = (info.config_changed or {}).get("torch._inductor.config", {})
     say(f"   recorded config: {INJECTOR} = {changed.get(INJECTOR)!r}")
-    if getattr(inductor_config.cpp, "inject_relu_bug_TESTING_ONLY") is not None:
+    if inductor_config.cpp.inject_relu_bug_TESTING_ONLY is not None:
         raise _failed("the injector is still set in this process")
 
     step(f"4. reproarchive run {archive}   (the injector is NOT set here; the archive's config is)")

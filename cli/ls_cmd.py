@@ -74,12 +74,15 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
     source = Path(source)
     with json_errors(as_json):
         if not source.exists():
-            raise SourceError(f"{source} does not exist", "name a store (a URL or a folder `reproarchive push` wrote to), "
+            raise SourceError(f"{source} does not exist",
+                              "name a store (a URL or a folder `reproarchive push` wrote to), "
                               "a TORCH_TRACE log or the folder TORCH_TRACE pointed at")
         if not reproarchive.is_trace(source):
-            raise SourceError(f"{source} is not a store, a TORCH_TRACE log, a folder of them, or a tlparse output folder",
-                              "ls lists the archives of a store (a URL or a folder `reproarchive push` wrote to) or the "
-                              "compiles of a trace: name a log (dedicated_log_torch_trace_*.log) or the folder TORCH_TRACE pointed at")
+            raise SourceError(f"{source} is not a store, a TORCH_TRACE log, a folder of them, or a tlparse output "
+                              "folder",
+                              "ls lists the archives of a store (a URL or a folder `reproarchive push` wrote to) or "
+                              "the compiles of a trace: name a log (dedicated_log_torch_trace_*.log) or the folder "
+                              "TORCH_TRACE pointed at")
         listing = reproarchive.list_trace(source)
     rows = [r for r in listing["compiles"] if (rank is None or r["rank"] == rank)
             and (not failed or not r["status"].startswith("ok"))]

@@ -111,7 +111,8 @@ Exit codes:
 @click.option("--accuracy/--no-accuracy", default=None,
               help="Compare the compiled result with eager (judged against an fp64 run). "
                    "Default: what the archive recorded.")
-@click.option("--tol", type=click.FloatRange(min=0, min_open=True), default=None, help="Accuracy tolerance (default 1e-3).")
+@click.option("--tol", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Accuracy tolerance (default 1e-3).")
 @click.option("--only-fwd", is_flag=True, help="Run forward only, never backward.")
 @click.option("--isolate/--no-isolate", default=None,
               help="Replay in a child process so a segfault or abort is reported as a crash "
@@ -193,8 +194,9 @@ def _minify(archive, output, settings, *, as_json, quiet, **options) -> None:
     click.echo("", err=True)
     click.echo(terminal_lines(report.code.rstrip()))
     click.echo(
-        f"{report.status}: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> {s['final_inputs']} inputs; "
-        f"{s['calls']} candidates replayed, {s['cache_hits']} cache hits, {s['wall_s']:.1f}s ({s['stop_reason']})"
+        f"{report.status}: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> {s['final_inputs']} "
+        f"inputs; {s['calls']} candidates replayed, {s['cache_hits']} cache hits, "
+        f"{s['wall_s']:.1f}s ({s['stop_reason']})"
     )
     changed = [e for e in s.get("inputs") or [] if not e.get("real")]
     if changed:

@@ -32,7 +32,8 @@ Exit codes:
 @click.argument("archives", nargs=-1, required=True)
 @click.argument("store")
 @click.option("--name", metavar="NAME", help="Name for the archive in the store (one archive only). "
-                                            "Default: the file name without .tar.zst, a dash and 12 digits of its digest.")
+                                            "Default: the file name without .tar.zst, a dash and 12 digits of its "
+                                            "digest.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 64), default=8, show_default=True, help="Parallel uploads.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pushed as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
@@ -132,5 +133,6 @@ def print_store_listing(listing: dict) -> None:
         for row in [header, *table]:
             click.echo("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     n, groups = listing["archives"], len(listing["groups"])
-    click.echo(f"{n} archive{'s' if n != 1 else ''}, {groups} distinct failure{'s' if groups != 1 else ''} in {listing['store']}",
+    click.echo(f"{n} archive{'s' if n != 1 else ''}, {groups} distinct failure{'s' if groups != 1 else ''} in "
+               f"{listing['store']}",
                err=True)

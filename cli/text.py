@@ -85,7 +85,8 @@ def pack_summary(result) -> list[str]:
     compile's also says ``graph_from`` and ``backend``)."""
     g = result.graph
     origin = f"{result.kind}, from {result.graph_from}" if result.graph_from else result.kind
-    graph = f"graph:   {g.get('nodes', 0)} nodes, {g.get('compute_nodes', 0)} ops of {g.get('op_kinds', 0)} kinds ({origin})"
+    graph = (f"graph:   {g.get('nodes', 0)} nodes, {g.get('compute_nodes', 0)} ops of {g.get('op_kinds', 0)} kinds "
+             f"({origin})")
     if result.graph_from:
         graph += f", backend {result.backend or 'unknown'}"
     i = result.inputs

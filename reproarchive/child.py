@@ -271,7 +271,8 @@ def _serve(handler: Callable[..., Any], request_fd: str, reply_fd: str, unexpect
     for line in requests:
         message = json.loads(line)
         try:
-            reply: dict[str, Any] = {"result": handler(message["request"], started=lambda facts: send({"started": facts}),
+            reply: dict[str, Any] = {"result": handler(message["request"],
+                                                       started=lambda facts: send({"started": facts}),
                                                        event=lambda text: None)}
         except BaseException as err:
             reply = _error_reply(err, unexpected, unexpected_what)

@@ -86,7 +86,8 @@ def test_library_never_imports_click_or_the_package_init():
     for name, imports in GRAPH.items():
         if name.startswith("reproarchive.cli") or name == "reproarchive":
             continue
-        wrong += [f"{name} imports {t}" for t in imports if t == "reproarchive" or t.startswith(("click", "reproarchive.cli"))]
+        wrong += [f"{name} imports {t}" for t in imports
+                  if t == "reproarchive" or t.startswith(("click", "reproarchive.cli"))]
     assert wrong == []
 
 

@@ -41,7 +41,8 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
         if sink is not None:
             sink(name, data)
         if name == LAYOUT_MEMBER and bytes(data) != expected_layout:
-            raise CorruptArchiveError("the layout member does not match the footer's format version", rule=Rule.LAYOUT_MEMBER)
+            raise CorruptArchiveError("the layout member does not match the footer's format version",
+                                      rule=Rule.LAYOUT_MEMBER)
         if layout.is_blob_name(name):
             h = hashers.get(name)
             if h is None:
@@ -60,7 +61,8 @@ def _check_stream(reader: ContainerReader, sink: Callable[[str, memoryview], Non
         if layout.is_blob_name(name) and m.frames == 0:
             algo, hexd = name.split("/")[1:]
             if digests.of_bytes(b"", algo) != f"{algo}:{hexd}":
-                raise DigestMismatchError(f"empty blob {name} is not named by the digest of no bytes", rule=Rule.BLOB_DIGEST)
+                raise DigestMismatchError(f"empty blob {name} is not named by the digest of no bytes",
+                                          rule=Rule.BLOB_DIGEST)
             blobs += 1
     return {"blobs": blobs, "bytes": total}
 

@@ -91,7 +91,8 @@ def _torch_errors_as_archive_errors(fn):
 
 
 @_torch_errors_as_archive_errors
-def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = None, limits: Limits = layout.DEFAULT_LIMITS,
+def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = None,
+         limits: Limits = layout.DEFAULT_LIMITS,
          remap_graph: bool = True, max_memory: int | None = None, reader: ContainerReader | None = None) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 

@@ -242,7 +242,9 @@ def remap_graph_devices(gm: Any, spec: DeviceSpec | Callable[[str], str]) -> int
 
     if not callable(spec):
         spec_value = spec
-        target_for_spec = lambda d: target_for(d, spec_value)
+
+        def target_for_spec(d):
+            return target_for(d, spec_value)
     else:
         target_for_spec = spec
 

@@ -447,7 +447,8 @@ STATE_FUNCTIONS: dict[str, StateFunction] = {
         "get_inplace_requires_grad_allowed", "_set_dynamic_layer_keys_included", "maybe_current_level",
         "is_batchedtensor", "get_unwrapped", "_unwrap_batched", "_is_functionaltensor", "current_level")},
     **{f"torch._functorch.predispatch.{n}": StateFunction("functorch") for n in (
-        "_add_batch_dim", "_remove_batch_dim", "_vmap_increment_nesting", "_vmap_decrement_nesting", "lazy_load_decompositions")},
+        "_add_batch_dim", "_remove_batch_dim", "_vmap_increment_nesting", "_vmap_decrement_nesting",
+        "lazy_load_decompositions")},
     **{f"torch._functorch.vmap.{n}": StateFunction("functorch") for n in (
         "lazy_load_decompositions", "_check_randomness_arg")},
 }

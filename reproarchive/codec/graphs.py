@@ -43,7 +43,8 @@ _MEMORY_FORMATS = {
     "channels_last_3d": torch.channels_last_3d,
     "preserve_format": torch.preserve_format,
 }
-_LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr, "jagged": torch.jagged}
+_LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo, "sparse_csr": torch.sparse_csr,
+            "jagged": torch.jagged}
 
 # nn.Module internals that are rebuilt by Module.__init__ or registered separately.
 _MODULE_INTERNALS = {
@@ -137,7 +138,8 @@ def dynamic_dims(node: fx.Node) -> list[tuple[int, str]]:
     if not isinstance(value, torch.Tensor):
         return []
     # A dimension Dynamo first made symbolic and later specialised prints as a plain number.
-    return [(i, str(s)) for i, s in enumerate(value.shape) if not isinstance(s, int) and not str(s).lstrip("-").isdigit()]
+    return [(i, str(s)) for i, s in enumerate(value.shape)
+            if not isinstance(s, int) and not str(s).lstrip("-").isdigit()]
 
 
 def readable_code(gm: fx.GraphModule) -> str:
@@ -254,7 +256,8 @@ class GraphDecoder:
                 try:
                     hash(key)
                 except TypeError:
-                    raise IndexSchemaError(f"graph dict argument has an unhashable key of type {type(key).__name__}") from None
+                    raise IndexSchemaError(
+                        f"graph dict argument has an unhashable key of type {type(key).__name__}") from None
                 out[key] = self.decode_arg(x, env)
             return out
         if isinstance(value, SliceArg):

@@ -232,7 +232,8 @@ def _receiver(node, kinds: dict[str, str]) -> None:
     first = node.args[0]
     if isinstance(first, NodeRef) and kinds.get(first.name, VALUE) != VALUE:
         raise UnsafeArchiveError(
-            f"node {node.name} reads {str(node.args[1] if node.op == 'call_function' and len(node.args) > 1 else node.target)[:60]!r} "
+            f"node {node.name} reads "
+            f"{str(node.args[1] if node.op == 'call_function' and len(node.args) > 1 else node.target)[:60]!r} "
             f"of {first.name!r}, which is not a tensor or a plain value",
             "attributes and methods may only be used on tensors and plain values; the archive is hostile or damaged",
             rule=Rule.CALL_TARGET,
@@ -307,7 +308,7 @@ def _consumer(node, kinds: dict[str, str], fn: Any) -> str | None:
                if isinstance(v, NodeRef) and kinds.get(v.name) == HANDLE]
     if not handles:
         return None
-    for name, spec in effects.STATE_FUNCTIONS.items():
+    for spec in effects.STATE_FUNCTIONS.values():
         if spec.returns_handle and spec.consumer == node.target:
             return node.target
     return None

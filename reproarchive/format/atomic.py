@@ -59,7 +59,8 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """
     final = Path(path)
     if final.exists() and (not final.is_dir() or any(final.iterdir())):
-        raise SourceError(f"{final} already exists and is not an empty folder", "choose another output folder or remove it")
+        raise SourceError(f"{final} already exists and is not an empty folder",
+                          "choose another output folder or remove it")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:

@@ -32,7 +32,8 @@ def encode_index(index: dict) -> bytes:
 MAX_INDEX_DEPTH = 64
 
 # msgpack type byte -> (kind, fixed payload length); kinds: s scalar, b/S bin/str with a length prefix
-_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4,
+          0xD3: 8}
 _SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}
 _CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
 
@@ -104,7 +105,8 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
                 raise IndexSchemaError(f"index nests deeper than {max_depth} levels", rule=Rule.MSGPACK_DEPTH)
             if owed + count > n - pos:
                 raise IndexSchemaError(
-                    "index declares more elements than it has bytes (a msgpack bomb)", "the archive is hostile or damaged",
+                    "index declares more elements than it has bytes (a msgpack bomb)",
+                    "the archive is hostile or damaged",
                     rule=Rule.MSGPACK_BOMB,
                 )
             stack.append(count)
@@ -112,7 +114,8 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
             memory += _COST_POINTER * count
         if memory > budget:
             raise LimitExceededError(
-                f"index would take more than {budget >> 20} MiB of memory to decode", "the archive is hostile or damaged",
+                f"index would take more than {budget >> 20} MiB of memory to decode",
+                "the archive is hostile or damaged",
                 rule=Rule.MSGPACK_MEMORY,
             )
         while stack and stack[-1] == 0:

@@ -66,7 +66,8 @@ def cgroup_cpu_quota(cgroup_root: str = "/sys/fs/cgroup", membership: str = "/pr
             # the group's own folder, or the mount's root when a container shows the host's path
             for base in [os.path.join(cgroup_root, m, *sub) for sub in (rel.split("/") if rel else [], [])
                          for m in ("cpu", "cpu,cpuacct", "cpuacct,cpu")]:
-                quota, period = _read(os.path.join(base, "cpu.cfs_quota_us")), _read(os.path.join(base, "cpu.cfs_period_us"))
+                quota = _read(os.path.join(base, "cpu.cfs_quota_us"))
+                period = _read(os.path.join(base, "cpu.cfs_period_us"))
                 if quota and period:
                     if quota != "-1":
                         limits.append(_ratio(quota, period))

@@ -125,7 +125,8 @@ class ContainerReader:
     def _pread(self, n: int, offset: int) -> bytes:
         data = os.pread(self._fd, n, offset)
         if len(data) != n:
-            raise TruncatedArchiveError(f"file ends at {self.file_size} bytes, inside a structure it declares", rule=Rule.SEEK_TABLE)
+            raise TruncatedArchiveError(f"file ends at {self.file_size} bytes, inside a structure it declares",
+                                        rule=Rule.SEEK_TABLE)
         return data
 
     def _not_ours(self, why: str, rule: Rule):
@@ -142,7 +143,8 @@ class ContainerReader:
                         "something was appended to the file; copy or download it again", rule=rule,
                     )
                 return TruncatedArchiveError(
-                    f"{self.path} is a truncated reproarchive ({self.file_size} bytes; its end with the index is missing)",
+                    f"{self.path} is a truncated reproarchive ({self.file_size} bytes; its end with the index is "
+                    "missing)",
                     "copy or download the archive again", rule=rule,
                 )
             return NotAnArchiveError(
@@ -157,7 +159,8 @@ class ContainerReader:
         # or tarfile (one frame for everything) does not look truncated just because its
         # first member has that name.
         try:
-            reader = self._dctx.stream_reader(_Window(self._fd, 0, min(self.file_size, 1 << 16)), read_across_frames=False)
+            reader = self._dctx.stream_reader(_Window(self._fd, 0, min(self.file_size, 1 << 16)),
+                                              read_across_frames=False)
             head = reader.read(TAR_BLOCK + 1)
         except zstandard.ZstdError:
             return False
@@ -178,17 +181,21 @@ class ContainerReader:
         if magic != SEEKABLE_MAGIC:
             raise self._not_ours("no zstd seek table at its end", Rule.NOT_AN_ARCHIVE)
         if descriptor != 0:
-            raise CorruptArchiveError(f"seek table descriptor is {descriptor:#x}, format 1 requires 0", "the archive is damaged", rule=Rule.SEEK_TABLE)
+            raise CorruptArchiveError(f"seek table descriptor is {descriptor:#x}, format 1 requires 0",
+                                      "the archive is damaged", rule=Rule.SEEK_TABLE)
         if nframes > self.limits.max_frames:
-            raise LimitExceededError(f"archive declares {nframes} frames, more than the limit {self.limits.max_frames}", rule=Rule.SEEK_TABLE)
+            raise LimitExceededError(f"archive declares {nframes} frames, more than the limit {self.limits.max_frames}",
+                                     rule=Rule.SEEK_TABLE)
         table_len = nframes * SEEK_ENTRY.size + SEEK_FOOTER.size
         table_start = size - table_len - SKIPPABLE_HEADER.size
         footer_start = table_start - FOOTER_FRAME_SIZE
         if footer_start < 0:
-            raise TruncatedArchiveError(f"seek table declares {nframes} frames but the file has only {size} bytes", rule=Rule.SEEK_TABLE)
+            raise TruncatedArchiveError(f"seek table declares {nframes} frames but the file has only {size} bytes",
+                                        rule=Rule.SEEK_TABLE)
         magic, length = SKIPPABLE_HEADER.unpack(self._pread(SKIPPABLE_HEADER.size, table_start))
         if magic != SEEK_TABLE_MAGIC or length != table_len:
-            raise CorruptArchiveError("seek table frame header is damaged", "the archive is damaged; copy it again", rule=Rule.SEEK_TABLE)
+            raise CorruptArchiveError("seek table frame header is damaged", "the archive is damaged; copy it again",
+                                      rule=Rule.SEEK_TABLE)
         raw = self._pread(nframes * SEEK_ENTRY.size, table_start + SKIPPABLE_HEADER.size)
         self.frames = list(SEEK_ENTRY.iter_unpack(raw))
         magic, length = SKIPPABLE_HEADER.unpack(self._pread(SKIPPABLE_HEADER.size, footer_start))
@@ -205,16 +212,18 @@ class ContainerReader:
                     f"this archive is format {major}.{minor}; this reproarchive reads format {FORMAT_MAJOR}.x",
                     "this archive needs a newer reproarchive: pip install -U reproarchive", rule=Rule.VERSION,
                 )
-            raise UnsupportedVersionError(f"archive declares format {major}.{minor}, which never existed", "the archive is damaged", rule=Rule.VERSION)
+            raise UnsupportedVersionError(f"archive declares format {major}.{minor}, which never existed",
+                                          "the archive is damaged", rule=Rule.VERSION)
         if _reserved and minor <= FORMAT_MINOR:
             raise CorruptArchiveError(
-                f"footer reserved field is {_reserved:#x}; format {major}.{minor} requires 0", "the archive is damaged or was modified",
+                f"footer reserved field is {_reserved:#x}; format {major}.{minor} requires 0",
+                "the archive is damaged or was modified",
                 rule=Rule.VERSION,
             )
         self.version = (major, minor)
         offsets = []
         pos = 0
-        for c, d in self.frames:
+        for c, _d in self.frames:
             offsets.append(pos)
             pos += c
         if pos != footer_start:
@@ -229,11 +238,14 @@ class ContainerReader:
             )
         self.frame_offsets = offsets
         if index_frame >= nframes:
-            raise CorruptArchiveError("footer points to an index frame that does not exist", "the archive is damaged", rule=Rule.INDEX_FRAME)
+            raise CorruptArchiveError("footer points to an index frame that does not exist", "the archive is damaged",
+                                      rule=Rule.INDEX_FRAME)
         if index_size > self.limits.max_index_bytes:
-            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit {self.limits.max_index_bytes}", rule=Rule.INDEX_FRAME)
+            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit "
+                                     f"{self.limits.max_index_bytes}", rule=Rule.INDEX_FRAME)
         if self.frames[index_frame][1] != index_size:
-            raise CorruptArchiveError("footer and seek table disagree on the index size", "the archive is damaged", rule=Rule.INDEX_FRAME)
+            raise CorruptArchiveError("footer and seek table disagree on the index size", "the archive is damaged",
+                                      rule=Rule.INDEX_FRAME)
         self._index_frame, self._index_size, self._index_sha = index_frame, index_size, index_sha
 
     def _read_index(self) -> None:
@@ -241,7 +253,8 @@ class ContainerReader:
         self._decompress_into(self._index_frame, 1, memoryview(buf), what="the index")
         digest = hashlib.sha256(buf).digest()
         if digest != self._index_sha:
-            raise CorruptArchiveError("the index does not match the digest in the footer", "the archive is damaged; copy it again", rule=Rule.INDEX_FRAME)
+            raise CorruptArchiveError("the index does not match the digest in the footer",
+                                      "the archive is damaged; copy it again", rule=Rule.INDEX_FRAME)
         self.index_digest = "sha256:" + digest.hex()
         self.index: Index = decode_index(bytes(buf), self.limits, self.version)
 
@@ -260,7 +273,8 @@ class ContainerReader:
 
         def expect_frame(d: int, what: str) -> None:
             if cursor >= nframes or self.frames[cursor][1] != d:
-                raise CorruptArchiveError(f"frame {cursor} does not hold {what} as the index says", "the archive is damaged", rule=Rule.MEMBERS)
+                raise CorruptArchiveError(f"frame {cursor} does not hold {what} as the index says",
+                                          "the archive is damaged", rule=Rule.MEMBERS)
 
         for m in (*container.members, None):
             if m is None:
@@ -269,11 +283,13 @@ class ContainerReader:
                 name, size, first, count = m.name, m.size, m.first_frame, m.frames
                 expected_count = -(-size // frame_size)
                 if count != expected_count:
-                    raise CorruptArchiveError(f"member {name!r} declares {count} frames; {size} bytes need {expected_count}", rule=Rule.MEMBERS)
+                    raise CorruptArchiveError(f"member {name!r} declares {count} frames; {size} bytes need "
+                                              f"{expected_count}", rule=Rule.MEMBERS)
             expect_frame(pad + len(tar_header(name, size)), f"the tar header of {name!r}")
             cursor += 1
             if first != cursor:
-                raise CorruptArchiveError(f"member {name!r} starts at frame {first}, expected {cursor}", "the archive is damaged", rule=Rule.MEMBERS)
+                raise CorruptArchiveError(f"member {name!r} starts at frame {first}, expected {cursor}",
+                                          "the archive is damaged", rule=Rule.MEMBERS)
             if m is None:
                 if size == 0:
                     raise CorruptArchiveError("the index is empty", rule=Rule.MEMBERS)
@@ -290,13 +306,16 @@ class ContainerReader:
             start = self.frame_offsets[first] if count else compressed_end
             for c, d in self.frames[first : first + count]:
                 if c < 9 or c > compress_bound(d):
-                    raise CorruptArchiveError(f"a frame of {name!r} has an impossible compressed size {c} for {d} bytes", rule=Rule.FRAME_SIZES)
+                    raise CorruptArchiveError(
+                        f"a frame of {name!r} has an impossible compressed size {c} for {d} bytes",
+                        rule=Rule.FRAME_SIZES)
             if m is not None:
                 members[name] = Member(name, size, first, count, start, compressed_end - start)
             pad = (-size) % TAR_BLOCK
         expect_frame(pad + TAR_EOF, "the tar end")
         if cursor + 1 != nframes:
-            raise CorruptArchiveError(f"{nframes - cursor - 1} frames after the tar end", "the archive is damaged or was modified", rule=Rule.MEMBERS)
+            raise CorruptArchiveError(f"{nframes - cursor - 1} frames after the tar end",
+                                      "the archive is damaged or was modified", rule=Rule.MEMBERS)
         self.frame_size = frame_size
         self.members = members
 
@@ -310,16 +329,19 @@ class ContainerReader:
         """
         if count == 0:
             if len(dest):
-                raise CorruptArchiveError(f"{what} has no data frames but declares {len(dest)} bytes", rule=Rule.MEMBER_DATA)
+                raise CorruptArchiveError(f"{what} has no data frames but declares {len(dest)} bytes",
+                                          rule=Rule.MEMBER_DATA)
             return
         declared = sum(d for _, d in self.frames[first : first + count])
         if declared != len(dest):
-            raise CorruptArchiveError(f"{what} declares {len(dest)} bytes but its frames hold {declared}", "the archive is damaged", rule=Rule.MEMBER_DATA)
+            raise CorruptArchiveError(f"{what} declares {len(dest)} bytes but its frames hold {declared}",
+                                      "the archive is damaged", rule=Rule.MEMBER_DATA)
         got = 0
         try:
             for i in range(first, first + count):
                 c, d = self.frames[i]
-                if c == stored_frame_size(d) and read_stored_frame(self._fd, self.frame_offsets[i], dest[got : got + d]):
+                if c == stored_frame_size(d) and read_stored_frame(
+                        self._fd, self.frame_offsets[i], dest[got : got + d]):
                     got += d
                     continue
                 src = self._read_frame(i)
@@ -329,12 +351,15 @@ class ContainerReader:
                 while got < end:
                     n = reader.readinto(dest[got:end])
                     if not n:
-                        raise CorruptArchiveError(f"{what} decompresses to {got} bytes, fewer than the {len(dest)} declared", "the archive is damaged", rule=Rule.MEMBER_DATA)
+                        raise CorruptArchiveError(f"{what} decompresses to {got} bytes, fewer than the {len(dest)} "
+                                                  "declared", "the archive is damaged", rule=Rule.MEMBER_DATA)
                     got += n
                 if reader.read(1):
-                    raise CorruptArchiveError(f"{what} decompresses to more than the {len(dest)} bytes declared", "the archive is damaged or hostile", rule=Rule.MEMBER_DATA)
+                    raise CorruptArchiveError(f"{what} decompresses to more than the {len(dest)} bytes declared",
+                                              "the archive is damaged or hostile", rule=Rule.MEMBER_DATA)
         except zstandard.ZstdError as exc:
-            raise CorruptArchiveError(f"{what} is damaged: zstd says {str(exc)[:160]}", "copy the archive again", rule=Rule.MEMBER_DATA) from exc
+            raise CorruptArchiveError(f"{what} is damaged: zstd says {str(exc)[:160]}", "copy the archive again",
+                                      rule=Rule.MEMBER_DATA) from exc
 
     def _read_frame(self, i: int) -> memoryview:
         """Frame ``i``'s compressed bytes, read into a buffer this reader reuses (valid until the next call).
@@ -374,7 +399,7 @@ class ContainerReader:
         """Every frame's decompressed bytes in order, each checked against its declared size."""
         buf = bytearray(max(d for _, d in self.frames))
         view = memoryview(buf)
-        for i, (c, d) in enumerate(self.frames):
+        for i, (_c, d) in enumerate(self.frames):
             self._decompress_into(i, 1, view[:d], what=f"frame {i}")
             yield i, view[:d]
             if progress:

@@ -26,7 +26,8 @@ from reproarchive.format import schema
 from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim
 from reproarchive.format.schema_check import _classes, _enums
 
-_HEADER = f"""; The index member of reproarchive format {schema.FORMAT_VERSION} (spec/FORMAT.md §5.1-§8), in CDDL (RFC 8610).
+_HEADER = (f"; The index member of reproarchive format {schema.FORMAT_VERSION} (spec/FORMAT.md §5.1-§8), "
+           f"""in CDDL (RFC 8610).
 ; Generated from reproarchive/format/schema.py by `python -m reproarchive.format.schema_cddl --write`.
 ; msgpack maps onto CBOR's data model: str is tstr, bin is bstr. Every map may hold further keys,
 ; which readers ignore. Rules between fields (spec §5-§8, ids R5-1 ...) are checked after this grammar.
@@ -36,7 +37,7 @@ index = Index
 int64 = int  ; -2^63 .. 2^63-1 (rule R5.1-7)
 plain = nil / bool / int64 / float / tstr / bstr / [* plain] / {{* tstr => plain}}  ; nesting at most 32
 dim = [int64, tstr]
-"""
+""")
 
 
 def _name(tp: Any, tags: dict[type, list[str]]) -> str:
@@ -109,8 +110,10 @@ def _fields(cls: type, hints: dict):
 def grammar() -> str:
     tags = _tags()
     rules = [_HEADER]
-    rules.append(f"Value = {' / '.join(dict.fromkeys(c.__name__ for c in typing.get_args(schema.Value)[1].classes.values()))}")
-    rules.append(f"StateEntry = {' / '.join(dict.fromkeys(c.__name__ for c in typing.get_args(schema.StateEntry)[1].classes.values()))}")
+    value_classes = typing.get_args(schema.Value)[1].classes.values()
+    rules.append(f"Value = {' / '.join(dict.fromkeys(c.__name__ for c in value_classes))}")
+    entry_classes = typing.get_args(schema.StateEntry)[1].classes.values()
+    rules.append(f"StateEntry = {' / '.join(dict.fromkeys(c.__name__ for c in entry_classes))}")
     memory, layout = _literal(schema.MemoryFormat), _literal(schema.Layout)
     rules.append(
         "Arg = nil / bool / int64 / float / tstr / [* Arg] / ArgMap  ; nesting at most 32 (R7.2-1)\n"

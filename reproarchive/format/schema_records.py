@@ -75,7 +75,8 @@ GpuInfo = informative("GpuInfo", "One GPU.", __name__, index=int, name=str, capa
 CudaInfo = informative("CudaInfo", "CUDA (or HIP) as torch sees it.", __name__, available=bool, version=str, cudnn=int,
                        reason=str, driver_version=str, device_count=int, devices=tuple[GpuInfo, ...],
                        arch_list=tuple[str, ...])
-CompilerInfo = informative("CompilerInfo", "The C++ compiler inductor's CPU backend calls.", __name__, command=str, version=str)
+CompilerInfo = informative("CompilerInfo", "The C++ compiler inductor's CPU backend calls.", __name__, command=str,
+                           version=str)
 SystemRecord = informative(
     "SystemRecord", "Versions and hardware that take part in compiling and running the graph.", __name__,
     torch=TorchInfo, python=PythonInfo, os=OsInfo, cpu=CpuInfo, cuda=CudaInfo, hip=dict[str, PlainData], nvcc=str,

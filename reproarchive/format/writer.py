@@ -150,7 +150,8 @@ class ContainerWriter:
 
         Frames already being compressed are waited for: they read buffers that ``keep`` holds.
         """
-        running = [item for item, *_ in self._queue if isinstance(item, concurrent.futures.Future) and not item.cancel()]
+        running = [item for item, *_ in self._queue
+                   if isinstance(item, concurrent.futures.Future) and not item.cancel()]
         concurrent.futures.wait(running)
         self._queue.clear()
         self._pending = 0
@@ -223,7 +224,8 @@ class ContainerWriter:
         self._frame(data)
         self._frame(b"\0" * ((-len(data)) % TAR_BLOCK) + b"\0" * TAR_EOF)
         self._drain()
-        footer = FOOTER_STRUCT.pack(FOOTER_TAG, FORMAT_MAJOR, FORMAT_MINOR, 0, index_frame, len(data), hashlib.sha256(data).digest())
+        footer = FOOTER_STRUCT.pack(FOOTER_TAG, FORMAT_MAJOR, FORMAT_MINOR, 0, index_frame, len(data),
+                                    hashlib.sha256(data).digest())
         self._out(SKIPPABLE_HEADER.pack(FOOTER_FRAME_MAGIC, FOOTER_STRUCT.size) + footer)
         table = b"".join(SEEK_ENTRY.pack(c, d) for c, d in self.frames)
         table += SEEK_FOOTER.pack(len(self.frames), 0, SEEKABLE_MAGIC)

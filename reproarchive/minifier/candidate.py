@@ -262,7 +262,7 @@ class Recording:
         self.users: list[list[int]] = [[] for _ in range(n)]
         for i, node in enumerate(self.nodes):
             seen: list[int] = []
-            map_arg((node.args, node.kwargs), lambda a: seen.append(self.index[a]) or a)
+            map_arg((node.args, node.kwargs), lambda a, seen=seen: seen.append(self.index[a]) or a)
             deps = tuple(dict.fromkeys(seen))
             self.args.append(deps)
             for d in deps:

@@ -198,7 +198,8 @@ def minify_archive(
                 fails = _replay_predicate(repro, chosen)
 
             def checkpoint(gm, inputs, stats) -> None:
-                _write(output, repro, gm, inputs, stats=_labelled({**stats.as_dict(), "stop_reason": "checkpoint"}, repro))
+                _write(output, repro, gm, inputs,
+                       stats=_labelled({**stats.as_dict(), "stop_reason": "checkpoint"}, repro))
 
             try:
                 # the eager recording runs the graph here too: its thread state and RNG are put back

@@ -158,7 +158,7 @@ def bisect_inputs(sh: Shrinker) -> None:
         if sh.test(needed):
             return
         # needed + rest[lo:] fails, needed + rest[hi:] (= needed alone) does not
-        make = lambda i: sh.propose(needed | set(rest[i:]))  # noqa: E731
+        make = lambda i, rest=rest: sh.propose(needed | set(rest[i:]))  # noqa: E731
         lo, hi = 0, len(rest)
         if hi > 2:
             # the last node first: when the output's own op is the bug, one call settles it
@@ -217,7 +217,7 @@ def bisect_culprits(sh: Shrinker) -> None:
         if sh.test(needed):
             return
         # needed + rest[:lo] does not fail, needed + rest[:hi] does
-        _, hi = _search(sh, 0, len(rest), lambda i: sh.propose(needed | set(rest[:i])), lo_fails=False)
+        _, hi = _search(sh, 0, len(rest), lambda i, rest=rest: sh.propose(needed | set(rest[:i])), lo_fails=False)
         needed.add(rest[hi - 1])
         if _alone(sh, needed, rest[hi - 1]):
             return
@@ -271,7 +271,8 @@ def bisect_outputs(sh: Shrinker) -> None:
         top = next((o for o in outs if sh.judge([single(o, within)])[0]), None)
         if top is None:
             return
-        _, hi = _search(sh, -1, live.index(top), lambda i: single(live[i], within), lo_fails=False)
+        _, hi = _search(sh, -1, live.index(top), lambda i, live=live, within=within: single(live[i], within),
+                        lo_fails=False)
         if set(sh.current.live) == within:  # nothing smaller was adopted: the cone is the graph
             return
 

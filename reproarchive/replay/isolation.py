@@ -43,7 +43,8 @@ def run_in_child(path: str | os.PathLike, settings: ReplaySettings | None = None
     return _outcome(path, result, died)
 
 
-def _request(path: str | os.PathLike, settings: ReplaySettings | None, plan: DevicePlan | None = None) -> dict[str, Any]:
+def _request(path: str | os.PathLike, settings: ReplaySettings | None,
+             plan: DevicePlan | None = None) -> dict[str, Any]:
     """What the child reads: the archive, the settings and the device plan, as plain data."""
     return {"path": os.fspath(os.path.abspath(path)), "settings": (settings or ReplaySettings()).to_plain(),
             "plan": plan.to_plain() if plan is not None else None}

@@ -93,7 +93,8 @@ def replay_graph(
     # grad, a failure the original run never had.
     after_aot = source_kind == "after_aot"
     needs_backward = not settings.only_fwd and not after_aot and (
-        (recorded_failure is not None and recorded_failure.stage == "backward") or any(t.requires_grad for t in _iter_tensors(args))
+        (recorded_failure is not None and recorded_failure.stage == "backward")
+        or any(t.requires_grad for t in _iter_tensors(args))
     )
     observed: dict[str, Any] | None = None
     details: dict[str, Any] | None = None
@@ -184,7 +185,8 @@ def _applied_config(config: Mapping[str, Any], warnings: list[str]):
     with applied_config(config) as result:
         for label, names in (
             ("recorded config settings this torch does not have", result.missing),
-            ("recorded config modules not applied (only torch config modules already known here are; a replay never imports a module an archive names)", result.missing_modules),
+            ("recorded config modules not applied (only torch config modules already known here are; a replay never "
+             "imports a module an archive names)", result.missing_modules),
             ("changed config settings that could not be recorded (e.g. custom passes)", result.unrepresentable),
             ("recorded config settings overridden here by an environment variable", result.forced_by_env),
             ("recorded config settings that failed to apply", [f["key"] for f in result.failed]),

@@ -362,12 +362,14 @@ class _CaptureBackend:
 
     # -- failure paths ---------------------------------------------------------------------------
 
-    def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str, config: ConfigRecord) -> None:
+    def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str,
+              config: ConfigRecord) -> None:
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
         path, error = self._write(gm, inputs, versions, record, config)
         _annotate(exc, path, error)
 
-    def _accuracy_failed(self, gm: Any, inputs: list[Any], versions: list, report: AccuracyReport, config: ConfigRecord) -> None:
+    def _accuracy_failed(self, gm: Any, inputs: list[Any], versions: list, report: AccuracyReport,
+                         config: ConfigRecord) -> None:
         from torch._dynamo.debug_utils import AccuracyError
 
         record = _failure.accuracy_record(report, backend=self.backend_name)
@@ -382,7 +384,8 @@ class _CaptureBackend:
         err.reproarchive_record = record  # type: ignore[attr-defined]
         raise err
 
-    def _write(self, gm: Any, inputs: list[Any], versions: list, record: FailureRecord, config: ConfigRecord) -> tuple[Path | None, str | None]:
+    def _write(self, gm: Any, inputs: list[Any], versions: list, record: FailureRecord,
+               config: ConfigRecord) -> tuple[Path | None, str | None]:
         """Write the archive; never let a problem here hide the user's original failure."""
         modified = _modified_inputs(inputs, versions)
         if modified:

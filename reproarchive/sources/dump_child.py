@@ -114,7 +114,7 @@ def import_script(script: Path, store: Path | None, events) -> ImportedScript:
     except Exception as err:
         raise SourceError(
             f"running the module code of {script.name} failed: {type(err).__name__}: {first_line(err)}",
-            "it may need a package or GPU this machine lacks; see --debug for the log")
+            "it may need a package or GPU this machine lacks; see --debug for the log") from err
     import torch
 
     mod = namespace.get("mod")
@@ -147,7 +147,8 @@ def import_script(script: Path, store: Path | None, events) -> ImportedScript:
                           lifted=lifted, origin=origin, notes=trace_notes, load_args=load_args)
 
 
-def input_report(imp: ImportedScript, *, data_expected: bool = True) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+def input_report(imp: ImportedScript, *,
+                 data_expected: bool = True) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(the inputs summary for the report, the storages record for ``source``, warnings).
     ``data_expected=False`` for scripts written without data by design (no warning for that)."""
     import torch

@@ -99,7 +99,8 @@ def parse_dump_script(path: str | os.PathLike) -> DumpScript:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as err:
         raise SourceError(
-            f"{path.name} is not valid Python{'' if err.lineno is None else f' (line {err.lineno})'}: not a PyTorch repro dump",
+            f"{path.name} is not valid Python{'' if err.lineno is None else f' (line {err.lineno})'}: not a PyTorch "
+            "repro dump",
             "name a repro.py or minifier_launcher.py that PyTorch wrote",
         ) from err
     info = _inspect_tree(tree)

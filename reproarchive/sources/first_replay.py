@@ -109,7 +109,7 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
             outcome = replay_graph(gm, inputs, settings, source_kind=kind, config=config, environment=environment,
                                    report_differences=False)
         except ReproArchiveError as err:
-            raise NotReplayableError(f"cannot replay here: {err}; not replayed")
+            raise NotReplayableError(f"cannot replay here: {err}; not replayed") from err
     observed = outcome.observed
     if observed is None:
         return _passed(backend)

@@ -230,7 +230,8 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
         exec(compile(code, "<dynamo_output_graph>", "exec", dont_inherit=True), namespace)  # noqa: S102 - the user's own log, in a throwaway process
     except Exception as err:
         raise SourceError(f"the logged Dynamo graph does not run as Python: {type(err).__name__}: "
-                          f"{first_replay.first_line(err)}", "the payload may be from an unsupported torch version")
+                          f"{first_replay.first_line(err)}",
+                          "the payload may be from an unsupported torch version") from err
     cls = namespace.get("GraphModule")
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise SourceError("the logged Dynamo graph defines no GraphModule class",
@@ -321,8 +322,10 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
         with torch.enable_grad():
             gm, trace_notes = dump_graph.trace_repro(mod)
     except Exception as err:
-        raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: {first_replay.first_line(err)}",
-                        "graphs with higher-order ops (cond, while_loop, checkpoint) are not supported from a log yet")
+        raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: "
+                        f"{first_replay.first_line(err)}",
+                        "graphs with higher-order ops (cond, while_loop, checkpoint) are not supported from a log "
+                        "yet") from err
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise PackError(f"the rebuilt graph takes {len(placeholders)} inputs but its forward declares {len(inputs)}")

@@ -133,7 +133,7 @@ def pack_trace(
     batches = [[j for j in jobs if j[1]["graph"]["from"] != "fx_graph_runnable"]]
     batches += [[j] for j in jobs if j[1]["graph"]["from"] == "fx_graph_runnable"]
     for batch in filter(None, batches):
-        for (c, job), report in zip(batch, _run_batch(batch, progress=progress, keep_log=keep_log)):
+        for (c, _), report in zip(batch, _run_batch(batch, progress=progress, keep_log=keep_log)):
             if "error" in report:
                 err = error_from(report["error"])
                 if len(chosen) == 1:
@@ -159,7 +159,7 @@ def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_lo
         work = Path(tempfile.mkdtemp(prefix="reproarchive-trace-"))
         try:
             paths = []
-            for i, (c, job) in enumerate(batch):
+            for i, (_c, job) in enumerate(batch):
                 job_dir = work / f"job{i}"
                 job_dir.mkdir()
                 if i in crashes:  # pack it with the crash as its failure, without replaying again
@@ -182,7 +182,8 @@ def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_lo
     if died is not None:
         labels = ", ".join(c.label for c, _ in batch)
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")
-        report = {"error": {"class": "PackError", "what": f"the process rebuilding {labels} {died.reason}: {last[:300]}",
+        report = {"error": {"class": "PackError",
+                            "what": f"the process rebuilding {labels} {died.reason}: {last[:300]}",
                             "hint": "its own code crashed; `reproarchive --debug pack ...` keeps its log"}}
     results = report.get("results")
     if not isinstance(results, list) or len(results) != len(batch):
@@ -224,7 +225,8 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
             parts.append(f"rank{c.rank}")
         if c.compiled_autograd_id is not None:
             parts.append(f"ca{c.compiled_autograd_id}")
-        parts.append(f"{'-' if c.frame_id is None else c.frame_id}_{'-' if c.frame_compile_id is None else c.frame_compile_id}")
+        frame = "-" if c.frame_id is None else c.frame_id
+        parts.append(f"{frame}_{'-' if c.frame_compile_id is None else c.frame_compile_id}")
         return "-".join(parts)
 
     counts: dict[str, int] = {}
@@ -350,7 +352,8 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
                         if real_script else None),
         **{k: tuple(v) for k, v in trace_facts.graph_breaks_and_recompiles(c).items()},
     )
-    scrub = {str(cwd.resolve()): "<cwd>", str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
+    scrub = {str(cwd.resolve()): "<cwd>",
+             str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
     scrub.update(trace_facts.job_paths(trace, c))
     return {
         "compile": {"id": c.id, "rank": c.rank, "label": c.label},

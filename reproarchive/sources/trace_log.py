@@ -32,7 +32,8 @@ from reproarchive.errors import SourceError
 
 MAX_EXAMPLE_LINES = 5
 # The exception torch wraps a backend's error in, and how the wrapped one is named in its message.
-WRAPPED_ERROR = re.compile(r"^(?:backend='(?P<backend>[^']*)' raised:\s*\n)?(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$",
+WRAPPED_ERROR = re.compile(r"^(?:backend='(?P<backend>[^']*)' raised:\s*\n)?"
+                           r"(?P<type>[A-Za-z_][\w.]*)(?:: ?(?P<msg>.*))?$",
                       re.DOTALL)
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Failed|Unsupported|Interrupt|Exit|"
                        r"Warning|Fault|Abort|Break|Timeout|Mismatch|Failure))(?:: (?P<msg>.*))?$")
@@ -240,7 +241,8 @@ class TraceProblem:
         where = ""
         if self.lines:
             shown = ", ".join(str(n) for n in self.lines[:MAX_EXAMPLE_LINES])
-            where = f" (line{'s' if self.count > 1 else ''} {shown}{' ...' if self.count > len(self.lines[:MAX_EXAMPLE_LINES]) else ''})"
+            more = " ..." if self.count > len(self.lines[:MAX_EXAMPLE_LINES]) else ""
+            where = f" (line{'s' if self.count > 1 else ''} {shown}{more})"
         return f"{self.file}: {self.count} {self.what}{where}"
 
 

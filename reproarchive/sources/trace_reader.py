@@ -106,7 +106,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
     """
     p = Path(path)
     if not p.exists():
-        raise SourceError(f"{path} does not exist", "name a TORCH_TRACE log, a folder of them, or tlparse's output folder")
+        raise SourceError(f"{path} does not exist",
+                          "name a TORCH_TRACE log, a folder of them, or tlparse's output folder")
     found = find_trace(p)
     if found is None:
         raise SourceError(
@@ -218,7 +219,8 @@ class _Reader:
                     try:
                         env = json.loads(raw.decode("utf-8", errors="replace"))
                     except ValueError:
-                        self.problem(raw_jsonl, "lines that are not valid JSON, truncated or corrupted (skipped)", lineno)
+                        self.problem(raw_jsonl, "lines that are not valid JSON, truncated or corrupted (skipped)",
+                                     lineno)
                         continue
                     if not isinstance(env, dict):
                         self.problem(raw_jsonl, "envelopes that are not JSON objects (skipped)", lineno)
@@ -298,7 +300,8 @@ class _Reader:
     def finish(self, root: Path, kind: str, files: list[Path]) -> Trace:
         for path, ranks in self.ranks_seen.items():
             if len(ranks) > 1:
-                prob = TraceProblem(file=path.name, what=f"ranks interleaved in one file ({', '.join(map(str, sorted(ranks)))}); "
+                prob = TraceProblem(file=path.name,
+                                    what=f"ranks interleaved in one file ({', '.join(map(str, sorted(ranks)))}); "
                                     "their compiles are kept apart by rank", count=1)
                 self.problems[(str(path), "ranks")] = prob
         comps = sorted(self.compiles.values(), key=lambda c: (

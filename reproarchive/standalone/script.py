@@ -233,7 +233,8 @@ class _Script:
     def tensor_literal(self, t: Any, device: str | None) -> str:
         import torch
 
-        if t.layout != torch.strided or t.is_sparse or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        if (t.layout != torch.strided or t.is_sparse
+                or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
             raise ExportError(f"input of type {type(t).__name__} / layout {t.layout} cannot be exported",
                               "replay it with `reproarchive run` instead")
         name, nbytes = self.writer.storage(t)
@@ -394,7 +395,8 @@ def _doc_text(text: str) -> str:
             out.append(ch)
         else:
             code = ord(ch)
-            out.append(f"\\\\x{code:02x}" if code < 0x100 else f"\\\\u{code:04x}" if code < 0x10000 else f"\\\\U{code:08x}")
+            out.append(f"\\\\x{code:02x}" if code < 0x100
+                       else f"\\\\u{code:04x}" if code < 0x10000 else f"\\\\U{code:08x}")
     return "".join(out).replace(_TRIPLE_QUOTE, "'''")
 
 

@@ -88,7 +88,7 @@ class Store(abc.ABC):
         there are none."""
 
     # -- defaults built on the core
-    def refresh(self) -> None:
+    def refresh(self) -> None:  # noqa: B027 - a default: a store that caches nothing has nothing to forget
         """Forget cached listings and sizes (other processes push to the same store)."""
 
     def missing_root(self) -> str | None:
@@ -106,7 +106,8 @@ class Store(abc.ABC):
         keys = list(dict.fromkeys(keys))
         if not keys:
             return {}
-        with concurrent.futures.ThreadPoolExecutor(min(jobs, len(keys)), thread_name_prefix="reproarchive-size") as pool:
+        with concurrent.futures.ThreadPoolExecutor(min(jobs, len(keys)),
+                                                   thread_name_prefix="reproarchive-size") as pool:
             return dict(zip(keys, pool.map(self.size, keys)))
 
     def read_small(self, key: str, cap: int) -> bytes:

@@ -78,7 +78,8 @@ def split_reference(text: str) -> tuple[str, str]:
     text = os.fspath(text).rstrip("/")
     store, sep, name = text.rpartition("/")
     if not sep or not name or store.endswith((":/", ":")):
-        raise StoreNotFoundError(f"{text!r} names no archive in a store", "write STORE/NAME or STORE/DIGEST-PREFIX, e.g. s3://team/repros/resnet-3fa2b1c0")
+        raise StoreNotFoundError(f"{text!r} names no archive in a store",
+                                 "write STORE/NAME or STORE/DIGEST-PREFIX, e.g. s3://team/repros/resnet-3fa2b1c0")
     return store, name
 
 
@@ -129,8 +130,10 @@ _S3_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROF
                    "server other than AWS; s3fs reads them, reproarchive never handles them")
 _CREDENTIALS = {
     "s3": _S3_CREDENTIALS, "s3a": _S3_CREDENTIALS,
-    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or run `gcloud auth application-default login`)",
-    "gcs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (or run `gcloud auth application-default login`)",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file "
+          "(or run `gcloud auth application-default login`)",
+    "gcs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file "
+           "(or run `gcloud auth application-default login`)",
     "az": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY",
     "abfs": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY",
     "file": "check that you may read and write the folder",

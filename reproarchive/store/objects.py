@@ -75,7 +75,8 @@ def check_name(name: object) -> str:
 
 def check_digest(digest: object, what: str) -> str:
     if not isinstance(digest, str) or not SHA256_RE.match(digest):
-        raise CorruptStoreError(f"{what} has a malformed archive digest {str(digest)[:80]!r}", "the store is damaged or hostile")
+        raise CorruptStoreError(f"{what} has a malformed archive digest {str(digest)[:80]!r}",
+                                "the store is damaged or hostile")
     return digest
 
 
@@ -94,7 +95,8 @@ def check_marker(data: bytes, where: str) -> str:
     major, _, _minor = plain["version"].partition(".")
     if major != str(STORE_MAJOR):
         raise UnsupportedVersionError(
-            f"{where} is a reproarchive store of layout {plain['version']}; this reproarchive reads layout {STORE_MAJOR}.x",
+            f"{where} is a reproarchive store of layout {plain['version']}; this reproarchive reads layout "
+            f"{STORE_MAJOR}.x",
             "this store needs a newer reproarchive: pip install -U reproarchive",
         )
     return plain["version"]
@@ -193,7 +195,8 @@ def decode_ref(name: str, data: bytes) -> Ref:
         raise CorruptStoreError(f"{where} is not a reproarchive ref", "the store is damaged or hostile")
     size, pushed, summary = plain.get("size"), plain.get("pushed"), plain.get("summary")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= layout.DEFAULT_LIMITS.max_total_bytes:
-        raise CorruptStoreError(f"{where} declares an impossible size {str(size)[:40]}", "the store is damaged or hostile")
+        raise CorruptStoreError(f"{where} declares an impossible size {str(size)[:40]}",
+                                "the store is damaged or hostile")
     if not isinstance(pushed, str) or len(pushed) > 64:
         raise CorruptStoreError(f"{where} has no valid push date", "the store is damaged or hostile")
     if not isinstance(summary, dict):
@@ -248,11 +251,13 @@ def decode_archive_object(digest: str, data: bytes) -> ArchiveObject:
     except IndexSchemaError as exc:
         raise CorruptStoreError(f"{where} is not valid msgpack: {exc}", "the store is damaged or hostile") from None
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
-        raise CorruptStoreError(f"{where} is not valid msgpack: {type(exc).__name__}", "the store is damaged or hostile") from None
+        raise CorruptStoreError(f"{where} is not valid msgpack: {type(exc).__name__}",
+                                "the store is damaged or hostile") from None
     if not isinstance(plain, dict) or plain.get("format") != ARCHIVE_OBJECT_FORMAT:
         raise CorruptStoreError(f"{where} is not a reproarchive archive object", "the store is damaged or hostile")
     if plain.get("digest") != digest:
-        raise CorruptStoreError(f"{where} says it describes {str(plain.get('digest'))[:80]!r}", "the store is damaged or hostile")
+        raise CorruptStoreError(f"{where} says it describes {str(plain.get('digest'))[:80]!r}",
+                                "the store is damaged or hostile")
     size, segments = plain.get("size"), plain.get("segments")
     if not _count(size) or size > layout.DEFAULT_LIMITS.max_total_bytes:
         raise CorruptStoreError(f"{where} declares an impossible size", "the store is damaged or hostile")
@@ -267,15 +272,19 @@ def decode_archive_object(digest: str, data: bytes) -> ArchiveObject:
             total += len(seg)
             continue
         if not isinstance(seg, dict):
-            raise CorruptStoreError(f"{where}: segment {i} is neither bytes nor a blob", "the store is damaged or hostile")
+            raise CorruptStoreError(f"{where}: segment {i} is neither bytes nor a blob",
+                                    "the store is damaged or hostile")
         blob, key, n, sha = seg.get("blob"), seg.get("key"), seg.get("size"), seg.get("sha256")
         if not isinstance(blob, str) or not layout.is_blob_name(blob) or blob in seen:
-            raise CorruptStoreError(f"{where}: segment {i} names no valid blob ({str(blob)[:80]!r})", "the store is damaged or hostile")
-        if not isinstance(key, str) or not (key == blob or (key.startswith(blob) and _VARIANT_RE.match(key[len(blob):]))):
+            raise CorruptStoreError(f"{where}: segment {i} names no valid blob ({str(blob)[:80]!r})",
+                                    "the store is damaged or hostile")
+        if not isinstance(key, str) or not (key == blob
+                                            or (key.startswith(blob) and _VARIANT_RE.match(key[len(blob):]))):
             raise CorruptStoreError(f"{where}: segment {i} keeps {blob} under an invalid key {str(key)[:100]!r}",
                                     "the store is damaged or hostile")
         if not _count(n) or n < 9 or not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
-            raise CorruptStoreError(f"{where}: segment {i} ({blob}) has an invalid size or sha256", "the store is damaged or hostile")
+            raise CorruptStoreError(f"{where}: segment {i} ({blob}) has an invalid size or sha256",
+                                    "the store is damaged or hostile")
         seen.add(blob)
         out.append(BlobSegment(blob, key, n, sha))
         total += n

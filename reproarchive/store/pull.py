@@ -93,7 +93,8 @@ def resolve(reference: str, storage_options: dict | None = None) -> Resolved:
         return Resolved(store, target, ref.archive, ref)
     m = objects.HEX_PREFIX_RE.match(target)
     if m is None:
-        raise StoreNotFoundError(f"{store.url} has no archive named {target!r}", f"`reproarchive ls {store.url}` lists the names")
+        raise StoreNotFoundError(f"{store.url} has no archive named {target!r}",
+                                 f"`reproarchive ls {store.url}` lists the names")
     prefix, kind = m.group(2), m.group(1)
     hexes = [k.rsplit("/", 1)[1] for k in store.list("archives/sha256")] if kind != "index" else []
     matches = sorted(h for h in hexes if h.startswith(prefix) and objects.SHA256_RE.match("sha256:" + h))
@@ -288,6 +289,7 @@ def archive_view(reference: str, storage_options: dict | None = None) -> Iterato
                     _pwrite_all(f.fileno(), seg, offset)
         with ContainerReader(path) as reader:
             if reader.index_digest != archive.index_digest:
-                raise CorruptStoreError(f"the archive object {archive.digest[:19]}... holds an index other than the one it declares",
+                raise CorruptStoreError(f"the archive object {archive.digest[:19]}... holds an index other than the "
+                                        "one it declares",
                                         "the store is damaged or hostile")
         yield path, resolved

@@ -153,19 +153,21 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             uploaded += len(data)
 
         ref_name = name or default_name(path, digest)
-        ref = Ref(ref_name, digest, reader.file_size, _now(), summary(reader.index, reader.file_size, reader.index_digest))
+        ref = Ref(ref_name, digest, reader.file_size, _now(),
+                  summary(reader.index, reader.file_size, reader.index_digest))
         previous = None
         old = store.size(objects.ref_key(ref_name))
         if old is not None:
             try:
-                previous = objects.decode_ref(ref_name, store.read_small(objects.ref_key(ref_name), objects.MAX_REF_BYTES)).archive
+                raw_ref = store.read_small(objects.ref_key(ref_name), objects.MAX_REF_BYTES)
+                previous = objects.decode_ref(ref_name, raw_ref).archive
             except Exception:  # noqa: BLE001 - a damaged ref is simply replaced
                 previous = "unreadable"
         ref_bytes = ref.to_bytes()
         store.write(objects.ref_key(ref_name), ref_bytes)
         uploaded += len(ref_bytes)
-        return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing), uploaded,
-                          previous if previous not in (None, digest) else None, reader.index_digest)
+        return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing),
+                          uploaded, previous if previous not in (None, digest) else None, reader.index_digest)
 
 
 def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str, str]]:

@@ -326,7 +326,8 @@ def input_diff(a: Index, b: Index, relation: str | None) -> dict:
     rows = [_compare(a, b, x, y, ia, ib, aliases) for ia, ib, x, y in _input_pairs(a, b, relation)]
     state_a = {e.path: e.tensor for e in a.graph.module_state if isinstance(e, TensorEntry)}
     state_b = {e.path: e.tensor for e in b.graph.module_state if isinstance(e, TensorEntry)}
-    attributes = [_compare(a, b, state_a.get(p), state_b.get(p), p, p, aliases) for p in sorted(set(state_a) | set(state_b))]
+    attributes = [_compare(a, b, state_a.get(p), state_b.get(p), p, p, aliases)
+                  for p in sorted(set(state_a) | set(state_b))]
     attributes = [r for r in attributes if r["status"] != "same"]
     counts: dict[str, int] = {}
     for r in rows:

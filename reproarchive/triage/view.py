@@ -45,8 +45,8 @@ MAX_MESSAGE_CHARS = 20000
 FLAG_HIGHLIGHT = 1  # the failing node, or the region a minified archive kept
 FLAG_BOUNDARY = 2  # a value the minified archive takes as an input instead of computing it
 
-_MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|conv\w*|convolution\w*|einsum|_?scaled_dot_product\w*|"
-                     r"_?flash_attention\w*|_?efficient_attention\w*|addmv|mv|dot)$")
+_MATMUL = re.compile(r"^(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|conv\w*|convolution\w*|einsum|"
+                     r"_?scaled_dot_product\w*|_?flash_attention\w*|_?efficient_attention\w*|addmv|mv|dot)$")
 _REDUCTION = re.compile(r"^(sum|mean|amax|amin|max|min|var|std|var_mean|prod|_?softmax|_?log_softmax|logsumexp|"
                         r"argmax|argmin|cumsum|cumprod|norm|linalg_vector_norm|any|all|native_layer_norm|layer_norm|"
                         r"native_batch_norm|_native_batch_norm_legit\w*|batch_norm|group_norm|native_group_norm|"
@@ -350,7 +350,8 @@ def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, 
     for i, n in enumerate(nodes):
         kind, label = classify(n.op, n.target)
         out_nodes.append({"n": n.name, "o": n.op, "t": n.target, "k": kind, "l": label, "c": lines.get(n.name, ""),
-                          "v": input_text.get(i) or _value_text(n), "f": flags.get(n.name, 0), "i": inputs_of[i], "p": page_of[i]})
+                          "v": input_text.get(i) or _value_text(n), "f": flags.get(n.name, 0), "i": inputs_of[i],
+                          "p": page_of[i]})
     jobs = []
     page_items = []
     for members in pages:
@@ -368,7 +369,8 @@ def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, 
     for (members, ghosts, sizes, edges), lay in zip(page_items, layouts):
         out_pages.append({
             "nodes": members, "ghosts": ghosts,
-            "boxes": [[round(x, 1), round(y, 1), round(w, 1), round(h, 1)] for (x, y), (w, h) in zip(lay.centres, sizes)],
+            "boxes": [[round(x, 1), round(y, 1), round(w, 1), round(h, 1)]
+                      for (x, y), (w, h) in zip(lay.centres, sizes)],
             "edges": [[a, b, kind[0], [round(c, 1) for c in pts]] for (a, b), (kind, pts) in zip(edges, lay.paths)],
             "w": round(lay.width, 1), "h": round(lay.height, 1),
         })

@@ -24,7 +24,7 @@ from reproarchive.format.layout import LAYOUT_MEMBER, layout_member_bytes, tar_h
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assembler, run as a script too
-from support.hostile_corpus import assemble, parse, rebuild
+from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402 (needs the path above)
 
 OUT = HERE / "invalid"
 BASE = HERE / "basic-1.2.tar.zst"

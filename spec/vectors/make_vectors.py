@@ -126,7 +126,8 @@ def stored():
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored}
 RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
-                "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager", "accuracy": None},
+                "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager",
+                "accuracy": None},
     "system": {"note": "golden vector"},
     # 1.2: a typed source (§8); the key it does not declare stays in the record as written
     "source": {"kind": "capture", "stage": "compile", "fwd_only": False, "note": "golden vector"},
@@ -134,7 +135,8 @@ RECORDS = {
 
 
 def tensor_facts(t: torch.Tensor) -> dict:
-    data = t.detach().contiguous().view(torch.uint8) if t.numel() and t.dtype.itemsize else torch.empty(0, dtype=torch.uint8)
+    data = (t.detach().contiguous().view(torch.uint8) if t.numel() and t.dtype.itemsize
+            else torch.empty(0, dtype=torch.uint8))
     return {
         "dtype": str(t.dtype).removeprefix("torch."),
         "shape": list(t.shape),

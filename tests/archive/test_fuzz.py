@@ -25,7 +25,8 @@ from support import hostile_corpus as hc
 
 EXAMPLES = int(os.environ.get("REPROARCHIVE_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="REPROARCHIVE_FUZZ_EXAMPLES" not in os.environ,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def originals(tmp_path_factory):
     b = reproarchive.pack(gm, [torch.arange(8, dtype=torch.float32).reshape(2, 4), 5], root / "b.tar.zst",
                           progress=False).read_bytes()
     refs = {}
-    for name, data in (("a", a), ("b", b)):
+    for name in ("a", "b"):
         path = root / f"{name}.tar.zst"
         refs[name] = {op: hc.run_library_op(op, path, root) for op in ("verify", "load", "inspect")}
     return {"a": a, "b": b, "refs": refs, "root": root}

@@ -35,7 +35,8 @@ def corpus(tmp_path_factory):
     cases = hc.generate(root / "work", escape_root=escape)
     files = root / "corpus"
     hc.write_corpus(files, cases)
-    valid = {op: hc.run_library_op(op, files / "control_valid.tar.zst", _sandbox(root, "valid", op)) for op in hc.LIB_OPS}
+    valid = {op: hc.run_library_op(op, files / "control_valid.tar.zst",
+                                   _sandbox(root, "valid", op)) for op in hc.LIB_OPS}
     assert all(v["outcome"] == "ok" for v in valid.values()), valid
     return {"root": root, "escape": escape, "files": files, "cases": cases, "valid": valid}
 
@@ -121,7 +122,8 @@ def _time_limit(seconds: int, what: str):
 CATEGORY_GROUPS = {
     "truncation": lambda c: c.category == "truncation",
     "bitflip": lambda c: c.category.startswith("bitflip"),
-    "file_kinds": lambda c: c.category in ("notarchive", "control", "version", "trailing", "magic", "footer", "seektable"),
+    "file_kinds": lambda c: c.category in ("notarchive", "control", "version", "trailing", "magic", "footer",
+                                           "seektable"),
     "tar": lambda c: c.category in ("plaintar", "tarheader", "names"),
     "records": lambda c: c.category in ("counts", "records", "digest", "graph"),
     "targets_and_code": lambda c: c.category in ("targets", "codeexec"),
@@ -262,7 +264,8 @@ def _registered() -> tuple[set[str], str]:
 def _replay_argv(command: str, archive: str, box: Path) -> list[str] | None:
     commands, run_help = _registered()
     if command == "run":
-        return ["run", "--no-isolate", archive] if "--no-isolate" in run_help else (["run", archive] if "run" in commands else None)
+        return (["run", "--no-isolate", archive] if "--no-isolate" in run_help
+                else (["run", archive] if "run" in commands else None))
     if command == "export":
         return ["export", archive, "-o", str(box / "out")] if "export" in commands else None
     if command == "minify":
@@ -323,7 +326,8 @@ def test_cli_subprocess_one_line_no_traceback(corpus):
     assert "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, "-c", entry, "--debug", "verify", path], capture_output=True, text=True,
                           timeout=120, env=env, cwd=corpus["root"] / "sandbox")
-    assert proc.returncode == 2 and "Traceback" in proc.stderr and proc.stderr.rstrip().splitlines()[-1].startswith("error: ")
+    assert (proc.returncode == 2 and "Traceback" in proc.stderr
+            and proc.stderr.rstrip().splitlines()[-1].startswith("error: "))
 
 
 def test_corpus_covers_issue_categories(corpus):

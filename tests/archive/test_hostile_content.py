@@ -134,7 +134,8 @@ def test_exported_script_embeds_only_filtered_context(context_scene, tmp_path):
         assert f"{needle!r}" not in script and f'"{needle}"' not in script, needle
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    (scratch / f"{context_scene['module']}.py").write_text((context_scene["work"] / f"{context_scene['module']}.py").read_text())
+    module_file = f"{context_scene['module']}.py"
+    (scratch / module_file).write_text((context_scene["work"] / module_file).read_text())
     before = _tree(scratch)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPROARCHIVE")}
     env["PYTHONPATH"] = str(scratch)  # the archive's module is importable, to prove it is not imported
@@ -228,7 +229,8 @@ def test_unpack_keeps_few_files_open(tmp_path):
     g = fx.Graph()
     xs = [g.placeholder(f"x{i}") for i in range(1100)]
     g.output(tuple(xs[:1]))
-    path = reproarchive.pack(fx.GraphModule(torch.nn.Module(), g), [torch.full((4,), float(i + 1)) for i in range(1100)],
+    path = reproarchive.pack(fx.GraphModule(torch.nn.Module(), g),
+                             [torch.full((4,), float(i + 1)) for i in range(1100)],
                              tmp_path / "many.tar.zst")
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)); "
             "from reproarchive.cli import main; sys.argv[0] = 'reproarchive'; main()")

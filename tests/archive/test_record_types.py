@@ -29,7 +29,7 @@ def _wrong_value(tp) -> object | None:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
         return "not a record"
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, __import__("types").UnionType):
         return _wrong_value(next(a for a in args if a is not type(None)))
     if tp is PlainData or tp is typing.Any:
         return None

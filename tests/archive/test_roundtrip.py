@@ -63,7 +63,8 @@ def test_views_keep_aliasing_strides_and_offsets(tmp_path):
     back = roundtrip(tmp_path, [a, b, c, other]).args
     for x, y in zip([a, b, c, other], back):
         assert same_bits(x, y)
-    assert back[0].untyped_storage().data_ptr() == back[1].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
+    assert (back[0].untyped_storage().data_ptr() == back[1].untyped_storage().data_ptr()
+            == back[2].untyped_storage().data_ptr())
     assert back[3].untyped_storage().data_ptr() != back[0].untyped_storage().data_ptr()
     back[0][0, 0] = 1234.0  # writes through the shared storage, as it would have originally
     flat = torch.empty(0, dtype=torch.float32).set_(back[1].untyped_storage())
@@ -135,7 +136,8 @@ def test_graph_with_modules_attributes_and_device_constants(tmp_path):
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.seq = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.ReLU(), torch.nn.BatchNorm2d(3))
+            self.seq = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.ReLU(),
+                                           torch.nn.BatchNorm2d(3))
             self.register_buffer("offset", torch.tensor(0.5))
             self.weight = torch.nn.Parameter(torch.randn(3))
 
@@ -186,7 +188,8 @@ def test_pack_rejects_what_it_cannot_store(tmp_path):
 
 tensors = st.builds(
     lambda dtype, shape, seed, transpose, offset: _make(dtype, shape, seed, transpose, offset),
-    st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int64, torch.bool, torch.complex64, torch.uint16]),
+    st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int64, torch.bool,
+                     torch.complex64, torch.uint16]),
     st.lists(st.integers(0, 5), min_size=0, max_size=3),
     st.integers(0, 2**16),
     st.booleans(),
@@ -196,7 +199,8 @@ tensors = st.builds(
 
 def _make(dtype, shape, seed, transpose, offset):
     numel = math.prod(shape) + offset
-    raw = torch.randint(0, 256, (numel * dtype.itemsize,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    raw = torch.randint(0, 256, (numel * dtype.itemsize,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(seed))
     t = raw.view(dtype)[offset:].view(shape) if numel else torch.empty(shape, dtype=dtype)
     if transpose and t.dim() >= 2:
         t = t.transpose(0, 1)

@@ -27,7 +27,8 @@ def test_programs_have_the_planned_ops_and_one_relu():
 
 
 def test_forward_ops_and_table(tmp_path):
-    code = "class Repro:\n    def forward(self, a):\n        relu = torch.ops.aten.relu.default(a)\n        return (relu,)\n"
+    code = ("class Repro:\n    def forward(self, a):\n"
+            "        relu = torch.ops.aten.relu.default(a)\n        return (relu,)\n")
     assert bench._forward_ops(code) == ["relu"]
     row = {"row": "compile_error-10", "kind": "compile_error", "ops_before": 10, "minimum": 1, "dump_wall_s": 1,
            "load_before": [3.0, 3, 3], "load_after": [4.0, 4, 4], "cores": 2, "time": "t",

@@ -40,7 +40,8 @@ def test_help_lists_the_code_of_a_missing_input(command, tmp_path):
     result = invoke(command, *_missing_input_args(command, tmp_path))
     assert result.exit_code != 0, result.output
     listed = _codes(invoke(command, "--help").stdout)
-    assert result.exit_code in listed, f"`{command}` exits {result.exit_code} ({result.output.strip()}) but its --help lists {sorted(listed)}"
+    assert result.exit_code in listed, (f"`{command}` exits {result.exit_code} ({result.output.strip()}) "
+                                        f"but its --help lists {sorted(listed)}")
 
 
 def test_every_code_a_command_lists_is_in_the_top_level_help_and_the_readme():

@@ -66,7 +66,8 @@ def test_every_accepted_operator_is_a_tensor_computation():
 
 KNOWN_EFFECTFUL = [
     torch.save, torch.load, torch.from_file, torch.manual_seed, torch.seed, torch.set_default_dtype,
-    torch.set_num_threads, torch.set_default_device, torch.compile, torch.jit.script, torch.use_deterministic_algorithms,
+    torch.set_num_threads, torch.set_default_device, torch.compile, torch.jit.script,
+    torch.use_deterministic_algorithms,
     torch.Tensor.register_hook, torch.Tensor.numpy, torch.Tensor.share_memory_, torch.Tensor.untyped_storage,
     torch.ops.aten.from_file.default, torch.ops.profiler._record_function_enter_new.default,
 ]

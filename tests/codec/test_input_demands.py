@@ -56,11 +56,12 @@ CASES = {
                        [TABLE, AbsentTensor((7,), torch.int64), torch.ones(7, 4)], 1, ROWS),
     "aten.index.Tensor": (lambda g, t, i: g.call_function(aten.index.Tensor, (t, [None, i])), [WIDE, IDX], 1, ROWS),
     "aten.nll_loss_forward": (lambda g, x, t: g.call_function(operator.getitem, (
-        g.call_function(aten.nll_loss_forward.default, (x, t, None, 1, -100)), 0)), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
+        g.call_function(aten.nll_loss_forward.default, (x, t, None, 1, -100)), 0)),
+        [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
     "F.cross_entropy": (_fn(F.cross_entropy, Ref(0), target=Ref(1)), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
     "gather of where(ne(t, -100), t, 0)": (lambda g, x, t: g.call_function(aten.gather.default, (x, 1, g.call_function(
-        aten.unsqueeze.default, (g.call_function(torch.where, (g.call_function(aten.ne.Scalar, (t, -100)), t,
-                                                                   0)), 1)))), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
+        aten.unsqueeze.default, (g.call_function(torch.where, (g.call_function(aten.ne.Scalar, (t, -100)), t, 0)),
+                                 1)))), [WIDE, AbsentTensor((6,), torch.int64)], 1, ROWS),
     "x[:, idx]": (lambda g, t, i: g.call_function(operator.getitem, (t, (slice(None), i))), [WIDE, IDX], 1, ROWS),
     "x[idx] through view": (lambda g, t, i: g.call_function(operator.getitem, (t, g.call_method("view", (i, -1)))),
                             [TABLE, IDX2], 1, ROWS),

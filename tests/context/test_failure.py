@@ -61,11 +61,11 @@ def test_an_archive_signed_before_diagnostics_still_matches(tmp_path):
 
 def test_inspect_and_run_show_the_compiler_errors(tmp_path):
     import torch
+    from click.testing import CliRunner
 
     import reproarchive
     from reproarchive.cli import main
     from reproarchive.context.failure import record_from_exception
-    from click.testing import CliRunner
 
     record = record_from_exception(_cpp_compile_error(tmp_path / "c", _UNDECLARED), "compile", backend="eager")
     gm = torch.fx.symbolic_trace(lambda x: x.sin())

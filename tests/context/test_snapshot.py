@@ -257,7 +257,8 @@ def test_environment_diff_highlights_torch_and_gpu_changes():
     def older_machine(plain):
         plain["torch"]["version"] = "2.0.0"
         plain["torch"]["git_version"] = "0" * 40
-        plain["cuda"] = {"available": True, "version": "12.4", "devices": [{"name": "NVIDIA H100", "capability": "9.0"}]}
+        plain["cuda"] = {"available": True, "version": "12.4",
+                         "devices": [{"name": "NVIDIA H100", "capability": "9.0"}]}
         plain["packages"]["numpy"] = "1.0.0"
 
     recorded = edited(system, older_machine)

@@ -36,7 +36,8 @@ def frame_bytes(chunks) -> bytes:
     return b"".join(bytes(c) for c in chunks)
 
 
-@pytest.mark.parametrize("n", [1, 1000, frames.RAW_BLOCK_BYTES, frames.RAW_BLOCK_BYTES + 1, 3 * frames.RAW_BLOCK_BYTES + 17])
+@pytest.mark.parametrize("n", [1, 1000, frames.RAW_BLOCK_BYTES, frames.RAW_BLOCK_BYTES + 1,
+                               3 * frames.RAW_BLOCK_BYTES + 17])
 def test_stored_frame_is_a_zstd_frame_of_exactly_its_data(n):
     data = incompressible(n)
     frame = frame_bytes(frames.stored_frame(memoryview(data)))
@@ -97,7 +98,8 @@ def test_encoder_stores_only_large_frames_that_barely_compress():
     enc = frames.FrameEncoder(level=1, min_saving=frames.MIN_SAVING)
     big = frames.PROBE_MIN_BYTES
     noise = memoryview(incompressible(big))
-    weights = memoryview(bytes((torch.randn(big // 4, generator=torch.Generator().manual_seed(0)) * 0.02).view(torch.uint8).tolist()))
+    weights = memoryview(bytes((torch.randn(big // 4, generator=torch.Generator().manual_seed(0)) * 0.02)
+                               .view(torch.uint8).tolist()))
     ramp = memoryview(bytes((torch.arange(big // 8, dtype=torch.int64) % 1000).view(torch.uint8).tolist()))
     stored = frame_bytes(frames.stored_frame(noise))
     assert frame_bytes(enc.encode(noise, probe=True)) == stored

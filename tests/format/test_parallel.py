@@ -66,7 +66,8 @@ def test_errors_reach_the_caller_and_an_error_cancels_what_is_queued():
         ("4:cpu,cpuacct:/docker/abc\n", {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "50000",
                                           "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000"}, 0.5),
         ("4:cpu,cpuacct:/docker/abc\n", {"cpu,cpuacct/cpu.cfs_quota_us": "200000",
-                                          "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 2.0),  # host path, container mount
+                                          "cpu,cpuacct/cpu.cfs_period_us": "100000"},
+                                          2.0),  # host path, container mount
         ("4:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
     ],
 )

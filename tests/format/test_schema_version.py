@@ -102,8 +102,10 @@ def test_each_released_version_has_golden_vectors():
 @pytest.mark.parametrize("edit, expected", [
     (lambda d: d["records"]["StorageRecord"]["fields"].pop("fill"), "major"),
     (lambda d: d["records"]["StorageRecord"]["fields"]["size"].update(type="str"), "major"),
-    (lambda d: d["records"]["StorageRecord"]["fields"].update(extra_req={"key": "x", "type": "int", "default": "required"}), "major"),
-    (lambda d: d["records"]["StorageRecord"]["fields"].update(note={"key": "note", "type": "str", "default": "null"}), "minor"),
+    (lambda d: d["records"]["StorageRecord"]["fields"].update(
+        extra_req={"key": "x", "type": "int", "default": "required"}), "major"),
+    (lambda d: d["records"]["StorageRecord"]["fields"].update(note={"key": "note", "type": "str", "default": "null"}),
+     "minor"),
     (lambda d: d["dtypes"].update(float2_new=[1, "float"]), "minor"),
     (lambda d: d["dtypes"].pop("float32"), "major"),
     (lambda d: None, "none"),

@@ -37,14 +37,14 @@ def test_quick_benchmark_covers_every_kind(rows):
 
 
 def test_reaches_the_known_minimum_with_the_same_failure(rows):
-    for case, oracle, ours, theirs in rows:
+    for case, oracle, ours, _theirs in rows:
         if oracle == "strict":
             assert ours.same_failure, case.name
             assert ours.ops_after == case.minimum, (case.name, ours.ops_after, case.minimum)
 
 
 def test_no_query_is_repeated_and_pytorch_side_runs(rows):
-    for case, oracle, ours, theirs in rows:
+    for case, _oracle, ours, theirs in rows:
         assert ours.repeats == 0, case.name
         assert theirs is not None and theirs.ops_after is not None, (case.name, theirs and theirs.note)
         assert ours.calls <= theirs.calls, case.name

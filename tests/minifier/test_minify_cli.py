@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.fx as fx
 from click.testing import CliRunner
+from torch._dynamo.exc import BackendCompilerFailed
 
 import reproarchive
 from reproarchive.cli import main
@@ -32,7 +33,7 @@ def captured(tmp_path_factory):
     d = tmp_path_factory.mktemp("cap")
     path = d / "repro.tar.zst"
     f = torch.compile(Net(), backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=path))
-    with pytest.raises(Exception):
+    with pytest.raises(BackendCompilerFailed):
         f(torch.randn(4, 8))
     assert path.exists()
     return path
@@ -120,7 +121,7 @@ def test_isolated_minify(tmp_path):
     gm = fx.GraphModule(torch.nn.Module(), g)
     path = tmp_path / "iso.tar.zst"
     f = torch.compile(gm, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=path))
-    with pytest.raises(Exception):
+    with pytest.raises(BackendCompilerFailed):
         f(torch.randn(3))
     out = tmp_path / "iso-min.tar.zst"
     report = ma.minify_archive(path, out, isolate=True)

@@ -89,7 +89,8 @@ def test_one_changed_key_is_the_one_difference(tmp_path):
     records = _records(edit)
     assert [r for r in differences(**records) if r["what"] == "config"] == []
     rows = differences(**records, config_applied=False)
-    assert [(r["name"], r["important"]) for r in rows if r["what"] == "config"] == [(f"torch._inductor.config.{KEY}", True)]
+    assert ([(r["name"], r["important"]) for r in rows if r["what"] == "config"]
+            == [(f"torch._inductor.config.{KEY}", True)])
 
 
 def test_a_module_named_by_the_archive_is_never_imported(tmp_path, monkeypatch):

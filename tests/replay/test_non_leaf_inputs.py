@@ -30,7 +30,8 @@ def fn(x, y):
 def capture_non_leaf(tmp_path, mutate=False):
     x = torch.randn(3, requires_grad=True) * 2  # non-leaf: the result of an autograd op
     y = torch.randn(3)
-    compiled = torch.compile(mutating if mutate else fn, backend=reproarchive.capture(BACKEND, path=tmp_path / "a.tar.zst"))
+    compiled = torch.compile(mutating if mutate else fn,
+                             backend=reproarchive.capture(BACKEND, path=tmp_path / "a.tar.zst"))
     with pytest.raises(Exception, match="TestingOnlyCompileError"):
         compiled(x, y)
     return tmp_path / "a.tar.zst"
@@ -73,7 +74,8 @@ def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path,
         return gm
 
     monkeypatch.setattr(runner, "resolve_backend", lambda name: recording)
-    runner.replay_graph(repro.gm, repro.args, ReplaySettings(backend="recording"), recorded_failure=repro.records.failure)
+    runner.replay_graph(repro.gm, repro.args, ReplaySettings(backend="recording"),
+                        recorded_failure=repro.records.failure)
     assert seen == [[(False, True, True), (True, False, False)]]
 
 

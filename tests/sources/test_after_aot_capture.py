@@ -84,7 +84,8 @@ def test_the_data_less_dump_packed_alone_says_its_failure_came_from_generated_da
     assert packed["failure"]["exception_type"].endswith("CppCompileError"), packed["failure"]
     assert packed["replay"]["failure_from"] == "replay on generated data"
     assert any("generated input(s)" in w for w in packed["warnings"])
-    assert reproarchive.inspect(packed["archive"]).to_plain()["source"]["replay"]["failure_from"] == "replay on generated data"
+    replay = reproarchive.inspect(packed["archive"]).to_plain()["source"]["replay"]
+    assert replay["failure_from"] == "replay on generated data"
 
 
 def test_export_reproduces_the_compile_error(captured, tmp_path):
@@ -93,6 +94,7 @@ def test_export_reproduces_the_compile_error(captured, tmp_path):
     assert result.exit_code == 0, result.output
     script = tmp_path / "out" / "repro.py"
     assert "GENERATED" not in script.read_text()  # every input is the program's own data
-    done = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True, check=False,
+    done = subprocess.run([sys.executable, "-I", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          check=False,
                           timeout=600)
     assert done.returncode != 0 and "CppCompileError" in done.stdout + done.stderr, done.stderr[-2000:]

@@ -13,6 +13,7 @@ import torch
 import torch._dynamo
 import torch._inductor.config as inductor_config
 from torch._dynamo.debug_utils import AccuracyError
+from torch._dynamo.exc import BackendCompilerFailed
 
 import reproarchive
 from reproarchive.format.schema import CaptureSource
@@ -254,21 +255,21 @@ def test_check_run_does_not_disturb_the_rng_stream(tmp_path):
 def test_file_target_and_default_directory(tmp_path, monkeypatch):
     target = tmp_path / "sub" / "mine.tar.zst"
     x, y = inputs()
-    with pytest.raises(Exception):
+    with pytest.raises(BackendCompilerFailed):
         torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY", path=target))(x, y)
     assert target.is_file()
     assert reproarchive.load(target).records.failure.stage == "compile"
 
     torch._dynamo.reset()
     monkeypatch.setenv("REPROARCHIVE_DIR", str(tmp_path / "from_env"))
-    with pytest.raises(Exception):
+    with pytest.raises(BackendCompilerFailed):
         torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY"))(x, y)
     assert len(list((tmp_path / "from_env").glob("repro-*.tar.zst"))) == 1
 
     torch._dynamo.reset()
     monkeypatch.delenv("REPROARCHIVE_DIR")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(Exception):
+    with pytest.raises(BackendCompilerFailed):
         torch.compile(plain_fn, backend=reproarchive.capture("relu_compile_error_TESTING_ONLY"))(x, y)
     assert len(list((tmp_path / "reproarchives").glob("repro-*.tar.zst"))) == 1
 

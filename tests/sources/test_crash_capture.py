@@ -78,7 +78,8 @@ def _only_archive(folder: Path) -> Path:
 
 
 def test_backend_leaves_a_verifying_archive_when_the_kernel_aborts(tmp_path):
-    prog = _ABORTING + "print(torch.compile(f, backend=__import__('reproarchive').capture('inductor', path=sys.argv[1]))(x))\n"
+    prog = _ABORTING + ("print(torch.compile(f, backend=__import__('reproarchive')"
+                        ".capture('inductor', path=sys.argv[1]))(x))\n")
     done = _run(tmp_path / "job", prog, str(tmp_path / "archives"))
     assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
     archive = _only_archive(tmp_path / "archives")
@@ -132,7 +133,8 @@ def test_run_reports_the_crashing_threads_stack(tmp_path, monkeypatch):
 
 
 def test_backend_archive_of_a_segfaulting_custom_op(tmp_path):
-    prog = _SEGFAULTING + "print(torch.compile(f, backend=__import__('reproarchive').capture('aot_eager', path=sys.argv[1]))(x))\n"
+    prog = _SEGFAULTING + ("print(torch.compile(f, backend=__import__('reproarchive')"
+                           ".capture('aot_eager', path=sys.argv[1]))(x))\n")
     done = _run(tmp_path / "job", prog, str(tmp_path / "archives"))
     assert done.returncode == -signal.SIGSEGV, done.stderr[-2000:]
     archive = _only_archive(tmp_path / "archives")

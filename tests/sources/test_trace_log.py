@@ -140,7 +140,8 @@ def test_a_log_from_an_older_torch(trace_jobs, tmp_path):
         env = {k: v for k, v in env.items() if k != "attempt"}
         if kind == "compilation_metrics":
             env["compilation_metrics"] = {k: v for k, v in env["compilation_metrics"].items()
-                                          if not k.endswith("_config") and k not in ("python_version", "pytorch_version")}
+                                          if not k.endswith("_config")
+                                          and k not in ("python_version", "pytorch_version")}
         if kind == "dynamo_output_graph":
             payload = [p.replace("][4, 1]cpu", "]").replace("][8, 2]cpu", "]").replace("][1]cpu", "]")
                        .replace("][2, 1]cpu", "]").replace("][]cpu", "]").replace("][3, 1]cpu", "]") for p in payload]

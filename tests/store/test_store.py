@@ -43,7 +43,8 @@ def test_push_then_pull_rebuilds_the_same_bytes(any_store, archives, tmp_path):
 
     # the layout of spec §11
     store = Store(any_store)
-    assert json.loads(store.read_small("reproarchive-store", 4096)) == {"format": "reproarchive-store", "version": "1.0"}
+    marker = json.loads(store.read_small("reproarchive-store", 4096))
+    assert marker == {"format": "reproarchive-store", "version": "1.0"}
     assert keys(any_store, "refs") == sorted([f"refs/{first.name}", f"refs/{second.name}"])
     assert keys(any_store, "archives/sha256") == sorted(objects.archive_key(d) for d in (first.digest, second.digest))
     blobs = keys(any_store, "blobs/sha256")
@@ -52,7 +53,8 @@ def test_push_then_pull_rebuilds_the_same_bytes(any_store, archives, tmp_path):
     import zstandard
 
     for key in blobs:
-        data = zstandard.ZstdDecompressor().stream_reader(store.read_range(key, 0, 1 << 30), read_across_frames=True).read()
+        data = zstandard.ZstdDecompressor().stream_reader(store.read_range(key, 0, 1 << 30),
+                                                          read_across_frames=True).read()
         assert hashlib.sha256(data).hexdigest() == key.rsplit("/", 1)[1]
 
 

@@ -75,7 +75,8 @@ def test_the_capture_backend_pushes_every_failure_it_archives(tmp_path, monkeypa
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     torch._dynamo.reset()
-    failing = reproarchive.capture("relu_compile_error_TESTING_ONLY", path=tmp_path / "more", store=str(blocker / "store"))
+    failing = reproarchive.capture("relu_compile_error_TESTING_ONLY", path=tmp_path / "more",
+                                   store=str(blocker / "store"))
     with caplog.at_level(logging.WARNING, logger="reproarchive.capture"):
         with pytest.raises(Exception, match="archive written to"):
             torch.compile(lambda x: torch.relu(x) * 2, backend=failing)(torch.randn(4))

@@ -47,7 +47,8 @@ class TestFileStore(StoreTests):
 
     def side_get(self, store, key):
         path: Path = self.root / key
-        leftovers = [p.name for p in path.parent.glob(f"*{path.name}*") if p.name != path.name] if path.parent.is_dir() else []
+        leftovers = ([p.name for p in path.parent.glob(f"*{path.name}*") if p.name != path.name]
+                     if path.parent.is_dir() else [])
         assert not leftovers, f"temporary files left behind: {leftovers}"
         return path.read_bytes() if path.is_file() else None
 

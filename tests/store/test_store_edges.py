@@ -33,7 +33,8 @@ def test_each_digest_is_labelled_and_a_reference_takes_either(tmp_path, archives
     index = json.loads(invoke("inspect", a, "--json").stdout)["index_digest"]
     assert first["index_digest"] == index != first["file_digest"]
     rows = [r for g in json.loads(invoke("ls", store, "--json").stdout)["groups"] for r in g["archives"]]
-    assert {(r["file_digest"], r["index_digest"]) for r in rows} == {(p["file_digest"], p["index_digest"]) for p in pushed}
+    assert ({(r["file_digest"], r["index_digest"]) for r in rows}
+            == {(p["file_digest"], p["index_digest"]) for p in pushed})
 
     # what people read: each printed digest says which one it is
     assert f"index {index[:19]}..." in invoke("inspect", a).stdout
@@ -90,7 +91,8 @@ def test_missing_credentials_name_the_variables(s3_endpoint, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_ENDPOINT_URL=s3_endpoint, AWS_EC2_METADATA_DISABLED="true",
                AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"))
-    result = subprocess.run([str(Path(sys.executable).parent / "reproarchive"), "ls", "s3://no-credentials/repros"], check=False, env=env,
+    result = subprocess.run([str(Path(sys.executable).parent / "reproarchive"), "ls", "s3://no-credentials/repros"],
+                            check=False, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 5, result.stderr
     assert "no usable credentials" in result.stderr
@@ -104,7 +106,8 @@ def test_pull_does_not_overwrite_another_file(tmp_path, archives):
     out = tmp_path / "out.tar.zst"
     out.write_bytes(Path(b).read_bytes())
     refused = invoke("pull", f"{store}/{name}", "-o", out, "--json")
-    assert refused.exit_code == 4 and "already exists and is not the archive" in refused.stderr and "--force" in refused.stderr
+    assert (refused.exit_code == 4 and "already exists and is not the archive" in refused.stderr
+            and "--force" in refused.stderr)
     assert out.read_bytes() == Path(b).read_bytes()
 
     assert invoke("pull", f"{store}/{name}", "-o", out, "--force").exit_code == 0

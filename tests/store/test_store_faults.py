@@ -209,7 +209,8 @@ def test_two_pushes_sharing_blobs_at_once(kind, request, tmp_path):
     assert errors == []
     assert len(Store(store).list("blobs/sha256")) == 3 + 4 * 2  # shared weights once, two own blobs each
     for path in paths:
-        out = reproarchive.pull(f"{store}/{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}", tmp_path / "o" / path.name)
+        out = reproarchive.pull(f"{store}/{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}",
+                                tmp_path / "o" / path.name)
         assert out.path.read_bytes() == path.read_bytes()
     assert reproarchive.list_store(store)["archives"] == 4
 
@@ -273,8 +274,10 @@ def _edits(pushed):
         "not msgpack": lambda plain: b"\xc1garbage",
         "wrong digest field": lambda plain: plain.update(digest="sha256:" + "b" * 64),
         "sizes do not add up": lambda plain: plain.update(size=plain["size"] + 1),
-        "key escapes the blobs": lambda plain: first_blob(plain).update(key=first_blob(plain)["blob"] + "/../../refs/x"),
-        "not a blob name": lambda plain: first_blob(plain).update(blob="blobs/md5/" + blob_hex, key="blobs/md5/" + blob_hex),
+        "key escapes the blobs": lambda plain: first_blob(plain).update(
+            key=first_blob(plain)["blob"] + "/../../refs/x"),
+        "not a blob name": lambda plain: first_blob(plain).update(
+            blob="blobs/md5/" + blob_hex, key="blobs/md5/" + blob_hex),
         "blob size lies": lambda plain: (first_blob(plain).update(size=first_blob(plain)["size"] + 7),
                                          plain.update(size=plain["size"] + 7)),
         "inline byte changed": lambda plain: segments(plain, lambda s: [bytes([s[0][0] ^ 1]) + s[0][1:], *s[1:]]),

@@ -88,7 +88,8 @@ def aot_grad_program(bug: str) -> str:
     """)
 
 
-def run_program(folder: Path, source: str, *, after: str, level: int, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_program(folder: Path, source: str, *, after: str, level: int,
+                timeout: float = 240) -> subprocess.CompletedProcess:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "prog.py").write_text(source)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHDYNAMO_REPRO", "TORCH_COMPILE_DEBUG"))}

@@ -144,7 +144,8 @@ def parse(data: bytes) -> Parsed:
             nframes = len(r.frames)
             table_start = len(data) - (nframes * 8 + 9) - 8
             return Parsed(
-                index=plain.to_plain(r.index), members=members, frames=list(r.frames), frame_offsets=list(r.frame_offsets),
+                index=plain.to_plain(r.index), members=members, frames=list(r.frames),
+                frame_offsets=list(r.frame_offsets),
                 footer_start=table_start - layout.FOOTER_FRAME_SIZE, table_start=table_start,
                 index_frame=r._index_frame, member_frames={m.name: (m.first_frame, m.frames) for m in ordered},
                 frame_size=r.frame_size,
@@ -204,7 +205,8 @@ def assemble(
             comp = _CCTX.compress(raw)
         out.write(comp)
         table.append((len(comp), len(raw)))
-    footer = FOOTER_STRUCT.pack(FOOTER_TAG, major, minor, reserved, index_frame, len(index_bytes), hashlib.sha256(index_bytes).digest())
+    footer = FOOTER_STRUCT.pack(FOOTER_TAG, major, minor, reserved, index_frame, len(index_bytes),
+                                hashlib.sha256(index_bytes).digest())
     out.write(_SKIP.pack(FOOTER_FRAME_MAGIC, FOOTER_STRUCT.size) + footer)
     seek = b"".join(SEEK_ENTRY.pack(c, d) for c, d in table) + SEEK_FOOTER.pack(len(table), 0, SEEKABLE_MAGIC)
     out.write(_SKIP.pack(SEEK_TABLE_MAGIC, len(seek)) + seek)
@@ -246,7 +248,7 @@ def byte_cases(valid: bytes, p: Parsed, *, all_offsets: bool = True) -> list[Cas
                           f"first {k} of {n} bytes"))
 
     regions: dict[str, list[int]] = {}
-    for i, (c, d) in enumerate(p.frames):
+    for i, (c, _d) in enumerate(p.frames):
         start = p.frame_offsets[i]
         owner = "structure"
         for name, (first, count) in p.member_frames.items():
@@ -289,7 +291,8 @@ def byte_cases(valid: bytes, p: Parsed, *, all_offsets: bool = True) -> list[Cas
         b[off : off + len(raw)] = raw
         return bytes(b)
 
-    cases.append(Case("magic_seekable", "magic", patch(n - 4, struct.pack("<I", 0x8F92EAB0)), ALL, ("NotAnArchiveError", "TruncatedArchiveError")))
+    cases.append(Case("magic_seekable", "magic", patch(n - 4, struct.pack("<I", 0x8F92EAB0)), ALL,
+                      ("NotAnArchiveError", "TruncatedArchiveError")))
     cases.append(Case("magic_seektable_frame", "magic", patch(p.table_start, struct.pack("<I", 0x184D2A5F)), ALL))
     cases.append(Case("magic_footer_frame", "magic", patch(p.footer_start, struct.pack("<I", 0x184D2A51)), ALL))
     cases.append(Case("magic_footer_tag", "magic", patch(p.footer_start + 8, b"REPROARX"), ALL))
@@ -297,8 +300,10 @@ def byte_cases(valid: bytes, p: Parsed, *, all_offsets: bool = True) -> list[Cas
     cases.append(Case("magic_index_frame", "magic", patch(p.frame_offsets[p.index_frame], b"\x29\xb5\x2f\xfd"), ALL))
     cases.append(Case("footer_reserved_nonzero", "footer", patch(p.footer_start + 8 + 12, struct.pack("<I", 1)), ALL,
                       note="the reserved footer field of an archive of this minor must be zero"))
-    cases.append(Case("footer_index_frame_oob", "footer", patch(p.footer_start + 8 + 16, struct.pack("<Q", 1 << 40)), ALL))
-    cases.append(Case("footer_index_size_huge", "footer", patch(p.footer_start + 8 + 24, struct.pack("<Q", 1 << 40)), ALL))
+    cases.append(Case("footer_index_frame_oob", "footer", patch(p.footer_start + 8 + 16, struct.pack("<Q", 1 << 40)),
+                      ALL))
+    cases.append(Case("footer_index_size_huge", "footer", patch(p.footer_start + 8 + 24, struct.pack("<Q", 1 << 40)),
+                      ALL))
     cases.append(Case("seek_descriptor", "seektable", patch(n - 5, b"\x80"), ALL))
     cases.append(Case("seek_nframes_huge", "seektable", patch(n - 9, struct.pack("<I", 0xFFFFFFFF)), ALL,
                       ("LimitExceededError", "TruncatedArchiveError", "CorruptArchiveError")))
@@ -326,7 +331,8 @@ def container_cases(valid: bytes, p: Parsed) -> list[Case]:
         Case("random_100k", "notarchive", rng.randbytes(100_000), ALL, ("NotAnArchiveError",)),
         Case("text_file", "notarchive", b"#!/bin/sh\necho not an archive\n" * 10, ALL, ("NotAnArchiveError",)),
         Case("zeros_4k", "notarchive", b"\0" * 4096, ALL, ("NotAnArchiveError",)),
-        Case("zstd_of_text", "notarchive", zstandard.ZstdCompressor().compress(b"hello" * 100), ALL, ("NotAnArchiveError",)),
+        Case("zstd_of_text", "notarchive", zstandard.ZstdCompressor().compress(b"hello" * 100), ALL,
+             ("NotAnArchiveError",)),
         Case("zstd_of_archive", "notarchive", zstandard.ZstdCompressor().compress(valid), ALL, ("NotAnArchiveError",)),
         Case("seek_table_only", "notarchive", valid[p.table_start :], ALL),
         Case("footer_and_table_only", "notarchive", valid[p.footer_start :], ALL),
@@ -411,10 +417,12 @@ def tar_cases(valid: bytes, p: Parsed, workdir: Path, escape_root: Path) -> list
             entries.append((_info("graph.py", size=3), b"two"))
         raw = _tar_bytes(entries)
         plain_members.append((label, raw))
-        cases.append(Case(f"plaintar_{label}", "plaintar", zstandard.ZstdCompressor().compress(raw), ALL, ("NotAnArchiveError",)))
+        cases.append(Case(f"plaintar_{label}", "plaintar", zstandard.ZstdCompressor().compress(raw), ALL,
+                          ("NotAnArchiveError",)))
     # python tarfile + zstandard of the unpacked valid archive
     py_tar = _tar_bytes([(_info(n, size=len(d)), d) for n, d in p.members])
-    cases.append(Case("plaintar_python_zstd", "plaintar", zstandard.ZstdCompressor().compress(py_tar), ALL, ("NotAnArchiveError",)))
+    cases.append(Case("plaintar_python_zstd", "plaintar", zstandard.ZstdCompressor().compress(py_tar), ALL,
+                      ("NotAnArchiveError",)))
     # GNU tar --zstd
     if shutil.which("tar") and shutil.which("zstd"):
         src = workdir / "tar_src"
@@ -480,10 +488,12 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
             add(f"name_{label}", "names", rebuild(p, None, rename("graph.py", bad)), ALL, ("UnsafeArchiveError",))
         except (ValueError, UnicodeError):  # a name tarfile itself cannot encode
             pass
-    add("name_duplicate", "names", rebuild(p, None, lambda m: m + [("graph.py", b"second copy\n")]), ALL, ("UnsafeArchiveError",))
+    add("name_duplicate", "names", rebuild(p, None, lambda m: m + [("graph.py", b"second copy\n")]), ALL,
+        ("UnsafeArchiveError",))
     add("name_index_member", "names", rebuild(p, None, lambda m: m + [(INDEX_MEMBER, b"{}")]), ALL)
     add("name_layout_not_first", "names", rebuild(p, None, lambda m: m[1:] + m[:1]), ALL)
-    add("name_bad_blob", "names", rebuild(p, None, lambda m: m + [("blobs/sha256/xyz", b"x")]), ALL, ("IndexSchemaError",))
+    add("name_bad_blob", "names", rebuild(p, None, lambda m: m + [("blobs/sha256/xyz", b"x")]), ALL,
+        ("IndexSchemaError",))
 
     # container section lies
     def members_edit(fn):
@@ -502,10 +512,12 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     def lie_frames(ms):
         ms[-1]["frames"] = 1 << 40
     add("members_frames_huge", "counts", rebuild(p, members_edit(lie_frames), set_members=False), ALL)
-    add("members_not_list", "counts", rebuild(p, lambda i: i["container"].update(members={"a": 1}), set_members=False), ALL)
+    add("members_not_list", "counts", rebuild(p, lambda i: i["container"].update(members={"a": 1}), set_members=False),
+        ALL)
     add("members_empty", "counts", rebuild(p, lambda i: i["container"].update(members=[]), set_members=False), ALL)
     add("frame_size_zero", "counts", rebuild(p, lambda i: i["container"].update(frame_size=0), set_members=False), ALL)
-    add("frame_size_huge", "counts", rebuild(p, lambda i: i["container"].update(frame_size=1 << 40), set_members=False), ALL)
+    add("frame_size_huge", "counts", rebuild(p, lambda i: i["container"].update(frame_size=1 << 40), set_members=False),
+        ALL)
     many = [(f"extra/m{i:05d}", b"") for i in range(300)]
     add("members_over_limit", "counts", rebuild(p, None, lambda m: m + many), ALL, ("LimitExceededError",),
         limits={"max_members": 64}, note="300 members against a member limit of 64")
@@ -531,8 +543,10 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("storage_negative_size", "records", rebuild(p, storage_edit(size=-1)), ALL)
     add("storage_absent_huge", "records", rebuild(p, storage_edit(size=1 << 60, digest=None, fidelity="absent")), ALL,
         heavy=True, note="an absent storage declaring 2**60 bytes: load must refuse before allocating")
-    add("storage_zero_fill_huge", "records", rebuild(p, storage_edit(size=1 << 50, digest=None, fill=0)), ALL, heavy=True)
-    add("storage_zero_fill_2tib", "records", rebuild(p, storage_edit(size=1 << 41, digest=None, fill=0)), frozenset({"load"}), heavy=True,
+    add("storage_zero_fill_huge", "records", rebuild(p, storage_edit(size=1 << 50, digest=None, fill=0)), ALL,
+        heavy=True)
+    add("storage_zero_fill_2tib", "records", rebuild(p, storage_edit(size=1 << 41, digest=None, fill=0)),
+        frozenset({"load"}), heavy=True,
         note="2 TiB of zeros: within the total-bytes cap, but no machine here can allocate it")
     add("storage_device_bogus", "records", rebuild(p, storage_edit(device="nonsense:99")), frozenset({"load"}))
     add("storage_device_not_str", "records", rebuild(p, storage_edit(device=7)), ALL)
@@ -543,7 +557,8 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("input_dtype_unknown", "records", rebuild(p, input_edit(dtype="float128")), ALL)
     add("input_dtype_quantized", "records", rebuild(p, input_edit(dtype="qint8")), ALL)
     add("input_view_past_storage", "records", rebuild(p, input_edit(shape=[100, 100])), ALL)
-    add("input_shape_overflow", "records", rebuild(p, input_edit(shape=[1 << 61, 1 << 61, 1 << 61], stride=[0, 0, 0])), ALL,
+    add("input_shape_overflow", "records", rebuild(p, input_edit(shape=[1 << 61, 1 << 61, 1 << 61], stride=[0, 0, 0])),
+        ALL,
         note="a broadcast view whose element count overflows int64")
     add("input_shape_rank_mismatch", "records", rebuild(p, input_edit(shape=[2, 4], stride=[1])), ALL)
     add("input_rank_huge", "records", rebuild(p, input_edit(shape=[1] * 100, stride=[1] * 100)), ALL)
@@ -552,7 +567,8 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("input_offset_huge", "records", rebuild(p, input_edit(offset=1 << 62)), ALL)
     add("input_stride_negative", "records", rebuild(p, input_edit(stride=[-4, 1])), ALL)
     add("input_requires_grad_int", "records", rebuild(p, input_edit(dtype="int32", requires_grad=True)), ALL)
-    add("input_kind_unknown", "records", rebuild(p, lambda i: i["inputs"].__setitem__(0, {"kind": "pickle", "value": "x"})), ALL)
+    add("input_kind_unknown", "records",
+        rebuild(p, lambda i: i["inputs"].__setitem__(0, {"kind": "pickle", "value": "x"})), ALL)
     add("input_int_is_str", "records", rebuild(p, lambda i: i["inputs"][1].update(value="3")), ALL)
     add("inputs_count_mismatch", "records", rebuild(p, lambda i: i["inputs"].append({"kind": "none"})), ALL)
 
@@ -571,7 +587,8 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("blob_digest_mismatch", "digest", rebuild(p, None, lambda m: _replace_member(m, blob, changed)), FULL,
         ("DigestMismatchError",), note="blob bytes do not hash to the blob's name (all frames intact)")
     empty_named = "blobs/sha256/" + "00" * 32
-    add("blob_empty_misnamed", "digest", rebuild(p, None, lambda m: m + [(empty_named, b"")]), FULL, ("DigestMismatchError",))
+    add("blob_empty_misnamed", "digest", rebuild(p, None, lambda m: m + [(empty_named, b"")]), FULL,
+        ("DigestMismatchError",))
 
     # the graph
     def graph_edit(fn):
@@ -619,9 +636,12 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
                           ("config_load_config", "torch._functorch.config.load_config")]:
         add(f"target_{label}", "targets", rebuild(p, graph_edit(set_call(target, ["true"]))), frozenset({"load"}),
             ("UnsafeArchiveError",))
-    add("method_system", "targets", rebuild(p, graph_edit(set_call("system", [node_x, "true"], op="call_method"))), ALL, ("UnsafeArchiveError",))
-    add("method_reduce_ex", "targets", rebuild(p, graph_edit(set_call("__reduce_ex__", [node_x, 2], op="call_method"))), ALL, ("UnsafeArchiveError",))
-    add("method_private", "targets", rebuild(p, graph_edit(set_call("_make_subclass", [node_x], op="call_method"))), ALL, ("UnsafeArchiveError",))
+    add("method_system", "targets", rebuild(p, graph_edit(set_call("system", [node_x, "true"], op="call_method"))), ALL,
+        ("UnsafeArchiveError",))
+    add("method_reduce_ex", "targets", rebuild(p, graph_edit(set_call("__reduce_ex__", [node_x, 2], op="call_method"))),
+        ALL, ("UnsafeArchiveError",))
+    add("method_private", "targets", rebuild(p, graph_edit(set_call("_make_subclass", [node_x], op="call_method"))),
+        ALL, ("UnsafeArchiveError",))
 
     def module_class(cls):
         def fn(g):
@@ -653,20 +673,32 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     def nodes_edit(fn):
         return graph_edit(lambda g: fn(g["nodes"]))
 
-    add("graph_undefined_node", "graph", rebuild(p, nodes_edit(lambda ns: ns[-1].update(args=[{"k": "node", "v": "nope"}]))), frozenset({"load"}))
-    add("graph_forward_reference", "graph", rebuild(p, nodes_edit(lambda ns: ns.insert(2, ns.pop(-2)))), frozenset({"load"}))
+    add("graph_undefined_node", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[-1].update(args=[{"k": "node", "v": "nope"}]))),
+        frozenset({"load"}))
+    add("graph_forward_reference", "graph", rebuild(p, nodes_edit(lambda ns: ns.insert(2, ns.pop(-2)))),
+        frozenset({"load"}))
     add("graph_duplicate_name", "graph", rebuild(p, nodes_edit(lambda ns: ns[3].update(name="x"))), frozenset({"load"}))
-    add("graph_two_outputs", "graph", rebuild(p, nodes_edit(lambda ns: ns.append(dict(ns[-1], name="output2")))), frozenset({"load"}))
+    add("graph_two_outputs", "graph", rebuild(p, nodes_edit(lambda ns: ns.append(dict(ns[-1], name="output2")))),
+        frozenset({"load"}))
     add("graph_no_output", "graph", rebuild(p, nodes_edit(lambda ns: ns.pop())), frozenset({"load"}))
     add("graph_bad_op", "graph", rebuild(p, nodes_edit(lambda ns: ns[3].update(op="call_pickle"))), frozenset({"load"}))
     add("graph_nodes_not_list", "graph", rebuild(p, graph_edit(lambda g: g.update(nodes={"a": 1}))), ALL)
     add("graph_missing", "graph", rebuild(p, lambda i: i.pop("graph")), ALL)
-    add("graph_arg_unknown_tag", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "pickle", "v": "x"}))), frozenset({"load"}))
-    add("graph_arg_bytes", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append(b"\x80\x04"))), frozenset({"load"}))
+    add("graph_arg_unknown_tag", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "pickle", "v": "x"}))),
+        frozenset({"load"}))
+    add("graph_arg_bytes", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append(b"\x80\x04"))),
+        frozenset({"load"}))
     add("graph_arg_unhashable_key", "graph",
-        rebuild(p, nodes_edit(lambda ns: ns[3]["kwargs"].update(d={"k": "dict", "v": [[[1, 2], 3]]}))), frozenset({"load"}))
-    add("graph_arg_bad_device", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "device", "v": "warp:9"}))), frozenset({"load"}))
-    add("graph_arg_dtype_unknown", "graph", rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "dtype", "v": "evil"}))), frozenset({"load"}))
+        rebuild(p, nodes_edit(lambda ns: ns[3]["kwargs"].update(d={"k": "dict", "v": [[[1, 2], 3]]}))),
+        frozenset({"load"}))
+    add("graph_arg_bad_device", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "device", "v": "warp:9"}))),
+        frozenset({"load"}))
+    add("graph_arg_dtype_unknown", "graph",
+        rebuild(p, nodes_edit(lambda ns: ns[3]["args"].append({"k": "dtype", "v": "evil"}))),
+        frozenset({"load"}))
 
     def deep_arg(ns):
         v: Any = 1
@@ -676,7 +708,8 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("graph_arg_deep", "graph", rebuild(p, nodes_edit(deep_arg)), frozenset({"load"}))
 
     def deep_graph(g):
-        sub: dict = {"nodes": [{"op": "output", "name": "output", "target": "output", "args": [None], "kwargs": {}}], "module_state": []}
+        sub: dict = {"nodes": [{"op": "output", "name": "output", "target": "output", "args": [None], "kwargs": {}}],
+                     "module_state": []}
         for _ in range(12):
             sub = {"nodes": list(sub["nodes"]), "module_state": [{"path": "sub", "kind": "graph", "graph": sub}]}
         g["module_state"].append({"path": "deep", "kind": "graph", "graph": sub})
@@ -694,7 +727,8 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     add("inject_kwarg_key", "codeexec", rebuild(p, nodes_edit(lambda ns: ns[3]["kwargs"].update({inj_kw: 1}))), ALL,
         ("UnsafeArchiveError", "IndexSchemaError"), markers=(str(marker_kw),))
     add("inject_node_name", "codeexec",
-        rebuild(p, nodes_edit(lambda ns: ns[3].update(name=f"y;__import__('os').system('touch {marker_nm}')"))), frozenset({"load"}),
+        rebuild(p, nodes_edit(lambda ns: ns[3].update(name=f"y;__import__('os').system('touch {marker_nm}')"))),
+        frozenset({"load"}),
         markers=(str(marker_nm),))
     return cases
 
@@ -731,10 +765,14 @@ def bomb_cases(valid: bytes, p: Parsed) -> list[Case]:
         return members + [(name, bomb_data)]
 
     def add_storage(index):
-        index["storages"].append({"size": declared, "device": "cpu", "fidelity": "real", "digest": "sha256:" + name[-64:], "fill": None})
-        index["inputs"].append({"kind": "tensor", "storage": len(index["storages"]) - 1, "dtype": "uint8", "shape": [declared],
-                                "stride": [1], "offset": 0, "requires_grad": False, "is_leaf": True, "dynamic": [], "name": "bomb"})
-        index["graph"]["nodes"].insert(2, {"op": "placeholder", "name": "bomb", "target": "bomb", "args": [], "kwargs": {}})
+        index["storages"].append({"size": declared, "device": "cpu", "fidelity": "real",
+                                  "digest": "sha256:" + name[-64:], "fill": None})
+        index["inputs"].append({"kind": "tensor", "storage": len(index["storages"]) - 1, "dtype": "uint8",
+                                "shape": [declared],
+                                "stride": [1], "offset": 0, "requires_grad": False, "is_leaf": True, "dynamic": [],
+                                "name": "bomb"})
+        index["graph"]["nodes"].insert(2, {"op": "placeholder", "name": "bomb", "target": "bomb", "args": [],
+                                           "kwargs": {}})
 
     probe = rebuild(p, add_storage, add_blob)
     pp = parse(probe)
@@ -782,13 +820,15 @@ def bomb_cases(valid: bytes, p: Parsed) -> list[Case]:
         "invalid_utf8": b"\x81\xa1k\xa2\xff\xfe",
     }
     for label, raw in bombs.items():
-        cases.append(Case(f"msgpack_{label}", "msgpack", raw_index(raw), ALL, ("IndexSchemaError", "LimitExceededError"),
+        cases.append(Case(f"msgpack_{label}", "msgpack", raw_index(raw), ALL,
+                          ("IndexSchemaError", "LimitExceededError"),
                           heavy=True))
     # many small containers: a few MB of msgpack that would decode to hundreds of MB
     amp = b"\xdd" + (2_000_000).to_bytes(4, "big") + b"\x90" * 2_000_000
     cases.append(Case("msgpack_amplification", "msgpack", raw_index(b"\x81\xa1k" + amp), ALL,
                       ("IndexSchemaError", "LimitExceededError"), heavy=True, limits={"max_index_memory": 32 << 20},
-                      note="2M empty lists: 2 MB of msgpack, ~150 MB of Python objects; the limit is lowered to 32 MiB"))
+                      note="2M empty lists: 2 MB of msgpack, ~150 MB of Python objects; "
+                           "the limit is lowered to 32 MiB"))
     return cases
 
 
@@ -869,7 +909,8 @@ def _fingerprint(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         t = value.detach()
         return [str(t.dtype), list(t.shape), list(t.stride()), t.storage_offset(),
-                hashlib.sha256(bytes(t.contiguous().view(torch.uint8).reshape(-1).clone().untyped_storage())).hexdigest() if t.numel() else ""]
+                hashlib.sha256(bytes(t.contiguous().view(torch.uint8).reshape(-1).clone().untyped_storage())).hexdigest()
+                if t.numel() else ""]
     if isinstance(value, (list, tuple)):
         return [_fingerprint(v) for v in value]
     return repr(value)

@@ -28,9 +28,9 @@ def wait_until_up(endpoint: str, timeout: float = 30.0) -> None:
         try:
             urllib.request.urlopen(endpoint + "/moto-api/", timeout=2).read()
             return
-        except Exception:
+        except Exception as err:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the moto server at {endpoint} did not start")
+                raise RuntimeError(f"the moto server at {endpoint} did not start") from err
             time.sleep(0.1)
 
 

@@ -63,7 +63,7 @@ def test_page_in_a_real_browser(tmp_path, nodes):
         page.screenshot(path=str(shot), full_page=False)
         assert shot.stat().st_size > 5000
     assert not log.errors, log.errors
-    assert all(u.startswith("file://") or u.startswith("data:") or u.startswith("blob:") for u in log.requests), log.requests
+    assert all(u.startswith(("file://", "data:", "blob:")) for u in log.requests), log.requests
 
 
 def test_view_shows_before_and_after_for_a_minified_archive(tmp_path):
@@ -73,7 +73,8 @@ def test_view_shows_before_and_after_for_a_minified_archive(tmp_path):
     relus = [n for n in repro.gm.graph.nodes if n.target is torch.ops.aten.relu.default]
     assert relus
     gm, inputs = reproarchive.minify(repro.gm, repro.args,
-                                     lambda gm, xs: any(n.target is torch.ops.aten.relu.default for n in gm.graph.nodes))
+                                     lambda gm,
+                                     xs: any(n.target is torch.ops.aten.relu.default for n in gm.graph.nodes))
     child = reproarchive.pack(gm, inputs, tmp_path / "child.tar.zst", backend="inductor", parent=repro.digest)
     out = reproarchive.view(child, tmp_path / "child.html")
     assert out["parent"] is not None and out["parent"].endswith("parent.tar.zst")
