@@ -1,9 +1,10 @@
 """The execution state a graph failed under travels with it (spec §8 ``execution``).
 
 Two backends registered here fail only in one thread state: under CPU autocast (at compile
-time), and under inference mode (at run time). A graph captured in that state must reproduce with ``run``; the same archive
-with its ``execution`` record stripped (rewritten through the typed ``Records`` and ``pack``)
-must not, and must say that the state was not recorded: the record is what makes it reproduce.
+time), and under inference mode (at run time). A graph captured in that state must reproduce
+with ``run``; the same archive with its ``execution`` record stripped (rewritten through the
+typed ``Records`` and ``pack``) must not, and must say that the state was not recorded: the
+record is what makes it reproduce.
 """
 
 from __future__ import annotations
