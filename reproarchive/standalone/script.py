@@ -45,6 +45,7 @@ from reproarchive.format.schema import (
     TensorValue,
     TorchInfo,
 )
+from reproarchive.replay.accuracy import DEFAULT_TOLERANCE
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.settings import ReplaySettings
 
@@ -303,7 +304,7 @@ class _Script:
         imports = "\n".join(f"import {m}" for m in sorted(self.imports - {"torch"}))
         recorded_backend = backend or "inductor"
         custom = is_custom(recorded_backend)
-        return _TEMPLATE.format(
+        return _template().format(
             header=header,
             env=env_lines or "# (no recorded environment variables to set)\n",
             imports=imports,
@@ -318,6 +319,7 @@ class _Script:
             source_kind=repr(source_kind),
             accuracy=repr(bool(accuracy)),
             backward=repr(bool(needs_backward)),
+            tolerance=repr(DEFAULT_TOLERANCE),
         ).lstrip()
 
 
@@ -447,218 +449,10 @@ def _header(archive_name, digest, system, failure, backend, source_kind, table) 
     return "\n".join(lines)
 
 
-_TEMPLATE = '''"""
-{header}
-"""
-import os
+def _template() -> str:
+    """The program ``repro.py`` is, with ``{name}`` slots (``str.format``: its own braces are
+    doubled). Shipped as package data, not a string in this module, so it reads as the program
+    it is."""
+    from importlib.resources import files
 
-# Recorded environment variables, set before torch is imported.
-{env}
-import argparse
-import copy
-import importlib
-import sys
-from pathlib import Path
-
-import torch
-{imports}
-
-HERE = Path(__file__).resolve().parent
-BACKEND = {backend}
-CUSTOM_BACKEND = {custom}  # a compiler function the archive names: imported only if you pass it
-SOURCE_KIND = {source_kind}
-ACCURACY = {accuracy}
-RUN_BACKWARD = {backward}
-
-
-def _set_config(mod, key, value):
-    """Apply one recorded setting; a setting this torch lacks is reported, not fatal."""
-    target = mod
-    *parents, leaf = key.split(".")
-    try:
-        for part in parents:
-            target = getattr(target, part)
-        getattr(target, leaf)
-    except AttributeError:
-        print(f"warning: this torch has no config setting {{mod.__name__}}.{{key}}", file=sys.stderr)
-        return
-    old = getattr(target, leaf)
-    if isinstance(old, tuple) and isinstance(value, list):
-        value = tuple(value)
-    elif isinstance(old, set) and isinstance(value, list):
-        value = set(value)
-    setattr(target, leaf, value)
-
-
-# Recorded torch config: the settings that differed from the defaults (those a replay applies).
-{config}
-
-DEVICE = None  # --device: run everything there instead of on the recorded devices
-
-
-def _device(name):
-    return torch.device(DEVICE or name)
-
-
-{graphs}
-
-
-def _install(root, path, graph):
-    """Put the subgraph ``graph`` at ``path`` as a GraphModule over the state loaded there."""
-    *parents, leaf = path.split(".")
-    owner = root
-    for part in parents:
-        if not hasattr(owner, part):
-            owner.add_module(part, torch.nn.Module())
-        owner = getattr(owner, part)
-    state = getattr(owner, leaf, None)
-    owner.add_module(leaf, torch.fx.GraphModule(state if state is not None else torch.nn.Module(), graph()))
-
-
-def build():
-    """The recorded module: its state, each subgraph (innermost first), then the graph."""
-    root = torch.nn.Module()
-    load_state(root)
-{installs}    return torch.fx.GraphModule(root, {root_graph}(), class_name="Repro")
-
-
-def _tensor(file, nbytes, dtype, shape, stride, offset, *, device, requires_grad, leaf):
-    """A tensor viewing the raw bytes in ``file`` (shared by every view of one storage)."""
-    device = DEVICE or device
-    storage = _STORAGES.get((file, device))
-    if storage is None:
-        data = bytearray((HERE / file).read_bytes()) if nbytes else bytearray()
-        if len(data) != nbytes:
-            sys.exit(f"{{file}}: expected {{nbytes}} bytes, found {{len(data)}}")
-        raw = torch.frombuffer(data, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
-        storage = raw.to(device).untyped_storage()
-        _STORAGES[(file, device)] = storage
-    t = torch.empty(0, dtype=dtype, device=device).set_(storage, offset, shape, stride)
-    if requires_grad:
-        t.requires_grad_(True)
-        if not leaf:
-            t = t.clone()
-    return t
-
-
-_STORAGES = {{}}
-
-
-def load_state(module):
-    state = [
-{state}
-    ]
-    for name, kind, requires_grad, tensor in state:
-        *parents, leaf = name.split(".")
-        owner = module
-        for part in parents:
-            if not hasattr(owner, part):
-                owner.add_module(part, torch.nn.Module())
-            owner = getattr(owner, part)
-        if kind == "parameter":
-            owner.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=requires_grad))
-        elif kind == "buffer":
-            owner.register_buffer(leaf, tensor)
-        else:
-            setattr(owner, leaf, tensor)
-
-
-def load_inputs():
-    args = [
-{inputs}
-    ]
-    return args
-
-
-def _backend(name):
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        fn = importlib.import_module(module)
-        for part in attr.split("."):
-            fn = getattr(fn, part)
-        return fn
-    return name
-
-
-def _run(fn, args, backward):
-    """One call (and backward). An after_aot graph runs with grad mode off, as AOTAutograd ran
-    it: with grad on, inductor's out= kernels refuse inputs that require grad."""
-    with torch.set_grad_enabled(SOURCE_KIND != "after_aot"):
-        out = fn(*args)
-    tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
-    grads = []
-    if backward and any(t.requires_grad for t in tensors):
-        loss = sum(t.sum() / max(t.numel(), 1) for t in tensors if t.requires_grad)
-        loss.backward()
-        grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    return list(out if isinstance(out, (list, tuple)) else [out]) + grads
-
-
-def _clone(args):
-    """Copies for one run. A recorded non-leaf stays a non-leaf that requires grad, as the
-    original run handed it to the backend (some backends treat the two differently; torch's
-    clone_inputs gives a leaf that does not); its gradient is retained."""
-    from torch._dynamo.utils import clone_inputs
-    out = clone_inputs(args)
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and not a.is_leaf and a.requires_grad:
-            out[i] = out[i].detach().requires_grad_(True).clone()
-            out[i].retain_grad()
-    return out
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", help="run every input on DEV instead of the recorded devices")
-    parser.add_argument("--backend", default=BACKEND, help="compiler backend (default: %(default)s)")
-    parser.add_argument("--accuracy", action=argparse.BooleanOptionalAction, default=ACCURACY,
-                        help="compare compiled against eager (PyTorch's rule, fp64 reference)")
-    parser.add_argument("--only-fwd", action="store_true", help="never run backward")
-    parser.add_argument("--dynamo", action="store_true",
-                        help="compile through torch.compile (re-traces with Dynamo) instead of calling the backend")
-    opts = parser.parse_args()
-    if opts.backend is None:
-        sys.exit(f"the archive was compiled with the custom compiler function {{CUSTOM_BACKEND}}; importing its "
-                 f"module would run its code. If you trust it, pass --backend {{CUSTOM_BACKEND}}")
-    global DEVICE
-    DEVICE = opts.device
-    args = load_inputs()
-    mod = build()  # the recorded graph, node for node: what the backend is handed
-    backward = RUN_BACKWARD and not opts.only_fwd
-    if opts.dynamo:
-        compiled = torch.compile(mod, backend=_backend(opts.backend))
-    elif SOURCE_KIND == "after_aot" and opts.backend == "inductor":
-        from torch._inductor.compile_fx import compile_fx_inner
-        from torch.fx.experimental.proxy_tensor import make_fx
-        inner = compile_fx_inner(make_fx(mod)(*_clone(args)), _clone(args))
-        compiled = lambda *a: inner(list(a))  # noqa: E731
-    else:
-        from torch._dynamo.backends.registry import lookup_backend
-        fn = _backend(opts.backend)
-        compiler = fn if callable(fn) else lookup_backend(fn)
-        inner_fn = compiler(copy.deepcopy(mod), _clone(args))
-        compiled = lambda *a: inner_fn(*a)  # noqa: E731
-    result = _run(compiled, _clone(args), backward)
-    if opts.accuracy:
-        from torch._dynamo.debug_utils import cast_to_fp64
-        from torch._dynamo.utils import same
-        ref = _run(copy.deepcopy(mod), _clone(args), backward)
-        try:
-            m64, a64 = cast_to_fp64(copy.deepcopy(mod), _clone(args))
-            a64 = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in a64]
-            fp64 = _run(m64, a64, backward)
-        except Exception as exc:
-            print(f"warning: no fp64 reference ({{type(exc).__name__}})", file=sys.stderr)
-            fp64 = None
-        if not same(ref, result, fp64, tol=1e-3, equal_nan=True):
-            for i, (r, c) in enumerate(zip(ref, result)):
-                if isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor) and r.shape == c.shape:
-                    err = (r.double() - c.double()).abs().max().item() if r.numel() else 0.0
-                    print(f"result {{i}}: max abs error {{err:.4g}}", file=sys.stderr)
-            raise AssertionError("accuracy failure: the compiled result differs from eager")
-    print("no failure: the graph compiled and ran" + (" and matched eager" if opts.accuracy else ""))
-
-
-if __name__ == "__main__":
-    main()
-'''
+    return files("reproarchive.standalone").joinpath("repro.py.template").read_text(encoding="utf-8")
