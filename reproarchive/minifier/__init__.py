@@ -3,7 +3,7 @@
     gm, inputs = reproarchive.minify(gm, example_inputs, fails, max_time=None)
 
 ``fails(gm, inputs) -> bool`` is True while a candidate still fails; make it strict (same stage,
-exception type and normalised message -- ``reproarchive.failure.same_failure``), or the search
+exception type and normalised message -- ``context.failure.same_failure``), or the search
 will happily drift to a different, smaller failure. The result was checked by ``fails`` and is
 never larger than the input.
 

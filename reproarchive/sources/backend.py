@@ -21,7 +21,7 @@ What it does for each graph Dynamo hands it:
    and, when an output requires grad, backward of a scalar loss (as PyTorch's
    ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips backward). An exception: stage ``forward`` or
    ``backward``. With ``accuracy=True`` the run is compared with eager and an fp64 reference
-   (``reproarchive.accuracy``, PyTorch's rule): stage ``accuracy``. The check runs at the
+   (``replay.accuracy``, PyTorch's rule): stage ``accuracy``. The check runs at the
    first call and not inside the backend because inside the backend Dynamo's compile context is
    still open and a backward would compile AOTAutograd's backward graph nested in it (which
    torch 2.13 rejects); at the first call the arguments are the real inputs, still untouched.

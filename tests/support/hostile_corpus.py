@@ -1,7 +1,7 @@
 """A corpus of malformed and malicious archives, built from one small valid archive.
 
 Importable (``generate(workdir, escape_root=...)`` returns ``Case`` objects with their bytes)
-and runnable (``python tests/hostile_corpus.py OUTDIR`` writes every case as a file plus a
+and runnable (``python tests/support/hostile_corpus.py OUTDIR`` writes every case as a file plus a
 ``MANIFEST.json`` saying what each one is and which operations must reject it).
 
 Byte-level cases (truncation, bit flips, trailing bytes, wrong magics) mutate the valid
