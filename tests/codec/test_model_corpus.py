@@ -1,6 +1,8 @@
 """Real model architectures are never refused (issue 30): every call target in every Dynamo
 graph of ``support.model_corpus`` is allowed by the effect rule, and every graph packs,
-verifies, loads bit-exact, replays (eager backend) and exports.
+verifies, loads bit-exact, replays (eager backend) and exports; and, with a compile failure
+planted on a target chosen from the graph itself (``support.planted_failure``), reproduces
+(``run`` exit 1) and minifies to that target, and the minified graph exports.
 
 The default suite runs ``model_corpus.SAMPLE`` (one model of each family, MobileNetV3 among
 them); the whole corpus (58 models) runs with ``REPROARCHIVE_CORPUS=1 pytest -m corpus
@@ -17,8 +19,8 @@ import torch
 
 import reproarchive
 from reproarchive.codec import effects
-from reproarchive.replay.outcome import PASSED
-from support import model_corpus
+from reproarchive.replay.outcome import PASSED, REPRODUCED
+from support import model_corpus, planted_failure
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -46,7 +48,32 @@ def _same_tensor(a, b) -> bool:
             and a.requires_grad == b.requires_grad and torch.equal(a.detach(), b.detach()))
 
 
-def check_model(name: str, tmp_path) -> None:
+# The planted failure needs one call of its target, and the minifier cuts every other node into
+# an input, so a minimal graph is that one call, plus the ``getitem`` a multi-output target
+# (``split``) needs or Python-number arithmetic the search does not cut into an input; the whole
+# corpus minifies to 1 op (73 graphs) or 2 (funnel's split+getitem, mul+add).
+MAX_MINIFIED_OPS = 3
+
+
+def check_planted_failure_minifies(gm, inputs, path, monkeypatch) -> None:
+    """Plant a compile failure on a target of ``gm``, then ``run`` reproduces it and ``minify``
+    keeps that target in a graph of at most MAX_MINIFIED_OPS ops, which reproduces and exports."""
+    planted = planted_failure.pack_planted(gm, inputs, path, monkeypatch)
+    backend = planted_failure.BACKEND
+    outcome = reproarchive.run(path, backend=backend, isolate=False)
+    assert (outcome.status, outcome.exit_code) == (REPRODUCED, 1), outcome.to_dict()
+    report = reproarchive.minify_archive(path, path.with_name(path.name.replace(".tar.zst", "-min.tar.zst")),
+                                         backend=backend)
+    kept = planted_failure.compute_keys(reproarchive.load(report.output).gm)
+    assert planted in kept and len(kept) <= MAX_MINIFIED_OPS, (planted, kept)
+    outcome = reproarchive.run(report.output, backend=backend, isolate=False)
+    assert (outcome.status, outcome.exit_code) == (REPRODUCED, 1), outcome.to_dict()
+    exported = path.with_name(path.name.replace(".tar.zst", "-min-export"))
+    reproarchive.export(report.output, exported)
+    assert (exported / "repro.py").is_file()
+
+
+def check_model(name: str, tmp_path, monkeypatch) -> None:
     if name in model_corpus.TRANSFORMERS:
         pytest.importorskip("transformers")
     with warnings.catch_warnings():
@@ -66,18 +93,21 @@ def check_model(name: str, tmp_path) -> None:
         assert outcome.status == PASSED and outcome.exit_code == 0, outcome.to_dict()
         written = reproarchive.export(path, tmp_path / f"{name}-{i}-export")
         assert (tmp_path / f"{name}-{i}-export" / "repro.py").is_file(), written
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_planted_failure_minifies(gm, inputs, tmp_path / f"{name}-{i}-planted.tar.zst", monkeypatch)
 
 
 @pytest.mark.parametrize("name", model_corpus.SAMPLE)
-def test_sample_model_graphs_are_allowed_and_go_through_the_whole_flow(name, tmp_path):
-    check_model(name, tmp_path)
+def test_sample_model_graphs_are_allowed_and_go_through_the_whole_flow(name, tmp_path, monkeypatch):
+    check_model(name, tmp_path, monkeypatch)
 
 
 @pytest.mark.corpus
 @pytest.mark.skipif(not FULL, reason="the whole model corpus: REPROARCHIVE_CORPUS=1 pytest -m corpus")
 @pytest.mark.parametrize("name", REST)
-def test_corpus_model_graphs_are_allowed_and_go_through_the_whole_flow(name, tmp_path):
-    check_model(name, tmp_path)
+def test_corpus_model_graphs_are_allowed_and_go_through_the_whole_flow(name, tmp_path, monkeypatch):
+    check_model(name, tmp_path, monkeypatch)
 
 
 def test_the_corpus_spans_the_families_and_at_least_fifty_models():
