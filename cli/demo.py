@@ -136,6 +136,7 @@ torch.compile(f, backend=reproarchive.capture("inductor", path=sys.argv[1]))(tor
 
 
 def _crash_demo(archive: Path, say: Callable[[str], None]) -> dict:
+    import os
     import signal
     import subprocess
     import sys
@@ -143,7 +144,15 @@ def _crash_demo(archive: Path, say: Callable[[str], None]) -> dict:
     import reproarchive
 
     archive.unlink(missing_ok=True)
-    done = subprocess.run([sys.executable, "-c", _CRASHING_PROGRAM, str(archive)], capture_output=True, text=True)
+    # The injected kernel throws inside its OpenMP loop; with one OpenMP thread that loop runs on
+    # the calling thread and the throw becomes a Python RuntimeError instead of an abort. Two
+    # threads (recorded with the archive's environment, so the replay gets them too) keep the
+    # crash a crash on a one-core machine or under OMP_NUM_THREADS=1.
+    env = dict(os.environ)
+    if not env.get("OMP_NUM_THREADS", "").isdigit() or int(env["OMP_NUM_THREADS"]) < 2:
+        env["OMP_NUM_THREADS"] = "2"
+    done = subprocess.run([sys.executable, "-c", _CRASHING_PROGRAM, str(archive)], capture_output=True, text=True,
+                          env=env)
     if done.returncode >= 0:
         raise _failed(f"the crashing program did not crash (exit {done.returncode})")
     say(f"   the program was killed by {signal.Signals(-done.returncode).name}; it left {archive} "
