@@ -16,6 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import reproarchive
 from reproarchive.context.failure import crash_report, same_failure
 from reproarchive.format.schema import FailureRecord
@@ -56,6 +58,17 @@ def f(a):
 
 x = torch.randn(8)
 """
+
+
+@pytest.fixture(autouse=True)
+def _two_openmp_threads(monkeypatch):
+    """Inductor's injected ``runtime_error`` throws inside the kernel's OpenMP loop: with one
+    OpenMP thread the loop runs on the calling thread and the throw becomes a Python
+    RuntimeError, not an abort. Every process these tests start (programs, dump and replay
+    children) gets at least two, as ``reproarchive demo`` gives its crash program."""
+    current = os.environ.get("OMP_NUM_THREADS", "")
+    if not current.isdigit() or int(current) < 2:
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
 
 
 def _run(folder: Path, source: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
