@@ -1,5 +1,5 @@
 """Write the worked example of spec/FORMAT.md §6: the index of the golden vector
-``basic-1.2.tar.zst``, decoded, as ``spec/example-index.json``.
+``basic-1.3.tar.zst``, decoded, as ``spec/example-index.json``.
 
     python spec/vectors/make_example.py
 
@@ -19,7 +19,7 @@ import msgpack
 import zstandard
 
 HERE = Path(__file__).resolve().parent
-VECTOR = HERE / "basic-1.2.tar.zst"
+VECTOR = HERE / "basic-1.3.tar.zst"
 TARGET = HERE.parent / "example-index.json"
 
 

@@ -3,7 +3,7 @@ exactly that rule and otherwise valid (frames, index digest, footer and seek tab
 
     python spec/vectors/make_invalid.py
 
-Every file starts from the golden vector ``basic-1.2.tar.zst`` and is re-assembled by the hostile
+Every file starts from the golden vector ``basic-1.3.tar.zst`` and is re-assembled by the hostile
 corpus' ``assemble`` (tests/support/hostile_corpus.py), so the defect under test is the only
 one. ``invalid/manifest.json`` maps each file to the rule id a reader MUST name and the error
 code it MUST raise (``verify``, which checks every rule); ``limits``, where given, are reader
@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assemb
 from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402 (needs the path above)
 
 OUT = HERE / "invalid"
-BASE = HERE / "basic-1.2.tar.zst"
+BASE = HERE / "basic-1.3.tar.zst"
 
 
 def _node(index: dict, name: str) -> dict:
