@@ -50,6 +50,7 @@ _EXPORTS = {
     "pull": "reproarchive.store.pull",
     "fetch": "reproarchive.store.pull",
     "list_store": "reproarchive.store.listing",
+    "check_store": "reproarchive.store.check",
     "is_store": "reproarchive.store.location",
     "is_store_reference": "reproarchive.store.location",
     # errors: every class has a stable ``code`` (ErrorCode); a refused archive names a spec ``Rule``
@@ -97,5 +98,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.references import doctor, inspect, load, run  # noqa: F401
     from reproarchive.replay.settings import ReplaySettings  # noqa: F401
     from reproarchive.sources.graph_pack import pack  # noqa: F401
+    from reproarchive.store.check import check_store  # noqa: F401
     from reproarchive.store.pull import fetch, pull  # noqa: F401
     from reproarchive.store.push import push  # noqa: F401

@@ -33,6 +33,7 @@ from reproarchive.minifier.driver import MinifyReport
 from reproarchive.replay.differences import DoctorReport
 from reproarchive.replay.outcome import Outcome
 from reproarchive.standalone.script import ExportReport
+from reproarchive.store.check import StoreCheck
 from reproarchive.triage.diff import DiffReport
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "spec" / "json" / "reports.schema.json"
@@ -104,6 +105,7 @@ DOCUMENTS: dict[str, tuple[type | str, ...]] = {
     "minify": (MinifyReport,),
     "export": (ExportReport,),
     "ls": ("StoreListing", "TraceListing"),
+    "fsck": (StoreCheck,),
 }
 
 _SCALARS = {str: _STRING, int: _INTEGER, bool: _BOOLEAN, float: {"type": "number"}}

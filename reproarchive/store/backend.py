@@ -13,6 +13,9 @@ Capability flags say what a backend can promise, and the layers above rely on no
   ``push`` then refuses before uploading anything);
 * ``supports_listing``: ``list`` works (without it a store is reached by names only:
   ``pull STORE/NAME`` works, ``ls`` and digest prefixes do not);
+* ``supports_delete``: ``delete`` works. Only damage records (``damaged/...``) are ever
+  deleted, once a push has replaced the blob they name; without it they stay, and cost the
+  next push of that blob one read;
 * ``atomic_create``: ``create`` is one atomic step (an S3 conditional PUT, a hard link in a
   folder), so two writers racing for one key cannot both win. Without it ``create`` is a
   lookup then a write, and two pushes that race with *different* frames for one blob may
@@ -57,6 +60,7 @@ class Store(abc.ABC):
     url: str
     supports_writes: bool = True
     supports_listing: bool = True
+    supports_delete: bool = False
     atomic_create: bool = False
     stream_bytes: int = STREAM_BYTES  # objects larger than this go through ``write_stream``'s streaming path
 
@@ -86,6 +90,11 @@ class Store(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """Keys directly under ``prefix`` (a folder of the layout), relative to the root; [] when
         there are none."""
+
+    # -- optional
+    def delete(self, key: str) -> None:
+        """Remove an object; a missing one is not an error. Only where ``supports_delete``."""
+        raise StoreError(f"{self.url} cannot delete objects", "leave the object; nothing depends on its removal")
 
     # -- defaults built on the core
     def refresh(self) -> None:  # noqa: B027 - a default: a store that caches nothing has nothing to forget

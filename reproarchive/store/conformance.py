@@ -46,7 +46,7 @@ class StoreTests(abc.ABC):
     # -- what it is
     def test_is_a_store(self, store):
         assert isinstance(store, Store)
-        for flag in ("supports_writes", "supports_listing", "atomic_create"):
+        for flag in ("supports_writes", "supports_listing", "supports_delete", "atomic_create"):
             assert isinstance(getattr(store, flag), bool), flag
         assert isinstance(store.url, str) and store.url
 
@@ -190,6 +190,16 @@ class StoreTests(abc.ABC):
                 assert self.side_get(store, "blobs/sha256/broken") is None
         store.refresh()
         assert store.size("blobs/sha256/broken") is None
+
+    def test_delete_removes_an_object_and_a_missing_one_is_no_error(self, store):
+        _writable(store)
+        if not store.supports_delete:
+            _skip("the store does not claim delete")
+        store.write("damaged/sha256/gone", b"record")
+        store.delete("damaged/sha256/gone")
+        store.refresh()
+        assert self.side_get(store, "damaged/sha256/gone") is None and store.size("damaged/sha256/gone") is None
+        store.delete("damaged/sha256/gone")
 
     # -- what push and pull need of it, together
     def test_concurrent_pushes_of_overlapping_archives_lose_nothing(self, store, tmp_path):

@@ -291,6 +291,16 @@ class FsspecStore(Store):
                 return self._lookup_then_write(key, data)
             return True
 
+    supports_delete = True
+
+    def delete(self, key: str) -> None:
+        self.check_writable()
+        with self._errors("deleting", key):
+            try:
+                self.fs.rm_file(self.path(key))
+            except FileNotFoundError:
+                pass
+
     def _lookup_then_write(self, key: str, data: bytes) -> bool:
         if self.size(key) is not None:
             return False

@@ -3,12 +3,13 @@ makes before it trusts one.
 
 A store holds three kinds of objects under its root:
 
-    reproarchive-store          marker: {"format": "reproarchive-store", "version": "1.0"} (JSON)
+    reproarchive-store          marker: {"format": "reproarchive-store", "version": "1.1"} (JSON)
     blobs/<alg>/<hex>           a blob member's zstd data frames, byte for byte as in the archive
     archives/sha256/<hex>       one per archive, named by the sha256 of the archive file: the
                                 bytes of the archive that are not blob data, and where the blob
                                 data goes (msgpack)
     refs/<name>                 a name for an archive (JSON), written last
+    damaged/<alg>/<hex>         (1.1) a check found that blob object damaged (JSON; spec §11.6)
 
 Everything read from a store is checked the way a reader checks an archive (spec §5): sizes
 are capped before anything is read, msgpack goes through the same bomb check as an index, and
@@ -22,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zstandard
@@ -31,12 +32,16 @@ from reproarchive.errors import CorruptStoreError, IndexSchemaError, LimitExceed
 from reproarchive.format import layout
 from reproarchive.format.index_codec import check_msgpack_shape
 
+if TYPE_CHECKING:
+    from reproarchive.store.backend import Store
+
 STORE_FORMAT = "reproarchive-store"
-STORE_MAJOR, STORE_MINOR = 1, 0
+STORE_MAJOR, STORE_MINOR = 1, 1
 STORE_VERSION = f"{STORE_MAJOR}.{STORE_MINOR}"
 MARKER_KEY = "reproarchive-store"
 ARCHIVE_OBJECT_FORMAT = "reproarchive-store-archive"
 REF_FORMAT = "reproarchive-store-ref"
+DAMAGE_FORMAT = "reproarchive-store-damage"
 
 MAX_MARKER_BYTES = 4 << 10
 MAX_REF_BYTES = 64 << 10
@@ -62,6 +67,36 @@ def ref_key(name: str) -> str:
 
 def variant_key(blob: str, sha256_hex: str) -> str:
     return f"{blob}.{sha256_hex[:16]}"
+
+
+def blob_of(key: str) -> str | None:
+    """The blob member a blob object key holds, or None when the key is not one of §11.1's."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != "blobs" or parts[1] != "sha256":
+        return None
+    name, _, variant = parts[2].partition(".")
+    if not SHA256_RE.match("sha256:" + name) or (variant and not _VARIANT_RE.match("." + variant)):
+        return None
+    return f"blobs/sha256/{name}"
+
+
+def damage_key(blob_key: str) -> str:
+    """``blobs/sha256/<hex>[.<16 hex>]`` -> ``damaged/sha256/<hex>[.<16 hex>]``."""
+    return "damaged/" + blob_key.removeprefix("blobs/")
+
+
+def damaged_keys(store: Store) -> set[str]:
+    """The blob objects a check recorded as damaged (their blob keys); empty when the store
+    cannot list. A record is only a reason to look again, never trusted to name good bytes."""
+    if not store.supports_listing:
+        return set()
+    found = set()
+    for alg in ("sha256",):
+        for key in store.list(f"damaged/{alg}"):
+            blob_key = "blobs/" + key.removeprefix("damaged/")
+            if blob_of(blob_key) is not None:
+                found.add(blob_key)
+    return found
 
 
 def check_name(name: object) -> str:
@@ -298,12 +333,18 @@ def decode_archive_object(digest: str, data: bytes) -> ArchiveObject:
 # blob objects
 
 
+def repair_hint(url: str) -> str:
+    """What repairs a damaged blob object: a push that reads back what it would reuse."""
+    return (f"the copy in the store is damaged or was replaced; `reproarchive push --repair GOOD_COPY {url}` replaces "
+            f"it from any good archive holding this blob (`reproarchive fsck {url}` finds others)")
+
+
 class BlobCheck:
     """Checks a blob object's frames as they stream by: the compressed bytes against the sha256
     and size the archive object records, and (``content=True``) the decompressed bytes against
     the digest in the blob's name and its member size."""
 
-    STORE_HINT = "the copy in the store is damaged or was replaced; push the archive again from a good copy"
+    STORE_HINT = repair_hint("STORE")
 
     def __init__(self, segment: BlobSegment, member_size: int | None = None, *, content: bool = False,
                  stored: bool = True, hint: str = STORE_HINT):

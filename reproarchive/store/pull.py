@@ -188,7 +188,8 @@ def rebuild(store: Store, archive: ArchiveObject, out: Path, *, jobs: int = DEFA
             if actual != archive.digest:
                 raise CorruptStoreError(
                     f"the archive rebuilt from {store.url} hashes to {actual[:19]}..., not {archive.digest[:19]}...",
-                    "the store's archive object is damaged or hostile; push the archive again from a good copy")
+                    "the store's archive object is damaged or hostile; `reproarchive push --repair GOOD_COPY "
+                    f"{store.url}` writes it again from a good copy")
             os.fsync(fd)
         verify_bytes(tmp, progress=progress)  # every frame and every blob against its name, as for any archive
     return downloaded
@@ -211,7 +212,7 @@ def _download_blobs(store: Store, archive: ArchiveObject, offsets: list[int], fd
     done = [0]
 
     def one(seg: BlobSegment, offset: int) -> None:
-        check = BlobCheck(seg)
+        check = BlobCheck(seg, hint=objects.repair_hint(store.url))
         pos = offset
         for chunk in store.iter_object(seg.key, seg.size):
             check.update(chunk)  # never writes past the segment: a longer object fails here

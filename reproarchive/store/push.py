@@ -46,6 +46,7 @@ class PushResult:
     uploaded_bytes: int  # everything written: blobs, archive object, ref
     replaced: str | None  # the digest the name pointed to before, when it moved
     index_digest: str | None = None  # what inspect/verify/diff print; ``digest`` is the file's
+    repaired_blobs: tuple[str, ...] = ()  # blob objects found damaged in the store and replaced by ours
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "archive": str(self.archive), "file_digest": self.digest}
@@ -64,11 +65,15 @@ def default_name(path: str | os.PathLike, digest: str) -> str:
 
 
 def push(archives, store: str | os.PathLike, *, name: str | None = None, jobs: int = DEFAULT_JOBS,
-         progress: ProgressFn | None = None, storage_options: dict | None = None) -> list[PushResult]:
+         progress: ProgressFn | None = None, storage_options: dict | None = None,
+         repair: bool = False) -> list[PushResult]:
     """Push each archive (a path or a list of paths) to ``store``; see the module docstring.
 
-    ``name`` names a single archive (default: ``default_name``). Raises ``StoreError`` when the
-    store fails, an ``ArchiveError`` when an archive is damaged (nothing of it is named then).
+    ``name`` names a single archive (default: ``default_name``). A blob the store already holds
+    with the right size is reused unread, unless a check recorded it damaged (``fsck``) or
+    ``repair`` asks to read back every such blob: then one whose frames differ from ours is
+    replaced by ours (checked against its name first). Raises ``StoreError`` when the store
+    fails, an ``ArchiveError`` when an archive is damaged (nothing of it is named then).
     """
     paths = [archives] if isinstance(archives, (str, os.PathLike)) else list(archives)
     if name is not None and len(paths) != 1:
@@ -79,7 +84,7 @@ def push(archives, store: str | os.PathLike, *, name: str | None = None, jobs: i
     target.check_writable()
     target.refresh()
     _ensure_marker(target)
-    return [_push_one(Path(p), target, name, jobs, progress) for p in paths]
+    return [_push_one(Path(p), target, name, jobs, progress, repair) for p in paths]
 
 
 def _ensure_marker(store: Store) -> None:
@@ -93,7 +98,8 @@ def _ensure_marker(store: Store) -> None:
         objects.check_marker(store.read_small(objects.MARKER_KEY, objects.MAX_MARKER_BYTES), store.url)
 
 
-def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: ProgressFn | None) -> PushResult:
+def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: ProgressFn | None,
+              repair: bool) -> PushResult:
     with ContainerReader(path) as reader, open(path, "rb", buffering=0) as raw:
         read = _reader_of(raw, path)
         blob_members = sorted((m for n, m in reader.members.items() if layout.is_blob_name(n) and m.frames),
@@ -134,6 +140,9 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             cursor = m.offset + m.compressed
         segments.append(read(cursor, reader.file_size - cursor))
 
+        repaired = _repair_blobs(reader, read, store, segments, found, blob_sha, repair, jobs, progress, path)
+        uploaded += sum(s.size for s in repaired)
+
         # A key holding other frames of the same blob (another level, frame size or zstd) gets
         # our frames under a variant key (spec §11.2).
         conflicts = [s for s in segments if isinstance(s, BlobSegment) and found[s.key] not in (None, s.size)]
@@ -148,7 +157,8 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
         archive = ArchiveObject(digest, reader.file_size, reader.index_digest, tuple(segments))
         data = archive.to_bytes()
         key = objects.archive_key(digest)
-        if store.size(key) != len(data):
+        there = store.size(key)
+        if there != len(data) or (repair and store.read_small(key, objects.MAX_ARCHIVE_OBJECT_BYTES) != data):
             store.write(key, data)
             uploaded += len(data)
 
@@ -167,7 +177,8 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
         store.write(objects.ref_key(ref_name), ref_bytes)
         uploaded += len(ref_bytes)
         return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing),
-                          uploaded, previous if previous not in (None, digest) else None, reader.index_digest)
+                          uploaded, previous if previous not in (None, digest) else None, reader.index_digest,
+                          tuple(s.key for s in repaired))
 
 
 def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str, str]]:
@@ -193,11 +204,38 @@ def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str,
     return "sha256:" + whole.hexdigest(), out
 
 
+def _repair_blobs(reader: ContainerReader, read, store: Store, segments: list, found: dict, blob_sha: dict,
+                  repair: bool, jobs: int, progress, path: Path) -> list[BlobSegment]:
+    """Replace the blob objects the store holds with the right size but the wrong frames: those
+    a check recorded as damaged, or (``repair``) every one this archive would reuse. Read back
+    only those; everything else stays trusted by size, which is what keeps pushes cheap."""
+    marked = objects.damaged_keys(store)
+    suspects = [s for s in segments if isinstance(s, BlobSegment) and found.get(s.key) == s.size
+                and (repair or s.key in marked)]
+    bad: list[BlobSegment] = []
+    lock = threading.Lock()
+
+    def look(seg: BlobSegment) -> None:
+        if not _same_frames(store, seg, blob_sha[seg.blob]):
+            with lock:
+                bad.append(dataclasses.replace(seg, sha256=blob_sha[seg.blob]))
+
+    run_all(look, suspects, jobs=jobs, name="reproarchive-recheck")
+    _upload_blobs(reader, read, store, bad, jobs, progress, path, exclusive=False)
+    if store.supports_delete:
+        for seg in suspects:
+            if seg.key in marked:
+                store.delete(objects.damage_key(seg.key))  # replaced, or found good again: the record is done
+    return sorted(bad, key=lambda s: s.key)
+
+
 def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[BlobSegment], jobs: int, progress,
-                  path: Path, stop: threading.Event | None = None) -> tuple[int, list[BlobSegment]]:
+                  path: Path, stop: threading.Event | None = None, *,
+                  exclusive: bool = True) -> tuple[int, list[BlobSegment]]:
     """Upload the missing blob objects in parallel, each checked against its name first and
-    created only if the key is still free. Returns the bytes sent and the blobs whose key
-    another writer took in the meantime (nothing of ours is written there)."""
+    created only if the key is still free (``exclusive``; a repair replaces what is there).
+    Returns the bytes sent and the blobs whose key another writer took in the meantime
+    (nothing of ours is written there)."""
     if not missing:
         return 0, []
     raced: list[BlobSegment] = []
@@ -227,7 +265,7 @@ def _upload_blobs(reader: ContainerReader, read, store: Store, missing: list[Blo
                     raise _Stopped()
                 yield read(pos, min(CHUNK_BYTES, member.offset + seg.size - pos))
 
-        if not store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance, exclusive=True):
+        if not store.write_stream(seg.key, seg.size, chunks(), on_chunk=advance, exclusive=exclusive):
             with lock:
                 raced.append(seg)
 

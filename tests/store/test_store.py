@@ -44,7 +44,7 @@ def test_push_then_pull_rebuilds_the_same_bytes(any_store, archives, tmp_path):
     # the layout of spec §11
     store = Store(any_store)
     marker = json.loads(store.read_small("reproarchive-store", 4096))
-    assert marker == {"format": "reproarchive-store", "version": "1.0"}
+    assert marker == {"format": "reproarchive-store", "version": "1.1"}
     assert keys(any_store, "refs") == sorted([f"refs/{first.name}", f"refs/{second.name}"])
     assert keys(any_store, "archives/sha256") == sorted(objects.archive_key(d) for d in (first.digest, second.digest))
     blobs = keys(any_store, "blobs/sha256")
