@@ -142,6 +142,26 @@ def dynamic_dims(node: fx.Node) -> list[tuple[int, str]]:
             if not isinstance(s, int) and not str(s).lstrip("-").isdigit()]
 
 
+_MODULE_ROOT = re.compile(r"""^[A-Za-z_]\w*\[(['"])[^'"]*\1\]""")  # L['self'], G['model']
+_MODULE_INDEX = re.compile(r"""\[(['"]?)(\w+)\1\]""")  # [0], ['name']
+_MODULE_PATH = re.compile(r"^\w+(\.\w+)*$")
+
+
+def module_path(stack: Any) -> str | None:
+    """The dotted path of the innermost module a node was traced in (``layers.0.attn``), from
+    Dynamo's ``nn_module_stack``; what ``view`` groups a graph by. None at the root, or when
+    the path is not plain attribute names and indices."""
+    if not isinstance(stack, dict) or not stack:
+        return None
+    last = list(stack.values())[-1]
+    path = last[0] if isinstance(last, tuple) and last else last
+    if not isinstance(path, str):
+        return None
+    path = _MODULE_INDEX.sub(lambda m: "." + m.group(2), _MODULE_ROOT.sub("", path.strip()))
+    path = path.replace("._modules.", ".").strip(".")
+    return path if path and len(path) <= 300 and _MODULE_PATH.match(path) else None
+
+
 def readable_code(gm: fx.GraphModule) -> str:
     """The graph as annotated Python for people; source-file comments are dropped because
     they carry absolute paths of the packing machine."""
@@ -160,10 +180,14 @@ def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0) -> Gra
     for node in gm.graph.nodes:
         target = targets.qualified_name(node.target) if node.op == "call_function" else str(node.target)
         summary = _summary(node_value(node))
+        meta = {} if summary is None else {"val": summary}
+        module = module_path(node.meta.get("nn_module_stack"))
+        if module:
+            meta["module"] = module
         nodes.append(NodeRecord(
             op=node.op, name=node.name, target=target, args=tuple(encode_arg(a) for a in node.args),
             kwargs={str(k): encode_arg(v) for k, v in node.kwargs.items()},
-            meta=None if summary is None else {"val": summary},
+            meta=meta or None,
         ))
         if node.op == "get_attr":
             _encode_attribute(gm, node.target, table, state, depth)

@@ -33,7 +33,7 @@ from reproarchive.format.index_rules import iter_arg_refs
 from reproarchive.format.plain import to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index
-from reproarchive.triage import graph_layout
+from reproarchive.triage import graph_folding, graph_layout
 
 #: Ops per page of a large graph; a graph with at most ``SINGLE_PAGE_NODES`` nodes is one page.
 PAGE_OPS = 200
@@ -302,34 +302,50 @@ def _input_text(row: InputRow) -> str:
     return f"{row.kind} {'' if row.value is None else row.value}".strip()
 
 
-def _pages(graph: GraphRecord, inputs_of: list[list[int]]) -> list[list[int]]:
-    """Node indices per page. Ops are cut in graph order, PAGE_OPS a page; an input or
-    attribute goes on the page of its first user, the output on the last page."""
+def _pages(graph: GraphRecord, inputs_of: list[list[int]], folding: graph_folding.Folding) -> list[list[int]]:
+    """Node indices per page. Ops are cut in graph order, at most PAGE_OPS a page, and where
+    the model's top-level block changes (``layers.3`` -> ``layers.4``) once a page is three
+    quarters full; an input goes on the page of its first user, a folded weight on its
+    consumer's, the output on the last page."""
     nodes = graph.nodes
-    if len(nodes) <= SINGLE_PAGE_NODES:
+    if sum(1 for i in range(len(nodes)) if folding.drawn(i)) <= SINGLE_PAGE_NODES:
         return [list(range(len(nodes)))]
     page_of: list[int | None] = [None] * len(nodes)
-    count = 0
+    page = count = 0
+    block = None
     for i, n in enumerate(nodes):
         if n.op in COMPUTE_OPS:
-            page_of[i] = count // PAGE_OPS
+            here = graph_folding.top_block(folding.module[i])
+            if count >= PAGE_OPS or (count >= PAGE_OPS * 3 // 4 and here is not None and here != block):
+                page, count = page + 1, 0
+            block = here if here is not None else block
+            page_of[i] = page
             count += 1
-    last = max(0, (count - 1) // PAGE_OPS)
     for i, n in enumerate(nodes):
         if n.op == "output":
-            page_of[i] = last
+            page_of[i] = page
     for i in range(len(nodes)):
         for j in inputs_of[i]:
             if page_of[j] is None and page_of[i] is not None:
                 page_of[j] = page_of[i]
-    pages: list[list[int]] = [[] for _ in range(last + 1)]
+    pages: list[list[int]] = [[] for _ in range(page + 1)]
     for i, p in enumerate(page_of):
         pages[p if p is not None else 0].append(i)
     return [p for p in pages if p]
 
 
-def _box(label: str, name: str) -> tuple[float, float]:
-    return (max(56.0, min(240.0, 7.0 * max(len(label), len(name)) + 16.0)), 34.0)
+def _box(label: str, name: str, folded: int = 0) -> tuple[float, float]:
+    """A box wide enough for its label; taller when it lists the weights folded into it."""
+    return (max(56.0, min(240.0, 7.0 * max(len(label), len(name)) + 16.0)), 46.0 if folded else 34.0)
+
+
+def _folded_text(names: list[str]) -> str:
+    """``+ weight, bias`` for the weights folded into an op: their attribute names, short."""
+    short = []
+    for name in names:
+        state = graph_folding.state_path(name)
+        short.append(state[1] if state else name)
+    return "+ " + ", ".join(short)
 
 
 def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, int]) -> dict:
@@ -340,28 +356,36 @@ def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, 
     nodes = graph.nodes
     index_of = {n.name: i for i, n in enumerate(nodes)}
     placeholders = [i for i, n in enumerate(nodes) if n.op == "placeholder"]
-    input_text = {i: _input_text(row) for i, row in zip(placeholders, input_rows(index))}
+    rows = dict(zip(placeholders, input_rows(index)))
+    input_text = {i: _input_text(row) for i, row in rows.items()}
     inputs_of = [sorted({index_of[r] for r in iter_arg_refs([n.args, list(n.kwargs.values())]) if r in index_of})
                  for n in nodes]
+    folding = graph_folding.fold(graph, inputs_of, {i: bool(r.requires_grad) for i, r in rows.items()}, flags)
     lines = node_lines(code, graph)
-    pages = _pages(graph, inputs_of)
+    pages = _pages(graph, inputs_of, folding)
     page_of = {i: p for p, members in enumerate(pages) for i in members}
+    for w, consumer in folding.into.items():
+        page_of[w] = page_of[consumer]
     out_nodes = []
     for i, n in enumerate(nodes):
         kind, label = classify(n.op, n.target)
+        folded = folding.folded.get(i, [])
         out_nodes.append({"n": n.name, "o": n.op, "t": n.target, "k": kind, "l": label, "c": lines.get(n.name, ""),
                           "v": input_text.get(i) or _value_text(n), "f": flags.get(n.name, 0), "i": inputs_of[i],
-                          "p": page_of[i]})
+                          "p": page_of[i], "m": folding.module[i] or "", "w": folded,
+                          "ws": _folded_text([nodes[w].name for w in folded]) if folded else "",
+                          "into": folding.into.get(i, -1)})
     jobs = []
     page_items = []
     for members in pages:
+        members = [i for i in members if folding.drawn(i)]
         here = set(members)
-        ghosts = sorted({j for i in members for j in inputs_of[i] if j not in here})
+        ghosts = sorted({j for i in members for j in inputs_of[i] if j not in here and folding.drawn(j)})
         items = members + ghosts
         local = {g: k for k, g in enumerate(items)}
-        sizes = [_box(out_nodes[i]["l"], out_nodes[i]["n"]) for i in members]
+        sizes = [_box(out_nodes[i]["l"], out_nodes[i]["n"], len(out_nodes[i]["w"])) for i in members]
         sizes += [(max(48.0, min(200.0, 6.2 * len(nodes[g].name) + 14.0)), 18.0) for g in ghosts]
-        edges = [(local[j], local[i]) for i in members for j in inputs_of[i]]
+        edges = [(local[j], local[i]) for i in members for j in inputs_of[i] if j in local]
         jobs.append((sizes, edges))
         page_items.append((members, ghosts, sizes, edges))
     layouts = graph_layout.layout_all(jobs)
@@ -372,8 +396,23 @@ def _graph_view(key: str, title: str, index: Index, code: str, flags: dict[str, 
             "boxes": [[round(x, 1), round(y, 1), round(w, 1), round(h, 1)]
                       for (x, y), (w, h) in zip(lay.centres, sizes)],
             "edges": [[a, b, kind[0], [round(c, 1) for c in pts]] for (a, b), (kind, pts) in zip(edges, lay.paths)],
+            "groups": _frames(members, folding.module, lay.centres, sizes),
             "w": round(lay.width, 1), "h": round(lay.height, 1),
         })
     start = next((page_of[i] for i, n in enumerate(out_nodes) if n["f"] & FLAG_HIGHLIGHT), 0)
     return {"key": key, "title": printable(title), "nodes": out_nodes, "pages": out_pages, "start": start,
-            "highlighted": sum(1 for n in out_nodes if n["f"] & FLAG_HIGHLIGHT)}
+            "highlighted": sum(1 for n in out_nodes if n["f"] & FLAG_HIGHLIGHT), "folded": len(folding.into)}
+
+
+def _frames(members: list[int], module: list[str | None], centres, sizes) -> list[list]:
+    """``[path, x0, y0, x1, y1, depth]`` around the drawn boxes of each module (at least two),
+    outermost first, so the page draws the model's hierarchy behind the ops."""
+    out = []
+    for path, ks in graph_folding.groups(members, module):
+        pad = max(4.0, 6.0 + 4.0 * (graph_folding.MAX_GROUP_DEPTH - path.count(".")))
+        x0 = min(centres[k][0] - sizes[k][0] / 2 for k in ks) - pad
+        x1 = max(centres[k][0] + sizes[k][0] / 2 for k in ks) + pad
+        y0 = min(centres[k][1] - sizes[k][1] / 2 for k in ks) - pad - 10
+        y1 = max(centres[k][1] + sizes[k][1] / 2 for k in ks) + pad
+        out.append([printable(path), round(x0, 1), round(y0, 1), round(x1, 1), round(y1, 1), path.count(".")])
+    return out
