@@ -233,7 +233,8 @@ class ComplexArg:
 Arg = Annotated[Any, ArgCodec(node=NodeRef, tuple=TupleArg, dict=DictArg, slice=SliceArg, constant=ConstantArg,
                               ellipsis=EllipsisArg, complex=ComplexArg,
                               constants={ConstantKind.DTYPE: None, ConstantKind.DEVICE: None,
-                                         ConstantKind.MEMORY_FORMAT: MemoryFormat, ConstantKind.LAYOUT: Layout})]
+                                         ConstantKind.MEMORY_FORMAT: MemoryFormat, ConstantKind.LAYOUT: Layout,
+                                         ConstantKind.OPERATOR: None})]
 
 
 # -- §7 graph ------------------------------------------------------------------------------------
