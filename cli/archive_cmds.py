@@ -94,6 +94,8 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
             desc = f"{row.dtype}{list(row.shape)} on {row.device}"
             if row.dynamic:
                 desc += f" dynamic dims {list(row.dynamic)}"
+        elif row.kind == "subclass":
+            desc = str(row.value)
         else:
             desc = f"{row.kind} = {'...' if row.items is not None else row.value}"
         _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {desc:40s} {row.fidelity}")

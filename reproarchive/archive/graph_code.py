@@ -117,6 +117,8 @@ def _arg(value) -> str:
     if isinstance(value, SliceArg):
         return f"slice({_arg(value.start)}, {_arg(value.stop)}, {_arg(value.step)})"
     if isinstance(value, ConstantArg):
+        if value.kind == "operator":
+            return value.name
         return f"torch.device({value.name!r})" if value.kind == "device" else f"torch.{value.name}"
     if isinstance(value, EllipsisArg):
         return "..."

@@ -17,7 +17,15 @@ from dataclasses import field
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import DTYPES, Index, SequenceValue, SymValue, SystemRecord, TensorValue
+from reproarchive.format.schema import (
+    DTYPES,
+    Index,
+    SequenceValue,
+    SubclassValue,
+    SymValue,
+    SystemRecord,
+    TensorValue,
+)
 
 _OMIT_NONE = {"omit": "none"}  # a key only some rows (or some reports) have
 
@@ -157,6 +165,12 @@ def input_rows(index: Index) -> list[InputRow]:
             rows.append(InputRow(i, name, rec.kind, "value", value=rec.hint, expr=rec.expr))
         elif isinstance(rec, SequenceValue):
             rows.append(InputRow(i, name, rec.kind, "value", items=len(rec.items)))
+        elif isinstance(rec, SubclassValue):  # its inner tensors are rows of their own in `inspect --json`'s storages
+            inner = [index.storages[t.storage] for t in rec.tensors()]
+            fidelity = "real" if all(s.is_real for s in inner) else "absent" if inner else "value"
+            rows.append(InputRow(i, name, "subclass", fidelity, value=f"{rec.cls.rsplit('.', 1)[-1]}"
+                                 f"[{', '.join(rec.size)}] ({', '.join(rec.attrs)})", items=len(rec.items),
+                                 requires_grad=rec.requires_grad))
         else:
             rows.append(InputRow(i, name, rec.kind, "value", value=rec.value))
     return rows

@@ -79,9 +79,9 @@ HIGHER_ORDER: dict[str, str | None] = {
     "run_and_save_rng_state": _SUBGRAPHS, "run_with_rng_state": _SUBGRAPHS,
     "graphsafe_run_with_rng_state": _SUBGRAPHS, "out_dtype": _SUBGRAPHS,
     "aoti_call_delegate": "runs a compiled shared library",
-    "auto_functionalized": "calls an operator passed as a value",
-    "auto_functionalized_v2": "calls an operator passed as a value",
-    "with_effects": "calls an operator passed as a value, threading effect tokens",
+    # calls the operator it is passed (an ``operator`` argument, spec §7.2), which is judged like
+    # any call target: the verdict is that operator's (``targets.check_graph_targets``)
+    "auto_functionalized": _SUBGRAPHS, "auto_functionalized_v2": _SUBGRAPHS, "with_effects": _SUBGRAPHS,
     "call_torchbind": "calls a method of a TorchScript object",
     "custom_function_call": "calls a Python autograd.Function class",
     "dynamo_bypassing_wrapper": "calls an arbitrary Python callable",
@@ -98,6 +98,10 @@ HIGHER_ORDER: dict[str, str | None] = {
     "triton_kernel_wrapper_mutation": "launches a Triton kernel from this process's side table",
     "triton_kernel_wrapper_functional": "launches a Triton kernel from this process's side table",
 }
+
+
+#: Higher-order operators that take an operator as a value and call it; no other callable may.
+OPERATOR_TAKERS = frozenset({"auto_functionalized", "auto_functionalized_v2", "with_effects"})
 
 
 def higher_order_problem(op: torch._ops.HigherOrderOperator) -> str | None:

@@ -57,6 +57,8 @@ _FILE_COMMENT = re.compile(r"^\s*# (?:File: .*|No stacktrace found for following
 
 
 def _constant(arg: ConstantArg) -> Any:
+    if arg.kind == "operator":
+        return targets.resolve_operator_value(arg.name)
     if arg.kind == "dtype":
         return dtype_from_name(arg.name)
     if arg.kind == "device":
@@ -90,6 +92,8 @@ def encode_arg(value: Any) -> Any:
         return ConstantArg("memory_format", str(value).removeprefix("torch."))
     if isinstance(value, torch.layout):
         return ConstantArg("layout", str(value).removeprefix("torch."))
+    if isinstance(value, torch._ops.OpOverload):  # what auto_functionalized and with_effects call
+        return ConstantArg("operator", targets.qualified_name(value))
     if isinstance(value, slice):
         return SliceArg(encode_arg(value.start), encode_arg(value.stop), encode_arg(value.step))
     if value is Ellipsis:

@@ -24,7 +24,15 @@ import torch
 from reproarchive.codec import effects
 from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
 from reproarchive.format.index_rules import function_name_problem, iter_arg_values, method_name_problem
-from reproarchive.format.schema import CallRoot, GraphRecord, ModuleEntry, NodeRef, SubgraphEntry, TensorEntry
+from reproarchive.format.schema import (
+    CallRoot,
+    ConstantArg,
+    GraphRecord,
+    ModuleEntry,
+    NodeRef,
+    SubgraphEntry,
+    TensorEntry,
+)
 
 ROOTS = tuple(root.value for root in CallRoot)
 
@@ -132,6 +140,41 @@ def resolve_function(name: object) -> Any:
             f"graph calls {name}, which this torch {torch.__version__} does not have: not replayable here",
             "replay with the torch version recorded in the archive (see `reproarchive inspect`)", rule=Rule.CALL_TARGET,
         ) from None
+
+
+def resolve_operator_value(name: object) -> torch._ops.OpOverload:
+    """The operator an ``operator`` argument names (spec §7.2), resolved and judged exactly like a
+    call target: a higher-order operator that takes it calls it."""
+    fn = resolve_function(name)
+    if not isinstance(fn, torch._ops.OpOverload):
+        raise _unsafe(name, "an operator argument must name an operator overload (torch.ops.NS.OP.OVERLOAD)")
+    return fn
+
+
+def _operators_passed(node) -> list[str]:
+    return [v.name for v in iter_arg_values((node.args, tuple(node.kwargs.values())))
+            if isinstance(v, ConstantArg) and v.kind == "operator"]
+
+
+def _check_operators_passed(node, fn: Any, missing: list | None) -> None:
+    """An operator may be passed only to a higher-order operator that calls it, and is judged
+    then as if the graph called it itself."""
+    names = _operators_passed(node)
+    if not names:
+        return
+    if not (isinstance(fn, torch._ops.HigherOrderOperator) and fn.name() in effects.OPERATOR_TAKERS):
+        raise UnsafeArchiveError(
+            f"node {node.name} passes operator {names[0][:80]} to {str(node.target)[:80]}, which may only take "
+            "tensors and plain values",
+            "operators may only be passed to auto_functionalized and with_effects; the archive is hostile or damaged",
+            rule=Rule.CALL_TARGET)
+    for name in names:
+        try:
+            resolve_operator_value(name)
+        except NotReplayableHereError as err:
+            if missing is None:
+                raise
+            missing.append(err)
 
 
 def check_method_name(name: object) -> str:
@@ -264,10 +307,12 @@ def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereErro
                 if missing is None:
                     raise
                 missing.append(err)
+                _check_operators_passed(node, None, missing)
                 _flows(node, kinds, subgraphs_ok=False)
                 kinds[node.name] = VALUE
                 continue
             state = effects.state_function(fn)
+            _check_operators_passed(node, fn, missing)
             _flows(node, kinds, subgraphs_ok=isinstance(fn, torch._ops.HigherOrderOperator),
                    consumer=_consumer(node, kinds, fn))
             if fn is getattr:
@@ -280,15 +325,18 @@ def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereErro
             kinds[node.name] = HANDLE if state is not None and state.returns_handle else VALUE
         elif op == "call_method":
             check_method_name(node.target)
+            _check_operators_passed(node, None, missing)
             _receiver(node, kinds)
             _flows(node, kinds, subgraphs_ok=False)
             kinds[node.name] = VALUE
         elif op == "call_module":
             if kinds.get(node.target) not in (MODULE, SUBGRAPH):
                 raise _unsafe(node.target, "call_module of something that is not a module")
+            _check_operators_passed(node, None, missing)
             _flows(node, kinds, subgraphs_ok=False)
             kinds[node.name] = VALUE
         else:  # output
+            _check_operators_passed(node, None, missing)
             _flows(node, kinds, subgraphs_ok=False)
     for entry in record.module_state:
         if isinstance(entry, ModuleEntry):

@@ -21,7 +21,14 @@ import torch
 
 from reproarchive.errors import IndexSchemaError, PackError
 from reproarchive.format import index_rules, schema
-from reproarchive.format.schema import ScalarValue, SequenceValue, StorageRecord, SymValue, TensorValue
+from reproarchive.format.schema import (
+    ScalarValue,
+    SequenceValue,
+    StorageRecord,
+    SubclassValue,
+    SymValue,
+    TensorValue,
+)
 
 FIDELITY_REAL = "real"
 FIDELITY_ABSENT = "absent"
@@ -103,6 +110,9 @@ def _sym_expr(value) -> str:
 
 def _sym_hint(value):
     node = getattr(value, "node", None)
+    if getattr(node, "is_nested_int", lambda: False)():
+        raise PackError(f"a nested jagged tensor's ragged size ({value}) is a separate graph input, which cannot be "
+                        "stored yet", "pack a graph that takes the nested tensor alone (it holds its ragged size)")
     hint = getattr(node, "hint", None)
     if hint is None:
         try:
@@ -172,6 +182,8 @@ def encode_value(value: Any, table: StorageTable, *, name: str | None = None, dy
         stride = tuple(value.stride) if value.stride is not None else value.contiguous_stride()
         return _tensor_record(table.add_absent(value, stride), value.dtype, value.shape, stride, value.storage_offset,
                               value.requires_grad, True, name, dynamic)
+    if isinstance(value, torch.Tensor) and _traceable_subclass(value):
+        return _subclass_record(value, table, name)
     if isinstance(value, torch.Tensor):
         return _tensor_record(table.add_tensor(value), value.dtype, tuple(value.shape), tuple(value.stride()),
                               value.storage_offset(), value.requires_grad, value.is_leaf, name, dynamic)
@@ -191,6 +203,40 @@ def encode_value(value: Any, table: StorageTable, *, name: str | None = None, dy
         f"input of type {type(value).__module__}.{type(value).__qualname__} cannot be stored",
         "graph inputs must be tensors, ints, floats, bools, None, SymInts or tuples/lists of these",
     )
+
+
+def _traceable_subclass(t: torch.Tensor) -> bool:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return type(t) not in (torch.Tensor, torch.nn.Parameter) and not _is_fake(t) and is_traceable_wrapper_subclass(t)
+
+
+def _subclass_record(t: torch.Tensor, table: StorageTable, name: str | None) -> SubclassValue:
+    """A traceable subclass through its flatten protocol: inner tensors as ordinary records (their
+    storages shared and deduplicated like any), the context as plain data."""
+    cls = f"{type(t).__module__}.{type(t).__qualname__}"
+    attrs, context = t.__tensor_flatten__()
+    try:
+        plain = _plain_context(context)
+    except TypeError as exc:
+        hint = ("a DTensor is recorded with its mesh by a job archive (capture every rank)"
+                if type(t).__name__ == "DTensor" else "pass plain tensors, or the subclass's inner tensors")
+        raise PackError(f"tensor subclass {cls}: its flatten context holds {exc}, which cannot be stored as data",
+                        hint) from None
+    return SubclassValue(cls=cls, attrs=tuple(attrs), items=tuple(encode_value(getattr(t, a), table) for a in attrs),
+                         context=plain, size=tuple(str(s) for s in t.shape),
+                         stride=tuple(str(s) for s in t.stride()), requires_grad=bool(t.requires_grad),
+                         name=name)
+
+
+def _plain_context(value: Any) -> Any:
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain_context(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain_context(v) for k, v in value.items()}
+    raise TypeError(f"a {type(value).__module__}.{type(value).__qualname__}")
 
 
 def _tensor_record(storage, dtype, shape, stride, offset, requires_grad, is_leaf, name, dynamic) -> TensorValue:
@@ -280,6 +326,8 @@ class ValueDecoder:
             return tuple(items) if rec.kind == "tuple" else items
         if isinstance(rec, SymValue):
             return schema.SYMBOL_KINDS[rec.kind](rec.hint)
+        if isinstance(rec, SubclassValue):
+            return rebuild_subclass(rec, [self.decode(r) for r in rec.items])
         return float(rec.value) if rec.kind == "float" else rec.value
 
     def tensor(self, rec: TensorValue) -> torch.Tensor:
@@ -292,3 +340,33 @@ class ValueDecoder:
                 # so aliasing with other inputs survives.
                 t = t.view_as(t)
         return t
+
+
+#: Tensor subclasses a replay rebuilds: classes torch itself defines, by the module that defines
+#: them. A class is found here, never by importing a name an archive gives.
+REBUILDABLE_SUBCLASSES: dict[str, tuple[str, str]] = {
+    "torch.testing._internal.two_tensor.TwoTensor": ("torch.testing._internal.two_tensor", "TwoTensor"),
+    "torch.nested._internal.nested_tensor.NestedTensor": ("torch.nested._internal.nested_tensor", "NestedTensor"),
+}
+
+
+def rebuild_subclass(rec: SubclassValue, inner: list[Any]) -> torch.Tensor:
+    """The subclass ``rec`` records, rebuilt through its unflatten protocol over ``inner``."""
+    import importlib
+
+    where = REBUILDABLE_SUBCLASSES.get(rec.cls)
+    if where is None:
+        from reproarchive.errors import NotReplayableHereError
+
+        raise NotReplayableHereError(
+            f"an input is a tensor subclass {rec.cls[:120]}, which reproarchive does not rebuild: not replayable here",
+            f"rebuildable subclasses: {', '.join(sorted(REBUILDABLE_SUBCLASSES))}; the archive's inner tensors are "
+            "still readable (`reproarchive inspect`)")
+    cls = getattr(importlib.import_module(where[0]), where[1])  # a module of torch's own, from the table above
+    concrete = all(s.isdigit() for s in (*rec.size, *rec.stride))  # else the class works its geometry out
+    t = cls.__tensor_unflatten__(dict(zip(rec.attrs, inner)), rec.context,
+                                 torch.Size(int(s) for s in rec.size) if concrete else None,
+                                 tuple(int(s) for s in rec.stride) if concrete else None)
+    if rec.requires_grad and not t.requires_grad:
+        t.requires_grad_(True)
+    return t

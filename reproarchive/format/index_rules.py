@@ -63,6 +63,7 @@ from reproarchive.format.schema import (
     SliceArg,
     Stage,
     StorageRecord,
+    SubclassValue,
     SubgraphEntry,
     SymValue,
     TensorEntry,
@@ -300,6 +301,14 @@ def check_value(value: Any, storages, path: tuple, depth: int) -> None:
     elif isinstance(value, SequenceValue):
         for j, item in enumerate(value.items):
             check_value(item, storages, (*path, j), depth + 1)
+    elif isinstance(value, SubclassValue):
+        if function_name_problem(value.cls) is not None:
+            raise SchemaViolation(f"subclass name {str(value.cls)[:60]!r} is not a qualified class name",
+                                  (*path, "cls"), Rule.VALUE_KIND)
+        if len(value.attrs) != len(value.items) or not all(IDENTIFIER_RE.match(a) for a in value.attrs):
+            raise SchemaViolation("a subclass needs one identifier per inner value", (*path, "attrs"), Rule.VALUE_KIND)
+        for j, item in enumerate(value.items):
+            check_value(item, storages, (*path, "items", j), depth + 1)
 
 
 def _check_kind(value: Any, expected: type, path: tuple) -> None:

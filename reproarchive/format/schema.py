@@ -178,9 +178,36 @@ class SequenceValue:
             yield from item.tensors()
 
 
+@dataclass(frozen=True)
+class SubclassValue:
+    """(1.3) A traceable tensor subclass (``TwoTensor``, a nested jagged tensor) as its flatten
+    protocol gives it: ``cls`` its qualified class name, ``attrs`` the inner tensors' attribute
+    names and ``items`` their values, ``context`` its plain-data context, ``size``/``stride`` the
+    outer geometry as text (a nested jagged tensor's ragged size is a symbol, ``j1``)."""
+
+    TAG_KEY: ClassVar[str] = "kind"
+    TAG: ClassVar[str] = "subclass"
+    cls: str
+    attrs: tuple[str, ...]
+    items: tuple["Value", ...]
+    context: PlainData
+    size: tuple[str, ...]
+    stride: tuple[str, ...]
+    requires_grad: bool
+    name: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.TAG
+
+    def tensors(self):
+        for item in self.items:
+            yield from item.tensors()
+
+
 Value = Annotated[
-    Union[TensorValue, ScalarValue, SymValue, SequenceValue],
-    Tagged("kind", {"tensor": TensorValue, "tuple": SequenceValue, "list": SequenceValue,
+    Union[TensorValue, ScalarValue, SymValue, SequenceValue, SubclassValue],
+    Tagged("kind", {"tensor": TensorValue, "tuple": SequenceValue, "list": SequenceValue, "subclass": SubclassValue,
                     **{k: ScalarValue for k in SCALAR_KINDS}, **{k: SymValue for k in SYMBOL_KINDS}}),
 ]
 
@@ -233,7 +260,8 @@ class ComplexArg:
 Arg = Annotated[Any, ArgCodec(node=NodeRef, tuple=TupleArg, dict=DictArg, slice=SliceArg, constant=ConstantArg,
                               ellipsis=EllipsisArg, complex=ComplexArg,
                               constants={ConstantKind.DTYPE: None, ConstantKind.DEVICE: None,
-                                         ConstantKind.MEMORY_FORMAT: MemoryFormat, ConstantKind.LAYOUT: Layout})]
+                                         ConstantKind.MEMORY_FORMAT: MemoryFormat, ConstantKind.LAYOUT: Layout,
+                                         ConstantKind.OPERATOR: None})]
 
 
 # -- §7 graph ------------------------------------------------------------------------------------

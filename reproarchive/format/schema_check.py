@@ -12,7 +12,8 @@ file of the current version, and ``required_bump`` says what a difference demand
 * **minor**: a new record class, a new field with a default, a new dtype, a new value set or a
   new member of one (old readers refuse it, as they refuse a new dtype), a limit raised or added,
   a record field widened into a tagged union whose fallback is that record (an old reader reads
-  every variant as the record it knew: open records keep what they do not declare);
+  every variant as the record it knew: open records keep what they do not declare), a tagged
+  union that gained a variant (old readers refuse a value of the new kind, as a new dtype);
 * **none**: no change. A description written before value sets were described (no ``enums``
   key: schema-1.0.json) is compared on records and dtypes only.
 
@@ -219,6 +220,8 @@ def required_bump(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, list[s
                 major.append(f"{name}.{field} removed")
             elif now != spec and _widened(spec, now):
                 minor.append(f"{name}.{field} widened into {now['type']}")
+            elif now != spec and _gained_variants(spec, now):
+                minor.append(f"{name}.{field} gained variants: {now['type']}")
             elif now != spec:
                 major.append(f"{name}.{field} changed: {spec} -> {now}")
         for field, spec in new_rec["fields"].items():
@@ -268,6 +271,25 @@ def _widened(old: dict[str, Any], new: dict[str, Any]) -> bool:
     widened = [b for b in before if b not in after]
     unions = [a for a in after if a.startswith("tagged[")]
     return len(widened) == 1 and len(unions) == 1 and unions[0].endswith(f", *={widened[0]})")
+
+
+_TAGGED = re.compile(r"tagged\[(\w+)\]\(([^()]*)\)")
+
+
+def _gained_variants(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether every tagged union in a field's type only gained variants (new tags; the old
+    tags still name the same records), nothing else changed: an old reader refuses a value of
+    a new kind, as it refuses a new dtype or a new member of a value set."""
+    if {k: v for k, v in old.items() if k != "type"} != {k: v for k, v in new.items() if k != "type"}:
+        return False
+    before, after = _TAGGED.findall(old["type"]), _TAGGED.findall(new["type"])
+    if not before or len(before) != len(after) or _TAGGED.sub("U", old["type"]) != _TAGGED.sub("U", new["type"]):
+        return False
+    for (key_a, arms_a), (key_b, arms_b) in zip(before, after):
+        a, b = set(arms_a.split(", ")), set(arms_b.split(", "))
+        if key_a != key_b or not a < b:
+            return False
+    return True
 
 
 def schema_file(spec_dir: Path, version: str = schema.FORMAT_VERSION) -> Path:

@@ -49,6 +49,7 @@ class ConstantKind(StrEnum):
     """The named torch constants an argument may hold (a subset of ``ArgTag``)."""
 
     DTYPE, DEVICE, MEMORY_FORMAT, LAYOUT = "dtype", "device", "memory_format", "layout"
+    OPERATOR = "operator"  # (1.3) an operator passed as a value, to a higher-order operator that calls it
 
 
 class MemoryFormat(StrEnum):

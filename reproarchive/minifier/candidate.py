@@ -120,6 +120,8 @@ def fresh_copy(value: Any) -> Any:
 
 def _record_value(value: Any, *, keep_leafness: bool = False) -> Any:
     if isinstance(value, torch.Tensor):
+        if torch._C._functorch.is_functorch_wrapped_tensor(value):
+            return UNCUTTABLE  # a value inside a vmap region Dynamo inlined (flex_attention's block mask)
         return snapshot_tensor(value, keep_leafness=keep_leafness)
     if isinstance(value, _SYMBOLIC):
         try:

@@ -36,6 +36,7 @@ from reproarchive.errors import BudgetExhausted, NotFailingError
 from .candidate import Recording
 from .oracle import MinifyStats, Oracle, Progress
 from .passes import INPUT_PASSES, LOCALIZE, NODE_PASSES, Shrinker, choose_localize, prune
+from .subgraphs import inline_while_failing
 
 
 @dataclass
@@ -117,6 +118,11 @@ def minify_with_stats(
         if not oracle.call(gm, rec.example_inputs):
             raise NotFailingError("the graph does not fail with these inputs (fails() returned False)",
                                   "check the predicate, or replay the archive to see whether it still fails here")
+        oracle.pass_name = "inline_subgraphs"
+        inlined = inline_while_failing(gm, lambda variant: oracle.call(variant, rec.example_inputs))
+        if inlined is not gm:  # a failing op inside a subgraph: cut on the inlined graph from here
+            gm, rec = inlined, Recording(inlined, rec.example_inputs)
+            oracle.rec, oracle.best_size = rec, rec.original_size
         shrinker = Shrinker(rec, oracle, rec.start())
         node_order = LOCALIZE[localize] + [n for n in NODE_PASSES if n not in LOCALIZE[localize]]
         try:

@@ -43,6 +43,7 @@ from reproarchive.format.schema import (
     ScalarValue,
     SequenceValue,
     SliceArg,
+    SubclassValue,
     SymValue,
     TensorEntry,
     TensorValue,
@@ -417,6 +418,10 @@ def _leaves(value, path: str = ""):
     if isinstance(value, SequenceValue):
         for k, item in enumerate(value.items):
             yield from _leaves(item, f"{path}[{k}]")
+    elif isinstance(value, SubclassValue):  # the class, context and geometry, then each inner tensor
+        yield (path, "subclass"), dataclasses.replace(value, items=(), name=None)
+        for attr, item in zip(value.attrs, value.items):
+            yield from _leaves(item, f"{path}.{attr}")
     else:
         kind = "tensor" if isinstance(value, TensorValue) else value.kind
         yield (path, kind), value
@@ -442,6 +447,8 @@ def _compare_leaf(a: Index, b: Index, x, y, aliases) -> tuple[str, list[str]]:
         return ("same", []) if (x.hint, x.expr) == (y.hint, y.expr) else ("different_value", ["value"])
     if isinstance(x, ScalarValue):
         return ("same", []) if (type(x.value), x.value) == (type(y.value), y.value) else ("different_value", ["value"])
+    if isinstance(x, SubclassValue):
+        return ("same", []) if x == y else ("different_metadata", ["subclass"])
     return "same", []
 
 

@@ -123,7 +123,19 @@ def stored():
     return _graph(2, lambda g, xs: (xs[0], g.call_function(operator.add, (xs[1], 1)))), [noise_t, ramp]
 
 
+def subclass():
+    """(1.3) A traceable tensor subclass input (torch's ``TwoTensor``), recorded through its
+    flatten protocol: two inner tensors, no context."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    inner_a = torch.linspace(-1.0, 1.0, 6).view(2, 3)
+    inner_b = torch.arange(6, dtype=torch.float32).view(2, 3)
+    return _graph(1, lambda g, xs: (g.call_function(torch.relu, (xs[0],)),)), [TwoTensor(inner_a, inner_b)]
+
+
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored}
+if tuple(map(int, VERSION.split("."))) >= (1, 3):  # a case 1.3 added (vectors of older versions are kept)
+    CASES["subclass"] = subclass
 RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
                 "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager",
@@ -149,6 +161,10 @@ def tensor_facts(t: torch.Tensor) -> dict:
 
 
 def value_facts(v):
+    if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor and hasattr(v, "__tensor_flatten__"):
+        attrs, _ = v.__tensor_flatten__()
+        return {"subclass": f"{type(v).__module__}.{type(v).__qualname__}",
+                "inner": [value_facts(getattr(v, a).as_subclass(torch.Tensor)) for a in attrs]}
     if isinstance(v, torch.Tensor):
         return tensor_facts(v)
     if isinstance(v, (tuple, list)):
@@ -188,6 +204,8 @@ def output_facts(t) -> dict:
     (AVX2, AVX-512, AMX), so floating-point ones are compared with a tolerance; other dtypes
     (integers, bits, complex) keep their exact digest."""
     facts = value_facts(t)
+    if "subclass" in facts:
+        return dict(facts, inner=[output_facts(getattr(t, a)) for a in t.__tensor_flatten__()[0]])
     if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         return facts
     del facts["sha256"]
@@ -198,7 +216,7 @@ def _aliases(args) -> list[list[int]]:
     """Groups of input positions sharing one storage (what aliasing must preserve)."""
     groups: dict[int, list[int]] = {}
     for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
+        if type(a) is torch.Tensor or type(a) is torch.nn.Parameter:
             groups.setdefault(a.untyped_storage()._cdata, []).append(i)
     return sorted(g for g in groups.values() if len(g) > 1)
 

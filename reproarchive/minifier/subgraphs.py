@@ -1,0 +1,212 @@
+"""Cutting inside higher-order operators: inline a subgraph in place of the operator that runs it.
+
+A failure inside ``torch.cond``'s branch used to minify to the whole ``cond`` with both
+branches: the node passes see one node with two subgraph arguments, and removing the node
+removes the failing op with it. The smallest failing graph is usually the one op inside. So
+before the node passes run, each higher-order operator is offered inlined -- ``cond`` as one
+branch, ``while_loop`` as one application of its body, ``map`` as its body on the first slice,
+``invoke_subgraph``, activation checkpointing and ``wrap`` as their subgraph -- and a variant
+that still fails replaces the graph; the node passes then cut inside what was a subgraph. An
+inlined ``cond``/``while_loop``/``map`` computes something else than the operator did; that is
+fine for a minifier, whose only question is whether the failure stays, and the oracle asks it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+#: higher-order operator -> how to read (subgraph argument, operands) from its arguments
+_SPLITS: dict[str, Callable[[tuple], list[tuple[str, Any, list, str]]]] = {
+    # cond(pred, true_fn, false_fn, operands)
+    "cond": lambda a: [("true branch", a[1], list(a[3]), "same"), ("false branch", a[2], list(a[3]), "same")],
+    # while_loop(cond_fn, body_fn, carried_inputs, additional_inputs)
+    "while_loop": lambda a: [("body once", a[1], [*a[2], *a[3]], "same")],
+    # map_impl(f, xs, pos_args): the body on the first slice, its results given the mapped dimension back
+    "map_impl": lambda a: [("body on the first slice", a[0], [("first", x) for x in a[1]] + list(a[2]), "stack")],
+    # invoke_subgraph(subgraph, identifier, *operands)
+    "invoke_subgraph": lambda a: [("subgraph", a[0], list(a[2:]), "same")],
+    # tag_activation_checkpoint(fn, *args) / wrap(fn, *args)
+    "tag_activation_checkpoint": lambda a: [("checkpointed region", a[0], list(a[1:]), "same")],
+    "wrap": lambda a: [("wrapped region", a[0], list(a[1:]), "same")],
+}
+
+
+def inline_variants(gm: fx.GraphModule) -> Iterator[tuple[str, fx.GraphModule]]:
+    """Every way of inlining one higher-order operator of ``gm``: (what was inlined, new graph)."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+            continue
+        if node.target.name() == "flex_attention":
+            variant = _flex_dense(gm, node)
+            if variant is not None:
+                yield f"{node.name}: flex_attention written out densely (its score_mod inlined)", variant
+            continue
+        split = _SPLITS.get(node.target.name())
+        if split is None:
+            continue
+        try:
+            choices = split(node.args)
+        except (IndexError, TypeError):
+            continue
+        for what, sub, operands, outputs in choices:
+            if not (isinstance(sub, fx.Node) and sub.op == "get_attr"):
+                continue
+            body = _attr(gm, sub.target)
+            if not isinstance(body, fx.GraphModule):
+                continue
+            variant = _inline(gm, node.name, body, operands, outputs)
+            if variant is not None:
+                yield f"{node.name}: {node.target.name()} {what}", variant
+
+
+def _attr(gm: fx.GraphModule, path: str) -> Any:
+    obj: Any = gm
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _flex_dense(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
+    """``flex_attention(q, k, v, score_mod, block_mask, scale, ...)`` as dense attention with the
+    score_mod subgraph applied to the whole score matrix (its index arguments broadcast
+    ``arange``s), so that a failing op of the score_mod becomes an ordinary node. The block mask
+    is dropped: only the failure has to survive, and the oracle checks that."""
+    args = node.args
+    if len(args) < 8 or not (isinstance(args[3], fx.Node) and args[3].op == "get_attr"):
+        return None
+    body = _attr(gm, args[3].target)
+    if not isinstance(body, fx.GraphModule):
+        return None
+
+    def dense(graph: fx.Graph, env: dict, root: torch.nn.Module, prefix: str) -> list | None:
+        q, k, v = (env[a] if isinstance(a, fx.Node) else a for a in args[:3])
+        scale = args[5]
+        scores = graph.call_function(torch.matmul, (q, graph.call_method("transpose", (k, -2, -1))))
+        if isinstance(scale, (int, float)):
+            scores = graph.call_function(operator.mul, (scores, scale))
+        index = []
+        for dim, source in ((0, q), (1, q), (2, q), (2, k)):
+            n = graph.call_method("size", (source, dim))
+            shape = [1, 1, 1, 1]
+            shape[dim if source is q else 3] = -1
+            index.append(graph.call_method("view", (graph.call_function(torch.arange, (n,), {"device": None}), *shape)))
+        extra = [env[a] if isinstance(a, fx.Node) else a for a in (args[7] or ())]
+        outs = _copy_body(graph, root, body, [scores, *index, *extra], prefix=prefix)
+        if outs is None or len(outs) != 1:
+            return None
+        weights = graph.call_function(torch.softmax, (outs[0], -1))
+        return [graph.call_function(torch.matmul, (weights, v))]
+
+    return _rewrite(gm, node, dense, getitems={0})
+
+
+def _inline(gm: fx.GraphModule, name: str, body: fx.GraphModule, operands: list, outputs: str) -> fx.GraphModule | None:
+    """``gm`` with node ``name`` replaced by ``body``'s nodes; None when the operator's result
+    is used other than through ``getitem`` (the only use this rewriting understands)."""
+    hop = next(n for n in gm.graph.nodes if n.name == name)
+
+    def inlined(graph: fx.Graph, env: dict, root: torch.nn.Module, prefix: str) -> list | None:
+        outs = _copy_body(graph, root, body, [_operand(graph, env, o) for o in operands], prefix=prefix)
+        if outs is not None and outputs == "stack":
+            outs = [graph.call_method("unsqueeze", (o, 0)) if isinstance(o, fx.Node) else o for o in outs]
+        return outs
+
+    return _rewrite(gm, hop, inlined)
+
+
+def _rewrite(gm: fx.GraphModule, hop: fx.Node, replace, getitems: set[int] | None = None) -> fx.GraphModule | None:
+    """A copy of ``gm`` in which ``replace(graph, env, root, prefix)`` builds the nodes standing
+    for ``hop``'s results; None when a result is used other than through ``getitem`` (of an
+    index in ``getitems``, when given), or the rewritten graph is not valid."""
+    root = torch.nn.Module()
+    for key, value in gm.named_children():
+        root.add_module(key, value)
+    for key, value in [*gm.named_parameters(recurse=False), *gm.named_buffers(recurse=False)]:
+        setattr(root, key, value)
+    for key, value in vars(gm).items():
+        if isinstance(value, torch.Tensor) and not hasattr(root, key):
+            setattr(root, key, value)
+    graph = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    outs: list | None = None
+    for node in gm.graph.nodes:
+        if node is hop:
+            outs = replace(graph, env, root, f"{hop.name}_")
+            if outs is None:
+                return None
+            continue
+        if outs is not None and node.op == "call_function" and node.target is operator.getitem \
+                and node.args[0] is hop:
+            index = node.args[1]
+            if not isinstance(index, int) or not -len(outs) <= index < len(outs) \
+                    or getitems is not None and index not in getitems:
+                return None
+            env[node] = outs[index]
+            continue
+        if hop in node.all_input_nodes:
+            return None
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    try:
+        out = fx.GraphModule(root, graph)  # no dead-code pass: it drops vmap-nesting calls; the minifier prunes
+        out.graph.lint()
+        out.recompile()
+    except Exception:  # a rewrite this graph does not allow: not a variant
+        return None
+    return out
+
+
+def _operand(graph: fx.Graph, env: dict[fx.Node, fx.Node], operand: Any) -> Any:
+    if isinstance(operand, tuple) and len(operand) == 2 and operand[0] == "first":
+        return graph.call_function(operator.getitem, (env[operand[1]], 0))
+    return env[operand] if isinstance(operand, fx.Node) else operand
+
+
+def _copy_body(graph: fx.Graph, root: torch.nn.Module, body: fx.GraphModule, operands: list,
+               prefix: str) -> list[fx.Node] | None:
+    """Copy ``body``'s nodes into ``graph`` (its placeholders bound to ``operands``, its own
+    attributes moved onto ``root`` under ``prefix``) and return its outputs."""
+    inner: dict[fx.Node, Any] = {}
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(operands):
+        return None
+    for ph, value in zip(placeholders, operands):
+        inner[ph] = value
+    outs = None
+    for n in body.graph.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "output":
+            result = n.args[0]
+            outs = list(result) if isinstance(result, (tuple, list)) else [result]
+            outs = [inner[o] if isinstance(o, fx.Node) else o for o in outs]
+            break
+        if n.op == "get_attr":
+            new_name = prefix + n.target.replace(".", "_")
+            setattr(root, new_name, _attr(body, n.target))
+            inner[n] = graph.get_attr(new_name)
+            continue
+        inner[n] = graph.node_copy(n, lambda m: inner[m])
+    return outs
+
+
+def inline_while_failing(gm: fx.GraphModule, fails: Callable[[fx.GraphModule], bool],
+                         limit: int = 64) -> fx.GraphModule:
+    """Inline higher-order operators one at a time, keeping each inlining that still fails,
+    until none is left that does (at most ``limit`` judgements)."""
+    tried = 0
+    progress = True
+    while progress and tried < limit:
+        progress = False
+        for _what, variant in inline_variants(gm):
+            tried += 1
+            if fails(variant):
+                gm, progress = variant, True
+                break
+            if tried >= limit:
+                break
+    return gm
