@@ -12,6 +12,7 @@ for a replay (data only, never a program or path); ``config_diff`` says what dif
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import enum
 import importlib
@@ -364,7 +365,7 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
                 if getattr(entry, "deprecated", False) and (mod_name, key) not in changed_keys:
                     continue  # "does nothing"; setting it would only print a FutureWarning
                 value = _restore_type(copy.deepcopy(value), types.get(mod_name, {}).get(key))
-                prior_override = entry.user_override.get()
+                prior_override = _user_override(entry)
                 prior_hide = getattr(entry, "hide", False)
                 try:
                     setattr(mod, key, value)
@@ -384,7 +385,7 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
     finally:
         for mod, key, prior_override, prior_hide in reversed(undo):
             entry = mod._config[key]
-            entry.user_override.set(prior_override)
+            _set_user_override(entry, prior_override)
             entry.hide = prior_hide
             dirty = getattr(mod, "_hash_dirty_var", None)
             if dirty is not None:
@@ -395,6 +396,19 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def _user_override(entry: Any) -> Any:
+    """A config entry's user override: a ContextVar since torch 2.12, a plain attribute before."""
+    override = entry.user_override
+    return override.get() if isinstance(override, contextvars.ContextVar) else override
+
+
+def _set_user_override(entry: Any, value: Any) -> None:
+    if isinstance(entry.user_override, contextvars.ContextVar):
+        entry.user_override.set(value)
+    else:
+        entry.user_override = value
 
 
 def comparable_snapshot(recorded: ConfigRecord | None) -> ConfigRecord:

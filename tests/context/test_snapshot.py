@@ -272,3 +272,25 @@ def test_environment_diff_highlights_torch_and_gpu_changes():
     assert any(d["what"] == "package numpy" and d["recorded"] == "1.0.0" for d in diff)
     assert any(d["what"] == "env TORCH_LOGS" for d in diff)
     assert system_diff(system, system) == [] and environment_diff(env, env) == []
+
+
+def test_a_config_override_is_read_and_restored_whatever_torch_keeps_it_in():
+    """torch 2.12 made a config entry's user override a ContextVar; earlier torches (2.11 on the
+    GPU machines checked) keep a plain attribute, and replay applied config through ``.get()``."""
+    import contextvars
+
+    from reproarchive.context.config import _set_user_override, _user_override
+
+    class PlainEntry:  # what torch <= 2.11 has
+        user_override = object()
+
+    old = PlainEntry()
+    _set_user_override(old, 3)
+    assert _user_override(old) == 3 and old.user_override == 3
+
+    class VarEntry:  # what torch >= 2.12 has
+        user_override = contextvars.ContextVar("x", default=None)
+
+    new = VarEntry()
+    _set_user_override(new, 4)
+    assert _user_override(new) == 4 and isinstance(new.user_override, contextvars.ContextVar)
