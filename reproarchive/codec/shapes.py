@@ -1,0 +1,385 @@
+"""The dynamic-shape policy of a compile <-> the ``shapes`` record (spec §8), side by side.
+
+``policy_of`` reads what Dynamo hands a backend: each placeholder's fake value (a FakeTensor
+whose sizes are SymInts, or a SymInt) and the ShapeEnv they share, plus the real inputs (the
+``mark_dynamic`` / ``mark_unbacked`` marks are attributes of the user's tensors). For every
+input dimension it records static / backed / unbacked, the expression, hint, value range,
+source, equal dimensions and the decision that made it so; for the compile, the ShapeEnv's
+symbols, guards (rendered over the inputs' sources, as Dynamo renders them) and deferred
+runtime asserts.
+
+``fakes_for`` goes the other way for a replay: a fresh ShapeEnv and FakeTensorMode, and one
+fake value per input made with the recorded per-dimension policy (``DimDynamic`` and range per
+dimension, the recorded sources, so that symbol names and guard text come out as Dynamo's did),
+not with blanket symbolic tracing: static stays static, unbacked stays unbacked, equal
+dimensions share a symbol and independent ones do not. Expressions come back through
+``codec.symbolic_text`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from reproarchive.format.schema import ConfigRecord, ShapeDim, ShapeInput, ShapePolicy, ShapeSymbol
+
+STATIC, BACKED, UNBACKED = "static", "backed", "unbacked"
+_DYNAMO_SETTINGS = ("assume_static_by_default", "automatic_dynamic_shapes", "capture_dynamic_output_shape_ops",
+                    "capture_scalar_outputs", "specialize_int", "specialize_float")
+
+
+# --------------------------------------------------------------------------------------------
+# torch -> record
+
+
+def policy_of(gm: Any, inputs: Sequence[Any], config: ConfigRecord | None = None) -> ShapePolicy | None:
+    """The shape policy of ``gm``'s placeholders (their ``example_value``), or None when they
+    carry no fake values (a graph that did not come from Dynamo). Never raises: a policy that
+    cannot be read is left out of the archive, never in place of the user's failure."""
+    try:
+        return _policy_of(gm, list(inputs), config)
+    except Exception:  # noqa: BLE001 - recording is best effort; the archive says nothing then
+        return None
+
+
+def _policy_of(gm: Any, inputs: list[Any], config: ConfigRecord | None) -> ShapePolicy | None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    shape_env = _shape_env_of(values)
+    if shape_env is None:
+        return None
+    dynamo = dict((config.modules.get("torch._dynamo.config") or {}) if config is not None else {})
+    dynamic_default = dynamo.get("assume_static_by_default") is False
+    sources = [_source_of(n) for n in placeholders]
+    records, exprs = [], {}
+    for i, (value, real, source) in enumerate(zip(values, inputs + [None] * len(values), sources)):
+        if isinstance(value, torch.Tensor):
+            marks = _marks(real)
+            dims = tuple(_dim(shape_env, s, _real_size(real, d), f"{source}.size()[{d}]" if source else None,
+                              _origin(d, marks, dynamic_default), marks["ranges"].get(d))
+                         for d, s in enumerate(value.shape))
+            records.append(ShapeInput(input=i, kind="tensor", source=source, dims=dims))
+        elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            kind = type(value).__name__.lower()
+            plain = real if isinstance(real, (int, float, bool)) else None
+            dim = _dim(shape_env, value, plain, source, "dynamic=True" if dynamic_default else "automatic", None)
+            records.append(ShapeInput(input=i, kind=kind, source=source, dims=(dim,)))
+        for d, dim in enumerate(records[-1].dims if records and records[-1].input == i else ()):
+            if dim.kind != STATIC:
+                exprs.setdefault(dim.expr, []).append(f"{i}.{d}")
+    tensor_dims = {d.expr: d for r in records if r.kind == "tensor" for d in r.dims if d.kind != STATIC}
+    records = [dataclasses.replace(r, dims=(dataclasses.replace(r.dims[0], origin=tensor_dims[r.dims[0].expr].origin),))
+               if r.kind != "tensor" and r.dims and r.dims[0].expr in tensor_dims else r for r in records]
+    records = [dataclasses.replace(r, dims=tuple(
+        dataclasses.replace(dim, equal_to=tuple(x for x in exprs.get(dim.expr, ()) if x != f"{r.input}.{d}"))
+        if dim.kind != STATIC else dim for d, dim in enumerate(r.dims))) for r in records]
+    settings = {k: v for k, v in dataclasses.asdict(shape_env.settings).items() if isinstance(v, (bool, int, str))}
+    settings.update({k: dynamo[k] for k in _DYNAMO_SETTINGS if isinstance(dynamo.get(k), (bool, int, str))})
+    return ShapePolicy(
+        recorded_from="fake_tensors", inputs=tuple(records), symbols=_symbols(shape_env),
+        guards=tuple(_guards(shape_env, values, placeholders, sources)),
+        shape_guards=tuple(str(g.expr) for g in shape_env.guards),
+        runtime_asserts=tuple(str(ra.expr) for ras in shape_env.deferred_runtime_asserts.values() for ra in ras),
+        settings=settings,
+    )
+
+
+def _shape_env_of(values: Sequence[Any]):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for v in values:
+        if isinstance(v, FakeTensor) and v.fake_mode.shape_env is not None:
+            return v.fake_mode.shape_env
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return v.node.shape_env
+    return None
+
+
+def _source_of(node: Any) -> str | None:
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else None
+
+
+def _marks(real: Any) -> dict[str, Any]:
+    """What the user asked of this tensor: ``torch._dynamo.mark_dynamic`` (with min/max),
+    ``maybe_mark_dynamic`` and ``mark_unbacked`` leave these attributes on it."""
+    ranges = {r.dim: (r.min, r.max) for r in getattr(real, "_dynamo_dynamic_range", ()) or ()}
+    return {"dynamic": set(getattr(real, "_dynamo_dynamic_indices", ()) or ()),
+            "weak": set(getattr(real, "_dynamo_weak_dynamic_indices", ()) or ()),
+            "unbacked": set(getattr(real, "_dynamo_unbacked_indices", ()) or ()), "ranges": ranges}
+
+
+def _origin(d: int, marks: dict[str, Any], dynamic_default: bool) -> str:
+    if d in marks["unbacked"]:
+        return "mark_unbacked"
+    if d in marks["dynamic"]:
+        return "mark_dynamic"
+    if d in marks["weak"]:
+        return "maybe_mark_dynamic"
+    return "dynamic=True" if dynamic_default else "automatic"
+
+
+def _real_size(real: Any, d: int) -> int | None:
+    if isinstance(real, torch.Tensor) and not _is_fake(real) and d < real.dim():
+        return int(real.shape[d])
+    return None
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or t.device.type == "meta"
+
+
+def _dim(shape_env, size: Any, real: Any, source: str | None, origin: str, marked: Any) -> ShapeDim:
+    if not isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        asked = origin in ("mark_dynamic", "maybe_mark_dynamic", "mark_unbacked", "dynamic=True") or marked
+        zero_one = type(size) is int and size in (0, 1) and asked
+        return ShapeDim(kind=STATIC, size=int(size) if type(size) is int else None, source=source,
+                        origin=origin if zero_one else "static", specialized="0/1" if zero_one else None)
+    expr = size.node.expr
+    unbacked = bool(_free_unbacked(expr))
+    hint = real if real is not None else (None if unbacked else size.node.hint)
+    low, high = _range(shape_env, expr)
+    return ShapeDim(kind=UNBACKED if unbacked else BACKED, size=_plain_int(hint), expr=str(expr), source=source,
+                    min=low, max=high, origin=origin)
+
+
+def _free_unbacked(expr) -> set:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return set(free_unbacked_symbols(expr))
+
+
+def _range(shape_env, expr) -> tuple[int | None, int | None]:
+    try:
+        vr = shape_env.bound_sympy(expr)
+    except Exception:  # noqa: BLE001 - an expression sympy cannot bound: range unknown
+        return None, None
+    return _plain_int(vr.lower), _plain_int(vr.upper)
+
+
+def _plain_int(value: Any) -> int | None:
+    """A finite integer bound or hint as an int; None for unbounded (``int_oo``) or unknown."""
+    if type(value) is int or getattr(value, "is_Integer", False) is True:
+        as_int = int(value)
+        return as_int if abs(as_int) < (1 << 62) else None
+    return None
+
+
+def _backed_values(shape_env) -> dict:
+    values = getattr(shape_env, "backed_var_to_val", None)  # torch 2.13's name; var_to_val before
+    return values if values is not None else shape_env.var_to_val
+
+
+def _symbols(shape_env) -> tuple[ShapeSymbol, ...]:
+    out = []
+    for sym, vr in sorted(shape_env.var_to_range.items(), key=lambda kv: str(kv[0])):
+        unbacked = bool(_free_unbacked(sym))
+        replaced = shape_env.replacements.get(sym)
+        out.append(ShapeSymbol(
+            name=str(sym), kind=UNBACKED if unbacked else BACKED, hint=_plain_int(_backed_values(shape_env).get(sym)),
+            min=_plain_int(vr.lower), max=_plain_int(vr.upper),
+            sources=tuple(s.name for s in shape_env.var_to_sources.get(sym, ()) if isinstance(s.name, str)),
+            replaced_by=str(replaced) if replaced is not None and replaced != sym else None))
+    return tuple(out)
+
+
+def _guards(shape_env, values, placeholders, sources) -> list[str]:
+    """The shape guards as Dynamo renders them (``2 <= L['x'].size()[0] <= 64``), over the
+    inputs that have a source; a replay renders its own the same way and compares."""
+    fakes, srcs = [], []
+    in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
+                  if isinstance(s, torch.SymInt)}
+    for value, source in zip(values, sources):
+        if isinstance(value, torch.SymInt) and value.node.expr in in_tensors:
+            continue  # Dynamo's ``s77`` placeholder next to the tensor whose size it is
+        if source is not None and isinstance(value, (torch.Tensor, torch.SymInt)):
+            fakes.append(value)
+            srcs.append(_source(source))
+    if not fakes:
+        return []
+    try:
+        return list(shape_env.produce_guards(fakes, srcs))
+    except Exception:  # noqa: BLE001 - guards that cannot be rendered are left out
+        return []
+
+
+def _source(name: str):
+    """A Dynamo source that prints as ``name``: symbol names are derived from source names, so
+    a replay's symbols and guard text match the recording's."""
+    from torch._dynamo.source import ConstantSource
+
+    return ConstantSource(name)
+
+
+def is_symbolic(policy: ShapePolicy | None) -> bool:
+    """Whether a recorded compile had anything symbolic: a non-static input dimension or a
+    symbol of its own (an unbacked size from ``nonzero()``/``.item()``)."""
+    if policy is None:
+        return False
+    return bool(policy.symbols) or any(d.kind != STATIC for r in policy.inputs for d in r.dims)
+
+
+def describe_dim(dim: ShapeDim) -> str:
+    """One dimension for people: ``8``, ``s77=8 [2, 64] mark_dynamic``, ``u0 (unbacked)``."""
+    if dim.kind == STATIC:
+        return f"{dim.size}" + (" (0/1 specialised)" if dim.specialized else "")
+    text = f"{dim.expr}" + (f"={dim.size}" if dim.size is not None else "")
+    if dim.min is not None or dim.max is not None:
+        text += f" [{dim.min if dim.min is not None else '-inf'}, {dim.max if dim.max is not None else 'inf'}]"
+    if dim.kind == UNBACKED:
+        text += " unbacked"
+    return text + (f" {dim.origin}" if dim.origin else "")
+
+
+# --------------------------------------------------------------------------------------------
+# record -> torch
+
+
+@dataclasses.dataclass
+class ReplayShapes:
+    """The fake side of a replay: ``fake_mode`` (with its ShapeEnv), one fake value per input
+    (None where the input has no policy), the sources they were made from, and what could not
+    be re-created as recorded (``problems``)."""
+
+    fake_mode: Any
+    fakes: list[Any]
+    sources: list[Any]
+    problems: list[str]
+
+    @property
+    def shape_env(self):
+        return self.fake_mode.shape_env
+
+    def guards(self) -> list[str]:
+        fakes = [f for f, s in zip(self.fakes, self.sources) if f is not None and s is not None]
+        srcs = [s for f, s in zip(self.fakes, self.sources) if f is not None and s is not None]
+        return list(self.shape_env.produce_guards(fakes, srcs)) if fakes else []
+
+
+def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) -> ReplayShapes:
+    """Fake values for ``args`` made with ``policy``; ``names`` are the placeholders' names,
+    the sources of inputs the policy gives none. Symbol inputs reuse the symbol of the tensor
+    dimension with the same recorded expression (Dynamo passes ``s77`` next to the tensor whose
+    size it is)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    settings = {k: v for k, v in policy.settings.items()
+                if k in ("duck_shape", "specialize_zero_one", "allow_dynamic_output_shape_ops",
+                         "allow_scalar_outputs", "prefer_deferred_runtime_asserts_over_guards")
+                and isinstance(v, bool)}
+    shape_env = ShapeEnv(**settings)
+    fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    by_input = {r.input: r for r in policy.inputs}
+    fakes: list[Any] = [None] * len(args)
+    sources: list[Any] = [None] * len(args)
+    problems: list[str] = []
+    symbols: dict[str, Any] = {}
+    shared = _shared_exprs(policy)
+    for i, arg in enumerate(args):
+        rec = by_input.get(i)
+        if rec is None or rec.kind != "tensor" or not isinstance(arg, torch.Tensor):
+            continue
+        if len(rec.dims) != arg.dim():
+            problems.append(f"input {i} has {arg.dim()} dimensions, the recorded policy {len(rec.dims)}")
+            continue
+        source = _source(rec.source or f"L[{names[i]!r}]")
+        fakes[i], sources[i] = _fake_tensor(fake_mode, arg, rec, source, shared, problems), source
+        for dim, size in zip(rec.dims, fakes[i].shape):
+            if dim.kind != STATIC and isinstance(size, torch.SymInt) and dim.expr and dim.expr not in symbols:
+                symbols[dim.expr] = size
+    for i, arg in enumerate(args):
+        rec = by_input.get(i)
+        if rec is None or rec.kind == "tensor" or not rec.dims:
+            continue
+        dim = rec.dims[0]
+        if dim.kind == STATIC:
+            continue
+        value = symbols.get(dim.expr)
+        if value is None:
+            value = _free_symint(shape_env, arg, dim, _source(rec.source or f"L[{names[i]!r}]"))
+        fakes[i], sources[i] = value, _source(rec.source) if rec.source else None
+    _restore_equalities(policy, shape_env, problems)
+    return ReplayShapes(fake_mode, fakes, sources, problems)
+
+
+def _shared_exprs(policy: ShapePolicy) -> set[str]:
+    """Expressions recorded for more than one dimension (duck-sized or guarded equal)."""
+    return {d.expr for r in policy.inputs if r.kind == "tensor" for d in r.dims if d.kind != STATIC and d.equal_to}
+
+
+def _fake_tensor(fake_mode, arg: torch.Tensor, rec: ShapeInput, source, shared: set[str], problems: list[str]):
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        RelaxedUnspecConstraint,
+        StatelessSymbolicContext,
+        StrictMinMaxConstraint,
+    )
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    dynamic, constraints = [], []
+    for dim in rec.dims:
+        if dim.kind == STATIC:
+            dynamic.append(DimDynamic.STATIC)
+            constraints.append(None)
+            continue
+        if dim.kind == UNBACKED:
+            dynamic.append(DimDynamic.UNBACKED)
+        else:  # equal dimensions share a symbol by value (duck sizing), independent ones do not
+            dynamic.append(DimDynamic.DUCK if dim.expr in shared else DimDynamic.DYNAMIC)
+        if dim.origin == "mark_dynamic" and (dim.min is not None or dim.max is not None):
+            vr = ValueRanges(dim.min if dim.min is not None else 0, dim.max if dim.max is not None else _INT_OO())
+            constraints.append(StrictMinMaxConstraint(warn_only=False, vr=vr))
+        else:
+            constraints.append(RelaxedUnspecConstraint(warn_only=True) if dim.kind == BACKED else None)
+    context = StatelessSymbolicContext(dynamic_sizes=dynamic, constraint_sizes=constraints)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fake_mode.from_tensor(arg, symbolic_context=context, source=source)
+
+
+def _INT_OO():  # noqa: N802 - torch's name for an unbounded integer range end
+    from torch.utils._sympy.numbers import int_oo
+
+    return int_oo
+
+
+def _free_symint(shape_env, arg: Any, dim: ShapeDim, source):
+    """A symbolic scalar input whose symbol no tensor dimension has (a dynamic int argument)."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    value = int(arg) if isinstance(arg, (int, torch.SymInt)) else dim.size
+    if dim.kind == UNBACKED:
+        return shape_env.create_unbacked_symint(source=source)
+    return shape_env.create_symintnode(shape_env.create_symbol(value, source, DimDynamic.DYNAMIC), hint=value,
+                                       source=source)
+
+
+def _restore_equalities(policy: ShapePolicy, shape_env, problems: list[str]) -> None:
+    """Re-assert the recorded ShapeEnv guards that relate symbols (``Eq(s1, 2*s0)``: a derived
+    dimension); read through the closed grammar, never evaluated."""
+    from reproarchive.codec.symbolic_text import parse
+    from reproarchive.errors import UnsafeArchiveError
+
+    names = {str(s): s for s in shape_env.var_to_range}
+    for text in policy.shape_guards:
+        try:
+            expr = parse(text, names)
+        except UnsafeArchiveError as err:
+            problems.append(f"recorded guard not re-created: {err}")
+            continue
+        if expr.free_symbols and expr.free_symbols <= set(names.values()):
+            try:
+                shape_env.evaluate_expr(expr)
+            except Exception as err:  # noqa: BLE001 - the replay's values contradict the guard
+                problems.append(f"recorded guard {text!r} does not hold here: {type(err).__name__}")
+
