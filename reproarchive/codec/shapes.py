@@ -81,7 +81,7 @@ def _policy_of(gm: Any, inputs: list[Any], config: ConfigRecord | None) -> Shape
     settings.update({k: dynamo[k] for k in _DYNAMO_SETTINGS if isinstance(dynamo.get(k), (bool, int, str))})
     return ShapePolicy(
         recorded_from="fake_tensors", inputs=tuple(records), symbols=_symbols(shape_env),
-        guards=tuple(_guards(shape_env, values, placeholders, sources)),
+        guards=tuple(_guards(shape_env, values, sources)),
         shape_guards=tuple(str(g.expr) for g in shape_env.guards),
         runtime_asserts=tuple(str(ra.expr) for ras in shape_env.deferred_runtime_asserts.values() for ra in ras),
         settings=settings,
@@ -192,24 +192,30 @@ def _symbols(shape_env) -> tuple[ShapeSymbol, ...]:
     return tuple(out)
 
 
-def _guards(shape_env, values, placeholders, sources) -> list[str]:
+def _guards(shape_env, values: Sequence[Any], sources: Sequence[str | None]) -> list[str]:
     """The shape guards as Dynamo renders them (``2 <= L['x'].size()[0] <= 64``), over the
-    inputs that have a source; a replay renders its own the same way and compares."""
-    fakes, srcs = [], []
-    in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
-                  if isinstance(s, torch.SymInt)}
-    for value, source in zip(values, sources):
-        if isinstance(value, torch.SymInt) and value.node.expr in in_tensors:
-            continue  # Dynamo's ``s77`` placeholder next to the tensor whose size it is
-        if source is not None and isinstance(value, (torch.Tensor, torch.SymInt)):
-            fakes.append(value)
-            srcs.append(_source(source))
-    if not fakes:
-        return []
+    inputs that have a source; a replay renders its own the same way (``ReplayShapes.guards``)."""
     try:
-        return list(shape_env.produce_guards(fakes, srcs))
+        return rendered_guards(shape_env, values, [_source(s) if s else None for s in sources])
     except Exception:  # noqa: BLE001 - guards that cannot be rendered are left out
         return []
+
+
+def rendered_guards(shape_env, values: Sequence[Any], sources: Sequence[Any]) -> list[str]:
+    """``shape_env``'s guards over the tensors and symbolic scalars of ``values`` that have a
+    source, leaving out a scalar that is the size of one of those tensors (Dynamo's ``s77``
+    placeholder next to ``x``: it would only add ``L['x'].size()[0] == L['x'].size()[0]``)."""
+    in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
+                  if isinstance(s, torch.SymInt)}
+    fakes, srcs = [], []
+    for value, source in zip(values, sources):
+        if source is None or not isinstance(value, (torch.Tensor, torch.SymInt)):
+            continue
+        if isinstance(value, torch.SymInt) and value.node.expr in in_tensors:
+            continue
+        fakes.append(value)
+        srcs.append(source)
+    return list(shape_env.produce_guards(fakes, srcs)) if fakes else []
 
 
 def _source(name: str):
@@ -226,6 +232,33 @@ def is_symbolic(policy: ShapePolicy | None) -> bool:
     if policy is None:
         return False
     return bool(policy.symbols) or any(d.kind != STATIC for r in policy.inputs for d in r.dims)
+
+
+def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_after: Sequence[str]):
+    """``policy`` for a graph whose inputs are ``names_after`` (a minifier candidate), made from
+    the graph whose inputs were ``names_before``: an input kept under its placeholder name keeps
+    its recorded policy (a symbolic input stays symbolic), renumbered; an input cut from an inner
+    value has none (static). Guards that name a dropped input's source are left out."""
+    if policy is None:
+        return None
+    position = {name: i for i, name in enumerate(names_before)}
+    moved = {position[name]: j for j, name in enumerate(names_after) if name in position}
+    kept = [r for r in policy.inputs if r.input in moved]
+    dropped = [r.source for r in policy.inputs if r.input not in moved and r.source]
+
+    def renumbered(ref: str) -> str | None:
+        i, _, d = ref.partition(".")
+        return f"{moved[int(i)]}.{d}" if i.isdigit() and int(i) in moved else None
+
+    inputs = tuple(dataclasses.replace(r, input=moved[r.input], dims=tuple(
+        dataclasses.replace(d, equal_to=tuple(x for x in map(renumbered, d.equal_to) if x)) for d in r.dims))
+        for r in kept)
+    guards = tuple(g for g in policy.guards if not any(src in g for src in dropped))
+    return dataclasses.replace(policy, inputs=tuple(sorted(inputs, key=lambda r: r.input)), guards=guards)
+
+
+def placeholder_names(gm: Any) -> list[str]:
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def describe_dim(dim: ShapeDim) -> str:
@@ -260,9 +293,7 @@ class ReplayShapes:
         return self.fake_mode.shape_env
 
     def guards(self) -> list[str]:
-        fakes = [f for f, s in zip(self.fakes, self.sources) if f is not None and s is not None]
-        srcs = [s for f, s in zip(self.fakes, self.sources) if f is not None and s is not None]
-        return list(self.shape_env.produce_guards(fakes, srcs)) if fakes else []
+        return rendered_guards(self.shape_env, self.fakes, self.sources)
 
 
 def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) -> ReplayShapes:
@@ -313,8 +344,14 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
 
 
 def _shared_exprs(policy: ShapePolicy) -> set[str]:
-    """Expressions recorded for more than one dimension (duck-sized or guarded equal)."""
-    return {d.expr for r in policy.inputs if r.kind == "tensor" for d in r.dims if d.kind != STATIC and d.equal_to}
+    """Expressions recorded for more than one tensor dimension (duck-sized or guarded equal);
+    Dynamo's symbolic scalar placeholder of a size does not count, it is that size."""
+    seen: dict[str, int] = {}
+    for r in policy.inputs:
+        for d in r.dims if r.kind == "tensor" else ():
+            if d.kind != STATIC:
+                seen[d.expr] = seen.get(d.expr, 0) + 1
+    return {expr for expr, count in seen.items() if count > 1}
 
 
 def _fake_tensor(fake_mode, arg: torch.Tensor, rec: ShapeInput, source, shared: set[str], problems: list[str]):
@@ -339,8 +376,9 @@ def _fake_tensor(fake_mode, arg: torch.Tensor, rec: ShapeInput, source, shared: 
         if dim.origin == "mark_dynamic" and (dim.min is not None or dim.max is not None):
             vr = ValueRanges(dim.min if dim.min is not None else 0, dim.max if dim.max is not None else _INT_OO())
             constraints.append(StrictMinMaxConstraint(warn_only=False, vr=vr))
-        else:
-            constraints.append(RelaxedUnspecConstraint(warn_only=True) if dim.kind == BACKED else None)
+        else:  # what Dynamo passes: a constraint for a dimension made dynamic one by one, none for duck sizing
+            constraints.append(RelaxedUnspecConstraint(warn_only=True)
+                               if dim.kind == BACKED and dim.expr not in shared else None)
     context = StatelessSymbolicContext(dynamic_sizes=dynamic, constraint_sizes=constraints)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import as_records, pack
+from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.replay.settings import ReplaySettings
 
@@ -96,9 +97,12 @@ def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir
 
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     """A candidate (``stats`` None) or the result: the parent's records, this archive's
-    provenance (``parent``, ``minify``) in place of the parent's."""
+    provenance (``parent``, ``minify``) in place of the parent's, and the parent's shape policy
+    for the inputs it kept (a symbolic input stays symbolic)."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
-    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify))
+    shapes = restricted(repro.records.shapes, placeholder_names(repro.gm), placeholder_names(gm))  # its own inputs
+    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify,
+                                                       shapes=shapes))
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
