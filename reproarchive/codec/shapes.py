@@ -234,43 +234,39 @@ def is_symbolic(policy: ShapePolicy | None) -> bool:
     return bool(policy.symbols) or any(d.kind != STATIC for r in policy.inputs for d in r.dims)
 
 
-def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_after: Sequence[str]):
+def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_after: Sequence[str],
+               inputs: Sequence[Any] | None = None):
     """``policy`` for a graph whose inputs are ``names_after`` (a minifier candidate), made from
     the graph whose inputs were ``names_before``: an input kept under its placeholder name keeps
     its recorded policy (a symbolic input stays symbolic), renumbered; an input cut from an inner
-    value has none (static). Guards that name a dropped input's source are left out."""
+    value has none (static). Guards that name a dropped tensor's source are left out. With
+    ``inputs`` (the candidate's values) each kept dimension's ``size`` is the size it has now."""
     if policy is None:
         return None
     position = {name: i for i, name in enumerate(names_before)}
     moved = {position[name]: j for j, name in enumerate(names_after) if name in position}
     kept = [r for r in policy.inputs if r.input in moved]
-    dropped = [r.source for r in policy.inputs if r.input not in moved and r.source]
+    dropped = [r.source for r in policy.inputs if r.input not in moved and r.source and r.kind == "tensor"]
 
     def renumbered(ref: str) -> str | None:
         i, _, d = ref.partition(".")
         return f"{moved[int(i)]}.{d}" if i.isdigit() and int(i) in moved else None
 
-    inputs = tuple(dataclasses.replace(r, input=moved[r.input], dims=tuple(
-        dataclasses.replace(d, equal_to=tuple(x for x in map(renumbered, d.equal_to) if x)) for d in r.dims))
-        for r in kept)
+    def now(r: ShapeInput, d: int, dim: ShapeDim) -> int | None:
+        value = inputs[moved[r.input]] if inputs is not None else None
+        if isinstance(value, torch.Tensor) and d < value.dim():
+            return int(value.shape[d])
+        return int(value) if type(value) is int else dim.size
+
+    inputs_after = tuple(dataclasses.replace(r, input=moved[r.input], dims=tuple(
+        dataclasses.replace(dim, size=now(r, d, dim), equal_to=tuple(x for x in map(renumbered, dim.equal_to) if x))
+        for d, dim in enumerate(r.dims))) for r in kept)
     guards = tuple(g for g in policy.guards if not any(src in g for src in dropped))
-    return dataclasses.replace(policy, inputs=tuple(sorted(inputs, key=lambda r: r.input)), guards=guards)
+    return dataclasses.replace(policy, inputs=tuple(sorted(inputs_after, key=lambda r: r.input)), guards=guards)
 
 
 def placeholder_names(gm: Any) -> list[str]:
     return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def describe_dim(dim: ShapeDim) -> str:
-    """One dimension for people: ``8``, ``s77=8 [2, 64] mark_dynamic``, ``u0 (unbacked)``."""
-    if dim.kind == STATIC:
-        return f"{dim.size}" + (" (0/1 specialised)" if dim.specialized else "")
-    text = f"{dim.expr}" + (f"={dim.size}" if dim.size is not None else "")
-    if dim.min is not None or dim.max is not None:
-        text += f" [{dim.min if dim.min is not None else '-inf'}, {dim.max if dim.max is not None else 'inf'}]"
-    if dim.kind == UNBACKED:
-        text += " unbacked"
-    return text + (f" {dim.origin}" if dim.origin else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,7 +314,12 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
     shared = _shared_exprs(policy)
     for i, arg in enumerate(args):
         rec = by_input.get(i)
-        if rec is None or rec.kind != "tensor" or not isinstance(arg, torch.Tensor):
+        if not isinstance(arg, torch.Tensor):
+            continue
+        if rec is None or rec.kind != "tensor":
+            # Dynamo fakifies every input: one the policy does not describe (a value a minifier
+            # cut from inside the graph) is static, never left for a backend to make dynamic
+            fakes[i] = _static_fake(fake_mode, arg, f"L[{names[i]!r}]")
             continue
         if len(rec.dims) != arg.dim():
             problems.append(f"input {i} has {arg.dim()} dimensions, the recorded policy {len(rec.dims)}")
@@ -383,6 +384,16 @@ def _fake_tensor(fake_mode, arg: torch.Tensor, rec: ShapeInput, source, shared: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fake_mode.from_tensor(arg, symbolic_context=context, source=source)
+
+
+def _static_fake(fake_mode, arg: torch.Tensor, name: str):
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * arg.dim(),
+                                       constraint_sizes=[None] * arg.dim())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fake_mode.from_tensor(arg, symbolic_context=context, source=_source(name))
 
 
 def _INT_OO():  # noqa: N802 - torch's name for an unbounded integer range end

@@ -100,7 +100,7 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     provenance (``parent``, ``minify``) in place of the parent's, and the parent's shape policy
     for the inputs it kept (a symbolic input stays symbolic)."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
-    shapes = restricted(repro.records.shapes, placeholder_names(repro.gm), placeholder_names(gm))  # its own inputs
+    shapes = restricted(repro.records.shapes, placeholder_names(repro.gm), placeholder_names(gm), inputs)
     pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify,
                                                        shapes=shapes))
 

@@ -118,3 +118,24 @@ def test_an_archive_recorded_static_replays_static_without_a_shape_warning(tmp_p
     assert outcome.status == REPRODUCED
     assert outcome.shapes["policy"] == "recorded" and outcome.shapes["symbolic"] is False
     assert not any("shape" in w for w in outcome.warnings), outcome.warnings
+
+
+def test_a_failure_only_on_free_symbols_minifies_to_a_graph_that_is_still_symbolic(tmp_path):
+    def wider(x, y):
+        a = torch.relu(x) * 3
+        b = torch.sigmoid(y).sum(1)
+        return a.sum(0) + b.max()
+
+    x, y = torch.randn(8, 3), torch.randn(5, 4)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    path = capture(tmp_path / "a.tar.zst", wider, (x, y), FREE_SYMBOLS)
+    report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst", isolate=False, max_time=120)
+    assert report.status == "minified", report.to_dict()
+    small = reproarchive.load(report.output)
+    policy = small.records.shapes
+    assert policy is not None and any(d.kind == "backed" for r in policy.inputs for d in r.dims), policy
+    assert len(small.gm.graph.nodes) < len(reproarchive.load(path).gm.graph.nodes)
+    assert all(r.input < len(small.args) for r in policy.inputs)
+    outcome = reproarchive.run(report.output)
+    assert outcome.status == REPRODUCED and outcome.shapes["symbolic"], outcome.to_dict()
+    assert outcome.shapes["guards_match"] is True

@@ -41,6 +41,19 @@ def _unbacked_pass(gm, example_inputs):
     return gm
 
 
-for _name, _pass in ((FREE_SYMBOLS, _free_symbols_pass), (UNBACKED, _unbacked_pass)):
+#: the same backends as ``module:function`` names (``run --backend support.symbolic_backends:free_symbols_backend``)
+_FREE_SYMBOLS = aot_autograd(fw_compiler=_free_symbols_pass)
+_UNBACKED = aot_autograd(fw_compiler=_unbacked_pass)
+
+
+def free_symbols_backend(gm, example_inputs):
+    return _FREE_SYMBOLS(gm, example_inputs)
+
+
+def unbacked_backend(gm, example_inputs):
+    return _UNBACKED(gm, example_inputs)
+
+
+for _name, _backend in ((FREE_SYMBOLS, _FREE_SYMBOLS), (UNBACKED, _UNBACKED)):
     if _name not in _COMPILER_FNS:
-        register_backend(aot_autograd(fw_compiler=_pass), name=_name)
+        register_backend(_backend, name=_name)
