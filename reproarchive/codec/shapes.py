@@ -292,26 +292,56 @@ class ReplayShapes:
         return rendered_guards(self.shape_env, self.fakes, self.sources)
 
 
+#: the ShapeEnv settings a replay takes from the record (the others are Dynamo's, in its config)
+SHAPE_ENV_SETTINGS = ("duck_shape", "specialize_zero_one", "allow_dynamic_output_shape_ops", "allow_scalar_outputs",
+                      "prefer_deferred_runtime_asserts_over_guards")
+
+
+def shape_env_settings(policy: ShapePolicy) -> dict[str, bool]:
+    return {k: v for k, v in policy.settings.items() if k in SHAPE_ENV_SETTINGS and isinstance(v, bool)}
+
+
+def dimension_plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | None]]]:
+    """How a replay makes each recorded dimension, as plain data (``export`` writes it into its
+    script): input -> one ``(DimDynamic name, constraint, expr)`` per dimension, the constraint
+    None, ``"relaxed"`` or ``[min, max]`` (max None: unbounded), as Dynamo passes them: a range
+    for ``mark_dynamic(min=, max=)``, a relaxed one for a dimension made dynamic on its own, none
+    for duck sizing. Dimensions recorded with the same expression share a symbol by duck sizing
+    (``DUCK``); independent ones get one each (``DYNAMIC``), whatever their sizes."""
+    shared = _shared_exprs(policy)
+    plan = {}
+    for rec in policy.inputs:
+        dims = []
+        for dim in rec.dims:
+            if dim.kind == STATIC:
+                dims.append(("STATIC", None, None))
+                continue
+            kind = "UNBACKED" if dim.kind == UNBACKED else "DUCK" if dim.expr in shared else "DYNAMIC"
+            if dim.origin == "mark_dynamic" and (dim.min is not None or dim.max is not None):
+                constraint: Any = [dim.min if dim.min is not None else 0, dim.max]
+            else:
+                constraint = "relaxed" if kind == "DYNAMIC" else None
+            dims.append((kind, constraint, dim.expr))
+        plan[rec.input] = dims
+    return plan
+
+
 def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) -> ReplayShapes:
-    """Fake values for ``args`` made with ``policy``; ``names`` are the placeholders' names,
-    the sources of inputs the policy gives none. Symbol inputs reuse the symbol of the tensor
-    dimension with the same recorded expression (Dynamo passes ``s77`` next to the tensor whose
-    size it is)."""
+    """Fake values for ``args`` made with ``policy`` (``dimension_plan``); ``names`` are the
+    placeholders' names, the sources of inputs the policy gives none. Symbol inputs reuse the
+    symbol of the tensor dimension with the same recorded expression (Dynamo passes ``s77`` next
+    to the tensor whose size it is)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    settings = {k: v for k, v in policy.settings.items()
-                if k in ("duck_shape", "specialize_zero_one", "allow_dynamic_output_shape_ops",
-                         "allow_scalar_outputs", "prefer_deferred_runtime_asserts_over_guards")
-                and isinstance(v, bool)}
-    shape_env = ShapeEnv(**settings)
+    shape_env = ShapeEnv(**shape_env_settings(policy))
     fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
     by_input = {r.input: r for r in policy.inputs}
+    plan = dimension_plan(policy)
     fakes: list[Any] = [None] * len(args)
     sources: list[Any] = [None] * len(args)
     problems: list[str] = []
     symbols: dict[str, Any] = {}
-    shared = _shared_exprs(policy)
     for i, arg in enumerate(args):
         rec = by_input.get(i)
         if not isinstance(arg, torch.Tensor):
@@ -319,13 +349,13 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
         if rec is None or rec.kind != "tensor":
             # Dynamo fakifies every input: one the policy does not describe (a value a minifier
             # cut from inside the graph) is static, never left for a backend to make dynamic
-            fakes[i] = _static_fake(fake_mode, arg, f"L[{names[i]!r}]")
+            fakes[i] = _fake(fake_mode, arg, [("STATIC", None, None)] * arg.dim(), _source(f"L[{names[i]!r}]"))
             continue
         if len(rec.dims) != arg.dim():
             problems.append(f"input {i} has {arg.dim()} dimensions, the recorded policy {len(rec.dims)}")
             continue
         source = _source(rec.source or f"L[{names[i]!r}]")
-        fakes[i], sources[i] = _fake_tensor(fake_mode, arg, rec, source, shared, problems), source
+        fakes[i], sources[i] = _fake(fake_mode, arg, plan[i], source), source
         for dim, size in zip(rec.dims, fakes[i].shape):
             if dim.kind != STATIC and isinstance(size, torch.SymInt) and dim.expr and dim.expr not in symbols:
                 symbols[dim.expr] = size
@@ -355,51 +385,28 @@ def _shared_exprs(policy: ShapePolicy) -> set[str]:
     return {expr for expr, count in seen.items() if count > 1}
 
 
-def _fake_tensor(fake_mode, arg: torch.Tensor, rec: ShapeInput, source, shared: set[str], problems: list[str]):
+def _fake(fake_mode, arg: torch.Tensor, plan: list[tuple[str, Any, str | None]], source):
+    """``arg`` fakified in ``fake_mode`` with one ``dimension_plan`` entry per dimension."""
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,
         RelaxedUnspecConstraint,
         StatelessSymbolicContext,
         StrictMinMaxConstraint,
     )
+    from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    dynamic, constraints = [], []
-    for dim in rec.dims:
-        if dim.kind == STATIC:
-            dynamic.append(DimDynamic.STATIC)
-            constraints.append(None)
-            continue
-        if dim.kind == UNBACKED:
-            dynamic.append(DimDynamic.UNBACKED)
-        else:  # equal dimensions share a symbol by value (duck sizing), independent ones do not
-            dynamic.append(DimDynamic.DUCK if dim.expr in shared else DimDynamic.DYNAMIC)
-        if dim.origin == "mark_dynamic" and (dim.min is not None or dim.max is not None):
-            vr = ValueRanges(dim.min if dim.min is not None else 0, dim.max if dim.max is not None else _INT_OO())
-            constraints.append(StrictMinMaxConstraint(warn_only=False, vr=vr))
-        else:  # what Dynamo passes: a constraint for a dimension made dynamic one by one, none for duck sizing
-            constraints.append(RelaxedUnspecConstraint(warn_only=True)
-                               if dim.kind == BACKED and dim.expr not in shared else None)
-    context = StatelessSymbolicContext(dynamic_sizes=dynamic, constraint_sizes=constraints)
+    def constraint(c):
+        if c == "relaxed":
+            return RelaxedUnspecConstraint(warn_only=True)
+        return None if c is None else StrictMinMaxConstraint(warn_only=False, vr=ValueRanges(
+            c[0], int_oo if c[1] is None else c[1]))
+
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic[kind] for kind, _, _ in plan],
+                                       constraint_sizes=[constraint(c) for _, c, _ in plan])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fake_mode.from_tensor(arg, symbolic_context=context, source=source)
-
-
-def _static_fake(fake_mode, arg: torch.Tensor, name: str):
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-
-    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * arg.dim(),
-                                       constraint_sizes=[None] * arg.dim())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return fake_mode.from_tensor(arg, symbolic_context=context, source=_source(name))
-
-
-def _INT_OO():  # noqa: N802 - torch's name for an unbounded integer range end
-    from torch.utils._sympy.numbers import int_oo
-
-    return int_oo
 
 
 def _free_symint(shape_env, arg: Any, dim: ShapeDim, source):
