@@ -195,6 +195,8 @@ def _symbols(shape_env) -> tuple[ShapeSymbol, ...]:
 def _guards(shape_env, values: Sequence[Any], sources: Sequence[str | None]) -> list[str]:
     """The shape guards as Dynamo renders them (``2 <= L['x'].size()[0] <= 64``), over the
     inputs that have a source; a replay renders its own the same way (``ReplayShapes.guards``)."""
+    if not shape_env.var_to_range:  # no symbol: static shapes have no shape guards to render
+        return []
     try:
         return rendered_guards(shape_env, values, [_source(s) if s else None for s in sources])
     except Exception:  # noqa: BLE001 - guards that cannot be rendered are left out

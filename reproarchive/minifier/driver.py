@@ -22,6 +22,11 @@ the original inputs it was computed from, what an input move did to it (``values
 ``recorded``, ``cropped``, ``cast``, ``zeros``, ``ones``), whether it was computed from data
 the original archive did not have (``from_absent``) and, summing up, ``real``: whether the
 values are (a block of) the original data. Only this module reads archive records.
+
+Dynamic shapes: each candidate, and the minified archive, carries the parent's shape policy
+for the inputs it kept (``codec.shapes.restricted``: matched by placeholder name), so a
+recorded symbolic input stays symbolic, and replay judges each candidate with it; a value cut
+from inside the graph is a static input, as PyTorch's minifier makes it.
 """
 
 from __future__ import annotations

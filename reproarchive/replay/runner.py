@@ -185,8 +185,12 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
     """The compiled callable, taking positional arguments (what Dynamo's generated code does).
     With a symbolic shape policy the backend gets what Dynamo handed it: symbolic fake values
     on the placeholders and the fake mode in the tracing context (``replay.shape_policy``)."""
+    policy, report = shapes
     if source_kind == "after_aot" and backend == "inductor":
         from torch._inductor.compile_fx import compile_fx_inner
+
+        shape_policy.not_applied(policy, report, "an after_aot graph replayed with inductor's inner compiler is "
+                                 "re-traced with real (static) shapes, as PyTorch's after_aot replay does")
         from torch.fx.experimental.proxy_tensor import make_fx
 
         # Like PyTorch's after_aot run_repro: re-trace so every node carries the meta
@@ -194,7 +198,6 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
         gm = make_fx(gm, tracing_mode="real")(*args)
         inner = compile_fx_inner(gm, args)
         return lambda *a: inner(list(a))
-    policy, report = shapes
     with shape_policy.symbolic_compile(policy, gm, args, report) as example_inputs:
         compiled = compiler_fn(gm, example_inputs)
     # A plain wrapper: aot_autograd's result carries a copied ``_boxed_call`` attribute although

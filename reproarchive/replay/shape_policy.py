@@ -58,6 +58,12 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
             report.update(compared(policy, shapes))
 
 
+def not_applied(policy: ShapePolicy | None, report: dict | None, why: str) -> None:
+    """Say in the outcome that a symbolic recording was replayed without its policy, and why."""
+    if report is not None and is_symbolic(policy):
+        report.setdefault("problems", []).append(f"not applied: {why}")
+
+
 def compared(policy: ShapePolicy, shapes: ReplayShapes) -> dict[str, Any]:
     """The replay's guards next to the recorded ones (order does not matter)."""
     try:
