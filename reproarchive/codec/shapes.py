@@ -55,37 +55,58 @@ def _policy_of(gm: Any, inputs: list[Any], config: ConfigRecord | None) -> Shape
     dynamo = dict((config.modules.get("torch._dynamo.config") or {}) if config is not None else {})
     dynamic_default = dynamo.get("assume_static_by_default") is False
     sources = [_source_of(n) for n in placeholders]
-    records, exprs = [], {}
-    for i, (value, real, source) in enumerate(zip(values, inputs + [None] * len(values), sources)):
-        if isinstance(value, torch.Tensor):
-            marks = _marks(real)
-            dims = tuple(_dim(shape_env, s, _real_size(real, d), f"{source}.size()[{d}]" if source else None,
-                              _origin(d, marks, dynamic_default), marks["ranges"].get(d))
-                         for d, s in enumerate(value.shape))
-            records.append(ShapeInput(input=i, kind="tensor", source=source, dims=dims))
-        elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            kind = type(value).__name__.lower()
-            plain = real if isinstance(real, (int, float, bool)) else None
-            dim = _dim(shape_env, value, plain, source, "dynamic=True" if dynamic_default else "automatic", None)
-            records.append(ShapeInput(input=i, kind=kind, source=source, dims=(dim,)))
-        for d, dim in enumerate(records[-1].dims if records and records[-1].input == i else ()):
-            if dim.kind != STATIC:
-                exprs.setdefault(dim.expr, []).append(f"{i}.{d}")
-    tensor_dims = {d.expr: d for r in records if r.kind == "tensor" for d in r.dims if d.kind != STATIC}
-    records = [dataclasses.replace(r, dims=(dataclasses.replace(r.dims[0], origin=tensor_dims[r.dims[0].expr].origin),))
-               if r.kind != "tensor" and r.dims and r.dims[0].expr in tensor_dims else r for r in records]
-    records = [dataclasses.replace(r, dims=tuple(
-        dataclasses.replace(dim, equal_to=tuple(x for x in exprs.get(dim.expr, ()) if x != f"{r.input}.{d}"))
-        if dim.kind != STATIC else dim for d, dim in enumerate(r.dims))) for r in records]
+    records = [r for r in (_input_record(shape_env, i, value, real, source, dynamic_default)
+                           for i, (value, real, source) in enumerate(zip(values, inputs + [None] * len(values),
+                                                                         sources)))
+               if r is not None]
     settings = {k: v for k, v in dataclasses.asdict(shape_env.settings).items() if isinstance(v, (bool, int, str))}
     settings.update({k: dynamo[k] for k in _DYNAMO_SETTINGS if isinstance(dynamo.get(k), (bool, int, str))})
     return ShapePolicy(
-        recorded_from="fake_tensors", inputs=tuple(records), symbols=_symbols(shape_env),
+        recorded_from="fake_tensors", inputs=_linked(records), symbols=_symbols(shape_env),
         guards=tuple(_guards(shape_env, values, sources)),
         shape_guards=tuple(str(g.expr) for g in shape_env.guards),
         runtime_asserts=tuple(str(ra.expr) for ras in shape_env.deferred_runtime_asserts.values() for ra in ras),
         settings=settings,
     )
+
+
+def _input_record(shape_env, i: int, value: Any, real: Any, source: str | None,
+                  dynamic_default: bool) -> ShapeInput | None:
+    """One input's policy from its fake value, or None for an input that has none."""
+    if isinstance(value, torch.Tensor):
+        marks = _marks(real)
+        dims = tuple(_dim(shape_env, s, _real_size(real, d), f"{source}.size()[{d}]" if source else None,
+                          _origin(d, marks, dynamic_default), marks["ranges"].get(d))
+                     for d, s in enumerate(value.shape))
+        return ShapeInput(input=i, kind="tensor", source=source, dims=dims)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        plain = real if isinstance(real, (int, float, bool)) else None
+        dim = _dim(shape_env, value, plain, source, "dynamic=True" if dynamic_default else "automatic", None)
+        return ShapeInput(input=i, kind=type(value).__name__.lower(), source=source, dims=(dim,))
+    return None
+
+
+def _linked(records: list[ShapeInput]) -> tuple[ShapeInput, ...]:
+    """The records with each symbolic dimension's ``equal_to`` filled in, and a symbolic scalar
+    that is a tensor's size (Dynamo's ``s77`` placeholder) given that dimension's origin."""
+    where: dict[str, list[str]] = {}
+    origin: dict[str, str | None] = {}
+    for r in records:
+        for d, dim in enumerate(r.dims):
+            if dim.kind != STATIC:
+                where.setdefault(dim.expr, []).append(f"{r.input}.{d}")
+                if r.kind == "tensor":
+                    origin.setdefault(dim.expr, dim.origin)
+
+    def linked(r: ShapeInput, d: int, dim: ShapeDim) -> ShapeDim:
+        if dim.kind == STATIC:
+            return dim
+        return dataclasses.replace(
+            dim, equal_to=tuple(x for x in where[dim.expr] if x != f"{r.input}.{d}"),
+            origin=origin.get(dim.expr, dim.origin) if r.kind != "tensor" else dim.origin)
+
+    return tuple(dataclasses.replace(r, dims=tuple(linked(r, d, dim) for d, dim in enumerate(r.dims)))
+                 for r in records)
 
 
 def _shape_env_of(values: Sequence[Any]):

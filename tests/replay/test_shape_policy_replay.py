@@ -16,19 +16,11 @@ import reproarchive
 from reproarchive.codec.shapes import fakes_for
 from reproarchive.replay.outcome import PASSED, REPRODUCED
 from support import hostile_corpus
-from support.symbolic_backends import FREE_SYMBOLS, UNBACKED
+from support.symbolic_backends import FREE_SYMBOLS, UNBACKED, nonzero_view, two_sums
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 NOT_RECORDED = "shape policy was not recorded"
-
-
-def two_sums(x, y):
-    return (x * 2).sum(0) + y.sum(0)
-
-
-def nonzero_view(x):
-    return x.nonzero().view(-1) * 2
 
 
 def capture(path, fn, args, backend, **compile_options):

@@ -6,17 +6,9 @@ import pytest
 import torch
 
 import reproarchive
-from support.symbolic_backends import FREE_SYMBOLS, UNBACKED
+from support.symbolic_backends import FREE_SYMBOLS, UNBACKED, nonzero_view, two_sums
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
-def two_sums(x, y):
-    return (x * 2).sum(0) + y.sum(0)
-
-
-def nonzero_view(x):
-    return x.nonzero().view(-1) * 2
 
 
 def captured(path, fn, args, backend, **compile_options):

@@ -57,3 +57,15 @@ def unbacked_backend(gm, example_inputs):
 for _name, _backend in ((FREE_SYMBOLS, _FREE_SYMBOLS), (UNBACKED, _UNBACKED)):
     if _name not in _COMPILER_FNS:
         register_backend(_backend, name=_name)
+
+
+# Programs the tests compile with them
+
+
+def two_sums(x, y):
+    return (x * 2).sum(0) + y.sum(0)
+
+
+def nonzero_view(x):
+    """``nonzero()`` feeding a view: an unbacked size (with ``capture_dynamic_output_shape_ops``)."""
+    return x.nonzero().view(-1) * 2
