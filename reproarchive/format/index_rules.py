@@ -488,7 +488,9 @@ def check_shapes(shapes: ShapePolicy, inputs) -> None:
             raise bad(f"kind {entry.kind!r} is not one of {', '.join(SHAPE_INPUT_KINDS)}", "inputs", k, "kind")
         rank = len(value.shape) if isinstance(value, TensorValue) else 1
         is_tensor = isinstance(value, TensorValue)
-        matches = is_tensor if entry.kind == "tensor" else getattr(value, "kind", None) == entry.kind
+        # a symbol, or the plain value a source that saw only its hint stored (a trace import)
+        plain = {"symint": "int", "symfloat": "float", "symbool": "bool"}.get(entry.kind)
+        matches = is_tensor if entry.kind == "tensor" else getattr(value, "kind", None) in (entry.kind, plain)
         if not matches or len(entry.dims) != rank:
             raise bad(f"describes {len(entry.dims)} dimension(s) of a {entry.kind}, but input {entry.input} "
                       f"is a {getattr(value, 'kind', 'tensor')} with {rank}", "inputs", k, "dims")
