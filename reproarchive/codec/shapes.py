@@ -201,13 +201,14 @@ def _backed_values(shape_env) -> dict:
 
 
 def logged_policy(records: Sequence[dict[str, Any]], symbols: dict[str, dict[str, Any]],
-                  first_input: int = 0) -> ShapePolicy | None:
-    """The policy a TORCH_TRACE log tells (``recorded_from`` ``torch_trace``): per input, the
-    graph's annotation (``symbolic_shape``, ``expr``) with the hints, sources and ranges of the
-    log's ``create_symbol`` events. The log does not say what made a dimension dynamic, nor
-    render guards as a replay renders them: ``origin`` and ``guards`` stay empty. ``records``
-    are the input records of the trace import, input ``first_input + j`` for record ``j``;
-    None when nothing in them is symbolic."""
+                  first_input: int = 0, recorded_from: str = "torch_trace") -> ShapePolicy | None:
+    """The policy a TORCH_TRACE log (``torch_trace``) or a dumped script's ``load_args``
+    (``dump``) tells: per input, the symbolic sizes written in the graph's annotations or the
+    script's syntax (``symbolic_shape``, ``expr``), with the hints, sources and ranges of a log's
+    ``create_symbol`` events (a dump has none). Neither says what made a dimension dynamic, nor
+    renders guards as a replay renders them: ``origin`` and ``guards`` stay empty. ``records``
+    are the source's input records, input ``first_input + j`` for record ``j``; None when
+    nothing in them is symbolic."""
     out = []
     for j, rec in enumerate(records):
         if rec.get("kind") == "tensor" and isinstance(rec.get("shape"), list):
@@ -224,7 +225,7 @@ def logged_policy(records: Sequence[dict[str, Any]], symbols: dict[str, dict[str
                               min=_logged_range(info.get("range"))[0], max=_logged_range(info.get("range"))[1],
                               sources=(info["source"],) if isinstance(info.get("source"), str) else ())
                   for name, info in sorted(symbols.items()))
-    return ShapePolicy(recorded_from="torch_trace", inputs=linked(out), symbols=table)
+    return ShapePolicy(recorded_from=recorded_from, inputs=linked(out), symbols=table)
 
 
 def _logged_dim(logged: Any, size: Any, symbols: dict[str, dict[str, Any]]) -> ShapeDim:

@@ -71,7 +71,7 @@ def compared(policy: ShapePolicy, shapes: ReplayShapes) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - a ShapeEnv that cannot render its guards
         return {"guards_match": None, "problems": [*shapes.problems, f"guards not rendered: {type(err).__name__}"]}
     recorded = list(policy.guards)
-    if policy.recorded_from != "fake_tensors":  # a log's policy has no guards rendered this way
+    if policy.recorded_from != "fake_tensors":  # a log's or a dump's policy has no guards rendered this way
         return {"guards_replayed": replayed, "guards_match": None, "problems": list(shapes.problems)}
     return {"guards_replayed": replayed, "guards_match": sorted(recorded) == sorted(replayed),
             "guards_missing": [g for g in recorded if g not in replayed],
