@@ -99,6 +99,9 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         else:
             desc = f"{row.kind} = {'...' if row.items is not None else row.value}"
         _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {desc:40s} {row.fidelity}")
+    _say("shape policy:")
+    for line in info.shape_policy:
+        _say(f"  {line}")
     s = info.storage
     _say(
         f"storage: {s.storages} storages, {human_size(s.bytes_logical)} logical, {human_size(s.bytes_after_dedup)} "

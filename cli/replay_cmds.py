@@ -265,6 +265,9 @@ def format_outcome(outcome) -> str:
     lines.extend(_compiler_lines(outcome.recorded))
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
     lines.extend(_compiler_lines(outcome.observed))
+    shapes_line = _shapes_line(outcome.shapes)
+    if shapes_line:
+        lines.append(f"  shapes    {shapes_line}")
     if outcome.observed is not None and outcome.observed.stage == "crash" and outcome.observed.traceback:
         said = outcome.observed.message.splitlines()[1:]  # the native runtime's last words
         stack = [t for t in outcome.observed.traceback.strip().splitlines() if t.strip()]
@@ -294,6 +297,22 @@ def format_outcome(outcome) -> str:
     for w in outcome.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _shapes_line(shapes) -> str | None:
+    """The shape policy the replay used, in one line (details and guards: --json, inspect)."""
+    if not shapes:
+        return None
+    if shapes.get("policy") != "recorded":
+        return "policy not recorded: replayed with static shapes" + (
+            " (the recording was symbolic)" if shapes.get("symbolic") else "")
+    if not shapes.get("symbolic"):
+        return None
+    dims, unbacked = shapes.get("symbolic_dims") or [], shapes.get("unbacked") or []
+    what = ", ".join([*dims[:4], *(["..."] if len(dims) > 4 else []), *(f"{u} unbacked" for u in unbacked[:3])])
+    match = {True: "guards equal the recorded ones", False: "guards DIFFER from the recorded ones",
+             None: "guards not compared"}[shapes.get("guards_match")]
+    return f"recorded symbolic policy ({what}); {match}"
 
 
 def _g(x) -> str:

@@ -21,6 +21,8 @@ from reproarchive.format.schema import (
     DTYPES,
     Index,
     SequenceValue,
+    ShapeDim,
+    ShapePolicy,
     SubclassValue,
     SymValue,
     SystemRecord,
@@ -142,6 +144,46 @@ class InspectReport(NamedByIndex):
     environment: PlainData
     records: PlainData  # the full failure, config, environment and system records, for tools
     store: StoreOrigin | None = field(default=None, metadata=_OMIT_NONE)
+    shapes: PlainData = field(default=None, metadata=_OMIT_NONE)  # (1.3) the shape policy record
+    shape_policy: tuple[str, ...] = ()  # the same for people (``shape_policy_lines``)
+
+
+def shape_policy_lines(policy: ShapePolicy | None) -> list[str]:
+    """The policy for people (``inspect``, ``view``): one line per input dimension that is not
+    plainly static, then the unbacked symbols, the guards and the runtime asserts."""
+    if policy is None:
+        return ["not recorded (a replay uses static shapes)"]
+    lines = []
+    for r in policy.inputs:
+        for d, dim in enumerate(r.dims):
+            if dim.kind != "static" or dim.specialized:
+                where = f"input {r.input} " + (f"dim {d}" if r.kind == "tensor" else r.kind)
+                where += f" {dim.source}" if dim.source else ""
+                same = ("  same as " + ", ".join("input {} dim {}".format(*ref.split(".")) for ref in dim.equal_to)
+                        if dim.equal_to else "")
+                lines.append(f"{where}: {_describe_dim(dim)}{same}")
+    if not lines:
+        lines.append("every input dimension static")
+    unbacked = [s for s in policy.symbols if s.kind == "unbacked"]
+    if unbacked:
+        lines.append("unbacked symbols: " + ", ".join(
+            f"{s.name} [{s.min if s.min is not None else '-inf'}, {s.max if s.max is not None else 'inf'}]"
+            for s in unbacked))
+    lines.extend(f"guard: {g}" for g in policy.guards)
+    lines.extend(f"runtime assert: {a}" for a in policy.runtime_asserts)
+    return lines
+
+
+def _describe_dim(dim: ShapeDim) -> str:
+    """One dimension for people: ``8``, ``s77=8 [2, 64] mark_dynamic``, ``u0 (unbacked)``."""
+    if dim.kind == "static":
+        return f"{dim.size}" + (" (0/1 specialised)" if dim.specialized else "")
+    text = f"{dim.expr}" + (f"={dim.size}" if dim.size is not None else "")
+    if dim.min is not None or dim.max is not None:
+        text += f" [{dim.min if dim.min is not None else '-inf'}, {dim.max if dim.max is not None else 'inf'}]"
+    if dim.kind == "unbacked":
+        text += " unbacked"
+    return text + (f" {dim.origin}" if dim.origin else "")
 
 
 def input_rows(index: Index) -> list[InputRow]:
@@ -254,4 +296,6 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             # the full records, for --json readers and tools; the summaries above are for people
             records={key: (to_plain(getattr(records, key)) if getattr(records, key) is not None else None)
                      for key in ("failure", "config", "environment", "system")},
+            shapes=to_plain(records.shapes) if records.shapes is not None else None,
+            shape_policy=tuple(shape_policy_lines(records.shapes)),
         )

@@ -46,6 +46,8 @@ from reproarchive.format.schema import (
     MAX_TARGET_LENGTH,
     MAX_VALUE_DEPTH,
     SCALAR_KINDS,
+    SHAPE_DIM_KINDS,
+    SHAPE_INPUT_KINDS,
     SYMBOL_KINDS,
     ContainerRecord,
     DictArg,
@@ -60,6 +62,7 @@ from reproarchive.format.schema import (
     Records,
     ScalarValue,
     SequenceValue,
+    ShapePolicy,
     SliceArg,
     Stage,
     StorageRecord,
@@ -170,6 +173,8 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         if not 0 <= i < len(inputs):
             raise SchemaViolation(f"names input {i}, but the index stores {len(inputs)} inputs",
                                   ("execution", "inference_inputs"), Rule.INPUTS)
+    if records.shapes is not None:
+        check_shapes(records.shapes, inputs)
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
                  records=records, format=FORMAT_NAME, version=raw["version"])
 
@@ -474,6 +479,45 @@ def iter_arg_refs(value: Any):
 
 
 # -- §8 records ------------------------------------------------------------------------------------
+
+
+def check_shapes(shapes: ShapePolicy, inputs) -> None:
+    """§8 ``shapes``: each entry names a stored input of its kind, a tensor's entry has one
+    dimension per dimension of the stored tensor, kinds are the closed sets, and every
+    ``equal_to`` names a dimension the record describes."""
+    def bad(problem: str, *path) -> SchemaViolation:
+        return SchemaViolation(problem, ("shapes", *path), Rule.SHAPE_POLICY)
+
+    described = set()
+    for k, entry in enumerate(shapes.inputs):
+        if not 0 <= entry.input < len(inputs):
+            raise bad(f"names input {entry.input}, but the index stores {len(inputs)} inputs", "inputs", k, "input")
+        value = inputs[entry.input]
+        if entry.kind not in SHAPE_INPUT_KINDS:
+            raise bad(f"kind {entry.kind!r} is not one of {', '.join(SHAPE_INPUT_KINDS)}", "inputs", k, "kind")
+        rank = len(value.shape) if isinstance(value, TensorValue) else 1
+        is_tensor = isinstance(value, TensorValue)
+        # a symbol, or the plain value a source that saw only its hint stored (a trace import)
+        plain = {"symint": "int", "symfloat": "float", "symbool": "bool"}.get(entry.kind)
+        matches = is_tensor if entry.kind == "tensor" else getattr(value, "kind", None) in (entry.kind, plain)
+        if not matches or len(entry.dims) != rank:
+            raise bad(f"describes {len(entry.dims)} dimension(s) of a {entry.kind}, but input {entry.input} "
+                      f"is a {getattr(value, 'kind', 'tensor')} with {rank}", "inputs", k, "dims")
+        for d, dim in enumerate(entry.dims):
+            if dim.kind not in SHAPE_DIM_KINDS:
+                raise bad(f"kind {dim.kind!r} is not one of {', '.join(SHAPE_DIM_KINDS)}", "inputs", k, "dims", d)
+            if (dim.kind == "static") == (dim.expr is not None):
+                raise bad("a static dimension has no expr, a symbolic one has one", "inputs", k, "dims", d)
+            described.add(f"{entry.input}.{d}")
+    for k, entry in enumerate(shapes.inputs):
+        for d, dim in enumerate(entry.dims):
+            for other in dim.equal_to:
+                if other not in described:
+                    raise bad(f"equal_to names {other!r}, a dimension the record does not describe",
+                              "inputs", k, "dims", d, "equal_to")
+    for k, symbol in enumerate(shapes.symbols):
+        if symbol.kind not in ("backed", "unbacked"):
+            raise bad(f"kind {symbol.kind!r} is not backed or unbacked", "symbols", k, "kind")
 
 
 def check_failure(failure: FailureRecord) -> None:

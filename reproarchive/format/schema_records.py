@@ -206,6 +206,78 @@ class ExecutionRecord:
     inference_inputs: tuple[int, ...] | None = omit_none()
 
 
+@open_record
+class ShapeDim:
+    """(1.3) One dimension of an input (or a symbolic scalar input) as the failing compile saw
+    it. ``kind``: ``static``, ``backed`` (a symbol with a hint) or ``unbacked`` (no hint).
+    ``size``: its value in the recorded run (absent for an unbacked one nothing ran on);
+    ``expr``: the symbolic expression (``s77``, ``2*s0``; absent when static), printed by sympy
+    and read back only by ``codec.symbolic_text``; ``source``: where Dynamo read it
+    (``L['x'].size()[0]``); ``min``/``max``: the value range of ``expr`` (``max`` absent when
+    unbounded); ``origin``: what made it so (``dynamic=True``, ``mark_dynamic``,
+    ``mark_unbacked``, ``automatic``, ``static``); ``specialized``: why a dimension asked to be
+    dynamic is static (``0/1``); ``equal_to``: the other dimensions with the same expression,
+    as ``"<input>.<dim>"``."""
+
+    kind: str
+    size: int | None = omit_none()
+    expr: str | None = omit_none()
+    source: str | None = omit_none()
+    min: int | None = omit_none()
+    max: int | None = omit_none()
+    origin: str | None = omit_none()
+    specialized: str | None = omit_none()
+    equal_to: tuple[str, ...] = field(default=(), metadata={"omit": "empty"})
+
+
+@open_record
+class ShapeInput:
+    """(1.3) The shape policy of one input: ``input`` is its index in ``inputs``; ``kind``
+    ``tensor`` (``dims``: one per dimension) or ``symint``/``symfloat``/``symbool`` (``dims``:
+    the one value); ``source``: where Dynamo read the input (``L['x']``)."""
+
+    input: int
+    kind: str
+    source: str | None = omit_none()
+    dims: tuple[ShapeDim, ...] = ()
+
+
+@open_record
+class ShapeSymbol:
+    """(1.3) One symbol of the compile's ShapeEnv: ``kind`` ``backed`` or ``unbacked``,
+    its ``hint`` (value in the recorded run), value range ``min``/``max`` (``max`` absent when
+    unbounded), the ``sources`` it was read from, and ``replaced_by``: the expression a guard
+    replaced it with (a derived dimension)."""
+
+    name: str
+    kind: str
+    hint: int | None = omit_none()
+    min: int | None = omit_none()
+    max: int | None = omit_none()
+    sources: tuple[str, ...] = field(default=(), metadata={"omit": "empty"})
+    replaced_by: str | None = omit_none()
+
+
+@open_record
+class ShapePolicy:
+    """(1.3) The dynamic-shape policy of the failing compile: how each input dimension was
+    made (static, backed or unbacked symbol, from which decision), the ShapeEnv's symbols, its
+    ``guards`` (as Dynamo renders them over the inputs' sources: what a replay compares),
+    ``shape_guards`` (the ShapeEnv's own guard expressions) and ``runtime_asserts`` (deferred
+    runtime asserts), all as text read back only by ``codec.symbolic_text``. ``settings``: the
+    ShapeEnv and Dynamo settings that decide symbols (``duck_shape``, ``specialize_zero_one``,
+    ``assume_static_by_default`` ...). ``recorded_from``: ``fake_tensors`` (the capture
+    backend and crash guard), ``dump`` or ``torch_trace``."""
+
+    recorded_from: str
+    inputs: tuple[ShapeInput, ...] = ()
+    symbols: tuple[ShapeSymbol, ...] = ()
+    guards: tuple[str, ...] = ()
+    shape_guards: tuple[str, ...] = ()
+    runtime_asserts: tuple[str, ...] = ()
+    settings: dict[str, PlainData] = field(default_factory=dict)
+
+
 # --------------------------------------------------------------------------------------------
 # §8 source: where the archive came from, one typed record per kind of source (1.2)
 
@@ -332,7 +404,8 @@ class Records:
     """Everything an archive says around its graph and inputs, as one value: what failed and
     how to replay it (backend, accuracy, config, environment, failure), where it came from
     (source, parent, minify, created_by), the machine (system), the thread state the failing
-    call ran under (execution) and the user's metadata.
+    call ran under (execution), the dynamic-shape policy of the failing compile (shapes) and
+    the user's metadata.
 
     On disk these are top-level keys of the index (§8); in memory they travel together, from
     the capture source that fills them, through the one writer that redacts and packs them, to
@@ -351,6 +424,7 @@ class Records:
     minify: MinifyRecord | None = None
     metadata: dict[str, PlainData] | None = None
     execution: ExecutionRecord | None = omit_none()  # (1.2) absent, not nil, when unknown
+    shapes: ShapePolicy | None = omit_none()  # (1.3) absent, not nil, when unknown
 
     @property
     def graph_kind(self) -> str | None:

@@ -22,6 +22,11 @@ the original inputs it was computed from, what an input move did to it (``values
 ``recorded``, ``cropped``, ``cast``, ``zeros``, ``ones``), whether it was computed from data
 the original archive did not have (``from_absent``) and, summing up, ``real``: whether the
 values are (a block of) the original data. Only this module reads archive records.
+
+Dynamic shapes: each candidate, and the minified archive, carries the parent's shape policy
+for the inputs it kept (``codec.shapes.restricted``: matched by placeholder name), so a
+recorded symbolic input stays symbolic, and replay judges each candidate with it; a value cut
+from inside the graph is a static input, as PyTorch's minifier makes it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any, Callable
 
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import as_records, pack
+from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.replay.settings import ReplaySettings
 
@@ -96,9 +102,12 @@ def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir
 
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     """A candidate (``stats`` None) or the result: the parent's records, this archive's
-    provenance (``parent``, ``minify``) in place of the parent's."""
+    provenance (``parent``, ``minify``) in place of the parent's, and the parent's shape policy
+    for the inputs it kept (a symbolic input stays symbolic)."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
-    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify))
+    shapes = restricted(repro.records.shapes, placeholder_names(repro.gm), placeholder_names(gm), inputs)
+    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify,
+                                                       shapes=shapes))
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:

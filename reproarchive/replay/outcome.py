@@ -36,6 +36,9 @@ class Outcome:
     device / recorded_device: where it ran and where the archive was recorded;
     same_device_type: False when the caller moved a recorded device to another device type
     (``--device cpu`` for a CUDA archive): then a pass is no evidence about the recorded device.
+    shapes: the dynamic-shape policy the replay used: ``policy`` ("recorded" or "not
+    recorded"), ``symbolic``, the symbolic dimensions and unbacked symbols, and the recorded
+    and replayed guards with ``guards_match`` (None: not compared; see ``replay.shape_policy``).
     """
 
     status: str
@@ -54,6 +57,7 @@ class Outcome:
     isolated: bool = False
     archive: str | None = None
     digest: str | None = None
+    shapes: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:

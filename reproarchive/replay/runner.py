@@ -27,12 +27,21 @@ from typing import Any, Mapping
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan, resolve_devices
+from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.context.execution import applied_execution
 from reproarchive.format.plain import to_plain
-from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, ExecutionRecord, FailureRecord, SystemRecord
+from reproarchive.format.schema import (
+    ConfigRecord,
+    EnvironmentRecord,
+    ExecutionRecord,
+    FailureRecord,
+    ShapePolicy,
+    SystemRecord,
+)
 from reproarchive.progress import ProgressFn
+from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
@@ -55,6 +64,8 @@ def replay_graph(
     source_kind: str | None = None,
     report_differences: bool = True,
     execution: ExecutionRecord | None = None,
+    shapes: ShapePolicy | None = None,
+    input_records: Any = None,
 ) -> Outcome:
     """Compile ``gm`` with ``settings.backend``, run it on ``args`` (already on their devices)
     and judge the result.
@@ -72,7 +83,11 @@ def replay_graph(
     minifier, which replays hundreds of candidates, does not need it). ``execution`` is the
     thread state the failing call ran under (grad and inference mode, autocast, deterministic
     algorithms, default dtype, matmul precision), entered around compile and run; without it
-    the graph runs in this thread's state, and a warning says so.
+    the graph runs in this thread's state, and a warning says so. ``shapes`` is the recorded
+    dynamic-shape policy: a symbolic one is re-created for the backend and the replay's guards
+    compared with the recorded ones (``replay.shape_policy``); without one the graph is
+    compiled with static shapes and a warning says that the policy was unknown (louder when
+    ``input_records``, the index's input records, show that the recording was symbolic).
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
     backend = settings.backend
@@ -96,6 +111,7 @@ def replay_graph(
         (recorded_failure is not None and recorded_failure.stage == "backward")
         or any(t.requires_grad for t in _iter_tensors(args))
     )
+    shape_report = shape_policy.report_for(shapes, input_records)
     observed: dict[str, Any] | None = None
     details: dict[str, Any] | None = None
     ran_backward = False
@@ -115,9 +131,10 @@ def replay_graph(
             observed, details, ran_backward = _compile_and_run(
                 compiler_fn, gm, args, backend=backend, source_kind=source_kind,
                 fwd_only=not needs_backward, accuracy=bool(settings.accuracy), tol=settings.tol,
-                warnings=warnings, ignore_non_fp=not settings.strict_accuracy,
+                warnings=warnings, ignore_non_fp=not settings.strict_accuracy, shapes=(shapes, shape_report),
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
+    warnings.extend(shape_policy.warnings_for(shape_report))
 
     return judged(
         recorded_failure, observed,
@@ -129,16 +146,19 @@ def replay_graph(
         warnings=warnings,
         ran_backward=ran_backward,
         config="current" if not config_applied else "recorded",
+        shapes=shape_report,
     )
 
 
 def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, accuracy, tol, warnings,
-                     ignore_non_fp=False):
-    """(observed failure record or None, accuracy report or None, whether backward ran)."""
+                     ignore_non_fp=False, shapes=(None, None)):
+    """(observed failure record or None, accuracy report or None, whether backward ran).
+    ``shapes``: the recorded shape policy and the outcome's report of it (``_compile``)."""
     from reproarchive.replay import accuracy as _accuracy
 
     try:
-        compiled = _compile(compiler_fn, backend, copy.deepcopy(gm), _accuracy.clone_inputs(args), source_kind)
+        compiled = _compile(compiler_fn, backend, copy.deepcopy(gm), _accuracy.clone_inputs(args), source_kind,
+                            shapes)
     except Exception as exc:  # noqa: BLE001 - every failure of the compiler is data
         return _failure.record_from_exception(exc, "compile", backend=backend), None, False
     try:
@@ -161,10 +181,16 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
         return _failure.record_from_exception(exc, _accuracy.stage_of(exc), backend=backend), None, False
 
 
-def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | None):
-    """The compiled callable, taking positional arguments (what Dynamo's generated code does)."""
+def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | None, shapes=(None, None)):
+    """The compiled callable, taking positional arguments (what Dynamo's generated code does).
+    With a symbolic shape policy the backend gets what Dynamo handed it: symbolic fake values
+    on the placeholders and the fake mode in the tracing context (``replay.shape_policy``)."""
+    policy, report = shapes
     if source_kind == "after_aot" and backend == "inductor":
         from torch._inductor.compile_fx import compile_fx_inner
+
+        shape_policy.not_applied(policy, report, "an after_aot graph replayed with inductor's inner compiler is "
+                                 "re-traced with real (static) shapes, as PyTorch's after_aot replay does")
         from torch.fx.experimental.proxy_tensor import make_fx
 
         # Like PyTorch's after_aot run_repro: re-trace so every node carries the meta
@@ -172,7 +198,8 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
         gm = make_fx(gm, tracing_mode="real")(*args)
         inner = compile_fx_inner(gm, args)
         return lambda *a: inner(list(a))
-    compiled = compiler_fn(gm, args)
+    with shape_policy.symbolic_compile(policy, gm, args, report) as example_inputs:
+        compiled = compiler_fn(gm, example_inputs)
     # A plain wrapper: aot_autograd's result carries a copied ``_boxed_call`` attribute although
     # it takes positional arguments, and Dynamo always calls a backend's result positionally.
     return lambda *a: compiled(*a)
@@ -348,4 +375,7 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
         recorded_failure=records.failure, config=records.config, environment=records.environment,
         system=records.system if report_differences else None, source_kind=records.graph_kind,
         report_differences=report_differences, execution=records.execution,
+        shapes=records.shapes if gm is None else restricted(records.shapes, placeholder_names(repro.gm),
+                                                            placeholder_names(gm)),
+        input_records=repro.index.inputs if gm is None else None,
     )

@@ -89,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
+from reproarchive.codec.shapes import policy_of
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.context.environment import environment_snapshot
@@ -441,14 +442,16 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
     after_aot, the door, how many inputs are real, where the failure came from). The execution
     state is read here, in the failing call: the backend call while Dynamo traces (compile
     failures) or the first call of the compiled graph (runtime failures, the crash guard), both
-    under the grad mode and autocast Dynamo guarded the graph on."""
+    under the grad mode and autocast Dynamo guarded the graph on. The shape policy is read from
+    the fake values Dynamo left on ``gm``'s placeholders and their ShapeEnv (``codec.shapes``)."""
     source = CaptureSource(stage=failure.stage, fwd_only=bool(capture_settings.get("fwd_only")),
                            tolerance=capture_settings.get("tolerance"),
                            check_runtime=bool(capture_settings.get("check_runtime")),
                            written_before_run=True if failure.stage == "crash" else None, **(door or {}))
     return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
                                        environment=environment_snapshot(), system=system_snapshot(),
-                                       failure=failure, source=source, execution=execution_snapshot(inputs)))
+                                       failure=failure, source=source, execution=execution_snapshot(inputs),
+                                       shapes=policy_of(gm, inputs, config)))
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:

@@ -230,9 +230,12 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         replay=replay_notes,
         **_dump_comments(dump.path),
     )
+    from reproarchive.codec.shapes import logged_policy
+
+    shapes = logged_policy(imp.reader.inputs, {}, first_input=len(imp.lifted), recorded_from="dump")
     return Capture(imp.gm, imp.example_inputs, Records(
         backend=dump.backend, accuracy=bool(dump.accuracy_mode), config=config, system=system,
-        environment=environment, failure=failure, source=source))
+        environment=environment, failure=failure, source=source, shapes=shapes))
 
 
 def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:

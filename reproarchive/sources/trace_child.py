@@ -491,10 +491,14 @@ def capture_of(built: Rebuilt, job: dict[str, Any], *, config: Any, config_origi
         storages=built.storages or None,
         content_store=built.content_store or None,
     )
+    from reproarchive.codec.shapes import logged_policy  # imports torch: in the child only
+
+    shapes = (logged_policy(built.input_records, job.get("symbols") or {}, first_input=len(built.lifted))
+              if built.kind == "after_dynamo" else None)
     return Capture(built.gm, built.inputs, Records(
         backend=job.get("backend"), accuracy=bool(job.get("accuracy")), config=config or None,
         system=from_plain(SystemRecord, job["system"]) if job.get("system") else None,
-        environment=built.environment, failure=failure, source=source))
+        environment=built.environment, failure=failure, source=source, shapes=shapes))
 
 
 def _pack_jobs(request: dict, *, started, event) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from reproarchive.format.schema import (
     ConfigRecord,
     EnvironmentRecord,
     FailureRecord,
+    ShapePolicy,
     SystemRecord,
     TensorValue,
     TorchInfo,
@@ -84,7 +85,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
         accuracy=bool(records.accuracy) if settings.accuracy is None else settings.accuracy,
         config=records.config, environment=records.environment,
         system=records.system, failure=records.failure, fidelity=list(repro.fidelity or []),
-        recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest,
+        recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest, shapes=records.shapes,
     )
 
 
@@ -110,6 +111,7 @@ def write_export(
     recorded_devices: list[str | None] | None = None,
     archive_name: str = "",
     digest: str | None = None,
+    shapes: ShapePolicy | None = None,
 ) -> ExportReport:
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
@@ -117,7 +119,7 @@ def write_export(
         script = _Script(writer).build(
             gm, args, backend=backend, source_kind=source_kind, accuracy=accuracy, config=config,
             environment=environment, system=system, failure=failure, fidelity=fidelity or [],
-            recorded_devices=recorded_devices or [], archive_name=archive_name, digest=digest,
+            recorded_devices=recorded_devices or [], archive_name=archive_name, digest=digest, shapes=shapes,
         )
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -265,7 +267,7 @@ class _Script:
     # -- the script -----------------------------------------------------------------------------
 
     def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
-              fidelity, recorded_devices, archive_name, digest) -> str:
+              fidelity, recorded_devices, archive_name, digest, shapes=None) -> str:
         import torch
 
         root_graph = self.graph_function(gm, "")
@@ -320,7 +322,22 @@ class _Script:
             accuracy=repr(bool(accuracy)),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
+            **_shape_literals(shapes),
         ).lstrip()
+
+
+def _shape_literals(shapes: ShapePolicy | None) -> dict[str, str]:
+    """The recorded shape policy as the script's literals: the replay's own plan of each
+    dimension (``codec.shapes.dimension_plan``), so the script makes the symbols ``run`` makes.
+    Sources and guards are strings from the archive, written as ``repr`` literals only."""
+    from reproarchive.codec.shapes import dimension_plan, is_symbolic, shape_env_settings
+
+    if shapes is None or not is_symbolic(shapes):
+        return {"shapes": "{}", "sources": "{}", "shape_settings": "{}", "guards": "[]"}
+    plan = {i: [(str(k), c, e) for k, c, e in dims] for i, dims in dimension_plan(shapes).items()}
+    sources = {r.input: r.source for r in shapes.inputs if r.source}
+    return {"shapes": repr(plan), "sources": repr(sources), "shape_settings": repr(shape_env_settings(shapes)),
+            "guards": repr(list(shapes.guards))}
 
 
 def admitted_settings(config: ConfigRecord | None) -> list[tuple[str, str, Any]]:

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from reproarchive.archive.graph_code import node_lines, printable, stored_or_rendered_code
-from reproarchive.archive.inspection import InputRow, input_rows, system_summary
+from reproarchive.archive.inspection import InputRow, input_rows, shape_policy_lines, system_summary
 from reproarchive.context.failure import compiler_diagnostics, failure_kind
 from reproarchive.errors import ArchiveError, ViewError
 from reproarchive.format import layout
@@ -110,6 +110,7 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
         "graphs": graphs,
         "histogram": list(index.graph.op_histogram().items()),
         "inputs": [row.to_plain() for row in input_rows(index)],
+        "shapes": shape_policy_lines(index.records.shapes),
         "config": _config(index),
         "system": system_summary(index.records.system).to_plain() if index.records.system else None,
         "environment": dict(index.records.environment.variables) if index.records.environment else {},

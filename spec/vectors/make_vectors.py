@@ -133,9 +133,56 @@ def subclass():
     return _graph(1, lambda g, xs: (g.call_function(torch.relu, (xs[0],)),)), [TwoTensor(inner_a, inner_b)]
 
 
-CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored}
-if tuple(map(int, VERSION.split("."))) >= (1, 3):  # a case 1.3 added (vectors of older versions are kept)
-    CASES["subclass"] = subclass
+
+def dynamic():
+    """(1.3) A symbolic recording: ``s77`` (the size of ``x``'s first dimension, marked dynamic
+    in [2, 64]) passed as an input next to ``x``; ``y`` of the same size at capture but its own
+    symbol; an unbacked ``u0`` from ``nonzero()``. The ``shapes`` record says so (§8)."""
+    x = torch.arange(24, dtype=torch.float32).view(8, 3)
+    y = torch.linspace(0.0, 1.0, 24, dtype=torch.float32).view(8, 3)
+
+    def body(g, xs):
+        flat = g.call_method("view", (xs[1], -1))
+        nz = g.call_method("nonzero", (flat,))
+        s = g.call_function(operator.add, (g.call_method("sum", (xs[1], 0)), g.call_method("sum", (xs[2], 0))))
+        return (s, g.call_method("view", (nz, -1)))
+
+    return _graph(3, body), [8, x, y]
+
+
+def _dim(expr, source, **facts) -> dict:
+    return {"kind": "backed", "size": 8, "expr": expr, "source": source, "min": 2, **facts}
+
+
+DYNAMIC_SHAPES = {
+    "recorded_from": "fake_tensors",
+    "inputs": [
+        {"input": 0, "kind": "symint", "source": "L['x'].size()[0]",
+         "dims": [_dim("s77", "L['x'].size()[0]", max=64, origin="mark_dynamic", equal_to=["1.0"])]},
+        {"input": 1, "kind": "tensor", "source": "L['x']",
+         "dims": [_dim("s77", "L['x'].size()[0]", max=64, origin="mark_dynamic", equal_to=["0.0"]),
+                  {"kind": "static", "size": 3, "source": "L['x'].size()[1]", "origin": "static"}]},
+        {"input": 2, "kind": "tensor", "source": "L['y']",
+         "dims": [_dim("s17", "L['y'].size()[0]", origin="automatic"),
+                  {"kind": "static", "size": 3, "source": "L['y'].size()[1]", "origin": "static"}]},
+    ],
+    "symbols": [
+        {"name": "s17", "kind": "backed", "hint": 8, "min": 2, "sources": ["L['y'].size()[0]"]},
+        {"name": "s77", "kind": "backed", "hint": 8, "min": 2, "max": 64, "sources": ["L['x'].size()[0]"]},
+        {"name": "u0", "kind": "unbacked", "min": 0, "max": 192},
+    ],
+    "guards": ["2 <= L['x'].size()[0] and L['x'].size()[0] <= 64", "2 <= L['y'].size()[0]"],
+    "shape_guards": [],
+    "runtime_asserts": ["u0 >= 0"],
+    "settings": {"duck_shape": True, "specialize_zero_one": True, "assume_static_by_default": True,
+                 "capture_dynamic_output_shape_ops": True},
+}
+
+
+CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored, "dynamic": dynamic,
+         "subclass": subclass}
+#: records a case adds to RECORDS (from the version that introduced it)
+CASE_RECORDS = {"dynamic": {"shapes": DYNAMIC_SHAPES}}
 RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
                 "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager",
@@ -176,8 +223,19 @@ def build(name: str, path: Path) -> dict:
     import reproarchive
 
     gm, inputs = CASES[name]()
-    reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, **RECORDS)
+    if name == "dynamic":
+        inputs[0] = _symint(inputs[0], "L['x'].size()[0]")
+    reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, **RECORDS, **CASE_RECORDS.get(name, {}))
     return expectations(name, path)
+
+
+def _symint(hint: int, source: str):
+    """A SymInt with ``hint``, named as Dynamo names the symbol read from ``source``."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    env, src = ShapeEnv(), ConstantSource(source)
+    return env.create_symintnode(env.create_symbol(hint, src, DimDynamic.DYNAMIC), hint=hint, source=src)
 
 
 def expectations(name: str, path: Path) -> dict:
@@ -191,6 +249,10 @@ def expectations(name: str, path: Path) -> dict:
         "inputs": [value_facts(a) if f != "absent" else {"absent": True} for a, f in zip(repro.args, repro.fidelity)],
         "storage_aliases": _aliases(repro.args),
     }
+    if repro.records.shapes is not None:
+        from reproarchive.format.plain import to_plain
+
+        facts["shapes"] = to_plain(repro.records.shapes)
     if "absent" not in repro.fidelity:
         out = repro.gm(*repro.args)
         facts["outputs"] = [output_facts(o) for o in (out if isinstance(out, tuple) else [out])]

@@ -27,6 +27,7 @@ def test_vector_loads_to_recorded_values(name, recwarn):
     facts = make_vectors.expectations(name.split("-")[0], path)
     for key in ("index_digest", "fidelity", "inputs", "storage_aliases"):
         assert facts[key] == expected[key], key
+    assert facts.get("shapes") == expected.get("shapes")  # (1.3) the shape policy, as recorded
     if "outputs" in expected:
         assert len(facts["outputs"]) == len(expected["outputs"])
         for got, want in zip(facts["outputs"], expected["outputs"]):

@@ -410,3 +410,20 @@ class TestDumpSource(SourceTests):
         work = _copy(dynamo_dump, tmp_path_factory.mktemp("dump_source") / "work")
         report = _pack_in(work, work.parent / "out.tar.zst")
         return Captured(archives=[report.archive], reports=[report], folders=(work, dynamo_dump))
+
+
+@pytest.mark.slow  # a real Inductor CPU compile makes the dump
+def test_a_dynamic_after_aot_dump_records_its_symbolic_sizes(tmp_path):
+    """``load_args`` of a dynamic-shape after_aot dump writes sizes as symbols: the archive's
+    shape policy says so (spec §8 shapes, ``recorded_from: dump``), and a replay with
+    inductor's inner compiler says that it could not apply it."""
+    folder = tmp_path / "dump"
+    progs.make_dump(folder, progs.aot_program("compile_error", dynamic=True), after="aot", level=2)
+    result = _pack_in(folder, tmp_path / "out.tar.zst")
+    shapes = reproarchive.inspect(result.archive).to_plain()["shapes"]
+    assert shapes["recorded_from"] == "dump"
+    dims = [d for r in shapes["inputs"] if r["kind"] == "tensor" for d in r["dims"]]
+    assert any(d["kind"] == "backed" and d["expr"].startswith("s") for d in dims), shapes
+    outcome = reproarchive.run(result.archive)
+    assert outcome.status == "reproduced", outcome.to_dict()
+    assert any("not applied" in w for w in outcome.warnings), outcome.warnings

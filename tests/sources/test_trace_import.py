@@ -171,6 +171,19 @@ def test_inputs_carry_the_logged_metadata(trace_jobs, packed):
     tensor = next(r for r in dyn["source"]["inputs"] if r["kind"] == "tensor")
     assert tensor["symbolic_shape"] == ["s77", 6] and tensor["shape"] == [4, 6]
     assert dyn["source"]["symbols"]["s77"]["hint"] == 4
+    shapes = dyn["shapes"]  # the shape policy the log tells (spec §8 shapes, recorded_from torch_trace)
+    assert shapes["recorded_from"] == "torch_trace"
+    x_dims = next(r for r in shapes["inputs"] if r["kind"] == "tensor")["dims"]
+    assert x_dims[0]["kind"] == "backed" and x_dims[0]["expr"] == "s77" and x_dims[0]["size"] == 4
+    assert x_dims[0]["source"] == "L['x'].size()[0]" and x_dims[1] == {"kind": "static", "size": 6}
+
+
+def test_a_dynamic_compile_replays_with_its_logged_shape_policy(packed):
+    outcome = reproarchive.run(packed["dynamic"]["0/1"])
+    assert outcome.status == "reproduced", outcome.to_dict()
+    assert outcome.shapes["policy"] == "recorded" and outcome.shapes["symbolic"] is True
+    assert outcome.shapes["guards_match"] is None  # a log renders no guards a replay can compare
+    assert reproarchive.run(packed["compile_error"]["0/0"]).shapes["policy"] == "not recorded"
 
 
 @pytest.mark.parametrize("name,cid", [("compile_error", "0/0"), ("runtime_error", "0/0"), ("accuracy", "0/0"),

@@ -54,8 +54,9 @@ def dynamo_program(kind: str) -> str:
     """)
 
 
-def aot_program(bug: str) -> str:
-    """Inductor (CPU) with an injected relu bug: "compile_error", "runtime_error" or "accuracy"."""
+def aot_program(bug: str, *, dynamic: bool = False) -> str:
+    """Inductor (CPU) with an injected relu bug: "compile_error", "runtime_error" or "accuracy";
+    ``dynamic``: compiled with ``dynamic=True`` (the dump writes symbolic sizes)."""
     return textwrap.dedent(f"""
         import torch
         torch.manual_seed(0)
@@ -67,7 +68,7 @@ def aot_program(bug: str) -> str:
         a = torch.randn(3, 4)
         b = torch.randn(4, 5)
         torch.save({{"a": a, "b": b}}, "inputs.pt")
-        torch.compile(f, backend="inductor")(a, b)
+        torch.compile(f, backend="inductor", dynamic={dynamic!r})(a, b)
     """)
 
 

@@ -4,6 +4,7 @@ checked in a real headless Chromium when one is installed."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,3 +81,16 @@ def test_view_shows_before_and_after_for_a_minified_archive(tmp_path):
     assert out["parent"] is not None and out["parent"].endswith("parent.tar.zst")
     html = (tmp_path / "child.html").read_text()
     assert "before: parent.tar.zst" in html
+
+
+def test_view_and_inspect_show_the_shape_policy_and_its_guards(tmp_path):
+    vector = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "dynamic-1.3.tar.zst"
+    out = reproarchive.view(vector, tmp_path / "dynamic.html")
+    html = (tmp_path / "dynamic.html").read_text()
+    assert "shape policy and guards" in html
+    assert "s77=8 [2, 64] mark_dynamic" in html and "unbacked symbols: u0 [0, 192]" in html
+    assert "guard: 2 \\u003c= L['x'].size()[0] and L['x'].size()[0] \\u003c= 64" in html  # inert JSON: < escaped
+    assert out["nodes"] == 10
+    text = invoke("inspect", vector).stdout
+    assert "shape policy:" in text and "input 2 dim 0 L['y'].size()[0]: s17=8 [2, inf] automatic" in text
+    assert reproarchive.inspect(vector).to_plain()["shapes"]["guards"][0].startswith("2 <= L['x']")

@@ -1,0 +1,113 @@
+"""Replaying with the recorded dynamic-shape policy, and checking that it took.
+
+How. A symbolic recording is compiled the way Dynamo compiled it: the backend gets the real
+inputs (symbolic scalars as SymInts, as Dynamo passes them), each placeholder carries a fake
+value made with the recorded per-dimension policy (``codec.shapes.fakes_for``), and the fake mode
+with its ShapeEnv is the tracing context's, where AOTAutograd and Inductor look for it; the
+real inputs are registered in that fake mode, so a backend that fakifies them gets the same
+fakes. We chose this over re-running Dynamo on a wrapper with ``torch.compile(dynamic=...)`` and
+``mark_dynamic``/``mark_unbacked`` per dimension: Dynamo re-tracing an already traced graph is
+not idempotent (pytorch#102898), it would make every symbolic scalar input a fresh, independent
+symbol (Dynamo's ``s77`` is the size of ``x``, a wrapper's int argument is not), and it names
+its sources after the wrapper's arguments, so neither equalities nor guards would match the
+recording. Building the ShapeEnv ourselves keeps the recorded sources, hence the recorded symbol
+names and guard text.
+
+Check. After the compile (or its failure) the replay's ShapeEnv renders its guards over the
+same sources; ``compared`` says whether they equal the recorded ones and lists the difference:
+a replay whose guards differ did not compile the program that failed.
+
+A recording without a policy (older archives, sources that cannot see one) replays as before,
+with static shapes, and ``unknown_policy_warning`` says so: louder when the archive shows that
+the recording was symbolic (symbolic scalar inputs, dynamic dimensions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from reproarchive.codec.shapes import ReplayShapes, fakes_for, is_symbolic
+from reproarchive.format.schema import ShapePolicy
+
+
+@contextlib.contextmanager
+def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], report: dict | None) -> Iterator[list[Any]]:
+    """Around a backend call: yields the example inputs to hand it. With a symbolic ``policy``
+    the placeholders of ``gm`` get fake values and the tracing context gets the fake mode
+    (``gm`` is the replay's own copy); ``report`` (the outcome's ``shapes``) gets the guard
+    comparison when the block ends, whether the compile passed or raised."""
+    if policy is None or not is_symbolic(policy):
+        yield args
+        return
+    import torch
+    from torch._guards import TracingContext, tracing
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    shapes = fakes_for(policy, args, [n.name for n in placeholders])
+    for node, fake in zip(placeholders, shapes.fakes):
+        if fake is not None:
+            node.meta["example_value"] = fake
+    example = [fake if isinstance(fake, torch.SymInt) else arg for arg, fake in zip(args, shapes.fakes)]
+    try:
+        with tracing(TracingContext(shapes.fake_mode)):
+            yield example
+    finally:
+        if report is not None:
+            report.update(compared(policy, shapes))
+
+
+def not_applied(policy: ShapePolicy | None, report: dict | None, why: str) -> None:
+    """Say in the outcome that a symbolic recording was replayed without its policy, and why."""
+    if report is not None and is_symbolic(policy):
+        report.setdefault("problems", []).append(f"not applied: {why}")
+
+
+def compared(policy: ShapePolicy, shapes: ReplayShapes) -> dict[str, Any]:
+    """The replay's guards next to the recorded ones (order does not matter)."""
+    try:
+        replayed = shapes.guards()
+    except Exception as err:  # noqa: BLE001 - a ShapeEnv that cannot render its guards
+        return {"guards_match": None, "problems": [*shapes.problems, f"guards not rendered: {type(err).__name__}"]}
+    recorded = list(policy.guards)
+    if policy.recorded_from != "fake_tensors":  # a log's or a dump's policy has no guards rendered this way
+        return {"guards_replayed": replayed, "guards_match": None, "problems": list(shapes.problems)}
+    return {"guards_replayed": replayed, "guards_match": sorted(recorded) == sorted(replayed),
+            "guards_missing": [g for g in recorded if g not in replayed],
+            "guards_extra": [g for g in replayed if g not in recorded], "problems": list(shapes.problems)}
+
+
+def report_for(policy: ShapePolicy | None, inputs: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The outcome's ``shapes`` before the replay: the policy and what it recorded."""
+    if policy is None:
+        return {"policy": "not recorded", "symbolic": looks_symbolic(inputs)}
+    dims = [dim.source or f"input {r.input} dim {d}" for r in policy.inputs if r.kind == "tensor"
+            for d, dim in enumerate(r.dims) if dim.kind != "static"]
+    return {"policy": "recorded", "symbolic": is_symbolic(policy), "symbolic_dims": dims,
+            "unbacked": [s.name for s in policy.symbols if s.kind == "unbacked"],
+            "guards_recorded": list(policy.guards)}
+
+
+def looks_symbolic(inputs: Sequence[Any] | None) -> bool:
+    """Whether an archive without a policy shows that its recording was symbolic: a symbolic
+    scalar input or a tensor input with dynamic dimensions (index records, §6.3)."""
+    from reproarchive.format.schema import SymValue, TensorValue
+
+    return any(isinstance(v, SymValue) or (isinstance(v, TensorValue) and v.dynamic) for v in inputs or ())
+
+
+def warnings_for(report: dict[str, Any]) -> list[str]:
+    """What the verdict must say about shapes: an unknown policy, or guards that differ."""
+    if report.get("policy") == "not recorded":
+        if report.get("symbolic"):
+            return ["the recording was symbolic (symbolic inputs or dynamic dimensions) but its shape policy was "
+                    "not recorded: replayed with static shapes, so a pass says nothing about the symbolic compile"]
+        return ["the shape policy was not recorded: replayed with static shapes"]
+    out = [f"shape policy not fully re-created: {p}" for p in report.get("problems", [])]
+    if report.get("guards_match") is False:
+        missing, extra = report.get("guards_missing", []), report.get("guards_extra", [])
+        out.append("the replay's shape guards differ from the recorded ones"
+                   + (f"; missing: {'; '.join(missing[:5])}" if missing else "")
+                   + (f"; extra: {'; '.join(extra[:5])}" if extra else ""))
+    return out

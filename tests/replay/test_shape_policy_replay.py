@@ -1,0 +1,133 @@
+"""A symbolic recording replays with its recorded shape policy, and says when it cannot.
+
+The backends (tests/support/symbolic_backends.py) fail only on symbolic graphs: a replay with
+static shapes would pass and send the user away. Each archive is also replayed with its
+``shapes`` record removed from the index (everything else byte for byte as written): that is
+the forced static replay, and it must not reproduce, which proves that the record is what
+makes it reproduce.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reproarchive
+from reproarchive.codec.shapes import fakes_for
+from reproarchive.replay.outcome import PASSED, REPRODUCED
+from support import hostile_corpus
+from support.symbolic_backends import FREE_SYMBOLS, UNBACKED, nonzero_view, two_sums
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+NOT_RECORDED = "shape policy was not recorded"
+
+
+def capture(path, fn, args, backend, **compile_options):
+    compiled = torch.compile(fn, backend=reproarchive.capture(backend, path=path), **compile_options)
+    with pytest.raises(Exception, match="symbol"):
+        compiled(*args)
+    torch._dynamo.reset()
+    return path
+
+
+def without_policy(path, target):
+    """The archive with its ``shapes`` key removed from the index (what an older writer wrote)."""
+    data = hostile_corpus.rebuild(hostile_corpus.parse(path.read_bytes()), lambda index: index.pop("shapes"))
+    target.write_bytes(data)
+    return target
+
+
+def test_mark_dynamic_with_a_range_round_trips_and_the_replay_guards_equal_the_recorded(tmp_path):
+    x, y = torch.randn(8, 3), torch.randn(8, 3)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    path = capture(tmp_path / "a.tar.zst", two_sums, (x, y), FREE_SYMBOLS)
+    policy = reproarchive.load(path).records.shapes
+    assert "2 <= L['x'].size()[0] and L['x'].size()[0] <= 64" in policy.guards
+
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED, outcome.to_dict()
+    assert outcome.shapes["guards_match"] is True
+    assert sorted(outcome.shapes["guards_replayed"]) == sorted(policy.guards)
+    assert not any("shape" in w for w in outcome.warnings), outcome.warnings
+
+    static = reproarchive.run(without_policy(path, tmp_path / "static.tar.zst"))
+    assert static.status == PASSED  # what `run` said before the record existed ...
+    assert any("recording was symbolic" in w and NOT_RECORDED in w for w in static.warnings)  # ... but not silently
+    assert static.shapes == {"policy": "not recorded", "symbolic": True}
+
+
+def test_equal_sizes_marked_dynamic_one_by_one_replay_as_independent_symbols(tmp_path):
+    x, y = torch.randn(8, 3), torch.randn(8, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(y, 0)
+    path = capture(tmp_path / "a.tar.zst", two_sums, (x, y), FREE_SYMBOLS)
+    repro = reproarchive.load(path)
+    shapes = fakes_for(repro.records.shapes, list(repro.args), [n.name for n in repro.gm.graph.nodes
+                                                                  if n.op == "placeholder"])
+    sizes = [f.shape[0] for f in shapes.fakes if isinstance(f, torch.Tensor)]
+    assert len(sizes) == 2 and all(isinstance(s, torch.SymInt) for s in sizes)
+    assert sizes[0].node.expr != sizes[1].node.expr  # independent, though both are 8
+
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED and outcome.shapes["guards_match"] is True, outcome.to_dict()
+    assert len(outcome.shapes["symbolic_dims"]) == 2
+
+
+def test_dynamic_true_replay_hands_the_backend_symbolic_inputs_and_reproduces(tmp_path):
+    x, y = torch.randn(7, 3), torch.randn(7, 3)
+    path = capture(tmp_path / "a.tar.zst", two_sums, (x, y), FREE_SYMBOLS, dynamic=True)
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED, outcome.to_dict()
+    assert "free symbols" in outcome.observed.message  # the backend saw symbolic shapes
+    assert outcome.shapes["guards_match"] is True
+    assert reproarchive.run(without_policy(path, tmp_path / "static.tar.zst")).status == PASSED
+
+
+def test_a_failure_that_needs_an_unbacked_symbol_reproduces_only_with_the_policy(tmp_path):
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        path = capture(tmp_path / "a.tar.zst", nonzero_view, (torch.tensor([1.0, 0.0, 2.0, 3.0]),), UNBACKED,
+                       fullgraph=True)
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED, outcome.to_dict()
+    assert outcome.shapes["unbacked"] and outcome.shapes["guards_match"] is True
+
+    static = reproarchive.run(without_policy(path, tmp_path / "static.tar.zst"))
+    assert static.status != REPRODUCED, static.to_dict()
+    assert any(NOT_RECORDED in w for w in static.warnings)
+
+
+def test_an_archive_recorded_static_replays_static_without_a_shape_warning(tmp_path):
+    def fails_always(gm, example_inputs):
+        raise RuntimeError("symbol-free failure")
+
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "fails_always_TESTING" not in _COMPILER_FNS:
+        register_backend(fails_always, name="fails_always_TESTING")
+    path = capture(tmp_path / "a.tar.zst", two_sums, (torch.randn(4, 3), torch.randn(4, 3)), "fails_always_TESTING")
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED
+    assert outcome.shapes["policy"] == "recorded" and outcome.shapes["symbolic"] is False
+    assert not any("shape" in w for w in outcome.warnings), outcome.warnings
+
+
+def test_a_failure_only_on_free_symbols_minifies_to_a_graph_that_is_still_symbolic(tmp_path):
+    def wider(x, y):
+        a = torch.relu(x) * 3
+        b = torch.sigmoid(y).sum(1)
+        return a.sum(0) + b.max()
+
+    x, y = torch.randn(8, 3), torch.randn(5, 4)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    path = capture(tmp_path / "a.tar.zst", wider, (x, y), FREE_SYMBOLS)
+    report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst", isolate=False, max_time=120)
+    assert report.status == "minified", report.to_dict()
+    small = reproarchive.load(report.output)
+    policy = small.records.shapes
+    assert policy is not None and any(d.kind == "backed" for r in policy.inputs for d in r.dims), policy
+    assert len(small.gm.graph.nodes) < len(reproarchive.load(path).gm.graph.nodes)
+    assert all(r.input < len(small.args) for r in policy.inputs)
+    outcome = reproarchive.run(report.output)
+    assert outcome.status == REPRODUCED and outcome.shapes["symbolic"], outcome.to_dict()
+    assert outcome.shapes["guards_match"] is True
