@@ -103,3 +103,15 @@ def test_a_single_process_archive_loads_as_a_job_of_one_rank(tmp_path):
     path = reproarchive.pack(g, [torch.ones(2)], tmp_path / "one.tar.zst")
     loaded = reproarchive.load_job(path)
     assert loaded.world_size == 1 and [r.rank for r in loaded.ranks] == [0]
+
+
+def test_module_state_of_two_ranks_is_renumbered_and_shared(tmp_path):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+    ranks = [RankCapture(fx.symbolic_trace(lin), [torch.full((3, 4), float(r))],
+                         RankRecord(rank=r, outcome=RankOutcome(status="passed"))) for r in range(2)]
+    path = reproarchive.pack_job(ranks, tmp_path / "lin.tar.zst", world_size=2)
+    loaded = reproarchive.load_job(path)
+    assert loaded.index.job.graphs == () and len(loaded.index.storages) == 4  # weight, bias, two inputs
+    for r in loaded.ranks:
+        torch.testing.assert_close(r.gm(*r.args), lin(torch.full((3, 4), float(r.rank))))
