@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,18 @@ from reproarchive.format.schema import (
 from reproarchive.format.writer import ContainerWriter
 
 #: Which outcome makes a rank the failing one, most telling first: its own exception, then a
-#: crash, then a collective timeout (a rank that times out waits for one that went elsewhere).
+#: crash, then a collective timeout (a rank that times out waits for one that went elsewhere),
+#: then an exception that only says a peer went away (it failed because another rank did).
 _FAILING = (RankStatus.FAILED, RankStatus.CRASHED, RankStatus.TIMEOUT)
+PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|communicator was aborted",
+                       re.IGNORECASE)
+
+
+def lost_a_peer(outcome: RankOutcome | None) -> bool:
+    """Whether a rank's failure only says that another rank went away (gloo's "Connection closed
+    by peer", NCCL's aborted communicator): a consequence, not the cause."""
+    failure = outcome.failure if outcome is not None else None
+    return failure is not None and PEER_LOST.search(failure.message or "") is not None
 
 
 @dataclasses.dataclass
@@ -60,10 +71,12 @@ class _Rank:
 def failing_rank(ranks: Sequence[RankRecord]) -> int | None:
     """The rank whose failure a job archive reports: by ``_FAILING`` order, then the lowest."""
     for status in _FAILING:
-        found = sorted(r.rank for r in ranks if r.outcome is not None and r.outcome.status == status)
+        found = sorted(r.rank for r in ranks if r.outcome is not None and r.outcome.status == status
+                       and not lost_a_peer(r.outcome))
         if found:
             return found[0]
-    return None
+    lost = sorted(r.rank for r in ranks if r.outcome is not None and r.outcome.status in _FAILING)
+    return lost[0] if lost else None
 
 
 def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike, *,

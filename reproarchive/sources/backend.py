@@ -68,6 +68,9 @@ signature, so the same failure captured twice overwrites one file rather than pi
 Default: ``$REPROARCHIVE_DIR`` if set, else ``./reproarchives/`` in the working directory at the
 time ``capture()`` is called.
 
+Multi-rank jobs: on a rank of a torch.distributed job every rank writes its part and a failing
+rank merges them into one archive for the job (``job_capture``).
+
 Sharing: with ``store=`` (default ``$REPROARCHIVE_STORE``) every archive written is also pushed
 to that store (an fsspec URL or a folder, ``reproarchive push``), so a CI job shares every
 failure it sees. A push that fails is logged and noted on the exception, never raised in place
@@ -96,6 +99,7 @@ from reproarchive.context.execution import execution_snapshot
 from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
 from reproarchive.replay import accuracy as _accuracy
+from reproarchive.sources.job_capture import failed, first_call, note_compile, rank_context
 from reproarchive.store.push import STORE_ENV
 
 log = logging.getLogger("reproarchive.capture")
@@ -233,6 +237,8 @@ class _CaptureBackend:
         example_inputs = list(example_inputs)
         pristine_gm = copy_graph_structure(gm)
         versions = _versions(example_inputs)
+        if rank_context() is not None:  # a rank of a multi-rank job: its collectives, in order
+            note_compile(pristine_gm)
 
         with self._patched_config():
             config = config_snapshot()  # what this graph is compiled with (~7 ms)
@@ -264,6 +270,8 @@ class _CaptureBackend:
         def run(*args: Any) -> Any:
             if pending[0]:
                 pending[0] = False
+                if (ctx := rank_context()) is not None:  # a rank: one guarded call (job_capture)
+                    return first_call(self, compiled, pristine_gm, list(args), config, ctx)
                 self._check(compiled, gm, pristine_gm, list(args), config)
             return compiled(*args)
 
@@ -364,6 +372,8 @@ class _CaptureBackend:
 
     def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str,
               config: ConfigRecord) -> None:
+        if (ctx := rank_context()) is not None:  # a rank: its part, and the job's archive
+            return failed(self, gm, inputs, config, exc, stage, ctx)
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
         path, error = self._write(gm, inputs, versions, record, config)
         _annotate(exc, path, error)
