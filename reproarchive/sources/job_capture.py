@@ -22,6 +22,10 @@ removes the folder: a job that passed leaves nothing. A job whose failing rank d
 could merge (a crash) leaves the folder; ``reproarchive pack FOLDER`` (or ``capture --``, after
 its launcher exits) merges it.
 
+A graph that issues collectives waits (bounded by the same setting) until every rank has
+written its part before its first call: it would meet them at its first collective anyway, and a
+rank that dies at once then finds the others' parts there.
+
 In a job the first call runs once, for real, guarded (not on copies first, as in a single
 process): running a graph twice issues its collectives twice, and the ranks stay matched only if
 all of them do; a hang would then show in the second run, outside the guard. The inputs are
@@ -312,13 +316,22 @@ def _locked(folder: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def wait_for_parts(folder: Path, world_size: int, wait_s: float | None = None) -> bool:
+    """Wait up to ``wait_s`` (default ``$REPROARCHIVE_JOB_WAIT_S`` or 10 s) until every rank of the
+    world has a part in ``folder``; whether they all have."""
+    deadline = time.monotonic() + (float(os.environ.get(JOB_WAIT_ENV, "10")) if wait_s is None else wait_s)
+    while len(folder_parts(folder)) < world_size:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, wait_s: float | None = None) -> Path:
     """Merge every rank part of ``folder`` into ``archive`` (under the folder's lock), first
     waiting up to ``wait_s`` for the parts of all ``world_size`` ranks."""
     if world_size is not None:
-        deadline = time.monotonic() + (float(os.environ.get(JOB_WAIT_ENV, "10")) if wait_s is None else wait_s)
-        while len(folder_parts(folder)) < world_size and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_parts(folder, world_size, wait_s)
     with _locked(folder):
         return merge_parts(folder_parts(folder), archive, outcomes=folder_outcomes(folder))
 
@@ -369,6 +382,8 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
                                RankOutcome(status="running", doing=doing), ctx)
         set_status(folder, ctx.rank, None)
         watch_for_crash(folder, ctx)
+        if schedule_of(gm):  # it meets the other ranks anyway: first let them write their parts,
+            wait_for_parts(folder, ctx.world_size)  # so that a rank that dies at once finds them there
     except Exception as err:  # noqa: BLE001 - never in place of the user's own run
         log.warning("reproarchive.capture could not write rank %d's part: %s: %s", ctx.rank, type(err).__name__, err)
         return compiled(*args)
