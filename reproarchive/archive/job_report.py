@@ -174,7 +174,8 @@ def job_lines(summary: JobSummary) -> list[str]:
     for row in summary.ranks:
         what = row.failure or row.doing or ""
         extra = f" [{row.signal}]" if row.signal else ""
-        lines.append(f"  rank {row.rank}: {row.status}{extra}, {row.collectives} collectives, graph {row.graph}"
+        lines.append(f"  rank {row.rank}: {row.status}{extra}, {row.collectives} "
+                     f"collective{'s' if row.collectives != 1 else ''}, graph {row.graph}"
                      + (f": {what}" if what else ""))
     for g in summary.groups:
         dim = f", mesh dim {g['mesh_dim']}" if g.get("mesh_dim") else ""

@@ -358,13 +358,11 @@ def write_part(backend: Any, gm: Any, inputs: list[Any], config: Any, failure: A
     """Write this rank's part (its graph, its inputs as they were, this job record); returns
     (parts folder, job archive)."""
     from reproarchive.archive.writing import write_capture
-    from reproarchive.sources.backend import _is_file_target, capture_of
 
-    folder, archive = job_paths(backend.target, ctx, _is_file_target(backend.target))
+    folder, archive = job_paths(backend.target, ctx, backend.file_target)
     folder.mkdir(parents=True, exist_ok=True)
     local, dtensors, meshes, dims = local_inputs(inputs)
-    capture = capture_of(gm, local, config=config, failure=failure, backend=backend.backend_name, accuracy=False,
-                         capture_settings=backend.settings)
+    capture = backend.rank_capture(gm, local, config, failure)
     capture = dataclasses.replace(capture, job=part_job(ctx, outcome, dtensors, meshes, dims))
     write_capture(capture, folder / f"rank-{ctx.rank}.tar.zst")
     return folder, archive
@@ -403,7 +401,7 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
     """A rank failed (its own exception, or a collective timeout): its part says so, the parts
     of the job are merged into the job archive, and the exception names that archive."""
     from reproarchive.context.failure import record_from_exception
-    from reproarchive.sources.backend import _annotate
+    from reproarchive.sources.exception_notes import annotate as _annotate
 
     timeout = is_collective_timeout(exc)
     record = record_from_exception(exc, "timeout" if timeout else stage, backend=backend.backend_name)
