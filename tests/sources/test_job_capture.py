@@ -77,14 +77,15 @@ def test_a_crash_on_rank_1_leaves_parts_that_pack_merges_naming_the_rank_and_sig
     done = _torchrun(tmp_path, "crash")
     assert done.returncode != 0
     parts = sorted((tmp_path / "out").glob("job-*.parts"))
-    assert len(parts) == 1 and not list((tmp_path / "out").glob("job-*.tar.zst"))  # nobody lived to merge
+    assert len(parts) == 1  # the crashed rank could not merge (rank 0 may have, if gloo told it first)
     result = invoke("pack", parts[0], "--json")
     assert result.exit_code == 0, result.output
     archive = Path(json.loads(result.stdout)["archive"])
     job = reproarchive.load_job(archive)
     assert job.failing_rank == 1 and job.rank(1).outcome.status == "crashed"
     assert job.rank(1).outcome.signal == "SIGABRT" and job.records.failure.exception_type == "SIGABRT"
-    assert job.rank(0).outcome.status == "running"
+    zero = job.rank(0).outcome  # blocked in its collective when the launcher stopped it, or told its peer left
+    assert zero.status == "running" or zero.status == "failed" and "lost a peer" in zero.doing
 
 
 def test_four_ranks_on_a_mesh_record_groups_members_names_and_dtensor_placements(tmp_path):
