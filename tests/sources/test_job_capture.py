@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _torchrun(tmp_path: Path, mode: str, nproc: int = 2, timeout_s: float = 30) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "REPROARCHIVE_JOB_WAIT_S": "20"}
+def _torchrun(tmp_path: Path, mode: str, nproc: int = 2, timeout_s: float = 30,
+              **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "REPROARCHIVE_JOB_WAIT_S": "20", **env_vars}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                            str(PROGRAM), mode, str(tmp_path / "out"), str(timeout_s)],
                           capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
@@ -33,8 +34,15 @@ def _job_archive(tmp_path: Path) -> Path:
     return found[0]
 
 
-def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(tmp_path):
-    done = _torchrun(tmp_path, "fail")
+@pytest.fixture(scope="module")
+def failed_job(tmp_path_factory):
+    """One 2-rank job whose rank 1 fails, run once with TORCH_TRACE on (one log per rank)."""
+    tmp_path = tmp_path_factory.mktemp("fail")
+    return tmp_path, _torchrun(tmp_path, "fail", TORCH_TRACE=str(tmp_path / "trace"))
+
+
+def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(failed_job):
+    tmp_path, done = failed_job
     assert done.returncode != 0 and "injected failure on rank 1" in done.stderr
     archive = _job_archive(tmp_path)
     assert f"archive written to {archive}" in done.stderr
@@ -53,6 +61,19 @@ def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(tmp_path):
     assert job.groups[0].ranks == (0, 1) and job.groups[0].backend == "gloo"
     with pytest.raises(reproarchive.NotReplayableHereError, match="reproarchive run"):
         reproarchive.load(archive)
+
+
+def test_pack_of_the_job_s_torch_trace_folder_gives_one_job_archive(failed_job, tmp_path):
+    trace = failed_job[0] / "trace"
+    assert len(list(trace.glob("dedicated_log_torch_trace_rank_*.log"))) == 2
+    result = invoke("pack", trace, "--all", "--no-replay", "-o", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert len(report["archives"]) == 2 and report["job"]["kind"] == "job"
+    job = reproarchive.load_job(report["job"]["archive"])
+    assert [r.rank for r in job.ranks] == [0, 1] and job.world_size == 2 and job.index.job.graphs == ()
+    assert [[c.op for c in r.schedule] for r in job.ranks] == [["all_reduce"], ["all_reduce"]]
+    assert job.groups[0].ranks == (0, 1) and "the log does not list them" in job.groups[0].desc
 
 
 def test_a_hang_is_a_timeout_and_inspect_names_the_rank_that_skipped_a_collective(tmp_path):
