@@ -127,3 +127,18 @@ def test_four_ranks_on_a_mesh_record_groups_members_names_and_dtensor_placements
         assert dt.shape == (4, 4) and tuple(r.args[dt.input].shape) == (2, 4)  # the local shard is stored
         assert r.args[dt.input].tolist() == [[float(4 * i + j) for j in range(4)] for i in range(4)][
             2 * (r.rank % 2):2 * (r.rank % 2) + 2]
+
+
+def test_capture_of_torchrun_reaches_every_rank_and_gives_one_job_archive(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "REPROARCHIVE_JOB_WAIT_S": "20"}
+    cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    done = subprocess.run([*cli, "capture", "-o", str(tmp_path / "out"), "--json",
+                           "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(PROGRAM), "plain-fail", str(tmp_path / "unused")],
+                          capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    report = json.loads(done.stdout)
+    (archive,) = [a for a in report["archives"] if a["kind"] == "job"]
+    job = reproarchive.load_job(archive["archive"])
+    assert [r.rank for r in job.ranks] == [0, 1] and job.failing_rank == 1
+    assert "injected failure on rank 1" in job.rank(1).outcome.failure.message
+    assert not (tmp_path / "unused").exists()  # the program itself never named reproarchive

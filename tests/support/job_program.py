@@ -3,6 +3,7 @@
 fail:  rank 1's compiled graph raises (2 ranks)
 hang:  rank 1 takes the other branch and skips a collective rank 0 waits in (2 ranks)
 crash: rank 1's compiled graph aborts (SIGABRT) (2 ranks)
+plain-MODE: MODE with torch.compile(backend=...) alone, for `reproarchive capture -- torchrun ...`
 bench: like fail, on any number of ranks, with a 256 KiB weight every rank shares
        (benchmarks/job_bench.py)
 mesh:  4 ranks on a 2x2 DeviceMesh (dp, tp): a DTensor input, a collective on the tp sub-group
@@ -20,6 +21,8 @@ import torch.distributed._functional_collectives as funcol
 import reproarchive
 
 mode, out = sys.argv[1], sys.argv[2]
+plain = mode.startswith("plain-")  # torch.compile with the backend alone (under `reproarchive capture --`)
+mode = mode.removeprefix("plain-")
 timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
 dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
 rank = dist.get_rank()
@@ -38,7 +41,7 @@ def backend(gm, example_inputs):
     return gm.forward
 
 
-@torch.compile(backend=reproarchive.capture(backend, path=out))
+@torch.compile(backend=backend if plain else reproarchive.capture(backend, path=out))
 def step(x, w):
     y = funcol.all_reduce(x.sum() * w, "sum", dist.group.WORLD)
     if mode == "hang" and rank == 0:  # rank 1 takes the other branch and skips this collective
