@@ -25,6 +25,7 @@ from typing import Any, Union
 from reproarchive.errors import IndexSchemaError, LimitExceededError, Rule, SchemaViolation, UnsafeArchiveError
 from reproarchive.format import index_codec
 from reproarchive.format.digests import DIGEST_RE
+from reproarchive.format.job_rules import check_job, job_node_count
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
     INDEX_MEMBER,
@@ -35,7 +36,6 @@ from reproarchive.format.layout import (
     check_member_name,
     is_blob_name,
 )
-from reproarchive.format.job_rules import check_job, job_node_count
 from reproarchive.format.plain import decoder_for, encode
 from reproarchive.format.schema import (
     DTYPES,
