@@ -30,7 +30,8 @@ Exit codes:
        or the name asked for in it does not exist
   5    a store cannot be reached or answered an error (push, pull, ls, --store)
   70   internal error (a bug in reproarchive; --debug shows the traceback)
-  125  run: cannot run here (device or backend unavailable)
+  125  run: cannot run here (device or backend unavailable; or a multi-rank job's collectives,
+       which replay only with its ranks launched)
   130  interrupted (Ctrl-C); partial results are removed or kept as stated
   141  the reader of stdout went away (piped into head): stops quietly, as Unix tools do
 """

@@ -106,6 +106,9 @@ class Rule(StrEnum):
     STATE_MODULE = "R7.4-2"
     FAILURE_STAGE = "R8-1"
     SHAPE_POLICY = "R8-2"
+    JOB_RANKS = "R8-3"
+    JOB_GROUPS = "R8-4"
+    JOB_REFS = "R8-5"
 
 
 class ReproArchiveError(Exception):

@@ -14,6 +14,7 @@ import math
 import os
 from dataclasses import field
 
+from reproarchive.archive.job_report import JobSummary, job_summary
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
@@ -144,6 +145,7 @@ class InspectReport(NamedByIndex):
     environment: PlainData
     records: PlainData  # the full failure, config, environment and system records, for tools
     store: StoreOrigin | None = field(default=None, metadata=_OMIT_NONE)
+    job: JobSummary | None = field(default=None, metadata=_OMIT_NONE)  # a multi-rank job's ranks (spec §8 job)
     shapes: PlainData = field(default=None, metadata=_OMIT_NONE)  # (1.3) the shape policy record
     shape_policy: tuple[str, ...] = ()  # the same for people (``shape_policy_lines``)
 
@@ -298,4 +300,5 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
                      for key in ("failure", "config", "environment", "system")},
             shapes=to_plain(records.shapes) if records.shapes is not None else None,
             shape_policy=tuple(shape_policy_lines(records.shapes)),
+            job=job_summary(index.job) if index.job is not None else None,
         )
