@@ -1,0 +1,127 @@
+"""One rank of a replayed job: the program torch.distributed's launcher starts on every rank.
+
+``python -m reproarchive.replay.rank_worker FOLDER`` (the launcher sets ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE`` and the rendezvous variables) joins the job with the backend for
+its device (gloo on the CPU, NCCL on CUDA) and the recorded job's collective timeout, recreates
+every recorded process group under its recorded name (``ranks.recreate_groups``), loads its own
+rank's graph and real inputs, and judges its replay with the one judge every replay uses
+(``runner.replay_graph``). FOLDER holds the parent's request and receives, per rank r:
+
+* ``started-r.json``: the pid and what is about to run, before anything can crash or hang;
+* ``rank-r.json``: the rank's Outcome and its collective schedule;
+* ``rank-r.log``: everything the rank printed (faulthandler's report of a crash included).
+
+How a rank ends is the recorded job's rule, not ours: a rank whose replay failed exits non-zero
+at once, as the original process did, and the launcher stops the others (a peer blocked in a
+collective with it would otherwise wait for the whole timeout); a rank that passed waits, on the
+rendezvous store (never a collective, which could pair with a peer's pending one), until every
+rank is done or the timeout ends, so that a peer stuck in a collective it skipped sees a live
+partner time out, as in the recorded job, and not a closed connection.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from reproarchive.replay import ranks as _ranks
+from reproarchive.replay.settings import ReplaySettings
+
+#: How a rank whose replay observed a failure exits (after writing its outcome).
+EXIT_FAILED = 3
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+def redirect_output(folder: Path, rank: int) -> None:
+    """Send this rank's stdout and stderr (faulthandler's crash report too) to ``rank-r.log``."""
+    import faulthandler
+
+    log = open(folder / f"rank-{rank}.log", "ab", buffering=0)  # noqa: SIM115 - lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,
+          timeout_s: float, rank: int, world_size: int, records: Any = None, fake: bool = False) -> int:
+    """Replay ``rank_repro`` (``.gm``, ``.args`` on their devices, ``.failure``: the rank's
+    recorded failure or None) as ``rank`` of the launched job; returns the exit status.
+
+    ``settings`` has its backend chosen. ``records`` (the job's records: config, environment,
+    execution) are applied as a single-process replay applies them. ``fake``: this process is the
+    only one, against PyTorch's fake process group (``run --rank``).
+    """
+    from reproarchive.codec.device_runtime import devices_of
+    from reproarchive.replay.outcome import Outcome
+    from reproarchive.replay.runner import replay_graph
+
+    device_type = next(iter(sorted({d.type for d in devices_of(rank_repro.args)} - {"cpu"})), "cpu")
+    if device_type != "cpu":
+        import torch
+
+        torch.get_device_module(device_type).set_device(next(d for d in devices_of(rank_repro.args)
+                                                             if d.type == device_type))
+    if fake:
+        _ranks.init_fake(rank, world_size)
+    else:
+        _ranks.init_launched(device_type, timeout_s)
+    _ranks.recreate_groups(groups, timeout_s=timeout_s)
+    schedule = [c.__dict__ for c in _ranks.schedule_of(rank_repro.gm)]
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": schedule,
+                                                 "backend": settings.backend})
+    outcome: Outcome = replay_graph(
+        rank_repro.gm, list(rank_repro.args), settings, recorded_failure=rank_repro.failure,
+        config=getattr(records, "config", None), environment=getattr(records, "environment", None),
+        system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
+        execution=getattr(records, "execution", None), report_differences=rank == 0 and records is not None)
+    write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": schedule})
+    if outcome.observed is not None:
+        return EXIT_FAILED
+    if not fake:
+        _wait_for_peers(rank, world_size, timeout_s)
+    return 0
+
+
+def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
+    """Stay in the job until every rank is done (or the timeout ends), on the store."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    store.set(f"reproarchive/done/{rank}", "1")
+    try:
+        store.wait([f"reproarchive/done/{r}" for r in range(world_size)], datetime.timedelta(seconds=timeout_s))
+    except Exception:  # noqa: BLE001 - a peer that never finishes is the launcher's to report
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """The launched program: read the request in FOLDER, load this rank's part of the job, serve."""
+    folder = Path(argv[0])
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    request = json.loads((folder / "request.json").read_text())
+    fake = request.get("fake_rank") is not None
+    if fake:
+        rank, world_size = int(request["fake_rank"]), int(request["world_size"])
+    redirect_output(folder, rank)
+    from reproarchive.replay.job_loading import load_rank
+
+    settings = ReplaySettings.from_plain(request["settings"])
+    part = load_rank(request["archive"], rank, settings)
+    code = serve(part.rank, part.groups, folder, part.settings, timeout_s=float(request["timeout_s"]),
+                 rank=rank, world_size=world_size, records=part.records, fake=fake)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no teardown: a peer's pending collective must not hold this rank up
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

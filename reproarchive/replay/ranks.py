@@ -1,0 +1,225 @@
+"""A recorded job's process groups, recreated on this machine's torch.distributed.
+
+A graph with functional collectives names its groups by string
+(``_c10d_functional.all_reduce(x, "sum", "1")``) and torch resolves that string through its
+process-group registry at run time. The names are creation counters (or rank hashes) of the
+recording run, so a replay that creates its groups in another order, or with other members,
+runs every collective on the wrong ranks. PyTorch's own repro (``setup_fake_process_groups``
+in after_aot) rebuilds a sub-group of size k as ranks ``[0, k)``; here every group of the
+recorded table is created with its recorded members, in its recorded creation order (every
+rank must take part in every ``new_group`` call, in the same order), and registered under its
+recorded name with the same private registry call after_aot uses.
+
+The collective schedule of a graph (which collective, on which group, in which order) is read
+from the graph itself, so that a replay can say where the ranks' schedules part without
+running anything, and which collective a rank that timed out was waiting in.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+#: The operator namespaces of torch's functional collectives (the ops a traced graph holds).
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional")
+#: Ops of those namespaces that only wait for a collective started earlier.
+_WAITS = ("wait_tensor",)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One recorded process group: the name its graphs use, its global ranks, its creation
+    order in the recording run and the DeviceMesh dimension it belongs to (None: not a mesh
+    dimension)."""
+
+    name: str
+    ranks: tuple[int, ...]
+    order: int = 0
+    mesh_dim: str | None = None
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a graph issues: the op (``all_reduce``), the group name, the graph node."""
+
+    op: str
+    group: str
+    node: str
+
+    def describe(self) -> str:
+        return f"{self.op} on group {self.group!r} (node {self.node})"
+
+
+def process_group_backend(device_type: str) -> str:
+    """The torch.distributed backend for a device type, from torch's own map: gloo for the
+    CPU, nccl for CUDA (and whatever torch maps other accelerators to)."""
+    import torch.distributed as dist
+
+    backend = dist.Backend.default_device_backend_map.get(device_type)
+    if backend is None:
+        from reproarchive.errors import DeviceUnavailableError
+
+        raise DeviceUnavailableError(f"torch.distributed has no backend for device type {device_type!r}",
+                                     "replay on the CPU (--device cpu), which uses gloo")
+    return backend
+
+
+def init_launched(device_type: str, timeout_s: float) -> None:
+    """Join the job the launcher started (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ... in the
+    environment) with the backend for ``device_type`` and a collective timeout of ``timeout_s``."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend=process_group_backend(device_type),
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def init_fake(rank: int, world_size: int) -> None:
+    """A process group of ``world_size`` in which this process is ``rank`` and every collective
+    returns made-up values at once (PyTorch's fake backend): for failures in the compiler, which
+    never needs another rank."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+
+
+def recreate_groups(groups: Iterable[GroupSpec], *, timeout_s: float | None = None) -> dict[str, Any]:
+    """Create every recorded group with its recorded members, in recorded creation order, and
+    register the ones this rank belongs to under their recorded names (and only those: a name
+    the recording run did not have resolves to nothing). Returns name -> ProcessGroup for this
+    rank. Every rank of the job must call this with the same table (``new_group`` is collective
+    over the whole world)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    world = dist.get_world_size()
+    me = dist.get_rank()
+    default = _get_default_group()
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    made: dict[str, Any] = {}
+    for spec in sorted(groups, key=lambda g: (g.order, g.name)):
+        members = sorted(spec.ranks)
+        if members == list(range(world)):
+            pg = default
+        else:
+            pg = dist.new_group(members, timeout=timeout, group_desc=f"recorded:{spec.name}")
+        if me in members:
+            made[spec.name] = pg
+    c10d = torch._C._distributed_c10d
+    c10d._unregister_all_process_groups()
+    for name, pg in made.items():
+        c10d._register_process_group(name, pg)
+    return made
+
+
+def registered_groups(names: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """name -> global ranks of the group torch resolves each name to here (names that resolve to
+    nothing are left out): what a graph's collectives will actually run on."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    found = {}
+    for name in names:
+        try:
+            pg = _resolve_process_group(name)
+        except (RuntimeError, ValueError, KeyError):
+            continue
+        found[name] = tuple(dist.get_process_group_ranks(pg))
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# the collective schedule of a graph
+
+
+def schedule_of(gm: Any) -> list[Collective]:
+    """The collectives ``gm`` issues, in graph order (waits left out)."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        op = _collective_op(node.target)
+        if op is None or op[1] in _WAITS:
+            continue
+        found.append(Collective(op=op[1], group=str(_group_argument(node, op[2])), node=node.name))
+    return found
+
+
+def _collective_op(target: Any) -> tuple[str, str, Any] | None:
+    """(namespace, op name, schema) of a functional collective target (an OpOverload, or the
+    OpOverloadPacket a Dynamo graph holds), else None."""
+    overload = getattr(target, "default", target)  # a packet: its default overload
+    namespace = getattr(overload, "namespace", None)
+    if namespace not in COLLECTIVE_NAMESPACES:
+        return None
+    return namespace, overload._opname, overload._schema
+
+
+def _group_argument(node: Any, schema: Any) -> Any:
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    for key in ("group_name", "tag"):
+        if key in node.kwargs:
+            return node.kwargs[key]
+        if key in names and names.index(key) < len(node.args):
+            return node.args[names.index(key)]
+    strings = [a for a in node.args if isinstance(a, str)]
+    return strings[-1] if strings else "?"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where the ranks' collective schedules part: on ``group``, collective number ``index``
+    (0-based, counted on that group), ``rank`` does something else than the others
+    (``expected``; ``found`` is None when that rank issues no collective there at all)."""
+
+    group: str
+    index: int
+    rank: int
+    expected: Collective | None
+    found: Collective | None
+
+    def describe(self) -> str:
+        what = self.found.describe() if self.found is not None else "nothing"
+        wanted = self.expected.describe() if self.expected is not None else "nothing"
+        return (f"rank {self.rank} diverges at collective #{self.index + 1} on group {self.group!r}: "
+                f"it issues {what} where the other ranks issue {wanted}")
+
+
+def first_divergence(schedules: Mapping[int, Sequence[Collective]],
+                     members: Mapping[str, Sequence[int]]) -> Divergence | None:
+    """The first collective at which the members of a group disagree, or None when every group's
+    members issue the same collectives in the same order (the ranks' schedules match).
+
+    Each group is checked on its own (its members must issue the same sequence on it; other
+    groups' collectives do not count) and the earliest disagreement by position wins. The rank
+    that diverged is the one that differs from the most common entry; between two ranks, the
+    one that issues nothing (skipped a collective), else the higher rank."""
+    best: Divergence | None = None
+    for group, ranks in members.items():
+        seqs = {r: [c for c in schedules.get(r, ()) if c.group == group] for r in ranks if r in schedules}
+        if len(seqs) < 2:
+            continue
+        length = max(len(s) for s in seqs.values())
+        for i in range(length):
+            entries = {r: (s[i] if i < len(s) else None) for r, s in seqs.items()}
+            keys = {r: _key(e) for r, e in entries.items()}
+            if len(set(keys.values())) == 1:
+                continue
+            counts: dict[Any, int] = {}
+            for k in keys.values():
+                counts[k] = counts.get(k, 0) + 1
+            common = max(counts, key=lambda k: (counts[k], k is not None))
+            odd = [r for r, k in keys.items() if k != common]
+            rank = next((r for r in odd if entries[r] is None), max(odd))
+            expected = next(e for r, e in entries.items() if keys[r] == common)
+            found = Divergence(group, i, rank, expected, entries[rank])
+            if best is None or i < best.index:
+                best = found
+            break
+    return best
+
+
+def _key(entry: Collective | None) -> Any:
+    return None if entry is None else (entry.op, entry.group)
