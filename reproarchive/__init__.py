@@ -34,6 +34,9 @@ _EXPORTS = {
     "is_trace": "reproarchive.sources.trace_import",
     # replay and export
     "run": "reproarchive.references",
+    "run_job": "reproarchive.references",
+    "is_job_archive": "reproarchive.references",
+    "JobOutcome": "reproarchive.replay.launch",
     "Outcome": "reproarchive.replay.outcome",
     "ReplaySettings": "reproarchive.replay.settings",
     "failure_kind": "reproarchive.context.failure",

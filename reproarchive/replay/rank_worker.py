@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     if fake:
         rank, world_size = int(request["fake_rank"]), int(request["world_size"])
     redirect_output(folder, rank)
-    from reproarchive.replay.job_loading import load_rank
+    from reproarchive.replay.job import load_rank
 
     settings = ReplaySettings.from_plain(request["settings"])
     part = load_rank(request["archive"], rank, settings)

@@ -51,6 +51,12 @@ class Collective:
         return f"{self.op} on group {self.group!r} (node {self.node})"
 
 
+def group_specs(job: Any) -> list[GroupSpec]:
+    """A job record's process-group table (``job.groups``) as ``recreate_groups`` takes it."""
+    return [GroupSpec(name=g.name, ranks=tuple(g.ranks), order=g.index if g.index is not None else i,
+                      mesh_dim=g.mesh_dim) for i, g in enumerate(job.groups)]
+
+
 def process_group_backend(device_type: str) -> str:
     """The torch.distributed backend for a device type, from torch's own map: gloo for the
     CPU, nccl for CUDA (and whatever torch maps other accelerators to)."""
