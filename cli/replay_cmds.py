@@ -134,6 +134,7 @@ To bisect only the recorded failure and skip commits that fail differently:
 EXPORT_EPILOG = """\b
 The folder holds repro.py and the input data (raw bytes, read by relative path); run it with
 only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--dynamo]
+A multi-rank job archive gives a script for the launcher:  torchrun --nproc-per-node N DIR/repro.py
 
 \b
 Exit codes:
