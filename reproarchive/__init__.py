@@ -24,6 +24,12 @@ _EXPORTS = {
     "Repro": "reproarchive.archive.loading",
     "Records": "reproarchive.format.schema",
     "read_input": "reproarchive.archive.loading",
+    # a multi-rank job in one archive (spec §8 job)
+    "load_job": "reproarchive.archive.job",
+    "JobRepro": "reproarchive.archive.job",
+    "pack_job": "reproarchive.archive.job",
+    "RankCapture": "reproarchive.archive.job",
+    "merge_parts": "reproarchive.archive.job_merge",
     "AbsentTensor": "reproarchive.codec.tensors",
     # capture after a failure
     "capture": "reproarchive.sources.backend",

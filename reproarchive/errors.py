@@ -105,6 +105,9 @@ class Rule(StrEnum):
     STATE_PATH = "R7.4-1"
     STATE_MODULE = "R7.4-2"
     FAILURE_STAGE = "R8-1"
+    JOB_RANKS = "R8-2"
+    JOB_GROUPS = "R8-3"
+    JOB_REFS = "R8-4"
 
 
 class ReproArchiveError(Exception):

@@ -27,7 +27,7 @@ from reproarchive.errors import (
 from reproarchive.format import digests, frames, layout, plain
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import WorkQueue, worker_threads
-from reproarchive.format.schema import ContainerRecord, CreatedBy, Index, Records
+from reproarchive.format.schema import ContainerRecord, CreatedBy, Index, JobRecord, Records
 from reproarchive.format.writer import ContainerWriter
 from reproarchive.progress import ProgressFn, Tracker
 from reproarchive.version import __version__
@@ -88,6 +88,7 @@ def pack(
     path: str | os.PathLike,
     *,
     records: Records | Mapping[str, Any] | None = None,
+    job: JobRecord | None = None,
     digest: str = digests.DEFAULT_ALGORITHM,
     level: int = layout.DEFAULT_LEVEL,
     frame_size: int = layout.DEFAULT_FRAME_SIZE,
@@ -96,6 +97,9 @@ def pack(
 ) -> Path:
     """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
 
+    ``job`` (spec §8, 1.3): the job record of one rank of a multi-rank job (its part, which
+    ``archive.job_merge`` joins with the other ranks'); its ranks' own inputs, if any, must
+    already point into storages of this archive, so a part lists only itself.
     The records are stored as given (``created_by`` is this writer's); a capture source writes
     through ``archive.writing.write_capture``, which redacts them first. Data frames that zstd
     ``level`` would shrink by less than ``min_saving`` are stored uncompressed (cheaper to write
@@ -163,7 +167,8 @@ def pack(
                 del keep, view
             index = Index(
                 container=ContainerRecord(frame_size=frame_size), digest_algorithm=digest,
-                storages=tuple(table.records), inputs=input_records, graph=graph_record, records=records)
+                storages=tuple(table.records), inputs=input_records, graph=graph_record, records=records,
+                job=job)
             try:
                 writer.finish(index)
             except SchemaViolation as exc:

@@ -17,17 +17,19 @@ from typing import Any
 
 from reproarchive.archive.packing import pack
 from reproarchive.context.redaction import redacted
-from reproarchive.format.schema import Records
+from reproarchive.format.schema import JobRecord, Records
 
 
 @dataclass(frozen=True)
 class Capture:
     """What a capture source found: the graph (a ``torch.fx.GraphModule``), one input per
-    placeholder, and the records around them, not yet redacted."""
+    placeholder, and the records around them, not yet redacted; for a rank of a multi-rank job
+    also its job record (spec §8 ``job``)."""
 
     graph: Any
     inputs: Sequence[Any]
     records: Records
+    job: JobRecord | None = None  # (1.3) one rank of a multi-rank job: its part (``archive.job_merge``)
 
 
 def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mapping[str, str] | None = None,
@@ -37,4 +39,5 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     folders (``{folder: label}``), replaced besides this machine's; by default the working
     directory becomes ``.``."""
     table = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
-    return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table), **options)
+    return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table), job=capture.job,
+                **options)

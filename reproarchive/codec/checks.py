@@ -9,6 +9,7 @@ the same questions while it builds.
 
 from __future__ import annotations
 
+from reproarchive.codec.collectives import check_groups_joined
 from reproarchive.codec.devices import check_recorded_device, is_device_name
 from reproarchive.codec.targets import check_graph_targets
 from reproarchive.codec.tensors import dtype_from_name
@@ -24,11 +25,14 @@ def check_readable_here(index: Index, *, replaying: bool = True) -> list[str]:
     newer torch's function) instead of raising; what the rule refuses still raises."""
     for storage in index.storages:
         check_recorded_device(storage.device)
-    for tensor in index.tensor_records():
+    for tensor in (*index.tensor_records(), *index.job_tensor_records()):
         dtype_from_name(tensor.dtype)
-    _check_graph_constants(index.graph)
     missing: list | None = None if replaying else []
-    check_graph_targets(index.graph, missing)
+    for graph in (index.graph, *(index.job.graphs if index.job is not None else ())):
+        _check_graph_constants(graph)
+        check_graph_targets(graph, missing)
+    if replaying:  # collectives run only where their process groups exist (all ranks launched)
+        check_groups_joined(index)
     return list(dict.fromkeys(err.what for err in missing or ()))
 
 

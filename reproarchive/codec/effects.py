@@ -14,9 +14,11 @@ Where the effects come from:
   layouts, memory formats, and lists/optionals of these); a string argument is only an enum
   *selector* or an assertion *message* (``SELECTOR_ARGUMENTS``, values checked per node); an
   operator that returns nothing writes one of its tensor arguments, or checks a value
-  (``CHECK_OPERATORS``). Schemas cannot show a few effects (a collective reaching the network,
-  the profiler's global state): those namespaces and operators are listed in ``SCHEMA_BLIND``
-  with the reason;
+  (``CHECK_OPERATORS``). Schemas cannot show a few effects (process-group objects reaching the
+  network, the profiler's global state): those namespaces and operators are listed in
+  ``SCHEMA_BLIND`` with the reason. Functional collectives have a *declared* effect (tensors
+  exchanged with the ranks of a named process group, ``COLLECTIVE_NAMESPACES``): allowed, and
+  replayed only with the job's ranks launched (``codec.collectives``, spec §8 ``job``);
 * a **Python binding** of operators (``torch.add``, ``torch._C._nn.linear``, ``Tensor.view``):
   the schema of every overload of the ATen operator of the same name; the few bindings no
   operator describes are ``SCHEMALESS_BINDINGS``, each with the effect it has;
@@ -56,8 +58,11 @@ import torch
 # operators: by their schemas (``codec.operator_effects``); the names below are read from here
 from reproarchive.codec.operator_effects import (  # noqa: F401 - re-exported
     CHECK_OPERATORS,
+    COLLECTIVE_ARGUMENTS,
+    COLLECTIVE_NAMESPACES,
     SCHEMA_BLIND,
     SELECTOR_ARGUMENTS,
+    is_collective,
     overload_problem,
     packet_problem,
     schema_problem,

@@ -5,8 +5,14 @@ Every argument and result is a tensor or a plain value (numbers, bools, dtypes, 
 layouts, memory formats, and lists/optionals of these); a string argument is only an enum
 *selector* or an assertion *message* (``SELECTOR_ARGUMENTS``, values checked per node); an
 operator that returns nothing writes one of its tensor arguments, or checks a value
-(``CHECK_OPERATORS``). Schemas cannot show a few effects (a collective reaching the network,
-the profiler's global state): those namespaces and operators are ``SCHEMA_BLIND``.
+(``CHECK_OPERATORS``). Schemas cannot show a few effects (process-group internals reaching the
+network, the profiler's global state): those namespaces and operators are ``SCHEMA_BLIND``.
+
+Functional collectives (``COLLECTIVE_NAMESPACES``, spec §7.3 and §8 ``job``) have a declared
+effect instead: tensors in, tensors out, exchanged with the other ranks of a process group
+named by a string. They are allowed by that effect; what they need to *run* (every rank
+launched, the group recreated under its recorded name) is a replay's concern
+(``codec.collectives``), so ``verify`` and ``inspect`` accept them.
 """
 
 from __future__ import annotations
@@ -39,9 +45,7 @@ SELECTOR_ARGUMENTS: dict[str, re.Pattern] = {
 #: act elsewhere.
 SCHEMA_BLIND: dict[str, str] = {
     # namespaces
-    "c10d": "collective communication (network)",
-    "_c10d_functional": "collective communication (network)",
-    "_c10d_functional_autograd": "collective communication (network)",
+    "c10d": "process-group objects and collectives outside the functional API (network)",
     "symm_mem": "symmetric-memory communication between processes (network)",
     "_dtensor": "distributed tensors (network)",
     "profiler": "starts and stops the process-wide profiler",
@@ -57,6 +61,22 @@ SCHEMA_BLIND: dict[str, str] = {
     "aten::get_gradients": "distributed autograd (network)",
     "aten::set_data": "replaces a tensor's data outside autograd (tensor identity)",
 }
+
+#: Functional collectives: their string arguments name a process group or a reduction; any
+#: other string argument (``batch_p2p_ops``' op list) refuses the operator as everywhere else.
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd"})
+GROUP_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+COLLECTIVE_ARGUMENTS: dict[str, re.Pattern] = {"group_name": GROUP_NAME, "reduce_op": _TOKEN}
+
+
+def is_collective(schema: Any) -> bool:
+    """Whether an operator schema is a functional collective (``COLLECTIVE_NAMESPACES``)."""
+    return schema.name.split("::")[0] in COLLECTIVE_NAMESPACES
+
+
+def _selectors(schema: Any) -> dict[str, re.Pattern]:
+    return {**SELECTOR_ARGUMENTS, **COLLECTIVE_ARGUMENTS} if is_collective(schema) else SELECTOR_ARGUMENTS
+
 
 #: Operators that return nothing, write no tensor, and take no tensor, yet only check a value
 #: (symbolic-shape assertions in graphs with dynamic shapes). Any other such operator can only
@@ -91,6 +111,7 @@ def schema_problem(schema: Any) -> str | None:
     """Why an operator schema is not a tensor computation with contained effects (None: it is)."""
     writes = False
     reads_tensor = False
+    selectors = _selectors(schema)
     for a in schema.arguments:
         t = a.real_type
         if a.alias_info is not None and a.alias_info.is_write:
@@ -98,8 +119,10 @@ def schema_problem(schema: Any) -> str | None:
         if "Tensor" in str(t):
             reads_tensor = True
         base = t.getElementType() if t.kind() == "OptionalType" else t
+        if base.kind() == "AnyType" and a.name in COLLECTIVE_ARGUMENTS and is_collective(schema):
+            continue  # a group name (a string in a graph; ``string_argument_problem`` checks it)
         if base.kind() == "StringType":
-            if a.name not in SELECTOR_ARGUMENTS:
+            if a.name not in selectors:
                 return f"takes a string argument {a.name!r} that is not an enum selector or message"
             continue
         if str(base) in ("Dimname", "List[Dimname]") or "Dimname" in str(t):
@@ -161,8 +184,11 @@ def string_argument_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict
     arguments = op._schema.arguments
     positional = [a for a in arguments if not a.kwarg_only]
     bound = list(zip(positional, args)) + [(a, kwargs[a.name]) for a in arguments if a.name in kwargs]
+    selectors = _selectors(op._schema)
     for a, value in bound:
-        pattern = SELECTOR_ARGUMENTS.get(a.name)
+        pattern = selectors.get(a.name)
+        if a.name in COLLECTIVE_ARGUMENTS and is_collective(op._schema) and not isinstance(value, str):
+            return f"its {a.name!r} argument is not a process-group name"
         if pattern is not None and isinstance(value, str) and not pattern.match(value):
             return f"its {a.name!r} argument {value[:40]!r} is not a selector value"
     return None

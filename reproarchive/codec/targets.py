@@ -273,9 +273,12 @@ def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereErro
             if fn is getattr:
                 check_getattr_args(node.args)
                 _receiver(node, kinds)
-            elif isinstance(fn, torch._ops.OpOverload):
-                why = effects.string_argument_problem(fn, node.args, node.kwargs)
-                if why is not None:
+            elif isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+                # a packet (Dynamo's graphs call ``torch.ops._c10d_functional.all_reduce``) is
+                # checked against its default overload, the one its arguments select
+                overload = getattr(fn, "default", None) if isinstance(fn, torch._ops.OpOverloadPacket) else fn
+                why = overload and effects.string_argument_problem(overload, node.args, node.kwargs)
+                if why:
                     raise _unsafe(node.target, why)
             kinds[node.name] = HANDLE if state is not None and state.returns_handle else VALUE
         elif op == "call_method":

@@ -35,6 +35,7 @@ from reproarchive.format.layout import (
     check_member_name,
     is_blob_name,
 )
+from reproarchive.format.job_rules import check_job, job_node_count
 from reproarchive.format.plain import decoder_for, encode
 from reproarchive.format.schema import (
     DTYPES,
@@ -54,6 +55,7 @@ from reproarchive.format.schema import (
     Fidelity,
     GraphRecord,
     Index,
+    JobRecord,
     ModuleEntry,
     NodeOp,
     NodeRef,
@@ -147,7 +149,7 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
     for i, value in enumerate(inputs):
         check_value(value, storages, ("inputs", i), 0)
     # §5 rule 9, §7 graph (the node count first, before anything is decoded)
-    nodes = _raw_node_count(raw.get("graph"), 0)
+    nodes = _raw_node_count(raw.get("graph"), 0) + job_node_count(raw.get("job"), _raw_node_count)
     if nodes > caps.max_nodes:
         raise LimitExceededError(f"the graph has {nodes} nodes, more than the limit {caps.max_nodes}",
                                  rule=Rule.INDEX_ORDER)
@@ -169,8 +171,12 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         if not 0 <= i < len(inputs):
             raise SchemaViolation(f"names input {i}, but the index stores {len(inputs)} inputs",
                                   ("execution", "inference_inputs"), Rule.INPUTS)
+    # §8 job (1.3): the ranks of a multi-rank job
+    job = _section(raw, "job", JobRecord | None)
+    if job is not None:
+        check_job(job, storages, len(inputs), caps, check_value, check_graph)
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
-                 records=records, format=FORMAT_NAME, version=raw["version"])
+                 records=records, format=FORMAT_NAME, version=raw["version"], job=job)
 
 
 def _raw_node_count(graph: Any, depth: int) -> int:

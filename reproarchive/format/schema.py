@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Union
 
-from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim, omit_none
+from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim, omit_none, open_record
 from reproarchive.format.schema_records import (  # noqa: F401 - the schema's names are one namespace
     DUMP_KINDS,
     AccuracyOutput,
@@ -74,6 +74,8 @@ from reproarchive.format.schema_sets import (  # noqa: F401 - the schema's names
     Layout,
     MemoryFormat,
     NodeOp,
+    PlacementKind,
+    RankStatus,
     Stage,
     TensorKind,
 )
@@ -314,6 +316,129 @@ class GraphRecord:
                 yield from entry.graph.tensors()
 
 
+# -- §8 job: the ranks of a multi-rank job (1.3) ------------------------------------------------
+
+
+@open_record
+class ProcessGroupRecord:
+    """One process group as torch.distributed named it: ``name`` (what a graph's collectives
+    pass, ``group_name``), its members as global ``ranks`` (in group-rank order), ``backend``
+    (``gloo``, ``nccl``), ``index`` (creation order: a replay creates groups in this order, so
+    counter names come out the same), ``desc`` (torch's ``group_desc``) and, for a DeviceMesh
+    dimension's group, that dimension's name (``mesh_dim``)."""
+
+    name: str
+    ranks: tuple[int, ...]
+    backend: str | None = omit_none()
+    index: int | None = omit_none()
+    desc: str | None = omit_none()
+    mesh_dim: str | None = omit_none()
+
+
+@open_record
+class MeshRecord:
+    """A DeviceMesh: ``shape``, its global ``ranks`` in row-major order, ``dim_names`` and
+    ``device_type``; each dimension's groups are the table's groups with that ``mesh_dim``."""
+
+    shape: tuple[int, ...]
+    ranks: tuple[int, ...]
+    dim_names: tuple[str, ...] | None = omit_none()
+    device_type: str | None = omit_none()
+
+
+@open_record
+class PlacementRecord:
+    """A DTensor placement along one mesh dimension: ``shard`` (``dim``), ``replicate`` or
+    ``partial`` (``reduce_op``)."""
+
+    kind: PlacementKind
+    dim: int | None = omit_none()
+    reduce_op: str | None = omit_none()
+
+
+@open_record
+class DTensorInput:
+    """A rank's input that was a DTensor: the stored tensor is its local shard; ``mesh`` is an
+    index into ``job.meshes``, one placement per mesh dimension, and the global ``shape`` and
+    ``stride``."""
+
+    input: int
+    mesh: int
+    placements: tuple[PlacementRecord, ...]
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@open_record
+class CollectiveRecord:
+    """One collective a rank's graph issues, in graph order: the operator (``all_reduce``),
+    the group's recorded name, the tensors it sends (shapes and dtypes), the compile it belongs
+    to and the node that calls it."""
+
+    op: str
+    group: str | None = omit_none()
+    shapes: tuple[tuple[int, ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    compile_id: str | None = omit_none()
+    node: str | None = omit_none()
+
+
+@open_record
+class CompileRecord:
+    """One compile on a rank, in order: Dynamo's compile id, why it recompiled, cache hit or miss."""
+
+    compile_id: str
+    recompile_reasons: tuple[str, ...] = ()
+    cache: str | None = omit_none()
+
+
+@open_record
+class RankOutcome:
+    """How a rank ended (``status``), its failure record when it failed (or timed out), the
+    signal or exit code of a crash, and what it was doing (``doing``: the collective it waited
+    in, the graph it ran)."""
+
+    status: RankStatus
+    failure: FailureRecord | None = omit_none()
+    signal: str | None = omit_none()
+    exit_code: int | None = omit_none()
+    doing: str | None = omit_none()
+
+
+@open_record
+class RankRecord:
+    """One rank. ``graph`` absent: the index's own ``graph``; else an index into ``job.graphs``.
+    ``inputs`` absent: the index's own ``inputs``; else this rank's, whose tensors point into the
+    one storage table. ``host`` is a digest of the host name, never the name."""
+
+    rank: int
+    local_rank: int | None = omit_none()
+    device: str | None = omit_none()
+    host: str | None = omit_none()
+    graph: int | None = omit_none()
+    inputs: tuple[Value, ...] | None = omit_none()
+    dtensors: tuple[DTensorInput, ...] = field(default=(), metadata={"omit": "empty"})
+    schedule: tuple[CollectiveRecord, ...] = ()
+    compiles: tuple[CompileRecord, ...] = field(default=(), metadata={"omit": "empty"})
+    outcome: RankOutcome | None = omit_none()
+
+
+@open_record
+class JobRecord:
+    """(1.3) A multi-rank job: the index's own graph and inputs are rank ``primary_rank``'s (the
+    failing rank, else rank 0), so a single-process reader sees a valid archive; ``ranks`` holds
+    every rank recorded, ``graphs`` the distinct graphs that are not the index's own."""
+
+    world_size: int
+    primary_rank: int
+    backend: str | None = omit_none()
+    failing_rank: int | None = omit_none()
+    groups: tuple[ProcessGroupRecord, ...] = ()
+    meshes: tuple[MeshRecord, ...] = field(default=(), metadata={"omit": "empty"})
+    graphs: tuple[GraphRecord, ...] = field(default=(), metadata={"omit": "empty"})
+    ranks: tuple[RankRecord, ...] = ()
+
+
 # --------------------------------------------------------------------------------------------
 # the index
 
@@ -330,12 +455,23 @@ class Index:
     records: Records = field(default_factory=Records, metadata={"inline": True})
     format: str = FORMAT_NAME
     version: str = FORMAT_VERSION
+    job: JobRecord | None = omit_none()  # (1.3) absent for a single-process archive
 
     def tensor_records(self):
         """Every tensor record: inputs first, then module state (the order storages are numbered)."""
         for value in self.inputs:
             yield from value.tensors()
         yield from self.graph.tensors()
+
+    def job_tensor_records(self):
+        """The tensor records of the other ranks (§8 ``job``): their inputs, then their graphs'."""
+        if self.job is None:
+            return
+        for rank in self.job.ranks:
+            for value in rank.inputs or ():
+                yield from value.tensors()
+        for graph in self.job.graphs:
+            yield from graph.tensors()
 
     def storage_of(self, value: Any) -> StorageRecord:
         return self.storages[value.storage]

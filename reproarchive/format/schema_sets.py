@@ -13,10 +13,26 @@ from enum import StrEnum
 
 
 class Stage(StrEnum):
-    """Where a failure happened (§8 ``failure.stage``)."""
+    """Where a failure happened (§8 ``failure.stage``); ``timeout`` (1.3): a collective of a
+    multi-rank job waited past its process group's timeout (a hang)."""
 
-    (COMPILE, FORWARD, BACKWARD, ACCURACY, CRASH, UNKNOWN) = (
-        "compile", "forward", "backward", "accuracy", "crash", "unknown")
+    (COMPILE, FORWARD, BACKWARD, ACCURACY, CRASH, UNKNOWN, TIMEOUT) = (
+        "compile", "forward", "backward", "accuracy", "crash", "unknown", "timeout")
+
+
+class RankStatus(StrEnum):
+    """How one rank of a multi-rank job ended (§8 ``job``, 1.3): ``failed`` with its failure
+    record, ``passed``, ``crashed`` (a signal or exit status), ``timeout`` (a collective waited
+    past its timeout), ``running`` (still running when its part was taken: blocked, or killed
+    by the launcher after another rank failed) or ``unknown``."""
+
+    FAILED, PASSED, CRASHED, TIMEOUT, RUNNING, UNKNOWN = "failed", "passed", "crashed", "timeout", "running", "unknown"
+
+
+class PlacementKind(StrEnum):
+    """How a DTensor is laid out along one mesh dimension (§8 ``job``, 1.3)."""
+
+    SHARD, REPLICATE, PARTIAL = "shard", "replicate", "partial"
 
 
 class Fidelity(StrEnum):

@@ -72,6 +72,12 @@ def _set(path: tuple, value: Any) -> Callable[[dict], None]:
     return fn
 
 
+def _job(**change) -> dict:
+    """A valid two-rank job record (§8, 1.3) with ``change`` applied."""
+    return {"world_size": 2, "primary_rank": 0, "groups": [{"name": "0", "ranks": [0, 1]}],
+            "ranks": [{"rank": 0}, {"rank": 1}], **change}
+
+
 def _deep_graph(depth: int) -> dict:
     graph = {"nodes": [{"op": "output", "name": "output", "target": "output", "args": [None], "kwargs": {}}],
              "module_state": []}
@@ -166,7 +172,11 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
      None),
     ("R7.4-2", "state-module", "E_SCHEMA", _edit(_add_state({"kind": "module", "path": "m", "class": "torch.nn.ReLU",
                                                              "training": False, "attributes": {"__init__": 1}})), None),
-    ("R8-1", "failure-stage", "E_SCHEMA", _edit(_set(("failure", "stage"), "timeout")), None),
+    ("R8-1", "failure-stage", "E_SCHEMA", _edit(_set(("failure", "stage"), "exploded")), None),
+    ("R8-2", "job-ranks", "E_SCHEMA", _edit(_set(("job",), _job(ranks=[{"rank": 0}, {"rank": 2}]))), None),
+    ("R8-3", "job-groups", "E_SCHEMA", _edit(_set(("job",), _job(groups=[{"name": "0", "ranks": [0, 0]}]))), None),
+    ("R8-4", "job-refs", "E_SCHEMA", _edit(_set(("job",), _job(ranks=[{"rank": 0}, {"rank": 1, "graph": 3}]))),
+     None),
 ]
 
 

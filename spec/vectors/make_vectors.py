@@ -123,7 +123,68 @@ def stored():
     return _graph(2, lambda g, xs: (xs[0], g.call_function(operator.add, (xs[1], 1)))), [noise_t, ramp]
 
 
+def _collective_graph(skip_gather: bool) -> fx.GraphModule:
+    """A rank's graph: all_reduce on the world group, then (unless skipped) all_gather on its pair."""
+    def body(g, xs):
+        ar = g.call_function(torch.ops._c10d_functional.all_reduce, (xs[0], "sum", "0"))
+        y = g.call_function(torch.ops._c10d_functional.wait_tensor, (ar,))
+        y = g.call_function(operator.mul, (y, xs[1]))
+        if not skip_gather:
+            ag = g.call_function(torch.ops._c10d_functional.all_gather_into_tensor, (y, 2, "1"))
+            y = g.call_function(torch.ops._c10d_functional.wait_tensor, (ag,))
+        return (y,)
+    return _graph(2, body)
+
+
+def job():
+    """(1.3) A 4-rank job (spec §8 job): sub-groups [0, 1] and [2, 3], a 2x2 DeviceMesh, a DTensor
+    input, one weight every rank shares (stored once), rank 2 skipping a collective (its own
+    graph, and a schedule that diverges), rank 1 failing, rank 2 timing out, rank 3 crashing."""
+    from reproarchive.archive.job import RankCapture
+    from reproarchive.format.schema import (
+        CollectiveRecord,
+        DTensorInput,
+        FailureRecord,
+        MeshRecord,
+        PlacementRecord,
+        ProcessGroupRecord,
+        RankOutcome,
+        RankRecord,
+    )
+
+    groups = [ProcessGroupRecord(name="0", ranks=(0, 1, 2, 3), backend="gloo", index=0, desc="default_pg"),
+              ProcessGroupRecord(name="1", ranks=(0, 1), backend="gloo", index=1, mesh_dim="tp"),
+              ProcessGroupRecord(name="2", ranks=(2, 3), backend="gloo", index=2, mesh_dim="tp"),
+              ProcessGroupRecord(name="3", ranks=(0, 2), backend="gloo", index=3, mesh_dim="dp"),
+              ProcessGroupRecord(name="4", ranks=(1, 3), backend="gloo", index=4, mesh_dim="dp")]
+    mesh = MeshRecord(shape=(2, 2), ranks=(0, 1, 2, 3), dim_names=("dp", "tp"), device_type="cpu")
+    weight = torch.linspace(-1.0, 1.0, 4)
+    failure = FailureRecord(stage="forward", exception_type="RuntimeError", message="golden vector",
+                            signature="forward|RuntimeError|golden vector", backend="eager")
+    outcomes = [RankOutcome(status="passed"), RankOutcome(status="failed", failure=failure),
+                RankOutcome(status="timeout", doing="waiting in all_reduce on group '0' (collective 1)"),
+                RankOutcome(status="crashed", signal="SIGABRT")]
+    ranks = []
+    for r in range(4):
+        pair = "1" if r < 2 else "2"
+        schedule = [CollectiveRecord(op="all_reduce", group="0", shapes=((4,),), dtypes=("float32",),
+                                     compile_id="0/0", node="all_reduce")]
+        if r != 2:
+            schedule.append(CollectiveRecord(op="all_gather_into_tensor", group=pair, shapes=((4,),),
+                                             dtypes=("float32",), compile_id="0/0", node="all_gather_into_tensor"))
+        dtensors = (DTensorInput(input=0, mesh=0, placements=(PlacementRecord(kind="replicate"),
+                                                             PlacementRecord(kind="shard", dim=0)),
+                                 shape=(8,), stride=(1,)),)
+        record = RankRecord(rank=r, local_rank=r, device="cpu", host="sha256:" + "ab" * 32, schedule=tuple(schedule),
+                            dtensors=dtensors, outcome=outcomes[r])
+        local = torch.arange(4, dtype=torch.float32) + 4 * (r % 2)
+        ranks.append(RankCapture(_collective_graph(skip_gather=r == 2), [local, weight], record,
+                                 RECORDS if r == 1 else None))
+    return ranks, {"world_size": 4, "backend": "gloo", "groups": groups, "meshes": [mesh]}
+
+
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored}
+JOB_CASES = {"job": job}  # (1.3) multi-rank jobs: vectors of 1.3 and later only
 RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
                 "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager",
@@ -159,14 +220,44 @@ def value_facts(v):
 def build(name: str, path: Path) -> dict:
     import reproarchive
 
+    if name in JOB_CASES:
+        ranks, job_facts = JOB_CASES[name]()
+        reproarchive.pack_job(ranks, path, **job_facts)
+        return expectations(name, path)
     gm, inputs = CASES[name]()
     reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, **RECORDS)
     return expectations(name, path)
 
 
+def job_expectations(path: Path) -> dict:
+    """What a reader must get back from a job vector: the primary rank as ``load``'s facts
+    (its graph calls collectives, so it is not run), and every rank's inputs and records."""
+    import reproarchive
+    from reproarchive.format.plain import to_plain
+
+    job = reproarchive.load_job(path)
+    primary = job.rank(job.primary_rank)
+    return {
+        "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "index_digest": job.digest,
+        "fidelity": primary.fidelity,
+        "inputs": [value_facts(a) for a in primary.args],
+        "storage_aliases": _aliases(primary.args),
+        "job": {"world_size": job.world_size, "backend": job.backend, "failing_rank": job.failing_rank,
+                "primary_rank": job.primary_rank, "graphs": len(job.job.graphs),
+                "groups": [to_plain(g) for g in job.groups], "meshes": [to_plain(m) for m in job.meshes],
+                "ranks": [{"rank": r.rank, "inputs": [value_facts(a) for a in r.args],
+                           "graph": r.record.graph, "ops": sum(n.op == "call_function" for n in r.gm.graph.nodes),
+                           "schedule": [to_plain(c) for c in r.schedule], "outcome": to_plain(r.outcome),
+                           "dtensors": [to_plain(d) for d in r.dtensors]} for r in job.ranks]},
+    }
+
+
 def expectations(name: str, path: Path) -> dict:
     import reproarchive
 
+    if name in JOB_CASES:
+        return job_expectations(path)
     repro = reproarchive.load(path)
     facts = {
         "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
@@ -214,7 +305,7 @@ def main(argv=None) -> int:
 
         ok = True
         with tempfile.TemporaryDirectory() as tmp:
-            for name in CASES:
+            for name in (*CASES, *JOB_CASES):
                 fname = f"{name}-{VERSION}.tar.zst"
                 out = Path(tmp) / fname
                 build(name, out)
@@ -222,7 +313,7 @@ def main(argv=None) -> int:
                 print(f"{fname}: {'identical' if same else 'DIFFERENT'}")
                 ok &= same
         return 0 if ok else 1
-    for name in CASES:
+    for name in (*CASES, *JOB_CASES):
         fname = f"{name}-{VERSION}.tar.zst"
         if fname in manifest and (HERE / fname).exists():
             print(f"{fname}: exists, kept")

@@ -19,7 +19,7 @@ from reproarchive.codec import effects
 # Type words a schema may show for an accepted operator: tensors and plain values.
 _PLAIN = re.compile(r"^(Tensor|SymInt|int|float|SymFloat|bool|SymBool|complex|Scalar|ScalarType|Layout|"
                     r"MemoryFormat|Device|number|NoneType|Generator)(\(\w+!?\))?(\[\d*\])?\??$")
-_LEAVES_PROCESS = ("c10d", "_c10d_functional", "_dtensor", "profiler", "debugprims")
+_LEAVES_PROCESS = ("c10d", "_dtensor", "profiler", "debugprims")
 
 
 def _dispatcher_overloads():
@@ -44,7 +44,10 @@ def test_every_accepted_operator_is_a_tensor_computation():
         accepted += 1
         if qualified.split("::")[0] in _LEAVES_PROCESS:
             problems.append(f"{qualified}: its namespace acts outside the process")
+        collective = effects.is_collective(op._schema)  # declared effect: a named group's ranks (§8 job)
         for name, typ in _argument_types(op._schema):
+            if collective and name in effects.COLLECTIVE_ARGUMENTS:
+                continue
             base = typ.replace("Optional[", "").rstrip("]") if typ.startswith("Optional[") else typ
             if base.startswith("List[") or base.startswith("Tuple["):
                 inner = [w for w in re.findall(r"[A-Za-z]+", base) if w not in ("List", "Tuple", "Optional")]

@@ -1,0 +1,202 @@
+"""``load_job`` and ``pack_job``: a multi-rank job archive (spec §8 ``job``) <-> every rank's
+graph and inputs.
+
+``load`` sees one rank of a job archive (the primary: the failing rank, else the lowest), so
+every single-process tool keeps working. ``load_job`` rebuilds all of them: per rank its graph,
+its inputs on fresh storages of its own (ranks are separate processes; nothing is shared between
+two ranks' tensors even where the archive stores their bytes once) and its typed records. It
+builds and runs nothing distributed: a graph whose collectives name process groups runs only
+where those groups exist (``codec.collectives``), which is the launcher's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from reproarchive.archive.job_merge import merge_parts
+from reproarchive.archive.loading import _materialize, _torch_errors_as_archive_errors, input_fidelity
+from reproarchive.archive.memory import check_declared_memory
+from reproarchive.archive.packing import pack
+from reproarchive.codec import graphs as graph_codec
+from reproarchive.codec import tensors as tensor_codec
+from reproarchive.codec.checks import check_readable_here, recorded_devices
+from reproarchive.codec.devices import remap_graph_devices, resolve_devices
+from reproarchive.format import layout
+from reproarchive.format.layout import Limits
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import (
+    CollectiveRecord,
+    CompileRecord,
+    DTensorInput,
+    GraphRecord,
+    Index,
+    JobRecord,
+    MeshRecord,
+    ProcessGroupRecord,
+    RankOutcome,
+    RankRecord,
+    Records,
+)
+
+
+@dataclasses.dataclass
+class RankRepro:
+    """One rank of a loaded job: its graph and inputs (on this process's devices) and records.
+
+    ``dtensors`` names the inputs that were DTensors (the stored tensor is the local shard; the
+    record says the mesh and placements); ``schedule`` the collectives its graphs issue in order."""
+
+    rank: int
+    local_rank: int | None
+    device: str | None
+    host: str | None
+    gm: fx.GraphModule
+    args: list
+    fidelity: list[str]
+    outcome: RankOutcome | None
+    schedule: tuple[CollectiveRecord, ...]
+    compiles: tuple[CompileRecord, ...]
+    dtensors: tuple[DTensorInput, ...]
+    record: RankRecord
+
+
+@dataclasses.dataclass
+class JobRepro:
+    """A loaded multi-rank job archive: ``ranks`` in rank order, and the job's typed records."""
+
+    path: Path
+    digest: str
+    index: Index
+    job: JobRecord
+    ranks: list[RankRepro]
+
+    @property
+    def world_size(self) -> int:
+        return self.job.world_size
+
+    @property
+    def backend(self) -> str | None:
+        return self.job.backend
+
+    @property
+    def groups(self) -> tuple[ProcessGroupRecord, ...]:
+        return self.job.groups
+
+    @property
+    def meshes(self) -> tuple[MeshRecord, ...]:
+        return self.job.meshes
+
+    @property
+    def mesh(self) -> MeshRecord | None:
+        """The job's DeviceMesh when it has exactly one (the common case), else None."""
+        return self.job.meshes[0] if len(self.job.meshes) == 1 else None
+
+    @property
+    def failing_rank(self) -> int | None:
+        return self.job.failing_rank
+
+    @property
+    def primary_rank(self) -> int:
+        return self.job.primary_rank
+
+    @property
+    def records(self) -> Records:
+        return self.index.records
+
+    def rank(self, r: int) -> RankRepro:
+        for rank in self.ranks:
+            if rank.rank == r:
+                return rank
+        raise KeyError(f"the job archive records no rank {r} (it has {[x.rank for x in self.ranks]})")
+
+
+def rank_graph(index: Index, rank: RankRecord) -> GraphRecord:
+    """The graph record a rank ran: the index's own unless the rank names one of ``job.graphs``."""
+    return index.graph if rank.graph is None else index.job.graphs[rank.graph]
+
+
+def rank_inputs(index: Index, rank: RankRecord) -> tuple:
+    """The input records of a rank: its own, else the index's."""
+    return index.inputs if rank.inputs is None else rank.inputs
+
+
+def single_rank_job(index: Index) -> JobRecord:
+    """The job record a single-process archive stands for: one rank, rank 0, its own outcome."""
+    failure = index.records.failure
+    outcome = RankOutcome(status="failed" if failure is not None else "unknown", failure=failure)
+    return JobRecord(world_size=1, primary_rank=0, failing_rank=0 if failure is not None else None,
+                     ranks=(RankRecord(rank=0, outcome=outcome),))
+
+
+@_torch_errors_as_archive_errors
+def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DEFAULT_LIMITS,
+             max_memory: int | None = None) -> JobRepro:
+    """Every rank of a job archive, rebuilt in this process (nothing runs). ``device`` as for
+    ``load``. A single-process archive loads as a job of one rank (rank 0)."""
+    with ContainerReader(path, limits=limits) as reader:
+        index = reader.index
+        check_readable_here(index, replaying=False)
+        job = index.job if index.job is not None else single_rank_job(index)
+        mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
+        devices = [torch.device(mapper(r.device)) for r in index.storages]
+        dtypes = tensor_codec.storage_dtypes((*index.tensor_records(), *index.job_tensor_records()))
+        ranks = []
+        for rank in sorted(job.ranks, key=lambda r: r.rank):
+            graph, inputs = rank_graph(index, rank), rank_inputs(index, rank)
+            used = sorted({t.storage for v in inputs for t in v.tensors()} | {t.storage for t in graph.tensors()})
+            check_declared_memory(((index.storages[i].size, devices[i]) for i in used), max_memory=max_memory)
+            storages = _materialize(reader, index.storages, used, devices, dtypes, None, path=path, limits=limits)
+            decoder = tensor_codec.ValueDecoder(storages, devices)
+            gm = graph_codec.GraphDecoder(decoder.tensor).decode(graph)
+            remap_graph_devices(gm, mapper)
+            ranks.append(RankRepro(
+                rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=gm,
+                args=[decoder.decode(v) for v in inputs], fidelity=[input_fidelity(v, index.storages) for v in inputs],
+                outcome=rank.outcome, schedule=rank.schedule, compiles=rank.compiles, dtensors=rank.dtensors,
+                record=rank))
+        return JobRepro(Path(path), reader.index_digest, index, job, ranks)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCapture:
+    """What one rank contributes to ``pack_job``: its graph, inputs (DTensor inputs already
+    replaced by their local shards, ``record.dtensors`` saying what they were), records and
+    rank record (its ``graph`` and ``inputs`` fields are filled by the packing)."""
+
+    gm: fx.GraphModule
+    inputs: Sequence[Any]
+    record: RankRecord
+    records: Records | None = None
+
+
+def rank_part_job(rank: RankRecord, *, world_size: int, backend: str | None,
+                  groups: Sequence[ProcessGroupRecord] = (), meshes: Sequence[MeshRecord] = ()) -> JobRecord:
+    """The job record of one rank's part: the job's facts, and this rank as its only (primary) rank."""
+    rank = dataclasses.replace(rank, graph=None, inputs=None)
+    failing = rank.rank if rank.outcome is not None and rank.outcome.status in ("failed", "crashed", "timeout") \
+        else None
+    return JobRecord(world_size=world_size, primary_rank=rank.rank, backend=backend, failing_rank=failing,
+                     groups=tuple(groups), meshes=tuple(meshes), ranks=(rank,))
+
+
+def pack_job(ranks: Sequence[RankCapture], path: str | os.PathLike, *, world_size: int, backend: str | None = None,
+             groups: Sequence[ProcessGroupRecord] = (), meshes: Sequence[MeshRecord] = ()) -> Path:
+    """One job archive from the graphs and inputs of several ranks held in this process (tests,
+    golden vectors, a source that has every rank at hand): each is packed as its part, then the
+    parts are merged (``job_merge``), so this writes what a captured job writes."""
+    with tempfile.TemporaryDirectory(prefix="reproarchive-job-") as tmp:
+        parts = []
+        for rc in ranks:
+            part = Path(tmp) / f"rank-{rc.record.rank}.tar.zst"
+            job = rank_part_job(rc.record, world_size=world_size, backend=backend, groups=groups, meshes=meshes)
+            pack(rc.gm, list(rc.inputs), part, records=rc.records, job=job)
+            parts.append(part)
+        return merge_parts(parts, path)

@@ -1,0 +1,105 @@
+"""A multi-rank job in one archive (spec §8 ``job``): packing, merging, loading every rank, and
+what single-process readers make of it. Nothing here launches ranks (``tests/sources`` does)."""
+
+from __future__ import annotations
+
+import json
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+
+import reproarchive
+from reproarchive.archive.job import RankCapture
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import CollectiveRecord, ProcessGroupRecord, RankOutcome, RankRecord
+from support.cli import invoke
+
+GROUPS = [ProcessGroupRecord(name="0", ranks=(0, 1, 2), backend="gloo", index=0)]
+
+
+def _graph(group: str = "0", extra: bool = False) -> fx.GraphModule:
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    y = g.call_function(torch.ops._c10d_functional.all_reduce, (x, "sum", group))
+    y = g.call_function(torch.ops._c10d_functional.wait_tensor, (y,))
+    y = g.call_function(operator.mul, (y, w))
+    if extra:
+        y = g.call_function(torch.relu, (y,))
+    g.output((y,))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _rank(r: int, status: str = "passed", **kw) -> RankCapture:
+    schedule = (CollectiveRecord(op="all_reduce", group="0", shapes=((4,),), dtypes=("float32",)),)
+    record = RankRecord(rank=r, local_rank=r, device="cpu", schedule=schedule, outcome=RankOutcome(status=status))
+    return RankCapture(kw.pop("gm", None) or _graph(), [torch.full((4,), float(r)), torch.linspace(0, 1, 4)], record)
+
+
+@pytest.fixture
+def job(tmp_path):
+    ranks = [_rank(0), _rank(1, "failed"), _rank(2, gm=_graph(extra=True))]
+    return reproarchive.pack_job(ranks, tmp_path / "job.tar.zst", world_size=3, backend="gloo", groups=GROUPS)
+
+
+def test_every_rank_comes_back_with_its_own_inputs_and_the_failing_rank_is_primary(job):
+    loaded = reproarchive.load_job(job)
+    assert (loaded.world_size, loaded.backend, loaded.failing_rank, loaded.primary_rank) == (3, "gloo", 1, 1)
+    assert [r.rank for r in loaded.ranks] == [0, 1, 2]
+    for r in loaded.ranks:
+        torch.testing.assert_close(r.args[0], torch.full((4,), float(r.rank)))
+        assert r.fidelity == ["real", "real"] and r.schedule[0].op == "all_reduce"
+    assert loaded.groups == tuple(GROUPS)
+    assert "relu" in loaded.rank(2).gm.code and "relu" not in loaded.rank(0).gm.code
+
+
+def test_identical_graphs_and_storages_are_stored_once(job):
+    with ContainerReader(job) as reader:
+        index = reader.index
+        blobs = [m for m in reader.members if m.startswith("blobs/")]
+    # ranks 0 and 1 run the same graph: only rank 2's differs and is stored in job.graphs
+    assert len(index.job.graphs) == 1
+    assert [r.graph for r in sorted(index.job.ranks, key=lambda r: r.rank)] == [None, None, 0]
+    # the shared weight is one storage record and one blob; rank 0's zeros need no blob
+    weights = {r.rank: (r.inputs or index.inputs)[1].storage for r in index.job.ranks}
+    assert len(set(weights.values())) == 1
+    assert len(blobs) == 3  # weight, rank 1's ones, rank 2's twos
+
+
+def test_a_single_process_reader_sees_the_failing_rank_and_refuses_only_to_run_it(job, tmp_path):
+    reproarchive.verify(job)
+    facts = reproarchive.inspect(job)
+    assert facts is not None
+    with pytest.raises(reproarchive.NotReplayableHereError, match="reproarchive run") as err:
+        reproarchive.load(job)
+    assert err.value.exit_code == 125 and "all 3 ranks" in str(err.value)
+    result = invoke("run", job, "--json")
+    assert result.exit_code == 125, result.output
+    assert "collective all_reduce on process group '0'" in json.loads(result.stdout)["error"]["message"]
+    assert invoke("verify", job).exit_code == 0
+    assert invoke("inspect", job).exit_code == 0
+
+
+def test_a_group_name_that_is_not_a_name_is_refused(tmp_path):
+    path = reproarchive.pack(_graph(group="../../etc"), [torch.ones(4), torch.ones(4)], tmp_path / "bad.tar.zst")
+    with pytest.raises(reproarchive.UnsafeArchiveError, match="group_name"):
+        reproarchive.verify(path)
+
+
+def test_parts_of_one_rank_twice_or_of_two_jobs_are_refused(tmp_path):
+    one = reproarchive.pack_job([_rank(0)], tmp_path / "a.tar.zst", world_size=3, groups=GROUPS)
+    with pytest.raises(reproarchive.PackError, match="rank 0 is in both"):
+        reproarchive.merge_parts([one, one], tmp_path / "out.tar.zst")
+    other = reproarchive.pack_job([_rank(1)], tmp_path / "b.tar.zst", world_size=2,
+                                  groups=[ProcessGroupRecord(name="0", ranks=(0, 1))])
+    with pytest.raises(reproarchive.PackError, match="different world sizes"):
+        reproarchive.merge_parts([one, other], tmp_path / "out.tar.zst")
+    assert not (tmp_path / "out.tar.zst").exists()
+
+
+def test_a_single_process_archive_loads_as_a_job_of_one_rank(tmp_path):
+    g = fx.symbolic_trace(lambda x: x + 1)
+    path = reproarchive.pack(g, [torch.ones(2)], tmp_path / "one.tar.zst")
+    loaded = reproarchive.load_job(path)
+    assert loaded.world_size == 1 and [r.rank for r in loaded.ranks] == [0]
