@@ -103,8 +103,8 @@ def launcher_passthrough(values: dict) -> tuple[str, ...]:
 
 
 RUN_EPILOG = exit_codes(
-    (0, "passed: the graph compiled and ran (and matched eager with --accuracy)"),
-    (1, "reproduced: it failed the way the archive recorded"),
+    (0, "passed: the graph compiled and ran (and matched eager with --accuracy); a job: on every rank"),
+    (1, "reproduced: it failed the way the archive recorded (a job: on the rank that failed when recorded)"),
     (2, "usage error, or the archive is invalid, damaged, unsafe or too new"),
     (3, "different failure: it failed, but not the way the archive recorded"),
     ARCHIVE_MISSING, STORE_MISSING, STORE_UNREACHABLE, INTERNAL,

@@ -47,7 +47,7 @@ _EXPORTS = {
     "ReplaySettings": "reproarchive.replay.settings",
     "failure_kind": "reproarchive.context.failure",
     "compiler_errors": "reproarchive.context.failure",
-    "export": "reproarchive.standalone.script",
+    "export": "reproarchive.standalone.exporting",
     # triage
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",

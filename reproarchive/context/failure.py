@@ -37,6 +37,7 @@ KIND_BY_STAGE = {
     "accuracy": "accuracy failure",
     "crash": "crash",
     "unknown": "unknown failure",
+    "timeout": "collective timeout (hang)",
 }
 
 

@@ -46,6 +46,16 @@ def recorded_failures(job: Any) -> dict[int, FailureRecord | None]:
     return {r.rank: (r.outcome.failure if r.outcome is not None else None) for r in job.ranks}
 
 
+def recorded_schedules(job: Any) -> dict[int, list[Any]]:
+    """Each recorded rank's collective schedule, collectives only (waits left out); empty when
+    the archive recorded none."""
+    from reproarchive.codec.collectives import Collective
+
+    found = {r.rank: [Collective(c.node or "?", c.op, c.group) for c in r.schedule if c.op != "wait_tensor"]
+             for r in job.ranks}
+    return found if any(found.values()) else {}
+
+
 def node_ranks(world_size: int, passthrough: Sequence[str]) -> list[int]:
     """The global ranks this launcher starts: all of them, or with ``--node-rank K
     --nproc-per-node P`` the K-th block of P (how torchrun numbers ranks on a static layout)."""
@@ -130,7 +140,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
         plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size, launcher), timeout)
         outcome = _launch.run_launched(plan, world_size=job.world_size, ranks=node_ranks(job.world_size, launcher),
                                        recorded=recorded_failures(job), recorded_rank=job.failing_rank,
-                                       groups=group_specs(job), keep=keep)
+                                       groups=group_specs(job), keep=keep, schedules=recorded_schedules(job))
     outcome.archive = os.fspath(path)
     return outcome
 

@@ -55,7 +55,6 @@ _KILL_GRACE_S = 5.0
 #: of another rank's failure, not a failure of this rank.
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
                         r"NCCL communicator was aborted", re.IGNORECASE)
-_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
 @dataclasses.dataclass
@@ -97,6 +96,7 @@ class JobOutcome:
         data = dataclasses.asdict(self)
         data["ranks"] = [{**dataclasses.asdict(r), "outcome": r.outcome.to_dict() if r.outcome else None}
                          for r in self.ranks]
+        data["summary"] = self.summary
         return data
 
     @property
@@ -197,13 +197,12 @@ def rank_outcomes(folder: Path, ranks: Sequence[int], recorded: Mapping[int, Fai
             outcome = Outcome.from_dict(result["outcome"])
             observed = outcome.observed
             message = observed.message if observed is not None else ""
-            if (outcome.status != REPRODUCED and observed is not None and first is not None and first != rank
-                    and _PEER_GONE.search(message)):
-                out.append(RankOutcome(rank, STOPPED, outcome, note=f"its collective failed when rank {first} "
-                                                                      "went away"))
+            if outcome.status != REPRODUCED and observed is not None and _PEER_GONE.search(message):
+                who = f"rank {first}" if first is not None and first != rank else "a peer"
+                out.append(RankOutcome(rank, STOPPED, outcome, note=f"its collective failed when {who} went away"))
                 continue
             out.append(RankOutcome(rank, outcome.status, outcome,
-                                   timed_out=observed is not None and bool(_TIMED_OUT.search(message))))
+                                   timed_out=observed is not None and observed.stage == "timeout"))
         elif failure is not None and failure.get("signal") and not _stopped_by_launcher(rank, failure, first):
             log = _log_tail(folder, rank)
             observed = crash_record(failure["signal"], f"rank {rank} was killed by {failure['signal']}", log)
@@ -213,9 +212,9 @@ def rank_outcomes(folder: Path, ranks: Sequence[int], recorded: Mapping[int, Fai
         elif bounded:
             out.append(RankOutcome(rank, HUNG, note="no result within the wall-clock bound: ended by reproarchive"))
         elif failure is not None:
-            why = f"rank {first} failed first" if first is not None and first != rank else "its launcher ended it"
-            out.append(RankOutcome(rank, STOPPED, note=f"stopped by the launcher ({why}; exit "
-                                                       f"{failure.get('signal') or failure.get('exitcode')})"))
+            why = f"after rank {first} failed" if first is not None and first != rank else ""
+            how = failure.get("signal") or f"exit status {failure.get('exitcode')}"
+            out.append(RankOutcome(rank, STOPPED, note=f"the launcher ended it {why} ({how})".replace("  ", " ")))
         else:
             out.append(RankOutcome(rank, STOPPED, note="ended without a result"))
     return out
@@ -247,8 +246,11 @@ def _read(path: Path) -> Any:
 
 
 def job_verdict(outcomes: Sequence[RankOutcome], recorded_rank: int | None) -> tuple[str, int, int | None]:
-    """(status, exit code, the rank it is about) over the ranks' outcomes."""
+    """(status, exit code, the rank it is about) over the ranks' outcomes. When the recorded
+    failing rank ran elsewhere (another node's launch), the verdict is over the ranks here."""
     by_rank = {o.rank: o for o in outcomes}
+    if recorded_rank is not None and recorded_rank not in by_rank:
+        recorded_rank = None
     if recorded_rank is not None and by_rank.get(recorded_rank) and by_rank[recorded_rank].status == REPRODUCED:
         return REPRODUCED, EXIT_REPRODUCED, recorded_rank
     if recorded_rank is None:
@@ -258,42 +260,58 @@ def job_verdict(outcomes: Sequence[RankOutcome], recorded_rank: int | None) -> t
     bad = [o for o in outcomes if o.status not in (PASSED, STOPPED, REPRODUCED)]
     if bad:
         return DIFFERENT, EXIT_DIFFERENT, bad[0].rank
-    if any(o.status == STOPPED for o in outcomes) or (recorded_rank is not None and recorded_rank not in by_rank):
-        stopped = next((o.rank for o in outcomes if o.status == STOPPED), recorded_rank)
-        return DIFFERENT, EXIT_DIFFERENT, stopped
+    if recorded_rank is not None and by_rank[recorded_rank].status == STOPPED:
+        return DIFFERENT, EXIT_DIFFERENT, recorded_rank
     return PASSED, EXIT_PASSED, recorded_rank
 
 
-def divergence_note(folder: Path, ranks: Sequence[int], groups: Sequence[_ranks.GroupSpec]) -> str | None:
-    """Where the ranks' collective schedules (as each rank reported its graph's) part, if they do."""
-    schedules = {}
-    for rank in ranks:
-        started = _read(folder / f"started-{rank}.json")
-        if started is not None:
-            schedules[rank] = [_ranks.Collective(**c) for c in started.get("schedule", [])]
-    found = _ranks.first_divergence(schedules, {g.name: g.ranks for g in groups})
+def divergence_note(folder: Path, ranks: Sequence[int], groups: Sequence[_ranks.GroupSpec],
+                    schedules: Mapping[int, Sequence[Any]] | None = None, waiting: int | None = None) -> str | None:
+    """Where the ranks' collective schedules part, if they do: the recorded ``schedules`` when
+    the archive has them, else as each rank reported its graph's."""
+    if not schedules:
+        schedules = {}
+        for rank in ranks:
+            started = _read(folder / f"started-{rank}.json")
+            if started is not None:
+                schedules[rank] = [_ranks.Collective(**c) for c in started.get("schedule", [])]
+    found = _ranks.first_divergence(schedules, {g.name: g.ranks for g in groups}, waiting=waiting)
     return found.describe() if found is not None else None
 
 
 def run_launched(plan: LaunchPlan, *, world_size: int, ranks: Sequence[int],
                  recorded: Mapping[int, FailureRecord | None], recorded_rank: int | None,
-                 groups: Sequence[_ranks.GroupSpec], keep: str | os.PathLike | None = None) -> JobOutcome:
+                 groups: Sequence[_ranks.GroupSpec], keep: str | os.PathLike | None = None,
+                 schedules: Mapping[int, Sequence[Any]] | None = None) -> JobOutcome:
     """Launch ``plan``, read every rank's ending and judge the job. ``ranks``: the global ranks
     this launch runs (all of them on one machine; this node's with ``--node-rank``).
-    ``keep``: a folder to keep the ranks' results and logs in (default: a temporary one)."""
+    ``keep``: a folder to keep the ranks' results and logs in (default: a temporary one).
+    ``schedules``: the recorded collective schedules by rank (default: the replayed graphs')."""
     with tempfile.TemporaryDirectory(prefix="reproarchive-job-") as tmp:
         folder = Path(keep) if keep is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         failures, bounded, wall = launch(plan, folder)
+        ranks = _ranks_here(folder, failures) or list(ranks)
         outcomes = rank_outcomes(folder, ranks, recorded, failures, bounded)
-        divergence = divergence_note(folder, ranks, groups)
+        waiting = next((o.rank for o in outcomes if o.timed_out), recorded_rank)
+        divergence = divergence_note(folder, ranks, groups, schedules, waiting)
         warnings = []
         if not any((folder / f"started-{r}.json").exists() for r in ranks):
             warnings.append("no rank started: " + _launcher_said(folder))
+        if recorded_rank is not None and recorded_rank not in ranks:
+            warnings.append(f"the recorded failing rank {recorded_rank} ran in another launch (another machine): "
+                            "its verdict is that launch's")
     status, code, rank = job_verdict(outcomes, recorded_rank)
     return JobOutcome(status=status, exit_code=code, rank=rank, world_size=world_size, ranks=outcomes,
                       recorded_rank=recorded_rank, divergence=divergence, launcher=list(plan.options),
                       timeout_s=plan.timeout_s, wall_s=round(wall, 3), warnings=warnings)
+
+
+def _ranks_here(folder: Path, failures: Mapping[int, dict]) -> list[int]:
+    """The global ranks this launch started, as they reported themselves (a rendezvous over
+    several machines numbers them as the nodes arrive), and those the launcher reported."""
+    seen = {int(p.stem.rsplit("-", 1)[1]) for p in folder.glob("started-*.json")}
+    return sorted(seen | set(failures))
 
 
 def _launcher_said(folder: Path) -> str:

@@ -31,8 +31,8 @@ def spmd_structure(gm: Any) -> list[tuple]:
     """A graph's nodes with collective group names left out: equal for ranks of one SPMD graph."""
     out = []
     for node in gm.graph.nodes:
-        op = _ranks._collective_op(node.target) if node.op == "call_function" else None
-        args = tuple("<group>" if op is not None and isinstance(a, str) else str(a) for a in node.args)
+        collective = _ranks.is_collective(node)
+        args = tuple("<group>" if collective and isinstance(a, str) else str(a) for a in node.args)
         out.append((node.op, str(node.target), args, tuple(sorted((k, str(v)) for k, v in node.kwargs.items()))))
     return out
 
@@ -46,8 +46,7 @@ def collective_values(gm: Any, per_rank_args: dict[int, list], world_size: int) 
     from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
 
     ranks = sorted(per_rank_args)
-    collective = {n.name for n in gm.graph.nodes
-                  if n.op == "call_function" and _ranks._collective_op(n.target) is not None}
+    collective = {n.name for n in gm.graph.nodes if _ranks.is_collective(n)}
     found: dict[int, dict[str, Any]] = {r: {} for r in ranks}
 
     class _Recorder(fx.Interpreter):
@@ -82,7 +81,7 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
     env: dict[Any, Any] = {}
     extra: list = []
     nodes = list(gm.graph.nodes)
-    collective = {n for n in nodes if n.op == "call_function" and _ranks._collective_op(n.target) is not None}
+    collective = {n for n in nodes if _ranks.is_collective(n)}
     for node in nodes:
         if node.op == "placeholder":
             env[node] = graph.node_copy(node, lambda a: env[a])

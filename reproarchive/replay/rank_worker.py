@@ -21,6 +21,7 @@ partner time out, as in the recorded job, and not a closed connection.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -61,7 +62,7 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
     only one, against PyTorch's fake process group (``run --rank``).
     """
     from reproarchive.codec.device_runtime import devices_of
-    from reproarchive.replay.outcome import Outcome
+    from reproarchive.replay.outcome import Outcome, judge
     from reproarchive.replay.runner import replay_graph
 
     device_type = next(iter(sorted({d.type for d in devices_of(rank_repro.args)} - {"cpu"})), "cpu")
@@ -75,7 +76,7 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
     else:
         _ranks.init_launched(device_type, timeout_s)
     _ranks.recreate_groups(groups, timeout_s=timeout_s)
-    schedule = [c.__dict__ for c in _ranks.schedule_of(rank_repro.gm)]
+    schedule = [dataclasses.asdict(c) for c in _ranks.schedule_of(rank_repro.gm)]
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": schedule,
                                                  "backend": settings.backend})
     outcome: Outcome = replay_graph(
@@ -83,6 +84,10 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
         config=getattr(records, "config", None), environment=getattr(records, "environment", None),
         system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
         execution=getattr(records, "execution", None), report_differences=rank == 0 and records is not None)
+    timed_out = _ranks.as_collective_timeout(outcome.observed)
+    if timed_out is not outcome.observed:
+        outcome = dataclasses.replace(outcome, observed=timed_out,
+                                      **dict(zip(("status", "exit_code"), judge(rank_repro.failure, timed_out))))
     write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": schedule})
     if outcome.observed is not None:
         return EXIT_FAILED
@@ -92,13 +97,19 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
 
 
 def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
-    """Stay in the job until every rank is done (or the timeout ends), on the store."""
+    """Stay in the job until every rank is done, on the store. A peer still in a collective
+    this rank skipped ends by its own timeout, which counts from when it got there (after its
+    compile), and then exits failed, so the launcher ends this rank: the wait is bounded only
+    by the launch's own bound."""
     from torch.distributed.distributed_c10d import _get_default_store
+
+    from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
 
     store = _get_default_store()
     store.set(f"reproarchive/done/{rank}", "1")
+    bound = datetime.timedelta(seconds=timeout_s * 2 + STARTUP_ALLOWANCE_S)
     try:
-        store.wait([f"reproarchive/done/{r}" for r in range(world_size)], datetime.timedelta(seconds=timeout_s))
+        store.wait([f"reproarchive/done/{r}" for r in range(world_size)], bound)
     except Exception:  # noqa: BLE001 - a peer that never finishes is the launcher's to report
         pass
 

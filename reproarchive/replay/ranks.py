@@ -17,13 +17,15 @@ running anything, and which collective a rank that timed out was waiting in.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-#: The operator namespaces of torch's functional collectives (the ops a traced graph holds).
-COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional")
-#: Ops of those namespaces that only wait for a collective started earlier.
+from reproarchive.codec.collectives import Collective, collective_of
+
+#: Ops of the collective namespaces that only wait for a collective started earlier.
 _WAITS = ("wait_tensor",)
 
 
@@ -39,16 +41,22 @@ class GroupSpec:
     mesh_dim: str | None = None
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One collective a graph issues: the op (``all_reduce``), the group name, the graph node."""
+#: What torch.distributed's backends say when a collective waited past its timeout (gloo: "Timed
+#: out waiting 5000ms for recv operation to complete"; NCCL's watchdog: "Watchdog caught collective
+#: operation timeout").
+_TIMED_OUT = re.compile(r"Timed out waiting|operation timeout|timed out after|Timeout waiting", re.IGNORECASE)
 
-    op: str
-    group: str
-    node: str
 
-    def describe(self) -> str:
-        return f"{self.op} on group {self.group!r} (node {self.node})"
+def as_collective_timeout(record: Any) -> Any:
+    """``record`` (an observed failure) as a ``timeout`` failure when its error is a collective
+    that waited past its timeout, as the capture records a hang (spec §8 ``failure.stage``);
+    otherwise ``record`` unchanged."""
+    if record is None or record.stage not in ("forward", "backward") or not _TIMED_OUT.search(record.message):
+        return record
+    from reproarchive.context.failure import signature
+
+    return dataclasses.replace(record, stage="timeout",
+                               signature=signature("timeout", record.exception_type, record.message))
 
 
 def group_specs(job: Any) -> list[GroupSpec]:
@@ -142,36 +150,17 @@ def registered_groups(names: Iterable[str]) -> dict[str, tuple[int, ...]]:
 
 def schedule_of(gm: Any) -> list[Collective]:
     """The collectives ``gm`` issues, in graph order (waits left out)."""
-    found = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        op = _collective_op(node.target)
-        if op is None or op[1] in _WAITS:
-            continue
-        found.append(Collective(op=op[1], group=str(_group_argument(node, op[2])), node=node.name))
-    return found
+    found = (collective_of(node) for node in gm.graph.nodes)
+    return [c for c in found if c is not None and c.op not in _WAITS]
 
 
-def _collective_op(target: Any) -> tuple[str, str, Any] | None:
-    """(namespace, op name, schema) of a functional collective target (an OpOverload, or the
-    OpOverloadPacket a Dynamo graph holds), else None."""
-    overload = getattr(target, "default", target)  # a packet: its default overload
-    namespace = getattr(overload, "namespace", None)
-    if namespace not in COLLECTIVE_NAMESPACES:
-        return None
-    return namespace, overload._opname, overload._schema
+def is_collective(node: Any) -> bool:
+    """Whether an fx node calls a functional collective (a wait included)."""
+    return collective_of(node) is not None
 
 
-def _group_argument(node: Any, schema: Any) -> Any:
-    names = [a.name for a in schema.arguments] if schema is not None else []
-    for key in ("group_name", "tag"):
-        if key in node.kwargs:
-            return node.kwargs[key]
-        if key in names and names.index(key) < len(node.args):
-            return node.args[names.index(key)]
-    strings = [a for a in node.args if isinstance(a, str)]
-    return strings[-1] if strings else "?"
+def describe(c: Collective) -> str:
+    return f"{c.op} on group {c.group!r} (node {c.node})"
 
 
 @dataclass(frozen=True)
@@ -187,21 +176,22 @@ class Divergence:
     found: Collective | None
 
     def describe(self) -> str:
-        what = self.found.describe() if self.found is not None else "nothing"
-        wanted = self.expected.describe() if self.expected is not None else "nothing"
+        what = describe(self.found) if self.found is not None else "nothing"
+        wanted = describe(self.expected) if self.expected is not None else "nothing"
         return (f"rank {self.rank} diverges at collective #{self.index + 1} on group {self.group!r}: "
                 f"it issues {what} where the other ranks issue {wanted}")
 
 
 def first_divergence(schedules: Mapping[int, Sequence[Collective]],
-                     members: Mapping[str, Sequence[int]]) -> Divergence | None:
+                     members: Mapping[str, Sequence[int]], *, waiting: int | None = None) -> Divergence | None:
     """The first collective at which the members of a group disagree, or None when every group's
     members issue the same collectives in the same order (the ranks' schedules match).
 
     Each group is checked on its own (its members must issue the same sequence on it; other
     groups' collectives do not count) and the earliest disagreement by position wins. The rank
     that diverged is the one that differs from the most common entry; between two ranks, the
-    one that issues nothing (skipped a collective), else the higher rank."""
+    one that issues nothing (skipped a collective), else the one that is not ``waiting`` (the
+    rank that timed out waiting for the others), else the higher rank."""
     best: Divergence | None = None
     for group, ranks in members.items():
         seqs = {r: [c for c in schedules.get(r, ()) if c.group == group] for r in ranks if r in schedules}
@@ -218,8 +208,11 @@ def first_divergence(schedules: Mapping[int, Sequence[Collective]],
                 counts[k] = counts.get(k, 0) + 1
             common = max(counts, key=lambda k: (counts[k], k is not None))
             odd = [r for r, k in keys.items() if k != common]
-            rank = next((r for r in odd if entries[r] is None), max(odd))
-            expected = next(e for r, e in entries.items() if keys[r] == common)
+            if len(odd) == len(keys) - len(odd):  # a tie: no majority says who is odd
+                odd = list(keys)
+            rank = next((r for r in odd if entries[r] is None),
+                        max((r for r in odd if r != waiting), default=max(odd)))
+            expected = next((e for r, e in entries.items() if r != rank and keys[r] != keys[rank]), None)
             found = Divergence(group, i, rank, expected, entries[rank])
             if best is None or i < best.index:
                 best = found

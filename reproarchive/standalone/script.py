@@ -68,19 +68,12 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     renamed into place, so a failure leaves nothing behind. ``settings`` (or ``options``, its
     fields) give the script's backend and accuracy mode (default: the recorded ones) and the
     load's ``max_memory``; the data is always read on the CPU and the script maps devices
-    itself when it runs (its ``--device``). A multi-rank job archive gets a script that runs
-    under ``torchrun --nproc-per-node N`` (``job_script``).
+    itself when it runs (its ``--device``). (``exporting.export`` sends a multi-rank job archive
+    to ``job_script`` instead.)
     """
     from reproarchive.archive.loading import load
-    from reproarchive.format.reader import ContainerReader
 
     settings = ReplaySettings.given(settings, options)
-    with ContainerReader(path) as reader:
-        job = getattr(reader.index, "job", None)
-    if job is not None and job.world_size > 1:  # a multi-rank job: a script for torchrun
-        from reproarchive.standalone.job_script import export_job
-
-        return export_job(path, out_dir, settings)
     repro = load(path, device="cpu", remap_graph=False, max_memory=settings.max_memory)
     devices = _recorded_devices(repro)
     records = repro.records

@@ -4,7 +4,9 @@ verdict over the ranks, hangs, crashes.
 The launched tests start real jobs with torch.distributed's launcher (gloo, 2 or 4 processes on
 this machine) on ``tests/support/live_job.py``: every rank traces a small function with
 functional collectives and hands it, with its own inputs and recorded failure, to the rank
-worker. The rest checks the verdict and the schedule logic without processes.
+worker (an abort inside an operator, and a 4-rank group layout, which an archive cannot carry
+without a test-only operator). Job archives are replayed in test_job_run.py. The rest checks
+the verdict and the schedule logic without processes.
 """
 
 from __future__ import annotations
@@ -29,27 +31,6 @@ def _run(scenario: str, world: int, folder: Path, *, recorded_rank: int | None, 
     return launch.run_launched(plan, world_size=world, ranks=range(world), recorded=recorded or {},
                                recorded_rank=recorded_rank, groups=[GroupSpec("0", tuple(range(world)))],
                                keep=folder)
-
-
-@pytest.mark.slow
-def test_a_failure_on_rank_one_reproduces_on_rank_one(tmp_path):
-    job = _run("fails_on_rank_one", 2, tmp_path, recorded_rank=1)
-    by_rank = {r.rank: r for r in job.ranks}
-    assert (job.status, job.exit_code, job.rank) == ("reproduced", 1, 1)
-    assert by_rank[1].outcome.observed.message == "mrtest: rank one is broken"
-    assert by_rank[0].status == "passed"  # its all_reduce with rank 1 completed
-    assert job.summary == "reproduced on rank 1"
-
-
-@pytest.mark.slow
-def test_a_skipped_collective_hangs_and_is_reproduced_within_the_timeout(tmp_path):
-    job = _run("skips_on_rank_one", 2, tmp_path, recorded_rank=0)
-    rank0 = next(r for r in job.ranks if r.rank == 0)
-    assert (job.status, job.rank) == ("reproduced", 0)
-    assert rank0.timed_out and "Timed out" in rank0.outcome.observed.message
-    assert job.divergence.startswith("rank 1 diverges at collective #1 on group '0': it issues nothing")
-    assert "all_reduce" in job.divergence
-    assert job.wall_s < TIMEOUT_S * 2 + launch.STARTUP_ALLOWANCE_S
 
 
 @pytest.mark.slow
@@ -92,7 +73,7 @@ def test_schedule_of_reads_collectives_and_their_groups_from_a_dynamo_graph():
 
 
 def test_first_divergence_names_the_rank_that_skipped_a_collective():
-    ar, ag = Collective("all_reduce", "0", "a"), Collective("all_gather_into_tensor", "0", "b")
+    ar, ag = Collective("a", "all_reduce", "0"), Collective("b", "all_gather_into_tensor", "0")
     found = first_divergence({0: [ar, ag], 1: [ag]}, {"0": (0, 1)})
     assert (found.rank, found.index) == (1, 0)
     assert (found.expected.op, found.found.op) == ("all_reduce", "all_gather_into_tensor")
@@ -101,7 +82,7 @@ def test_first_divergence_names_the_rank_that_skipped_a_collective():
     found = first_divergence({0: [ar], 1: [ag], 2: [ar]}, {"0": (0, 1, 2)})
     assert found.rank == 1
     # a sub-group's collectives are compared among its members only
-    sub = Collective("all_reduce", "1", "c")
+    sub = Collective("c", "all_reduce", "1")
     assert first_divergence({0: [sub], 1: [sub], 2: [], 3: []}, {"1": (0, 1), "2": (2, 3)}) is None
 
 

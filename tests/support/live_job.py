@@ -22,31 +22,7 @@ from reproarchive.replay import rank_worker
 from reproarchive.replay.ranks import GroupSpec
 from reproarchive.replay.settings import ReplaySettings
 
-
-@torch.library.custom_op("mrtest::fails_on_rank_one", mutates_args=())
-def fails_on_rank_one(x: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_rank() == 1:
-        raise RuntimeError("mrtest: rank one is broken")
-    return x.clone()
-
-
-@fails_on_rank_one.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
 c10d = torch.ops._c10d_functional
-
-
-def two_collectives(x):
-    y = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", "0"))
-    z = c10d.wait_tensor(c10d.all_gather_into_tensor(y + 1, 2, "0"))
-    return (z.sum(0),)
-
-
-def failing_on_rank_one(x):
-    y = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", "0"))
-    return (torch.ops.mrtest.fails_on_rank_one(y) + 1,)
 
 
 def sub_groups(x):
@@ -76,26 +52,10 @@ def aborting_on_rank_one(x):
     return (torch.ops.mrtest.aborts_on_rank_one(x) + 1,)
 
 
-def skips_on_rank_one(x):
-    # rank 1 took another branch: it never joins rank 0's all_reduce
-    if int(os.environ["RANK"]) == 1:
-        return (x + 1,)
-    return (c10d.wait_tensor(c10d.all_reduce(x, "sum", "0")) + 1,)
-
-
 SCENARIOS = {
     "aborts_on_rank_one": (aborting_on_rank_one, {1: "crash"}),
-    "skips_on_rank_one": (skips_on_rank_one, {0: "timeout"}),
-    "two_collectives": (two_collectives, None),
-    "fails_on_rank_one": (failing_on_rank_one, {1: "RuntimeError"}),
     "sub_groups": (sub_groups, None),
 }
-
-
-def _recorded_exception():
-    from reproarchive.context.failure import record_from_exception
-
-    return record_from_exception(RuntimeError("mrtest: rank one is broken"), "forward", backend="aot_eager")
 
 
 def _recorded_crash():
@@ -104,16 +64,7 @@ def _recorded_crash():
     return crash_record("SIGABRT", "the job's rank 1 was killed by SIGABRT (6)", "")
 
 
-def _recorded_timeout():
-    # what gloo raises on rank 0 when its peer never joins (the recorded job's own words)
-    from reproarchive.context.failure import record_from_exception
-
-    error = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
-                         "waiting 5000ms for recv operation to complete")
-    return record_from_exception(error, "forward", backend="aot_eager")
-
-
-RECORDED = {"RuntimeError": _recorded_exception, "crash": _recorded_crash, "timeout": _recorded_timeout}
+RECORDED = {"crash": _recorded_crash}
 
 
 def main(scenario: str, folder: str) -> int:

@@ -1,0 +1,97 @@
+"""Small multi-rank job archives for the replay, minify and export tests, packed with
+``pack_job`` as a captured job's parts are merged (the capture tests make them from real jobs).
+
+Each job's failure is PyTorch's own, so that a replay, a minified archive and an exported script
+reproduce it without a test-only operator:
+
+* ``rank_one_fails``: two ranks compile the same collective graph, except that rank 1 took a
+  branch with a ``relu``; the recorded backend (``relu_compile_error_TESTING_ONLY``, one of
+  PyTorch's bug injectors) refuses a graph with a ``relu``, so rank 1's compile fails;
+* ``rank_one_skips``: rank 1 skips the ``all_reduce`` that rank 0 waits in (a hang), and rank
+  0 recorded the collective timeout gloo raised.
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+
+import reproarchive
+from reproarchive.archive.job import RankCapture
+from reproarchive.context.failure import record_from_exception, signature
+from reproarchive.format.schema import (
+    CollectiveRecord,
+    FailureRecord,
+    ProcessGroupRecord,
+    RankOutcome,
+    RankRecord,
+    Records,
+)
+
+RELU_BACKEND = "relu_compile_error_TESTING_ONLY"
+WORLD = ProcessGroupRecord(name="0", ranks=(0, 1), backend="gloo", index=0)
+c10d = torch.ops._c10d_functional
+
+
+def collective_graph(*, relu: bool = False, skip_all_reduce: bool = False) -> fx.GraphModule:
+    """x -> all_reduce -> (relu) -> * w -> all_gather -> sum: what Dynamo hands a backend."""
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    y = g.call_function(operator.mul, (x, 2))
+    if not skip_all_reduce:
+        y = g.call_function(c10d.wait_tensor, (g.call_function(c10d.all_reduce, (y, "sum", "0")),))
+    if relu:
+        y = g.call_function(torch.relu, (y,))
+    y = g.call_function(operator.mul, (y, w))
+    if not skip_all_reduce:
+        y = g.call_function(c10d.wait_tensor, (g.call_function(c10d.all_gather_into_tensor, (y, 2, "0")),))
+    g.output((g.call_function(torch.sum, (y,)),))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _schedule(gm: fx.GraphModule) -> tuple[CollectiveRecord, ...]:
+    from reproarchive.replay.ranks import schedule_of
+
+    return tuple(CollectiveRecord(op=c.op, group=c.group, node=c.node) for c in schedule_of(gm))
+
+
+def _inputs(rank: int) -> list[torch.Tensor]:
+    return [torch.arange(4.0) - rank, torch.linspace(-1, 1, 4)]
+
+
+def _part(rank: int, gm: fx.GraphModule, outcome: RankOutcome, backend: str) -> RankCapture:
+    record = RankRecord(rank=rank, local_rank=rank, device="cpu", schedule=_schedule(gm), outcome=outcome)
+    failure = outcome.failure if outcome.status != "passed" else None
+    return RankCapture(gm, _inputs(rank), record, Records(backend=backend, failure=failure))
+
+
+def rank_one_fails(folder: Path) -> Path:
+    from torch._dynamo.backends.registry import lookup_backend
+
+    failing = collective_graph(relu=True)
+    try:
+        lookup_backend(RELU_BACKEND)(failing, _inputs(1))
+    except Exception as exc:  # noqa: BLE001 - the recorded failure is PyTorch's own error
+        failure = record_from_exception(exc, "compile", backend=RELU_BACKEND)
+    parts = [_part(0, collective_graph(), RankOutcome(status="running", doing="all_reduce on group '0'"),
+                   RELU_BACKEND),
+             _part(1, failing, RankOutcome(status="failed", failure=failure), RELU_BACKEND)]
+    return reproarchive.pack_job(parts, folder / "rank-one-fails.tar.zst", world_size=2, backend="gloo",
+                                 groups=[WORLD])
+
+
+def rank_one_skips(folder: Path) -> Path:
+    message = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+               "5000ms for recv operation to complete")
+    timeout = FailureRecord(stage="timeout", exception_type="RuntimeError", message=message,
+                            signature=signature("timeout", "RuntimeError", message), backend="eager")
+    parts = [_part(0, collective_graph(), RankOutcome(status="timeout", failure=timeout,
+                                                      doing="all_reduce on group '0'"), "eager"),
+             _part(1, collective_graph(skip_all_reduce=True), RankOutcome(status="running"), "eager")]
+    return reproarchive.pack_job(parts, folder / "rank-one-skips.tar.zst", world_size=2, backend="gloo",
+                                 groups=[WORLD])
+
+
