@@ -120,6 +120,9 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         for module, values in info.config_changed.items():
             for key, value in values.items():
                 _say(f"config: {module}.{key} = {value!r}")
+    if info.job is not None:
+        for line in reproarchive.job_lines(info.job):
+            _say(line)
 
 
 DOCTOR_EXIT_CODES = exit_codes((0, "the report was printed, whether or not anything differs"), USAGE, ARCHIVE_MISSING,

@@ -92,6 +92,11 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     are replaced by <cwd>, <dump>, ~ and similar in the archive.
 
     \b
+    SOURCE may also be the job-<key>.parts folder the ranks of a multi-rank job left (each
+    rank's capture writes its part there; a rank that crashed leaves its part and its signal):
+    its parts are merged into one archive for the job (job-<key>.tar.zst beside it).
+
+    \b
     SOURCE may also be a TORCH_TRACE log, the folder TORCH_TRACE pointed at (one log per rank),
     or a tlparse output folder: then one archive is written per compile, named by rank and
     compile id (repro-0_1.tar.zst, repro-rank3-0_1.tar.zst), by default for the compiles that
@@ -107,6 +112,10 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     """
     import reproarchive
 
+    if source is not None and reproarchive.is_job_parts(source):
+        with json_errors(as_json):
+            _pack_job_parts(source, out, as_json=as_json, quiet=quiet, store=store)
+        return
     if source is not None and reproarchive.is_trace(source):
         with json_errors(as_json):
             _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
@@ -209,6 +218,19 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
         for line in pack_summary(packed):
             click.echo(f"  {line}")
     _push_to_store(archives, store, quiet=quiet)
+
+
+def _pack_job_parts(source: Path, out: Path | None, *, as_json: bool, quiet: bool, store: str | None) -> None:
+    import reproarchive
+
+    result = reproarchive.pack_job_parts(source, out)
+    if as_json:
+        emit_json({**result.to_json(), **_push_to_store([result.archive], store, quiet=True)})
+        return
+    click.echo(f"wrote {_rel(result.archive, Path.cwd())} ({human_size(result.size)})  one archive for the job")
+    for line in pack_summary(result):
+        click.echo(f"  {line}")
+    _push_to_store([result.archive], store, quiet=quiet)
 
 
 def _rel(path: Path, cwd: Path) -> str:

@@ -56,6 +56,8 @@ def diff_cmd(ctx, a: str, b: str, as_json: bool) -> None:
 
 def format_diff(r) -> list[str]:
     """The comparison for people: one line per section, then what differs in it."""
+    import reproarchive
+
     a, b = r.a, r.b
     width = max(len(a.path), len(b.path))
     relation = {"b_minified_from_a": "   (minified from A)", "a_minified_from_b": ""}.get(r.relation or "", "")
@@ -72,6 +74,9 @@ def format_diff(r) -> list[str]:
     lines += _inputs(r.inputs, r.relation)
     for section in ("config", "environment", "system"):
         lines += _rows(section, getattr(r, section), "same")
+    for name, side in (("A", r.job.a if r.job else None), ("B", r.job.b if r.job else None)):
+        if side is not None:
+            lines += [f"{name} {line}" if i == 0 else line for i, line in enumerate(reproarchive.job_lines(side))]
     if r.identical:
         lines.append("=> identical (exit 0)")
     else:

@@ -30,12 +30,16 @@ _EXPORTS = {
     "pack_job": "reproarchive.archive.job",
     "RankCapture": "reproarchive.archive.job",
     "merge_parts": "reproarchive.archive.job_merge",
+    "job_lines": "reproarchive.archive.job_report",
+    "first_divergence": "reproarchive.archive.job_report",
     "AbsentTensor": "reproarchive.codec.tensors",
     # capture after a failure
     "capture": "reproarchive.sources.backend",
     "pack_dump": "reproarchive.sources.dump_import",
     "capture_program": "reproarchive.sources.program",
     "pack_trace": "reproarchive.sources.trace_import",
+    "pack_job_parts": "reproarchive.sources.job_capture",
+    "is_job_parts": "reproarchive.sources.job_capture",
     "list_trace": "reproarchive.sources.trace_import",
     "is_trace": "reproarchive.sources.trace_import",
     # replay and export

@@ -14,6 +14,7 @@ import math
 import os
 from dataclasses import field
 
+from reproarchive.archive.job_report import JobSummary, job_summary
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
@@ -134,6 +135,7 @@ class InspectReport(NamedByIndex):
     environment: PlainData
     records: PlainData  # the full failure, config, environment and system records, for tools
     store: StoreOrigin | None = field(default=None, metadata=_OMIT_NONE)
+    job: JobSummary | None = field(default=None, metadata=_OMIT_NONE)  # a multi-rank job's ranks (spec §8 job)
 
 
 def input_rows(index: Index) -> list[InputRow]:
@@ -240,4 +242,5 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             # the full records, for --json readers and tools; the summaries above are for people
             records={key: (to_plain(getattr(records, key)) if getattr(records, key) is not None else None)
                      for key in ("failure", "config", "environment", "system")},
+            job=job_summary(index.job) if index.job is not None else None,
         )

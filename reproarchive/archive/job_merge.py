@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,30 @@ from reproarchive.format.schema import (
     JobRecord,
     MeshRecord,
     ProcessGroupRecord,
+    RankOutcome,
     RankRecord,
     RankStatus,
     SequenceValue,
     StorageRecord,
+    SubgraphEntry,
+    TensorEntry,
     TensorValue,
 )
 from reproarchive.format.writer import ContainerWriter
 
 #: Which outcome makes a rank the failing one, most telling first: its own exception, then a
-#: crash, then a collective timeout (a rank that times out waits for one that went elsewhere).
+#: crash, then a collective timeout (a rank that times out waits for one that went elsewhere),
+#: then an exception that only says a peer went away (it failed because another rank did).
 _FAILING = (RankStatus.FAILED, RankStatus.CRASHED, RankStatus.TIMEOUT)
+PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|communicator was aborted",
+                       re.IGNORECASE)
+
+
+def lost_a_peer(outcome: RankOutcome | None) -> bool:
+    """Whether a rank's failure only says that another rank went away (gloo's "Connection closed
+    by peer", NCCL's aborted communicator): a consequence, not the cause."""
+    failure = outcome.failure if outcome is not None else None
+    return failure is not None and PEER_LOST.search(failure.message or "") is not None
 
 
 @dataclasses.dataclass
@@ -57,21 +71,30 @@ class _Rank:
 def failing_rank(ranks: Sequence[RankRecord]) -> int | None:
     """The rank whose failure a job archive reports: by ``_FAILING`` order, then the lowest."""
     for status in _FAILING:
-        found = sorted(r.rank for r in ranks if r.outcome is not None and r.outcome.status == status)
+        found = sorted(r.rank for r in ranks if r.outcome is not None and r.outcome.status == status
+                       and not lost_a_peer(r.outcome))
         if found:
             return found[0]
-    return None
+    lost = sorted(r.rank for r in ranks if r.outcome is not None and r.outcome.status in _FAILING)
+    return lost[0] if lost else None
 
 
-def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike) -> Path:
+def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike, *,
+                outcomes: Mapping[int, RankOutcome] | None = None) -> Path:
     """Write one job archive at ``path`` from ``parts`` (rank parts or job archives of disjoint
-    ranks of one job); returns ``path``. Raises ``PackError`` when the parts are not of one job."""
+    ranks of one job); returns ``path``. ``outcomes``: how ranks ended where their part does not
+    say (it was written before the end: a status or a signal learned since). The index's own
+    ``failure`` is the primary rank's when its outcome has one. Raises ``PackError`` when the
+    parts are not of one job."""
     if not parts:
         raise PackError("no rank parts to merge", "pass the archives the ranks of the job wrote")
     with contextlib.ExitStack() as stack:
         readers = [stack.enter_context(ContainerReader(p)) for p in parts]
         indexes = [r.index for r in readers]
         ranks = _ranks(indexes, parts)
+        for rank in ranks:
+            if outcomes and rank.record.rank in outcomes:
+                rank.record = dataclasses.replace(rank.record, outcome=outcomes[rank.record.rank])
         world_size, backend = _world(indexes, parts)
         failing = failing_rank([r.record for r in ranks])
         primary = failing if failing is not None else min(r.record.rank for r in ranks)
@@ -86,6 +109,9 @@ def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike) -> 
         job = JobRecord(world_size=world_size, primary_rank=primary, backend=backend, failing_rank=failing,
                         groups=groups, meshes=meshes, graphs=tuple(graphs), ranks=tuple(job_ranks))
         records = first.records
+        outcome = ranks[0].record.outcome
+        if outcome is not None and outcome.failure is not None:
+            records = dataclasses.replace(records, failure=outcome.failure)
         index = Index(container=ContainerRecord(frame_size=first.container.frame_size),
                       digest_algorithm=first.digest_algorithm, storages=tuple(table.records),
                       inputs=top_inputs, graph=top_graph, records=records, job=job)
@@ -209,7 +235,9 @@ def _groups_and_meshes(indexes: list[Index]):
     maps: list[dict[int, int]] = []
     for index in indexes:
         for group in index.job.groups:
-            groups.setdefault(group.name, group)
+            known = groups.get(group.name)
+            if known is None or known.mesh_dim is None and group.mesh_dim is not None:
+                groups[group.name] = group
         mine = {}
         for m, mesh in enumerate(index.job.meshes):
             if mesh not in meshes:

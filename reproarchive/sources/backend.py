@@ -68,6 +68,9 @@ signature, so the same failure captured twice overwrites one file rather than pi
 Default: ``$REPROARCHIVE_DIR`` if set, else ``./reproarchives/`` in the working directory at the
 time ``capture()`` is called.
 
+Multi-rank jobs: on a rank of a torch.distributed job every rank writes its part and a failing
+rank merges them into one archive for the job (``job_capture``).
+
 Sharing: with ``store=`` (default ``$REPROARCHIVE_STORE``) every archive written is also pushed
 to that store (an fsspec URL or a folder, ``reproarchive push``), so a CI job shares every
 failure it sees. A push that fails is logged and noted on the exception, never raised in place
@@ -96,6 +99,9 @@ from reproarchive.context.execution import execution_snapshot
 from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
 from reproarchive.replay import accuracy as _accuracy
+from reproarchive.sources.exception_notes import annotate as _annotate
+from reproarchive.sources.exception_notes import archive_path
+from reproarchive.sources.job_capture import failed, first_call, note_compile, rank_context
 from reproarchive.store.push import STORE_ENV
 
 log = logging.getLogger("reproarchive.capture")
@@ -229,10 +235,21 @@ class _CaptureBackend:
     def __repr__(self) -> str:
         return f"reproarchive.capture({self.backend_name!r}, path={str(self.target)!r})"
 
+    @property
+    def file_target(self) -> bool:
+        return _is_file_target(self.target)
+
+    def rank_capture(self, gm: Any, inputs: list[Any], config: ConfigRecord, failure: FailureRecord) -> Capture:
+        """One rank's part of a multi-rank job (``job_capture``): this backend's records."""
+        return capture_of(gm, inputs, config=config, failure=failure, backend=self.backend_name, accuracy=False,
+                          capture_settings=self.settings)
+
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         example_inputs = list(example_inputs)
         pristine_gm = copy_graph_structure(gm)
         versions = _versions(example_inputs)
+        if rank_context() is not None:  # a rank of a multi-rank job: its collectives, in order
+            note_compile(pristine_gm)
 
         with self._patched_config():
             config = config_snapshot()  # what this graph is compiled with (~7 ms)
@@ -264,6 +281,8 @@ class _CaptureBackend:
         def run(*args: Any) -> Any:
             if pending[0]:
                 pending[0] = False
+                if (ctx := rank_context()) is not None:  # a rank: one guarded call (job_capture)
+                    return first_call(self, compiled, pristine_gm, list(args), config, ctx)
                 self._check(compiled, gm, pristine_gm, list(args), config)
             return compiled(*args)
 
@@ -364,6 +383,8 @@ class _CaptureBackend:
 
     def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str,
               config: ConfigRecord) -> None:
+        if (ctx := rank_context()) is not None:  # a rank: its part, and the job's archive
+            return failed(self, gm, inputs, config, exc, stage, ctx)
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
         path, error = self._write(gm, inputs, versions, record, config)
         _annotate(exc, path, error)
@@ -543,48 +564,6 @@ def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:
             h.update(f"V{type(a).__name__}:{a!r};".encode())
     h.update(record.signature.encode())
     return h.hexdigest()[:12]
-
-
-def _annotate(exc: BaseException, path: Path | None, error: str | None) -> None:
-    """Make the archive path visible wherever the exception is shown.
-
-    Dynamo re-raises a backend's exception inside ``BackendCompilerFailed`` whose message is
-    built from ``str(inner)`` and shortens tracebacks, so a note alone can be lost: the path
-    goes into the message itself (first string argument), and also into a note and an
-    attribute. The exception keeps its type and traceback.
-    """
-    line = f"[reproarchive] archive written to {path}" if path else f"[reproarchive] no archive written: {error}"
-    try:
-        exc.reproarchive_path = str(path) if path else None  # type: ignore[attr-defined]
-    except Exception:
-        pass
-    try:
-        if exc.args and isinstance(exc.args[0], str):
-            exc.args = (f"{exc.args[0]}\n{line}", *exc.args[1:])
-        elif not exc.args:
-            exc.args = (line,)
-    except Exception:
-        pass
-    if line not in str(exc) and hasattr(exc, "add_note"):  # a custom __str__ ignored args
-        exc.add_note(line)
-
-
-def archive_path(exc: BaseException) -> str | None:
-    """The archive a capture backend wrote for ``exc``, looking through the wrappers torch
-    adds (``BackendCompilerFailed.inner_exception``, ``__cause__``, ``__context__``)."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        found = getattr(e, "reproarchive_path", None)
-        if found:
-            return found
-        todo.extend(x for x in (getattr(e, "inner_exception", None), e.__cause__, e.__context__)
-                    if isinstance(x, BaseException))
-    return None
 
 
 __all__ = ["capture", "archive_path", "CaptureWarning"]

@@ -27,6 +27,7 @@ from typing import Any
 
 from reproarchive.archive.graph_code import node_line
 from reproarchive.archive.inspection import NamedByIndex
+from reproarchive.archive.job_report import JobSummary, first_divergence, job_summary
 from reproarchive.context.config import config_diff
 from reproarchive.context.environment import environment_diff
 from reproarchive.context.system import system_diff
@@ -86,8 +87,20 @@ class DiffReport(PlainRecord):
     config: PlainData = field(metadata=_SECTION)
     environment: PlainData = field(metadata=_SECTION)
     system: PlainData = field(metadata=_SECTION)
-    differing: tuple[str, ...] = ()  # the sections that differ, in SECTIONS order
+    differing: tuple[str, ...] = ()  # the sections that differ, in SECTIONS order (then "job")
     identical: bool = False
+    job: JobComparison | None = field(default=None, metadata={"omit": "none"})  # either is a multi-rank job
+
+
+@dataclasses.dataclass(frozen=True)
+class JobComparison(PlainRecord):
+    """The ranks of either side that is a multi-rank job (spec §8 ``job``): each side's ranks,
+    schedules side by side and first diverging collective; ``same`` when both are jobs whose
+    ranks recorded the same collectives."""
+
+    a: JobSummary | None
+    b: JobSummary | None
+    same: bool
 
 
 def diff(a: str | os.PathLike, b: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> DiffReport:
@@ -107,8 +120,20 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, limits: layout.Limits = 
             **{k: {"rows": rows, "same": not rows} for k, rows in record_differences(ia, ib).items()},
         }
         differing = tuple(s for s in SECTIONS if not sections[s]["same"])
+        job = _job_comparison(ia, ib)
+        differing += ("job",) if job is not None and not job.same else ()
         return DiffReport(a=_identity(a, ra.index_digest, ia), b=_identity(b, rb.index_digest, ib), relation=relation,
-                          **sections, differing=differing, identical=not differing)
+                          **sections, differing=differing, identical=not differing, job=job)
+
+
+def _job_comparison(a: Index, b: Index) -> JobComparison | None:
+    if a.job is None and b.job is None:
+        return None
+    same = a.job is not None and b.job is not None and first_divergence(a.job) == first_divergence(b.job) and \
+        {r.rank: [c.op for c in r.schedule] for r in a.job.ranks} == \
+        {r.rank: [c.op for c in r.schedule] for r in b.job.ranks}
+    return JobComparison(a=job_summary(a.job) if a.job is not None else None,
+                         b=job_summary(b.job) if b.job is not None else None, same=same)
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from reproarchive.archive.graph_code import node_lines, printable, stored_or_rendered_code
 from reproarchive.archive.inspection import InputRow, input_rows, system_summary
+from reproarchive.archive.job_report import job_summary
 from reproarchive.context.failure import compiler_diagnostics, failure_kind
 from reproarchive.errors import ArchiveError, ViewError
 from reproarchive.format import layout
@@ -116,6 +117,7 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
         "related": {"parent": str(parent_side[0]) if parent_side else None,
                     "child": str(child_side[0]) if child_side else None},
         "layout": graph_layout.engine(),
+        "job": job_summary(index.job).to_plain() if index.job is not None else None,  # spec §8 job
     }
     page = render_page(data)
     try:

@@ -4,6 +4,7 @@ what single-process readers make of it. Nothing here launches ranks (``tests/sou
 from __future__ import annotations
 
 import operator
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +103,72 @@ def test_a_single_process_archive_loads_as_a_job_of_one_rank(tmp_path):
     path = reproarchive.pack(g, [torch.ones(2)], tmp_path / "one.tar.zst")
     loaded = reproarchive.load_job(path)
     assert loaded.world_size == 1 and [r.rank for r in loaded.ranks] == [0]
+
+
+def test_module_state_of_two_ranks_is_renumbered_and_shared(tmp_path):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+    ranks = [RankCapture(fx.symbolic_trace(lin), [torch.full((3, 4), float(r))],
+                         RankRecord(rank=r, outcome=RankOutcome(status="passed"))) for r in range(2)]
+    path = reproarchive.pack_job(ranks, tmp_path / "lin.tar.zst", world_size=2)
+    loaded = reproarchive.load_job(path)
+    assert loaded.index.job.graphs == () and len(loaded.index.storages) == 4  # weight, bias, two inputs
+    for r in loaded.ranks:
+        torch.testing.assert_close(r.gm(*r.args), lin(torch.full((3, 4), float(r.rank))))
+
+
+# -- hangs explained without running: the schedules side by side (spec §8 job, informative) ------
+
+VECTOR = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "job-1.3.tar.zst"
+
+
+def _schedule_job(*schedules, groups=(("0", (0, 1, 2)),)):
+    from reproarchive.format.schema import JobRecord
+
+    def coll(text):
+        op, group = text.split("@")
+        return CollectiveRecord(op=op, group=group, shapes=((4,),), dtypes=("float32",))
+
+    ranks = tuple(RankRecord(rank=r, schedule=tuple(coll(t) for t in s)) for r, s in enumerate(schedules))
+    return JobRecord(world_size=len(schedules), primary_rank=0, ranks=ranks,
+                     groups=tuple(ProcessGroupRecord(name=n, ranks=m) for n, m in groups))
+
+
+def test_the_rank_that_skipped_a_collective_is_named_even_between_two_ranks():
+    d = reproarchive.first_divergence(_schedule_job(["all_reduce@0", "all_reduce@0"], ["all_reduce@0"],
+                                                    groups=(("0", (0, 1)),)))
+    assert (d.rank, d.index, d.got) == (1, 1, None) and "rank 1 skipped it" in d.summary
+
+
+def test_the_minority_diverges_and_agreeing_ranks_report_nothing():
+    d = reproarchive.first_divergence(_schedule_job(["all_reduce@0"], ["broadcast@0"], ["all_reduce@0"]))
+    assert (d.rank, d.ranks, d.expected) == (1, (1,), "all_reduce on group '0' float32[4]")
+    assert reproarchive.first_divergence(_schedule_job(["all_reduce@0"], ["all_reduce@0"], ["all_reduce@0"])) is None
+
+
+def test_sub_groups_are_matched_among_their_own_members():
+    groups = (("0", (0, 1, 2, 3)), ("1", (0, 1)), ("2", (2, 3)))
+    agree = _schedule_job(["all_reduce@0", "all_gather@1"], ["all_reduce@0", "all_gather@1"],
+                          ["all_reduce@0", "all_gather@2"], ["all_reduce@0", "all_gather@2"], groups=groups)
+    assert reproarchive.first_divergence(agree) is None
+    skipped = _schedule_job(["all_reduce@0", "all_gather@1"], ["all_reduce@0", "all_gather@1"],
+                            ["all_reduce@0"], ["all_reduce@0", "all_gather@2"], groups=groups)
+    d = reproarchive.first_divergence(skipped)
+    assert (d.group, d.rank) == ("2", 2)
+
+
+def test_inspect_diff_and_view_show_the_ranks_side_by_side(tmp_path):
+    result = invoke("inspect", VECTOR, "--json")
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.stdout)["job"]
+    assert job["failing_rank"] == 1
+    assert [r["status"] for r in job["ranks"]] == ["passed", "failed", "timeout", "crashed"]
+    assert job["divergence"]["rank"] == 2 and job["divergence"]["group"] == "2"
+    text = invoke("inspect", VECTOR).output
+    assert "rank 3: crashed [SIGABRT]" in text and "diverged: rank 2 issued no collective #1 on group '2'" in text
+    same = invoke("diff", VECTOR, VECTOR)
+    assert same.exit_code == 0 and "A job: 4 ranks (gloo), failing rank 1" in same.output
+    page = tmp_path / "job.html"
+    assert invoke("view", VECTOR, "-o", page).exit_code == 0
+    html = page.read_text()
+    assert "Ranks of the job" in html and "rank 2 issued no collective #1 on group" in html

@@ -1,0 +1,453 @@
+"""Capture on every rank of a multi-rank job: one part per rank, one archive for the job.
+
+When ``reproarchive.capture(...)`` runs in a process of a torch.distributed job (the default
+group initialised, world size above one), each rank keeps what only it can see:
+
+* at each compile, the collectives its graph issues in order (the ``_c10d_functional`` calls
+  Dynamo traced: operator, group name, shapes, dtypes) and the compile id (``note_compile``);
+* at the first call of each compiled graph, *before* it runs, its part: an ordinary archive of
+  its graph and real inputs (a DTensor input as its local shard, its mesh and placements as
+  data) whose ``job`` record lists this rank as ``running``, in a folder shared by the job's
+  ranks and named after its rendezvous (``TORCHELASTIC_RUN_ID``, else ``MASTER_ADDR:PORT``).
+  A rank that dies there (a native crash; a launcher that kills it) leaves that part, and the
+  signal, when faulthandler could write it (``rank-<r>.fault``);
+* how the call ended: passed (a status file beside the part), or failed — its own exception,
+  or a collective timeout (stage ``timeout``: the hang, seen from a rank that waited).
+
+A rank that fails rewrites its part with the failure and merges every part of the folder into
+the job archive (``archive.job_merge``, under a file lock), after waiting a bounded time
+(``REPROARCHIVE_JOB_WAIT_S``, default 10 s) for ranks that have not written theirs yet; a later
+failure of another rank merges again. When every rank of the world has passed, the last one
+removes the folder: a job that passed leaves nothing. A job whose failing rank died before it
+could merge (a crash) leaves the folder; ``reproarchive pack FOLDER`` (or ``capture --``, after
+its launcher exits) merges it.
+
+A graph that issues collectives waits (bounded by the same setting) until every rank has
+written its part before its first call: it would meet them at its first collective anyway, and a
+rank that dies at once then finds the others' parts there.
+
+In a job the first call runs once, for real, guarded (not on copies first, as in a single
+process): running a graph twice issues its collectives twice, and the ranks stay matched only if
+all of them do; a hang would then show in the second run, outside the guard. The inputs are
+copied before the call, so the archive holds them as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import faulthandler
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from reproarchive.archive.job_merge import lost_a_peer, merge_parts
+from reproarchive.format.plain import from_plain, to_plain
+from reproarchive.format.schema import (
+    CollectiveRecord,
+    CompileRecord,
+    DTensorInput,
+    JobRecord,
+    MeshRecord,
+    PlacementRecord,
+    ProcessGroupRecord,
+    RankOutcome,
+    RankRecord,
+)
+
+log = logging.getLogger("reproarchive.capture")
+
+JOB_WAIT_ENV = "REPROARCHIVE_JOB_WAIT_S"
+PARTS_SUFFIX = ".parts"
+_PART = re.compile(r"^rank-(\d+)\.tar\.zst$")
+_FAULT_SIGNALS = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+                  "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+                  "Illegal instruction": "SIGILL"}
+_TIMEOUT = re.compile(r"timed out|timeout|Timeout", re.IGNORECASE)
+
+
+@dataclasses.dataclass
+class _RankState:
+    """What this process has compiled so far: its compile ids and collectives, in order."""
+
+    compiles: list[CompileRecord] = dataclasses.field(default_factory=list)
+    schedule: list[CollectiveRecord] = dataclasses.field(default_factory=list)
+    fault_file: Any = None
+
+
+_STATE = _RankState()
+
+
+@dataclasses.dataclass(frozen=True)
+class RankContext:
+    """This process as a rank of its job."""
+
+    rank: int
+    local_rank: int | None
+    world_size: int
+    backend: str | None
+    host: str
+    key: str
+
+
+def rank_context() -> RankContext | None:
+    """The rank this process is, or None outside a multi-rank job."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+            return None
+        backend = str(dist.get_backend())
+        rank, world = dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a half-initialised job: captured as a single process
+        return None
+    local = os.environ.get("LOCAL_RANK")
+    rendezvous = os.environ.get("TORCHELASTIC_RUN_ID") or \
+        f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+    key = hashlib.sha256(f"{rendezvous}|{world}".encode()).hexdigest()[:12]
+    host = "sha256:" + hashlib.sha256(socket.gethostname().encode()).hexdigest()
+    return RankContext(rank, int(local) if local and local.isdigit() else None, world, backend, host, key)
+
+
+# -- what the rank compiled ------------------------------------------------------------------------
+
+
+def note_compile(gm: Any) -> None:
+    """Record a compile of this rank: its compile id and the collectives its graph issues."""
+    compile_id = _compile_id()
+    _STATE.compiles.append(CompileRecord(compile_id=compile_id or f"#{len(_STATE.compiles)}"))
+    _STATE.schedule.extend(schedule_of(gm, compile_id))
+
+
+def _compile_id() -> str | None:
+    try:
+        from torch._guards import CompileContext
+
+        found = CompileContext.current_compile_id()
+        return str(found) if found is not None else None
+    except Exception:  # noqa: BLE001 - outside Dynamo (a backend called by hand)
+        return None
+
+
+def schedule_of(gm: Any, compile_id: str | None = None) -> list[CollectiveRecord]:
+    """The collectives an fx graph issues, in node order, with the shapes and dtypes of the
+    tensors each sends (from the values Dynamo recorded on the nodes)."""
+    from reproarchive.codec.collectives import collective_of
+
+    out = []
+    for node in gm.graph.nodes:
+        found = collective_of(node)
+        if found is None or found.op == "wait_tensor":
+            continue
+        shapes, dtypes = [], []
+        for arg in node.args[:1]:
+            for value in (arg if isinstance(arg, (list, tuple)) else [arg]):
+                meta = getattr(value, "meta", {}).get("example_value") if hasattr(value, "meta") else None
+                if meta is not None and hasattr(meta, "shape"):
+                    shapes.append(tuple(int(s) for s in meta.shape))
+                    dtypes.append(str(meta.dtype).removeprefix("torch."))
+        out.append(CollectiveRecord(op=found.op, group=found.group, shapes=tuple(shapes), dtypes=tuple(dtypes),
+                                    compile_id=compile_id, node=node.name))
+    return out
+
+
+# -- the job's groups and meshes, and DTensor inputs -----------------------------------------------
+
+
+def process_groups(mesh_dims: dict[str, str] | None = None) -> tuple[ProcessGroupRecord, ...]:
+    """The process groups this rank belongs to, in creation order, under their names."""
+    from torch.distributed import distributed_c10d as c10d
+
+    world = c10d._world
+    out = []
+    for index, (pg, name) in enumerate(world.pg_names.items()):
+        members = world.pg_group_ranks.get(pg)
+        if not isinstance(members, dict):
+            continue
+        backend = world.pg_map.get(pg, (None,))[0]
+        out.append(ProcessGroupRecord(
+            name=str(name), ranks=tuple(g for g, _ in sorted(members.items(), key=lambda kv: kv[1])),
+            backend=str(backend) if backend is not None else None, index=index,
+            desc=getattr(pg, "group_desc", None) or None, mesh_dim=(mesh_dims or {}).get(str(name))))
+    return tuple(out)
+
+
+def _mesh_record(mesh: Any) -> tuple[MeshRecord, dict[str, str]]:
+    names = tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None
+    dims: dict[str, str] = {}
+    for d in range(mesh.ndim):
+        with contextlib.suppress(Exception):
+            dims[mesh.get_group(d).group_name] = names[d] if names else str(d)
+    record = MeshRecord(shape=tuple(mesh.mesh.shape), ranks=tuple(int(r) for r in mesh.mesh.flatten().tolist()),
+                        dim_names=names, device_type=str(mesh.device_type))
+    return record, dims
+
+
+def _placement(p: Any) -> PlacementRecord:
+    if p.is_shard():
+        return PlacementRecord(kind="shard", dim=int(p.dim))
+    if p.is_partial():
+        return PlacementRecord(kind="partial", reduce_op=str(getattr(p, "reduce_op", "sum")))
+    return PlacementRecord(kind="replicate")
+
+
+def local_inputs(inputs: list[Any]) -> tuple[list[Any], tuple[DTensorInput, ...], list[MeshRecord], dict[str, str]]:
+    """The inputs with each DTensor replaced by its local shard; what each was (placements, mesh,
+    global shape); the meshes; the mesh dimension of each group name."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return list(inputs), (), [], {}
+    out, dtensors, meshes, dims = [], [], [], {}
+    for i, value in enumerate(inputs):
+        if not isinstance(value, DTensor):
+            out.append(value)
+            continue
+        record, mesh_dims = _mesh_record(value.device_mesh)
+        if record not in meshes:
+            meshes.append(record)
+        dims.update(mesh_dims)
+        dtensors.append(DTensorInput(input=i, mesh=meshes.index(record),
+                                     placements=tuple(_placement(p) for p in value.placements),
+                                     shape=tuple(value.shape), stride=tuple(value.stride())))
+        out.append(value.to_local())
+    return out, tuple(dtensors), meshes, dims
+
+
+# -- the parts folder --------------------------------------------------------------------------
+
+
+def job_paths(target: Path, ctx: RankContext, is_file_target: bool) -> tuple[Path, Path]:
+    """(parts folder, job archive) for a capture target: a folder gets ``job-<key>.tar.zst`` and
+    ``job-<key>.parts/``; a file target is the job archive, its parts beside it."""
+    archive = target if is_file_target else target / f"job-{ctx.key}.tar.zst"
+    return archive.with_name(archive.name.removesuffix(".tar.zst") + PARTS_SUFFIX), archive
+
+
+def part_job(ctx: RankContext, outcome: RankOutcome, dtensors, meshes, mesh_dims) -> JobRecord:
+    """The job record of this rank's part (``archive.job.rank_part_job`` with this process's facts)."""
+    from reproarchive.archive.job import rank_part_job
+
+    rank = RankRecord(rank=ctx.rank, local_rank=ctx.local_rank, device=None, host=ctx.host, dtensors=dtensors,
+                      schedule=tuple(_STATE.schedule), compiles=tuple(_STATE.compiles), outcome=outcome)
+    return rank_part_job(rank, world_size=ctx.world_size, backend=ctx.backend,
+                         groups=process_groups(mesh_dims), meshes=meshes)
+
+
+def watch_for_crash(folder: Path, ctx: RankContext) -> None:
+    """Have faulthandler write a fatal signal of this process to ``rank-<r>.fault`` (once per
+    process, unless the program enabled faulthandler itself)."""
+    if _STATE.fault_file is not None or faulthandler.is_enabled():
+        return
+    with contextlib.suppress(OSError):
+        _STATE.fault_file = open(folder / f"rank-{ctx.rank}.fault", "w")  # noqa: SIM115 - open for the process
+        faulthandler.enable(file=_STATE.fault_file, all_threads=False)
+
+
+def set_status(folder: Path, rank: int, outcome: RankOutcome | None) -> None:
+    """Record (or, with None, forget) how this rank's current part ended, beside the part."""
+    path = folder / f"rank-{rank}.status.json"
+    if outcome is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(to_plain(outcome)))
+    os.replace(tmp, path)
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """Whether an exception is a collective that waited past its group's timeout."""
+    text = str(exc)
+    try:
+        from torch.distributed import DistError
+    except ImportError:  # pragma: no cover - torch without distributed
+        DistError = ()  # noqa: N806
+    from_collective = isinstance(exc, DistError) or re.search(r"gloo|nccl|c10d|collective", text, re.I)
+    return bool(from_collective) and _TIMEOUT.search(text) is not None
+
+
+def folder_outcomes(folder: Path) -> dict[int, RankOutcome]:
+    """How each rank of a parts folder ended, where the folder says more than the part: a status
+    file (passed, or a failure written after the part), or a fatal signal faulthandler wrote."""
+    from reproarchive.context.failure import crash_record
+
+    out: dict[int, RankOutcome] = {}
+    for part in folder.glob("rank-*.tar.zst"):
+        m = _PART.match(part.name)
+        if m is None:
+            continue
+        rank = int(m.group(1))
+        status = folder / f"rank-{rank}.status.json"
+        fault = folder / f"rank-{rank}.fault"
+        if status.exists():
+            with contextlib.suppress(ValueError, OSError):
+                out[rank] = from_plain(RankOutcome, json.loads(status.read_text()))
+                continue
+        text = fault.read_text(errors="replace") if fault.exists() else ""
+        found = re.search(r"Fatal Python error: ([A-Za-z -]+)", text)
+        if found:
+            signal = _FAULT_SIGNALS.get(found.group(1).strip(), found.group(1).strip())
+            failure = crash_record(signal, f"rank {rank} died by {signal}", text)
+            out[rank] = RankOutcome(status="crashed", failure=failure, signal=signal,
+                                    doing="running its compiled graph for the first time")
+    return out
+
+
+def folder_parts(folder: Path) -> list[Path]:
+    return sorted((p for p in folder.glob("rank-*.tar.zst") if _PART.match(p.name)),
+                  key=lambda p: int(_PART.match(p.name).group(1)))
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    import fcntl
+
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def wait_for_parts(folder: Path, world_size: int, wait_s: float | None = None) -> bool:
+    """Wait up to ``wait_s`` (default ``$REPROARCHIVE_JOB_WAIT_S`` or 10 s) until every rank of the
+    world has a part in ``folder``; whether they all have."""
+    deadline = time.monotonic() + (float(os.environ.get(JOB_WAIT_ENV, "10")) if wait_s is None else wait_s)
+    while len(folder_parts(folder)) < world_size:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, wait_s: float | None = None) -> Path:
+    """Merge every rank part of ``folder`` into ``archive`` (under the folder's lock), first
+    waiting up to ``wait_s`` for the parts of all ``world_size`` ranks."""
+    if world_size is not None:
+        wait_for_parts(folder, world_size, wait_s)
+    with _locked(folder):
+        return merge_parts(folder_parts(folder), archive, outcomes=folder_outcomes(folder))
+
+
+def forget_if_all_passed(folder: Path, world_size: int) -> bool:
+    """Remove the parts folder when every rank of the world has a part that passed."""
+    with _locked(folder):
+        outcomes = folder_outcomes(folder)
+        passed = [r for r, o in outcomes.items() if o.status == "passed"]
+        if len(passed) < world_size or len(folder_parts(folder)) != len(passed):
+            return False
+        for path in folder.iterdir():
+            path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+    return True
+
+
+# -- the capture backend's job mode ------------------------------------------------------------
+
+
+def write_part(backend: Any, gm: Any, inputs: list[Any], config: Any, failure: Any, outcome: RankOutcome,
+               ctx: RankContext) -> tuple[Path, Path]:
+    """Write this rank's part (its graph, its inputs as they were, this job record); returns
+    (parts folder, job archive)."""
+    from reproarchive.archive.writing import write_capture
+
+    folder, archive = job_paths(backend.target, ctx, backend.file_target)
+    folder.mkdir(parents=True, exist_ok=True)
+    local, dtensors, meshes, dims = local_inputs(inputs)
+    capture = backend.rank_capture(gm, local, config, failure)
+    capture = dataclasses.replace(capture, job=part_job(ctx, outcome, dtensors, meshes, dims))
+    write_capture(capture, folder / f"rank-{ctx.rank}.tar.zst")
+    return folder, archive
+
+
+def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: Any, ctx: RankContext) -> Any:
+    """The first call of a compiled graph on a rank: its part first, then the call, once, for real."""
+    from reproarchive.context.failure import pending_crash_record
+    from reproarchive.replay.accuracy import clone_inputs, stage_of
+
+    saved = clone_inputs(args)
+    doing = f"running compile {_STATE.compiles[-1].compile_id if _STATE.compiles else '?'} for the first time"
+    try:
+        folder, _ = write_part(backend, gm, saved, config, pending_crash_record(backend=backend.backend_name),
+                               RankOutcome(status="running", doing=doing), ctx)
+        set_status(folder, ctx.rank, None)
+        watch_for_crash(folder, ctx)
+        if schedule_of(gm):  # it meets the other ranks anyway: first let them write their parts,
+            wait_for_parts(folder, ctx.world_size)  # so that a rank that dies at once finds them there
+    except Exception as err:  # noqa: BLE001 - never in place of the user's own run
+        log.warning("reproarchive.capture could not write rank %d's part: %s: %s", ctx.rank, type(err).__name__, err)
+        return compiled(*args)
+    try:
+        result = compiled(*args)
+    except Exception as exc:
+        failed(backend, gm, saved, config, exc, stage_of(exc), ctx)
+        raise
+    with contextlib.suppress(OSError):
+        set_status(folder, ctx.rank, RankOutcome(status="passed"))
+        forget_if_all_passed(folder, ctx.world_size)
+    return result
+
+
+def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseException, stage: str,
+           ctx: RankContext) -> None:
+    """A rank failed (its own exception, or a collective timeout): its part says so, the parts
+    of the job are merged into the job archive, and the exception names that archive."""
+    from reproarchive.context.failure import record_from_exception
+    from reproarchive.sources.exception_notes import annotate as _annotate
+
+    timeout = is_collective_timeout(exc)
+    record = record_from_exception(exc, "timeout" if timeout else stage, backend=backend.backend_name)
+    first = (str(exc).splitlines() or [""])[0][:200]
+    compile_id = _STATE.compiles[-1].compile_id if _STATE.compiles else "?"
+    outcome = RankOutcome(status="timeout" if timeout else "failed", failure=record)
+    doing = (f"waited past the timeout in a collective of compile {compile_id}: {first}" if timeout
+             else f"lost a peer rank in a collective of compile {compile_id}: {first}" if lost_a_peer(outcome)
+             else f"raised in compile {compile_id} ({record.stage})")
+    outcome = dataclasses.replace(outcome, doing=doing)
+    try:
+        folder, archive = write_part(backend, gm, inputs, config, record, outcome, ctx)
+        set_status(folder, ctx.rank, None)
+        merged = merge_folder(folder, archive, world_size=ctx.world_size)
+    except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
+        log.warning("reproarchive.capture could not write the job archive: %s: %s", type(err).__name__, err)
+        _annotate(exc, None, f"{type(err).__name__}: {err}")
+        return
+    backend.written.append(merged)
+    log.warning("reproarchive: rank %d: %s failure captured in %s", ctx.rank, record.stage, merged)
+    _annotate(exc, merged, None)
+
+
+# -- ``pack FOLDER``: the parts a job left -----------------------------------------------------
+
+
+def is_job_parts(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder of rank parts a job's capture left (``job-<key>.parts``)."""
+    path = Path(path)
+    return path.is_dir() and bool(folder_parts(path))
+
+
+def pack_job_parts(folder: str | os.PathLike, out: str | os.PathLike | None = None):
+    """Merge the parts a job left into one job archive (``out``: default the folder's name
+    without ``.parts``, beside it; a folder gets that name inside) and report it (``PackReport``)."""
+    from reproarchive.errors import SourceError
+    from reproarchive.sources.report import archive_report
+
+    folder = Path(folder)
+    if not is_job_parts(folder):
+        raise SourceError(f"{folder} holds no rank parts (rank-<r>.tar.zst)",
+                          "name the job-<key>.parts folder a multi-rank capture left")
+    name = folder.name.removesuffix(PARTS_SUFFIX)
+    name = name if name.endswith(".tar.zst") else f"{name}.tar.zst"
+    target = folder.with_name(name) if out is None else Path(out)
+    if target.is_dir():
+        target = target / name
+    archive = merge_folder(folder, target)
+    return archive_report(archive, kind="job")

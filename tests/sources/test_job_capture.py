@@ -1,0 +1,107 @@
+"""Capture of a multi-rank job under torchrun with gloo (issue 24): one archive for the job, every
+rank in it, and what each was doing. Each test starts one real job (``support/job_program.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import reproarchive
+from support.cli import invoke
+
+PROGRAM = Path(__file__).resolve().parents[1] / "support" / "job_program.py"
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _torchrun(tmp_path: Path, mode: str, nproc: int = 2, timeout_s: float = 30) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "REPROARCHIVE_JOB_WAIT_S": "20"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           str(PROGRAM), mode, str(tmp_path / "out"), str(timeout_s)],
+                          capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+
+
+def _job_archive(tmp_path: Path) -> Path:
+    found = sorted((tmp_path / "out").glob("job-*.tar.zst"))
+    assert len(found) == 1, sorted(p.name for p in (tmp_path / "out").iterdir())
+    return found[0]
+
+
+def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(tmp_path):
+    done = _torchrun(tmp_path, "fail")
+    assert done.returncode != 0 and "injected failure on rank 1" in done.stderr
+    archive = _job_archive(tmp_path)
+    assert f"archive written to {archive}" in done.stderr
+    reproarchive.verify(archive)
+    job = reproarchive.load_job(archive)
+    assert (job.world_size, job.backend, job.failing_rank, job.primary_rank) == (2, "gloo", 1, 1)
+    assert [r.rank for r in job.ranks] == [0, 1]
+    one = job.rank(1)
+    assert one.outcome.status == "failed" and "injected failure on rank 1" in one.outcome.failure.message
+    assert job.records.failure.message.startswith("injected failure on rank 1")
+    # rank 0 was blocked in the collective rank 1 never reached (then the launcher stopped it)
+    assert job.rank(0).outcome.status in ("running", "failed")
+    for r in job.ranks:
+        assert r.args[0].tolist() == [float(r.rank)] * 4  # each rank's own real inputs
+        assert [c.op for c in r.schedule] == ["all_reduce"] and r.schedule[0].group == job.groups[0].name
+    assert job.groups[0].ranks == (0, 1) and job.groups[0].backend == "gloo"
+    with pytest.raises(reproarchive.NotReplayableHereError, match="reproarchive run"):
+        reproarchive.load(archive)
+
+
+def test_a_hang_is_a_timeout_and_inspect_names_the_rank_that_skipped_a_collective(tmp_path):
+    done = _torchrun(tmp_path, "hang", timeout_s=5)
+    assert done.returncode != 0
+    archive = _job_archive(tmp_path)
+    job = reproarchive.load_job(archive)
+    zero = job.rank(0)
+    assert zero.outcome.status == "timeout" and zero.outcome.failure.stage == "timeout"
+    assert job.failing_rank == 0 and job.rank(1).outcome.status == "passed"
+    assert [c.op for c in zero.schedule] == ["all_reduce", "all_reduce"] and len(job.rank(1).schedule) == 1
+    result = invoke("inspect", archive)
+    assert result.exit_code == 0, result.output
+    assert "rank 1 issued no collective #2 on group '0', where rank 0 issued all_reduce on group '0' float32[4]" \
+        in result.output
+    report = json.loads(invoke("inspect", archive, "--json").stdout)
+    assert report["job"]["divergence"]["rank"] == 1 and report["job"]["divergence"]["index"] == 1
+    assert report["failure"]["stage"] == "timeout"
+
+
+def test_a_crash_on_rank_1_leaves_parts_that_pack_merges_naming_the_rank_and_signal(tmp_path):
+    done = _torchrun(tmp_path, "crash")
+    assert done.returncode != 0
+    parts = sorted((tmp_path / "out").glob("job-*.parts"))
+    assert len(parts) == 1 and not list((tmp_path / "out").glob("job-*.tar.zst"))  # nobody lived to merge
+    result = invoke("pack", parts[0], "--json")
+    assert result.exit_code == 0, result.output
+    archive = Path(json.loads(result.stdout)["archive"])
+    job = reproarchive.load_job(archive)
+    assert job.failing_rank == 1 and job.rank(1).outcome.status == "crashed"
+    assert job.rank(1).outcome.signal == "SIGABRT" and job.records.failure.exception_type == "SIGABRT"
+    assert job.rank(0).outcome.status == "running"
+
+
+def test_four_ranks_on_a_mesh_record_groups_members_names_and_dtensor_placements(tmp_path):
+    done = _torchrun(tmp_path, "mesh", nproc=4)
+    assert done.returncode != 0
+    job = reproarchive.load_job(_job_archive(tmp_path))
+    assert [r.rank for r in job.ranks] == [0, 1, 2, 3] and job.failing_rank == 1
+    by_members = {g.ranks: g for g in job.groups}
+    assert by_members[(0, 1)].mesh_dim == by_members[(2, 3)].mesh_dim == "tp"
+    assert by_members[(0, 2)].mesh_dim == by_members[(1, 3)].mesh_dim == "dp"
+    assert job.mesh.shape == (2, 2) and job.mesh.dim_names == ("dp", "tp") and job.mesh.ranks == (0, 1, 2, 3)
+    for r in job.ranks:
+        # the tp collective names this rank's own sub-group, by its recorded name
+        (collective,) = r.schedule
+        assert r.rank in next(g for g in job.groups if g.name == collective.group).ranks
+        (dt,) = r.dtensors
+        assert [p.kind for p in dt.placements] == ["replicate", "shard"] and dt.placements[1].dim == 0
+        assert dt.shape == (4, 4) and tuple(r.args[dt.input].shape) == (2, 4)  # the local shard is stored
+        assert r.args[dt.input].tolist() == [[float(4 * i + j) for j in range(4)] for i in range(4)][
+            2 * (r.rank % 2):2 * (r.rank % 2) + 2]

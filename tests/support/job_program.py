@@ -1,0 +1,63 @@
+"""A job for reproarchive's multi-rank capture tests, started by torchrun: MODE OUT_DIR [TIMEOUT_S].
+
+fail:  rank 1's compiled graph raises (2 ranks)
+hang:  rank 1 takes the other branch and skips a collective rank 0 waits in (2 ranks)
+crash: rank 1's compiled graph aborts (SIGABRT) (2 ranks)
+mesh:  4 ranks on a 2x2 DeviceMesh (dp, tp): a DTensor input, a collective on the tp sub-group
+       ([0, 1] and [2, 3]); rank 1's compiled graph raises
+"""
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import reproarchive
+
+mode, out = sys.argv[1], sys.argv[2]
+timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
+dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+rank = dist.get_rank()
+
+
+def backend(gm, example_inputs):
+    """Eager, except where this job's test wants rank 1 to fail or die inside its compiled graph."""
+    if rank == 1 and mode in ("fail", "mesh"):
+        def run(*args):
+            raise RuntimeError("injected failure on rank 1")
+        return run
+    if rank == 1 and mode == "crash":
+        def run(*args):
+            os.abort()
+        return run
+    return gm.forward
+
+
+@torch.compile(backend=reproarchive.capture(backend, path=out))
+def step(x, w):
+    y = funcol.all_reduce(x * w, "sum", dist.group.WORLD)
+    if mode == "hang" and rank == 0:  # rank 1 takes the other branch and skips this collective
+        y = funcol.all_reduce(y * 2, "sum", dist.group.WORLD)
+    return y + 1
+
+
+if mode == "mesh":
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+
+    @torch.compile(backend=reproarchive.capture(backend, path=out))
+    def sharded(x, w):
+        return (x * 2).sum(), funcol.all_reduce(w, "sum", (mesh, 1))
+
+    x = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Replicate(), Shard(0)])
+    sharded(x, torch.full((2,), float(rank)))
+else:
+    step(torch.full((4,), float(rank)), torch.linspace(0, 1, 4))
+if mode == "hang" and rank == 1:
+    time.sleep(timeout + 5)  # alive, as a real job going on to its next step
+dist.destroy_process_group()
