@@ -46,14 +46,12 @@ def recorded_failures(job: Any) -> dict[int, FailureRecord | None]:
     return {r.rank: (r.outcome.failure if r.outcome is not None else None) for r in job.ranks}
 
 
-def recorded_schedules(job: Any) -> dict[int, list[Any]]:
-    """Each recorded rank's collective schedule, collectives only (waits left out); empty when
-    the archive recorded none."""
-    from reproarchive.codec.collectives import Collective
+def divergence_of(job: Any) -> str | None:
+    """Where the recorded ranks' collectives first stop matching (None: they match)."""
+    from reproarchive.archive.job_report import first_divergence
 
-    found = {r.rank: [Collective(c.node or "?", c.op, c.group) for c in r.schedule if c.op != "wait_tensor"]
-             for r in job.ranks}
-    return found if any(found.values()) else {}
+    found = first_divergence(job)
+    return found.summary if found is not None else None
 
 
 def node_ranks(world_size: int, passthrough: Sequence[str]) -> list[int]:
@@ -140,7 +138,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
         plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size, launcher), timeout)
         outcome = _launch.run_launched(plan, world_size=job.world_size, ranks=node_ranks(job.world_size, launcher),
                                        recorded=recorded_failures(job), recorded_rank=job.failing_rank,
-                                       groups=group_specs(job), keep=keep, schedules=recorded_schedules(job))
+                                       keep=keep, divergence=divergence_of(job))
     outcome.archive = os.fspath(path)
     return outcome
 

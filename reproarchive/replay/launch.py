@@ -14,8 +14,8 @@ failure like an isolated replay's crash), ``stopped`` (the launcher ended it bec
 rank failed first, or its collective failed because that rank went away) and ``hung`` (no
 result within the bound). The job's verdict follows the rank that failed in the recording: it
 is "reproduced on rank r" when that rank reproduced; any other failure is a different failure.
-A collective that timed out is named from the ranks' collective schedules: which rank diverged,
-at which collective.
+A hang is explained by the recorded ranks' collective schedules (``archive.job_report``): which
+rank diverged, at which collective.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from typing import Any, Mapping, Sequence
 
 from reproarchive.context.failure import crash_record, crash_report
 from reproarchive.format.schema import FailureRecord
-from reproarchive.replay import ranks as _ranks
 from reproarchive.replay.outcome import (
     DIFFERENT,
     EXIT_DIFFERENT,
@@ -265,36 +264,20 @@ def job_verdict(outcomes: Sequence[RankOutcome], recorded_rank: int | None) -> t
     return PASSED, EXIT_PASSED, recorded_rank
 
 
-def divergence_note(folder: Path, ranks: Sequence[int], groups: Sequence[_ranks.GroupSpec],
-                    schedules: Mapping[int, Sequence[Any]] | None = None, waiting: int | None = None) -> str | None:
-    """Where the ranks' collective schedules part, if they do: the recorded ``schedules`` when
-    the archive has them, else as each rank reported its graph's."""
-    if not schedules:
-        schedules = {}
-        for rank in ranks:
-            started = _read(folder / f"started-{rank}.json")
-            if started is not None:
-                schedules[rank] = [_ranks.Collective(**c) for c in started.get("schedule", [])]
-    found = _ranks.first_divergence(schedules, {g.name: g.ranks for g in groups}, waiting=waiting)
-    return found.describe() if found is not None else None
-
-
 def run_launched(plan: LaunchPlan, *, world_size: int, ranks: Sequence[int],
                  recorded: Mapping[int, FailureRecord | None], recorded_rank: int | None,
-                 groups: Sequence[_ranks.GroupSpec], keep: str | os.PathLike | None = None,
-                 schedules: Mapping[int, Sequence[Any]] | None = None) -> JobOutcome:
+                 keep: str | os.PathLike | None = None, divergence: str | None = None) -> JobOutcome:
     """Launch ``plan``, read every rank's ending and judge the job. ``ranks``: the global ranks
     this launch runs (all of them on one machine; this node's with ``--node-rank``).
     ``keep``: a folder to keep the ranks' results and logs in (default: a temporary one).
-    ``schedules``: the recorded collective schedules by rank (default: the replayed graphs')."""
+    ``divergence``: where the recorded ranks' collectives part (``archive.job_report``), said
+    with the verdict."""
     with tempfile.TemporaryDirectory(prefix="reproarchive-job-") as tmp:
         folder = Path(keep) if keep is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         failures, bounded, wall = launch(plan, folder)
         ranks = _ranks_here(folder, failures) or list(ranks)
         outcomes = rank_outcomes(folder, ranks, recorded, failures, bounded)
-        waiting = next((o.rank for o in outcomes if o.timed_out), recorded_rank)
-        divergence = divergence_note(folder, ranks, groups, schedules, waiting)
         warnings = []
         if not any((folder / f"started-{r}.json").exists() for r in ranks):
             warnings.append("no rank started: " + _launcher_said(folder))

@@ -11,8 +11,7 @@ rank must take part in every ``new_group`` call, in the same order), and registe
 recorded name with the same private registry call after_aot uses.
 
 The collective schedule of a graph (which collective, on which group, in which order) is read
-from the graph itself, so that a replay can say where the ranks' schedules part without
-running anything, and which collective a rank that timed out was waiting in.
+from the graph itself (``codec.collectives``), for the ranks' reports of what they run.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import dataclasses
 import datetime
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable
 
 from reproarchive.codec.collectives import Collective, collective_of
 
@@ -41,10 +40,11 @@ class GroupSpec:
     mesh_dim: str | None = None
 
 
-#: What torch.distributed's backends say when a collective waited past its timeout (gloo: "Timed
-#: out waiting 5000ms for recv operation to complete"; NCCL's watchdog: "Watchdog caught collective
-#: operation timeout").
-_TIMED_OUT = re.compile(r"Timed out waiting|operation timeout|timed out after|Timeout waiting", re.IGNORECASE)
+#: A collective that waited past its timeout, in torch.distributed's words (gloo: "Timed out waiting
+#: 5000ms for recv operation to complete"; NCCL's watchdog: "Watchdog caught collective operation
+#: timeout"): the capture's rule (``sources.job_capture.is_collective_timeout``), on a record.
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_FROM_COLLECTIVE = re.compile(r"gloo|nccl|c10d|collective|DistError|DistBackendError", re.IGNORECASE)
 
 
 def as_collective_timeout(record: Any) -> Any:
@@ -52,6 +52,8 @@ def as_collective_timeout(record: Any) -> Any:
     that waited past its timeout, as the capture records a hang (spec §8 ``failure.stage``);
     otherwise ``record`` unchanged."""
     if record is None or record.stage not in ("forward", "backward") or not _TIMED_OUT.search(record.message):
+        return record
+    if not _FROM_COLLECTIVE.search(f"{record.exception_type} {record.message}"):
         return record
     from reproarchive.context.failure import signature
 
@@ -159,66 +161,3 @@ def is_collective(node: Any) -> bool:
     return collective_of(node) is not None
 
 
-def describe(c: Collective) -> str:
-    return f"{c.op} on group {c.group!r} (node {c.node})"
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where the ranks' collective schedules part: on ``group``, collective number ``index``
-    (0-based, counted on that group), ``rank`` does something else than the others
-    (``expected``; ``found`` is None when that rank issues no collective there at all)."""
-
-    group: str
-    index: int
-    rank: int
-    expected: Collective | None
-    found: Collective | None
-
-    def describe(self) -> str:
-        what = describe(self.found) if self.found is not None else "nothing"
-        wanted = describe(self.expected) if self.expected is not None else "nothing"
-        return (f"rank {self.rank} diverges at collective #{self.index + 1} on group {self.group!r}: "
-                f"it issues {what} where the other ranks issue {wanted}")
-
-
-def first_divergence(schedules: Mapping[int, Sequence[Collective]],
-                     members: Mapping[str, Sequence[int]], *, waiting: int | None = None) -> Divergence | None:
-    """The first collective at which the members of a group disagree, or None when every group's
-    members issue the same collectives in the same order (the ranks' schedules match).
-
-    Each group is checked on its own (its members must issue the same sequence on it; other
-    groups' collectives do not count) and the earliest disagreement by position wins. The rank
-    that diverged is the one that differs from the most common entry; between two ranks, the
-    one that issues nothing (skipped a collective), else the one that is not ``waiting`` (the
-    rank that timed out waiting for the others), else the higher rank."""
-    best: Divergence | None = None
-    for group, ranks in members.items():
-        seqs = {r: [c for c in schedules.get(r, ()) if c.group == group] for r in ranks if r in schedules}
-        if len(seqs) < 2:
-            continue
-        length = max(len(s) for s in seqs.values())
-        for i in range(length):
-            entries = {r: (s[i] if i < len(s) else None) for r, s in seqs.items()}
-            keys = {r: _key(e) for r, e in entries.items()}
-            if len(set(keys.values())) == 1:
-                continue
-            counts: dict[Any, int] = {}
-            for k in keys.values():
-                counts[k] = counts.get(k, 0) + 1
-            common = max(counts, key=lambda k: (counts[k], k is not None))
-            odd = [r for r, k in keys.items() if k != common]
-            if len(odd) == len(keys) - len(odd):  # a tie: no majority says who is odd
-                odd = list(keys)
-            rank = next((r for r in odd if entries[r] is None),
-                        max((r for r in odd if r != waiting), default=max(odd)))
-            expected = next((e for r, e in entries.items() if r != rank and keys[r] != keys[rank]), None)
-            found = Divergence(group, i, rank, expected, entries[rank])
-            if best is None or i < best.index:
-                best = found
-            break
-    return best
-
-
-def _key(entry: Collective | None) -> Any:
-    return None if entry is None else (entry.op, entry.group)

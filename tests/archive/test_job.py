@@ -3,6 +3,7 @@ what single-process readers make of it. Nothing here launches ranks (``tests/sou
 
 from __future__ import annotations
 
+import json
 import operator
 from pathlib import Path
 

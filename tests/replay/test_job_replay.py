@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from reproarchive.context.failure import crash_record
 from reproarchive.replay import launch
-from reproarchive.replay.ranks import Collective, GroupSpec, first_divergence, schedule_of
+from reproarchive.replay.ranks import schedule_of
 
 LIVE_JOB = str(Path(__file__).resolve().parents[1] / "support" / "live_job.py")
 TIMEOUT_S = 5.0
@@ -29,8 +29,7 @@ def _run(scenario: str, world: int, folder: Path, *, recorded_rank: int | None, 
     plan = launch.LaunchPlan({"timeout_s": TIMEOUT_S}, launch.launcher_options(world), TIMEOUT_S,
                              program=[LIVE_JOB, scenario])
     return launch.run_launched(plan, world_size=world, ranks=range(world), recorded=recorded or {},
-                               recorded_rank=recorded_rank, groups=[GroupSpec("0", tuple(range(world)))],
-                               keep=folder)
+                               recorded_rank=recorded_rank, keep=folder)
 
 
 @pytest.mark.slow
@@ -70,20 +69,6 @@ def test_schedule_of_reads_collectives_and_their_groups_from_a_dynamo_graph():
 
     found = schedule_of(fx.symbolic_trace(f))
     assert [(c.op, c.group) for c in found] == [("all_reduce", "7"), ("all_gather_into_tensor", "3")]
-
-
-def test_first_divergence_names_the_rank_that_skipped_a_collective():
-    ar, ag = Collective("a", "all_reduce", "0"), Collective("b", "all_gather_into_tensor", "0")
-    found = first_divergence({0: [ar, ag], 1: [ag]}, {"0": (0, 1)})
-    assert (found.rank, found.index) == (1, 0)
-    assert (found.expected.op, found.found.op) == ("all_reduce", "all_gather_into_tensor")
-    assert first_divergence({0: [ar], 1: [ar]}, {"0": (0, 1)}) is None
-    # three ranks: the odd one out diverged, whatever its number
-    found = first_divergence({0: [ar], 1: [ag], 2: [ar]}, {"0": (0, 1, 2)})
-    assert found.rank == 1
-    # a sub-group's collectives are compared among its members only
-    sub = Collective("c", "all_reduce", "1")
-    assert first_divergence({0: [sub], 1: [sub], 2: [], 3: []}, {"1": (0, 1), "2": (2, 3)}) is None
 
 
 def test_job_verdict_follows_the_recorded_rank():
