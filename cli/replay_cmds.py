@@ -213,6 +213,8 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
         strict_accuracy=strict_accuracy or not minify, device=device, max_memory=max_memory)
     launcher = launcher_passthrough(rendezvous)
     job_asked = rank is not None or single_process or timeout is not None or bool(launcher)
+    if minify and (rank is not None or single_process or launcher):
+        raise click.UsageError("--rank, --single-process and the launcher's options do not apply with --minify")
     if not minify and (job_asked or reproarchive.is_job_archive(archive)):
         if isolate is not None:
             raise click.UsageError("--isolate/--no-isolate do not apply to a multi-rank job: every rank is its own "
@@ -230,7 +232,7 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
             with byte_bars(not (quiet or as_json)) as progress:
                 archive = str(reproarchive.fetch(archive, progress=progress))
         _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs,
-                shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet)
+                shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet, timeout=timeout)
         return
     with byte_bars(not (quiet or as_json)) as progress:
         outcome = reproarchive.run(archive, settings, isolate=isolate, progress=progress)
@@ -264,13 +266,19 @@ def format_job(job) -> str:
     return "\n".join(lines)
 
 
-def _minify(archive, output, settings, *, as_json, quiet, **options) -> None:
+def _minify(archive, output, settings, *, as_json, quiet, timeout=None, **options) -> None:
     import reproarchive
 
     if not output:
         output = str(default_minified_path(archive))
-    report = reproarchive.minify_archive(archive, output, settings,
-                                         progress=None if (quiet or as_json) else minify_status(), **options)
+    progress = None if (quiet or as_json) else minify_status()
+    if reproarchive.is_job_archive(archive):  # every rank cut alike, judged by launching the job
+        report = reproarchive.minify_job(archive, output, settings.replace(strict_accuracy=False),
+                                         timeout_s=timeout or 60.0, max_time=options["max_time"], progress=progress)
+    else:
+        if timeout is not None:
+            raise click.UsageError("--timeout applies to a multi-rank job archive only")
+        report = reproarchive.minify_archive(archive, output, settings, progress=progress, **options)
     s = report.stats
     if as_json:
         emit_json(report.to_dict())
@@ -401,7 +409,11 @@ def export_cmd(archive, out_dir, as_json, max_memory):
         emit_json(report.to_plain())
     else:
         click.echo(f"wrote {report.script} ({len(report.files)} files, {report.bytes} bytes)")
-        click.echo(f"run it with: python {report.script}")
+        job = reproarchive.inspect(archive).job
+        if job is not None and job.world_size > 1:
+            click.echo(f"run it with: torchrun --nproc-per-node {job.world_size} {report.script}")
+        else:
+            click.echo(f"run it with: python {report.script}")
 
 
 def default_minified_path(archive: str) -> Path:

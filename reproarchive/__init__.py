@@ -58,6 +58,7 @@ _EXPORTS = {
     # minify
     "minify": "reproarchive.minifier",
     "minify_archive": "reproarchive.minifier.driver",
+    "minify_job": "reproarchive.minifier.job_minify",
     # a team store on object storage (spec §11)
     "push": "reproarchive.store.push",
     "pull": "reproarchive.store.pull",

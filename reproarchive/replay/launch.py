@@ -128,9 +128,8 @@ def launcher_options(world_size: int, passthrough: Sequence[str] = ()) -> list[s
     return options
 
 
-def launch(plan: LaunchPlan, folder: Path) -> tuple[dict[int, dict], bool, float]:
-    """Run the launcher on ``plan`` in ``folder``: (the launcher's failures by rank, whether the
-    wall-clock bound ended it, wall seconds)."""
+def _start(plan: LaunchPlan, folder: Path, log: Any) -> subprocess.Popen:
+    """The launcher, started on ``plan`` in ``folder`` in a process group of its own."""
     from reproarchive.child import python_path
 
     (folder / "request.json").write_text(json.dumps(plan.request))
@@ -138,11 +137,25 @@ def launch(plan: LaunchPlan, folder: Path) -> tuple[dict[int, dict], bool, float
     env.setdefault("OMP_NUM_THREADS", "1")
     program = ["--", *plan.program] if plan.program else []
     command = [sys.executable, "-m", "reproarchive.replay.launcher_process", str(folder), *plan.options, *program]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                            start_new_session=True)
+
+
+def _failures(folder: Path) -> dict[int, dict]:
+    failures: dict[int, dict] = {}
+    for path in folder.glob("launch-*.json"):
+        for rank, failure in json.loads(path.read_text()).get("failures", {}).items():
+            failures[int(rank)] = failure
+    return failures
+
+
+def launch(plan: LaunchPlan, folder: Path) -> tuple[dict[int, dict], bool, float]:
+    """Run the launcher on ``plan`` in ``folder``: (the launcher's failures by rank, whether the
+    wall-clock bound ended it, wall seconds)."""
     bound = plan.timeout_s * 2 + STARTUP_ALLOWANCE_S
     start = time.monotonic()
     with open(folder / "launcher.log", "wb") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                start_new_session=True)
+        proc = _start(plan, folder, log)
         bounded = False
         try:
             proc.wait(timeout=bound)
@@ -152,12 +165,7 @@ def launch(plan: LaunchPlan, folder: Path) -> tuple[dict[int, dict], bool, float
         except BaseException:
             _end(proc, folder)
             raise
-    wall = time.monotonic() - start
-    failures: dict[int, dict] = {}
-    for path in folder.glob("launch-*.json"):
-        for rank, failure in json.loads(path.read_text()).get("failures", {}).items():
-            failures[int(rank)] = failure
-    return failures, bounded, wall
+    return _failures(folder), bounded, time.monotonic() - start
 
 
 def _end(proc: subprocess.Popen, folder: Path) -> None:
@@ -180,17 +188,63 @@ def _end(proc: subprocess.Popen, folder: Path) -> None:
             pass
 
 
+class LaunchedJob:
+    """A launched job whose ranks judge candidate archives one after another (``rank_worker``'s
+    ``candidates`` mode): torch import, rendezvous and group creation are paid once, not per
+    candidate. ``judge`` returns every rank's ending for one candidate; when a candidate takes a
+    rank down (a crash), the launcher ends the job, ``judge`` reports that candidate from what
+    the launcher said, and the job is gone (``alive`` False): start a new one."""
+
+    def __init__(self, plan: LaunchPlan, folder: Path):
+        self.folder, self.plan = folder, plan
+        folder.mkdir(parents=True, exist_ok=True)
+        self._log = open(folder / "launcher.log", "wb")  # noqa: SIM115 - closed in close()
+        self._proc = _start(plan, folder, self._log)
+        self._k = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def judge(self, archive: Path, settings: dict, ranks: Sequence[int],
+              recorded: Mapping[int, FailureRecord | None]) -> list[RankOutcome]:
+        self._k += 1
+        k = self._k
+        (self.folder / f"next-{k}.json").write_text(json.dumps({"archive": str(archive), "settings": settings}))
+        deadline = time.monotonic() + self.plan.timeout_s * 2 + STARTUP_ALLOWANCE_S
+        while not all((self.folder / f"rank-{r}-{k}.json").exists() for r in ranks):
+            if not self.alive or time.monotonic() > deadline:
+                bounded = self.alive
+                if bounded:
+                    _end(self._proc, self.folder)
+                self._proc.wait()
+                return rank_outcomes(self.folder, ranks, recorded, _failures(self.folder), bounded,
+                                     suffix=f"-{k}")
+            time.sleep(0.02)
+        return rank_outcomes(self.folder, ranks, recorded, {}, False, suffix=f"-{k}")
+
+    def close(self) -> None:
+        if self.alive:
+            (self.folder / f"next-{self._k + 1}.json").write_text(json.dumps({"stop": True}))
+            try:
+                self._proc.wait(timeout=_KILL_GRACE_S * 4)
+            except subprocess.TimeoutExpired:
+                _end(self._proc, self.folder)
+        self._log.close()
+
+
 # --------------------------------------------------------------------------------------------
 # the verdict
 
 
 def rank_outcomes(folder: Path, ranks: Sequence[int], recorded: Mapping[int, FailureRecord | None],
-                  failures: Mapping[int, dict], bounded: bool) -> list[RankOutcome]:
-    """Each rank's ending, from what it wrote in ``folder`` and what the launcher said."""
+                  failures: Mapping[int, dict], bounded: bool, *, suffix: str = "") -> list[RankOutcome]:
+    """Each rank's ending, from what it wrote in ``folder`` (``rank-r{suffix}.json``) and what the
+    launcher said."""
     first = _first_failure(failures)
     out = []
     for rank in ranks:
-        result = _read(folder / f"rank-{rank}.json")
+        result = _read(folder / f"rank-{rank}{suffix}.json")
         failure = failures.get(rank)
         if result is not None:
             outcome = Outcome.from_dict(result["outcome"])

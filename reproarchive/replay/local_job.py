@@ -74,8 +74,11 @@ def collective_values(gm: Any, per_rank_args: dict[int, list], world_size: int) 
 
 def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[Any, list]:
     """``gm`` with every collective read from ``values`` instead (a new input per collective
-    whose value a non-collective node uses), and the arguments to match."""
+    whose value a non-collective node uses), and the arguments to match. What the graph sent
+    into a collective becomes an output, so the compute that fed it is still compiled, run and
+    judged (otherwise everything upstream of the last collective would be dead code)."""
     import torch.fx as fx
+    from torch.fx.node import map_arg
 
     graph = fx.Graph()
     env: dict[Any, Any] = {}
@@ -89,8 +92,15 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
         if node in collective and any(u not in collective for u in node.users):
             env[node] = graph.placeholder(f"{node.name}_value")
             extra.append(values[node.name])
+    sent = [a for n in nodes if n in collective for a in n.all_input_nodes
+            if a not in collective and a.op != "placeholder"]
     for node in nodes:
         if node.op == "placeholder" or node in env or node in collective:
+            continue
+        if node.op == "output":
+            returned = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+            extra_out = [n for n in dict.fromkeys(sent) if n not in returned]
+            graph.output(tuple(map_arg(tuple(returned), lambda a: env[a])) + tuple(env[n] for n in extra_out))
             continue
         env[node] = graph.node_copy(node, lambda a: env[a])
     new = fx.GraphModule(gm, graph)

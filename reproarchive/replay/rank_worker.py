@@ -52,6 +52,43 @@ def redirect_output(folder: Path, rank: int) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
+def join(args: list, groups: list[_ranks.GroupSpec], *, timeout_s: float, rank: int, world_size: int,
+         fake: bool = False) -> None:
+    """Join the launched job (or, ``fake``, a fake process group of ``world_size`` as ``rank``)
+    on the device ``args`` live on, and recreate the recorded groups."""
+    from reproarchive.codec.device_runtime import devices_of
+
+    device_type = next(iter(sorted({d.type for d in devices_of(args)} - {"cpu"})), "cpu")
+    if device_type != "cpu":
+        import torch
+
+        torch.get_device_module(device_type).set_device(next(d for d in devices_of(args) if d.type == device_type))
+    if fake:
+        _ranks.init_fake(rank, world_size)
+    else:
+        _ranks.init_launched(device_type, timeout_s)
+    _ranks.recreate_groups(groups, timeout_s=timeout_s)
+
+
+def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records: Any = None,
+               report_differences: bool = False) -> Any:
+    """The judged Outcome of ``rank_repro``'s graph on this rank (a collective that timed out is
+    a ``timeout`` failure, as the capture records a hang)."""
+    from reproarchive.replay.outcome import judge
+    from reproarchive.replay.runner import replay_graph
+
+    outcome = replay_graph(
+        rank_repro.gm, list(rank_repro.args), settings, recorded_failure=rank_repro.failure,
+        config=getattr(records, "config", None), environment=getattr(records, "environment", None),
+        system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
+        execution=getattr(records, "execution", None), report_differences=report_differences)
+    timed_out = _ranks.as_collective_timeout(outcome.observed)
+    if timed_out is not outcome.observed:
+        status, code = judge(rank_repro.failure, timed_out)
+        outcome = dataclasses.replace(outcome, observed=timed_out, status=status, exit_code=code)
+    return outcome
+
+
 def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,
           timeout_s: float, rank: int, world_size: int, records: Any = None, fake: bool = False) -> int:
     """Replay ``rank_repro`` (``.gm``, ``.args`` on their devices, ``.failure``: the rank's
@@ -61,39 +98,77 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
     execution) are applied as a single-process replay applies them. ``fake``: this process is the
     only one, against PyTorch's fake process group (``run --rank``).
     """
-    from reproarchive.codec.device_runtime import devices_of
-    from reproarchive.replay.outcome import Outcome, judge
-    from reproarchive.replay.runner import replay_graph
-
-    device_type = next(iter(sorted({d.type for d in devices_of(rank_repro.args)} - {"cpu"})), "cpu")
-    if device_type != "cpu":
-        import torch
-
-        torch.get_device_module(device_type).set_device(next(d for d in devices_of(rank_repro.args)
-                                                             if d.type == device_type))
-    if fake:
-        _ranks.init_fake(rank, world_size)
-    else:
-        _ranks.init_launched(device_type, timeout_s)
-    _ranks.recreate_groups(groups, timeout_s=timeout_s)
+    join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
     schedule = [dataclasses.asdict(c) for c in _ranks.schedule_of(rank_repro.gm)]
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": schedule,
                                                  "backend": settings.backend})
-    outcome: Outcome = replay_graph(
-        rank_repro.gm, list(rank_repro.args), settings, recorded_failure=rank_repro.failure,
-        config=getattr(records, "config", None), environment=getattr(records, "environment", None),
-        system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
-        execution=getattr(records, "execution", None), report_differences=rank == 0 and records is not None)
-    timed_out = _ranks.as_collective_timeout(outcome.observed)
-    if timed_out is not outcome.observed:
-        outcome = dataclasses.replace(outcome, observed=timed_out,
-                                      **dict(zip(("status", "exit_code"), judge(rank_repro.failure, timed_out))))
+    outcome = replay_one(rank_repro, settings, rank=rank, records=records,
+                         report_differences=rank == 0 and records is not None)
     write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": schedule})
     if outcome.observed is not None:
         return EXIT_FAILED
     if not fake:
         _wait_for_peers(rank, world_size, timeout_s)
     return 0
+
+
+def record_collectives(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, *, timeout_s: float,
+                       rank: int, world_size: int) -> int:
+    """Run this rank's graph eagerly with real collectives and keep what each collective gave
+    this rank (``values-r.pt``, tensors only): the per-rank values a minified job's graphs read
+    in place of their collectives."""
+    import torch
+    import torch.fx as fx
+
+    join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
+    values: dict[str, Any] = {}
+    collective = {n.name for n in rank_repro.gm.graph.nodes if _ranks.is_collective(n)}
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            if n.name in collective and isinstance(result, torch.Tensor):
+                values[n.name] = result.detach().cpu().clone()
+            return result
+
+    try:
+        with torch.no_grad():
+            _Recorder(rank_repro.gm).run(*rank_repro.args)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as data
+        write_json(folder / f"rank-{rank}.json", {"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return EXIT_FAILED
+    torch.save(values, folder / f"values-{rank}.pt")
+    write_json(folder / f"rank-{rank}.json", {"recorded": sorted(values)})
+    _wait_for_peers(rank, world_size, timeout_s)
+    return 0
+
+
+def serve_candidates(first: Any, groups: list[_ranks.GroupSpec], folder: Path, *, timeout_s: float,
+                     rank: int, world_size: int) -> int:
+    """Judge candidate job archives one after another in this launched process (the minifier's
+    oracle): ``next-K.json`` names candidate K (or says stop); this rank writes its Outcome to
+    ``rank-r-K.json``. Candidates hold no collectives (their values were recorded), so nothing
+    one leaves behind in the process group can change the next one's verdict."""
+    import time
+
+    from reproarchive.replay.job import load_rank
+
+    join(first.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
+    k = 1
+    while True:
+        ask = folder / f"next-{k}.json"
+        if not ask.exists():
+            time.sleep(0.02)
+            continue
+        request = json.loads(ask.read_text())
+        if request.get("stop"):
+            return 0
+        part = load_rank(request["archive"], rank, ReplaySettings.from_plain(request["settings"]))
+        outcome = replay_one(part.rank, part.settings, rank=rank, records=part.records)
+        write_json(folder / f"rank-{rank}-{k}.json", {"outcome": outcome.to_dict()})
+        k += 1
 
 
 def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
@@ -115,7 +190,9 @@ def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """The launched program: read the request in FOLDER, load this rank's part of the job, serve."""
+    """The launched program: read the request in FOLDER, load this rank's part of the job, and
+    replay it (``mode`` ``replay``), record its collectives' values (``record``) or judge the
+    minifier's candidates (``candidates``)."""
     folder = Path(argv[0])
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     request = json.loads((folder / "request.json").read_text())
@@ -127,8 +204,16 @@ def main(argv: list[str]) -> int:
 
     settings = ReplaySettings.from_plain(request["settings"])
     part = load_rank(request["archive"], rank, settings)
-    code = serve(part.rank, part.groups, folder, part.settings, timeout_s=float(request["timeout_s"]),
-                 rank=rank, world_size=world_size, records=part.records, fake=fake)
+    timeout_s, mode = float(request["timeout_s"]), request.get("mode", "replay")
+    if mode == "record":
+        code = record_collectives(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
+                                  world_size=world_size)
+    elif mode == "candidates":
+        code = serve_candidates(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
+                                world_size=world_size)
+    else:
+        code = serve(part.rank, part.groups, folder, part.settings, timeout_s=timeout_s, rank=rank,
+                     world_size=world_size, records=part.records, fake=fake)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no teardown: a peer's pending collective must not hold this rank up
