@@ -249,10 +249,10 @@ def format_job(job) -> str:
     head = label.get(job.status, job.status.upper())
     where = f" ON RANK {job.rank}" if job.status != "passed" and job.rank is not None else ""
     lines = [f"{head}{where} (exit {job.exit_code}): {job.summary} of {job.world_size}"]
-    how = "torchrun " + " ".join(job.launcher) if job.launcher else "one process"
+    how = "with torchrun " + " ".join(job.launcher) if job.launcher else "in one process"
     recorded = f", failed on rank {job.recorded_rank} when recorded" if job.recorded_rank is not None else ""
-    lines.append(f"  replayed  {len(job.ranks)} of {job.world_size} ranks with {how}, collective timeout "
-                 f"{job.timeout_s:g}s, {job.wall_s:.1f}s{recorded}")
+    timeout = f", collective timeout {job.timeout_s:g}s" if job.timeout_s else ""
+    lines.append(f"  replayed  {len(job.ranks)} of {job.world_size} ranks {how}{timeout}, {job.wall_s:.1f}s{recorded}")
     for r in job.ranks:
         seen = r.outcome.observed if r.outcome is not None else None
         what = _describe(seen) if seen is not None else ""

@@ -124,9 +124,17 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
         raise ReproArchiveError(f"ranks {odd} compiled another graph than rank {lead.rank}: --single-process "
                                 "runs one SPMD graph for every rank",
                                 "replay the job launched (reproarchive run without --single-process)")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise ReproArchiveError("this process already belongs to a process group: --single-process simulates the "
+                                "job's ranks in a process of its own", "run it from a process without one")
     _ranks.init_fake(lead.rank, world_size)
-    _ranks.recreate_groups(_ranks.group_specs(job.job))
-    values = collective_values(lead.gm, {r.rank: list(r.args) for r in job.ranks}, world_size)
+    try:
+        _ranks.recreate_groups(_ranks.group_specs(job.job))
+        values = collective_values(lead.gm, {r.rank: list(r.args) for r in job.ranks}, world_size)
+    finally:
+        dist.destroy_process_group()
     records = job.records
     outcomes = []
     for part in job.ranks:

@@ -13,13 +13,13 @@ import sys
 import pytest
 
 from support.cli import invoke
-from support.job_archives import rank_one_fails, rank_one_skips
+from support.job_archives import rank_one_fails, rank_one_skips, spmd_accuracy
 
 
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory):
     folder = tmp_path_factory.mktemp("jobs")
-    return {"fails": rank_one_fails(folder), "skips": rank_one_skips(folder)}
+    return {"fails": rank_one_fails(folder), "skips": rank_one_skips(folder), "accuracy": spmd_accuracy(folder)}
 
 
 @pytest.mark.slow
@@ -54,6 +54,23 @@ def test_a_hang_is_reproduced_within_the_timeout_and_the_diverging_rank_named(ar
     assert "diverged  rank 1 issued no collective #1 on group '0', where rank 0 issued all_reduce" in result.stdout
 
 
+def _reproarchive() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "reproarchive")
+
+
+@pytest.mark.slow
+def test_every_rank_in_one_process_judges_accuracy_with_real_collective_values(archives):
+    # a process of its own: --single-process starts (and ends) a fake process group
+    proc = subprocess.run([_reproarchive(), "run", str(archives["accuracy"]), "--single-process", "--json"],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stderr
+    job = json.loads(proc.stdout)
+    assert (job["status"], job["rank"], job["launcher"]) == ("reproduced", 1, [])
+    assert {r["rank"]: r["outcome"]["observed"]["stage"] for r in job["ranks"]} == {0: "accuracy", 1: "accuracy"}
+    refused = invoke("run", archives["fails"], "--single-process")  # ranks 0 and 1 compiled different graphs
+    assert refused.exit_code == 2 and "runs one SPMD graph for every rank" in refused.output
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,8 +81,7 @@ def _free_port() -> int:
 def test_two_launcher_invocations_on_one_host_replay_one_job(archives):
     endpoint = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = os.path.join(os.path.dirname(sys.executable), "reproarchive")
-    procs = [subprocess.Popen([command, "run", str(archives["fails"]), "--json",
+    procs = [subprocess.Popen([_reproarchive(), "run", str(archives["fails"]), "--json",
                                "--timeout", "20", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "mr-test"],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

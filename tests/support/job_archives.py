@@ -8,11 +8,14 @@ reproduce it without a test-only operator:
   branch with a ``relu``; the recorded backend (``relu_compile_error_TESTING_ONLY``, one of
   PyTorch's bug injectors) refuses a graph with a ``relu``, so rank 1's compile fails;
 * ``rank_one_skips``: rank 1 skips the ``all_reduce`` that rank 0 waits in (a hang), and rank
-  0 recorded the collective timeout gloo raised.
+  0 recorded the collective timeout gloo raised;
+* ``spmd_accuracy``: both ranks compile one graph with a ``relu``, which the recorded backend
+  (``relu_accuracy_error_TESTING_ONLY``) compiles wrong: an accuracy failure, recorded on rank 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from pathlib import Path
 
@@ -95,3 +98,16 @@ def rank_one_skips(folder: Path) -> Path:
                                  groups=[WORLD])
 
 
+
+
+def spmd_accuracy(folder: Path) -> Path:
+    backend = "relu_accuracy_error_TESTING_ONLY"
+    failure = FailureRecord(stage="accuracy", exception_type="AccuracyError",
+                            message="compiled result differs from eager",
+                            signature=signature("accuracy", "AccuracyError", ""), backend=backend)
+    parts = []
+    for rank, outcome in ((0, RankOutcome(status="running")), (1, RankOutcome(status="failed", failure=failure))):
+        part = _part(rank, collective_graph(relu=True), outcome, backend)
+        parts.append(dataclasses.replace(part, records=dataclasses.replace(part.records, accuracy=True)))
+    return reproarchive.pack_job(parts, folder / "spmd-accuracy.tar.zst", world_size=2, backend="gloo",
+                                 groups=[WORLD])
