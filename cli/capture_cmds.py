@@ -200,7 +200,7 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
                             backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log)
     finally:
         _show_debug_log(log, "the processes that rebuilt the compiles")
-    archives = [packed.archive for packed in result.packed]
+    archives = [packed.archive for packed in result.packed] + ([result.job.archive] if result.job else [])
     if as_json:
         emit_json({**result.to_json(), **_push_to_store(archives, store, quiet=True)})
         return
@@ -216,6 +216,10 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
             if frame.get("name") else ""
         click.echo(f"wrote {_rel(packed.archive, cwd)} ({human_size(packed.size)})  {packed.label} {where}".rstrip())
         for line in pack_summary(packed):
+            click.echo(f"  {line}")
+    if result.job is not None:  # several ranks' compiles: one archive for the job too
+        click.echo(f"wrote {_rel(result.job.archive, cwd)} ({human_size(result.job.size)})  one archive for the job")
+        for line in pack_summary(result.job):
             click.echo(f"  {line}")
     _push_to_store(archives, store, quiet=quiet)
 

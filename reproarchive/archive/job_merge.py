@@ -80,17 +80,20 @@ def failing_rank(ranks: Sequence[RankRecord]) -> int | None:
 
 
 def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike, *,
-                outcomes: Mapping[int, RankOutcome] | None = None) -> Path:
+                outcomes: Mapping[int, RankOutcome] | None = None, jobs: Mapping[int, JobRecord] | None = None) -> Path:
     """Write one job archive at ``path`` from ``parts`` (rank parts or job archives of disjoint
     ranks of one job); returns ``path``. ``outcomes``: how ranks ended where their part does not
-    say (it was written before the end: a status or a signal learned since). The index's own
+    say (it was written before the end: a status or a signal learned since). ``jobs``: by position
+    in ``parts``, the one-rank job record of a part written without one (a single-process archive
+    of one rank, such as a TORCH_TRACE compile's; ``archive.job.rank_part_job``). The index's own
     ``failure`` is the primary rank's when its outcome has one. Raises ``PackError`` when the
     parts are not of one job."""
     if not parts:
         raise PackError("no rank parts to merge", "pass the archives the ranks of the job wrote")
     with contextlib.ExitStack() as stack:
         readers = [stack.enter_context(ContainerReader(p)) for p in parts]
-        indexes = [r.index for r in readers]
+        indexes = [r.index if r.index.job is not None or p not in (jobs or {}) else
+                   dataclasses.replace(r.index, job=jobs[p]) for p, r in enumerate(readers)]
         ranks = _ranks(indexes, parts)
         for rank in ranks:
             if outcomes and rank.record.rank in outcomes:

@@ -17,6 +17,10 @@ With ``$REPROARCHIVE_ACCURACY_DIR`` set (``capture --accuracy``) the same door a
 graph to reproarchive's own capture backend with its accuracy check, which writes its archives
 there (``_accuracy_backend``).
 
+In a rank of a multi-rank job (``capture -- torchrun ...``: the environment reaches every rank)
+with ``$REPROARCHIVE_JOB_DIR`` set, the door hands each graph to the capture backend's job mode
+instead (``_job_backend``): every rank writes its part, and one archive for the job results.
+
 With ``$REPROARCHIVE_AOT_DIR`` set (``capture --after aot``) the wrapper also keeps the graph and
 its real inputs known for the duration of the backend call, and Inductor's door
 (``inductor_door``) is wrapped when torch loads ``torch._inductor.compile_fx``: a graph Inductor
@@ -42,6 +46,7 @@ from typing import Any
 from reproarchive.sources import inductor_door
 
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
+JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
 _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
@@ -104,6 +109,9 @@ def _patch(module: Any) -> None:
 
     @functools.wraps(original)
     def __call__(self, gm, example_inputs, **kwargs):
+        job_dir = os.environ.get(JOB_DIR_ENV)
+        if job_dir and not kwargs and _in_a_job():  # every rank: its part, one archive for the job
+            return _job_backend(self, job_dir)(gm, example_inputs)
         pending = _write_pending(gm, list(example_inputs), _backend_name(self))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         try:
@@ -133,6 +141,27 @@ def _accuracy_backend(wrapper: Any, folder: str) -> Any:
         backend = capture(wrapper._torchdynamo_orig_backend, path=folder, accuracy=True, crash=False)
         backend.backend_name = _backend_name(wrapper)
         wrapper._reproarchive_accuracy = backend
+    return backend
+
+
+def _in_a_job() -> bool:
+    from reproarchive.sources.job_capture import rank_context
+
+    return rank_context() is not None
+
+
+def _job_backend(wrapper: Any, folder: str) -> Any:
+    """``capture --`` of a multi-rank job (``torchrun ...``): on every rank, the in-process
+    capture backend around the program's real backend, which writes each rank's part into
+    ``folder`` and merges the job's archive there (``job_capture``); ``capture_program`` merges
+    the parts again once the launcher has exited, so a rank that crashed is in it too."""
+    backend = getattr(wrapper, "_reproarchive_job", None)
+    if backend is None:
+        from reproarchive.sources.backend import capture
+
+        backend = capture(wrapper._torchdynamo_orig_backend, path=folder)
+        backend.backend_name = _backend_name(wrapper)
+        wrapper._reproarchive_job = backend
     return backend
 
 

@@ -28,8 +28,9 @@ rank that dies at once then finds the others' parts there.
 
 In a job the first call runs once, for real, guarded (not on copies first, as in a single
 process): running a graph twice issues its collectives twice, and the ranks stay matched only if
-all of them do; a hang would then show in the second run, outside the guard. The inputs are
-copied before the call, so the archive holds them as they were.
+all of them do; a hang would then show in the second run, outside the guard. The part written
+before the call holds the inputs as they were; how the call ended goes into a status file
+beside it (``rank-<r>.status.json``), which the merge reads, so nothing is copied or rewritten.
 """
 
 from __future__ import annotations
@@ -369,14 +370,14 @@ def write_part(backend: Any, gm: Any, inputs: list[Any], config: Any, failure: A
 
 
 def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: Any, ctx: RankContext) -> Any:
-    """The first call of a compiled graph on a rank: its part first, then the call, once, for real."""
+    """The first call of a compiled graph on a rank: its part first (the inputs, untouched
+    yet), then the call, once, for real; its end goes into the status file beside the part."""
     from reproarchive.context.failure import pending_crash_record
-    from reproarchive.replay.accuracy import clone_inputs, stage_of
+    from reproarchive.replay.accuracy import stage_of
 
-    saved = clone_inputs(args)
     doing = f"running compile {_STATE.compiles[-1].compile_id if _STATE.compiles else '?'} for the first time"
     try:
-        folder, _ = write_part(backend, gm, saved, config, pending_crash_record(backend=backend.backend_name),
+        folder, _ = write_part(backend, gm, args, config, pending_crash_record(backend=backend.backend_name),
                                RankOutcome(status="running", doing=doing), ctx)
         set_status(folder, ctx.rank, None)
         watch_for_crash(folder, ctx)
@@ -388,7 +389,7 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
     try:
         result = compiled(*args)
     except Exception as exc:
-        failed(backend, gm, saved, config, exc, stage_of(exc), ctx)
+        failed(backend, gm, args, config, exc, stage_of(exc), ctx, part_written=True)
         raise
     with contextlib.suppress(OSError):
         set_status(folder, ctx.rank, RankOutcome(status="passed"))
@@ -397,15 +398,20 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
 
 
 def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseException, stage: str,
-           ctx: RankContext) -> None:
-    """A rank failed (its own exception, or a collective timeout): its part says so, the parts
-    of the job are merged into the job archive, and the exception names that archive."""
+           ctx: RankContext, *, part_written: bool = False) -> None:
+    """A rank failed (its own exception, or a collective timeout): its status says so (a compile
+    failure, which had no part yet, writes its part with it), the parts of the job are merged into
+    the job archive, and the exception names that archive. After a first call the part written
+    before it stays: it holds the inputs as they were, which the call may have changed."""
     from reproarchive.context.failure import record_from_exception
+    from reproarchive.context.redaction import redacted
+    from reproarchive.format.schema import Records
     from reproarchive.sources.exception_notes import annotate as _annotate
 
     timeout = is_collective_timeout(exc)
     record = record_from_exception(exc, "timeout" if timeout else stage, backend=backend.backend_name)
-    first = (str(exc).splitlines() or [""])[0][:200]
+    record = redacted(Records(failure=record), {os.getcwd(): "."}).failure  # as write_capture stores it
+    first = (record.message.splitlines() or [""])[0][:200]
     compile_id = _STATE.compiles[-1].compile_id if _STATE.compiles else "?"
     outcome = RankOutcome(status="timeout" if timeout else "failed", failure=record)
     doing = (f"waited past the timeout in a collective of compile {compile_id}: {first}" if timeout
@@ -413,8 +419,11 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
              else f"raised in compile {compile_id} ({record.stage})")
     outcome = dataclasses.replace(outcome, doing=doing)
     try:
-        folder, archive = write_part(backend, gm, inputs, config, record, outcome, ctx)
-        set_status(folder, ctx.rank, None)
+        if part_written:
+            folder, archive = job_paths(backend.target, ctx, backend.file_target)
+        else:
+            folder, archive = write_part(backend, gm, inputs, config, record, outcome, ctx)
+        set_status(folder, ctx.rank, outcome)
         merged = merge_folder(folder, archive, world_size=ctx.world_size)
     except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
         log.warning("reproarchive.capture could not write the job archive: %s: %s", type(err).__name__, err)

@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import crash_guard, inductor_door
-from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, pending_archives
+from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, JOB_DIR_ENV, pending_archives
 from reproarchive.sources.dump_import import pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME, holds_no_data
+from reproarchive.sources.job_capture import PARTS_SUFFIX, pack_job_parts
 from reproarchive.sources.report import PackReport, archive_report
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
             env[inductor_door.AOT_DIR_ENV] = str(dump_dir / "aot")
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
+    env[JOB_DIR_ENV] = str(dump_dir / "jobs")  # a multi-rank job (torchrun): one archive for the job
     # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
     # the program may run another Python), then the program's own PYTHONPATH
     shim = Path(crash_guard.__file__).resolve().parent / "crash_shim"
@@ -181,6 +183,12 @@ def capture_program(
             target = _next_free(out)
             shutil.move(str(written), target)
             result.archives.append(archive_report(target, kind="capture"))
+        for parts in sorted((dump_dir / "jobs").glob(f"*{PARTS_SUFFIX}")):  # after the launcher: every rank
+            target = _next_free(out, parts.name.removesuffix(PARTS_SUFFIX))
+            try:
+                result.archives.append(pack_job_parts(parts, target))
+            except ReproArchiveError as err:
+                result.errors.append(f"the job's rank parts: {err}")
         for pending in pending_archives(dump_dir / "crash"):
             if progress is not None:
                 progress("replaying the graph the program crashed in")

@@ -32,6 +32,7 @@ from reproarchive.format.schema import TraceSource
 from reproarchive.sources import trace_facts, trace_log, trace_reader
 from reproarchive.sources.dump_import import child_env
 from reproarchive.sources.report import PackReport
+from reproarchive.sources.trace_job import job_companions, write_job_archive
 from reproarchive.sources.trace_log import Compile, Trace
 
 GRAPH_CHOICES = ("auto", "dynamo", "aot")
@@ -50,10 +51,12 @@ class TracePackResult:
     packed: list[PackReport]
     skipped: list[dict[str, Any]]
     warnings: list[str]
+    job: PackReport | None = None  # the compiles of several ranks merged into one job archive (trace_job)
 
     def to_json(self) -> dict[str, Any]:
         return {"source": str(self.source), "trace_kind": self.trace_kind,
-                "archives": [p.to_json() for p in self.packed], "skipped": self.skipped, "warnings": self.warnings}
+                "archives": [p.to_json() for p in self.packed], "skipped": self.skipped, "warnings": self.warnings,
+                **({"job": self.job.to_json()} if self.job is not None else {})}
 
 
 def is_trace(path: str | os.PathLike) -> bool:
@@ -115,6 +118,7 @@ def pack_trace(
         src = cwd / src
     trace = trace_reader.read_trace(src)
     chosen = trace.select(compile_ids, all_compiles=all_compiles, rank=rank)
+    chosen += job_companions(trace, chosen, rank=rank, explicit=bool(compile_ids) or all_compiles)
     out_dir, single = _output(out, cwd, len(chosen))
     names = _archive_names(chosen, trace)
 
@@ -148,7 +152,9 @@ def pack_trace(
             f"no compile could be packed from {source}: [{first['compile_id']}] {first['reason']}"
             + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""),
             "`reproarchive ls` shows what the log holds for each compile")
-    return TracePackResult(source=src, trace_kind=trace.kind, packed=packed, skipped=skipped, warnings=warnings)
+    job = write_job_archive(packed, trace, out_dir) if single is None else None
+    return TracePackResult(source=src, trace_kind=trace.kind, packed=packed, skipped=skipped, warnings=warnings,
+                           job=job)
 
 
 def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_log) -> list[dict[str, Any]]:

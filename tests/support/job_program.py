@@ -3,6 +3,9 @@
 fail:  rank 1's compiled graph raises (2 ranks)
 hang:  rank 1 takes the other branch and skips a collective rank 0 waits in (2 ranks)
 crash: rank 1's compiled graph aborts (SIGABRT) (2 ranks)
+plain-MODE: MODE with torch.compile(backend=...) alone, for `reproarchive capture -- torchrun ...`
+bench: like fail, on any number of ranks, with a 256 KiB weight every rank shares
+       (benchmarks/job_bench.py)
 mesh:  4 ranks on a 2x2 DeviceMesh (dp, tp): a DTensor input, a collective on the tp sub-group
        ([0, 1] and [2, 3]); rank 1's compiled graph raises
 """
@@ -18,6 +21,8 @@ import torch.distributed._functional_collectives as funcol
 import reproarchive
 
 mode, out = sys.argv[1], sys.argv[2]
+plain = mode.startswith("plain-")  # torch.compile with the backend alone (under `reproarchive capture --`)
+mode = mode.removeprefix("plain-")
 timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
 dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
 rank = dist.get_rank()
@@ -25,7 +30,7 @@ rank = dist.get_rank()
 
 def backend(gm, example_inputs):
     """Eager, except where this job's test wants rank 1 to fail or die inside its compiled graph."""
-    if rank == 1 and mode in ("fail", "mesh"):
+    if rank == 1 and mode in ("fail", "mesh", "bench"):
         def run(*args):
             raise RuntimeError("injected failure on rank 1")
         return run
@@ -36,9 +41,9 @@ def backend(gm, example_inputs):
     return gm.forward
 
 
-@torch.compile(backend=reproarchive.capture(backend, path=out))
+@torch.compile(backend=backend if plain else reproarchive.capture(backend, path=out))
 def step(x, w):
-    y = funcol.all_reduce(x * w, "sum", dist.group.WORLD)
+    y = funcol.all_reduce(x.sum() * w, "sum", dist.group.WORLD)
     if mode == "hang" and rank == 0:  # rank 1 takes the other branch and skips this collective
         y = funcol.all_reduce(y * 2, "sum", dist.group.WORLD)
     return y + 1
@@ -57,7 +62,7 @@ if mode == "mesh":
     x = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Replicate(), Shard(0)])
     sharded(x, torch.full((2,), float(rank)))
 else:
-    step(torch.full((4,), float(rank)), torch.linspace(0, 1, 4))
+    step(torch.full((4,), float(rank)), torch.linspace(0, 1, 65536 if mode == "bench" else 4))
 if mode == "hang" and rank == 1:
     time.sleep(timeout + 5)  # alive, as a real job going on to its next step
 dist.destroy_process_group()
