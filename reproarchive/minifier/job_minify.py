@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.minifier.driver import MinifyReport
+from reproarchive.minifier.driver import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.settings import ReplaySettings
 
@@ -133,9 +133,7 @@ def minify_job(path, output, settings: ReplaySettings, *, timeout_s: float = 60.
     from reproarchive.minifier.candidate import Recording
     from reproarchive.replay.local_job import without_collectives
 
-    output = Path(output)
-    if Path(path).resolve() == output.resolve():
-        raise ReproArchiveError("the output archive must differ from the input", "pass another -o path")
+    output = output_path(path, output)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         job = load_job(path, device=settings.device, max_memory=settings.max_memory)
