@@ -87,9 +87,14 @@ class RankPart:
 
 @dataclasses.dataclass(frozen=True)
 class _RankReplay:
+    """One rank's graph, inputs (DTensor inputs as their local shards: ``dtensors`` says what
+    they were, on ``meshes``) and recorded failure."""
+
     gm: Any
     args: list
     failure: FailureRecord | None
+    dtensors: tuple = ()
+    meshes: tuple = ()
 
 
 def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> RankPart:
@@ -100,7 +105,8 @@ def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> R
     chosen = settings.for_recorded(job.records.backend, job.records.accuracy)
     part = job.rank(rank)
     failure = part.outcome.failure if part.outcome is not None else None
-    return RankPart(_RankReplay(part.gm, list(part.args), failure), group_specs(job.job), chosen, job.records)
+    return RankPart(_RankReplay(part.gm, list(part.args), failure, tuple(part.dtensors), tuple(job.meshes)),
+                    group_specs(job.job), chosen, job.records)
 
 
 def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | None = None,
@@ -115,6 +121,8 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     the ranks' results and logs. Raises ReproArchiveError (2) for an archive without a job,
     BackendUnavailableError (125) when the backend is missing here.
     """
+    from reproarchive.codec.checks import recorded_devices
+    from reproarchive.codec.devices import resolve_devices
     from reproarchive.format.reader import ContainerReader
     from reproarchive.replay.backends import resolve_backend
 
@@ -126,6 +134,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     job = index.job
     chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
     resolve_backend(chosen.backend)  # cannot run here: say so before launching anything
+    devices = resolve_devices(recorded_devices(index), settings.device)  # a device this machine lacks: 125
     timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
     if single_process:
         from reproarchive.replay.local_job import run_local
@@ -140,6 +149,13 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
                                        recorded=recorded_failures(job), recorded_rank=job.failing_rank,
                                        keep=keep, divergence=divergence_of(job))
     outcome.archive = os.fspath(path)
+    if devices.moved:
+        from reproarchive.replay.runner import _moved_warning
+
+        outcome.warnings.extend(_moved_warning(devices))
+        for r in outcome.ranks:
+            if r.outcome is not None:
+                r.outcome.recorded_device, r.outcome.same_device_type = devices.recorded, False
     return outcome
 
 

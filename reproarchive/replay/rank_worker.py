@@ -53,9 +53,9 @@ def redirect_output(folder: Path, rank: int) -> None:
 
 
 def join(args: list, groups: list[_ranks.GroupSpec], *, timeout_s: float, rank: int, world_size: int,
-         fake: bool = False) -> None:
+         fake: bool = False) -> dict[str, Any]:
     """Join the launched job (or, ``fake``, a fake process group of ``world_size`` as ``rank``)
-    on the device ``args`` live on, and recreate the recorded groups."""
+    on the device ``args`` live on, and recreate the recorded groups (name -> this rank's group)."""
     from reproarchive.codec.device_runtime import devices_of
 
     device_type = next(iter(sorted({d.type for d in devices_of(args)} - {"cpu"})), "cpu")
@@ -67,7 +67,7 @@ def join(args: list, groups: list[_ranks.GroupSpec], *, timeout_s: float, rank: 
         _ranks.init_fake(rank, world_size)
     else:
         _ranks.init_launched(device_type, timeout_s)
-    _ranks.recreate_groups(groups, timeout_s=timeout_s)
+    return _ranks.recreate_groups(groups, timeout_s=timeout_s)
 
 
 def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records: Any = None,
@@ -98,7 +98,11 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
     execution) are applied as a single-process replay applies them. ``fake``: this process is the
     only one, against PyTorch's fake process group (``run --rank``).
     """
-    join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
+    made = join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
+    dtensors = getattr(rank_repro, "dtensors", ())
+    if dtensors:
+        rank_repro = dataclasses.replace(rank_repro, args=_ranks.as_dtensors(
+            list(rank_repro.args), dtensors, rank_repro.meshes, groups, made))
     schedule = [dataclasses.asdict(c) for c in _ranks.schedule_of(rank_repro.gm)]
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": schedule,
                                                  "backend": settings.backend})

@@ -130,6 +130,42 @@ def recreate_groups(groups: Iterable[GroupSpec], *, timeout_s: float | None = No
     return made
 
 
+def as_dtensors(args: list, dtensors: Iterable[Any], meshes: Any, groups: Iterable[GroupSpec],
+                made: dict[str, Any]) -> list:
+    """``args`` with each input recorded as a DTensor (its local shard stored, spec §8 ``job``)
+    rebuilt as one: on a DeviceMesh made from the recreated groups of the mesh's dimensions, with
+    its recorded placements, global shape and stride (``DTensor.from_local``, no communication)."""
+    dtensors = list(dtensors)
+    if not dtensors:
+        return args
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    def placement(p: Any) -> Any:
+        if p.kind == "shard":
+            return Shard(int(p.dim))
+        if p.kind == "partial":
+            return Partial(p.reduce_op or "sum")
+        return Replicate()
+
+    by_dim = {g.mesh_dim: made[g.name] for g in groups if g.mesh_dim is not None and g.name in made}
+    built: dict[int, Any] = {}
+    out = list(args)
+    for d in dtensors:
+        if d.mesh not in built:
+            mesh = meshes[d.mesh]
+            names = tuple(mesh.dim_names) if mesh.dim_names else tuple(str(i) for i in range(len(mesh.shape)))
+            layout = torch.tensor(list(mesh.ranks)).view(*mesh.shape)
+            device_type = args[d.input].device.type
+            pgs = [by_dim[n] for n in names]
+            built[d.mesh] = DeviceMesh.from_group(pgs if len(pgs) > 1 else pgs[0], device_type, mesh=layout,
+                                                  mesh_dim_names=names)
+        out[d.input] = DTensor.from_local(args[d.input], built[d.mesh], [placement(p) for p in d.placements],
+                                          run_check=False, shape=torch.Size(d.shape), stride=tuple(d.stride))
+    return out
+
+
 def registered_groups(names: Iterable[str]) -> dict[str, tuple[int, ...]]:
     """name -> global ranks of the group torch resolves each name to here (names that resolve to
     nothing are left out): what a graph's collectives will actually run on."""

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from support.cli import invoke
-from support.job_archives import rank_one_fails, rank_one_skips, spmd_accuracy
+from support.job_archives import dtensor_input, rank_one_fails, rank_one_skips, spmd_accuracy
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,15 @@ def test_one_rank_alone_against_a_fake_process_group(archives):
     assert "fake process group" in result.stdout
     bad = invoke("run", archives["fails"], "--rank", "5")
     assert bad.exit_code == 2 and "not a rank of this job" in bad.output
+
+
+@pytest.mark.slow
+def test_a_dtensor_input_is_rebuilt_with_its_mesh_and_placements(tmp_path):
+    # DTensor refuses to add a plain tensor: only a DTensor rebuilt from the record fails so
+    result = invoke("run", dtensor_input(tmp_path), "--rank", "0", "--json")
+    assert result.exit_code == 1, result.output
+    observed = json.loads(result.stdout)["ranks"][0]["outcome"]["observed"]
+    assert observed["message"].startswith("aten.add.Tensor got mixed")
 
 
 @pytest.mark.slow

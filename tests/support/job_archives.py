@@ -10,7 +10,8 @@ reproduce it without a test-only operator:
 * ``rank_one_skips``: rank 1 skips the ``all_reduce`` that rank 0 waits in (a hang), and rank
   0 recorded the collective timeout gloo raised;
 * ``spmd_accuracy``: both ranks compile one graph with a ``relu``, which the recorded backend
-  (``relu_accuracy_error_TESTING_ONLY``) compiles wrong: an accuracy failure, recorded on rank 1.
+  (``relu_accuracy_error_TESTING_ONLY``) compiles wrong: an accuracy failure, recorded on rank 1;
+* ``dtensor_input``: a DTensor input (its local shard, placements and mesh recorded).
 """
 
 from __future__ import annotations
@@ -61,17 +62,18 @@ def _schedule(gm: fx.GraphModule) -> tuple[CollectiveRecord, ...]:
     return tuple(CollectiveRecord(op=c.op, group=c.group, node=c.node) for c in schedule_of(gm))
 
 
-def _inputs(rank: int) -> list[torch.Tensor]:
-    return [torch.arange(4.0) - rank, torch.linspace(-1, 1, 4)]
+def _inputs(rank: int, device: str = "cpu") -> list[torch.Tensor]:
+    return [torch.arange(4.0, device=device) - rank, torch.linspace(-1, 1, 4, device=device)]
 
 
-def _part(rank: int, gm: fx.GraphModule, outcome: RankOutcome, backend: str) -> RankCapture:
-    record = RankRecord(rank=rank, local_rank=rank, device="cpu", schedule=_schedule(gm), outcome=outcome)
+def _part(rank: int, gm: fx.GraphModule, outcome: RankOutcome, backend: str, device: str = "cpu") -> RankCapture:
+    record = RankRecord(rank=rank, local_rank=rank, device=device, schedule=_schedule(gm), outcome=outcome)
     failure = outcome.failure if outcome.status != "passed" else None
-    return RankCapture(gm, _inputs(rank), record, Records(backend=backend, failure=failure))
+    return RankCapture(gm, _inputs(rank, device), record, Records(backend=backend, failure=failure))
 
 
-def rank_one_fails(folder: Path) -> Path:
+def rank_one_fails(folder: Path, device: str = "cpu") -> Path:
+    """``device``: where both ranks' inputs live (``cuda:0`` for the GPU check, nccl_check.py)."""
     from torch._dynamo.backends.registry import lookup_backend
 
     failing = collective_graph(relu=True)
@@ -80,8 +82,8 @@ def rank_one_fails(folder: Path) -> Path:
     except Exception as exc:  # noqa: BLE001 - the recorded failure is PyTorch's own error
         failure = record_from_exception(exc, "compile", backend=RELU_BACKEND)
     parts = [_part(0, collective_graph(), RankOutcome(status="running", doing="all_reduce on group '0'"),
-                   RELU_BACKEND),
-             _part(1, failing, RankOutcome(status="failed", failure=failure), RELU_BACKEND)]
+                   RELU_BACKEND, device),
+             _part(1, failing, RankOutcome(status="failed", failure=failure), RELU_BACKEND, device)]
     return reproarchive.pack_job(parts, folder / "rank-one-fails.tar.zst", world_size=2, backend="gloo",
                                  groups=[WORLD])
 
@@ -111,3 +113,33 @@ def spmd_accuracy(folder: Path) -> Path:
         parts.append(dataclasses.replace(part, records=dataclasses.replace(part.records, accuracy=True)))
     return reproarchive.pack_job(parts, folder / "spmd-accuracy.tar.zst", world_size=2, backend="gloo",
                                  groups=[WORLD])
+
+
+MIXED = ("aten.add.Tensor got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor before "
+         "calling distributed operators!")
+
+
+def dtensor_input(folder: Path) -> Path:
+    """Two ranks on a 1-D mesh ``dp``: input 0 is a DTensor sharded on dim 0 (global shape 8, the
+    local shard of 4 stored), added to a plain tensor, which DTensor refuses: a failure that only
+    a replay which rebuilds the DTensor from its recorded placements and mesh reproduces."""
+    from reproarchive.format.schema import DTensorInput, MeshRecord, PlacementRecord
+
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    g.output((g.call_function(torch.ops.aten.add.Tensor, (x, y)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    failure = FailureRecord(stage="forward", exception_type="RuntimeError", message=MIXED,
+                            signature=signature("forward", "RuntimeError", MIXED), backend="eager")
+    sharded = DTensorInput(input=0, mesh=0, placements=(PlacementRecord(kind="shard", dim=0),), shape=(8,),
+                           stride=(1,))
+    parts = []
+    for rank in (0, 1):
+        record = RankRecord(rank=rank, local_rank=rank, device="cpu", dtensors=(sharded,),
+                            outcome=RankOutcome(status="failed", failure=failure))
+        parts.append(RankCapture(gm, [torch.ones(4) * rank, torch.ones(8)], record,
+                                 Records(backend="eager", failure=failure)))
+    mesh = MeshRecord(shape=(2,), ranks=(0, 1), dim_names=("dp",), device_type="cpu")
+    group = ProcessGroupRecord(name="0", ranks=(0, 1), backend="gloo", index=0, mesh_dim="dp")
+    return reproarchive.pack_job(parts, folder / "dtensor.tar.zst", world_size=2, backend="gloo", groups=[group],
+                                 meshes=[mesh])

@@ -52,7 +52,12 @@ def aborting_on_rank_one(x):
     return (torch.ops.mrtest.aborts_on_rank_one(x) + 1,)
 
 
+def world_all_reduce(x):
+    return (c10d.wait_tensor(c10d.all_reduce(x, "sum", "0")) + 1,)
+
+
 SCENARIOS = {
+    "world_all_reduce": (world_all_reduce, None),
     "aborts_on_rank_one": (aborting_on_rank_one, {1: "crash"}),
     "sub_groups": (sub_groups, None),
 }
@@ -71,14 +76,16 @@ def main(scenario: str, folder: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rank_worker.redirect_output(Path(folder), rank)
     fn, failing = SCENARIOS[scenario]
+    request = json.loads((Path(folder) / "request.json").read_text())
     gm = fx.symbolic_trace(fn)
     groups = [GroupSpec("0", tuple(range(world)), 0)]
     if scenario == "sub_groups":
         groups += [GroupSpec("1", (0, 1), 1, "dp"), GroupSpec("2", (2, 3), 2, "dp"),
                    GroupSpec("3", (0, 2), 3, "tp"), GroupSpec("4", (1, 3), 4, "tp")]
     recorded = RECORDED[failing[rank]]() if failing and rank in failing else None
-    part = SimpleNamespace(gm=gm, args=[torch.arange(4, dtype=torch.float32) + rank], failure=recorded)
-    request = json.loads((Path(folder) / "request.json").read_text())
+    device = f"cuda:{os.environ['LOCAL_RANK']}" if request.get("cuda") else "cpu"
+    part = SimpleNamespace(gm=gm, args=[torch.arange(4, dtype=torch.float32, device=device) + rank],
+                           failure=recorded)
     code = rank_worker.serve(part, groups, Path(folder), ReplaySettings(backend=request.get("backend", "eager")),
                              timeout_s=float(request["timeout_s"]), rank=rank, world_size=world)
     if scenario == "sub_groups":
