@@ -69,11 +69,10 @@ def _reproarchive() -> str:
 
 @pytest.mark.slow
 def test_every_rank_in_one_process_judges_accuracy_with_real_collective_values(archives):
-    # a process of its own: --single-process starts (and ends) a fake process group
-    proc = subprocess.run([_reproarchive(), "run", str(archives["accuracy"]), "--single-process", "--json"],
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 1, proc.stderr
-    job = json.loads(proc.stdout)
+    # in this process: --single-process starts a fake process group and ends it
+    result = invoke("run", archives["accuracy"], "--single-process", "--json")
+    assert result.exit_code == 1, result.output
+    job = json.loads(result.stdout)
     assert (job["status"], job["rank"], job["launcher"]) == ("reproduced", 1, [])
     assert {r["rank"]: r["outcome"]["observed"]["stage"] for r in job["ranks"]} == {0: "accuracy", 1: "accuracy"}
     refused = invoke("run", archives["fails"], "--single-process")  # ranks 0 and 1 compiled different graphs
