@@ -231,23 +231,26 @@ def job_paths(target: Path, ctx: RankContext, is_file_target: bool) -> tuple[Pat
     return archive.with_name(archive.name.removesuffix(".tar.zst") + PARTS_SUFFIX), archive
 
 
-def part_job(ctx: RankContext, outcome: RankOutcome, dtensors, meshes, mesh_dims) -> JobRecord:
+def part_job(ctx: RankContext, outcome: RankOutcome, dtensors, meshes, mesh_dims, device: str | None = None
+             ) -> JobRecord:
     """The job record of this rank's part (``archive.job.rank_part_job`` with this process's facts)."""
     from reproarchive.archive.job import rank_part_job
 
-    rank = RankRecord(rank=ctx.rank, local_rank=ctx.local_rank, device=None, host=ctx.host, dtensors=dtensors,
+    rank = RankRecord(rank=ctx.rank, local_rank=ctx.local_rank, device=device, host=ctx.host, dtensors=dtensors,
                       schedule=tuple(_STATE.schedule), compiles=tuple(_STATE.compiles), outcome=outcome)
     return rank_part_job(rank, world_size=ctx.world_size, backend=ctx.backend,
                          groups=process_groups(mesh_dims), meshes=meshes)
 
 
 def watch_for_crash(folder: Path, ctx: RankContext) -> None:
-    """Have faulthandler write a fatal signal of this process to ``rank-<r>.fault`` (once per
-    process, unless the program enabled faulthandler itself)."""
-    if _STATE.fault_file is not None or faulthandler.is_enabled():
-        return
+    """Have faulthandler write a fatal signal of this process to ``rank-<r>.fault`` (unless the
+    program enabled faulthandler itself)."""
+    path = folder / f"rank-{ctx.rank}.fault"
+    ours = _STATE.fault_file is not None
+    if ours and path.exists() or not ours and faulthandler.is_enabled():
+        return  # watching already (a folder removed since, for a job that passed, is watched anew)
     with contextlib.suppress(OSError):
-        _STATE.fault_file = open(folder / f"rank-{ctx.rank}.fault", "w")  # noqa: SIM115 - open for the process
+        _STATE.fault_file = open(path, "w")  # noqa: SIM115 - open for the life of the process
         faulthandler.enable(file=_STATE.fault_file, all_threads=False)
 
 
@@ -364,7 +367,8 @@ def write_part(backend: Any, gm: Any, inputs: list[Any], config: Any, failure: A
     folder.mkdir(parents=True, exist_ok=True)
     local, dtensors, meshes, dims = local_inputs(inputs)
     capture = backend.rank_capture(gm, local, config, failure)
-    capture = dataclasses.replace(capture, job=part_job(ctx, outcome, dtensors, meshes, dims))
+    device = next((str(t.device) for t in local if hasattr(t, "device") and hasattr(t, "untyped_storage")), None)
+    capture = dataclasses.replace(capture, job=part_job(ctx, outcome, dtensors, meshes, dims, device))
     write_capture(capture, folder / f"rank-{ctx.rank}.tar.zst")
     return folder, archive
 
