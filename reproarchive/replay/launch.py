@@ -210,7 +210,7 @@ class LaunchedJob:
               recorded: Mapping[int, FailureRecord | None]) -> list[RankOutcome]:
         self._k += 1
         k = self._k
-        (self.folder / f"next-{k}.json").write_text(json.dumps({"archive": str(archive), "settings": settings}))
+        _ask(self.folder / f"next-{k}.json", {"archive": str(archive), "settings": settings})
         deadline = time.monotonic() + self.plan.timeout_s * 2 + STARTUP_ALLOWANCE_S
         while not all((self.folder / f"rank-{r}-{k}.json").exists() for r in ranks):
             if not self.alive or time.monotonic() > deadline:
@@ -225,12 +225,19 @@ class LaunchedJob:
 
     def close(self) -> None:
         if self.alive:
-            (self.folder / f"next-{self._k + 1}.json").write_text(json.dumps({"stop": True}))
+            _ask(self.folder / f"next-{self._k + 1}.json", {"stop": True})
             try:
                 self._proc.wait(timeout=_KILL_GRACE_S * 4)
             except subprocess.TimeoutExpired:
                 _end(self._proc, self.folder)
         self._log.close()
+
+
+def _ask(path: Path, request: dict) -> None:
+    """Write a request the ranks poll for whole (renamed into place: never read half-written)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(request))
+    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------
