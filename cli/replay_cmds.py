@@ -64,9 +64,47 @@ MAX_MEMORY = click.option(
          "allocating anything. Default: the memory available on this machine (and each device's free memory).")
 
 
+def _job_options(fn):
+    """``run``'s options for a multi-rank job archive, torchrun's rendezvous options among them."""
+    options = [
+        click.option("--rank", type=click.IntRange(min=0), metavar="R",
+                     help="Multi-rank archive: replay rank R alone against a fake process group (PyTorch's way; "
+                          "for failures in the compiler: its collectives return made-up values)."),
+        click.option("--single-process", is_flag=True,
+                     help="Multi-rank archive: run every rank in this one process (LocalTensorMode): real "
+                          "collective values, judged per rank, for accuracy verdicts without N processes."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+                     help="Multi-rank archive: each collective's timeout (default 60); a rank that waits longer "
+                          "is reported as timed out, and the launch is bounded by twice that plus its start-up."),
+    ]
+    for name, meta in RENDEZVOUS_OPTIONS:
+        options.append(click.option(name, metavar=meta, default=None,
+                                    help=f"Passed to torchrun as {name} (a job over several machines)."))
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+#: torchrun's options that ``run`` passes through for a job over several machines.
+RENDEZVOUS_OPTIONS = (("--nnodes", "N"), ("--node-rank", "K"), ("--nproc-per-node", "P"),
+                      ("--rdzv-endpoint", "HOST:PORT"), ("--rdzv-backend", "NAME"), ("--rdzv-id", "ID"),
+                      ("--master-addr", "HOST"), ("--master-port", "PORT"))
+JOB_OPTIONS = _job_options
+
+
+def launcher_passthrough(values: dict) -> tuple[str, ...]:
+    """The rendezvous options given, as torchrun's arguments."""
+    out: list[str] = []
+    for name, _ in RENDEZVOUS_OPTIONS:
+        value = values.get(name.lstrip("-").replace("-", "_"))
+        if value is not None:
+            out += [name, str(value)]
+    return tuple(out)
+
+
 RUN_EPILOG = exit_codes(
-    (0, "passed: the graph compiled and ran (and matched eager with --accuracy)"),
-    (1, "reproduced: it failed the way the archive recorded"),
+    (0, "passed: the graph compiled and ran (and matched eager with --accuracy); a job: on every rank"),
+    (1, "reproduced: it failed the way the archive recorded (a job: on the rank that failed when recorded)"),
     (2, "usage error, or the archive is invalid, damaged, unsafe or too new"),
     (3, "different failure: it failed, but not the way the archive recorded"),
     ARCHIVE_MISSING, STORE_MISSING, STORE_UNREACHABLE, INTERNAL,
@@ -75,6 +113,14 @@ RUN_EPILOG = exit_codes(
           "another device type)"),
     INTERRUPTED,
 ) + """
+\b
+A multi-rank job archive (one archive for every rank) is replayed by launching every rank
+with torch.distributed's launcher (torchrun --standalone; gloo on the CPU, NCCL on CUDA), each
+recorded process group recreated under its recorded name and members; the verdict names the
+rank: "reproduced on rank 1". Over several machines, run it on each with torchrun's
+rendezvous options:  --nnodes 2 --node-rank K --nproc-per-node P --rdzv-endpoint HOST:PORT
+(each machine reports its own ranks).
+
 \b
 Bisecting PyTorch ("when did this start failing?"):
   git bisect start <bad-commit> <good-commit>
@@ -88,6 +134,7 @@ To bisect only the recorded failure and skip commits that fail differently:
 EXPORT_EPILOG = """\b
 The folder holds repro.py and the input data (raw bytes, read by relative path); run it with
 only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--dynamo]
+A multi-rank job archive gives a script for the launcher:  torchrun --nproc-per-node N DIR/repro.py
 
 \b
 Exit codes:
@@ -140,9 +187,11 @@ Exit codes:
                    "the original data.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar (loading) or progress line (--minify).")
 @MAX_MEMORY
+@JOB_OPTIONS
 @click.pass_context
 def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
-            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, quiet, max_memory):
+            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, quiet, max_memory, rank, single_process,
+            timeout, **rendezvous):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
 
     ARCHIVE is a file or a store reference (STORE/NAME, e.g. s3://team/repros/resnet-3fa2b1c09d4e),
@@ -162,12 +211,28 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     settings = reproarchive.ReplaySettings(
         backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
         strict_accuracy=strict_accuracy or not minify, device=device, max_memory=max_memory)
+    launcher = launcher_passthrough(rendezvous)
+    job_asked = rank is not None or single_process or timeout is not None or bool(launcher)
+    if minify and (rank is not None or single_process or launcher):
+        raise click.UsageError("--rank, --single-process and the launcher's options do not apply with --minify")
+    if not minify and (job_asked or reproarchive.is_job_archive(archive)):
+        if isolate is not None:
+            raise click.UsageError("--isolate/--no-isolate do not apply to a multi-rank job: every rank is its own "
+                                   "process")
+        with byte_bars(not (quiet or as_json)) as progress:
+            job = reproarchive.run_job(archive, settings, rank=rank, single_process=single_process, timeout=timeout,
+                                       launcher=launcher, progress=progress)
+        if as_json:
+            emit_json(job.to_dict())
+        else:
+            click.echo(terminal_lines(format_job(job)))
+        ctx.exit(job.exit_code)
     if minify:
         if reproarchive.is_store_reference(archive):
             with byte_bars(not (quiet or as_json)) as progress:
                 archive = str(reproarchive.fetch(archive, progress=progress))
         _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs,
-                shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet)
+                shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet, timeout=timeout)
         return
     with byte_bars(not (quiet or as_json)) as progress:
         outcome = reproarchive.run(archive, settings, isolate=isolate, progress=progress)
@@ -178,13 +243,42 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     ctx.exit(outcome.exit_code)
 
 
-def _minify(archive, output, settings, *, as_json, quiet, **options) -> None:
+def format_job(job) -> str:
+    """A job's verdict: one line, then one line per rank, where the ranks diverged, warnings."""
+    label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
+    head = label.get(job.status, job.status.upper())
+    where = f" ON RANK {job.rank}" if job.status != "passed" and job.rank is not None else ""
+    lines = [f"{head}{where} (exit {job.exit_code}): {job.summary} of {job.world_size}"]
+    how = "with torchrun " + " ".join(job.launcher) if job.launcher else "in one process"
+    recorded = f", failed on rank {job.recorded_rank} when recorded" if job.recorded_rank is not None else ""
+    timeout = f", collective timeout {job.timeout_s:g}s" if job.timeout_s else ""
+    lines.append(f"  replayed  {len(job.ranks)} of {job.world_size} ranks {how}{timeout}, {job.wall_s:.1f}s{recorded}")
+    for r in job.ranks:
+        seen = r.outcome.observed if r.outcome is not None else None
+        what = _describe(seen) if seen is not None else ""
+        extra = "; ".join(x for x in (what, r.note) if x)
+        lines.append(f"  rank {r.rank:<4}{r.status}{' (timed out in a collective)' if r.timed_out else ''}"
+                     + (f": {terminal_safe(extra)}" if extra else ""))
+    if job.divergence:
+        lines.append(f"  diverged  {job.divergence}")
+    for w in job.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _minify(archive, output, settings, *, as_json, quiet, timeout=None, **options) -> None:
     import reproarchive
 
     if not output:
         output = str(default_minified_path(archive))
-    report = reproarchive.minify_archive(archive, output, settings,
-                                         progress=None if (quiet or as_json) else minify_status(), **options)
+    progress = None if (quiet or as_json) else minify_status()
+    if reproarchive.is_job_archive(archive):  # every rank cut alike, judged by launching the job
+        report = reproarchive.minify_job(archive, output, settings.replace(strict_accuracy=False),
+                                         timeout_s=timeout or 60.0, max_time=options["max_time"], progress=progress)
+    else:
+        if timeout is not None:
+            raise click.UsageError("--timeout applies to a multi-rank job archive only")
+        report = reproarchive.minify_archive(archive, output, settings, progress=progress, **options)
     s = report.stats
     if as_json:
         emit_json(report.to_dict())
@@ -334,7 +428,11 @@ def export_cmd(archive, out_dir, as_json, max_memory):
         emit_json(report.to_plain())
     else:
         click.echo(f"wrote {report.script} ({len(report.files)} files, {report.bytes} bytes)")
-        click.echo(f"run it with: python {report.script}")
+        job = reproarchive.inspect(archive).job
+        if job is not None and job.world_size > 1:
+            click.echo(f"run it with: torchrun --nproc-per-node {job.world_size} {report.script}")
+        else:
+            click.echo(f"run it with: python {report.script}")
 
 
 def default_minified_path(archive: str) -> Path:

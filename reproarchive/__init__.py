@@ -44,17 +44,21 @@ _EXPORTS = {
     "is_trace": "reproarchive.sources.trace_import",
     # replay and export
     "run": "reproarchive.references",
+    "run_job": "reproarchive.references",
+    "is_job_archive": "reproarchive.references",
+    "JobOutcome": "reproarchive.replay.launch",
     "Outcome": "reproarchive.replay.outcome",
     "ReplaySettings": "reproarchive.replay.settings",
     "failure_kind": "reproarchive.context.failure",
     "compiler_errors": "reproarchive.context.failure",
-    "export": "reproarchive.standalone.script",
+    "export": "reproarchive.standalone.exporting",
     # triage
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",
     # minify
     "minify": "reproarchive.minifier",
     "minify_archive": "reproarchive.minifier.driver",
+    "minify_job": "reproarchive.minifier.job_minify",
     # a team store on object storage (spec §11)
     "push": "reproarchive.store.push",
     "pull": "reproarchive.store.pull",

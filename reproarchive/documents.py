@@ -31,6 +31,7 @@ from reproarchive.errors import ErrorCode
 from reproarchive.format.plain import PlainData, Tagged
 from reproarchive.minifier.driver import MinifyReport
 from reproarchive.replay.differences import DoctorReport
+from reproarchive.replay.launch import JobOutcome
 from reproarchive.replay.outcome import Outcome
 from reproarchive.standalone.script import ExportReport
 from reproarchive.store.check import StoreCheck
@@ -93,7 +94,7 @@ _LISTINGS = {
 }
 
 #: Keys a record's ``to_plain``/``to_dict`` adds beyond its fields.
-_COMPUTED: dict[type, dict[str, Any]] = {Outcome: {"kind": str}}
+_COMPUTED: dict[type, dict[str, Any]] = {Outcome: {"kind": str}, JobOutcome: {"summary": str}}
 
 #: command -> what its --json prints on success (the Error document on failure).
 DOCUMENTS: dict[str, tuple[type | str, ...]] = {
@@ -101,7 +102,7 @@ DOCUMENTS: dict[str, tuple[type | str, ...]] = {
     "verify": (VerifyReport,),
     "doctor": (DoctorReport,),
     "diff": (DiffReport,),
-    "run": (Outcome, MinifyReport),  # run --minify prints a MinifyReport
+    "run": (Outcome, JobOutcome, MinifyReport),  # a job archive: a JobOutcome; run --minify: a MinifyReport
     "minify": (MinifyReport,),
     "export": (ExportReport,),
     "ls": ("StoreListing", "TraceListing"),

@@ -65,3 +65,26 @@ def run(path: str | os.PathLike, settings: ReplaySettings | None = None, *, isol
     ``reproarchive.replay.runner.run``."""
     settings = ReplaySettings.given(settings, options)
     return runner.run(local_archive(path, progress=progress), settings, isolate=isolate, progress=progress)
+
+
+def is_job_archive(path: str | os.PathLike, *, progress: ProgressFn | None = None) -> bool:
+    """Whether the archive (a file or a store reference) holds a multi-rank job, which ``run_job``
+    replays (reading its index only)."""
+    from reproarchive.format.reader import ContainerReader
+    from reproarchive.replay.job import is_job
+
+    with ContainerReader(local_archive(path, progress=progress)) as reader:
+        return is_job(reader.index)
+
+
+def run_job(path: str | os.PathLike, settings: ReplaySettings | None = None, *, rank: int | None = None,
+            single_process: bool = False, timeout: float | None = None, launcher: tuple[str, ...] = (),
+            progress: ProgressFn | None = None, **options: Any):
+    """Replay a multi-rank job archive (a file or a store reference): every rank launched through
+    torch.distributed's launcher, ``rank=r`` alone against a fake process group, or
+    ``single_process`` under LocalTensorMode; see ``reproarchive.replay.job.run_job``."""
+    from reproarchive.replay.job import run_job as _run_job
+
+    settings = ReplaySettings.given(settings, options)
+    return _run_job(local_archive(path, progress=progress), settings, rank=rank, single_process=single_process,
+                    timeout_s=timeout, launcher=launcher)

@@ -137,6 +137,14 @@ def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
     return {**stats, "inputs": inputs}
 
 
+def output_path(path: str | os.PathLike, output: str | os.PathLike) -> Path:
+    """``output`` as a Path, refused when it is the archive being minified."""
+    output = Path(output)
+    if Path(path).resolve() == output.resolve():
+        raise ReproArchiveError("the output archive must differ from the input", "pass another -o path")
+    return output
+
+
 def auto_jobs() -> int:
     """Workers for an isolated minify: the cores nobody else is using (at least one, at most 4)."""
     cores = os.cpu_count() or 1
@@ -172,9 +180,7 @@ def minify_archive(
     from reproarchive.codec.graphs import readable_code
     from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 
-    output = Path(output)
-    if Path(path).resolve() == output.resolve():
-        raise ReproArchiveError("the output archive must differ from the input", "pass another -o path")
+    output = output_path(path, output)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         repro = load(path, device=settings.device, max_memory=settings.max_memory)

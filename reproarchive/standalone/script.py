@@ -69,7 +69,8 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     renamed into place, so a failure leaves nothing behind. ``settings`` (or ``options``, its
     fields) give the script's backend and accuracy mode (default: the recorded ones) and the
     load's ``max_memory``; the data is always read on the CPU and the script maps devices
-    itself when it runs (its ``--device``).
+    itself when it runs (its ``--device``). (``exporting.export`` sends a multi-rank job archive
+    to ``job_script`` instead.)
     """
     from reproarchive.archive.loading import load
 

@@ -1,0 +1,184 @@
+"""``run --minify`` of a multi-rank job archive: every rank's graph shrunk by the same cut, judged
+by replaying the whole job through torch.distributed's launcher.
+
+How the ranks stay consistent. The job is first launched once to record, on every rank, the value
+each collective gave that rank (``rank_worker``'s ``record`` mode: the graphs run eagerly with real
+collectives). Each rank's graph then reads those values in place of its collectives
+(``local_job.without_collectives``): the collectives are *replaced by their recorded per-rank
+values*, so no cut can leave one rank waiting in a collective another rank no longer issues, and
+the failing rank's graph can be searched by the ordinary minifier (``search``: cuts, truncation,
+bypasses, every candidate judged once). A candidate is the set of node names the failing rank's
+graph keeps (and its outputs); the same names are kept on every rank, whose cut inputs hold that
+rank's own recorded values, and the job of all ranks' candidates is packed and judged.
+
+The oracle is the launcher, and its processes are reused across candidates
+(``launch.LaunchedJob``): candidates hold no collectives, so a candidate leaves nothing pending
+in the process group that could change the next verdict; a candidate that takes a rank down
+ends the job and the next candidate gets a fresh launch. A failure that needs the collectives
+themselves (the compiler's handling of a collective, a hang) does not reproduce once they are
+replaced, and is refused with a one-line error rather than minified into something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.minifier.driver import MinifyReport, output_path
+from reproarchive.replay import launch as _launch
+from reproarchive.replay.settings import ReplaySettings
+
+
+def _record_values(path, settings: ReplaySettings, job: Any, timeout_s: float, folder: Path) -> dict[int, dict]:
+    """Launch the job once in ``record`` mode: rank -> {collective node name -> tensor}."""
+    import torch
+
+    request = {"archive": str(Path(path).resolve()), "settings": settings.to_plain(), "timeout_s": timeout_s,
+               "mode": "record"}
+    plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size), timeout_s)
+    folder.mkdir(parents=True, exist_ok=True)
+    _launch.launch(plan, folder)
+    values = {}
+    for rank in range(job.world_size):
+        try:
+            values[rank] = torch.load(folder / f"values-{rank}.pt", weights_only=True)
+        except OSError:
+            said = _launch._read(folder / f"rank-{rank}.json") or {}
+            raise NotReproducedError(
+                f"rank {rank}'s graph does not run eagerly with real collectives "
+                f"({said.get('error', 'it ended without its values')})",
+                "the failure is not the compiler's; `reproarchive run --backend eager` shows it") from None
+    return values
+
+
+def _names(gm: Any) -> tuple[set[str], list[str]]:
+    """(the op nodes ``gm`` keeps, the names it returns), by original node name."""
+    import torch.fx as fx
+
+    kept = {n.name for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")}
+    outs: list[str] = []
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    fx.node.map_arg(output.args, lambda a: outs.append(a.name) or a)
+    return kept, outs
+
+
+def _same_cut(recording: Any, kept: set[str], outs: list[str]) -> tuple[Any, list]:
+    """Rank r's graph cut like the failing rank's candidate: the same node names kept and returned."""
+    index = {n.name: i for i, n in enumerate(recording.nodes)}
+    keep = [index[name] for name in kept if name in index and recording.is_op[index[name]]]
+    outputs = [index[name] for name in outs if name in index]
+    return recording.build(recording.normalise(keep, outputs=outputs or None))
+
+
+class _JobOracle:
+    """Judges a candidate job (every rank's graph and inputs) in a reused launched job."""
+
+    def __init__(self, job: Any, settings: ReplaySettings, timeout_s: float, folder: Path):
+        self.job, self.settings, self.timeout_s, self.folder = job, settings, timeout_s, folder
+        self.launched: _launch.LaunchedJob | None = None
+        self.launches = 0
+        self.counter = itertools.count(1)
+        self.recorded = {r.rank: (r.outcome.failure if r.outcome is not None else None) for r in job.ranks}
+
+    def __call__(self, parts: dict[int, tuple[Any, list]]) -> bool:
+        archive = self.folder / f"candidate-{next(self.counter)}.tar.zst"
+        pack_parts(self.job, parts, archive, records=self.job.records)
+        try:
+            if self.launched is None or not self.launched.alive:
+                self.launches += 1
+                request = {"archive": str(archive), "settings": self.settings.to_plain(),
+                           "timeout_s": self.timeout_s, "mode": "candidates"}
+                plan = _launch.LaunchPlan(request, _launch.launcher_options(self.job.world_size), self.timeout_s)
+                self.launched = _launch.LaunchedJob(plan, self.folder / f"launch-{self.launches}")
+            outcomes = self.launched.judge(archive, self.settings.to_plain(), range(self.job.world_size),
+                                           self.recorded)
+        finally:
+            archive.unlink(missing_ok=True)
+        status, _, rank = _launch.job_verdict(outcomes, self.job.failing_rank)
+        return status == "reproduced" and rank == self.job.failing_rank
+
+    def close(self) -> None:
+        if self.launched is not None:
+            self.launched.close()
+
+
+def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, records: Any) -> Path:
+    """A job archive of ``parts`` (rank -> graph, inputs) with the job's groups, ranks' devices
+    and recorded outcomes; the graphs issue no collectives, so their schedules are empty."""
+    from reproarchive.archive.job import RankCapture, pack_job
+
+    captures = []
+    for r in job.ranks:
+        gm, inputs = parts[r.rank]
+        record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
+        captures.append(RankCapture(gm, list(inputs), record, records))
+    return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
+                    meshes=job.meshes)
+
+
+def minify_job(path, output, settings: ReplaySettings, *, timeout_s: float = 60.0, max_time: float | None = None,
+               progress: Callable[[Any], None] | None = None) -> MinifyReport:
+    """Shrink every rank's graph of the job archive at ``path`` by one cut while the recorded
+    failure keeps reproducing on the recorded rank; write the job archive ``output``."""
+    from reproarchive.archive.job import load_job
+    from reproarchive.archive.packing import as_records
+    from reproarchive.codec.graphs import readable_code
+    from reproarchive.minifier import NotFailingError, minify_with_stats
+    from reproarchive.minifier.candidate import Recording
+    from reproarchive.replay.local_job import without_collectives
+
+    output = output_path(path, output)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        job = load_job(path, device=settings.device, max_memory=settings.max_memory)
+    lead = job.failing_rank
+    if lead is None:
+        raise ReproArchiveError("the job archive records no failing rank to minify against",
+                                "replay it with `reproarchive run` to see what happens")
+    from reproarchive.replay.backends import resolve_backend
+
+    resolve_backend(settings.for_recorded(job.records.backend, job.records.accuracy).backend)  # 125 before launching
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="reproarchive-job-minify-") as tmp:
+        folder = Path(tmp)
+        values = _record_values(path, settings, job, timeout_s, folder / "record")
+        free = {r.rank: without_collectives(r.gm, list(r.args), values[r.rank]) for r in job.ranks}
+        recordings = {rank: Recording(gm, args) for rank, (gm, args) in free.items()}
+        oracle = _JobOracle(job, settings, timeout_s, folder)
+
+        def parts_for(gm, inputs) -> dict[int, tuple[Any, list]]:
+            kept, outs = _names(gm)
+            return {rank: (gm, list(inputs)) if rank == lead else _same_cut(rec, kept, outs)
+                    for rank, rec in recordings.items()}
+
+        def fails(gm, inputs) -> bool:
+            return oracle(parts_for(gm, inputs))
+
+        try:
+            result = minify_with_stats(free[lead][0], free[lead][1], fails, max_time=max_time, progress=progress,
+                                       shrink_inputs=False)
+        except NotFailingError:
+            raise NotReproducedError(
+                f"{path} does not reproduce on rank {lead} once its collectives are replaced by their recorded "
+                "values: the failure needs the collectives themselves (or does not reproduce here)",
+                "replay the job with `reproarchive run`; a job is minified only when its failure is in its compute",
+            ) from None
+        finally:
+            oracle.close()
+        stats = result.stats.as_dict()
+        stats.update(wall_s=round(time.monotonic() - started, 3), input_origins=result.input_origins)
+        minify = as_records({"minify": stats}).minify
+        stats.update(launches=oracle.launches + 1, collectives="replaced by their recorded per-rank values",
+                     ranks=job.world_size, rank=lead)
+        records = dataclasses.replace(job.records, parent=job.digest, minify=minify)
+        pack_parts(job, parts_for(result.gm, result.inputs), output, records=records)
+    return MinifyReport(archive=str(path), output=str(output), parent=job.digest,
+                        status="minified" if result.stats.accepted else "unchanged", stats=stats,
+                        code=readable_code(result.gm), input_origins=result.input_origins)
+

@@ -1,0 +1,196 @@
+"""``run`` of a multi-rank job archive: every rank launched, one rank against a fake process
+group, or every rank's reference in one process.
+
+* ``run_job``: the ranks through torch.distributed's launcher (``launch``), gloo on the CPU,
+  NCCL on CUDA, every recorded group recreated under its recorded name (``ranks``), one verdict.
+* ``rank=r``: rank r alone, in a child process, against PyTorch's fake process group (its
+  collectives return at once with made-up values): PyTorch's own way for failures in the
+  compiler, which never needs another rank. A verdict about values from it would be made up,
+  so it says so.
+* ``single_process=True``: ``local_job`` runs every rank's graph in this one process under
+  ``LocalTensorMode`` (real collective arithmetic across simulated ranks), then judges each rank
+  with its collectives replaced by those per-rank values: an accuracy verdict without N
+  processes.
+
+The rank worker loads its own rank (``load_rank``); the parent reads only the index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from reproarchive.errors import ReproArchiveError
+from reproarchive.format.schema import FailureRecord, Index
+from reproarchive.replay import launch as _launch
+from reproarchive.replay.ranks import GroupSpec, group_specs
+from reproarchive.replay.settings import ReplaySettings
+
+#: The collective timeout a replay gives each rank unless told otherwise (seconds).
+DEFAULT_TIMEOUT_S = 60.0
+
+
+def is_job(index: Index) -> bool:
+    """Whether an archive holds a multi-rank job (spec §8 ``job``) of more than one rank."""
+    job = getattr(index, "job", None)
+    return job is not None and job.world_size > 1
+
+
+def recorded_failures(job: Any) -> dict[int, FailureRecord | None]:
+    """Each recorded rank's failure (None: it did not fail, or its part was taken while it ran)."""
+    return {r.rank: (r.outcome.failure if r.outcome is not None else None) for r in job.ranks}
+
+
+def divergence_of(job: Any) -> str | None:
+    """Where the recorded ranks' collectives first stop matching (None: they match)."""
+    from reproarchive.archive.job_report import first_divergence
+
+    found = first_divergence(job)
+    return found.summary if found is not None else None
+
+
+def node_ranks(world_size: int, passthrough: Sequence[str]) -> list[int]:
+    """The global ranks this launcher starts: all of them, or with ``--node-rank K
+    --nproc-per-node P`` the K-th block of P (how torchrun numbers ranks on a static layout)."""
+    options = _options(passthrough)
+    if "--node-rank" not in options:
+        return list(range(world_size))
+    node, per = int(options["--node-rank"]), int(options.get("--nproc-per-node", world_size))
+    return [r for r in range(node * per, (node + 1) * per) if r < world_size]
+
+
+def _options(passthrough: Sequence[str]) -> dict[str, str]:
+    found, items = {}, list(passthrough)
+    for i, item in enumerate(items):
+        name, sep, value = item.partition("=")
+        name = name.replace("_", "-")
+        if name.startswith("--"):
+            found[name] = value if sep else (items[i + 1] if i + 1 < len(items) else "")
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPart:
+    """What one rank worker replays: its graph and inputs (``rank.gm``, ``rank.args``,
+    ``rank.failure``), the group table, the settings with the backend chosen, the job's records."""
+
+    rank: Any
+    groups: list[GroupSpec]
+    settings: ReplaySettings
+    records: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankReplay:
+    """One rank's graph, inputs (DTensor inputs as their local shards: ``dtensors`` says what
+    they were, on ``meshes``) and recorded failure."""
+
+    gm: Any
+    args: list
+    failure: FailureRecord | None
+    dtensors: tuple = ()
+    meshes: tuple = ()
+
+
+def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> RankPart:
+    """Rank ``rank`` of the job at ``path``, on ``settings.device`` (a rank worker's side)."""
+    from reproarchive.archive.job import load_job
+
+    job = load_job(path, device=settings.device, max_memory=settings.max_memory)
+    chosen = settings.for_recorded(job.records.backend, job.records.accuracy)
+    part = job.rank(rank)
+    failure = part.outcome.failure if part.outcome is not None else None
+    return RankPart(_RankReplay(part.gm, list(part.args), failure, tuple(part.dtensors), tuple(job.meshes)),
+                    group_specs(job.job), chosen, job.records)
+
+
+def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | None = None,
+            single_process: bool = False, timeout_s: float | None = None, launcher: Sequence[str] = (),
+            keep: str | os.PathLike | None = None) -> _launch.JobOutcome:
+    """Replay the job archive at ``path``; see the module docstring for the three ways.
+
+    ``timeout_s``: each collective's timeout (default ``DEFAULT_TIMEOUT_S``; the whole launch is
+    bounded by twice that plus the launcher's start). ``launcher``: torchrun's rendezvous options
+    for a job over several machines (``--nnodes 2 --node-rank 0 --rdzv-endpoint HOST:PORT
+    --nproc-per-node P``); this launch then reports the ranks it started. ``keep``: a folder for
+    the ranks' results and logs. Raises ReproArchiveError (2) for an archive without a job,
+    BackendUnavailableError (125) when the backend is missing here.
+    """
+    from reproarchive.codec.checks import recorded_devices
+    from reproarchive.codec.devices import resolve_devices
+    from reproarchive.format.reader import ContainerReader
+    from reproarchive.replay.backends import resolve_backend
+
+    with ContainerReader(path) as reader:
+        index = reader.index
+    if not is_job(index):
+        raise ReproArchiveError(f"{path} holds one process's graph, not a multi-rank job",
+                                "replay it with reproarchive run without --rank / --single-process")
+    job = index.job
+    chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
+    resolve_backend(chosen.backend)  # cannot run here: say so before launching anything
+    devices = resolve_devices(recorded_devices(index), settings.device)  # a device this machine lacks: 125
+    timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
+    if single_process:
+        from reproarchive.replay.local_job import run_local
+
+        outcome = run_local(path, settings, world_size=job.world_size, recorded_rank=job.failing_rank)
+    elif rank is not None:
+        outcome = _run_fake_rank(path, settings, job, rank, timeout, keep)
+    else:
+        request = {"archive": os.fspath(os.path.abspath(path)), "settings": settings.to_plain(), "timeout_s": timeout}
+        plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size, launcher), timeout)
+        outcome = _launch.run_launched(plan, world_size=job.world_size, ranks=node_ranks(job.world_size, launcher),
+                                       recorded=recorded_failures(job), recorded_rank=job.failing_rank,
+                                       keep=keep, divergence=divergence_of(job))
+    outcome.archive = os.fspath(path)
+    if devices.moved:
+        from reproarchive.replay.runner import _moved_warning
+
+        outcome.warnings.extend(_moved_warning(devices))
+        for r in outcome.ranks:
+            if r.outcome is not None:
+                r.outcome.recorded_device, r.outcome.same_device_type = devices.recorded, False
+    return outcome
+
+
+def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout: float,
+                   keep: str | os.PathLike | None) -> _launch.JobOutcome:
+    """Rank ``rank`` alone in a child process, against the fake process group."""
+    import json
+    import time
+
+    from reproarchive.child import python_path
+
+    if not 0 <= rank < job.world_size:
+        raise ReproArchiveError(f"--rank {rank} is not a rank of this job (ranks 0 to {job.world_size - 1})",
+                                f"pass a rank below {job.world_size}")
+    with tempfile.TemporaryDirectory(prefix="reproarchive-rank-") as tmp:
+        folder = Path(keep) if keep is not None else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "request.json").write_text(json.dumps({
+            "archive": os.fspath(os.path.abspath(path)), "settings": settings.to_plain(), "timeout_s": timeout,
+            "fake_rank": rank, "world_size": job.world_size}))
+        env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1")
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "reproarchive.replay.rank_worker", str(folder)], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout * 2 + _launch.STARTUP_ALLOWANCE_S, check=False)
+        failures = {}
+        if proc.returncode < 0:
+            import signal
+
+            failures[rank] = {"exitcode": proc.returncode, "signal": signal.Signals(-proc.returncode).name}
+        outcomes = _launch.rank_outcomes(folder, [rank], recorded_failures(job), failures, False)
+        wall = time.monotonic() - start
+    status, code, _ = _launch.job_verdict(outcomes, rank)
+    return _launch.JobOutcome(status=status, exit_code=code, rank=rank, world_size=job.world_size, ranks=outcomes,
+                              recorded_rank=job.failing_rank, wall_s=round(wall, 3), timeout_s=timeout,
+                              warnings=[f"rank {rank} ran alone against a fake process group: its collectives "
+                                        "returned made-up values, so only a failure in the compiler (or before the "
+                                        "first collective) is evidence"])

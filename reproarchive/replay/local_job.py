@@ -1,0 +1,154 @@
+"""Every rank of a job in this one process: ``run --single-process``.
+
+PyTorch's ``LocalTensorMode`` simulates the ranks of an SPMD program in one process: a
+``LocalTensor`` holds one tensor per rank, every op runs on each, and the functional collectives
+compute their real result across the simulated ranks (a sum for ``all_reduce``, the
+concatenation for ``all_gather``), where a fake process group returns made-up values. The job's
+graph runs once under it, eagerly, on every rank's real inputs; each rank's graph is then judged
+by the one judge (``runner.replay_graph``: compile, run, and with ``--accuracy`` compiled
+against eager against fp64) with its collectives replaced by the values they produced for that
+rank. So an accuracy verdict needs no N processes; what it does not exercise is the compiler's
+handling of the collectives themselves, and a hang cannot happen: the launched ``run`` is for
+those, and the outcome says so.
+
+The ranks must have compiled one SPMD graph: the same graph on every rank, up to the names of
+the groups its collectives use (each rank names its own group of a mesh dimension). Ranks that
+compiled different graphs are refused with a one-line error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from reproarchive.errors import ReproArchiveError
+from reproarchive.replay import launch as _launch
+from reproarchive.replay import ranks as _ranks
+from reproarchive.replay.settings import ReplaySettings
+
+
+def spmd_structure(gm: Any) -> list[tuple]:
+    """A graph's nodes with collective group names left out: equal for ranks of one SPMD graph."""
+    out = []
+    for node in gm.graph.nodes:
+        collective = _ranks.is_collective(node)
+        args = tuple("<group>" if collective and isinstance(a, str) else str(a) for a in node.args)
+        out.append((node.op, str(node.target), args, tuple(sorted((k, str(v)) for k, v in node.kwargs.items()))))
+    return out
+
+
+def collective_values(gm: Any, per_rank_args: dict[int, list], world_size: int) -> dict[int, dict[str, Any]]:
+    """Run ``gm`` once under LocalTensorMode on every rank's arguments: rank -> {collective
+    node name -> the value it produced on that rank}. The groups the graph names must be
+    registered (a fake process group of ``world_size``, ``ranks.recreate_groups``)."""
+    import torch
+    import torch.fx as fx
+    from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
+
+    ranks = sorted(per_rank_args)
+    collective = {n.name for n in gm.graph.nodes if _ranks.is_collective(n)}
+    found: dict[int, dict[str, Any]] = {r: {} for r in ranks}
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            if n.name in collective and isinstance(result, LocalTensor):
+                for r in ranks:
+                    found[r][n.name] = result._local_tensors[r].detach().clone()
+            return result
+
+    with LocalTensorMode(world_size), torch.no_grad():
+        args = []
+        for i, first in enumerate(per_rank_args[ranks[0]]):
+            if isinstance(first, torch.Tensor):
+                args.append(LocalTensor({r: per_rank_args[r][i].detach() for r in ranks}))
+            else:
+                if any(per_rank_args[r][i] != first for r in ranks):
+                    raise ReproArchiveError(f"input {i} is a {type(first).__name__} that differs between ranks",
+                                            "--single-process needs every rank's graph to take the same scalars; "
+                                            "replay the job launched (without --single-process)")
+                args.append(first)
+        _Recorder(gm).run(*args)
+    return found
+
+
+def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[Any, list]:
+    """``gm`` with every collective read from ``values`` instead (a new input per collective
+    whose value a non-collective node uses), and the arguments to match. What the graph sent
+    into a collective becomes an output, so the compute that fed it is still compiled, run and
+    judged (otherwise everything upstream of the last collective would be dead code)."""
+    import torch.fx as fx
+    from torch.fx.node import map_arg
+
+    graph = fx.Graph()
+    env: dict[Any, Any] = {}
+    extra: list = []
+    nodes = list(gm.graph.nodes)
+    collective = {n for n in nodes if _ranks.is_collective(n)}
+    for node in nodes:
+        if node.op == "placeholder":
+            env[node] = graph.node_copy(node, lambda a: env[a])
+    for node in nodes:
+        if node in collective and any(u not in collective for u in node.users):
+            env[node] = graph.placeholder(f"{node.name}_value")
+            extra.append(values[node.name])
+    sent = [a for n in nodes if n in collective for a in n.all_input_nodes
+            if a not in collective and a.op != "placeholder"]
+    for node in nodes:
+        if node.op == "placeholder" or node in env or node in collective:
+            continue
+        if node.op == "output":
+            returned = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+            extra_out = [n for n in dict.fromkeys(sent) if n not in returned]
+            graph.output(tuple(map_arg(tuple(returned), lambda a: env[a])) + tuple(env[n] for n in extra_out))
+            continue
+        env[node] = graph.node_copy(node, lambda a: env[a])
+    new = fx.GraphModule(gm, graph)
+    new.graph.eliminate_dead_code()
+    new.recompile()
+    return new, [*args, *extra]
+
+
+def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
+    """``run --single-process`` of the job archive at ``path``."""
+    from reproarchive.archive.job import load_job
+    from reproarchive.replay.runner import replay_graph
+
+    start = time.monotonic()
+    job = load_job(path, device=settings.device, max_memory=settings.max_memory)
+    chosen = settings.for_recorded(job.records.backend, job.records.accuracy)
+    lead = job.ranks[0]
+    shape = spmd_structure(lead.gm)
+    odd = [r.rank for r in job.ranks if spmd_structure(r.gm) != shape]
+    if odd:
+        raise ReproArchiveError(f"ranks {odd} compiled another graph than rank {lead.rank}: --single-process "
+                                "runs one SPMD graph for every rank",
+                                "replay the job launched (reproarchive run without --single-process)")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise ReproArchiveError("this process already belongs to a process group: --single-process simulates the "
+                                "job's ranks in a process of its own", "run it from a process without one")
+    _ranks.init_fake(lead.rank, world_size)
+    try:
+        _ranks.recreate_groups(_ranks.group_specs(job.job))
+        values = collective_values(lead.gm, {r.rank: list(r.args) for r in job.ranks}, world_size)
+    finally:
+        dist.destroy_process_group()
+    records = job.records
+    outcomes = []
+    for part in job.ranks:
+        gm, args = without_collectives(part.gm, list(part.args), values[part.rank])
+        outcome = replay_graph(gm, args, chosen, recorded_failure=part.outcome.failure if part.outcome else None,
+                               config=records.config, environment=records.environment, system=None,
+                               source_kind=records.graph_kind, execution=records.execution,
+                               report_differences=False)
+        outcomes.append(_launch.RankOutcome(part.rank, outcome.status, outcome,
+                                            note="collectives replaced by their LocalTensorMode values"))
+    status, code, rank = _launch.job_verdict(outcomes, recorded_rank)
+    return _launch.JobOutcome(
+        status=status, exit_code=code, rank=rank, world_size=world_size, ranks=outcomes, recorded_rank=recorded_rank,
+        wall_s=round(time.monotonic() - start, 3),
+        warnings=["every rank ran in this process (LocalTensorMode): the collectives' values are real, but the "
+                  "compiler did not see the collectives and nothing can hang here; run without --single-process "
+                  "to replay them"])

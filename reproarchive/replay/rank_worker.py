@@ -1,0 +1,227 @@
+"""One rank of a replayed job: the program torch.distributed's launcher starts on every rank.
+
+``python -m reproarchive.replay.rank_worker FOLDER`` (the launcher sets ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE`` and the rendezvous variables) joins the job with the backend for
+its device (gloo on the CPU, NCCL on CUDA) and the recorded job's collective timeout, recreates
+every recorded process group under its recorded name (``ranks.recreate_groups``), loads its own
+rank's graph and real inputs, and judges its replay with the one judge every replay uses
+(``runner.replay_graph``). FOLDER holds the parent's request and receives, per rank r:
+
+* ``started-r.json``: the pid and what is about to run, before anything can crash or hang;
+* ``rank-r.json``: the rank's Outcome and its collective schedule;
+* ``rank-r.log``: everything the rank printed (faulthandler's report of a crash included).
+
+How a rank ends is the recorded job's rule, not ours: a rank whose replay failed exits non-zero
+at once, as the original process did, and the launcher stops the others (a peer blocked in a
+collective with it would otherwise wait for the whole timeout); a rank that passed waits, on the
+rendezvous store (never a collective, which could pair with a peer's pending one), until every
+rank is done or the timeout ends, so that a peer stuck in a collective it skipped sees a live
+partner time out, as in the recorded job, and not a closed connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from reproarchive.replay import ranks as _ranks
+from reproarchive.replay.settings import ReplaySettings
+
+#: How a rank whose replay observed a failure exits (after writing its outcome).
+EXIT_FAILED = 3
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+def redirect_output(folder: Path, rank: int) -> None:
+    """Send this rank's stdout and stderr (faulthandler's crash report too) to ``rank-r.log``."""
+    import faulthandler
+
+    log = open(folder / f"rank-{rank}.log", "ab", buffering=0)  # noqa: SIM115 - lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def join(args: list, groups: list[_ranks.GroupSpec], *, timeout_s: float, rank: int, world_size: int,
+         fake: bool = False) -> dict[str, Any]:
+    """Join the launched job (or, ``fake``, a fake process group of ``world_size`` as ``rank``)
+    on the device ``args`` live on, and recreate the recorded groups (name -> this rank's group)."""
+    from reproarchive.codec.device_runtime import devices_of
+
+    device_type = next(iter(sorted({d.type for d in devices_of(args)} - {"cpu"})), "cpu")
+    if device_type != "cpu":
+        import torch
+
+        torch.get_device_module(device_type).set_device(next(d for d in devices_of(args) if d.type == device_type))
+    if fake:
+        _ranks.init_fake(rank, world_size)
+    else:
+        _ranks.init_launched(device_type, timeout_s)
+    return _ranks.recreate_groups(groups, timeout_s=timeout_s)
+
+
+def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records: Any = None,
+               report_differences: bool = False) -> Any:
+    """The judged Outcome of ``rank_repro``'s graph on this rank (a collective that timed out is
+    a ``timeout`` failure, as the capture records a hang)."""
+    from reproarchive.replay.outcome import judge
+    from reproarchive.replay.runner import replay_graph
+
+    outcome = replay_graph(
+        rank_repro.gm, list(rank_repro.args), settings, recorded_failure=rank_repro.failure,
+        config=getattr(records, "config", None), environment=getattr(records, "environment", None),
+        system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
+        execution=getattr(records, "execution", None), report_differences=report_differences)
+    timed_out = _ranks.as_collective_timeout(outcome.observed)
+    if timed_out is not outcome.observed:
+        status, code = judge(rank_repro.failure, timed_out)
+        outcome = dataclasses.replace(outcome, observed=timed_out, status=status, exit_code=code)
+    return outcome
+
+
+def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,
+          timeout_s: float, rank: int, world_size: int, records: Any = None, fake: bool = False) -> int:
+    """Replay ``rank_repro`` (``.gm``, ``.args`` on their devices, ``.failure``: the rank's
+    recorded failure or None) as ``rank`` of the launched job; returns the exit status.
+
+    ``settings`` has its backend chosen. ``records`` (the job's records: config, environment,
+    execution) are applied as a single-process replay applies them. ``fake``: this process is the
+    only one, against PyTorch's fake process group (``run --rank``).
+    """
+    made = join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
+    dtensors = getattr(rank_repro, "dtensors", ())
+    if dtensors:
+        rank_repro = dataclasses.replace(rank_repro, args=_ranks.as_dtensors(
+            list(rank_repro.args), dtensors, rank_repro.meshes, groups, made))
+    schedule = [dataclasses.asdict(c) for c in _ranks.schedule_of(rank_repro.gm)]
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": schedule,
+                                                 "backend": settings.backend})
+    outcome = replay_one(rank_repro, settings, rank=rank, records=records,
+                         report_differences=rank == 0 and records is not None)
+    write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": schedule})
+    if outcome.observed is not None:
+        return EXIT_FAILED
+    if not fake:
+        _wait_for_peers(rank, world_size, timeout_s)
+    return 0
+
+
+def record_collectives(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, *, timeout_s: float,
+                       rank: int, world_size: int) -> int:
+    """Run this rank's graph eagerly with real collectives and keep what each collective gave
+    this rank (``values-r.pt``, tensors only): the per-rank values a minified job's graphs read
+    in place of their collectives."""
+    import torch
+    import torch.fx as fx
+
+    join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
+    values: dict[str, Any] = {}
+    collective = {n.name for n in rank_repro.gm.graph.nodes if _ranks.is_collective(n)}
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            if n.name in collective and isinstance(result, torch.Tensor):
+                values[n.name] = result.detach().cpu().clone()
+            return result
+
+    try:
+        with torch.no_grad():
+            _Recorder(rank_repro.gm).run(*rank_repro.args)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as data
+        write_json(folder / f"rank-{rank}.json", {"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return EXIT_FAILED
+    torch.save(values, folder / f"values-{rank}.pt")
+    write_json(folder / f"rank-{rank}.json", {"recorded": sorted(values)})
+    _wait_for_peers(rank, world_size, timeout_s)
+    return 0
+
+
+def serve_candidates(first: Any, groups: list[_ranks.GroupSpec], folder: Path, *, timeout_s: float,
+                     rank: int, world_size: int) -> int:
+    """Judge candidate job archives one after another in this launched process (the minifier's
+    oracle): ``next-K.json`` names candidate K (or says stop); this rank writes its Outcome to
+    ``rank-r-K.json``. Candidates hold no collectives (their values were recorded), so nothing
+    one leaves behind in the process group can change the next one's verdict."""
+    import time
+
+    from reproarchive.replay.job import load_rank
+
+    join(first.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
+    k = 1
+    while True:
+        ask = folder / f"next-{k}.json"
+        if not ask.exists():
+            time.sleep(0.02)
+            continue
+        request = json.loads(ask.read_text())
+        if request.get("stop"):
+            return 0
+        part = load_rank(request["archive"], rank, ReplaySettings.from_plain(request["settings"]))
+        outcome = replay_one(part.rank, part.settings, rank=rank, records=part.records)
+        write_json(folder / f"rank-{rank}-{k}.json", {"outcome": outcome.to_dict()})
+        k += 1
+
+
+def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
+    """Stay in the job until every rank is done, on the store. A peer still in a collective
+    this rank skipped ends by its own timeout, which counts from when it got there (after its
+    compile), and then exits failed, so the launcher ends this rank: the wait is bounded only
+    by the launch's own bound."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
+
+    store = _get_default_store()
+    store.set(f"reproarchive/done/{rank}", "1")
+    bound = datetime.timedelta(seconds=timeout_s * 2 + STARTUP_ALLOWANCE_S)
+    try:
+        store.wait([f"reproarchive/done/{r}" for r in range(world_size)], bound)
+    except Exception:  # noqa: BLE001 - a peer that never finishes is the launcher's to report
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """The launched program: read the request in FOLDER, load this rank's part of the job, and
+    replay it (``mode`` ``replay``), record its collectives' values (``record``) or judge the
+    minifier's candidates (``candidates``)."""
+    folder = Path(argv[0])
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    request = json.loads((folder / "request.json").read_text())
+    fake = request.get("fake_rank") is not None
+    if fake:
+        rank, world_size = int(request["fake_rank"]), int(request["world_size"])
+    redirect_output(folder, rank)
+    from reproarchive.replay.job import load_rank
+
+    settings = ReplaySettings.from_plain(request["settings"])
+    part = load_rank(request["archive"], rank, settings)
+    timeout_s, mode = float(request["timeout_s"]), request.get("mode", "replay")
+    if mode == "record":
+        code = record_collectives(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
+                                  world_size=world_size)
+    elif mode == "candidates":
+        code = serve_candidates(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
+                                world_size=world_size)
+    else:
+        code = serve(part.rank, part.groups, folder, part.settings, timeout_s=timeout_s, rank=rank,
+                     world_size=world_size, records=part.records, fake=fake)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no teardown: a peer's pending collective must not hold this rank up
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

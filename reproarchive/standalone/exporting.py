@@ -1,0 +1,23 @@
+"""``export``: an archive's standalone script, for one process (``script``) or, for a
+multi-rank job archive, for torchrun (``job_script``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from reproarchive.format.reader import ContainerReader
+from reproarchive.replay.settings import ReplaySettings
+from reproarchive.standalone import job_script, script
+
+
+def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings | None = None,
+           **options: Any) -> script.ExportReport:
+    """Write ``out_dir`` with ``repro.py`` and its data; see ``script.export`` (one process) and
+    ``job_script.export_job`` (a job of several ranks: ``torchrun --nproc-per-node N repro.py``)."""
+    settings = ReplaySettings.given(settings, options)
+    with ContainerReader(path) as reader:
+        job = reader.index.job
+    if job is not None and job.world_size > 1:
+        return job_script.export_job(path, out_dir, settings)
+    return script.export(path, out_dir, settings)

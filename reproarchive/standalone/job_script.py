@@ -1,0 +1,150 @@
+"""Exporting a multi-rank job archive: a folder whose ``repro.py`` runs under
+``torchrun --nproc-per-node N repro.py``.
+
+The same rules as the one-process export (``script``): the script needs only PyTorch, never
+imports reproarchive or a module the archive names, reads raw bytes by relative path, and
+rebuilds each recorded graph node for node, every target written as the qualified name the
+allowlist accepted. What a job adds is data: the recorded process-group table (names and
+members, as literals), which every rank recreates in recorded order and registers under the
+recorded names before running; each rank's graph (identical graphs written once) and its
+inputs (identical storages written once, by content). Every rank compiles its graph with the
+recorded backend and runs it; the rank that failed in the recording raises its error, and
+torchrun reports which rank failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from reproarchive.errors import ExportError
+from reproarchive.format.atomic import atomic_dir
+from reproarchive.replay.backends import is_custom
+from reproarchive.replay.settings import ReplaySettings
+from reproarchive.standalone.script import (
+    ExportReport,
+    _DataWriter,
+    _doc_text,
+    _Script,
+    admitted_settings,
+)
+
+
+class _ContentDataWriter(_DataWriter):
+    """Each distinct storage once, by content: ranks loaded apart hold equal bytes in separate
+    storages, and the archive stored them once."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.by_digest: dict[str, tuple[str, int]] = {}
+
+    def storage(self, t: Any) -> tuple[str, int]:
+        from reproarchive.codec.tensors import storage_view
+
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in self.names:
+            data = storage_view(storage.cpu() if storage.device.type != "cpu" else storage)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in self.by_digest:
+                name = f"data/storage_{len(self.by_digest)}.bin"
+                (self.root / "data").mkdir(exist_ok=True)
+                (self.root / name).write_bytes(data)
+                self.by_digest[digest] = (name, len(data))
+            self.names[key] = self.by_digest[digest]
+        return self.names[key]
+
+
+def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings) -> ExportReport:
+    """Write ``out_dir`` with the job's ``repro.py`` and data (``export`` of a job archive)."""
+    from reproarchive.archive.job import load_job
+
+    job = load_job(path, device="cpu", max_memory=settings.max_memory)
+    records = job.records
+    ranks = [(r.rank, r.gm, list(r.args), [_device_of(job.index, v) for v in r.record.inputs or job.index.inputs],
+              r.outcome.failure if r.outcome is not None else None) for r in job.ranks]
+    groups = sorted(job.groups, key=lambda g: (g.index if g.index is not None else 0))
+    return write_job_export(ranks, [(g.name, tuple(g.ranks)) for g in groups], out_dir,
+                            world_size=job.world_size, backend=settings.backend or records.backend,
+                            source_kind=records.graph_kind, config=records.config, environment=records.environment,
+                            archive_name=Path(path).name, digest=job.digest)
+
+
+def _device_of(index: Any, value: Any) -> str | None:
+    storage = getattr(value, "storage", None)
+    return index.storages[storage].device if isinstance(storage, int) else None
+
+
+def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: Sequence[tuple[str, tuple]],
+                     out_dir: str | os.PathLike, *, world_size: int, backend: str | None,
+                     source_kind: str | None = None, config: Any = None, environment: Any = None,
+                     archive_name: str = "", digest: str | None = None) -> ExportReport:
+    """``ranks``: (rank, graph, inputs on the CPU, each input's recorded device, recorded
+    failure or None) per rank; ``groups``: (recorded name, global ranks) in creation order."""
+    from reproarchive.context.environment import plan
+
+    out = Path(out_dir)
+    with atomic_dir(out) as tmp:
+        script = _Script(_ContentDataWriter(tmp))
+        graph_of: dict[int, str] = {}
+        by_code: dict[str, str] = {}
+        input_blocks = []
+        failures = []
+        for rank, gm, args, devices, failure in ranks:
+            if dict(gm.named_parameters()) or dict(gm.named_buffers()) or list(gm.named_children()):
+                raise ExportError(f"rank {rank}'s graph holds module state, which a job script does not write",
+                                  "replay the job with `reproarchive run` instead")
+            code = gm.code
+            if code not in by_code:
+                by_code[code] = script.graph_function(gm, f"rank {rank}'s graph")
+            graph_of[rank] = by_code[code]
+            values = [f"            {script.value_literal(v, devices[i] if i < len(devices) else None)},"
+                      for i, v in enumerate(args)]
+            input_blocks.append(f"    if rank == {rank}:\n        return [\n" + "\n".join(values) + "\n        ]")
+            if failure is not None:
+                first = (failure.message.strip().splitlines() or [""])[0][:200]
+                failures.append(f"  rank {rank}: {_doc_text(failure.stage)}: {_doc_text(failure.exception_type)}"
+                                + (f": {_doc_text(first)}" if first else ""))
+        recorded = backend or "inductor"
+        custom = is_custom(recorded)
+        env_to_set, _ = plan(environment, config_applied=False)
+        settings = admitted_settings(config)
+        script.imports.update(module for module, _, _ in settings)
+        header = "\n".join([
+            f"Standalone reproduction of a {world_size}-rank job, exported by reproarchive from "
+            f"{_doc_text(archive_name or 'an archive')} ({_doc_text(digest or 'unknown digest')}).",
+            "Needs only PyTorch; start it the way the job was started:",
+            f"    torchrun --nproc-per-node {world_size} repro.py [--device DEV] [--backend NAME] [--timeout S]",
+            "(over several machines: torchrun's --nnodes/--node-rank/--rdzv-endpoint as usual).",
+            "Every rank recreates the recorded process groups under their recorded names, compiles its",
+            "recorded graph and runs it on its recorded inputs (data/, read relative to this script);",
+            "the failing rank raises the recorded error and torchrun names that rank.",
+            f"Backend: {_doc_text(recorded)}   graph: {_doc_text(source_kind or 'after_dynamo')}",
+            "Recorded failures:", *(failures or ["  none"]),
+        ])
+        text = _job_template().format(
+            header=header,
+            env="".join(f"os.environ[{k!r}] = {v!r}\n" for k, v in env_to_set.items())
+            or "# (no recorded environment variables to set)\n",
+            imports="\n".join(f"import {m}" for m in sorted(script.imports - {"torch", "torch.distributed"})),
+            backend=repr(None if custom else recorded), custom=repr(recorded if custom else None),
+            source_kind=repr(source_kind), world_size=int(world_size),
+            groups="\n".join(f"    ({name!r}, {tuple(int(r) for r in members)!r})," for name, members in groups),
+            config="".join(f"_set_config({m}, {k!r}, {v!r})\n" for m, k, v in settings)
+            or "# (no recorded config setting that differed from the defaults may be applied)\n",
+            graphs="\n\n\n".join(script.graph_defs),
+            inputs="\n".join(input_blocks),
+            rank_graphs=", ".join(f"{rank}: {fn}" for rank, fn in sorted(graph_of.items())),
+        ).lstrip()
+        (tmp / "repro.py").write_text(text, encoding="utf-8")
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        size = sum((tmp / f).stat().st_size for f in files)
+    return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
+
+
+def _job_template() -> str:
+    from importlib.resources import files
+
+    return files("reproarchive.standalone").joinpath("repro_job.py.template").read_text(encoding="utf-8")

@@ -1,0 +1,107 @@
+"""``reproarchive run`` of a multi-rank job archive: the ranks launched by torch.distributed's
+launcher (gloo), one verdict naming the rank, ``--rank`` against a fake process group, a hang
+within the timeout, and a job over two launcher invocations on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from support.cli import invoke
+from support.job_archives import dtensor_input, rank_one_fails, rank_one_skips, spmd_accuracy
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("jobs")
+    return {"fails": rank_one_fails(folder), "skips": rank_one_skips(folder), "accuracy": spmd_accuracy(folder)}
+
+
+@pytest.mark.slow
+def test_run_says_reproduced_on_rank_one(archives):
+    result = invoke("run", archives["fails"], "--json")
+    assert result.exit_code == 1, result.output
+    job = json.loads(result.stdout)
+    assert (job["status"], job["rank"], job["recorded_rank"], job["world_size"]) == ("reproduced", 1, 1, 2)
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert ranks[1]["outcome"]["observed"]["exception_type"].endswith("ReluCompileError")
+    assert ranks[0]["status"] in ("stopped", "passed")  # ended by the launcher when rank 1 failed
+    assert job["launcher"] == ["--standalone", "--nproc-per-node", "2"]
+
+
+@pytest.mark.slow
+def test_one_rank_alone_against_a_fake_process_group(archives):
+    result = invoke("run", archives["fails"], "--rank", "1")
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith("REPRODUCED ON RANK 1 (exit 1)")
+    assert "fake process group" in result.stdout
+    bad = invoke("run", archives["fails"], "--rank", "5")
+    assert bad.exit_code == 2 and "not a rank of this job" in bad.output
+
+
+@pytest.mark.slow
+def test_a_dtensor_input_is_rebuilt_with_its_mesh_and_placements(tmp_path):
+    # DTensor refuses to add a plain tensor: only a DTensor rebuilt from the record fails so
+    result = invoke("run", dtensor_input(tmp_path), "--rank", "0", "--json")
+    assert result.exit_code == 1, result.output
+    observed = json.loads(result.stdout)["ranks"][0]["outcome"]["observed"]
+    assert observed["message"].startswith("aten.add.Tensor got mixed")
+
+
+@pytest.mark.slow
+def test_a_hang_is_reproduced_within_the_timeout_and_the_diverging_rank_named(archives):
+    result = invoke("run", archives["skips"], "--timeout", "5")
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "REPRODUCED ON RANK 0 (exit 1): reproduced on rank 0 of 2"
+    assert any(ln.startswith("  rank 0") and "timed out in a collective" in ln for ln in lines)
+    assert "diverged  rank 1 issued no collective #1 on group '0', where rank 0 issued all_reduce" in result.stdout
+
+
+def _reproarchive() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "reproarchive")
+
+
+@pytest.mark.slow
+def test_every_rank_in_one_process_judges_accuracy_with_real_collective_values(archives):
+    # in this process: --single-process starts a fake process group and ends it
+    result = invoke("run", archives["accuracy"], "--single-process", "--json")
+    assert result.exit_code == 1, result.output
+    job = json.loads(result.stdout)
+    assert (job["status"], job["rank"], job["launcher"]) == ("reproduced", 1, [])
+    assert {r["rank"]: r["outcome"]["observed"]["stage"] for r in job["ranks"]} == {0: "accuracy", 1: "accuracy"}
+    refused = invoke("run", archives["fails"], "--single-process")  # ranks 0 and 1 compiled different graphs
+    assert refused.exit_code == 2 and "runs one SPMD graph for every rank" in refused.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_launcher_invocations_on_one_host_replay_one_job(archives):
+    endpoint = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([_reproarchive(), "run", str(archives["fails"]), "--json",
+                               "--timeout", "20", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "mr-test"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        reports.append((proc.returncode, json.loads(out)))
+    by_rank = {job["ranks"][0]["rank"]: (code, job) for code, job in reports}
+    assert sorted(by_rank) == [0, 1], reports  # each launch ran one of the two ranks
+    code, job = by_rank[1]
+    assert (code, job["status"], job["rank"]) == (1, "reproduced", 1)
+    code, job = by_rank[0]
+    assert job["ranks"][0]["status"] in ("passed", "stopped")
+    assert any("ran in another launch" in w for w in job["warnings"])
