@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.packing import pack
+from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.context.redaction import redacted
 from reproarchive.format.schema import Records
 
@@ -23,11 +24,13 @@ from reproarchive.format.schema import Records
 @dataclass(frozen=True)
 class Capture:
     """What a capture source found: the graph (a ``torch.fx.GraphModule``), one input per
-    placeholder, and the records around them, not yet redacted."""
+    placeholder, the records around them, not yet redacted, and the calls of its custom ops
+    where the source ran them on real data (``codec.custom_ops.record_calls``)."""
 
     graph: Any
     inputs: Sequence[Any]
     records: Records
+    custom_ops: Sequence[LiveCustomOp] | None = None  # recorded calls; None: described at packing
 
 
 def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mapping[str, str] | None = None,
@@ -37,4 +40,5 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     folders (``{folder: label}``), replaced besides this machine's; by default the working
     directory becomes ``.``."""
     table = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
-    return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table), **options)
+    return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table),
+                custom_ops=capture.custom_ops, **options)

@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import as_records, pack
+from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.replay.settings import ReplaySettings
 
@@ -98,7 +99,8 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     """A candidate (``stats`` None) or the result: the parent's records, this archive's
     provenance (``parent``, ``minify``) in place of the parent's."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
-    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify))
+    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify),
+         custom_ops=repro.custom_ops)
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
@@ -168,6 +170,7 @@ def minify_archive(
         raise ReproArchiveError("the output archive must differ from the input", "pass another -o path")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
+        bring_implementations(settings.imports, settings.libraries)
         repro = load(path, device=settings.device, max_memory=settings.max_memory)
     stage = repro.records.failure.stage if repro.records.failure is not None else None
     if stage in (None, "unknown"):

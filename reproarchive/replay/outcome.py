@@ -36,6 +36,7 @@ class Outcome:
     device / recorded_device: where it ran and where the archive was recorded;
     same_device_type: False when the caller moved a recorded device to another device type
     (``--device cpu`` for a CUDA archive): then a pass is no evidence about the recorded device.
+    stand_ins: custom ops this process did not have, replayed from their recorded outputs.
     """
 
     status: str
@@ -54,6 +55,7 @@ class Outcome:
     isolated: bool = False
     archive: str | None = None
     digest: str | None = None
+    stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops replayed from recorded outputs
 
     @property
     def kind(self) -> str:

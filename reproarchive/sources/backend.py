@@ -89,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
+from reproarchive.codec.custom_ops import record_calls
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.context.environment import environment_snapshot
@@ -446,9 +447,13 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
                            tolerance=capture_settings.get("tolerance"),
                            check_runtime=bool(capture_settings.get("check_runtime")),
                            written_before_run=True if failure.stage == "crash" else None, **(door or {}))
+    # the custom ops' real outputs, from one run on copies of the real inputs; not before a
+    # possible crash (the op itself may be what crashes)
+    custom_ops = None if failure.stage == "crash" else record_calls(gm, inputs)
     return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
                                        environment=environment_snapshot(), system=system_snapshot(),
-                                       failure=failure, source=source, execution=execution_snapshot(inputs)))
+                                       failure=failure, source=source, execution=execution_snapshot(inputs)),
+                   custom_ops=custom_ops)
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:
