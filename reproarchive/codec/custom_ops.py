@@ -287,5 +287,46 @@ def described(gm: Any) -> list[LiveCustomOp]:
     return [LiveCustomOp(describe(op)) for op in custom_ops_of(gm)]
 
 
-def library_digest(path: str | os.PathLike) -> str | None:
-    return _sha256_file(str(Path(path)))
+def registered_here(name: str) -> torch._ops.OpOverload | None:
+    """The operator ``ns::op.overload`` as this process has it (an attribute walk on
+    ``torch.ops``, never an import), or None."""
+    namespace, _, rest = name.partition("::")
+    opname, _, overload = rest.partition(".")
+    if not all(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", p or "") for p in (namespace, opname, overload)):
+        return None
+    try:
+        op = getattr(getattr(getattr(torch.ops, namespace), opname), overload)
+    except (AttributeError, RuntimeError):
+        return None
+    return op if isinstance(op, torch._ops.OpOverload) else None
+
+
+def differences(records, *, stand_ins: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Rows for ``doctor`` (``replay.differences``): each recorded custom op that is missing
+    here, stood in for, or whose schema or implementation (provenance digest) differs."""
+    rows = []
+    stood_in = set(stand_ins)
+    for record in records or ():
+        recorded = _provenance_text(record.provenance)
+        op = None if record.name in stood_in else registered_here(record.name)
+        if op is None:
+            current = (f"not registered here: `run` replays it from its {len(record.calls)} recorded call(s); "
+                       "bring it with --import MODULE or --load-library PATH")
+        else:
+            here = describe(op)
+            if here.schema != record.schema:
+                current = f"schema here {here.schema}"
+            elif (here.provenance.digest or None) != (record.provenance.digest if record.provenance else None):
+                current = f"another implementation here: {_provenance_text(here.provenance)}"
+            else:
+                continue
+        rows.append({"what": "custom op", "name": record.name, "recorded": recorded, "current": current,
+                     "important": True})
+    return rows
+
+
+def _provenance_text(p: OpProvenance | None) -> str:
+    if p is None:
+        return "provenance not recorded"
+    where = p.library or p.module or p.kind
+    return f"{where} {p.digest[:19] + '...' if p.digest else '(no digest)'}"

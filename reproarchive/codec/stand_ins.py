@@ -16,7 +16,9 @@ is any namespace torch itself uses. The real implementation comes only from the 
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -178,6 +180,8 @@ def bring_implementations(imports: Sequence[str] = (), libraries: Sequence[str] 
     """Import the modules and load the shared libraries the user named (``--import``,
     ``--load-library``), before an archive is loaded. Only ever called with the user's own
     arguments: no name from an archive reaches here."""
+    if imports and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # as ``python -m`` would: the user's module next to them
     for module in imports:
         try:
             importlib.import_module(module)

@@ -207,3 +207,17 @@ def test_stand_in_never_goes_into_torchs_own_namespace():
                                 schema="aten::not_an_aten_op(Tensor x) -> Tensor")])
     with pytest.raises(UnsafeArchiveError, match="plain ns::op.overload"):
         install([CustomOpRecord(name="os::system.default; import os", schema="x")])
+
+
+def test_doctor_lists_missing_and_changed_custom_ops(op_library, tmp_path):
+    path = capture_failure(tmp_path / "co.tar.zst", program(op_library.namespace), [torch.ones(4)],
+                           "relu_compile_error_TESTING_ONLY")
+    assert reproarchive.doctor(path).differences == ()  # the same op is registered here
+    op_library.forget()
+    (missing,) = reproarchive.doctor(path).differences
+    assert missing["what"] == "custom op" and missing["important"] and "not registered here" in missing["current"]
+    # the library changed: the same op, another source
+    changed = tmp_path / f"{op_library.module_name}.py"
+    changed.write_text(changed.read_text().replace("x * alpha + 1", "x * alpha + 1.0"))
+    (row,) = reproarchive.doctor(path, imports=(op_library.module_name,)).differences
+    assert row["name"] == op_library.op_name and "another implementation here" in row["current"], row
