@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import dataclasses
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
+from reproarchive.codec.custom_ops import record_calls
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format.schema import DumpSource, Records
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
@@ -235,10 +238,30 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         environment=environment, failure=failure, source=source))
 
 
+def custom_ops_before_import(imports, libraries, recorded_in, events) -> list:
+    """Before the dump's code runs: the user's implementations of its custom ops (``--import``,
+    ``--load-library``), then stand-ins for the ops still missing from the calls the failing
+    program recorded (``recorded_in``: archives ``capture --`` wrote). Returns those calls."""
+    from reproarchive.archive.loading import load
+    from reproarchive.codec.stand_ins import bring_implementations
+
+    bring_implementations(imports, libraries)
+    recorded = {}
+    for path in recorded_in:
+        events("installing the program's custom ops")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for op in load(path).custom_ops:
+                recorded.setdefault(op.name, op)
+    return list(recorded.values())
+
+
 def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     script = Path(opts.script)
     dump = parse_dump_script(script)
     store, store_note = _store_dir(dump)
+    recorded_ops = custom_ops_before_import(getattr(opts, "imports", ()), getattr(opts, "libraries", ()),
+                                            getattr(opts, "custom_ops_from", ()), events)
     imp = import_script(script, store, events)
     scrub = Scrubber(scrub_prefixes(opts, store))
 
@@ -265,6 +288,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     capture = capture_of(imp, label=opts.script_label, store_found=store is not None, store_note=store_note,
                          storages=storages, snapshots=(config, environment, system), failure=failure,
                          replay_notes=replay_notes)
+    capture = dataclasses.replace(capture, custom_ops=recorded_ops or record_calls(imp.gm, imp.example_inputs))
 
     events("writing the archive")
     out = write_capture(capture, opts.out, prefixes=scrub.prefixes)

@@ -92,6 +92,8 @@ def pack_trace(
     cwd: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     keep_log: str | os.PathLike | None = None,
+    imports: tuple[str, ...] = (),
+    libraries: tuple[str, ...] = (),
 ) -> TracePackResult:
     """Pack compiles of the trace at ``source`` into archives under ``out`` (a folder, default
     ``cwd``; or a ``.tar.zst`` file name when exactly one compile is packed).
@@ -102,6 +104,8 @@ def pack_trace(
     (the runnable when Inductor logged one, else the Dynamo graph). ``backend``/``accuracy`` say
     what the log cannot (a backend that did not fail is not named in it; accuracy failures are
     never logged). ``replay`` replays each graph once in the child to confirm the failure.
+    ``imports``/``libraries``: the real implementations of custom ops the job used (``--import``,
+    ``--load-library``), brought into the child before a graph is rebuilt.
 
     Raises SourceError (exit 4) for a source that is not a trace or a compile id not in it, and
     when no selected compile can be packed; compiles that cannot be packed among others are
@@ -125,8 +129,9 @@ def pack_trace(
     for c in chosen:
         target = single if single is not None else out_dir / names[id(c)]
         try:
-            jobs.append((c, _job(trace, c, graph=graph, backend=backend, accuracy=accuracy, replay=replay,
-                                 out=target, cwd=cwd)))
+            jobs.append((c, {**_job(trace, c, graph=graph, backend=backend, accuracy=accuracy, replay=replay,
+                                    out=target, cwd=cwd), "imports": list(imports),
+                             "libraries": [str(p) for p in libraries]}))
         except _Unpackable as why:
             skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(why)})
     # Dynamo graphs share one child; each runnable gets its own (it sets torch config for good).
