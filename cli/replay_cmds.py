@@ -278,7 +278,7 @@ def format_outcome(outcome) -> str:
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
     if outcome.stand_ins:
-        lines.append(f"  stand-ins {', '.join(outcome.stand_ins)} (recorded outputs; library not loaded here)")
+        lines.append(f"  stand-ins {', '.join(outcome.stand_ins)} (custom ops not loaded here: see the warnings)")
     lines.append(f"  recorded  {_describe(outcome.recorded)}")
     lines.extend(_compiler_lines(outcome.recorded))
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")

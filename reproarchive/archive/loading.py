@@ -172,9 +172,12 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
         for name in stand_ins:
-            op = next(o for o in custom_ops if o.name == name)
-            msg = (f"custom op {name} is not registered here: a stand-in returns its {len(op.calls)} recorded "
-                   "output(s) and fails on any other input (bring it with --import / --load-library)")
+            op = next(o for o in index.custom_ops if o.name == name)
+            generated = any(records[t.storage].fidelity == FIDELITY_ABSENT for t in op.tensors())
+            msg = (f"custom op {name} is not registered here: a stand-in returns "
+                   + ("GENERATED outputs of the recorded shapes (the source had no data)" if generated else
+                      f"its {len(op.calls)} recorded output(s) and fails on any other input")
+                   + " (bring the real op with --import / --load-library)")
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
         return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes, custom_ops,

@@ -362,7 +362,8 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
     scrub.update(trace_facts.job_paths(trace, c))
     return {
         "compile": {"id": c.id, "rank": c.rank, "label": c.label},
-        "graph": {"from": graph_from, "code": event.payload, "real_data_script": real_script},
+        "graph": {"from": graph_from, "code": event.payload, "real_data_script": real_script,
+                  "annotated": _annotated_graph(c)},
         "describe": trace_facts.describe_inputs(c),
         "symbols": trace_facts.symbols(c),
         "config_values": config_values,
@@ -377,6 +378,16 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         "out": str(out),
         "warnings": warnings,
     }
+
+
+def _annotated_graph(c: Compile) -> str | None:
+    """The compile's ATen graph code with the shape of every value (AOT's inference or forward
+    graph): where the outputs of an operator the job's library defined are read from."""
+    for kind in ("aot_inference_graph", "aot_forward_graph"):
+        event = c.last(kind)
+        if event is not None and event.payload:
+            return event.payload
+    return None
 
 
 def _tlparse_pages(c: Compile) -> dict[str, str] | None:
