@@ -67,6 +67,7 @@ def differences(
                              "current": row["current"], "important": True})
         if config:
             changed = {(m, k) for m, values in config.changed.items() for k in values}
+            changed |= {(u.module, u.key) for u in config.unrepresentable if u.changed}  # e.g. not applied when packed
             for row in config_diff(config, comparable_snapshot(config)):
                 status = row["status"]
                 if config_applied and status == "differs":
