@@ -330,3 +330,8 @@ def _provenance_text(p: OpProvenance | None) -> str:
         return "provenance not recorded"
     where = p.library or p.module or p.kind
     return f"{where} {p.digest[:19] + '...' if p.digest else '(no digest)'}"
+
+
+def library_digest(path: str | os.PathLike) -> str | None:
+    """The ``sha256:<hex>`` a ``library`` provenance records for the shared library at ``path``."""
+    return _sha256_file(str(Path(path)))
