@@ -35,6 +35,7 @@ TORCH_NAMESPACES = frozenset({
     "debug_mode_ops", "debugprims", "export", "inductor", "inductor_prims", "mkl", "mkldnn", "mkldnn_prepacked",
     "onednn", "prims", "profiler", "quantization", "quantized", "rngprims", "sparse", "static_runtime", "symm_mem",
     "prim", "_inductor_test", "higher_order", "streams", "fsdp", "_dynamo_testing", "tensorrt", "onnx",
+    "c10d_functional", "flex_lib", "onnx_symbolic", "quantized_decomposed",  # registered by inductor's import
 })
 
 _KEY_LINE = re.compile(r"^(\w+)(?:\[alias\])?: registered at (.*?)(?::\d+)?(?: :: .*)?$")
@@ -165,9 +166,8 @@ def tensor_key(t: torch.Tensor, *, content: bool = True) -> str:
     meta = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
     if not content:
         return meta
-    data = t.detach().contiguous().cpu()
-    view = data.view(torch.uint8) if data.numel() and data.dtype != torch.bool else data.to(torch.uint8)
-    digest = hashlib.sha256(view.numpy().tobytes() if data.numel() else b"").hexdigest()
+    data = t.detach().contiguous().cpu().reshape(-1)  # row-major bytes, whatever the strides
+    digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()
     return f"{meta} sha256:{digest}"
 
 

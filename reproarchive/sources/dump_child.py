@@ -41,8 +41,8 @@ from reproarchive.format.schema import DumpSource, Records
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
 from reproarchive.sources.dump_reader import RecordingReader
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
-from reproarchive.sources.foreign_runnable import Guarded, missing_ops, tolerant_source
 from reproarchive.sources.first_replay import crashed, first_line, generated_data_warning, replay
+from reproarchive.sources.foreign_runnable import Guarded, missing_ops, tolerant_source
 from reproarchive.sources.path_scrub import Scrubber, scrub_prefixes
 from reproarchive.sources.report import PackReport, failure_summary
 

@@ -26,7 +26,8 @@ from typing import Any
 SET = "__reproarchive_set_config__"
 LOAD = "__reproarchive_load_library__"
 _OP_CALL = re.compile(r"torch\.ops\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)\(")
-_ANNOTATED = re.compile(r"^\s*(\w+): \"(\w+)\[([^\]]*)\]\[([^\]]*)\](\w+)(?::\d+)?\" = torch\.ops\.(\w+)\.(\w+)\.(\w+)\(")
+_ANNOTATED = re.compile(  # twice: "f32[3, 4][4, 1]cpu" = torch.ops.mylib.twice.default(
+    r"^\s*(\w+): \"(\w+)\[([^\]]*)\]\[([^\]]*)\](\w+)(?::\d+)?\" = torch\.ops\.(\w+)\.(\w+)\.(\w+)\(")
 _DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
            "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "b8": "bool"}
 

@@ -13,21 +13,11 @@ import pytest
 
 import reproarchive
 from reproarchive.format.reader import ContainerReader
+from support.custom_op_programs import twice_library
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*stand-in.*:UserWarning")]
 
-LIBRARY = '''
-import torch
-
-@torch.library.custom_op("ratest_src::twice", mutates_args=())
-def twice(x: torch.Tensor) -> torch.Tensor:
-    return x * 2
-
-@twice.register_fake
-def _(x):
-    return torch.empty_like(x)
-'''
-
+LIBRARY = twice_library("ratest_src")
 PROGRAM = '''
 import torch
 import ratest_src_lib

@@ -21,21 +21,13 @@ import pytest
 
 import reproarchive
 from reproarchive.replay.outcome import REPRODUCED
+from support.custom_op_programs import twice_library
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:.*(stand-in|generated|no data).*:UserWarning")]
 
-JOB = """
-import torch
+JOB = twice_library("mylib") + """
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
-
-@torch.library.custom_op("mylib::twice", mutates_args=())
-def twice(x: torch.Tensor) -> torch.Tensor:
-    return x * 2
-
-@twice.register_fake
-def _(x):
-    return torch.empty_like(x)
 
 def f(a):
     return torch.relu(torch.ops.mylib.twice(a) + 1).sum(0)
