@@ -49,6 +49,8 @@ Cost and side effects of the check, by design:
 * one extra forward (+ backward) per compiled graph, once; with ``accuracy=True`` also one
   eager and one fp64 run. Measured on CPU (4x Linear(1024), batch 256, aot_eager): one extra
   training step at the first call, about 3 more with accuracy. Compiling usually costs more.
+  A failing graph that calls custom ops runs once more, eagerly on copies of its inputs, to
+  record their real outputs (spec §8 ``custom_ops``).
   For very large graphs pass ``check_runtime=False``: compile errors are still captured, and
   nothing extra ever runs.
 * memory: one copy of the graph inputs (parameters included, since Dynamo passes them as
