@@ -102,7 +102,8 @@ def parsed_schema(name: str, schema_text: str) -> Any:
     overload = name.partition("::")[2].partition(".")[2]
     if (f"{namespace}::{rest}", schema.overload_name or "default") != (name.partition(".")[0], overload):
         raise _refused(name, f"its schema names {schema.name}.{schema.overload_name or 'default'}")
-    if not (_IDENT.match(namespace) and _IDENT.match(rest)) or namespace in co.TORCH_NAMESPACES:
+    if (not (_IDENT.match(namespace) and _IDENT.match(rest)) or namespace in co.TORCH_NAMESPACES
+            or not isinstance(getattr(torch.ops, namespace, None), torch._ops._OpNamespace)):
         raise _refused(name, f"namespace {namespace!r} is torch's own or not a plain name")
     if (why := SCHEMA_BLIND.get(namespace) or schema_problem(schema)) is not None:
         raise _refused(name, why)

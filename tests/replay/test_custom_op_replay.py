@@ -205,6 +205,8 @@ def test_stand_in_never_goes_into_torchs_own_namespace():
     with pytest.raises(UnsafeArchiveError, match="torch's own"):
         install([CustomOpRecord(name="aten::not_an_aten_op.default",
                                 schema="aten::not_an_aten_op(Tensor x) -> Tensor")])
+    with pytest.raises(UnsafeArchiveError, match="torch's own or not a plain name"):  # torch.ops.load_library
+        install([CustomOpRecord(name="load_library::x.default", schema="load_library::x(Tensor a) -> Tensor")])
     with pytest.raises(UnsafeArchiveError, match="plain ns::op.overload"):
         install([CustomOpRecord(name="os::system.default; import os", schema="x")])
 
