@@ -246,7 +246,7 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
     return out
 
 
-def _choose_graph(c: Compile, graph: str) -> tuple[str, trace_log.TraceEvent]:
+def _choose_graph(c: Compile, graph: str, problems=()) -> tuple[str, trace_log.TraceEvent]:
     runnables = [r for r in c.runnables() if r.payload is not None and r.payload_state == "ok"]
     dynamo = c.graph_event if c.graph_event is not None and c.graph_event.payload_state == "ok" else None
     damaged = [e for e in [c.graph_event, *c.runnables()] if e is not None and e.payload_state != "ok"]
@@ -260,6 +260,9 @@ def _choose_graph(c: Compile, graph: str) -> tuple[str, trace_log.TraceEvent]:
         return "dynamo_output_graph", dynamo
     if damaged:
         raise _Unpackable(f"its graph payload is damaged (MD5 mismatch at line {damaged[0].lineno})")
+    unreadable = [p for p in problems if "JSON" in p.what or "envelope" in p.what]
+    if unreadable:  # its graph's envelope may be among the lines that could not be read
+        raise _Unpackable(f"no readable graph for it: {unreadable[0]}")
     reason = c.fail_reason.splitlines()[0][:200] if c.fail_reason else ""
     raise _Unpackable("Dynamo logged no graph for it" + (f" (it failed before making one: {reason})" if reason else ""))
 
@@ -310,7 +313,7 @@ def _real_data_script(c: Compile, runnable: trace_log.TraceEvent, warnings: list
 def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy: bool, replay: bool, out: Path,
          cwd: Path) -> dict[str, Any]:
     """Everything the child needs for one compile, as plain JSON (the child never reads the log)."""
-    graph_from, event = _choose_graph(c, graph)
+    graph_from, event = _choose_graph(c, graph, trace.problems)
     logged_backend, backend_origin = trace_facts.backend_from_log(c, trace)
     if graph_from == "fx_graph_runnable":
         logged_backend, backend_origin = "inductor", "fx_graph_runnable is Inductor's input"

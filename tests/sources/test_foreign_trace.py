@@ -125,3 +125,19 @@ def test_log_with_a_corrupted_line_packs_what_it_can(job_log, tmp_path):
     reproarchive.verify(packed.archive)
     problems = [w for w in result.warnings if "not valid JSON" in w]
     assert len(problems) == 1, result.warnings
+
+
+def test_log_whose_graph_lines_are_corrupted_ends_with_one_error_line(job_log, tmp_path):
+    from support.cli import invoke
+
+    lines = job_log.read_text().splitlines()
+    lines = [ln[: len(ln) // 2] if not ln.startswith("\t") and ('"fx_graph_runnable"' in ln
+                                                                 or '"dynamo_output_graph"' in ln) else ln
+             for ln in lines]
+    log = tmp_path / "trace" / job_log.name
+    log.parent.mkdir()
+    log.write_text("\n".join(lines) + "\n")
+    result = invoke("pack", log.parent, "-o", tmp_path / "out")
+    said = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 4 and len(said) == 1, result.output
+    assert said[0].startswith("error: ") and "not valid JSON" in said[0]
