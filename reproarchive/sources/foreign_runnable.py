@@ -89,7 +89,8 @@ def tolerant_source(source: str) -> ast.Module:
     calls guarded (each becomes a call of a ``Guarded`` helper); everything else unchanged."""
     tree = ast.parse(source)
     body = []
-    for stmt in tree.body:
+    for original in tree.body:
+        stmt = original
         if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
                 and (path := _dotted(stmt.targets[0])) and path.startswith("torch.") and "config" in path):
             value = ast.Lambda(args=ast.arguments([], [], None, [], [], None, []), body=stmt.value)
@@ -97,7 +98,7 @@ def tolerant_source(source: str) -> ast.Module:
         elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
               and _dotted(stmt.value.func) == "torch.ops.load_library"):
             stmt = ast.Expr(ast.Call(ast.Name(LOAD, ast.Load()), stmt.value.args, stmt.value.keywords))
-        body.append(ast.copy_location(stmt, tree.body[0]) if tree.body else stmt)
+        body.append(ast.copy_location(stmt, original))  # tracebacks keep the script's line numbers
     tree.body = body
     return ast.fix_missing_locations(tree)
 
