@@ -7,6 +7,7 @@ import click
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
 from .progress import byte_bars
+from .replay_cmds import implementations
 from .text import difference_line, failure_title, human_size, index_digest, terminal_safe
 
 
@@ -137,7 +138,8 @@ DOCTOR_EXIT_CODES = exit_codes((0, "the report was printed, whether or not anyth
 @main.command(epilog=DOCTOR_EXIT_CODES)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(archive: str, as_json: bool) -> None:
+@implementations
+def doctor(archive: str, as_json: bool, imports: tuple[str, ...], libraries: tuple[str, ...]) -> None:
     """List what differs between the machine that recorded ARCHIVE and this one.
 
     Torch config, environment variables, torch/CUDA/Triton versions, GPU, CPU, packages: the
@@ -148,7 +150,7 @@ def doctor(archive: str, as_json: bool) -> None:
     """
     import reproarchive
 
-    report = reproarchive.doctor(archive)
+    report = reproarchive.doctor(archive, imports=imports, libraries=libraries)
     if as_json:
         emit_json(report.to_plain())
         return

@@ -13,6 +13,7 @@ import click
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, INTERRUPTED, exit_codes
 from .progress import step_bar
+from .replay_cmds import implementations
 from .store_cmds import push_line
 from .text import human_size, pack_summary
 
@@ -66,10 +67,11 @@ def _warn(lines) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar, no candidate note.")
 @click.option("--store", metavar="STORE", envvar="REPROARCHIVE_STORE", show_envvar=True,
               help="Also push every archive written to STORE (an fsspec URL or a folder; see `reproarchive push`).")
+@implementations
 @click.pass_context
 def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_replay: bool, compile_ids: tuple[str, ...],
              all_compiles: bool, rank: int | None, graph: str, backend: str | None, accuracy: bool, as_json: bool,
-             quiet: bool, store: str | None) -> None:
+             quiet: bool, store: str | None, imports: tuple[str, ...], libraries: tuple[str, ...]) -> None:
     """Bundle a PyTorch repro dump, or compiles of a TORCH_TRACE log, into portable archives.
 
     \b
@@ -120,7 +122,7 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
         with json_errors(as_json):
             _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
                         rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet,
-                        store=store)
+                        store=store, imports=imports, libraries=libraries)
         return
     trace_only = [name for name, used in (("--compile-id", compile_ids), ("--all", all_compiles),
                                           ("--rank", rank is not None), ("--graph", graph != "auto"),
@@ -133,7 +135,8 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     try:
         with json_errors(as_json), step_bar(not quiet and not as_json, PACK_STAGES - int(no_replay),
                                             "packing dump") as step:
-            result = reproarchive.pack_dump(source, out, replay=not no_replay, progress=step, keep_log=log)
+            result = reproarchive.pack_dump(source, out, replay=not no_replay, progress=step, keep_log=log,
+                                            imports=imports, libraries=libraries)
     finally:
         _show_debug_log(log, "the process that imported the dump")
     if as_json:
@@ -186,7 +189,8 @@ def _show_debug_log(log: Path | None, whose: str) -> None:
 
 
 def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay: bool, compile_ids, all_compiles: bool,
-                rank, graph: str, backend, accuracy: bool, as_json: bool, quiet: bool, store: str | None) -> None:
+                rank, graph: str, backend, accuracy: bool, as_json: bool, quiet: bool, store: str | None,
+                imports=(), libraries=()) -> None:
     import reproarchive
 
     def note(stage: str) -> None:
@@ -197,7 +201,8 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
     try:
         result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles, rank=rank,
                                          graph=graph,
-                            backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log)
+                            backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log,
+                            imports=imports, libraries=libraries)
     finally:
         _show_debug_log(log, "the processes that rebuilt the compiles")
     archives = [packed.archive for packed in result.packed] + ([result.job.archive] if result.job else [])
@@ -259,9 +264,11 @@ def _rel(path: Path, cwd: Path) -> str:
 @click.option("-q", "--quiet", is_flag=True, help="No progress output.")
 @click.option("--store", metavar="STORE", envvar="REPROARCHIVE_STORE", show_envvar=True,
               help="Also push every archive written to STORE (an fsspec URL or a folder; see `reproarchive push`).")
+@implementations
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep_dumps: bool, as_json: bool,
-                quiet: bool, store: str | None, command: tuple[str, ...]) -> None:
+                quiet: bool, store: str | None, imports: tuple[str, ...], libraries: tuple[str, ...],
+                command: tuple[str, ...]) -> None:
     """Run a program and pack every torch.compile failure in it, without code changes.
 
     \b
@@ -316,7 +323,7 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
             click.echo(f"reproarchive: {stage}", err=True)
 
     result = reproarchive.capture_program(list(command), out_dir, after=after, accuracy=accuracy, replay=not no_replay,
-                             keep_dumps=keep_dumps, progress=note)
+                             keep_dumps=keep_dumps, progress=note, imports=imports, libraries=libraries)
     pushed: dict = {}
     try:
         pushed = _push_to_store([a.archive for a in result.archives], store, quiet=quiet or as_json)

@@ -101,6 +101,18 @@ def launcher_passthrough(values: dict) -> tuple[str, ...]:
             out += [name, str(value)]
     return tuple(out)
 
+def implementations(fn):
+    """``--import MODULE`` / ``--load-library PATH``: the real implementation of a custom op the
+    archive's graph calls, brought by the user (an archive never names what gets imported)."""
+    fn = click.option("--load-library", "libraries", multiple=True, metavar="PATH",
+                      type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+                      help="Load the shared library PATH (torch.ops.load_library) first: the real "
+                           "implementation of a C++ custom op. Repeatable.")(fn)
+    return click.option("--import", "imports", multiple=True, metavar="MODULE",
+                        help="Import MODULE first: the real implementation of a Python custom op "
+                             "(without it a custom op missing here replays from its recorded outputs). "
+                             "Repeatable.")(fn)
+
 
 RUN_EPILOG = exit_codes(
     (0, "passed: the graph compiled and ran (and matched eager with --accuracy); a job: on every rank"),
@@ -188,10 +200,11 @@ Exit codes:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar (loading) or progress line (--minify).")
 @MAX_MEMORY
 @JOB_OPTIONS
+@implementations
 @click.pass_context
 def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
             minify, output, max_time, strict_accuracy, jobs, shrink_inputs, quiet, max_memory, rank, single_process,
-            timeout, **rendezvous):
+            timeout, imports, libraries, **rendezvous):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
 
     ARCHIVE is a file or a store reference (STORE/NAME, e.g. s3://team/repros/resnet-3fa2b1c09d4e),
@@ -210,7 +223,8 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     # run judges every output (strict); the minifier by default floating outputs only
     settings = reproarchive.ReplaySettings(
         backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
-        strict_accuracy=strict_accuracy or not minify, device=device, max_memory=max_memory)
+        strict_accuracy=strict_accuracy or not minify, device=device, max_memory=max_memory, imports=imports,
+        libraries=libraries)
     launcher = launcher_passthrough(rendezvous)
     job_asked = rank is not None or single_process or timeout is not None or bool(launcher)
     if minify and (rank is not None or single_process or launcher):
@@ -355,6 +369,8 @@ def format_outcome(outcome) -> str:
                  + (", isolated" if outcome.isolated else "")
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
+    if outcome.stand_ins:
+        lines.append(f"  stand-ins {', '.join(outcome.stand_ins)} (custom ops not loaded here: see the warnings)")
     lines.append(f"  recorded  {_describe(outcome.recorded)}")
     lines.extend(_compiler_lines(outcome.recorded))
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
@@ -419,11 +435,16 @@ def _g(x) -> str:
               help="Folder to create (must not exist, or be empty).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 @MAX_MEMORY
-def export_cmd(archive, out_dir, as_json, max_memory):
-    """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch."""
+@implementations
+def export_cmd(archive, out_dir, as_json, max_memory, imports, libraries):
+    """Write ARCHIVE as a folder with a standalone repro.py that needs only PyTorch.
+
+    A custom op missing here replays from its recorded outputs in repro.py too; --import and
+    --load-library are written into repro.py, which then brings the real implementation."""
     import reproarchive
 
-    report = reproarchive.export(archive, out_dir, reproarchive.ReplaySettings(max_memory=max_memory))
+    report = reproarchive.export(archive, out_dir, reproarchive.ReplaySettings(
+        max_memory=max_memory, imports=imports, libraries=libraries))
     if as_json:
         emit_json(report.to_plain())
     else:

@@ -19,8 +19,11 @@ from reproarchive.archive.memory import check_declared_memory
 from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.checks import check_readable_here, recorded_devices
+from reproarchive.codec.custom_ops import LiveCall, LiveCustomOp
 from reproarchive.codec.devices import remap_graph_devices, resolve_devices
 from reproarchive.codec.input_demands import storage_demands
+from reproarchive.codec.stand_ins import install as install_stand_ins
+from reproarchive.codec.stand_ins import set_calls as stand_in_calls
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
 from reproarchive.context.execution import rebuilt_as_inference
 from reproarchive.errors import (
@@ -55,6 +58,8 @@ class Repro:
     fidelity: list[str]
     devices: dict[str, str]
     warnings: list[str]
+    custom_ops: list[LiveCustomOp] = dataclasses.field(default_factory=list)  # recorded calls, decoded
+    stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops replayed from them
 
     @property
     def records(self) -> Records:
@@ -93,7 +98,8 @@ def _torch_errors_as_archive_errors(fn):
 @_torch_errors_as_archive_errors
 def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = None,
          limits: Limits = layout.DEFAULT_LIMITS,
-         remap_graph: bool = True, max_memory: int | None = None, reader: ContainerReader | None = None) -> Repro:
+         remap_graph: bool = True, max_memory: int | None = None, reader: ContainerReader | None = None,
+         stand_ins: bool = True) -> Repro:
     """Rebuild the graph and its inputs from an archive, on ``device``.
 
     ``device=None`` keeps each storage's recorded device where this machine has it and falls
@@ -107,10 +113,15 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     declared sizes (real and absent) are compared with the memory available here and with
     ``max_memory`` (bytes); a load that would not fit raises ``LimitExceededError``.
     ``reader``: ``path`` already open, so that its index is not decoded again (the caller closes it).
+    A custom op the graph calls that this process does not have gets a stand-in that returns
+    its recorded outputs (``codec.stand_ins``; ``Repro.stand_ins`` names them, a warning says
+    so); ``stand_ins=False`` leaves it missing (the graph then cannot be built here).
     """
     opened = ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader)
     with opened as reader:  # noqa: PLR1704 - the reader given, or the one opened here
         index = reader.index
+        # before the graph's targets are checked: a stand-in is what a missing custom op resolves to
+        stand_ins = install_stand_ins(index.custom_ops or ()) if stand_ins else []
         check_readable_here(index)
         mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
         notes = [f"recorded device {name} is not available here; loading on cpu" for name in mapper.fallback]
@@ -130,6 +141,10 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                                 Tracker(progress, "load", total).update, path=path, limits=limits,
                                 demands=storage_demands(index.inputs, records, index.graph))
         decoder = tensor_codec.ValueDecoder(storages, targets_by_storage)
+        custom_ops = [LiveCustomOp(dataclasses.replace(op, calls=()),
+                                   [LiveCall(c.arguments, tuple(map(decoder.decode, c.outputs))) for c in op.calls])
+                      for op in index.custom_ops or ()]
+        stand_in_calls([op for op in custom_ops if op.name in stand_ins])
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).
         gm = graph_codec.GraphDecoder(decoder.tensor).decode(index.graph)
@@ -156,7 +171,17 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                    "the replay is not the original run")
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
-        return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes)
+        for name in stand_ins:
+            op = next(o for o in index.custom_ops if o.name == name)
+            generated = any(records[t.storage].fidelity == FIDELITY_ABSENT for t in op.tensors())
+            msg = (f"custom op {name} is not registered here: a stand-in returns "
+                   + ("GENERATED outputs of the recorded shapes (the source had no data)" if generated else
+                      f"its {len(op.calls)} recorded output(s) and fails on any other input")
+                   + " (bring the real op with --import / --load-library)")
+            warnings.warn(msg, stacklevel=3)
+            notes.append(msg)
+        return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes, custom_ops,
+                     stand_ins)
 
 
 def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],

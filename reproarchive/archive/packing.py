@@ -16,8 +16,10 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from reproarchive.codec import custom_ops as custom_op_codec
 from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
+from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.codec.tensors import StorageTable, storage_view
 from reproarchive.context.execution import inference_inputs
 from reproarchive.errors import (
@@ -27,7 +29,15 @@ from reproarchive.errors import (
 from reproarchive.format import digests, frames, layout, plain
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import WorkQueue, worker_threads
-from reproarchive.format.schema import ContainerRecord, CreatedBy, Index, JobRecord, Records
+from reproarchive.format.schema import (
+    ContainerRecord,
+    CreatedBy,
+    CustomOpCall,
+    CustomOpRecord,
+    Index,
+    JobRecord,
+    Records,
+)
 from reproarchive.format.writer import ContainerWriter
 from reproarchive.progress import ProgressFn, Tracker
 from reproarchive.version import __version__
@@ -82,6 +92,28 @@ def _digest_job(storage: torch.UntypedStorage, algorithm: str):
     return keep, view, f"{algorithm}:{h.hexdigest()}"
 
 
+def _custom_op_records(gm: fx.GraphModule, live: Sequence[LiveCustomOp] | None,
+                       table: StorageTable) -> tuple[CustomOpRecord, ...] | None:
+    """The ``custom_ops`` record (spec §8): the custom ops ``gm`` calls, with the recorded calls
+    of ``live`` where given (a capture, a loaded archive), else described from this process."""
+    used = {custom_op_codec.op_name(op) for op in custom_op_codec.custom_ops_of(gm)}
+    if not used:
+        return None
+    given = {op.name: op for op in live or ()}
+    here: dict[str, LiveCustomOp] = {}
+    out = []
+    for name in sorted(used):
+        op = given.get(name)
+        if op is None:  # no live record given for it: described from this process, no calls
+            here = here or {o.name: o for o in custom_op_codec.described(gm)}
+            op = here[name]
+        calls = tuple(CustomOpCall(arguments=c.arguments,
+                                   outputs=tuple(tensor_codec.encode_value(v, table) for v in c.outputs))
+                      for c in op.calls)
+        out.append(dataclasses.replace(op.record, calls=calls))
+    return tuple(out)
+
+
 def pack(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -94,6 +126,7 @@ def pack(
     frame_size: int = layout.DEFAULT_FRAME_SIZE,
     min_saving: float = frames.MIN_SAVING,
     progress: ProgressFn | None = None,
+    custom_ops: Sequence[LiveCustomOp] | None = None,
 ) -> Path:
     """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
 
@@ -128,6 +161,7 @@ def pack(
         for n, v in zip(placeholders, inputs)
     )
     graph_record = graph_codec.encode_graph(gm, table)
+    op_records = _custom_op_records(gm, custom_ops, table)
     code = graph_codec.readable_code(gm).encode()
 
     real = [i for i, r in enumerate(table.records) if r.is_real]
@@ -168,7 +202,7 @@ def pack(
             index = Index(
                 container=ContainerRecord(frame_size=frame_size), digest_algorithm=digest,
                 storages=tuple(table.records), inputs=input_records, graph=graph_record, records=records,
-                job=job)
+                job=job, custom_ops=op_records)
             try:
                 writer.finish(index)
             except SchemaViolation as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.packing import pack
+from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.context.redaction import redacted
 from reproarchive.format.schema import JobRecord, Records
 
@@ -23,13 +24,15 @@ from reproarchive.format.schema import JobRecord, Records
 @dataclass(frozen=True)
 class Capture:
     """What a capture source found: the graph (a ``torch.fx.GraphModule``), one input per
-    placeholder, and the records around them, not yet redacted; for a rank of a multi-rank job
-    also its job record (spec §8 ``job``)."""
+    placeholder, the records around them, not yet redacted, the calls of its custom ops where
+    the source ran them on real data (``codec.custom_ops.record_calls``), and for a rank of a
+    multi-rank job its job record (spec §8 ``job``)."""
 
     graph: Any
     inputs: Sequence[Any]
     records: Records
     job: JobRecord | None = None  # (1.3) one rank of a multi-rank job: its part (``archive.job_merge``)
+    custom_ops: Sequence[LiveCustomOp] | None = None  # recorded calls; None: described at packing
 
 
 def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mapping[str, str] | None = None,
@@ -45,4 +48,4 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     # for graphs with ``while_loop``): packing reads real tensors, so it runs outside any mode.
     with _disable_current_modes():
         return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table),
-                    job=capture.job, **options)
+                    job=capture.job, custom_ops=capture.custom_ops, **options)

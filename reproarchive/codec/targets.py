@@ -130,7 +130,8 @@ def resolve_function(name: object) -> Any:
         if name.startswith("torch.ops."):
             raise NotReplayableHereError(
                 f"graph calls operator {name}, which is not registered in this process: not replayable here",
-                "import the library that defines this custom op before loading (or replay where it is installed)",
+                "`reproarchive run` stands in for a custom op the archive recorded (spec 8 custom_ops); "
+                "or bring it: --import MODULE / --load-library PATH",
                 rule=Rule.CALL_TARGET,
             ) from None
         why = effects.unresolved_problem(missing.found)

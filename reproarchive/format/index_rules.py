@@ -51,6 +51,7 @@ from reproarchive.format.schema import (
     SHAPE_INPUT_KINDS,
     SYMBOL_KINDS,
     ContainerRecord,
+    CustomOpRecord,
     DictArg,
     DigestAlgorithm,
     FailureRecord,
@@ -170,6 +171,14 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         raise SchemaViolation("is not <algorithm>:<hex digest>", ("parent",), Rule.DIGEST_SYNTAX)
     if records.failure is not None:
         check_failure(records.failure)
+    custom_ops = _section(raw, "custom_ops", tuple[CustomOpRecord, ...] | None)
+    if sum(len(op.calls) for op in custom_ops or ()) > caps.max_members:
+        raise LimitExceededError(f"index records more than {caps.max_members} custom-op calls",
+                                 rule=Rule.STORAGE_TOTAL)
+    for i, op in enumerate(custom_ops or ()):
+        for j, call in enumerate(op.calls):
+            for k, value in enumerate(call.outputs):
+                check_value(value, storages, ("custom_ops", i, "calls", j, "outputs", k), 0)
     execution = records.execution
     for i in (execution.inference_inputs or ()) if execution is not None else ():
         if not 0 <= i < len(inputs):
@@ -182,7 +191,7 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
     if job is not None:
         check_job(job, storages, len(inputs), caps, check_value, check_graph)
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
-                 records=records, format=FORMAT_NAME, version=raw["version"], job=job)
+                 records=records, format=FORMAT_NAME, version=raw["version"], job=job, custom_ops=custom_ops)
 
 
 def _raw_node_count(graph: Any, depth: int) -> int:

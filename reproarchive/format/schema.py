@@ -474,6 +474,54 @@ class JobRecord:
 
 
 # --------------------------------------------------------------------------------------------
+# §8 custom ops (1.3): operators of libraries outside torch, as data
+
+
+@open_record
+class OpProvenance:
+    """(1.3) Where a custom op's implementation came from, so a replaying machine can tell
+    whether it has the same one: ``kind`` ``python`` (``module`` and ``digest``: the sha256 of
+    the defining function's source), ``library`` (``library``: the shared library's file name,
+    never its path, and ``digest``: the file's sha256) or ``unknown``."""
+
+    kind: str = "unknown"
+    module: str | None = omit_none()
+    library: str | None = omit_none()
+    digest: str | None = omit_none()
+
+
+@dataclass(frozen=True)
+class CustomOpCall:
+    """(1.3) One call of a custom op in the failing run: each schema argument by content
+    (``arguments``: a tensor as ``<dtype>[<shape>] <digest of its contiguous bytes>``, any
+    other argument as its plain value) and the op's real outputs, as value records whose
+    tensors are storages of the table (deduplicated like any storage)."""
+
+    arguments: tuple[PlainData, ...] = ()
+    outputs: tuple[Value, ...] = ()
+
+
+@dataclass(frozen=True)
+class CustomOpRecord:
+    """(1.3) An operator of the graph that is not torch's own: ``name`` (``ns::op.overload``),
+    its ``schema`` as torch prints it, the dispatch keys it had kernels for, whether it had a
+    fake (meta) implementation, where its implementation came from, and its calls in the
+    failing run (none when the source could not run it on real data)."""
+
+    name: str
+    schema: str
+    dispatch_keys: tuple[str, ...] = ()
+    fake: bool = False
+    provenance: OpProvenance | None = omit_none()
+    calls: tuple[CustomOpCall, ...] = ()
+
+    def tensors(self):
+        for call in self.calls:
+            for value in call.outputs:
+                yield from value.tensors()
+
+
+# --------------------------------------------------------------------------------------------
 # the index
 
 
@@ -490,12 +538,16 @@ class Index:
     format: str = FORMAT_NAME
     version: str = FORMAT_VERSION
     job: JobRecord | None = omit_none()  # (1.3) absent for a single-process archive
+    custom_ops: tuple[CustomOpRecord, ...] | None = omit_none()  # (1.3) absent, not nil, when none
 
     def tensor_records(self):
-        """Every tensor record: inputs first, then module state (the order storages are numbered)."""
+        """Every tensor record: inputs first, then module state, then the recorded outputs of
+        custom ops (the order storages are numbered)."""
         for value in self.inputs:
             yield from value.tensors()
         yield from self.graph.tensors()
+        for op in self.custom_ops or ():
+            yield from op.tensors()
 
     def job_tensor_records(self):
         """The tensor records of the other ranks (§8 ``job``): their inputs, then their graphs'."""

@@ -43,6 +43,7 @@ from typing import Any, Callable
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.codec.shapes import placeholder_names, restricted
+from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.replay.settings import ReplaySettings
 
@@ -107,7 +108,7 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     minify = as_records({"minify": stats}).minify if stats is not None else None
     shapes = restricted(repro.records.shapes, placeholder_names(repro.gm), placeholder_names(gm), inputs)
     pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify,
-                                                       shapes=shapes))
+                                                       shapes=shapes), custom_ops=repro.custom_ops)
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
@@ -183,6 +184,7 @@ def minify_archive(
     output = output_path(path, output)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
+        bring_implementations(settings.imports, settings.libraries)
         repro = load(path, device=settings.device, max_memory=settings.max_memory)
     stage = repro.records.failure.stage if repro.records.failure is not None else None
     if stage in (None, "unknown"):

@@ -16,6 +16,8 @@ import os
 from typing import Any
 
 from reproarchive.archive.inspection import NamedByIndex, StoreOrigin
+from reproarchive.codec.custom_ops import differences as custom_op_differences
+from reproarchive.codec.stand_ins import bring_implementations, is_stand_in
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
@@ -65,6 +67,7 @@ def differences(
                              "current": row["current"], "important": True})
         if config:
             changed = {(m, k) for m, values in config.changed.items() for k in values}
+            changed |= {(u.module, u.key) for u in config.unrepresentable if u.changed}  # e.g. not applied when packed
             for row in config_diff(config, comparable_snapshot(config)):
                 status = row["status"]
                 if config_applied and status == "differs":
@@ -93,19 +96,29 @@ class DoctorReport(NamedByIndex):
     store: StoreOrigin | None = dataclasses.field(default=None, metadata={"omit": "none"})
 
 
-def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS) -> DoctorReport:
+def _custom_names(index) -> list[str]:
+    return [op.name for op in index.custom_ops or ()]
+
+
+def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LIMITS,
+           imports: tuple[str, ...] = (), libraries: tuple[str, ...] = ()) -> DoctorReport:
     """What differs between the machine that recorded the archive at ``path`` and this one,
     without loading a tensor or compiling anything.
 
     Reads the index alone (validated like every reader's: ArchiveError, exit 2, for a bad
     archive). The graph is not rebuilt, so an archive this torch could not load (a device type
     or call target it lacks) is still compared: its torch version is then usually the answer.
+    Custom ops the graph calls are compared with the ones registered here, after importing and
+    loading what the user names (``imports``, ``libraries``: ``--import``, ``--load-library``):
+    missing, or with another schema or implementation (provenance digest).
     """
+    bring_implementations(imports, libraries)
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
         digest = reader.index_digest
     records = index.records
     rows = differences(config=records.config, environment=records.environment, system=records.system,
                        execution=records.execution, config_applied=None)
+    rows[:0] = custom_op_differences(index.custom_ops, stand_ins=[n for n in _custom_names(index) if is_stand_in(n)])
     return DoctorReport(path=str(path), digest=digest, differences=tuple(rows), count=len(rows),
                         important=sum(1 for r in rows if r["important"]))

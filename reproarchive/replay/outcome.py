@@ -39,6 +39,7 @@ class Outcome:
     shapes: the dynamic-shape policy the replay used: ``policy`` ("recorded" or "not
     recorded"), ``symbolic``, the symbolic dimensions and unbacked symbols, and the recorded
     and replayed guards with ``guards_match`` (None: not compared; see ``replay.shape_policy``).
+    stand_ins: custom ops this process did not have, replayed from their recorded outputs.
     """
 
     status: str
@@ -58,6 +59,7 @@ class Outcome:
     archive: str | None = None
     digest: str | None = None
     shapes: dict[str, Any] | None = None
+    stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops replayed from recorded outputs
 
     @property
     def kind(self) -> str:

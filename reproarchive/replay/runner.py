@@ -337,7 +337,9 @@ def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, 
 def _loaded(path, settings: ReplaySettings, plan: DevicePlan, progress: ProgressFn | None, *, reader):
     """The archive at ``path`` (open in ``reader``, its index decoded) loaded under ``plan``."""
     from reproarchive.archive.loading import load
+    from reproarchive.codec.stand_ins import bring_implementations
 
+    bring_implementations(settings.imports, settings.libraries)
     with _warnings.catch_warnings():
         _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
         return load(path, device=plan, progress=progress, max_memory=settings.max_memory, reader=reader)
@@ -359,6 +361,7 @@ def _replayed(path, repro, settings: ReplaySettings, plan: DevicePlan, *, on_sta
     outcome.warnings[:0] = load_warnings
     outcome.archive = str(path)
     outcome.digest = repro.digest
+    outcome.stand_ins = list(repro.stand_ins)
     return outcome
 
 

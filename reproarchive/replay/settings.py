@@ -1,7 +1,8 @@
 """``ReplaySettings``: how one replay is to be run, as one checked value.
 
 The same choices (backend, accuracy, only_fwd, current_config, tol, strict_accuracy, device,
-max_memory) reach ``run``, an isolated child, every candidate the minifier judges and
+max_memory, and the custom-op implementations the user brings: imports, libraries) reach
+``run``, an isolated child, every candidate the minifier judges and
 ``export``. They are checked once, where a person or a program hands them in (the CLI builds
 one; the public functions build one from keyword arguments), and then passed unchanged: no
 layer below re-checks or re-defaults them. Across a process boundary they travel as plain
@@ -35,8 +36,16 @@ class ReplaySettings:
     strict_accuracy: bool = True  # False: judge floating outputs only (PyTorch's --accuracy)
     device: str | Mapping[str, str] | None = None  # a device, or recorded -> target devices
     max_memory: int | None = None  # bytes a load may allocate
+    # the user's own implementations of custom ops, brought in before loading (never the archive's)
+    imports: tuple[str, ...] = ()  # modules to import (``--import``)
+    libraries: tuple[str, ...] = ()  # shared libraries to load (``--load-library``)
 
     def __post_init__(self) -> None:
+        for name in ("imports", "libraries"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+                raise TypeError(f"ReplaySettings.{name} must be a sequence of non-empty strings")
+            object.__setattr__(self, name, tuple(value))
         if self.backend is not None and (not isinstance(self.backend, str) or not self.backend.strip()):
             raise ReproArchiveError(f"backend {self.backend!r} is not a backend name",
                                     "name one torch.compile accepts, or module:function")
@@ -67,6 +76,7 @@ class ReplaySettings:
     def to_plain(self) -> dict[str, Any]:
         """JSON/msgpack-ready: what an isolated child receives."""
         plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        plain["imports"], plain["libraries"] = list(self.imports), list(self.libraries)
         if isinstance(self.device, Mapping):
             plain["device"] = dict(self.device)
         return plain

@@ -49,6 +49,8 @@ Cost and side effects of the check, by design:
 * one extra forward (+ backward) per compiled graph, once; with ``accuracy=True`` also one
   eager and one fp64 run. Measured on CPU (4x Linear(1024), batch 256, aot_eager): one extra
   training step at the first call, about 3 more with accuracy. Compiling usually costs more.
+  A failing graph that calls custom ops runs once more, eagerly on copies of its inputs, to
+  record their real outputs (spec §8 ``custom_ops``).
   For very large graphs pass ``check_runtime=False``: compile errors are still captured, and
   nothing extra ever runs.
 * memory: one copy of the graph inputs (parameters included, since Dynamo passes them as
@@ -92,6 +94,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
+from reproarchive.codec.custom_ops import record_calls
 from reproarchive.codec.shapes import policy_of
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
@@ -469,10 +472,14 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
                            tolerance=capture_settings.get("tolerance"),
                            check_runtime=bool(capture_settings.get("check_runtime")),
                            written_before_run=True if failure.stage == "crash" else None, **(door or {}))
+    # the custom ops' real outputs, from one run on copies of the real inputs; not before a
+    # possible crash (the op itself may be what crashes)
+    custom_ops = None if failure.stage == "crash" else record_calls(gm, inputs)
     return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
                                        environment=environment_snapshot(), system=system_snapshot(),
                                        failure=failure, source=source, execution=execution_snapshot(inputs),
-                                       shapes=policy_of(gm, inputs, config)))
+                                       shapes=policy_of(gm, inputs, config)),
+                   custom_ops=custom_ops)
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:

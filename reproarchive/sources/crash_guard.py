@@ -49,6 +49,7 @@ CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
+CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's custom-op calls
 _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
 log = logging.getLogger("reproarchive.capture")
@@ -114,19 +115,59 @@ def _patch(module: Any) -> None:
             return _job_backend(self, job_dir)(gm, example_inputs)
         pending = _write_pending(gm, list(example_inputs), _backend_name(self))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
+        pristine = _custom_op_graph(gm)
         try:
             with inductor_door.dynamo_call(gm, list(example_inputs)):
                 if accuracy_dir and not kwargs:
                     compiled = _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
                 else:
                     compiled = original(self, gm, example_inputs, **kwargs)
-        except BaseException:
+        except BaseException as exc:
             _discard(pending)
+            if pristine is not None and isinstance(exc, Exception):
+                _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
             raise
         return compiled if pending is None else _discard_after_first_call(compiled, pending)
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
+
+
+def _custom_op_graph(gm: Any) -> Any:
+    """A structural copy of ``gm`` when it calls custom ops (backends may rewrite it in place)."""
+    try:
+        from reproarchive.codec.custom_ops import custom_ops_of
+        from reproarchive.sources.backend import copy_graph_structure
+
+        return copy_graph_structure(gm) if custom_ops_of(gm) else None
+    except Exception:  # noqa: BLE001 - never in place of the program's own run
+        return None
+
+
+def _write_custom_ops(gm: Any, inputs: list[Any], exc: Exception, backend: str) -> None:
+    """For a graph that calls custom ops and failed: an archive whose ``custom_ops`` record
+    holds their real outputs (``CUSTOM_OPS_DIR``). PyTorch's dump of this failure names the ops
+    but cannot define them, so ``pack_dump`` installs them from here (as stand-ins, or the
+    user's ``--import``) and keeps these recorded calls."""
+    try:
+        from reproarchive.context.config import config_snapshot
+        from reproarchive.context.failure import record_from_exception
+        from reproarchive.sources.backend import write_archive
+
+        folder = Path(os.environ[CRASH_DIR_ENV]).parent / CUSTOM_OPS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        write_archive(gm, inputs, folder / f"{os.getpid()}-{next(_counter)}.tar.zst", config=config_snapshot(),
+                      failure=record_from_exception(exc, "compile", backend=backend), backend=backend,
+                      accuracy=False, capture_settings={"check_runtime": True})
+    except Exception as err:  # noqa: BLE001 - never in place of the program's own run
+        log.warning("reproarchive capture: could not record the custom ops of a failing graph: %s: %s",
+                    type(err).__name__, err)
+
+
+def custom_op_archives(dump_dir: Path, pid: int) -> list[Path]:
+    """The custom-op records process ``pid`` left (``_write_custom_ops``), oldest first."""
+    folder = dump_dir / CUSTOM_OPS_DIR
+    return sorted(folder.glob(f"{pid}-*.tar.zst"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
 
 
 def _accuracy_backend(wrapper: Any, folder: str) -> Any:

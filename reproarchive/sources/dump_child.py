@@ -26,19 +26,23 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import dataclasses
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
+from reproarchive.codec.custom_ops import record_calls
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format.schema import DumpSource, Records
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro
 from reproarchive.sources.dump_reader import RecordingReader
 from reproarchive.sources.dump_script import DumpScript, parse_dump_script, symbolic_shapes
 from reproarchive.sources.first_replay import crashed, first_line, generated_data_warning, replay
+from reproarchive.sources.foreign_runnable import Guarded, missing_ops, tolerant_source
 from reproarchive.sources.path_scrub import Scrubber, scrub_prefixes
 from reproarchive.sources.report import PackReport, failure_summary
 
@@ -47,12 +51,14 @@ from reproarchive.sources.report import PackReport, failure_summary
 # --------------------------------------------------------------------------------------------
 
 
-def _exec_module_code(script: Path) -> dict[str, Any]:
-    """Run the script body as a module that is not __main__: defines Repro, mod, load_args."""
+def _exec_module_code(script: Path, guarded: Guarded) -> dict[str, Any]:
+    """Run the script body as a module that is not __main__: defines Repro, mod, load_args.
+    Its torch config settings and library loads are guarded (``foreign_runnable``): what this
+    torch or machine lacks is recorded in ``guarded`` instead of stopping the script."""
     source = script.read_text(encoding="utf-8", errors="replace")
-    code = compile(source, str(script), "exec")
+    code = compile(tolerant_source(source), str(script), "exec")
     namespace: dict[str, Any] = {"__name__": "__reproarchive_dump__", "__file__": str(script),
-                                 "__builtins__": builtins}
+                                 "__builtins__": builtins, **guarded.helpers()}
     exec(code, namespace)  # noqa: S102 - the user's own repro script, in a throwaway process
     return namespace
 
@@ -94,23 +100,29 @@ class ImportedScript:
     origin: dict[str, str]
     notes: list[str]
     load_args: Any
+    guarded: Guarded = dataclasses.field(default_factory=Guarded)  # settings not applied, libraries missing
+    missing_ops: list = dataclasses.field(default_factory=list)  # ops described from the script (stand-ins)
 
     @property
     def load_args_version(self) -> Any:
         return getattr(self.load_args, "_version", None)
 
 
-def import_script(script: Path, store: Path | None, events) -> ImportedScript:
+def import_script(script: Path, store: Path | None, events, annotated: str | None = None) -> ImportedScript:
     """Execute a PyTorch repro script's module code here, read its inputs, trace its graph.
 
     The script is a repro in PyTorch's after_dynamo/after_aot shape (a dump, or the
     ``fx_graph_runnable`` of a TORCH_TRACE log); its config and environment lines take effect in
-    this process, which is why this only ever runs in a child process.
+    this process, which is why this only ever runs in a child process. A setting this torch
+    lacks and a library this machine lacks are recorded, not fatal; an operator still missing
+    then gets a stand-in described from its call sites (``annotated``: the log's graph code
+    with the shapes of its values, for the stand-in's outputs).
     """
     dump = parse_dump_script(script)
     events("running the script's module code")
+    guarded = Guarded()
     try:
-        namespace = _exec_module_code(script)
+        namespace = _exec_module_code(script, guarded)
     except Exception as err:
         raise SourceError(
             f"running the module code of {script.name} failed: {type(err).__name__}: {first_line(err)}",
@@ -128,6 +140,9 @@ def import_script(script: Path, store: Path | None, events) -> ImportedScript:
         load_args(reader)
     args = list(reader._args)
 
+    missing = stand_ins_for_missing_ops(script.read_text(encoding="utf-8", errors="replace"), annotated, guarded)
+    if missing:
+        events(f"standing in for {len(missing)} operator(s) not registered here")
     events("tracing the graph")
     gm, trace_notes = trace_repro(mod)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -143,8 +158,41 @@ def import_script(script: Path, store: Path | None, events) -> ImportedScript:
                 info["symbolic_shape"] = symbolic[i]["shape"]
     origin = module_state_origin(mod)
     gm, example_inputs, lifted = lift_state(gm, origin, args)
+    notes = trace_notes + [f"setting {m}.{k} = {v} was not applied: {why}" for m, k, v, why in guarded.unapplied]
+    notes += [f"library {lib} could not be loaded here" for lib in guarded.libraries]
+    notes += [f"operator {op.name} is not registered here: a stand-in with the inferred schema {op.record.schema} "
+              "returns generated outputs" for op in missing]
     return ImportedScript(dump=dump, mod=mod, reader=reader, gm=gm, example_inputs=example_inputs,
-                          lifted=lifted, origin=origin, notes=trace_notes, load_args=load_args)
+                          lifted=lifted, origin=origin, notes=notes, load_args=load_args, guarded=guarded,
+                          missing_ops=missing)
+
+
+def stand_ins_for_missing_ops(source: str, annotated: str | None, guarded: Guarded) -> list:
+    """Stand-ins for the operators the script calls that nobody registered here (a library of
+    the recording machine): the archive's ``custom_ops`` records, outputs absent."""
+    import torch
+
+    from reproarchive.codec.custom_ops import LiveCall, LiveCustomOp
+    from reproarchive.codec.stand_ins import install, set_calls
+    from reproarchive.codec.tensors import AbsentTensor
+    from reproarchive.format.schema import CustomOpRecord, OpProvenance
+
+    archived, here = [], []
+    library = guarded.libraries[0] if len(guarded.libraries) == 1 else None
+    for name, found in missing_ops(source, annotated).items():
+        record = CustomOpRecord(name=name, schema=found["schema"], provenance=OpProvenance(
+            kind="library" if library else "unknown", library=library))
+        absent, generated = [], []
+        for dtype, shape, stride, device in found["outputs"]:
+            dt = getattr(torch, dtype)
+            absent.append(AbsentTensor(tuple(shape), dt, stride=tuple(stride) if stride else None, device=device))
+            generated.append(torch.zeros(shape, dtype=dt))
+        calls = [LiveCall((), tuple(absent))] if found["outputs"] else []
+        archived.append(LiveCustomOp(record, calls))
+        here.append(LiveCustomOp(record, [LiveCall((), tuple(generated))] if calls else []))
+    install([op.record for op in here])
+    set_calls(here)
+    return archived
 
 
 def input_report(imp: ImportedScript, *,
@@ -238,10 +286,30 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         environment=environment, failure=failure, source=source, shapes=shapes))
 
 
+def custom_ops_before_import(imports, libraries, recorded_in, events) -> list:
+    """Before the dump's code runs: the user's implementations of its custom ops (``--import``,
+    ``--load-library``), then stand-ins for the ops still missing from the calls the failing
+    program recorded (``recorded_in``: archives ``capture --`` wrote). Returns those calls."""
+    from reproarchive.archive.loading import load
+    from reproarchive.codec.stand_ins import bring_implementations
+
+    bring_implementations(imports, libraries)
+    recorded = {}
+    for path in recorded_in:
+        events("installing the program's custom ops")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for op in load(path).custom_ops:
+                recorded.setdefault(op.name, op)
+    return list(recorded.values())
+
+
 def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     script = Path(opts.script)
     dump = parse_dump_script(script)
     store, store_note = _store_dir(dump)
+    recorded_ops = custom_ops_before_import(getattr(opts, "imports", ()), getattr(opts, "libraries", ()),
+                                            getattr(opts, "custom_ops_from", ()), events)
     imp = import_script(script, store, events)
     scrub = Scrubber(scrub_prefixes(opts, store))
 
@@ -268,6 +336,8 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     capture = capture_of(imp, label=opts.script_label, store_found=store is not None, store_note=store_note,
                          storages=storages, snapshots=(config, environment, system), failure=failure,
                          replay_notes=replay_notes)
+    capture = dataclasses.replace(capture, custom_ops=recorded_ops or imp.missing_ops
+                                  or record_calls(imp.gm, imp.example_inputs))
 
     events("writing the archive")
     out = write_capture(capture, opts.out, prefixes=scrub.prefixes)

@@ -49,12 +49,18 @@ def pack_dump(
     cwd: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     keep_log: str | os.PathLike | None = None,
+    imports: tuple[str, ...] = (),
+    libraries: tuple[str, ...] = (),
+    custom_ops_from: list[Path] | tuple = (),
 ) -> PackReport:
     """Pack the PyTorch repro dump ``source`` (a script, a folder, or None: search ``cwd``).
 
     ``out`` defaults to ``repro.tar.zst`` in ``cwd``. ``replay=False`` skips the one replay that
     records the failure (the record then says "unknown"). ``progress`` receives one short line
-    per stage. ``keep_log`` copies the child's output there (for --debug). Raises SourceError
+    per stage. ``keep_log`` copies the child's output there (for --debug). ``imports`` and
+    ``libraries`` bring the real implementation of custom ops the dump calls (the user's
+    ``--import`` / ``--load-library``); ``custom_ops_from``: archives whose recorded custom-op
+    calls stand in for ops still missing (``capture --`` records them). Raises SourceError
     (exit 4) when there is no usable dump, PackError when the dump cannot be packed.
     """
     cwd = Path(cwd) if cwd is not None else Path.cwd()
@@ -78,7 +84,9 @@ def pack_dump(
         label = str(script.relative_to(dump_root.parent))
 
     request = {"script": str(script), "script_label": label, "out": str(out_path), "no_replay": not replay,
-               "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())]}
+               "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())],
+               "imports": list(imports), "libraries": [str(p) for p in libraries],
+               "custom_ops_from": [str(p) for p in custom_ops_from]}
     report, died = run_child("reproarchive.sources.dump_child", request, env=child_env(), on_event=progress,
                              keep_log=keep_log)
     if died is not None and (died.started or {}).get("stage") == "replay":

@@ -4,7 +4,9 @@
 (the minifier) needs. A user who packs a graph by hand wants what every capture source records:
 the torch config, environment and system of this process, redacted like every capture
 (``context.redaction``), and a failure given as the exception itself. Records the caller gives
-are stored as given. ``snapshot=False`` records only what is passed.
+are stored as given. ``snapshot=False`` records only what is passed. A graph that calls custom
+ops is run once on copies of its inputs, to record their real outputs (spec §8 ``custom_ops``),
+unless its failure is a crash (the op may be what crashes).
 """
 
 from __future__ import annotations
@@ -62,4 +64,9 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
                 taken[name] = take()
     # what this process records of itself is redacted like every capture's; what is given, as given
     given = dataclasses.replace(given, **redacted_records(taken, {os.getcwd(): "."}))
+    crashed = given.failure is not None and given.failure.stage == "crash"
+    if "custom_ops" not in options and not crashed:  # a graph with custom ops runs once: their real outputs
+        from reproarchive.codec.custom_ops import record_calls
+
+        options["custom_ops"] = record_calls(gm, list(example_inputs))
     return pack_records(gm, example_inputs, path, records=given, **options)

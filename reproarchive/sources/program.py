@@ -126,11 +126,16 @@ def capture_program(
     replay: bool = True,
     keep_dumps: bool = False,
     progress: Callable[[str], None] | None = None,
+    imports: tuple[str, ...] = (),
+    libraries: tuple[str, ...] = (),
 ) -> CaptureResult:
     """Run ``argv`` with repro dumps on; pack each dump into ``out_dir``; return what happened.
 
     The program inherits stdin/stdout/stderr and the current directory. Raises SourceError when
     the program cannot be started or ``out_dir`` is a file (a missing folder is created).
+    ``imports``/``libraries``: the real implementations of custom ops to bring in where a dump
+    is packed (``--import``, ``--load-library``); without them a custom op the dump calls gets
+    a stand-in from the calls the program recorded.
     """
     if not argv:
         raise SourceError("no program to run", "give it after --, e.g. reproarchive capture -- python train.py")
@@ -170,8 +175,11 @@ def capture_program(
             if progress is not None:
                 progress(f"packing dump {i} of {len(launchers)}")
             target = _next_free(out)
+            pid = launcher.parent.parent.name.rpartition("-pid_")[2]
+            recorded = crash_guard.custom_op_archives(dump_dir, int(pid)) if pid.isdigit() else []
             try:
-                result.archives.append(pack_dump(launcher, target, replay=replay))
+                result.archives.append(pack_dump(launcher, target, replay=replay, custom_ops_from=recorded,
+                                                 imports=imports, libraries=libraries))
             except ReproArchiveError as err:
                 result.errors.append(f"{launcher.parent.parent.name}: {err}")
         for written in door:

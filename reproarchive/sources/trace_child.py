@@ -72,6 +72,8 @@ class Rebuilt:
     environment: Any = None
     storages: dict[str, Any] | None = None
     content_store: str | None = None
+    custom_ops: list = dataclasses.field(default_factory=list)  # ops of the job's libraries, stood in for
+    unapplied: list = dataclasses.field(default_factory=list)  # settings this torch does not have
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ def from_runnable(job: dict[str, Any], work: Path, events) -> Rebuilt:
         store = _store_of(real)
         if store is not None:
             script = real
-    imp = dump_child.import_script(script, store, events)
+    imp = dump_child.import_script(script, store, events, annotated=graph.get("annotated"))
     # the log's runnable is written without data by design (save_dir=None)
     inputs, storages, warnings = dump_child.input_report(imp, data_expected=store is not None)
     for info in imp.reader.inputs:
@@ -130,7 +132,8 @@ def from_runnable(job: dict[str, Any], work: Path, events) -> Rebuilt:
                    warnings=warnings, kind="after_aot",
                    environment=environment_snapshot(environ=env) if env else None, storages=storages,
                    lifted=imp.lifted,
-                   content_store="TORCH_COMPILE_DEBUG_SAVE_REAL data next to the log" if store is not None else None)
+                   content_store="TORCH_COMPILE_DEBUG_SAVE_REAL data next to the log" if store is not None else None,
+                   custom_ops=imp.missing_ops, unapplied=imp.guarded.unapplied)
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,6 +418,9 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
 
 
 def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str, Any]:
+    from reproarchive.codec.stand_ins import bring_implementations
+
+    bring_implementations(job.get("imports") or (), job.get("libraries") or ())
     built = from_runnable(job, work, events) if job["graph"]["from"] == "fx_graph_runnable" \
         else from_dynamo_graph(job, events)
     scrub_opts = argparse.Namespace(cwd_prefix=job.get("cwd_prefixes") or [], dump_prefix=[])
@@ -455,6 +461,7 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
     if failure is None and job.get("accuracy"):
         failure = fail.unknown_record("an accuracy failure was reported with --accuracy; not replayed", backend=backend)
 
+    config = with_unapplied(config, built.unapplied)
     capture = capture_of(built, job, config=config, config_origin=config_origin, failure=failure,
                          replay_notes=replay_notes)
 
@@ -498,7 +505,21 @@ def capture_of(built: Rebuilt, job: dict[str, Any], *, config: Any, config_origi
     return Capture(built.gm, built.inputs, Records(
         backend=job.get("backend"), accuracy=bool(job.get("accuracy")), config=config or None,
         system=from_plain(SystemRecord, job["system"]) if job.get("system") else None,
-        environment=built.environment, failure=failure, source=source, shapes=shapes))
+        environment=built.environment, failure=failure, source=source, shapes=shapes),
+        custom_ops=built.custom_ops or None)
+
+
+def with_unapplied(config: Any, unapplied: list) -> Any:
+    """``config`` with the runnable's settings this torch does not have, recorded as settings
+    that cannot be applied here (``unrepresentable``, spec §8: a replay says so)."""
+    if not unapplied or config is None:
+        return config
+    from reproarchive.format.schema import UnrepresentableSetting
+
+    known = {(u.module, u.key) for u in config.unrepresentable}
+    extra = tuple(UnrepresentableSetting(module=m, key=k, reason=f"not applied when packing: {why}", repr=v,
+                                         changed=True) for m, k, v, why in unapplied if (m, k) not in known)
+    return dataclasses.replace(config, unrepresentable=config.unrepresentable + extra)
 
 
 def _pack_jobs(request: dict, *, started, event) -> dict[str, Any]:

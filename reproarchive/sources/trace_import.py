@@ -95,6 +95,8 @@ def pack_trace(
     cwd: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     keep_log: str | os.PathLike | None = None,
+    imports: tuple[str, ...] = (),
+    libraries: tuple[str, ...] = (),
 ) -> TracePackResult:
     """Pack compiles of the trace at ``source`` into archives under ``out`` (a folder, default
     ``cwd``; or a ``.tar.zst`` file name when exactly one compile is packed).
@@ -105,6 +107,8 @@ def pack_trace(
     (the runnable when Inductor logged one, else the Dynamo graph). ``backend``/``accuracy`` say
     what the log cannot (a backend that did not fail is not named in it; accuracy failures are
     never logged). ``replay`` replays each graph once in the child to confirm the failure.
+    ``imports``/``libraries``: the real implementations of custom ops the job used (``--import``,
+    ``--load-library``), brought into the child before a graph is rebuilt.
 
     Raises SourceError (exit 4) for a source that is not a trace or a compile id not in it, and
     when no selected compile can be packed; compiles that cannot be packed among others are
@@ -129,8 +133,9 @@ def pack_trace(
     for c in chosen:
         target = single if single is not None else out_dir / names[id(c)]
         try:
-            jobs.append((c, _job(trace, c, graph=graph, backend=backend, accuracy=accuracy, replay=replay,
-                                 out=target, cwd=cwd)))
+            jobs.append((c, {**_job(trace, c, graph=graph, backend=backend, accuracy=accuracy, replay=replay,
+                                    out=target, cwd=cwd), "imports": list(imports),
+                             "libraries": [str(p) for p in libraries]}))
         except _Unpackable as why:
             skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(why)})
     # Dynamo graphs share one child; each runnable gets its own (it sets torch config for good).
@@ -247,7 +252,7 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
     return out
 
 
-def _choose_graph(c: Compile, graph: str) -> tuple[str, trace_log.TraceEvent]:
+def _choose_graph(c: Compile, graph: str, problems=()) -> tuple[str, trace_log.TraceEvent]:
     runnables = [r for r in c.runnables() if r.payload is not None and r.payload_state == "ok"]
     dynamo = c.graph_event if c.graph_event is not None and c.graph_event.payload_state == "ok" else None
     damaged = [e for e in [c.graph_event, *c.runnables()] if e is not None and e.payload_state != "ok"]
@@ -261,6 +266,9 @@ def _choose_graph(c: Compile, graph: str) -> tuple[str, trace_log.TraceEvent]:
         return "dynamo_output_graph", dynamo
     if damaged:
         raise _Unpackable(f"its graph payload is damaged (MD5 mismatch at line {damaged[0].lineno})")
+    unreadable = [p for p in problems if "JSON" in p.what or "envelope" in p.what]
+    if unreadable:  # its graph's envelope may be among the lines that could not be read
+        raise _Unpackable(f"no readable graph for it: {unreadable[0]}")
     reason = c.fail_reason.splitlines()[0][:200] if c.fail_reason else ""
     raise _Unpackable("Dynamo logged no graph for it" + (f" (it failed before making one: {reason})" if reason else ""))
 
@@ -311,7 +319,7 @@ def _real_data_script(c: Compile, runnable: trace_log.TraceEvent, warnings: list
 def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy: bool, replay: bool, out: Path,
          cwd: Path) -> dict[str, Any]:
     """Everything the child needs for one compile, as plain JSON (the child never reads the log)."""
-    graph_from, event = _choose_graph(c, graph)
+    graph_from, event = _choose_graph(c, graph, trace.problems)
     logged_backend, backend_origin = trace_facts.backend_from_log(c, trace)
     if graph_from == "fx_graph_runnable":
         logged_backend, backend_origin = "inductor", "fx_graph_runnable is Inductor's input"
@@ -363,7 +371,8 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
     scrub.update(trace_facts.job_paths(trace, c))
     return {
         "compile": {"id": c.id, "rank": c.rank, "label": c.label},
-        "graph": {"from": graph_from, "code": event.payload, "real_data_script": real_script},
+        "graph": {"from": graph_from, "code": event.payload, "real_data_script": real_script,
+                  "annotated": _annotated_graph(c)},
         "describe": trace_facts.describe_inputs(c),
         "symbols": trace_facts.symbols(c),
         "config_values": config_values,
@@ -378,6 +387,16 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         "out": str(out),
         "warnings": warnings,
     }
+
+
+def _annotated_graph(c: Compile) -> str | None:
+    """The compile's ATen graph code with the shape of every value (AOT's inference or forward
+    graph): where the outputs of an operator the job's library defined are read from."""
+    for kind in ("aot_inference_graph", "aot_forward_graph"):
+        event = c.last(kind)
+        if event is not None and event.payload:
+            return event.payload
+    return None
 
 
 def _tlparse_pages(c: Compile) -> dict[str, str] | None:

@@ -36,6 +36,8 @@ _CONTEXT_KEYS = frozenset({
 KEPT_PAYLOADS = frozenset({
     "dynamo_output_graph", "fx_graph_runnable", "dynamo_error", "torch_version",
     "recompile_reasons", "dynamo_graph_break_reason",
+    # ATen graph code with every value's shape: the outputs of an operator a missing library defined
+    "aot_inference_graph", "aot_forward_graph",
 })
 TRACE_FILE_PREFIX = "dedicated_log_torch_trace"
 _RANK_IN_NAME = re.compile(r"rank_(\d+)")

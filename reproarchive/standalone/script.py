@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.admission import setting_problem
@@ -75,6 +76,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     from reproarchive.archive.loading import load
 
     settings = ReplaySettings.given(settings, options)
+    bring_implementations(settings.imports, settings.libraries)
     repro = load(path, device="cpu", remap_graph=False, max_memory=settings.max_memory)
     devices = _recorded_devices(repro)
     records = repro.records
@@ -87,6 +89,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
         config=records.config, environment=records.environment,
         system=records.system, failure=records.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest, shapes=records.shapes,
+        custom_ops=repro.custom_ops, brought=(settings.imports, settings.libraries),
     )
 
 
@@ -113,6 +116,8 @@ def write_export(
     archive_name: str = "",
     digest: str | None = None,
     shapes: ShapePolicy | None = None,
+    custom_ops: Any = (),
+    brought: tuple = ((), ()),
 ) -> ExportReport:
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
@@ -121,6 +126,7 @@ def write_export(
             gm, args, backend=backend, source_kind=source_kind, accuracy=accuracy, config=config,
             environment=environment, system=system, failure=failure, fidelity=fidelity or [],
             recorded_devices=recorded_devices or [], archive_name=archive_name, digest=digest, shapes=shapes,
+            custom_ops=custom_ops, brought=brought,
         )
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -267,8 +273,24 @@ class _Script:
 
     # -- the script -----------------------------------------------------------------------------
 
+    def custom_ops_block(self, ops, *, imports, libraries) -> str:
+        """``_custom_ops()``: the user's own implementations (``export --import`` /
+        ``--load-library``), then a stand-in for each recorded op still missing."""
+        if not ops and not imports and not libraries:
+            return "def _custom_ops():\n    pass  # the graph calls no custom op\n"
+        bring = [f"    importlib.import_module({m!r})" for m in imports]
+        bring += [f"    torch.ops.load_library({p!r})" for p in libraries]
+        stand_ins = []
+        for op in ops:
+            calls = ", ".join(f"({list(c.arguments)!r}, [{', '.join(self.value_literal(v, None) for v in c.outputs)}])"
+                              for c in op.calls)
+            stand_ins.append(f"    _stand_in({op.name!r}, {op.record.schema!r}, [{calls}])")
+        block = Path(__file__).with_name("stand_in_block.py.template").read_text(encoding="utf-8")
+        return block.format(names=", ".join(op.name for op in ops) or "none recorded",
+                            bring="\n".join(bring) or "    pass", stand_ins="\n".join(stand_ins))
+
     def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
-              fidelity, recorded_devices, archive_name, digest, shapes=None) -> str:
+              fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ())) -> str:
         import torch
 
         root_graph = self.graph_function(gm, "")
@@ -308,6 +330,7 @@ class _Script:
         recorded_backend = backend or "inductor"
         custom = is_custom(recorded_backend)
         return _template().format(
+            custom_ops=self.custom_ops_block(custom_ops, imports=brought[0], libraries=brought[1]),
             header=header,
             env=env_lines or "# (no recorded environment variables to set)\n",
             imports=imports,

@@ -239,8 +239,39 @@ def job():
     return ranks, {"world_size": 4, "backend": "gloo", "groups": groups, "meshes": [mesh]}
 
 
+def _scale_add(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x * alpha + y
+
+
+# the same provenance (module name) whether this file runs as a script or is imported by a test
+_scale_add.__module__ = "spec.vectors.make_vectors"
+_scale_add = torch.library.custom_op("reproarchive_vectors::scale_add", mutates_args=())(_scale_add)
+
+
+@_scale_add.register_fake
+def _(x, y, alpha):
+    return torch.empty_like(x)
+
+
+def custom_op():
+    """(1.3) A graph calling a custom op twice, once on each pair of inputs: the ``custom_ops``
+    record with two recorded calls, whose outputs are storages of the table (one of them equal
+    in bytes to an input, so their blob is shared). Loaded where the op is not registered, the
+    graph runs on a stand-in."""
+    x = torch.arange(6, dtype=torch.float32).view(2, 3)
+    y = torch.ones(2, 3)
+    zero = torch.zeros(2, 3)
+
+    def body(g, xs):
+        a = g.call_function(torch.ops.reproarchive_vectors.scale_add.default, (xs[0], xs[1], 2.0))
+        b = g.call_function(torch.ops.reproarchive_vectors.scale_add.default, (xs[1], xs[2], 1.0))
+        return (g.call_function(operator.add, (a, b)),)
+
+    return _graph(3, body), [x, y, zero]
+
+
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored, "dynamic": dynamic,
-         "subclass": subclass}
+         "subclass": subclass, "custom-op": custom_op}
 #: records a case adds to RECORDS (from the version that introduced it)
 CASE_RECORDS = {"dynamic": {"shapes": DYNAMIC_SHAPES}}
 JOB_CASES = {"job": job}  # (1.3) multi-rank jobs: vectors of 1.3 and later only

@@ -1,0 +1,35 @@
+"""Custom ops as data, below the archive: which namespaces are torch's own, and the content
+key a recorded call is matched by."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from reproarchive.codec import custom_ops as co
+
+
+def test_every_namespace_torch_registers_is_listed_as_torchs_own():
+    """In a fresh process (this one may hold test ops), every operator namespace torch itself
+    registers on import, and on importing inductor, is in TORCH_NAMESPACES."""
+    code = ("import torch, torch._inductor.compile_fx\n"
+            "print(' '.join(sorted({n.split('::')[0] for n in torch._C._dispatch_get_all_op_names()})))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           check=True).stdout.split()
+    assert "aten" in found
+    assert set(found) <= co.TORCH_NAMESPACES, sorted(set(found) - co.TORCH_NAMESPACES)
+
+
+def test_tensor_key_is_the_content_whatever_the_layout():
+    base = torch.arange(12, dtype=torch.float32).view(3, 4)
+    strided = base[:, ::2]
+    assert co.tensor_key(strided) == co.tensor_key(strided.contiguous())
+    assert co.tensor_key(strided) != co.tensor_key(strided + 1)
+    assert co.tensor_key(torch.tensor(1.5)).startswith("float32[] sha256:")
+    assert co.tensor_key(torch.ones(2, dtype=torch.bfloat16), content=False) == "bfloat16[2]"
+    schema = torch._C.parse_schema("ns::op(Tensor x, float alpha=2.0, *, int k=1) -> Tensor")
+    key = co.argument_key(schema, (base,), {"k": 3})
+    assert key == (co.tensor_key(base), 2.0, 3)
+    assert co.meta_key(key) == ("float32[3, 4]", 2.0, 3)

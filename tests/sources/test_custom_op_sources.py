@@ -1,0 +1,75 @@
+"""Custom ops through the other doors: ``capture --`` of a program that defines its own op (the
+dump PyTorch writes names the op but cannot define it), and ``export``'s repro.py, with a
+stand-in or with the implementation the user names (``--import``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import reproarchive
+from reproarchive.format.reader import ContainerReader
+from support.custom_op_programs import twice_library
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*stand-in.*:UserWarning")]
+
+LIBRARY = twice_library("ratest_src")
+PROGRAM = '''
+import torch
+import ratest_src_lib
+
+def f(x):
+    return torch.relu(torch.ops.ratest_src.twice(x) + 1)
+
+torch.compile(f, backend="relu_compile_error_TESTING_ONLY")(torch.linspace(-2, 2, 8))
+'''
+
+
+def _cli(*args, cwd) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHDYNAMO_REPRO", "TORCH_COMPILE_DEBUG"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(cwd))
+    return subprocess.run([str(Path(sys.executable).parent / "reproarchive"), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory) -> Path:
+    """``capture --`` of a program whose graph calls its own custom op."""
+    folder = tmp_path_factory.mktemp("custom_op_program")
+    (folder / "ratest_src_lib.py").write_text(LIBRARY)
+    (folder / "prog.py").write_text(PROGRAM)
+    result = _cli("capture", "-o", folder / "out", "--", sys.executable, "prog.py", cwd=folder)
+    archives = sorted((folder / "out").glob("*.tar.zst"))
+    assert result.returncode == 1 and len(archives) == 1, result.stdout + result.stderr[-3000:]
+    return archives[0]
+
+
+def test_capture_records_the_programs_custom_op_calls(captured):
+    with ContainerReader(captured) as reader:
+        (op,) = reader.index.custom_ops
+    assert op.name == "ratest_src::twice.default" and op.provenance.module == "ratest_src_lib"
+    assert len(op.calls) == 1 and op.calls[0].outputs
+    outcome = reproarchive.run(captured, isolate=False)
+    assert outcome.status == "reproduced" and outcome.stand_ins == ["ratest_src::twice.default"]
+
+
+def test_export_writes_the_choice_into_repro_py(captured, tmp_path):
+    folder = captured.parent.parent
+    reproarchive.export(captured, tmp_path / "stand_in")  # this process has no ratest_src: a stand-in
+    script = (tmp_path / "stand_in" / "repro.py").read_text()
+    assert "_stand_in('ratest_src::twice.default'" in script and "ratest_src_lib" not in script
+    ran = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "stand_in", capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "ReluCompileError" in ran.stderr and "a stand-in returns its 1 recorded" in ran.stderr, ran.stderr[-2000:]
+
+    real = _cli("export", captured, "-o", tmp_path / "real", "--import", "ratest_src_lib", cwd=folder)
+    assert real.returncode == 0, real.stderr
+    script = (tmp_path / "real" / "repro.py").read_text()
+    assert "importlib.import_module('ratest_src_lib')" in script
+    ran = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "real", capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(folder)})
+    assert "ReluCompileError" in ran.stderr and "stand-in" not in ran.stderr, ran.stderr[-2000:]
