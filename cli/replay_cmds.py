@@ -261,6 +261,8 @@ def format_outcome(outcome) -> str:
                  + (", isolated" if outcome.isolated else "")
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
+    if outcome.randomness:
+        lines.append(f"  randomness {terminal_safe(outcome.randomness)}")
     lines.append(f"  recorded  {_describe(outcome.recorded)}")
     lines.extend(_compiler_lines(outcome.recorded))
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
@@ -273,6 +275,8 @@ def format_outcome(outcome) -> str:
     acc = outcome.accuracy
     if acc:
         lines.append(f"  accuracy  tolerance {acc.tolerance}, fp64 reference {acc.fp64_reference or '?'}")
+        if outcome.accuracy_rule:
+            lines.append(f"    rule: {terminal_safe(outcome.accuracy_rule)}")
         for out in acc.outputs:
             if not out.passed:
                 if out.max_abs_error is None:  # a shape, dtype or type mismatch

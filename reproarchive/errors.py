@@ -105,6 +105,7 @@ class Rule(StrEnum):
     STATE_PATH = "R7.4-1"
     STATE_MODULE = "R7.4-2"
     FAILURE_STAGE = "R8-1"
+    RNG_STATE = "R8-3"
 
 
 class ReproArchiveError(Exception):

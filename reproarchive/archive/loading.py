@@ -21,6 +21,7 @@ from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.checks import check_readable_here, recorded_devices
 from reproarchive.codec.devices import remap_graph_devices, resolve_devices
 from reproarchive.codec.input_demands import storage_demands
+from reproarchive.codec.rng import decode_rng
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
 from reproarchive.context.execution import rebuilt_as_inference
 from reproarchive.errors import (
@@ -44,7 +45,9 @@ class Repro:
     """A loaded archive: the rebuilt graph, its inputs on the target device, and the records.
 
     ``fidelity`` says per input whether its data is ``real``, ``absent`` (generated here) or a
-    plain ``value``; ``warnings`` are the notes load also issued as Python warnings.
+    plain ``value``; ``warnings`` are the notes load also issued as Python warnings;
+    ``rng_states`` the recorded generator states by the device they apply to here (spec §8
+    ``rng``; empty: not recorded).
     """
 
     gm: fx.GraphModule
@@ -55,6 +58,7 @@ class Repro:
     fidelity: list[str]
     devices: dict[str, str]
     warnings: list[str]
+    rng_states: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def records(self) -> Records:
@@ -119,9 +123,10 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
         records = index.storages
         targets_by_storage = []
         devices: dict[str, str] = {}
-        for rec in records:
-            target = mapper(rec.device)
-            devices[rec.device] = target
+        states = {g.storage for g in index.records.rng.generators} if index.records.rng is not None else set()
+        for i, rec in enumerate(records):
+            target = "cpu" if i in states else mapper(rec.device)  # generator states are host bytes
+            devices.setdefault(rec.device, target)
             targets_by_storage.append(torch.device(target))
         check_declared_memory(zip((r.size for r in records), targets_by_storage), max_memory=max_memory)
         total = sum(r.size for r in records if r.digest)
@@ -156,7 +161,8 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                    "the replay is not the original run")
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
-        return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes)
+        rng_states = decode_rng(index.records.rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
+        return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes, rng_states)
 
 
 def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],

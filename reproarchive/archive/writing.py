@@ -23,11 +23,13 @@ from reproarchive.format.schema import Records
 @dataclass(frozen=True)
 class Capture:
     """What a capture source found: the graph (a ``torch.fx.GraphModule``), one input per
-    placeholder, and the records around them, not yet redacted."""
+    placeholder, the records around them, not yet redacted, and the generator states the
+    failing call started from (``codec.rng.rng_snapshot``; None: not seen)."""
 
     graph: Any
     inputs: Sequence[Any]
     records: Records
+    rng_states: Mapping[str, Any] | None = None
 
 
 def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mapping[str, str] | None = None,
@@ -37,4 +39,5 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     folders (``{folder: label}``), replaced besides this machine's; by default the working
     directory becomes ``.``."""
     table = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
-    return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table), **options)
+    return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table),
+                rng_states=capture.rng_states, **options)

@@ -58,6 +58,7 @@ from reproarchive.format.schema import (
     NodeOp,
     NodeRef,
     Records,
+    RngRecord,
     ScalarValue,
     SequenceValue,
     SliceArg,
@@ -169,6 +170,8 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         if not 0 <= i < len(inputs):
             raise SchemaViolation(f"names input {i}, but the index stores {len(inputs)} inputs",
                                   ("execution", "inference_inputs"), Rule.INPUTS)
+    if records.rng is not None:
+        check_rng(records.rng, storages)
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
                  records=records, format=FORMAT_NAME, version=raw["version"])
 
@@ -465,6 +468,20 @@ def iter_arg_refs(value: Any):
 
 
 # -- §8 records ------------------------------------------------------------------------------------
+
+
+def check_rng(rng: RngRecord, storages: tuple[StorageRecord, ...]) -> None:
+    """(R8-3) Each generator state is a real storage on the host, of a generator on a device."""
+    for i, generator in enumerate(rng.generators):
+        where = ("rng", "generators", i)
+        if not DEVICE_RE.match(generator.device):
+            raise SchemaViolation(f"{generator.device[:40]!r} is not a device name", (*where, "device"),
+                                  Rule.RNG_STATE)
+        if not 0 <= generator.storage < len(storages):
+            raise SchemaViolation(f"storage {generator.storage} does not exist", (*where, "storage"), Rule.RNG_STATE)
+        storage = storages[generator.storage]
+        if not storage.is_real or storage.device != "cpu":
+            raise SchemaViolation("a generator state is a real storage on cpu", (*where, "storage"), Rule.RNG_STATE)
 
 
 def check_failure(failure: FailureRecord) -> None:

@@ -96,9 +96,11 @@ def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir
 
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     """A candidate (``stats`` None) or the result: the parent's records, this archive's
-    provenance (``parent``, ``minify``) in place of the parent's."""
+    provenance (``parent``, ``minify``) in place of the parent's, and the parent's generator
+    states: every candidate is judged from them (``replay_repro``), so the result keeps them."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
-    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify))
+    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify),
+         rng_states=repro.rng_states)
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:

@@ -36,6 +36,8 @@ class Outcome:
     device / recorded_device: where it ran and where the archive was recorded;
     same_device_type: False when the caller moved a recorded device to another device type
     (``--device cpu`` for a CUDA archive): then a pass is no evidence about the recorded device.
+    randomness: whether the graph draws random numbers and whether the recorded RNG state was
+    restored (or is unknown); accuracy_rule: the rule accuracy was judged under, when checked.
     """
 
     status: str
@@ -54,6 +56,8 @@ class Outcome:
     isolated: bool = False
     archive: str | None = None
     digest: str | None = None
+    randomness: str | None = None
+    accuracy_rule: str | None = None
 
     @property
     def kind(self) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
 from reproarchive import errors
 from reproarchive.child import run_child
+from reproarchive.context.environment import OWN_VARIABLES_ENV
 from reproarchive.errors import SourceError
 from reproarchive.sources.dump_script import Discovery, discover
 from reproarchive.sources.report import PackReport
@@ -49,12 +51,15 @@ def pack_dump(
     cwd: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     keep_log: str | os.PathLike | None = None,
+    own_variables: Sequence[str] = (),
 ) -> PackReport:
     """Pack the PyTorch repro dump ``source`` (a script, a folder, or None: search ``cwd``).
 
     ``out`` defaults to ``repro.tar.zst`` in ``cwd``. ``replay=False`` skips the one replay that
     records the failure (the record then says "unknown"). ``progress`` receives one short line
-    per stage. ``keep_log`` copies the child's output there (for --debug). Raises SourceError
+    per stage. ``keep_log`` copies the child's output there (for --debug). ``own_variables``:
+    variables the dump sets that reproarchive set for the dumping run (``capture --``), left
+    out of the environment record. Raises SourceError
     (exit 4) when there is no usable dump, PackError when the dump cannot be packed.
     """
     cwd = Path(cwd) if cwd is not None else Path.cwd()
@@ -79,14 +84,15 @@ def pack_dump(
 
     request = {"script": str(script), "script_label": label, "out": str(out_path), "no_replay": not replay,
                "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())]}
-    report, died = run_child("reproarchive.sources.dump_child", request, env=child_env(), on_event=progress,
+    env = {**child_env(), OWN_VARIABLES_ENV: ",".join(own_variables)} if own_variables else child_env()
+    report, died = run_child("reproarchive.sources.dump_child", request, env=env, on_event=progress,
                              keep_log=keep_log)
     if died is not None and (died.started or {}).get("stage") == "replay":
         # The graph crashed the process that replayed it: that is the failure to record.
         if progress is not None:
             progress(f"the replay {died.reason}: packing the dump with the crash as its failure")
         report, died = run_child("reproarchive.sources.dump_child", {**request, "crash": died.crash_facts()},
-                                 env=child_env(),
+                                 env=env,
                                  on_event=progress)
     if died is not None:
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from reproarchive.context.environment import OWN_VARIABLES_ENV
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import crash_guard, inductor_door
@@ -71,6 +72,11 @@ class CaptureResult:
         }
 
 
+#: The variables ``capture_env`` sets to steer the run that are also ones the environment record
+#: selects: reproarchive's, not the user's (``context.environment.OWN_VARIABLES_ENV``).
+OWN_VARIABLES = ("TORCH_COMPILE_DEBUG_DIR", "TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL")
+
+
 def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False,
                 base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the program runs in: PyTorch's repro dumps on, written to ``dump_dir``."""
@@ -89,6 +95,7 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
             # Inductor's door: compile errors with the real inputs (PyTorch's dump has none)
             env[inductor_door.AOT_DIR_ENV] = str(dump_dir / "aot")
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
+    env[OWN_VARIABLES_ENV] = ",".join(OWN_VARIABLES)  # ours, not the user's: never recorded
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
     # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
     # the program may run another Python), then the program's own PYTHONPATH
@@ -169,7 +176,7 @@ def capture_program(
                 progress(f"packing dump {i} of {len(launchers)}")
             target = _next_free(out)
             try:
-                result.archives.append(pack_dump(launcher, target, replay=replay))
+                result.archives.append(pack_dump(launcher, target, replay=replay, own_variables=OWN_VARIABLES))
             except ReproArchiveError as err:
                 result.errors.append(f"{launcher.parent.parent.name}: {err}")
         for written in door:
@@ -257,7 +264,8 @@ def capture_of(pending: Any, failure: Any, *, replay_notes: dict[str, Any], prog
     from reproarchive.archive.writing import Capture
 
     return Capture(pending.gm, list(pending.args),
-                   dataclasses.replace(pending.records, accuracy=False, failure=failure, source=source))
+                   dataclasses.replace(pending.records, accuracy=False, failure=failure, source=source),
+                   pending.rng_states)
 
 
 def _signal_name(exit_code: int) -> str | None:

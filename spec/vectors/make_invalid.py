@@ -167,6 +167,8 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
     ("R7.4-2", "state-module", "E_SCHEMA", _edit(_add_state({"kind": "module", "path": "m", "class": "torch.nn.ReLU",
                                                              "training": False, "attributes": {"__init__": 1}})), None),
     ("R8-1", "failure-stage", "E_SCHEMA", _edit(_set(("failure", "stage"), "timeout")), None),
+    ("R8-3", "rng-state", "E_SCHEMA",
+     _edit(lambda i: i.update(rng={"random_ops": [], "generators": [{"device": "cpu", "storage": 99}]})), None),
 ]
 
 

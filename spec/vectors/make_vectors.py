@@ -123,7 +123,18 @@ def stored():
     return _graph(2, lambda g, xs: (xs[0], g.call_function(operator.add, (xs[1], 1)))), [noise_t, ramp]
 
 
-CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored}
+def rng():
+    """(1.3) A graph that draws random numbers, and the CPU generator state it starts from
+    (``torch.Generator().manual_seed(2024)``: the same bytes everywhere); ``rand_like`` draws
+    with the generator alone (no vector library), so its values are the same on every CPU."""
+    def body(g, xs):
+        return (g.call_function(operator.add, (xs[0], g.call_function(torch.rand_like, (xs[0],)))),)
+
+    state = torch.Generator().manual_seed(2024).get_state()
+    return _graph(1, body), [torch.arange(6, dtype=torch.float32).view(2, 3)], {"cpu": state}
+
+
+CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored, "rng": rng}
 RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
                 "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager",
@@ -159,8 +170,9 @@ def value_facts(v):
 def build(name: str, path: Path) -> dict:
     import reproarchive
 
-    gm, inputs = CASES[name]()
-    reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, **RECORDS)
+    gm, inputs, *states = CASES[name]()
+    reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, rng_states=states[0] if states else None,
+                      **RECORDS)
     return expectations(name, path)
 
 
@@ -176,7 +188,11 @@ def expectations(name: str, path: Path) -> dict:
         "storage_aliases": _aliases(repro.args),
     }
     if "absent" not in repro.fidelity:
-        out = repro.gm(*repro.args)
+        from reproarchive.codec.rng import restore_rng
+
+        with torch.random.fork_rng(devices=[]):
+            restore_rng(repro.rng_states)  # (1.3) the recorded generator state, where there is one
+            out = repro.gm(*repro.args)
         facts["outputs"] = [output_facts(o) for o in (out if isinstance(out, tuple) else [out])]
     return facts
 

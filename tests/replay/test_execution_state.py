@@ -132,7 +132,7 @@ def test_applied_execution_enters_the_record_and_restores_this_thread():
 
 
 def test_an_inference_input_that_is_not_an_input_is_refused(tmp_path):
-    vector = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "basic-1.2.tar.zst"
+    vector = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "basic-1.3.tar.zst"
     bad = tmp_path / "bad.tar.zst"
     bad.write_bytes(hostile_corpus.rebuild(hostile_corpus.parse(vector.read_bytes()),
                                            lambda index: index.update(execution={"inference_inputs": [99]})))
