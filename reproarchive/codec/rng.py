@@ -18,6 +18,7 @@ draws nothing and is not counted.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,13 +41,25 @@ def _aten_name(target: Any, op: str) -> str | None:
     return getattr(target, "__name__", None)
 
 
+@functools.lru_cache(maxsize=None)
+def _aten_seeded(name: str) -> bool | None:
+    """Whether an overload of ``aten.<name>`` draws random numbers; None: no such operator."""
+    try:
+        packet = getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError):
+        return None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+
+
 def _seeded(target: Any, name: str) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         return torch.Tag.nondeterministic_seeded in target.tags
-    packet = getattr(torch.ops.aten, name, None) if name and not name.startswith("_") else None
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
+    seeded = _aten_seeded(name) if name and not name.startswith("__") else None
+    if seeded is None:
         return name in _WRAPPERS and getattr(target, "__module__", "") == "torch.nn.functional"
-    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+    return seeded
 
 
 def _draws(node: Any, name: str) -> bool:
