@@ -125,8 +125,11 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
         devices: dict[str, str] = {}
         states = {g.storage for g in index.records.rng.generators} if index.records.rng is not None else set()
         for i, rec in enumerate(records):
-            target = "cpu" if i in states else mapper(rec.device)  # generator states are host bytes
-            devices.setdefault(rec.device, target)
+            if i in states:  # a generator state: host bytes, whatever the generator's device
+                targets_by_storage.append(torch.device("cpu"))
+                continue
+            target = mapper(rec.device)
+            devices[rec.device] = target
             targets_by_storage.append(torch.device(target))
         check_declared_memory(zip((r.size for r in records), targets_by_storage), max_memory=max_memory)
         total = sum(r.size for r in records if r.digest)

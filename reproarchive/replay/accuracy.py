@@ -231,9 +231,10 @@ def check_accuracy(
 ) -> AccuracyReport:
     """Run eager, fp64 and compiled on separate copies of ``args`` and ``compare`` them.
 
-    Each run starts from the same RNG state, so graphs with random ops are compared fairly as
-    far as the backend allows (inductor's own RNG differs from eager's unless
-    ``fallback_random``). The caller's RNG state is restored afterwards. An exception in the
+    Each run starts from the same RNG state (the one current at the call: a replay sets the
+    recorded one first), so graphs with random ops are compared fairly as far as the backend
+    allows; inductor's own RNG differs from eager's unless it compiled under
+    ``fair_to_randomness``. The caller's RNG state is restored afterwards. An exception in the
     eager run is re-raised as ``EagerFailed`` (the graph itself is broken: not the backend's
     fault); an exception in the compiled run propagates tagged with its stage (see
     ``run_forward_backward``).

@@ -234,3 +234,14 @@ def test_settings_capture_made_itself_are_not_recorded(tmp_path):
     recorded = environment_snapshot(env).variables
     assert "TORCH_COMPILE_DEBUG_DIR" not in recorded and "TORCHDYNAMO_REPRO_AFTER" not in recorded
     assert recorded["TORCH_LOGS"] == "+dynamo" and recorded["OMP_NUM_THREADS"] == "1"  # the user's own
+
+
+def test_a_recorded_device_state_this_machine_cannot_take_is_a_note_not_a_failure():
+    from reproarchive.codec.rng import restore_rng, rng_snapshot
+
+    states = rng_snapshot([torch.ones(2)])
+    assert list(states) == ["cpu"] and states["cpu"].dtype == torch.uint8
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    notes = restore_rng({**states, "cuda:0": torch.zeros(16, dtype=torch.uint8)})
+    assert notes == ["the recorded RNG state of cuda:0 was not restored: no cuda device here"]
