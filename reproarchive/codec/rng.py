@@ -71,6 +71,20 @@ def _draws(node: Any, name: str) -> bool:
     return training is not False and p != 0
 
 
+def _module_draws(owner: Any, target: str) -> tuple[str, ...]:
+    """A called module of torch's that draws in training mode (``nn.Dropout*``, ``nn.RReLU``),
+    by its functional's name; a graph module's own calls are read where ``random_ops`` reaches it."""
+    try:
+        module = owner.get_submodule(target)
+    except AttributeError:
+        return ()
+    if not getattr(module, "training", False) or getattr(module, "p", 1) == 0:
+        return ()
+    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+        return (type(module).__name__.lower(),)
+    return ("rrelu",) if isinstance(module, torch.nn.RReLU) else ()
+
+
 def random_ops(gm: Any) -> tuple[str, ...]:
     """The names of ``gm``'s calls that draw random numbers (sorted, each once), subgraphs
     included: ``dropout``, ``native_dropout``, ``rand_like`` ..."""
@@ -78,6 +92,9 @@ def random_ops(gm: Any) -> tuple[str, ...]:
     for module in gm.modules() if hasattr(gm, "modules") else (gm,):
         graph = getattr(module, "graph", None)
         for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+            if node.op == "call_module":
+                found.update(_module_draws(module, node.target))
+                continue
             if node.op not in ("call_function", "call_method"):
                 continue
             name = _aten_name(node.target, node.op)

@@ -64,6 +64,9 @@ def test_random_ops_are_read_from_the_operator_and_a_dropout_that_cannot_draw_is
     g.output(g.call_function(torch.ops.aten.native_dropout.default, (x, 0.5, True)))
     assert random_ops(fx.GraphModule(torch.nn.Module(), g)) == ("native_dropout",)
     assert random_ops(fx.symbolic_trace(lambda x: torch.relu(x) + 1)) == ()
+    traced = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Dropout2d(0.2), torch.nn.ReLU()))
+    assert random_ops(traced) == ("dropout2d",)
+    assert random_ops(traced.eval()) == ()  # an evaluation-mode module draws nothing
 
 
 def test_dropout_replays_bit_identical_with_the_recorded_state_and_differ_without(tmp_path):
