@@ -32,13 +32,18 @@ _WRAPPERS = frozenset({"dropout1d", "dropout2d", "dropout3d", "gumbel_softmax"})
 
 
 def _aten_name(target: Any, op: str) -> str | None:
+    """The operator name a call goes by: ``aten`` ops by their bare name, others' as ``ns::name``."""
     if op == "call_method":
         return target if isinstance(target, str) else None
     if isinstance(target, torch._ops.OpOverload):
-        return target._opname if target.namespace == "aten" else None
+        return target._opname if target.namespace == "aten" else f"{target.namespace}::{target._opname}"
     if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name.split("::")[-1]
+        return target._qualified_op_name.removeprefix("aten::")
     return getattr(target, "__name__", None)
+
+
+def _packet_seeded(packet: torch._ops.OpOverloadPacket) -> bool:
+    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,14 +53,14 @@ def _aten_seeded(name: str) -> bool | None:
         packet = getattr(torch.ops.aten, name)
     except (AttributeError, RuntimeError):
         return None
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
-        return None
-    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+    return _packet_seeded(packet) if isinstance(packet, torch._ops.OpOverloadPacket) else None
 
 
 def _seeded(target: Any, name: str) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         return torch.Tag.nondeterministic_seeded in target.tags
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return _packet_seeded(target)
     seeded = _aten_seeded(name) if name and not name.startswith("__") else None
     if seeded is None:
         return name in _WRAPPERS and getattr(target, "__module__", "") == "torch.nn.functional"
@@ -73,7 +78,8 @@ def _draws(node: Any, name: str) -> bool:
 
 def _module_draws(owner: Any, target: str) -> tuple[str, ...]:
     """A called module of torch's that draws in training mode (``nn.Dropout*``, ``nn.RReLU``),
-    by its functional's name; a graph module's own calls are read where ``random_ops`` reaches it."""
+    by its class name in lower case; a graph module's own calls are read where ``random_ops``
+    reaches it."""
     try:
         module = owner.get_submodule(target)
     except AttributeError:
