@@ -347,9 +347,10 @@ def _execution_literal(record: ExecutionRecord | None) -> dict[str, Any]:
     would enter (``context.execution``: a §6 dtype, one of the matmul precisions)."""
     if record is None:
         return {}
-    out: dict[str, Any] = {k: getattr(record, k) for k in ("inference_mode", "grad_enabled", "deterministic",
-                                                           "deterministic_warn_only") if getattr(record, k) is not None}
-    out["autocast"] = [(a.device_type, a.enabled, a.dtype if a.dtype in DTYPES else None) for a in record.autocast or ()]
+    flags = ("inference_mode", "grad_enabled", "deterministic", "deterministic_warn_only")
+    out: dict[str, Any] = {k: getattr(record, k) for k in flags if getattr(record, k) is not None}
+    out["autocast"] = [(a.device_type, a.enabled, a.dtype if a.dtype in DTYPES else None)
+                       for a in record.autocast or ()]
     if record.default_dtype in DTYPES:
         out["default_dtype"] = record.default_dtype
     if record.float32_matmul_precision in MATMUL_PRECISIONS:
