@@ -47,6 +47,7 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
             f"({report.blobs} blobs, {human_size(report.uncompressed_bytes)} -> {human_size(report.file_bytes)}, "
             f"{index_digest(report.digest)})"
         )
+        click.echo(terminal_safe(f"  {report.randomness}"))
         for what in report.not_replayable_here:
             click.echo(terminal_safe(f"warning: not replayable here: {what}"), err=True)
 
@@ -83,6 +84,7 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     _say(f"backend: {info.backend or 'unknown'}   accuracy check: {bool(info.accuracy)}")
     _trace_origin(info.source)
     _say(f"graph: {g.nodes} nodes, {g.ops} ops, {g.placeholders} inputs, {g.submodules} stored attributes")
+    _say(f"randomness: {info.randomness}")
     for what in info.not_replayable_here:
         _say(f"not replayable here: {what}")
     for name, count in list(g.op_histogram.items())[:12]:

@@ -371,6 +371,8 @@ def format_outcome(outcome) -> str:
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
     if outcome.stand_ins:
         lines.append(f"  stand-ins {', '.join(outcome.stand_ins)} (custom ops not loaded here: see the warnings)")
+    if outcome.randomness:
+        lines.append(f"  randomness {terminal_safe(outcome.randomness)}")
     lines.append(f"  recorded  {_describe(outcome.recorded)}")
     lines.extend(_compiler_lines(outcome.recorded))
     lines.append(f"  observed  {_describe(outcome.observed) if outcome.observed else 'no failure'}")
@@ -386,6 +388,8 @@ def format_outcome(outcome) -> str:
     acc = outcome.accuracy
     if acc:
         lines.append(f"  accuracy  tolerance {acc.tolerance}, fp64 reference {acc.fp64_reference or '?'}")
+        if outcome.accuracy_rule:
+            lines.append(f"    rule: {terminal_safe(outcome.accuracy_rule)}")
         for out in acc.outputs:
             if not out.passed:
                 if out.max_abs_error is None:  # a shape, dtype or type mismatch

@@ -109,6 +109,7 @@ class Rule(StrEnum):
     JOB_RANKS = "R8-3"
     JOB_GROUPS = "R8-4"
     JOB_REFS = "R8-5"
+    RNG_STATE = "R8-6"
 
 
 class ReproArchiveError(Exception):

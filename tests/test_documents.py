@@ -30,7 +30,8 @@ def test_a_document_that_lost_a_key_is_refused():
     """The schema is strict enough to fail: a report without its digest, or with a key it does
     not declare, does not validate."""
     ok = {"valid": True, "path": "a", "format": "1.1", "digest": "sha256:00", "members": 3, "blobs": 1,
-          "uncompressed_bytes": 10, "file_bytes": 20, "not_replayable_here": [], "index_digest": "sha256:00"}
+          "uncompressed_bytes": 10, "file_bytes": 20, "not_replayable_here": [], "index_digest": "sha256:00",
+          "randomness": "no random ops"}
     validator = _validator("verify")
     validator.validate(ok)
     for bad in ({k: v for k, v in ok.items() if k != "digest"}, {**ok, "surprise": 1}, {**ok, "blobs": "1"}):

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from reproarchive.archive.inspection import NamedByIndex
+from reproarchive.archive.inspection import NamedByIndex, randomness_label
 from reproarchive.errors import CorruptArchiveError, DigestMismatchError, Rule
 from reproarchive.format import digests, layout
 from reproarchive.format.atomic import atomic_dir
@@ -81,6 +81,7 @@ class VerifyReport(NamedByIndex):
     file_bytes: int
     # intact and safe, but what this process lacks to replay it (``run`` answers 125 for it)
     not_replayable_here: tuple[str, ...] = ()
+    randomness: str = ""  # ``inspection.randomness_label``: random ops, and whether the RNG state is recorded
 
 
 def verify(path: str | os.PathLike, *, progress: ProgressFn | None = None,
@@ -116,6 +117,7 @@ def _verify(path, progress, limits: Limits, *, readable_here: bool) -> VerifyRep
             file_bytes=reader.file_size,
             # intact and safe, but this process lacks what replaying it needs (``run`` says 125)
             not_replayable_here=tuple(missing or ()),
+            randomness=randomness_label(reader.index.records),
         )
 
 

@@ -21,6 +21,7 @@ from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     DTYPES,
     Index,
+    Records,
     SequenceValue,
     ShapeDim,
     ShapePolicy,
@@ -143,7 +144,8 @@ class InspectReport(NamedByIndex):
     config_changed: PlainData
     config_unrepresentable: PlainData
     environment: PlainData
-    records: PlainData  # the full failure, config, environment and system records, for tools
+    records: PlainData  # the full failure, config, environment, system and rng records, for tools
+    randomness: str = ""  # whether the graph draws random numbers, and whether the RNG state is recorded
     store: StoreOrigin | None = field(default=None, metadata=_OMIT_NONE)
     job: JobSummary | None = field(default=None, metadata=_OMIT_NONE)  # a multi-rank job's ranks (spec §8 job)
     shapes: PlainData = field(default=None, metadata=_OMIT_NONE)  # (1.3) the shape policy record
@@ -186,6 +188,18 @@ def _describe_dim(dim: ShapeDim) -> str:
     if dim.kind == "unbacked":
         text += " unbacked"
     return text + (f" {dim.origin}" if dim.origin else "")
+
+
+def randomness_label(records: Records) -> str:
+    """What the archive says about randomness (spec §8 ``rng``), for people: the graph's random
+    ops and the generators whose state it holds, or that it does not say."""
+    rng = records.rng
+    if rng is None:
+        return "RNG unknown: the archive does not record random ops or generator states"
+    ops = f"random ops: {', '.join(rng.random_ops)}" if rng.random_ops else "no random ops"
+    if rng.generators:
+        return f"{ops}; RNG state recorded ({', '.join(g.device for g in rng.generators)})"
+    return f"{ops}; RNG state not recorded"
 
 
 def input_rows(index: Index) -> list[InputRow]:
@@ -297,8 +311,9 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             environment=(environment.variables or None) if environment else None,
             # the full records, for --json readers and tools; the summaries above are for people
             records={key: (to_plain(getattr(records, key)) if getattr(records, key) is not None else None)
-                     for key in ("failure", "config", "environment", "system")},
+                     for key in ("failure", "config", "environment", "system", "rng")},
             shapes=to_plain(records.shapes) if records.shapes is not None else None,
             shape_policy=tuple(shape_policy_lines(records.shapes)),
             job=job_summary(index.job) if index.job is not None else None,
+            randomness=randomness_label(records),
         )

@@ -22,6 +22,7 @@ from reproarchive.codec.checks import check_readable_here, recorded_devices
 from reproarchive.codec.custom_ops import LiveCall, LiveCustomOp
 from reproarchive.codec.devices import remap_graph_devices, resolve_devices
 from reproarchive.codec.input_demands import storage_demands
+from reproarchive.codec.rng import decode_rng
 from reproarchive.codec.stand_ins import install as install_stand_ins
 from reproarchive.codec.stand_ins import set_calls as stand_in_calls
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
@@ -47,7 +48,9 @@ class Repro:
     """A loaded archive: the rebuilt graph, its inputs on the target device, and the records.
 
     ``fidelity`` says per input whether its data is ``real``, ``absent`` (generated here) or a
-    plain ``value``; ``warnings`` are the notes load also issued as Python warnings.
+    plain ``value``; ``warnings`` are the notes load also issued as Python warnings;
+    ``rng_states`` the recorded generator states by the device they apply to here (spec §8
+    ``rng``; empty: not recorded).
     """
 
     gm: fx.GraphModule
@@ -60,6 +63,7 @@ class Repro:
     warnings: list[str]
     custom_ops: list[LiveCustomOp] = dataclasses.field(default_factory=list)  # recorded calls, decoded
     stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops replayed from them
+    rng_states: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def records(self) -> Records:
@@ -130,7 +134,11 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
         records = index.storages
         targets_by_storage = []
         devices: dict[str, str] = {}
-        for rec in records:
+        states = {g.storage for g in index.records.rng.generators} if index.records.rng is not None else set()
+        for i, rec in enumerate(records):
+            if i in states:  # a generator state: host bytes, whatever the generator's device
+                targets_by_storage.append(torch.device("cpu"))
+                continue
             target = mapper(rec.device)
             devices[rec.device] = target
             targets_by_storage.append(torch.device(target))
@@ -180,8 +188,9 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                    + " (bring the real op with --import / --load-library)")
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
+        rng_states = decode_rng(index.records.rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
         return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes, custom_ops,
-                     stand_ins)
+                     stand_ins, rng_states)
 
 
 def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],

@@ -20,6 +20,7 @@ from reproarchive.codec import custom_ops as custom_op_codec
 from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.custom_ops import LiveCustomOp
+from reproarchive.codec.rng import encode_rng
 from reproarchive.codec.tensors import StorageTable, storage_view
 from reproarchive.context.execution import inference_inputs
 from reproarchive.errors import (
@@ -127,6 +128,7 @@ def pack(
     min_saving: float = frames.MIN_SAVING,
     progress: ProgressFn | None = None,
     custom_ops: Sequence[LiveCustomOp] | None = None,
+    rng_states: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
 
@@ -136,7 +138,10 @@ def pack(
     The records are stored as given (``created_by`` is this writer's); a capture source writes
     through ``archive.writing.write_capture``, which redacts them first. Data frames that zstd
     ``level`` would shrink by less than ``min_saving`` are stored uncompressed (cheaper to write
-    and to read); ``min_saving=0`` compresses every frame.
+    and to read); ``min_saving=0`` compresses every frame. ``rng_states``: the generator states
+    (device name -> uint8 state tensor, ``codec.rng.rng_snapshot``) the failing call started
+    from, stored as storages; the ``rng`` record is this graph's (``records.rng`` is replaced:
+    its storage numbers were another table's).
     """
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
@@ -162,6 +167,7 @@ def pack(
     )
     graph_record = graph_codec.encode_graph(gm, table)
     op_records = _custom_op_records(gm, custom_ops, table)
+    records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors
     code = graph_codec.readable_code(gm).encode()
 
     real = [i for i, r in enumerate(table.records) if r.is_real]

@@ -25,14 +25,16 @@ from reproarchive.format.schema import JobRecord, Records
 class Capture:
     """What a capture source found: the graph (a ``torch.fx.GraphModule``), one input per
     placeholder, the records around them, not yet redacted, the calls of its custom ops where
-    the source ran them on real data (``codec.custom_ops.record_calls``), and for a rank of a
-    multi-rank job its job record (spec §8 ``job``)."""
+    the source ran them on real data (``codec.custom_ops.record_calls``), the generator states
+    the failing call started from (``codec.rng.rng_snapshot``; None: not seen), and for a rank
+    of a multi-rank job its job record (spec §8 ``job``)."""
 
     graph: Any
     inputs: Sequence[Any]
     records: Records
     job: JobRecord | None = None  # (1.3) one rank of a multi-rank job: its part (``archive.job_merge``)
     custom_ops: Sequence[LiveCustomOp] | None = None  # recorded calls; None: described at packing
+    rng_states: Mapping[str, Any] | None = None
 
 
 def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mapping[str, str] | None = None,
@@ -48,4 +50,4 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     # for graphs with ``while_loop``): packing reads real tensors, so it runs outside any mode.
     with _disable_current_modes():
         return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table),
-                    job=capture.job, custom_ops=capture.custom_ops, **options)
+                    job=capture.job, custom_ops=capture.custom_ops, rng_states=capture.rng_states, **options)

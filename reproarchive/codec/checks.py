@@ -59,10 +59,12 @@ def _graph_constants(graph: GraphRecord):
 
 
 def recorded_devices(index: Index) -> list[str]:
-    """Every device the archive names, in first-seen order: the storages' devices, the graph's
+    """Every device the archive names, in first-seen order: the storages' devices (not those of
+    generator states: host bytes whatever the generator's device), the graph's
     device constants, and the device names a graph passes as text (``device="cuda"``,
     ``x.to("cuda:1")``, ``x.cuda()``), which ``load`` remaps the same way."""
-    found = [storage.device for storage in index.storages]
+    states = {g.storage for g in index.records.rng.generators} if index.records.rng is not None else set()
+    found = [storage.device for i, storage in enumerate(index.storages) if i not in states]
     found += [value.name for value in _graph_constants(index.graph) if value.kind == "device"]
     for node in _graph_nodes(index.graph):
         text = [node.kwargs.get("device")]

@@ -48,6 +48,10 @@ _PROCESS_SPECIFIC = re.compile(r"(_PTR|POINTER|_ADDR|_PID|_FD)(_|$)")
 
 REDACTED = "<redacted>"
 PROCESS_SPECIFIC = "<process-specific>"
+#: Names of the variables reproarchive set itself for a run it watches (``capture --`` sets
+#: ``TORCH_COMPILE_DEBUG_DIR`` to its own temporary folder), comma-separated: not the user's,
+#: so never recorded (a replay on the same machine would list them as differences).
+OWN_VARIABLES_ENV = "REPROARCHIVE_OWN_VARIABLES"
 
 
 def _selected(name: str) -> bool:
@@ -80,14 +84,16 @@ def environment_snapshot(environ: Mapping[str, str] | None = None) -> Environmen
     * the home directory in any value: ``~``. Other absolute paths (cache dirs) are kept: they
       explain behaviour ("the cache was on NFS") and are not personal.
 
-    Redacted names are listed in "redacted"; a replay must never set a redacted value.
+    Redacted names are listed in "redacted"; a replay must never set a redacted value. The
+    variables reproarchive set itself (named in ``$REPROARCHIVE_OWN_VARIABLES``) are left out.
     """
     env = os.environ if environ is None else environ
     variables: dict[str, str] = {}
     redacted: list[str] = []
     reasons: dict[str, str] = {}
+    ours = set(env.get(OWN_VARIABLES_ENV, "").split(","))
     for name in sorted(env):
-        if not _selected(name):
+        if not _selected(name) or name in ours:
             continue
         upper = name.upper()
         if any(marker in upper for marker in SECRET_MARKERS):

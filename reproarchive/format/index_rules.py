@@ -63,6 +63,7 @@ from reproarchive.format.schema import (
     NodeOp,
     NodeRef,
     Records,
+    RngRecord,
     ScalarValue,
     SequenceValue,
     ShapePolicy,
@@ -190,6 +191,8 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
     job = _section(raw, "job", JobRecord | None)
     if job is not None:
         check_job(job, storages, len(inputs), caps, check_value, check_graph)
+    if records.rng is not None:
+        check_rng(records.rng, storages)
     return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
                  records=records, format=FORMAT_NAME, version=raw["version"], job=job, custom_ops=custom_ops)
 
@@ -533,6 +536,20 @@ def check_shapes(shapes: ShapePolicy, inputs) -> None:
     for k, symbol in enumerate(shapes.symbols):
         if symbol.kind not in ("backed", "unbacked"):
             raise bad(f"kind {symbol.kind!r} is not backed or unbacked", "symbols", k, "kind")
+
+
+def check_rng(rng: RngRecord, storages: tuple[StorageRecord, ...]) -> None:
+    """(R8-6) Each generator state is a real storage on the host, of a generator on a device."""
+    for i, generator in enumerate(rng.generators):
+        where = ("rng", "generators", i)
+        if not DEVICE_RE.match(generator.device):
+            raise SchemaViolation(f"{generator.device[:40]!r} is not a device name", (*where, "device"),
+                                  Rule.RNG_STATE)
+        if not 0 <= generator.storage < len(storages):
+            raise SchemaViolation(f"storage {generator.storage} does not exist", (*where, "storage"), Rule.RNG_STATE)
+        storage = storages[generator.storage]
+        if not storage.is_real or storage.device != "cpu":
+            raise SchemaViolation("a generator state is a real storage on cpu", (*where, "storage"), Rule.RNG_STATE)
 
 
 def check_failure(failure: FailureRecord) -> None:

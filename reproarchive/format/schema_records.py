@@ -278,6 +278,26 @@ class ShapePolicy:
     settings: dict[str, PlainData] = field(default_factory=dict)
 
 
+@open_record
+class GeneratorState:
+    """(1.3) One random generator's state just before the failing call: ``device`` is the
+    generator's (``cpu``, ``cuda:0``), ``storage`` the storage-table entry whose bytes are the
+    state as the device's ``get_rng_state`` returned it (uint8, on the host)."""
+
+    device: str
+    storage: int
+
+
+@open_record
+class RngRecord:
+    """(1.3) Randomness: ``random_ops`` names the graph's calls that draw random numbers
+    (empty: none), ``generators`` the states the failing call started from (empty: the source
+    could not see them, e.g. a dump or a trace log)."""
+
+    random_ops: tuple[str, ...] = ()
+    generators: tuple[GeneratorState, ...] = ()
+
+
 # --------------------------------------------------------------------------------------------
 # §8 source: where the archive came from, one typed record per kind of source (1.2)
 
@@ -404,8 +424,8 @@ class Records:
     """Everything an archive says around its graph and inputs, as one value: what failed and
     how to replay it (backend, accuracy, config, environment, failure), where it came from
     (source, parent, minify, created_by), the machine (system), the thread state the failing
-    call ran under (execution), the dynamic-shape policy of the failing compile (shapes) and
-    the user's metadata.
+    call ran under (execution), the dynamic-shape policy of the failing compile (shapes), its
+    randomness (rng) and the user's metadata.
 
     On disk these are top-level keys of the index (§8); in memory they travel together, from
     the capture source that fills them, through the one writer that redacts and packs them, to
@@ -425,6 +445,7 @@ class Records:
     metadata: dict[str, PlainData] | None = None
     execution: ExecutionRecord | None = omit_none()  # (1.2) absent, not nil, when unknown
     shapes: ShapePolicy | None = omit_none()  # (1.3) absent, not nil, when unknown
+    rng: RngRecord | None = omit_none()  # (1.3) absent when the graph draws nothing and no state was read
 
     @property
     def graph_kind(self) -> str | None:

@@ -103,12 +103,14 @@ def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir
 
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     """A candidate (``stats`` None) or the result: the parent's records, this archive's
-    provenance (``parent``, ``minify``) in place of the parent's, and the parent's shape policy
-    for the inputs it kept (a symbolic input stays symbolic)."""
+    provenance (``parent``, ``minify``) in place of the parent's, the parent's shape policy for
+    the inputs it kept (a symbolic input stays symbolic), and the parent's generator states:
+    every candidate is judged from them (``replay_repro``), so the result keeps them."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
     shapes = restricted(repro.records.shapes, placeholder_names(repro.gm), placeholder_names(gm), inputs)
     pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify,
-                                                       shapes=shapes), custom_ops=repro.custom_ops)
+                                                       shapes=shapes), custom_ops=repro.custom_ops,
+         rng_states=repro.rng_states)
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:

@@ -34,10 +34,11 @@ where and by how much.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from reproarchive.codec.device_runtime import devices_of, forked_rng, synchronize
@@ -46,6 +47,31 @@ from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import AccuracyOutput, AccuracyReport
 
 DEFAULT_TOLERANCE = 1e-3
+#: The accuracy rule of a graph that draws no random numbers.
+PLAIN_RULE = "eager and compiled from copies of the same inputs"
+
+
+@contextlib.contextmanager
+def fair_to_randomness(gm: Any) -> Iterator[str]:
+    """The accuracy rule for ``gm``, entered for its compile and check; yields its description.
+
+    A graph that draws random numbers (``codec.rng.random_ops``) is compared with every run
+    (eager, fp64, compiled) starting from the same generator state (``check_accuracy`` does that
+    for every graph) and compiled with inductor's ``fallback_random``, so that inductor's random
+    ops draw as eager's do: with its own RNG, inductor's dropout masks differ from eager's and a
+    correct graph "differs from eager". Never by switching the graph to ``eval()``, which hides
+    the training-mode behaviour (dropout, batch norm) that may be the bug."""
+    from reproarchive.codec.rng import random_ops
+
+    ops = random_ops(gm)
+    if not ops:
+        yield PLAIN_RULE
+        return
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fallback_random=True):
+        yield (f"fair to randomness ({', '.join(ops)}): eager, fp64 and compiled start from the same RNG state, "
+               "inductor with fallback_random")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,9 +231,10 @@ def check_accuracy(
 ) -> AccuracyReport:
     """Run eager, fp64 and compiled on separate copies of ``args`` and ``compare`` them.
 
-    Each run starts from the same RNG state, so graphs with random ops are compared fairly as
-    far as the backend allows (inductor's own RNG differs from eager's unless
-    ``fallback_random``). The caller's RNG state is restored afterwards. An exception in the
+    Each run starts from the same RNG state (the one current at the call: a replay sets the
+    recorded one first), so graphs with random ops are compared fairly as far as the backend
+    allows; inductor's own RNG differs from eager's unless it compiled under
+    ``fair_to_randomness``. The caller's RNG state is restored afterwards. An exception in the
     eager run is re-raised as ``EagerFailed`` (the graph itself is broken: not the backend's
     fault); an exception in the compiled run propagates tagged with its stage (see
     ``run_forward_backward``).

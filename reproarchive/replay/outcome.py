@@ -40,6 +40,8 @@ class Outcome:
     recorded"), ``symbolic``, the symbolic dimensions and unbacked symbols, and the recorded
     and replayed guards with ``guards_match`` (None: not compared; see ``replay.shape_policy``).
     stand_ins: custom ops this process did not have, replayed from their recorded outputs.
+    randomness: whether the graph draws random numbers and whether the recorded RNG state was
+    restored (or is unknown); accuracy_rule: the rule accuracy was judged under, when checked.
     """
 
     status: str
@@ -60,6 +62,8 @@ class Outcome:
     digest: str | None = None
     shapes: dict[str, Any] | None = None
     stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops replayed from recorded outputs
+    randomness: str | None = None
+    accuracy_rule: str | None = None
 
     @property
     def kind(self) -> str:

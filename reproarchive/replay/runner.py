@@ -66,6 +66,7 @@ def replay_graph(
     execution: ExecutionRecord | None = None,
     shapes: ShapePolicy | None = None,
     input_records: Any = None,
+    rng_states: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """Compile ``gm`` with ``settings.backend``, run it on ``args`` (already on their devices)
     and judge the result.
@@ -88,6 +89,11 @@ def replay_graph(
     compared with the recorded ones (``replay.shape_policy``); without one the graph is
     compiled with static shapes and a warning says that the policy was unknown (louder when
     ``input_records``, the index's input records, show that the recording was symbolic).
+    ``rng_states`` are the
+    generator states the failing call started from (``codec.rng``; None: not recorded), set
+    after compiling, right before the run; accuracy on a graph that draws random numbers is
+    checked under ``accuracy.fair_to_randomness``. The outcome's ``randomness`` and
+    ``accuracy_rule`` say what was done.
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
     backend = settings.backend
@@ -115,6 +121,9 @@ def replay_graph(
     observed: dict[str, Any] | None = None
     details: dict[str, Any] | None = None
     ran_backward = False
+    randomness, rng_warnings = _randomness(gm, rng_states)
+    warnings.extend(rng_warnings)
+    rule = None
 
     with contextlib.ExitStack() as stack:
         if config_applied:
@@ -126,12 +135,17 @@ def replay_graph(
             import torch
 
             stack.enter_context(torch.no_grad())
+        if settings.accuracy:
+            from reproarchive.replay.accuracy import fair_to_randomness
+
+            rule = stack.enter_context(fair_to_randomness(gm))
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
             observed, details, ran_backward = _compile_and_run(
                 compiler_fn, gm, args, backend=backend, source_kind=source_kind,
                 fwd_only=not needs_backward, accuracy=bool(settings.accuracy), tol=settings.tol,
                 warnings=warnings, ignore_non_fp=not settings.strict_accuracy, shapes=(shapes, shape_report),
+                rng_states=rng_states,
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
     warnings.extend(shape_policy.warnings_for(shape_report))
@@ -147,13 +161,33 @@ def replay_graph(
         ran_backward=ran_backward,
         config="current" if not config_applied else "recorded",
         shapes=shape_report,
+        randomness=randomness,
+        accuracy_rule=rule,
     )
 
 
+def _randomness(gm, rng_states: Mapping[str, Any] | None) -> tuple[str, list[str]]:
+    """What the replay does about randomness, in words, and the warnings to give."""
+    from reproarchive.codec.rng import random_ops
+
+    ops = random_ops(gm)
+    drawn = f"the graph draws random numbers ({', '.join(ops)})" if ops else "the graph draws no random numbers"
+    if rng_states:
+        return f"{drawn}; the recorded RNG state ({', '.join(rng_states)}) is restored before the run", []
+    if rng_states is None:
+        said = f"{drawn}; RNG unknown: the archive does not record the RNG state"
+    else:
+        said = f"{drawn}; the archive's source could not see the RNG state"
+    if not ops:
+        return said, []
+    return said, [f"{said}: this replay draws other random numbers than the failing run"]
+
+
 def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, accuracy, tol, warnings,
-                     ignore_non_fp=False, shapes=(None, None)):
+                     ignore_non_fp=False, shapes=(None, None), rng_states=None):
     """(observed failure record or None, accuracy report or None, whether backward ran).
     ``shapes``: the recorded shape policy and the outcome's report of it (``_compile``)."""
+    from reproarchive.codec.rng import restore_rng
     from reproarchive.replay import accuracy as _accuracy
 
     try:
@@ -161,6 +195,7 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
                             shapes)
     except Exception as exc:  # noqa: BLE001 - every failure of the compiler is data
         return _failure.record_from_exception(exc, "compile", backend=backend), None, False
+    warnings.extend(restore_rng(rng_states or {}))  # after compiling: a compiler may draw (autotuning)
     try:
         if accuracy:
             kwargs = {} if tol is None else {"tol": tol}
@@ -381,4 +416,5 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
         shapes=records.shapes if gm is None else restricted(records.shapes, placeholder_names(repro.gm),
                                                             placeholder_names(gm)),
         input_records=repro.index.inputs if gm is None else None,
+        rng_states=repro.rng_states if records.rng is not None else None,
     )

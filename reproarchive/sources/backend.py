@@ -62,6 +62,11 @@ Cost and side effects of the check, by design:
   leaves, so gradients never reach the user's tensors. A CUDA-graph backend sees one extra
   warm-up call. A graph that fails only on a later call (other data, same shapes) is not
   captured: only the first call is checked.
+* randomness: the archive holds the generator states (CPU, and the devices of the inputs) the
+  failing call started from, and ``run`` restores them. With ``accuracy=True`` a graph that
+  draws random numbers is compiled with inductor's ``fallback_random``
+  (``replay.accuracy.fair_to_randomness``), so that its dropout draws as eager's does and a
+  correct graph is not an accuracy failure; the graph's ``training`` is never switched off.
 
 Where archives go: ``path`` may be a file name (``*.tar.zst``, every failure of this backend
 writes that one file) or a directory (created; archives are named
@@ -81,6 +86,7 @@ of the user's own failure; the archive stays on disk either way.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -95,6 +101,7 @@ from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.codec.custom_ops import record_calls
+from reproarchive.codec.rng import rng_snapshot
 from reproarchive.codec.shapes import policy_of
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
@@ -258,7 +265,8 @@ class _CaptureBackend:
         with self._patched_config():
             config = config_snapshot()  # what this graph is compiled with (~7 ms)
             try:
-                compiled = self.compiler(gm, example_inputs)
+                with _accuracy.fair_to_randomness(gm) if self.settings["accuracy"] else contextlib.nullcontext():
+                    compiled = self.compiler(gm, example_inputs)
             except Exception as exc:
                 if _is_control_flow(exc):
                     raise
@@ -460,14 +468,19 @@ SOURCE_RECORD = CaptureSource
 
 
 def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: FailureRecord, backend: str,
-               accuracy: bool, capture_settings: dict, door: dict | None = None) -> Capture:
+               accuracy: bool, capture_settings: dict, door: dict | None = None,
+               rng_states: dict | None = None) -> Capture:
     """The failing graph, its inputs and the records of this process around them. ``door``: the
     source fields of a capture door that is not Dynamo's (``inductor_door``: ``graph_kind``
     after_aot, the door, how many inputs are real, where the failure came from). The execution
     state is read here, in the failing call: the backend call while Dynamo traces (compile
     failures) or the first call of the compiled graph (runtime failures, the crash guard), both
     under the grad mode and autocast Dynamo guarded the graph on. The shape policy is read from
-    the fake values Dynamo left on ``gm``'s placeholders and their ShapeEnv (``codec.shapes``)."""
+    the fake values Dynamo left on ``gm``'s placeholders and their ShapeEnv (``codec.shapes``).
+    So are the generator states (``rng_states`` None: read now): the check runs inside
+    ``_preserved_state``, which puts them back before a failure is written, and Dynamo draws
+    nothing while it traces, so now is just before the failing call; a caller that writes after
+    the call ran passes the states it read before."""
     source = CaptureSource(stage=failure.stage, fwd_only=bool(capture_settings.get("fwd_only")),
                            tolerance=capture_settings.get("tolerance"),
                            check_runtime=bool(capture_settings.get("check_runtime")),
@@ -479,7 +492,7 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
                                        environment=environment_snapshot(), system=system_snapshot(),
                                        failure=failure, source=source, execution=execution_snapshot(inputs),
                                        shapes=policy_of(gm, inputs, config)),
-                   custom_ops=custom_ops)
+                   rng_states=rng_snapshot(inputs) if rng_states is None else rng_states, custom_ops=custom_ops)
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:

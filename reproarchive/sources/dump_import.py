@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
 from reproarchive import errors
 from reproarchive.child import run_child
+from reproarchive.context.environment import OWN_VARIABLES_ENV
 from reproarchive.errors import SourceError
 from reproarchive.sources.dump_script import Discovery, discover
 from reproarchive.sources.report import PackReport
@@ -52,6 +54,7 @@ def pack_dump(
     imports: tuple[str, ...] = (),
     libraries: tuple[str, ...] = (),
     custom_ops_from: list[Path] | tuple = (),
+    own_variables: Sequence[str] = (),
 ) -> PackReport:
     """Pack the PyTorch repro dump ``source`` (a script, a folder, or None: search ``cwd``).
 
@@ -60,7 +63,9 @@ def pack_dump(
     per stage. ``keep_log`` copies the child's output there (for --debug). ``imports`` and
     ``libraries`` bring the real implementation of custom ops the dump calls (the user's
     ``--import`` / ``--load-library``); ``custom_ops_from``: archives whose recorded custom-op
-    calls stand in for ops still missing (``capture --`` records them). Raises SourceError
+    calls stand in for ops still missing (``capture --`` records them). ``own_variables``:
+    variables the dump sets that reproarchive set for the dumping run (``capture --``), left
+    out of the environment record. Raises SourceError
     (exit 4) when there is no usable dump, PackError when the dump cannot be packed.
     """
     cwd = Path(cwd) if cwd is not None else Path.cwd()
@@ -87,14 +92,15 @@ def pack_dump(
                "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())],
                "imports": list(imports), "libraries": [str(p) for p in libraries],
                "custom_ops_from": [str(p) for p in custom_ops_from]}
-    report, died = run_child("reproarchive.sources.dump_child", request, env=child_env(), on_event=progress,
+    env = {**child_env(), OWN_VARIABLES_ENV: ",".join(own_variables)} if own_variables else child_env()
+    report, died = run_child("reproarchive.sources.dump_child", request, env=env, on_event=progress,
                              keep_log=keep_log)
     if died is not None and (died.started or {}).get("stage") == "replay":
         # The graph crashed the process that replayed it: that is the failure to record.
         if progress is not None:
             progress(f"the replay {died.reason}: packing the dump with the crash as its failure")
         report, died = run_child("reproarchive.sources.dump_child", {**request, "crash": died.crash_facts()},
-                                 env=child_env(),
+                                 env=env,
                                  on_event=progress)
     if died is not None:
         last = next((ln.strip() for ln in reversed(died.log_tail.splitlines()) if ln.strip()), "no output")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from reproarchive.context.environment import OWN_VARIABLES_ENV
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import crash_guard, inductor_door
@@ -72,6 +73,11 @@ class CaptureResult:
         }
 
 
+#: The variables ``capture_env`` sets to steer the run that are also ones the environment record
+#: selects: reproarchive's, not the user's (``context.environment.OWN_VARIABLES_ENV``).
+OWN_VARIABLES = ("TORCH_COMPILE_DEBUG_DIR", "TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL")
+
+
 def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False,
                 base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the program runs in: PyTorch's repro dumps on, written to ``dump_dir``."""
@@ -90,6 +96,7 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
             # Inductor's door: compile errors with the real inputs (PyTorch's dump has none)
             env[inductor_door.AOT_DIR_ENV] = str(dump_dir / "aot")
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
+    env[OWN_VARIABLES_ENV] = ",".join(OWN_VARIABLES)  # ours, not the user's: never recorded
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
     env[JOB_DIR_ENV] = str(dump_dir / "jobs")  # a multi-rank job (torchrun): one archive for the job
     # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
@@ -179,7 +186,8 @@ def capture_program(
             recorded = crash_guard.custom_op_archives(dump_dir, int(pid)) if pid.isdigit() else []
             try:
                 result.archives.append(pack_dump(launcher, target, replay=replay, custom_ops_from=recorded,
-                                                 imports=imports, libraries=libraries))
+                                                 imports=imports, libraries=libraries,
+                                                 own_variables=OWN_VARIABLES))
             except ReproArchiveError as err:
                 result.errors.append(f"{launcher.parent.parent.name}: {err}")
         for written in door:
@@ -273,7 +281,8 @@ def capture_of(pending: Any, failure: Any, *, replay_notes: dict[str, Any], prog
     from reproarchive.archive.writing import Capture
 
     return Capture(pending.gm, list(pending.args),
-                   dataclasses.replace(pending.records, accuracy=False, failure=failure, source=source))
+                   dataclasses.replace(pending.records, accuracy=False, failure=failure, source=source),
+                   rng_states=pending.rng_states)
 
 
 def _signal_name(exit_code: int) -> str | None:

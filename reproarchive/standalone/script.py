@@ -18,6 +18,12 @@ passes the filter ``run`` applies (``context.admission``); strings from the arch
 only as ``repr`` literals or, in the header, with control characters escaped, so the script
 always compiles. It is code the user runs by choice; reproarchive itself never execs what an
 archive contains.
+
+The script replays in the recorded thread state (spec §8 ``execution``: grad and inference mode,
+autocast, deterministic algorithms, default dtype, matmul precision, inference-tensor inputs)
+and sets the recorded generator states (``rng``, written as raw byte files like the inputs)
+right before every run, so a graph with dropout draws what the failing run drew; its accuracy
+check on such a graph turns on inductor's ``fallback_random`` as ``run`` does.
 """
 
 from __future__ import annotations
@@ -26,21 +32,26 @@ import dataclasses
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from reproarchive.codec.rng import random_ops
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.admission import setting_problem
 from reproarchive.context.config import CONFIG_MODULES
 from reproarchive.context.environment import plan
+from reproarchive.context.execution import MATMUL_PRECISIONS
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.plain import PlainRecord
 from reproarchive.format.schema import (
+    DTYPES,
     ConfigRecord,
     EnvironmentRecord,
+    ExecutionRecord,
     FailureRecord,
     ShapePolicy,
     SystemRecord,
@@ -90,6 +101,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
         system=records.system, failure=records.failure, fidelity=list(repro.fidelity or []),
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest, shapes=records.shapes,
         custom_ops=repro.custom_ops, brought=(settings.imports, settings.libraries),
+        execution=records.execution, rng_states=repro.rng_states,
     )
 
 
@@ -118,6 +130,8 @@ def write_export(
     shapes: ShapePolicy | None = None,
     custom_ops: Any = (),
     brought: tuple = ((), ()),
+    execution: ExecutionRecord | None = None,
+    rng_states: Mapping[str, Any] | None = None,
 ) -> ExportReport:
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
@@ -126,7 +140,7 @@ def write_export(
             gm, args, backend=backend, source_kind=source_kind, accuracy=accuracy, config=config,
             environment=environment, system=system, failure=failure, fidelity=fidelity or [],
             recorded_devices=recorded_devices or [], archive_name=archive_name, digest=digest, shapes=shapes,
-            custom_ops=custom_ops, brought=brought,
+            custom_ops=custom_ops, brought=brought, execution=execution, rng_states=rng_states or {},
         )
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -290,7 +304,8 @@ class _Script:
                             bring="\n".join(bring) or "    pass", stand_ins="\n".join(stand_ins))
 
     def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
-              fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ())) -> str:
+              fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ()),
+              execution=None, rng_states=None) -> str:
         import torch
 
         root_graph = self.graph_function(gm, "")
@@ -347,6 +362,10 @@ class _Script:
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
             **_shape_literals(shapes),
+            execution=repr(_execution_literal(execution)),
+            inference_inputs=repr(list(execution.inference_inputs or ()) if execution is not None else []),
+            random_ops=repr(list(random_ops(gm))),
+            rng_states=repr({name: self.writer.storage(state)[0] for name, state in (rng_states or {}).items()}),
         ).lstrip()
 
 
@@ -362,6 +381,22 @@ def _shape_literals(shapes: ShapePolicy | None) -> dict[str, str]:
     sources = {r.input: r.source for r in shapes.inputs if r.source}
     return {"shapes": repr(plan), "sources": repr(sources), "shape_settings": repr(shape_env_settings(shapes)),
             "guards": repr(list(shapes.guards))}
+
+
+def _execution_literal(record: ExecutionRecord | None) -> dict[str, Any]:
+    """The recorded thread state as the script's ``EXECUTION``: only names the replay itself
+    would enter (``context.execution``: a §6 dtype, one of the matmul precisions)."""
+    if record is None:
+        return {}
+    flags = ("inference_mode", "grad_enabled", "deterministic", "deterministic_warn_only")
+    out: dict[str, Any] = {k: getattr(record, k) for k in flags if getattr(record, k) is not None}
+    out["autocast"] = [(a.device_type, a.enabled, a.dtype if a.dtype in DTYPES else None)
+                       for a in record.autocast or ()]
+    if record.default_dtype in DTYPES:
+        out["default_dtype"] = record.default_dtype
+    if record.float32_matmul_precision in MATMUL_PRECISIONS:
+        out["float32_matmul_precision"] = record.float32_matmul_precision
+    return out
 
 
 def admitted_settings(config: ConfigRecord | None) -> list[tuple[str, str, Any]]:

@@ -179,6 +179,8 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
     ("R8-4", "job-groups", "E_SCHEMA", _edit(_set(("job",), _job(groups=[{"name": "0", "ranks": [0, 0]}]))), None),
     ("R8-5", "job-refs", "E_SCHEMA", _edit(_set(("job",), _job(ranks=[{"rank": 0}, {"rank": 1, "graph": 3}]))),
      None),
+    ("R8-6", "rng-state", "E_SCHEMA",
+     _edit(lambda i: i.update(rng={"random_ops": [], "generators": [{"device": "cpu", "storage": 99}]})), None),
 ]
 
 

@@ -270,8 +270,20 @@ def custom_op():
     return _graph(3, body), [x, y, zero]
 
 
+def rng():
+    """(1.3) A graph that draws random numbers, and the CPU generator state it starts from
+    (``torch.Generator().manual_seed(2024)``: the same bytes everywhere); ``rand_like`` draws
+    with the generator alone (no vector library), so its values are the same on every CPU."""
+    def body(g, xs):
+        return (g.call_function(operator.add, (xs[0], g.call_function(torch.rand_like, (xs[0],)))),)
+
+    state = torch.Generator().manual_seed(2024).get_state()
+    return _graph(1, body), [torch.arange(6, dtype=torch.float32).view(2, 3)], {"cpu": state}
+
+
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored, "dynamic": dynamic,
-         "subclass": subclass, "custom-op": custom_op}
+         "subclass": subclass, "custom-op": custom_op,
+         "rng": rng}
 #: records a case adds to RECORDS (from the version that introduced it)
 CASE_RECORDS = {"dynamic": {"shapes": DYNAMIC_SHAPES}}
 JOB_CASES = {"job": job}  # (1.3) multi-rank jobs: vectors of 1.3 and later only
@@ -318,10 +330,11 @@ def build(name: str, path: Path) -> dict:
         ranks, job_facts = JOB_CASES[name]()
         reproarchive.pack_job(ranks, path, **job_facts)
         return expectations(name, path)
-    gm, inputs = CASES[name]()
+    gm, inputs, *states = CASES[name]()
     if name == "dynamic":
         inputs[0] = _symint(inputs[0], "L['x'].size()[0]")
-    reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, **RECORDS, **CASE_RECORDS.get(name, {}))
+    reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, rng_states=states[0] if states else None,
+                      **RECORDS, **CASE_RECORDS.get(name, {}))
     return expectations(name, path)
 
 
@@ -376,7 +389,11 @@ def expectations(name: str, path: Path) -> dict:
 
         facts["shapes"] = to_plain(repro.records.shapes)
     if "absent" not in repro.fidelity:
-        out = repro.gm(*repro.args)
+        from reproarchive.codec.rng import restore_rng
+
+        with torch.random.fork_rng(devices=[]):
+            restore_rng(repro.rng_states)  # (1.3) the recorded generator state, where there is one
+            out = repro.gm(*repro.args)
         facts["outputs"] = [output_facts(o) for o in (out if isinstance(out, tuple) else [out])]
     return facts
 

@@ -56,6 +56,9 @@ def test_capture_packs_the_failure_and_keeps_exit_code(captured):
     assert repro.records.failure.stage == "forward"
     assert repro.records.backend == "relu_runtime_error_TESTING_ONLY"
     assert repro.fidelity == ["real"] * 4
+    # what capture set itself to watch the program is not the program's: nothing to list here
+    assert "TORCH_COMPILE_DEBUG_DIR" not in repro.records.environment.variables
+    assert not [r for r in reproarchive.doctor(archives[0]).differences if "TORCH_COMPILE_DEBUG" in r["name"]]
 
 
 def test_pack_cli_json_on_kept_dump(captured, tmp_path):

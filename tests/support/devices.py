@@ -15,11 +15,15 @@ from reproarchive.format import layout, reader, writer
 def with_storage_devices(source: Path, destination: Path, device: str) -> Path:
     """A copy of the archive at ``source`` whose storages are recorded on ``device``, written
     through the typed index and the container writer (what a capture on that device records;
-    this machine needs no such device to make it). Returns ``destination``."""
+    this machine needs no such device to make it: generator states stay host bytes, spec §8
+    ``rng``). Returns ``destination``."""
     with reader.ContainerReader(source) as r:
         index = r.index
         members = [(name, r.read_member(name)) for name in r.members if name != layout.LAYOUT_MEMBER]
-    index = dataclasses.replace(index, storages=tuple(dataclasses.replace(s, device=device) for s in index.storages))
+    rng = index.records.rng
+    states = {g.storage for g in rng.generators} if rng is not None else set()
+    index = dataclasses.replace(index, storages=tuple(s if i in states else dataclasses.replace(s, device=device)
+                                                      for i, s in enumerate(index.storages)))
     with open(destination, "wb") as f:
         w = writer.ContainerWriter(f)
         for name, data in members:
