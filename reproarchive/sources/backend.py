@@ -16,8 +16,10 @@ What it does for each graph Dynamo hands it:
 2. Compiles it with the real backend. An exception: stage ``compile``; the archive holds
    Dynamo's example inputs, which nothing has run on yet. The exception leaves the backend, so
    Dynamo wraps it as usual (``BackendCompilerFailed`` / ``InductorError``).
-3. Unless ``check_runtime=False``: returns the compiled function behind a thin wrapper whose
-   FIRST call, before running for real, runs it once on COPIES of the real arguments, forward
+3. Unless ``check_runtime=False``: returns the compiled function behind a thin wrapper
+   (``call_guard``) whose FIRST call, before running for real, runs it once on the real
+   arguments -- aliases of those the graph does not write, copies of those it writes
+   (``replay.input_writes``) -- forward
    and, when an output requires grad, backward of a scalar loss (as PyTorch's
    ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips backward). An exception: stage ``forward`` or
    ``backward``. With ``accuracy=True`` the run is compared with eager and an fp64 reference
@@ -31,8 +33,10 @@ What it does for each graph Dynamo hands it:
    ``archive_path(exc)`` give it to programs). Runtime failures surface at the user's call, as
    they would without capture. An accuracy failure raises PyTorch's ``AccuracyError`` (or only
    warns with ``on_accuracy="warn"``).
-5. Otherwise the compiled function runs exactly as without capture; after the first call the
-   wrapper only tests a flag and forwards the arguments.
+5. Otherwise the compiled function runs exactly as without capture. Every later call is
+   covered too: the wrapper copies the inputs the graph writes (usually none), calls, and
+   only when the call raises archives that call's inputs as they were before it (stage
+   ``forward``) and re-raises; a failure it cannot archive is said on stderr.
 
 Native crashes: a segfault, an abort from the C++ runtime or a fatal device assert ends the
 process inside step 3, where nothing can be written any more. So, unless ``crash=False``, the
@@ -51,15 +55,17 @@ Cost and side effects of the check, by design:
   training step at the first call, about 3 more with accuracy. Compiling usually costs more.
   For very large graphs pass ``check_runtime=False``: compile errors are still captured, and
   nothing extra ever runs.
-* memory: one copy of the graph inputs (parameters included, since Dynamo passes them as
-  inputs) for the duration of one run. Archived inputs are the real ones, not copies; their
-  autograd version counters are checked and if anything changed one in place before the
-  archive was written, the failure record lists it (``inputs_modified``).
+* memory: copies of the inputs the graph writes in place, for the duration of one run; the
+  other inputs (the parameters, since Dynamo passes them as inputs) are aliased, and a
+  backward's gradients of them are as large as the program's own. Archived inputs are the
+  real ones, not copies; where the inputs the graph writes are unknown (an operator without
+  a fake kernel) their version counters are checked and an input changed before the archive
+  was written is listed in the failure record (``inputs_modified``).
 * user-visible state is restored: the RNG state (CPU and the CUDA devices involved), and the
   ``.grad`` and buffer values of any parameters the graph holds as attributes; the copies are
   leaves, so gradients never reach the user's tensors. A CUDA-graph backend sees one extra
-  warm-up call. A graph that fails only on a later call (other data, same shapes) is not
-  captured: only the first call is checked.
+  warm-up call. A native crash is guarded against on a graph's first call only; an exception
+  on any call is archived.
 
 Where archives go: ``path`` may be a file name (``*.tar.zst``, every failure of this backend
 writes that one file) or a directory (created; archives are named
@@ -78,7 +84,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import hashlib
 import logging
 import os
@@ -96,6 +101,8 @@ from reproarchive.context.execution import execution_snapshot
 from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
 from reproarchive.replay import accuracy as _accuracy
+from reproarchive.replay.input_writes import run_inputs
+from reproarchive.sources.call_guard import GraphWrites, guarded, is_control_flow, modified_inputs, versions_of
 from reproarchive.store.push import STORE_ENV
 
 log = logging.getLogger("reproarchive.capture")
@@ -185,14 +192,32 @@ def _resolve_backend(backend: str | Callable, mode: str | None, inductor_options
 
 def recorded_name(backend: Callable) -> str:
     """The name an archive records for a backend callable: its ``compiler_name``, else an
-    importable ``module:function`` when there is one (replay resolves that form), else its name."""
+    importable ``module:function`` when there is one (replay resolves that form), else its name.
+
+    A function of the program's own script (``__main__``) is recorded under the name the
+    script imports as (``train:my_backend`` for ``python train.py`` or ``python -m train``),
+    so that ``reproarchive run --backend``-less replay finds it from the script's folder."""
     name = getattr(backend, "compiler_name", None)
     if isinstance(name, str):
         return name
     module, qualname = getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)
-    if module and qualname and "<" not in qualname and module != "__main__":
+    if module == "__main__":
+        module = _main_module_name()
+    if module and qualname and "<" not in qualname:
         return f"{module}:{qualname}"
     return getattr(backend, "__name__", None) or type(backend).__qualname__
+
+
+def _main_module_name() -> str | None:
+    """The name the running script would be imported by: ``-m``'s module, else its file's stem."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return spec.name
+    stem = Path(getattr(main, "__file__", "") or "").stem
+    return stem if stem.isidentifier() else None
 
 
 def _resolve_target(path: str | os.PathLike | None) -> Path:
@@ -232,81 +257,82 @@ class _CaptureBackend:
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         example_inputs = list(example_inputs)
         pristine_gm = copy_graph_structure(gm)
-        versions = _versions(example_inputs)
+        versions = versions_of(example_inputs)
 
         with self._patched_config():
             config = config_snapshot()  # what this graph is compiled with (~7 ms)
             try:
                 compiled = self.compiler(gm, example_inputs)
             except Exception as exc:
-                if _is_control_flow(exc):
+                if is_control_flow(exc):
                     raise
-                self._fail(pristine_gm, example_inputs, versions, exc, "compile", config)
+                self._fail(pristine_gm, example_inputs, modified_inputs(example_inputs, versions), exc, "compile",
+                           config)
                 raise
         if not self.settings["check_runtime"]:
             return compiled
         return self._checked_on_first_call(compiled, gm, pristine_gm, config)
 
     def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord) -> Callable:
-        """Wrap ``compiled`` so that its first call is checked before it runs for real.
+        """Wrap ``compiled`` so that its first call is checked before it runs for real, and a
+        failure of any call is archived (``call_guard``).
 
         The check cannot run inside the backend call: there Dynamo's compile context is still
         open, and a backward run would make AOTAutograd compile the backward graph nested in
         it (torch 2.13 then fails with "Metric(s) {'is_forward'} have already been set").
         At the first call the arguments are the real inputs, not yet touched: the check runs
-        on copies of them, an archive holds them as they were, and after that the wrapper is
-        a plain pass-through (one flag test per call).
+        on them (copies of only the inputs the graph writes, aliases of the rest), and an
+        archive holds them as they were.
         """
-        pending = [True]
+        writes = GraphWrites(pristine_gm)
 
-        # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
-        @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
-        def run(*args: Any) -> Any:
-            if pending[0]:
-                pending[0] = False
-                self._check(compiled, gm, pristine_gm, list(args), config)
-            return compiled(*args)
+        def first_call(args: list[Any]) -> None:
+            self._check(compiled, gm, pristine_gm, args, config, writes.of(args))
 
-        run.__reproarchive_compiled__ = compiled  # type: ignore[attr-defined]
-        return run
+        def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
+            modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
+            return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config)
 
-    def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord) -> None:
-        versions = _versions(args)
+        return guarded(compiled, writes, failed=failed, first_call=first_call)
+
+    def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
+               written: frozenset[int] | None) -> None:
+        versions = versions_of(args)
         pending = self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
         try:
-            self._run_check(compiled, gm, pristine_gm, args, config, versions)
+            self._run_check(compiled, gm, pristine_gm, args, config, versions, written)
         finally:
             # The check ran to its end (passed, failed, or was interrupted): the process did
             # not crash, so the pending archive is not a record of anything.
             self._discard(pending)
 
     def _run_check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
-                   versions: list) -> None:
+                   versions: list, written: frozenset[int] | None) -> None:
         report = None
         try:
-            with _preserved_state(gm, args):
+            with preserved_state(gm, args):
                 if self.settings["accuracy"]:
                     report = _accuracy.check_accuracy(
                         pristine_gm, compiled, args,
                         fwd_only=self.settings["fwd_only"], tol=self.settings["tolerance"],
-                        use_fp64=self.settings["use_fp64"],
+                        use_fp64=self.settings["use_fp64"], written=written,
                     )
                 else:
                     _accuracy.run_forward_backward(
-                        compiled, _accuracy.clone_inputs(args), fwd_only=self.settings["fwd_only"],
+                        compiled, run_inputs(args, written), fwd_only=self.settings["fwd_only"],
                     )
         except _accuracy.EagerFailed as exc:
             # The traced graph fails eagerly too: not this backend's bug. The real call below
             # will raise whatever it raises.
-            warnings.warn(f"reproarchive.capture: accuracy not checked: {exc}", CaptureWarning, stacklevel=4)
+            warnings.warn(f"reproarchive.capture: accuracy not checked: {exc}", CaptureWarning, stacklevel=5)
             return
         except Exception as exc:
-            if _is_control_flow(exc):
+            if is_control_flow(exc):
                 raise
-            self._fail(pristine_gm, args, versions, exc, _accuracy.stage_of(exc), config)
+            self._fail(pristine_gm, args, modified_inputs(args, versions), exc, _accuracy.stage_of(exc), config)
             raise
         if report is not None and not report.passed:
-            self._accuracy_failed(pristine_gm, args, versions, report, config)
+            self._accuracy_failed(pristine_gm, args, modified_inputs(args, versions), report, config)
 
     # -- config -----------------------------------------------------------------------------
 
@@ -362,18 +388,19 @@ class _CaptureBackend:
 
     # -- failure paths ---------------------------------------------------------------------------
 
-    def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str,
-              config: ConfigRecord) -> None:
+    def _fail(self, gm: Any, inputs: list[Any], modified: list[int], exc: BaseException, stage: str,
+              config: ConfigRecord) -> tuple[Path | None, str | None]:
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
-        path, error = self._write(gm, inputs, versions, record, config)
+        path, error = self._write(gm, inputs, modified, record, config)
         _annotate(exc, path, error)
+        return path, error
 
-    def _accuracy_failed(self, gm: Any, inputs: list[Any], versions: list, report: AccuracyReport,
+    def _accuracy_failed(self, gm: Any, inputs: list[Any], modified: list[int], report: AccuracyReport,
                          config: ConfigRecord) -> None:
         from torch._dynamo.debug_utils import AccuracyError
 
         record = _failure.accuracy_record(report, backend=self.backend_name)
-        path, error = self._write(gm, inputs, versions, record, config)
+        path, error = self._write(gm, inputs, modified, record, config)
         where = f"archive written to {path}" if path else f"no archive written: {error}"
         message = f"compiled result differs from eager: {report.summary}\n[reproarchive] {where}"
         if self.settings["on_accuracy"] == "warn":
@@ -384,10 +411,9 @@ class _CaptureBackend:
         err.reproarchive_record = record  # type: ignore[attr-defined]
         raise err
 
-    def _write(self, gm: Any, inputs: list[Any], versions: list, record: FailureRecord,
+    def _write(self, gm: Any, inputs: list[Any], modified: list[int], record: FailureRecord,
                config: ConfigRecord) -> tuple[Path | None, str | None]:
         """Write the archive; never let a problem here hide the user's original failure."""
-        modified = _modified_inputs(inputs, versions)
         if modified:
             record = dataclasses.replace(record, inputs_modified=tuple(modified))
         try:
@@ -475,36 +501,8 @@ def copy_graph_structure(gm: Any) -> Any:
         return copy.deepcopy(gm)
 
 
-def _versions(inputs: Sequence[Any]) -> list[int | None]:
-    import torch
-
-    out: list[int | None] = []
-    for a in inputs:
-        try:
-            out.append(a._version if isinstance(a, torch.Tensor) else None)
-        except Exception:  # tensors without a version counter (some subclasses)
-            out.append(None)
-    return out
-
-
-def _modified_inputs(inputs: Sequence[Any], versions: list[int | None]) -> list[int]:
-    now = _versions(inputs)
-    return [i for i, (a, b) in enumerate(zip(versions, now)) if a is not None and a != b]
-
-
-def _is_control_flow(exc: BaseException) -> bool:
-    """Exceptions Dynamo uses to steer tracing (fall back, restart, skip): not failures."""
-    try:
-        from torch._dynamo import exc as dexc
-    except ImportError:  # pragma: no cover
-        return False
-    kinds = tuple(k for k in (getattr(dexc, n, None) for n in ("SkipFrame", "RestartAnalysis", "Unsupported"))
-                  if isinstance(k, type))
-    return isinstance(exc, kinds)
-
-
 @contextmanager
-def _preserved_state(gm: Any, inputs: Sequence[Any]):
+def preserved_state(gm: Any, inputs: Sequence[Any]):
     """Restore what a check run could change that the user can see: RNG streams, and the
     grads and buffer values of parameters the graph holds as attributes (inputs are copies)."""
     import torch

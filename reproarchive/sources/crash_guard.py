@@ -13,6 +13,11 @@ it once the compiled code has returned from its first call, or raised, or when t
 exits normally (``atexit``). Only a process that dies inside leaves it: ``capture_program``
 then replays it in a child to learn the signal and the crashing thread's stack.
 
+With PyTorch's after_dynamo hook on (``capture --``'s default) the wrapper also takes over the
+hook's check, which PyTorch runs inside the backend call (``_after_dynamo_hook``): there it
+breaks working Inductor programs and turns a kernel abort into ``BackendCompilerFailed``; here
+it runs at the first call and covers every later call, with PyTorch's own dumps.
+
 With ``$REPROARCHIVE_ACCURACY_DIR`` set (``capture --accuracy``) the same door also hands each
 graph to reproarchive's own capture backend with its accuracy check, which writes its archives
 there (``_accuracy_backend``).
@@ -110,6 +115,8 @@ def _patch(module: Any) -> None:
             with inductor_door.dynamo_call(gm, list(example_inputs)):
                 if accuracy_dir and not kwargs:
                     compiled = _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
+                elif _hook_runs_in_backend():
+                    compiled = _after_dynamo_hook(self, gm, list(example_inputs), kwargs)
                 else:
                     compiled = original(self, gm, example_inputs, **kwargs)
         except BaseException:
@@ -119,6 +126,73 @@ def _patch(module: Any) -> None:
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
+
+
+def _hook_runs_in_backend() -> bool:
+    from torch._dynamo import config
+
+    return config.repro_after == "dynamo" and config.repro_level in (1, 2, 3)
+
+
+def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs: dict) -> Any:
+    """PyTorch's after_dynamo hook (``TORCHDYNAMO_REPRO_AFTER=dynamo``, levels 1-3), its dumps
+    unchanged, but without running the compiled graph inside the backend call.
+
+    The hook runs ``run_fwd_maybe_bwd`` on the graph while Dynamo is still compiling it, which
+    in torch 2.13 breaks working Inductor programs (``expected Tensor() for op: input``, or
+    ``not enough values to unpack``) and turns a kernel that aborts (exit 134) into a
+    ``BackendCompilerFailed`` (exit 1): capture would change the program it captures. Here
+    the same check (forward, and backward when an output requires grad) runs at the graph's
+    first call, outside Dynamo, on aliases of its inputs (copies of those it writes), as the
+    capture backend's; and a failure of any later call is dumped too (``call_guard``). The
+    program's own exception is re-raised unchanged, with PyTorch's ``minifier_path``.
+    """
+    from torch._dynamo import config
+    from torch._dynamo.repro import after_dynamo as hook
+
+    from reproarchive.replay.accuracy import run_forward_backward
+    from reproarchive.replay.input_writes import run_inputs
+    from reproarchive.sources.backend import copy_graph_structure, preserved_state
+    from reproarchive.sources.call_guard import GraphWrites, guarded, is_control_flow
+
+    name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
+    level = config.repro_level
+    if level == 3:
+        hook.dump_to_minify_after_dynamo(gm, example_inputs, name)
+    pristine = copy_graph_structure(gm)
+
+    def dump(inputs: list[Any], exc: BaseException) -> str:
+        copied = copy_graph_structure(pristine)
+        if level == 1:
+            hook.dump_backend_state(copied, inputs, compiler_name=name)
+        else:
+            hook.dump_to_minify_after_dynamo(copied, inputs, name)
+        path = os.path.join(hook.minifier_dir(), "minifier_launcher.py")
+        try:
+            exc.minifier_path = path  # type: ignore[attr-defined]  # as PyTorch's hook sets it
+        except Exception:  # noqa: BLE001 - exceptions with __slots__
+            pass
+        return path
+
+    try:
+        compiled = wrapper._torchdynamo_orig_backend(gm, example_inputs, **kwargs)
+    except Exception as exc:
+        if not is_control_flow(exc):
+            log.warning("Compiled Fx GraphModule failed. Creating script to minify the error.")
+            dump(example_inputs, exc)
+        raise
+    writes = GraphWrites(pristine)
+
+    def first_call(args: list[Any]) -> None:
+        try:
+            with preserved_state(gm, args):
+                run_forward_backward(compiled, run_inputs(args, writes.of(args)))
+        except Exception as exc:
+            if not is_control_flow(exc):
+                dump(args, exc)
+            raise
+
+    return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
 
 
 def _accuracy_backend(wrapper: Any, folder: str) -> Any:
@@ -137,12 +211,18 @@ def _accuracy_backend(wrapper: Any, folder: str) -> Any:
 
 
 def _backend_name(wrapper: Any) -> str:
-    name = getattr(wrapper, "_compiler_name", None)
-    if isinstance(name, str):
-        return name
+    """The name to record for the backend behind Dynamo's ``wrapper``: a registered name as
+    it is; a custom function by its import path (``recorded_name``), not the bare ``__name__``
+    that ``torch.compile``'s wrapper takes as its ``compiler_name``."""
+    from torch._dynamo.backends.registry import list_backends
+
     from reproarchive.sources.backend import recorded_name
 
-    return recorded_name(getattr(wrapper, "_torchdynamo_orig_backend", None) or wrapper)
+    name = getattr(wrapper, "_compiler_name", None)
+    if isinstance(name, str) and name in list_backends(exclude_tags=()):
+        return name
+    backend = getattr(wrapper, "_torchdynamo_orig_backend", None) or wrapper
+    return recorded_name(getattr(backend, "compiler_fn", backend))  # torch.compile's wrapper of a callable
 
 
 def _write_pending(gm: Any, inputs: list[Any], backend: str) -> Path | None:
