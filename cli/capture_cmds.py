@@ -92,6 +92,11 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     are replaced by <cwd>, <dump>, ~ and similar in the archive.
 
     \b
+    SOURCE may also be the spool-<pid> folder a process killed during capture left (next to
+    its archives, or in capture's scratch folder): one archive per graph it was running, into
+    the folder -o names (default: .), each with the crash recorded before the graph ran.
+
+    \b
     SOURCE may also be a TORCH_TRACE log, the folder TORCH_TRACE pointed at (one log per rank),
     or a tlparse output folder: then one archive is written per compile, named by rank and
     compile id (repro-0_1.tar.zst, repro-rank3-0_1.tar.zst), by default for the compiles that
@@ -107,6 +112,17 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     """
     import reproarchive
 
+    if source is not None and reproarchive.is_spool(source):
+        with json_errors(as_json):
+            reports = reproarchive.pack_spool(source, out if out is not None else Path("."))
+            if as_json:
+                emit_json({"archives": [r.to_json() for r in reports],
+                           **_push_to_store([r.archive for r in reports], store, quiet=True)})
+                return
+        for report in reports:
+            _print_pack_result(report)
+        _push_to_store([r.archive for r in reports], store, quiet=quiet)
+        return
     if source is not None and reproarchive.is_trace(source):
         with json_errors(as_json):
             _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,

@@ -32,6 +32,8 @@ _EXPORTS = {
     "pack_trace": "reproarchive.sources.trace_import",
     "list_trace": "reproarchive.sources.trace_import",
     "is_trace": "reproarchive.sources.trace_import",
+    "pack_spool": "reproarchive.sources.program",
+    "is_spool": "reproarchive.archive.spool",
     # replay and export
     "run": "reproarchive.references",
     "Outcome": "reproarchive.replay.outcome",

@@ -82,28 +82,12 @@ def _digest_job(storage: torch.UntypedStorage, algorithm: str):
     return keep, view, f"{algorithm}:{h.hexdigest()}"
 
 
-def pack(
-    gm: fx.GraphModule,
-    example_inputs: Sequence[Any],
-    path: str | os.PathLike,
-    *,
-    records: Records | Mapping[str, Any] | None = None,
-    digest: str = digests.DEFAULT_ALGORITHM,
-    level: int = layout.DEFAULT_LEVEL,
-    frame_size: int = layout.DEFAULT_FRAME_SIZE,
-    min_saving: float = frames.MIN_SAVING,
-    progress: ProgressFn | None = None,
-) -> Path:
-    """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
-
-    The records are stored as given (``created_by`` is this writer's); a capture source writes
-    through ``archive.writing.write_capture``, which redacts them first. Data frames that zstd
-    ``level`` would shrink by less than ``min_saving`` are stored uncompressed (cheaper to write
-    and to read); ``min_saving=0`` compresses every frame.
-    """
+def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records | Mapping[str, Any] | None):
+    """What an archive of ``gm`` holds but its blobs: (storage table with digests still to
+    resolve, input records, graph record, readable code, records). ``pack`` writes them into
+    one file; a spool (``archive.spool``) keeps them beside blobs it writes once per process."""
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
-    digests.check_algorithm(digest)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs = list(example_inputs)
     if len(inputs) != len(placeholders):
@@ -125,6 +109,31 @@ def pack(
     )
     graph_record = graph_codec.encode_graph(gm, table)
     code = graph_codec.readable_code(gm).encode()
+
+    return table, input_records, graph_record, code, records
+
+
+def pack(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    path: str | os.PathLike,
+    *,
+    records: Records | Mapping[str, Any] | None = None,
+    digest: str = digests.DEFAULT_ALGORITHM,
+    level: int = layout.DEFAULT_LEVEL,
+    frame_size: int = layout.DEFAULT_FRAME_SIZE,
+    min_saving: float = frames.MIN_SAVING,
+    progress: ProgressFn | None = None,
+) -> Path:
+    """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
+
+    The records are stored as given (``created_by`` is this writer's); a capture source writes
+    through ``archive.writing.write_capture``, which redacts them first. Data frames that zstd
+    ``level`` would shrink by less than ``min_saving`` are stored uncompressed (cheaper to write
+    and to read); ``min_saving=0`` compresses every frame.
+    """
+    digests.check_algorithm(digest)
+    table, input_records, graph_record, code, records = prepared(gm, example_inputs, records)
 
     real = [i for i, r in enumerate(table.records) if r.is_real]
     # the bar counts member bytes as their frames reach the file, and skipped storages at once

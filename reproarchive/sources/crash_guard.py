@@ -49,11 +49,13 @@ from reproarchive.sources import inductor_door
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
+SPOOL_PREFIX = "spool-"
 _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
 log = logging.getLogger("reproarchive.capture")
 _counter = itertools.count(1)
-_pending: set[Path] = set()
+_pending: set[str] = set()  # names of this process's spool entries not yet discarded
+_spool: tuple[int, Any] | None = None  # (pid, Spool) of this process
 _lock = threading.Lock()
 
 
@@ -225,29 +227,43 @@ def _backend_name(wrapper: Any) -> str:
     return recorded_name(getattr(backend, "compiler_fn", backend))  # torch.compile's wrapper of a callable
 
 
-def _write_pending(gm: Any, inputs: list[Any], backend: str) -> Path | None:
+def _process_spool() -> Any:
+    """This process's spool (``archive.spool``): made at its first graph, one per process (a
+    forked worker makes its own), removed at a normal exit."""
+    global _spool
+    from reproarchive.archive.spool import Spool
+
+    with _lock:
+        if _spool is None or _spool[0] != os.getpid():
+            folder = Path(os.environ[CRASH_DIR_ENV]) / f"{SPOOL_PREFIX}{os.getpid()}"
+            _spool = (os.getpid(), Spool(folder))
+        return _spool[1]
+
+
+def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
+    """Spool the archive a crash would leave: each storage written once per process (the
+    weights of every recompile are the same objects), the graph's entry a small index."""
     try:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import pending_crash_record
-        from reproarchive.sources.backend import copy_graph_structure, write_archive
+        from reproarchive.sources.backend import capture_of, copy_graph_structure
 
-        folder = Path(os.environ[CRASH_DIR_ENV])
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{PENDING_PREFIX}{os.getpid()}-{next(_counter)}.tar.zst"
-        write_archive(copy_graph_structure(gm), inputs, path, config=config_snapshot(),
-                      failure=pending_crash_record(backend=backend), backend=backend, accuracy=False,
-                      capture_settings={"check_runtime": True})
+        spool = _process_spool()
+        name = str(next(_counter))
+        spool.add(name, capture_of(copy_graph_structure(gm), inputs, config=config_snapshot(),
+                                   failure=pending_crash_record(backend=backend), backend=backend,
+                                   accuracy=False, capture_settings={"check_runtime": True}))
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         log.warning("reproarchive capture: could not write the archive a crash would leave: %s: %s",
                     type(err).__name__, err)
         return None
     with _lock:
-        _pending.add(path)
-    return path
+        _pending.add(name)
+    return name
 
 
-def _discard_after_first_call(compiled: Any, pending: Path) -> Any:
-    """``compiled`` behind a wrapper that removes ``pending`` when its first call ends."""
+def _discard_after_first_call(compiled: Any, pending: str) -> Any:
+    """``compiled`` behind a wrapper that discards spool entry ``pending`` when its first call ends."""
     done = [False]
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
@@ -263,24 +279,40 @@ def _discard_after_first_call(compiled: Any, pending: Path) -> Any:
     return run
 
 
-def _discard(pending: Path | None) -> None:
+def _discard(pending: str | None) -> None:
     if pending is None:
         return
     with _lock:
         _pending.discard(pending)
-    try:
-        pending.unlink()
-    except OSError:
-        pass
+        spool = _spool[1] if _spool is not None and _spool[0] == os.getpid() else None
+    if spool is not None:
+        spool.discard(pending)
 
 
 def _discard_all() -> None:
-    """At a normal exit: graphs compiled but never run did not crash either."""
-    for path in list(_pending):
-        _discard(path)
+    """At a normal exit: graphs compiled but never run did not crash either; the spool goes."""
+    with _lock:
+        spool = _spool[1] if _spool is not None and _spool[0] == os.getpid() else None
+        _pending.clear()
+    if spool is not None:
+        spool.remove()
 
 
 def pending_archives(folder: Path) -> list[Path]:
-    """The archives a crashed program left, oldest first."""
+    """The archives a crashed program left, oldest first: each entry of the spools its processes
+    left completed into ``pending-<pid>-<n>.tar.zst`` (and the spool removed)."""
+    from reproarchive.archive.spool import Spool, is_spool
+
+    for spool_dir in sorted(folder.glob(f"{SPOOL_PREFIX}*")):
+        if not is_spool(spool_dir):
+            continue
+        spool = Spool(spool_dir)
+        pid = spool_dir.name[len(SPOOL_PREFIX):]
+        for name in spool.names():
+            try:
+                spool.complete(name, folder / f"{PENDING_PREFIX}{pid}-{name}.tar.zst")
+            except Exception as err:  # noqa: BLE001 - one damaged entry must not cost the others
+                log.warning("reproarchive capture: a graph the program left could not be completed: %s", err)
+        spool.remove()
     found = [p for p in folder.glob(f"{PENDING_PREFIX}*.tar.zst") if p.is_file()]
     return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))

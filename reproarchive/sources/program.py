@@ -198,6 +198,35 @@ def capture_program(
     return result
 
 
+def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> list[PackReport]:
+    """The archives in the spool a killed process left (``archive.spool``): one per graph it
+    was running, written to ``out_dir`` (``repro.tar.zst``, ``repro-2.tar.zst``, ...) with the
+    ``crash`` failure recorded before the graph ran (``reproarchive run`` replays it in a child
+    and learns the signal). The spool is removed once every archive is written.
+
+    Raises SourceError when ``spool`` is not a spool or holds no graph."""
+    from reproarchive.archive.spool import Spool, is_spool
+
+    folder = Path(spool)
+    if not is_spool(folder):
+        raise SourceError(f"{folder} is not a reproarchive spool", "name the spool-<pid> folder a capture left")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise SourceError(f"output folder {out} is a file", "choose a folder for -o")
+    out.mkdir(parents=True, exist_ok=True)
+    opened = Spool(folder)
+    names = opened.names()
+    if not names:
+        raise SourceError(f"the spool {folder} holds no graph", "a process that ended normally leaves nothing to pack")
+    reports = []
+    for name in names:
+        target = _next_free(out)
+        opened.complete(name, target)
+        reports.append(archive_report(target, kind="capture (crash)", replay={"performed": False}))
+    opened.remove()
+    return reports
+
+
 def _without_superseded(launchers: list[Path], door_pids: set[int | None]) -> list[Path]:
     """The dumps still to pack: a data-less after_aot dump (a compile error, PyTorch had only
     fake tensors) of a process whose compile errors Inductor's door archived with their real

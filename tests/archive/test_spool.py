@@ -1,0 +1,130 @@
+"""The process-wide spool (issue 27.2): each storage written once, entries completed into
+ordinary archives only when kept, nothing left after a normal exit; and ``pack SPOOL`` on the
+spool a killed process left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.fx as fx
+
+import reproarchive
+from reproarchive.archive.spool import Spool, is_spool
+from reproarchive.archive.writing import Capture
+from reproarchive.context.failure import pending_crash_record
+from reproarchive.errors import PackError
+from reproarchive.format.schema import Records
+from support.cli import invoke
+
+
+def _graph():
+    return fx.symbolic_trace(lambda x, w: torch.relu(x @ w))
+
+
+def _records():
+    return Records(backend="eager", failure=pending_crash_record(backend="eager"))
+
+
+def test_shared_storages_are_written_once_and_entries_complete_into_archives(tmp_path):
+    spool = Spool(tmp_path / "spool-1")
+    w = torch.randn(128, 128)  # the "weights" two recompiles share
+    xs = [torch.randn(4, 128), torch.randn(8, 128)]
+    for n, x in enumerate(xs, 1):
+        spool.add(str(n), Capture(_graph(), [x, w], _records()))
+    distinct = w.untyped_storage().nbytes() + sum(x.untyped_storage().nbytes() for x in xs)
+    assert spool.bytes_written == distinct
+    assert spool.names() == ["1", "2"]
+    spool.discard("1")  # its graph ran without crashing
+    archive = spool.complete("2", tmp_path / "a.tar.zst")
+    reproarchive.verify(archive)
+    repro = reproarchive.load(archive)
+    assert repro.fidelity == ["real", "real"] and torch.equal(repro.args[0], xs[1]) and torch.equal(repro.args[1], w)
+    assert repro.records.failure.stage == "crash"
+    spool.remove()
+    assert not (tmp_path / "spool-1").exists()
+
+
+def test_a_damaged_object_is_refused_in_one_line(tmp_path):
+    spool = Spool(tmp_path / "spool-1")
+    spool.add("1", Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 64)], _records()))
+    (obj,) = [p for p in (tmp_path / "spool-1" / "objects").rglob("*") if p.is_file() and p.stat().st_size == 64 * 256]
+    obj.write_bytes(b"\0" * obj.stat().st_size)
+    with pytest.raises(PackError, match="does not hash to its name"):
+        spool.complete("1", tmp_path / "a.tar.zst")
+    assert not (tmp_path / "a.tar.zst").exists()
+    assert not is_spool(tmp_path)
+
+
+# A job that recompiles (two batch sizes: two graphs over the same weights) and is killed in
+# its second graph's first call, under the crash guard (as `capture --` runs a program).
+_KILLED = """
+import os, signal, torch
+
+def killing_backend(gm, example_inputs):
+    def run(*args):
+        if args[-1].shape[0] == 8:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return gm(*args)
+    return run
+
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 64)
+f = torch.compile(model, backend=killing_backend, dynamic=False)
+f(torch.randn(4, 64))
+f(torch.randn(8, 64))
+"""
+
+
+def _guarded_run(tmp_path, source: str) -> tuple[subprocess.CompletedProcess, object]:
+    from reproarchive.sources.program import capture_env
+
+    (tmp_path / "prog.py").write_text(textwrap.dedent(source))
+    env = capture_env(tmp_path / "scratch")
+    done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    return done, tmp_path / "scratch" / "crash"
+
+
+@pytest.mark.slow
+def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_path):
+    done, crash = _guarded_run(tmp_path, _KILLED)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    (spool,) = crash.glob("spool-*")
+    objects = [p for p in (spool / "objects").rglob("*") if p.is_file()]
+    # the weight and bias once, and each graph's input: never the weights twice
+    assert sum(p.stat().st_size for p in objects) == (64 * 64 + 64 + 4 * 64 + 8 * 64) * 4
+    code, out = _cli("pack", "--json", spool, "-o", tmp_path / "out")
+    assert code == 0, out
+    (packed,) = json.loads(out)["archives"]
+    assert packed["failure"]["stage"] == "crash"
+    reproarchive.verify(packed["archive"])
+    repro = reproarchive.load(packed["archive"])
+    assert [tuple(a.shape) for a in repro.args][-1] == (8, 64)
+    assert repro.records.backend == "prog:killing_backend"
+    assert not spool.exists()
+
+
+@pytest.mark.slow
+def test_a_process_that_ends_normally_leaves_no_spool(tmp_path):
+    done, crash = _guarded_run(tmp_path, _KILLED.replace("os.kill(os.getpid(), signal.SIGKILL)", "pass"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(crash.glob("spool-*")) == []
+
+
+def _cli(*args) -> tuple[int, str]:
+    result = invoke(*[str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_pack_of_a_folder_that_is_no_spool_is_not_mistaken_for_one(tmp_path):
+    assert not reproarchive.is_spool(tmp_path)
+    with pytest.raises(reproarchive.SourceError, match="not a reproarchive spool"):
+        reproarchive.pack_spool(tmp_path, tmp_path / "out")
+    assert os.listdir(tmp_path) == []
