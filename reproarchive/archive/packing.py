@@ -64,7 +64,7 @@ def _host_bytes(storage: torch.UntypedStorage):
     return storage, storage_view(storage)
 
 
-def _is_zero(view: memoryview) -> bool:
+def is_zero_bytes(view: memoryview) -> bool:
     if len(view) == 0:
         return False
     head, tail = bytes(view[:_ZERO_PROBE]), bytes(view[-_ZERO_PROBE:])
@@ -75,7 +75,7 @@ def _is_zero(view: memoryview) -> bool:
 
 def _digest_job(storage: torch.UntypedStorage, algorithm: str):
     keep, view = _host_bytes(storage)
-    if _is_zero(view):
+    if is_zero_bytes(view):
         return keep, view, None
     h = digests.new_hasher(algorithm)
     h.update(view)

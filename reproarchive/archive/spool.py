@@ -19,18 +19,20 @@ leaves at worst some objects that no entry names.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import shutil
 from pathlib import Path
 
-from reproarchive.archive.packing import _digest_job, prepared
+from reproarchive.archive.host_staging import HostStaging
+from reproarchive.archive.packing import prepared
 from reproarchive.archive.writing import Capture
 from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
-from reproarchive.format.schema import ContainerRecord, Index
+from reproarchive.format.schema import ContainerRecord, Index, StorageRecord
 from reproarchive.format.writer import ContainerWriter
 
 MARKER = "REPROARCHIVE-SPOOL"
@@ -58,23 +60,30 @@ class Spool:
         if not marker.exists():
             marker.write_bytes(MARKER_TEXT)
         self.bytes_written = 0  # object bytes this Spool wrote (not those it found there)
+        self.staging = HostStaging()
 
     # -- writing ----------------------------------------------------------------------------
 
     def add(self, name: str, capture: Capture, *, prefixes: dict[str, str] | None = None) -> str:
         """Spool ``capture`` (records redacted as ``write_capture`` does) as entry ``name``:
-        its storages written unless an object of the same digest is there already."""
+        ``begin`` then ``write``."""
+        self.write(self.begin(name, capture, prefixes=prefixes))
+        return name
+
+    def begin(self, name: str, capture: Capture, *, prefixes: dict[str, str] | None = None) -> list:
+        """Hash ``capture``'s storages and write its entry (index and code): from here on a
+        crash leaves an entry that completes. Returns the storages still to write (``write``),
+        which the caller must not change until they are written."""
         table_prefixes = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
         records = redacted(capture.records, table_prefixes)
         table, inputs, graph, code, records = prepared(capture.graph, list(capture.inputs), records)
+        todo = []
         for sidx, record in enumerate(table.records):
-            if not record.is_real:
-                continue
-            keep, view, digest = _digest_job(table.sources[sidx], self.algorithm)
-            table.resolve(sidx, digest)
-            if digest is not None:
-                self._put(digest, view)
-            del keep, view
+            if record.is_real:
+                digest = self.staging.digest(table.sources[sidx], self.algorithm)
+                table.resolve(sidx, digest)
+                if digest is not None and not self._object(digest).exists():
+                    todo.append((digest, table.sources[sidx]))
         index = Index(container=ContainerRecord(frame_size=layout.DEFAULT_FRAME_SIZE),
                       digest_algorithm=self.algorithm, storages=tuple(table.records), inputs=inputs,
                       graph=graph, records=records)
@@ -83,20 +92,23 @@ class Spool:
             f.write(code)
         with atomic_file(pending / f"{name}{_INDEX_SUFFIX}", fsync=False) as f:
             f.write(index_codec.encode_index(plain.to_plain(index)))
-        return name
+        return todo
+
+    def write(self, todo: list) -> None:
+        """Write the objects ``begin`` left to write, each under a temporary name, then renamed."""
+        for digest, storage in todo:
+            target = self._object(digest)
+            if target.exists():  # another entry wrote it meanwhile
+                continue
+            target.parent.mkdir(exist_ok=True)
+            with atomic_file(target, fsync=False) as f:
+                for chunk in self.staging.chunks(storage):
+                    f.write(chunk)
+                    self.bytes_written += len(chunk)
 
     def _object(self, digest: str) -> Path:
         algorithm, hexdigest = digests.parse(digest)
         return self.folder / "objects" / algorithm / hexdigest
-
-    def _put(self, digest: str, view: memoryview) -> None:
-        target = self._object(digest)
-        if target.exists():
-            return
-        target.parent.mkdir(exist_ok=True)
-        with atomic_file(target, fsync=False) as f:
-            f.write(view)
-        self.bytes_written += len(view)
 
     def discard(self, name: str) -> None:
         """Forget entry ``name`` (its graph ran without crashing); objects stay for others."""
@@ -126,6 +138,7 @@ class Spool:
         except Exception as err:  # noqa: BLE001 - a damaged entry: one line, no traceback
             raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
         code = (pending / f"{name}{_CODE_SUFFIX}").read_bytes()
+        index = self._with_missing_absent(index)
         # the mappings stay open until the writer is done: its frames may still read them
         with contextlib.ExitStack() as mappings, atomic_file(destination) as f:
             writer = ContainerWriter(f, frame_size=index.container.frame_size)
@@ -143,6 +156,20 @@ class Spool:
                 writer.abandon()
                 raise
         return Path(destination)
+
+    def missing(self, name: str) -> int:
+        """How many of entry ``name``'s storages have no object (the process died writing them)."""
+        raw = (self.folder / "pending" / f"{name}{_INDEX_SUFFIX}").read_bytes()
+        index = plain.from_plain(Index, index_codec.decode_index(raw, max_memory=_MAX_ENTRY_INDEX))
+        return sum(r.digest is not None and not self._object(r.digest).exists() for r in index.storages)
+
+    def _with_missing_absent(self, index: Index) -> Index:
+        """The entry of a process that died while its objects were written: each storage whose
+        object never made it is stored as absent (generated on load, and said so), never as real."""
+        storages = tuple(StorageRecord(size=r.size, device=r.device, fidelity="absent")
+                         if r.digest is not None and not self._object(r.digest).exists() else r
+                         for r in index.storages)
+        return index if storages == index.storages else dataclasses.replace(index, storages=storages)
 
     @contextlib.contextmanager
     def _mapped(self, digest: str, size: int):

@@ -34,6 +34,7 @@ program: every failure to write costs the crash record, never the run.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import functools
 import importlib.abc
 import itertools
@@ -54,8 +55,8 @@ _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
 log = logging.getLogger("reproarchive.capture")
 _counter = itertools.count(1)
-_pending: set[str] = set()  # names of this process's spool entries not yet discarded
-_spool: tuple[int, Any] | None = None  # (pid, Spool) of this process
+_pending: dict[str, Any] = {}  # this process's spool entries not yet discarded -> their write (a Future)
+_spool: tuple[int, Any, Any] | None = None  # (pid, Spool, writer thread) of this process
 _lock = threading.Lock()
 
 
@@ -227,39 +228,62 @@ def _backend_name(wrapper: Any) -> str:
     return recorded_name(getattr(backend, "compiler_fn", backend))  # torch.compile's wrapper of a callable
 
 
-def _process_spool() -> Any:
-    """This process's spool (``archive.spool``): made at its first graph, one per process (a
-    forked worker makes its own), removed at a normal exit."""
+def _process_spool() -> tuple[Any, Any]:
+    """This process's spool (``archive.spool``) and its one writer thread: made at its first
+    graph, one per process (a forked worker makes its own), the spool removed at a normal exit."""
     global _spool
     from reproarchive.archive.spool import Spool
 
     with _lock:
         if _spool is None or _spool[0] != os.getpid():
             folder = Path(os.environ[CRASH_DIR_ENV]) / f"{SPOOL_PREFIX}{os.getpid()}"
-            _spool = (os.getpid(), Spool(folder))
-        return _spool[1]
+            writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-spool")
+            _spool = (os.getpid(), Spool(folder), writer)
+        return _spool[1], _spool[2]
 
 
 def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
-    """Spool the archive a crash would leave: each storage written once per process (the
-    weights of every recompile are the same objects), the graph's entry a small index."""
+    """Spool the archive a crash would leave, in the background while the backend compiles:
+    each storage written once per process (the weights of every recompile are the same
+    objects), the graph's entry a small index written before its objects (``Spool.begin``),
+    so a crash while they are written still leaves an entry that completes, its unwritten
+    storages absent. The graph's first call waits for the write (``_discard_after_first_call``):
+    no compiled code runs, and no user code changes an input, while its bytes are read."""
     try:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import pending_crash_record
         from reproarchive.sources.backend import capture_of, copy_graph_structure
 
-        spool = _process_spool()
+        spool, writer = _process_spool()
         name = str(next(_counter))
-        spool.add(name, capture_of(copy_graph_structure(gm), inputs, config=config_snapshot(),
-                                   failure=pending_crash_record(backend=backend), backend=backend,
-                                   accuracy=False, capture_settings={"check_runtime": True}))
+        # on this thread: the graph before the backend rewrites it, the thread's grad mode
+        capture = capture_of(copy_graph_structure(gm), inputs, config=config_snapshot(),
+                             failure=pending_crash_record(backend=backend), backend=backend,
+                             accuracy=False, capture_settings={"check_runtime": True})
+        future = writer.submit(spool.add, name, capture)
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
-        log.warning("reproarchive capture: could not write the archive a crash would leave: %s: %s",
-                    type(err).__name__, err)
+        _could_not_write(err)
         return None
     with _lock:
-        _pending.add(name)
+        _pending[name] = future
     return name
+
+
+def _could_not_write(err: BaseException) -> None:
+    log.warning("reproarchive capture: could not write the archive a crash would leave: %s: %s",
+                type(err).__name__, err)
+
+
+def _written(pending: str) -> None:
+    """Wait until entry ``pending`` is on disk, objects and all."""
+    with _lock:
+        future = _pending.get(pending)
+    if future is None:
+        return
+    try:
+        future.result()
+    except Exception as err:  # noqa: BLE001 - the crash record is lost, not the run
+        _could_not_write(err)
 
 
 def _discard_after_first_call(compiled: Any, pending: str) -> Any:
@@ -270,6 +294,7 @@ def _discard_after_first_call(compiled: Any, pending: str) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         if done[0]:
             return compiled(*args, **kwargs)
+        _written(pending)
         try:
             return compiled(*args, **kwargs)
         finally:
@@ -283,8 +308,11 @@ def _discard(pending: str | None) -> None:
     if pending is None:
         return
     with _lock:
-        _pending.discard(pending)
+        future = _pending.pop(pending, None)
         spool = _spool[1] if _spool is not None and _spool[0] == os.getpid() else None
+    if future is not None:
+        future.cancel()
+        concurrent.futures.wait([future])
     if spool is not None:
         spool.discard(pending)
 
@@ -292,10 +320,15 @@ def _discard(pending: str | None) -> None:
 def _discard_all() -> None:
     """At a normal exit: graphs compiled but never run did not crash either; the spool goes."""
     with _lock:
-        spool = _spool[1] if _spool is not None and _spool[0] == os.getpid() else None
+        own = _spool if _spool is not None and _spool[0] == os.getpid() else None
+        futures = list(_pending.values())
         _pending.clear()
-    if spool is not None:
-        spool.remove()
+    if own is not None:
+        for future in futures:
+            future.cancel()
+        concurrent.futures.wait(futures)
+        own[2].shutdown(wait=True)
+        own[1].remove()
 
 
 def pending_archives(folder: Path) -> list[Path]:

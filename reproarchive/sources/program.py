@@ -221,8 +221,14 @@ def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> li
     reports = []
     for name in names:
         target = _next_free(out)
+        missing = opened.missing(name)
         opened.complete(name, target)
-        reports.append(archive_report(target, kind="capture (crash)", replay={"performed": False}))
+        report = archive_report(target, kind="capture (crash)", replay={"performed": False})
+        if missing:
+            report = dataclasses.replace(report, warnings=(
+                f"the process died while {missing} storage(s) were still being written: they are stored as absent "
+                "(generated on load)",))
+        reports.append(report)
     opened.remove()
     return reports
 
@@ -269,7 +275,14 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
                                f"the program {how} while this graph ran{said}", "")
     repro = load(pending)
     if "absent" in (repro.fidelity or []):
-        raise ReproArchiveError("the archive the program left holds inputs without data", "this is a bug: report it")
+        # the program died while the spool was still writing these inputs (a crash during
+        # compilation): the archive keeps them absent, and says so, rather than pass generated
+        # data off as the program's
+        shutil.move(str(pending), target)
+        return dataclasses.replace(
+            archive_report(target, kind="capture (crash)", replay=notes),
+            warnings=(f"the program died while {repro.fidelity.count('absent')} input(s) were still being written: "
+                      "they are stored as absent (generated on load)",))
     write_capture(capture_of(repro, failure, replay_notes=notes, program_exit=program_exit), target, prefixes={})
     pending.unlink()
     return archive_report(target, kind="capture (crash)", replay=notes)

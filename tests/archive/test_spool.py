@@ -128,3 +128,59 @@ def test_pack_of_a_folder_that_is_no_spool_is_not_mistaken_for_one(tmp_path):
     with pytest.raises(reproarchive.SourceError, match="not a reproarchive spool"):
         reproarchive.pack_spool(tmp_path, tmp_path / "out")
     assert os.listdir(tmp_path) == []
+
+
+# The compiler dies (a native crash while compiling) once the graph's entry is on disk but
+# while its objects are still being written in the background: a slow disk, made certain by a
+# writer that waits for the crash.
+_DIES_WHILE_WRITING = """
+import os, time, torch
+from pathlib import Path
+from reproarchive.archive import spool
+
+def slow_write(self, todo):
+    time.sleep(600)  # the process dies first
+
+spool.Spool.write = slow_write
+
+def dying_backend(gm, example_inputs):
+    crash = Path(os.environ["REPROARCHIVE_CRASH_DIR"])
+    for _ in range(2000):  # until the entry (index and code) is on disk
+        if list(crash.glob("spool-*/pending/*.index")):
+            break
+        time.sleep(0.01)
+    os.abort()
+
+torch.compile(torch.nn.Linear(64, 64), backend=dying_backend)(torch.randn(4, 64))
+"""
+
+
+@pytest.mark.slow
+def test_a_crash_while_the_background_write_is_under_way_leaves_a_complete_archive(tmp_path):
+    done, crash = _guarded_run(tmp_path, _DIES_WHILE_WRITING)
+    assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
+    (spool,) = crash.glob("spool-*")
+    code, out = _cli("pack", "--json", spool, "-o", tmp_path / "out")
+    assert code == 0, out
+    (packed,) = json.loads(out)["archives"]
+    assert "still being written" in packed["warnings"][0]
+    reproarchive.verify(packed["archive"])  # complete: every rule of the spec holds
+    repro = reproarchive.load(packed["archive"])
+    # what was not written is absent, never passed off as real
+    assert repro.fidelity == ["absent", "absent", "absent"] and repro.records.failure.stage == "crash"
+
+
+def test_device_storages_go_through_one_reused_host_chunk():
+    """The GPU path's chunking, run on CPU tensors (the copies and the stream are the device's):
+    every chunk lands in the same buffer, and the bytes and digest are the storage's."""
+    from reproarchive.archive.host_staging import device_chunks, host_buffer
+    from reproarchive.format import digests
+
+    source = torch.randint(0, 255, (10_000,), dtype=torch.uint8)
+    buffer = host_buffer(4096)
+    pieces = []
+    for chunk in device_chunks(source, buffer, 4096):
+        assert len(chunk) <= 4096
+        pieces.append(bytes(chunk))
+    assert len(pieces) == 3 and b"".join(pieces) == source.numpy().tobytes()
+    assert digests.of_bytes(b"".join(pieces)) == digests.of_bytes(source.numpy().tobytes())
