@@ -12,6 +12,7 @@ Each variant runs in a fresh process:
 
   plain       ``torch.compile(model, backend=B)``, plain ``python``
   capture     ``torch.compile(model, backend=reproarchive.capture(B))``, plain ``python``
+  capture(spool)  the same with ``spool=True`` (the crash record spooled, each storage once)
   capture--   the plain program under ``reproarchive capture --`` (PyTorch's after_dynamo hook and
               the crash guard, in the child)
 
@@ -45,7 +46,7 @@ from typing import Any
 WIDTH = 2048
 BLOCK_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # one Linear(2048, 2048) in fp32
 SIZES_RECOMPILE = (8, 16, 24, 32)
-VARIANTS = ("plain", "capture", "capture--")
+VARIANTS = ("plain", "capture", "capture(spool)", "capture--")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,10 +66,10 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
         layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers)
     backend: Any = spec["backend"]
-    if spec["variant"] == "capture":
+    if spec["variant"] in ("capture", "capture(spool)"):
         import reproarchive
 
-        backend = reproarchive.capture(backend, path=spec["archives"])
+        backend = reproarchive.capture(backend, path=spec["archives"], spool=spec["variant"] == "capture(spool)")
     compiled = torch.compile(model, backend=backend, dynamic=False)
     weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
     inputs = [torch.randn(n, width) for n in spec["sizes"]]

@@ -89,7 +89,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,16 @@ from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
-from reproarchive.sources.call_guard import GraphWrites, guarded, is_control_flow, modified_inputs, versions_of
+from reproarchive.sources.call_guard import (
+    GraphWrites,
+    guarded,
+    is_control_flow,
+    modified_inputs,
+    preserved_state,
+    versions_of,
+)
+from reproarchive.sources.failure_notes import annotate as _annotate
+from reproarchive.sources.failure_notes import archive_path
 from reproarchive.store.push import STORE_ENV
 
 log = logging.getLogger("reproarchive.capture")
@@ -111,7 +120,8 @@ DEFAULT_DIR_ENV = "REPROARCHIVE_DIR"
 DEFAULT_DIR_NAME = "reproarchives"
 ARCHIVE_SUFFIX = ".tar.zst"
 
-_OPTIONS = {"fwd_only", "tolerance", "check_runtime", "on_accuracy", "mode", "options", "use_fp64", "crash"}
+_OPTIONS = {"fwd_only", "tolerance", "check_runtime", "on_accuracy", "mode", "options", "use_fp64", "crash",
+            "spool"}
 
 
 class CaptureWarning(UserWarning):
@@ -137,7 +147,11 @@ def capture(
     default True; False captures compile errors only and never runs the graph),
     ``on_accuracy`` ("raise" | "warn"), ``use_fp64`` (bool, default True: fp64 reference for
     accuracy), ``crash`` (bool, default True: write the archive before the first run so that a
-    native crash leaves one; see the module docstring), and for ``backend="inductor"`` the
+    native crash leaves one; see the module docstring), ``spool`` (bool, default False: keep
+    that archive in a process-wide spool instead, ``<path>/spool-<pid>``, written in the
+    background while the backend compiles, each storage once per process; a killed process
+    leaves the spool, which ``reproarchive pack SPOOL`` turns into the archive), and for
+    ``backend="inductor"`` the
     ``mode`` / ``options`` that torch.compile
     would take (they are applied while compiling and recorded in the config snapshot).
     """
@@ -154,6 +168,7 @@ def capture(
         "on_accuracy": on_accuracy,
         "use_fp64": bool(options.get("use_fp64", True)),
         "crash": bool(options.get("crash", True)),
+        "spool": bool(options.get("spool", False)),
         "accuracy": bool(accuracy),
     }
     compiler, name, config_patches = _resolve_backend(backend, options.get("mode"), options.get("options"))
@@ -261,19 +276,23 @@ class _CaptureBackend:
 
         with self._patched_config():
             config = config_snapshot()  # what this graph is compiled with (~7 ms)
+            spooled = self._spool_pending(pristine_gm, example_inputs, config)
             try:
                 compiled = self.compiler(gm, example_inputs)
             except Exception as exc:
+                self._discard(spooled)
                 if is_control_flow(exc):
                     raise
                 self._fail(pristine_gm, example_inputs, modified_inputs(example_inputs, versions), exc, "compile",
                            config)
                 raise
         if not self.settings["check_runtime"]:
+            self._discard(spooled)
             return compiled
-        return self._checked_on_first_call(compiled, gm, pristine_gm, config)
+        return self._checked_on_first_call(compiled, gm, pristine_gm, config, spooled)
 
-    def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord) -> Callable:
+    def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord,
+                               spooled: str | None = None) -> Callable:
         """Wrap ``compiled`` so that its first call is checked before it runs for real, and a
         failure of any call is archived (``call_guard``).
 
@@ -287,7 +306,7 @@ class _CaptureBackend:
         writes = GraphWrites(pristine_gm)
 
         def first_call(args: list[Any]) -> None:
-            self._check(compiled, gm, pristine_gm, args, config, writes.of(args))
+            self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
 
         def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
             modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
@@ -296,9 +315,12 @@ class _CaptureBackend:
         return guarded(compiled, writes, failed=failed, first_call=first_call)
 
     def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
-               written: frozenset[int] | None) -> None:
+               written: frozenset[int] | None, spooled: str | None) -> None:
         versions = versions_of(args)
-        pending = self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
+        if spooled is not None:
+            pending: Path | str | None = spooled if self._spool().wait(spooled) else None
+        else:
+            pending = self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
         try:
             self._run_check(compiled, gm, pristine_gm, args, config, versions, written)
         finally:
@@ -375,7 +397,31 @@ class _CaptureBackend:
         log.debug("reproarchive: %s written before the first run (removed when it does not crash)", written)
         return Path(written)
 
-    def _discard(self, pending: Path | None) -> None:
+    def _spool_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord) -> str | None:
+        """With ``spool=True``: start spooling the archive a crash would leave while the backend
+        compiles (``process_spool``: each storage once per process, in the background; the
+        first call waits for it). Never raises."""
+        if not (self.settings["spool"] and self.settings["crash"] and self.settings["check_runtime"]):
+            return None
+        try:
+            record = _failure.pending_crash_record(backend=self.backend_name)
+            return self._spool().submit(capture_of(gm, inputs, config=config, failure=record,
+                                                   backend=self.backend_name, accuracy=self.settings["accuracy"],
+                                                   capture_settings=self.settings))
+        except Exception as err:  # noqa: BLE001 - never in place of the user's own run
+            log.warning("reproarchive.capture could not spool the archive a crash would leave: %s: %s",
+                        type(err).__name__, err)
+            return None
+
+    def _spool(self) -> Any:
+        from reproarchive.sources.process_spool import spool_in
+
+        return spool_in(self.target.parent if _is_file_target(self.target) else self.target)
+
+    def _discard(self, pending: Path | str | None) -> None:
+        if isinstance(pending, str):  # a spool entry
+            self._spool().discard(pending)
+            return
         if pending is None or pending in self.written:  # a real failure was written over it
             return
         try:
@@ -501,31 +547,6 @@ def copy_graph_structure(gm: Any) -> Any:
         return copy.deepcopy(gm)
 
 
-@contextmanager
-def preserved_state(gm: Any, inputs: Sequence[Any]):
-    """Restore what a check run could change that the user can see: RNG streams, and the
-    grads and buffer values of parameters the graph holds as attributes (inputs are copies)."""
-    import torch
-
-    from reproarchive.codec.device_runtime import devices_of, forked_rng
-
-    params = list(gm.named_parameters()) if hasattr(gm, "named_parameters") else []
-    buffers = list(gm.named_buffers()) if hasattr(gm, "named_buffers") else []
-    grads = [(p, p.grad) for _, p in params]
-    saved_buffers = [(b, b.detach().clone()) for _, b in buffers if isinstance(b, torch.Tensor)]
-    with ExitStack() as stack:
-        stack.enter_context(forked_rng(devices_of(inputs)))
-        try:
-            yield
-        finally:
-            for p, g in grads:
-                p.grad = g
-            with torch.no_grad():
-                for b, saved in saved_buffers:
-                    if not torch.equal(b, saved):
-                        b.copy_(saved)
-
-
 def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:
     import torch
 
@@ -541,48 +562,6 @@ def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:
             h.update(f"V{type(a).__name__}:{a!r};".encode())
     h.update(record.signature.encode())
     return h.hexdigest()[:12]
-
-
-def _annotate(exc: BaseException, path: Path | None, error: str | None) -> None:
-    """Make the archive path visible wherever the exception is shown.
-
-    Dynamo re-raises a backend's exception inside ``BackendCompilerFailed`` whose message is
-    built from ``str(inner)`` and shortens tracebacks, so a note alone can be lost: the path
-    goes into the message itself (first string argument), and also into a note and an
-    attribute. The exception keeps its type and traceback.
-    """
-    line = f"[reproarchive] archive written to {path}" if path else f"[reproarchive] no archive written: {error}"
-    try:
-        exc.reproarchive_path = str(path) if path else None  # type: ignore[attr-defined]
-    except Exception:
-        pass
-    try:
-        if exc.args and isinstance(exc.args[0], str):
-            exc.args = (f"{exc.args[0]}\n{line}", *exc.args[1:])
-        elif not exc.args:
-            exc.args = (line,)
-    except Exception:
-        pass
-    if line not in str(exc) and hasattr(exc, "add_note"):  # a custom __str__ ignored args
-        exc.add_note(line)
-
-
-def archive_path(exc: BaseException) -> str | None:
-    """The archive a capture backend wrote for ``exc``, looking through the wrappers torch
-    adds (``BackendCompilerFailed.inner_exception``, ``__cause__``, ``__context__``)."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        found = getattr(e, "reproarchive_path", None)
-        if found:
-            return found
-        todo.extend(x for x in (getattr(e, "inner_exception", None), e.__cause__, e.__context__)
-                    if isinstance(x, BaseException))
-    return None
 
 
 __all__ = ["capture", "archive_path", "CaptureWarning"]

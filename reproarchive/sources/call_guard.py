@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from reproarchive.replay.input_writes import snapshot, written_inputs
@@ -126,3 +127,28 @@ def versions_of(inputs: Any) -> list[int | None]:
 def modified_inputs(inputs: Any, versions: list[int | None]) -> list[int]:
     now = versions_of(inputs)
     return [i for i, (a, b) in enumerate(zip(versions, now)) if a is not None and a != b]
+
+
+@contextmanager
+def preserved_state(gm: Any, inputs: Sequence[Any]):
+    """Restore what a check run could change that the user can see: RNG streams, and the
+    grads and buffer values of parameters the graph holds as attributes (inputs are copies)."""
+    import torch
+
+    from reproarchive.codec.device_runtime import devices_of, forked_rng
+
+    params = list(gm.named_parameters()) if hasattr(gm, "named_parameters") else []
+    buffers = list(gm.named_buffers()) if hasattr(gm, "named_buffers") else []
+    grads = [(p, p.grad) for _, p in params]
+    saved_buffers = [(b, b.detach().clone()) for _, b in buffers if isinstance(b, torch.Tensor)]
+    with ExitStack() as stack:
+        stack.enter_context(forked_rng(devices_of(inputs)))
+        try:
+            yield
+        finally:
+            for p, g in grads:
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in saved_buffers:
+                    if not torch.equal(b, saved):
+                        b.copy_(saved)

@@ -33,15 +33,11 @@ program: every failure to write costs the crash record, never the run.
 
 from __future__ import annotations
 
-import atexit
-import concurrent.futures
 import functools
 import importlib.abc
-import itertools
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +46,9 @@ from reproarchive.sources import inductor_door
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
-SPOOL_PREFIX = "spool-"
 _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
 log = logging.getLogger("reproarchive.capture")
-_counter = itertools.count(1)
-_pending: dict[str, Any] = {}  # this process's spool entries not yet discarded -> their write (a Future)
-_spool: tuple[int, Any, Any] | None = None  # (pid, Spool, writer thread) of this process
-_lock = threading.Lock()
 
 
 def install() -> None:
@@ -73,7 +64,6 @@ def install() -> None:
             del patches[name]
     if patches and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport(patches))
-    atexit.register(_discard_all)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -155,8 +145,8 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
 
     from reproarchive.replay.accuracy import run_forward_backward
     from reproarchive.replay.input_writes import run_inputs
-    from reproarchive.sources.backend import copy_graph_structure, preserved_state
-    from reproarchive.sources.call_guard import GraphWrites, guarded, is_control_flow
+    from reproarchive.sources.backend import copy_graph_structure
+    from reproarchive.sources.call_guard import GraphWrites, guarded, is_control_flow, preserved_state
 
     name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
     level = config.repro_level
@@ -228,62 +218,32 @@ def _backend_name(wrapper: Any) -> str:
     return recorded_name(getattr(backend, "compiler_fn", backend))  # torch.compile's wrapper of a callable
 
 
-def _process_spool() -> tuple[Any, Any]:
-    """This process's spool (``archive.spool``) and its one writer thread: made at its first
-    graph, one per process (a forked worker makes its own), the spool removed at a normal exit."""
-    global _spool
-    from reproarchive.archive.spool import Spool
-
-    with _lock:
-        if _spool is None or _spool[0] != os.getpid():
-            folder = Path(os.environ[CRASH_DIR_ENV]) / f"{SPOOL_PREFIX}{os.getpid()}"
-            writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-spool")
-            _spool = (os.getpid(), Spool(folder), writer)
-        return _spool[1], _spool[2]
-
-
 def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
-    """Spool the archive a crash would leave, in the background while the backend compiles:
-    each storage written once per process (the weights of every recompile are the same
-    objects), the graph's entry a small index written before its objects (``Spool.begin``),
-    so a crash while they are written still leaves an entry that completes, its unwritten
-    storages absent. The graph's first call waits for the write (``_discard_after_first_call``):
-    no compiled code runs, and no user code changes an input, while its bytes are read."""
+    """Spool the archive a crash would leave, in the background while the backend compiles
+    (``process_spool``): each storage written once per process, the weights of every
+    recompile the same objects."""
     try:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import pending_crash_record
         from reproarchive.sources.backend import capture_of, copy_graph_structure
 
-        spool, writer = _process_spool()
-        name = str(next(_counter))
         # on this thread: the graph before the backend rewrites it, the thread's grad mode
         capture = capture_of(copy_graph_structure(gm), inputs, config=config_snapshot(),
                              failure=pending_crash_record(backend=backend), backend=backend,
                              accuracy=False, capture_settings={"check_runtime": True})
-        future = writer.submit(spool.add, name, capture)
+        return _spool().submit(capture)
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
-        _could_not_write(err)
+        from reproarchive.sources.process_spool import could_not_write
+
+        could_not_write(err)
         return None
-    with _lock:
-        _pending[name] = future
-    return name
 
 
-def _could_not_write(err: BaseException) -> None:
-    log.warning("reproarchive capture: could not write the archive a crash would leave: %s: %s",
-                type(err).__name__, err)
+def _spool() -> Any:
+    """This process's spool (imported here: this module loads in every process before torch)."""
+    from reproarchive.sources.process_spool import spool_in
 
-
-def _written(pending: str) -> None:
-    """Wait until entry ``pending`` is on disk, objects and all."""
-    with _lock:
-        future = _pending.get(pending)
-    if future is None:
-        return
-    try:
-        future.result()
-    except Exception as err:  # noqa: BLE001 - the crash record is lost, not the run
-        _could_not_write(err)
+    return spool_in(os.environ[CRASH_DIR_ENV])
 
 
 def _discard_after_first_call(compiled: Any, pending: str) -> Any:
@@ -294,7 +254,7 @@ def _discard_after_first_call(compiled: Any, pending: str) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         if done[0]:
             return compiled(*args, **kwargs)
-        _written(pending)
+        _spool().wait(pending)
         try:
             return compiled(*args, **kwargs)
         finally:
@@ -305,36 +265,15 @@ def _discard_after_first_call(compiled: Any, pending: str) -> Any:
 
 
 def _discard(pending: str | None) -> None:
-    if pending is None:
-        return
-    with _lock:
-        future = _pending.pop(pending, None)
-        spool = _spool[1] if _spool is not None and _spool[0] == os.getpid() else None
-    if future is not None:
-        future.cancel()
-        concurrent.futures.wait([future])
-    if spool is not None:
-        spool.discard(pending)
-
-
-def _discard_all() -> None:
-    """At a normal exit: graphs compiled but never run did not crash either; the spool goes."""
-    with _lock:
-        own = _spool if _spool is not None and _spool[0] == os.getpid() else None
-        futures = list(_pending.values())
-        _pending.clear()
-    if own is not None:
-        for future in futures:
-            future.cancel()
-        concurrent.futures.wait(futures)
-        own[2].shutdown(wait=True)
-        own[1].remove()
+    if pending is not None:
+        _spool().discard(pending)
 
 
 def pending_archives(folder: Path) -> list[Path]:
     """The archives a crashed program left, oldest first: each entry of the spools its processes
     left completed into ``pending-<pid>-<n>.tar.zst`` (and the spool removed)."""
     from reproarchive.archive.spool import Spool, is_spool
+    from reproarchive.sources.process_spool import SPOOL_PREFIX
 
     for spool_dir in sorted(folder.glob(f"{SPOOL_PREFIX}*")):
         if not is_spool(spool_dir):

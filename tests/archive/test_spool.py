@@ -92,11 +92,27 @@ def _guarded_run(tmp_path, source: str) -> tuple[subprocess.CompletedProcess, ob
     return done, tmp_path / "scratch" / "crash"
 
 
+_IN_PROCESS = """
+import reproarchive
+killing = killing_backend
+killing_backend = reproarchive.capture(killing, path="archives", spool=True)
+"""
+
+
 @pytest.mark.slow
-def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_path):
-    done, crash = _guarded_run(tmp_path, _KILLED)
+@pytest.mark.parametrize("route", ["capture --", "capture(spool=True)"])
+def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_path, route):
+    source = _KILLED
+    if route == "capture(spool=True)":
+        source = _KILLED.replace("torch.manual_seed(0)", _IN_PROCESS + "torch.manual_seed(0)")
+        (tmp_path / "prog.py").write_text(textwrap.dedent(source))
+        done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+        folder = tmp_path / "archives"
+    else:
+        done, folder = _guarded_run(tmp_path, source)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    (spool,) = crash.glob("spool-*")
+    (spool,) = folder.glob("spool-*")
     objects = [p for p in (spool / "objects").rglob("*") if p.is_file()]
     # the weight and bias once, and each graph's input: never the weights twice
     assert sum(p.stat().st_size for p in objects) == (64 * 64 + 64 + 4 * 64 + 8 * 64) * 4
@@ -106,7 +122,7 @@ def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_pa
     assert packed["failure"]["stage"] == "crash"
     reproarchive.verify(packed["archive"])
     repro = reproarchive.load(packed["archive"])
-    assert [tuple(a.shape) for a in repro.args][-1] == (8, 64)
+    assert [tuple(a.shape) for a in repro.args][-1] == (8, 64) and repro.fidelity == ["real"] * 3
     assert repro.records.backend == "prog:killing_backend"
     assert not spool.exists()
 
