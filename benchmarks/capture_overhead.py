@@ -197,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     busy = _busy(cores or allowed) if args.busy else []
     try:
-        rows = [measure(gb, b, rc, quick=args.quick, cores=cores)
-                for gb in sizes for b in backends for rc in recompile_modes]
+        rows = []
+        for gb in sizes:
+            for b in backends:
+                for rc in recompile_modes:
+                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores))
+                    print(table(rows[-1:]).splitlines()[-len(VARIANTS):], file=sys.stderr, flush=True)
     finally:
         for p in busy:
             p.kill()

@@ -211,7 +211,7 @@ def recorded_name(backend: Callable) -> str:
 
     A function of the program's own script (``__main__``) is recorded under the name the
     script imports as (``train:my_backend`` for ``python train.py`` or ``python -m train``),
-    so that ``reproarchive run --backend``-less replay finds it from the script's folder."""
+    so that ``reproarchive run --backend train:my_backend`` finds it from the script's folder."""
     name = getattr(backend, "compiler_name", None)
     if isinstance(name, str):
         return name
@@ -450,7 +450,7 @@ class _CaptureBackend:
         where = f"archive written to {path}" if path else f"no archive written: {error}"
         message = f"compiled result differs from eager: {report.summary}\n[reproarchive] {where}"
         if self.settings["on_accuracy"] == "warn":
-            warnings.warn(message, CaptureWarning, stacklevel=4)
+            warnings.warn(message, CaptureWarning, stacklevel=6)
             return
         err = AccuracyError(message)
         err.reproarchive_path = str(path) if path else None  # type: ignore[attr-defined]

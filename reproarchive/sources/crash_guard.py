@@ -6,12 +6,14 @@ Inductor graphs in torch 2.13 ("expected Tensor() for op: input") and writes not
 after_aot. So ``capture --`` starts the program with ``crash_shim/`` first on ``PYTHONPATH``:
 its ``sitecustomize`` (which still runs the program's own one) arranges for
 ``install`` to wrap Dynamo's ``WrapBackendDebug.__call__``, the door every torch.compile
-backend goes through, when torch loads it. For each graph the wrapper writes an archive
-*before* the backend compiles and runs it (graph as Dynamo traced it, the real example inputs,
-config, environment, system, and a ``crash`` failure whose signal is not known), and removes
-it once the compiled code has returned from its first call, or raised, or when the program
-exits normally (``atexit``). Only a process that dies inside leaves it: ``capture_program``
-then replays it in a child to learn the signal and the crashing thread's stack.
+backend goes through, when torch loads it. For each graph the wrapper spools an archive
+(``process_spool``: in the background while the backend compiles, each storage once per
+process; the first call waits for it) *before* the compiled code runs (graph as Dynamo traced
+it, the real example inputs, config, environment, system, and a ``crash`` failure whose
+signal is not known), and discards it once the compiled code has returned from its first
+call, or raised; the spool goes when the program exits normally. Only a process that dies
+leaves it: ``capture_program`` completes its entries into archives (``pending_archives``) and
+replays each in a child to learn the signal and the crashing thread's stack.
 
 With PyTorch's after_dynamo hook on (``capture --``'s default) the wrapper also takes over the
 hook's check, which PyTorch runs inside the backend call (``_after_dynamo_hook``): there it

@@ -200,3 +200,26 @@ def test_device_storages_go_through_one_reused_host_chunk():
         pieces.append(bytes(chunk))
     assert len(pieces) == 3 and b"".join(pieces) == source.numpy().tobytes()
     assert digests.of_bytes(b"".join(pieces)) == digests.of_bytes(source.numpy().tobytes())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_storages_are_spooled_through_one_pinned_chunk_and_no_device_memory(tmp_path):
+    """What a GPU machine checks (issue 27.5): a 96 MiB weight on the device is spooled with no
+    device memory beyond the job's own, through one 16 MiB pinned host buffer, and completes
+    into an archive whose weight is the device tensor's bytes."""
+    from reproarchive.archive.host_staging import CHUNK
+
+    w = torch.randn(4096, 6144, device="cuda")  # 96 MiB
+    x = torch.randn(8, 4096, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    spool = Spool(tmp_path / "spool-1")
+    spool.add("1", Capture(_graph(), [x, w], _records()))
+    assert torch.cuda.max_memory_allocated() == before  # capture took no device memory
+    (buffer,) = spool.staging._buffers.values()
+    assert buffer.is_pinned() and buffer.numel() == CHUNK
+    archive = spool.complete("1", tmp_path / "a.tar.zst")
+    reproarchive.verify(archive)
+    repro = reproarchive.load(archive, device="cpu")
+    assert torch.equal(repro.args[1], w.cpu()) and repro.records.failure.stage == "crash"
