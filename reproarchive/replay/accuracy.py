@@ -44,6 +44,7 @@ from reproarchive.codec.device_runtime import devices_of, forked_rng, synchroniz
 from reproarchive.errors import EagerFailed
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import AccuracyOutput, AccuracyReport
+from reproarchive.replay.input_writes import clone_inputs as clone_inputs  # moved there; runner uses it here
 from reproarchive.replay.input_writes import run_inputs
 
 DEFAULT_TOLERANCE = 1e-3

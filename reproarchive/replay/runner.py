@@ -36,7 +36,6 @@ from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
-from reproarchive.replay.input_writes import clone_inputs
 from reproarchive.replay.outcome import Outcome, judged
 from reproarchive.replay.settings import ReplaySettings
 
@@ -139,7 +138,7 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
     from reproarchive.replay import accuracy as _accuracy
 
     try:
-        compiled = _compile(compiler_fn, backend, copy.deepcopy(gm), clone_inputs(args), source_kind)
+        compiled = _compile(compiler_fn, backend, copy.deepcopy(gm), _accuracy.clone_inputs(args), source_kind)
     except Exception as exc:  # noqa: BLE001 - every failure of the compiler is data
         return _failure.record_from_exception(exc, "compile", backend=backend), None, False
     try:
@@ -151,7 +150,7 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
             if report.passed:
                 return None, report, ran_backward
             return _failure.accuracy_record(report, backend=backend), report, ran_backward
-        result = _accuracy.run_forward_backward(compiled, clone_inputs(args), fwd_only=fwd_only)
+        result = _accuracy.run_forward_backward(compiled, _accuracy.clone_inputs(args), fwd_only=fwd_only)
         synchronize(devices_of(args))  # an asynchronous device error belongs to this stage
         return None, None, bool(result.get("grads"))
     except _accuracy.EagerFailed as exc:
