@@ -88,9 +88,9 @@ def spool_in(folder: str | os.PathLike) -> ProcessSpool:
     with _lock:
         found = _spools.get(key)
         if found is None:
-            found = _spools[key] = ProcessSpool(key[1])
-            if len(_spools) == 1 or all(k[0] != key[0] for k in _spools if k != key):
+            if not any(pid == key[0] for pid, _ in _spools):  # this process's first spool
                 atexit.register(_close_all)
+            found = _spools[key] = ProcessSpool(key[1])
         return found
 
 
