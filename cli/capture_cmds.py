@@ -97,6 +97,9 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     SOURCE may also be the job-<key>.parts folder the ranks of a multi-rank job left (each
     rank's capture writes its part there; a rank that crashed leaves its part and its signal):
     its parts are merged into one archive for the job (job-<key>.tar.zst beside it).
+    SOURCE may also be the spool-<pid> folder a process killed during capture left (next to
+    its archives, or in capture's scratch folder): one archive per graph it was running, into
+    the folder -o names (default: .), each with the crash recorded before the graph ran.
 
     \b
     SOURCE may also be a TORCH_TRACE log, the folder TORCH_TRACE pointed at (one log per rank),
@@ -117,6 +120,17 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     if source is not None and reproarchive.is_job_parts(source):
         with json_errors(as_json):
             _pack_job_parts(source, out, as_json=as_json, quiet=quiet, store=store)
+        return
+    if source is not None and reproarchive.is_spool(source):
+        with json_errors(as_json):
+            reports = reproarchive.pack_spool(source, out if out is not None else Path("."))
+            if as_json:
+                emit_json({"archives": [r.to_json() for r in reports],
+                           **_push_to_store([r.archive for r in reports], store, quiet=True)})
+                return
+        for report in reports:
+            _print_pack_result(report)
+        _push_to_store([r.archive for r in reports], store, quiet=quiet)
         return
     if source is not None and reproarchive.is_trace(source):
         with json_errors(as_json):

@@ -42,6 +42,8 @@ _EXPORTS = {
     "is_job_parts": "reproarchive.sources.job_capture",
     "list_trace": "reproarchive.sources.trace_import",
     "is_trace": "reproarchive.sources.trace_import",
+    "pack_spool": "reproarchive.sources.program",
+    "is_spool": "reproarchive.archive.spool",
     # replay and export
     "run": "reproarchive.references",
     "run_job": "reproarchive.references",

@@ -75,7 +75,7 @@ def _host_bytes(storage: torch.UntypedStorage):
     return storage, storage_view(storage)
 
 
-def _is_zero(view: memoryview) -> bool:
+def is_zero_bytes(view: memoryview) -> bool:
     if len(view) == 0:
         return False
     head, tail = bytes(view[:_ZERO_PROBE]), bytes(view[-_ZERO_PROBE:])
@@ -86,7 +86,7 @@ def _is_zero(view: memoryview) -> bool:
 
 def _digest_job(storage: torch.UntypedStorage, algorithm: str):
     keep, view = _host_bytes(storage)
-    if _is_zero(view):
+    if is_zero_bytes(view):
         return keep, view, None
     h = digests.new_hasher(algorithm)
     h.update(view)
@@ -113,6 +113,40 @@ def _custom_op_records(gm: fx.GraphModule, live: Sequence[LiveCustomOp] | None,
                       for c in op.calls)
         out.append(dataclasses.replace(op.record, calls=calls))
     return tuple(out)
+
+
+def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records | Mapping[str, Any] | None, *,
+             custom_ops: Sequence[LiveCustomOp] | None = None, rng_states: Mapping[str, torch.Tensor] | None = None):
+    """What an archive of ``gm`` holds but its blobs: (storage table with digests still to
+    resolve, input records, graph record, readable code, records, custom-op records). ``pack``
+    writes them into one file; a spool (``archive.spool``) keeps them beside blobs it writes
+    once per process. ``custom_ops``/``rng_states``: as ``pack`` takes them."""
+    if not isinstance(gm, fx.GraphModule):
+        raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = list(example_inputs)
+    if len(inputs) != len(placeholders):
+        raise PackError(
+            f"graph has {len(placeholders)} placeholders but {len(inputs)} example inputs were given",
+            "pass exactly one example input per placeholder, in order",
+        )
+    records = dataclasses.replace(
+        as_records(records), created_by=CreatedBy(reproarchive=__version__, torch=torch.__version__.split("+")[0]))
+    if records.parent is not None:
+        digests.parse(records.parent)
+    if records.execution is not None:  # the inputs stored here (a minified archive's are others)
+        records = dataclasses.replace(records, execution=dataclasses.replace(
+            records.execution, inference_inputs=inference_inputs(inputs)))
+    table = StorageTable()
+    input_records = tuple(
+        tensor_codec.encode_value(v, table, name=n.name, dynamic=graph_codec.dynamic_dims(n))
+        for n, v in zip(placeholders, inputs)
+    )
+    graph_record = graph_codec.encode_graph(gm, table)
+    op_records = _custom_op_records(gm, custom_ops, table)
+    records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors
+    code = graph_codec.readable_code(gm).encode()
+    return table, input_records, graph_record, code, records, op_records
 
 
 def pack(
@@ -143,32 +177,9 @@ def pack(
     from, stored as storages; the ``rng`` record is this graph's (``records.rng`` is replaced:
     its storage numbers were another table's).
     """
-    if not isinstance(gm, fx.GraphModule):
-        raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
     digests.check_algorithm(digest)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    inputs = list(example_inputs)
-    if len(inputs) != len(placeholders):
-        raise PackError(
-            f"graph has {len(placeholders)} placeholders but {len(inputs)} example inputs were given",
-            "pass exactly one example input per placeholder, in order",
-        )
-    records = dataclasses.replace(
-        as_records(records), created_by=CreatedBy(reproarchive=__version__, torch=torch.__version__.split("+")[0]))
-    if records.parent is not None:
-        digests.parse(records.parent)
-    if records.execution is not None:  # the inputs stored here (a minified archive's are others)
-        records = dataclasses.replace(records, execution=dataclasses.replace(
-            records.execution, inference_inputs=inference_inputs(inputs)))
-    table = StorageTable()
-    input_records = tuple(
-        tensor_codec.encode_value(v, table, name=n.name, dynamic=graph_codec.dynamic_dims(n))
-        for n, v in zip(placeholders, inputs)
-    )
-    graph_record = graph_codec.encode_graph(gm, table)
-    op_records = _custom_op_records(gm, custom_ops, table)
-    records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors
-    code = graph_codec.readable_code(gm).encode()
+    table, input_records, graph_record, code, records, op_records = prepared(
+        gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states)
 
     real = [i for i, r in enumerate(table.records) if r.is_real]
     # the bar counts member bytes as their frames reach the file, and skipped storages at once

@@ -45,6 +45,8 @@ from reproarchive.codec.device_runtime import devices_of, forked_rng, synchroniz
 from reproarchive.errors import EagerFailed
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import AccuracyOutput, AccuracyReport
+from reproarchive.replay.input_writes import clone_inputs as clone_inputs  # moved there; runner uses it here
+from reproarchive.replay.input_writes import run_inputs
 
 DEFAULT_TOLERANCE = 1e-3
 #: The accuracy rule of a graph that draws no random numbers.
@@ -77,55 +79,6 @@ def fair_to_randomness(gm: Any) -> Iterator[str]:
 # ---------------------------------------------------------------------------------------------
 # Running a graph
 # ---------------------------------------------------------------------------------------------
-
-
-def clone_inputs(args: Sequence[Any]) -> list[Any]:
-    """Copies of graph inputs that a run may mutate: same strides, dtype, device and
-    ``requires_grad``, detached from the caller's tensors, so gradients of a backward land on
-    the copies and never on the caller's tensors.
-
-    A leaf stays a leaf and a non-leaf stays a non-leaf (``_with_history``): a backend may
-    behave differently on each (``non_leaf_compile_error_TESTING_ONLY`` fails only on a
-    non-leaf), and an in-place op that was legal on the original non-leaf input is an error
-    on a leaf that requires grad, so a replay of leaves would not be the original run."""
-    import torch
-    from torch._dynamo.utils import clone_input
-
-    out: list[Any] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            c = clone_input(a).detach()
-            if a.requires_grad and (c.is_floating_point() or c.is_complex()):
-                c.requires_grad_(True)
-                if not a.is_leaf:
-                    c = _with_history(c)
-            out.append(c)
-        elif isinstance(a, (list, tuple)):
-            out.append(type(a)(clone_inputs(a)) if isinstance(a, tuple) else clone_inputs(a))
-        else:
-            out.append(a)
-    return out
-
-
-def _with_history(leaf: Any) -> Any:
-    """A non-leaf with ``leaf``'s values and exact layout, whose ``.grad`` is kept.
-
-    The values are copied into a second buffer of the same layout (``copy_`` gives it a
-    ``grad_fn``), not viewed: an in-place op on a view of a leaf that requires grad is an
-    autograd error, on the original non-leaf it was not. ``retain_grad`` keeps its gradient,
-    which accuracy compares. A layout that cannot be written into (overlapping strides, as
-    from ``expand``) falls back to a view, which such an input is anyway.
-    """
-    import torch
-    from torch._dynamo.utils import clone_input
-
-    with torch.enable_grad():
-        try:
-            t = clone_input(leaf.detach()).copy_(leaf)
-        except RuntimeError:
-            t = leaf.view_as(leaf)
-    t.retain_grad()
-    return t
 
 
 def _requires_bwd(out: Any) -> bool:
@@ -194,29 +147,91 @@ def stage_of(exc: BaseException, default: str = "forward") -> str:
     return getattr(exc, "reproarchive_stage", default)
 
 
-def fp64_reference(gm: Any, args: Sequence[Any], *, fwd_only: bool = False) -> tuple[dict | None, str | None]:
-    """Run ``gm`` in float64: parameters, buffers, floating inputs and float dtype arguments
-    (``convert_element_type``, ``dtype=``) cast with PyTorch's ``cast_to_fp64``.
+def fp64_reference(gm: Any, args: Sequence[Any], *, fwd_only: bool = False,
+                   written: frozenset[int] | None = None) -> tuple[dict | None, str | None]:
+    """Run ``gm`` in float64, node by node (``_Float64Run``): float dtype arguments in the
+    graph (``convert_element_type``, ``dtype=``) become float64 as PyTorch's ``cast_to_fp64``
+    makes them, and each floating input is cast where a node uses it, the cast dropped after
+    its last use.
+
+    Why not ``cast_to_fp64`` on copies of the inputs, as PyTorch does: that holds a float64
+    copy of every input -- the model's weights, since Dynamo passes them as inputs -- next
+    to the model, 2x its fp32 size, for the whole run. Here a forward holds one input's cast
+    at a time besides the activations; a backward keeps what autograd saves for it anyway.
+    Gradients are taken with respect to the float64 casts (leaves, summed per input), so
+    they are float64 as PyTorch's are.
 
     Returns ``(result, None)`` or ``(None, reason)`` when the graph cannot run in fp64 (some
     ops have no fp64 kernel on some devices); the accuracy rule then falls back to step 3.
-    Gradients are taken with respect to the fp64 copies, which are made leaves so that the
-    input gradients exist (PyTorch's cast leaves them non-leaf, so they are lost there).
     """
     import torch
-    from torch._dynamo.debug_utils import cast_to_fp64
+    from torch._dynamo.debug_utils import cast_dtype_args_to_fp64
 
     try:
-        inputs = clone_inputs(args)
-        model, cast = cast_to_fp64(copy.deepcopy(gm), inputs)
-        fixed = []
-        for orig, c in zip(inputs, cast):
-            if isinstance(c, torch.Tensor) and isinstance(orig, torch.Tensor) and not c.is_leaf:
-                c = c.detach().requires_grad_(orig.requires_grad)
-            fixed.append(c)
-        return run_forward_backward(model, fixed, fwd_only=fwd_only), None
+        model = cast_dtype_args_to_fp64(copy.deepcopy(gm).to(torch.float64))
+        need_grads = not fwd_only and torch.is_grad_enabled()
+        run = _Float64Run(model, need_grads)
+        devices = devices_of(args)
+        out = run.run(*run_inputs(args, written))
+        synchronize(devices)
+        grads: dict[int, Any] = {}
+        if need_grads and _requires_bwd(out):
+            _scalar_loss(out).backward()
+            synchronize(devices)
+            grads = run.grads()
+        return {"outputs": out, "grads": grads}, None
     except Exception as exc:
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _float64_run_base() -> type:
+    import torch.fx
+
+    return torch.fx.Interpreter
+
+
+class _Float64Run(_float64_run_base()):  # type: ignore[misc]
+    """An fx interpreter that casts floating inputs to float64 at each use; the interpreter
+    frees every value after its last use, the casts with it (unless autograd saved them)."""
+
+    def __init__(self, model: Any, need_grads: bool):
+        super().__init__(model, garbage_collect_values=True)
+        self.need_grads = need_grads
+        self.index: dict[int, int] = {}  # id of an input tensor -> its position
+        self.casts: list[tuple[int, Any]] = []  # (position, float64 leaf) for gradients
+
+    def run_node(self, n: Any) -> Any:
+        import torch
+
+        value = super().run_node(n)
+        if n.op == "placeholder" and isinstance(value, torch.Tensor):
+            self.index[id(value)] = len(self.index)
+        return value
+
+    def fetch_args_kwargs_from_env(self, n: Any) -> tuple:
+        import torch
+        from torch.utils._pytree import tree_map
+
+        def cast(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == torch.float64:
+                return x
+            position = self.index.get(id(x))
+            if position is None:
+                return x.to(torch.float64)  # a value the graph made, in its own history
+            leaf = x.detach().to(torch.float64).requires_grad_(self.need_grads and x.requires_grad)
+            if leaf.requires_grad:
+                self.casts.append((position, leaf))
+            return leaf
+
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        return tree_map(cast, args), tree_map(cast, kwargs)
+
+    def grads(self) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        for position, leaf in self.casts:
+            if leaf.grad is not None:
+                out[position] = leaf.grad if position not in out else out[position] + leaf.grad
+        return out
 
 
 def check_accuracy(
@@ -228,8 +243,12 @@ def check_accuracy(
     tol: float = DEFAULT_TOLERANCE,
     use_fp64: bool = True,
     ignore_non_fp: bool = False,
+    written: frozenset[int] | None = None,
 ) -> AccuracyReport:
     """Run eager, fp64 and compiled on separate copies of ``args`` and ``compare`` them.
+
+    ``written``: the inputs the graph writes (``input_writes.written_inputs``); only those are
+    copied for each run, the others are aliased (``input_writes.run_inputs``). None copies all.
 
     Each run starts from the same RNG state (the one current at the call: a replay sets the
     recorded one first), so graphs with random ops are compared fairly as far as the backend
@@ -241,15 +260,15 @@ def check_accuracy(
     """
     with forked_rng(devices_of(args)) as rng:
         try:
-            eager = run_forward_backward(copy.deepcopy(eager_gm), clone_inputs(args), fwd_only=fwd_only)
+            eager = run_forward_backward(copy.deepcopy(eager_gm), run_inputs(args, written), fwd_only=fwd_only)
         except Exception as exc:
             raise EagerFailed(f"the graph fails in eager mode: {type(exc).__name__}: {exc}") from exc
         fp64, fp64_error = (None, "disabled")
         if use_fp64:
             rng.restore()
-            fp64, fp64_error = fp64_reference(eager_gm, args, fwd_only=fwd_only)
+            fp64, fp64_error = fp64_reference(eager_gm, args, fwd_only=fwd_only, written=written)
         rng.restore()
-        compiled = run_forward_backward(compiled_fn, clone_inputs(args), fwd_only=fwd_only)
+        compiled = run_forward_backward(compiled_fn, run_inputs(args, written), fwd_only=fwd_only)
     report = compare(eager, compiled, fp64, tol=tol, ignore_non_fp=ignore_non_fp)
     return dataclasses.replace(report, fp64_reference="used" if fp64 is not None else f"unavailable ({fp64_error})",
                                fwd_only=bool(fwd_only))

@@ -16,8 +16,10 @@ What it does for each graph Dynamo hands it:
 2. Compiles it with the real backend. An exception: stage ``compile``; the archive holds
    Dynamo's example inputs, which nothing has run on yet. The exception leaves the backend, so
    Dynamo wraps it as usual (``BackendCompilerFailed`` / ``InductorError``).
-3. Unless ``check_runtime=False``: returns the compiled function behind a thin wrapper whose
-   FIRST call, before running for real, runs it once on COPIES of the real arguments, forward
+3. Unless ``check_runtime=False``: returns the compiled function behind a thin wrapper
+   (``call_guard``) whose FIRST call, before running for real, runs it once on the real
+   arguments -- aliases of those the graph does not write, copies of those it writes
+   (``replay.input_writes``) -- forward
    and, when an output requires grad, backward of a scalar loss (as PyTorch's
    ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips backward). An exception: stage ``forward`` or
    ``backward``. With ``accuracy=True`` the run is compared with eager and an fp64 reference
@@ -31,8 +33,10 @@ What it does for each graph Dynamo hands it:
    ``archive_path(exc)`` give it to programs). Runtime failures surface at the user's call, as
    they would without capture. An accuracy failure raises PyTorch's ``AccuracyError`` (or only
    warns with ``on_accuracy="warn"``).
-5. Otherwise the compiled function runs exactly as without capture; after the first call the
-   wrapper only tests a flag and forwards the arguments.
+5. Otherwise the compiled function runs exactly as without capture. Every later call is
+   covered too: the wrapper copies the inputs the graph writes (usually none), calls, and
+   only when the call raises archives that call's inputs as they were before it (stage
+   ``forward``) and re-raises; a failure it cannot archive is said on stderr.
 
 Native crashes: a segfault, an abort from the C++ runtime or a fatal device assert ends the
 process inside step 3, where nothing can be written any more. So, unless ``crash=False``, the
@@ -53,15 +57,17 @@ Cost and side effects of the check, by design:
   record their real outputs (spec §8 ``custom_ops``).
   For very large graphs pass ``check_runtime=False``: compile errors are still captured, and
   nothing extra ever runs.
-* memory: one copy of the graph inputs (parameters included, since Dynamo passes them as
-  inputs) for the duration of one run. Archived inputs are the real ones, not copies; their
-  autograd version counters are checked and if anything changed one in place before the
-  archive was written, the failure record lists it (``inputs_modified``).
+* memory: copies of the inputs the graph writes in place, for the duration of one run; the
+  other inputs (the parameters, since Dynamo passes them as inputs) are aliased, and a
+  backward's gradients of them are as large as the program's own. Archived inputs are the
+  real ones, not copies; where the inputs the graph writes are unknown (an operator without
+  a fake kernel) their version counters are checked and an input changed before the archive
+  was written is listed in the failure record (``inputs_modified``).
 * user-visible state is restored: the RNG state (CPU and the CUDA devices involved), and the
   ``.grad`` and buffer values of any parameters the graph holds as attributes; the copies are
   leaves, so gradients never reach the user's tensors. A CUDA-graph backend sees one extra
-  warm-up call. A graph that fails only on a later call (other data, same shapes) is not
-  captured: only the first call is checked.
+  warm-up call. A native crash is guarded against on a graph's first call only; an exception
+  on any call is archived.
 * randomness: the archive holds the generator states (CPU, and the devices of the inputs) the
   failing call started from, and ``run`` restores them. With ``accuracy=True`` a graph that
   draws random numbers is compiled with inductor's ``fallback_random``
@@ -95,7 +101,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +116,20 @@ from reproarchive.context.execution import execution_snapshot
 from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
 from reproarchive.replay import accuracy as _accuracy
-from reproarchive.sources.exception_notes import annotate as _annotate
-from reproarchive.sources.exception_notes import archive_path
-from reproarchive.sources.job_capture import failed, first_call, note_compile, rank_context
+from reproarchive.replay.input_writes import run_inputs
+from reproarchive.sources.call_guard import (
+    GraphWrites,
+    guarded,
+    is_control_flow,
+    modified_inputs,
+    preserved_state,
+    versions_of,
+)
+from reproarchive.sources.failure_notes import annotate as _annotate
+from reproarchive.sources.failure_notes import archive_path
+from reproarchive.sources.job_capture import failed as job_failed
+from reproarchive.sources.job_capture import first_call as job_first_call
+from reproarchive.sources.job_capture import note_compile, rank_context
 from reproarchive.store.push import STORE_ENV
 
 log = logging.getLogger("reproarchive.capture")
@@ -121,7 +138,8 @@ DEFAULT_DIR_ENV = "REPROARCHIVE_DIR"
 DEFAULT_DIR_NAME = "reproarchives"
 ARCHIVE_SUFFIX = ".tar.zst"
 
-_OPTIONS = {"fwd_only", "tolerance", "check_runtime", "on_accuracy", "mode", "options", "use_fp64", "crash"}
+_OPTIONS = {"fwd_only", "tolerance", "check_runtime", "on_accuracy", "mode", "options", "use_fp64", "crash",
+            "spool"}
 
 
 class CaptureWarning(UserWarning):
@@ -147,7 +165,11 @@ def capture(
     default True; False captures compile errors only and never runs the graph),
     ``on_accuracy`` ("raise" | "warn"), ``use_fp64`` (bool, default True: fp64 reference for
     accuracy), ``crash`` (bool, default True: write the archive before the first run so that a
-    native crash leaves one; see the module docstring), and for ``backend="inductor"`` the
+    native crash leaves one; see the module docstring), ``spool`` (bool, default False: keep
+    that archive in a process-wide spool instead, ``<path>/spool-<pid>``, written in the
+    background while the backend compiles, each storage once per process; a killed process
+    leaves the spool, which ``reproarchive pack SPOOL`` turns into the archive), and for
+    ``backend="inductor"`` the
     ``mode`` / ``options`` that torch.compile
     would take (they are applied while compiling and recorded in the config snapshot).
     """
@@ -164,6 +186,7 @@ def capture(
         "on_accuracy": on_accuracy,
         "use_fp64": bool(options.get("use_fp64", True)),
         "crash": bool(options.get("crash", True)),
+        "spool": bool(options.get("spool", False)),
         "accuracy": bool(accuracy),
     }
     compiler, name, config_patches = _resolve_backend(backend, options.get("mode"), options.get("options"))
@@ -202,14 +225,32 @@ def _resolve_backend(backend: str | Callable, mode: str | None, inductor_options
 
 def recorded_name(backend: Callable) -> str:
     """The name an archive records for a backend callable: its ``compiler_name``, else an
-    importable ``module:function`` when there is one (replay resolves that form), else its name."""
+    importable ``module:function`` when there is one (replay resolves that form), else its name.
+
+    A function of the program's own script (``__main__``) is recorded under the name the
+    script imports as (``train:my_backend`` for ``python train.py`` or ``python -m train``),
+    so that ``reproarchive run --backend train:my_backend`` finds it from the script's folder."""
     name = getattr(backend, "compiler_name", None)
     if isinstance(name, str):
         return name
     module, qualname = getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)
-    if module and qualname and "<" not in qualname and module != "__main__":
+    if module == "__main__":
+        module = _main_module_name()
+    if module and qualname and "<" not in qualname:
         return f"{module}:{qualname}"
     return getattr(backend, "__name__", None) or type(backend).__qualname__
+
+
+def _main_module_name() -> str | None:
+    """The name the running script would be imported by: ``-m``'s module, else its file's stem."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return spec.name
+    stem = Path(getattr(main, "__file__", "") or "").stem
+    return stem if stem.isidentifier() else None
 
 
 def _resolve_target(path: str | os.PathLike | None) -> Path:
@@ -258,86 +299,105 @@ class _CaptureBackend:
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         example_inputs = list(example_inputs)
         pristine_gm = copy_graph_structure(gm)
-        versions = _versions(example_inputs)
+        versions = versions_of(example_inputs)
         if rank_context() is not None:  # a rank of a multi-rank job: its collectives, in order
             note_compile(pristine_gm)
 
         with self._patched_config():
             config = config_snapshot()  # what this graph is compiled with (~7 ms)
+            spooled = self._spool_pending(pristine_gm, example_inputs, config)
             try:
                 with _accuracy.fair_to_randomness(gm) if self.settings["accuracy"] else contextlib.nullcontext():
                     compiled = self.compiler(gm, example_inputs)
             except Exception as exc:
-                if _is_control_flow(exc):
+                self._discard(spooled)
+                if is_control_flow(exc):
                     raise
-                self._fail(pristine_gm, example_inputs, versions, exc, "compile", config)
+                self._fail(pristine_gm, example_inputs, modified_inputs(example_inputs, versions), exc, "compile",
+                           config)
                 raise
         if not self.settings["check_runtime"]:
+            self._discard(spooled)
             return compiled
-        return self._checked_on_first_call(compiled, gm, pristine_gm, config)
+        return self._checked_on_first_call(compiled, gm, pristine_gm, config, spooled)
 
-    def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord) -> Callable:
-        """Wrap ``compiled`` so that its first call is checked before it runs for real.
+    def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord,
+                               spooled: str | None = None) -> Callable:
+        """Wrap ``compiled`` so that its first call is checked before it runs for real, and a
+        failure of any call is archived (``call_guard``).
 
         The check cannot run inside the backend call: there Dynamo's compile context is still
         open, and a backward run would make AOTAutograd compile the backward graph nested in
         it (torch 2.13 then fails with "Metric(s) {'is_forward'} have already been set").
         At the first call the arguments are the real inputs, not yet touched: the check runs
-        on copies of them, an archive holds them as they were, and after that the wrapper is
-        a plain pass-through (one flag test per call).
+        on them (copies of only the inputs the graph writes, aliases of the rest), and an
+        archive holds them as they were.
         """
-        pending = [True]
+        writes = GraphWrites(pristine_gm)
 
-        # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
-        @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
-        def run(*args: Any) -> Any:
-            if pending[0]:
-                pending[0] = False
-                if (ctx := rank_context()) is not None:  # a rank: one guarded call (job_capture)
-                    return first_call(self, compiled, pristine_gm, list(args), config, ctx)
-                self._check(compiled, gm, pristine_gm, list(args), config)
-            return compiled(*args)
+        def first_call(args: list[Any]) -> None:
+            self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
 
-        run.__reproarchive_compiled__ = compiled  # type: ignore[attr-defined]
-        return run
+        if rank_context() is not None:  # a rank of a multi-rank job: one guarded call (job_capture)
+            once = [True]
 
-    def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord) -> None:
-        versions = _versions(args)
-        pending = self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
+            # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
+            @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+            def run(*args: Any) -> Any:
+                if once[0] and (ctx := rank_context()) is not None:
+                    once[0] = False
+                    return job_first_call(self, compiled, pristine_gm, list(args), config, ctx)
+                return compiled(*args)
+
+            return run
+
+        def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
+            modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
+            return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config)
+
+        return guarded(compiled, writes, failed=failed, first_call=first_call)
+
+    def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
+               written: frozenset[int] | None, spooled: str | None) -> None:
+        versions = versions_of(args)
+        if spooled is not None:
+            pending: Path | str | None = spooled if self._spool().wait(spooled) else None
+        else:
+            pending = self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
         try:
-            self._run_check(compiled, gm, pristine_gm, args, config, versions)
+            self._run_check(compiled, gm, pristine_gm, args, config, versions, written)
         finally:
             # The check ran to its end (passed, failed, or was interrupted): the process did
             # not crash, so the pending archive is not a record of anything.
             self._discard(pending)
 
     def _run_check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
-                   versions: list) -> None:
+                   versions: list, written: frozenset[int] | None) -> None:
         report = None
         try:
-            with _preserved_state(gm, args):
+            with preserved_state(gm, args):
                 if self.settings["accuracy"]:
                     report = _accuracy.check_accuracy(
                         pristine_gm, compiled, args,
                         fwd_only=self.settings["fwd_only"], tol=self.settings["tolerance"],
-                        use_fp64=self.settings["use_fp64"],
+                        use_fp64=self.settings["use_fp64"], written=written,
                     )
                 else:
                     _accuracy.run_forward_backward(
-                        compiled, _accuracy.clone_inputs(args), fwd_only=self.settings["fwd_only"],
+                        compiled, run_inputs(args, written), fwd_only=self.settings["fwd_only"],
                     )
         except _accuracy.EagerFailed as exc:
             # The traced graph fails eagerly too: not this backend's bug. The real call below
             # will raise whatever it raises.
-            warnings.warn(f"reproarchive.capture: accuracy not checked: {exc}", CaptureWarning, stacklevel=4)
+            warnings.warn(f"reproarchive.capture: accuracy not checked: {exc}", CaptureWarning, stacklevel=5)
             return
         except Exception as exc:
-            if _is_control_flow(exc):
+            if is_control_flow(exc):
                 raise
-            self._fail(pristine_gm, args, versions, exc, _accuracy.stage_of(exc), config)
+            self._fail(pristine_gm, args, modified_inputs(args, versions), exc, _accuracy.stage_of(exc), config)
             raise
         if report is not None and not report.passed:
-            self._accuracy_failed(pristine_gm, args, versions, report, config)
+            self._accuracy_failed(pristine_gm, args, modified_inputs(args, versions), report, config)
 
     # -- config -----------------------------------------------------------------------------
 
@@ -380,7 +440,31 @@ class _CaptureBackend:
         log.debug("reproarchive: %s written before the first run (removed when it does not crash)", written)
         return Path(written)
 
-    def _discard(self, pending: Path | None) -> None:
+    def _spool_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord) -> str | None:
+        """With ``spool=True``: start spooling the archive a crash would leave while the backend
+        compiles (``process_spool``: each storage once per process, in the background; the
+        first call waits for it). Never raises."""
+        if not (self.settings["spool"] and self.settings["crash"] and self.settings["check_runtime"]):
+            return None
+        try:
+            record = _failure.pending_crash_record(backend=self.backend_name)
+            return self._spool().submit(capture_of(gm, inputs, config=config, failure=record,
+                                                   backend=self.backend_name, accuracy=self.settings["accuracy"],
+                                                   capture_settings=self.settings))
+        except Exception as err:  # noqa: BLE001 - never in place of the user's own run
+            log.warning("reproarchive.capture could not spool the archive a crash would leave: %s: %s",
+                        type(err).__name__, err)
+            return None
+
+    def _spool(self) -> Any:
+        from reproarchive.sources.process_spool import spool_in
+
+        return spool_in(self.target.parent if _is_file_target(self.target) else self.target)
+
+    def _discard(self, pending: Path | str | None) -> None:
+        if isinstance(pending, str):  # a spool entry
+            self._spool().discard(pending)
+            return
         if pending is None or pending in self.written:  # a real failure was written over it
             return
         try:
@@ -393,34 +477,35 @@ class _CaptureBackend:
 
     # -- failure paths ---------------------------------------------------------------------------
 
-    def _fail(self, gm: Any, inputs: list[Any], versions: list, exc: BaseException, stage: str,
-              config: ConfigRecord) -> None:
+    def _fail(self, gm: Any, inputs: list[Any], modified: list[int], exc: BaseException, stage: str,
+              config: ConfigRecord) -> tuple[Path | None, str | None]:
         if (ctx := rank_context()) is not None:  # a rank: its part, and the job's archive
-            return failed(self, gm, inputs, config, exc, stage, ctx)
+            job_failed(self, gm, inputs, config, exc, stage, ctx)
+            return archive_path(exc), None
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
-        path, error = self._write(gm, inputs, versions, record, config)
+        path, error = self._write(gm, inputs, modified, record, config)
         _annotate(exc, path, error)
+        return path, error
 
-    def _accuracy_failed(self, gm: Any, inputs: list[Any], versions: list, report: AccuracyReport,
+    def _accuracy_failed(self, gm: Any, inputs: list[Any], modified: list[int], report: AccuracyReport,
                          config: ConfigRecord) -> None:
         from torch._dynamo.debug_utils import AccuracyError
 
         record = _failure.accuracy_record(report, backend=self.backend_name)
-        path, error = self._write(gm, inputs, versions, record, config)
+        path, error = self._write(gm, inputs, modified, record, config)
         where = f"archive written to {path}" if path else f"no archive written: {error}"
         message = f"compiled result differs from eager: {report.summary}\n[reproarchive] {where}"
         if self.settings["on_accuracy"] == "warn":
-            warnings.warn(message, CaptureWarning, stacklevel=4)
+            warnings.warn(message, CaptureWarning, stacklevel=6)
             return
         err = AccuracyError(message)
         err.reproarchive_path = str(path) if path else None  # type: ignore[attr-defined]
         err.reproarchive_record = record  # type: ignore[attr-defined]
         raise err
 
-    def _write(self, gm: Any, inputs: list[Any], versions: list, record: FailureRecord,
+    def _write(self, gm: Any, inputs: list[Any], modified: list[int], record: FailureRecord,
                config: ConfigRecord) -> tuple[Path | None, str | None]:
         """Write the archive; never let a problem here hide the user's original failure."""
-        modified = _modified_inputs(inputs, versions)
         if modified:
             record = dataclasses.replace(record, inputs_modified=tuple(modified))
         try:
@@ -517,59 +602,6 @@ def copy_graph_structure(gm: Any) -> Any:
         return copied
     except Exception:  # exotic graphs: fall back to a full copy
         return copy.deepcopy(gm)
-
-
-def _versions(inputs: Sequence[Any]) -> list[int | None]:
-    import torch
-
-    out: list[int | None] = []
-    for a in inputs:
-        try:
-            out.append(a._version if isinstance(a, torch.Tensor) else None)
-        except Exception:  # tensors without a version counter (some subclasses)
-            out.append(None)
-    return out
-
-
-def _modified_inputs(inputs: Sequence[Any], versions: list[int | None]) -> list[int]:
-    now = _versions(inputs)
-    return [i for i, (a, b) in enumerate(zip(versions, now)) if a is not None and a != b]
-
-
-def _is_control_flow(exc: BaseException) -> bool:
-    """Exceptions Dynamo uses to steer tracing (fall back, restart, skip): not failures."""
-    try:
-        from torch._dynamo import exc as dexc
-    except ImportError:  # pragma: no cover
-        return False
-    kinds = tuple(k for k in (getattr(dexc, n, None) for n in ("SkipFrame", "RestartAnalysis", "Unsupported"))
-                  if isinstance(k, type))
-    return isinstance(exc, kinds)
-
-
-@contextmanager
-def _preserved_state(gm: Any, inputs: Sequence[Any]):
-    """Restore what a check run could change that the user can see: RNG streams, and the
-    grads and buffer values of parameters the graph holds as attributes (inputs are copies)."""
-    import torch
-
-    from reproarchive.codec.device_runtime import devices_of, forked_rng
-
-    params = list(gm.named_parameters()) if hasattr(gm, "named_parameters") else []
-    buffers = list(gm.named_buffers()) if hasattr(gm, "named_buffers") else []
-    grads = [(p, p.grad) for _, p in params]
-    saved_buffers = [(b, b.detach().clone()) for _, b in buffers if isinstance(b, torch.Tensor)]
-    with ExitStack() as stack:
-        stack.enter_context(forked_rng(devices_of(inputs)))
-        try:
-            yield
-        finally:
-            for p, g in grads:
-                p.grad = g
-            with torch.no_grad():
-                for b, saved in saved_buffers:
-                    if not torch.equal(b, saved):
-                        b.copy_(saved)
 
 
 def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:

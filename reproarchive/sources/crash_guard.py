@@ -6,12 +6,19 @@ Inductor graphs in torch 2.13 ("expected Tensor() for op: input") and writes not
 after_aot. So ``capture --`` starts the program with ``crash_shim/`` first on ``PYTHONPATH``:
 its ``sitecustomize`` (which still runs the program's own one) arranges for
 ``install`` to wrap Dynamo's ``WrapBackendDebug.__call__``, the door every torch.compile
-backend goes through, when torch loads it. For each graph the wrapper writes an archive
-*before* the backend compiles and runs it (graph as Dynamo traced it, the real example inputs,
-config, environment, system, and a ``crash`` failure whose signal is not known), and removes
-it once the compiled code has returned from its first call, or raised, or when the program
-exits normally (``atexit``). Only a process that dies inside leaves it: ``capture_program``
-then replays it in a child to learn the signal and the crashing thread's stack.
+backend goes through, when torch loads it. For each graph the wrapper spools an archive
+(``process_spool``: in the background while the backend compiles, each storage once per
+process; the first call waits for it) *before* the compiled code runs (graph as Dynamo traced
+it, the real example inputs, config, environment, system, and a ``crash`` failure whose
+signal is not known), and discards it once the compiled code has returned from its first
+call, or raised; the spool goes when the program exits normally. Only a process that dies
+leaves it: ``capture_program`` completes its entries into archives (``pending_archives``) and
+replays each in a child to learn the signal and the crashing thread's stack.
+
+With PyTorch's after_dynamo hook on (``capture --``'s default) the wrapper also takes over the
+hook's check, which PyTorch runs inside the backend call (``_after_dynamo_hook``): there it
+breaks working Inductor programs and turns a kernel abort into ``BackendCompilerFailed``; here
+it runs at the first call and covers every later call, with PyTorch's own dumps.
 
 With ``$REPROARCHIVE_ACCURACY_DIR`` set (``capture --accuracy``) the same door also hands each
 graph to reproarchive's own capture backend with its accuracy check, which writes its archives
@@ -32,14 +39,12 @@ program: every failure to write costs the crash record, never the run.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import importlib.abc
 import itertools
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +58,7 @@ CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's cust
 _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
 log = logging.getLogger("reproarchive.capture")
-_counter = itertools.count(1)
-_pending: set[Path] = set()
-_lock = threading.Lock()
+_counter = itertools.count(1)  # custom-op records of this process, in order
 
 
 def install() -> None:
@@ -71,7 +74,6 @@ def install() -> None:
             del patches[name]
     if patches and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport(patches))
-    atexit.register(_discard_all)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -120,6 +122,8 @@ def _patch(module: Any) -> None:
             with inductor_door.dynamo_call(gm, list(example_inputs)):
                 if accuracy_dir and not kwargs:
                     compiled = _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
+                elif _hook_runs_in_backend():
+                    compiled = _after_dynamo_hook(self, gm, list(example_inputs), kwargs)
                 else:
                     compiled = original(self, gm, example_inputs, **kwargs)
         except BaseException as exc:
@@ -168,6 +172,71 @@ def custom_op_archives(dump_dir: Path, pid: int) -> list[Path]:
     """The custom-op records process ``pid`` left (``_write_custom_ops``), oldest first."""
     folder = dump_dir / CUSTOM_OPS_DIR
     return sorted(folder.glob(f"{pid}-*.tar.zst"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+def _hook_runs_in_backend() -> bool:
+    from torch._dynamo import config
+
+    return config.repro_after == "dynamo" and config.repro_level in (1, 2, 3)
+
+
+def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs: dict) -> Any:
+    """PyTorch's after_dynamo hook (``TORCHDYNAMO_REPRO_AFTER=dynamo``, levels 1-3), its dumps
+    unchanged, but without running the compiled graph inside the backend call.
+
+    The hook runs ``run_fwd_maybe_bwd`` on the graph while Dynamo is still compiling it, which
+    in torch 2.13 breaks working Inductor programs (``expected Tensor() for op: input``, or
+    ``not enough values to unpack``) and turns a kernel that aborts (exit 134) into a
+    ``BackendCompilerFailed`` (exit 1): capture would change the program it captures. Here
+    the same check (forward, and backward when an output requires grad) runs at the graph's
+    first call, outside Dynamo, on aliases of its inputs (copies of those it writes), as the
+    capture backend's; and a failure of any later call is dumped too (``call_guard``). The
+    program's own exception is re-raised unchanged, with PyTorch's ``minifier_path``.
+    """
+    from torch._dynamo import config
+    from torch._dynamo.repro import after_dynamo as hook
+
+    from reproarchive.replay.accuracy import run_forward_backward
+    from reproarchive.replay.input_writes import run_inputs
+    from reproarchive.sources.backend import copy_graph_structure
+    from reproarchive.sources.call_guard import GraphWrites, guarded, is_control_flow, preserved_state
+
+    name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
+    level = config.repro_level
+    if level == 3:
+        hook.dump_to_minify_after_dynamo(gm, example_inputs, name)
+    pristine = copy_graph_structure(gm)
+
+    def dump(inputs: list[Any], exc: BaseException) -> str:
+        copied = copy_graph_structure(pristine)
+        if level == 1:
+            hook.dump_backend_state(copied, inputs, compiler_name=name)
+        else:
+            hook.dump_to_minify_after_dynamo(copied, inputs, name)
+        path = os.path.join(hook.minifier_dir(), "minifier_launcher.py")
+        try:
+            exc.minifier_path = path  # type: ignore[attr-defined]  # as PyTorch's hook sets it
+        except Exception:  # noqa: BLE001 - exceptions with __slots__
+            pass
+        return path
+
+    try:
+        compiled = wrapper._torchdynamo_orig_backend(gm, example_inputs, **kwargs)
+    except Exception as exc:
+        if not is_control_flow(exc):
+            log.warning("Compiled Fx GraphModule failed. Creating script to minify the error.")
+            dump(example_inputs, exc)
+        raise
+    writes = GraphWrites(pristine)
+
+    def first_call(args: list[Any]) -> None:
+        try:
+            with preserved_state(gm, args):
+                run_forward_backward(compiled, run_inputs(args, writes.of(args)))
+        except Exception as exc:
+            if not is_control_flow(exc):
+                dump(args, exc)
+            raise
+
+    return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
 
 
 def _accuracy_backend(wrapper: Any, folder: str) -> Any:
@@ -207,43 +276,57 @@ def _job_backend(wrapper: Any, folder: str) -> Any:
 
 
 def _backend_name(wrapper: Any) -> str:
-    name = getattr(wrapper, "_compiler_name", None)
-    if isinstance(name, str):
-        return name
+    """The name to record for the backend behind Dynamo's ``wrapper``: a registered name as
+    it is; a custom function by its import path (``recorded_name``), not the bare ``__name__``
+    that ``torch.compile``'s wrapper takes as its ``compiler_name``."""
+    from torch._dynamo.backends.registry import list_backends
+
     from reproarchive.sources.backend import recorded_name
 
-    return recorded_name(getattr(wrapper, "_torchdynamo_orig_backend", None) or wrapper)
+    name = getattr(wrapper, "_compiler_name", None)
+    if isinstance(name, str) and name in list_backends(exclude_tags=()):
+        return name
+    backend = getattr(wrapper, "_torchdynamo_orig_backend", None) or wrapper
+    return recorded_name(getattr(backend, "compiler_fn", backend))  # torch.compile's wrapper of a callable
 
 
-def _write_pending(gm: Any, inputs: list[Any], backend: str) -> Path | None:
+def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
+    """Spool the archive a crash would leave, in the background while the backend compiles
+    (``process_spool``): each storage written once per process, the weights of every
+    recompile the same objects."""
     try:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import pending_crash_record
-        from reproarchive.sources.backend import copy_graph_structure, write_archive
+        from reproarchive.sources.backend import capture_of, copy_graph_structure
 
-        folder = Path(os.environ[CRASH_DIR_ENV])
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{PENDING_PREFIX}{os.getpid()}-{next(_counter)}.tar.zst"
-        write_archive(copy_graph_structure(gm), inputs, path, config=config_snapshot(),
-                      failure=pending_crash_record(backend=backend), backend=backend, accuracy=False,
-                      capture_settings={"check_runtime": True})
+        # on this thread: the graph before the backend rewrites it, the thread's grad mode
+        capture = capture_of(copy_graph_structure(gm), inputs, config=config_snapshot(),
+                             failure=pending_crash_record(backend=backend), backend=backend,
+                             accuracy=False, capture_settings={"check_runtime": True})
+        return _spool().submit(capture)
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
-        log.warning("reproarchive capture: could not write the archive a crash would leave: %s: %s",
-                    type(err).__name__, err)
+        from reproarchive.sources.process_spool import could_not_write
+
+        could_not_write(err)
         return None
-    with _lock:
-        _pending.add(path)
-    return path
 
 
-def _discard_after_first_call(compiled: Any, pending: Path) -> Any:
-    """``compiled`` behind a wrapper that removes ``pending`` when its first call ends."""
+def _spool() -> Any:
+    """This process's spool (imported here: this module loads in every process before torch)."""
+    from reproarchive.sources.process_spool import spool_in
+
+    return spool_in(os.environ[CRASH_DIR_ENV])
+
+
+def _discard_after_first_call(compiled: Any, pending: str) -> Any:
+    """``compiled`` behind a wrapper that discards spool entry ``pending`` when its first call ends."""
     done = [False]
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
         if done[0]:
             return compiled(*args, **kwargs)
+        _spool().wait(pending)
         try:
             return compiled(*args, **kwargs)
         finally:
@@ -253,24 +336,27 @@ def _discard_after_first_call(compiled: Any, pending: Path) -> Any:
     return run
 
 
-def _discard(pending: Path | None) -> None:
-    if pending is None:
-        return
-    with _lock:
-        _pending.discard(pending)
-    try:
-        pending.unlink()
-    except OSError:
-        pass
-
-
-def _discard_all() -> None:
-    """At a normal exit: graphs compiled but never run did not crash either."""
-    for path in list(_pending):
-        _discard(path)
+def _discard(pending: str | None) -> None:
+    if pending is not None:
+        _spool().discard(pending)
 
 
 def pending_archives(folder: Path) -> list[Path]:
-    """The archives a crashed program left, oldest first."""
+    """The archives a crashed program left, oldest first: each entry of the spools its processes
+    left completed into ``pending-<pid>-<n>.tar.zst`` (and the spool removed)."""
+    from reproarchive.archive.spool import Spool, is_spool
+    from reproarchive.sources.process_spool import SPOOL_PREFIX
+
+    for spool_dir in sorted(folder.glob(f"{SPOOL_PREFIX}*")):
+        if not is_spool(spool_dir):
+            continue
+        spool = Spool(spool_dir)
+        pid = spool_dir.name[len(SPOOL_PREFIX):]
+        for name in spool.names():
+            try:
+                spool.complete(name, folder / f"{PENDING_PREFIX}{pid}-{name}.tar.zst")
+            except Exception as err:  # noqa: BLE001 - one damaged entry must not cost the others
+                log.warning("reproarchive capture: a graph the program left could not be completed: %s", err)
+        spool.remove()
     found = [p for p in folder.glob(f"{PENDING_PREFIX}*.tar.zst") if p.is_file()]
     return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))

@@ -87,7 +87,7 @@ def patch(module: Any) -> None:
 
 
 def _is_control_flow(exc: BaseException) -> bool:
-    from reproarchive.sources.backend import _is_control_flow as steering
+    from reproarchive.sources.call_guard import is_control_flow as steering
 
     return steering(exc)
 

@@ -410,7 +410,7 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
     from reproarchive.context.failure import record_from_exception
     from reproarchive.context.redaction import redacted
     from reproarchive.format.schema import Records
-    from reproarchive.sources.exception_notes import annotate as _annotate
+    from reproarchive.sources.failure_notes import annotate as _annotate
 
     timeout = is_collective_timeout(exc)
     record = record_from_exception(exc, "timeout" if timeout else stage, backend=backend.backend_name)

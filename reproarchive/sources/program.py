@@ -16,8 +16,9 @@ crashing thread's stack) as its failure.
 
 Limits, inherited from PyTorch's hooks (documented in ``reproarchive capture --help``):
 * one dump per process: a second failure in the same process overwrites the first;
-* after_dynamo level 2 compiles each graph once more and runs it forward/backward on copies of
-  the inputs while checking, so capture makes compilation slower;
+* after_dynamo level 2 runs each graph forward/backward once more to check it (the crash guard
+  runs that check at the graph's first call, outside Dynamo, on aliases of the inputs the
+  graph does not write: ``crash_guard._after_dynamo_hook``), so the first call is slower;
 * failures before a graph reaches the backend (Dynamo tracing errors, graph breaks) are not
   dumped by PyTorch and so not captured.
 
@@ -221,6 +222,41 @@ def capture_program(
     return result
 
 
+def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> list[PackReport]:
+    """The archives in the spool a killed process left (``archive.spool``): one per graph it
+    was running, written to ``out_dir`` (``repro.tar.zst``, ``repro-2.tar.zst``, ...) with the
+    ``crash`` failure recorded before the graph ran (``reproarchive run`` replays it in a child
+    and learns the signal). The spool is removed once every archive is written.
+
+    Raises SourceError when ``spool`` is not a spool or holds no graph."""
+    from reproarchive.archive.spool import Spool, is_spool
+
+    folder = Path(spool)
+    if not is_spool(folder):
+        raise SourceError(f"{folder} is not a reproarchive spool", "name the spool-<pid> folder a capture left")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise SourceError(f"output folder {out} is a file", "choose a folder for -o")
+    out.mkdir(parents=True, exist_ok=True)
+    opened = Spool(folder)
+    names = opened.names()
+    if not names:
+        raise SourceError(f"the spool {folder} holds no graph", "a process that ended normally leaves nothing to pack")
+    reports = []
+    for name in names:
+        target = _next_free(out)
+        missing = opened.missing(name)
+        opened.complete(name, target)
+        report = archive_report(target, kind="capture (crash)", replay={"performed": False})
+        if missing:
+            report = dataclasses.replace(report, warnings=(
+                f"the process died while {missing} storage(s) were still being written: they are stored as absent "
+                "(generated on load)",))
+        reports.append(report)
+    opened.remove()
+    return reports
+
+
 def _without_superseded(launchers: list[Path], door_pids: set[int | None]) -> list[Path]:
     """The dumps still to pack: a data-less after_aot dump (a compile error, PyTorch had only
     fake tensors) of a process whose compile errors Inductor's door archived with their real
@@ -263,7 +299,14 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
                                f"the program {how} while this graph ran{said}", "")
     repro = load(pending)
     if "absent" in (repro.fidelity or []):
-        raise ReproArchiveError("the archive the program left holds inputs without data", "this is a bug: report it")
+        # the program died while the spool was still writing these inputs (a crash during
+        # compilation): the archive keeps them absent, and says so, rather than pass generated
+        # data off as the program's
+        shutil.move(str(pending), target)
+        return dataclasses.replace(
+            archive_report(target, kind="capture (crash)", replay=notes),
+            warnings=(f"the program died while {repro.fidelity.count('absent')} input(s) were still being written: "
+                      "they are stored as absent (generated on load)",))
     write_capture(capture_of(repro, failure, replay_notes=notes, program_exit=program_exit), target, prefixes={})
     pending.unlink()
     return archive_report(target, kind="capture (crash)", replay=notes)

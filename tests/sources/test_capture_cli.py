@@ -172,3 +172,36 @@ class TestProgramSource(SourceTests):
     def captured(self, captured) -> Captured:  # the module's one capture run
         folder, out, _, _ = captured
         return Captured(archives=sorted(out.glob("*.tar.zst")), folders=(folder,))
+
+
+# A custom backend, a function of the program's own script, whose compiled code fails.
+_CUSTOM_BACKEND = """
+import torch
+
+def my_backend(gm, example_inputs):
+    def run(*args):
+        raise RuntimeError("my backend's kernel failed")
+    return run
+
+if __name__ == "__main__":
+    torch.compile(lambda a: torch.relu(a) + 1, backend=my_backend)(torch.randn(8))
+"""
+
+
+def test_capture_records_a_custom_backend_by_its_import_path(tmp_path, monkeypatch):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "prog.py").write_text(_CUSTOM_BACKEND)
+    out = tmp_path / "archives"
+    cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    done = subprocess.run([*cli, "capture", "--json", "-o", str(out), "--", sys.executable, "prog.py"],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    # the program's own exception, not one from PyTorch's hook run inside the backend
+    assert "RuntimeError: my backend's kernel failed" in done.stderr
+    assert "BackendCompilerFailed" not in done.stderr
+    (packed,) = json.loads(done.stdout)["archives"]
+    assert packed["backend"] == "prog:my_backend"
+    monkeypatch.syspath_prepend(str(folder))
+    outcome = reproarchive.run(packed["archive"], backend="prog:my_backend")
+    assert outcome.observed is not None and "my backend's kernel failed" in outcome.observed.message, outcome

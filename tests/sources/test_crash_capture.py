@@ -226,6 +226,23 @@ def test_capture_program_packs_the_graph_it_crashed_in(tmp_path):
     assert "terminate called" in repro.records.failure.message + repro.records.failure.traceback
 
 
+def test_capture_does_not_change_how_the_program_ends(tmp_path):
+    """Plain ``capture --`` (PyTorch's after_dynamo hook): the kernel aborts the program as it
+    would without capture (134), not ``BackendCompilerFailed`` from the hook's own run inside
+    the backend (exit 1), and the graph it died in is archived."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "prog.py").write_text(textwrap.dedent(_ABORTING) + "print(torch.compile(f)(x))\n")
+    out = tmp_path / "archives"
+    cli_main = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    done = subprocess.run([*cli_main, "capture", "-o", str(out), "--json", "--", sys.executable, "prog.py"],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGABRT, done.stderr[-3000:]
+    assert "BackendCompilerFailed" not in done.stderr and "Traceback" not in done.stderr
+    (packed,) = json.loads(done.stdout)["archives"]
+    assert packed["failure"]["stage"] == "crash" and packed["failure"]["exception_type"] == "SIGABRT"
+
+
 # --------------------------------------------------------------------------------------------
 # reading faulthandler's report
 

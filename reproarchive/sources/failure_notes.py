@@ -1,8 +1,6 @@
-"""Where a capture backend's archive went, said on the user's own exception.
-
-The capture backends (``sources.backend``, and its multi-rank mode ``sources.job_capture``)
-re-raise the user's exception unchanged but for one line naming the archive it left.
-"""
+"""Where a capture's archive went, told on the user's own exception: in its message (Dynamo
+rebuilds ``BackendCompilerFailed``'s message from the inner exception's), a note and an
+attribute; and found again through torch's wrappers (``archive_path``)."""
 
 from __future__ import annotations
 

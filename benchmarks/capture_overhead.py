@@ -1,0 +1,219 @@
+"""What capture costs a job that does not fail (issue 27): side by side, in one run.
+
+    python benchmarks/capture_overhead.py                      # 0.4 GB, eager and inductor
+    python benchmarks/capture_overhead.py --gb 0.4,1.5,4       # the issue's three sizes
+    python benchmarks/capture_overhead.py --cores 1 --busy     # pinned to one core, beside a busy loop
+    python benchmarks/capture_overhead.py --quick --json       # seconds: what tests/benchmarks runs
+
+The job: a model of ``Linear(2048, 2048)`` + ``ReLU`` blocks (``--gb`` of fp32 weights), compiled
+with ``dynamic=False``, one training step (forward, ``sum().backward()``) per call. "recompiles"
+calls it with four batch sizes (four graphs, as the issue measured), "one graph" with one.
+Each variant runs in a fresh process:
+
+  plain       ``torch.compile(model, backend=B)``, plain ``python``
+  capture     ``torch.compile(model, backend=reproarchive.capture(B))``, plain ``python``
+  capture(spool)  the same with ``spool=True`` (the crash record spooled, each storage once)
+  capture--   the plain program under ``reproarchive capture --`` (PyTorch's after_dynamo hook and
+              the crash guard, in the child)
+
+and reports, from inside the job: the first calls (compile + first step, summed over the batch
+sizes), the median of three later steps (the cost every call pays), its peak RSS
+(``ru_maxrss``) and the bytes it wrote (``wchar`` of ``/proc/self/io``: archives written before
+a first run and removed after it count, stdout is negligible). The table gives capture's
+first-call and later-call time as a ratio of plain's, its extra peak RSS in MiB and as a
+fraction of the weights, and bytes written per byte of distinct storage (weights + inputs).
+The issue's targets: extra RSS at most 5% of the weights + 64 MiB, first calls at most 1.15x
+(inductor) / 1.5x (eager), bytes written at most 1.05x the distinct storage bytes.
+
+``--cores N`` pins every process to the first N cores this one may use; ``--busy`` runs one
+busy-looping process per such core for the length of the run. Numbers on a shared machine are
+noisy: the load average before and after is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+WIDTH = 2048
+BLOCK_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # one Linear(2048, 2048) in fp32
+SIZES_RECOMPILE = (8, 16, 24, 32)
+VARIANTS = ("plain", "capture", "capture(spool)", "capture--")
+
+
+# ---------------------------------------------------------------------------------------------
+# the job (a child process)
+
+
+def job(spec: dict[str, Any]) -> dict[str, Any]:
+    """One variant's run; returns what it measured from inside."""
+    import resource
+
+    import torch
+
+    torch.manual_seed(0)
+    width = spec["width"]
+    layers = []
+    for _ in range(spec["blocks"]):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
+    backend: Any = spec["backend"]
+    if spec["variant"] in ("capture", "capture(spool)"):
+        import reproarchive
+
+        backend = reproarchive.capture(backend, path=spec["archives"], spool=spec["variant"] == "capture(spool)")
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    inputs = [torch.randn(n, width) for n in spec["sizes"]]
+    written0 = _wchar()
+
+    def step(x: Any) -> None:
+        compiled(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    first = 0.0
+    for x in inputs:
+        started = time.perf_counter()
+        step(x)
+        first += time.perf_counter() - started
+    later = []
+    for _ in range(3):
+        started = time.perf_counter()
+        step(inputs[-1])
+        later.append(time.perf_counter() - started)
+    return {"first_s": first, "later_s": statistics.median(later), "peak_rss": _peak_rss(resource),
+            "written": _wchar() - written0, "distinct": weights + sum(x.untyped_storage().nbytes() for x in inputs),
+            "weights": weights}
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("wchar:")).split()[1])
+
+
+def _peak_rss(resource: Any) -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# the parent
+
+
+def run_variant(spec: dict[str, Any], cores: list[int] | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="capture-overhead-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        spec = dict(spec, archives=str(Path(tmp) / "archives"), result=str(result_file))
+        program = [sys.executable, str(Path(__file__).resolve()), "--job", json.dumps(spec)]
+        if spec["variant"] == "capture--":
+            cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+            command = [*cli, "capture", "-q", "-o", str(Path(tmp) / "archives"), "--", *program]
+        else:
+            command = program
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                          os.environ.get("PYTHONPATH")])))
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        if done.returncode != 0 or not result_file.exists():
+            raise SystemExit(f"{spec['variant']} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        result = json.loads(result_file.read_text())
+        left = sorted(p.name for p in (Path(tmp) / "archives").glob("*")) if (Path(tmp) / "archives").exists() else []
+        return dict(result, wall_s=time.perf_counter() - started, archives_left=left)
+
+
+def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: list[int] | None) -> dict[str, Any]:
+    width = 128 if quick else WIDTH
+    blocks = 2 if quick else max(1, round(gb * 1e9 / BLOCK_BYTES))
+    sizes = (SIZES_RECOMPILE[:2] if quick else SIZES_RECOMPILE) if recompiles else SIZES_RECOMPILE[:1]
+    spec = {"width": width, "blocks": blocks, "backend": backend, "sizes": list(sizes)}
+    runs = {v: run_variant(dict(spec, variant=v), cores) for v in VARIANTS}
+    plain = runs["plain"]
+    row: dict[str, Any] = {"gb": gb, "backend": backend, "graphs": len(sizes), "blocks": blocks,
+                           "weights": plain["weights"], "plain_first_s": plain["first_s"],
+                           "plain_later_s": plain["later_s"], "plain_peak_rss": plain["peak_rss"]}
+    for v in VARIANTS[1:]:
+        r = runs[v]
+        extra = r["peak_rss"] - plain["peak_rss"]
+        row[v] = {"first_ratio": r["first_s"] / plain["first_s"], "later_ratio": r["later_s"] / plain["later_s"],
+                  "extra_rss": extra, "extra_rss_of_weights": extra / plain["weights"],
+                  "written": r["written"], "written_per_distinct": r["written"] / r["distinct"],
+                  "archives_left": r["archives_left"]}
+    row["plain_written_per_distinct"] = plain["written"] / plain["distinct"]
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    mib = 1 << 20
+    out = ["| weights, backend, graphs | variant | first calls | later calls | extra peak RSS | written / distinct |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        label = f"{r['weights'] / mib:,.0f} MiB, {r['backend']}, {r['graphs']}"
+        out.append(f"| {label} | plain | {r['plain_first_s']:.2f} s | {r['plain_later_s'] * 1000:.0f} ms | "
+                   f"({r['plain_peak_rss'] / mib:,.0f} MiB) | {r['plain_written_per_distinct']:.2f}x |")
+        for v in VARIANTS[1:]:
+            c = r[v]
+            out.append(f"| | {v} | {c['first_ratio']:.2f}x | {c['later_ratio']:.2f}x | "
+                       f"{c['extra_rss'] / mib:+,.0f} MiB ({c['extra_rss_of_weights']:+.0%}) | "
+                       f"{c['written_per_distinct']:.2f}x |")
+    return "\n".join(out)
+
+
+def _busy(cores: list[int]) -> list[subprocess.Popen]:
+    loop = "while True: pass"
+    return [subprocess.Popen([sys.executable, "-c", loop],
+                             preexec_fn=(lambda c=c: os.sched_setaffinity(0, [c]))) for c in cores]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", default="0.4", help="model sizes in GB of weights, comma-separated")
+    parser.add_argument("--backends", default="eager,inductor")
+    parser.add_argument("--recompiles", default="yes,no", help="yes (four batch sizes), no (one), or both")
+    parser.add_argument("--quick", action="store_true", help="tiny models, eager only: seconds")
+    parser.add_argument("--cores", type=int, help="pin every process to the first N cores")
+    parser.add_argument("--busy", action="store_true", help="a busy loop on each of those cores meanwhile")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.job:
+        spec = json.loads(args.job)
+        Path(spec["result"]).write_text(json.dumps(job(spec)))
+        return 0
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = allowed[:args.cores] if args.cores else None
+    backends = ["eager"] if args.quick else args.backends.split(",")
+    sizes = [0.0] if args.quick else [float(g) for g in args.gb.split(",")]
+    recompile_modes = [m == "yes" for m in args.recompiles.split(",")]
+    if args.quick:
+        recompile_modes = [True]
+    load_before = os.getloadavg()
+    busy = _busy(cores or allowed) if args.busy else []
+    try:
+        rows = []
+        for gb in sizes:
+            for b in backends:
+                for rc in recompile_modes:
+                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores))
+                    print(table(rows[-1:]).splitlines()[-len(VARIANTS):], file=sys.stderr, flush=True)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    print(table(rows))
+    print(f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
+          f"cores {cores or allowed}{', busy loop on each' if busy else ''}")
+    if args.json:
+        print(json.dumps({"rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

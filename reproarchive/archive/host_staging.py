@@ -1,0 +1,99 @@
+"""How a spool reads storages: CPU ones in place, device ones through one reused pinned buffer.
+
+Capture writes what a crash would leave before a graph first runs, in jobs that may hold most
+of their accelerator's memory in weights: capture must take none of it. So a device storage is
+never copied on the device, nor whole to the host (``storage.cpu()`` would take its full size
+in host memory at once): it is copied in chunks of ``CHUNK`` bytes into one page-locked host
+buffer (``non_blocking`` copies on a side stream that first waits for the job's current
+stream, so the copies overlap the job's own kernels), and each chunk is hashed or written
+before the next is copied. Device memory used by capture: none. Host memory: one chunk per
+device, reused for every storage the process spools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from reproarchive.archive.packing import is_zero_bytes
+from reproarchive.codec.tensors import storage_view
+from reproarchive.format import digests
+
+CHUNK = 16 << 20
+
+
+class HostStaging:
+    """The reused host buffers of one process (one per device type and index)."""
+
+    def __init__(self, chunk: int = CHUNK):
+        self.chunk = chunk
+        self._buffers: dict[Any, Any] = {}
+
+    def chunks(self, storage: Any) -> Iterator[memoryview]:
+        """The bytes of ``storage`` in order: a CPU storage in one piece, in place; a device
+        storage chunk by chunk, each valid until the next is asked for."""
+        if storage.nbytes() == 0:
+            return
+        if storage.device.type == "cpu":
+            yield storage_view(storage)
+            return
+        import torch
+
+        source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        yield from device_chunks(source, self._buffer(storage.device), self.chunk)
+
+    def digest(self, storage: Any, algorithm: str) -> str | None:
+        """``algorithm:hex`` of ``storage``'s bytes, or None when they are all zero (stored as
+        a fill, as ``pack`` stores them)."""
+        hasher = digests.new_hasher(algorithm)
+        zero = storage.nbytes() > 0
+        for chunk in self.chunks(storage):
+            zero = zero and is_zero_bytes(chunk)
+            hasher.update(chunk)
+        return None if zero else f"{algorithm}:{hasher.hexdigest()}"
+
+    def _buffer(self, device: Any) -> Any:
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            buffer = self._buffers[device] = host_buffer(self.chunk)
+        return buffer
+
+
+def host_buffer(size: int) -> Any:
+    """``size`` bytes of page-locked host memory (plain memory where pinning is unavailable)."""
+    import torch
+
+    try:
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError:  # no accelerator to pin for
+        return torch.empty(size, dtype=torch.uint8)
+
+
+def device_chunks(source: Any, buffer: Any, chunk: int) -> Iterator[memoryview]:
+    """``source`` (a 1-D uint8 tensor) through ``buffer`` (host, at least ``chunk`` bytes),
+    ``chunk`` bytes at a time, each copy on a side stream of the source's device."""
+    streams = _side_stream(source.device)
+    total = source.numel()
+    for start in range(0, total, chunk):
+        n = min(chunk, total - start)
+        if streams is None:
+            buffer[:n].copy_(source[start:start + n])
+        else:
+            module, side = streams
+            with module.stream(side):
+                buffer[:n].copy_(source[start:start + n], non_blocking=True)
+            side.synchronize()
+        yield storage_view(buffer.untyped_storage())[:n]
+
+
+def _side_stream(device: Any) -> tuple[Any, Any] | None:
+    """(torch.<device type> module, a stream that waits for the device's current one), or
+    None for devices without streams (CPU, meta)."""
+    import torch
+
+    module = getattr(torch, device.type, None)
+    if device.type in ("cpu", "meta") or module is None or not hasattr(module, "Stream"):
+        return None
+    side = module.Stream(device=device)
+    side.wait_stream(module.current_stream(device))
+    return module, side

@@ -1,0 +1,192 @@
+"""A process-wide, content-addressed spool: each storage written once, archives completed only
+when they are kept (spec/FORMAT.md, "Spool").
+
+The archive a native crash would leave has to be on disk before a graph first runs, and a job
+compiles many graphs over the same weights (recompiles for new shapes, several graphs of one
+model). Writing a complete ``.tar.zst`` for each writes every weight again each time. A spool
+writes each distinct storage once, raw, as ``objects/<algorithm>/<hex>``, and for each graph
+only a small pending entry: its index (everything an archive's index holds but the container
+section) and its readable code. An entry is completed into an ordinary self-contained archive
+(``complete``) only when it is kept: a crash, which ``reproarchive pack SPOOL`` or ``capture --``
+turns into archives afterwards. A process that ends normally removes its spool.
+
+Crash safety by construction: an object is written to a temporary name and renamed, so an
+object that exists is complete; an entry's index is renamed into place only after every object
+it names exists, so an entry that exists can be completed. A process killed while writing
+leaves at worst some objects that no entry names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import mmap
+import os
+import shutil
+from pathlib import Path
+
+from reproarchive.archive.host_staging import HostStaging
+from reproarchive.archive.packing import prepared
+from reproarchive.archive.writing import Capture
+from reproarchive.context.redaction import redacted
+from reproarchive.errors import PackError, SourceError
+from reproarchive.format import digests, index_codec, layout, plain
+from reproarchive.format.atomic import atomic_file
+from reproarchive.format.schema import ContainerRecord, Index, StorageRecord
+from reproarchive.format.writer import ContainerWriter
+
+MARKER = "REPROARCHIVE-SPOOL"
+MARKER_TEXT = b"reproarchive spool 1\n"
+_INDEX_SUFFIX, _CODE_SUFFIX = ".index", ".code"
+_MAX_ENTRY_INDEX = 256 << 20
+
+
+def is_spool(path: str | os.PathLike) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+class Spool:
+    """One process's spool folder. ``Spool(folder)`` makes it (or opens one that exists)."""
+
+    def __init__(self, folder: str | os.PathLike, *, algorithm: str = digests.DEFAULT_ALGORITHM):
+        self.folder = Path(folder)
+        self.algorithm = digests.check_algorithm(algorithm)
+        marker = self.folder / MARKER
+        if self.folder.exists() and not marker.is_file():
+            raise SourceError(f"{self.folder} is not a reproarchive spool (no {MARKER} file)",
+                              "name the folder a capture left (its name starts with spool-)")
+        (self.folder / "objects").mkdir(parents=True, exist_ok=True)
+        (self.folder / "pending").mkdir(exist_ok=True)
+        if not marker.exists():
+            marker.write_bytes(MARKER_TEXT)
+        self.bytes_written = 0  # object bytes this Spool wrote (not those it found there)
+        self.staging = HostStaging()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def add(self, name: str, capture: Capture, *, prefixes: dict[str, str] | None = None) -> str:
+        """Spool ``capture`` (records redacted as ``write_capture`` does) as entry ``name``:
+        ``begin`` then ``write``."""
+        self.write(self.begin(name, capture, prefixes=prefixes))
+        return name
+
+    def begin(self, name: str, capture: Capture, *, prefixes: dict[str, str] | None = None) -> list:
+        """Hash ``capture``'s storages and write its entry (index and code): from here on a
+        crash leaves an entry that completes. Returns the storages still to write (``write``),
+        which the caller must not change until they are written."""
+        table_prefixes = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
+        records = redacted(capture.records, table_prefixes)
+        table, inputs, graph, code, records, op_records = prepared(
+            capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops, rng_states=capture.rng_states)
+        todo = []
+        for sidx, record in enumerate(table.records):
+            if record.is_real:
+                digest = self.staging.digest(table.sources[sidx], self.algorithm)
+                table.resolve(sidx, digest)
+                if digest is not None and not self._object(digest).exists():
+                    todo.append((digest, table.sources[sidx]))
+        index = Index(container=ContainerRecord(frame_size=layout.DEFAULT_FRAME_SIZE),
+                      digest_algorithm=self.algorithm, storages=tuple(table.records), inputs=inputs,
+                      graph=graph, records=records, job=capture.job, custom_ops=op_records)
+        pending = self.folder / "pending"
+        with atomic_file(pending / f"{name}{_CODE_SUFFIX}", fsync=False) as f:
+            f.write(code)
+        with atomic_file(pending / f"{name}{_INDEX_SUFFIX}", fsync=False) as f:
+            f.write(index_codec.encode_index(plain.to_plain(index)))
+        return todo
+
+    def write(self, todo: list) -> None:
+        """Write the objects ``begin`` left to write, each under a temporary name, then renamed."""
+        for digest, storage in todo:
+            target = self._object(digest)
+            if target.exists():  # another entry wrote it meanwhile
+                continue
+            target.parent.mkdir(exist_ok=True)
+            with atomic_file(target, fsync=False) as f:
+                for chunk in self.staging.chunks(storage):
+                    f.write(chunk)
+                    self.bytes_written += len(chunk)
+
+    def _object(self, digest: str) -> Path:
+        algorithm, hexdigest = digests.parse(digest)
+        return self.folder / "objects" / algorithm / hexdigest
+
+    def discard(self, name: str) -> None:
+        """Forget entry ``name`` (its graph ran without crashing); objects stay for others."""
+        for suffix in (_INDEX_SUFFIX, _CODE_SUFFIX):
+            (self.folder / "pending" / f"{name}{suffix}").unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        """The whole spool: at a normal exit nothing is left behind."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The entries a crash left, oldest first."""
+        found = [p for p in (self.folder / "pending").glob(f"*{_INDEX_SUFFIX}") if p.is_file()]
+        return [p.name[: -len(_INDEX_SUFFIX)] for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
+
+    def complete(self, name: str, destination: str | os.PathLike) -> Path:
+        """Entry ``name`` as an ordinary self-contained archive at ``destination`` (atomically):
+        the writer checks the index against every rule of the spec before writing it."""
+        pending = self.folder / "pending"
+        raw = (pending / f"{name}{_INDEX_SUFFIX}").read_bytes()
+        if len(raw) > _MAX_ENTRY_INDEX:
+            raise PackError(f"spool entry {name} has an index of {len(raw)} bytes", "this is not a spool we wrote")
+        try:
+            index = plain.from_plain(Index, index_codec.decode_index(raw, max_memory=_MAX_ENTRY_INDEX))
+        except Exception as err:  # noqa: BLE001 - a damaged entry: one line, no traceback
+            raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
+        code = (pending / f"{name}{_CODE_SUFFIX}").read_bytes()
+        index = self._with_missing_absent(index)
+        # the mappings stay open until the writer is done: its frames may still read them
+        with contextlib.ExitStack() as mappings, atomic_file(destination) as f:
+            writer = ContainerWriter(f, frame_size=index.container.frame_size)
+            try:
+                writer.add_member(layout.GRAPH_CODE_MEMBER, code)
+                done: set[str] = set()
+                for record in index.storages:
+                    if record.digest is None or record.digest in done:
+                        continue
+                    data = mappings.enter_context(self._mapped(record.digest, record.size))
+                    writer.add_member(digests.blob_member_name(record.digest), data, keep=data)
+                    done.add(record.digest)
+                writer.finish(index)
+            except BaseException:
+                writer.abandon()
+                raise
+        return Path(destination)
+
+    def missing(self, name: str) -> int:
+        """How many of entry ``name``'s storages have no object (the process died writing them)."""
+        raw = (self.folder / "pending" / f"{name}{_INDEX_SUFFIX}").read_bytes()
+        index = plain.from_plain(Index, index_codec.decode_index(raw, max_memory=_MAX_ENTRY_INDEX))
+        return sum(r.digest is not None and not self._object(r.digest).exists() for r in index.storages)
+
+    def _with_missing_absent(self, index: Index) -> Index:
+        """The entry of a process that died while its objects were written: each storage whose
+        object never made it is stored as absent (generated on load, and said so), never as real."""
+        storages = tuple(StorageRecord(size=r.size, device=r.device, fidelity="absent")
+                         if r.digest is not None and not self._object(r.digest).exists() else r
+                         for r in index.storages)
+        return index if storages == index.storages else dataclasses.replace(index, storages=storages)
+
+    @contextlib.contextmanager
+    def _mapped(self, digest: str, size: int):
+        """The object ``digest``, mapped and checked: its size and its hash."""
+        try:
+            f = open(self._object(digest), "rb")
+        except FileNotFoundError:
+            raise PackError(f"spool object {digest} is missing", "the spool is damaged") from None
+        with f:
+            found = os.fstat(f.fileno()).st_size
+            if found != size:
+                raise PackError(f"spool object {digest} holds {found} bytes, not {size}", "the spool is damaged")
+            if size == 0:
+                yield b""
+                return
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if digests.of_bytes(data, digests.parse(digest)[0]) != digest:
+                    raise PackError(f"spool object {digest} does not hash to its name", "the spool is damaged")
+                yield data

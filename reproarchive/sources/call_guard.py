@@ -1,0 +1,154 @@
+"""Every call of a compiled graph covered: a failure on its first call or its thousandth leaves an
+archive of the inputs as they were before that call.
+
+A compiled graph is called once per step; it may fail only at the third call (a new batch
+size under ``dynamic=True``, the smaller last batch, data that reaches a bad kernel). Checking
+each call by running it twice would double the job; instead the real call is the check: the
+wrapper calls the compiled function, and only when it raises does it archive what went in.
+That is sound because a call can change only the inputs its graph writes in place
+(``replay.input_writes``, found once per graph on fake tensors); those, and only those, are
+copied before every call (``snapshot``), usually none or a few small buffers. Every other
+input is archived as it is: the call could not have changed it. So a passing call costs one
+``try`` and, for a graph that writes its inputs, a copy of what it writes. Where the analysis
+fails (an operator without a fake kernel) nothing is copied, and the archive lists the inputs
+whose version counter moved during the call (``inputs_modified``).
+
+``first_call`` runs once, before the first real call (the capture backend's check and the
+archive a native crash would leave, or the crash guard's pending archive). A native crash on a
+later call kills the process with nothing written: only the first call of a graph is guarded
+against crashes (writing every call's inputs to disk first would cost more than the job).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from reproarchive.replay.input_writes import snapshot, written_inputs
+
+log = logging.getLogger("reproarchive.capture")
+
+# (inputs before the call, the exception, the call's number from 1) -> (where the archive went,
+# or None and why not); the wrapper says so on stderr when there is none
+Failed = Callable[[list[Any], BaseException, int], tuple[Any, str | None]]
+
+
+def is_control_flow(exc: BaseException) -> bool:
+    """Exceptions Dynamo uses to steer tracing (fall back, restart, skip): not failures."""
+    try:
+        from torch._dynamo import exc as dexc
+    except ImportError:  # pragma: no cover
+        return False
+    kinds = tuple(k for k in (getattr(dexc, n, None) for n in ("SkipFrame", "RestartAnalysis", "Unsupported"))
+                  if isinstance(k, type))
+    return isinstance(exc, kinds)
+
+
+class GraphWrites:
+    """The inputs one graph writes, found at its first call and kept (the analysis is a
+    property of the graph; ``pristine_gm`` is the graph as Dynamo traced it)."""
+
+    def __init__(self, pristine_gm: Any):
+        self.gm = pristine_gm
+        self._known = False
+        self._written: frozenset[int] | None = None
+
+    def of(self, args: list[Any]) -> frozenset[int] | None:
+        if not self._known:
+            self._written = written_inputs(self.gm, args)
+            self._known = True
+            if self._written is None:
+                log.debug("reproarchive: the inputs this graph writes are unknown; archives list the changed ones")
+        return self._written
+
+
+def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
+            first_call: Callable[[list[Any]], None] | None = None) -> Callable:
+    """``compiled`` behind a wrapper that archives the inputs of any call that raises (through
+    ``failed``) and re-raises the exception unchanged; ``first_call(args)`` runs once first."""
+    state = {"calls": 0, "first": first_call}
+
+    # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
+    @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    def run(*args: Any) -> Any:
+        state["calls"] += 1
+        first = state["first"]
+        if first is not None:
+            state["first"] = None
+            first(list(args))
+        written = writes.of(list(args))
+        before = snapshot(args, written)
+        versions = versions_of(args) if written is None else None
+        try:
+            return compiled(*args)
+        except Exception as exc:
+            if not is_control_flow(exc):
+                _archive_call(failed, before, exc, state["calls"], versions)
+            raise
+
+    run.__reproarchive_compiled__ = compiled  # type: ignore[attr-defined]
+    return run
+
+
+def _archive_call(failed: Failed, before: list[Any], exc: BaseException, call: int,
+                  versions: list[int | None] | None) -> None:
+    if versions is not None:
+        changed = modified_inputs(before, versions)
+        if changed:
+            try:
+                exc.reproarchive_inputs_modified = tuple(changed)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - exceptions with __slots__
+                pass
+    try:
+        where, reason = failed(before, exc, call)
+    except Exception as err:  # noqa: BLE001 - never in place of the user's own failure
+        where, reason = None, f"{type(err).__name__}: {err}"
+    if where is None:
+        print(f"reproarchive: call {call} of a compiled graph failed ({type(exc).__name__}) and was not "
+              f"archived: {reason}", file=sys.stderr)
+
+
+def versions_of(inputs: Any) -> list[int | None]:
+    import torch
+
+    out: list[int | None] = []
+    for a in inputs:
+        try:
+            out.append(a._version if isinstance(a, torch.Tensor) else None)
+        except Exception:  # tensors without a version counter (some subclasses)
+            out.append(None)
+    return out
+
+
+def modified_inputs(inputs: Any, versions: list[int | None]) -> list[int]:
+    now = versions_of(inputs)
+    return [i for i, (a, b) in enumerate(zip(versions, now)) if a is not None and a != b]
+
+
+@contextmanager
+def preserved_state(gm: Any, inputs: Sequence[Any]):
+    """Restore what a check run could change that the user can see: RNG streams, and the
+    grads and buffer values of parameters the graph holds as attributes (inputs are copies)."""
+    import torch
+
+    from reproarchive.codec.device_runtime import devices_of, forked_rng
+
+    params = list(gm.named_parameters()) if hasattr(gm, "named_parameters") else []
+    buffers = list(gm.named_buffers()) if hasattr(gm, "named_buffers") else []
+    grads = [(p, p.grad) for _, p in params]
+    saved_buffers = [(b, b.detach().clone()) for _, b in buffers if isinstance(b, torch.Tensor)]
+    with ExitStack() as stack:
+        stack.enter_context(forked_rng(devices_of(inputs)))
+        try:
+            yield
+        finally:
+            for p, g in grads:
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in saved_buffers:
+                    if not torch.equal(b, saved):
+                        b.copy_(saved)

@@ -1,0 +1,30 @@
+"""The capture-overhead benchmark in its quick mode, so it cannot rot: the table's shape, never
+its timings (tiny models on a shared machine say nothing about time)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import capture_overhead
+
+
+@pytest.mark.slow
+def test_capture_overhead_quick_table(capsys):
+    capture_overhead.main(["--quick", "--json"])
+    out = capsys.readouterr().out
+    assert out.startswith("| weights, backend, graphs | variant |")
+    (row,) = json.loads(out[out.index("{"):])["rows"]
+    assert row["backend"] == "eager" and row["graphs"] == 2 and row["weights"] > 0
+    for variant in ("capture", "capture(spool)", "capture--"):
+        figures = row[variant]
+        for name in ("first_ratio", "later_ratio", "written_per_distinct"):
+            assert math.isfinite(figures[name]) and figures[name] > 0, (variant, name, figures)
+        assert math.isfinite(figures["extra_rss_of_weights"])
+        assert figures["archives_left"] == []  # a job that does not fail leaves nothing behind
+    # the archive a crash would leave is written before each graph's first run: capture writes
+    # what a plain run does not; spooled, the weights the two graphs share are written once
+    assert row["capture"]["written"] > row["plain_written_per_distinct"] * row["weights"]
+    assert row["capture(spool)"]["written"] < row["capture"]["written"]
