@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .app import emit_json, main
-from .bisect_text import compiler_lines, step_line, summary
+from .bisect_text import compiler_lines, env_line, step_line, summary, torch_lines
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, USAGE, exit_codes
 from .replay_cmds import DEVICE
 from .text import terminal_lines
@@ -21,7 +21,8 @@ COMPILER_EPILOG = exit_codes(
 TORCH_EPILOG = exit_codes(
     (0, "a first bad environment was named"),
     USAGE,
-    (3, "no environment shows the recorded failure (each was good, failed differently or was skipped)"),
+    (3, "no environment shows the recorded failure (each was good, failed differently or was skipped), "
+        "or --max-time ran out first"),
     (4, "the archive, or an interpreter given with --env, is missing or cannot be run"),
     INTERNAL, INTERRUPTED,
 )
@@ -94,4 +95,39 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
         emit_json(result.to_plain())
     else:
         click.echo(terminal_lines("\n".join(compiler_lines(result))))
+    click.get_current_context().exit(0 if result.status == "found" else 3)
+
+
+@bisect_group.command("torch", epilog=TORCH_EPILOG)
+@click.argument("archive", type=click.Path(dir_okay=False))
+@click.option("--env", "interpreters", multiple=True, required=True, metavar="PYTHON",
+              help="An environment to replay in: the path of its Python interpreter. Give several, in order "
+                   "(oldest torch first); each replays with its own installed reproarchive, or with this "
+                   "one's code when it has none.")
+@click.option("--backend", metavar="NAME", help="Replay with NAME in every environment (default: the archive's).")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop after this long (status incomplete, exit 3).")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def torch_cmd(archive, interpreters, backend, max_time, summary_path, as_json, quiet):
+    """Replay ARCHIVE under several Python environments and name the first where it fails.
+
+    Verdicts: good, bad (the recorded failure's signature), different failure, or cannot load
+    here (that environment's reproarchive refuses the archive, or its torch lacks the backend,
+    device or an operator: skipped, as git bisect skips 125). The torch commits between the last
+    good and the first bad environment come from torch.version.git_version.
+    """
+    import reproarchive
+
+    show = None if (quiet or as_json) else (lambda v: click.echo(terminal_lines(env_line(v)), err=True))
+    result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,
+                                       on_verdict=show)
+    if summary_path:
+        _write_summary(summary_path, result, archive)
+    if as_json:
+        emit_json(result.to_plain())
+    else:
+        click.echo(terminal_lines("\n".join(torch_lines(result))))
     click.get_current_context().exit(0 if result.status == "found" else 3)

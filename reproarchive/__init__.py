@@ -42,6 +42,8 @@ _EXPORTS = {
     # find the culprit: the compiler stage, the torch build
     "bisect_compiler": "reproarchive.bisect.compiler",
     "CompilerBisection": "reproarchive.bisect.records",
+    "bisect_torch": "reproarchive.bisect.environments",
+    "TorchBisection": "reproarchive.bisect.records",
     "read_bisection": "reproarchive.bisect.records",
     "write_bisection": "reproarchive.bisect.records",
     # triage

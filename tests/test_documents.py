@@ -4,6 +4,7 @@ on success and on failure, and that file is the one the records derive (``reproa
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -85,6 +86,7 @@ def test_every_command_prints_a_declared_document(captured, tmp_path, monkeypatc
         ("ls", ["ls", tmp_path / "nowhere"], 4),
         ("bisect.compiler", ["bisect", "compiler", captured, "--max-time", "0.000001"], 3),
         ("bisect.compiler", ["bisect", "compiler", missing], 4),
+        ("bisect.torch", ["bisect", "torch", missing, "--env", sys.executable], 4),
     ]
     for command, argv, code in cases:
         result = invoke(*argv, "--json")

@@ -116,3 +116,46 @@ def write_bisection(result: CompilerBisection, archive: str | os.PathLike) -> Pa
 def read_bisection(archive: str | os.PathLike) -> CompilerBisection:
     """The bisection stored next to ``archive``, checked against its declaration."""
     return from_plain(CompilerBisection, json.loads(sidecar_path(archive).read_text(encoding="utf-8")))
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvVerdict:
+    """One environment's replay: who read the archive there, and what it found."""
+
+    python: str  # the interpreter, as given
+    python_version: str | None
+    torch: str | None
+    git_version: str | None  # torch.version.git_version: the commit torch was built from
+    reader: str  # "installed reproarchive V (path)", "bundled: ...", or "none"
+    verdict: str  # good, bad, different failure, skipped (cannot load here)
+    exit_code: int | None
+    reason: str | None  # why it was skipped, or the different failure's signature
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchBisection(PlainRecord):
+    """What ``bisect torch`` found; ``to_plain()`` is its ``--json``.
+
+    status: "found" (a first bad environment), "no bad environment", or "incomplete" (--max-time).
+    ``commit_range``: ``GOOD..BAD`` torch commits, from the last good environment before the
+    first bad one, when both report a git version.
+    """
+
+    archive: str
+    status: str
+    verdicts: tuple[EnvVerdict, ...]
+    first_bad: str | None
+    last_good: str | None
+    commit_range: str | None
+    seconds: float
+    python: str  # the interpreter that ran the bisection
+
+    COMPUTED = ("summary",)
+
+    @property
+    def summary(self) -> str:
+        if self.first_bad is None:
+            return f"bisect torch: {self.status}"
+        after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
+        return f"the first bad environment is {self.first_bad}{after}"
