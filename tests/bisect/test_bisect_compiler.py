@@ -152,3 +152,25 @@ def test_a_missing_archive_or_backend_is_one_line_and_a_json_error(tmp_path):
     assert unknown.exit_code == 125 and json.loads(unknown.stdout)["error"]["code"] == "E_BACKEND"
     bad_stage = invoke("bisect", "compiler", archive, "--from", "nowhere")
     assert bad_stage.exit_code == 2 and "one of PyTorch's bisection backends" in bad_stage.stderr
+
+
+@pytest.mark.slow
+def test_a_decomposition_bug_is_named_in_aot_eager_decomp_partition(tmp_path, monkeypatch, fresh_dynamo):
+    """The bug lives in the torch environment (a sitecustomize patches a decomposition, as
+    PyTorch's test_bad_decomp does), so every replay's process has it; the archive records the
+    inductor backend. No inductor compile runs: the search ends at aot_eager_decomp_partition."""
+    from support.torch_envs import SILU_BUG, planted_silu
+
+    with planted_silu():
+        archive = capture_failure(tmp_path / "silu.tar.zst", lambda x: torch.nn.functional.silu(x) * 2,
+                                  [torch.randn(16)], "aot_eager_decomp_partition", accuracy=True)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SILU_BUG)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    result = reproarchive.bisect_compiler(archive, reproarchive.ReplaySettings(backend="inductor"))
+    assert (result.status, result.backend, result.subsystem) == ("found", "aot_eager_decomp_partition",
+                                                                  "decomposition")
+    assert "aten.silu" in result.debug_info
+    assert [s.verdict for s in result.steps][:3] == ["good", "good", "bad"]
+    _bisector_at_rest()
