@@ -15,6 +15,8 @@ def step_line(step) -> str:
     if step.bisect_range:
         low, high = step.bisect_range
         state += f" [{low}, {high}] on up to {(low + high) // 2}"
+    if not step.replayed:
+        return f"bisect: {where}: taken as good (before --from)"
     seen = f" ({step.observed})" if step.observed and step.verdict != "bad" else ""
     return f"bisect: {where}{state}: {step.verdict}{seen} in {step.seconds:.1f}s"
 

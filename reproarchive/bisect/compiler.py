@@ -165,14 +165,11 @@ class _Search:
         bounds = bisector.get_bisect_range(stage, subsystem) if state == "bisect" else None
         trial = self.trial(stage, subsystem, state)
         start = time.monotonic()
-        if self._before_first(stage):
-            verdict, observed = GOOD, None
-            trial = Trial(backend=trial.backend, env={}, config={"assumed": "good (--from)"})
-        else:
-            verdict, observed = self._replay(trial)
+        replayed = not self._before_first(stage)
+        verdict, observed = self._replay(trial) if replayed else (GOOD, None)
         step = BisectStep(backend=stage, subsystem=subsystem, state=state, bisect_range=bounds, trial=trial,
-                          verdict=verdict,
-                          observed=observed, seconds=round(time.monotonic() - start, 3))
+                          verdict=verdict, observed=observed, seconds=round(time.monotonic() - start, 3),
+                          replayed=replayed)
         self.steps.append(step)
         if self.on_step is not None:
             with contextlib.redirect_stdout(self.stdout):  # the caller's output is not PyTorch's log
@@ -244,7 +241,7 @@ class _Search:
             backend=found.backend if found else None, subsystem=found.subsystem if found else None,
             bisect_number=found.bisect_number if found and found.subsystem else None,
             debug_info=debug_info, replayed_backend=self.settings.backend, appear=appear, disappear=disappear,
-            steps=tuple(self.steps), replays=sum(1 for s in self.steps if s.trial.env),
+            steps=tuple(self.steps), replays=sum(1 for s in self.steps if s.replayed),
             other_failures=sum(1 for s in self.steps if s.verdict == OTHER),
             seconds=round(time.monotonic() - self.started, 3), pytorch_log=tuple(log))
 
@@ -265,10 +262,9 @@ class _Search:
             before = names[names.index(stage) - 1] if names.index(stage) > 0 else None
             return (Trial(backend=backend, env={}, config={}),
                     Trial(backend=self.stage_backend(before), env={}, config={}) if before else None)
-        change = _config_change(stage, subsystem)
-        if change is not None:
-            disappear = self.trial(stage, subsystem, "test_disable")
-            return Trial(backend=backend, env={}, config={}), disappear
+        if _config_change(stage, subsystem) is not None:  # a config value, not an env variable, makes it go
+            return Trial(backend=backend, env={}, config={}), Trial(
+                backend=backend, env={}, config=self.trial(stage, subsystem, "test_disable").config)
         number = found.bisect_number
         env = {**base, "TORCH_BISECT_SUBSYSTEM": subsystem}
         return (Trial(backend=backend, env={**env, "TORCH_BISECT_MAX": str(number)}, config={}),

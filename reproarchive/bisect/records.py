@@ -54,6 +54,7 @@ class BisectStep:
     verdict: str  # good, bad, different failure, skipped
     observed: str | None  # the observed failure's signature, if any
     seconds: float
+    replayed: bool  # False: a stage before --from, taken as good without a replay
 
 
 @dataclasses.dataclass(frozen=True)
