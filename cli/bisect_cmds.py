@@ -49,6 +49,18 @@ def _write_summary(path, result, archive) -> None:
         f.write(text)
 
 
+def _report(result, archive, lines, *, summary_path, as_json) -> None:
+    """The summary file, the result (JSON or lines for people) and the exit code: 0 when a
+    culprit was named, 3 when none was."""
+    if summary_path:
+        _write_summary(summary_path, result, archive)
+    if as_json:
+        emit_json(result.to_plain())
+    else:
+        click.echo(terminal_lines("\n".join(lines(result))))
+    click.get_current_context().exit(0 if result.status == "found" else 3)
+
+
 @bisect_group.command("compiler", epilog=COMPILER_EPILOG)
 @click.argument("archive", type=click.Path(dir_okay=False))
 @click.option("--backend", metavar="NAME",
@@ -89,13 +101,7 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
                                           first_backend=first_backend)
     if sidecar and result.status == "found":  # an unfinished search never replaces a finished one
         reproarchive.write_bisection(result, archive)
-    if summary_path:
-        _write_summary(summary_path, result, archive)
-    if as_json:
-        emit_json(result.to_plain())
-    else:
-        click.echo(terminal_lines("\n".join(compiler_lines(result))))
-    click.get_current_context().exit(0 if result.status == "found" else 3)
+    _report(result, archive, compiler_lines, summary_path=summary_path, as_json=as_json)
 
 
 @bisect_group.command("torch", epilog=TORCH_EPILOG)
@@ -124,10 +130,4 @@ def torch_cmd(archive, interpreters, backend, max_time, summary_path, as_json, q
     show = None if (quiet or as_json) else (lambda v: click.echo(terminal_lines(env_line(v)), err=True))
     result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,
                                        on_verdict=show)
-    if summary_path:
-        _write_summary(summary_path, result, archive)
-    if as_json:
-        emit_json(result.to_plain())
-    else:
-        click.echo(terminal_lines("\n".join(torch_lines(result))))
-    click.get_current_context().exit(0 if result.status == "found" else 3)
+    _report(result, archive, torch_lines, summary_path=summary_path, as_json=as_json)
