@@ -21,11 +21,11 @@ from .text import terminal_safe  # noqa: E402
 
 EXIT_CODES_HELP = """\b
 Exit codes:
-  0    success (run: the graph passed)
+  0    success (run: the graph passed; bisect: a culprit was named)
   1    run: the recorded failure reproduced; diff: the archives differ
   2    usage error (a store URL of no known kind included), or the archive is invalid,
        damaged, unsafe or too new
-  3    run: a different failure than the recorded one
+  3    run: a different failure than the recorded one; bisect: no culprit named
   4    an input file or folder (an archive included) is missing or unusable, or a store
        or the name asked for in it does not exist
   5    a store cannot be reached or answered an error (push, pull, ls, --store)

@@ -54,6 +54,13 @@ _EXPORTS = {
     "failure_kind": "reproarchive.context.failure",
     "compiler_errors": "reproarchive.context.failure",
     "export": "reproarchive.standalone.exporting",
+    # find the culprit: the compiler stage, the torch build
+    "bisect_compiler": "reproarchive.bisect.compiler",
+    "CompilerBisection": "reproarchive.bisect.records",
+    "bisect_torch": "reproarchive.bisect.environments",
+    "TorchBisection": "reproarchive.bisect.records",
+    "read_bisection": "reproarchive.bisect.records",
+    "write_bisection": "reproarchive.bisect.records",
     # triage
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",

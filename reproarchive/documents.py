@@ -27,6 +27,7 @@ from typing import Any, Union
 
 from reproarchive.archive.checking import VerifyReport
 from reproarchive.archive.inspection import InspectReport
+from reproarchive.bisect.records import CompilerBisection, TorchBisection
 from reproarchive.errors import ErrorCode
 from reproarchive.format.plain import PlainData, Tagged
 from reproarchive.minifier.driver import MinifyReport
@@ -107,6 +108,8 @@ DOCUMENTS: dict[str, tuple[type | str, ...]] = {
     "export": (ExportReport,),
     "ls": ("StoreListing", "TraceListing"),
     "fsck": (StoreCheck,),
+    "bisect.compiler": (CompilerBisection,),  # also the sidecar ARCHIVE.bisect.json
+    "bisect.torch": (TorchBisection,),
 }
 
 _SCALARS = {str: _STRING, int: _INTEGER, bool: _BOOLEAN, float: {"type": "number"}}

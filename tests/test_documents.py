@@ -4,6 +4,7 @@ on success and on failure, and that file is the one the records derive (``reproa
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -85,6 +86,9 @@ def test_every_command_prints_a_declared_document(captured, tmp_path, monkeypatc
         ("ls", ["ls", store], 0), ("ls", ["ls", _trace_log(tmp_path / "trace")], 0),
         ("ls", ["ls", tmp_path / "nowhere"], 4),
         ("fsck", ["fsck", store], 0), ("fsck", ["fsck", tmp_path / "nowhere"], 4),
+        ("bisect.compiler", ["bisect", "compiler", captured, "--max-time", "0.000001"], 3),
+        ("bisect.compiler", ["bisect", "compiler", missing], 4),
+        ("bisect.torch", ["bisect", "torch", missing, "--env", sys.executable], 4),
     ]
     for command, argv, code in cases:
         result = invoke(*argv, "--json")
@@ -93,4 +97,4 @@ def test_every_command_prints_a_declared_document(captured, tmp_path, monkeypatc
         errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
                   for e in _validator(command).iter_errors(document)]
         assert not errors, (argv, errors[:5])
-        assert ("error" in document) == (code not in (0, 1)), argv
+        assert ("error" in document) == (code not in (0, 1, 3)), argv  # 3: a report (not reproduced, no culprit)

@@ -4,7 +4,7 @@ Every import in the library and the CLI is read from the source, function-level 
 included (a lazy import is still a dependency), and checked against the layer order:
 
     errors, version, progress, child  <  format  <  codec, context  <  archive  <  replay, store
-                                      <  sources, minifier, standalone, triage, references, documents  <  cli
+                                      <  sources, minifier, standalone, triage, bisect, references, documents  <  cli
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ LAYERS = {
     "reproarchive.archive": 3,
     "reproarchive.replay": 4, "reproarchive.store": 4,
     "reproarchive.sources": 5, "reproarchive.minifier": 5, "reproarchive.standalone": 5, "reproarchive.triage": 5,
+    "reproarchive.bisect": 5,
     "reproarchive.references": 5, "reproarchive.documents": 5,
     "reproarchive.cli": 6,
 }

@@ -74,6 +74,9 @@ def _outcome(path: str | os.PathLike, result: Any, died: Died | None) -> Outcome
     )
 
 
+child_outcome = _outcome  # for other drivers of isolated replays (bisect compiler)
+
+
 class WorkerPool:
     """``size`` warm replay processes for one archive's environment; ``run`` is thread-safe.
 

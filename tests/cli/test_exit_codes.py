@@ -30,6 +30,7 @@ def _missing_input_args(command: str, tmp: Path) -> list:
         "pull": [f"{tmp / 'no-store'}/name", "-o", tmp / "out.tar.zst"],
         "capture": ["--", str(tmp / "no-such-program")],
         "demo": ["-C", tmp / "missing.tar.zst" / "under-a-file"],
+        "bisect": ["compiler", missing],
     }.get(command, [missing])
 
 

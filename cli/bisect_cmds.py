@@ -1,0 +1,133 @@
+"""``reproarchive bisect compiler`` and ``reproarchive bisect torch``: whose bug is it."""
+
+from __future__ import annotations
+
+import click
+
+from .app import emit_json, main
+from .bisect_text import compiler_lines, env_line, step_line, summary, torch_lines
+from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, USAGE, exit_codes
+from .replay_cmds import DEVICE
+from .text import terminal_lines
+
+COMPILER_EPILOG = exit_codes(
+    (0, "a culprit was named (backend, and where PyTorch could tell, subsystem and bisect number)"),
+    USAGE,
+    (3, "no culprit: no backend shows the recorded failure here, or --max-time ran out first"),
+    ARCHIVE_MISSING, INTERNAL,
+    (125, "cannot run here: the archive's backend or device is not available"),
+    (130, "interrupted (Ctrl-C): the replay is stopped and the bisection's state folder removed"),
+)
+TORCH_EPILOG = exit_codes(
+    (0, "a first bad environment was named"),
+    USAGE,
+    (3, "no environment shows the recorded failure (each was good, failed differently or was skipped), "
+        "or --max-time ran out first"),
+    (4, "the archive, or an interpreter given with --env, is missing or cannot be run"),
+    INTERNAL, INTERRUPTED,
+)
+
+
+@main.group("bisect", epilog=exit_codes(
+    (0, "a culprit was named"), USAGE, (3, "no culprit named"), ARCHIVE_MISSING, INTERNAL,
+    (125, "compiler: cannot run here"), INTERRUPTED))
+def bisect_group() -> None:
+    """Find whose bug an archive's failure is: a compiler stage, pass or lowering
+    (bisect compiler), or a torch build (bisect torch)."""
+
+
+def _write_summary(path, result, archive) -> None:
+    """The summary, written whole or not at all (click's atomic file: a temporary name renamed)."""
+    import reproarchive
+
+    try:
+        graph = reproarchive.graph_code(archive) if archive else None
+    except reproarchive.ReproArchiveError:
+        graph = None
+    text = summary(result, graph=graph, html_page=str(path).endswith((".html", ".htm")))
+    with click.open_file(path, "w", encoding="utf-8", atomic=True) as f:
+        f.write(text)
+
+
+def _report(result, archive, lines, *, summary_path, as_json) -> None:
+    """The summary file, the result (JSON or lines for people) and the exit code: 0 when a
+    culprit was named, 3 when none was."""
+    if summary_path:
+        _write_summary(summary_path, result, archive)
+    if as_json:
+        emit_json(result.to_plain())
+    else:
+        click.echo(terminal_lines("\n".join(lines(result))))
+    click.get_current_context().exit(0 if result.status == "found" else 3)
+
+
+@bisect_group.command("compiler", epilog=COMPILER_EPILOG)
+@click.argument("archive", type=click.Path(dir_okay=False))
+@click.option("--backend", metavar="NAME",
+              help="The backend that replays at PyTorch's inductor stage (default: the archive's; a recorded "
+                   "custom module:function must be named here to be run).")
+@click.option("--device", type=DEVICE, metavar="DEV", help="Run on DEV or remap devices, as for `run`.")
+@click.option("--tol", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Accuracy tolerance (default 1e-3).")
+@click.option("--current-config", is_flag=True, help="Use this machine's torch config instead of the recorded one.")
+@click.option("--from", "first_backend", metavar="STAGE",
+              help="Start at PyTorch's bisection backend STAGE (e.g. inductor), taking the ones before as good "
+                   "without replaying them.")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop starting replays after this long (status incomplete, exit 3).")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
+@click.option("--sidecar/--no-sidecar", default=True, show_default=True,
+              help="Store a culprit found next to the archive as ARCHIVE.bisect.json.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def compiler_cmd(archive, backend, device, tol, current_config, first_backend, max_time, summary_path, sidecar,
+                 as_json, quiet):
+    """Find the compiler stage that makes ARCHIVE fail, with PyTorch's compiler bisector.
+
+    Backends eager, aot_eager, aot_eager_decomp_partition and inductor are tried in turn; in the
+    first that fails, each subsystem (pre/joint/post-grad passes, config changes, lowerings ...)
+    is turned off, and the application that makes the failure appear is found by binary search.
+    Every replay runs in a child process judged by the recorded failure's signature (a
+    different failure does not count as the failure); the bisector's state lives in a private
+    folder, removed at the end, so later compiles are untouched. Prints the settings that make
+    the failure appear and disappear.
+    """
+    import reproarchive
+
+    settings = reproarchive.ReplaySettings(backend=backend, device=device, tol=tol, current_config=current_config)
+    show = None if (quiet or as_json) else (lambda step: click.echo(terminal_lines(step_line(step)), err=True))
+    result = reproarchive.bisect_compiler(archive, settings, max_time=max_time, on_step=show,
+                                          first_backend=first_backend)
+    if sidecar and result.status == "found":  # an unfinished search never replaces a finished one
+        reproarchive.write_bisection(result, archive)
+    _report(result, archive, compiler_lines, summary_path=summary_path, as_json=as_json)
+
+
+@bisect_group.command("torch", epilog=TORCH_EPILOG)
+@click.argument("archive", type=click.Path(dir_okay=False))
+@click.option("--env", "interpreters", multiple=True, required=True, metavar="PYTHON",
+              help="An environment to replay in: the path of its Python interpreter. Give several, in order "
+                   "(oldest torch first); each replays with its own installed reproarchive, or with this "
+                   "one's code when it has none.")
+@click.option("--backend", metavar="NAME", help="Replay with NAME in every environment (default: the archive's).")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop after this long (status incomplete, exit 3).")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def torch_cmd(archive, interpreters, backend, max_time, summary_path, as_json, quiet):
+    """Replay ARCHIVE under several Python environments and name the first where it fails.
+
+    Verdicts: good, bad (the recorded failure's signature), different failure, or cannot load
+    here (that environment's reproarchive refuses the archive, or its torch lacks the backend,
+    device or an operator: skipped, as git bisect skips 125). The torch commits between the last
+    good and the first bad environment come from torch.version.git_version.
+    """
+    import reproarchive
+
+    show = None if (quiet or as_json) else (lambda v: click.echo(terminal_lines(env_line(v)), err=True))
+    result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,
+                                       on_verdict=show)
+    _report(result, archive, torch_lines, summary_path=summary_path, as_json=as_json)

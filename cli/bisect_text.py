@@ -1,0 +1,82 @@
+"""What ``bisect compiler`` and ``bisect torch`` print for people, and the summary they write for
+a bug report (Markdown, or HTML for a ``.html`` file)."""
+
+from __future__ import annotations
+
+import html
+
+_MAX_GRAPH_LINES = 120  # a longer graph is left out of a summary: the archive has it
+
+
+def step_line(step) -> str:
+    """One progress line per replay of ``bisect compiler``."""
+    where = step.backend + (f" / {step.subsystem}" if step.subsystem else "")
+    state = f" {step.state}" if step.state else ""
+    if step.bisect_range:
+        low, high = step.bisect_range
+        state += f" [{low}, {high}] on up to {(low + high) // 2}"
+    if not step.replayed:
+        return f"bisect: {where}: taken as good (before --from)"
+    seen = f" ({step.observed})" if step.observed and step.verdict != "bad" else ""
+    return f"bisect: {where}{state}: {step.verdict}{seen} in {step.seconds:.1f}s"
+
+
+def env_line(verdict) -> str:
+    """One progress line per environment of ``bisect torch``."""
+    extra = f" ({verdict.reason})" if verdict.reason else ""
+    return f"bisect: {verdict.python}: torch {verdict.torch or '?'}: {verdict.verdict}{extra}"
+
+
+def compiler_lines(result) -> list[str]:
+    """The result of ``bisect compiler`` with the settings that make the failure appear and go."""
+    lines = [result.summary]
+    if result.status == "found":
+        if result.debug_info:
+            lines.append(f"  debug info (PyTorch): {result.debug_info}")
+        if result.appear is not None:
+            lines.append("  the failure appears with:")
+            lines.append("    " + _trial_text(result.appear, result.archive))
+        if result.disappear is not None:
+            lines.append("  and disappears with:")
+            lines.append("    " + _trial_text(result.disappear, result.archive))
+    lines.append(f"  {result.replays} replays in {result.seconds:.0f}s (torch {result.torch}, "
+                 f"replayed with {result.replayed_backend} at the inductor stage)")
+    if result.other_failures:
+        lines.append(f"  {result.other_failures} replays failed differently from the recorded failure; "
+                     "they counted as not reproducing it (see --json)")
+    return lines
+
+
+def _trial_text(trial, archive: str) -> str:
+    config = "".join(f"  # with {k} = {v}" for k, v in sorted(trial.config.items()))
+    return trial.command(archive) + config
+
+
+def torch_lines(result) -> list[str]:
+    lines = [result.summary]
+    for v in result.verdicts:
+        lines.append(f"  {v.verdict:<18} {v.python}  torch {v.torch or '?'} ({v.git_version or 'no git version'}), "
+                     f"read by {v.reader}" + (f": {v.reason}" if v.reason else ""))
+    if result.commit_range:
+        lines.append(f"  commits to look at: {result.commit_range}")
+    return lines
+
+
+def summary(result, *, graph: str | None, html_page: bool) -> str:
+    """A summary to paste into a bug report: what was found, how to see it, the graph."""
+    if hasattr(result, "verdicts"):
+        body, title = torch_lines(result), "bisect torch"
+    else:
+        body, title = compiler_lines(result), "bisect compiler"
+    if graph is not None and graph.count("\n") > _MAX_GRAPH_LINES:
+        graph = None
+    if html_page:
+        parts = [f"<!doctype html><meta charset=utf-8><title>reproarchive {title}</title>",
+                 f"<h1>reproarchive {title}</h1>", "<pre>" + html.escape("\n".join(body)) + "</pre>"]
+        if graph is not None:
+            parts += ["<h2>The graph</h2>", "<pre>" + html.escape(graph) + "</pre>"]
+        return "\n".join(parts) + "\n"
+    parts = [f"### reproarchive {title}", "", "```", *body, "```"]
+    if graph is not None:
+        parts += ["", "The graph:", "", "```python", graph.rstrip(), "```"]
+    return "\n".join(parts) + "\n"

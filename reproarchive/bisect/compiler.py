@@ -1,0 +1,285 @@
+"""``bisect compiler``: which compiler stage, pass or lowering makes an archive fail.
+
+PyTorch's own ``torch._inductor.compiler_bisector.CompilerBisector`` does the search (backends
+eager -> aot_eager -> aot_eager_decomp_partition -> inductor, then each backend's subsystems,
+then a binary search over one subsystem's applications); this module gives it a test, the
+archive's replay, and keeps its state private:
+
+* every replay runs in a child process (``compiler_child``) that gets the bisector's state the
+  way ``compiler_bisector run`` hands it to its command (``TORCH_BISECT_*`` variables), so a
+  crash is a verdict and nothing the compiler does stays in this process;
+* the state folder is a fresh temporary folder per bisection, set as the bisector's
+  ``in_process_cache`` before it starts (so its opening ``delete_bisect_status`` cannot touch
+  the user's ``<inductor cache>/bisect``) and removed afterwards, whatever happened; the
+  bisector's class state (enabled flag, folder, counters) is put back as it was;
+* the verdict is the replay's: "bad" only when the recorded failure's strict signature
+  appears; a different failure counts as "not the recorded failure" for the search (as a pass
+  would), and the result says how many steps saw one.
+
+The bisector keeps its state on its class, so one process runs one bisection at a time
+(``_ONE_AT_A_TIME``); separate processes each have their own folder and run side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from reproarchive.bisect.compiler_child import CONFIG_CHANGE_BACKEND, WRAPPED_ENV
+from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, BisectStep, CompilerBisection, Trial
+from reproarchive.child import run_child
+from reproarchive.codec.checks import recorded_devices
+from reproarchive.codec.devices import resolve_devices
+from reproarchive.context.environment import child_environment
+from reproarchive.errors import BackendUnavailableError, ReproArchiveError
+from reproarchive.replay.backends import resolve_backend
+from reproarchive.replay.isolation import child_outcome
+from reproarchive.replay.outcome import DIFFERENT, REPRODUCED
+from reproarchive.replay.settings import ReplaySettings
+
+_CHILD = "reproarchive.bisect.compiler_child"
+BISECT_VARIABLES = ("TORCH_BISECT_BACKEND", "TORCH_BISECT_SUBSYSTEM", "TORCH_BISECT_MAX")
+_ONE_AT_A_TIME = threading.Lock()
+
+StepFn = Callable[[BisectStep], None]
+
+
+class _OutOfTime(Exception):
+    """--max-time ran out: raised through PyTorch's loop, caught by ``bisect_compiler``."""
+
+
+def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = None, *,
+                    max_time: float | None = None, on_step: StepFn | None = None,
+                    first_backend: str | None = None) -> CompilerBisection:
+    """Find the compiler stage that makes the archive at ``path`` fail; see the module docstring.
+
+    ``settings``: the replay's settings (backend None: the archive's; a recorded custom
+    ``module:function`` must be named to be run, as for ``run``). That backend replays at
+    PyTorch's "inductor" stage; the earlier stages replay with PyTorch's named backends.
+    ``first_backend`` starts the search at that stage, taking the earlier ones as good without
+    replaying them (said in the steps). ``on_step`` hears of each replay as it ends.
+    Raises BackendUnavailableError (125) when the archive's backend is missing here, and
+    ArchiveError (2) for an unreadable archive; interrupts propagate after the state folder
+    is removed.
+    """
+    from torch._inductor import compiler_bisector as pt
+
+    settings = settings or ReplaySettings()
+    for name in BISECT_VARIABLES:
+        if os.environ.get(name):
+            raise ReproArchiveError(f"{name} is set in this environment, which would steer PyTorch's bisector",
+                                    f"unset {name} and run again")
+    if first_backend is not None and first_backend not in pt.BACKENDS:
+        raise ReproArchiveError(f"{first_backend!r} is not one of PyTorch's bisection backends",
+                                f"use one of: {', '.join(pt.BACKENDS)}")
+    facts = _archive_facts(path, settings)
+    search = _Search(path, settings, facts, max_time=max_time, on_step=on_step, first_backend=first_backend)
+    with _ONE_AT_A_TIME, search.private_state(pt) as log:
+        status = "found"
+        try:
+            found = pt.CompilerBisector.do_bisect(search.test)
+        except BaseException as exc:
+            # do_bisect's own cleanup runs when its frame goes: now, while the state folder is
+            # still the private one (later, it would delete the user's <cache>/bisect)
+            traceback.clear_frames(exc.__traceback__)
+            if not isinstance(exc, _OutOfTime):
+                raise
+            found, status = None, "incomplete"
+        if found is None and status == "found":
+            status = "not reproduced"
+        debug_info = found.debug_info if found else None
+    return search.result(found, status, debug_info, log.getvalue().splitlines())
+
+
+def _archive_facts(path, settings: ReplaySettings) -> dict:
+    """The archive's digest, recorded environment and device plan, and the backend that
+    replays at the "inductor" stage (checked here: 125 before any replay when missing)."""
+    from reproarchive.format.reader import ContainerReader
+
+    with ContainerReader(path) as reader:
+        index = reader.index
+        records = index.records
+        chosen = settings.for_recorded(records.backend, records.accuracy)
+        plan = resolve_devices(recorded_devices(index), settings.device)
+        digest = reader.index_digest
+    resolve_backend(chosen.backend)
+    return {"settings": chosen, "plan": plan, "environment": records.environment, "digest": digest}
+
+
+class _Search:
+    """The test PyTorch's bisector calls, and what it saw."""
+
+    def __init__(self, path, settings, facts, *, max_time, on_step, first_backend):
+        self.path = os.fspath(os.path.abspath(path))
+        self.settings: ReplaySettings = facts["settings"]
+        self.facts = facts
+        self.deadline = None if max_time is None else time.monotonic() + max_time
+        self.on_step = on_step
+        self.first_backend = first_backend
+        self.steps: list[BisectStep] = []
+        self.started = time.monotonic()
+        self.state: str | None = None
+
+    # --- the bisector's state, private to this bisection ---------------------------------
+
+    @contextlib.contextmanager
+    def private_state(self, pt):
+        """A fresh state folder set as the bisector's; its class state put back afterwards.
+        Yields the buffer PyTorch's progress messages are printed into."""
+        bisector = pt.CompilerBisector
+        saved = (bisector.bisection_enabled, bisector.in_process_cache, list(pt.BACKENDS["inductor"]))
+        self.state = tempfile.mkdtemp(prefix="reproarchive-bisect-")
+        bisector.in_process_cache = self.state
+        log = io.StringIO()
+        self.stdout = sys.stdout
+        try:
+            with contextlib.redirect_stdout(log):
+                yield log
+        finally:
+            bisector.bisection_enabled, bisector.in_process_cache, inductor = saved
+            pt.BACKENDS["inductor"][:] = inductor
+            pt.subsystem_call_counter.clear()
+            shutil.rmtree(self.state, ignore_errors=True)
+
+    # --- the test ----------------------------------------------------------------------------
+
+    def test(self) -> bool:
+        """One replay under the bisector's current state: True when the recorded failure does
+        not appear (PyTorch's "good")."""
+        from torch._inductor.compiler_bisector import CompilerBisector as bisector
+
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _OutOfTime()
+        stage = bisector.get_backend() or "eager"
+        subsystem = bisector.get_subsystem()
+        state = bisector.get_run_state(stage, subsystem) if subsystem else None
+        bounds = bisector.get_bisect_range(stage, subsystem) if state == "bisect" else None
+        trial = self.trial(stage, subsystem, state)
+        start = time.monotonic()
+        replayed = not self._before_first(stage)
+        verdict, observed = self._replay(trial) if replayed else (GOOD, None)
+        step = BisectStep(backend=stage, subsystem=subsystem, state=state, bisect_range=bounds, trial=trial,
+                          verdict=verdict, observed=observed, seconds=round(time.monotonic() - start, 3),
+                          replayed=replayed)
+        self.steps.append(step)
+        if self.on_step is not None:
+            with contextlib.redirect_stdout(self.stdout):  # the caller's output is not PyTorch's log
+                self.on_step(step)
+        return verdict != BAD
+
+    def _before_first(self, stage: str) -> bool:
+        from torch._inductor.compiler_bisector import BACKENDS
+
+        names = list(BACKENDS)
+        return self.first_backend is not None and names.index(stage) < names.index(self.first_backend)
+
+    def trial(self, stage: str, subsystem: str | None, state: str | None) -> Trial:
+        """The settings PyTorch's ``compiler_bisector run`` would hand its command now."""
+        env = {"TORCH_BISECT_BACKEND": stage}
+        config: dict[str, str] = {}
+        if subsystem:
+            env["TORCH_BISECT_SUBSYSTEM"] = subsystem
+            if state == "test_disable":
+                env["TORCH_BISECT_MAX"] = "-1"  # every application off
+            change = _config_change(stage, subsystem)
+            if change is not None:
+                field, value = change
+                config[f"torch._inductor.config.{field}" if stage == "inductor" else
+                       f"torch._functorch.config.{field}"] = repr(value)
+        return Trial(backend=self.stage_backend(stage), env=env, config=config)
+
+    def stage_backend(self, stage: str) -> str:
+        """PyTorch's backend for ``stage``, except at "inductor", the last stage, where the
+        archive's own backend replays when it is not one of the stages (a custom
+        ``module:function`` built on inductor, an out-of-tree backend)."""
+        from torch._inductor.compiler_bisector import BACKENDS
+
+        chosen = self.settings.backend
+        if stage == "inductor" and chosen not in BACKENDS:
+            return chosen
+        return stage
+
+    def _replay(self, trial: Trial) -> tuple[str, str | None]:
+        env = {k: v for k, v in child_environment(self.facts["environment"]).items() if k not in BISECT_VARIABLES}
+        env.update(trial.env)
+        backend = trial.backend
+        if trial.config and trial.env["TORCH_BISECT_BACKEND"] == "inductor":
+            env[WRAPPED_ENV] = backend  # the config change is applied inside the recorded config
+            backend = CONFIG_CHANGE_BACKEND
+        request = {"path": self.path, "state": self.state,
+                   "settings": self.settings.replace(backend=backend).to_plain(),
+                   "plan": self.facts["plan"].to_plain()}
+        try:
+            result, died = run_child(_CHILD, request, env=env)
+        except BackendUnavailableError:
+            if trial.backend == self.settings.backend:
+                raise  # the archive's own backend is missing in the child: nothing to bisect
+            return SKIPPED, None  # this torch lacks one of PyTorch's stage backends
+        outcome = child_outcome(self.path, result, died)
+        observed = outcome.observed.signature if outcome.observed is not None else None
+        if outcome.status == REPRODUCED:
+            return BAD, observed
+        return (OTHER if outcome.status == DIFFERENT else GOOD), observed
+
+    # --- the result --------------------------------------------------------------------------
+
+    def result(self, found, status: str, debug_info: str | None, log: list[str]) -> CompilerBisection:
+        import torch
+
+        appear, disappear = self._around(found) if found is not None else (None, None)
+        return CompilerBisection(
+            archive=self.path, digest=self.facts["digest"], torch=torch.__version__, status=status,
+            backend=found.backend if found else None, subsystem=found.subsystem if found else None,
+            bisect_number=found.bisect_number if found and found.subsystem else None,
+            debug_info=debug_info, replayed_backend=self.settings.backend, appear=appear, disappear=disappear,
+            steps=tuple(self.steps), replays=sum(1 for s in self.steps if s.replayed),
+            other_failures=sum(1 for s in self.steps if s.verdict == OTHER),
+            seconds=round(time.monotonic() - self.started, 3), pytorch_log=tuple(log))
+
+    def _around(self, found) -> tuple[Trial, Trial | None]:
+        """The settings that make the failure appear and disappear at the culprit.
+
+        A bisected subsystem: its applications up to the bisect number on
+        (``TORCH_BISECT_MAX=N``) fail, up to the one before it pass. A config change: without it
+        the failure appears, with it it is gone. A backend alone: it fails, the backend
+        before it passes."""
+        from torch._inductor.compiler_bisector import BACKENDS
+
+        stage, subsystem = found.backend, found.subsystem
+        base = {"TORCH_BISECT_BACKEND": stage}
+        backend = self.stage_backend(stage)
+        if subsystem is None:
+            names = list(BACKENDS)
+            before = names[names.index(stage) - 1] if names.index(stage) > 0 else None
+            return (Trial(backend=backend, env={}, config={}),
+                    Trial(backend=self.stage_backend(before), env={}, config={}) if before else None)
+        if _config_change(stage, subsystem) is not None:  # a config value, not an env variable, makes it go
+            return Trial(backend=backend, env={}, config={}), Trial(
+                backend=backend, env={}, config=self.trial(stage, subsystem, "test_disable").config)
+        number = found.bisect_number
+        env = {**base, "TORCH_BISECT_SUBSYSTEM": subsystem}
+        return (Trial(backend=backend, env={**env, "TORCH_BISECT_MAX": str(number)}, config={}),
+                Trial(backend=backend, env={**env, "TORCH_BISECT_MAX": str(number - 1)}, config={}))
+
+
+def _config_change(stage: str, subsystem: str) -> tuple[str, object] | None:
+    from torch._inductor.compiler_bisector import BACKENDS, ConfigChange
+
+    for s in BACKENDS.get(stage, ()):
+        if s.name == subsystem and isinstance(s, ConfigChange):
+            return s.config_field, s.config_value
+    return None
+
+
+def state_folders() -> list[Path]:
+    """Bisection state folders of this machine's running bisections (for tests and doctor)."""
+    return sorted(Path(tempfile.gettempdir()).glob("reproarchive-bisect-*"))

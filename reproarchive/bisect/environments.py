@@ -1,0 +1,166 @@
+"""``bisect torch``: replay one archive under several Python environments, in the order given,
+and name the first one where the recorded failure appears.
+
+Each environment is an interpreter (a path). It is asked what it has (``env_probe``: Python,
+torch, ``torch.version.git_version``, reproarchive) and then replays the archive with its own
+installed reproarchive (``reproarchive run ARCHIVE --json``), in a fresh process whose
+``PYTHONPATH`` is cleared so nothing of this process's imports leaks in. An environment without
+a reproarchive replays with this reproarchive's own code, put on its path (the "bundled"
+reader: the same code, not a separate implementation; its dependencies must be importable there).
+
+Verdicts, from the replay's exit code and JSON document:
+
+* good (0, passed), bad (1, the recorded failure's signature), different failure (3);
+* cannot load here: that reader refuses the archive (a format or record too new for it: exit 2
+  with an archive error), lacks the backend, device or an operator (125), or the environment
+  cannot run a replay at all (no torch, a crash of the reader): skipped, as git bisect skips 125.
+
+The first bad environment, and the last good one before it, give the torch commit range to
+look at (their ``git_version``s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, TorchBisection
+from reproarchive.errors import ReproArchiveError, SourceError
+
+_PROBE = Path(__file__).with_name("env_probe.py")
+_CLI = "import sys; from reproarchive.cli import main; sys.exit(main())"
+_BUNDLE = Path(__file__).resolve().parents[2]  # the folder that holds this reproarchive (and cli/)
+_CANNOT_LOAD_CODES = {"E_VERSION", "E_SCHEMA", "E_ARCHIVE", "E_CORRUPT", "E_UNSAFE", "E_LIMIT", "E_NOT_REPLAYABLE",
+                      "E_BACKEND", "E_DEVICE"}
+_PROBE_TIMEOUT = 120
+
+VerdictFn = Callable[[EnvVerdict], None]
+
+
+def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: str | None = None,
+                 max_time: float | None = None, on_verdict: VerdictFn | None = None) -> TorchBisection:
+    """Replay the archive at ``path`` under each interpreter in ``interpreters``, in order; see
+    the module docstring. ``backend`` is passed to each replay as ``--backend``. Raises
+    SourceError (exit 4) when the archive or an interpreter is missing."""
+    archive = Path(path).resolve()
+    if not archive.is_file():
+        raise SourceError(f"{path} does not exist or is not a file", "give the path of an archive")
+    if not interpreters:
+        raise ReproArchiveError("no environment to replay in", "give one or more --env PATH-TO-PYTHON")
+    for python in interpreters:
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise SourceError(f"{python} is not an executable interpreter", "give the path of a python in each --env")
+    started = time.monotonic()
+    deadline = None if max_time is None else started + max_time
+    verdicts: list[EnvVerdict] = []
+    status = "done"
+    for python in interpreters:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            status = "incomplete"
+            break
+        verdict = _judge(python, archive, backend, timeout=left)
+        verdicts.append(verdict)
+        if on_verdict is not None:
+            on_verdict(verdict)
+    return _result(str(archive), verdicts, status, round(time.monotonic() - started, 3))
+
+
+def _environment(bundle: bool) -> dict[str, str]:
+    """This process's environment without the paths that would make another interpreter import
+    this process's packages (only the bundled reader's folder, when it is used)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    if bundle:
+        env["PYTHONPATH"] = str(_BUNDLE)
+    return env
+
+
+def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | None) -> EnvVerdict:
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="reproarchive-env-") as cwd:
+        facts, problem = _probe(python, cwd)
+        facts = facts or {}
+        base = dict(python=python, torch=facts.get("torch"), git_version=facts.get("git_version"),
+                    python_version=facts.get("python"))
+        if problem is not None or facts.get("torch_error"):
+            return EnvVerdict(**base, reader="none", verdict=SKIPPED, exit_code=None,
+                              reason=problem or f"torch cannot be imported: {facts['torch_error']}",
+                              seconds=round(time.monotonic() - start, 3))
+        installed = facts.get("reproarchive")
+        reader = (f"installed reproarchive {facts.get('reproarchive_version') or '?'} ({installed})" if installed
+                  else f"bundled: this reproarchive's code ({_BUNDLE})")
+        argv = [python, "-c", _CLI, "run", str(archive), "--json", "--quiet"]
+        if backend:
+            argv += ["--backend", backend]
+        try:
+            done = subprocess.run(argv, cwd=cwd, env=_environment(bundle=not installed), capture_output=True,
+                                  text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return EnvVerdict(**base, reader=reader, verdict=SKIPPED, exit_code=None,
+                              reason="--max-time ran out during this replay",
+                              seconds=round(time.monotonic() - start, 3))
+    verdict, reason = _verdict(done.returncode, done.stdout, done.stderr)
+    return EnvVerdict(**base, reader=reader, verdict=verdict, exit_code=done.returncode, reason=reason,
+                      seconds=round(time.monotonic() - start, 3))
+
+
+def _probe(python: str, cwd: str) -> tuple[dict | None, str | None]:
+    try:
+        done = subprocess.run([python, str(_PROBE)], cwd=cwd, env=_environment(bundle=False), capture_output=True,
+                              text=True, errors="replace", timeout=_PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"the interpreter did not answer within {_PROBE_TIMEOUT}s"
+    lines = done.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1]), None
+    except (IndexError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"the interpreter cannot run ({tail[:200]})"
+
+
+def _verdict(code: int, stdout: str, stderr: str) -> tuple[str, str | None]:
+    """The verdict of one replay from its exit code and ``--json`` document."""
+    try:
+        document = json.loads(stdout)
+    except ValueError:
+        document = None
+    error = document.get("error") if isinstance(document, dict) else None
+    if code == 0:
+        return GOOD, None
+    if code == 1:
+        return BAD, None
+    if code == 3:
+        observed = (document or {}).get("observed") or {}
+        return OTHER, str(observed.get("signature") or "") or None
+    if isinstance(error, dict):
+        why = str(error.get("message") or "")[:300]
+        if error.get("code") in _CANNOT_LOAD_CODES or code == 125:
+            return SKIPPED, f"cannot load here: {why}"
+        return SKIPPED, f"the replay could not run ({error.get('code')}): {why}"
+    tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return SKIPPED, f"the replay ended with exit status {code} without a verdict ({tail})"
+
+
+def _result(archive: str, verdicts: list[EnvVerdict], status: str, seconds: float) -> TorchBisection:
+    first_bad = next((i for i, v in enumerate(verdicts) if v.verdict == BAD), None)
+    last_good = None
+    if first_bad is not None:
+        last_good = next((i for i in range(first_bad - 1, -1, -1) if verdicts[i].verdict == GOOD), None)
+    commit_range = None
+    if first_bad is not None and last_good is not None:
+        good, bad = verdicts[last_good].git_version, verdicts[first_bad].git_version
+        if good and bad and good != bad:
+            commit_range = f"{good}..{bad}"
+    if status == "done":
+        status = "found" if first_bad is not None else "no bad environment"
+    return TorchBisection(
+        archive=archive, status=status, verdicts=tuple(verdicts),
+        first_bad=verdicts[first_bad].python if first_bad is not None else None,
+        last_good=verdicts[last_good].python if last_good is not None else None,
+        commit_range=commit_range, seconds=seconds, python=sys.version.split()[0])

@@ -1,0 +1,162 @@
+"""What a bisection found, as typed records: the ``--json`` document of ``bisect compiler`` and
+``bisect torch``, and the sidecar file (``ARCHIVE.bisect.json``) that keeps the compiler's
+answer next to the archive it is about.
+
+A sidecar is read back through the same declarations (``read_bisection``), so a tool that opens
+it gets a checked record, never a raw dict; ``spec/json/reports.schema.json`` describes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from pathlib import Path
+
+from reproarchive.format.atomic import atomic_file
+from reproarchive.format.plain import PlainRecord, from_plain
+
+# verdicts of one replay, from the point of view of the recorded failure
+GOOD = "good"  # it passed: the recorded failure did not appear
+BAD = "bad"  # the recorded failure (its strict signature) appeared
+OTHER = "different failure"  # a failure with another signature: not "bad", reported as such
+SKIPPED = "skipped"  # cannot run or load here (git bisect's 125)
+
+SIDECAR_SUFFIX = ".bisect.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """Settings under which one replay ran: the backend, the ``TORCH_BISECT_*`` variables that
+    PyTorch's bisector reads, and inductor config values. ``command`` is the same as a shell
+    line that replays the archive so, for a person to paste."""
+
+    backend: str
+    env: dict[str, str]
+    config: dict[str, str]  # torch config name -> Python literal of the value
+
+    def command(self, archive: str) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        line = f"reproarchive run {shlex.quote(archive)} --backend {shlex.quote(self.backend)}"
+        return f"{env} {line}".strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class BisectStep:
+    """One replay of the bisection: what PyTorch's bisector asked for and what it saw."""
+
+    backend: str  # the bisector's backend stage
+    subsystem: str | None
+    state: str | None  # the bisector's run state: test_disable, find_max_bounds, bisect
+    bisect_range: tuple[int, ...] | None  # bisect: (low, high); applications past the middle are off
+    trial: Trial
+    verdict: str  # good, bad, different failure, skipped
+    observed: str | None  # the observed failure's signature, if any
+    seconds: float
+    replayed: bool  # False: a stage before --from, taken as good without a replay
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerBisection(PlainRecord):
+    """What ``bisect compiler`` found; ``to_plain()`` is its ``--json`` and the sidecar.
+
+    status: "found" (a backend, and where PyTorch could tell, a subsystem and the application
+    that makes the failure appear), "not reproduced" (no backend, the archive's included, shows
+    the recorded failure here), or "incomplete" (--max-time or Ctrl-C ended it first).
+    ``appear`` / ``disappear``: the settings that make the recorded failure appear and
+    disappear (the last bad and first good trial around the culprit).
+    """
+
+    archive: str
+    digest: str
+    torch: str
+    status: str
+    backend: str | None
+    subsystem: str | None
+    bisect_number: int | None
+    debug_info: str | None
+    replayed_backend: str  # what replays at the "inductor" stage: the archive's or --backend
+    appear: Trial | None
+    disappear: Trial | None
+    steps: tuple[BisectStep, ...]
+    replays: int
+    other_failures: int
+    seconds: float
+    pytorch_log: tuple[str, ...]  # what torch._inductor.compiler_bisector printed, in order
+
+    COMPUTED = ("summary",)
+
+    @property
+    def summary(self) -> str:
+        """One line: where the failure is, or why nothing was named."""
+        if self.status != "found":
+            return f"bisect compiler: {self.status}"
+        parts = [f"backend {self.backend}"]
+        if self.subsystem:
+            parts.append(f"subsystem {self.subsystem}")
+        if self.bisect_number is not None:
+            parts.append(f"bisect number {self.bisect_number}")
+        if self.debug_info:
+            parts.append(f"({self.debug_info})")
+        return "the failure is in " + ", ".join(parts)
+
+
+def sidecar_path(archive: str | os.PathLike) -> Path:
+    return Path(os.fspath(archive) + SIDECAR_SUFFIX)
+
+
+def write_bisection(result: CompilerBisection, archive: str | os.PathLike) -> Path:
+    """``ARCHIVE.bisect.json``, written whole or not at all."""
+    path = sidecar_path(archive)
+    with atomic_file(path) as f:
+        f.write((json.dumps(result.to_plain(), indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def read_bisection(archive: str | os.PathLike) -> CompilerBisection:
+    """The bisection stored next to ``archive``, checked against its declaration."""
+    return from_plain(CompilerBisection, json.loads(sidecar_path(archive).read_text(encoding="utf-8")))
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvVerdict:
+    """One environment's replay: who read the archive there, and what it found."""
+
+    python: str  # the interpreter, as given
+    python_version: str | None
+    torch: str | None
+    git_version: str | None  # torch.version.git_version: the commit torch was built from
+    reader: str  # "installed reproarchive V (path)", "bundled: ...", or "none"
+    verdict: str  # good, bad, different failure, skipped (cannot load here)
+    exit_code: int | None
+    reason: str | None  # why it was skipped, or the different failure's signature
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchBisection(PlainRecord):
+    """What ``bisect torch`` found; ``to_plain()`` is its ``--json``.
+
+    status: "found" (a first bad environment), "no bad environment", or "incomplete" (--max-time).
+    ``commit_range``: ``GOOD..BAD`` torch commits, from the last good environment before the
+    first bad one, when both report a git version.
+    """
+
+    archive: str
+    status: str
+    verdicts: tuple[EnvVerdict, ...]
+    first_bad: str | None
+    last_good: str | None
+    commit_range: str | None
+    seconds: float
+    python: str  # the interpreter that ran the bisection
+
+    COMPUTED = ("summary",)
+
+    @property
+    def summary(self) -> str:
+        if self.first_bad is None:
+            return f"bisect torch: {self.status}"
+        after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
+        return f"the first bad environment is {self.first_bad}{after}"
