@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import random
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,15 +48,55 @@ class LoweringError(RuntimeError):
     """What ``no_lowering`` raises: a compile error of a compiler missing an op."""
 
 
+#: "Another torch" for ``triage --against``: ops this variable names (``sigmoid,tanh``) have a
+#: lowering now; ops ``FLEET_BROKEN_ENV`` names have one that fails differently. Both variables
+#: steer the compiler, so they are part of the environment a verdict is cached under.
+FLEET_FIXED_ENV = "TORCHINDUCTOR_FLEET_TEST_LOWERED"
+FLEET_BROKEN_ENV = "TORCHINDUCTOR_FLEET_TEST_BROKEN"
+
+
 def no_lowering(gm: fx.GraphModule, example_inputs):
     """A compiler without lowerings for ``torch.sigmoid`` and ``torch.tanh``: it raises on the
     first node calling one, quoting the node and where the model called it."""
+    lowered = set(filter(None, os.environ.get(FLEET_FIXED_ENV, "").split(",")))
+    broken = set(filter(None, os.environ.get(FLEET_BROKEN_ENV, "").split(",")))
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _UNSUPPORTED:
+        op = getattr(node.target, "__name__", "")
+        if node.op == "call_function" and op in broken:
+            raise ValueError(f"the lowering of {node.name} produced a tensor of the wrong layout")
+        if node.op == "call_function" and node.target in _UNSUPPORTED and op not in lowered:
             frames = [ln.strip() for ln in (node.meta.get("stack_trace") or "").splitlines()
                       if ln.strip().startswith("File") and "/torch/" not in ln]
             raise LoweringError(f"no lowering for node {node.name} ({frames[-1] if frames else 'no stack trace'})")
     return gm.forward
+
+
+def segfaulting(gm: fx.GraphModule, example_inputs):
+    """A compiler that dies of SIGSEGV (reads address 0), as native compiler bugs do."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def hanging(gm: fx.GraphModule, example_inputs):
+    """A compiler that never returns."""
+    while True:
+        time.sleep(1)
+
+
+SEGFAULTING, HANGING = f"{__name__}:segfaulting", f"{__name__}:hanging"
+
+
+def pack_with_backend(path: Path, backend: str, *, seed: int = 0) -> Path:
+    """A small real graph recorded as failing to compile with ``backend`` (a compile error of
+    the kind the backend's bug shows as elsewhere): what a fleet holds for a compiler that
+    crashes or hangs on replay."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    failure = {"stage": "compile", "exception_type": "RuntimeError", "message": f"{backend} failed",
+               "signature": f"compile|RuntimeError|{backend} failed", "backend": backend}
+    return reproarchive.pack(fx.symbolic_trace(model), [torch.randn(2, 4)], path, backend=backend, failure=failure,
+                             snapshot=False)
 
 
 # The models, written per machine into a file of their own so that paths and line numbers differ.
@@ -174,9 +216,9 @@ def _failure(bug: str, gm: fx.GraphModule, inputs: list) -> tuple[str, object]:
     raise AssertionError(f"bug {bug} did not fail on this graph")
 
 
-def build(root: Path, count: int = 200, *, seed: int = 0) -> list[Member]:
-    """``count`` archives under ``root/archives``, spread evenly over the five bugs, each packed
-    from a model, a shape and a machine chosen by ``seed``."""
+def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] = BUGS) -> list[Member]:
+    """``count`` archives under ``root/archives``, spread evenly over ``bugs`` (default: all
+    five), each packed from a model, a shape and a machine chosen by ``seed``."""
     rng = random.Random(seed)
     out = root / "archives"
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +227,7 @@ def build(root: Path, count: int = 200, *, seed: int = 0) -> list[Member]:
     records = {"config": config_snapshot(), "environment": environment_snapshot(), "system": system_snapshot()}
     members = []
     for k in range(count):
-        bug = BUGS[k % len(BUGS)]
+        bug = bugs[k % len(bugs)]
         model = rng.choice(sorted(_MODELS))
         machine = rng.randrange(8)
         n, batch = rng.choice((4, 6, 8, 12)), rng.choice((1, 2, 3, 5))
