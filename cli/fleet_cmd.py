@@ -67,7 +67,8 @@ def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_re
         else:
             executor = reproarchive.LocalExecutor(jobs)
         with executor:
-            report = reproarchive.triage(source, actions=tuple(actions) or ("replay", "minify"), executor=executor,
+            report = reproarchive.triage_fleet(source, actions=tuple(actions) or ("replay", "minify"),
+                                               executor=executor,
                                          settings=settings, trusted_backends=tuple(trusted), level=level,
                                          max_time=max_time, against=against, run=not group_only,
                                          progress=None if as_json and not sys.stderr.isatty() else _progress)

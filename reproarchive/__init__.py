@@ -43,7 +43,7 @@ _EXPORTS = {
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",
     # a fleet: group, replay and minify one per group on an engine, verdicts cached (issue 28)
-    "triage": "reproarchive.triage.fleet",
+    "triage_fleet": "reproarchive.triage.fleet",
     "TriageReport": "reproarchive.triage.fleet",
     "write_triage_page": "reproarchive.triage.fleet_page",
     "Executor": "reproarchive.triage.engine",

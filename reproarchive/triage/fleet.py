@@ -117,10 +117,11 @@ class TriageReport(PlainRecord):
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
-def triage(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAULT_ACTIONS, executor: Executor | None = None,
-           settings: ReplaySettings | None = None, trusted_backends: tuple[str, ...] = (), level: str = DEFAULT_LEVEL,
-           max_time: float | None = None, against: str | None = None, run: bool = True,
-           progress: ProgressFn | None = None, storage_options: dict | None = None) -> TriageReport:
+def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAULT_ACTIONS,
+                 executor: Executor | None = None, settings: ReplaySettings | None = None,
+                 trusted_backends: tuple[str, ...] = (), level: str = DEFAULT_LEVEL, max_time: float | None = None,
+                 against: str | None = None, run: bool = True, progress: ProgressFn | None = None,
+                 storage_options: dict | None = None) -> TriageReport:
     """Group the archives of ``source`` and run ``actions`` on one member per group (module
     docstring). ``executor``: where tasks run (default: one local process at a time);
     ``trusted_backends``: recorded ``module:function`` compilers the replays may import;
