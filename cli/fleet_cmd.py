@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -71,7 +70,7 @@ def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_re
                                                executor=executor,
                                          settings=settings, trusted_backends=tuple(trusted), level=level,
                                          max_time=max_time, against=against, run=not group_only,
-                                         progress=None if as_json and not sys.stderr.isatty() else _progress)
+                                         progress=_progress)
         page = reproarchive.write_triage_page(report, html) if html else None
     if as_json:
         emit_json(report.to_plain())

@@ -34,6 +34,7 @@ from reproarchive.replay.differences import DoctorReport
 from reproarchive.replay.outcome import Outcome
 from reproarchive.standalone.script import ExportReport
 from reproarchive.triage.diff import DiffReport
+from reproarchive.triage.fleet import TriageReport
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "spec" / "json" / "reports.schema.json"
 
@@ -100,6 +101,7 @@ DOCUMENTS: dict[str, tuple[type | str, ...]] = {
     "verify": (VerifyReport,),
     "doctor": (DoctorReport,),
     "diff": (DiffReport,),
+    "triage": (TriageReport,),
     "run": (Outcome, MinifyReport),  # run --minify prints a MinifyReport
     "minify": (MinifyReport,),
     "export": (ExportReport,),

@@ -83,6 +83,7 @@ def test_every_command_prints_a_declared_document(captured, tmp_path, monkeypatc
         ("export", ["export", captured, "-o", tmp_path / "full"], 4),
         ("ls", ["ls", store], 0), ("ls", ["ls", _trace_log(tmp_path / "trace")], 0),
         ("ls", ["ls", tmp_path / "nowhere"], 4),
+        ("triage", ["triage", store, "--group-only"], 0), ("triage", ["triage", tmp_path / "nowhere"], 4),
     ]
     for command, argv, code in cases:
         result = invoke(*argv, "--json")

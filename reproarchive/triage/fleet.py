@@ -137,10 +137,9 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     cache = VerdictCache(sources.cache_store())
     members, unreadable, signatures, backends = sources.sign(progress)
     grouped = group(((m, signatures[m.location]) for m in members), level)
+    # trusting a recorded compiler (``trusted_backends``) is not part of it: it only lets a task
+    # start, and a task that could not start is not cached
     environment = executor.environment(settings)
-    if trusted_backends:  # which recorded compilers may run decides verdicts too
-        environment = dataclasses.replace(environment, settings={**environment.settings,
-                                                                 "trusted_backends": sorted(trusted_backends)})
     other = cache.find_environment(against) if against else None
     if run:
         cache.record_environment(environment)
