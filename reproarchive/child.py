@@ -118,7 +118,11 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
 
 
 class _Watchdog:
-    """Kills a child's whole session (it and what it started) when its time is up."""
+    """Kills a child's whole session (it and what it started) when its time is up, or when the
+    caller gives up on every running child (``stop_timed_children``: such a child is in a session
+    of its own, so a Ctrl-C at the terminal does not reach it)."""
+
+    live: set[_Watchdog] = set()
 
     def __init__(self, proc: subprocess.Popen, timeout: float):
         import threading
@@ -128,6 +132,7 @@ class _Watchdog:
         self.timer = threading.Timer(timeout, self._expire)
         self.timer.daemon = True
         self.timer.start()
+        _Watchdog.live.add(self)
 
     def _expire(self) -> None:
         self.fired = True
@@ -141,6 +146,14 @@ class _Watchdog:
 
     def cancel(self) -> None:
         self.timer.cancel()
+        _Watchdog.live.discard(self)
+
+
+def stop_timed_children() -> None:
+    """Kill every child ``run_child`` started with a timeout that is still running (an
+    interrupted caller's cleanup)."""
+    for watchdog in list(_Watchdog.live):
+        watchdog.kill_group()
 
 
 def _died(code: int, log_tail: str, started: Any) -> Died:

@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from reproarchive.child import run_child
+from reproarchive.child import run_child, stop_timed_children
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import PlainData, PlainRecord, from_plain
 from reproarchive.triage.verdicts import CRASHED, ERROR, TIMED_OUT, VERDICT_FORMAT, Environment, Verdict
@@ -153,6 +153,7 @@ class LocalExecutor(Executor):
 
     def cancel_pending(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        stop_timed_children()  # in sessions of their own, out of a Ctrl-C's reach
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -62,7 +62,7 @@ def current_environment(settings: Any) -> Environment:
     """This process's environment for replays under ``settings`` (a ``ReplaySettings``)."""
     import torch
 
-    from reproarchive.context.environment import environment_snapshot
+    from reproarchive.context.environment import environment_snapshot, set_by_torch_here
 
     device = "cpu"
     if torch.cuda.is_available():
@@ -70,7 +70,10 @@ def current_environment(settings: Any) -> Environment:
         device = f"{'hip' if torch.version.hip else 'cuda'}: {', '.join(names)}"
     return Environment(torch=torch.__version__, torch_git=getattr(torch.version, "git_version", "") or "",
                        python=platform.python_version(), device=device, settings=settings.to_plain(),
-                       variables=dict(environment_snapshot().variables))
+                       # what torch exports by itself once it compiled (its default cache folder)
+                       # says nothing about the environment
+                       variables={k: v for k, v in environment_snapshot().variables.items()
+                                  if not set_by_torch_here(k, v)})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -209,3 +209,21 @@ def test_verdict_cache_round_trip_and_damage(tmp_path):
 
 def test_public_surface():
     assert reproarchive.triage_fleet and reproarchive.LocalExecutor and reproarchive.Verdict
+
+
+def test_environment_digest_ignores_what_torch_sets_itself(monkeypatch):
+    """Torch exports its default cache folder once it compiled; a run after that is still in the
+    same environment. A cache folder the user chose is part of it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from reproarchive.replay.settings import ReplaySettings
+    from reproarchive.triage.verdicts import current_environment
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    before = current_environment(ReplaySettings()).digest
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert current_environment(ReplaySettings()).digest == before
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/scratch/inductor")
+    assert current_environment(ReplaySettings()).digest != before
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert current_environment(ReplaySettings(device="cpu")).digest != before  # another replay setting
