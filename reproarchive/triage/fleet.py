@@ -4,7 +4,8 @@ every verdict cached, optionally compared with the verdicts of another environme
 The steps, each cheap before the next costs anything:
 
 1. the source's archives are listed (a folder, a file listing paths or references, or a team
-   store) and each one's index is read and signed (``grouping.signature_of``; a store archive's
+   store; minified archives, which record a parent, are left out: they are derived from an
+   occurrence, not another one) and each one's index is read and signed (``grouping.signature_of``; a store archive's
    index is read from its inline bytes, no blob is downloaded);
 2. archives are grouped by the signature's level (``--by``); a group's representative is its
    member with the fewest ops (cheapest to replay and minify), the oldest on a tie;
@@ -312,6 +313,8 @@ class _Source:
             except (ArchiveError, ReproArchiveError, OSError) as err:
                 unreadable.append(Unreadable(location=location, error=_one_line(err)))
                 continue
+            if member is None:
+                continue  # a minified archive (triage's own, pushed to the store): not an occurrence
             members.append(member)
             signatures[location] = sig
             backends[member.digest] = backend
@@ -363,9 +366,13 @@ def _read_member(location: str, name: str, seen: str | None,
     return _member_of(location, location, name, seen)
 
 
-def _member_of(path, location: str, name: str, seen: str | None) -> tuple[Member, Signature | None, str | None]:
+def _member_of(path, location: str, name: str, seen: str | None) -> tuple[Member | None, Signature | None, str | None]:
+    """The member an archive is, its signature and its recorded backend; (None, None, None) for
+    a minified archive (it records a parent): derived from a member, not another occurrence."""
     with ContainerReader(path) as reader:
         index, digest = reader.index, reader.index_digest
+    if index.records.parent is not None:
+        return None, None, None
     member = Member(name=name, location=location, digest=digest, seen=str(seen or ""),
                     ops=index.graph.op_count(), nodes=len(index.graph.nodes))
     return member, signature_of(index), index.records.backend

@@ -58,7 +58,9 @@ def _minify(task: Task, settings: ReplaySettings) -> dict[str, Any]:
     from reproarchive.references import local_archive
 
     name = f"min-{task.digest.split(':')[1][:16]}"
-    to_store = task.output is not None and "://" in task.output
+    from reproarchive.store.location import is_store
+
+    to_store = task.output is not None and is_store(task.output)
     with tempfile.TemporaryDirectory(prefix="reproarchive-task-") as tmp:
         folder = Path(tmp) if to_store or task.output is None else Path(task.output)
         folder.mkdir(parents=True, exist_ok=True)

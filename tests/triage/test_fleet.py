@@ -227,3 +227,21 @@ def test_environment_digest_ignores_what_torch_sets_itself(monkeypatch):
     assert current_environment(ReplaySettings()).digest != before
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     assert current_environment(ReplaySettings(device="cpu")).digest != before  # another replay setting
+
+
+@pytest.mark.slow
+def test_a_store_source_keeps_verdicts_and_minified_archives_in_the_store(tmp_path):
+    """From a team store: indexes read without pulling a blob, the minified archive pushed back
+    as a ref, verdicts under verdicts/, and a second run (a teammate's) does nothing."""
+    members = fleet_corpus.build(tmp_path, 2, bugs=("relu-compile",))
+    store = tmp_path / "store"
+    reproarchive.push([m.path for m in members], str(store))
+    result = invoke("triage", store, "-j", "2", "--json")
+    assert result.exit_code == 0, result.output
+    (group,) = json.loads(result.stdout)["groups"]
+    assert group["count"] == 2 and group["verdicts"]["replay"]["status"] == "reproduced"
+    location = group["verdicts"]["minify"]["minified"]["location"]
+    assert location.startswith(str(store)) and (store / "refs" / location.rsplit("/", 1)[1]).is_file()
+    assert len(list((store / "verdicts").rglob("*.json"))) == 3  # the environment and two verdicts
+    again = json.loads(invoke("triage", store, "--json").stdout)
+    assert again["archives"] == 2 and again["tasks"]["run"] == 0 and again["tasks"]["cached"] == 2
