@@ -7,7 +7,17 @@ imports this package. Errors become one line on stderr and a documented exit cod
 from __future__ import annotations
 
 # Importing a command module registers its commands on ``main``.
-from . import archive_cmds, bisect_cmds, capture_cmds, demo_cmd, ls_cmd, replay_cmds, store_cmds, triage_cmds  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    archive_cmds,
+    bisect_cmds,
+    capture_cmds,
+    demo_cmd,
+    fleet_cmd,
+    ls_cmd,
+    replay_cmds,
+    store_cmds,
+    triage_cmds,
+)
 from .app import main
 
 __all__ = ["main"]

@@ -64,6 +64,15 @@ _EXPORTS = {
     # triage
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",
+    # a fleet: group, replay and minify one per group on an engine, verdicts cached (issue 28)
+    "triage_fleet": "reproarchive.triage.fleet",
+    "TriageReport": "reproarchive.triage.fleet",
+    "write_triage_page": "reproarchive.triage.fleet_page",
+    "Executor": "reproarchive.triage.engine",
+    "LocalExecutor": "reproarchive.triage.engine",
+    "RayExecutor": "reproarchive.triage.ray_engine",
+    "Task": "reproarchive.triage.engine",
+    "Verdict": "reproarchive.triage.verdicts",
     # minify
     "minify": "reproarchive.minifier",
     "minify_archive": "reproarchive.minifier.driver",

@@ -50,6 +50,7 @@ class Died:
     signal_name: str | None  # "SIGSEGV", ...; None for an exit status
     log_tail: str
     started: Any  # what it reported before the risky part, or None
+    timed_out: float | None = None  # the time limit (s) it ran past and was killed at, if so
 
     def crash_facts(self) -> dict[str, str]:
         """What a second child needs to record this death as a crash (``first_replay.crashed``):
@@ -60,17 +61,20 @@ class Died:
     @property
     def reason(self) -> str:
         """What happened, to follow "the process": "was killed by SIGSEGV (11)"."""
+        if self.timed_out is not None:
+            return f"ran past its time limit of {self.timed_out:g} s and was stopped"
         if self.signal_name:
             return f"was killed by {self.signal_name} ({-self.returncode})"
         return f"exited with status {self.returncode} without a result"
 
 
 def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Callable[[str], Any] | None = None,
-              keep_log: str | os.PathLike | None = None) -> tuple[Any, Died | None]:
+              keep_log: str | os.PathLike | None = None, timeout: float | None = None) -> tuple[Any, Died | None]:
     """Run ``python -m module`` on ``request``: (its result, None) or (None, how it died).
 
     A ``ReproArchiveError`` the child raised is raised here again. ``keep_log`` copies the
-    child's stderr there.
+    child's stderr there. With ``timeout`` the child runs in a session of its own and, past
+    that many seconds, it and every process it started are killed (``Died.timed_out``).
     """
     env = dict(env, PYTHONPATH=python_path())
     env.setdefault("PYTHONFAULTHANDLER", "1")
@@ -83,7 +87,8 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", module, str(folder)], cwd=workdir,
                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                    text=True, errors="replace")
+                                    text=True, errors="replace", start_new_session=timeout is not None)
+            watchdog = _Watchdog(proc, timeout) if timeout is not None else None
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
@@ -94,6 +99,9 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
                 proc.kill()
                 proc.wait()
                 raise
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
         if keep_log is not None:
             Path(keep_log).write_bytes(log_path.read_bytes())
         reply = _read_json(folder / "result.json")
@@ -103,7 +111,49 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
             return reply.get("result"), None
         started = _read_json(folder / "started.json")
         tail = log_path.read_text(errors="replace")[-_STDERR_TAIL:]
-    return None, _died(code, tail, started)
+    died = _died(code, tail, started)
+    if watchdog is not None and watchdog.fired:
+        died.timed_out = timeout
+    return None, died
+
+
+class _Watchdog:
+    """Kills a child's whole session (it and what it started) when its time is up, or when the
+    caller gives up on every running child (``stop_timed_children``: such a child is in a session
+    of its own, so a Ctrl-C at the terminal does not reach it)."""
+
+    live: set[_Watchdog] = set()
+
+    def __init__(self, proc: subprocess.Popen, timeout: float):
+        import threading
+
+        self.proc = proc
+        self.fired = False
+        self.timer = threading.Timer(timeout, self._expire)
+        self.timer.daemon = True
+        self.timer.start()
+        _Watchdog.live.add(self)
+
+    def _expire(self) -> None:
+        self.fired = True
+        self.kill_group()
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+        _Watchdog.live.discard(self)
+
+
+def stop_timed_children() -> None:
+    """Kill every child ``run_child`` started with a timeout that is still running (an
+    interrupted caller's cleanup)."""
+    for watchdog in list(_Watchdog.live):
+        watchdog.kill_group()
 
 
 def _died(code: int, log_tail: str, started: Any) -> Died:

@@ -37,6 +37,7 @@ from reproarchive.replay.outcome import Outcome
 from reproarchive.standalone.script import ExportReport
 from reproarchive.store.check import StoreCheck
 from reproarchive.triage.diff import DiffReport
+from reproarchive.triage.fleet import TriageReport
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "spec" / "json" / "reports.schema.json"
 
@@ -103,6 +104,7 @@ DOCUMENTS: dict[str, tuple[type | str, ...]] = {
     "verify": (VerifyReport,),
     "doctor": (DoctorReport,),
     "diff": (DiffReport,),
+    "triage": (TriageReport,),
     "run": (Outcome, JobOutcome, MinifyReport),  # a job archive: a JobOutcome; run --minify: a MinifyReport
     "minify": (MinifyReport,),
     "export": (ExportReport,),

@@ -89,6 +89,7 @@ def test_every_command_prints_a_declared_document(captured, tmp_path, monkeypatc
         ("bisect.compiler", ["bisect", "compiler", captured, "--max-time", "0.000001"], 3),
         ("bisect.compiler", ["bisect", "compiler", missing], 4),
         ("bisect.torch", ["bisect", "torch", missing, "--env", sys.executable], 4),
+        ("triage", ["triage", store, "--group-only"], 0), ("triage", ["triage", tmp_path / "nowhere"], 4),
     ]
     for command, argv, code in cases:
         result = invoke(*argv, "--json")

@@ -108,6 +108,22 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
     return env
 
 
+#: The private folder ``capture --`` points PyTorch's dumps at (its name starts with this).
+CAPTURE_DIR_PREFIX = "reproarchive-capture-"
+#: The variables ``capture_env`` sets for the program: in an archive's environment record they
+#: are reproarchive's doing, not the user's (``diff`` does not count them as differences).
+CAPTURE_VARIABLES = ("TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL", "TORCH_COMPILE_DEBUG_DIR",
+                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, inductor_door.AOT_DIR_ENV)
+
+
+def set_by_capture(variables: dict[str, str]) -> frozenset[str]:
+    """The variables of a recorded environment that ``capture --`` set (``CAPTURE_VARIABLES``),
+    recognised by its private dump folder; empty for an archive captured any other way."""
+    if CAPTURE_DIR_PREFIX not in variables.get("TORCH_COMPILE_DEBUG_DIR", ""):
+        return frozenset()
+    return frozenset(CAPTURE_VARIABLES)
+
+
 def find_launchers(dump_dir: Path) -> list[Path]:
     """Dumps written during the run, oldest first (one ``run_*`` folder per process)."""
     root = dump_dir / "torch_compile_debug"
@@ -151,7 +167,7 @@ def capture_program(
     if out.exists() and not out.is_dir():
         raise SourceError(f"output folder {out} is a file", "choose a folder for -o")
     out.mkdir(parents=True, exist_ok=True)  # as the in-process capture backend does
-    dump_dir = Path(tempfile.mkdtemp(prefix="reproarchive-capture-"))
+    dump_dir = Path(tempfile.mkdtemp(prefix=CAPTURE_DIR_PREFIX))
     result = CaptureResult(exit_code=0)
     try:
         env = capture_env(dump_dir, after=after, accuracy=accuracy)

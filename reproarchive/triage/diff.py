@@ -38,6 +38,7 @@ from reproarchive.format.schema import (
     ConfigRecord,
     DictArg,
     EnvironmentRecord,
+    GraphKind,
     GraphRecord,
     Index,
     NodeRef,
@@ -50,6 +51,8 @@ from reproarchive.format.schema import (
     TensorValue,
     TupleArg,
 )
+from reproarchive.sources.program import set_by_capture
+from reproarchive.triage.grouping import signature_of
 
 #: Sections of the report, in the order they are printed; any difference in one makes exit 1.
 SECTIONS = ("failure", "replay", "graph", "inputs", "config", "environment", "system")
@@ -159,10 +162,12 @@ def record_differences(a: Index, b: Index) -> dict[str, list[dict[str, Any]]]:
                for r in config_diff(b.records.config or ConfigRecord(), a.records.config or ConfigRecord())
                if f"{r.get('module')}.{r.get('key')}" not in seen
                and r.get("module") not in (a.records.config.modules if a.records.config else {})]
+    env_a, env_b = a.records.environment or EnvironmentRecord(), b.records.environment or EnvironmentRecord()
+    # what ``capture --`` set for the program (its private dump folder, PyTorch's dump switches)
+    ours = set_by_capture(env_a.variables) | set_by_capture(env_b.variables)
     environment = [{"name": r["what"].removeprefix("env "), "a": r["recorded"], "b": r["current"],
                     "important": r["important"]}
-                   for r in environment_diff(a.records.environment or EnvironmentRecord(),
-                                             b.records.environment or EnvironmentRecord())]
+                   for r in environment_diff(env_a, env_b) if r["what"].removeprefix("env ") not in ours]
     if a.records.system is not None and b.records.system is not None:
         system = [{"name": r["what"], "a": r["recorded"], "b": r["current"], "important": r["important"]}
                   for r in system_diff(a.records.system, b.records.system)]
@@ -196,32 +201,36 @@ def _relation(digest_a: str, a: Index, digest_b: str, b: Index) -> str | None:
 
 
 def failure_diff(a: Index, b: Index) -> dict:
-    """Same failure means the same strict signature (stage, exception type, normalised
-    message) that ``run`` uses to say "reproduced"; an archive without a failure matches only
-    another without one."""
+    """Same failure means the same group signature ``triage`` groups by (``grouping``: stage,
+    exception type, message with the graph's own names and the machine's paths and numbers
+    masked, the compiler's first diagnostic, the failing node's target); an archive without a
+    failure matches only another without one."""
     fa, fb = a.records.failure, b.records.failure
+    sa, sb = signature_of(a), signature_of(b)
 
-    def side(f):
+    def side(f, sig):
         if f is None:
             return None
         first = next((ln.strip() for ln in f.message.splitlines() if ln.strip()), "")
         return {"stage": f.stage, "exception_type": f.exception_type, "message": first[:300],
-                "signature": f.signature, "backend": f.backend}
+                "signature": f.signature, "backend": f.backend, "group": sig.text()}
 
-    if fa is None or fb is None:
-        same = fa is None and fb is None
+    if sa is None or sb is None:
+        same = sa is None and sb is None
     else:
-        same = fa.stage == fb.stage and fa.signature == fb.signature
-    return {"same": same, "a": side(fa), "b": side(fb)}
+        same = sa.key() == sb.key()
+    return {"same": same, "a": side(fa, sa), "b": side(fb, sb)}
 
 
 def _replay_diff(a: Index, b: Index) -> dict:
     """What ``run`` takes from the archive besides records: the backend, the accuracy check and
     which of PyTorch's graphs it holds (it decides how Inductor is called)."""
     rows = []
+    # a capture records no graph kind: it holds Dynamo's graph, as an after_dynamo dump does
+    kind_a, kind_b = (r.graph_kind or GraphKind.AFTER_DYNAMO for r in (a.records, b.records))
     for name, va, vb in (("backend", a.records.backend, b.records.backend),
                          ("accuracy", bool(a.records.accuracy), bool(b.records.accuracy)),
-                         ("graph kind", a.records.graph_kind, b.records.graph_kind)):
+                         ("graph kind", kind_a, kind_b)):
         if va != vb:
             rows.append({"name": name, "a": va, "b": vb})
     return {"same": not rows, "rows": rows}
@@ -293,7 +302,7 @@ def graph_diff(ga: GraphRecord, gb: GraphRecord) -> dict:
             changes.append("args")
         if _canon(na.kwargs, ref_a) != _canon(nb.kwargs, ref_b):
             changes.append("kwargs")
-        if _value(na) != _value(nb):
+        if None not in (_value(na), _value(nb)) and _value(na) != _value(nb):
             changes.append("value")
         if changes:
             counts["changed"] += 1
@@ -312,7 +321,11 @@ def _node(node, index: int) -> dict:
 
 
 def _value(node) -> Any:
-    return node.meta.get("val") if isinstance(node.meta, dict) else None
+    """The value summary reproarchive recorded for a node (shape, dtype, device), where it
+    could: a graph imported from a dump has none (``{"value": None}``, a node whose example
+    value was not known), so a missing summary is no difference."""
+    value = node.meta.get("val") if isinstance(node.meta, dict) else None
+    return None if value == {"value": None} else value
 
 
 def _state_paths(graph: GraphRecord) -> list[tuple[str, str]]:

@@ -85,3 +85,46 @@ def test_not_an_archive_is_exit_2_with_json(tmp_path):
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     result = invoke("diff", a, junk, "--json")
     assert result.exit_code == 2 and json.loads(result.stdout)["exit_code"] == 2
+
+
+def _relu_graph(with_values: bool, relu_name: str = "relu") -> fx.GraphModule:
+    """One graph, as an in-process capture records it (value summaries on every node) or as a
+    dump import does (none)."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.create_node("call_function", torch.relu, (g.call_function(torch.sin, (x,)),), name=relu_name)
+    g.output((y,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    if with_values:
+        for node in gm.graph.nodes:
+            node.meta["val"] = torch.empty(4, 4)
+    return gm
+
+
+def test_values_reproarchive_set_itself_are_no_differences(tmp_path):
+    """One bug captured in-process and through ``capture --``: the capture's own dump folder and
+    PyTorch's dump switches in the environment, the value summaries only the in-process graph
+    has, and the graph kind (none recorded vs after_dynamo) are not differences."""
+    failure = dict(FAILURE, message="bad relu_3", signature="compile|RuntimeError|bad relu<n>")
+    env = {"TORCH_LOGS": "+dynamo"}
+    inproc = reproarchive.pack(_relu_graph(True, "relu_3"), [torch.ones(4, 4)], tmp_path / "inproc.tar.zst",
+                               backend="inductor", failure=failure, environment={"variables": env},
+                               source={"kind": "capture"})
+    capture_env = dict(env, TORCH_COMPILE_DEBUG_DIR="/tmp/reproarchive-capture-k2j1x",
+                       TORCHDYNAMO_REPRO_AFTER="dynamo", TORCHDYNAMO_REPRO_LEVEL="2",
+                       REPROARCHIVE_CRASH_DIR="/tmp/reproarchive-capture-k2j1x/crash")
+    # the same bug, FX naming the node relu instead of relu_3
+    dumped = reproarchive.pack(_relu_graph(False), [torch.ones(4, 4)], tmp_path / "dumped.tar.zst",
+                               backend="inductor", failure=dict(failure, message="bad relu",
+                                                                signature="compile|RuntimeError|bad relu"),
+                               environment={"variables": capture_env}, source={"kind": "after_dynamo"})
+    report = reproarchive.diff(inproc, dumped)
+    assert report.identical, (report.differing, report.graph)
+    assert report.failure["a"]["group"] == report.failure["b"]["group"]
+    # a variable the user set is still a difference, and so is a debug folder that is not the capture's
+    other = reproarchive.pack(_relu_graph(False, "relu_3"), [torch.ones(4, 4)], tmp_path / "other.tar.zst",
+                              backend="inductor", failure=failure, source={"kind": "after_dynamo"},
+                              environment={"variables": dict(env, TORCH_COMPILE_DEBUG_DIR="/scratch/dbg")})
+    report = reproarchive.diff(inproc, other)
+    assert report.differing == ("environment",)
+    assert [r["name"] for r in report.environment["rows"]] == ["TORCH_COMPILE_DEBUG_DIR"]

@@ -1,0 +1,123 @@
+"""Triage a fleet against what a team does today: a shell loop of ``reproarchive run`` (issue 28).
+
+    python benchmarks/triage_bench.py                 # 200 archives, 5 bugs, -j 2 (several minutes)
+    python benchmarks/triage_bench.py --archives 40   # smaller
+    python benchmarks/triage_bench.py --json          # also print the measurements as JSON
+
+In one run, on one corpus (``tests/support/fleet_corpus.py``: five seeded bugs packed from three
+models, sixteen shapes and eight "machines"):
+
+  group                  ``reproarchive triage DIR --group-only``: every index read and signed
+  triage                 ``reproarchive triage DIR -j J``: group, then one replay and one minify
+                         per group in fresh processes (the default engine)
+  triage again           the same command: every verdict from the cache
+  shell loop             ``for f in DIR/*.tar.zst; do reproarchive run "$f"; done`` (one replay per
+                         archive, which is what a team without triage runs; no minify, no grouping)
+
+Every time is wall clock around one command (a fresh process, as a user runs it). The report
+checks what triage found: 5 groups, none mixed (precision and recall of the grouping against the
+bug each archive was built with), every group reproduced and minified. Exit status 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+#: ``for f in *.tar.zst; do reproarchive run "$f"; done``, reading the archives (and a --backend
+#: where one is needed) from a list; prints each run's exit status.
+LOOP = 'while read -r f extra; do "$@" run "$f" $extra >/dev/null 2>&1; echo $?; done < "$0"'
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+
+
+def _env() -> dict[str, str]:
+    # the corpus' own compiler (support.fleet_corpus:no_lowering) is importable by the replays
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+
+
+def _timed(argv: list[str], *, capture: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=_env(), capture_output=capture, text=True)
+    return time.perf_counter() - start, done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--archives", type=int, default=200)
+    parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument("--no-loop", action="store_true", help="skip the shell loop (it dominates the run)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--workdir", help="where to build the corpus (default: a temporary folder)")
+    args = parser.parse_args(argv)
+
+    from reproarchive.triage.grouping import precision_recall
+    from support import fleet_corpus
+
+    with tempfile.TemporaryDirectory(prefix="reproarchive-triage-bench-") as tmp:
+        root = Path(args.workdir or tmp)
+        start = time.perf_counter()
+        members = fleet_corpus.build(root, args.archives)
+        build_s = time.perf_counter() - start
+        folder = root / "archives"
+        trust = ["--trust-backend", fleet_corpus.NO_LOWERING]
+        group_s, grouped = _timed([*_cli(), "triage", str(folder), "--group-only", "--json"])
+        triage_s, first = _timed([*_cli(), "triage", str(folder), "-j", str(args.jobs), *trust, "--json"])
+        again_s, second = _timed([*_cli(), "triage", str(folder), "-j", str(args.jobs), *trust, "--json"])
+        report, cached = json.loads(first.stdout), json.loads(second.stdout)
+        truth = {str(m.path): m.bug for m in members}
+        scores = precision_recall([[m["location"] for m in g["members"]] for g in report["groups"]], truth)
+        loop_s = loop_codes = None
+        if not args.no_loop:
+            # the list the loop reads: each archive, and --backend for the custom compiler's ones
+            # (``run`` imports a recorded module:function only when named, as triage's --trust-backend)
+            listing = root / "loop.txt"
+            listing.write_text("".join(
+                f"{m.path}" + (f" --backend {fleet_corpus.NO_LOWERING}" if m.bug.startswith("no-") else "") + "\n"
+                for m in members))
+            loop_s, loop = _timed(["bash", "-c", LOOP, str(listing), *_cli()])
+            loop_codes = {}
+            for code in loop.stdout.split():
+                loop_codes[code] = loop_codes.get(code, 0) + 1
+
+    verdicts = [(g["verdicts"].get("replay", {}).get("status"), g["verdicts"].get("minify", {}).get("status"))
+                for g in report["groups"]]
+    results = {
+        "archives": args.archives, "jobs": args.jobs, "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "build_s": round(build_s, 1), "group_s": round(group_s, 2), "triage_s": round(triage_s, 1),
+        "triage_again_s": round(again_s, 2), "shell_loop_s": round(loop_s, 1) if loop_s is not None else None,
+        "shell_loop_exit_codes": loop_codes, "groups": len(report["groups"]), "grouping": scores,
+        "tasks_first": report["tasks"], "tasks_again": cached["tasks"], "verdicts": verdicts,
+        "group_only_exit": grouped.returncode,
+    }
+    rows = [("build the corpus (library pack)", results["build_s"]), ("group (--group-only)", results["group_s"]),
+            (f"triage -j {args.jobs} (group + replay + minify per group)", results["triage_s"]),
+            ("triage again (all cached)", results["triage_again_s"])]
+    if loop_s is not None:
+        rows.append(("shell loop of `reproarchive run` over every archive", results["shell_loop_s"]))
+    print(f"{args.archives} archives, {len(report['groups'])} groups; precision {scores['precision']:.2f}, "
+          f"recall {scores['recall']:.2f}, mixed groups {scores['mixed_groups']}")
+    for name, seconds in rows:
+        print(f"  {name:<58} {seconds:>8} s")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    ok = (scores["precision"] == 1.0 and scores["recall"] == 1.0 and len(report["groups"]) == 5
+          and all(v == ("reproduced", "minified") for v in verdicts) and cached["tasks"]["run"] == 0)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""``triage``: a fleet of archives grouped by bug, one member per group replayed and minified,
+every verdict cached, optionally compared with the verdicts of another environment.
+
+The steps, each cheap before the next costs anything:
+
+1. the source's archives are listed (a folder, a file listing paths or references, or a team
+   store; minified archives, which record a parent, are left out: they are derived from an
+   occurrence, not another one) and each one's index is read and signed (``grouping.signature_of``; a store archive's
+   index is read from its inline bytes, no blob is downloaded);
+2. archives are grouped by the signature's level (``--by``); a group's representative is its
+   member with the fewest ops (cheapest to replay and minify), the oldest on a tie;
+3. each representative's tasks are looked up in the verdict cache (``verdicts.VerdictCache``,
+   keyed by archive, action and environment); only missing ones go to the executor
+   (``engine``), and each verdict is cached the moment it arrives. ``minify`` is submitted after
+   ``replay`` reproduced the failure (a group that no longer fails has nothing to shrink);
+4. with ``against``, each group's replay verdict here is compared with the one stored for any
+   of its members in that environment: fixed, still fails, fails differently, fails here only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import errno
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from reproarchive.errors import ArchiveError, ReproArchiveError
+from reproarchive.format.plain import PlainRecord
+from reproarchive.format.reader import ContainerReader
+from reproarchive.replay.outcome import DIFFERENT, PASSED, REPRODUCED
+from reproarchive.replay.settings import ReplaySettings
+from reproarchive.triage.engine import Executor, LocalExecutor, Task
+from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group, signature_of
+from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
+
+#: For a folder of archives: the local store holding verdicts and minified archives.
+CACHE_FOLDER = ".reproarchive-triage"
+DEFAULT_ACTIONS = ("replay", "minify")
+
+#: How a group's replay here compares with its replay in the ``against`` environment.
+FIXED, STILL_FAILS, FAILS_DIFFERENTLY, FAILS_HERE_ONLY, PASSES_BOTH, NOT_THERE, NO_VERDICT = (
+    "fixed", "still fails", "fails differently", "fails here only", "passes in both", "not triaged there",
+    "no verdict")
+
+
+@dataclasses.dataclass(frozen=True)
+class Member(PlainRecord):
+    """One archive of the fleet: where it is, its index digest, when it was seen (file time, or
+    when it was pushed) and its size in ops."""
+
+    name: str
+    location: str
+    digest: str
+    seen: str
+    ops: int
+    nodes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison(PlainRecord):
+    """A group's replay here against its replay in the other environment."""
+
+    status: str  # FIXED, STILL_FAILS, ...
+    there: Verdict | None  # the verdict stored for the other environment (for ``archive``)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupReport(PlainRecord):
+    """One bug: its signature, members, representative and verdicts."""
+
+    number: int
+    signature: Signature | None  # None: archives that record no failure
+    text: str  # the signature in one line
+    count: int
+    first_seen: str
+    last_seen: str
+    variants: int  # how many structures (``Signature.structure``) its members have
+    representative: Member
+    members: tuple[Member, ...]
+    verdicts: dict[str, Verdict]  # action -> verdict, for the representative, in this environment
+    cached: tuple[str, ...]  # the actions whose verdict came from the cache
+    against: Comparison | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Unreadable(PlainRecord):
+    location: str
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TriageReport(PlainRecord):
+    """What ``triage`` found; ``to_plain()`` is ``triage --json``."""
+
+    source: str
+    level: str
+    engine: str
+    workers: int
+    environment: Environment
+    against: Environment | None
+    archives: int
+    groups: tuple[GroupReport, ...]
+    unreadable: tuple[Unreadable, ...]
+    tasks: dict[str, int]  # run, cached, crashed, timed_out, error
+    elapsed_s: float
+    cache: str  # where verdicts are kept
+
+    @property
+    def complete(self) -> bool:
+        """Every task reached a verdict (none crashed, hung or failed to start)."""
+        return not (self.tasks.get("crashed") or self.tasks.get("timed_out") or self.tasks.get("error"))
+
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAULT_ACTIONS,
+                 executor: Executor | None = None, settings: ReplaySettings | None = None,
+                 trusted_backends: tuple[str, ...] = (), level: str = DEFAULT_LEVEL, max_time: float | None = None,
+                 against: str | None = None, run: bool = True, progress: ProgressFn | None = None,
+                 storage_options: dict | None = None) -> TriageReport:
+    """Group the archives of ``source`` and run ``actions`` on one member per group (module
+    docstring). ``executor``: where tasks run (default: one local process at a time);
+    ``trusted_backends``: recorded ``module:function`` compilers the replays may import;
+    ``run=False`` groups only (cached verdicts are still reported); ``against``: a digest prefix
+    of another environment whose cached verdicts to compare with. ``progress`` receives one
+    dict per event (``{"event": "signed" | "verdict", ...}``)."""
+    if level not in LEVELS:
+        raise ReproArchiveError(f"unknown grouping level {level!r}", f"choose among {', '.join(LEVELS)}")
+    start = time.monotonic()
+    settings = settings or ReplaySettings()
+    executor = executor or LocalExecutor(1)
+    sources = _Source.open(source, storage_options)
+    cache = VerdictCache(sources.cache_store())
+    members, unreadable, signatures, backends = sources.sign(progress)
+    grouped = group(((m, signatures[m.location]) for m in members), level)
+    # trusting a recorded compiler (``trusted_backends``) is not part of it: it only lets a task
+    # start, and a task that could not start is not cached
+    environment = executor.environment(settings)
+    other = cache.find_environment(against) if against else None
+    if run:
+        cache.record_environment(environment)
+    reps = {key: min(ms, key=lambda m: (m.ops, m.seen, m.name)) for key, ms in grouped.groups.items()}
+    verdicts: dict[tuple, dict[str, Verdict]] = {key: {} for key in grouped.groups}
+    cached: dict[tuple, list[str]] = {key: [] for key in grouped.groups}
+    counts = {"run": 0, "cached": 0, "crashed": 0, "timed_out": 0, "error": 0}
+    for key, rep in reps.items():
+        for action in actions:
+            hit = cache.get(environment.digest, rep.digest, action)
+            if hit is not None:
+                verdicts[key][action] = hit
+                cached[key].append(action)
+                counts["cached"] += 1
+    if run:
+        plan = _Plan(executor, cache, environment, settings, trusted_backends, backends, max_time,
+                     sources.minify_output())
+        plan.run(reps, verdicts, actions, counts, progress)
+    groups = []
+    for number, (key, ms) in enumerate(grouped.groups.items(), 1):
+        sig = grouped.signatures[key]
+        seen = sorted(m.seen for m in ms)
+        comparison = _compare(cache, other, ms, verdicts[key].get("replay")) if other else None
+        groups.append(GroupReport(
+            number=number, signature=sig, text=sig.text() if sig else NO_FAILURE, count=len(ms),
+            first_seen=seen[0], last_seen=seen[-1],
+            variants=len({signatures[m.location].structure for m in ms if signatures[m.location]}) or 1,
+            representative=reps[key], members=tuple(sorted(ms, key=lambda m: (m.seen, m.name))),
+            verdicts=verdicts[key], cached=tuple(cached[key]), against=comparison))
+    return TriageReport(source=os.fspath(source), level=level, engine=executor.name, workers=executor.workers,
+                        environment=environment, against=other, archives=len(members), groups=tuple(groups),
+                        unreadable=tuple(unreadable), tasks=counts, elapsed_s=round(time.monotonic() - start, 3),
+                        cache=cache.store.url)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """How this run's tasks are made and where their verdicts go."""
+
+    executor: Executor
+    cache: VerdictCache
+    environment: Environment
+    settings: ReplaySettings
+    trusted: tuple[str, ...]
+    backends: dict[str, str | None]  # index digest -> recorded backend
+    max_time: float | None
+    output: str
+
+    def task(self, rep: Member, action: str) -> Task:
+        settings = self.settings
+        # the recorded module:function compiler, where the user trusts it (--trust-backend)
+        if settings.backend is None and self.backends.get(rep.digest) in self.trusted:
+            settings = settings.replace(backend=self.backends[rep.digest])
+        return Task(action=action, archive=rep.location, digest=rep.digest, settings=settings.to_plain(),
+                    output=self.output if action == "minify" else None, max_time=self.max_time)
+
+    def run(self, reps: dict, verdicts: dict, actions: tuple[str, ...], counts: dict,
+            progress: ProgressFn | None) -> None:
+        """Submit every task the cache lacks; minify after replay reproduced (or when replay is
+        not asked for). Each verdict is cached as it arrives, except those that say nothing
+        lasting about the archive here (timed out: depends on --max-time; error: the task could
+        not start, e.g. an untrusted compiler)."""
+        pending: dict[concurrent.futures.Future, tuple] = {}
+
+        def submit(key: tuple, action: str) -> None:
+            pending[self.executor.submit(self.task(reps[key], action))] = (key, action)
+
+        def wants_minify(key: tuple) -> bool:
+            return ("minify" in actions and "minify" not in verdicts[key]
+                    and ("replay" not in actions or verdicts[key]["replay"].status == REPRODUCED))
+
+        for key in reps:
+            for action in actions:
+                if action not in verdicts[key] and (action != "minify" or "replay" not in actions):
+                    submit(key, action)
+            if "replay" in verdicts[key] and wants_minify(key):
+                submit(key, "minify")
+        done = 0
+        while pending:
+            finished, _ = concurrent.futures.wait(list(pending), return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                key, action = pending.pop(future)
+                verdict = dataclasses.replace(future.result(), environment=self.environment.digest)
+                if verdict.status not in (TIMED_OUT, ERROR):
+                    self.cache.put(verdict)
+                verdicts[key][action] = verdict
+                counts["run"] += 1
+                if verdict.failed_to_run:
+                    counts[verdict.status.replace(" ", "_")] += 1
+                done += 1
+                if action == "replay" and wants_minify(key):
+                    submit(key, "minify")
+                if progress is not None:
+                    progress({"event": "verdict", "done": done, "total": done + len(pending),
+                              "archive": reps[key].name, "verdict": verdict})
+
+
+def _compare(cache: VerdictCache, other: Environment, members: list[Member], here: Verdict | None) -> Comparison:
+    there = next((v for m in members if (v := cache.get(other.digest, m.digest, "replay")) is not None), None)
+    if there is None:
+        return Comparison(status=NOT_THERE, there=None)
+    if here is None or here.failed_to_run or there.failed_to_run:
+        return Comparison(status=NO_VERDICT, there=there)
+    fails_here, fails_there = here.status != PASSED, there.status != PASSED
+    if fails_there and not fails_here:
+        status = FIXED
+    elif fails_here and not fails_there:
+        status = FAILS_HERE_ONLY
+    elif not fails_here:
+        status = PASSES_BOTH
+    elif here.status == DIFFERENT or there.status == DIFFERENT or here.signature != there.signature:
+        status = FAILS_DIFFERENTLY
+    else:
+        status = STILL_FAILS
+    return Comparison(status=status, there=there)
+
+
+# --------------------------------------------------------------------------------------------
+# sources: a folder, a list, a store
+
+
+class _Source:
+    """The archives of one source, and where its verdicts and minified archives go."""
+
+    def __init__(self, text: str, entries: list[tuple[str, str, str | None]], store_url: str | None,
+                 folder: Path | None, storage_options: dict | None):
+        self.text, self.entries, self.store_url, self.folder = text, entries, store_url, folder
+        self.storage_options = storage_options
+
+    @classmethod
+    def open(cls, source: str | os.PathLike, storage_options: dict | None) -> _Source:
+        from reproarchive.store.location import is_store
+
+        text = os.fspath(source)
+        if is_store(text):
+            return cls(text, _store_entries(text, storage_options), text, None, storage_options)
+        path = Path(text)
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*.tar.zst") if CACHE_FOLDER not in p.parts)
+            return cls(text, [(str(p), p.name, None) for p in files], None, path, None)
+        if path.is_file():
+            if path.name.endswith((".tar.zst", ".zst")):
+                raise ReproArchiveError(f"{text} is one archive; triage takes a fleet of them",
+                                        "give a folder of archives, a file listing them, or a store")
+            lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()]
+            lines = [ln for ln in lines if ln and not ln.startswith("#")]
+            entries = [(str((path.parent / ln)) if not _is_reference(ln) and not os.path.isabs(ln) else ln,
+                        Path(ln).name, None) for ln in lines]
+            return cls(text, entries, None, path.parent, None)
+        raise FileNotFoundError(errno.ENOENT, "no such folder, list or store", text)
+
+    def cache_store(self):
+        from reproarchive.store.location import open_location
+
+        if self.store_url is not None:
+            return open_location(self.store_url, **(self.storage_options or {}))
+        return open_location(str((self.folder / CACHE_FOLDER).resolve()))
+
+    def minify_output(self) -> str:
+        if self.store_url is not None:
+            return self.store_url
+        return str((self.folder / CACHE_FOLDER / "minified").resolve())
+
+    def sign(self, progress: ProgressFn | None) -> tuple[list, list, dict, dict]:
+        """(members, unreadable archives, location -> signature, index digest -> recorded backend)."""
+        members, unreadable, signatures, backends = [], [], {}, {}
+        for k, (location, name, seen) in enumerate(self.entries, 1):
+            try:
+                member, sig, backend = _read_member(location, name, seen, self.storage_options)
+            except (ArchiveError, ReproArchiveError, OSError) as err:
+                unreadable.append(Unreadable(location=location, error=_one_line(err)))
+                continue
+            if member is None:
+                continue  # a minified archive (triage's own, pushed to the store): not an occurrence
+            members.append(member)
+            signatures[location] = sig
+            backends[member.digest] = backend
+            if progress is not None and (k % 50 == 0 or k == len(self.entries)):
+                progress({"event": "signed", "done": k, "total": len(self.entries)})
+        return members, unreadable, signatures, backends
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError):
+        return f"cannot read: {err.strerror or err}"
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def _is_reference(text: str) -> bool:
+    from reproarchive.store.location import is_reference
+
+    return "://" in text or is_reference(text)
+
+
+def _store_entries(url: str, storage_options: dict | None) -> list[tuple[str, str, str | None]]:
+    from reproarchive.store import objects
+    from reproarchive.store.pull import open_store
+
+    store = open_store(url, storage_options)
+    keys = [k for k in store.list("refs") if objects.NAME_RE.match(k.rsplit("/", 1)[1])]
+    entries = []
+    for key, data in sorted(store.read_many(keys).items()):
+        name = key.rsplit("/", 1)[1]
+        pushed = None
+        if not isinstance(data, BaseException):
+            try:
+                pushed = objects.decode_ref(name, data).pushed
+            except ArchiveError:
+                pass
+        entries.append((f"{url.rstrip('/')}/{name}", name, pushed))
+    return entries
+
+
+def _read_member(location: str, name: str, seen: str | None,
+                 storage_options: dict | None) -> tuple[Member, Signature | None, str | None]:
+    if _is_reference(location):
+        from reproarchive.store.pull import archive_view
+
+        with archive_view(location, storage_options) as (path, _):
+            return _member_of(path, location, name, seen)
+    if seen is None:
+        seen = datetime.fromtimestamp(os.stat(location).st_mtime, timezone.utc).isoformat(timespec="seconds")
+    return _member_of(location, location, name, seen)
+
+
+def _member_of(path, location: str, name: str, seen: str | None) -> tuple[Member | None, Signature | None, str | None]:
+    """The member an archive is, its signature and its recorded backend; (None, None, None) for
+    a minified archive (it records a parent): derived from a member, not another occurrence."""
+    with ContainerReader(path) as reader:
+        index, digest = reader.index, reader.index_digest
+    if index.records.parent is not None:
+        return None, None, None
+    member = Member(name=name, location=location, digest=digest, seen=str(seen or ""),
+                    ops=index.graph.op_count(), nodes=len(index.graph.nodes))
+    return member, signature_of(index), index.records.backend

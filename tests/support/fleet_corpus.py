@@ -1,0 +1,248 @@
+"""A fleet of failures: archives of five seeded bugs, each packed from several models, shapes and
+"machines", for the triage tests and benchmark.
+
+Every archive holds a real failure of a real compiler function on a real FX graph, recorded the
+way capture records it (``record_from_exception`` / ``check_accuracy``), but without Dynamo or
+Inductor: the graph is traced with ``fx.symbolic_trace`` and handed to the backend directly, so
+two hundred archives take seconds. The bugs:
+
+* ``relu-compile``: PyTorch's ``relu_compile_error_TESTING_ONLY`` (compile, ``ReluCompileError``);
+* ``relu-runtime``: ``relu_runtime_error_TESTING_ONLY`` (forward, ``AssertionError``);
+* ``relu-accuracy``: ``relu_accuracy_error_TESTING_ONLY`` (accuracy);
+* ``no-sigmoid`` / ``no-tanh``: ``no_lowering`` below, a compiler that has no lowering for
+  ``torch.sigmoid`` / ``torch.tanh``: one exception type and one message pattern for both, told
+  apart only by the node that failed.
+
+A "machine" is where the model's source lives (a folder named after a user, so the paths in
+tracebacks and messages differ), how far down its file the model is defined (line numbers) and
+what the model calls its parts and inputs (node names).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import fx
+
+import reproarchive
+from reproarchive.context import failure as failure_mod
+from reproarchive.context.config import config_snapshot
+from reproarchive.context.environment import environment_snapshot
+from reproarchive.context.system import system_snapshot
+from reproarchive.replay.accuracy import check_accuracy
+
+BUGS = ("relu-compile", "relu-runtime", "relu-accuracy", "no-sigmoid", "no-tanh")
+NO_LOWERING = f"{__name__}:no_lowering"
+_UNSUPPORTED = (torch.sigmoid, torch.tanh)
+
+
+class LoweringError(RuntimeError):
+    """What ``no_lowering`` raises: a compile error of a compiler missing an op."""
+
+
+#: "Another torch" for ``triage --against``: ops this variable names (``sigmoid,tanh``) have a
+#: lowering now; ops ``FLEET_BROKEN_ENV`` names have one that fails differently. Both variables
+#: steer the compiler, so they are part of the environment a verdict is cached under.
+FLEET_FIXED_ENV = "TORCHINDUCTOR_FLEET_TEST_LOWERED"
+FLEET_BROKEN_ENV = "TORCHINDUCTOR_FLEET_TEST_BROKEN"
+
+
+def no_lowering(gm: fx.GraphModule, example_inputs):
+    """A compiler without lowerings for ``torch.sigmoid`` and ``torch.tanh``: it raises on the
+    first node calling one, quoting the node and the input size it was compiled for."""
+    lowered = set(filter(None, os.environ.get(FLEET_FIXED_ENV, "").split(",")))
+    broken = set(filter(None, os.environ.get(FLEET_BROKEN_ENV, "").split(",")))
+    for node in gm.graph.nodes:
+        op = getattr(node.target, "__name__", "")
+        if node.op == "call_function" and op in broken:
+            raise ValueError(f"the lowering of {node.name} produced a tensor of the wrong layout")
+        if node.op == "call_function" and node.target in _UNSUPPORTED and op not in lowered:
+            size = sum(t.numel() for t in example_inputs)
+            raise LoweringError(f"no lowering for node {node.name} (compiling for {size} input elements)")
+    return gm.forward
+
+
+def segfaulting(gm: fx.GraphModule, example_inputs):
+    """A compiler that dies of SIGSEGV (reads address 0), as native compiler bugs do."""
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def hanging(gm: fx.GraphModule, example_inputs):
+    """A compiler that never returns."""
+    while True:
+        time.sleep(1)
+
+
+SEGFAULTING, HANGING = f"{__name__}:segfaulting", f"{__name__}:hanging"
+
+
+def pack_with_backend(path: Path, backend: str, *, seed: int = 0) -> Path:
+    """A small real graph recorded as failing to compile with ``backend`` (a compile error of
+    the kind the backend's bug shows as elsewhere): what a fleet holds for a compiler that
+    crashes or hangs on replay."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    failure = {"stage": "compile", "exception_type": "RuntimeError", "message": f"{backend} failed",
+               "signature": f"compile|RuntimeError|{backend} failed", "backend": backend}
+    return reproarchive.pack(fx.symbolic_trace(model), [torch.randn(2, 4)], path, backend=backend, failure=failure,
+                             snapshot=False)
+
+
+# The models, written per machine into a file of their own so that paths and line numbers differ.
+# {a}/{b} are the machine's names for the layers, {x} its name for the input, {act} the op
+# (torch.relu for the relu bugs, torch.sigmoid / torch.tanh for the lowering bugs).
+_MODELS = {
+    "mlp": """
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.{a} = torch.nn.Linear(n, 2 * n)
+        self.{b} = torch.nn.Linear(2 * n, n)
+
+    def forward(self, {x}):
+        h = self.{a}({x})
+        h = {act}(h)
+        return self.{b}(h) * 2
+""",
+    "residual": """
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.{a} = torch.nn.Linear(n, n)
+        self.{b} = torch.nn.LayerNorm(n)
+
+    def forward(self, {x}):
+        y = self.{b}({x})
+        y = {act}(self.{a}(y)) + {x}
+        return y.sum(dim=-1)
+""",
+    "conv": """
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.{a} = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.{b} = torch.nn.Linear(4, n)
+
+    def forward(self, {x}):
+        h = {act}(self.{a}({x}))
+        h = h.mean(dim=(2, 3))
+        return self.{b}(h)
+""",
+}
+_USERS = ("alice", "bob", "carol", "dmitri", "erin", "farid", "gu", "hana")
+_LAYER_NAMES = (("fc1", "fc2"), ("proj_in", "proj_out"), ("layer_0", "layer_1"), ("encoder", "decoder"))
+_INPUT_NAMES = ("x", "inp", "hidden_states", "x_1")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One archive of the corpus and the bug it holds (the ground truth grouping is judged by)."""
+
+    path: Path
+    bug: str
+    model: str
+    machine: int
+
+
+def _act(bug: str) -> str:
+    return {"no-sigmoid": "torch.sigmoid", "no-tanh": "torch.tanh"}.get(bug, "torch.relu")
+
+
+def _model_class(root: Path, model: str, bug: str, machine: int):
+    """The model class as machine ``machine`` wrote it: in its own file, under its user's home,
+    a machine-dependent number of lines down."""
+    user = _USERS[machine % len(_USERS)]
+    a, b = _LAYER_NAMES[machine % len(_LAYER_NAMES)]
+    x = _INPUT_NAMES[machine % len(_INPUT_NAMES)]
+    folder = root / f"machine{machine}" / "home" / user / "src"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"fleet_{model}_{bug.replace('-', '_')}_{machine}"
+    file = folder / f"{name}.py"
+    padding = "\n" * (3 + 7 * machine)
+    file.write_text("import torch\n" + padding + _MODELS[model].format(a=a, b=b, x=x, act=_act(bug)))
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module.Model
+
+
+def _inputs(model: str, n: int, batch: int, gen: torch.Generator) -> list[torch.Tensor]:
+    if model == "conv":
+        return [torch.randn(batch, 3, 6, 6, generator=gen)]
+    return [torch.randn(batch, n, generator=gen)]
+
+
+def _failure(bug: str, gm: fx.GraphModule, inputs: list) -> tuple[str, object]:
+    """(backend name, failure record) of ``bug`` on ``gm``, observed by running the backend."""
+    from torch._dynamo.backends import debugging
+
+    if bug == "relu-compile":
+        backend = "relu_compile_error_TESTING_ONLY"
+        try:
+            debugging.relu_compile_error_TESTING_ONLY(copy.deepcopy(gm), inputs)
+        except debugging.ReluCompileError as exc:
+            return backend, failure_mod.record_from_exception(exc, "compile", backend=backend)
+    elif bug == "relu-runtime":
+        backend = "relu_runtime_error_TESTING_ONLY"
+        compiled = debugging.relu_runtime_error_TESTING_ONLY(copy.deepcopy(gm), inputs)
+        try:
+            compiled(*inputs)
+        except AssertionError as exc:
+            return backend, failure_mod.record_from_exception(exc, "forward", backend=backend)
+    elif bug == "relu-accuracy":
+        backend = "relu_accuracy_error_TESTING_ONLY"
+        compiled = debugging.relu_accuracy_error_TESTING_ONLY(copy.deepcopy(gm), inputs)
+        report = check_accuracy(gm, compiled, inputs, fwd_only=True)
+        if not report.passed:
+            return backend, failure_mod.accuracy_record(report, backend=backend)
+    else:
+        backend = NO_LOWERING
+        try:
+            no_lowering(gm, inputs)
+        except LoweringError as exc:
+            return backend, failure_mod.record_from_exception(exc, "compile", backend=backend)
+    raise AssertionError(f"bug {bug} did not fail on this graph")
+
+
+def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] = BUGS) -> list[Member]:
+    """``count`` archives under ``root/archives``, spread evenly over ``bugs`` (default: all
+    five), each packed from a model, a shape and a machine chosen by ``seed``."""
+    rng = random.Random(seed)
+    out = root / "archives"
+    out.mkdir(parents=True, exist_ok=True)
+    classes: dict[tuple, type] = {}
+    # one snapshot of this process's records, shared (taking one per archive costs more than packing)
+    records = {"config": config_snapshot(), "environment": environment_snapshot(), "system": system_snapshot()}
+    members = []
+    for k in range(count):
+        bug = bugs[k % len(bugs)]
+        model = rng.choice(sorted(_MODELS))
+        machine = rng.randrange(8)
+        n, batch = rng.choice((4, 6, 8, 12)), rng.choice((1, 2, 3, 5))
+        key = (model, bug, machine)
+        if key not in classes:
+            classes[key] = _model_class(root / "src", model, bug, machine)
+        torch.manual_seed(k)
+        tracer = fx.Tracer()
+        tracer.record_stack_traces = True
+        root_module = classes[key](n).eval()
+        gm = fx.GraphModule(root_module, tracer.trace(root_module))
+        gen = torch.Generator().manual_seed(k)
+        inputs = _inputs(model, n, batch, gen)
+        backend, failure = _failure(bug, gm, inputs)
+        path = out / f"{k:04d}-{model}-m{machine}.tar.zst"
+        reproarchive.pack(gm, inputs, path, backend=backend, failure=failure,
+                          accuracy=True if bug == "relu-accuracy" else None, level=1, **records)
+        members.append(Member(path, bug, model, machine))
+    return members
