@@ -107,6 +107,22 @@ def _type_problem(t: Any, *, optional: bool = False) -> str | None:
     return f"takes or returns a {t.annotation_str if hasattr(t, 'annotation_str') else t}"
 
 
+def _dimension_names(schema: Any, name: str, t: Any) -> bool:
+    """Whether an argument of type ``t`` is a named-tensor dimension name (``Dimname``, a list
+    of them, optional): torch before 2.12 types those as ``str`` in the argument's real type,
+    and only the schema's text still says ``Dimname``. Its value names a dimension, nothing
+    outside the tensor, so such an overload (``sum.dim_DimnameList``) is a tensor computation;
+    refusing it refused every binding that reaches it (``torch.sum``) on those torches."""
+    text = str(t)
+    if "Dimname" in text:
+        return True
+    element = t.getElementType() if t.kind() in ("OptionalType", "ListType") else t
+    if element.kind() in ("OptionalType", "ListType"):
+        element = element.getElementType()
+    declared = re.search(r"\bDimname(\[\d*\])?\??\s+" + re.escape(name) + r"\b", str(schema))
+    return element.kind() == "StringType" and declared is not None
+
+
 def schema_problem(schema: Any) -> str | None:
     """Why an operator schema is not a tensor computation with contained effects (None: it is)."""
     writes = False
@@ -121,12 +137,12 @@ def schema_problem(schema: Any) -> str | None:
         base = t.getElementType() if t.kind() == "OptionalType" else t
         if base.kind() == "AnyType" and a.name in COLLECTIVE_ARGUMENTS and is_collective(schema):
             continue  # a group name (a string in a graph; ``string_argument_problem`` checks it)
+        if _dimension_names(schema, a.name, t):
+            continue  # a named-tensor overload: the string only names a dimension of a tensor
         if base.kind() == "StringType":
             if a.name not in selectors:
                 return f"takes a string argument {a.name!r} that is not an enum selector or message"
             continue
-        if str(base) in ("Dimname", "List[Dimname]") or "Dimname" in str(t):
-            return f"takes a dimension name {a.name!r} (a string)"
         if (why := _type_problem(t)) is not None:
             return f"argument {a.name!r} {why}"
     for r in schema.returns:

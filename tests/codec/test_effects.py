@@ -130,3 +130,24 @@ def test_graphs_of_real_model_idioms_pass_the_allowlist(tmp_path):
         path = reproarchive.pack(gm, inputs, tmp_path / f"g{i}.tar.zst", backend="eager")
         repro = reproarchive.load(path)
         assert len(repro.args) == len(inputs), label
+
+
+def test_a_named_tensor_overload_is_a_tensor_computation_on_torches_that_still_have_them():
+    """torch 2.11 (seen on a GPU machine) has ``sum.dim_DimnameList``, whose ``Dimname[1] dim``
+    its real type calls ``str[1]``: refusing it refused ``torch.sum`` itself. A dimension name is
+    allowed; a string the schema does not declare a ``Dimname`` is still refused."""
+    from reproarchive.codec.operator_effects import schema_problem
+
+    parsed = torch._C.parse_schema(
+        "aten::sum.dim_DimnameList(Tensor self, str[1] dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor")
+
+    class AsTorch211Prints:  # the parsed schema, printed with its declared types as torch 2.11 prints them
+        arguments, returns, name = parsed.arguments, parsed.returns, parsed.name
+
+        def __str__(self):
+            return str(parsed).replace("str[1] dim", "Dimname[1] dim")
+
+    assert schema_problem(AsTorch211Prints()) is None
+    assert "takes or returns a str" in schema_problem(parsed)
+    custom = torch._C.parse_schema("mylib::load.DimnameList(Tensor self, str path) -> Tensor")
+    assert "not an enum selector" in schema_problem(custom)
