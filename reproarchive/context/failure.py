@@ -93,6 +93,25 @@ def innermost(exc: BaseException) -> BaseException:
     return exc
 
 
+_REMOTE_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)):\s?(.*)$")
+
+
+def _subprocess_exception(core: BaseException, text: str) -> tuple[str, str] | None:
+    """(type, message) of the exception inductor's compile workers raised, which the parent
+    re-raises as a ``SubprocException`` whose message is the worker's traceback: the same bug
+    compiled in-process (a replay, or another machine's settings) raises that exception itself,
+    so the signature is taken from it."""
+    if type(core).__name__ != "SubprocException":
+        return None
+    lines = text.strip().splitlines()
+    frames = [k for k, line in enumerate(lines) if line.startswith("  File ")]
+    for k in range(frames[-1] + 1 if frames else 0, len(lines)):
+        m = _REMOTE_LINE.match(lines[k])  # the first unindented "Type: message" after the last frame
+        if m:
+            return m.group(1), "\n".join([m.group(2), *lines[k + 1:]]).strip()
+    return None
+
+
 DIAGNOSTIC_MARK = "|diag:"
 
 
@@ -116,6 +135,9 @@ def record_from_exception(exc: BaseException, stage: str, *, backend: str | None
     core = innermost(exc)
     exc_type = exception_type_name(core)
     full = str(core)
+    remote = _subprocess_exception(core, full)
+    if remote is not None:  # the same bug as an in-process compile reports it
+        exc_type, full = remote
     diagnostics = compiler_diagnostics(full)
     message = with_diagnostics(full, diagnostics)[:MAX_MESSAGE_CHARS]
     tb = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))

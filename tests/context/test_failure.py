@@ -75,3 +75,23 @@ def test_inspect_and_run_show_the_compiler_errors(tmp_path):
     ran = CliRunner().invoke(main, ["run", str(path)])
     assert ran.exit_code == 0  # eager passes; the recorded compiler error is still shown
     assert "undeclared_name" in ran.output and "was not declared" in ran.output
+
+
+def test_a_compile_worker_failure_has_the_signature_of_the_same_failure_in_process():
+    """Seen on a GPU machine: inductor compiled the capture's graph in a worker, which the parent
+    re-raises as ``SubprocException`` (its message the worker's traceback); the replay compiled
+    in-process and raised the ``RuntimeError`` itself, and ``run`` said "different failure"."""
+    from reproarchive.context.failure import record_from_exception
+
+    class SubprocException(Exception):  # torch._inductor.compile_worker.subproc_pool's, by name
+        pass
+
+    worker = SubprocException(
+        "An exception occurred in a subprocess:\n\nTraceback (most recent call last):\n"
+        '  File "/x/codecache.py", line 3764, in load_by_key_path\n    mod = _reload_python_module(key, path)\n'
+        "RuntimeError: Failed to import /tmp/torchinductor_root/pq/cpqln.py\n"
+        "SyntaxError: invalid syntax (cpqln.py, line 24)\n")
+    here = RuntimeError("Failed to import /tmp/torchinductor_root/fk/cfkp.py\n"
+                        "SyntaxError: invalid syntax (cfkp.py, line 24)")
+    recorded, replayed = record_from_exception(worker, "compile"), record_from_exception(here, "compile")
+    assert recorded.exception_type == "RuntimeError" and recorded.signature == replayed.signature
