@@ -166,11 +166,19 @@ class Spool:
 
     def _with_missing_absent(self, index: Index) -> Index:
         """The entry of a process that died while its objects were written: each storage whose
-        object never made it is stored as absent (generated on load, and said so), never as real."""
+        object never made it is stored as absent (generated on load, and said so), never as real;
+        a generator state among them is left out of ``rng`` (unknown, as a dump's)."""
         storages = tuple(StorageRecord(size=r.size, device=r.device, fidelity="absent")
                          if r.digest is not None and not self._object(r.digest).exists() else r
                          for r in index.storages)
-        return index if storages == index.storages else dataclasses.replace(index, storages=storages)
+        if storages == index.storages:
+            return index
+        rng = index.records.rng
+        if rng is not None:  # a generator state that never made it is unknown, not generated
+            kept = tuple(g for g in rng.generators if storages[g.storage].is_real)
+            rng = dataclasses.replace(rng, generators=kept)
+        return dataclasses.replace(index, storages=storages,
+                                   records=dataclasses.replace(index.records, rng=rng))
 
     @contextlib.contextmanager
     def _mapped(self, digest: str, size: int):

@@ -581,8 +581,14 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:
-    """``capture_of`` written to ``destination`` (redacted: ``archive.writing``)."""
-    return write_capture(capture_of(gm, inputs, **records), destination)
+    """``capture_of`` written to ``destination`` (redacted: ``archive.writing``). A compiler
+    may be called with PyTorch's fake-tensor mode still active (AOTAutograd does so for graphs
+    with ``cond`` or ``while_loop``): the records read real tensors (the generator states, the
+    custom ops' calls), so all of it runs outside any mode."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return write_capture(capture_of(gm, inputs, **records), destination)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,12 +62,14 @@ def current_environment(settings: Any) -> Environment:
     """This process's environment for replays under ``settings`` (a ``ReplaySettings``)."""
     import torch
 
+    from reproarchive.codec.device_runtime import devices_here, runtime
     from reproarchive.context.environment import environment_snapshot, set_by_torch_here
 
     device = "cpu"
-    if torch.cuda.is_available():
-        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
-        device = f"{'hip' if torch.version.hip else 'cuda'}: {', '.join(names)}"
+    here = devices_here()
+    if here:  # the accelerators' names (through the one device seam: codec.device_runtime)
+        names = sorted({runtime(d).properties(d).get("name") or str(d) for d in here})
+        device = f"{here[0].type}: {', '.join(names)}"
     return Environment(torch=torch.__version__, torch_git=getattr(torch.version, "git_version", "") or "",
                        python=platform.python_version(), device=device, settings=settings.to_plain(),
                        # what torch exports by itself once it compiled (its default cache folder)
