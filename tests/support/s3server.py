@@ -22,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_up(endpoint: str, timeout: float = 30.0) -> None:
+def wait_until_up(endpoint: str, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
