@@ -41,6 +41,7 @@ def client_environment(endpoint: str) -> Iterator[None]:
     os.environ.update(CREDENTIALS)
     os.environ["AWS_ENDPOINT_URL"] = endpoint
     os.environ.pop("AWS_PROFILE", None)
+    _forget_s3_clients()  # one cached for an outer environment (a session's server) would call that one
     try:
         yield
     finally:
