@@ -93,7 +93,6 @@ of the user's own failure; the archive stays on disk either way.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import hashlib
@@ -105,16 +104,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reproarchive.archive.writing import Capture, write_capture
-from reproarchive.codec.custom_ops import record_calls
-from reproarchive.codec.rng import rng_snapshot
-from reproarchive.codec.shapes import policy_of
+from reproarchive.archive.writing import Capture
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
-from reproarchive.context.environment import environment_snapshot
-from reproarchive.context.execution import execution_snapshot
-from reproarchive.context.system import system_snapshot
-from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord, Records
+from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
 from reproarchive.sources.call_guard import (
@@ -125,6 +118,7 @@ from reproarchive.sources.call_guard import (
     preserved_state,
     versions_of,
 )
+from reproarchive.sources.capture_records import capture_of, copy_graph_structure, write_archive  # noqa: F401
 from reproarchive.sources.failure_notes import annotate as _annotate
 from reproarchive.sources.failure_notes import archive_path
 from reproarchive.sources.job_capture import failed as job_failed
@@ -550,64 +544,6 @@ class _CaptureBackend:
 
 
 SOURCE_RECORD = CaptureSource
-
-
-def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: FailureRecord, backend: str,
-               accuracy: bool, capture_settings: dict, door: dict | None = None,
-               rng_states: dict | None = None) -> Capture:
-    """The failing graph, its inputs and the records of this process around them. ``door``: the
-    source fields of a capture door that is not Dynamo's (``inductor_door``: ``graph_kind``
-    after_aot, the door, how many inputs are real, where the failure came from). The execution
-    state is read here, in the failing call: the backend call while Dynamo traces (compile
-    failures) or the first call of the compiled graph (runtime failures, the crash guard), both
-    under the grad mode and autocast Dynamo guarded the graph on. The shape policy is read from
-    the fake values Dynamo left on ``gm``'s placeholders and their ShapeEnv (``codec.shapes``).
-    So are the generator states (``rng_states`` None: read now): the check runs inside
-    ``_preserved_state``, which puts them back before a failure is written, and Dynamo draws
-    nothing while it traces, so now is just before the failing call; a caller that writes after
-    the call ran passes the states it read before."""
-    source = CaptureSource(stage=failure.stage, fwd_only=bool(capture_settings.get("fwd_only")),
-                           tolerance=capture_settings.get("tolerance"),
-                           check_runtime=bool(capture_settings.get("check_runtime")),
-                           written_before_run=True if failure.stage == "crash" else None, **(door or {}))
-    # the custom ops' real outputs, from one run on copies of the real inputs; not before a
-    # possible crash (the op itself may be what crashes)
-    custom_ops = None if failure.stage == "crash" else record_calls(gm, inputs)
-    return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
-                                       environment=environment_snapshot(), system=system_snapshot(),
-                                       failure=failure, source=source, execution=execution_snapshot(inputs),
-                                       shapes=policy_of(gm, inputs, config)),
-                   rng_states=rng_snapshot(inputs) if rng_states is None else rng_states, custom_ops=custom_ops)
-
-
-def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:
-    """``capture_of`` written to ``destination`` (redacted: ``archive.writing``). A compiler
-    may be called with PyTorch's fake-tensor mode still active (AOTAutograd does so for graphs
-    with ``cond`` or ``while_loop``): the records read real tensors (the generator states, the
-    custom ops' calls), so all of it runs outside any mode."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        return write_capture(capture_of(gm, inputs, **records), destination)
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def copy_graph_structure(gm: Any) -> Any:
-    """A GraphModule with its own copy of the graph that shares the original's parameters,
-    buffers and submodules: O(nodes), no tensor data copied."""
-    import torch
-
-    try:
-        graph = copy.deepcopy(gm.graph)
-        copied = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-        copied.meta = dict(getattr(gm, "meta", {}) or {})
-        return copied
-    except Exception:  # exotic graphs: fall back to a full copy
-        return copy.deepcopy(gm)
 
 
 def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:
