@@ -17,7 +17,11 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.mark.slow
-def test_ray_gives_the_verdicts_the_local_engine_gives(tmp_path):
+def test_ray_gives_the_verdicts_the_local_engine_gives(tmp_path, monkeypatch):
+    # Ray starts its workers with OMP_NUM_THREADS=<the task's CPUs> when the driver sets none, and
+    # the worker's probe rightly records that as a different environment (a thread count can change
+    # a kernel's numerics). Pinned here, so that both engines replay under the same one.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     fleet_corpus.build(tmp_path, 2, bugs=("relu-runtime", "no-tanh"))
     local_folder, ray_folder = tmp_path / "archives", tmp_path / "on-ray"
     shutil.copytree(local_folder, ray_folder)  # a cache of its own: every task really runs on Ray
