@@ -107,20 +107,35 @@ def _type_problem(t: Any, *, optional: bool = False) -> str | None:
     return f"takes or returns a {t.annotation_str if hasattr(t, 'annotation_str') else t}"
 
 
+#: The names aten gives its dimension-name arguments (``sum.dim_DimnameList``'s ``dim``,
+#: ``transpose.Dimname``'s ``dim0``, ``flatten.named_out_dim``'s ``out_dim``, ...).
+_DIMENSION_ARGUMENTS = frozenset({"dim", "dims", "dim0", "dim1", "dim2", "start_dim", "end_dim", "out_dim",
+                                  "outdim", "names"})
+
+
 def _dimension_names(schema: Any, name: str, t: Any) -> bool:
     """Whether an argument of type ``t`` is a named-tensor dimension name (``Dimname``, a list
-    of them, optional): torch before 2.12 types those as ``str`` in the argument's real type,
-    and only the schema's text still says ``Dimname``. Its value names a dimension, nothing
-    outside the tensor, so such an overload (``sum.dim_DimnameList``) is a tensor computation;
-    refusing it refused every binding that reaches it (``torch.sum``) on those torches."""
+    of them, optional). Its value names a dimension, nothing outside the tensor, so such an
+    overload (``sum.dim_DimnameList``) is a tensor computation; refusing it refused every
+    binding that reaches it (``torch.sum``) on the torches that still have those overloads.
+
+    torch 2.11 (seen on a GPU machine) types a ``Dimname`` as ``str`` both in the argument's
+    type and in the schema's printed text, so where the type does not say it, aten's own
+    naming does: an aten overload named for dimension names (``dimname``, ``names``,
+    ``named``) whose string argument has a dimension's name. This reads torch's registry, not
+    the archive: the archive names only the binding (``torch.sum``)."""
     text = str(t)
     if "Dimname" in text:
         return True
     element = t.getElementType() if t.kind() in ("OptionalType", "ListType") else t
     if element.kind() in ("OptionalType", "ListType"):
         element = element.getElementType()
-    declared = re.search(r"\bDimname(\[\d*\])?\??\s+" + re.escape(name) + r"\b", str(schema))
-    return element.kind() == "StringType" and declared is not None
+    if element.kind() != "StringType":
+        return False
+    if re.search(r"\bDimname(\[\d*\])?\??\s+" + re.escape(name) + r"\b", str(schema)) is not None:
+        return True
+    return (str(schema.name).startswith("aten::") and name in _DIMENSION_ARGUMENTS
+            and re.search(r"dimname|names|named", getattr(schema, "overload_name", ""), re.IGNORECASE) is not None)
 
 
 def schema_problem(schema: Any) -> str | None:

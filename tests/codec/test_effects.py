@@ -134,20 +134,20 @@ def test_graphs_of_real_model_idioms_pass_the_allowlist(tmp_path):
 
 def test_a_named_tensor_overload_is_a_tensor_computation_on_torches_that_still_have_them():
     """torch 2.11 (seen on a GPU machine) has ``sum.dim_DimnameList``, whose ``Dimname[1] dim``
-    its real type calls ``str[1]``: refusing it refused ``torch.sum`` itself. A dimension name is
-    allowed; a string the schema does not declare a ``Dimname`` is still refused."""
+    it types and prints as ``str[1] dim``: refusing it refused ``torch.sum`` itself. A dimension
+    name of an aten overload named for them is allowed; a string that is not one, or a custom
+    op's string, is still refused."""
     from reproarchive.codec.operator_effects import schema_problem
 
-    parsed = torch._C.parse_schema(
+    as_211 = torch._C.parse_schema(  # the text torch 2.11 gives: no Dimname left anywhere
         "aten::sum.dim_DimnameList(Tensor self, str[1] dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor")
-
-    class AsTorch211Prints:  # the parsed schema, printed with its declared types as torch 2.11 prints them
-        arguments, returns, name = parsed.arguments, parsed.returns, parsed.name
-
-        def __str__(self):
-            return str(parsed).replace("str[1] dim", "Dimname[1] dim")
-
-    assert schema_problem(AsTorch211Prints()) is None
-    assert "takes or returns a str" in schema_problem(parsed)
-    custom = torch._C.parse_schema("mylib::load.DimnameList(Tensor self, str path) -> Tensor")
+    assert schema_problem(as_211) is None
+    flatten = torch._C.parse_schema(
+        "aten::flatten.named_out_dim(Tensor(a) self, int start_dim, int end_dim, str out_dim) -> Tensor(a)")
+    assert schema_problem(flatten) is None
+    not_a_name = torch._C.parse_schema("aten::sum.dim_DimnameList(Tensor self, str[1] path) -> Tensor")
+    assert "takes or returns a str" in schema_problem(not_a_name)
+    not_named_for_them = torch._C.parse_schema("aten::sum.dim_IntList(Tensor self, str[1] dim) -> Tensor")
+    assert "takes or returns a str" in schema_problem(not_named_for_them)
+    custom = torch._C.parse_schema("mylib::load.DimnameList(Tensor self, str dim) -> Tensor")
     assert "not an enum selector" in schema_problem(custom)
