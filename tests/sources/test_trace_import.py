@@ -23,7 +23,9 @@ from reproarchive.cli import main
 from reproarchive.errors import SourceError
 from reproarchive.format.schema import TraceSource
 from reproarchive.minifier.driver import minify_archive
+from reproarchive.sources.report import PackReport
 from reproarchive.sources.trace_import import TracePackResult, list_trace, pack_trace
+from support.shared_fixture import built_once
 from support.source_tests import Captured, SourceTests
 
 # What a user passes for each job (the log names a backend only when it failed).
@@ -48,14 +50,27 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def packed_results(trace_jobs, tmp_path_factory) -> dict[str, TracePackResult]:
-    """job -> what ``pack_trace`` reported, every compile of every log packed (``--all``)."""
-    out = {}
-    for name, (_, trace) in trace_jobs.items():
-        result = pack_trace(trace, tmp_path_factory.mktemp(f"packed_{name}"), all_compiles=True,
-                            **PACK_OPTIONS[name])
-        assert not result.skipped, result.skipped
-        out[name] = result
-    return out
+    """job -> what ``pack_trace`` reported, every compile of every log packed (``--all``); once
+    for the whole run (``built_once``): the archives are read-only."""
+
+    def build(root: Path) -> dict[str, TracePackResult]:
+        out = {}
+        for name, (_, trace) in trace_jobs.items():
+            result = pack_trace(trace, root / name, all_compiles=True, **PACK_OPTIONS[name])
+            assert not result.skipped, result.skipped
+            out[name] = result
+        return out
+
+    def dump(results: dict[str, TracePackResult]) -> dict:
+        return {name: {"source": str(r.source), "trace_kind": r.trace_kind, "warnings": r.warnings,
+                       "packed": [p.to_plain() for p in r.packed]} for name, r in results.items()}
+
+    def load(data: dict) -> dict[str, TracePackResult]:
+        return {name: TracePackResult(source=Path(r["source"]), trace_kind=r["trace_kind"], skipped=[],
+                                      warnings=r["warnings"], packed=[PackReport.from_plain(p) for p in r["packed"]])
+                for name, r in data.items()}
+
+    return built_once(tmp_path_factory, "packed_results", build, dump, load)
 
 
 @pytest.fixture(scope="module")
