@@ -35,9 +35,11 @@ from reproarchive.format.schema import (
     CreatedBy,
     CustomOpCall,
     CustomOpRecord,
+    GraphRecord,
     Index,
     JobRecord,
     Records,
+    Value,
 )
 from reproarchive.format.writer import ContainerWriter
 from reproarchive.progress import ProgressFn, Tracker
@@ -115,12 +117,31 @@ def _custom_op_records(gm: fx.GraphModule, live: Sequence[LiveCustomOp] | None,
     return tuple(out)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What an archive of a graph holds but its blobs. ``pack`` writes it into one file; a spool
+    (``archive.spool``) keeps it beside blobs it writes once per process. The storage table's
+    digests are resolved by the writer (``table.resolve``) before it asks for the ``index``."""
+
+    table: StorageTable                     # storages, digests still to resolve
+    inputs: tuple[Value, ...]               # one input record per placeholder
+    graph: GraphRecord
+    code: bytes                             # the graph's readable code, as stored
+    records: Records                        # as given, ``created_by`` and ``rng`` this writer's
+    custom_ops: tuple[CustomOpRecord, ...]  # the custom ops the graph calls
+
+    def index(self, *, frame_size: int, digest_algorithm: str, job: JobRecord | None) -> Index:
+        """The archive's index, once every storage's digest is resolved."""
+        return Index(container=ContainerRecord(frame_size=frame_size), digest_algorithm=digest_algorithm,
+                     storages=tuple(self.table.records), inputs=self.inputs, graph=self.graph,
+                     records=self.records, job=job, custom_ops=self.custom_ops)
+
+
 def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records | Mapping[str, Any] | None, *,
-             custom_ops: Sequence[LiveCustomOp] | None = None, rng_states: Mapping[str, torch.Tensor] | None = None):
-    """What an archive of ``gm`` holds but its blobs: (storage table with digests still to
-    resolve, input records, graph record, readable code, records, custom-op records). ``pack``
-    writes them into one file; a spool (``archive.spool``) keeps them beside blobs it writes
-    once per process. ``custom_ops``/``rng_states``: as ``pack`` takes them."""
+             custom_ops: Sequence[LiveCustomOp] | None = None, rng_states: Mapping[str, torch.Tensor] | None = None
+             ) -> Prepared:
+    """Everything an archive of ``gm`` holds but its blobs (``Prepared``).
+    ``custom_ops``/``rng_states``: as ``pack`` takes them."""
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -146,7 +167,8 @@ def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records
     op_records = _custom_op_records(gm, custom_ops, table)
     records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors
     code = graph_codec.readable_code(gm).encode()
-    return table, input_records, graph_record, code, records, op_records
+    return Prepared(table=table, inputs=input_records, graph=graph_record, code=code, records=records,
+                    custom_ops=op_records)
 
 
 def pack(
@@ -178,8 +200,8 @@ def pack(
     its storage numbers were another table's).
     """
     digests.check_algorithm(digest)
-    table, input_records, graph_record, code, records, op_records = prepared(
-        gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states)
+    ready = prepared(gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states)
+    table, code = ready.table, ready.code
 
     real = [i for i, r in enumerate(table.records) if r.is_real]
     # the bar counts member bytes as their frames reach the file, and skipped storages at once
@@ -216,10 +238,7 @@ def pack(
                 else:
                     pbar.update(table.records[sidx].size)
                 del keep, view
-            index = Index(
-                container=ContainerRecord(frame_size=frame_size), digest_algorithm=digest,
-                storages=tuple(table.records), inputs=input_records, graph=graph_record, records=records,
-                job=job, custom_ops=op_records)
+            index = ready.index(frame_size=frame_size, digest_algorithm=digest, job=job)
             try:
                 writer.finish(index)
             except SchemaViolation as exc:

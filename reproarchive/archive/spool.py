@@ -32,7 +32,7 @@ from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
-from reproarchive.format.schema import ContainerRecord, Index, StorageRecord
+from reproarchive.format.schema import Index, StorageRecord
 from reproarchive.format.writer import ContainerWriter
 
 MARKER = "REPROARCHIVE-SPOOL"
@@ -76,8 +76,9 @@ class Spool:
         which the caller must not change until they are written."""
         table_prefixes = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
         records = redacted(capture.records, table_prefixes)
-        table, inputs, graph, code, records, op_records = prepared(
-            capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops, rng_states=capture.rng_states)
+        ready = prepared(capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops,
+                         rng_states=capture.rng_states)
+        table = ready.table
         todo = []
         for sidx, record in enumerate(table.records):
             if record.is_real:
@@ -85,12 +86,10 @@ class Spool:
                 table.resolve(sidx, digest)
                 if digest is not None and not self._object(digest).exists():
                     todo.append((digest, table.sources[sidx]))
-        index = Index(container=ContainerRecord(frame_size=layout.DEFAULT_FRAME_SIZE),
-                      digest_algorithm=self.algorithm, storages=tuple(table.records), inputs=inputs,
-                      graph=graph, records=records, job=capture.job, custom_ops=op_records)
+        index = ready.index(frame_size=layout.DEFAULT_FRAME_SIZE, digest_algorithm=self.algorithm, job=capture.job)
         pending = self.folder / "pending"
         with atomic_file(pending / f"{name}{_CODE_SUFFIX}", fsync=False) as f:
-            f.write(code)
+            f.write(ready.code)
         with atomic_file(pending / f"{name}{_INDEX_SUFFIX}", fsync=False) as f:
             f.write(index_codec.encode_index(plain.to_plain(index)))
         return todo

@@ -10,6 +10,7 @@ it. The record type itself, ``FailureRecord``, is declared with the rest of the 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import traceback as _traceback
 
@@ -144,6 +145,29 @@ def record_from_exception(exc: BaseException, stage: str, *, backend: str | None
     return FailureRecord(stage=stage, exception_type=exc_type, message=message, traceback=tb[-MAX_TRACEBACK_CHARS:],
                          signature=signature(stage, exc_type, full, diagnostics[0] if diagnostics else ""),
                          backend=backend)
+
+
+#: A collective that waited past its timeout, in torch.distributed's words (gloo: "Timed out waiting
+#: 5000ms for recv operation to complete"; NCCL's watchdog: "Watchdog caught collective operation
+#: timeout"), raised as one of torch.distributed's ``Dist*Error``s or naming its backend.
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_FROM_COLLECTIVE = re.compile(r"gloo|nccl|c10d|collective|\bDist\w*Error\b", re.IGNORECASE)
+#: the stages a collective runs in: while the graph compiles (inductor's cross-rank decisions) or runs
+_COLLECTIVE_STAGES = ("compile", "forward", "backward")
+
+
+def as_collective_timeout(record: FailureRecord | None) -> FailureRecord | None:
+    """``record`` as a ``timeout`` failure (spec §8 ``failure.stage``) when its error is a collective
+    that waited past its timeout, otherwise ``record`` unchanged. The one rule for a hang: the
+    capture records a rank's failure by it and a replay judges what it observed by it, so the two
+    agree on what a timeout is."""
+    if record is None or record.stage not in _COLLECTIVE_STAGES or not _TIMED_OUT.search(record.message) \
+            or not _FROM_COLLECTIVE.search(f"{record.exception_type} {record.message}"):
+        return record
+    prefix = f"{record.stage}|"
+    same = record.signature.startswith(prefix)  # keep the rest (a compiler diagnostic) as it was
+    return dataclasses.replace(record, stage="timeout", signature=f"timeout|{record.signature[len(prefix):]}" if same
+                               else signature("timeout", record.exception_type, record.message))
 
 
 def with_diagnostics(message: str, diagnostics: list[str]) -> str:

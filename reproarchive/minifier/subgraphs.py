@@ -9,59 +9,113 @@ branch, ``while_loop`` as one application of its body, ``map`` as its body on th
 that still fails replaces the graph; the node passes then cut inside what was a subgraph. An
 inlined ``cond``/``while_loop``/``map`` computes something else than the operator did; that is
 fine for a minifier, whose only question is whether the failure stays, and the oracle asks it.
+Which argument holds which subgraph is PyTorch's choice and changes between versions: each
+layout read here is listed (``_LAYOUTS``), checked against the node before it is read, and a node
+that does not match is left whole with a warning that says why.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-#: higher-order operator -> how to read (subgraph argument, operands) from its arguments
-_SPLITS: dict[str, Callable[[tuple], list[tuple[str, Any, list, str]]]] = {
+log = logging.getLogger("reproarchive.minify")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a higher-order operator lays out its arguments, as this module reads them: ``arity``
+    positional arguments (at least that many, with ``variadic``), a subgraph (a ``get_attr`` of a
+    GraphModule) at exactly the ``subgraphs`` positions, a tuple or list at the ``sequences``
+    positions; ``split`` reads (what, subgraph, operands, outputs) from them (None: written out
+    by a rewriting of its own). PyTorch changes these layouts between versions; a node that does
+    not match is left whole, and said so (``layout_problem``), never read wrongly or silently
+    skipped. ``tests/minifier/test_hop_layouts.py`` checks every one against this torch's graphs."""
+
+    arity: int
+    subgraphs: tuple[int, ...]
+    sequences: tuple[int, ...] = ()
+    variadic: bool = False
+    split: Callable[[tuple], list[tuple[str, Any, list, str]]] | None = None
+
+
+#: higher-order operator -> its argument layout
+_LAYOUTS: dict[str, _Layout] = {
     # cond(pred, true_fn, false_fn, operands)
-    "cond": lambda a: [("true branch", a[1], list(a[3]), "same"), ("false branch", a[2], list(a[3]), "same")],
+    "cond": _Layout(4, (1, 2), (3,), split=lambda a: [("true branch", a[1], list(a[3]), "same"),
+                                                      ("false branch", a[2], list(a[3]), "same")]),
     # while_loop(cond_fn, body_fn, carried_inputs, additional_inputs)
-    "while_loop": lambda a: [("body once", a[1], [*a[2], *a[3]], "same")],
+    "while_loop": _Layout(4, (0, 1), (2, 3), split=lambda a: [("body once", a[1], [*a[2], *a[3]], "same")]),
     # map_impl(f, xs, pos_args): the body on the first slice, its results given the mapped dimension back
-    "map_impl": lambda a: [("body on the first slice", a[0], [("first", x) for x in a[1]] + list(a[2]), "stack")],
+    "map_impl": _Layout(3, (0,), (1, 2), split=lambda a: [
+        ("body on the first slice", a[0], [("first", x) for x in a[1]] + list(a[2]), "stack")]),
     # invoke_subgraph(subgraph, identifier, *operands)
-    "invoke_subgraph": lambda a: [("subgraph", a[0], list(a[2:]), "same")],
+    "invoke_subgraph": _Layout(2, (0,), variadic=True, split=lambda a: [("subgraph", a[0], list(a[2:]), "same")]),
     # tag_activation_checkpoint(fn, *args) / wrap(fn, *args)
-    "tag_activation_checkpoint": lambda a: [("checkpointed region", a[0], list(a[1:]), "same")],
-    "wrap": lambda a: [("wrapped region", a[0], list(a[1:]), "same")],
+    "tag_activation_checkpoint": _Layout(1, (0,), variadic=True,
+                                         split=lambda a: [("checkpointed region", a[0], list(a[1:]), "same")]),
+    "wrap": _Layout(1, (0,), variadic=True, split=lambda a: [("wrapped region", a[0], list(a[1:]), "same")]),
+    # flex_attention(q, k, v, score_mod, block_mask, scale, kernel_options, score_mod_other_buffers,
+    # mask_mod_other_buffers): written out densely by ``_flex_dense``
+    "flex_attention": _Layout(9, (3,), (4, 7, 8)),
 }
 
 
-def inline_variants(gm: fx.GraphModule) -> Iterator[tuple[str, fx.GraphModule]]:
-    """Every way of inlining one higher-order operator of ``gm``: (what was inlined, new graph)."""
+def _is_subgraph(gm: fx.GraphModule, arg: Any) -> bool:
+    return isinstance(arg, fx.Node) and arg.op == "get_attr" and isinstance(_attr(gm, arg.target), fx.GraphModule)
+
+
+def layout_problem(gm: fx.GraphModule, node: fx.Node) -> str | None:
+    """Why higher-order operator ``node`` of ``gm`` does not have the layout ``_LAYOUTS`` lists
+    for it (None: it has it). An operator not listed has no layout to check."""
+    layout = _LAYOUTS.get(node.target.name())
+    if layout is None:
+        return None
+    args = node.args
+    if len(args) != layout.arity and not (layout.variadic and len(args) >= layout.arity):
+        want = f"at least {layout.arity}" if layout.variadic else f"{layout.arity}"
+        return f"it has {len(args)} arguments, where {want} were expected"
+    found = tuple(i for i, a in enumerate(args) if _is_subgraph(gm, a))
+    if found != layout.subgraphs:
+        return f"its subgraphs are arguments {list(found)}, where {list(layout.subgraphs)} were expected"
+    odd = [i for i in layout.sequences if not isinstance(args[i], (tuple, list))]
+    if odd:
+        return f"its arguments {odd} are not sequences of operands"
+    return None
+
+
+def inline_variants(gm: fx.GraphModule, skipped: dict[str, str] | None = None
+                    ) -> Iterator[tuple[str, fx.GraphModule]]:
+    """Every way of inlining one higher-order operator of ``gm``: (what was inlined, new graph).
+    A listed operator whose node does not have its listed layout is not inlined; ``skipped``
+    (node name -> why) collects those."""
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
             continue
-        if node.target.name() == "flex_attention":
+        name = node.target.name()
+        if name not in _LAYOUTS:
+            continue
+        problem = layout_problem(gm, node)
+        if problem is not None:
+            if skipped is not None:
+                skipped[node.name] = f"{name} ({problem})"
+            continue
+        if name == "flex_attention":
             variant = _flex_dense(gm, node)
             if variant is not None:
                 yield f"{node.name}: flex_attention written out densely (its score_mod inlined)", variant
             continue
-        split = _SPLITS.get(node.target.name())
-        if split is None:
-            continue
-        try:
-            choices = split(node.args)
-        except (IndexError, TypeError):
-            continue
-        for what, sub, operands, outputs in choices:
-            if not (isinstance(sub, fx.Node) and sub.op == "get_attr"):
-                continue
+        for what, sub, operands, outputs in _LAYOUTS[name].split(node.args):
             body = _attr(gm, sub.target)
-            if not isinstance(body, fx.GraphModule):
-                continue
             variant = _inline(gm, node.name, body, operands, outputs)
             if variant is not None:
-                yield f"{node.name}: {node.target.name()} {what}", variant
+                yield f"{node.name}: {name} {what}", variant
 
 
 def _attr(gm: fx.GraphModule, path: str) -> Any:
@@ -77,11 +131,7 @@ def _flex_dense(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
     ``arange``s), so that a failing op of the score_mod becomes an ordinary node. The block mask
     is dropped: only the failure has to survive, and the oracle checks that."""
     args = node.args
-    if len(args) < 8 or not (isinstance(args[3], fx.Node) and args[3].op == "get_attr"):
-        return None
-    body = _attr(gm, args[3].target)
-    if not isinstance(body, fx.GraphModule):
-        return None
+    body = _attr(gm, args[3].target)  # its layout checked (``layout_problem``)
 
     def dense(graph: fx.Graph, env: dict, root: torch.nn.Module, prefix: str) -> list | None:
         q, k, v = (env[a] if isinstance(a, fx.Node) else a for a in args[:3])
@@ -200,13 +250,17 @@ def inline_while_failing(gm: fx.GraphModule, fails: Callable[[fx.GraphModule], b
     until none is left that does (at most ``limit`` judgements)."""
     tried = 0
     progress = True
+    skipped: dict[str, str] = {}
     while progress and tried < limit:
         progress = False
-        for _what, variant in inline_variants(gm):
+        for _what, variant in inline_variants(gm, skipped):
             tried += 1
             if fails(variant):
                 gm, progress = variant, True
                 break
             if tried >= limit:
                 break
+    for node, why in skipped.items():
+        log.warning("reproarchive.minify cannot cut inside %s: this torch's %s does not have the layout "
+                    "reproarchive.minifier.subgraphs reads; it is cut around, whole", node, why)
     return gm

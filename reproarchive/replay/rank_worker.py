@@ -74,6 +74,7 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
                report_differences: bool = False) -> Any:
     """The judged Outcome of ``rank_repro``'s graph on this rank (a collective that timed out is
     a ``timeout`` failure, as the capture records a hang)."""
+    from reproarchive.context.failure import as_collective_timeout
     from reproarchive.replay.outcome import judge
     from reproarchive.replay.runner import replay_graph
 
@@ -82,7 +83,7 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
         config=getattr(records, "config", None), environment=getattr(records, "environment", None),
         system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
         execution=getattr(records, "execution", None), report_differences=report_differences)
-    timed_out = _ranks.as_collective_timeout(outcome.observed)
+    timed_out = as_collective_timeout(outcome.observed)
     if timed_out is not outcome.observed:
         status, code = judge(rank_repro.failure, timed_out)
         outcome = dataclasses.replace(outcome, observed=timed_out, status=status, exit_code=code)

@@ -16,9 +16,7 @@ from the graph itself (``codec.collectives``), for the ranks' reports of what th
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -38,27 +36,6 @@ class GroupSpec:
     ranks: tuple[int, ...]
     order: int = 0
     mesh_dim: str | None = None
-
-
-#: A collective that waited past its timeout, in torch.distributed's words (gloo: "Timed out waiting
-#: 5000ms for recv operation to complete"; NCCL's watchdog: "Watchdog caught collective operation
-#: timeout"): the capture's rule (``sources.job_capture.is_collective_timeout``), on a record.
-_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
-_FROM_COLLECTIVE = re.compile(r"gloo|nccl|c10d|collective|DistError|DistBackendError", re.IGNORECASE)
-
-
-def as_collective_timeout(record: Any) -> Any:
-    """``record`` (an observed failure) as a ``timeout`` failure when its error is a collective
-    that waited past its timeout, as the capture records a hang (spec §8 ``failure.stage``);
-    otherwise ``record`` unchanged."""
-    if record is None or record.stage not in ("forward", "backward") or not _TIMED_OUT.search(record.message):
-        return record
-    if not _FROM_COLLECTIVE.search(f"{record.exception_type} {record.message}"):
-        return record
-    from reproarchive.context.failure import signature
-
-    return dataclasses.replace(record, stage="timeout",
-                               signature=signature("timeout", record.exception_type, record.message))
 
 
 def group_specs(job: Any) -> list[GroupSpec]:

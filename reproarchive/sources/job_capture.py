@@ -70,7 +70,6 @@ _PART = re.compile(r"^rank-(\d+)\.tar\.zst$")
 _FAULT_SIGNALS = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
                   "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
                   "Illegal instruction": "SIGILL"}
-_TIMEOUT = re.compile(r"timed out|timeout|Timeout", re.IGNORECASE)
 
 
 @dataclasses.dataclass
@@ -265,17 +264,6 @@ def set_status(folder: Path, rank: int, outcome: RankOutcome | None) -> None:
     os.replace(tmp, path)
 
 
-def is_collective_timeout(exc: BaseException) -> bool:
-    """Whether an exception is a collective that waited past its group's timeout."""
-    text = str(exc)
-    try:
-        from torch.distributed import DistError
-    except ImportError:  # pragma: no cover - torch without distributed
-        DistError = ()  # noqa: N806
-    from_collective = isinstance(exc, DistError) or re.search(r"gloo|nccl|c10d|collective", text, re.I)
-    return bool(from_collective) and _TIMEOUT.search(text) is not None
-
-
 def folder_outcomes(folder: Path) -> dict[int, RankOutcome]:
     """How each rank of a parts folder ended, where the folder says more than the part: a status
     file (passed, or a failure written after the part), or a fatal signal faulthandler wrote."""
@@ -407,13 +395,13 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
     failure, which had no part yet, writes its part with it), the parts of the job are merged into
     the job archive, and the exception names that archive. After a first call the part written
     before it stays: it holds the inputs as they were, which the call may have changed."""
-    from reproarchive.context.failure import record_from_exception
+    from reproarchive.context.failure import as_collective_timeout, record_from_exception
     from reproarchive.context.redaction import redacted
     from reproarchive.format.schema import Records
     from reproarchive.sources.failure_notes import annotate as _annotate
 
-    timeout = is_collective_timeout(exc)
-    record = record_from_exception(exc, "timeout" if timeout else stage, backend=backend.backend_name)
+    record = as_collective_timeout(record_from_exception(exc, stage, backend=backend.backend_name))
+    timeout = record.stage == "timeout"
     record = redacted(Records(failure=record), {os.getcwd(): "."}).failure  # as write_capture stores it
     first = (record.message.splitlines() or [""])[0][:200]
     compile_id = _STATE.compiles[-1].compile_id if _STATE.compiles else "?"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -144,6 +145,61 @@ def test_exported_script_embeds_only_filtered_context(context_scene, tmp_path):
     assert "Traceback" not in ran.stderr or "RuntimeError" in ran.stderr, ran.stderr[-1500:]
     assert not context_scene["marker"].exists()
     assert _tree(scratch) == before
+
+
+@pytest.fixture
+def importable(tmp_path, monkeypatch):
+    """A working folder on ``sys.path`` holding ``ca.EVIL_MODULE``, whose import writes a marker:
+    an archive naming it would import it if a replay imported a name the archive gives."""
+    work = tmp_path / "work"
+    work.mkdir()
+    marker = tmp_path / "MARKER"
+    ca.evil_module(work, marker)
+    monkeypatch.syspath_prepend(str(work))
+    assert importlib.util.find_spec(ca.EVIL_MODULE) is not None  # importable (finding it runs nothing)
+    assert ca.EVIL_MODULE not in sys.modules and not marker.exists()
+    yield work, marker
+    sys.modules.pop(ca.EVIL_MODULE, None)
+
+
+def _refused_by_every_replay(archive: Path, work: Path, marker: Path, code: int, says: str) -> None:
+    """run (text and --json), export, minify and run --minify, the commands that rebuild an
+    archive's graph and inputs, each refuse ``archive`` in one line naming ``says`` with exit
+    ``code``, import nothing the archive names and write nothing in ``work``."""
+    before = _tree(work)
+    for argv in (["run", "--no-isolate", str(archive)], ["export", str(archive), "-o", "out"],
+                 ["minify", str(archive), "-o", "min.tar.zst"], ["run", "--minify", str(archive), "-o", "min.tar.zst"]):
+        proc = _in_process(argv, work)
+        assert proc.returncode == code, (argv, proc.returncode, proc.stderr[-500:])
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, (argv, proc.stderr)
+        assert says in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)
+    proc = _in_process(["run", "--json", "--no-isolate", str(archive)], work)
+    assert proc.returncode == code and json.loads(proc.stdout)["exit_code"] == code, proc.stdout[-500:]
+    assert not marker.exists() and ca.EVIL_MODULE not in sys.modules
+    assert _tree(work) == before
+
+
+@pytest.mark.parametrize("cls", [f"{ca.EVIL_MODULE}.Evil", "os.system"])
+def test_a_subclass_torch_does_not_define_is_never_imported(importable, cls, tmp_path):
+    """(1.3) A tensor subclass is rebuilt from a fixed table of torch's own classes: a class the
+    archive names elsewhere is neither imported by run, by export (whose script would need it)
+    nor by minify; each says so in one line and exits 125 (E_NOT_REPLAYABLE), writing nothing."""
+    work, marker = importable
+    archive = ca.subclass_archive(tmp_path / "subclass.tar.zst", cls)
+    _refused_by_every_replay(archive, work, marker, 125, f"tensor subclass {cls}")
+
+
+@pytest.mark.parametrize("hop,operator", [("with_effects", f"{ca.EVIL_MODULE}.op"),
+                                          ("auto_functionalized_v2", "os.system"),
+                                          ("with_effects", "torch.ops.aten._print.default")],
+                         ids=["module-in-cwd", "os-system", "effectful-print"])
+def test_an_operator_argument_outside_torch_is_refused_by_every_replay(importable, hop, operator, tmp_path):
+    """(1.3) The operator an ``operator`` argument names is judged as a call target before
+    anything runs: one outside torch, or one whose effect is refused, is refused by run, export
+    and minify (not only by load) in one line with exit 2 (E_UNSAFE), importing and writing nothing."""
+    work, marker = importable
+    archive = ca.operator_archive(tmp_path / "operator.tar.zst", hop, operator)
+    _refused_by_every_replay(archive, work, marker, 2, operator)
 
 
 @pytest.mark.parametrize("text", ca.HOSTILE_TEXT, ids=[f"text{i}" for i in range(len(ca.HOSTILE_TEXT))])

@@ -95,3 +95,47 @@ def test_a_compile_worker_failure_has_the_signature_of_the_same_failure_in_proce
                         "SyntaxError: invalid syntax (cfkp.py, line 24)")
     recorded, replayed = record_from_exception(worker, "compile"), record_from_exception(here, "compile")
     assert recorded.exception_type == "RuntimeError" and recorded.signature == replayed.signature
+
+
+# --------------------------------------------------------------------------------------------
+# a collective that waited past its timeout: one rule, for the capture and the replay
+
+
+def _store_timeout() -> BaseException:
+    """The exception a real torch.distributed store raises when a peer never answers."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(milliseconds=20))
+    try:
+        store.get("a peer that never came")
+    except dist.DistError as exc:
+        return exc
+    raise AssertionError("the store did not time out")
+
+
+def test_a_collective_that_timed_out_is_a_timeout_by_one_rule():
+    """The capture (``sources.job_capture.failed``) and the replay (``replay.rank_worker``) both
+    judge by ``as_collective_timeout``: a rank recorded as hanging replays as hanging. They used
+    to keep a rule each, and the replay's did not know a store's ``DistStoreError`` nor a
+    timeout while compiling, which the capture's did."""
+    import torch.distributed as dist
+
+    from reproarchive.context.failure import as_collective_timeout, record_from_exception
+
+    store = record_from_exception(_store_timeout(), "forward")
+    gloo = record_from_exception(dist.DistBackendError(
+        "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv "
+        "operation to complete"), "compile")
+    for record in (store, gloo):
+        hung = as_collective_timeout(record)
+        assert hung.stage == "timeout", record
+        assert hung.signature == "timeout|" + record.signature.split("|", 1)[1]
+        assert (hung.exception_type, hung.message) == (record.exception_type, record.message)
+    for unchanged in (record_from_exception(TimeoutError("the data loader timed out"), "forward"),
+                      record_from_exception(dist.DistBackendError("NCCL error: unhandled cuda error"), "forward"),
+                      record_from_exception(dist.DistBackendError("gloo: Timed out"), "accuracy")):
+        assert as_collective_timeout(unchanged) is unchanged
+    assert as_collective_timeout(None) is None

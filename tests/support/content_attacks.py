@@ -118,3 +118,36 @@ def text_archive(path: Path, marker: Path, text: str) -> Path:
 def edited(path: Path, parsed: hc.Parsed, edit: Callable[[dict], Any]) -> Path:
     path.write_bytes(hc.rebuild(parsed, edit))
     return path
+
+
+#: A module an archive names and a test puts on ``sys.path``: importing it writes a marker.
+EVIL_MODULE = "reproarchive_hostile_module"
+
+
+def evil_module(folder: Path, marker: Path) -> Path:
+    """``EVIL_MODULE`` in ``folder``: a class and a function an archive can name, and a marker
+    written the moment anything imports it."""
+    path = folder / f"{EVIL_MODULE}.py"
+    path.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n\n\n"
+                    "class Evil:\n    pass\n\n\ndef op(*args):\n    return args\n")
+    return path
+
+
+def subclass_archive(path: Path, cls: str) -> Path:
+    """A valid functional archive whose first input is a (1.3) tensor subclass of class ``cls``."""
+    parsed = hc.parse(pack_functional(path.with_name(f"plain-{path.name}")).read_bytes())
+    return edited(path, parsed, lambda index: hc.as_subclass(index, cls))
+
+
+def operator_archive(path: Path, hop: str, operator: str) -> Path:
+    """A valid functional archive whose first call is higher-order operator ``hop`` handed
+    ``operator`` by name (the 1.3 ``operator`` argument), as with_effects and
+    auto_functionalized are."""
+    parsed = hc.parse(pack_functional(path.with_name(f"plain-{path.name}")).read_bytes())
+
+    def edit(index: dict) -> None:
+        node = next(n for n in index["graph"]["nodes"] if n["op"] == "call_function")
+        node["target"] = f"torch.ops.higher_order.{hop}"
+        node["args"] = [NODE_X, {"k": "operator", "v": operator}, NODE_X]
+
+    return edited(path, parsed, edit)

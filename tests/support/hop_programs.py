@@ -97,6 +97,12 @@ def _block(t):
     return torch.relu(t) + 1
 
 
+def _wrap(x):
+    from torch._higher_order_ops.wrap import wrap
+
+    return wrap(lambda t: torch.relu(t) * 2, x) + 1
+
+
 def _invoke(x):
     return _block(_block(x) * 2)
 
@@ -120,7 +126,29 @@ def _effects(x):
 
 PROGRAMS = [
     ("cond", _cond, "dynamo"), ("while_loop", _while, "dynamo"), ("map", _map, "dynamo"),
-    ("checkpoint", _checkpoint, "dynamo"), ("invoke_subgraph", _invoke, "dynamo"), ("flex_attention", _flex, "dynamo"),
+    ("checkpoint", _checkpoint, "dynamo"), ("wrap", _wrap, "dynamo"), ("invoke_subgraph", _invoke, "dynamo"),
+    ("flex_attention", _flex, "dynamo"),
     ("cond", _cond, "aot"), ("while_loop", _while, "aot"),
     ("auto_functionalized", _functionalized, "aot"), ("with_effects", _effects, "aot"),
 ]
+
+
+def graph_of(fn, level: str) -> fx.GraphModule:
+    """The graph torch.compile hands a backend for ``fn`` (after AOTAutograd, with ``"aot"``)."""
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: list[fx.GraphModule] = []
+
+    def keep(gm: fx.GraphModule, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=aot_autograd(fw_compiler=keep) if level == "aot" else keep,
+                      fullgraph=True)(torch.randn(8, 16))
+    finally:
+        torch._dynamo.reset()
+    (gm,) = seen
+    return gm

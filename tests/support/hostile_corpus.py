@@ -468,6 +468,29 @@ def _node(index, op):
     return next(n for n in index["graph"]["nodes"] if n["op"] == op)
 
 
+#: (label, higher-order operator, the operator it is handed): none of them may be resolved or run
+OPERATOR_ARGUMENTS = [
+    ("os_system", "with_effects", "os.system"),
+    ("builtins_eval", "auto_functionalized_v2", "builtins.eval"),
+    ("dunder_import", "with_effects", "builtins.__import__"),
+    ("not_an_operator", "with_effects", "torch.load"),
+    ("effectful_print", "with_effects", "torch.ops.aten._print.default"),
+    ("alias_torch_load", "auto_functionalized_v2", "torch._refs.torch.load"),
+]
+#: (label, class name) of a tensor subclass input torch does not define
+SUBCLASS_CLASSES = [("os_system", "os.system"), ("unknown_module", "reproarchive_hostile_module.Evil"),
+                    ("torch_private", "torch._C._TensorBase")]
+
+
+def as_subclass(index: dict, cls: str) -> None:
+    """Turn the archive's first tensor input into a (1.3) ``subclass`` value of class ``cls``
+    whose two inner tensors are that tensor (spec §6.3)."""
+    k, inner = next((k, v) for k, v in enumerate(index["inputs"]) if v.get("kind") == "tensor")
+    index["inputs"][k] = {"kind": "subclass", "cls": cls, "attrs": ["a", "b"], "items": [dict(inner, name=None)] * 2,
+                          "context": None, "size": [str(n) for n in inner["shape"]],
+                          "stride": [str(n) for n in inner["stride"]], "requires_grad": False, "name": inner["name"]}
+
+
 def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
     """Semantic defects past every checksum: names, counts, sizes, records, graph targets."""
     cases: list[Case] = []
@@ -642,6 +665,24 @@ def index_cases(valid: bytes, p: Parsed, escape_root: Path) -> list[Case]:
         ALL, ("UnsafeArchiveError",))
     add("method_private", "targets", rebuild(p, graph_edit(set_call("_make_subclass", [node_x], op="call_method"))),
         ALL, ("UnsafeArchiveError",))
+
+    # (1.3) an operator passed as a value (the ``operator`` argument tag) is judged as a call
+    # target: a name outside torch, or an operator whose effect is refused, is refused
+    def pass_operator(hop, name):
+        return set_call(f"torch.ops.higher_order.{hop}", [node_x, {"k": "operator", "v": name}, node_x])
+
+    for label, hop, name in OPERATOR_ARGUMENTS:
+        add(f"operator_arg_{label}", "targets", rebuild(p, graph_edit(pass_operator(hop, name))), ALL,
+            ("UnsafeArchiveError",))
+    add("operator_arg_to_add", "targets", rebuild(p, graph_edit(set_call(
+        "torch.add", [node_x, {"k": "operator", "v": "torch.ops.aten.relu.default"}]))), ALL, ("UnsafeArchiveError",),
+        note="an operator may only be passed to a higher-order operator that calls it")
+
+    # (1.3) a tensor subclass is rebuilt only when torch defines it (a fixed table): any other
+    # class name is recorded, never imported, and not replayable here
+    for label, cls in SUBCLASS_CLASSES:
+        add(f"subclass_class_{label}", "targets", rebuild(p, lambda index, cls=cls: as_subclass(index, cls)),
+            frozenset({"load"}), ("NotReplayableHereError",))
 
     def module_class(cls):
         def fn(g):
