@@ -118,6 +118,19 @@ def _effects(x):
     return torch.relu(torch.ops.rafx.tick(x)) * 2
 
 
+def _nested(x):
+    from torch._higher_order_ops.cond import cond
+    from torch.utils.checkpoint import checkpoint
+
+    def region(t):
+        return cond(t.sum() > 0, lambda u: torch.relu(u) * 2, lambda u: u - 1, (t,)) + 1
+
+    return checkpoint(region, x, use_reentrant=False)
+
+
+#: a higher-order operator inside another's subgraph: a ``cond`` inside a checkpointed region
+NESTED = ("nested", _nested, "dynamo")
+
 PROGRAMS = [
     ("cond", _cond, "dynamo"), ("while_loop", _while, "dynamo"), ("map", _map, "dynamo"),
     ("checkpoint", _checkpoint, "dynamo"), ("invoke_subgraph", _invoke, "dynamo"), ("flex_attention", _flex, "dynamo"),
