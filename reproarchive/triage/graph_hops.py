@@ -24,6 +24,7 @@ from reproarchive.triage.graph_subgraphs import (
     HopCall,
     SubgraphUse,
     hop_calls,
+    nodes_in,
     ops_in,
     short_operator,
     subgraph_attributes,
@@ -59,6 +60,11 @@ class Drawing:
         self.highlighted = self.highlighted or other.highlighted
 
 
+def inline_nodes(call: HopCall) -> int:
+    """About how many nodes drawing ``call`` puts inside its frame: what it weighs on a page."""
+    return sum(min(nodes_in(use.graph), INLINE_NODES) for use in call.subgraphs)
+
+
 #: entry(node, value text, flags, inputs, page, scope, folded, into) -> the page's node record
 Entry = Callable[[NodeRecord, str, int, list[int], int, str, list[int], int], dict]
 
@@ -80,7 +86,7 @@ class HopDrawer:
         header = self.nodes[gid]
         if call.calls:
             header["l"] = f"{call.operator}: {short_operator(call.calls)}"
-        hw, hh = self.box(header["l"], header["n"])
+        hw, hh = self.box(header["l"], header["n"], len(header["w"]))
         summary = {"node": call.node, "operator": call.operator, "calls": call.calls, "subgraphs": []}
         parts: list[tuple[str, Drawing, list[int]]] = []
         for use in call.subgraphs:
@@ -169,7 +175,8 @@ class HopDrawer:
             if w in gid_of:
                 self.nodes[gid_of[w]]["into"] = gid_of.get(folding.into[w], -1)
         for g in gid_of.values():
-            self.nodes[g]["w"] = [gid_of[w] for w in self.nodes[g]["w"] if w in gid_of]
+            folded = self.nodes[g]["w"] = [gid_of[w] for w in self.nodes[g]["w"] if w in gid_of]
+            self.nodes[g]["ws"] = graph_folding.folded_text([self.nodes[w]["n"] for w in folded]) if folded else ""
         scope = {n.name: gid_of[i] for i, n in enumerate(nodes) if i in gid_of}
         inner: dict[int, Drawing] = {}
         hops = []

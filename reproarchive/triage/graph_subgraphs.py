@@ -164,3 +164,8 @@ def short_operator(name: str) -> str:
 def ops_in(graph: GraphRecord) -> int:
     """Compute nodes of a graph and of every subgraph it holds."""
     return graph.op_count() + sum(ops_in(g) for g in subgraph_entries(graph).values())
+
+
+def nodes_in(graph: GraphRecord) -> int:
+    """Nodes of a graph and of every subgraph it holds."""
+    return len(graph.nodes) + sum(nodes_in(g) for g in subgraph_entries(graph).values())

@@ -96,11 +96,11 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
         warnings.append(f"minified from {index.records.parent[:19]}..., which is not next to it "
                         "(--parent shows before and after)")
 
-    highlight = _failure_named(index)
+    marks = _Marks(index.records.failure, child_side[2] if child_side else None)
+    highlight = _Marks(index.records.failure)(index.graph)
     if child_side is not None:
         highlight.update(_kept_region(index.graph, child_side[2]))
-    graphs, subgraphs = _graph_view("graph", f"{archive.name}", index, code, highlight,
-                                    _Marks(index.records.failure, child_side[2] if child_side else None))
+    graphs, subgraphs = _graph_view("graph", f"{archive.name}", index, code, highlight, marks)
     main = graphs[0]
     if parent_side is not None:
         region = _kept_region(parent_side[2].graph, index)
@@ -158,6 +158,7 @@ def _header(path: Path, digest: str, index: Index) -> dict:
         "minify": ({"initial_ops": minify.initial_ops, "final_ops": minify.final_ops, "calls": minify.calls,
                     "stop_reason": minify.stop_reason} if minify else None),
         "nodes": len(index.graph.nodes), "ops": index.graph.op_count(),
+        "subgraph_ops": graph_subgraphs.ops_in(index.graph) - index.graph.op_count(),
     }
 
 
@@ -235,23 +236,12 @@ def _kept_region(parent_graph: GraphRecord, child: Index) -> dict[str, int]:
 _TARGET_IN_MESSAGE = re.compile(r"\btarget: ([\w.]+)")
 
 
-def _failure_named(index: Index) -> dict[str, int]:
-    """Nodes the error names: inductor's LoweringException says ``target: aten.<op>.<overload>``."""
-    f = index.records.failure
-    if f is None:
-        return {}
-    named = set(_TARGET_IN_MESSAGE.findall(f.message))
-    if not named:
-        return {}
-    return {n.name: FLAG_HIGHLIGHT for n in index.graph.nodes
-            if n.op in COMPUTE_OPS and any(n.target == t or n.target.endswith("." + t) for t in named)}
-
-
 class _Marks:
-    """What to highlight inside a subgraph: the nodes the failure names (an op the error names
-    as ``target: aten.<op>``, or a compute node whose name its first line says as a word, as in
-    "the graph calls relu") and the nodes a minified child kept (same name and target: inlining
-    an operator keeps its subgraph's names)."""
+    """What to highlight in the graph or any subgraph: the nodes the failure names (inductor's
+    LoweringException says ``target: aten.<op>.<overload>``; a compute node whose name the first
+    line says as a word, as ``triage`` finds the failing node: "the graph calls relu") and, in a
+    parent's subgraphs, the nodes a minified child kept (same name and target: inlining an
+    operator keeps its subgraph's names)."""
 
     def __init__(self, failure, kept: Index | None = None):
         message = failure.message if failure is not None else ""
@@ -328,13 +318,15 @@ def _input_text(row: InputRow) -> str:
     return f"{row.kind} {'' if row.value is None else row.value}".strip()
 
 
-def _pages(graph: GraphRecord, inputs_of: list[list[int]], folding: graph_folding.Folding) -> list[list[int]]:
-    """Node indices per page. Ops are cut in graph order, at most PAGE_OPS a page, and where
-    the model's top-level block changes (``layers.3`` -> ``layers.4``) once a page is three
-    quarters full; an input goes on the page of its first user, a folded weight on its
-    consumer's, the output on the last page."""
+def _pages(graph: GraphRecord, inputs_of: list[list[int]], folding: graph_folding.Folding,
+           inside: dict[int, int]) -> list[list[int]]:
+    """Node indices per page. Ops are cut in graph order, at most PAGE_OPS a page (a
+    higher-order operator counts the nodes it draws ``inside`` its frame too), and where the
+    model's top-level block changes (``layers.3`` -> ``layers.4``) once a page is three quarters
+    full; an input goes on the page of its first user, a folded weight on its consumer's, the
+    output on the last page."""
     nodes = graph.nodes
-    if sum(1 for i in range(len(nodes)) if folding.drawn(i)) <= SINGLE_PAGE_NODES:
+    if sum(1 for i in range(len(nodes)) if folding.drawn(i)) + sum(inside.values()) <= SINGLE_PAGE_NODES:
         return [list(range(len(nodes)))]
     page_of: list[int | None] = [None] * len(nodes)
     page = count = 0
@@ -346,7 +338,7 @@ def _pages(graph: GraphRecord, inputs_of: list[list[int]], folding: graph_foldin
                 page, count = page + 1, 0
             block = here if here is not None else block
             page_of[i] = page
-            count += 1
+            count += 1 + inside.get(i, 0)
     for i, n in enumerate(nodes):
         if n.op == "output":
             page_of[i] = page
@@ -399,11 +391,12 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
     inputs_of = [sorted({index_of[r] for r in iter_arg_refs([n.args, list(n.kwargs.values())]) if r in index_of})
                  for n in nodes]
     folding = graph_folding.fold(graph, inputs_of, requires_grad, flags)
-    pages = _pages(graph, inputs_of, folding)
+    calls = graph_subgraphs.hop_calls(graph)
+    pages = _pages(graph, inputs_of, folding, {index_of[name]: graph_hops.inline_nodes(call)
+                                               for name, call in calls.items()})
     page_of = {i: p for p, members in enumerate(pages) for i in members}
     for w, consumer in folding.into.items():
         page_of[w] = page_of[consumer]
-    calls = graph_subgraphs.hop_calls(graph)
     passed = graph_subgraphs.subgraph_attributes(graph)  # drawn as the operator's frames, not as weights
     out_nodes = []
     for i, n in enumerate(nodes):
