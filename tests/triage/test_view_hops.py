@@ -19,9 +19,8 @@ from torch._dynamo.backends.common import aot_autograd
 
 import reproarchive
 from reproarchive.triage import graph_hops
-from support import browser
+from support import browser, hop_programs
 from support import hostile_corpus as hc
-from support import hop_programs
 from support.real_graphs import Block
 
 ROLES = {"cond": ["true branch", "false branch"], "while_loop": ["condition", "body"], "map": ["body (per slice)"],
@@ -221,5 +220,18 @@ def test_the_frames_and_the_failing_node_in_a_real_browser(archives, tmp_path):
             assert not log.errors, (key, log.errors)
             op = out["subgraphs"][0]["operator"]
             assert f"{op}: " in " ".join(labels), (key, labels)
-            assert seen["hl"] == 1 and seen["inside"] >= 2 and seen["dashed"] >= 1, (key, seen)  # frame and its operator's
+            # the failing node sits inside its subgraph's frame and its operator's
+            assert seen["hl"] == 1 and seen["inside"] >= 2 and seen["dashed"] >= 1, (key, seen)
             assert "inside: " in details and "relu" in details
+
+
+def test_view_json_and_text_carry_the_operators(archives, tmp_path):
+    from support.cli import invoke
+
+    result = invoke("view", archives["aot-cond"], "-o", tmp_path / "cond.html", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [(h["operator"], [s["path"] for s in h["subgraphs"]]) for h in doc["subgraphs"]] == \
+        [("cond", ["true_graph_0", "false_graph_0"])]
+    text = invoke("view", archives["aot-cond"], "-o", tmp_path / "cond2.html")
+    assert text.exit_code == 0 and "1 higher-order ops drawn with their subgraphs" in text.stdout
