@@ -30,6 +30,29 @@ def fail_on_relu(gm: fx.GraphModule, example_inputs):
     return gm.forward
 
 
+def capture(fn, level: str, path) -> None:
+    """Capture ``fn``'s failure in-process into ``path``: as Dynamo hands the graph to a backend
+    (``level`` "dynamo") or after AOTAutograd ("aot")."""
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+
+    import reproarchive
+
+    torch._dynamo.reset()
+    backend = reproarchive.capture(fail_on_relu, path=path)
+    if level == "aot":
+        backend = aot_autograd(fw_compiler=backend)
+    try:
+        torch.compile(fn, backend=backend, fullgraph=True)(torch.randn(8, 16))
+    except Exception as exc:  # noqa: BLE001 -- Dynamo wraps the backend's error
+        if "planted compile error" not in str(exc):
+            raise
+    else:
+        raise AssertionError(f"{fn.__name__} did not fail")
+    finally:
+        torch._dynamo.reset()
+
+
 def higher_order_ops(gm: fx.GraphModule) -> list[str]:
     return [n.target.name() for n in gm.graph.nodes
             if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
