@@ -26,7 +26,6 @@ from reproarchive.triage.graph_subgraphs import (
     hop_calls,
     nodes_in,
     ops_in,
-    short_operator,
     subgraph_attributes,
 )
 
@@ -80,14 +79,16 @@ class HopDrawer:
         self.first_drawn: dict[int, str] = {}  # id of a subgraph's record -> the scope it was drawn in
 
     def draw(self, call: HopCall, gid: int, env: dict[str, int], page: int, scope: str,
-             depth: int = 0) -> tuple[Drawing, dict]:
-        """The compound box of operator node ``gid`` (``env``: outer node name -> gid) and its
-        summary (``node``, ``operator``, ``calls``, ``subgraphs``)."""
+             depth: int = 0) -> tuple[Drawing | None, dict]:
+        """The compound box of operator node ``gid`` (``env``: outer node name -> gid), None for
+        an operator without subgraphs, and its summary (``node``, ``operator``, ``calls``,
+        ``subgraphs``)."""
         header = self.nodes[gid]
-        if call.calls:
-            header["l"] = f"{call.operator}: {short_operator(call.calls)}"
-        hw, hh = self.box(header["l"], header["n"], len(header["w"]))
+        header["l"] = call.label
         summary = {"node": call.node, "operator": call.operator, "calls": call.calls, "subgraphs": []}
+        if not call.subgraphs:
+            return None, summary
+        hw, hh = self.box(header["l"], header["n"], len(header["w"]))
         parts: list[tuple[str, Drawing, list[int]]] = []
         for use in call.subgraphs:
             label = f"{call.operator}: {use.role}"
@@ -182,13 +183,13 @@ class HopDrawer:
         hops = []
         sizes = []
         for i in shown:
-            call = calls.get(nodes[i].name)
-            if call is not None and call.calls:
-                self.nodes[gid_of[i]]["l"] = f"{call.operator}: {short_operator(call.calls)}"
-            if call is not None and call.subgraphs:
-                inner[i], summary = self.draw(call, gid_of[i], scope, page, where, depth)
+            drawing = None
+            if nodes[i].name in calls:
+                drawing, summary = self.draw(calls[nodes[i].name], gid_of[i], scope, page, where, depth)
                 hops.append(summary)
-                sizes.append((inner[i].w, inner[i].h))
+            if drawing is not None:
+                inner[i] = drawing
+                sizes.append((drawing.w, drawing.h))
             else:
                 n = self.nodes[gid_of[i]]
                 sizes.append(self.box(n["v"] if n["k"] == "input" else n["l"], "▶ " + n["n"], len(n["w"])))

@@ -57,6 +57,11 @@ class HopCall:
     calls: str | None
     subgraphs: tuple[SubgraphUse, ...]
 
+    @property
+    def label(self) -> str:
+        """What its box says: ``cond``; ``with_effects: rafx.tick`` for one given an operator."""
+        return f"{self.operator}: {short_operator(self.calls)}" if self.calls else self.operator
+
 
 def _items(value: Any) -> list:
     if isinstance(value, TupleArg):

@@ -430,14 +430,11 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
         local = {g: k for k, g in enumerate(items)}
         hops = {}
         for i in members:
-            call = calls.get(nodes[i].name)
-            if call is not None and call.calls:
-                out_nodes[i]["l"] = f"{call.operator}: {graph_subgraphs.short_operator(call.calls)}"
-            if call is not None and call.subgraphs:
-                hops[i], hop_summary = drawer.draw(call, i, index_of, page_of[i], "")
+            if nodes[i].name in calls:
+                drawing, hop_summary = drawer.draw(calls[nodes[i].name], i, index_of, page_of[i], "")
                 summary.append(hop_summary)
-            elif call is not None:
-                summary.append({"node": call.node, "operator": call.operator, "calls": call.calls, "subgraphs": []})
+                if drawing is not None:
+                    hops[i] = drawing
         sizes = [(hops[i].w, hops[i].h) if i in hops else _box(out_nodes[i]["l"], out_nodes[i]["n"],
                                                                   len(out_nodes[i]["w"])) for i in members]
         sizes += [(max(48.0, min(200.0, 6.2 * len(nodes[g].name) + 14.0)), 18.0) for g in ghosts]
