@@ -191,6 +191,26 @@ def test_hostile_text_in_a_subgraph_stays_inert(archives, tmp_path):
         assert not log.errors, log.errors
 
 
+def test_a_hostile_subgraph_name_is_refused_in_one_line_and_writes_no_page(archives, tmp_path):
+    """A subgraph's path is an attribute name the format checks (spec R7.4-1): ``view`` of an
+    archive whose ``cond`` branch is named with markup says so in one line and writes nothing."""
+    from support.cli import invoke
+
+    def edit(index):
+        for n in index["graph"]["nodes"]:
+            if n["op"] == "get_attr" and n["target"] == "cond_true_0":
+                n["target"] = EVIL
+        for entry in index["graph"]["module_state"]:
+            if entry.get("path") == "cond_true_0":
+                entry["path"] = EVIL
+    evil = tmp_path / "evil-name.tar.zst"
+    evil.write_bytes(hc.rebuild(hc.parse(archives["dynamo-cond"].read_bytes()), edit))
+    result = invoke("view", evil, "-o", tmp_path / "evil-name.html", "--json")
+    assert result.exit_code != 0 and not (tmp_path / "evil-name.html").exists()
+    error = json.loads(result.stdout)["error"]
+    assert "attribute path" in error["message"] and "\n" not in error["message"]
+
+
 @pytest.mark.skipif(browser.unavailable() is not None, reason=str(browser.unavailable()))
 def test_the_frames_and_the_failing_node_in_a_real_browser(archives, tmp_path):
     with browser.browser() as context:
