@@ -74,7 +74,7 @@ class HopDrawer:
 
     def __init__(self, nodes: list[dict], entry: Entry, box: Callable[..., tuple[float, float]],
                  flags_of: Callable[[GraphRecord], dict[str, int]],
-                 own_graph: Callable[[str, SubgraphUse], str]):
+                 own_graph: Callable[[str, SubgraphUse], tuple[str, bool]]):
         self.nodes, self.entry, self.box, self.flags_of, self.own_graph = nodes, entry, box, flags_of, own_graph
         self.first_drawn: dict[int, str] = {}  # id of a subgraph's record -> the scope it was drawn in
 
@@ -126,21 +126,23 @@ class HopDrawer:
         first = self.first_drawn.get(id(use.graph))
         hidden = subgraph_attributes(use.graph)
         drawn = sum(1 for n in use.graph.nodes if n.name not in hidden)
-        if first is None and drawn <= INLINE_NODES:
+        if first is None:
             self.first_drawn[id(use.graph)] = where
+        if first is None and drawn <= INLINE_NODES:
             d, inputs = self._graph(use, where, env, page, depth + 1)
             return d, inputs, "inline"
+        highlighted = False
         if first is not None:
             text, how = f"the subgraph drawn in {first}", "same as " + first
-        else:
-            key = self.own_graph(where, use)
+        else:  # too big for a frame: a graph of its own (``own_graph`` says whether it highlights a node)
+            key, highlighted = self.own_graph(where, use)
             text, how = f"{drawn} nodes: drawn below as a graph of its own", f"own graph {key}"
         node = NodeRecord(op="get_attr", name=use.path, target=use.path)
         gid = len(self.nodes)
-        self.nodes.append(self.entry(node, text, 0, [], page, where, [], -1))
+        self.nodes.append(self.entry(node, text, FLAG_INSIDE if highlighted else 0, [], page, where, [], -1))
         self.nodes[gid].update(k="subgraph", l=f"{ops_in(use.graph)} ops")
         w, h = self.box(text[:40], use.path)
-        d = Drawing(w=w, h=h, boxes=[(gid, w / 2, h / 2, w, h)])
+        d = Drawing(w=w, h=h, boxes=[(gid, w / 2, h / 2, w, h)], highlighted=highlighted)
         return d, [], how
 
     def _graph(self, use: SubgraphUse, where: str, env: dict[str, int], page: int,

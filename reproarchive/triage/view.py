@@ -408,7 +408,7 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
                           "ws": graph_folding.folded_text([nodes[w].name for w in folded]) if folded else "",
                           "into": folding.into.get(i, -1)})
 
-    def own_graph(where: str, use: graph_subgraphs.SubgraphUse) -> str:
+    def own_graph(where: str, use: graph_subgraphs.SubgraphUse) -> tuple[str, bool]:
         more.append(None)
         slot = len(more) - 1
         sub_key = f"{key}-sub{slot + 1}"
@@ -417,7 +417,7 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
         more[slot] = _draw(sub_key, f"subgraph {where}", use.graph, node_lines("", use.graph), bound, {},
                            marks(use.graph), marks, more, [])
         more[slot]["heading"] = f"Subgraph {where} ({len(use.graph.nodes)} nodes)"
-        return sub_key
+        return sub_key, more[slot]["highlighted"] > 0
 
     drawer = graph_hops.HopDrawer(out_nodes, _entry, _box, marks, own_graph)
     jobs = []
@@ -446,7 +446,8 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
                  for (members, ghosts, sizes, edges, hops), lay in zip(page_items, layouts)]
     start = next((n["p"] for n in out_nodes if n["f"] & FLAG_HIGHLIGHT), 0)
     return {"key": key, "title": printable(title), "nodes": out_nodes, "pages": out_pages, "start": start,
-            "highlighted": sum(1 for n in out_nodes if n["f"] & FLAG_HIGHLIGHT), "folded": len(folding.into)}
+            "highlighted": sum(1 for n in out_nodes if n["f"] & FLAG_HIGHLIGHT),
+            "folded": sum(1 for w in folding.into if nodes[w].name not in passed)}
 
 
 def _page(members: list[int], ghosts: list[int], sizes, edges, hops: dict, lay, module) -> dict:

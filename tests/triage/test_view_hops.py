@@ -108,7 +108,15 @@ def test_a_large_subgraph_is_drawn_as_a_graph_of_its_own(archives, tmp_path, mon
     graphs = _report((tmp_path / "big.html").read_text())["graphs"]
     assert [g["key"] for g in graphs] == ["graph", "graph-sub1"]
     assert graphs[1]["heading"].startswith("Subgraph cond: true branch") and graphs[1]["highlighted"] == 1
-    assert any(n["k"] == "subgraph" for n in graphs[0]["nodes"])
+    box = next(n for n in graphs[0]["nodes"] if n["k"] == "subgraph")
+    cond = next(n for n in graphs[0]["nodes"] if n["n"] == "cond")
+    assert box["f"] & graph_hops.FLAG_INSIDE and cond["f"] & graph_hops.FLAG_INSIDE  # the failure is in there
+    assert graphs[0]["folded"] == 0  # the branches are drawn, not counted as weights
+
+    out = reproarchive.view(archives["dynamo-invoke_subgraph"], tmp_path / "inv.html")  # one subgraph, two calls
+    assert [h["subgraphs"][0]["drawn"] for h in out["subgraphs"]] == \
+        ["own graph graph-sub1", "same as invoke_subgraph: subgraph"]
+    assert len(_report((tmp_path / "inv.html").read_text())["graphs"]) == 2
 
 
 def test_beside_its_minified_child_the_page_shows_what_it_kept_inside_the_branch(archives, tmp_path):
