@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from reproarchive.format.index_rules import iter_arg_refs
 from reproarchive.format.schema import (
     ConstantArg,
     GraphRecord,
@@ -145,9 +146,9 @@ def hop_calls(graph: GraphRecord) -> dict[str, HopCall]:
             if isinstance(ref, NodeRef) and ref.name in attrs:
                 path = attrs[ref.name]
                 uses.append(SubgraphUse(role, path, entries[path], tuple(bindings)))
-        if not uses:
-            refs = [v for v in values if isinstance(v, NodeRef) and v.name in attrs]
-            uses = [SubgraphUse(attrs[r.name], attrs[r.name], entries[attrs[r.name]], ()) for r in refs]
+        if not uses:  # an operator we do not know: every subgraph it is passed, named by its path
+            refs = dict.fromkeys(r for r in iter_arg_refs([node.args, list(node.kwargs.values())]) if r in attrs)
+            uses = [SubgraphUse(attrs[r], attrs[r], entries[attrs[r]], ()) for r in refs]
         if uses or calls:
             out[node.name] = HopCall(node.name, name, calls, tuple(uses))
     return out

@@ -5,7 +5,9 @@ holds the failure (with the compiler's own error lines), the graph drawn as a pi
 coloured by kind, inputs and outputs marked, the failing node or the minified region
 highlighted, each node's code line on hover and click), the op histogram, the inputs, the
 config changes and the machine; for a minified archive whose parent is at hand, the parent's
-graph with the kept region highlighted beside the minified one.
+graph with the kept region highlighted beside the minified one. A higher-order operator
+(``cond``, ``while_loop``, ``flex_attention``, checkpointing ...) is drawn as a frame holding
+its subgraphs, so a failure inside a branch is seen where it is (``graph_hops``).
 
 Everything is computed here, from the index (and the small ``graph.py``); the page only draws.
 Layout runs per page of at most ``PAGE_OPS`` ops, so a graph of thousands of nodes becomes a

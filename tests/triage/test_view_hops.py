@@ -255,3 +255,25 @@ def test_view_json_and_text_carry_the_operators(archives, tmp_path):
         [("cond", ["true_graph_0", "false_graph_0"])]
     text = invoke("view", archives["aot-cond"], "-o", tmp_path / "cond2.html")
     assert text.exit_code == 0 and "1 higher-order ops drawn with their subgraphs" in text.stdout
+
+
+def _scan(x):
+    from torch._higher_order_ops.scan import scan
+
+    def combine(carry, t):
+        new = carry + torch.relu(t)
+        return new, new.clone()
+
+    return scan(combine, torch.zeros(16), x)[1]
+
+
+def test_an_operator_without_known_roles_still_shows_its_subgraphs(tmp_path):
+    """``scan`` is not in the table of roles: its subgraph is still drawn, named by its path."""
+    path = tmp_path / "scan.tar.zst"
+    hop_programs.capture(_scan, "dynamo", path)
+    out = reproarchive.view(path, tmp_path / "scan.html")
+    (hop,) = out["subgraphs"]
+    assert hop["operator"] == "scan" and [(s["role"], s["drawn"], s["highlighted"]) for s in hop["subgraphs"]] == \
+        [("scan_combine_fn_0", "inline", True)]
+    graph = _report((tmp_path / "scan.html").read_text())["graphs"][0]
+    assert "scan: scan_combine_fn_0" in _frames(graph)
