@@ -207,6 +207,8 @@ def view_cmd(archive: str, output: str | None, parent: str | None, as_json: bool
         return
     pages = f", {result['pages']} pages" if result["pages"] > 1 else ""
     extra = f"; before/after with parent {result['parent']}" if result.get("parent") else ""
+    if result.get("subgraphs"):
+        pages += f", {len(result['subgraphs'])} higher-order ops drawn with their subgraphs"
     click.echo(terminal_safe(f"wrote {result['output']} ({result['nodes']} nodes{pages}, layout by "
                              f"{result['layout']}{extra})"))
     if result.get("warnings"):

@@ -114,3 +114,12 @@ def groups(members: list[int], module: list[str | None]) -> list[tuple[str, list
                 break
             found.setdefault(".".join(parts[:cut]), []).append(k)
     return sorted(((p, ks) for p, ks in found.items() if len(ks) >= 2), key=lambda item: (item[0].count("."), item[0]))
+
+
+def folded_text(names: list[str]) -> str:
+    """``+ weight, bias`` for the weights folded into an op: their attribute names, short."""
+    short = []
+    for name in names:
+        state = state_path(name)
+        short.append(state[1] if state else name)
+    return "+ " + ", ".join(short)

@@ -30,6 +30,29 @@ def fail_on_relu(gm: fx.GraphModule, example_inputs):
     return gm.forward
 
 
+def capture(fn, level: str, path) -> None:
+    """Capture ``fn``'s failure in-process into ``path``: as Dynamo hands the graph to a backend
+    (``level`` "dynamo") or after AOTAutograd ("aot")."""
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+
+    import reproarchive
+
+    torch._dynamo.reset()
+    backend = reproarchive.capture(fail_on_relu, path=path)
+    if level == "aot":
+        backend = aot_autograd(fw_compiler=backend)
+    try:
+        torch.compile(fn, backend=backend, fullgraph=True)(torch.randn(8, 16))
+    except Exception as exc:  # noqa: BLE001 -- Dynamo wraps the backend's error
+        if "planted compile error" not in str(exc):
+            raise
+    else:
+        raise AssertionError(f"{fn.__name__} did not fail")
+    finally:
+        torch._dynamo.reset()
+
+
 def higher_order_ops(gm: fx.GraphModule) -> list[str]:
     return [n.target.name() for n in gm.graph.nodes
             if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
@@ -123,6 +146,19 @@ def _functionalized(x):
 def _effects(x):
     return torch.relu(torch.ops.rafx.tick(x)) * 2
 
+
+def _nested(x):
+    from torch._higher_order_ops.cond import cond
+    from torch.utils.checkpoint import checkpoint
+
+    def region(t):
+        return cond(t.sum() > 0, lambda u: torch.relu(u) * 2, lambda u: u - 1, (t,)) + 1
+
+    return checkpoint(region, x, use_reentrant=False)
+
+
+#: a higher-order operator inside another's subgraph: a ``cond`` inside a checkpointed region
+NESTED = ("nested", _nested, "dynamo")
 
 PROGRAMS = [
     ("cond", _cond, "dynamo"), ("while_loop", _while, "dynamo"), ("map", _map, "dynamo"),
