@@ -24,7 +24,7 @@ from support.real_graphs import Block
 
 ROLES = {"cond": ["true branch", "false branch"], "while_loop": ["condition", "body"], "map": ["body (per slice)"],
          "checkpoint": ["checkpointed region"], "invoke_subgraph": ["subgraph"],
-         "flex_attention": ["score_mod", "mask_mod"], "nested": ["checkpointed region"]}
+         "flex_attention": ["score_mod", "mask_mod"], "nested": ["checkpointed region"], "wrap": ["wrapped region"]}
 CALLS = {"auto_functionalized": "rafx.bump", "with_effects": "rafx.tick"}
 PROGRAMS = [*hop_programs.PROGRAMS, hop_programs.NESTED]
 IDS = [f"{level}-{name}" for name, _, level in PROGRAMS]
