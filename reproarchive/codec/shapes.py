@@ -334,7 +334,7 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
     def now(r: ShapeInput, d: int, dim: ShapeDim) -> int | None:
         value = inputs[moved[r.input]] if inputs is not None else None
         if isinstance(value, torch.Tensor) and d < value.dim():
-            return int(value.shape[d])
+            return _real_size(value, d)
         return int(value) if type(value) is int else dim.size
 
     inputs_after = tuple(dataclasses.replace(r, input=moved[r.input], dims=tuple(

@@ -112,7 +112,7 @@ def _sym_expr(value) -> str:
 
 def _sym_hint(value):
     node = getattr(value, "node", None)
-    if _nested_key(value) is not None:
+    if nested_int_key(value) is not None:
         raise PackError(f"a nested int ({value}) is stored only as a size or stride of a graph input, and no input "
                         "has it", "pass the nested jagged tensor it belongs to as an input of the same graph")
     hint = getattr(node, "hint", None)
@@ -217,18 +217,18 @@ def encode_inputs(values: Sequence[Any], table: StorageTable, names: Sequence[st
     dynamics = list(dynamics) or [()] * len(values)
     out = []
     for i, value in enumerate(values):
-        key = _nested_key(value)
+        key = nested_int_key(value)
         if key is None:
             out.append(encode_value(value, table, name=names[i], dynamic=dynamics[i]))
             continue
-        where = _nested_int_owner(values, key)
+        where = nested_int_owner(values, key)
         if where is None:
             _sym_hint(value)  # refuses it, saying why
         out.append(DerivedValue(kind=where[0], input=where[1], dim=where[2], expr=_sym_expr(value)))
     return tuple(out)
 
 
-def _nested_key(value: Any) -> tuple[int, int] | None:
+def nested_int_key(value: Any) -> tuple[int, int] | None:
     """(id, coefficient) of a nested int (``j1``, ``4*j1``): the value itself (what an NJT's
     size holds), or a symbol whose hint is one (what Dynamo hands a backend); None otherwise."""
     if not isinstance(value, torch.SymInt):
@@ -242,7 +242,7 @@ def _nested_key(value: Any) -> tuple[int, int] | None:
     return None
 
 
-def _nested_int_owner(values: Sequence[Any], key: tuple[int, int]) -> tuple[str, int, int] | None:
+def nested_int_owner(values: Sequence[Any], key: tuple[int, int]) -> tuple[str, int, int] | None:
     """(``size`` or ``stride``, input, dimension) of the first tensor input whose size (then
     stride) at that dimension is the nested int ``key``."""
     for kind in DERIVED_KINDS:
@@ -250,7 +250,7 @@ def _nested_int_owner(values: Sequence[Any], key: tuple[int, int]) -> tuple[str,
             if isinstance(t, torch.Tensor) and not _is_fake(t):
                 geometry = t.size() if kind == "size" else t.stride()
                 for d, v in enumerate(geometry):
-                    if _nested_key(v) == key:
+                    if nested_int_key(v) == key:
                         return kind, k, d
     return None
 
