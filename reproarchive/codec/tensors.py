@@ -224,7 +224,8 @@ def encode_inputs(values: Sequence[Any], table: StorageTable, names: Sequence[st
         where = nested_int_owner(values, key)
         if where is None:
             _sym_hint(value)  # refuses it, saying why
-        out.append(DerivedValue(kind=where[0], input=where[1], dim=where[2], expr=_sym_expr(value)))
+        symbol = value.node.nested_int() is None  # Dynamo's symbol for it (s21), else the nested int itself
+        out.append(DerivedValue(kind=where[0], input=where[1], dim=where[2], expr=_sym_expr(value) if symbol else None))
     return tuple(out)
 
 
@@ -273,10 +274,25 @@ def _subclass_record(t: torch.Tensor, table: StorageTable, name: str | None) -> 
                 if type(t).__name__ == "DTensor" else "pass plain tensors, or the subclass's inner tensors")
         raise PackError(f"tensor subclass {cls}: its flatten context holds {exc}, which cannot be stored as data",
                         hint) from None
+    size, stride = _geometry_text(tuple(t.shape), tuple(t.stride()))
     return SubclassValue(cls=cls, attrs=tuple(attrs), items=tuple(encode_value(getattr(t, a), table) for a in attrs),
-                         context=plain, size=tuple(str(s) for s in t.shape),
-                         stride=tuple(str(s) for s in t.stride()), requires_grad=bool(t.requires_grad),
-                         name=name)
+                         context=plain, size=size, stride=stride, requires_grad=bool(t.requires_grad), name=name)
+
+
+def _geometry_text(size: tuple, stride: tuple) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A subclass's outer size and stride as text, its nested ints numbered ``j1``, ``j2`` in
+    order of appearance: torch numbers them per process, and the same tensor must give the same
+    bytes whatever the process made before."""
+    ids: dict[int, int] = {}
+
+    def text(v) -> str:
+        key = nested_int_key(v)
+        if key is None:
+            return str(v)
+        n = ids.setdefault(key[0], len(ids) + 1)
+        return f"j{n}" if key[1] == 1 else f"{key[1]}*j{n}"
+
+    return tuple(map(text, size)), tuple(map(text, stride))
 
 
 def _plain_context(value: Any) -> Any:
