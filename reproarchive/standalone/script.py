@@ -282,7 +282,8 @@ class _Script:
 
         key = f"{type(t).__module__}.{type(t).__qualname__}"
         if key not in REBUILDABLE_SUBCLASSES:
-            raise ExportError(f"input of type {type(t).__name__} cannot be exported", "replay it with `reproarchive run`")
+            raise ExportError(f"input of type {type(t).__name__} cannot be exported",
+                              "replay it with `reproarchive run`")
         attrs, context = t.__tensor_flatten__()
         inner = ", ".join(f"{a!r}: {self.value_literal(getattr(t, a), device)}" for a in attrs)
         concrete = not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))  # j1: the class works it out

@@ -18,10 +18,9 @@ import reproarchive
 from reproarchive.errors import IndexSchemaError, PackError
 from reproarchive.format.schema import DerivedValue, SubclassValue, SymValue
 from reproarchive.minifier.candidate import Recording
+from spec.vectors import make_vectors
 from support.cli import invoke
 from support.hostile_corpus import parse, rebuild
-
-from spec.vectors import make_vectors
 
 
 def _njt() -> torch.Tensor:
