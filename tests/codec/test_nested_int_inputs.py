@@ -148,6 +148,8 @@ def test_a_size_of_another_input_loads_as_its_size_and_hostile_ones_are_refused(
     stride = tmp_path / "stride.tar.zst"
     stride.write_bytes(_with_input_7(valid, {"kind": "stride", "input": 1, "dim": 0}))  # a transposed view
     assert reproarchive.load(stride).args[7] == 1
+    shown = invoke("diff", good, stride)  # the same input position, another derived value
+    assert "size of input 1, dim 0" in shown.stdout and "stride of input 1, dim 0" in shown.stdout, shown.stdout
     for hostile in ({"kind": "size", "input": 1 << 40, "dim": 0}, {"kind": "size", "input": 10, "dim": 0},
                     {"kind": "stride", "input": 0, "dim": 64}, {"kind": "size", "input": "0", "dim": 0},
                     {"kind": "size", "input": 0}):
