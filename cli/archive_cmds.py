@@ -99,6 +99,8 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
                 desc += f" dynamic dims {list(row.dynamic)}"
         elif row.kind == "subclass":
             desc = str(row.value)
+        elif row.fidelity == "derived":  # a size or stride of another input (a ragged size, j1)
+            desc = f"{row.kind} {row.value}" + (f" ({row.expr})" if row.expr else "")
         else:
             desc = f"{row.kind} = {'...' if row.items is not None else row.value}"
         _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {desc:40s} {row.fidelity}")

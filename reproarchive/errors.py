@@ -90,6 +90,7 @@ class Rule(StrEnum):
     VALUE_KIND = "R6.3-7"
     VALUE_DEPTH = "R6.3-8"
     INPUTS = "R6.3-9"
+    DERIVED_INPUT = "R6.3-10"
     GRAPH_DEPTH = "R7-1"
     NODE_OP = "R7.1-1"
     NODE_NAME = "R7.1-2"

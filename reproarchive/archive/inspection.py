@@ -20,6 +20,7 @@ from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     DTYPES,
+    DerivedValue,
     Index,
     Records,
     SequenceValue,
@@ -53,7 +54,7 @@ class InputRow(PlainRecord):
     index: int
     name: str | None
     kind: str  # tensor, or the value kind of spec §6.3
-    fidelity: str  # real, real (zeros), absent, not original: ..., or value
+    fidelity: str  # real, real (zeros), absent, not original: ..., value, or derived (a size of another input)
     shape: tuple[int, ...] | None = field(default=None, metadata=_OMIT_NONE)
     dtype: str | None = field(default=None, metadata=_OMIT_NONE)
     stride: tuple[int, ...] | None = field(default=None, metadata=_OMIT_NONE)
@@ -229,6 +230,9 @@ def input_rows(index: Index) -> list[InputRow]:
             rows.append(InputRow(i, name, "subclass", fidelity, value=f"{rec.cls.rsplit('.', 1)[-1]}"
                                  f"[{', '.join(rec.size)}] ({', '.join(rec.attrs)})", items=len(rec.items),
                                  requires_grad=rec.requires_grad))
+        elif isinstance(rec, DerivedValue):  # computed from input rec.input when loaded (a ragged size, j1)
+            rows.append(InputRow(i, name, rec.kind, "derived", value=f"of input {rec.input}, dim {rec.dim}",
+                                 expr=rec.expr))
         else:
             rows.append(InputRow(i, name, rec.kind, "value", value=rec.value))
     return rows

@@ -159,7 +159,8 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
             remap_graph_devices(gm, mapper)
             ranks.append(RankRepro(
                 rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=gm,
-                args=[decoder.decode(v) for v in inputs], fidelity=[input_fidelity(v, index.storages) for v in inputs],
+                args=tensor_codec.decode_inputs(decoder, inputs),
+                fidelity=[input_fidelity(v, index.storages) for v in inputs],
                 outcome=rank.outcome, schedule=rank.schedule, compiles=rank.compiles, dtensors=rank.dtensors,
                 record=rank))
         return JobRepro(Path(path), reader.index_digest, index, job, ranks)

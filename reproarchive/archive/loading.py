@@ -36,7 +36,7 @@ from reproarchive.format.layout import Limits
 from reproarchive.format.parallel import worker_threads
 from reproarchive.format.prefault import prefault
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import Index, Records, StorageRecord
+from reproarchive.format.schema import DerivedValue, Index, Records, StorageRecord
 from reproarchive.progress import ProgressFn, Tracker
 
 # --------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
         gm = graph_codec.GraphDecoder(decoder.tensor).decode(index.graph)
         if remap_graph:
             remap_graph_devices(gm, mapper)
-        args = [decoder.decode(r) for r in index.inputs]
+        args = tensor_codec.decode_inputs(decoder, index.inputs)
         execution = index.records.execution
         for i in (execution.inference_inputs or ()) if execution is not None else ():
             if isinstance(args[i], torch.Tensor):  # an inference tensor, as recorded (spec §8 execution)
@@ -304,12 +304,15 @@ def read_input(path: str | os.PathLike, which: int | str, *, device=None) -> Any
             raise IndexSchemaError(f"the archive has {len(index.inputs)} inputs, no input {which}",
                                    "see `reproarchive inspect` for the inputs")
         rec = index.inputs[which]
+        # a size or stride of another input (§6.3, 1.3): read that input, and compute it from it
+        stored = index.inputs[rec.input] if isinstance(rec, DerivedValue) else rec
         records = index.storages
-        tensors = list(rec.tensors())
+        tensors = list(stored.tensors())
         devs = [torch.device(mapper(r.device)) for r in records]
         needed = sorted({t.storage for t in tensors})
         check_declared_memory((records[i].size, devs[i]) for i in needed)
         storages = _materialize(reader, records, sorted({t.storage for t in tensors}), devs,
                                 tensor_codec.storage_dtypes(tensors), None, path=path, limits=reader.limits,
                                 demands=storage_demands(index.inputs, records, index.graph))
-        return tensor_codec.ValueDecoder(storages, devs).decode(rec)
+        value = tensor_codec.ValueDecoder(storages, devs).decode(stored)
+        return tensor_codec.derived_value(rec, value) if stored is not rec else value

@@ -159,10 +159,8 @@ def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records
         records = dataclasses.replace(records, execution=dataclasses.replace(
             records.execution, inference_inputs=inference_inputs(inputs)))
     table = StorageTable()
-    input_records = tuple(
-        tensor_codec.encode_value(v, table, name=n.name, dynamic=graph_codec.dynamic_dims(n))
-        for n, v in zip(placeholders, inputs)
-    )
+    input_records = tensor_codec.encode_inputs(inputs, table, [n.name for n in placeholders],
+                                               [graph_codec.dynamic_dims(n) for n in placeholders])
     graph_record = graph_codec.encode_graph(gm, table)
     op_records = _custom_op_records(gm, custom_ops, table)
     records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors

@@ -19,6 +19,7 @@ dimensions share a symbol and independent ones do not. Expressions come back thr
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -149,7 +150,8 @@ def _origin(d: int, marks: dict[str, Any], dynamic_default: bool) -> str:
 
 def _real_size(real: Any, d: int) -> int | None:
     if isinstance(real, torch.Tensor) and not _is_fake(real) and d < real.dim():
-        return int(real.shape[d])
+        size = real.shape[d]
+        return None if isinstance(size, torch.SymInt) else int(size)  # a ragged size (``j1``) has no value
     return None
 
 
@@ -183,6 +185,8 @@ def _range(shape_env, expr) -> tuple[int | None, int | None]:
     try:
         vr = shape_env.bound_sympy(expr)
     except Exception:  # noqa: BLE001 - an expression sympy cannot bound: range unknown
+        return None, None
+    if vr is None:  # a nested jagged tensor's ragged size (a nested int) has no value range
         return None, None
     return _plain_int(vr.lower), _plain_int(vr.upper)
 
@@ -278,10 +282,14 @@ def rendered_guards(shape_env, values: Sequence[Any], sources: Sequence[Any]) ->
     placeholder next to ``x``: it would only add ``L['x'].size()[0] == L['x'].size()[0]``)."""
     in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
                   if isinstance(s, torch.SymInt)}
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     fakes, srcs = [], []
     for value, source in zip(values, sources):
         if source is None or not isinstance(value, (torch.Tensor, torch.SymInt)):
             continue
+        if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
+            continue  # a nested jagged tensor: torch renders its guards only with Dynamo's symbolic context
         if isinstance(value, torch.SymInt) and value.node.expr in in_tensors:
             continue
         fakes.append(value)
@@ -326,7 +334,7 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
     def now(r: ShapeInput, d: int, dim: ShapeDim) -> int | None:
         value = inputs[moved[r.input]] if inputs is not None else None
         if isinstance(value, torch.Tensor) and d < value.dim():
-            return int(value.shape[d])
+            return _real_size(value, d)
         return int(value) if type(value) is int else dim.size
 
     inputs_after = tuple(dataclasses.replace(r, input=moved[r.input], dims=tuple(
@@ -463,7 +471,9 @@ def _fake(fake_mode, arg: torch.Tensor, plan: list[tuple[str, Any, str | None]],
         RelaxedUnspecConstraint,
         StatelessSymbolicContext,
         StrictMinMaxConstraint,
+        SubclassSymbolicContext,
     )
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -475,6 +485,11 @@ def _fake(fake_mode, arg: torch.Tensor, plan: list[tuple[str, Any, str | None]],
 
     context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic[kind] for kind, _, _ in plan],
                                        constraint_sizes=[constraint(c) for _, c, _ in plan])
+    if is_traceable_wrapper_subclass(arg):  # a nested jagged tensor: its inner tensors duck-sized
+        context = SubclassSymbolicContext(
+            dynamic_sizes=context.dynamic_sizes, constraint_sizes=context.constraint_sizes, tensor_source=source,
+            inner_contexts={attr: StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK] * getattr(arg, attr).dim())
+                            for attr in arg.__tensor_flatten__()[0]})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fake_mode.from_tensor(arg, symbolic_context=context, source=source)
@@ -498,7 +513,11 @@ def _restore_equalities(policy: ShapePolicy, shape_env, problems: list[str]) -> 
     from reproarchive.errors import UnsafeArchiveError
 
     names = {str(s): s for s in shape_env.var_to_range}
+    # symbols Dynamo made while visiting a subclass's inner tensors exist only in its own trace
+    ephemeral = {s.name for s in policy.symbols if s.sources and all(x.startswith("<ephemeral") for x in s.sources)}
     for text in policy.shape_guards:
+        if ephemeral & set(re.findall(r"[A-Za-z_]\w*", text)):
+            continue
         try:
             expr = parse(text, names)
         except UnsafeArchiveError as err:

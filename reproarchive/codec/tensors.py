@@ -22,6 +22,8 @@ import torch
 from reproarchive.errors import IndexSchemaError, PackError
 from reproarchive.format import index_rules, schema
 from reproarchive.format.schema import (
+    DERIVED_KINDS,
+    DerivedValue,
     ScalarValue,
     SequenceValue,
     StorageRecord,
@@ -110,9 +112,9 @@ def _sym_expr(value) -> str:
 
 def _sym_hint(value):
     node = getattr(value, "node", None)
-    if getattr(node, "is_nested_int", lambda: False)():
-        raise PackError(f"a nested jagged tensor's ragged size ({value}) is a separate graph input, which cannot be "
-                        "stored yet", "pack a graph that takes the nested tensor alone (it holds its ragged size)")
+    if nested_int_key(value) is not None:
+        raise PackError(f"a nested int ({value}) is stored only as a size or stride of a graph input, and no input "
+                        "has it", "pass the nested jagged tensor it belongs to as an input of the same graph")
     hint = getattr(node, "hint", None)
     if hint is None:
         try:
@@ -205,6 +207,55 @@ def encode_value(value: Any, table: StorageTable, *, name: str | None = None, dy
     )
 
 
+def encode_inputs(values: Sequence[Any], table: StorageTable, names: Sequence[str | None] = (),
+                  dynamics: Sequence[Any] = ()) -> tuple:
+    """The graph inputs as value records (``encode_value``), with a nested int (a nested jagged
+    tensor's ragged size, ``j1``, that Dynamo passes as an input of its own) recorded as the
+    size or stride of the input tensor that has it (a ``DerivedValue``): it exists only as a
+    property of that tensor, so a loader computes it from the rebuilt one (``decode_inputs``)."""
+    names = list(names) or [None] * len(values)
+    dynamics = list(dynamics) or [()] * len(values)
+    out = []
+    for i, value in enumerate(values):
+        key = nested_int_key(value)
+        if key is None:
+            out.append(encode_value(value, table, name=names[i], dynamic=dynamics[i]))
+            continue
+        where = nested_int_owner(values, key)
+        if where is None:
+            _sym_hint(value)  # refuses it, saying why
+        symbol = value.node.nested_int() is None  # Dynamo's symbol for it (s21), else the nested int itself
+        out.append(DerivedValue(kind=where[0], input=where[1], dim=where[2], expr=_sym_expr(value) if symbol else None))
+    return tuple(out)
+
+
+def nested_int_key(value: Any) -> tuple[int, int] | None:
+    """(id, coefficient) of a nested int (``j1``, ``4*j1``): the value itself (what an NJT's
+    size holds), or a symbol whose hint is one (what Dynamo hands a backend); None otherwise."""
+    if not isinstance(value, torch.SymInt):
+        return None
+    node = value.node
+    if not getattr(node, "is_nested_int", lambda: False)():
+        return None
+    for nested in (node, getattr(getattr(node, "hint", None), "node", None)):
+        if nested is not None and nested.nested_int() is not None:
+            return int(nested.nested_int()), int(nested.nested_int_coeff())
+    return None
+
+
+def nested_int_owner(values: Sequence[Any], key: tuple[int, int]) -> tuple[str, int, int] | None:
+    """(``size`` or ``stride``, input, dimension) of the first tensor input whose size (then
+    stride) at that dimension is the nested int ``key``."""
+    for kind in DERIVED_KINDS:
+        for k, t in enumerate(values):
+            if isinstance(t, torch.Tensor) and not _is_fake(t):
+                geometry = t.size() if kind == "size" else t.stride()
+                for d, v in enumerate(geometry):
+                    if nested_int_key(v) == key:
+                        return kind, k, d
+    return None
+
+
 def _traceable_subclass(t: torch.Tensor) -> bool:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -223,10 +274,25 @@ def _subclass_record(t: torch.Tensor, table: StorageTable, name: str | None) -> 
                 if type(t).__name__ == "DTensor" else "pass plain tensors, or the subclass's inner tensors")
         raise PackError(f"tensor subclass {cls}: its flatten context holds {exc}, which cannot be stored as data",
                         hint) from None
+    size, stride = _geometry_text(tuple(t.shape), tuple(t.stride()))
     return SubclassValue(cls=cls, attrs=tuple(attrs), items=tuple(encode_value(getattr(t, a), table) for a in attrs),
-                         context=plain, size=tuple(str(s) for s in t.shape),
-                         stride=tuple(str(s) for s in t.stride()), requires_grad=bool(t.requires_grad),
-                         name=name)
+                         context=plain, size=size, stride=stride, requires_grad=bool(t.requires_grad), name=name)
+
+
+def _geometry_text(size: tuple, stride: tuple) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A subclass's outer size and stride as text, its nested ints numbered ``j1``, ``j2`` in
+    order of appearance: torch numbers them per process, and the same tensor must give the same
+    bytes whatever the process made before."""
+    ids: dict[int, int] = {}
+
+    def text(v) -> str:
+        key = nested_int_key(v)
+        if key is None:
+            return str(v)
+        n = ids.setdefault(key[0], len(ids) + 1)
+        return f"j{n}" if key[1] == 1 else f"{key[1]}*j{n}"
+
+    return tuple(map(text, size)), tuple(map(text, stride))
 
 
 def _plain_context(value: Any) -> Any:
@@ -340,6 +406,21 @@ class ValueDecoder:
                 # so aliasing with other inputs survives.
                 t = t.view_as(t)
         return t
+
+
+def decode_inputs(decoder: ValueDecoder, records: Sequence[Any]) -> list:
+    """The index's inputs as values: every stored one decoded, then each ``DerivedValue``
+    computed from the input it names (a nested jagged tensor's rebuilt ragged size, ``j1``)."""
+    args = [None if isinstance(r, DerivedValue) else decoder.decode(r) for r in records]
+    for i, r in enumerate(records):
+        if isinstance(r, DerivedValue):
+            args[i] = derived_value(r, args[r.input])
+    return args
+
+
+def derived_value(rec: DerivedValue, source: torch.Tensor) -> Any:
+    """The size or stride ``rec`` names of ``source`` (a rebuilt input)."""
+    return source.size(rec.dim) if rec.kind == "size" else source.stride(rec.dim)
 
 
 #: Tensor subclasses a replay rebuilds: classes torch itself defines, by the module that defines

@@ -38,6 +38,7 @@ from reproarchive.format.layout import (
 )
 from reproarchive.format.plain import decoder_for, encode
 from reproarchive.format.schema import (
+    DERIVED_KINDS,
     DTYPES,
     FORMAT_NAME,
     MAX_ATTRIBUTE_PATH_LENGTH,
@@ -52,6 +53,7 @@ from reproarchive.format.schema import (
     SYMBOL_KINDS,
     ContainerRecord,
     CustomOpRecord,
+    DerivedValue,
     DictArg,
     DigestAlgorithm,
     FailureRecord,
@@ -153,7 +155,10 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         raise LimitExceededError(f"index declares {len(inputs)} inputs, more than the limit {caps.max_members}",
                                  rule=Rule.INPUTS)
     for i, value in enumerate(inputs):
-        check_value(value, storages, ("inputs", i), 0)
+        if isinstance(value, DerivedValue):
+            check_derived(value, inputs, ("inputs", i))
+        else:
+            check_value(value, storages, ("inputs", i), 0)
     # §5 rule 9, §7 graph (the node count first, before anything is decoded)
     nodes = _raw_node_count(raw.get("graph"), 0) + job_node_count(raw.get("job"), _raw_node_count)
     if nodes > caps.max_nodes:
@@ -332,6 +337,25 @@ def check_value(value: Any, storages, path: tuple, depth: int) -> None:
             raise SchemaViolation("a subclass needs one identifier per inner value", (*path, "attrs"), Rule.VALUE_KIND)
         for j, item in enumerate(value.items):
             check_value(item, storages, (*path, "items", j), depth + 1)
+    elif isinstance(value, DerivedValue):  # only the index's own inputs may be one (check_derived)
+        raise SchemaViolation(f"a {value.kind} value is only allowed as one of the index's inputs", path,
+                              Rule.DERIVED_INPUT)
+
+
+def check_derived(value: DerivedValue, inputs, path: tuple) -> None:
+    """(R6.3-10) A ``size``/``stride`` input names another input of the index that is a tensor
+    or subclass, and one of that input's dimensions."""
+    if not 0 <= value.input < len(inputs) or inputs[value.input] is value:
+        raise SchemaViolation(f"names input {value.input}, which is not another of the {len(inputs)} inputs",
+                              (*path, "input"), Rule.DERIVED_INPUT)
+    source = inputs[value.input]
+    if not isinstance(source, (TensorValue, SubclassValue)):
+        raise SchemaViolation(f"names input {value.input}, a {source.kind}; only a tensor has a {value.kind}",
+                              (*path, "input"), Rule.DERIVED_INPUT)
+    rank = len(source.shape) if isinstance(source, TensorValue) else len(source.size)
+    if not 0 <= value.dim < rank:
+        raise SchemaViolation(f"dimension {value.dim} is out of range for input {value.input} of rank {rank}",
+                              (*path, "dim"), Rule.DERIVED_INPUT)
 
 
 def _check_kind(value: Any, expected: type, path: tuple) -> None:
@@ -513,11 +537,12 @@ def check_shapes(shapes: ShapePolicy, inputs) -> None:
         value = inputs[entry.input]
         if entry.kind not in SHAPE_INPUT_KINDS:
             raise bad(f"kind {entry.kind!r} is not one of {', '.join(SHAPE_INPUT_KINDS)}", "inputs", k, "kind")
-        rank = len(value.shape) if isinstance(value, TensorValue) else 1
-        is_tensor = isinstance(value, TensorValue)
-        # a symbol, or the plain value a source that saw only its hint stored (a trace import)
-        plain = {"symint": "int", "symfloat": "float", "symbool": "bool"}.get(entry.kind)
-        matches = is_tensor if entry.kind == "tensor" else getattr(value, "kind", None) in (entry.kind, plain)
+        is_tensor = isinstance(value, (TensorValue, SubclassValue))
+        rank = len(value.shape) if isinstance(value, TensorValue) else len(value.size) if is_tensor else 1
+        # a symbol, or the plain value a source that saw only its hint stored (a trace import),
+        # or (1.3) a size or stride of another input (a nested jagged tensor's ragged size)
+        plain = {"symint": ("int", *DERIVED_KINDS), "symfloat": ("float",), "symbool": ("bool",)}.get(entry.kind, ())
+        matches = is_tensor if entry.kind == "tensor" else getattr(value, "kind", None) in (entry.kind, *plain)
         if not matches or len(entry.dims) != rank:
             raise bad(f"describes {len(entry.dims)} dimension(s) of a {entry.kind}, but input {entry.input} "
                       f"is a {getattr(value, 'kind', 'tensor')} with {rank}", "inputs", k, "dims")

@@ -62,6 +62,7 @@ from reproarchive.format.schema_records import (  # noqa: F401 - the schema's na
 )
 from reproarchive.format.schema_sets import (  # noqa: F401 - the schema's names are one namespace
     COMPUTE_OPS,
+    DERIVED_KINDS,
     DTYPES,
     MAX_ATTRIBUTE_PATH_LENGTH,
     MAX_EXTENT,
@@ -215,10 +216,28 @@ class SubclassValue:
             yield from item.tensors()
 
 
+@dataclass(frozen=True)
+class DerivedValue:
+    """(1.3) An input that is a size (``kind`` ``size``) or stride (``stride``) of another
+    input: ``input`` indexes the index's ``inputs`` (a tensor or subclass), ``dim`` one of its
+    dimensions, ``expr`` the symbol the recording named it (``s21``; informative). What Dynamo
+    passes next to a nested jagged tensor: its ragged size is a nested int (``j1``) that exists
+    only as a property of that tensor, so a loader computes it from the rebuilt input."""
+
+    kind: str
+    input: int
+    dim: int
+    expr: str | None = omit_none()
+
+    def tensors(self):
+        return iter(())
+
+
 Value = Annotated[
-    Union[TensorValue, ScalarValue, SymValue, SequenceValue, SubclassValue],
+    Union[TensorValue, ScalarValue, SymValue, SequenceValue, SubclassValue, DerivedValue],
     Tagged("kind", {"tensor": TensorValue, "tuple": SequenceValue, "list": SequenceValue, "subclass": SubclassValue,
-                    **{k: ScalarValue for k in SCALAR_KINDS}, **{k: SymValue for k in SYMBOL_KINDS}}),
+                    **{k: ScalarValue for k in SCALAR_KINDS}, **{k: SymValue for k in SYMBOL_KINDS},
+                    **{k: DerivedValue for k in DERIVED_KINDS}}),
 ]
 
 

@@ -131,5 +131,6 @@ DTYPES: dict[str, tuple[int, str]] = {
 #: The value kinds of spec §6.3 and the Python type a scalar's value / a symbol's hint has.
 SCALAR_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "none": type(None)}
 SYMBOL_KINDS = {"symint": int, "symfloat": float, "symbool": bool}
+DERIVED_KINDS = ("size", "stride")  # (1.3) an input that is a size or stride of another input
 SHAPE_INPUT_KINDS = ("tensor", "symint", "symfloat", "symbool")  # (1.3) §8 shapes.inputs[].kind
 SHAPE_DIM_KINDS = ("static", "backed", "unbacked")  # (1.3) §8 shapes.inputs[].dims[].kind

@@ -36,7 +36,9 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from reproarchive.codec.tensors import nested_int_key, nested_int_owner
 from reproarchive.errors import EagerRunError
 from reproarchive.format.schema import COMPUTE_OPS
 
@@ -135,6 +137,9 @@ def _record_value(value: Any, *, keep_leafness: bool = False) -> Any:
 
 def _meta_key(value: Any) -> Any:
     """Input metadata for the memo key: layout for tensors, the value itself for scalars."""
+    if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):  # its size j1 is no int
+        return ("C", type(value).__name__, str(value.shape), tuple(_meta_key(getattr(value, a))
+                                                                 for a in value.__tensor_flatten__()[0]))
     if isinstance(value, torch.Tensor):
         return ("T", tuple(value.shape), tuple(value.stride()), value.storage_offset(), str(value.dtype),
                 str(value.device), value.requires_grad)
@@ -297,6 +302,9 @@ class Recording:
         if output_node.op == "output":
             map_arg(output_node.args, lambda a: flat.append(self.index[a]) or a)
         self.original_outputs = tuple(i for i in dict.fromkeys(flat) if self.is_op[i])
+        # nested ints (a nested jagged tensor's ragged size, j1) among the values: each is stored
+        # as the size of an input tensor that has it, so a candidate must keep one (``stores``)
+        self.nested = {i: key for i, key in enumerate(map(nested_int_key, self.value)) if key is not None}
         costs = [_inputs.cost(v, IDENTITY) for v in self.example_inputs]
         self.original_size = (
             len(self.ops), len(placeholders), len(flat), sum(c[0] for c in costs), sum(c[1] for c in costs),
@@ -401,6 +409,16 @@ class Recording:
         key = (order, outs_t, redirects_t, ins_t, metas)
         return Candidate(order, outs_t, ins_t, redirects_t, key, xf,
                          (sum(c[0] for c in costs), sum(c[1] for c in costs)))
+
+    def stores(self, cand: Candidate) -> bool:
+        """Whether ``cand``'s inputs can be stored: every nested int among them is the size or
+        stride of one of its tensor inputs (dropping a nested jagged tensor drops its size with
+        it; a candidate that keeps the size alone is never judged)."""
+        orphans = [self.nested[i] for i in cand.inputs if i in self.nested]
+        if not orphans:
+            return True
+        tensors = [self.value[i] for i in cand.inputs if self.is_tensor[i]]
+        return all(nested_int_owner(tensors, key) is not None for key in orphans)
 
     def start(self) -> Candidate:
         """The original graph in normal form (same outputs, no dead code, no unused inputs)."""

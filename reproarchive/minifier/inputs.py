@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 # One step narrower; the failure decides whether the step is taken.
 NARROWER = {
@@ -111,6 +112,9 @@ def cost(value: Any, t: Transform) -> tuple[int, int]:
     """(bytes, recorded-data weight) of one input: what input moves make smaller."""
     if not isinstance(value, torch.Tensor):
         return 0, 0
+    if is_traceable_wrapper_subclass(value):  # a nested jagged tensor (its size j1 has no value): its inner tensors
+        inner = [cost(getattr(value, a), IDENTITY) for a in value.__tensor_flatten__()[0]]
+        return sum(c[0] for c in inner), sum(c[1] for c in inner)
     shape = tuple(value.shape) if t.shape is None else tuple(t.shape)
     dtype = value.dtype if t.dtype is None else dtype_of(t.dtype)
     numel = 1

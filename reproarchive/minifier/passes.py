@@ -52,6 +52,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import inputs as _inputs
 from .candidate import Candidate, Recording
@@ -94,7 +95,7 @@ class Shrinker:
         current candidate (normal form re-added what was removed) is not worth a call: it
         counts as failing only if it *is* the current candidate."""
         cur = self.current
-        worth = [c for c in cands if c.size < cur.size]
+        worth = [c for c in cands if c.size < cur.size and self.rec.stores(c)]
         verdict = dict(zip((c.key for c in worth), self.oracle.judge_many(worth))) if worth else {}
         return [verdict[c.key] if c.key in verdict else c.key == cur.key for c in cands]
 
@@ -348,7 +349,9 @@ def _resolve(subst: dict[int, int], i: int) -> int:
 
 
 def _tensor_inputs(sh: Shrinker) -> list[int]:
-    return [i for i in sh.current.inputs if isinstance(sh.rec.value[i], torch.Tensor)]
+    """The plain tensor inputs: a tensor subclass (a nested jagged tensor) keeps its values."""
+    return [i for i in sh.current.inputs if isinstance(sh.rec.value[i], torch.Tensor)
+            and not is_traceable_wrapper_subclass(sh.rec.value[i])]
 
 
 def _shape_now(sh: Shrinker, i: int) -> tuple[int, ...]:

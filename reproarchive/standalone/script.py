@@ -39,7 +39,7 @@ from typing import Any
 from reproarchive.codec.rng import random_ops
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
-from reproarchive.codec.tensors import storage_view
+from reproarchive.codec.tensors import REBUILDABLE_SUBCLASSES, storage_view
 from reproarchive.context.admission import setting_problem
 from reproarchive.context.config import CONFIG_MODULES
 from reproarchive.context.environment import plan
@@ -50,6 +50,7 @@ from reproarchive.format.plain import PlainRecord
 from reproarchive.format.schema import (
     DTYPES,
     ConfigRecord,
+    DerivedValue,
     EnvironmentRecord,
     ExecutionRecord,
     FailureRecord,
@@ -102,6 +103,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
         recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest, shapes=records.shapes,
         custom_ops=repro.custom_ops, brought=(settings.imports, settings.libraries),
         execution=records.execution, rng_states=repro.rng_states,
+        derived={i: (r.kind, r.input, r.dim) for i, r in enumerate(repro.index.inputs) if isinstance(r, DerivedValue)},
     )
 
 
@@ -132,7 +134,10 @@ def write_export(
     brought: tuple = ((), ()),
     execution: ExecutionRecord | None = None,
     rng_states: Mapping[str, Any] | None = None,
+    derived: Mapping[int, tuple[str, int, int]] | None = None,
 ) -> ExportReport:
+    """``derived``: input -> (``size`` or ``stride``, input, dimension) of the inputs that are a
+    size of another (spec §6.3 ``DerivedValue``: a nested jagged tensor's ragged size)."""
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         writer = _DataWriter(tmp)
@@ -141,6 +146,7 @@ def write_export(
             environment=environment, system=system, failure=failure, fidelity=fidelity or [],
             recorded_devices=recorded_devices or [], archive_name=archive_name, digest=digest, shapes=shapes,
             custom_ops=custom_ops, brought=brought, execution=execution, rng_states=rng_states or {},
+            derived=derived or {},
         )
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -268,9 +274,29 @@ class _Script:
             f"leaf={bool(t.is_leaf)})"
         )
 
-    def value_literal(self, value: Any, device: str | None) -> str:
+    def subclass_literal(self, t: Any, device: str | None) -> str:
+        """``_subclass(...)``: a tensor subclass the loader rebuilt (a nested jagged tensor),
+        as its inner tensors, plain-data context and outer geometry; the script finds the class
+        in its own table (``SUBCLASSES``, written from ``REBUILDABLE_SUBCLASSES``)."""
         import torch
 
+        key = f"{type(t).__module__}.{type(t).__qualname__}"
+        if key not in REBUILDABLE_SUBCLASSES:
+            raise ExportError(f"input of type {type(t).__name__} cannot be exported",
+                              "replay it with `reproarchive run`")
+        attrs, context = t.__tensor_flatten__()
+        inner = ", ".join(f"{a!r}: {self.value_literal(getattr(t, a), device)}" for a in attrs)
+        concrete = not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))  # j1: the class works it out
+        size, stride = (tuple(t.shape), tuple(t.stride())) if concrete else (None, None)
+        return (f"_subclass({key!r}, {{{inner}}}, {context!r}, {size!r}, {stride!r}, "
+                f"requires_grad={bool(t.requires_grad)})")
+
+    def value_literal(self, value: Any, device: str | None) -> str:
+        import torch
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
+            return self.subclass_literal(value, device)
         if isinstance(value, torch.Tensor):
             return self.tensor_literal(value, device)
         if isinstance(value, torch.SymInt):
@@ -305,9 +331,10 @@ class _Script:
 
     def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
               fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ()),
-              execution=None, rng_states=None) -> str:
+              execution=None, rng_states=None, derived: Mapping[int, tuple[str, int, int]] | None = None) -> str:
         import torch
 
+        derived = derived or {}
         root_graph = self.graph_function(gm, "")
         state_lines = []
         params = dict(gm.named_parameters())
@@ -324,7 +351,12 @@ class _Script:
         for i, value in enumerate(args):
             dev = recorded_devices[i] if i < len(recorded_devices) else None
             fid = fidelity[i] if i < len(fidelity) else ("real" if isinstance(value, torch.Tensor) else "value")
-            input_lines.append(f"{self.value_literal(value, dev)},")
+            if i in derived:  # computed from the rebuilt input by load_inputs, never a literal
+                kind, k, d = derived[i]
+                input_lines.append(f"None,  # the {kind} of input {k} at dimension {d}, computed below")
+                fid = f"the {kind} of input {k} at dimension {d}"
+            else:
+                input_lines.append(f"{self.value_literal(value, dev)},")
             what = (f"{str(value.dtype).replace('torch.', '')}{list(value.shape)} on {dev or value.device}"
                     if isinstance(value, torch.Tensor) else repr(value)[:40])
             label = {"real": "real data", "absent": "GENERATED (the archive had no data: seeded random values)",
@@ -355,6 +387,8 @@ class _Script:
             root_graph=root_graph,
             state="\n".join(f"    {ln}" for ln in state_lines) or "    # (no parameters or buffers)",
             inputs="\n".join(f"        {ln}" for ln in input_lines),
+            derived=repr([(i, kind, k, d) for i, (kind, k, d) in sorted(derived.items())]),
+            subclasses=repr(dict(sorted(REBUILDABLE_SUBCLASSES.items()))),
             backend=repr(None if custom else recorded_backend),
             custom=repr(recorded_backend if custom else None),
             source_kind=repr(source_kind),

@@ -36,6 +36,7 @@ from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     ConfigRecord,
+    DerivedValue,
     DictArg,
     EnvironmentRecord,
     GraphKind,
@@ -487,6 +488,8 @@ def _compare_leaf(a: Index, b: Index, x, y, aliases) -> tuple[str, list[str]]:
         return ("same", []) if (type(x.value), x.value) == (type(y.value), y.value) else ("different_value", ["value"])
     if isinstance(x, SubclassValue):
         return ("same", []) if x == y else ("different_metadata", ["subclass"])
+    if isinstance(x, DerivedValue):  # which input and dimension it is the size of (its symbol's name is a label)
+        return ("same", []) if (x.kind, x.input, x.dim) == (y.kind, y.input, y.dim) else ("different_metadata", ["of"])
     return "same", []
 
 
@@ -518,6 +521,8 @@ def _describe(index: Index, value) -> str | None:
         return f"{value.dtype}{list(value.shape)} stride {list(value.stride)}{offset} {st.device}{grad}, {fidelity}"
     if isinstance(value, SymValue):
         return f"{value.kind} {value.expr} = {value.hint!r}"
+    if isinstance(value, DerivedValue):
+        return f"{value.kind} of input {value.input}, dim {value.dim}" + (f" ({value.expr})" if value.expr else "")
     if isinstance(value, ScalarValue):
         return f"{value.kind} {value.value!r}"
     if isinstance(value, SequenceValue):

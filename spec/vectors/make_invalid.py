@@ -78,6 +78,11 @@ def _job(**change) -> dict:
             "ranks": [{"rank": 0}, {"rank": 1}], **change}
 
 
+def _size(of: int, dim: int) -> dict:
+    """(1.3) An input that is the size of input ``of`` at ``dim`` (§6.3 ``size``)."""
+    return {"kind": "size", "input": of, "dim": dim, "expr": "s0"}
+
+
 def _deep_graph(depth: int) -> dict:
     graph = {"nodes": [{"op": "output", "name": "output", "target": "output", "args": [None], "kwargs": {}}],
              "module_state": []}
@@ -149,6 +154,12 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
     ("R6.3-6", "tensor-dynamic", "E_SCHEMA", _edit(_set(("inputs", 0, "dynamic"), [[5, "s0"]])), None),
     ("R6.3-7", "scalar-kind", "E_SCHEMA", _edit(_set(("inputs", 7, "value"), "three")), None),
     ("R6.3-9", "inputs-count", "E_SCHEMA", _edit(lambda i: i["inputs"].pop()), None),
+    ("R6.3-10", "derived-input", "E_SCHEMA", _edit(_set(("inputs", 7), _size(99, 0))), None),
+    ("R6.3-10", "derived-of-itself", "E_SCHEMA", _edit(_set(("inputs", 7), _size(7, 0))), None),
+    ("R6.3-10", "derived-of-scalar", "E_SCHEMA", _edit(_set(("inputs", 7), _size(8, 0))), None),
+    ("R6.3-10", "derived-dim", "E_SCHEMA", _edit(_set(("inputs", 7), _size(0, 2))), None),
+    ("R6.3-10", "derived-negative-dim", "E_SCHEMA", _edit(_set(("inputs", 7), _size(0, -1))), None),
+    ("R6.3-10", "derived-nested", "E_SCHEMA", _edit(_set(("inputs", 11, "items", 0), _size(0, 0))), None),
     ("R7-1", "graph-depth", "E_SCHEMA", _edit(_set(("graph", "module_state"),
                                                      [{"kind": "graph", "path": "g", "graph": _deep_graph(9)}])), None),
     ("R7.1-1", "node-op", "E_SCHEMA", _edit(lambda i: _node(i, "relu").update(op="call_evil")), None),

@@ -134,6 +134,20 @@ def subclass():
 
 
 
+def njt():
+    """(1.3) A nested jagged tensor and its ragged size ``j1`` as an input of its own, as Dynamo
+    passes them: the size is stored as the size of input 1 at dimension 1 (§6.3 ``size``) and
+    computed from the rebuilt tensor on load; the graph views the tensor with it."""
+    t = torch.nested.nested_tensor([torch.linspace(-1.0, 1.0, 8).view(2, 4), torch.arange(12.0).view(3, 4)],
+                                   layout=torch.jagged)
+
+    def body(g, xs):
+        view = g.call_method("view", (xs[1], 2, xs[0], 4))
+        return (g.call_function(torch.relu, (view,)),)
+
+    return _graph(2, body), [t.size(1), t]
+
+
 def dynamic():
     """(1.3) A symbolic recording: ``s77`` (the size of ``x``'s first dimension, marked dynamic
     in [2, 64]) passed as an input next to ``x``; ``y`` of the same size at capture but its own
@@ -283,7 +297,7 @@ def rng():
 
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored, "dynamic": dynamic,
          "subclass": subclass, "custom-op": custom_op,
-         "rng": rng}
+         "rng": rng, "njt": njt}
 #: records a case adds to RECORDS (from the version that introduced it)
 CASE_RECORDS = {"dynamic": {"shapes": DYNAMIC_SHAPES}}
 JOB_CASES = {"job": job}  # (1.3) multi-rank jobs: vectors of 1.3 and later only
@@ -384,6 +398,10 @@ def expectations(name: str, path: Path) -> dict:
         "inputs": [value_facts(a) if f != "absent" else {"absent": True} for a, f in zip(repro.args, repro.fidelity)],
         "storage_aliases": _aliases(repro.args),
     }
+    for i, rec in enumerate(repro.index.inputs):  # (1.3) a size of another input, computed from it
+        if type(rec).__name__ == "DerivedValue":
+            of = getattr(repro.args[rec.input], rec.kind)(rec.dim)
+            facts["inputs"][i] = {"derived": [rec.kind, rec.input, rec.dim], "equals": bool(repro.args[i] == of)}
     if repro.records.shapes is not None:
         from reproarchive.format.plain import to_plain
 
