@@ -13,6 +13,9 @@ Each variant runs in a fresh process:
   plain       ``torch.compile(model, backend=B)``, plain ``python``
   capture     ``torch.compile(model, backend=reproarchive.capture(B))``, plain ``python``
   capture(spool)  the same with ``spool=True`` (the crash record spooled, each storage once)
+  capture(calls)  the same with ``check_runtime="calls"`` (no check run before the first call:
+              every call guarded, the first covered by the crash record; a failing backward is
+              not archived)
   capture--   the plain program under ``reproarchive capture --`` (PyTorch's after_dynamo hook and
               the crash guard, in the child)
 
@@ -46,7 +49,8 @@ from typing import Any
 WIDTH = 2048
 BLOCK_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # one Linear(2048, 2048) in fp32
 SIZES_RECOMPILE = (8, 16, 24, 32)
-VARIANTS = ("plain", "capture", "capture(spool)", "capture--")
+VARIANTS = ("plain", "capture", "capture(spool)", "capture(calls)", "capture--")
+OPTIONS = {"capture": {}, "capture(spool)": {"spool": True}, "capture(calls)": {"check_runtime": "calls"}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,10 +70,10 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
         layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers)
     backend: Any = spec["backend"]
-    if spec["variant"] in ("capture", "capture(spool)"):
+    if spec["variant"] in OPTIONS:
         import reproarchive
 
-        backend = reproarchive.capture(backend, path=spec["archives"], spool=spec["variant"] == "capture(spool)")
+        backend = reproarchive.capture(backend, path=spec["archives"], **OPTIONS[spec["variant"]])
     compiled = torch.compile(model, backend=backend, dynamic=False)
     weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
     inputs = [torch.randn(n, width) for n in spec["sizes"]]
@@ -129,17 +133,18 @@ def run_variant(spec: dict[str, Any], cores: list[int] | None) -> dict[str, Any]
         return dict(result, wall_s=time.perf_counter() - started, archives_left=left)
 
 
-def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: list[int] | None) -> dict[str, Any]:
+def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: list[int] | None,
+            variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     width = 128 if quick else WIDTH
     blocks = 2 if quick else max(1, round(gb * 1e9 / BLOCK_BYTES))
     sizes = (SIZES_RECOMPILE[:2] if quick else SIZES_RECOMPILE) if recompiles else SIZES_RECOMPILE[:1]
     spec = {"width": width, "blocks": blocks, "backend": backend, "sizes": list(sizes)}
-    runs = {v: run_variant(dict(spec, variant=v), cores) for v in VARIANTS}
+    runs = {v: run_variant(dict(spec, variant=v), cores) for v in variants}
     plain = runs["plain"]
     row: dict[str, Any] = {"gb": gb, "backend": backend, "graphs": len(sizes), "blocks": blocks,
                            "weights": plain["weights"], "plain_first_s": plain["first_s"],
                            "plain_later_s": plain["later_s"], "plain_peak_rss": plain["peak_rss"]}
-    for v in VARIANTS[1:]:
+    for v in variants[1:]:
         r = runs[v]
         extra = r["peak_rss"] - plain["peak_rss"]
         row[v] = {"first_ratio": r["first_s"] / plain["first_s"], "later_ratio": r["later_s"] / plain["later_s"],
@@ -158,7 +163,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         label = f"{r['weights'] / mib:,.0f} MiB, {r['backend']}, {r['graphs']}"
         out.append(f"| {label} | plain | {r['plain_first_s']:.2f} s | {r['plain_later_s'] * 1000:.0f} ms | "
                    f"({r['plain_peak_rss'] / mib:,.0f} MiB) | {r['plain_written_per_distinct']:.2f}x |")
-        for v in VARIANTS[1:]:
+        for v in [v for v in VARIANTS[1:] if v in r]:
             c = r[v]
             out.append(f"| | {v} | {c['first_ratio']:.2f}x | {c['later_ratio']:.2f}x | "
                        f"{c['extra_rss'] / mib:+,.0f} MiB ({c['extra_rss_of_weights']:+.0%}) | "
@@ -180,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny models, eager only: seconds")
     parser.add_argument("--cores", type=int, help="pin every process to the first N cores")
     parser.add_argument("--busy", action="store_true", help="a busy loop on each of those cores meanwhile")
+    parser.add_argument("--variants", default=",".join(VARIANTS[1:]),
+                        help=f"capture variants beside plain, comma-separated (default: all of {VARIANTS[1:]})")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -192,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     backends = ["eager"] if args.quick else args.backends.split(",")
     sizes = [0.0] if args.quick else [float(g) for g in args.gb.split(",")]
     recompile_modes = [m == "yes" for m in args.recompiles.split(",")]
+    unknown = set(args.variants.split(",")) - set(VARIANTS[1:])
+    if unknown:
+        parser.error(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(VARIANTS[1:])}")
+    variants = ("plain", *(v for v in VARIANTS[1:] if v in args.variants.split(",")))
     if args.quick:
         recompile_modes = [True]
     load_before = os.getloadavg()
@@ -201,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         for gb in sizes:
             for b in backends:
                 for rc in recompile_modes:
-                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores))
-                    print(table(rows[-1:]).splitlines()[-len(VARIANTS):], file=sys.stderr, flush=True)
+                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores, variants=variants))
+                    print(table(rows[-1:]).splitlines()[-len(variants):], file=sys.stderr, flush=True)
     finally:
         for p in busy:
             p.kill()
