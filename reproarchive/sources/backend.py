@@ -329,8 +329,8 @@ class _CaptureBackend:
 
     def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord,
                                spooled: str | None = None) -> Callable:
-        """Wrap ``compiled`` so that its first call is checked before it runs for real, and a
-        failure of any call is archived (``call_guard``).
+        """Wrap ``compiled`` so that its first call is checked (before it runs for real, or by it:
+        ``_checks_by_running_twice``), and a failure of any call is archived (``call_guard``).
 
         The check cannot run inside the backend call: there Dynamo's compile context is still
         open, and a backward run would make AOTAutograd compile the backward graph nested in
