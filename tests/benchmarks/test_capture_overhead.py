@@ -18,7 +18,7 @@ def test_capture_overhead_quick_table(capsys):
     assert out.startswith("| weights, backend, graphs | variant |")
     (row,) = json.loads(out[out.index("{"):])["rows"]
     assert row["backend"] == "eager" and row["graphs"] == 2 and row["weights"] > 0
-    for variant in ("capture", "capture(spool)", "capture--"):
+    for variant in ("capture", "capture(spool)", "capture(calls)", "capture--"):
         figures = row[variant]
         for name in ("first_ratio", "later_ratio", "written_per_distinct"):
             assert math.isfinite(figures[name]) and figures[name] > 0, (variant, name, figures)

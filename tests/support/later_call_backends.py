@@ -41,14 +41,16 @@ def fails_after_running(gm, example_inputs):
     return run
 
 
-class _BrokenGrad(torch.autograd.Function):
+class BrokenGrad(torch.autograd.Function):
+    """The identity, whose backward raises."""
+
     @staticmethod
     def forward(ctx, x):
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        raise RuntimeError("compiled backward failed")
+        raise RuntimeError("injected backward failure")
 
 
 def fails_in_backward(gm, example_inputs):
@@ -56,6 +58,6 @@ def fails_in_backward(gm, example_inputs):
 
     def run(*args):
         out = gm(*args)
-        return tuple(_BrokenGrad.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o for o in out)
+        return tuple(BrokenGrad.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o for o in out)
 
     return run
