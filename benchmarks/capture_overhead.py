@@ -134,12 +134,14 @@ def run_variant(spec: dict[str, Any], cores: list[int] | None) -> dict[str, Any]
 
 
 def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: list[int] | None,
-            variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+            variants: tuple[str, ...] = VARIANTS, repeat: int = 1) -> dict[str, Any]:
     width = 128 if quick else WIDTH
     blocks = 2 if quick else max(1, round(gb * 1e9 / BLOCK_BYTES))
     sizes = (SIZES_RECOMPILE[:2] if quick else SIZES_RECOMPILE) if recompiles else SIZES_RECOMPILE[:1]
     spec = {"width": width, "blocks": blocks, "backend": backend, "sizes": list(sizes)}
-    runs = {v: run_variant(dict(spec, variant=v), cores) for v in variants}
+    # round-robin, so that a burst of load on a shared machine falls on every variant alike
+    rounds = [{v: run_variant(dict(spec, variant=v), cores) for v in variants} for _ in range(repeat)]
+    runs = {v: _median_run([r[v] for r in rounds]) for v in variants}
     plain = runs["plain"]
     row: dict[str, Any] = {"gb": gb, "backend": backend, "graphs": len(sizes), "blocks": blocks,
                            "weights": plain["weights"], "plain_first_s": plain["first_s"],
@@ -153,6 +155,12 @@ def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: li
                   "archives_left": r["archives_left"]}
     row["plain_written_per_distinct"] = plain["written"] / plain["distinct"]
     return row
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's figures over its repeats: the median of each number, every archive left."""
+    out = {k: statistics.median(r[k] for r in runs) for k, v in runs[0].items() if isinstance(v, (int, float))}
+    return dict(out, archives_left=sorted({name for r in runs for name in r["archives_left"]}))
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -187,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", action="store_true", help="a busy loop on each of those cores meanwhile")
     parser.add_argument("--variants", default=",".join(VARIANTS[1:]),
                         help=f"capture variants beside plain, comma-separated (default: all of {VARIANTS[1:]})")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each variant (round-robin); medians")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -212,14 +221,16 @@ def main(argv: list[str] | None = None) -> int:
         for gb in sizes:
             for b in backends:
                 for rc in recompile_modes:
-                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores, variants=variants))
+                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores, variants=variants,
+                                        repeat=max(1, args.repeat)))
                     print(table(rows[-1:]).splitlines()[-len(variants):], file=sys.stderr, flush=True)
     finally:
         for p in busy:
             p.kill()
             p.wait()
     print(table(rows))
-    print(f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
+    print(f"medians of {max(1, args.repeat)} run(s) per variant; "
+          f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"cores {cores or allowed}{', busy loop on each' if busy else ''}")
     if args.json:
         print(json.dumps({"rows": rows}, indent=2))
