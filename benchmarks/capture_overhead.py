@@ -3,6 +3,7 @@
     python benchmarks/capture_overhead.py                      # 0.4 GB, eager and inductor
     python benchmarks/capture_overhead.py --gb 0.4,1.5,4       # the three sizes
     python benchmarks/capture_overhead.py --cores 1 --busy     # pinned to one core, beside a busy loop
+    python benchmarks/capture_overhead.py --repeat 3 --variants "capture,capture(calls)"  # medians, a subset
     python benchmarks/capture_overhead.py --quick --json       # seconds: what tests/benchmarks runs
 
 The job: a model of ``Linear(2048, 2048)`` + ``ReLU`` blocks (``--gb`` of fp32 weights), compiled
