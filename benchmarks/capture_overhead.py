@@ -17,6 +17,7 @@ Each variant runs in a fresh process:
   capture(calls)  the same with ``check_runtime="calls"`` (no check run before the first call:
               every call guarded, the first covered by the crash record; a failing backward is
               not archived)
+  capture(calls+spool)  both
   capture--   the plain program under ``reproarchive capture --`` (PyTorch's after_dynamo hook and
               the crash guard, in the child)
 
@@ -50,8 +51,9 @@ from typing import Any
 WIDTH = 2048
 BLOCK_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # one Linear(2048, 2048) in fp32
 SIZES_RECOMPILE = (8, 16, 24, 32)
-VARIANTS = ("plain", "capture", "capture(spool)", "capture(calls)", "capture--")
-OPTIONS = {"capture": {}, "capture(spool)": {"spool": True}, "capture(calls)": {"check_runtime": "calls"}}
+VARIANTS = ("plain", "capture", "capture(spool)", "capture(calls)", "capture(calls+spool)", "capture--")
+OPTIONS = {"capture": {}, "capture(spool)": {"spool": True}, "capture(calls)": {"check_runtime": "calls"},
+           "capture(calls+spool)": {"check_runtime": "calls", "spool": True}}
 
 
 # ---------------------------------------------------------------------------------------------
