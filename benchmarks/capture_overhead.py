@@ -3,6 +3,7 @@
     python benchmarks/capture_overhead.py                      # 0.4 GB, eager and inductor
     python benchmarks/capture_overhead.py --gb 0.4,1.5,4       # the issue's three sizes
     python benchmarks/capture_overhead.py --cores 1 --busy     # pinned to one core, beside a busy loop
+    python benchmarks/capture_overhead.py --repeat 3 --variants "capture,capture(calls)"  # medians, a subset
     python benchmarks/capture_overhead.py --quick --json       # seconds: what tests/benchmarks runs
 
 The job: a model of ``Linear(2048, 2048)`` + ``ReLU`` blocks (``--gb`` of fp32 weights), compiled
@@ -13,6 +14,10 @@ Each variant runs in a fresh process:
   plain       ``torch.compile(model, backend=B)``, plain ``python``
   capture     ``torch.compile(model, backend=reproarchive.capture(B))``, plain ``python``
   capture(spool)  the same with ``spool=True`` (the crash record spooled, each storage once)
+  capture(calls)  the same with ``check_runtime="calls"`` (no check run before the first call:
+              every call guarded, the first covered by the crash record; a failing backward is
+              not archived)
+  capture(calls+spool)  both
   capture--   the plain program under ``reproarchive capture --`` (PyTorch's after_dynamo hook and
               the crash guard, in the child)
 
@@ -46,7 +51,9 @@ from typing import Any
 WIDTH = 2048
 BLOCK_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # one Linear(2048, 2048) in fp32
 SIZES_RECOMPILE = (8, 16, 24, 32)
-VARIANTS = ("plain", "capture", "capture(spool)", "capture--")
+VARIANTS = ("plain", "capture", "capture(spool)", "capture(calls)", "capture(calls+spool)", "capture--")
+OPTIONS = {"capture": {}, "capture(spool)": {"spool": True}, "capture(calls)": {"check_runtime": "calls"},
+           "capture(calls+spool)": {"check_runtime": "calls", "spool": True}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,10 +73,10 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
         layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers)
     backend: Any = spec["backend"]
-    if spec["variant"] in ("capture", "capture(spool)"):
+    if spec["variant"] in OPTIONS:
         import reproarchive
 
-        backend = reproarchive.capture(backend, path=spec["archives"], spool=spec["variant"] == "capture(spool)")
+        backend = reproarchive.capture(backend, path=spec["archives"], **OPTIONS[spec["variant"]])
     compiled = torch.compile(model, backend=backend, dynamic=False)
     weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
     inputs = [torch.randn(n, width) for n in spec["sizes"]]
@@ -129,17 +136,20 @@ def run_variant(spec: dict[str, Any], cores: list[int] | None) -> dict[str, Any]
         return dict(result, wall_s=time.perf_counter() - started, archives_left=left)
 
 
-def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: list[int] | None) -> dict[str, Any]:
+def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: list[int] | None,
+            variants: tuple[str, ...] = VARIANTS, repeat: int = 1) -> dict[str, Any]:
     width = 128 if quick else WIDTH
     blocks = 2 if quick else max(1, round(gb * 1e9 / BLOCK_BYTES))
     sizes = (SIZES_RECOMPILE[:2] if quick else SIZES_RECOMPILE) if recompiles else SIZES_RECOMPILE[:1]
     spec = {"width": width, "blocks": blocks, "backend": backend, "sizes": list(sizes)}
-    runs = {v: run_variant(dict(spec, variant=v), cores) for v in VARIANTS}
+    # round-robin, so that a burst of load on a shared machine falls on every variant alike
+    rounds = [{v: run_variant(dict(spec, variant=v), cores) for v in variants} for _ in range(repeat)]
+    runs = {v: _median_run([r[v] for r in rounds]) for v in variants}
     plain = runs["plain"]
     row: dict[str, Any] = {"gb": gb, "backend": backend, "graphs": len(sizes), "blocks": blocks,
                            "weights": plain["weights"], "plain_first_s": plain["first_s"],
                            "plain_later_s": plain["later_s"], "plain_peak_rss": plain["peak_rss"]}
-    for v in VARIANTS[1:]:
+    for v in variants[1:]:
         r = runs[v]
         extra = r["peak_rss"] - plain["peak_rss"]
         row[v] = {"first_ratio": r["first_s"] / plain["first_s"], "later_ratio": r["later_s"] / plain["later_s"],
@@ -150,6 +160,12 @@ def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: li
     return row
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's figures over its repeats: the median of each number, every archive left."""
+    out = {k: statistics.median(r[k] for r in runs) for k, v in runs[0].items() if isinstance(v, (int, float))}
+    return dict(out, archives_left=sorted({name for r in runs for name in r["archives_left"]}))
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     mib = 1 << 20
     out = ["| weights, backend, graphs | variant | first calls | later calls | extra peak RSS | written / distinct |",
@@ -158,7 +174,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         label = f"{r['weights'] / mib:,.0f} MiB, {r['backend']}, {r['graphs']}"
         out.append(f"| {label} | plain | {r['plain_first_s']:.2f} s | {r['plain_later_s'] * 1000:.0f} ms | "
                    f"({r['plain_peak_rss'] / mib:,.0f} MiB) | {r['plain_written_per_distinct']:.2f}x |")
-        for v in VARIANTS[1:]:
+        for v in [v for v in VARIANTS[1:] if v in r]:
             c = r[v]
             out.append(f"| | {v} | {c['first_ratio']:.2f}x | {c['later_ratio']:.2f}x | "
                        f"{c['extra_rss'] / mib:+,.0f} MiB ({c['extra_rss_of_weights']:+.0%}) | "
@@ -180,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny models, eager only: seconds")
     parser.add_argument("--cores", type=int, help="pin every process to the first N cores")
     parser.add_argument("--busy", action="store_true", help="a busy loop on each of those cores meanwhile")
+    parser.add_argument("--variants", default=",".join(VARIANTS[1:]),
+                        help=f"capture variants beside plain, comma-separated (default: all of {VARIANTS[1:]})")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each variant (round-robin); medians")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -192,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     backends = ["eager"] if args.quick else args.backends.split(",")
     sizes = [0.0] if args.quick else [float(g) for g in args.gb.split(",")]
     recompile_modes = [m == "yes" for m in args.recompiles.split(",")]
+    unknown = set(args.variants.split(",")) - set(VARIANTS[1:])
+    if unknown:
+        parser.error(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(VARIANTS[1:])}")
+    variants = ("plain", *(v for v in VARIANTS[1:] if v in args.variants.split(",")))
     if args.quick:
         recompile_modes = [True]
     load_before = os.getloadavg()
@@ -201,14 +224,16 @@ def main(argv: list[str] | None = None) -> int:
         for gb in sizes:
             for b in backends:
                 for rc in recompile_modes:
-                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores))
-                    print(table(rows[-1:]).splitlines()[-len(VARIANTS):], file=sys.stderr, flush=True)
+                    rows.append(measure(gb, b, rc, quick=args.quick, cores=cores, variants=variants,
+                                        repeat=max(1, args.repeat)))
+                    print(table(rows[-1:]).splitlines()[-len(variants):], file=sys.stderr, flush=True)
     finally:
         for p in busy:
             p.kill()
             p.wait()
     print(table(rows))
-    print(f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
+    print(f"medians of {max(1, args.repeat)} run(s) per variant; "
+          f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"cores {cores or allowed}{', busy loop on each' if busy else ''}")
     if args.json:
         print(json.dumps({"rows": rows}, indent=2))

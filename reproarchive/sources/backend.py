@@ -23,7 +23,10 @@ What it does for each graph Dynamo hands it:
    and, when an output requires grad, backward of a scalar loss (as PyTorch's
    ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips backward). An exception: stage ``forward`` or
    ``backward``. With ``accuracy=True`` the run is compared with eager and an fp64 reference
-   (``replay.accuracy``, PyTorch's rule): stage ``accuracy``. The check runs at the
+   (``replay.accuracy``, PyTorch's rule): stage ``accuracy``. Without accuracy, where no
+   output can require grad (grad mode off, no input or held parameter requiring grad) or with
+   ``fwd_only``, that run would be the real call: then the real call is the check (the graph
+   runs once), and so always with ``check_runtime="calls"``. The check runs at the
    first call and not inside the backend because inside the backend Dynamo's compile context is
    still open and a backward would compile AOTAutograd's backward graph nested in it (which
    torch 2.13 rejects); at the first call the arguments are the real inputs, still untouched.
@@ -50,13 +53,12 @@ at its first call, and a file removed (measured: 0.20 s for a graph of six Linea
 
 Cost and side effects of the check, by design:
 
-* one extra forward (+ backward) per compiled graph, once; with ``accuracy=True`` also one
-  eager and one fp64 run. Measured on CPU (4x Linear(1024), batch 256, aot_eager): one extra
-  training step at the first call, about 3 more with accuracy. Compiling usually costs more.
-  A failing graph that calls custom ops runs once more, eagerly on copies of its inputs, to
-  record their real outputs (spec §8 ``custom_ops``).
-  For very large graphs pass ``check_runtime=False``: compile errors are still captured, and
-  nothing extra ever runs.
+* one extra forward (+ backward) per graph, once, where an output requires grad; with
+  ``accuracy=True`` also an eager and an fp64 run. For a training step, one more step at the
+  first call. ``check_runtime="calls"``: no extra run, the first call guarded like every
+  other and crash-covered, but a failing backward (the program's own) is not archived;
+  ``False``: compile errors only, nothing extra ever runs. A failing graph that calls custom
+  ops runs once more, eagerly on copies of its inputs, to record their real outputs.
 * memory: copies of the inputs the graph writes in place, for the duration of one run; the
   other inputs (the parameters, since Dynamo passes them as inputs) are aliased, and a
   backward's gradients of them are as large as the program's own. Archived inputs are the
@@ -105,6 +107,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture
+from reproarchive.codec.rng import rng_snapshot
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
@@ -115,6 +118,7 @@ from reproarchive.sources.call_guard import (
     guarded,
     is_control_flow,
     modified_inputs,
+    outputs_cannot_require_grad,
     preserved_state,
     versions_of,
 )
@@ -155,8 +159,10 @@ def capture(
     ``./reproarchives/``). ``accuracy``: also compare the compiled result with eager.
 
     Options: ``fwd_only`` (bool, default False: run backward when an output requires grad),
-    ``tolerance`` (float, default 1e-3, PyTorch's ``repro_tolerance``), ``check_runtime`` (bool,
-    default True; False captures compile errors only and never runs the graph),
+    ``tolerance`` (float, default 1e-3, PyTorch's ``repro_tolerance``), ``check_runtime`` (True,
+    the default: a check run, forward and backward, at the first call where an output requires
+    grad; ``"calls"``: never an extra run, every call guarded, a failing backward not archived,
+    no accuracy; False: compile errors only, the graph never guarded),
     ``on_accuracy`` ("raise" | "warn"), ``use_fp64`` (bool, default True: fp64 reference for
     accuracy), ``crash`` (bool, default True: write the archive before the first run so that a
     native crash leaves one; see the module docstring), ``spool`` (bool, default False: keep
@@ -173,10 +179,16 @@ def capture(
     on_accuracy = options.get("on_accuracy", "raise")
     if on_accuracy not in ("raise", "warn"):
         raise ValueError(f"on_accuracy must be 'raise' or 'warn', not {on_accuracy!r}")
+    check_runtime = options.get("check_runtime", True)
+    if not (isinstance(check_runtime, bool) or check_runtime == "calls"):
+        raise ValueError(f"check_runtime must be True, False or 'calls', not {check_runtime!r}")
+    if check_runtime == "calls" and accuracy:
+        raise ValueError("check_runtime='calls' never runs a graph twice, so it cannot check accuracy: "
+                         "pass check_runtime=True or accuracy=False")
     settings = {
         "fwd_only": bool(options.get("fwd_only", False)),
         "tolerance": float(options.get("tolerance", _accuracy.DEFAULT_TOLERANCE)),
-        "check_runtime": bool(options.get("check_runtime", True)),
+        "check_runtime": check_runtime,
         "on_accuracy": on_accuracy,
         "use_fp64": bool(options.get("use_fp64", True)),
         "crash": bool(options.get("crash", True)),
@@ -317,8 +329,8 @@ class _CaptureBackend:
 
     def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord,
                                spooled: str | None = None) -> Callable:
-        """Wrap ``compiled`` so that its first call is checked before it runs for real, and a
-        failure of any call is archived (``call_guard``).
+        """Wrap ``compiled`` so that its first call is checked (before it runs for real, or by it:
+        ``_checks_by_running_twice``), and a failure of any call is archived (``call_guard``).
 
         The check cannot run inside the backend call: there Dynamo's compile context is still
         open, and a backward run would make AOTAutograd compile the backward graph nested in
@@ -328,9 +340,16 @@ class _CaptureBackend:
         archive holds them as they were.
         """
         writes = GraphWrites(pristine_gm)
+        first_rng: list[dict] = []  # the generator states before a first call that is its own check
+        # (then the pending archive covers that call, and goes when it ends: ``call_guard``)
 
-        def first_call(args: list[Any]) -> None:
-            self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
+        def first_call(args: list[Any]) -> Callable[[], None] | None:
+            if self._checks_by_running_twice(gm, args):
+                self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
+                return None
+            first_rng.append(rng_snapshot(args))
+            pending = self._pending(pristine_gm, args, config, spooled)
+            return lambda: self._discard(pending)
 
         if rank_context() is not None:  # a rank of a multi-rank job: one guarded call (job_capture)
             once = [True]
@@ -347,17 +366,31 @@ class _CaptureBackend:
 
         def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
             modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
-            return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config)
+            return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config,
+                              rng_states=first_rng[0] if call == 1 and first_rng else None)
 
         return guarded(compiled, writes, failed=failed, first_call=first_call)
+
+    def _checks_by_running_twice(self, gm: Any, args: list[Any]) -> bool:
+        """Whether the first call needs a check run before the real one: not where that run
+        would be the real call, nor with ``check_runtime="calls"`` (module docstring)."""
+        if self.settings["check_runtime"] == "calls":
+            return False
+        if self.settings["accuracy"]:
+            return True
+        return not (self.settings["fwd_only"] or outputs_cannot_require_grad(gm, args))
+
+    def _pending(self, pristine_gm: Any, args: list[Any], config: ConfigRecord,
+                 spooled: str | None) -> Path | str | None:
+        """The archive a crash in the first run would leave (a spool entry, or written now)."""
+        if spooled is not None:
+            return spooled if self._spool().wait(spooled) else None
+        return self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
 
     def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
                written: frozenset[int] | None, spooled: str | None) -> None:
         versions = versions_of(args)
-        if spooled is not None:
-            pending: Path | str | None = spooled if self._spool().wait(spooled) else None
-        else:
-            pending = self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
+        pending = self._pending(pristine_gm, args, config, spooled)
         try:
             self._run_check(compiled, gm, pristine_gm, args, config, versions, written)
         finally:
@@ -472,12 +505,12 @@ class _CaptureBackend:
     # -- failure paths ---------------------------------------------------------------------------
 
     def _fail(self, gm: Any, inputs: list[Any], modified: list[int], exc: BaseException, stage: str,
-              config: ConfigRecord) -> tuple[Path | None, str | None]:
+              config: ConfigRecord, rng_states: dict | None = None) -> tuple[Path | None, str | None]:
         if (ctx := rank_context()) is not None:  # a rank: its part, and the job's archive
             job_failed(self, gm, inputs, config, exc, stage, ctx)
             return archive_path(exc), None
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
-        path, error = self._write(gm, inputs, modified, record, config)
+        path, error = self._write(gm, inputs, modified, record, config, rng_states)
         _annotate(exc, path, error)
         return path, error
 
@@ -498,15 +531,16 @@ class _CaptureBackend:
         raise err
 
     def _write(self, gm: Any, inputs: list[Any], modified: list[int], record: FailureRecord,
-               config: ConfigRecord) -> tuple[Path | None, str | None]:
-        """Write the archive; never let a problem here hide the user's original failure."""
+               config: ConfigRecord, rng_states: dict | None = None) -> tuple[Path | None, str | None]:
+        """Write the archive; never let a problem here hide the user's original failure.
+        ``rng_states``: the generator states the failing call started from (None: read now)."""
         if modified:
             record = dataclasses.replace(record, inputs_modified=tuple(modified))
         try:
             destination = self._destination(gm, inputs, record)
             written = write_archive(
                 gm, inputs, destination, config=config, failure=record, backend=self.backend_name,
-                accuracy=self.settings["accuracy"], capture_settings=self.settings,
+                accuracy=self.settings["accuracy"], capture_settings=self.settings, rng_states=rng_states,
             )
         except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
             log.warning("reproarchive.capture could not write an archive: %s: %s", type(err).__name__, err)

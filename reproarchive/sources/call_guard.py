@@ -14,9 +14,13 @@ fails (an operator without a fake kernel) nothing is copied, and the archive lis
 whose version counter moved during the call (``inputs_modified``).
 
 ``first_call`` runs once, before the first real call (the capture backend's check and the
-archive a native crash would leave, or the crash guard's pending archive). A native crash on a
-later call kills the process with nothing written: only the first call of a graph is guarded
-against crashes (writing every call's inputs to disk first would cost more than the job).
+archive a native crash would leave, or the crash guard's pending archive). When it returns a
+callable (``done``), the first real call is the check: it is waited for on its devices, so an
+asynchronous error is its failure and not a later call's, and ``done`` runs once it has ended
+(returned or raised, after any archive of its failure was written) to discard the pending
+archive. A native crash on a later call kills the process with nothing written: only the first
+call of a graph is guarded against crashes (writing every call's inputs to disk first would
+cost more than the job).
 """
 
 from __future__ import annotations
@@ -67,31 +71,59 @@ class GraphWrites:
 
 
 def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
-            first_call: Callable[[list[Any]], None] | None = None) -> Callable:
+            first_call: Callable[[list[Any]], Callable[[], None] | None] | None = None) -> Callable:
     """``compiled`` behind a wrapper that archives the inputs of any call that raises (through
-    ``failed``) and re-raises the exception unchanged; ``first_call(args)`` runs once first."""
+    ``failed``) and re-raises the exception unchanged; ``first_call(args)`` runs once first, and
+    the ``done`` it may return once that call has ended (module docstring)."""
+    from reproarchive.codec.device_runtime import devices_of, synchronize
+
     state = {"calls": 0, "first": first_call}
 
-    # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
-    @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
-    def run(*args: Any) -> Any:
-        state["calls"] += 1
-        first = state["first"]
-        if first is not None:
-            state["first"] = None
-            first(list(args))
+    def call(args: tuple[Any, ...], settle: bool) -> Any:
         written = writes.of(list(args))
         before = snapshot(args, written)
         versions = versions_of(args) if written is None else None
         try:
-            return compiled(*args)
+            out = compiled(*args)
+            if settle:
+                synchronize(devices_of(args))
+            return out
         except Exception as exc:
             if not is_control_flow(exc):
                 _archive_call(failed, before, exc, state["calls"], versions)
             raise
 
+    # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
+    @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    def run(*args: Any) -> Any:
+        state["calls"] += 1
+        first, done = state["first"], None
+        if first is not None:
+            state["first"] = None
+            done = first(list(args))
+        if done is None:
+            return call(args, settle=False)
+        try:
+            return call(args, settle=True)
+        finally:
+            done()
+
     run.__reproarchive_compiled__ = compiled  # type: ignore[attr-defined]
     return run
+
+
+def outputs_cannot_require_grad(gm: Any, args: Sequence[Any]) -> bool:
+    """No output of ``gm(*args)`` can require grad: grad mode is off, or neither a tensor input
+    nor a parameter or buffer ``gm`` holds requires grad. Then a check run (forward, and a
+    backward only when an output requires grad) would be exactly the real call."""
+    import itertools
+
+    import torch
+
+    if not torch.is_grad_enabled():
+        return True
+    held = itertools.chain(gm.parameters(), gm.buffers()) if hasattr(gm, "parameters") else ()
+    return not any(isinstance(t, torch.Tensor) and t.requires_grad for t in itertools.chain(args, held))
 
 
 def _archive_call(failed: Failed, before: list[Any], exc: BaseException, call: int,

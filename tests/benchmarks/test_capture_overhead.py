@@ -18,7 +18,7 @@ def test_capture_overhead_quick_table(capsys):
     assert out.startswith("| weights, backend, graphs | variant |")
     (row,) = json.loads(out[out.index("{"):])["rows"]
     assert row["backend"] == "eager" and row["graphs"] == 2 and row["weights"] > 0
-    for variant in ("capture", "capture(spool)", "capture--"):
+    for variant in ("capture", "capture(spool)", "capture(calls)", "capture(calls+spool)", "capture--"):
         figures = row[variant]
         for name in ("first_ratio", "later_ratio", "written_per_distinct"):
             assert math.isfinite(figures[name]) and figures[name] > 0, (variant, name, figures)
@@ -28,3 +28,4 @@ def test_capture_overhead_quick_table(capsys):
     # what a plain run does not; spooled, the weights the two graphs share are written once
     assert row["capture"]["written"] > row["plain_written_per_distinct"] * row["weights"]
     assert row["capture(spool)"]["written"] < row["capture"]["written"]
+    assert row["capture(calls+spool)"]["written"] < row["capture(calls)"]["written"]

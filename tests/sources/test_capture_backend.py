@@ -19,6 +19,7 @@ import reproarchive
 from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import backend as capture_backend
 from reproarchive.sources.backend import CaptureWarning, archive_path
+from support.later_call_backends import BrokenGrad
 from support.machine_paths import machine_paths_in
 from support.source_tests import Captured, SourceTests
 
@@ -118,19 +119,9 @@ def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):
     assert "torch.relu" in repro.gm.code and "_assert" not in repro.gm.code
 
 
-class _BrokenGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("injected backward failure")
-
-
 def backward_bug_backend(gm, example_inputs):
     def run(*args):
-        return tuple(_BrokenGrad.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o
+        return tuple(BrokenGrad.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o
                      for o in gm(*args))
     return run
 

@@ -28,3 +28,36 @@ def fails_on_size_7(gm, example_inputs):
         return gm(*args)
 
     return run
+
+
+def fails_after_running(gm, example_inputs):
+    """Compiled code that runs the graph (its in-place writes and random draws included) and
+    then raises, as a kernel that fails after writing its output does."""
+
+    def run(*args):
+        gm(*args)
+        raise RuntimeError("compiled kernel failed after running")
+
+    return run
+
+
+class BrokenGrad(torch.autograd.Function):
+    """The identity, whose backward raises."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("injected backward failure")
+
+
+def fails_in_backward(gm, example_inputs):
+    """Compiled code whose forward passes and whose backward raises."""
+
+    def run(*args):
+        out = gm(*args)
+        return tuple(BrokenGrad.apply(o) if isinstance(o, torch.Tensor) and o.requires_grad else o for o in out)
+
+    return run

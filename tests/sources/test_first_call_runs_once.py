@@ -1,0 +1,189 @@
+"""The first call of a compiled graph runs it once where a check run would be that very call
+(issue 27: first calls at most 1.5x plain's with ``eager``), and always with
+``check_runtime="calls"``; its failures are archived as the check's were, and the archive a
+native crash would leave covers it.
+
+Backends are custom functions that count their calls, or ``support.later_call_backends``:
+milliseconds per graph; one test starts a program that aborts (a subprocess, no compiler).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch._dynamo
+
+import reproarchive
+from reproarchive.sources.backend import archive_path
+from reproarchive.sources.call_guard import outputs_cannot_require_grad
+from support import later_call_backends
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def writes_and_draws(x, w):
+    x.mul_(2)  # the graph writes x: an archive holds it as it was before the call
+    return torch.relu(x @ w) + torch.rand(4, 8)
+
+
+def _archives(folder):
+    return sorted(folder.glob("*.tar.zst"))
+
+
+class Counting:
+    """A backend whose compiled code counts its runs and notes the failure stage of each archive
+    on disk meanwhile."""
+
+    def __init__(self, folder):
+        self.folder, self.runs, self.archives_during = folder, 0, []
+
+    def __call__(self, gm, example_inputs):
+        def run(*args):
+            self.runs += 1
+            self.archives_during.append([reproarchive.load(a).records.failure.stage for a in _archives(self.folder)])
+            return gm(*args)
+        return run
+
+
+def _first_call(tmp_path, *, w_grad: bool, grad_mode: bool = True, **options):
+    counting = Counting(tmp_path)
+    compiled = torch.compile(writes_and_draws, backend=reproarchive.capture(counting, path=tmp_path, **options))
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=w_grad)
+    x0 = x.clone()
+    with torch.set_grad_enabled(grad_mode):
+        out = compiled(x, w)
+    return counting, out, x, x0, w
+
+
+# ------------------------------------------------------------------------------------------
+# how many times the graph runs at its first call
+
+
+@pytest.mark.parametrize("case", ["no input requires grad", "grad mode off", "fwd_only", "calls"])
+def test_a_first_call_that_is_its_own_check_runs_the_graph_once_under_the_crash_archive(tmp_path, case):
+    options = {"fwd_only": {"fwd_only": True}, "calls": {"check_runtime": "calls"}}.get(case, {})
+    counting, out, x, x0, w = _first_call(tmp_path, w_grad=case != "no input requires grad",
+                                          grad_mode=case != "grad mode off", **options)
+    assert counting.runs == 1
+    # the archive a native crash would leave was on disk during that one run, and is gone after
+    assert counting.archives_during == [["crash"]]
+    assert _archives(tmp_path) == []
+    assert torch.equal(x, x0 * 2)  # the program's own effect, once
+    if case == "calls":  # the training step goes on as without capture
+        out.sum().backward()
+        assert w.grad is not None and counting.runs == 1
+
+
+def test_a_first_call_whose_output_requires_grad_is_still_checked_first_by_default(tmp_path):
+    counting, out, x, x0, w = _first_call(tmp_path, w_grad=True)
+    assert counting.runs == 2  # forward and backward on aliases/copies, then the real call
+    assert torch.equal(x, x0 * 2) and w.grad is None
+
+
+def test_a_graph_holding_a_parameter_that_requires_grad_needs_the_check():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    assert not outputs_cannot_require_grad(gm, [x])
+    with torch.no_grad():
+        assert outputs_cannot_require_grad(gm, [x])
+    gm.requires_grad_(False)
+    assert outputs_cannot_require_grad(gm, [x])
+
+
+# ------------------------------------------------------------------------------------------
+# a failure of that one run: the archive the check would have written
+
+
+def _failing_first_call(folder, *, w_grad: bool, **options):
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=w_grad)
+    x0, rng0 = x.clone(), torch.get_rng_state()
+    backend = reproarchive.capture(later_call_backends.fails_after_running, path=folder, **options)
+    with pytest.raises(RuntimeError, match="failed after running") as info:
+        torch.compile(writes_and_draws, backend=backend)(x, w)
+    (archive,) = _archives(folder)  # the failure's: the crash archive was removed
+    assert archive_path(info.value) == str(archive)
+    return reproarchive.load(archive), archive, x, x0, rng0
+
+
+@pytest.mark.parametrize("options", [{}, {"check_runtime": "calls"}], ids=["default", "calls"])
+def test_a_failing_first_call_that_ran_once_leaves_the_archive_the_check_left(tmp_path, options):
+    torch.manual_seed(0)
+    checked, _, _, _, _ = _failing_first_call(tmp_path / "checked", w_grad=True)  # the check run fails
+    torch.manual_seed(0)
+    repro, archive, x, x0, rng0 = _failing_first_call(tmp_path / "once", w_grad=bool(options), **options)
+    assert torch.equal(x, x0 * 2)  # this time the real call ran (and wrote x) before it failed
+    failure = repro.records.failure
+    assert failure.stage == "forward" == checked.records.failure.stage
+    assert failure.signature == checked.records.failure.signature
+    assert failure.inputs_modified == () and repro.fidelity == ["real", "real"]
+    # the written input as it was before the call, the generator state the call started from
+    assert torch.equal(repro.args[0], x0) and torch.equal(checked.args[0], x0)
+    assert torch.equal(repro.args[1].detach(), checked.args[1].detach())
+    assert torch.equal(repro.rng_states["cpu"], rng0) and torch.equal(checked.rng_states["cpu"], rng0)
+    assert "mul_" in repro.gm.code and repro.records.source.check_runtime is True
+    outcome = reproarchive.run(archive, backend="support.later_call_backends:fails_after_running")
+    assert outcome.status == "reproduced", outcome
+
+
+@pytest.mark.parametrize("check_runtime", [True, "calls"])
+def test_calls_gives_up_archiving_a_failing_backward(tmp_path, check_runtime):
+    """The trade-off ``check_runtime="calls"`` documents: the backward runs later, in the
+    program's own ``backward()``, outside every guard; by default the check archives it."""
+    backend = reproarchive.capture(later_call_backends.fails_in_backward, path=tmp_path, check_runtime=check_runtime)
+    compiled = torch.compile(lambda x, w: torch.relu(x @ w), backend=backend)
+    w = torch.randn(8, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match="injected backward failure"):
+        compiled(torch.randn(4, 8), w).sum().backward()
+    stages = [reproarchive.load(a).records.failure.stage for a in _archives(tmp_path)]
+    assert stages == (["backward"] if check_runtime is True else [])
+
+
+# ------------------------------------------------------------------------------------------
+# the option
+
+
+def test_check_runtime_values_are_checked():
+    with pytest.raises(ValueError, match="check_runtime must be True, False or 'calls', not 'call'"):
+        reproarchive.capture("eager", check_runtime="call")
+    with pytest.raises(ValueError, match="cannot check accuracy"):
+        reproarchive.capture("eager", check_runtime="calls", accuracy=True)
+    assert reproarchive.capture("eager", check_runtime="calls").settings["check_runtime"] == "calls"
+
+
+# ------------------------------------------------------------------------------------------
+# a native crash in that one run
+
+
+_ABORTS_AT_RUNTIME = """
+import os, sys, torch, reproarchive
+
+def aborting(gm, example_inputs):
+    def run(*args):
+        os.abort()
+    return run
+
+w = torch.randn(8, 8, requires_grad=True)
+compiled = torch.compile(lambda x, w: torch.relu(x @ w),
+                         backend=reproarchive.capture(aborting, path=sys.argv[1], check_runtime="calls"))
+compiled(torch.randn(4, 8), w).sum().backward()
+"""
+
+
+@pytest.mark.slow
+def test_a_crash_in_the_first_call_with_calls_leaves_the_pending_archive(tmp_path):
+    (tmp_path / "prog.py").write_text(textwrap.dedent(_ABORTS_AT_RUNTIME))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHDYNAMO_REPRO", "TORCH_COMPILE_DEBUG"))}
+    done = subprocess.run([sys.executable, "prog.py", str(tmp_path / "archives")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
+    (archive,) = _archives(tmp_path / "archives")
+    reproarchive.verify(archive)
+    repro = reproarchive.load(archive)
+    assert repro.records.failure.stage == "crash" and repro.records.source.written_before_run
+    assert [tuple(a.shape) for a in repro.args] == [(4, 8), (8, 8)] and repro.args[1].requires_grad
