@@ -234,6 +234,8 @@ _THREAD = re.compile(r"(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call
 _WARNING = re.compile(r"\b\w*Warning: ")
 _FRAME = re.compile(r'^  File ".*", line \d+ in ')
 _NATIVE_LINES = 6
+#: what a native runtime says as it gives up: libstdc++'s, a failed C assert, CUDA's device assert
+_RUNTIME_WORDS = re.compile(r"terminate called|^\s*what\(\):|Assertion .* failed|device-side assert")
 
 
 def crash_report(output: str) -> tuple[list[str], str]:
@@ -262,6 +264,11 @@ def crash_report(output: str) -> tuple[list[str], str]:
         if _WARNING.search(ln) or (ln[:1].isspace() and not ln.strip().startswith("what():")):
             continue
         native.insert(0, ln.rstrip())
+    if not any(_RUNTIME_WORDS.search(ln) for ln in native):
+        # several threads wrote at once, or the exception's own text ended in a blank line: the
+        # runtime's words are further up, among other output
+        said = [ln.rstrip() for ln in lines[max(0, start - 200):start] if _RUNTIME_WORDS.search(ln)]
+        native = [*said[-_NATIVE_LINES:], *native][:_NATIVE_LINES] if said else native
     blocks: list[tuple[str, list[str]]] = []
     for ln in lines[start + 1:]:
         header = _THREAD.search(ln)

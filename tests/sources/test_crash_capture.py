@@ -296,6 +296,20 @@ def test_crash_report_without_a_current_thread_and_with_interleaved_output():
     assert stack.splitlines()[-1].endswith("in <module>") and "recursively" not in stack
 
 
+def test_crash_report_finds_the_runtimes_words_above_a_long_backtrace():
+    # c10::Error's text carries its C++ backtrace: more lines than the runtime's last words
+    # window, ending in a blank line, before faulthandler's report
+    frames = "\n".join(f"frame #{i}: 0x7f{i:04x} in libtorch_cpu.so" for i in range(30))
+    output = ("terminate called after throwing an instance of 'c10::Error'\n"
+              "  what():  relu bug injected\nException raised from kernel at /tmp/k.cpp:3\n"
+              f"{frames}\n\nterminate called recursively\n\nFatal Python error: Aborted\n\n"
+              'Current thread 0x00007f1 (most recent call first):\n  File "prog.py", line 5 in <module>\n')
+    native, stack = crash_report(output)
+    assert native[0] == "terminate called after throwing an instance of 'c10::Error'"
+    assert "  what():  relu bug injected" in native and len(native) <= 6
+    assert stack.splitlines()[-1].endswith("in <module>")
+
+
 def test_a_crash_recorded_before_its_signal_matches_any_crash():
     from reproarchive.context.failure import crash_record, pending_crash_record
 
