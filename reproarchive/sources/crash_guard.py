@@ -172,6 +172,8 @@ def custom_op_archives(dump_dir: Path, pid: int) -> list[Path]:
     """The custom-op records process ``pid`` left (``_write_custom_ops``), oldest first."""
     folder = dump_dir / CUSTOM_OPS_DIR
     return sorted(folder.glob(f"{pid}-*.tar.zst"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+
+
 def _hook_runs_in_backend() -> bool:
     from torch._dynamo import config
 
