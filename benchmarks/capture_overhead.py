@@ -9,7 +9,7 @@
 The job: a model of ``Linear(2048, 2048)`` + ``ReLU`` blocks (``--gb`` of fp32 weights), compiled
 with ``dynamic=False``, one training step (forward, ``sum().backward()``) per call. "recompiles"
 calls it with four batch sizes (four graphs, as the issue measured), "one graph" with one.
-Each variant runs in a fresh process:
+Each variant runs in a fresh process, with an inductor cache of its own (every compile is cold):
 
   plain       ``torch.compile(model, backend=B)``, plain ``python``
   capture     ``torch.compile(model, backend=reproarchive.capture(B))``, plain ``python``
@@ -126,6 +126,9 @@ def run_variant(spec: dict[str, Any], cores: list[int] | None) -> dict[str, Any]
             command = program
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                                           os.environ.get("PYTHONPATH")])))
+        # every variant compiles cold, as a fresh job does: an inductor cache warmed by the variant
+        # before would make whichever ran first look slow
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor-cache")
         started = time.perf_counter()
         done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp,
                               preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
