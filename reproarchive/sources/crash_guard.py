@@ -190,7 +190,9 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     ``BackendCompilerFailed`` (exit 1): capture would change the program it captures. Here
     the same check (forward, and backward when an output requires grad) runs at the graph's
     first call, outside Dynamo, on aliases of its inputs (copies of those it writes), as the
-    capture backend's; and a failure of any later call is dumped too (``call_guard``). The
+    capture backend's; where no output can require grad that check would be the call itself,
+    which then is the check (the graph runs once); a failure of any later call is dumped too
+    (``call_guard``). The
     program's own exception is re-raised unchanged, with PyTorch's ``minifier_path``.
     """
     from torch._dynamo import config
@@ -199,7 +201,13 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     from reproarchive.replay.accuracy import run_forward_backward
     from reproarchive.replay.input_writes import run_inputs
     from reproarchive.sources.backend import copy_graph_structure
-    from reproarchive.sources.call_guard import GraphWrites, guarded, is_control_flow, preserved_state
+    from reproarchive.sources.call_guard import (
+        GraphWrites,
+        guarded,
+        is_control_flow,
+        outputs_cannot_require_grad,
+        preserved_state,
+    )
 
     name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
     level = config.repro_level
@@ -229,7 +237,11 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         raise
     writes = GraphWrites(pristine)
 
-    def first_call(args: list[Any]) -> None:
+    def first_call(args: list[Any]) -> Any:
+        if outputs_cannot_require_grad(gm, args):
+            # the check would be this very call (forward only): the real call is the check, waited
+            # for on its devices, and its failure dumped (``call_guard``); the graph runs once
+            return lambda: None
         try:
             with preserved_state(gm, args):
                 run_forward_backward(compiled, run_inputs(args, writes.of(args)))
@@ -237,6 +249,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
             if not is_control_flow(exc):
                 dump(args, exc)
             raise
+        return None
 
     return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
 

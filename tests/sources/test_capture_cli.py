@@ -176,6 +176,7 @@ class TestProgramSource(SourceTests):
 
 # A custom backend, a function of the program's own script, whose compiled code fails.
 _CUSTOM_BACKEND = """
+import sys
 import torch
 
 def my_backend(gm, example_inputs):
@@ -183,7 +184,15 @@ def my_backend(gm, example_inputs):
         raise RuntimeError("my backend's kernel failed")
     return run
 
+def counting_backend(gm, example_inputs):
+    def run(*args):
+        print("counting backend ran", file=sys.stderr)
+        return gm(*args)
+    return run
+
 if __name__ == "__main__":
+    # no input requires grad: the hook's check would be the first call itself, so it runs once
+    torch.compile(lambda a: torch.sin(a) * 2, backend=counting_backend)(torch.randn(8))
     torch.compile(lambda a: torch.relu(a) + 1, backend=my_backend)(torch.randn(8))
 """
 
@@ -200,6 +209,7 @@ def test_capture_records_a_custom_backend_by_its_import_path(tmp_path, monkeypat
     # the program's own exception, not one from PyTorch's hook run inside the backend
     assert "RuntimeError: my backend's kernel failed" in done.stderr
     assert "BackendCompilerFailed" not in done.stderr
+    assert done.stderr.count("counting backend ran") == 1  # a graph no output of which can require grad
     (packed,) = json.loads(done.stdout)["archives"]
     assert packed["backend"] == "prog:my_backend"
     monkeypatch.syspath_prepend(str(folder))
