@@ -111,6 +111,7 @@ class Rule(StrEnum):
     JOB_GROUPS = "R8-4"
     JOB_REFS = "R8-5"
     RNG_STATE = "R8-6"
+    TRITON_KERNEL = "R8-7"
 
 
 class ReproArchiveError(Exception):

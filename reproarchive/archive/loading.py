@@ -24,7 +24,9 @@ from reproarchive.codec.devices import remap_graph_devices, resolve_devices
 from reproarchive.codec.input_demands import storage_demands
 from reproarchive.codec.rng import decode_rng
 from reproarchive.codec.stand_ins import install as install_stand_ins
+from reproarchive.codec.stand_ins import BROUGHT_MODULES
 from reproarchive.codec.stand_ins import set_calls as stand_in_calls
+from reproarchive.codec.triton_kernels import LaunchBinder, LiveTritonCall, LiveTritonKernel, brought_kernels
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
 from reproarchive.context.execution import rebuilt_as_inference
 from reproarchive.errors import (
@@ -61,8 +63,10 @@ class Repro:
     fidelity: list[str]
     devices: dict[str, str]
     warnings: list[str]
-    custom_ops: list[LiveCustomOp] = dataclasses.field(default_factory=list)  # recorded calls, decoded
-    stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops replayed from them
+    # recorded calls, decoded: of custom ops, and (1.4) launches of Triton kernels (LiveTritonKernel)
+    custom_ops: list[LiveCustomOp] = dataclasses.field(default_factory=list)
+    # custom ops replayed from them, and Triton kernels (``triton:<name>``)
+    stand_ins: list[str] = dataclasses.field(default_factory=list)
     rng_states: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
@@ -153,9 +157,15 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                                    [LiveCall(c.arguments, tuple(map(decoder.decode, c.outputs))) for c in op.calls])
                       for op in index.custom_ops or ()]
         stand_in_calls([op for op in custom_ops if op.name in stand_ins])
+        kernels = [LiveTritonKernel(dataclasses.replace(k, constants=(), calls=()), [
+            LiveTritonCall(dict(k.constants[c.constants]), dict(c.arguments),
+                           {n: decoder.decode(v) for n, v in c.written.items()}) for c in k.calls])
+            for k in index.triton_kernels or ()]
+        launches = LaunchBinder(index.triton_kernels or (), brought_kernels(BROUGHT_MODULES),
+                                {k.record.digest: k.calls for k in kernels})
         # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
         # must not still create tensors on cuda).
-        gm = graph_codec.GraphDecoder(decoder.tensor).decode(index.graph)
+        gm = graph_codec.GraphDecoder(decoder.tensor, launches).decode(index.graph)
         if remap_graph:
             remap_graph_devices(gm, mapper)
         args = tensor_codec.decode_inputs(decoder, index.inputs)
@@ -188,9 +198,15 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
                    + " (bring the real op with --import / --load-library)")
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
+        for name in launches.stand_ins:
+            kernel = next(k for k in index.triton_kernels if k.name == name)
+            msg = (f"Triton kernel {name} is not here: a stand-in writes its {len(kernel.calls)} recorded "
+                   "result(s) and fails on any other input (bring the kernel with --import MODULE)")
+            warnings.warn(msg, stacklevel=3)
+            notes.append(msg)
         rng_states = decode_rng(index.records.rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
-        return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes, custom_ops,
-                     stand_ins, rng_states)
+        return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes,
+                     [*custom_ops, *kernels], [*stand_ins, *(f"triton:{n}" for n in launches.stand_ins)], rng_states)
 
 
 def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],

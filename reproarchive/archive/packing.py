@@ -19,6 +19,7 @@ import torch.fx as fx
 from reproarchive.codec import custom_ops as custom_op_codec
 from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
+from reproarchive.codec import triton_kernels as triton_kernel_codec
 from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.codec.rng import encode_rng
 from reproarchive.codec.tensors import StorageTable, storage_view
@@ -35,6 +36,7 @@ from reproarchive.format.schema import (
     CreatedBy,
     CustomOpCall,
     CustomOpRecord,
+    TritonKernelRecord,
     GraphRecord,
     Index,
     JobRecord,
@@ -129,12 +131,13 @@ class Prepared:
     code: bytes                             # the graph's readable code, as stored
     records: Records                        # as given, ``created_by`` and ``rng`` this writer's
     custom_ops: tuple[CustomOpRecord, ...]  # the custom ops the graph calls
+    triton_kernels: tuple[TritonKernelRecord, ...] | None = None  # (1.4) the Triton kernels it launches
 
     def index(self, *, frame_size: int, digest_algorithm: str, job: JobRecord | None) -> Index:
         """The archive's index, once every storage's digest is resolved."""
         return Index(container=ContainerRecord(frame_size=frame_size), digest_algorithm=digest_algorithm,
                      storages=tuple(self.table.records), inputs=self.inputs, graph=self.graph,
-                     records=self.records, job=job, custom_ops=self.custom_ops)
+                     records=self.records, job=job, custom_ops=self.custom_ops, triton_kernels=self.triton_kernels)
 
 
 def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records | Mapping[str, Any] | None, *,
@@ -163,10 +166,12 @@ def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records
                                                [graph_codec.dynamic_dims(n) for n in placeholders])
     graph_record = graph_codec.encode_graph(gm, table)
     op_records = _custom_op_records(gm, custom_ops, table)
+    graph_record, kernel_records = triton_kernel_codec.archive_records(  # (1.4) launches renumbered
+        graph_record, custom_ops or (), lambda t: tensor_codec.encode_value(t, table))
     records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors
     code = graph_codec.readable_code(gm).encode()
     return Prepared(table=table, inputs=input_records, graph=graph_record, code=code, records=records,
-                    custom_ops=op_records)
+                    custom_ops=op_records, triton_kernels=kernel_records)
 
 
 def pack(

@@ -41,11 +41,20 @@ TORCH_NAMESPACES = frozenset({
 _KEY_LINE = re.compile(r"^(\w+)(?:\[alias\])?: registered at (.*?)(?::\d+)?(?: :: .*)?$")
 
 
+#: Namespaces reproarchive registers itself: a Triton kernel's stand-in (``codec.triton_kernels``)
+#: is recorded as the launch it stands for, never as a custom op.
+OWN_NAMESPACES = frozenset({"reproarchive_triton"})
+
+
 def is_custom(target: Any) -> bool:
     """An operator (an overload, or a packet as Dynamo's graphs call it) outside torch's namespaces."""
     if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name.partition("::")[0] not in TORCH_NAMESPACES
-    return isinstance(target, torch._ops.OpOverload) and target.namespace not in TORCH_NAMESPACES
+        namespace = target._qualified_op_name.partition("::")[0]
+    elif isinstance(target, torch._ops.OpOverload):
+        namespace = target.namespace
+    else:
+        return False
+    return namespace not in TORCH_NAMESPACES and namespace not in OWN_NAMESPACES
 
 
 def overload_of(target: Any) -> torch._ops.OpOverload:
@@ -249,19 +258,31 @@ def _is_real(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str, torch.SymInt))
 
 
-def record_calls(gm: Any, inputs: list[Any]) -> list[LiveCustomOp]:
-    """Run ``gm`` once on copies of ``inputs`` (grad off) and record every custom-op call: what
-    a capture that holds the real inputs stores. Ops the run did not reach (it failed earlier)
+def record_calls(gm: Any, inputs: list[Any]) -> list[Any]:
+    """Run ``gm`` once on copies of ``inputs`` (grad off) and record every custom-op call and
+    (1.4) what every user Triton kernel launch wrote (``LiveTritonKernel``): what a capture that
+    holds the real inputs stores. Ops the run did not reach (it failed earlier)
     have no calls; a graph without custom ops is not run at all."""
+    from reproarchive.codec import triton_kernels
+
     ops = custom_ops_of(gm)
-    if not ops:
+    if not ops and not triton_kernels.has_launches(gm):
         return []
     live = {op_name(op): LiveCustomOp(describe(op)) for op in ops}
+    kernels: dict[str, triton_kernels.LiveTritonKernel] = {}
     if not all(_is_real(x) for x in inputs):  # outputs computed from generated data are not real
         return list(live.values())
 
     class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            self.node = n
+            return super().run_node(n)
+
         def call_function(self, target, args, kwargs):
+            if triton_kernels.is_launch(target):  # (1.4) what a user Triton kernel wrote
+                return triton_kernels.recorded_launch(
+                    target, kwargs, lambda: super(Recorder, self).call_function(target, args, kwargs), kernels,
+                    fresh=triton_kernels.fresh_buffers(self.node))
             out = super().call_function(target, args, kwargs)
             if is_custom(target):
                 op = overload_of(target)
@@ -279,7 +300,7 @@ def record_calls(gm: Any, inputs: list[Any]) -> list[LiveCustomOp]:
             Recorder(gm).run(*copies)
     except Exception:  # noqa: BLE001 - the calls before the failure are still real
         pass
-    return list(live.values())
+    return [*live.values(), *kernels.values()]
 
 
 def described(gm: Any) -> list[LiveCustomOp]:

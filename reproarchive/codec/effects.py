@@ -100,8 +100,10 @@ HIGHER_ORDER: dict[str, str | None] = {
     "run_dtensor_rng_op": "distributed RNG (network)",
     "local_map_hop": "distributed tensors (network)",
     "_export_tracepoint": "export tracing marker",
-    "triton_kernel_wrapper_mutation": "launches a Triton kernel from this process's side table",
-    "triton_kernel_wrapper_functional": "launches a Triton kernel from this process's side table",
+    # (1.4) a launch names a kernel the archive records (R8-7); ``load`` binds it to a stand-in
+    # (a table of recorded tensors) or to the user's own kernel of the same source digest, never
+    # to this process's side table (``codec.triton_kernels``); no other builder accepts it
+    "triton_kernel_wrapper_mutation": _SUBGRAPHS, "triton_kernel_wrapper_functional": _SUBGRAPHS,
 }
 
 

@@ -18,7 +18,7 @@ import torch.fx as fx
 from reproarchive.codec import targets
 from reproarchive.codec.devices import check_recorded_device
 from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
-from reproarchive.errors import IndexSchemaError, PackError
+from reproarchive.errors import IndexSchemaError, PackError, Rule, UnsafeArchiveError
 from reproarchive.format.schema import (
     COMPUTE_OPS,
     MAX_GRAPH_DEPTH,
@@ -36,6 +36,7 @@ from reproarchive.format.schema import (
     TensorValue,
     TupleArg,
 )
+from reproarchive.format.triton_rules import LAUNCH_TARGETS
 
 _MEMORY_FORMATS = {
     "contiguous_format": torch.contiguous_format,
@@ -265,8 +266,9 @@ class GraphDecoder:
     its value record. Every call target and module class is resolved through the allowlist
     here; device constants come back as recorded (``devices.remap_graph_devices`` moves them)."""
 
-    def __init__(self, tensor: Callable[[TensorValue], torch.Tensor]):
+    def __init__(self, tensor: Callable[[TensorValue], torch.Tensor], launches: Any = None):
         self._tensor = tensor
+        self._launches = launches  # a ``triton_kernels.LaunchBinder``: what a Triton kernel launch runs
 
     def decode_arg(self, value: Any, env: dict[str, fx.Node]) -> Any:
         if value is None or isinstance(value, (bool, int, float, str)):
@@ -309,7 +311,12 @@ class GraphDecoder:
             args = tuple(self.decode_arg(a, env) for a in rec.args)
             kwargs = {k: self.decode_arg(v, env) for k, v in rec.kwargs.items()}
             target: Any = rec.target
-            if rec.op == "call_function":
+            if rec.op == "call_function" and rec.target in LAUNCH_TARGETS:
+                if self._launches is None:  # never this process's side table at the recorded index
+                    raise UnsafeArchiveError(f"node {rec.name} launches a Triton kernel, which only `load` binds "
+                                             "(to a stand-in or to the user's kernel)", rule=Rule.CALL_TARGET)
+                target, args, kwargs = self._launches.bind(rec.target, args, kwargs)
+            elif rec.op == "call_function":
                 target = targets.resolve_function(rec.target)
             elif rec.op == "call_method":
                 targets.check_method_name(rec.target)

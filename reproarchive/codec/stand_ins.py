@@ -30,6 +30,10 @@ from reproarchive.format.schema import CustomOpRecord
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
+#: The modules the user brought (``--import``), in order: where their Triton kernels are looked
+#: for (``codec.triton_kernels.brought_kernels``); nothing else of this process is.
+BROUGHT_MODULES: list[str] = []
+
 #: name -> the stand-in registered in this process (its table is replaced by a later load).
 _INSTALLED: dict[str, _StandIn] = {}
 
@@ -186,6 +190,8 @@ def bring_implementations(imports: Sequence[str] = (), libraries: Sequence[str] 
     for module in imports:
         try:
             importlib.import_module(module)
+            if module not in BROUGHT_MODULES:
+                BROUGHT_MODULES.append(module)
         except Exception as exc:  # noqa: BLE001 - any failure of the user's module is theirs to see
             raise ReproArchiveError(f"--import {module}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
                                     "check the module name and that it imports in this environment") from None

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from reproarchive.codec import effects
+from reproarchive.format.triton_rules import LAUNCH_TARGETS
 from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
 from reproarchive.format.index_rules import function_name_problem, iter_arg_values, method_name_problem
 from reproarchive.format.schema import (
@@ -110,6 +111,8 @@ def _walk(name: str) -> Any:
 def _resolved(name: str) -> Any:
     """The callable a (well-formed) name resolves to, judged by its effects; LookupError when
     this torch has no such name. Cached: a graph names few distinct targets many times."""
+    if name in LAUNCH_TARGETS:  # (1.4) registered by the module that defines them, Dynamo imports it
+        import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401
     obj = _walk(name)
     if not callable(obj) or isinstance(obj, types.ModuleType):
         raise _unsafe(name, "not a function")

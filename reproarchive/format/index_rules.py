@@ -26,6 +26,7 @@ from reproarchive.errors import IndexSchemaError, LimitExceededError, Rule, Sche
 from reproarchive.format import index_codec
 from reproarchive.format.digests import DIGEST_RE
 from reproarchive.format.job_rules import check_job, job_node_count
+from reproarchive.format.triton_rules import check_triton_kernels
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
     INDEX_MEMBER,
@@ -53,6 +54,7 @@ from reproarchive.format.schema import (
     SYMBOL_KINDS,
     ContainerRecord,
     CustomOpRecord,
+    TritonKernelRecord,
     DerivedValue,
     DictArg,
     DigestAlgorithm,
@@ -198,8 +200,13 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
         check_job(job, storages, len(inputs), caps, check_value, check_graph)
     if records.rng is not None:
         check_rng(records.rng, storages)
-    return Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
-                 records=records, format=FORMAT_NAME, version=raw["version"], job=job, custom_ops=custom_ops)
+    # §8 triton_kernels (1.4): after the job, whose graphs may launch them too
+    triton_kernels = _section(raw, "triton_kernels", tuple[TritonKernelRecord, ...] | None)
+    index = Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
+                  records=records, format=FORMAT_NAME, version=raw["version"], job=job, custom_ops=custom_ops,
+                  triton_kernels=triton_kernels)
+    check_triton_kernels(index, caps, check_value)
+    return index
 
 
 def _raw_node_count(graph: Any, depth: int) -> int:

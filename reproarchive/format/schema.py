@@ -91,7 +91,7 @@ from reproarchive.format.schema_sets import (  # noqa: F401 - the schema's names
 
 FORMAT_NAME = "reproarchive"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 3
+FORMAT_MINOR = 4
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 
 
@@ -542,6 +542,56 @@ class CustomOpRecord:
                 yield from value.tensors()
 
 
+@dataclass(frozen=True)
+class TritonConfig:
+    """(1.4) One autotuning configuration of a user Triton kernel, as data: its meta-parameters
+    and launch options. Informative: a reader never compiles or launches anything from it; a
+    kernel the user brings is bound only when its configurations equal these."""
+
+    kwargs: dict[str, PlainData] = field(default_factory=dict)
+    num_warps: int | None = omit_none()
+    num_stages: int | None = omit_none()
+    num_ctas: int | None = omit_none()
+
+
+@dataclass(frozen=True)
+class TritonCall:
+    """(1.4) One launch of a user Triton kernel in the failing run: which ``constants`` entry of
+    its record it used, each tensor argument before the launch by content (``arguments``: name ->
+    ``<dtype>[<shape>] <digest>``, as custom-op calls key them) and the tensors the launch changed,
+    as they were after it (``written``: name -> value record over the storage table)."""
+
+    constants: int
+    arguments: dict[str, str] = field(default_factory=dict)
+    written: dict[str, Value] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TritonKernelRecord:
+    """(1.4) A user Triton kernel the graph launches (``triton_kernel_wrapper_mutation`` /
+    ``_functional`` with ``kernel_idx`` = ``index``): its source as data with the digest that
+    identifies it, its parameters, constexprs and autotuning configurations, the non-tensor
+    arguments of each call site (``constants``, named by the nodes' ``constant_args_idx``) and
+    its launches in the failing run. The source is never compiled from the archive (spec §9)."""
+
+    index: int
+    name: str
+    source: str
+    digest: str
+    arg_names: tuple[str, ...] = ()
+    constexprs: tuple[str, ...] = ()
+    module: str | None = omit_none()
+    configs: tuple[TritonConfig, ...] = ()
+    autotune_key: tuple[str, ...] = ()
+    constants: tuple[dict[str, PlainData], ...] = ()
+    calls: tuple[TritonCall, ...] = ()
+
+    def tensors(self):
+        for call in self.calls:
+            for value in call.written.values():
+                yield from value.tensors()
+
+
 # --------------------------------------------------------------------------------------------
 # the index
 
@@ -560,15 +610,18 @@ class Index:
     version: str = FORMAT_VERSION
     job: JobRecord | None = omit_none()  # (1.3) absent for a single-process archive
     custom_ops: tuple[CustomOpRecord, ...] | None = omit_none()  # (1.3) absent, not nil, when none
+    triton_kernels: tuple[TritonKernelRecord, ...] | None = omit_none()  # (1.4) absent, not nil, when none
 
     def tensor_records(self):
         """Every tensor record: inputs first, then module state, then the recorded outputs of
-        custom ops (the order storages are numbered)."""
+        custom ops, then what Triton kernels wrote (the order storages are numbered)."""
         for value in self.inputs:
             yield from value.tensors()
         yield from self.graph.tensors()
         for op in self.custom_ops or ():
             yield from op.tensors()
+        for kernel in self.triton_kernels or ():
+            yield from kernel.tensors()
 
     def job_tensor_records(self):
         """The tensor records of the other ranks (§8 ``job``): their inputs, then their graphs'."""

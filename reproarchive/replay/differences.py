@@ -17,7 +17,9 @@ from typing import Any
 
 from reproarchive.archive.inspection import NamedByIndex, StoreOrigin
 from reproarchive.codec.custom_ops import differences as custom_op_differences
-from reproarchive.codec.stand_ins import bring_implementations, is_stand_in
+from reproarchive.codec.stand_ins import BROUGHT_MODULES, bring_implementations, is_stand_in
+from reproarchive.codec.triton_kernels import brought_kernels
+from reproarchive.codec.triton_kernels import differences as triton_kernel_differences
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
@@ -110,7 +112,8 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
     or call target it lacks) is still compared: its torch version is then usually the answer.
     Custom ops the graph calls are compared with the ones registered here, after importing and
     loading what the user names (``imports``, ``libraries``: ``--import``, ``--load-library``):
-    missing, or with another schema or implementation (provenance digest).
+    missing, or with another schema or implementation (provenance digest); (1.4) each user Triton
+    kernel that was not brought, or was brought in another version (source digest).
     """
     bring_implementations(imports, libraries)
     with ContainerReader(path, limits=limits) as reader:
@@ -119,6 +122,7 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
     records = index.records
     rows = differences(config=records.config, environment=records.environment, system=records.system,
                        execution=records.execution, config_applied=None)
-    rows[:0] = custom_op_differences(index.custom_ops, stand_ins=[n for n in _custom_names(index) if is_stand_in(n)])
+    rows[:0] = [*custom_op_differences(index.custom_ops, stand_ins=[n for n in _custom_names(index) if is_stand_in(n)]),
+                *triton_kernel_differences(index.triton_kernels, brought_kernels(BROUGHT_MODULES))]
     return DoctorReport(path=str(path), digest=digest, differences=tuple(rows), count=len(rows),
                         important=sum(1 for r in rows if r["important"]))
