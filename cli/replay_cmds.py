@@ -370,7 +370,8 @@ def format_outcome(outcome) -> str:
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
     if outcome.stand_ins:
-        lines.append(f"  stand-ins {', '.join(outcome.stand_ins)} (custom ops or Triton kernels not here: see the warnings)")
+        lines.append(f"  stand-ins {', '.join(outcome.stand_ins)} "
+                     "(custom ops or Triton kernels not here: see the warnings)")
     if outcome.randomness:
         lines.append(f"  randomness {terminal_safe(outcome.randomness)}")
     lines.append(f"  recorded  {_describe(outcome.recorded)}")

@@ -23,11 +23,11 @@ from reproarchive.codec.custom_ops import LiveCall, LiveCustomOp
 from reproarchive.codec.devices import remap_graph_devices, resolve_devices
 from reproarchive.codec.input_demands import storage_demands
 from reproarchive.codec.rng import decode_rng
-from reproarchive.codec.stand_ins import install as install_stand_ins
 from reproarchive.codec.stand_ins import BROUGHT_MODULES
+from reproarchive.codec.stand_ins import install as install_stand_ins
 from reproarchive.codec.stand_ins import set_calls as stand_in_calls
-from reproarchive.codec.triton_kernels import LaunchBinder, LiveTritonCall, LiveTritonKernel, brought_kernels
 from reproarchive.codec.tensors import FIDELITY_ABSENT, FIDELITY_REAL, storage_view
+from reproarchive.codec.triton_kernels import LaunchBinder, LiveTritonCall, LiveTritonKernel, brought_kernels
 from reproarchive.context.execution import rebuilt_as_inference
 from reproarchive.errors import (
     IndexSchemaError,

@@ -36,11 +36,11 @@ from reproarchive.format.schema import (
     CreatedBy,
     CustomOpCall,
     CustomOpRecord,
-    TritonKernelRecord,
     GraphRecord,
     Index,
     JobRecord,
     Records,
+    TritonKernelRecord,
     Value,
 )
 from reproarchive.format.writer import ContainerWriter

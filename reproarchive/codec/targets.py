@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from reproarchive.codec import effects
-from reproarchive.format.triton_rules import LAUNCH_TARGETS
 from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
 from reproarchive.format.index_rules import function_name_problem, iter_arg_values, method_name_problem
 from reproarchive.format.schema import (
@@ -34,6 +33,7 @@ from reproarchive.format.schema import (
     SubgraphEntry,
     TensorEntry,
 )
+from reproarchive.format.triton_rules import LAUNCH_TARGETS
 
 ROOTS = tuple(root.value for root in CallRoot)
 

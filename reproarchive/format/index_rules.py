@@ -26,7 +26,6 @@ from reproarchive.errors import IndexSchemaError, LimitExceededError, Rule, Sche
 from reproarchive.format import index_codec
 from reproarchive.format.digests import DIGEST_RE
 from reproarchive.format.job_rules import check_job, job_node_count
-from reproarchive.format.triton_rules import check_triton_kernels
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
     INDEX_MEMBER,
@@ -54,7 +53,6 @@ from reproarchive.format.schema import (
     SYMBOL_KINDS,
     ContainerRecord,
     CustomOpRecord,
-    TritonKernelRecord,
     DerivedValue,
     DictArg,
     DigestAlgorithm,
@@ -79,9 +77,11 @@ from reproarchive.format.schema import (
     SymValue,
     TensorEntry,
     TensorValue,
+    TritonKernelRecord,
     TupleArg,
     Value,
 )
+from reproarchive.format.triton_rules import check_triton_kernels
 
 IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]*(?::[0-9]{1,4})?$")

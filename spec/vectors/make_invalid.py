@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assemb
 from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402 (needs the path above)
 
 OUT = HERE / "invalid"
-BASE = HERE / "basic-1.3.tar.zst"
+BASE = HERE / "basic-1.4.tar.zst"
 
 
 def _node(index: dict, name: str) -> dict:
@@ -192,6 +192,12 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
      None),
     ("R8-6", "rng-state", "E_SCHEMA",
      _edit(lambda i: i.update(rng={"random_ops": [], "generators": [{"device": "cpu", "storage": 99}]})), None),
+    ("R8-7", "triton-digest", "E_SCHEMA", _edit(_set(("triton_kernels",), [
+        {"index": 0, "name": "kernel", "source": "def kernel(x_ptr):\n    pass\n", "digest": "sha256:" + "0" * 64}])),
+     None),
+    ("R8-7", "triton-launch", "E_SCHEMA", _edit(lambda i: i["graph"]["nodes"].insert(-1, {
+        "op": "call_function", "name": "launch", "target": "torch.ops.higher_order.triton_kernel_wrapper_mutation",
+        "args": [], "kwargs": {"kernel_idx": 5, "constant_args_idx": 0}})), None),
 ]
 
 

@@ -295,9 +295,42 @@ def rng():
     return _graph(1, body), [torch.arange(6, dtype=torch.float32).view(2, 3)], {"cpu": state}
 
 
+def triton():
+    """(1.4) A graph launching a user Triton kernel (``tests/support/triton_kernels.scale_kernel``,
+    which writes its argument in place) and the launch the failing run made: the
+    ``triton_kernels`` record with the kernel's source and digest, its call site's constants and
+    what the launch wrote, computed by Triton's own interpreter. Loaded here, the launch runs on
+    a stand-in that writes the recorded result. Building it needs the ``triton`` package."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from reproarchive.codec import triton_kernels
+    from reproarchive.codec.custom_ops import tensor_key
+
+    sys.path.insert(0, str(HERE.parents[1]))
+    from tests.support.triton_kernels import scale_kernel
+
+    x = torch.arange(8, dtype=torch.float32)
+    constants = {"n": 8, "s": 3.0, "BLOCK": 8}
+    kernel, site = kernel_side_table.add_kernel(scale_kernel), kernel_side_table.add_constant_args(constants)
+
+    def body(g, xs):
+        y = g.call_function(torch.clone, (xs[0],))
+        g.call_function(triton_kernel_wrapper_mutation, (), {
+            "kernel_idx": kernel, "constant_args_idx": site, "grid": [(1, 1, 1)], "tma_descriptor_metadata": {},
+            "kwargs": {"x_ptr": y}})
+        return (g.call_function(operator.add, (y, 1.0)),)
+
+    written = x.clone()
+    InterpretedFunction(scale_kernel.fn).run(written, 8, 3.0, BLOCK=8, grid=(1,), warmup=False)
+    live = triton_kernels.LiveTritonKernel(triton_kernels.describe(scale_kernel), [
+        triton_kernels.LiveTritonCall(constants, {"x_ptr": tensor_key(x)}, {"x_ptr": written})])
+    return _graph(1, body), [x], None, [live]
+
+
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored, "dynamic": dynamic,
          "subclass": subclass, "custom-op": custom_op,
-         "rng": rng, "njt": njt}
+         "rng": rng, "njt": njt, "triton": triton}
 #: records a case adds to RECORDS (from the version that introduced it)
 CASE_RECORDS = {"dynamic": {"shapes": DYNAMIC_SHAPES}}
 JOB_CASES = {"job": job}  # (1.3) multi-rank jobs: vectors of 1.3 and later only
@@ -348,7 +381,7 @@ def build(name: str, path: Path) -> dict:
     if name == "dynamic":
         inputs[0] = _symint(inputs[0], "L['x'].size()[0]")
     reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, rng_states=states[0] if states else None,
-                      **RECORDS, **CASE_RECORDS.get(name, {}))
+                      **({'custom_ops': states[1]} if len(states) > 1 else {}), **RECORDS, **CASE_RECORDS.get(name, {}))
     return expectations(name, path)
 
 
