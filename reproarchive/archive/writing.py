@@ -25,7 +25,7 @@ from reproarchive.format.schema import JobRecord, Records
 class Capture:
     """What a capture source found: the graph (a ``torch.fx.GraphModule``), one input per
     placeholder, the records around them, not yet redacted, the calls of its custom ops where
-    the source ran them on real data (``codec.custom_ops.record_calls``), the generator states
+    the source ran them on real data (``codec.recorded_calls.record_calls``), the generator states
     the failing call started from (``codec.rng.rng_snapshot``; None: not seen), and for a rank
     of a multi-rank job its job record (spec §8 ``job``)."""
 

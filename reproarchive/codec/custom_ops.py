@@ -248,61 +248,6 @@ def returned(schema: Any, out: Any) -> tuple:
     return (out,) if len(schema.returns) == 1 else tuple(out)
 
 
-def _is_real(value: Any) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    if isinstance(value, torch.Tensor):
-        return type(value) in (torch.Tensor, torch.nn.Parameter) and not is_fake(value) and value.device.type != "meta"
-    if isinstance(value, (list, tuple)):
-        return all(_is_real(v) for v in value)
-    return value is None or isinstance(value, (bool, int, float, str, torch.SymInt))
-
-
-def record_calls(gm: Any, inputs: list[Any]) -> list[Any]:
-    """Run ``gm`` once on copies of ``inputs`` (grad off) and record every custom-op call and
-    (1.4) what every user Triton kernel launch wrote (``LiveTritonKernel``): what a capture that
-    holds the real inputs stores. Ops the run did not reach (it failed earlier)
-    have no calls; a graph without custom ops is not run at all."""
-    from reproarchive.codec import triton_kernels
-
-    ops = custom_ops_of(gm)
-    if not ops and not triton_kernels.has_launches(gm):
-        return []
-    live = {op_name(op): LiveCustomOp(describe(op)) for op in ops}
-    kernels: dict[str, triton_kernels.LiveTritonKernel] = {}
-    if not all(_is_real(x) for x in inputs):  # outputs computed from generated data are not real
-        return list(live.values())
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            self.node = n
-            return super().run_node(n)
-
-        def call_function(self, target, args, kwargs):
-            if triton_kernels.is_launch(target):  # (1.4) what a user Triton kernel wrote
-                return triton_kernels.recorded_launch(
-                    target, kwargs, lambda: super(Recorder, self).call_function(target, args, kwargs), kernels,
-                    fresh=triton_kernels.fresh_buffers(self.node))
-            out = super().call_function(target, args, kwargs)
-            if is_custom(target):
-                op = overload_of(target)
-                outputs = returned(op._schema, out)
-                call = LiveCall(argument_key(op._schema, args, kwargs),
-                                tuple(o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outputs))
-                entry = live[op_name(op)]
-                if all(c.arguments != call.arguments for c in entry.calls):
-                    entry.calls.append(call)
-            return out
-
-    copies = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    try:
-        with torch.no_grad():
-            Recorder(gm).run(*copies)
-    except Exception:  # noqa: BLE001 - the calls before the failure are still real
-        pass
-    return [*live.values(), *kernels.values()]
-
-
 def described(gm: Any) -> list[LiveCustomOp]:
     """The custom ops of ``gm`` without calls (a source that cannot run them on real data)."""
     return [LiveCustomOp(describe(op)) for op in custom_ops_of(gm)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
-from reproarchive.codec.custom_ops import record_calls
+from reproarchive.codec.recorded_calls import record_calls
 from reproarchive.codec.rng import rng_snapshot
 from reproarchive.codec.shapes import policy_of
 from reproarchive.context.environment import environment_snapshot

@@ -35,7 +35,7 @@ from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
-from reproarchive.codec.custom_ops import record_calls
+from reproarchive.codec.recorded_calls import record_calls
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format.schema import DumpSource, Records
 from reproarchive.sources.dump_graph import graph_summary, lift_state, module_state_origin, trace_repro

@@ -66,7 +66,7 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
     given = dataclasses.replace(given, **redacted_records(taken, {os.getcwd(): "."}))
     crashed = given.failure is not None and given.failure.stage == "crash"
     if "custom_ops" not in options and not crashed:  # a graph with custom ops runs once: their real outputs
-        from reproarchive.codec.custom_ops import record_calls
+        from reproarchive.codec.recorded_calls import record_calls
 
         options["custom_ops"] = record_calls(gm, list(example_inputs))
     return pack_records(gm, example_inputs, path, records=given, **options)

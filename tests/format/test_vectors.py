@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def test_current_writer_reproduces_vector_bytes(name, tmp_path):
     index = reproarchive.inspect(VECTORS / name).to_plain()
     if index["created_by"]["torch"] != torch.__version__.split("+")[0]:
         pytest.skip("vector written with another torch version (recorded in the index)")
+    if _case(name) == "triton" and importlib.util.find_spec("triton") is None:
+        pytest.skip("building the triton vector needs the triton package (its kernel runs in Triton's interpreter)")
     out = tmp_path / name
     make_vectors.build(_case(name), out)
     assert out.read_bytes() == (VECTORS / name).read_bytes()

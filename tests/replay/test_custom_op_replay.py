@@ -14,6 +14,7 @@ import torch
 
 import reproarchive
 from reproarchive.codec import custom_ops as co
+from reproarchive.codec.recorded_calls import record_calls
 from reproarchive.errors import UnsafeArchiveError
 from reproarchive.replay.outcome import REPRODUCED
 from support.captures import capture_failure
@@ -155,7 +156,7 @@ def _archive_with_record(op_library, tmp_path, **changes):
 
     gm = torch.fx.symbolic_trace(program(op_library.namespace))
     x = torch.ones(4)
-    (live,) = co.record_calls(gm, [x])
+    (live,) = record_calls(gm, [x])
     live.record = dataclasses.replace(live.record, **changes)
     path = tmp_path / "hostile.tar.zst"
     with pytest.raises(RuntimeError) as failed:
