@@ -1,9 +1,12 @@
 """User Triton kernels captured from a real compile (spec §8 ``triton_kernels``) and replayed
 with stand-ins and with the user's own kernels (``run --import``).
 
-Needs the ``triton`` package: the kernels run on CPU tensors through Triton's own interpreter
-(``support.triton_on_cpu``), in child processes only, so no other test's process imports Triton.
-The same paths on a GPU: ``support/triton_gpu_check.py``."""
+Needs the ``triton`` package, in child processes only: the kernels run on CPU tensors through
+Triton's own interpreter (``support.triton_on_cpu``). CI installs it beside the environment
+(``.ci/run``: ``pip install --target .triton-site``) rather than into it, because torch imports an
+installed Triton in every process that imports Dynamo (0.1-0.3 s each, hundreds of processes in
+the suite); an installed ``triton`` is used as it is. The same paths on a GPU:
+``support/triton_gpu_check.py``."""
 
 from __future__ import annotations
 
@@ -17,12 +20,26 @@ from pathlib import Path
 import pytest
 
 from reproarchive.format.reader import ContainerReader
+from support.shared_fixture import built_once
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 KERNELS = (ROOT / "tests" / "support" / "triton_kernels.py").read_text()
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")]
+SITE = ROOT / ".triton-site"
+
+
+def _environment() -> dict[str, str] | None:
+    """The children's environment: with Triton importable, or None where it is nowhere."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if importlib.util.find_spec("triton") is not None:
+        return env
+    if (SITE / "triton" / "__init__.py").is_file():
+        return dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH")) if p))
+    return None
+
+
+ENV = _environment()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(ENV is None, reason="needs the triton package "
+                                                   "(pip install triton, or .ci/run's .triton-site)")]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -30,15 +47,18 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env=ENV, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def archive(tmp_path_factory) -> Path:
-    """A compiled step launching two kernels whose forward fails after them (a relu)."""
-    folder = tmp_path_factory.mktemp("triton")
-    proc = subprocess.run([sys.executable, "-m", "tests.support.triton_program", "relu_runtime_error_TESTING_ONLY",
-                           str(folder)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    (path,) = folder.glob("*.tar.zst")
-    return path
+    """A compiled step launching two kernels whose forward fails after them (a relu); captured
+    once for the run (``built_once``), read-only."""
+    def build(folder: Path) -> Path:
+        proc = subprocess.run([sys.executable, "-m", "tests.support.triton_program", "relu_runtime_error_TESTING_ONLY",
+                               str(folder)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        (path,) = folder.glob("*.tar.zst")
+        return path
+
+    return built_once(tmp_path_factory, "triton_capture", build, str, Path)
 
 
 def test_capture_records_each_kernel_and_what_its_launches_wrote(archive):
