@@ -18,12 +18,14 @@ leaves at worst some objects that no entry names.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import mmap
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from reproarchive.archive.host_staging import HostStaging
 from reproarchive.archive.packing import prepared
@@ -32,6 +34,7 @@ from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
+from reproarchive.format.parallel import worker_threads
 from reproarchive.format.schema import Index, StorageRecord
 from reproarchive.format.writer import ContainerWriter
 
@@ -39,6 +42,13 @@ MARKER = "REPROARCHIVE-SPOOL"
 MARKER_TEXT = b"reproarchive spool 1\n"
 _INDEX_SUFFIX, _CODE_SUFFIX = ".index", ".code"
 _MAX_ENTRY_INDEX = 256 << 20
+
+
+_PIECE = 16 << 20  # bytes written between two looks at ``stop``
+
+
+class _Stopped(Exception):
+    """The write was told to stop (the entry it was for is no longer needed)."""
 
 
 def is_spool(path: str | os.PathLike) -> bool:
@@ -80,12 +90,11 @@ class Spool:
                          rng_states=capture.rng_states)
         table = ready.table
         todo = []
-        for sidx, record in enumerate(table.records):
-            if record.is_real:
-                digest = self.staging.digest(table.sources[sidx], self.algorithm)
-                table.resolve(sidx, digest)
-                if digest is not None and not self._object(digest).exists():
-                    todo.append((digest, table.sources[sidx]))
+        real = [sidx for sidx, record in enumerate(table.records) if record.is_real]
+        for sidx, digest in zip(real, self._digests([table.sources[sidx] for sidx in real])):
+            table.resolve(sidx, digest)
+            if digest is not None and not self._object(digest).exists():
+                todo.append((digest, table.sources[sidx]))
         index = ready.index(frame_size=layout.DEFAULT_FRAME_SIZE, digest_algorithm=self.algorithm, job=capture.job)
         pending = self.folder / "pending"
         with atomic_file(pending / f"{name}{_CODE_SUFFIX}", fsync=False) as f:
@@ -94,17 +103,44 @@ class Spool:
             f.write(index_codec.encode_index(plain.to_plain(index)))
         return todo
 
-    def write(self, todo: list) -> None:
-        """Write the objects ``begin`` left to write, each under a temporary name, then renamed."""
+    def _digests(self, storages: list) -> list[str | None]:
+        """Each storage's digest (the time a first call waits for): host storages hashed on the
+        available cores (hashlib releases the GIL), device ones through the one staging buffer."""
+        out: list[str | None] = [None] * len(storages)
+        host = [i for i, s in enumerate(storages) if s.device.type == "cpu"]
+        for i in (i for i, s in enumerate(storages) if s.device.type != "cpu"):
+            out[i] = self.staging.digest(storages[i], self.algorithm)
+        jobs = min(worker_threads(), len(host))
+        if jobs <= 1:
+            for i in host:
+                out[i] = self.staging.digest(storages[i], self.algorithm)
+            return out
+        with concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="reproarchive-hash") as pool:
+            for i, digest in zip(host, pool.map(lambda i: self.staging.digest(storages[i], self.algorithm), host)):
+                out[i] = digest
+        return out
+
+    def write(self, todo: list, stop: Callable[[], bool] | None = None) -> bool:
+        """Write the objects ``begin`` left to write, each under a temporary name, then renamed.
+        ``stop``, asked between pieces of at most ``_PIECE`` bytes: when it says so, the object
+        being written is dropped (its temporary file removed) and False returned."""
         for digest, storage in todo:
             target = self._object(digest)
             if target.exists():  # another entry wrote it meanwhile
                 continue
             target.parent.mkdir(exist_ok=True)
-            with atomic_file(target, fsync=False) as f:
-                for chunk in self.staging.chunks(storage):
-                    f.write(chunk)
-                    self.bytes_written += len(chunk)
+            try:
+                with atomic_file(target, fsync=False) as f:
+                    for chunk in self.staging.chunks(storage):
+                        for start in range(0, len(chunk), _PIECE):
+                            if stop is not None and stop():
+                                raise _Stopped
+                            piece = chunk[start:start + _PIECE]
+                            f.write(piece)
+                            self.bytes_written += len(piece)
+            except _Stopped:
+                return False
+        return True
 
     def _object(self, digest: str) -> Path:
         algorithm, hexdigest = digests.parse(digest)

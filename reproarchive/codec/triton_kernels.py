@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from reproarchive.codec.custom_ops import tensor_key
-from reproarchive.errors import NotReplayableHereError, Rule
+from reproarchive.errors import NotReplayableHereError, PackError, Rule
 from reproarchive.format.schema import (
     ConstantArg,
     DictArg,
@@ -219,8 +219,12 @@ def archive_records(graph: GraphRecord, live: Iterable[Any], encode_tensor: Call
         if rec.target in LAUNCH_TARGETS:
             table = _side_table()
             kernel_idx, constants_idx = rec.kwargs.get("kernel_idx"), rec.kwargs.get("constant_args_idx")
-            record = known_record(describe(table.get_kernel(kernel_idx)))
-            k, c = number(record, table.get_constant_args(constants_idx))
+            try:
+                kernel, constants = table.get_kernel(kernel_idx), table.get_constant_args(constants_idx)
+            except (AssertionError, KeyError, TypeError):
+                raise PackError(f"node {rec.name} launches Triton kernel {kernel_idx!r}, which this process's side "
+                                "table does not hold", "capture the graph in the process that traced it") from None
+            k, c = number(known_record(describe(kernel)), constants)
             return dataclasses.replace(rec, kwargs={**rec.kwargs, "kernel_idx": k, "constant_args_idx": c})
         stand_in = _stand_in_of_name(rec.target)
         if stand_in is None:

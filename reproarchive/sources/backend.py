@@ -470,14 +470,18 @@ class _CaptureBackend:
     def _spool_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord) -> str | None:
         """With ``spool=True``: start spooling the archive a crash would leave while the backend
         compiles (``process_spool``: each storage once per process, in the background; the
-        first call waits for it). Never raises."""
+        first call waits for the entry and its small objects, the weights written while it runs).
+        Never raises."""
         if not (self.settings["spool"] and self.settings["crash"] and self.settings["check_runtime"]):
             return None
         try:
+            from reproarchive.sources.process_spool import protected_inputs
+
             record = _failure.pending_crash_record(backend=self.backend_name)
+            inputs, background = protected_inputs(gm, inputs)  # written ones copied: the call may run
             return self._spool().submit(capture_of(gm, inputs, config=config, failure=record,
                                                    backend=self.backend_name, accuracy=self.settings["accuracy"],
-                                                   capture_settings=self.settings))
+                                                   capture_settings=self.settings), background=background)
         except Exception as err:  # noqa: BLE001 - never in place of the user's own run
             log.warning("reproarchive.capture could not spool the archive a crash would leave: %s: %s",
                         type(err).__name__, err)

@@ -313,12 +313,15 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import pending_crash_record
         from reproarchive.sources.backend import capture_of, copy_graph_structure
+        from reproarchive.sources.process_spool import protected_inputs
 
         # on this thread: the graph before the backend rewrites it, the thread's grad mode
-        capture = capture_of(copy_graph_structure(gm), inputs, config=config_snapshot(),
+        graph = copy_graph_structure(gm)
+        inputs, background = protected_inputs(graph, list(inputs))  # written ones copied: the call may run
+        capture = capture_of(graph, inputs, config=config_snapshot(),
                              failure=pending_crash_record(backend=backend), backend=backend,
                              accuracy=False, capture_settings={"check_runtime": True})
-        return _spool().submit(capture)
+        return _spool().submit(capture, background=background)
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         from reproarchive.sources.process_spool import could_not_write
 

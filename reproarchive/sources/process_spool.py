@@ -1,18 +1,23 @@
 """One spool per process and folder, written by one background thread (issue 27.2, 27.3).
 
 The archive a crash would leave is spooled (``archive.spool``) while the backend compiles: the
-entry's index first, then its objects, each storage once per process. The graph's first call
-waits for its entry (``wait``), so no compiled code runs, and no user code changes an input,
-while its bytes are read; a crash while the write is under way (during compilation) still
-leaves an entry that completes, with the storages not yet written stored as absent. The
-entry is discarded when the graph's first call ends any other way, and the spool removed at a
-normal exit: nothing is left behind. Used by the crash guard (``capture --``) and by the
-in-process backend with ``spool=True``.
+storages hashed and the entry's index written first, then its objects, each storage once per
+process. The graph's first call waits until the entry is on disk with its small objects
+(``wait``): from then on a crash leaves an entry that completes. Where the capture holds copies
+of the inputs the graph writes (``submit(..., background=True)``), the large objects (beyond the
+first ``FIRST_BYTES``, smallest first) are written while the first call runs: a crash before they
+are all written completes with the storages not yet written stored as absent (generated on load,
+and said so), never as real; the entry is discarded, and the writes it still had stopped, when
+the first call ends any other way. Without those copies (the inputs a graph writes are unknown)
+the first call waits for every object, as no input may change while its bytes are read. The
+spool is removed at a normal exit: nothing is left behind. Used by the crash guard
+(``capture --``) and by the in-process backend with ``spool=True``.
 """
 
 from __future__ import annotations
 
 import atexit
+import bisect
 import concurrent.futures
 import itertools
 import logging
@@ -31,54 +36,103 @@ _spools: dict[tuple[int, Path], ProcessSpool] = {}
 _names = itertools.count(1)
 
 
+#: Object bytes an entry writes before its graph's first call may run (smallest objects first):
+#: the inputs and small state of a step; a model's large weights are written during the call.
+FIRST_BYTES = 64 << 20
+
+
+class _Entry:
+    """One entry being spooled: ``ready`` once the first call may run, ``stop`` to end its
+    remaining writes, ``future`` the whole job."""
+
+    def __init__(self):
+        self.ready: concurrent.futures.Future = concurrent.futures.Future()
+        self.stop = threading.Event()
+        self.future: concurrent.futures.Future | None = None
+
+
 class ProcessSpool:
     """``folder/spool-<pid>`` and its writer thread; entries named by a process-wide counter."""
 
     def __init__(self, folder: Path):
         self.spool = Spool(folder / f"{SPOOL_PREFIX}{os.getpid()}")
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-spool")
-        self._pending: dict[str, concurrent.futures.Future] = {}
+        self._pending: dict[str, _Entry] = {}
 
-    def submit(self, capture: Any) -> str:
-        """Start spooling ``capture`` (the caller must not change its inputs until ``wait``)."""
-        name = str(next(_names))
-        future = self._writer.submit(self.spool.add, name, capture)
+    def submit(self, capture: Any, *, background: bool = False) -> str:
+        """Start spooling ``capture``. ``background``: its inputs that the graph writes are
+        copies, so its large objects may be written while the first call runs; otherwise the
+        caller must not change its inputs until ``wait`` returns."""
+        name, entry = str(next(_names)), _Entry()
         with _lock:
-            self._pending[name] = future
+            self._pending[name] = entry
+        entry.future = self._writer.submit(self._spool_entry, name, capture, entry, background)
         return name
 
+    def _spool_entry(self, name: str, capture: Any, entry: _Entry, background: bool) -> None:
+        try:
+            todo = self.spool.begin(name, capture)
+            if background:
+                todo.sort(key=lambda job: job[1].nbytes())
+                sizes = list(itertools.accumulate(job[1].nbytes() for job in todo))
+                first = bisect.bisect_right(sizes, FIRST_BYTES)
+                self.spool.write(todo[:first], entry.stop.is_set)
+                entry.ready.set_result(True)
+                todo = todo[first:]
+            self.spool.write(todo, entry.stop.is_set)
+        except BaseException as err:
+            if not entry.ready.done():
+                entry.ready.set_exception(err)
+            raise
+        if not entry.ready.done():
+            entry.ready.set_result(True)
+
     def wait(self, name: str) -> bool:
-        """Wait until entry ``name`` is on disk, objects and all; False when it could not be
-        written (logged: the crash record is lost, not the run)."""
+        """Wait until entry ``name`` may stand for its graph's first call (module docstring);
+        False when it could not be written (logged: the crash record is lost, not the run)."""
         with _lock:
-            future = self._pending.get(name)
-        if future is None:
+            entry = self._pending.get(name)
+        if entry is None:
             return False
         try:
-            future.result()
+            entry.ready.result()
         except Exception as err:  # noqa: BLE001 - never in place of the program's own run
             could_not_write(err)
             return False
         return True
 
     def discard(self, name: str) -> None:
-        """The graph's first call ended without a crash: entry ``name`` is not a record."""
+        """The graph's first call ended without a crash: entry ``name`` is not a record, and
+        the writes it still had are stopped (between two pieces of an object)."""
         with _lock:
-            future = self._pending.pop(name, None)
-        if future is not None:
-            future.cancel()
-            concurrent.futures.wait([future])
+            entry = self._pending.pop(name, None)
+        if entry is not None:
+            entry.stop.set()
+            if entry.future is not None:
+                entry.future.cancel()
+                concurrent.futures.wait([entry.future])
         self.spool.discard(name)
 
     def close(self) -> None:
         with _lock:
-            futures = list(self._pending.values())
+            entries = list(self._pending.values())
             self._pending.clear()
-        for future in futures:
-            future.cancel()
-        concurrent.futures.wait(futures)
+        for entry in entries:
+            entry.stop.set()
+            if entry.future is not None:
+                entry.future.cancel()
+        concurrent.futures.wait([e.future for e in entries if e.future is not None])
         self._writer.shutdown(wait=True)
         self.spool.remove()
+
+
+def protected_inputs(gm: Any, inputs: list[Any]) -> tuple[list[Any], bool]:
+    """``inputs`` for a capture spooled while the graph may run: the ones ``gm`` writes copied
+    as they are now, and whether that could be told (else the first call waits for every object)."""
+    from reproarchive.replay.input_writes import snapshot, written_inputs
+
+    written = written_inputs(gm, inputs)
+    return (list(inputs), False) if written is None else (snapshot(inputs, written), True)
 
 
 def spool_in(folder: str | os.PathLike) -> ProcessSpool:

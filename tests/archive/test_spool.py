@@ -227,3 +227,43 @@ def test_cuda_storages_are_spooled_through_one_pinned_chunk_and_no_device_memory
     reproarchive.verify(archive)
     repro = reproarchive.load(archive, device="cpu")
     assert torch.equal(repro.args[1], w.cpu()) and repro.records.failure.stage == "crash"
+
+
+def test_the_first_call_waits_for_the_entry_and_small_objects_and_the_weights_follow(tmp_path, monkeypatch):
+    """(27.3) With the written inputs copied, the first call may run once the entry and its small
+    objects are on disk; a crash before the weights are written completes with them absent, and
+    the end of the first call stops the writes it no longer needs."""
+    import threading
+
+    from reproarchive.sources import process_spool
+
+    monkeypatch.setattr(process_spool, "FIRST_BYTES", 4096)
+    gate, started = threading.Event(), threading.Event()
+    real_write = Spool.write
+
+    def write(self, todo, stop=None):
+        if any(storage.nbytes() > 4096 for _, storage in todo):  # the weights: held until the gate opens
+            started.set()
+            gate.wait(10)
+        return real_write(self, todo, stop)
+
+    monkeypatch.setattr(Spool, "write", write)
+    spool = process_spool.ProcessSpool(tmp_path)
+    x, w = torch.randn(4, 64), torch.randn(64, 256)  # 1 KiB of input, 64 KiB of weights
+    name = spool.submit(Capture(_graph(), [x, w], _records()), background=True)
+    assert spool.wait(name) and started.wait(10)  # the first call may run: the weights are not written
+    crashed = spool.spool.complete(name, tmp_path / "crash.tar.zst")  # what `pack SPOOL` does after a crash
+    repro = reproarchive.load(crashed)
+    assert repro.fidelity == ["real", "absent"] and torch.equal(repro.args[0], x)
+    ending = threading.Thread(target=spool.discard, args=(name,))  # the first call ended
+    ending.start()
+    while name in spool._pending:
+        ending.join(0.01)
+    gate.set()  # the writer goes on only now, and finds it was told to stop
+    ending.join(10)
+    assert spool.spool.names() == []
+    objects = [p for p in (spool.spool.folder / "objects").rglob("*") if p.is_file()]
+    assert [o.stat().st_size for o in objects] == [x.untyped_storage().nbytes()]  # the weights never written
+    assert not list((spool.spool.folder / "objects").rglob("*.partial"))
+    spool.close()
+    assert not spool.spool.folder.exists()
