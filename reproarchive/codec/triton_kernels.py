@@ -223,7 +223,9 @@ def archive_records(graph: GraphRecord, live: Iterable[Any], encode_tensor: Call
                 kernel, constants = table.get_kernel(kernel_idx), table.get_constant_args(constants_idx)
             except (AssertionError, KeyError, TypeError):
                 raise PackError(f"node {rec.name} launches Triton kernel {kernel_idx!r}, which this process's side "
-                                "table does not hold", "capture the graph in the process that traced it") from None
+                                "table does not hold (a dump's graph loses its kernels)",
+                                "capture it in the process that traces it: torch.compile(..., "
+                                "backend=reproarchive.capture(BACKEND)) records the kernels") from None
             k, c = number(known_record(describe(kernel)), constants)
             return dataclasses.replace(rec, kwargs={**rec.kwargs, "kernel_idx": k, "constant_args_idx": c})
         stand_in = _stand_in_of_name(rec.target)
