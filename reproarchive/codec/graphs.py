@@ -18,7 +18,7 @@ import torch.fx as fx
 from reproarchive.codec import targets
 from reproarchive.codec.devices import check_recorded_device
 from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
-from reproarchive.errors import IndexSchemaError, PackError, Rule, UnsafeArchiveError
+from reproarchive.errors import IndexSchemaError, NotReplayableHereError, PackError, Rule
 from reproarchive.format.schema import (
     COMPUTE_OPS,
     MAX_GRAPH_DEPTH,
@@ -313,8 +313,10 @@ class GraphDecoder:
             target: Any = rec.target
             if rec.op == "call_function" and rec.target in LAUNCH_TARGETS:
                 if self._launches is None:  # never this process's side table at the recorded index
-                    raise UnsafeArchiveError(f"node {rec.name} launches a Triton kernel, which only `load` binds "
-                                             "(to a stand-in or to the user's kernel)", rule=Rule.CALL_TARGET)
+                    raise NotReplayableHereError(
+                        f"node {rec.name} launches a Triton kernel, which only `load` of a single-process archive "
+                        "binds (to a stand-in or to the user's kernel)", "replay it with `reproarchive run`",
+                        rule=Rule.CALL_TARGET)
                 target, args, kwargs = self._launches.bind(rec.target, args, kwargs)
             elif rec.op == "call_function":
                 target = targets.resolve_function(rec.target)

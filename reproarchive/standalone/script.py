@@ -86,15 +86,17 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     to ``job_script`` instead.)
     """
     from reproarchive.archive.loading import load
+    from reproarchive.format.reader import ContainerReader
 
     settings = ReplaySettings.given(settings, options)
     bring_implementations(settings.imports, settings.libraries)
-    repro = load(path, device="cpu", remap_graph=False, max_memory=settings.max_memory)
-    if repro.index.triton_kernels:  # (1.4) a script would have to define the kernel: from the archive's text
-        raise ExportError(
-            f"the graph launches user Triton kernels ({', '.join(k.name for k in repro.index.triton_kernels)}), "
-            "which a standalone script cannot define without running the archive's source",
-            "replay it with `reproarchive run` (stand-ins, or --import MODULE for the real kernels)")
+    with ContainerReader(path) as reader:
+        if reader.index.triton_kernels:  # (1.4) a script would have to define them: from the archive's text
+            raise ExportError(
+                f"the graph launches user Triton kernels ({', '.join(k.name for k in reader.index.triton_kernels)}), "
+                "which a standalone script cannot define without running the archive's source",
+                "replay it with `reproarchive run` (stand-ins, or --import MODULE for the real kernels)")
+        repro = load(path, device="cpu", remap_graph=False, max_memory=settings.max_memory, reader=reader)
     devices = _recorded_devices(repro)
     records = repro.records
     # not ``settings.for_recorded``: a script may name a recorded custom compiler function for

@@ -162,7 +162,8 @@ def importable(tmp_path, monkeypatch):
     sys.modules.pop(ca.EVIL_MODULE, None)
 
 
-def _refused_by_every_replay(archive: Path, work: Path, marker: Path, code: int, says: str) -> None:
+def _refused_by_every_replay(archive: Path, work: Path, marker: Path, code: int, says: str, *,
+                             export: tuple[int, str] | None = None) -> None:
     """run (text and --json), export, minify and run --minify, the commands that rebuild an
     archive's graph and inputs, each refuse ``archive`` in one line naming ``says`` with exit
     ``code``, import nothing the archive names and write nothing in ``work``."""
@@ -170,9 +171,10 @@ def _refused_by_every_replay(archive: Path, work: Path, marker: Path, code: int,
     for argv in (["run", "--no-isolate", str(archive)], ["export", str(archive), "-o", "out"],
                  ["minify", str(archive), "-o", "min.tar.zst"], ["run", "--minify", str(archive), "-o", "min.tar.zst"]):
         proc = _in_process(argv, work)
-        assert proc.returncode == code, (argv, proc.returncode, proc.stderr[-500:])
+        want, what = export if export is not None and argv[0] == "export" else (code, says)
+        assert proc.returncode == want, (argv, proc.returncode, proc.stderr[-500:])
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, (argv, proc.stderr)
-        assert says in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)
+        assert what in proc.stderr and "Traceback" not in proc.stderr, (argv, proc.stderr)
     proc = _in_process(["run", "--json", "--no-isolate", str(archive)], work)
     assert proc.returncode == code and json.loads(proc.stdout)["exit_code"] == code, proc.stdout[-500:]
     assert not marker.exists() and ca.EVIL_MODULE not in sys.modules
@@ -319,3 +321,64 @@ def test_graph_node_cap_is_one_line_before_decoding(tmp_path):
     assert res["outcome"] == "archive_error" and res["type"] == "LimitExceededError", res
     assert "nodes, more than the limit 300" in res["message"]
 
+
+
+_TRITON_VECTOR = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "triton-1.4.tar.zst"
+
+
+def _triton_variant(path: Path, edit) -> Path:
+    from support.hostile_corpus import parse, rebuild
+
+    path.write_bytes(rebuild(parse(_TRITON_VECTOR.read_bytes()), edit))
+    return path
+
+
+def _launches(index):
+    return [n for n in index["graph"]["nodes"] if "triton_kernel_wrapper" in n["target"]]
+
+
+@pytest.mark.parametrize("attack,code,says", [
+    ("source", 2, "sha256 of the kernel's source"),            # claims a digest its source does not have
+    ("index", 2, "does not record"),                           # a launch reaching this process's side table
+    ("functional", 125, "functional form"),                    # no stand-in: only the kernel itself could run it
+], ids=["forged-source", "unrecorded-index", "functional-launch"])
+def test_a_triton_launch_the_archive_cannot_vouch_for_is_refused_by_every_replay(importable, attack, code, says,
+                                                                                 tmp_path):
+    """(1.4) A launch runs the user's kernel (matched by the digest R8-7 recomputes) or a table of
+    recorded tensors, never anything else: each of these is refused by run, export and minify in
+    one line, importing and writing nothing."""
+    work, marker = importable
+
+    def edit(index):
+        kernel = index["triton_kernels"][0]
+        if attack == "source":
+            kernel["source"] = kernel["source"].replace("* s", f"* s  # {ca.EVIL_MODULE}")
+        for node in _launches(index):
+            if attack == "index":
+                node["kwargs"]["kernel_idx"] = kernel["index"] + 1
+            if attack == "functional":
+                node["target"] = "torch.ops.higher_order.triton_kernel_wrapper_functional"
+    archive = _triton_variant(tmp_path / f"{attack}.tar.zst", edit)
+    # export refuses any archive of launches before building anything (exit 2, E_EXPORT) once it reads
+    refusal = (2, "launches user Triton kernels") if attack == "functional" else None
+    _refused_by_every_replay(archive, work, marker, code, says, export=refusal)
+
+
+def test_a_triton_kernel_naming_a_module_never_imports_it(importable, tmp_path):
+    """(1.4) A kernel record's ``module`` is informative: run replays on the stand-in, export
+    refuses in one line, minify works on the stand-in (the vector's recorded failure does not
+    reproduce: exit 3); none imports the module it names."""
+    work, marker = importable
+
+    def edit(index):
+        index["triton_kernels"][0]["module"] = ca.EVIL_MODULE
+    archive = _triton_variant(tmp_path / "module.tar.zst", edit)
+    before = _tree(work)
+    ran = _in_process(["run", "--no-isolate", "--json", str(archive)], work)
+    assert json.loads(ran.stdout)["stand_ins"] == ["triton:scale_kernel"], ran.stdout[-500:]
+    _one_line_refusal(_in_process(["export", str(archive), "-o", "out"], work), "export")
+    minified = _in_process(["run", "--minify", str(archive), "-o", str(tmp_path / "min.tar.zst")], work)
+    assert minified.returncode in (0, 3) and "Traceback" not in minified.stderr, minified.stderr[-500:]
+    _in_process(["doctor", str(archive)], work)
+    assert not marker.exists() and ca.EVIL_MODULE not in sys.modules
+    assert _tree(work) == before

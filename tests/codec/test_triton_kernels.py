@@ -99,3 +99,25 @@ def test_an_archive_cannot_make_replay_import_or_launch_what_it_names(tmp_path, 
                 node["target"] = "torch.ops.higher_order.triton_kernel_wrapper_functional"
     with pytest.raises(NotReplayableHereError, match="functional form"):
         reproarchive.load(_variant(tmp_path, "functional", launch_functional))
+
+
+def test_a_launch_this_process_cannot_describe_is_not_packed(tmp_path):
+    """A graph from a dump (``capture --``, ``pack`` of PyTorch's repro) names a kernel of another
+    process's side table: packing it says so in one line and writes nothing."""
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation
+
+    from reproarchive.errors import PackError
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(torch.clone, (x,))
+    g.call_function(triton_kernel_wrapper_mutation, (), {"kernel_idx": 10**6, "constant_args_idx": 10**6,
+                                                         "grid": [(1, 1, 1)], "tma_descriptor_metadata": {},
+                                                         "kwargs": {"x_ptr": y}})
+    g.output((y,))
+    out = tmp_path / "a.tar.zst"
+    with pytest.raises(PackError) as raised:
+        reproarchive.pack(torch.fx.GraphModule(torch.nn.Module(), g), [torch.ones(4)], out, backend="eager",
+                          snapshot=False)
+    assert "side table does not hold" in str(raised.value) and "\n" not in str(raised.value)
+    assert not out.exists() and not list(tmp_path.iterdir())
