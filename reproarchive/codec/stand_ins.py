@@ -160,17 +160,23 @@ def set_calls(ops: Sequence[co.LiveCustomOp]) -> None:
 
 
 def _define(name: str, schema: Any) -> _StandIn:
-    namespace, _, rest = name.partition("::")
-    opname, _, overload = rest.partition(".")
     stand_in = _StandIn(name, schema)
-    lib = torch.library.Library(namespace, "FRAGMENT")  # noqa: TOR901 - kept alive in _INSTALLED
-    lib.define(str(schema).partition("::")[2])
-    qualified = f"{namespace}::{opname}" + ("" if overload == "default" else f".{overload}")
-    lib.impl(qualified.partition("::")[2], stand_in.kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(qualified, stand_in.fake, lib=lib)
-    stand_in.library = lib
+    namespace, _, definition = str(schema).partition("::")
+    stand_in.library = define_operator(namespace, definition, stand_in.kernel, stand_in.fake)
     _INSTALLED[name] = stand_in
     return stand_in
+
+
+def define_operator(namespace: str, definition: str, kernel: Any, fake: Any) -> Any:
+    """Register ``namespace::definition`` (a schema without its namespace, ``op(Tensor x) -> ()``)
+    with ``kernel`` for every backend and ``fake`` for tracing: what a stand-in is (here, and for a
+    Triton kernel's launch, ``triton_kernels``). The returned library keeps it registered."""
+    lib = torch.library.Library(namespace, "FRAGMENT")  # noqa: TOR901 - the caller keeps it alive
+    lib.define(definition)
+    name = definition.partition("(")[0]
+    lib.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{namespace}::{name}", fake, lib=lib)
+    return lib
 
 
 def is_stand_in(name: str) -> bool:

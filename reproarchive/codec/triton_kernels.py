@@ -33,18 +33,17 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from reproarchive.codec.custom_ops import tensor_key
+from reproarchive.codec.graphs import encode_arg
+from reproarchive.codec.stand_ins import define_operator
 from reproarchive.errors import NotReplayableHereError, PackError, Rule
 from reproarchive.format.schema import (
-    ConstantArg,
     DictArg,
     GraphRecord,
     NodeRecord,
-    NodeRef,
     SubgraphEntry,
     TritonCall,
     TritonConfig,
     TritonKernelRecord,
-    TupleArg,
 )
 from reproarchive.format.triton_rules import LAUNCH_TARGETS, source_digest
 
@@ -359,26 +358,11 @@ class LaunchBinder:
         written = sorted({n for c in recorded for n in c.written}) if recorded else names
         stand_in = _stand_in(record, constants, names, tuple(n for n in names if n in written))
         stand_in.calls = recorded
-        stand_in.grid, stand_in.tma = _as_record(kwargs.get("grid")), _as_record(kwargs.get("tma_descriptor_metadata"))
+        stand_in.grid, stand_in.tma = encode_arg(kwargs.get("grid")), encode_arg(kwargs.get("tma_descriptor_metadata"))
         if record.name not in self.stand_ins:
             self.stand_ins.append(record.name)
         op = getattr(getattr(torch.ops, STAND_IN_NAMESPACE), stand_in.name).default
         return op, tuple(kwargs["kwargs"][n] for n in names), {}
-
-
-def _as_record(value: Any) -> Any:
-    """A decoded launch argument back as the record it was (grids and TMA metadata are plain)."""
-    if isinstance(value, list):
-        return [_as_record(v) for v in value]
-    if isinstance(value, tuple):
-        return TupleArg(tuple(_as_record(v) for v in value))
-    if isinstance(value, dict):
-        return DictArg(tuple((_as_record(k), _as_record(v)) for k, v in value.items()))
-    if isinstance(value, torch.fx.Node):
-        return NodeRef(value.name)
-    if isinstance(value, torch.dtype):
-        return ConstantArg("dtype", str(value).removeprefix("torch."))
-    return value
 
 
 def _stand_in(record: TritonKernelRecord, constants: dict, names: tuple[str, ...],
@@ -389,11 +373,8 @@ def _stand_in(record: TritonKernelRecord, constants: dict, names: tuple[str, ...
         return _STAND_INS[name]
     stand_in = _StandIn(name, record, constants, names, written, grid=None, tma=None)
     params = ", ".join(f"Tensor(a{i}!) t{i}" if n in written else f"Tensor t{i}" for i, n in enumerate(names))
-    lib = torch.library.Library(STAND_IN_NAMESPACE, "FRAGMENT")  # noqa: TOR901 - kept alive in _STAND_INS
-    lib.define(f"{name}({params}) -> ()")
-    lib.impl(name, stand_in.kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"{STAND_IN_NAMESPACE}::{name}", lambda *tensors: None, lib=lib)
-    stand_in.library = lib
+    stand_in.library = define_operator(STAND_IN_NAMESPACE, f"{name}({params}) -> ()", stand_in.kernel,
+                                       lambda *tensors: None)  # it writes its arguments, returns nothing
     _STAND_INS[name] = stand_in
     return stand_in
 

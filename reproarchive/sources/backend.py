@@ -311,7 +311,8 @@ class _CaptureBackend:
 
         with self._patched_config():
             config = config_snapshot()  # what this graph is compiled with (~7 ms)
-            spooled = self._spool_pending(pristine_gm, example_inputs, config)
+            writes = GraphWrites(pristine_gm)  # found once: for the spool now, for the first call later
+            spooled = self._spool_pending(pristine_gm, example_inputs, config, writes)
             try:
                 with _accuracy.fair_to_randomness(gm) if self.settings["accuracy"] else contextlib.nullcontext():
                     compiled = self.compiler(gm, example_inputs)
@@ -325,10 +326,10 @@ class _CaptureBackend:
         if not self.settings["check_runtime"]:
             self._discard(spooled)
             return compiled
-        return self._checked_on_first_call(compiled, gm, pristine_gm, config, spooled)
+        return self._checked_on_first_call(compiled, gm, pristine_gm, config, spooled, writes)
 
     def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord,
-                               spooled: str | None = None) -> Callable:
+                               spooled: str | None = None, writes: GraphWrites | None = None) -> Callable:
         """Wrap ``compiled`` so that its first call is checked (before it runs for real, or by it:
         ``_checks_by_running_twice``), and a failure of any call is archived (``call_guard``).
 
@@ -339,7 +340,7 @@ class _CaptureBackend:
         on them (copies of only the inputs the graph writes, aliases of the rest), and an
         archive holds them as they were.
         """
-        writes = GraphWrites(pristine_gm)
+        writes = writes or GraphWrites(pristine_gm)
         first_rng: list[dict] = []  # the generator states before a first call that is its own check
         # (then the pending archive covers that call, and goes when it ends: ``call_guard``)
 
@@ -467,7 +468,7 @@ class _CaptureBackend:
         log.debug("reproarchive: %s written before the first run (removed when it does not crash)", written)
         return Path(written)
 
-    def _spool_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord) -> str | None:
+    def _spool_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord, writes: GraphWrites) -> str | None:
         """With ``spool=True``: start spooling the archive a crash would leave while the backend
         compiles (``process_spool``: each storage once per process, in the background; the
         first call waits for the entry and its small objects, the weights written while it runs).
@@ -478,7 +479,7 @@ class _CaptureBackend:
             from reproarchive.sources.process_spool import protected_inputs
 
             record = _failure.pending_crash_record(backend=self.backend_name)
-            inputs, background = protected_inputs(gm, inputs)  # written ones copied: the call may run
+            inputs, background = protected_inputs(inputs, writes.of(inputs))  # written ones copied: the call may run
             return self._spool().submit(capture_of(gm, inputs, config=config, failure=record,
                                                    backend=self.backend_name, accuracy=self.settings["accuracy"],
                                                    capture_settings=self.settings), background=background)

@@ -312,12 +312,14 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
     try:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import pending_crash_record
+        from reproarchive.replay.input_writes import written_inputs
         from reproarchive.sources.backend import capture_of, copy_graph_structure
         from reproarchive.sources.process_spool import protected_inputs
 
         # on this thread: the graph before the backend rewrites it, the thread's grad mode
         graph = copy_graph_structure(gm)
-        inputs, background = protected_inputs(graph, list(inputs))  # written ones copied: the call may run
+        # the inputs it writes copied: the first call may run while the weights are written
+        inputs, background = protected_inputs(list(inputs), written_inputs(graph, inputs))
         capture = capture_of(graph, inputs, config=config_snapshot(),
                              failure=pending_crash_record(backend=backend), backend=backend,
                              accuracy=False, capture_settings={"check_runtime": True})

@@ -126,12 +126,12 @@ class ProcessSpool:
         self.spool.remove()
 
 
-def protected_inputs(gm: Any, inputs: list[Any]) -> tuple[list[Any], bool]:
-    """``inputs`` for a capture spooled while the graph may run: the ones ``gm`` writes copied
-    as they are now, and whether that could be told (else the first call waits for every object)."""
-    from reproarchive.replay.input_writes import snapshot, written_inputs
+def protected_inputs(inputs: list[Any], written: frozenset[int] | None) -> tuple[list[Any], bool]:
+    """``inputs`` for a capture spooled while the graph may run: the ones the graph writes
+    (``written``, ``input_writes.written_inputs``) copied as they are now, and whether they could
+    be told (else the first call waits for every object)."""
+    from reproarchive.replay.input_writes import snapshot
 
-    written = written_inputs(gm, inputs)
     return (list(inputs), False) if written is None else (snapshot(inputs, written), True)
 
 
