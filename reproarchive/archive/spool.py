@@ -11,9 +11,11 @@ section) and its readable code. An entry is completed into an ordinary self-cont
 turns into archives afterwards. A process that ends normally removes its spool.
 
 Crash safety by construction: an object is written to a temporary name and renamed, so an
-object that exists is complete; an entry's index is renamed into place only after every object
-it names exists, so an entry that exists can be completed. A process killed while writing
-leaves at worst some objects that no entry names.
+object that exists is complete; an entry's index is renamed into place after its code, and an
+object its index names that never made it is completed as absent (said so, never as real). A
+process killed while writing leaves at worst some objects that no entry names. A writer that
+outlives its process (``sources.snapshot_writer``: a forked child finishing an entry after a
+crash) holds a lock in ``writers/``; readers wait for it before they list entries.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import fcntl
 import mmap
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from reproarchive.archive.host_staging import HostStaging
-from reproarchive.archive.packing import prepared
+from reproarchive.archive.packing import Prepared, is_zero_bytes, prepared
 from reproarchive.archive.writing import Capture
+from reproarchive.codec.tensors import storage_view
 from reproarchive.context.redaction import redacted
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
@@ -39,7 +43,9 @@ from reproarchive.format.schema import Index, StorageRecord
 from reproarchive.format.writer import ContainerWriter
 
 MARKER = "REPROARCHIVE-SPOOL"
-MARKER_TEXT = b"reproarchive spool 1\n"
+MARKER_TEXT = b"reproarchive spool 2\n"
+#: Markers this reader completes: spool 1 had no ``writers/`` (nothing to wait for).
+READ_MARKERS = (b"reproarchive spool 1\n", MARKER_TEXT)
 _INDEX_SUFFIX, _CODE_SUFFIX = ".index", ".code"
 _MAX_ENTRY_INDEX = 256 << 20
 
@@ -47,8 +53,21 @@ _MAX_ENTRY_INDEX = 256 << 20
 _PIECE = 16 << 20  # bytes written between two looks at ``stop``
 
 
-class _Stopped(Exception):
-    """The write was told to stop (the entry it was for is no longer needed)."""
+class Stopped(Exception):
+    """A hash or write was told to stop (the entry it was for is no longer needed, or its
+    rest is handed to a forked writer)."""
+
+
+@dataclasses.dataclass
+class Draft:
+    """An entry made ready but not yet hashed (``Spool.draft``): what a writer still has to do
+    is hash ``storages`` (the real ones of the storage table, in its order) and ``commit``."""
+
+    name: str
+    ready: Prepared
+    job: Any
+    real: list[int]
+    storages: list[Any]
 
 
 def is_spool(path: str | os.PathLike) -> bool:
@@ -65,8 +84,12 @@ class Spool:
         if self.folder.exists() and not marker.is_file():
             raise SourceError(f"{self.folder} is not a reproarchive spool (no {MARKER} file)",
                               "name the folder a capture left (its name starts with spool-)")
+        if marker.is_file() and marker.read_bytes() not in READ_MARKERS:
+            raise SourceError(f"{self.folder} is a spool of a newer reproarchive ({marker.read_bytes()[:40]!r})",
+                              "pack it with the reproarchive version that captured it")
         (self.folder / "objects").mkdir(parents=True, exist_ok=True)
         (self.folder / "pending").mkdir(exist_ok=True)
+        (self.folder / "writers").mkdir(exist_ok=True)
         if not marker.exists():
             marker.write_bytes(MARKER_TEXT)
         self.bytes_written = 0  # object bytes this Spool wrote (not those it found there)
@@ -84,63 +107,115 @@ class Spool:
         """Hash ``capture``'s storages and write its entry (index and code): from here on a
         crash leaves an entry that completes. Returns the storages still to write (``write``),
         which the caller must not change until they are written."""
+        draft = self.draft(name, capture, prefixes=prefixes)
+        return self.commit(draft, self.hash(draft))
+
+    def draft(self, name: str, capture: Capture, *, prefixes: dict[str, str] | None = None) -> Draft:
+        """``capture`` encoded as entry ``name`` (records redacted as ``write_capture`` does),
+        nothing hashed or written yet."""
         table_prefixes = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
         records = redacted(capture.records, table_prefixes)
         ready = prepared(capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops,
                          rng_states=capture.rng_states)
-        table = ready.table
+        real = [sidx for sidx, record in enumerate(ready.table.records) if record.is_real]
+        return Draft(name, ready, capture.job, real, [ready.table.sources[sidx] for sidx in real])
+
+    def commit(self, draft: Draft, found: list[str | None]) -> list:
+        """Write ``draft``'s entry, its storages' digests ``found`` (``hash``); the storages
+        still to write (``write``) are returned."""
+        table = draft.ready.table
         todo = []
-        real = [sidx for sidx, record in enumerate(table.records) if record.is_real]
-        for sidx, digest in zip(real, self._digests([table.sources[sidx] for sidx in real])):
+        for sidx, digest in zip(draft.real, found):
             table.resolve(sidx, digest)
             if digest is not None and not self._object(digest).exists():
                 todo.append((digest, table.sources[sidx]))
-        index = ready.index(frame_size=layout.DEFAULT_FRAME_SIZE, digest_algorithm=self.algorithm, job=capture.job)
+        index = draft.ready.index(frame_size=layout.DEFAULT_FRAME_SIZE, digest_algorithm=self.algorithm,
+                                  job=draft.job)
         pending = self.folder / "pending"
-        with atomic_file(pending / f"{name}{_CODE_SUFFIX}", fsync=False) as f:
-            f.write(ready.code)
-        with atomic_file(pending / f"{name}{_INDEX_SUFFIX}", fsync=False) as f:
+        with atomic_file(pending / f"{draft.name}{_CODE_SUFFIX}", fsync=False) as f:
+            f.write(draft.ready.code)
+        with atomic_file(pending / f"{draft.name}{_INDEX_SUFFIX}", fsync=False) as f:
             f.write(index_codec.encode_index(plain.to_plain(index)))
         return todo
 
-    def _digests(self, storages: list) -> list[str | None]:
-        """Each storage's digest (the time a first call waits for): host storages hashed on the
-        available cores (hashlib releases the GIL), device ones through the one staging buffer."""
+    def hash(self, draft: Draft, stop: Callable[[], bool] | None = None,
+             views: dict[int, memoryview] | None = None) -> list[str | None]:
+        """Each of ``draft``'s storages' digest (None: all zero, stored as a fill), host ones on
+        the available cores (hashlib releases the GIL), device ones through the one staging
+        buffer. ``stop`` asked between pieces (``Stopped`` raised); ``views``: the bytes of
+        host storages already at hand (a forked writer reads them without calling torch)."""
+        storages = draft.storages
         out: list[str | None] = [None] * len(storages)
-        host = [i for i, s in enumerate(storages) if s.device.type == "cpu"]
-        for i in (i for i, s in enumerate(storages) if s.device.type != "cpu"):
+        host = [i for i, s in enumerate(storages) if views is not None or s.device.type == "cpu"]
+        for i in sorted(set(range(len(storages))) - set(host)):
             out[i] = self.staging.digest(storages[i], self.algorithm)
+
+        def one(i: int) -> str | None:
+            view = views[id(storages[i])] if views is not None else storage_view(storages[i])
+            return _host_digest(view, self.algorithm, stop, torch_ok=views is None)
+
         jobs = min(worker_threads(), len(host))
         if jobs <= 1:
             for i in host:
-                out[i] = self.staging.digest(storages[i], self.algorithm)
+                out[i] = one(i)
             return out
         with concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="reproarchive-hash") as pool:
-            for i, digest in zip(host, pool.map(lambda i: self.staging.digest(storages[i], self.algorithm), host)):
+            for i, digest in zip(host, pool.map(one, host)):
                 out[i] = digest
         return out
 
-    def write(self, todo: list, stop: Callable[[], bool] | None = None) -> bool:
-        """Write the objects ``begin`` left to write, each under a temporary name, then renamed.
-        ``stop``, asked between pieces of at most ``_PIECE`` bytes: when it says so, the object
-        being written is dropped (its temporary file removed) and False returned."""
+    def write(self, todo: list, stop: Callable[[], bool] | None = None,
+              views: dict[int, memoryview] | None = None) -> bool:
+        """Write the objects ``begin`` left to write, each under a temporary name (``partial``)
+        then renamed. ``stop``, asked between pieces of at most ``_PIECE`` bytes: when it says
+        so, the object being written is dropped (its temporary file removed) and False
+        returned. ``views``: as ``hash`` takes them."""
         for digest, storage in todo:
             target = self._object(digest)
             if target.exists():  # another entry wrote it meanwhile
                 continue
             target.parent.mkdir(exist_ok=True)
+            chunks = [views[id(storage)]] if views is not None else self.staging.chunks(storage)
+            temporary = partial(target, os.getpid())
             try:
-                with atomic_file(target, fsync=False) as f:
-                    for chunk in self.staging.chunks(storage):
+                with open(temporary, "wb", buffering=0) as f:
+                    for chunk in chunks:
                         for start in range(0, len(chunk), _PIECE):
                             if stop is not None and stop():
-                                raise _Stopped
+                                raise Stopped
                             piece = chunk[start:start + _PIECE]
                             f.write(piece)
                             self.bytes_written += len(piece)
-            except _Stopped:
-                return False
+                os.replace(temporary, target)
+            except BaseException as err:
+                temporary.unlink(missing_ok=True)
+                if isinstance(err, Stopped):
+                    return False
+                raise
         return True
+
+    # -- writers that outlive their process -------------------------------------------------
+
+    def writer_lock(self, name: str) -> tuple[int, Path]:
+        """A lock held while entry ``name`` is written by a process of its own: a descriptor
+        (a child forked while it is open shares the lock, and holds it after its parent dies)
+        and the lock's path, which that writer removes when done."""
+        path = self.folder / "writers" / f"{name}.lock"
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd, path
+
+    def wait_for_writers(self) -> None:
+        """Until no process is writing an entry (a forked writer finishing after a crash)."""
+        for lock in sorted((self.folder / "writers").glob("*.lock")):
+            try:
+                fd = os.open(lock, os.O_RDONLY)
+            except FileNotFoundError:  # its writer finished meanwhile
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            finally:
+                os.close(fd)
 
     def _object(self, digest: str) -> Path:
         algorithm, hexdigest = digests.parse(digest)
@@ -158,7 +233,8 @@ class Spool:
     # -- reading ----------------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        """The entries a crash left, oldest first."""
+        """The entries a crash left, oldest first (once every writer has finished)."""
+        self.wait_for_writers()
         found = [p for p in (self.folder / "pending").glob(f"*{_INDEX_SUFFIX}") if p.is_file()]
         return [p.name[: -len(_INDEX_SUFFIX)] for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
 
@@ -233,3 +309,39 @@ class Spool:
                 if digests.of_bytes(data, digests.parse(digest)[0]) != digest:
                     raise PackError(f"spool object {digest} does not hash to its name", "the spool is damaged")
                 yield data
+
+
+def partial(target: Path, pid: int) -> Path:
+    """Where process ``pid`` writes object ``target`` before renaming it: a writer killed
+    midway leaves a name its parent can find and remove."""
+    return target.with_name(f".{target.name}.{pid}.partial")
+
+
+_PROBE = 4096
+
+
+def _host_digest(view: memoryview, algorithm: str, stop: Callable[[], bool] | None, *, torch_ok: bool) -> str | None:
+    """``algorithm:hex`` of ``view``, hashed a piece at a time; None when its bytes are all
+    zero. ``torch_ok`` False: no torch call (in a forked child, whose torch thread pools are
+    gone, one could hang)."""
+    hasher = digests.new_hasher(algorithm)
+    for start in range(0, len(view), _PIECE):
+        if stop is not None and stop():
+            raise Stopped
+        hasher.update(view[start:start + _PIECE])
+    if len(view) and (is_zero_bytes(view) if torch_ok else _all_zero(view)):
+        return None
+    return f"{algorithm}:{hasher.hexdigest()}"
+
+
+def _all_zero(view: memoryview) -> bool:
+    """``is_zero_bytes`` without torch: a probe of each end, then the whole a piece at a time."""
+    for probe in (view[:_PROBE], view[-_PROBE:]):
+        if bytes(probe).count(0) != len(probe):
+            return False
+    zeros = memoryview(bytes(min(_PIECE, len(view))))
+    for start in range(0, len(view), _PIECE):
+        piece = view[start:start + _PIECE]
+        if piece != zeros[:len(piece)]:
+            return False
+    return True

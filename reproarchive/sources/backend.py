@@ -167,8 +167,9 @@ def capture(
     accuracy), ``crash`` (bool, default True: write the archive before the first run so that a
     native crash leaves one; see the module docstring), ``spool`` (bool, default False: keep
     that archive in a process-wide spool instead, ``<path>/spool-<pid>``, written in the
-    background while the backend compiles, each storage once per process; a killed process
-    leaves the spool, which ``reproarchive pack SPOOL`` turns into the archive), and for
+    background while the backend compiles, each storage once per process, the first call
+    waiting for none of it (``process_spool``); a killed process leaves the spool, which
+    ``reproarchive pack SPOOL`` turns into the archive), and for
     ``backend="inductor"`` the
     ``mode`` / ``options`` that torch.compile
     would take (they are applied while compiling and recorded in the config snapshot).
@@ -412,7 +413,7 @@ class _CaptureBackend:
                     )
                 else:
                     _accuracy.run_forward_backward(
-                        compiled, run_inputs(args, written), fwd_only=self.settings["fwd_only"],
+                        compiled, run_inputs(args, written), fwd_only=self.settings["fwd_only"], seed="ones",
                     )
         except _accuracy.EagerFailed as exc:
             # The traced graph fails eagerly too: not this backend's bug. The real call below

@@ -244,7 +244,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
             return lambda: None
         try:
             with preserved_state(gm, args):
-                run_forward_backward(compiled, run_inputs(args, writes.of(args)))
+                run_forward_backward(compiled, run_inputs(args, writes.of(args)), seed="ones")
         except Exception as exc:
             if not is_control_flow(exc):
                 dump(args, exc)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -113,6 +114,7 @@ def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_pa
         done, folder = _guarded_run(tmp_path, source)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     (spool,) = folder.glob("spool-*")
+    Spool(spool).wait_for_writers()  # the killed graph's entry finished by its forked writer
     objects = [p for p in (spool / "objects").rglob("*") if p.is_file()]
     # the weight and bias once, and each graph's input: never the weights twice; beside them the
     # CPU generator state each graph's call started from (format 1.3 ``rng``), one per graph
@@ -230,13 +232,15 @@ def test_cuda_storages_are_spooled_through_one_pinned_chunk_and_no_device_memory
 
 
 def test_the_first_call_waits_for_the_entry_and_small_objects_and_the_weights_follow(tmp_path, monkeypatch):
-    """(27.3) With the written inputs copied, the first call may run once the entry and its small
-    objects are on disk; a crash before the weights are written completes with them absent, and
-    the end of the first call stops the writes it no longer needs."""
+    """(27.3) Where no fork can snapshot the storages (device ones; here CPU ones told so), with
+    the written inputs copied, the first call may run once the entry and its small objects are
+    on disk; a crash before the weights are written completes with them absent, and the end of
+    the first call stops the writes it no longer needs."""
     import threading
 
-    from reproarchive.sources import process_spool
+    from reproarchive.sources import process_spool, snapshot_writer
 
+    monkeypatch.setattr(snapshot_writer, "can_fork", lambda storages, inputs_copied: False)
     monkeypatch.setattr(process_spool, "FIRST_BYTES", 4096)
     gate, started = threading.Event(), threading.Event()
     real_write = Spool.write
@@ -267,3 +271,129 @@ def test_the_first_call_waits_for_the_entry_and_small_objects_and_the_weights_fo
     assert not list((spool.spool.folder / "objects").rglob("*.partial"))
     spool.close()
     assert not spool.spool.folder.exists()
+
+
+def _held_in_this_process(monkeypatch, method: str, hold):
+    """``Spool.<method>`` replaced in this process only: a forked writer runs the real one."""
+    parent, real = os.getpid(), getattr(Spool, method)
+
+    def replaced(self, *args, **kwargs):
+        if os.getpid() == parent:
+            return hold(real, self, *args, **kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Spool, method, replaced)
+
+
+def _unfinished(real, self, draft, stop=None, views=None):
+    """A writer thread that never finishes hashing before it is told to stop."""
+    from reproarchive.archive.spool import Stopped
+
+    while not stop():
+        time.sleep(0.002)
+    raise Stopped
+
+
+def test_a_first_call_waits_for_no_hashing_and_a_forked_writer_keeps_its_inputs_as_they_were(tmp_path,
+                                                                                             monkeypatch):
+    """(27.1, 27.3) Host storages: the first call waits for no hash or write. Its thread unfinished,
+    the spool forks a writer, a copy-on-write snapshot: inputs the call then writes in place
+    (the graph's writes not even known here, so nothing was copied) are completed as they were,
+    every storage real, by a writer that outlives the call (``pack SPOOL`` waits for it)."""
+    from reproarchive.sources import process_spool
+
+    _held_in_this_process(monkeypatch, "hash", _unfinished)
+    spool = process_spool.ProcessSpool(tmp_path)
+    x, w = torch.randn(4, 64), torch.randn(64, 256)
+    x0, w0 = x.clone(), w.clone()
+    name = spool.submit(Capture(_graph(), [x, w], _records()))
+    assert spool.wait(name) and spool._pending[name].writer is not None
+    x.mul_(2)
+    w.add_(1)  # the call writes both, in place, while the writer may still be reading them
+    assert spool.spool.names() == [name]  # (waits for the writer, as a crash's `pack SPOOL` does)
+    repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst"))
+    assert repro.fidelity == ["real", "real"]
+    assert torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], w0)
+    spool.close()
+    assert not spool.spool.folder.exists()
+
+
+def test_a_first_call_that_ends_kills_its_forked_writer_and_leaves_nothing(tmp_path, monkeypatch):
+    """The call ended without a crash: its writer, still writing, is killed; no half-written
+    object, lock or entry is left, and what it held on its own is measured."""
+    from reproarchive.sources import process_spool
+
+    _held_in_this_process(monkeypatch, "hash", _unfinished)
+    parent, real_write = os.getpid(), Spool.write
+
+    def stalled_write(self, todo, stop=None, views=None):
+        if os.getpid() != parent:  # the forked writer: part of an object, then a long stall
+            digest, _ = todo[0]
+            from reproarchive.archive.spool import partial
+
+            target = self._object(digest)
+            target.parent.mkdir(exist_ok=True)
+            partial(target, os.getpid()).write_bytes(b"half")
+            time.sleep(60)
+        return real_write(self, todo, stop, views)
+
+    monkeypatch.setattr(Spool, "write", stalled_write)
+    spool = process_spool.ProcessSpool(tmp_path)
+    name = spool.submit(Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 256)], _records()))
+    assert spool.wait(name)
+    folder = spool.spool.folder
+    for _ in range(1000):  # until the writer is stalled in its write
+        if list(folder.glob("objects/*/*.partial")):
+            break
+        time.sleep(0.01)
+    assert list(folder.glob("objects/*/*.partial")) and list(folder.glob("writers/*.lock"))
+    started = time.monotonic()
+    spool.discard(name)
+    assert time.monotonic() - started < 5  # killed, not waited for
+    assert not list(folder.glob("objects/*/*.partial")) and not list(folder.glob("writers/*"))
+    assert spool.spool.names() == [] and spool.writer_memory > 0
+    spool.close()
+
+
+def test_a_spool_of_format_1_is_read_and_a_newer_one_refused_in_one_line(tmp_path):
+    old = tmp_path / "spool-1"
+    Spool(old).add("1", Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 8)], _records()))
+    (old / "REPROARCHIVE-SPOOL").write_bytes(b"reproarchive spool 1\n")
+    import shutil
+
+    shutil.rmtree(old / "writers")  # spool 1 had none
+    assert Spool(old).names() == ["1"]
+    (old / "REPROARCHIVE-SPOOL").write_bytes(b"reproarchive spool 3\n")
+    with pytest.raises(reproarchive.SourceError, match="spool of a newer reproarchive") as info:
+        Spool(old)
+    assert "\n" not in str(info.value)
+
+
+def test_a_forked_writer_does_not_hold_the_heap_the_call_reuses(tmp_path, monkeypatch):
+    """(27.1) Memory: the call reuses heap memory freed before the fork for its activations and
+    gradients; the forked writer gives its mapping of free heap pages back (``malloc_trim``), so
+    those writes copy nothing (without it the writer held about all 64 MiB here)."""
+    from reproarchive.sources import process_spool
+
+    _held_in_this_process(monkeypatch, "hash", _unfinished)
+    parent, real_write = os.getpid(), Spool.write
+
+    def stalled_write(self, todo, stop=None, views=None):
+        if os.getpid() != parent:
+            time.sleep(60)  # alive, still "writing", until killed
+        return real_write(self, todo, stop, views)
+
+    monkeypatch.setattr(Spool, "write", stalled_write)
+    freed = [torch.ones(16 << 10) for _ in range(1024)]  # 64 KiB each: heap, not mmap
+    del freed
+    spool = process_spool.ProcessSpool(tmp_path)
+    name = spool.submit(Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 256)], _records()))
+    assert spool.wait(name)
+    for _ in range(1000):  # until the writer is past its set-up
+        if list(spool.spool.folder.glob("pending/*.index")):
+            break
+        time.sleep(0.01)
+    reused = [torch.full((16 << 10,), 2.0) for _ in range(1024)]  # the call: 64 MiB written
+    spool.discard(name)
+    assert len(reused) == 1024 and spool.writer_memory < 24 << 20, spool.writer_memory
+    spool.close()

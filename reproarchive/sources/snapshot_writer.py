@@ -1,0 +1,144 @@
+"""The rest of a spool entry written by a forked child: a copy-on-write snapshot (issue 27.3).
+
+A graph's first call must not wait for its crash record to be hashed and written (1.4 GiB of
+weights take ~0.65 s to hash on two cores, a multiple of a short step), yet a crash during that
+call must still leave a complete record: a writer thread dies with its process, and a storage
+it had not written yet would be lost (completed as absent). So when the first call is due and
+the spool's writer is not done, the process forks. The child holds the process's memory as it
+was at that instant (the kernel copies a page only when one side writes it), hashes what is
+left, writes the entry and its objects, and ends; the parent goes on with the call at once.
+
+- **The call ends without a crash:** the child is killed and its partial files removed. It ran
+  at the lowest priority, so on a busy machine it took little from the call.
+- **The process dies:** the child is not a thread of it and finishes alone, the machine now
+  idle. ``Spool.wait_for_writers`` (its lock, inherited through the fork and released only when
+  the child ends) makes ``pack SPOOL`` and ``capture --`` wait for it.
+
+Memory: the child shares every page with the parent; a page is copied only when one side
+writes a page both still map. The parent writes most into memory it freed before the fork and
+reuses for the call's activations and gradients, so the child first gives back its mapping of
+every free page of the C heap (``malloc_trim``: measured, 0.4 GB of weights and four graphs,
+the child held +84-130% of the weights without it). What is left is the pages of live objects
+the parent writes meanwhile (Python objects whose counts change, the inputs the graph writes,
+whose copies the capture already holds). ``Writer.stop`` measures it (the child's private
+pages) before killing the child; the benchmark reports it.
+
+The child calls no torch function: torch's thread pools do not survive a fork and a parallel
+kernel could wait forever on a pool that is gone. It reads storages through views made before
+the fork, uses hashlib, msgpack and the file system, and has a time limit after which it ends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from reproarchive.archive.spool import Draft, Spool, partial
+from reproarchive.codec.tensors import storage_view
+
+#: The child's niceness: it takes the cores only when the job leaves them idle.
+NICE = 19
+
+#: The child's time limit: a floor, and more per byte at a slow disk's pace.
+_LIMIT_S, _LIMIT_BYTES_PER_S = 600, 10 << 20
+
+
+def can_fork(storages: list[Any], *, inputs_copied: bool) -> bool:
+    """Whether a fork snapshots ``storages``: every one in host memory, and, unless the capture
+    holds copies of the inputs the graph writes, none in memory shared with other processes
+    (a fork does not snapshot those)."""
+    if sys.platform != "linux" or not hasattr(os, "fork"):
+        return False
+    if any(s.device.type != "cpu" for s in storages):
+        return False
+    return inputs_copied or not any(s.is_shared() for s in storages)
+
+
+class Writer:
+    """A forked child finishing one entry."""
+
+    def __init__(self, spool: Spool, pid: int, lock: Path):
+        self.spool, self.pid, self.lock = spool, pid, lock
+
+    def stop(self) -> int:
+        """Kill the child (its entry is not needed) and remove what it left half-written;
+        returns the bytes of memory it held on its own (pages copied since the fork)."""
+        held = private_bytes(self.pid)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):  # reaped already (a program's own SIGCHLD handler)
+            pass
+        for left in (self.spool.folder / "objects").glob(f"*/{partial(Path('*'), self.pid).name}"):
+            left.unlink(missing_ok=True)
+        self.lock.unlink(missing_ok=True)
+        return held
+
+
+def start(spool: Spool, draft: Draft, todo: list | None) -> Writer:
+    """Fork a child that finishes ``draft``: hashes its storages and writes its entry (unless
+    ``todo``, the objects left once the entry is on disk, is given), then its objects."""
+    views = {id(s): storage_view(s) for s in draft.storages}  # made here: the child calls no torch
+    limit = _LIMIT_S + sum(len(v) for v in views.values()) // _LIMIT_BYTES_PER_S
+    fd, lock = spool.writer_lock(draft.name)
+    with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process: see the docstring
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 1
+        try:
+            _detach(keep=fd, limit=limit)
+            if todo is None:
+                todo = spool.commit(draft, spool.hash(draft, views=views))
+            spool.write(todo, views=views)
+            lock.unlink(missing_ok=True)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(fd)  # the child holds the lock now
+    return Writer(spool, pid, lock)
+
+
+def _detach(*, keep: int, limit: int) -> None:
+    """The child's own settings: no signal of the job's (Ctrl-C is the parent's to handle; its
+    handlers are Python code of a process that is not this one), no descriptor but the lock
+    (the job's pipes and sockets must close when the job ends), low priority, a time limit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    os.nice(NICE)
+    signal.alarm(limit)
+    _unmap_free_heap()
+
+
+def _unmap_free_heap() -> None:
+    """Drop this child's mapping of the free pages of the C heap (glibc's ``malloc_trim``): the
+    parent reuses them for the call, and each page it writes that the child still maps is
+    copied."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the pages stay shared, and are copied when written
+        pass
+
+
+def private_bytes(pid: int) -> int:
+    """Memory ``pid`` holds on its own (``Private_Clean`` + ``Private_Dirty``), 0 if unknown."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    total = 0
+    for line in text.splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1]) * 1024
+    return total
