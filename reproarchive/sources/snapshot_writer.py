@@ -86,9 +86,14 @@ def start(spool: Spool, draft: Draft, todo: list | None) -> Writer:
     views = {id(s): storage_view(s) for s in draft.storages}  # made here: the child calls no torch
     limit = _LIMIT_S + sum(len(v) for v in views.values()) // _LIMIT_BYTES_PER_S
     fd, lock = spool.writer_lock(draft.name)
-    with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process: see the docstring
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    try:
+        with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process: see the docstring
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:  # no memory or process left for a child: the caller logs it, the job goes on
+        os.close(fd)
+        lock.unlink(missing_ok=True)
+        raise
     if pid == 0:  # the child: never returns
         status = 1
         try:
