@@ -84,6 +84,7 @@ class ProcessSpool:
         copies, so its large objects may be written while the first call runs; otherwise the
         caller must not change its inputs until ``wait`` returns."""
         name, entry = str(next(_names)), _Entry()
+        draft = None
         if _on_host(capture.inputs):
             draft = self.spool.draft(name, capture)  # here: a first call may come before a thread is scheduled
             if snapshot_writer.can_fork(draft.storages, inputs_copied=background):
@@ -94,7 +95,7 @@ class ProcessSpool:
                 return name
         with _lock:
             self._pending[name] = entry
-        entry.future = self._writer.submit(self._spool_entry, name, capture, entry, background)
+        entry.future = self._writer.submit(self._spool_entry, name, capture, entry, background, draft)
         return name
 
     def _lowest(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -119,9 +120,10 @@ class ProcessSpool:
         except Exception as err:  # noqa: BLE001 - reported by ``wait``, never raised into the job
             entry.error = err
 
-    def _spool_entry(self, name: str, capture: Any, entry: _Entry, background: bool) -> None:
-        try:
-            todo = self.spool.begin(name, capture)
+    def _spool_entry(self, name: str, capture: Any, entry: _Entry, background: bool, draft: Draft | None) -> None:
+        try:  # a draft made already (host storages no fork can snapshot) is not made again
+            draft = draft or self.spool.draft(name, capture)
+            todo = self.spool.commit(draft, self.spool.hash(draft))
             if background:
                 todo.sort(key=lambda job: job[1].nbytes())
                 sizes = list(itertools.accumulate(job[1].nbytes() for job in todo))
@@ -159,7 +161,7 @@ class ProcessSpool:
         ahead of this one's in the queue: not started, it never will be)."""
         entry.stop.set()
         entry.future.cancel()
-        if entry.future.done() and entry.done:
+        if entry.done:
             return True
         # Not waited for: at the lowest priority beside a busy core it may not run for long.
         # It stops at its next piece; what both write is the same bytes, renamed into place.
