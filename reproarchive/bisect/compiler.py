@@ -7,7 +7,9 @@ archive's replay, and keeps its state private:
 
 * every replay runs in a child process (``compiler_child``) that gets the bisector's state the
   way ``compiler_bisector run`` hands it to its command (``TORCH_BISECT_*`` variables), so a
-  crash is a verdict and nothing the compiler does stays in this process;
+  crash is a verdict and nothing the compiler does stays in this process; the children are
+  forked from one ``ForkServer`` per bisection, which has imported torch under the archive's
+  environment, so each replay is fresh without paying the imports again;
 * the state folder is a fresh temporary folder per bisection, set as the bisector's
   ``in_process_cache`` before it starts (so its opening ``delete_bisect_status`` cannot touch
   the user's ``<inductor cache>/bisect``) and removed afterwards, whatever happened; the
@@ -36,7 +38,7 @@ from typing import Callable
 
 from reproarchive.bisect.compiler_child import CONFIG_CHANGE_BACKEND, WRAPPED_ENV
 from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, BisectStep, CompilerBisection, Trial
-from reproarchive.child import run_child
+from reproarchive.child import ForkServer
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.devices import resolve_devices
 from reproarchive.context.environment import child_environment
@@ -83,7 +85,7 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
                                 f"use one of: {', '.join(pt.BACKENDS)}")
     facts = _archive_facts(path, settings)
     search = _Search(path, settings, facts, max_time=max_time, on_step=on_step, first_backend=first_backend)
-    with _ONE_AT_A_TIME, search.private_state(pt) as log:
+    with _ONE_AT_A_TIME, search.private_state(pt) as log, search.children:
         status = "found"
         try:
             found = pt.CompilerBisector.do_bisect(search.test)
@@ -128,6 +130,7 @@ class _Search:
         self.steps: list[BisectStep] = []
         self.started = time.monotonic()
         self.state: str | None = None
+        self.children = _Children(child_environment(facts["environment"]))
 
     # --- the bisector's state, private to this bisection ---------------------------------
 
@@ -209,8 +212,7 @@ class _Search:
         return stage
 
     def _replay(self, trial: Trial) -> tuple[str, str | None]:
-        env = {k: v for k, v in child_environment(self.facts["environment"]).items() if k not in BISECT_VARIABLES}
-        env.update(trial.env)
+        env = dict(trial.env)
         backend = trial.backend
         if trial.config and trial.env["TORCH_BISECT_BACKEND"] == "inductor":
             env[WRAPPED_ENV] = backend  # the config change is applied inside the recorded config
@@ -219,7 +221,7 @@ class _Search:
                    "settings": self.settings.replace(backend=backend).to_plain(),
                    "plan": self.facts["plan"].to_plain()}
         try:
-            result, died = run_child(_CHILD, request, env=env)
+            result, died = self.children.run(request, env)
         except BackendUnavailableError:
             if trial.backend == self.settings.backend:
                 raise  # the archive's own backend is missing in the child: nothing to bisect
@@ -269,6 +271,27 @@ class _Search:
         env = {**base, "TORCH_BISECT_SUBSYSTEM": subsystem}
         return (Trial(backend=backend, env={**env, "TORCH_BISECT_MAX": str(number)}, config={}),
                 Trial(backend=backend, env={**env, "TORCH_BISECT_MAX": str(number - 1)}, config={}))
+
+
+class _Children:
+    """The bisection's ``ForkServer``, started at its first replay (a search that replays
+    nothing starts none) under the archive's environment, and closed with the search."""
+
+    def __init__(self, environment: dict[str, str]):
+        self.environment = {k: v for k, v in environment.items() if k not in BISECT_VARIABLES}
+        self.server: ForkServer | None = None
+
+    def run(self, request: dict, env: dict[str, str]):
+        if self.server is None:
+            self.server = ForkServer(_CHILD, env=self.environment)
+        return self.server.run(request, env=env)
+
+    def __enter__(self) -> _Children:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.close()
 
 
 def _config_change(stage: str, subsystem: str) -> tuple[str, object] | None:

@@ -15,6 +15,11 @@ from __future__ import annotations
 import os
 import sys
 
+# Loaded here, so that a fork server (``bisect.compiler``) has imported the compiler once for
+# all its children; what they share is imported code, never compiled state.
+import torch._inductor.compile_fx  # noqa: F401
+from torch._inductor.compiler_bisector import CompilerBisector
+
 from reproarchive.child import child_main
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.replay.backends import resolve_backend
@@ -29,7 +34,6 @@ def config_change_backend(gm, example_inputs):
     """The wrapped backend, compiled under the inductor config change the bisector is trying
     (what ``torch.compile`` applies for it through ``_TorchCompileInductorWrapper``)."""
     import torch._inductor.config as inductor_config
-    from torch._inductor.compiler_bisector import CompilerBisector
 
     changes = CompilerBisector.get_config_change("inductor") or {}
     with inductor_config.patch(changes):
@@ -40,8 +44,6 @@ CONFIG_CHANGE_BACKEND = "reproarchive.bisect.compiler_child:config_change_backen
 
 
 def _replay(request: dict, *, started, event) -> dict:
-    from torch._inductor.compiler_bisector import CompilerBisector
-
     CompilerBisector.in_process_cache = request["state"]
     CompilerBisector.bisection_enabled = True
     settings = ReplaySettings.from_plain(request["settings"])
