@@ -12,19 +12,21 @@ calls it with four batch sizes (four graphs, as the issue measured), "one graph"
 Each variant runs in a fresh process, with an inductor cache of its own (every compile is cold):
 
   plain       ``torch.compile(model, backend=B)``, plain ``python``
-  capture     ``torch.compile(model, backend=reproarchive.capture(B))``, plain ``python``
-  capture(spool)  the same with ``spool=True`` (the crash record spooled, each storage once)
+  capture     ``torch.compile(model, backend=reproarchive.capture(B))``, plain ``python``: the
+              defaults (the first-call check; the crash record spooled, each storage once)
   capture(calls)  the same with ``check_runtime="calls"`` (no check run before the first call:
               every call guarded, the first covered by the crash record; a failing backward is
               not archived)
-  capture(calls+spool)  both
+  capture(no spool)  the same with ``spool=False`` (each graph's crash record written whole
+              before its first call, as before spooling became the default)
   capture--   the plain program under ``reproarchive capture --`` (PyTorch's after_dynamo hook and
               the crash guard, in the child)
 
 and reports, from inside the job: the first calls (compile + first step, summed over the batch
 sizes), the median of three later steps (the cost every call pays), its peak RSS
 (``ru_maxrss``) plus the most memory a forked spool writer held on its own (the pages copied
-while it lived: system memory the job would not have used), and the bytes it wrote (``wchar``
+while it lived: system memory the job would not have used) and the spool guardian's resident
+memory, and the bytes it wrote (``wchar``
 of ``/proc/self/io``, which counts the writers it reaped too: archives written before a first
 run and removed after it count, stdout is negligible). The table gives capture's
 first-call and later-call time as a ratio of plain's, its extra peak RSS in MiB and as a
@@ -53,9 +55,8 @@ from typing import Any
 WIDTH = 2048
 BLOCK_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # one Linear(2048, 2048) in fp32
 SIZES_RECOMPILE = (8, 16, 24, 32)
-VARIANTS = ("plain", "capture", "capture(spool)", "capture(calls)", "capture(calls+spool)", "capture--")
-OPTIONS = {"capture": {}, "capture(spool)": {"spool": True}, "capture(calls)": {"check_runtime": "calls"},
-           "capture(calls+spool)": {"check_runtime": "calls", "spool": True}}
+VARIANTS = ("plain", "capture", "capture(calls)", "capture(no spool)", "capture--")
+OPTIONS = {"capture": {}, "capture(calls)": {"check_runtime": "calls"}, "capture(no spool)": {"spool": False}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
         step(inputs[-1])
         later.append(time.perf_counter() - started)
     return {"first_s": first, "later_s": statistics.median(later), "peak_rss": _peak_rss(resource),
-            "writer_rss": _writer_rss(), "written": _wchar() - written0,
+            "writer_rss": _writer_rss() + _guardian_rss(), "written": _wchar() - written0,
             "distinct": weights + sum(x.untyped_storage().nbytes() for x in inputs),
             "weights": weights}
 
@@ -115,6 +116,16 @@ def _writer_rss() -> int:
     if spools is None:
         return 0
     return max((s.writer_memory for (pid, _), s in spools._spools.items() if pid == os.getpid()), default=0)
+
+
+def _guardian_rss() -> int:
+    """The resident memory of this process's spool guardian (0: none)."""
+    spools = sys.modules.get("reproarchive.sources.process_spool")
+    guardian = spools._guardians.get(os.getpid()) if spools is not None else None
+    if guardian is None:
+        return 0
+    status = Path(f"/proc/{guardian.proc.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) * 1024
 
 
 def _peak_rss(resource: Any) -> int:

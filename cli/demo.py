@@ -156,7 +156,8 @@ def _crash_demo(archive: Path, say: Callable[[str], None]) -> dict:
     if done.returncode >= 0:
         raise _failed(f"the crashing program did not crash (exit {done.returncode})")
     say(f"   the program was killed by {signal.Signals(-done.returncode).name}; it left {archive} "
-        f"({archive.stat().st_size if archive.exists() else 0} bytes), written before the kernel ran")
+        f"({archive.stat().st_size if archive.exists() else 0} bytes): prepared before the kernel ran, "
+        "completed by its guardian process when it died")
     if not archive.exists():
         raise _failed("the crashing program left no archive")
     reproarchive.verify(archive)

@@ -43,7 +43,7 @@ _EXPORTS = {
     "list_trace": "reproarchive.sources.trace_import",
     "is_trace": "reproarchive.sources.trace_import",
     "pack_spool": "reproarchive.sources.program",
-    "is_spool": "reproarchive.archive.spool",
+    "is_spool": "reproarchive.archive.spool_folder",
     # replay and export
     "run": "reproarchive.references",
     "run_job": "reproarchive.references",

@@ -267,22 +267,7 @@ class Worker:
     """
 
     def __init__(self, module: str, *, env: dict[str, str]):
-        env = dict(env, PYTHONPATH=python_path())
-        env.setdefault("PYTHONFAULTHANDLER", "1")
-        req_r, req_w = os.pipe()
-        res_r, res_w = os.pipe()
-        self._log = tempfile.TemporaryFile(prefix="reproarchive-worker-")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-X", "faulthandler", "-m", module, "--serve", str(req_r), str(res_w)],
-                env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, pass_fds=(req_r, res_w),
-                start_new_session=True,  # Ctrl-C reaches the parent only; it ends the workers
-            )
-        finally:
-            os.close(req_r)
-            os.close(res_w)
-        self._requests = os.fdopen(req_w, "w", encoding="utf-8")
-        self._replies = os.fdopen(res_r, "r", encoding="utf-8")
+        self.proc, self._log, self._requests, self._replies = _serving(module, "--serve", env)
 
     @property
     def alive(self) -> bool:
@@ -315,11 +300,7 @@ class Worker:
         return None, _died(code, self._log.read().decode("utf-8", "replace"), started)
 
     def close(self) -> None:
-        for stream in (self._requests, self._replies):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        _close_quietly(self._requests, self._replies)
         if self.alive:
             self.proc.terminate()
             try:
@@ -328,6 +309,34 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def _close_quietly(*streams: Any) -> None:
+    for stream in streams:
+        try:
+            stream.close()
+        except OSError:  # the other end is gone already
+            pass
+
+
+def _serving(module: str, mode: str, env: dict[str, str]):
+    """``python -m module MODE REQUESTS REPLIES`` in a session of its own (Ctrl-C reaches the
+    caller only, which ends it): the process, its log, and the two ends of its pipes."""
+    env = dict(env, PYTHONPATH=python_path())
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    req_r, req_w = os.pipe()
+    res_r, res_w = os.pipe()
+    log = tempfile.TemporaryFile(prefix="reproarchive-worker-")
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-m", module, mode, str(req_r), str(res_w)],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(req_r, res_w),
+            start_new_session=True,
+        )
+    finally:
+        os.close(req_r)
+        os.close(res_w)
+    return proc, log, os.fdopen(req_w, "w", encoding="utf-8"), os.fdopen(res_r, "r", encoding="utf-8")
 
 
 def _serve(handler: Callable[..., Any], request_fd: str, reply_fd: str, unexpected: type, unexpected_what: str) -> int:
@@ -377,22 +386,7 @@ class ForkServer:
     """``python -m module --fork-server``: ``run(request, env)`` forks a child per request."""
 
     def __init__(self, module: str, *, env: dict[str, str]):
-        env = dict(env, PYTHONPATH=python_path())
-        env.setdefault("PYTHONFAULTHANDLER", "1")
-        req_r, req_w = os.pipe()
-        res_r, res_w = os.pipe()
-        self._log = tempfile.TemporaryFile(prefix="reproarchive-fork-server-")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-X", "faulthandler", "-m", module, "--fork-server", str(req_r), str(res_w)],
-                env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log, pass_fds=(req_r, res_w),
-                start_new_session=True,  # Ctrl-C reaches the caller only; ``close`` ends the group
-            )
-        finally:
-            os.close(req_r)
-            os.close(res_w)
-        self._requests = os.fdopen(req_w, "w", encoding="utf-8")
-        self._replies = os.fdopen(res_r, "r", encoding="utf-8")
+        self.proc, self._log, self._requests, self._replies = _serving(module, "--fork-server", env)
 
     def run(self, request: Any, *, env: dict[str, str] | None = None) -> tuple[Any, Died | None]:
         """``run_child``'s answer for ``request`` in a child forked with ``env`` set on top of the
@@ -414,11 +408,7 @@ class ForkServer:
             return collect(folder, code)
 
     def close(self) -> None:
-        for stream in (self._requests, self._replies):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        _close_quietly(self._requests, self._replies)
         try:  # the server and any child still running (they share its process group)
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

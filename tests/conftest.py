@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# The suite runs three test processes (and their children) on two cores. Set before torch is
+# imported, so every child process the tests start inherits them:
+# - Inductor compiles in a pool of worker processes by default (two here), and most compiles
+#   are one or two tiny kernels: every process that compiled paid ~3 s of CPU to start it;
+# - OpenMP's threads spin between parallel regions by default, on cores another test process
+#   needs: passive, they sleep (the thread count, which some crashes depend on, is unchanged).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture

@@ -16,39 +16,29 @@ object its index names that never made it is completed as absent (said so, never
 process killed while writing leaves at worst some objects that no entry names. A writer that
 outlives its process (``sources.snapshot_writer``: a forked child finishing an entry after a
 crash) holds a lock in ``writers/``; readers wait for it before they list entries.
+
+This module writes spools; reading one (``SpoolFolder``: waiting for writers, listing and
+completing entries) is ``spool_folder``'s, which needs no torch, and ``Spool`` extends it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import fcntl
-import mmap
 import os
-import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from reproarchive.archive.host_staging import HostStaging
 from reproarchive.archive.packing import Prepared, is_zero_bytes, prepared
+from reproarchive.archive.spool_folder import _CODE_SUFFIX, _INDEX_SUFFIX, MARKER, MARKER_TEXT, SpoolFolder, is_spool  # noqa: F401
 from reproarchive.archive.writing import Capture
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.redaction import redacted
-from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import worker_threads
-from reproarchive.format.schema import Index, StorageRecord
-from reproarchive.format.writer import ContainerWriter
-
-MARKER = "REPROARCHIVE-SPOOL"
-MARKER_TEXT = b"reproarchive spool 2\n"
-#: Markers this reader completes: spool 1 had no ``writers/`` (nothing to wait for).
-READ_MARKERS = (b"reproarchive spool 1\n", MARKER_TEXT)
-_INDEX_SUFFIX, _CODE_SUFFIX = ".index", ".code"
-_MAX_ENTRY_INDEX = 256 << 20
-
 
 _PIECE = 16 << 20  # bytes written between two looks at ``stop``
 
@@ -68,25 +58,17 @@ class Draft:
     job: Any
     real: list[int]
     storages: list[Any]
+    #: positions in ``storages`` the graph writes: read only by a writer forked before the call
+    held: frozenset[int] = frozenset()
 
 
-def is_spool(path: str | os.PathLike) -> bool:
-    return (Path(path) / MARKER).is_file()
-
-
-class Spool:
+class Spool(SpoolFolder):
     """One process's spool folder. ``Spool(folder)`` makes it (or opens one that exists)."""
 
     def __init__(self, folder: str | os.PathLike, *, algorithm: str = digests.DEFAULT_ALGORITHM):
-        self.folder = Path(folder)
+        super().__init__(folder)
         self.algorithm = digests.check_algorithm(algorithm)
         marker = self.folder / MARKER
-        if self.folder.exists() and not marker.is_file():
-            raise SourceError(f"{self.folder} is not a reproarchive spool (no {MARKER} file)",
-                              "name the folder a capture left (its name starts with spool-)")
-        if marker.is_file() and marker.read_bytes() not in READ_MARKERS:
-            raise SourceError(f"{self.folder} is a spool of a newer reproarchive ({marker.read_bytes()[:40]!r})",
-                              "pack it with the reproarchive version that captured it")
         (self.folder / "objects").mkdir(parents=True, exist_ok=True)
         (self.folder / "pending").mkdir(exist_ok=True)
         (self.folder / "writers").mkdir(exist_ok=True)
@@ -139,15 +121,18 @@ class Spool:
         return todo
 
     def hash(self, draft: Draft, stop: Callable[[], bool] | None = None,
-             views: dict[int, memoryview] | None = None) -> list[str | None]:
+             views: dict[int, memoryview] | None = None, *, only: Collection[int] | None = None,
+             found: list[str | None] | None = None) -> list[str | None]:
         """Each of ``draft``'s storages' digest (None: all zero, stored as a fill), host ones on
         the available cores (hashlib releases the GIL), device ones through the one staging
         buffer. ``stop`` asked between pieces (``Stopped`` raised); ``views``: the bytes of
-        host storages already at hand (a forked writer reads them without calling torch)."""
+        host storages already at hand (a forked writer reads them without calling torch).
+        ``only``: hash just these positions, the others taken from ``found``."""
         storages = draft.storages
-        out: list[str | None] = [None] * len(storages)
-        host = [i for i, s in enumerate(storages) if views is not None or s.device.type == "cpu"]
-        for i in sorted(set(range(len(storages))) - set(host)):
+        out: list[str | None] = list(found) if found is not None else [None] * len(storages)
+        chosen = set(range(len(storages)) if only is None else only)
+        host = [i for i, s in enumerate(storages) if i in chosen and (views is not None or s.device.type == "cpu")]
+        for i in sorted(chosen - set(host)):
             out[i] = self.staging.digest(storages[i], self.algorithm)
 
         def one(i: int) -> str | None:
@@ -204,111 +189,6 @@ class Spool:
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd, path
-
-    def wait_for_writers(self) -> None:
-        """Until no process is writing an entry (a forked writer finishing after a crash)."""
-        for lock in sorted((self.folder / "writers").glob("*.lock")):
-            try:
-                fd = os.open(lock, os.O_RDONLY)
-            except FileNotFoundError:  # its writer finished meanwhile
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
-            finally:
-                os.close(fd)
-
-    def _object(self, digest: str) -> Path:
-        algorithm, hexdigest = digests.parse(digest)
-        return self.folder / "objects" / algorithm / hexdigest
-
-    def discard(self, name: str) -> None:
-        """Forget entry ``name`` (its graph ran without crashing); objects stay for others."""
-        for suffix in (_INDEX_SUFFIX, _CODE_SUFFIX):
-            (self.folder / "pending" / f"{name}{suffix}").unlink(missing_ok=True)
-
-    def remove(self) -> None:
-        """The whole spool: at a normal exit nothing is left behind."""
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    # -- reading ----------------------------------------------------------------------------
-
-    def names(self) -> list[str]:
-        """The entries a crash left, oldest first (once every writer has finished)."""
-        self.wait_for_writers()
-        found = [p for p in (self.folder / "pending").glob(f"*{_INDEX_SUFFIX}") if p.is_file()]
-        return [p.name[: -len(_INDEX_SUFFIX)] for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
-
-    def complete(self, name: str, destination: str | os.PathLike) -> Path:
-        """Entry ``name`` as an ordinary self-contained archive at ``destination`` (atomically):
-        the writer checks the index against every rule of the spec before writing it."""
-        pending = self.folder / "pending"
-        raw = (pending / f"{name}{_INDEX_SUFFIX}").read_bytes()
-        if len(raw) > _MAX_ENTRY_INDEX:
-            raise PackError(f"spool entry {name} has an index of {len(raw)} bytes", "this is not a spool we wrote")
-        try:
-            index = plain.from_plain(Index, index_codec.decode_index(raw, max_memory=_MAX_ENTRY_INDEX))
-        except Exception as err:  # noqa: BLE001 - a damaged entry: one line, no traceback
-            raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
-        code = (pending / f"{name}{_CODE_SUFFIX}").read_bytes()
-        index = self._with_missing_absent(index)
-        # the mappings stay open until the writer is done: its frames may still read them
-        with contextlib.ExitStack() as mappings, atomic_file(destination) as f:
-            writer = ContainerWriter(f, frame_size=index.container.frame_size)
-            try:
-                writer.add_member(layout.GRAPH_CODE_MEMBER, code)
-                done: set[str] = set()
-                for record in index.storages:
-                    if record.digest is None or record.digest in done:
-                        continue
-                    data = mappings.enter_context(self._mapped(record.digest, record.size))
-                    writer.add_member(digests.blob_member_name(record.digest), data, keep=data)
-                    done.add(record.digest)
-                writer.finish(index)
-            except BaseException:
-                writer.abandon()
-                raise
-        return Path(destination)
-
-    def missing(self, name: str) -> int:
-        """How many of entry ``name``'s storages have no object (the process died writing them)."""
-        raw = (self.folder / "pending" / f"{name}{_INDEX_SUFFIX}").read_bytes()
-        index = plain.from_plain(Index, index_codec.decode_index(raw, max_memory=_MAX_ENTRY_INDEX))
-        return sum(r.digest is not None and not self._object(r.digest).exists() for r in index.storages)
-
-    def _with_missing_absent(self, index: Index) -> Index:
-        """The entry of a process that died while its objects were written: each storage whose
-        object never made it is stored as absent (generated on load, and said so), never as real;
-        a generator state among them is left out of ``rng`` (unknown, as a dump's)."""
-        storages = tuple(StorageRecord(size=r.size, device=r.device, fidelity="absent")
-                         if r.digest is not None and not self._object(r.digest).exists() else r
-                         for r in index.storages)
-        if storages == index.storages:
-            return index
-        rng = index.records.rng
-        if rng is not None:  # a generator state that never made it is unknown, not generated
-            kept = tuple(g for g in rng.generators if storages[g.storage].is_real)
-            rng = dataclasses.replace(rng, generators=kept)
-        return dataclasses.replace(index, storages=storages,
-                                   records=dataclasses.replace(index.records, rng=rng))
-
-    @contextlib.contextmanager
-    def _mapped(self, digest: str, size: int):
-        """The object ``digest``, mapped and checked: its size and its hash."""
-        try:
-            f = open(self._object(digest), "rb")
-        except FileNotFoundError:
-            raise PackError(f"spool object {digest} is missing", "the spool is damaged") from None
-        with f:
-            found = os.fstat(f.fileno()).st_size
-            if found != size:
-                raise PackError(f"spool object {digest} holds {found} bytes, not {size}", "the spool is damaged")
-            if size == 0:
-                yield b""
-                return
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                if digests.of_bytes(data, digests.parse(digest)[0]) != digest:
-                    raise PackError(f"spool object {digest} does not hash to its name", "the spool is damaged")
-                yield data
 
 
 def partial(target: Path, pid: int) -> Path:

@@ -43,13 +43,18 @@ What it does for each graph Dynamo hands it:
 
 Native crashes: a segfault, an abort from the C++ runtime or a fatal device assert ends the
 process inside step 3, where nothing can be written any more. So, unless ``crash=False``, the
-archive is written *before* the first run, with a ``crash`` failure whose signal is not yet
-known (spec §8), and removed when the run ends any other way (passed, raised, interrupted; a
-raised failure then writes its own archive). A process that dies leaves that archive, complete
-and verifiable; ``reproarchive run`` replays such an archive in a child process and reports
-the signal and the crashing thread's stack. The price: one archive write per compiled graph,
-at its first call, and a file removed (measured: 0.20 s for a graph of six Linear(2048) layers,
-101 MB of inputs, on 2 cores busy with a test run).
+archive a crash would leave is prepared *before* the first run, with a ``crash`` failure whose
+signal is not yet known (spec §8), and dropped when the run ends any other way (passed, raised,
+interrupted; a raised failure then writes its own archive). By default (``spool=True``) it is
+kept in the process's spool (``process_spool``): drafted while the backend compiles, each
+storage written once per process however many graphs share it, in the background at the lowest
+priority, the first call waiting for none of it (a forked copy-on-write writer finishes what is
+left if the call comes first). If the process dies, a guardian process (``spool_guardian``)
+completes the entry into the archive, ``repro-<hash>.tar.zst`` as below, within a second of
+the death. With ``spool=False`` the whole archive is written before each first run instead
+(one full write per graph). Either way a process that dies leaves an archive, complete and
+verifiable; ``reproarchive run`` replays it in a child process and reports the signal and the
+crashing thread's stack.
 
 Cost and side effects of the check, by design:
 
@@ -164,12 +169,12 @@ def capture(
     grad; ``"calls"``: never an extra run, every call guarded, a failing backward not archived,
     no accuracy; False: compile errors only, the graph never guarded),
     ``on_accuracy`` ("raise" | "warn"), ``use_fp64`` (bool, default True: fp64 reference for
-    accuracy), ``crash`` (bool, default True: write the archive before the first run so that a
-    native crash leaves one; see the module docstring), ``spool`` (bool, default False: keep
-    that archive in a process-wide spool instead, ``<path>/spool-<pid>``, written in the
-    background while the backend compiles, each storage once per process, the first call
-    waiting for none of it (``process_spool``); a killed process leaves the spool, which
-    ``reproarchive pack SPOOL`` turns into the archive), and for
+    accuracy), ``crash`` (bool, default True: prepare the archive before the first run so that a
+    native crash leaves one; see the module docstring), ``spool`` (bool, default True: prepare
+    it in a process-wide spool, ``<path>/spool-<pid>``, written in the background, each storage
+    once per process, the first call waiting for none of it; a guardian process completes it
+    into the archive if the process dies. False: write each graph's whole archive before its
+    first run), and for
     ``backend="inductor"`` the
     ``mode`` / ``options`` that torch.compile
     would take (they are applied while compiling and recorded in the config snapshot).
@@ -193,7 +198,7 @@ def capture(
         "on_accuracy": on_accuracy,
         "use_fp64": bool(options.get("use_fp64", True)),
         "crash": bool(options.get("crash", True)),
-        "spool": bool(options.get("spool", False)),
+        "spool": bool(options.get("spool", True)),
         "accuracy": bool(accuracy),
     }
     compiler, name, config_patches = _resolve_backend(backend, options.get("mode"), options.get("options"))
@@ -477,13 +482,11 @@ class _CaptureBackend:
         if not (self.settings["spool"] and self.settings["crash"] and self.settings["check_runtime"]):
             return None
         try:
-            from reproarchive.sources.process_spool import protected_inputs
-
             record = _failure.pending_crash_record(backend=self.backend_name)
-            inputs, background = protected_inputs(inputs, writes.of(inputs))  # written ones copied: the call may run
-            return self._spool().submit(capture_of(gm, inputs, config=config, failure=record,
-                                                   backend=self.backend_name, accuracy=self.settings["accuracy"],
-                                                   capture_settings=self.settings), background=background)
+            capture = capture_of(gm, inputs, config=config, failure=record, backend=self.backend_name,
+                                 accuracy=self.settings["accuracy"], capture_settings=self.settings)
+            name = None if self._file_taken() else self._archive_name(gm, inputs, record)
+            return self._spool().submit(capture, written=writes.of(inputs), archive=name)
         except Exception as err:  # noqa: BLE001 - never in place of the user's own run
             log.warning("reproarchive.capture could not spool the archive a crash would leave: %s: %s",
                         type(err).__name__, err)
@@ -492,7 +495,7 @@ class _CaptureBackend:
     def _spool(self) -> Any:
         from reproarchive.sources.process_spool import spool_in
 
-        return spool_in(self.target.parent if _is_file_target(self.target) else self.target)
+        return spool_in(self.target.parent if _is_file_target(self.target) else self.target, guarded=True)
 
     def _discard(self, pending: Path | str | None) -> None:
         if isinstance(pending, str):  # a spool entry
@@ -571,11 +574,18 @@ class _CaptureBackend:
         log.warning("reproarchive: pushed to %s/%s", result.store, result.name)
 
     def _destination(self, gm: Any, inputs: list[Any], record: FailureRecord) -> Path:
+        folder = self.target.parent if _is_file_target(self.target) else self.target
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / self._archive_name(gm, inputs, record)
+
+    def _file_taken(self) -> bool:
+        """A file target that holds an archive already: a crash's is named beside it instead."""
+        return _is_file_target(self.target) and self.target.exists()
+
+    def _archive_name(self, gm: Any, inputs: list[Any], record: FailureRecord) -> str:
         if _is_file_target(self.target):
-            self.target.parent.mkdir(parents=True, exist_ok=True)
-            return self.target
-        self.target.mkdir(parents=True, exist_ok=True)
-        return self.target / f"repro-{_short_hash(gm, inputs, record)}{ARCHIVE_SUFFIX}"
+            return self.target.name
+        return f"repro-{_short_hash(gm, inputs, record)}{ARCHIVE_SUFFIX}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -314,16 +314,13 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
         from reproarchive.context.failure import pending_crash_record
         from reproarchive.replay.input_writes import written_inputs
         from reproarchive.sources.backend import capture_of, copy_graph_structure
-        from reproarchive.sources.process_spool import protected_inputs
-
         # on this thread: the graph before the backend rewrites it, the thread's grad mode
         graph = copy_graph_structure(gm)
-        # the inputs it writes copied: the first call may run while the weights are written
-        inputs, background = protected_inputs(list(inputs), written_inputs(graph, inputs))
-        capture = capture_of(graph, inputs, config=config_snapshot(),
+        capture = capture_of(graph, list(inputs), config=config_snapshot(),
                              failure=pending_crash_record(backend=backend), backend=backend,
                              accuracy=False, capture_settings={"check_runtime": True})
-        return _spool().submit(capture, background=background)
+        # the inputs it writes: never read before the first call forks its writer, or copied
+        return _spool().submit(capture, written=written_inputs(graph, inputs))
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         from reproarchive.sources.process_spool import could_not_write
 
@@ -364,13 +361,13 @@ def _discard(pending: str | None) -> None:
 def pending_archives(folder: Path) -> list[Path]:
     """The archives a crashed program left, oldest first: each entry of the spools its processes
     left completed into ``pending-<pid>-<n>.tar.zst`` (and the spool removed)."""
-    from reproarchive.archive.spool import Spool, is_spool
+    from reproarchive.archive.spool_folder import SpoolFolder, is_spool
     from reproarchive.sources.process_spool import SPOOL_PREFIX
 
     for spool_dir in sorted(folder.glob(f"{SPOOL_PREFIX}*")):
         if not is_spool(spool_dir):
             continue
-        spool = Spool(spool_dir)
+        spool = SpoolFolder(spool_dir)
         pid = spool_dir.name[len(SPOOL_PREFIX):]
         for name in spool.names():
             try:

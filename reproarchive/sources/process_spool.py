@@ -4,15 +4,16 @@ The archive a crash would leave is spooled (``archive.spool``) while the backend
 storages hashed and the entry's index written first, then its objects, each storage once per
 process. Two ways, by where the storages are:
 
-- **In host memory** (and the inputs the graph writes copied, or in no memory shared with
-  another process): the entry is drafted when the graph is compiled, then hashed and written by
-  a thread at the lowest priority. The first call waits for none of it: if the thread is not
-  done, the process forks (``snapshot_writer``) and the child, a copy-on-write snapshot of the
-  process at that instant, finishes the entry; a crash during the call leaves the child to
-  complete it. The child is killed when the call ends any other way.
+- **In host memory** (none in memory shared with another process, or the inputs the graph
+  writes copied): the entry is drafted when the graph is compiled, then hashed and written by a
+  thread at the lowest priority, which never reads a storage the graph writes (nothing is
+  copied for the spool). The first call waits for none of it: if the thread is not done, or
+  the graph writes an input, the process forks (``snapshot_writer``) and the child, a
+  copy-on-write snapshot of the process at that instant, finishes the entry; a crash during the
+  call leaves the child to complete it. The child is killed when the call ends any other way.
 - **On a device**: a thread hashes and writes through one pinned host buffer; the first call
   waits until the entry is on disk with its small objects (``wait``). Where the capture holds
-  copies of the inputs the graph writes (``submit(..., background=True)``), the large objects
+  copies of the inputs the graph writes (they are known: ``submit(..., written=...)``), the large objects
   (beyond the first ``FIRST_BYTES``, smallest first) are written while the first call runs: a
   crash before they are all written completes with the storages not yet written stored as
   absent (generated on load, and said so), never as real. Without those copies the first call
@@ -20,7 +21,9 @@ process. Two ways, by where the storages are:
 
 Either way the entry is discarded, and the writes it still had stopped, when the first call
 ends without a crash, and the spool is removed at a normal exit: nothing is left behind. Used
-by the crash guard (``capture --``) and by the in-process backend with ``spool=True``.
+by the crash guard (``capture --``), which completes its program's spool itself, and by the
+in-process backend (its default, ``spool=True``), whose spool a ``spool_guardian`` completes
+into archives if the process dies.
 """
 
 from __future__ import annotations
@@ -28,22 +31,28 @@ from __future__ import annotations
 import atexit
 import bisect
 import concurrent.futures
+import contextlib
+import dataclasses
 import itertools
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.spool import Draft, Spool, Stopped
 from reproarchive.sources import snapshot_writer
+from reproarchive.sources.spool_guardian import Guardian
 
 SPOOL_PREFIX = "spool-"
+ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # spec §13
 
 log = logging.getLogger("reproarchive.capture")
 _lock = threading.Lock()
 _spools: dict[tuple[int, Path], ProcessSpool] = {}
 _names = itertools.count(1)
+_guardians: dict[int, Guardian] = {}
 
 
 #: Object bytes an entry writes before its graph's first call may run (smallest objects first):
@@ -63,6 +72,7 @@ class _Entry:
         self.future: concurrent.futures.Future | None = None
         self.draft: Draft | None = None
         self.todo: list | None = None
+        self.found: list | None = None  # digests of the storages not held, before the entry is committed
         self.done = False
         self.error: BaseException | None = None
         self.writer: snapshot_writer.Writer | None = None
@@ -70,33 +80,61 @@ class _Entry:
 
 
 class ProcessSpool:
-    """``folder/spool-<pid>`` and its writer thread; entries named by a process-wide counter."""
+    """``folder/spool-<pid>`` and its writer thread; entries named by a process-wide counter, or
+    by the archive file they complete into, in ``folder``, if the process dies (``guarded``:
+    this process's ``spool_guardian`` does that then)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, guarded: bool = False):
+        self._made_folder = not folder.exists()  # then removed at the end, if left empty
         self.spool = Spool(folder / f"{SPOOL_PREFIX}{os.getpid()}")
+        if guarded:
+            _guardian().guard(self.spool.folder)
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-spool")
         self._low: concurrent.futures.ThreadPoolExecutor | None = None  # the lowest-priority writer
         self._pending: dict[str, _Entry] = {}
         self.writer_memory = 0  # the most memory a forked writer held on its own (bytes)
 
-    def submit(self, capture: Any, *, background: bool = False) -> str:
-        """Start spooling ``capture``. ``background``: its inputs that the graph writes are
-        copies, so its large objects may be written while the first call runs; otherwise the
-        caller must not change its inputs until ``wait`` returns."""
-        name, entry = str(next(_names)), _Entry()
-        draft = None
+    def submit(self, capture: Any, *, written: frozenset[int] | None = None, archive: str | None = None) -> str:
+        """Start spooling ``capture``, whose graph writes its inputs at positions ``written``
+        (None: not known). ``archive``: the file name (in the spool's folder) a guardian
+        completes the entry into, if the process dies.
+
+        In host memory, where a fork snapshots them (none in shared memory), nothing is copied:
+        the thread never reads the storages the graph writes, and the writer forked at the
+        first call reads them as they were before it. Otherwise the inputs the graph writes are
+        copied now (``protected_inputs``), and a device entry's first call waits as the module
+        docstring says."""
+        name, entry = self._name(archive), _Entry()
         if _on_host(capture.inputs):
             draft = self.spool.draft(name, capture)  # here: a first call may come before a thread is scheduled
+            if snapshot_writer.can_fork(draft.storages, inputs_copied=False):
+                draft.held = _held(draft.storages, capture.inputs, written)
+                return self._start_draft(entry, draft)
+        inputs, background = protected_inputs(list(capture.inputs), written)
+        capture = dataclasses.replace(capture, inputs=inputs)
+        draft = None
+        if _on_host(capture.inputs):
+            draft = self.spool.draft(name, capture)
             if snapshot_writer.can_fork(draft.storages, inputs_copied=background):
-                entry.draft = draft
-                with _lock:
-                    self._pending[name] = entry
-                entry.future = self._lowest().submit(self._spool_draft, entry)
-                return name
+                return self._start_draft(entry, draft)
         with _lock:
             self._pending[name] = entry
         entry.future = self._writer.submit(self._spool_entry, name, capture, entry, background, draft)
         return name
+
+    def _start_draft(self, entry: _Entry, draft: Draft) -> str:
+        entry.draft = draft
+        with _lock:
+            self._pending[draft.name] = entry
+        entry.future = self._lowest().submit(self._spool_draft, entry)
+        return draft.name
+
+    def _name(self, archive: str | None) -> str:
+        number = str(next(_names))
+        if archive is None or not ENTRY_NAME.fullmatch(archive):
+            return number
+        with _lock:
+            return archive if archive not in self._pending else f"{number}-{archive}"
 
     def _lowest(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._low is None:
@@ -105,12 +143,21 @@ class ProcessSpool:
         return self._low
 
     def _spool_draft(self, entry: _Entry) -> None:
-        """Hash and write a drafted entry until done or told to stop (its first call is due)."""
+        """Hash and write a drafted entry until done or told to stop (its first call is due).
+        Storages the graph writes (``held``) are left to the forked writer, which reads them
+        as they were before the call: only the others' objects are written here."""
+        draft = entry.draft
         try:
-            found = self.spool.hash(entry.draft, entry.stop.is_set)
+            found = self.spool.hash(draft, entry.stop.is_set,
+                                    only=[i for i in range(len(draft.storages)) if i not in draft.held])
             if entry.stop.is_set():
                 return
-            entry.todo = self.spool.commit(entry.draft, found)
+            if draft.held:
+                entry.found = found
+                self.spool.write([(d, s) for i, (d, s) in enumerate(zip(found, draft.storages))
+                                  if i not in draft.held and d is not None], entry.stop.is_set)
+                return
+            entry.todo = self.spool.commit(draft, found)
             if entry.discarded:  # the entry went while it was committed: no trace of it
                 self.spool.discard(entry.draft.name)
                 return
@@ -167,7 +214,7 @@ class ProcessSpool:
         # It stops at its next piece; what both write is the same bytes, renamed into place.
         if entry.error is None:
             try:
-                entry.writer = snapshot_writer.start(self.spool, entry.draft, entry.todo)
+                entry.writer = snapshot_writer.start(self.spool, entry.draft, entry.todo, entry.found)
                 return True
             except Exception as err:  # noqa: BLE001 - never in place of the program's own run
                 entry.error = err
@@ -203,6 +250,9 @@ class ProcessSpool:
         if self._low is not None:
             self._low.shutdown(wait=True)
         self.spool.remove()
+        if self._made_folder:
+            with contextlib.suppress(OSError):
+                self.spool.folder.parent.rmdir()
 
 
 def _on_host(inputs: list[Any]) -> bool:
@@ -220,6 +270,19 @@ def _lowest_priority() -> None:
         pass
 
 
+def _held(storages: list[Any], inputs: list[Any], written: frozenset[int] | None) -> frozenset[int]:
+    """Positions in ``storages`` of the inputs the graph writes (every one when not known)."""
+    import torch
+
+    if written is None:
+        return frozenset(range(len(storages)))
+    try:
+        pointers = {inputs[i].untyped_storage().data_ptr() for i in written if isinstance(inputs[i], torch.Tensor)}
+        return frozenset(k for k, s in enumerate(storages) if s.data_ptr() in pointers)
+    except (RuntimeError, NotImplementedError):  # a subclass without one storage: none read early
+        return frozenset(range(len(storages)))
+
+
 def protected_inputs(inputs: list[Any], written: frozenset[int] | None) -> tuple[list[Any], bool]:
     """``inputs`` for a capture spooled while the graph may run: the ones the graph writes
     (``written``, ``input_writes.written_inputs``) copied as they are now, and whether they could
@@ -229,25 +292,37 @@ def protected_inputs(inputs: list[Any], written: frozenset[int] | None) -> tuple
     return (list(inputs), False) if written is None else (snapshot(inputs, written), True)
 
 
-def spool_in(folder: str | os.PathLike) -> ProcessSpool:
+def spool_in(folder: str | os.PathLike, *, guarded: bool = False) -> ProcessSpool:
     """This process's spool in ``folder`` (made at its first use; a forked worker makes its
-    own), removed at a normal exit."""
+    own), removed at a normal exit; ``guarded``: completed into archives in ``folder`` if the
+    process dies (``spool_guardian``), for a spool made now."""
     key = (os.getpid(), Path(folder).absolute())
     with _lock:
         found = _spools.get(key)
         if found is None:
             if not any(pid == key[0] for pid, _ in _spools):  # this process's first spool
                 atexit.register(_close_all)
-            found = _spools[key] = ProcessSpool(key[1])
+            found = _spools[key] = ProcessSpool(key[1], guarded=guarded)
         return found
 
 
 def _close_all() -> None:
-    """At a normal exit: graphs compiled but never run did not crash either."""
+    """At a normal exit: graphs compiled but never run did not crash either. The guardian
+    ends after the spools are gone (it finds nothing to complete)."""
     with _lock:
         own = [s for (pid, _), s in _spools.items() if pid == os.getpid()]
     for spool in own:
         spool.close()
+    if _guardians.get(os.getpid()) is not None:
+        _guardians[os.getpid()].close()
+
+
+def _guardian() -> Guardian:
+    """This process's guardian (a forked worker starts its own)."""
+    found = _guardians.get(os.getpid())
+    if found is None:
+        found = _guardians[os.getpid()] = Guardian()
+    return found
 
 
 def could_not_write(err: BaseException) -> None:

@@ -245,7 +245,7 @@ def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> li
     and learns the signal). The spool is removed once every archive is written.
 
     Raises SourceError when ``spool`` is not a spool or holds no graph."""
-    from reproarchive.archive.spool import Spool, is_spool
+    from reproarchive.archive.spool_folder import SpoolFolder, is_spool
 
     folder = Path(spool)
     if not is_spool(folder):
@@ -253,11 +253,11 @@ def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> li
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise SourceError(f"output folder {out} is a file", "choose a folder for -o")
-    out.mkdir(parents=True, exist_ok=True)
-    opened = Spool(folder)
+    opened = SpoolFolder(folder)  # a spool this reader refuses: refused before anything is made
     names = opened.names()
     if not names:
         raise SourceError(f"the spool {folder} holds no graph", "a process that ended normally leaves nothing to pack")
+    out.mkdir(parents=True, exist_ok=True)
     reports = []
     for name in names:
         target = _next_free(out)

@@ -80,9 +80,10 @@ class Writer:
         return held
 
 
-def start(spool: Spool, draft: Draft, todo: list | None) -> Writer:
-    """Fork a child that finishes ``draft``: hashes its storages and writes its entry (unless
-    ``todo``, the objects left once the entry is on disk, is given), then its objects."""
+def start(spool: Spool, draft: Draft, todo: list | None, found: list | None = None) -> Writer:
+    """Fork a child that finishes ``draft``: hashes its storages (those the graph writes only,
+    when ``found`` holds the others' digests) and writes its entry (unless ``todo``, the
+    objects left once the entry is on disk, is given), then its objects."""
     views = {id(s): storage_view(s) for s in draft.storages}  # made here: the child calls no torch
     limit = _LIMIT_S + sum(len(v) for v in views.values()) // _LIMIT_BYTES_PER_S
     fd, lock = spool.writer_lock(draft.name)
@@ -99,7 +100,8 @@ def start(spool: Spool, draft: Draft, todo: list | None) -> Writer:
         try:
             _detach(keep=fd, limit=limit)
             if todo is None:
-                todo = spool.commit(draft, spool.hash(draft, views=views))
+                only = draft.held if found is not None else None
+                todo = spool.commit(draft, spool.hash(draft, views=views, only=only, found=found))
             spool.write(todo, views=views)
             lock.unlink(missing_ok=True)
             status = 0

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from reproarchive.archive.writing import Capture
 from reproarchive.context.failure import pending_crash_record
 from reproarchive.errors import PackError
 from reproarchive.format.schema import Records
+from support.captures import archives_after_death
 from support.cli import invoke
 
 
@@ -101,17 +104,8 @@ killing_backend = reproarchive.capture(killing, path="archives", spool=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("route", ["capture --", "capture(spool=True)"])
-def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_path, route):
-    source = _KILLED
-    if route == "capture(spool=True)":
-        source = _KILLED.replace("torch.manual_seed(0)", _IN_PROCESS + "torch.manual_seed(0)")
-        (tmp_path / "prog.py").write_text(textwrap.dedent(source))
-        done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)
-        folder = tmp_path / "archives"
-    else:
-        done, folder = _guarded_run(tmp_path, source)
+def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_path):
+    done, folder = _guarded_run(tmp_path, _KILLED)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     (spool,) = folder.glob("spool-*")
     Spool(spool).wait_for_writers()  # the killed graph's entry finished by its forked writer
@@ -134,6 +128,48 @@ def test_a_killed_process_leaves_a_spool_that_pack_turns_into_the_archive(tmp_pa
     assert [tuple(a.shape) for a in repro.args][-1] == (8, 64) and repro.fidelity == ["real"] * 3
     assert repro.records.backend == "prog:killing_backend"
     assert not spool.exists()
+
+
+@pytest.mark.slow
+def test_in_process_a_killed_process_leaves_the_archive_its_guardian_completed(tmp_path):
+    """The in-process backend (spool by default): the guardian completes the killed graph's
+    entry into the archive the backend names, says so on the program's stderr, and removes the
+    spool; the graph whose first call had ended is not archived."""
+    source = _KILLED.replace("torch.manual_seed(0)", _IN_PROCESS + "torch.manual_seed(0)")
+    (tmp_path / "prog.py").write_text(textwrap.dedent(source))
+    with subprocess.Popen([sys.executable, "prog.py"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True) as program:
+        assert program.wait(timeout=300) == -signal.SIGKILL
+        # the guardian shares the program's stderr: its line comes after the program is gone
+        stderr = program.stderr.read()
+    (archive,) = archives_after_death(tmp_path / "archives")
+    assert re.fullmatch(r"repro-[0-9a-f]{12}\.tar\.zst", archive.name)
+    reproarchive.verify(archive)
+    repro = reproarchive.load(archive)
+    assert repro.records.failure.stage == "crash" and repro.records.source.written_before_run
+    assert [tuple(a.shape) for a in repro.args][-1] == (8, 64) and repro.fidelity == ["real"] * 3
+    assert repro.records.backend == "prog:killing_backend"
+    assert f"archive written to {archive}" in stderr
+    assert list((tmp_path / "archives").iterdir()) == [archive]
+
+
+@pytest.mark.slow
+def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
+    source = _KILLED.replace("torch.manual_seed(0)", _IN_PROCESS + "torch.manual_seed(0)")
+    source = source.replace("os.kill(os.getpid(), signal.SIGKILL)", "pass")
+    source += "\nimport os\nfrom reproarchive.sources import process_spool\n"
+    source += "print(process_spool._guardians[os.getpid()].proc.pid)\n"
+    (tmp_path / "prog.py").write_text(textwrap.dedent(source))
+    done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    guardian = int(done.stdout.split()[-1])
+    for _ in range(200):  # it saw the pipe close and the spool gone
+        if not Path(f"/proc/{guardian}").exists() or "Z" in Path(f"/proc/{guardian}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the guardian outlived the process it guarded")
+    assert not (tmp_path / "archives").exists()  # the folder the spool made went with it
 
 
 @pytest.mark.slow
@@ -257,7 +293,7 @@ def test_the_first_call_waits_for_the_entry_and_small_objects_and_the_weights_fo
     monkeypatch.setattr(Spool, "write", write)
     spool = process_spool.ProcessSpool(tmp_path)
     x, w = torch.randn(4, 64), torch.randn(64, 256)  # 1 KiB of input, 64 KiB of weights
-    name = spool.submit(Capture(_graph(), [x, w], _records()), background=True)
+    name = spool.submit(Capture(_graph(), [x, w], _records()), written=frozenset())
     assert spool.wait(name) and started.wait(10)  # the first call may run: the weights are not written
     crashed = spool.spool.complete(name, tmp_path / "crash.tar.zst")  # what `pack SPOOL` does after a crash
     repro = reproarchive.load(crashed)
@@ -288,7 +324,7 @@ def _held_in_this_process(monkeypatch, method: str, hold):
     monkeypatch.setattr(Spool, method, replaced)
 
 
-def _unfinished(real, self, draft, stop=None, views=None):
+def _unfinished(real, self, draft, stop=None, views=None, **kwargs):
     """A writer thread that never finishes hashing before it is told to stop."""
     from reproarchive.archive.spool import Stopped
 
@@ -319,6 +355,29 @@ def test_a_first_call_waits_for_no_hashing_and_a_forked_writer_keeps_its_inputs_
     assert torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], w0)
     spool.close()
     assert not spool.spool.folder.exists()
+
+
+def test_an_input_the_graph_writes_is_never_copied_nor_read_before_the_call_and_archived_as_it_was(tmp_path):
+    """(27.1) The graph writes x: the spool copies nothing; its thread hashes and writes only w
+    (which the call does not write); the writer forked at the first call reads x as it was."""
+    from reproarchive.sources import process_spool
+
+    spool = process_spool.ProcessSpool(tmp_path)
+    x, w = torch.randn(4, 64), torch.randn(64, 256)
+    x0 = x.clone()
+    name = spool.submit(Capture(_graph(), [x, w], _records()), written=frozenset({0}))
+    entry = spool._pending[name]
+    assert [s.data_ptr() for s in entry.draft.storages] == [x.untyped_storage().data_ptr(),
+                                                             w.untyped_storage().data_ptr()]  # not copies
+    entry.future.result(10)  # the thread is done with what it may read
+    objects = [p for p in (spool.spool.folder / "objects").rglob("*") if p.is_file()]
+    assert [o.stat().st_size for o in objects] == [w.untyped_storage().nbytes()] and not entry.done
+    assert spool.wait(name) and entry.writer is not None  # the first call: x is left to the fork
+    x.mul_(2)
+    assert spool.spool.names() == [name]
+    repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst"))
+    assert repro.fidelity == ["real", "real"] and torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], w)
+    spool.close()
 
 
 def test_a_first_call_that_ends_kills_its_forked_writer_and_leaves_nothing(tmp_path, monkeypatch):
@@ -370,6 +429,13 @@ def test_a_spool_of_format_1_is_read_and_a_newer_one_refused_in_one_line(tmp_pat
     with pytest.raises(reproarchive.SourceError, match="spool of a newer reproarchive") as info:
         Spool(old)
     assert "\n" not in str(info.value)
+    # through the CLI: exit 4, one line on stderr (a JSON document with --json), nothing written
+    said = invoke("pack", str(old), "-o", str(tmp_path / "out"))
+    assert said.exit_code == 4 and said.stderr.count("\n") == 1 and "spool of a newer reproarchive" in said.stderr
+    assert "Traceback" not in said.output + said.stderr
+    document = json.loads(invoke("pack", str(old), "-o", str(tmp_path / "out"), "--json").stdout)
+    assert "spool of a newer reproarchive" in json.dumps(document["error"])
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_forked_writer_does_not_hold_the_heap_the_call_reuses(tmp_path, monkeypatch):

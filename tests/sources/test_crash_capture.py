@@ -21,6 +21,7 @@ import pytest
 import reproarchive
 from reproarchive.context.failure import crash_report, same_failure
 from reproarchive.format.schema import FailureRecord
+from support.captures import archives_after_death
 from support.cli import invoke
 from support.machine_paths import machine_paths_in
 
@@ -81,7 +82,7 @@ def _run(folder: Path, source: str, *args: str, env: dict | None = None) -> subp
 
 
 def _only_archive(folder: Path) -> Path:
-    found = sorted(folder.glob("*.tar.zst"))
+    found = archives_after_death(folder)  # in-process: a guardian completes the spool the death left
     assert len(found) == 1, found
     return found[0]
 

@@ -23,6 +23,7 @@ import reproarchive
 from reproarchive.sources.backend import archive_path
 from reproarchive.sources.call_guard import outputs_cannot_require_grad
 from support import later_call_backends
+from support.captures import archives_after_death, kept, stages_a_crash_would_leave
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -46,7 +47,7 @@ class Counting:
     def __call__(self, gm, example_inputs):
         def run(*args):
             self.runs += 1
-            self.archives_during.append([reproarchive.load(a).records.failure.stage for a in _archives(self.folder)])
+            self.archives_during.append(stages_a_crash_would_leave(self.folder))
             return gm(*args)
         return run
 
@@ -73,7 +74,7 @@ def test_a_first_call_that_is_its_own_check_runs_the_graph_once_under_the_crash_
     assert counting.runs == 1
     # the archive a native crash would leave was on disk during that one run, and is gone after
     assert counting.archives_during == [["crash"]]
-    assert _archives(tmp_path) == []
+    assert kept(tmp_path) == []
     assert torch.equal(x, x0 * 2)  # the program's own effect, once
     if case == "calls":  # the training step goes on as without capture
         out.sum().backward()
@@ -182,7 +183,7 @@ def test_a_crash_in_the_first_call_with_calls_leaves_the_pending_archive(tmp_pat
     done = subprocess.run([sys.executable, "prog.py", str(tmp_path / "archives")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == -signal.SIGABRT, done.stderr[-2000:]
-    (archive,) = _archives(tmp_path / "archives")
+    (archive,) = archives_after_death(tmp_path / "archives")  # completed by the spool's guardian
     reproarchive.verify(archive)
     repro = reproarchive.load(archive)
     assert repro.records.failure.stage == "crash" and repro.records.source.written_before_run

@@ -29,7 +29,7 @@ def test_ray_gives_the_verdicts_the_local_engine_gives(tmp_path, monkeypatch):
     local = triage_fleet(local_folder, actions=("replay",), executor=LocalExecutor(2), trusted_backends=trusted)
     from reproarchive.triage.ray_engine import RayExecutor
 
-    with RayExecutor(num_cpus=1, init_options={"num_cpus": 2}) as executor:
+    with RayExecutor(num_cpus=1, init_options={"num_cpus": 1}) as executor:  # one worker to start
         on_ray = triage_fleet(ray_folder, actions=("replay",), executor=executor, trusted_backends=trusted)
     assert on_ray.engine == "ray" and on_ray.tasks["run"] == 2
     # the cluster's environment is this machine's: the verdicts are cached under the same digest

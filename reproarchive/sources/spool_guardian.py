@@ -1,0 +1,128 @@
+"""The process that turns a spool into archives when the capturing process dies.
+
+A native crash (segfault, abort, fatal device assert) in a compiled graph's first call ends the
+process where nothing can be written any more. The spool (``process_spool``) already holds what
+the archive needs, but completing it takes a process that is alive: this one. It is started
+with the process's first spool, is told of each spool the process makes, imports nothing
+heavy, and waits. When the process is gone it
+looks at the spool: a process that ended normally removed it (nothing to do); one that died
+left its entries, the graphs that were in their first call, and each is completed into the
+archive the backend would have written (the backend names each entry after its archive:
+``repro-<hash>.tar.zst`` in the capture's folder, or its file target), then the spool is
+removed. So the in-process backend keeps the promise of the archive written before the first
+run: a process that dies leaves an archive, not a spool to pack by hand.
+
+What ``multiprocessing``'s resource tracker does for shared memory, for the same reason: the
+process that should clean up cannot. The guardian learns of the death from a pipe whose write
+end only the capturing process holds (the end is not inherited by programs it starts), and, in
+case a forked child of the process still holds it, from being adopted by another parent. It
+ignores Ctrl-C (the process decides), has its own session, and says what it wrote on the
+stderr it shares with the process, one line per archive, as a crash handler would.
+
+``capture --`` completes its program's spool itself and starts no guardian.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ARCHIVE_SUFFIX = ".tar.zst"
+_POLL_S = 0.5  # how often an adoption is looked for, when the pipe is held open by a fork
+
+
+class Guardian:
+    """This process's guardian: ``guard(spool)`` adds a spool; if this process dies, each entry
+    left in a guarded spool is completed into ``<the spool's folder>/<entry name>`` (the backend
+    names an entry after its archive). One per process, whatever the number of spools."""
+
+    def __init__(self):
+        from reproarchive.child import python_path
+
+        read_end, self._write_end = os.pipe()  # both non-inheritable: no program we start holds them
+        self.pid = os.getpid()
+        env = dict(os.environ, PYTHONPATH=python_path())
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(read_end), str(self.pid)], env=env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(read_end,),
+                                         start_new_session=True)
+        except BaseException:
+            os.close(self._write_end)
+            raise
+        finally:
+            os.close(read_end)
+
+    def guard(self, spool: Path) -> None:
+        os.write(self._write_end, os.fsencode(str(spool)) + b"\n")
+
+    def close(self) -> None:
+        """This process is ending normally (its spools removed first): the guardian ends too,
+        finding nothing to complete."""
+        if self._write_end < 0:
+            return
+        os.close(self._write_end)
+        self._write_end = -1
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # a loaded machine: it ends on its own
+            pass
+
+
+def _guarded_until_death(fd: int, parent: int) -> list[Path]:
+    """The spools named on ``fd`` until the process that named them is gone."""
+    spools, buffer = [], b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], _POLL_S)
+        if ready:
+            data = os.read(fd, 65536)
+            if not data:
+                return spools
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            spools += [Path(os.fsdecode(line)) for line in lines if line]
+        if os.getppid() != parent:
+            return spools
+
+
+def complete_left_spool(spool: Path, folder: Path) -> list[Path]:
+    """Complete every entry a dead process left in ``spool`` into ``folder/<its name>`` (an
+    entry named by a number gets ``repro-<pid>-<number>.tar.zst``); remove the spool. Returns
+    the archives written (none: the spool held no entry, or was gone)."""
+    from reproarchive.archive.spool_folder import SpoolFolder, is_spool
+
+    if not is_spool(spool):
+        return []
+    opened = SpoolFolder(spool)
+    written = []
+    for name in opened.names():  # waits for the forked writers of the process to finish
+        pid = spool.name.rpartition("-")[2]
+        destination = folder / (name if name.endswith(ARCHIVE_SUFFIX) else f"repro-{pid}-{name}{ARCHIVE_SUFFIX}")
+        missing = opened.missing(name)
+        written.append(opened.complete(name, destination))
+        note = f" ({missing} storage(s) unwritten at the crash: stored as absent)" if missing else ""
+        print(f"reproarchive: process {pid} died in a compiled graph's first call; "
+              f"archive written to {destination}{note}", file=sys.stderr, flush=True)
+    opened.remove()
+    return written
+
+
+def main(argv: list[str]) -> int:
+    fd, parent = int(argv[0]), int(argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    status = 0
+    for spool in _guarded_until_death(fd, parent):
+        try:
+            complete_left_spool(spool, spool.parent)
+        except Exception as err:  # noqa: BLE001 - one line; the spool stays for ``reproarchive pack``
+            print(f"reproarchive: could not complete the spool {spool} the dead process {parent} left: "
+                  f"{type(err).__name__}: {err}; run `reproarchive pack {spool}`", file=sys.stderr, flush=True)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
