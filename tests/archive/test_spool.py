@@ -172,6 +172,29 @@ def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
     assert not (tmp_path / "archives").exists()  # the folder the spool made went with it
 
 
+def test_a_spool_its_guardian_cannot_complete_is_said_in_one_line_and_left_for_pack(tmp_path, capfd):
+    """A damaged object: the guardian says so in one line (naming ``reproarchive pack``), exits
+    1, writes no archive and leaves the spool as it was."""
+    from reproarchive.sources import spool_guardian
+
+    spool = Spool(tmp_path / "spool-4242")
+    spool.add("repro-x.tar.zst", Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 64)], _records()))
+    (obj,) = [p for p in (spool.folder / "objects").rglob("*") if p.is_file() and p.stat().st_size == 64 * 256]
+    obj.write_bytes(b"\0" * obj.stat().st_size)
+    read, write = os.pipe()
+    os.write(write, os.fsencode(str(spool.folder)) + b"\n")
+    os.close(write)  # the process is gone: end of the pipe
+    interrupt = signal.getsignal(signal.SIGINT)
+    try:
+        assert spool_guardian.main([str(read), str(os.getpid())]) == 1
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+        os.close(read)
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "could not complete the spool" in err and "reproarchive pack" in err
+    assert spool.names() == ["repro-x.tar.zst"] and not (tmp_path / "repro-x.tar.zst").exists()
+
+
 @pytest.mark.slow
 def test_a_process_that_ends_normally_leaves_no_spool(tmp_path):
     done, crash = _guarded_run(tmp_path, _KILLED.replace("os.kill(os.getpid(), signal.SIGKILL)", "pass"))
