@@ -15,6 +15,7 @@ import fcntl
 import mmap
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from reproarchive.errors import PackError, SourceError
@@ -33,6 +34,16 @@ _MAX_ENTRY_INDEX = 256 << 20
 
 def is_spool(path: str | os.PathLike) -> bool:
     return (Path(path) / MARKER).is_file()
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    """An entry completed into an archive: ``absent`` of its storages had no object (the
+    process died writing them) and are stored as absent."""
+
+    name: str
+    path: Path
+    absent: int
 
 
 class SpoolFolder:
@@ -82,7 +93,21 @@ class SpoolFolder:
         found = [p for p in (self.folder / "pending").glob(f"*{_INDEX_SUFFIX}") if p.is_file()]
         return [p.name[: -len(_INDEX_SUFFIX)] for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
 
-    def complete(self, name: str, destination: str | os.PathLike) -> Path:
+    def complete_each(self, destination: Callable[[str], Path],
+                      on_error: Callable[[str, Exception], None] | None = None) -> Iterator[Completed]:
+        """Every entry a crash left, oldest first, completed into ``destination(name)``; the
+        spool is removed once all are. An entry that cannot be completed ends it, the spool
+        kept for another try, unless ``on_error`` takes the error (then the others go on)."""
+        for name in self.names():
+            try:
+                yield self.complete(name, destination(name))
+            except Exception as err:
+                if on_error is None:
+                    raise
+                on_error(name, err)
+        self.remove()
+
+    def complete(self, name: str, destination: str | os.PathLike) -> Completed:
         """Entry ``name`` as an ordinary self-contained archive at ``destination`` (atomically):
         the writer checks the index against every rule of the spec before writing it."""
         pending = self.folder / "pending"
@@ -94,7 +119,7 @@ class SpoolFolder:
         except Exception as err:  # noqa: BLE001 - a damaged entry: one line, no traceback
             raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
         code = (pending / f"{name}{_CODE_SUFFIX}").read_bytes()
-        index = self._with_missing_absent(index)
+        index, absent = self._with_missing_absent(index)
         # the mappings stay open until the writer is done: its frames may still read them
         with contextlib.ExitStack() as mappings, atomic_file(destination) as f:
             writer = ContainerWriter(f, frame_size=index.container.frame_size)
@@ -111,29 +136,25 @@ class SpoolFolder:
             except BaseException:
                 writer.abandon()
                 raise
-        return Path(destination)
+        return Completed(name, Path(destination), absent)
 
-    def missing(self, name: str) -> int:
-        """How many of entry ``name``'s storages have no object (the process died writing them)."""
-        raw = (self.folder / "pending" / f"{name}{_INDEX_SUFFIX}").read_bytes()
-        index = plain.from_plain(Index, index_codec.decode_index(raw, max_memory=_MAX_ENTRY_INDEX))
-        return sum(r.digest is not None and not self._object(r.digest).exists() for r in index.storages)
-
-    def _with_missing_absent(self, index: Index) -> Index:
+    def _with_missing_absent(self, index: Index) -> tuple[Index, int]:
         """The entry of a process that died while its objects were written: each storage whose
         object never made it is stored as absent (generated on load, and said so), never as real;
-        a generator state among them is left out of ``rng`` (unknown, as a dump's)."""
+        a generator state among them is left out of ``rng`` (unknown, as a dump's). With the
+        number of storages so stored."""
         storages = tuple(StorageRecord(size=r.size, device=r.device, fidelity="absent")
                          if r.digest is not None and not self._object(r.digest).exists() else r
                          for r in index.storages)
-        if storages == index.storages:
-            return index
+        absent = sum(new is not old for new, old in zip(storages, index.storages))
+        if not absent:
+            return index, 0
         rng = index.records.rng
         if rng is not None:  # a generator state that never made it is unknown, not generated
             kept = tuple(g for g in rng.generators if storages[g.storage].is_real)
             rng = dataclasses.replace(rng, generators=kept)
         return dataclasses.replace(index, storages=storages,
-                                   records=dataclasses.replace(index.records, rng=rng))
+                                   records=dataclasses.replace(index.records, rng=rng)), absent
 
     @contextlib.contextmanager
     def _mapped(self, digest: str, size: int):

@@ -114,11 +114,11 @@ def _sum_loss(out: Any) -> Any:
 
 
 def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = False,
-                         seed: str = "mean") -> dict[str, Any]:
-    """Call ``fn(*args)`` and, when an output requires grad and ``fwd_only`` is false, reduce
-    the outputs to a scalar (``seed``: ``"mean"``, PyTorch's reduction, whose gradients are
-    compared; ``"ones"``, ``_sum_loss``, for a run that only has to not fail) and call
-    ``backward()``.
+                         seed: str = "mean", backward_if: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+    """Call ``fn(*args)`` and, when an output requires grad and ``fwd_only`` is false (and
+    ``backward_if(outputs)`` holds, when given), reduce the outputs to a scalar (``seed``:
+    ``"mean"``, PyTorch's reduction, whose gradients are compared; ``"ones"``, ``_sum_loss``,
+    for a run that only has to not fail) and call ``backward()``.
 
     Dynamo-level backends' results are always called with ``*args`` even when, like
     ``compile_fx``'s, they carry ``_boxed_call = True``, so that attribute is deliberately
@@ -140,7 +140,7 @@ def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = Fals
         _tag(exc, "forward")
         raise
     grads: dict[int, Any] = {}
-    if not fwd_only and torch.is_grad_enabled() and _requires_bwd(out):
+    if not fwd_only and torch.is_grad_enabled() and _requires_bwd(out) and (backward_if is None or backward_if(out)):
         try:
             (_sum_loss(out) if seed == "ones" else _scalar_loss(out)).backward()
             synchronize(devices)

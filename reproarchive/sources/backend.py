@@ -21,7 +21,11 @@ What it does for each graph Dynamo hands it:
    arguments -- aliases of those the graph does not write, copies of those it writes
    (``replay.input_writes``) -- forward
    and, when an output requires grad, backward of a scalar loss (as PyTorch's
-   ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips backward). An exception: stage ``forward`` or
+   ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips backward). The backward runs only where the
+   backend compiled one (``call_guard.backward_is_compiled``: AOTAutograd's compiled backward
+   is an ``autograd.Function``); where the forward's autograd graph is PyTorch's own
+   derivatives (``eager``, a backend that only rewrites the graph) the program's backward is
+   not a compiler's code, and the check costs a forward. An exception: stage ``forward`` or
    ``backward``. With ``accuracy=True`` the run is compared with eager and an fp64 reference
    (``replay.accuracy``, PyTorch's rule): stage ``accuracy``. Without accuracy, where no
    output can require grad (grad mode off, no input or held parameter requiring grad) or with
@@ -58,10 +62,11 @@ crashing thread's stack.
 
 Cost and side effects of the check, by design:
 
-* one extra forward (+ backward) per graph, once, where an output requires grad; with
-  ``accuracy=True`` also an eager and an fp64 run. For a training step, one more step at the
-  first call. ``check_runtime="calls"``: no extra run, the first call guarded like every
-  other and crash-covered, but a failing backward (the program's own) is not archived;
+* one extra forward (+ backward, where the backend compiled one) per graph, once, where an
+  output requires grad; with ``accuracy=True`` also an eager and an fp64 run. For a training
+  step with a compiled backward, one more step at the first call. ``check_runtime="calls"``:
+  no extra run, the first call guarded like every other and crash-covered, but a failing
+  backward (the program's own) is not archived;
   ``False``: compile errors only, nothing extra ever runs. A failing graph that calls custom
   ops runs once more, eagerly on copies of its inputs, to record their real outputs.
 * memory: copies of the inputs the graph writes in place, for the duration of one run; the
@@ -120,6 +125,7 @@ from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
 from reproarchive.sources.call_guard import (
     GraphWrites,
+    backward_is_compiled,
     guarded,
     is_control_flow,
     modified_inputs,
@@ -419,6 +425,7 @@ class _CaptureBackend:
                 else:
                     _accuracy.run_forward_backward(
                         compiled, run_inputs(args, written), fwd_only=self.settings["fwd_only"], seed="ones",
+                        backward_if=backward_is_compiled,
                     )
         except _accuracy.EagerFailed as exc:
             # The traced graph fails eagerly too: not this backend's bug. The real call below

@@ -126,6 +126,37 @@ def outputs_cannot_require_grad(gm: Any, args: Sequence[Any]) -> bool:
     return not any(isinstance(t, torch.Tensor) and t.requires_grad for t in itertools.chain(args, held))
 
 
+#: PyTorch's own autograd nodes that raise when run (an operator without a derivative)
+_FAILING_NODES = frozenset({"Error", "NotImplemented", "DelayedError"})
+
+
+def backward_is_compiled(outputs: Any) -> bool:
+    """Whether the backward of ``outputs`` (a check run's, on leaf inputs) would run code other
+    than PyTorch's own derivative formulas: a node defined in Python or C++ by an
+    ``autograd.Function`` (AOTAutograd's compiled backward is one), or one that raises.
+
+    Where it would not (the ``eager`` backend, a backend that only rewrites the graph), the
+    backward the program runs is PyTorch's derivatives of the operators the compiled code ran,
+    not code a compiler made: the first-call check then skips its backward, so it costs a
+    forward, not a training step. Judged by what the nodes are, read once from the outputs'
+    graph (one visit per node)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    todo = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        kind = type(node)
+        if kind.__module__ != "builtins" or kind.__name__.startswith("CppNode") or kind.__name__ in _FAILING_NODES:
+            return True
+        todo.extend(following for following, _ in node.next_functions)
+    return False
+
+
 def _archive_call(failed: Failed, before: list[Any], exc: BaseException, call: int,
                   versions: list[int | None] | None) -> None:
     if versions is not None:

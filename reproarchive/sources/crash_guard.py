@@ -188,11 +188,11 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     in torch 2.13 breaks working Inductor programs (``expected Tensor() for op: input``, or
     ``not enough values to unpack``) and turns a kernel that aborts (exit 134) into a
     ``BackendCompilerFailed`` (exit 1): capture would change the program it captures. Here
-    the same check (forward, and backward when an output requires grad) runs at the graph's
-    first call, outside Dynamo, on aliases of its inputs (copies of those it writes), as the
-    capture backend's; where no output can require grad that check would be the call itself,
-    which then is the check (the graph runs once); a failure of any later call is dumped too
-    (``call_guard``). The
+    the same check (forward, and backward when an output requires grad and the backend compiled
+    a backward: ``call_guard.backward_is_compiled``) runs at the graph's first call, outside
+    Dynamo, on aliases of its inputs (copies of those it writes), as the capture backend's;
+    where no output can require grad that check would be the call itself, which then is the
+    check (the graph runs once); a failure of any later call is dumped too (``call_guard``). The
     program's own exception is re-raised unchanged, with PyTorch's ``minifier_path``.
     """
     from torch._dynamo import config
@@ -203,6 +203,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     from reproarchive.sources.backend import copy_graph_structure
     from reproarchive.sources.call_guard import (
         GraphWrites,
+        backward_is_compiled,
         guarded,
         is_control_flow,
         outputs_cannot_require_grad,
@@ -244,7 +245,8 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
             return lambda: None
         try:
             with preserved_state(gm, args):
-                run_forward_backward(compiled, run_inputs(args, writes.of(args)), seed="ones")
+                run_forward_backward(compiled, run_inputs(args, writes.of(args)), seed="ones",
+                                     backward_if=backward_is_compiled)
         except Exception as exc:
             if not is_control_flow(exc):
                 dump(args, exc)
@@ -367,13 +369,12 @@ def pending_archives(folder: Path) -> list[Path]:
     for spool_dir in sorted(folder.glob(f"{SPOOL_PREFIX}*")):
         if not is_spool(spool_dir):
             continue
-        spool = SpoolFolder(spool_dir)
-        pid = spool_dir.name[len(SPOOL_PREFIX):]
-        for name in spool.names():
-            try:
-                spool.complete(name, folder / f"{PENDING_PREFIX}{pid}-{name}.tar.zst")
-            except Exception as err:  # noqa: BLE001 - one damaged entry must not cost the others
-                log.warning("reproarchive capture: a graph the program left could not be completed: %s", err)
-        spool.remove()
+        prefix = f"{PENDING_PREFIX}{spool_dir.name[len(SPOOL_PREFIX):]}-"
+        list(SpoolFolder(spool_dir).complete_each(lambda name, prefix=prefix: folder / f"{prefix}{name}.tar.zst",
+                                                  on_error=_not_completed))  # a damaged entry costs no other
     found = [p for p in folder.glob(f"{PENDING_PREFIX}*.tar.zst") if p.is_file()]
     return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def _not_completed(name: str, err: Exception) -> None:
+    log.warning("reproarchive capture: a graph the program left could not be completed: %s", err)

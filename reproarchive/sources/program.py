@@ -254,22 +254,17 @@ def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> li
     if out.exists() and not out.is_dir():
         raise SourceError(f"output folder {out} is a file", "choose a folder for -o")
     opened = SpoolFolder(folder)  # a spool this reader refuses: refused before anything is made
-    names = opened.names()
-    if not names:
+    if not opened.names():
         raise SourceError(f"the spool {folder} holds no graph", "a process that ended normally leaves nothing to pack")
     out.mkdir(parents=True, exist_ok=True)
     reports = []
-    for name in names:
-        target = _next_free(out)
-        missing = opened.missing(name)
-        opened.complete(name, target)
-        report = archive_report(target, kind="capture (crash)", replay={"performed": False})
-        if missing:
+    for done in opened.complete_each(lambda _name: _next_free(out)):
+        report = archive_report(done.path, kind="capture (crash)", replay={"performed": False})
+        if done.absent:
             report = dataclasses.replace(report, warnings=(
-                f"the process died while {missing} storage(s) were still being written: they are stored as absent "
+                f"the process died while {done.absent} storage(s) were still being written: they are stored as absent "
                 "(generated on load)",))
         reports.append(report)
-    opened.remove()
     return reports
 
 

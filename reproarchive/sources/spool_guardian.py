@@ -96,17 +96,14 @@ def complete_left_spool(spool: Path, folder: Path) -> list[Path]:
 
     if not is_spool(spool):
         return []
-    opened = SpoolFolder(spool)
+    pid = spool.name.rpartition("-")[2]
     written = []
-    for name in opened.names():  # waits for the forked writers of the process to finish
-        pid = spool.name.rpartition("-")[2]
-        destination = folder / (name if name.endswith(ARCHIVE_SUFFIX) else f"repro-{pid}-{name}{ARCHIVE_SUFFIX}")
-        missing = opened.missing(name)
-        written.append(opened.complete(name, destination))
-        note = f" ({missing} storage(s) unwritten at the crash: stored as absent)" if missing else ""
+    for done in SpoolFolder(spool).complete_each(  # waits for the forked writers of the process to finish
+            lambda name: folder / (name if name.endswith(ARCHIVE_SUFFIX) else f"repro-{pid}-{name}{ARCHIVE_SUFFIX}")):
+        written.append(done.path)
+        note = f" ({done.absent} storage(s) unwritten at the crash: stored as absent)" if done.absent else ""
         print(f"reproarchive: process {pid} died in a compiled graph's first call; "
-              f"archive written to {destination}{note}", file=sys.stderr, flush=True)
-    opened.remove()
+              f"archive written to {done.path}{note}", file=sys.stderr, flush=True)
     return written
 
 

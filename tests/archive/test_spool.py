@@ -46,7 +46,7 @@ def test_shared_storages_are_written_once_and_entries_complete_into_archives(tmp
     assert spool.bytes_written == distinct
     assert spool.names() == ["1", "2"]
     spool.discard("1")  # its graph ran without crashing
-    archive = spool.complete("2", tmp_path / "a.tar.zst")
+    archive = spool.complete("2", tmp_path / "a.tar.zst").path
     reproarchive.verify(archive)
     repro = reproarchive.load(archive)
     assert repro.fidelity == ["real", "real"] and torch.equal(repro.args[0], xs[1]) and torch.equal(repro.args[1], w)
@@ -287,7 +287,7 @@ def test_cuda_storages_are_spooled_through_one_pinned_chunk_and_no_device_memory
     assert torch.cuda.max_memory_allocated() == before  # capture took no device memory
     (buffer,) = spool.staging._buffers.values()
     assert buffer.is_pinned() and buffer.numel() == CHUNK
-    archive = spool.complete("1", tmp_path / "a.tar.zst")
+    archive = spool.complete("1", tmp_path / "a.tar.zst").path
     reproarchive.verify(archive)
     repro = reproarchive.load(archive, device="cpu")
     assert torch.equal(repro.args[1], w.cpu()) and repro.records.failure.stage == "crash"
@@ -318,7 +318,7 @@ def test_the_first_call_waits_for_the_entry_and_small_objects_and_the_weights_fo
     x, w = torch.randn(4, 64), torch.randn(64, 256)  # 1 KiB of input, 64 KiB of weights
     name = spool.submit(Capture(_graph(), [x, w], _records()), written=frozenset())
     assert spool.wait(name) and started.wait(10)  # the first call may run: the weights are not written
-    crashed = spool.spool.complete(name, tmp_path / "crash.tar.zst")  # what `pack SPOOL` does after a crash
+    crashed = spool.spool.complete(name, tmp_path / "crash.tar.zst").path  # what `pack SPOOL` does after a crash
     repro = reproarchive.load(crashed)
     assert repro.fidelity == ["real", "absent"] and torch.equal(repro.args[0], x)
     ending = threading.Thread(target=spool.discard, args=(name,))  # the first call ended
@@ -373,7 +373,7 @@ def test_a_first_call_waits_for_no_hashing_and_a_forked_writer_keeps_its_inputs_
     x.mul_(2)
     w.add_(1)  # the call writes both, in place, while the writer may still be reading them
     assert spool.spool.names() == [name]  # (waits for the writer, as a crash's `pack SPOOL` does)
-    repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst"))
+    repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst").path)
     assert repro.fidelity == ["real", "real"]
     assert torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], w0)
     spool.close()
@@ -398,7 +398,7 @@ def test_an_input_the_graph_writes_is_never_copied_nor_read_before_the_call_and_
     assert spool.wait(name) and entry.writer is not None  # the first call: x is left to the fork
     x.mul_(2)
     assert spool.spool.names() == [name]
-    repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst"))
+    repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst").path)
     assert repro.fidelity == ["real", "real"] and torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], w)
     spool.close()
 

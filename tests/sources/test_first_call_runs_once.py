@@ -21,7 +21,7 @@ import torch._dynamo
 
 import reproarchive
 from reproarchive.sources.backend import archive_path
-from reproarchive.sources.call_guard import outputs_cannot_require_grad
+from reproarchive.sources.call_guard import backward_is_compiled, outputs_cannot_require_grad
 from support import later_call_backends
 from support.captures import archives_after_death, kept, stages_a_crash_would_leave
 
@@ -83,8 +83,67 @@ def test_a_first_call_that_is_its_own_check_runs_the_graph_once_under_the_crash_
 
 def test_a_first_call_whose_output_requires_grad_is_still_checked_first_by_default(tmp_path):
     counting, out, x, x0, w = _first_call(tmp_path, w_grad=True)
-    assert counting.runs == 2  # forward and backward on aliases/copies, then the real call
+    assert counting.runs == 2  # the check's forward on aliases/copies, then the real call
     assert torch.equal(x, x0 * 2) and w.grad is None
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class CountingBackward:
+    """A backend whose compiled code counts its forwards and the backward passes that reach its
+    outputs; ``function``: the outputs come out of an ``autograd.Function``, as AOTAutograd's
+    compiled backward's do."""
+
+    def __init__(self, function: bool):
+        self.function, self.forwards, self.backwards = function, 0, 0
+
+    def _reached(self, grad):
+        self.backwards += 1
+
+    def __call__(self, gm, example_inputs):
+        def run(*args):
+            self.forwards += 1
+            outs = [_Identity.apply(o) if self.function else o for o in gm(*args)]
+            for o in outs:
+                o.register_hook(self._reached)
+            return outs
+        return run
+
+
+@pytest.mark.parametrize("function", [False, True], ids=["pytorch-derivatives", "autograd-function"])
+def test_the_check_runs_a_backward_only_where_the_backend_compiled_one(tmp_path, function):
+    """The default check's backward is there for a compiled backward; where the forward's
+    autograd graph is PyTorch's own derivatives (the ``eager`` backend) it is left out, and the
+    check costs a forward, not a training step."""
+    backend = CountingBackward(function)
+    compiled = torch.compile(lambda x, w: torch.relu(x @ w), backend=reproarchive.capture(backend, path=tmp_path))
+    w = torch.randn(8, 8, requires_grad=True)
+    compiled(torch.randn(4, 8), w).sum().backward()
+    assert backend.forwards == 2  # the check's, then the real call
+    assert backend.backwards == (2 if function else 1)  # the check's (where compiled), then the program's
+    assert w.grad is not None and kept(tmp_path) == []
+
+
+def test_backward_is_compiled_reads_the_outputs_autograd_graph():
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    eager = torch.relu(x @ w)
+    assert not backward_is_compiled([eager, 3, None])  # PyTorch's own nodes, down to the leaf
+    assert backward_is_compiled((eager.detach(), _Identity.apply(eager)))
+    assert backward_is_compiled([_Identity.apply(w) * 2])  # below a built-in node too
+    assert not backward_is_compiled([x * 2])  # no autograd graph at all
+
+    def aot_eager(*args):
+        return torch.compile(lambda x, w: torch.relu(x @ w), backend="aot_eager")(*args)
+
+    assert backward_is_compiled([aot_eager(x, w)])
 
 
 def test_a_graph_holding_a_parameter_that_requires_grad_needs_the_check():

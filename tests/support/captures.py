@@ -59,5 +59,5 @@ def stages_a_crash_would_leave(folder: Path) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch:
         for spool in sorted(folder.glob("spool-*")):
             opened = SpoolFolder(spool)
-            paths += [opened.complete(name, Path(scratch) / f"{name}.tar.zst") for name in opened.names()]
+            paths += [opened.complete(name, Path(scratch) / f"{name}.tar.zst").path for name in opened.names()]
         return [reproarchive.load(p).records.failure.stage for p in paths]
