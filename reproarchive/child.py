@@ -31,6 +31,9 @@ from typing import Any, Callable
 from reproarchive import errors
 
 EVENT_PREFIX = "@@reproarchive-event "
+#: A child's temporary folder, inside its private one (``temp_folder``): what a child that
+#: crashes or is killed leaves there (a replay's working folder) goes when the parent removes it.
+TEMP_ENV = "REPROARCHIVE_CHILD_TEMP"
 _STDERR_TAIL = 64000  # enough for faulthandler's report of every thread and module
 
 
@@ -76,11 +79,11 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
     child's stderr there. With ``timeout`` the child runs in a session of its own and, past
     that many seconds, it and every process it started are killed (``Died.timed_out``).
     """
-    env = dict(env, PYTHONPATH=python_path())
-    env.setdefault("PYTHONFAULTHANDLER", "1")
     with tempfile.TemporaryDirectory(prefix="reproarchive-child-") as tmp:
         folder = Path(tmp)
         workdir = request_folder(folder, request)
+        env = dict(env, PYTHONPATH=python_path(), **{TEMP_ENV: str(folder / "tmp")})
+        env.setdefault("PYTHONFAULTHANDLER", "1")
         log_path = folder / "stderr.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", module, str(folder)], cwd=workdir,
@@ -107,11 +110,20 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
 
 
 def request_folder(folder: Path, request: Any) -> Path:
-    """Write ``request`` into a child's private ``folder``; its working directory, made there."""
+    """Write ``request`` into a child's private ``folder``; its working directory and its
+    temporary folder (``TEMP_ENV``), made there. Returns the working directory."""
     (folder / "request.json").write_text(json.dumps(request))
+    (folder / "tmp").mkdir()
     workdir = folder / "cwd"
     workdir.mkdir()
     return workdir
+
+
+def temp_folder() -> str | None:
+    """Where this process makes temporary folders that must not outlive its parent's request:
+    the request's own (``TEMP_ENV``) in a child, else the system's (None)."""
+    found = os.environ.get(TEMP_ENV)
+    return found if found and os.path.isdir(found) else None
 
 
 def collect(folder: Path, code: int, keep_log: str | os.PathLike | None = None) -> tuple[Any, Died | None]:
@@ -395,7 +407,8 @@ class ForkServer:
             folder = Path(tmp)
             request_folder(folder, request)
             try:
-                self._requests.write(json.dumps({"folder": str(folder), "env": env or {}}) + "\n")
+                env = dict(env or {}, **{TEMP_ENV: str(folder / "tmp")})
+                self._requests.write(json.dumps({"folder": str(folder), "env": env}) + "\n")
                 self._requests.flush()
                 line = self._replies.readline()
                 code = json.loads(line)["code"] if line else None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
-from reproarchive.child import ForkServer
+from reproarchive.child import ForkServer, run_child
 
 
 def test_each_request_gets_a_fresh_child_with_its_environment_and_a_crash_is_a_death():
@@ -40,3 +41,18 @@ def test_a_server_that_is_gone_is_reported_as_a_death_and_close_ends_its_group()
         server.close()
     with pytest.raises(ProcessLookupError):
         os.killpg(server.proc.pid, 0)
+
+
+@pytest.mark.parametrize("how", ["run_child", "fork server"])
+def test_a_child_that_crashes_in_a_replay_leaves_no_temporary_folder(how):
+    """A replay's private working folder is made inside the child's own folder, which the parent
+    removes: a crash in the replay (its ``finally`` never runs) leaves nothing in the system's."""
+    if how == "run_child":
+        _, died = run_child("support.fork_child", {"what": "replay-crash"}, env=dict(os.environ))
+    else:
+        with ForkServer("support.fork_child", env=dict(os.environ)) as server:
+            _, died = server.run({"what": "replay-crash"})
+    assert died.signal_name == "SIGSEGV"
+    folder = Path(died.started["folder"])
+    assert folder.name.startswith("reproarchive-replay-") and folder.parent.name == "tmp"
+    assert not folder.parent.parent.exists()  # the child's folder, removed with what was left in it

@@ -48,6 +48,12 @@ def redact_paths(
     """
     if not isinstance(text, str) or not text:
         return text
+    return _replaced(text, _pairs(prefixes, home))
+
+
+def _pairs(prefixes: Iterable[str | os.PathLike] | Mapping[str, str], home: bool) -> list[tuple[str, str]]:
+    """``redact_paths``' prefixes as (spelling, replacement), longest first: found once for all
+    the strings of a record (each spelling resolves symlinks on the file system)."""
     pairs: dict[str, str] = {}
     items = prefixes.items() if isinstance(prefixes, Mapping) else ((p, "<path>") for p in prefixes)
     for prefix, repl in items:
@@ -58,8 +64,13 @@ def redact_paths(
         if home_dir not in ("~", "/", ""):
             for variant in _prefix_variants(home_dir):
                 pairs.setdefault(variant, "~")
-    for prefix in sorted(pairs, key=len, reverse=True):
-        text = re.sub(re.escape(prefix) + _PATH_END, lambda _m, r=pairs[prefix]: r, text)
+    return sorted(pairs.items(), key=lambda pair: len(pair[0]), reverse=True)
+
+
+def _replaced(text: str, pairs: list[tuple[str, str]]) -> str:
+    for prefix, repl in pairs:
+        if prefix in text:  # most strings name no path: no pattern is run on them
+            text = re.sub(re.escape(prefix) + _PATH_END, lambda _m, r=repl: r, text)
     return text
 
 
@@ -152,11 +163,11 @@ def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | N
 
     from reproarchive.format.plain import from_plain, to_plain
 
-    table = {**machine_prefixes(), **(prefixes or {})}
+    pairs = _pairs({**machine_prefixes(), **(prefixes or {})}, home=True)
     user = _user_name()
 
     def text(value: str) -> str:
-        value = redact_paths(value, table)
+        value = _replaced(value, pairs)
         if user and ("/" in value or "\\" in value):
             value = re.sub(r"(?<=[/\\_\-])" + re.escape(user) + r"(?![\w.\-])", "<user>", value)
         return value

@@ -28,7 +28,10 @@ def private_outputs() -> Iterator[Path]:
     afterwards. Paths the caller needs must be absolute before entering."""
     import torch._dynamo.config as dynamo_config
 
-    folder = Path(tempfile.mkdtemp(prefix="reproarchive-replay-"))
+    from reproarchive.child import temp_folder
+
+    # in a child, inside its request's folder: a replay that crashes it leaves nothing behind
+    folder = Path(tempfile.mkdtemp(prefix="reproarchive-replay-", dir=temp_folder()))
     old_cwd = os.getcwd()
     old_env = os.environ.get("TORCH_COMPILE_DEBUG_DIR")
     os.environ["TORCH_COMPILE_DEBUG_DIR"] = str(folder)

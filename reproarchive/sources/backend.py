@@ -55,10 +55,10 @@ storage written once per process however many graphs share it, in the background
 priority, the first call waiting for none of it (a forked copy-on-write writer finishes what is
 left if the call comes first). If the process dies, a guardian process (``spool_guardian``)
 completes the entry into the archive, ``repro-<hash>.tar.zst`` as below, within a second of
-the death. With ``spool=False`` the whole archive is written before each first run instead
-(one full write per graph). Either way a process that dies leaves an archive, complete and
-verifiable; ``reproarchive run`` replays it in a child process and reports the signal and the
-crashing thread's stack.
+the death, and pushes it to ``store=`` when one is given. With ``spool=False`` the whole
+archive is written before each first run instead (one full write per graph). Either way a
+process that dies leaves an archive, complete and verifiable; ``reproarchive run`` replays it
+in a child process and reports the signal and the crashing thread's stack.
 
 Cost and side effects of the check, by design:
 
@@ -502,7 +502,8 @@ class _CaptureBackend:
     def _spool(self) -> Any:
         from reproarchive.sources.process_spool import spool_in
 
-        return spool_in(self.target.parent if _is_file_target(self.target) else self.target, guarded=True)
+        return spool_in(self.target.parent if _is_file_target(self.target) else self.target, guarded=True,
+                        store=self.store)
 
     def _discard(self, pending: Path | str | None) -> None:
         if isinstance(pending, str):  # a spool entry

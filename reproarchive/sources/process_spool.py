@@ -84,15 +84,23 @@ class ProcessSpool:
     by the archive file they complete into, in ``folder``, if the process dies (``guarded``:
     this process's ``spool_guardian`` does that then)."""
 
-    def __init__(self, folder: Path, *, guarded: bool = False):
+    def __init__(self, folder: Path, *, guarded: bool = False, store: str | None = None):
         self._made_folder = not folder.exists()  # then removed at the end, if left empty
         self.spool = Spool(folder / f"{SPOOL_PREFIX}{os.getpid()}")
+        self._stores: set[str | None] = set()
         if guarded:
-            _guardian().guard(self.spool.folder)
+            self.guard(store)
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-spool")
         self._low: concurrent.futures.ThreadPoolExecutor | None = None  # the lowest-priority writer
         self._pending: dict[str, _Entry] = {}
         self.writer_memory = 0  # the most memory a forked writer held on its own (bytes)
+
+    def guard(self, store: str | None) -> None:
+        """Have this process's guardian complete this spool if the process dies, and push what
+        it completes to ``store`` (each store named once)."""
+        if store not in self._stores:
+            self._stores.add(store)
+            _guardian().guard(self.spool.folder, store)
 
     def submit(self, capture: Any, *, written: frozenset[int] | None = None, archive: str | None = None) -> str:
         """Start spooling ``capture``, whose graph writes its inputs at positions ``written``
@@ -292,17 +300,19 @@ def protected_inputs(inputs: list[Any], written: frozenset[int] | None) -> tuple
     return (list(inputs), False) if written is None else (snapshot(inputs, written), True)
 
 
-def spool_in(folder: str | os.PathLike, *, guarded: bool = False) -> ProcessSpool:
+def spool_in(folder: str | os.PathLike, *, guarded: bool = False, store: str | None = None) -> ProcessSpool:
     """This process's spool in ``folder`` (made at its first use; a forked worker makes its
     own), removed at a normal exit; ``guarded``: completed into archives in ``folder`` if the
-    process dies (``spool_guardian``), for a spool made now."""
+    process dies (``spool_guardian``), and pushed to ``store`` when one is named."""
     key = (os.getpid(), Path(folder).absolute())
     with _lock:
         found = _spools.get(key)
         if found is None:
             if not any(pid == key[0] for pid, _ in _spools):  # this process's first spool
                 atexit.register(_close_all)
-            found = _spools[key] = ProcessSpool(key[1], guarded=guarded)
+            found = _spools[key] = ProcessSpool(key[1], guarded=guarded, store=store)
+        elif guarded:
+            found.guard(store)
         return found
 
 

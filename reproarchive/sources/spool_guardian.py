@@ -17,13 +17,17 @@ process that should clean up cannot. The guardian learns of the death from a pip
 end only the capturing process holds (the end is not inherited by programs it starts), and, in
 case a forked child of the process still holds it, from being adopted by another parent. It
 ignores Ctrl-C (the process decides), has its own session, and says what it wrote on the
-stderr it shares with the process, one line per archive, as a crash handler would.
+stderr it shares with the process, one line per archive, as a crash handler would. Where the
+capture shares its failures (``capture(store=...)``), each archive is pushed to that store too,
+so a job that dies in CI shares its crash as it shares its other failures; a push that fails is
+one line, and the archive stays on disk for ``reproarchive push``.
 
 ``capture --`` completes its program's spool itself and starts no guardian.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -36,9 +40,10 @@ _POLL_S = 0.5  # how often an adoption is looked for, when the pipe is held open
 
 
 class Guardian:
-    """This process's guardian: ``guard(spool)`` adds a spool; if this process dies, each entry
-    left in a guarded spool is completed into ``<the spool's folder>/<entry name>`` (the backend
-    names an entry after its archive). One per process, whatever the number of spools."""
+    """This process's guardian: ``guard(spool, store)`` adds a spool (and a store its archives
+    go to); if this process dies, each entry left in a guarded spool is completed into ``<the
+    spool's folder>/<entry name>`` (the backend names an entry after its archive), and pushed to
+    each store named with it. One per process, whatever the number of spools."""
 
     def __init__(self):
         from reproarchive.child import python_path
@@ -56,8 +61,8 @@ class Guardian:
         finally:
             os.close(read_end)
 
-    def guard(self, spool: Path) -> None:
-        os.write(self._write_end, os.fsencode(str(spool)) + b"\n")
+    def guard(self, spool: Path, store: str | None = None) -> None:
+        os.write(self._write_end, json.dumps({"spool": str(spool), "store": store}).encode() + b"\n")
 
     def close(self) -> None:
         """This process is ending normally (its spools removed first): the guardian ends too,
@@ -72,9 +77,11 @@ class Guardian:
             pass
 
 
-def _guarded_until_death(fd: int, parent: int) -> list[Path]:
-    """The spools named on ``fd`` until the process that named them is gone."""
-    spools, buffer = [], b""
+def _guarded_until_death(fd: int, parent: int) -> dict[Path, list[str]]:
+    """The spools named on ``fd``, each with the stores its archives go to, until the process
+    that named them is gone."""
+    spools: dict[Path, list[str]] = {}
+    buffer = b""
     while True:
         ready, _, _ = select.select([fd], [], [], _POLL_S)
         if ready:
@@ -83,7 +90,11 @@ def _guarded_until_death(fd: int, parent: int) -> list[Path]:
                 return spools
             buffer += data
             *lines, buffer = buffer.split(b"\n")
-            spools += [Path(os.fsdecode(line)) for line in lines if line]
+            for line in filter(None, lines):
+                told = json.loads(line)
+                stores = spools.setdefault(Path(told["spool"]), [])
+                if told.get("store") and told["store"] not in stores:
+                    stores.append(told["store"])
         if os.getppid() != parent:
             return spools
 
@@ -107,16 +118,39 @@ def complete_left_spool(spool: Path, folder: Path) -> list[Path]:
     return written
 
 
+def share(archives: list[Path], stores: list[str]) -> bool:
+    """Push ``archives`` to each of ``stores``, one line each on stderr; False if one failed."""
+    if not archives or not stores:
+        return True
+    from reproarchive.store.push import push
+
+    shared = True
+    for store in stores:
+        try:
+            results = push(archives, store)
+        except Exception as err:  # noqa: BLE001 - one line; the archives stay on disk
+            print(f"reproarchive: could not push {len(archives)} archive(s) to {store}: {type(err).__name__}: {err}; "
+                  f"run `reproarchive push ARCHIVE {store}`", file=sys.stderr, flush=True)
+            shared = False
+            continue
+        for result in results:
+            print(f"reproarchive: pushed to {result.store}/{result.name}", file=sys.stderr, flush=True)
+    return shared
+
+
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[0]), int(argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     status = 0
-    for spool in _guarded_until_death(fd, parent):
+    for spool, stores in _guarded_until_death(fd, parent).items():
         try:
-            complete_left_spool(spool, spool.parent)
+            written = complete_left_spool(spool, spool.parent)
         except Exception as err:  # noqa: BLE001 - one line; the spool stays for ``reproarchive pack``
             print(f"reproarchive: could not complete the spool {spool} the dead process {parent} left: "
                   f"{type(err).__name__}: {err}; run `reproarchive pack {spool}`", file=sys.stderr, flush=True)
+            status = 1
+            continue
+        if not share(written, stores):
             status = 1
     return status
 

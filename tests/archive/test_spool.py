@@ -99,7 +99,7 @@ def _guarded_run(tmp_path, source: str) -> tuple[subprocess.CompletedProcess, ob
 _IN_PROCESS = """
 import reproarchive
 killing = killing_backend
-killing_backend = reproarchive.capture(killing, path="archives", spool=True)
+killing_backend = reproarchive.capture(killing, path="archives", spool=True, store="store")
 """
 
 
@@ -151,6 +151,10 @@ def test_in_process_a_killed_process_leaves_the_archive_its_guardian_completed(t
     assert repro.records.backend == "prog:killing_backend"
     assert f"archive written to {archive}" in stderr
     assert list((tmp_path / "archives").iterdir()) == [archive]
+    # shared as the backend's own failures are (``store=``)
+    from reproarchive.store.listing import list_store
+
+    assert "reproarchive: pushed to" in stderr and list_store(tmp_path / "store")["archives"] == 1
 
 
 @pytest.mark.slow
@@ -170,6 +174,7 @@ def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
     else:
         raise AssertionError("the guardian outlived the process it guarded")
     assert not (tmp_path / "archives").exists()  # the folder the spool made went with it
+    assert not (tmp_path / "store").exists()  # nothing to share
 
 
 def test_a_spool_its_guardian_cannot_complete_is_said_in_one_line_and_left_for_pack(tmp_path, capfd):
@@ -182,7 +187,7 @@ def test_a_spool_its_guardian_cannot_complete_is_said_in_one_line_and_left_for_p
     (obj,) = [p for p in (spool.folder / "objects").rglob("*") if p.is_file() and p.stat().st_size == 64 * 256]
     obj.write_bytes(b"\0" * obj.stat().st_size)
     read, write = os.pipe()
-    os.write(write, os.fsencode(str(spool.folder)) + b"\n")
+    os.write(write, json.dumps({"spool": str(spool.folder), "store": None}).encode() + b"\n")
     os.close(write)  # the process is gone: end of the pipe
     interrupt = signal.getsignal(signal.SIGINT)
     try:
@@ -193,6 +198,37 @@ def test_a_spool_its_guardian_cannot_complete_is_said_in_one_line_and_left_for_p
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "could not complete the spool" in err and "reproarchive pack" in err
     assert spool.names() == ["repro-x.tar.zst"] and not (tmp_path / "repro-x.tar.zst").exists()
+
+
+def test_the_guardian_pushes_what_it_completes_to_the_captures_stores(tmp_path, capfd):
+    """``capture(store=...)``: the archive the guardian completes is shared as the backend's own
+    failures are; a store that fails is one line and exit 1, the archive left on disk."""
+    from reproarchive.sources import spool_guardian
+    from reproarchive.store.listing import list_store
+
+    spool = Spool(tmp_path / "archives" / "spool-4242")
+    spool.add("repro-x.tar.zst", Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 64)], _records()))
+    good, bad = tmp_path / "store", tmp_path / "not-a-folder"
+    bad.write_text("a file")
+    read, write = os.pipe()
+    for store in (str(good), str(good), str(bad)):  # as a backend, and a second one, tell it
+        os.write(write, json.dumps({"spool": str(spool.folder), "store": store}).encode() + b"\n")
+    os.close(write)  # the process is gone: end of the pipe
+    interrupt = signal.getsignal(signal.SIGINT)
+    try:
+        assert spool_guardian.main([str(read), str(os.getpid())]) == 1
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+        os.close(read)
+    archive = tmp_path / "archives" / "repro-x.tar.zst"
+    reproarchive.verify(archive)
+    (group,) = list_store(good)["groups"]
+    (row,) = group["archives"]  # pushed once, though named twice
+    assert row["name"].startswith("repro-x-")
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 3 and f"archive written to {archive}" in lines[0] and "pushed to" in lines[1]
+    assert f"could not push 1 archive(s) to {bad}" in lines[2] and "reproarchive push" in lines[2]
+    assert not spool.folder.exists()
 
 
 @pytest.mark.slow
