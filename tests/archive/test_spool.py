@@ -177,24 +177,30 @@ def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
     assert not (tmp_path / "store").exists()  # nothing to share
 
 
+def _guardian_after_death(spool: Spool, stores: list) -> int:
+    """The guardian's run, here, told of ``spool`` once per store, then of its process's end."""
+    from reproarchive.sources import spool_guardian
+
+    read, write = os.pipe()
+    for store in stores:
+        os.write(write, json.dumps({"spool": str(spool.folder), "store": store}).encode() + b"\n")
+    os.close(write)  # the process is gone: end of the pipe
+    interrupt = signal.getsignal(signal.SIGINT)
+    try:
+        return spool_guardian.main([str(read), str(os.getpid())])
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+        os.close(read)
+
+
 def test_a_spool_its_guardian_cannot_complete_is_said_in_one_line_and_left_for_pack(tmp_path, capfd):
     """A damaged object: the guardian says so in one line (naming ``reproarchive pack``), exits
     1, writes no archive and leaves the spool as it was."""
-    from reproarchive.sources import spool_guardian
-
     spool = Spool(tmp_path / "spool-4242")
     spool.add("repro-x.tar.zst", Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 64)], _records()))
     (obj,) = [p for p in (spool.folder / "objects").rglob("*") if p.is_file() and p.stat().st_size == 64 * 256]
     obj.write_bytes(b"\0" * obj.stat().st_size)
-    read, write = os.pipe()
-    os.write(write, json.dumps({"spool": str(spool.folder), "store": None}).encode() + b"\n")
-    os.close(write)  # the process is gone: end of the pipe
-    interrupt = signal.getsignal(signal.SIGINT)
-    try:
-        assert spool_guardian.main([str(read), str(os.getpid())]) == 1
-    finally:
-        signal.signal(signal.SIGINT, interrupt)
-        os.close(read)
+    assert _guardian_after_death(spool, [None]) == 1
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "could not complete the spool" in err and "reproarchive pack" in err
     assert spool.names() == ["repro-x.tar.zst"] and not (tmp_path / "repro-x.tar.zst").exists()
@@ -203,23 +209,13 @@ def test_a_spool_its_guardian_cannot_complete_is_said_in_one_line_and_left_for_p
 def test_the_guardian_pushes_what_it_completes_to_the_captures_stores(tmp_path, capfd):
     """``capture(store=...)``: the archive the guardian completes is shared as the backend's own
     failures are; a store that fails is one line and exit 1, the archive left on disk."""
-    from reproarchive.sources import spool_guardian
     from reproarchive.store.listing import list_store
 
     spool = Spool(tmp_path / "archives" / "spool-4242")
     spool.add("repro-x.tar.zst", Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 64)], _records()))
     good, bad = tmp_path / "store", tmp_path / "not-a-folder"
     bad.write_text("a file")
-    read, write = os.pipe()
-    for store in (str(good), str(good), str(bad)):  # as a backend, and a second one, tell it
-        os.write(write, json.dumps({"spool": str(spool.folder), "store": store}).encode() + b"\n")
-    os.close(write)  # the process is gone: end of the pipe
-    interrupt = signal.getsignal(signal.SIGINT)
-    try:
-        assert spool_guardian.main([str(read), str(os.getpid())]) == 1
-    finally:
-        signal.signal(signal.SIGINT, interrupt)
-        os.close(read)
+    assert _guardian_after_death(spool, [str(good), str(good), str(bad)]) == 1  # as backends tell it
     archive = tmp_path / "archives" / "repro-x.tar.zst"
     reproarchive.verify(archive)
     (group,) = list_store(good)["groups"]
