@@ -71,7 +71,8 @@ Cost and side effects of the check, by design:
   ops runs once more, eagerly on copies of its inputs, to record their real outputs.
 * memory: copies of the inputs the graph writes in place, for the duration of one run; the
   other inputs (the parameters, since Dynamo passes them as inputs) are aliased, and a
-  backward's gradients of them are as large as the program's own. Archived inputs are the
+  backward's gradients of them are as large as the program's own, freed and given back to the
+  system (``heap.trim``) before the real call, so its peak is the program's. Archived inputs are the
   real ones, not copies; where the inputs the graph writes are unknown (an operator without
   a fake kernel) their version counters are checked and an input changed before the archive
   was written is listed in the failure record (``inputs_modified``).
@@ -123,6 +124,7 @@ from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
+from reproarchive.sources import heap
 from reproarchive.sources.call_guard import (
     GraphWrites,
     backward_is_compiled,
@@ -410,6 +412,7 @@ class _CaptureBackend:
             # The check ran to its end (passed, failed, or was interrupted): the process did
             # not crash, so the pending archive is not a record of anything.
             self._discard(pending)
+            heap.trim()  # its activations and gradients, freed, leave the real call's peak alone
 
     def _run_check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
                    versions: list, written: frozenset[int] | None) -> None:

@@ -8,9 +8,11 @@ process. Two ways, by where the storages are:
   writes copied): the entry is drafted when the graph is compiled, then hashed and written by a
   thread at the lowest priority, which never reads a storage the graph writes (nothing is
   copied for the spool). The first call waits for none of it: if the thread is not done, or
-  the graph writes an input, the process forks (``snapshot_writer``) and the child, a
-  copy-on-write snapshot of the process at that instant, finishes the entry; a crash during the
-  call leaves the child to complete it. The child is killed when the call ends any other way.
+  the graph writes more than ``HELD_HERE_BYTES`` of its inputs, the process forks
+  (``snapshot_writer``) and the child, a copy-on-write snapshot of the process at that instant,
+  finishes the entry; a crash during the call leaves the child to complete it. The child is
+  killed when the call ends any other way. Where the thread is done and the inputs the graph
+  writes are small (batch-norm statistics), the first call hashes and writes them itself.
 - **On a device**: a thread hashes and writes through one pinned host buffer; the first call
   waits until the entry is on disk with its small objects (``wait``). Where the capture holds
   copies of the inputs the graph writes (they are known: ``submit(..., written=...)``), the large objects
@@ -58,6 +60,10 @@ _guardians: dict[int, Guardian] = {}
 #: Object bytes an entry writes before its graph's first call may run (smallest objects first):
 #: the inputs and small state of a step; a model's large weights are written during the call.
 FIRST_BYTES = 64 << 20
+#: Bytes of the inputs a graph writes that its first call hashes and writes itself, before it
+#: runs, once the thread has written the rest (a few milliseconds): batch-norm statistics, not
+#: a fork of the whole process for them.
+HELD_HERE_BYTES = 4 << 20
 
 
 class _Entry:
@@ -73,6 +79,7 @@ class _Entry:
         self.draft: Draft | None = None
         self.todo: list | None = None
         self.found: list | None = None  # digests of the storages not held, before the entry is committed
+        self.others_written = False  # every storage not held is written
         self.done = False
         self.error: BaseException | None = None
         self.writer: snapshot_writer.Writer | None = None
@@ -162,8 +169,9 @@ class ProcessSpool:
                 return
             if draft.held:
                 entry.found = found
-                self.spool.write([(d, s) for i, (d, s) in enumerate(zip(found, draft.storages))
-                                  if i not in draft.held and d is not None], entry.stop.is_set)
+                others = [(d, s) for i, (d, s) in enumerate(zip(found, draft.storages))
+                          if i not in draft.held and d is not None]
+                entry.others_written = self.spool.write(others, entry.stop.is_set)
                 return
             entry.todo = self.spool.commit(draft, found)
             if entry.discarded:  # the entry went while it was committed: no trace of it
@@ -216,7 +224,7 @@ class ProcessSpool:
         ahead of this one's in the queue: not started, it never will be)."""
         entry.stop.set()
         entry.future.cancel()
-        if entry.done:
+        if entry.done or self._write_held_here(entry):
             return True
         # Not waited for: at the lowest priority beside a busy core it may not run for long.
         # It stops at its next piece; what both write is the same bytes, renamed into place.
@@ -228,6 +236,21 @@ class ProcessSpool:
                 entry.error = err
         could_not_write(entry.error)
         return False
+
+    def _write_held_here(self, entry: _Entry) -> bool:
+        """The thread wrote every storage the graph does not write, and those it writes are small
+        (``HELD_HERE_BYTES``): they are hashed and written here, as they are before the call
+        changes them, and no writer is forked (page tables copied, a child alive through the
+        call, pages copied while it lives)."""
+        draft = entry.draft
+        if not entry.others_written or sum(draft.storages[i].nbytes() for i in draft.held) > HELD_HERE_BYTES:
+            return False
+        try:
+            entry.todo = self.spool.commit(draft, self.spool.hash(draft, only=draft.held, found=entry.found))
+            entry.done = self.spool.write(entry.todo)
+        except Exception as err:  # noqa: BLE001 - reported by ``wait``, never raised into the job
+            entry.error = err
+        return entry.done
 
     def discard(self, name: str) -> None:
         """The graph's first call ended without a crash: entry ``name`` is not a record, and

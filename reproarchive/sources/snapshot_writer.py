@@ -30,7 +30,6 @@ the fork, uses hashlib, msgpack and the file system, and has a time limit after 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -40,6 +39,7 @@ from typing import Any
 
 from reproarchive.archive.spool import Draft, Spool, partial
 from reproarchive.codec.tensors import storage_view
+from reproarchive.sources import heap
 
 #: The child's niceness: it takes the cores only when the job leaves them idle.
 NICE = 19
@@ -129,13 +129,9 @@ def _detach(*, keep: int, limit: int) -> None:
 
 
 def _unmap_free_heap() -> None:
-    """Drop this child's mapping of the free pages of the C heap (glibc's ``malloc_trim``): the
-    parent reuses them for the call, and each page it writes that the child still maps is
-    copied."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the pages stay shared, and are copied when written
-        pass
+    """Drop this child's mapping of the free pages of the C heap: the parent reuses them for
+    the call, and each page it writes that the child still maps is copied."""
+    heap.trim()
 
 
 def private_bytes(pid: int) -> int:

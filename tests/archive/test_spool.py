@@ -412,11 +412,16 @@ def test_a_first_call_waits_for_no_hashing_and_a_forked_writer_keeps_its_inputs_
     assert not spool.spool.folder.exists()
 
 
-def test_an_input_the_graph_writes_is_never_copied_nor_read_before_the_call_and_archived_as_it_was(tmp_path):
+@pytest.mark.parametrize("held", ["small", "large"])
+def test_an_input_the_graph_writes_is_never_copied_nor_read_before_the_call_and_archived_as_it_was(tmp_path,
+                                                                                                  monkeypatch, held):
     """(27.1) The graph writes x: the spool copies nothing; its thread hashes and writes only w
-    (which the call does not write); the writer forked at the first call reads x as it was."""
+    (which the call does not write). At the first call x is read as it was: hashed and written
+    there and then when it is small (no fork), else by the writer forked then."""
     from reproarchive.sources import process_spool
 
+    if held == "large":
+        monkeypatch.setattr(process_spool, "HELD_HERE_BYTES", 1024 - 1)  # x's 1 KiB
     spool = process_spool.ProcessSpool(tmp_path)
     x, w = torch.randn(4, 64), torch.randn(64, 256)
     x0 = x.clone()
@@ -427,7 +432,11 @@ def test_an_input_the_graph_writes_is_never_copied_nor_read_before_the_call_and_
     entry.future.result(10)  # the thread is done with what it may read
     objects = [p for p in (spool.spool.folder / "objects").rglob("*") if p.is_file()]
     assert [o.stat().st_size for o in objects] == [w.untyped_storage().nbytes()] and not entry.done
-    assert spool.wait(name) and entry.writer is not None  # the first call: x is left to the fork
+    assert spool.wait(name)  # the first call
+    if held == "small":
+        assert entry.done and entry.writer is None  # x written before it ran, nothing forked
+    else:
+        assert entry.writer is not None  # x is left to the fork
     x.mul_(2)
     assert spool.spool.names() == [name]
     repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst").path)
