@@ -21,7 +21,12 @@ every free page of the C heap (``malloc_trim``: measured, 0.4 GB of weights and 
 the child held +84-130% of the weights without it). What is left is the pages of live objects
 the parent writes meanwhile (Python objects whose counts change, the inputs the graph writes,
 whose copies the capture already holds). ``Writer.stop`` measures it (the child's private
-pages) before killing the child; the benchmark reports it.
+pages) before killing the child; the benchmark reports it. And while a writer lives the
+parent's cyclic garbage collector is kept off the objects that existed at the fork
+(``gc.freeze``, as pre-fork servers do): a full collection writes the header of every object it
+tracks, so each one would copy the whole Python heap into the child. They are handed back to
+it (``gc.unfreeze``) when the last writer is stopped; a program that froze objects itself is
+left as it is.
 
 The child calls no torch function: torch's thread pools do not survive a fork and a parallel
 kernel could wait forever on a pool that is gone. It reads storages through views made before
@@ -30,9 +35,11 @@ the fork, uses hashlib, msgpack and the file system, and has a time limit after 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -59,15 +66,41 @@ def can_fork(storages: list[Any], *, inputs_copied: bool) -> bool:
     return inputs_copied or not any(s.is_shared() for s in storages)
 
 
+_gc_lock = threading.Lock()
+_gc_writers = [0]  # writers alive for which this process froze its objects (0: none frozen)
+
+
+def _keep_gc_off() -> bool:
+    """Freeze this process's objects for a writer about to be forked (module docstring);
+    False where the program froze objects of its own (then nothing is done)."""
+    with _gc_lock:
+        if _gc_writers[0] == 0 and gc.get_freeze_count():
+            return False
+        if _gc_writers[0] == 0:
+            gc.freeze()
+        _gc_writers[0] += 1
+        return True
+
+
+def _let_gc_back() -> None:
+    with _gc_lock:
+        _gc_writers[0] -= 1
+        if _gc_writers[0] == 0:
+            gc.unfreeze()
+
+
 class Writer:
     """A forked child finishing one entry."""
 
-    def __init__(self, spool: Spool, pid: int, lock: Path):
-        self.spool, self.pid, self.lock = spool, pid, lock
+    def __init__(self, spool: Spool, pid: int, lock: Path, *, froze: bool = False):
+        self.spool, self.pid, self.lock, self._froze = spool, pid, lock, froze
 
     def stop(self) -> int:
         """Kill the child (its entry is not needed) and remove what it left half-written;
         returns the bytes of memory it held on its own (pages copied since the fork)."""
+        if self._froze:
+            self._froze = False
+            _let_gc_back()
         held = private_bytes(self.pid)
         try:
             os.kill(self.pid, signal.SIGKILL)
@@ -87,11 +120,14 @@ def start(spool: Spool, draft: Draft, todo: list | None, found: list | None = No
     views = {id(s): storage_view(s) for s in draft.storages}  # made here: the child calls no torch
     limit = _LIMIT_S + sum(len(v) for v in views.values()) // _LIMIT_BYTES_PER_S
     fd, lock = spool.writer_lock(draft.name)
+    froze = _keep_gc_off()
     try:
         with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process: see the docstring
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
     except OSError:  # no memory or process left for a child: the caller logs it, the job goes on
+        if froze:
+            _let_gc_back()
         os.close(fd)
         lock.unlink(missing_ok=True)
         raise
@@ -108,7 +144,7 @@ def start(spool: Spool, draft: Draft, todo: list | None, found: list | None = No
         finally:
             os._exit(status)
     os.close(fd)  # the child holds the lock now
-    return Writer(spool, pid, lock)
+    return Writer(spool, pid, lock, froze=froze)
 
 
 def _detach(*, keep: int, limit: int) -> None:
@@ -125,6 +161,7 @@ def _detach(*, keep: int, limit: int) -> None:
     os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
     os.nice(NICE)
     signal.alarm(limit)
+    gc.disable()  # a collection here would write every object's header: copied pages, no gain
     _unmap_free_heap()
 
 

@@ -530,3 +530,47 @@ def test_a_forked_writer_does_not_hold_the_heap_the_call_reuses(tmp_path, monkey
     spool.discard(name)
     assert len(reused) == 1024 and spool.writer_memory < 24 << 20, spool.writer_memory
     spool.close()
+
+
+@pytest.mark.parametrize("program_froze", [False, True])
+def test_a_forked_writer_is_not_copied_the_heap_by_the_parents_garbage_collector(tmp_path, monkeypatch,
+                                                                                 program_froze):
+    """(27.1) Memory: a full collection in the parent writes the header of every object it
+    tracks, which would copy the whole Python heap into a live writer. While a writer lives the
+    objects that existed at the fork are frozen (``gc.freeze``), and handed back after; a
+    program's own frozen objects are left as they are."""
+    import gc
+
+    from reproarchive.sources import process_spool
+
+    _held_in_this_process(monkeypatch, "hash", _unfinished)
+    parent, real_write = os.getpid(), Spool.write
+
+    def stalled_write(self, todo, stop=None, views=None):
+        if os.getpid() != parent:
+            time.sleep(60)  # alive, still "writing", until killed
+        return real_write(self, todo, stop, views)
+
+    monkeypatch.setattr(Spool, "write", stalled_write)
+    objects = [[] for _ in range(400_000)]  # ~30 MiB of objects the collector tracks
+    if program_froze:
+        gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        spool = process_spool.ProcessSpool(tmp_path)
+        name = spool.submit(Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 256)], _records()))
+        assert spool.wait(name)
+        for _ in range(1000):  # until the writer is past its set-up
+            if list(spool.spool.folder.glob("pending/*.index")):
+                break
+            time.sleep(0.01)
+        assert gc.get_freeze_count() >= len(objects)
+        gc.collect()  # the call's collections
+        spool.discard(name)
+        assert spool.writer_memory < 12 << 20, spool.writer_memory
+        assert gc.get_freeze_count() == frozen  # handed back, or the program's left frozen
+        spool.close()
+    finally:
+        if program_froze:
+            gc.unfreeze()
+    assert len(objects) == 400_000
