@@ -502,30 +502,44 @@ def test_a_spool_of_format_1_is_read_and_a_newer_one_refused_in_one_line(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_a_forked_writer_does_not_hold_the_heap_the_call_reuses(tmp_path, monkeypatch):
-    """(27.1) Memory: the call reuses heap memory freed before the fork for its activations and
-    gradients; the forked writer gives its mapping of free heap pages back (``malloc_trim``), so
-    those writes copy nothing (without it the writer held about all 64 MiB here)."""
-    from reproarchive.sources import process_spool
-
+def _writer_alive_until_stopped(monkeypatch) -> None:
+    """The thread never finishes, so the first call forks a writer, which then stays alive,
+    still "writing", until it is killed."""
     _held_in_this_process(monkeypatch, "hash", _unfinished)
     parent, real_write = os.getpid(), Spool.write
 
     def stalled_write(self, todo, stop=None, views=None):
         if os.getpid() != parent:
-            time.sleep(60)  # alive, still "writing", until killed
+            time.sleep(60)
         return real_write(self, todo, stop, views)
 
     monkeypatch.setattr(Spool, "write", stalled_write)
-    freed = [torch.ones(16 << 10) for _ in range(1024)]  # 64 KiB each: heap, not mmap
-    del freed
-    spool = process_spool.ProcessSpool(tmp_path)
+
+
+def _first_call_with_a_live_writer(folder):
+    """A spool in ``folder`` whose entry's first call is due: its writer forked and past its
+    set-up (``_writer_alive_until_stopped`` keeps it alive). Returns (spool, entry name)."""
+    from reproarchive.sources import process_spool
+
+    spool = process_spool.ProcessSpool(folder)
     name = spool.submit(Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 256)], _records()))
     assert spool.wait(name)
-    for _ in range(1000):  # until the writer is past its set-up
+    for _ in range(1000):
         if list(spool.spool.folder.glob("pending/*.index")):
             break
         time.sleep(0.01)
+    return spool, name
+
+
+def test_a_forked_writer_does_not_hold_the_heap_the_call_reuses(tmp_path, monkeypatch):
+    """(27.1) Memory: the call reuses heap memory freed before the fork for its activations and
+    gradients; the forked writer gives its mapping of free heap pages back (``malloc_trim``), so
+    those writes copy nothing (without it the writer held about all 64 MiB here)."""
+
+    _writer_alive_until_stopped(monkeypatch)
+    freed = [torch.ones(16 << 10) for _ in range(1024)]  # 64 KiB each: heap, not mmap
+    del freed
+    spool, name = _first_call_with_a_live_writer(tmp_path)
     reused = [torch.full((16 << 10,), 2.0) for _ in range(1024)]  # the call: 64 MiB written
     spool.discard(name)
     assert len(reused) == 1024 and spool.writer_memory < 24 << 20, spool.writer_memory
@@ -541,29 +555,14 @@ def test_a_forked_writer_is_not_copied_the_heap_by_the_parents_garbage_collector
     program's own frozen objects are left as they are."""
     import gc
 
-    from reproarchive.sources import process_spool
 
-    _held_in_this_process(monkeypatch, "hash", _unfinished)
-    parent, real_write = os.getpid(), Spool.write
-
-    def stalled_write(self, todo, stop=None, views=None):
-        if os.getpid() != parent:
-            time.sleep(60)  # alive, still "writing", until killed
-        return real_write(self, todo, stop, views)
-
-    monkeypatch.setattr(Spool, "write", stalled_write)
+    _writer_alive_until_stopped(monkeypatch)
     objects = [[] for _ in range(400_000)]  # ~30 MiB of objects the collector tracks
     if program_froze:
         gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        spool = process_spool.ProcessSpool(tmp_path)
-        name = spool.submit(Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 256)], _records()))
-        assert spool.wait(name)
-        for _ in range(1000):  # until the writer is past its set-up
-            if list(spool.spool.folder.glob("pending/*.index")):
-                break
-            time.sleep(0.01)
+        spool, name = _first_call_with_a_live_writer(tmp_path)
         assert gc.get_freeze_count() >= len(objects)
         gc.collect()  # the call's collections
         spool.discard(name)
