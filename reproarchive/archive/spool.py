@@ -32,7 +32,14 @@ from typing import Any, Callable, Collection
 
 from reproarchive.archive.host_staging import HostStaging
 from reproarchive.archive.packing import Prepared, is_zero_bytes, prepared
-from reproarchive.archive.spool_folder import _CODE_SUFFIX, _INDEX_SUFFIX, MARKER, MARKER_TEXT, SpoolFolder, is_spool  # noqa: F401
+from reproarchive.archive.spool_folder import (  # noqa: F401 - MARKER, is_spool: this module's names too
+    CODE_SUFFIX,
+    INDEX_SUFFIX,
+    MARKER,
+    MARKER_TEXT,
+    SpoolFolder,
+    is_spool,
+)
 from reproarchive.archive.writing import Capture
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.redaction import redacted
@@ -114,9 +121,9 @@ class Spool(SpoolFolder):
         index = draft.ready.index(frame_size=layout.DEFAULT_FRAME_SIZE, digest_algorithm=self.algorithm,
                                   job=draft.job)
         pending = self.folder / "pending"
-        with atomic_file(pending / f"{draft.name}{_CODE_SUFFIX}", fsync=False) as f:
+        with atomic_file(pending / f"{draft.name}{CODE_SUFFIX}", fsync=False) as f:
             f.write(draft.ready.code)
-        with atomic_file(pending / f"{draft.name}{_INDEX_SUFFIX}", fsync=False) as f:
+        with atomic_file(pending / f"{draft.name}{INDEX_SUFFIX}", fsync=False) as f:
             f.write(index_codec.encode_index(plain.to_plain(index)))
         return todo
 

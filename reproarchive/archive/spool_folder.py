@@ -28,7 +28,8 @@ MARKER = "REPROARCHIVE-SPOOL"
 MARKER_TEXT = b"reproarchive spool 2\n"
 #: Markers this reader completes: spool 1 had no ``writers/`` (nothing to wait for).
 READ_MARKERS = (b"reproarchive spool 1\n", MARKER_TEXT)
-_INDEX_SUFFIX, _CODE_SUFFIX = ".index", ".code"
+#: an entry's files in ``pending/`` (spec §13)
+INDEX_SUFFIX, CODE_SUFFIX = ".index", ".code"
 _MAX_ENTRY_INDEX = 256 << 20
 
 
@@ -78,7 +79,7 @@ class SpoolFolder:
 
     def discard(self, name: str) -> None:
         """Forget entry ``name`` (its graph ran without crashing); objects stay for others."""
-        for suffix in (_INDEX_SUFFIX, _CODE_SUFFIX):
+        for suffix in (INDEX_SUFFIX, CODE_SUFFIX):
             (self.folder / "pending" / f"{name}{suffix}").unlink(missing_ok=True)
 
     def remove(self) -> None:
@@ -90,8 +91,8 @@ class SpoolFolder:
     def names(self) -> list[str]:
         """The entries a crash left, oldest first (once every writer has finished)."""
         self.wait_for_writers()
-        found = [p for p in (self.folder / "pending").glob(f"*{_INDEX_SUFFIX}") if p.is_file()]
-        return [p.name[: -len(_INDEX_SUFFIX)] for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
+        found = [p for p in (self.folder / "pending").glob(f"*{INDEX_SUFFIX}") if p.is_file()]
+        return [p.name[: -len(INDEX_SUFFIX)] for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
 
     def complete_each(self, destination: Callable[[str], Path],
                       on_error: Callable[[str, Exception], None] | None = None) -> Iterator[Completed]:
@@ -111,14 +112,14 @@ class SpoolFolder:
         """Entry ``name`` as an ordinary self-contained archive at ``destination`` (atomically):
         the writer checks the index against every rule of the spec before writing it."""
         pending = self.folder / "pending"
-        raw = (pending / f"{name}{_INDEX_SUFFIX}").read_bytes()
+        raw = (pending / f"{name}{INDEX_SUFFIX}").read_bytes()
         if len(raw) > _MAX_ENTRY_INDEX:
             raise PackError(f"spool entry {name} has an index of {len(raw)} bytes", "this is not a spool we wrote")
         try:
             index = plain.from_plain(Index, index_codec.decode_index(raw, max_memory=_MAX_ENTRY_INDEX))
         except Exception as err:  # noqa: BLE001 - a damaged entry: one line, no traceback
             raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
-        code = (pending / f"{name}{_CODE_SUFFIX}").read_bytes()
+        code = (pending / f"{name}{CODE_SUFFIX}").read_bytes()
         index, absent = self._with_missing_absent(index)
         # the mappings stay open until the writer is done: its frames may still read them
         with contextlib.ExitStack() as mappings, atomic_file(destination) as f:

@@ -72,7 +72,7 @@ Cost and side effects of the check, by design:
 * memory: copies of the inputs the graph writes in place, for the duration of one run; the
   other inputs (the parameters, since Dynamo passes them as inputs) are aliased, and a
   backward's gradients of them are as large as the program's own, freed and given back to the
-  system (``heap.trim``) before the real call, so its peak is the program's. Archived inputs are the
+  system (``call_guard.preserved_state``) before the real call, so its peak is the program's. Archived inputs are the
   real ones, not copies; where the inputs the graph writes are unknown (an operator without
   a fake kernel) their version counters are checked and an input changed before the archive
   was written is listed in the failure record (``inputs_modified``).
@@ -124,7 +124,6 @@ from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
-from reproarchive.sources import heap
 from reproarchive.sources.call_guard import (
     GraphWrites,
     backward_is_compiled,
@@ -311,6 +310,11 @@ class _CaptureBackend:
     def file_target(self) -> bool:
         return _is_file_target(self.target)
 
+    @property
+    def folder(self) -> Path:
+        """Where this backend's archives and spool go: ``path``, or a file target's folder."""
+        return self.target.parent if self.file_target else self.target
+
     def rank_capture(self, gm: Any, inputs: list[Any], config: ConfigRecord, failure: FailureRecord) -> Capture:
         """One rank's part of a multi-rank job (``job_capture``): this backend's records."""
         return capture_of(gm, inputs, config=config, failure=failure, backend=self.backend_name, accuracy=False,
@@ -412,7 +416,6 @@ class _CaptureBackend:
             # The check ran to its end (passed, failed, or was interrupted): the process did
             # not crash, so the pending archive is not a record of anything.
             self._discard(pending)
-            heap.trim()  # its activations and gradients, freed, leave the real call's peak alone
 
     def _run_check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
                    versions: list, written: frozenset[int] | None) -> None:
@@ -469,7 +472,7 @@ class _CaptureBackend:
         file target that already holds an archive is not overwritten by a pending one.
         """
         record = _failure.pending_crash_record(backend=self.backend_name)
-        folder = self.target.parent if _is_file_target(self.target) else self.target
+        folder = self.folder
         self._made_folder = self._made_folder or not folder.exists()
         try:
             destination = self._destination(gm, inputs, record)
@@ -505,8 +508,7 @@ class _CaptureBackend:
     def _spool(self) -> Any:
         from reproarchive.sources.process_spool import spool_in
 
-        return spool_in(self.target.parent if _is_file_target(self.target) else self.target, guarded=True,
-                        store=self.store)
+        return spool_in(self.folder, guarded=True, store=self.store)
 
     def _discard(self, pending: Path | str | None) -> None:
         if isinstance(pending, str):  # a spool entry
@@ -585,7 +587,7 @@ class _CaptureBackend:
         log.warning("reproarchive: pushed to %s/%s", result.store, result.name)
 
     def _destination(self, gm: Any, inputs: list[Any], record: FailureRecord) -> Path:
-        folder = self.target.parent if _is_file_target(self.target) else self.target
+        folder = self.folder
         folder.mkdir(parents=True, exist_ok=True)
         return folder / self._archive_name(gm, inputs, record)
 

@@ -33,6 +33,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from reproarchive.replay.input_writes import snapshot, written_inputs
+from reproarchive.sources import heap
 
 log = logging.getLogger("reproarchive.capture")
 
@@ -195,7 +196,9 @@ def modified_inputs(inputs: Any, versions: list[int | None]) -> list[int]:
 @contextmanager
 def preserved_state(gm: Any, inputs: Sequence[Any]):
     """Restore what a check run could change that the user can see: RNG streams, and the
-    grads and buffer values of parameters the graph holds as attributes (inputs are copies)."""
+    grads and buffer values of parameters the graph holds as attributes (inputs are copies);
+    and give the memory the run freed back to the system (``heap.trim``), so that the real
+    call's peak is the program's."""
     import torch
 
     from reproarchive.codec.device_runtime import devices_of, forked_rng
@@ -215,3 +218,4 @@ def preserved_state(gm: Any, inputs: Sequence[Any]):
                 for b, saved in saved_buffers:
                     if not torch.equal(b, saved):
                         b.copy_(saved)
+            heap.trim()

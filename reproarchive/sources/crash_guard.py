@@ -48,7 +48,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reproarchive.sources import heap, inductor_door
+from reproarchive.sources import inductor_door
 
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
@@ -251,8 +251,6 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
             if not is_control_flow(exc):
                 dump(args, exc)
             raise
-        finally:
-            heap.trim()  # the check's memory, freed, leaves the real call's peak alone
         return None
 
     return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
