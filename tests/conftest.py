@@ -9,9 +9,13 @@ import os
 # - Inductor compiles in a pool of worker processes by default (two here), and most compiles
 #   are one or two tiny kernels: every process that compiled paid ~3 s of CPU to start it;
 # - OpenMP's threads spin between parallel regions by default, on cores another test process
-#   needs: passive, they sleep (the thread count, which some crashes depend on, is unchanged).
+#   needs: passive, they sleep (the thread count, which some crashes depend on, is unchanged);
+# - every process that compiles a C++ kernel first proves each SIMD instruction set the CPU
+#   reports by building and loading a probe library, one Python process per set (about 450 in
+#   a suite run): told the sets work, it uses the CPU's report alone.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

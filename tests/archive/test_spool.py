@@ -555,7 +555,6 @@ def test_a_forked_writer_is_not_copied_the_heap_by_the_parents_garbage_collector
     program's own frozen objects are left as they are."""
     import gc
 
-
     _writer_alive_until_stopped(monkeypatch)
     objects = [[] for _ in range(400_000)]  # ~30 MiB of objects the collector tracks
     if program_froze:
@@ -567,7 +566,10 @@ def test_a_forked_writer_is_not_copied_the_heap_by_the_parents_garbage_collector
         gc.collect()  # the call's collections
         spool.discard(name)
         assert spool.writer_memory < 12 << 20, spool.writer_memory
-        assert gc.get_freeze_count() == frozen  # handed back, or the program's left frozen
+        if program_froze:  # left frozen (less any frozen object freed meanwhile)
+            assert gc.get_freeze_count() >= len(objects)
+        else:  # handed back
+            assert gc.get_freeze_count() == frozen
         spool.close()
     finally:
         if program_froze:
