@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -279,7 +280,7 @@ class Worker:
     """
 
     def __init__(self, module: str, *, env: dict[str, str]):
-        self.proc, self._log, self._requests, self._replies = _serving(module, "--serve", env)
+        self.proc, self._log, self._requests, self._replies, self._temp = _serving(module, "--serve", env)
 
     @property
     def alive(self) -> bool:
@@ -321,6 +322,7 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        shutil.rmtree(self._temp, ignore_errors=True)
 
 
 def _close_quietly(*streams: Any) -> None:
@@ -333,8 +335,12 @@ def _close_quietly(*streams: Any) -> None:
 
 def _serving(module: str, mode: str, env: dict[str, str]):
     """``python -m module MODE REQUESTS REPLIES`` in a session of its own (Ctrl-C reaches the
-    caller only, which ends it): the process, its log, and the two ends of its pipes."""
-    env = dict(env, PYTHONPATH=python_path())
+    caller only, which ends it): the process, its log, the two ends of its pipes, and its
+    temporary folder (``TEMP_ENV``), for the caller to remove once the process is gone: a
+    request that kills the process (a crashing candidate) leaves its replay's folder there,
+    not in the system's."""
+    temp = tempfile.mkdtemp(prefix="reproarchive-worker-")
+    env = dict(env, PYTHONPATH=python_path(), **{TEMP_ENV: temp})
     env.setdefault("PYTHONFAULTHANDLER", "1")
     req_r, req_w = os.pipe()
     res_r, res_w = os.pipe()
@@ -345,10 +351,13 @@ def _serving(module: str, mode: str, env: dict[str, str]):
             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(req_r, res_w),
             start_new_session=True,
         )
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     finally:
         os.close(req_r)
         os.close(res_w)
-    return proc, log, os.fdopen(req_w, "w", encoding="utf-8"), os.fdopen(res_r, "r", encoding="utf-8")
+    return proc, log, os.fdopen(req_w, "w", encoding="utf-8"), os.fdopen(res_r, "r", encoding="utf-8"), temp
 
 
 def _serve(handler: Callable[..., Any], request_fd: str, reply_fd: str, unexpected: type, unexpected_what: str) -> int:
@@ -398,7 +407,7 @@ class ForkServer:
     """``python -m module --fork-server``: ``run(request, env)`` forks a child per request."""
 
     def __init__(self, module: str, *, env: dict[str, str]):
-        self.proc, self._log, self._requests, self._replies = _serving(module, "--fork-server", env)
+        self.proc, self._log, self._requests, self._replies, self._temp = _serving(module, "--fork-server", env)
 
     def run(self, request: Any, *, env: dict[str, str] | None = None) -> tuple[Any, Died | None]:
         """``run_child``'s answer for ``request`` in a child forked with ``env`` set on top of the
@@ -428,6 +437,7 @@ class ForkServer:
             pass
         self.proc.wait()
         self._log.close()
+        shutil.rmtree(self._temp, ignore_errors=True)
 
     def __enter__(self) -> ForkServer:
         return self

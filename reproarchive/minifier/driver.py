@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import as_records, pack
+from reproarchive.child import temp_folder
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.errors import NotReproducedError, ReproArchiveError
@@ -204,7 +205,7 @@ def minify_archive(
     localize = "truncate" if judge_accuracy and strict_accuracy else "auto"
     started = time.monotonic()
     pool = None
-    with tempfile.TemporaryDirectory(prefix="reproarchive-minify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="reproarchive-minify-", dir=temp_folder()) as tmp:
         try:
             if isolate:
                 from reproarchive.replay.isolation import WorkerPool

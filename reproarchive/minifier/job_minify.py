@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from reproarchive.child import temp_folder
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier.driver import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
@@ -145,7 +146,7 @@ def minify_job(path, output, settings: ReplaySettings, *, timeout_s: float = 60.
 
     resolve_backend(settings.for_recorded(job.records.backend, job.records.accuracy).backend)  # 125 before launching
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="reproarchive-job-minify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="reproarchive-job-minify-", dir=temp_folder()) as tmp:
         folder = Path(tmp)
         values = _record_values(path, settings, job, timeout_s, folder / "record")
         free = {r.rank: without_collectives(r.gm, list(r.args), values[r.rank]) for r in job.ranks}

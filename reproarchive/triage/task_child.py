@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reproarchive.child import child_main
+from reproarchive.child import child_main, temp_folder
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import from_plain
 from reproarchive.format.reader import ContainerReader
@@ -61,7 +61,7 @@ def _minify(task: Task, settings: ReplaySettings) -> dict[str, Any]:
     from reproarchive.store.location import is_store
 
     to_store = task.output is not None and is_store(task.output)
-    with tempfile.TemporaryDirectory(prefix="reproarchive-task-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="reproarchive-task-", dir=temp_folder()) as tmp:
         folder = Path(tmp) if to_store or task.output is None else Path(task.output)
         folder.mkdir(parents=True, exist_ok=True)
         out = folder / f"{name}.tar.zst"

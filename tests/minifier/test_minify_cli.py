@@ -144,9 +144,16 @@ def abort_on_relu(gm, example_inputs):
 @pytest.mark.slow
 def test_crash_minify_uses_warm_workers(tmp_path, monkeypatch):
     """A recorded crash is minified isolated by default: warm workers judge two candidates at a
-    time and a worker killed by a crashing candidate is replaced."""
+    time and a worker killed by a crashing candidate is replaced; the folders of the replays
+    that died with their worker go with it."""
+    import tempfile
+
     from reproarchive.context import failure as failure_mod
 
+    temp = tmp_path / "tmp"  # the system's temporary folder, for this test and its workers
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / "crashing_backends.py").write_text(CRASHING)
     monkeypatch.syspath_prepend(str(tmp_path))
     g = fx.Graph()
@@ -169,6 +176,7 @@ def test_crash_minify_uses_warm_workers(tmp_path, monkeypatch):
     assert s["inputs"] == [{"origin": "node:sin", "depends_on": [0], "values": "recorded", "from_absent": False,
                             "real": True}]
     assert reproarchive.run(out, backend="crashing_backends:abort_on_relu").status == "reproduced"
+    assert sorted(p.name for p in temp.glob("reproarchive-*")) == []
 
 
 def test_the_default_minified_name_sits_next_to_the_input(tmp_path):

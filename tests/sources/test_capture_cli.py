@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,10 @@ def captured(tmp_path_factory):
         result = runner.invoke(main, ["capture", "-o", str(out), "--keep-dumps", "--",
                                       sys.executable, "prog.py"])
         leftovers = sorted(p.name for p in Path(cwd).iterdir())
-    return folder, out, result, leftovers
+    yield folder, out, result, leftovers
+    kept = [line.split(" in ", 1)[1].strip() for line in result.stderr.splitlines() if "dumps kept in" in line]
+    for dumps in kept:
+        shutil.rmtree(dumps, ignore_errors=True)
 
 
 def test_capture_packs_the_failure_and_keeps_exit_code(captured):
