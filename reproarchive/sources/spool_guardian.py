@@ -16,8 +16,9 @@ What ``multiprocessing``'s resource tracker does for shared memory, for the same
 process that should clean up cannot. The guardian learns of the death from a pipe whose write
 end only the capturing process holds (the end is not inherited by programs it starts), and, in
 case a forked child of the process still holds it, from being adopted by another parent. It
-ignores Ctrl-C (the process decides), has its own session, and says what it wrote on the
-stderr it shares with the process, one line per archive, as a crash handler would. Where the
+ignores Ctrl-C (the process decides), has its own session, runs at the lowest priority (it
+idles beside the job, and completes once the job's cores are free), and says what it wrote on
+the stderr it shares with the process, one line per archive, as a crash handler would. Where the
 capture shares its failures (``capture(store=...)``), each archive is pushed to that store too,
 so a job that dies in CI shares its crash as it shares its other failures; a push that fails is
 one line, and the archive stays on disk for ``reproarchive push``.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +54,8 @@ class Guardian:
         self.pid = os.getpid()
         env = dict(os.environ, PYTHONPATH=python_path())
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(read_end), str(self.pid)], env=env,
+            self.proc = subprocess.Popen([*_lowest_priority(), sys.executable, "-m", __name__, str(read_end),
+                                          str(self.pid)], env=env,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(read_end,),
                                          start_new_session=True)
         except BaseException:
@@ -75,6 +78,14 @@ class Guardian:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # a loaded machine: it ends on its own
             pass
+
+
+def _lowest_priority() -> list[str]:
+    """The guardian idles until the process dies, and then has its cores: started at the lowest
+    priority (``nice``), its interpreter's start-up (~0.08 s of CPU) no longer takes a core from
+    the compile and first call it is started in, which on one core was most of capture's cost."""
+    found = shutil.which("nice")
+    return [found, "-n", "19"] if found else []
 
 
 def _guarded_until_death(fd: int, parent: int) -> dict[Path, list[str]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,11 +163,14 @@ def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
     source = _KILLED.replace("torch.manual_seed(0)", _IN_PROCESS + "torch.manual_seed(0)")
     source = source.replace("os.kill(os.getpid(), signal.SIGKILL)", "pass")
     source += "\nimport os\nfrom reproarchive.sources import process_spool\n"
-    source += "print(process_spool._guardians[os.getpid()].proc.pid)\n"
+    source += "guardian = process_spool._guardians[os.getpid()].proc.pid\n"
+    source += "print(os.getpriority(os.PRIO_PROCESS, guardian), guardian)\n"
     (tmp_path / "prog.py").write_text(textwrap.dedent(source))
     done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    guardian = int(done.stdout.split()[-1])
+    niceness, guardian = map(int, done.stdout.split()[-2:])
+    if shutil.which("nice"):  # it idled at the lowest priority, off the job's cores
+        assert niceness == 19
     for _ in range(200):  # it saw the pipe close and the spool gone
         if not Path(f"/proc/{guardian}").exists() or "Z" in Path(f"/proc/{guardian}/stat").read_text().split()[2]:
             break
