@@ -83,7 +83,7 @@ class Guardian:
 def _lowest_priority() -> list[str]:
     """The guardian idles until the process dies, and then has its cores: started at the lowest
     priority (``nice``), its interpreter's start-up (~0.08 s of CPU) no longer takes a core from
-    the compile and first call it is started in, which on one core was most of capture's cost."""
+    the compile and first call it is started in (on one core, ~0.05x of an eager first call)."""
     found = shutil.which("nice")
     return [found, "-n", "19"] if found else []
 
