@@ -12,9 +12,11 @@ the rename, complete and valid).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -74,8 +76,9 @@ def _temps(folder: Path, final: Path) -> list[Path]:
 
 def kill_during(kind: str, src: Path | None, final: Path, threshold: int, timeout: float = 120) -> dict:
     """Run the child; SIGKILL it once a temporary output of >= threshold bytes exists."""
+    scratch = tempfile.mkdtemp(prefix="kill-during-")  # SIGKILL cleans nothing: the child's temporaries go here
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", TMPDIR=scratch)
     proc = subprocess.Popen([sys.executable, "-c", CHILD, kind, str(src or ""), str(final)], cwd=final.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     killed_at = None
@@ -93,6 +96,7 @@ def kill_during(kind: str, src: Path | None, final: Path, threshold: int, timeou
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
     return {"killed_at": killed_at, "returncode": proc.returncode, "stderr": proc.stderr.read().decode()[-2000:]}
 
 
