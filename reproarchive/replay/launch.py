@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,12 +129,18 @@ def launcher_options(world_size: int, passthrough: Sequence[str] = ()) -> list[s
     return options
 
 
+#: The ranks' temporary folder, inside the launch's: a rank that dies mid-replay (an abort on
+#: one rank) leaves its replay's folder there, and the launch removes it.
+_RANKS_TEMP = "tmp"
+
+
 def _start(plan: LaunchPlan, folder: Path, log: Any) -> subprocess.Popen:
     """The launcher, started on ``plan`` in ``folder`` in a process group of its own."""
-    from reproarchive.child import python_path
+    from reproarchive.child import TEMP_ENV, python_path
 
     (folder / "request.json").write_text(json.dumps(plan.request))
-    env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1")
+    (folder / _RANKS_TEMP).mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1", **{TEMP_ENV: str(folder / _RANKS_TEMP)})
     env.setdefault("OMP_NUM_THREADS", "1")
     program = ["--", *plan.program] if plan.program else []
     command = [sys.executable, "-m", "reproarchive.replay.launcher_process", str(folder), *plan.options, *program]
@@ -165,6 +172,8 @@ def launch(plan: LaunchPlan, folder: Path) -> tuple[dict[int, dict], bool, float
         except BaseException:
             _end(proc, folder)
             raise
+        finally:
+            shutil.rmtree(folder / _RANKS_TEMP, ignore_errors=True)
     return _failures(folder), bounded, time.monotonic() - start
 
 

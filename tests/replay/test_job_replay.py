@@ -33,13 +33,19 @@ def _run(scenario: str, world: int, folder: Path, *, recorded_rank: int | None, 
 
 
 @pytest.mark.slow
-def test_an_abort_on_one_rank_is_reported_as_that_ranks_crash(tmp_path):
+def test_an_abort_on_one_rank_is_reported_as_that_ranks_crash(tmp_path, monkeypatch):
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_temp))  # the ranks' system temporary folder
     recorded = {1: crash_record("SIGABRT", "rank 1 was killed by SIGABRT", "")}
-    job = _run("aborts_on_rank_one", 2, tmp_path, recorded_rank=1, recorded=recorded)
+    job = _run("aborts_on_rank_one", 2, tmp_path / "job", recorded_rank=1, recorded=recorded)
     by_rank = {r.rank: r for r in job.ranks}
     assert (job.status, job.exit_code, job.rank) == ("reproduced", 1, 1)
     assert by_rank[1].outcome.observed.exception_type == "SIGABRT" and by_rank[1].outcome.isolated
     assert by_rank[0].status in ("passed", "stopped")  # the crash stayed on rank 1
+    # the replay folder of the rank that died went with the launch's
+    assert sorted(p.name for p in system_temp.glob("reproarchive-*")) == []
+    assert not (tmp_path / "job" / "tmp").exists()
 
 
 @pytest.mark.slow
