@@ -83,7 +83,7 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
     with tempfile.TemporaryDirectory(prefix="reproarchive-child-") as tmp:
         folder = Path(tmp)
         workdir = request_folder(folder, request)
-        env = dict(env, PYTHONPATH=python_path(), **{TEMP_ENV: str(folder / "tmp")})
+        env = dict(env, PYTHONPATH=python_path(), **temp_for_children(folder / "tmp"))
         env.setdefault("PYTHONFAULTHANDLER", "1")
         log_path = folder / "stderr.log"
         with open(log_path, "wb") as log:
@@ -111,13 +111,20 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
 
 
 def request_folder(folder: Path, request: Any) -> Path:
-    """Write ``request`` into a child's private ``folder``; its working directory and its
-    temporary folder (``TEMP_ENV``), made there. Returns the working directory."""
+    """Write ``request`` into a child's private ``folder``; its working directory, made there.
+    Returns the working directory."""
     (folder / "request.json").write_text(json.dumps(request))
-    (folder / "tmp").mkdir()
     workdir = folder / "cwd"
     workdir.mkdir()
     return workdir
+
+
+def temp_for_children(folder: Path) -> dict[str, str]:
+    """The variable that makes ``folder`` (made here) the temporary folder of the processes
+    started with it (``temp_folder``): one their starter removes after them, so a process that
+    dies mid-replay leaves nothing in the system's."""
+    folder.mkdir(exist_ok=True)
+    return {TEMP_ENV: str(folder)}
 
 
 def temp_folder() -> str | None:
@@ -340,7 +347,7 @@ def _serving(module: str, mode: str, env: dict[str, str]):
     request that kills the process (a crashing candidate) leaves its replay's folder there,
     not in the system's."""
     temp = tempfile.mkdtemp(prefix="reproarchive-worker-")
-    env = dict(env, PYTHONPATH=python_path(), **{TEMP_ENV: temp})
+    env = dict(env, PYTHONPATH=python_path(), **temp_for_children(Path(temp)))
     env.setdefault("PYTHONFAULTHANDLER", "1")
     req_r, req_w = os.pipe()
     res_r, res_w = os.pipe()
@@ -416,7 +423,7 @@ class ForkServer:
             folder = Path(tmp)
             request_folder(folder, request)
             try:
-                env = dict(env or {}, **{TEMP_ENV: str(folder / "tmp")})
+                env = dict(env or {}, **temp_for_children(folder / "tmp"))
                 self._requests.write(json.dumps({"folder": str(folder), "env": env}) + "\n")
                 self._requests.flush()
                 line = self._replies.readline()

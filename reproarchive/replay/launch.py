@@ -136,11 +136,11 @@ _RANKS_TEMP = "tmp"
 
 def _start(plan: LaunchPlan, folder: Path, log: Any) -> subprocess.Popen:
     """The launcher, started on ``plan`` in ``folder`` in a process group of its own."""
-    from reproarchive.child import TEMP_ENV, python_path
+    from reproarchive.child import python_path, temp_for_children
 
     (folder / "request.json").write_text(json.dumps(plan.request))
-    (folder / _RANKS_TEMP).mkdir(exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1", **{TEMP_ENV: str(folder / _RANKS_TEMP)})
+    env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1",
+               **temp_for_children(folder / _RANKS_TEMP))
     env.setdefault("OMP_NUM_THREADS", "1")
     program = ["--", *plan.program] if plan.program else []
     command = [sys.executable, "-m", "reproarchive.replay.launcher_process", str(folder), *plan.options, *program]

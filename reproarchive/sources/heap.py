@@ -14,12 +14,22 @@ when the parent writes it (``snapshot_writer``).
 from __future__ import annotations
 
 import ctypes
+import functools
+from typing import Any
 
 
 def trim() -> None:
     """Return every free page of the C heap (all arenas) to the system; a few milliseconds.
     Not glibc: nothing (the pages stay with the process, as they would without capture)."""
+    malloc_trim = _malloc_trim()
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, looked up once per process (None where there is none)."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
-        pass
+        return None

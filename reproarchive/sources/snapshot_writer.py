@@ -162,12 +162,8 @@ def _detach(*, keep: int, limit: int) -> None:
     os.nice(NICE)
     signal.alarm(limit)
     gc.disable()  # a collection here would write every object's header: copied pages, no gain
-    _unmap_free_heap()
-
-
-def _unmap_free_heap() -> None:
-    """Drop this child's mapping of the free pages of the C heap: the parent reuses them for
-    the call, and each page it writes that the child still maps is copied."""
+    # the free pages of the C heap unmapped here: the parent reuses them for the call, and each
+    # page it writes that the child still maps is copied
     heap.trim()
 
 
