@@ -137,6 +137,7 @@ from reproarchive.sources.call_guard import (
 from reproarchive.sources.capture_records import capture_of, copy_graph_structure, write_archive  # noqa: F401
 from reproarchive.sources.failure_notes import annotate as _annotate
 from reproarchive.sources.failure_notes import archive_path
+from reproarchive.sources.frame_room import with_frame_room
 from reproarchive.sources.job_capture import failed as job_failed
 from reproarchive.sources.job_capture import first_call as job_first_call
 from reproarchive.sources.job_capture import note_compile, rank_context
@@ -333,7 +334,8 @@ class _CaptureBackend:
             spooled = self._spool_pending(pristine_gm, example_inputs, config, writes)
             try:
                 with _accuracy.fair_to_randomness(gm) if self.settings["accuracy"] else contextlib.nullcontext():
-                    compiled = self.compiler(gm, example_inputs)
+                    # a few frames deeper than the plain compile: given room (``frame_room``)
+                    compiled = with_frame_room(self.compiler, gm, example_inputs)
             except Exception as exc:
                 self._discard(spooled)
                 if is_control_flow(exc):
@@ -378,7 +380,7 @@ class _CaptureBackend:
             def run(*args: Any) -> Any:
                 if once[0] and (ctx := rank_context()) is not None:
                     once[0] = False
-                    return job_first_call(self, compiled, pristine_gm, list(args), config, ctx)
+                    return with_frame_room(job_first_call, self, compiled, pristine_gm, list(args), config, ctx)
                 return compiled(*args)
 
             return run

@@ -34,6 +34,7 @@ from typing import Any
 
 from reproarchive.replay.input_writes import snapshot, written_inputs
 from reproarchive.sources import heap
+from reproarchive.sources.frame_room import with_frame_room
 
 log = logging.getLogger("reproarchive.capture")
 
@@ -94,20 +95,26 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
                 _archive_call(failed, before, exc, state["calls"], versions)
             raise
 
-    # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
-    @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
-    def run(*args: Any) -> Any:
-        state["calls"] += 1
-        first, done = state["first"], None
-        if first is not None:
-            state["first"] = None
-            done = first(list(args))
+    def first_run(first: Callable[[list[Any]], Callable[[], None] | None], args: tuple[Any, ...]) -> Any:
+        done = first(list(args))
         if done is None:
             return call(args, settle=False)
         try:
             return call(args, settle=True)
         finally:
             done()
+
+    # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
+    @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    def run(*args: Any) -> Any:
+        state["calls"] += 1
+        first = state["first"]
+        if first is None:
+            return call(args, settle=False)
+        state["first"] = None
+        # the check and the first run may compile (a backward, lazily): given frame room, as
+        # the compile is (``frame_room``)
+        return with_frame_room(first_run, first, args)
 
     run.__reproarchive_compiled__ = compiled  # type: ignore[attr-defined]
     return run

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.sources import inductor_door
+from reproarchive.sources.frame_room import with_frame_room
 
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
@@ -118,14 +119,16 @@ def _patch(module: Any) -> None:
         pending = _write_pending(gm, list(example_inputs), _backend_name(self))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         pristine = _custom_op_graph(gm)
+        def compile_() -> Any:
+            if accuracy_dir and not kwargs:
+                return _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
+            if _hook_runs_in_backend():
+                return _after_dynamo_hook(self, gm, list(example_inputs), kwargs)
+            return original(self, gm, example_inputs, **kwargs)
+
         try:
             with inductor_door.dynamo_call(gm, list(example_inputs)):
-                if accuracy_dir and not kwargs:
-                    compiled = _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
-                elif _hook_runs_in_backend():
-                    compiled = _after_dynamo_hook(self, gm, list(example_inputs), kwargs)
-                else:
-                    compiled = original(self, gm, example_inputs, **kwargs)
+                compiled = with_frame_room(compile_)  # deeper than the plain compile (``frame_room``)
         except BaseException as exc:
             _discard(pending)
             if pristine is not None and isinstance(exc, Exception):

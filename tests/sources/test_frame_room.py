@@ -1,0 +1,100 @@
+"""Compiles and first calls under capture run with room on the interpreter's frame stack
+(``frame_room``): a call chain that keeps crossing a chunk's edge maps a chunk at every crossing,
+and the frames capture adds below a compiler can put its busiest depth on an edge (issue 27:
++3.5 s in a 4 GB model's backward compile).
+
+Pure Python for the mechanism (page faults counted with ``getrusage``), a counting backend for
+the wiring: milliseconds.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import pytest
+import torch
+
+import reproarchive
+from reproarchive.sources import frame_room
+from reproarchive.sources.frame_room import with_frame_room
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+CALLS = 2000
+
+
+def _faults(fn, *args) -> int:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn(*args)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def _chain(n: int) -> int:
+    return 0 if n == 0 else _chain(n - 1) + 1
+
+
+def _busy_at(depth: int) -> None:
+    """Calls a ten-frame chain ``CALLS`` times from ``depth`` frames below the caller."""
+    if depth:
+        _busy_at(depth - 1)
+        return
+    for _ in range(CALLS):
+        _chain(10)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="frames live on a chunked stack from Python 3.11")
+def test_a_call_chain_at_a_chunk_edge_maps_no_chunk_with_frame_room():
+    # some depth below this test puts the chain across a chunk's edge: a fault (a fresh
+    # mapping) at nearly every call there
+    worst = max(range(0, 240, 2), key=lambda depth: _faults(_busy_at, depth))
+    at_the_edge = _faults(_busy_at, worst)
+    assert at_the_edge >= CALLS // 2
+    assert _faults(with_frame_room, _busy_at, worst) <= CALLS // 100
+
+
+def test_with_frame_room_is_the_call():
+    def fn(a, *, b):
+        if b is None:
+            raise KeyError(a)
+        return a + b
+
+    assert with_frame_room(fn, 1, b=2) == 3
+    with pytest.raises(KeyError) as caught:
+        with_frame_room(fn, "a", b=None)
+    assert caught.traceback[-1].name == "fn"
+
+
+def _on_room() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is frame_room._call.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.parametrize("check_runtime", [True, "calls"])
+def test_the_compile_and_the_first_call_run_with_frame_room(tmp_path, check_runtime):
+    seen = {"compile": [], "calls": []}
+
+    def backend(gm, example_inputs):
+        seen["compile"].append(_on_room())
+
+        def run(*args):
+            seen["calls"].append(_on_room())
+            return gm(*args)
+        return run
+
+    def f(x, w):
+        return torch.relu(x @ w)
+
+    compiled = torch.compile(f, backend=reproarchive.capture(backend, path=tmp_path, check_runtime=check_runtime))
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    for _ in range(3):
+        compiled(x, w).sum().backward()
+    assert seen["compile"] == [True]
+    # the check (True: a forward, the backend's backward being PyTorch's own) and the first call
+    # have room; later calls are the program's own, one frame deeper than without capture
+    first = 2 if check_runtime is True else 1
+    assert seen["calls"] == [True] * first + [False] * 2
