@@ -108,6 +108,21 @@ def run_inputs(args: Sequence[Any], written: frozenset[int] | None) -> list[Any]
     return out
 
 
+def rerun_inputs(before: Sequence[Any], args: Sequence[Any], written: frozenset[int] | None) -> list[Any]:
+    """Inputs for a check run after a call of the graph on ``args``, as ``run_inputs`` would have
+    made them before it: ``before`` holds the written inputs as they were (``snapshot``); those
+    are copied again, and one that was not a leaf is made a non-leaf again (``_with_history``:
+    an in-place op legal on the original would be an error on a leaf that requires grad)."""
+    import torch
+
+    out = run_inputs(before, written)
+    for i in written or ():
+        a = args[i]
+        if isinstance(a, torch.Tensor) and a.requires_grad and not a.is_leaf and out[i].is_leaf:
+            out[i] = _with_history(out[i])
+    return out
+
+
 def alias(a: Any) -> Any:
     """``a``'s data as a tensor of its own: a leaf that requires grad when ``a`` does (and is
     floating), so gradients never reach ``a``."""

@@ -30,7 +30,13 @@ What it does for each graph Dynamo hands it:
    (``replay.accuracy``, PyTorch's rule): stage ``accuracy``. Without accuracy, where no
    output can require grad (grad mode off, no input or held parameter requiring grad) or with
    ``fwd_only``, that run would be the real call: then the real call is the check (the graph
-   runs once), and so always with ``check_runtime="calls"``. The check runs at the
+   runs once), and so always with ``check_runtime="calls"``. So it is where the backend runs
+   the graph itself (``eager``, a backend that only rewrites the graph:
+   ``call_guard.runs_the_graph``), whose backward is PyTorch's derivatives and which the check
+   would only run forward; should the real call's outputs show a compiled backward after all
+   (an ``autograd.Function`` in the graph), that backward is checked once the call has ended,
+   on its inputs as they were before it (copies of the written ones) and from the generator
+   states it started from. The check runs at the
    first call and not inside the backend because inside the backend Dynamo's compile context is
    still open and a backward would compile AOTAutograd's backward graph nested in it (which
    torch 2.13 rejects); at the first call the arguments are the real inputs, still untouched.
@@ -63,7 +69,8 @@ in a child process and reports the signal and the crashing thread's stack.
 Cost and side effects of the check, by design:
 
 * one extra forward (+ backward, where the backend compiled one) per graph, once, where an
-  output requires grad; with ``accuracy=True`` also an eager and an fp64 run. For a training
+  output requires grad and the backend does not run the graph itself (none with ``eager``);
+  with ``accuracy=True`` also an eager and an fp64 run. For a training
   step with a compiled backward, one more step at the first call. ``check_runtime="calls"``:
   no extra run, the first call guarded like every other and crash-covered, but a failing
   backward (the program's own) is not archived;
@@ -118,13 +125,15 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.writing import Capture
+from reproarchive.codec.device_runtime import RngState, devices_of
 from reproarchive.codec.rng import rng_snapshot
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
-from reproarchive.replay.input_writes import run_inputs
+from reproarchive.replay.input_writes import rerun_inputs, run_inputs
 from reproarchive.sources.call_guard import (
+    Ended,
     GraphWrites,
     backward_is_compiled,
     guarded,
@@ -132,6 +141,7 @@ from reproarchive.sources.call_guard import (
     modified_inputs,
     outputs_cannot_require_grad,
     preserved_state,
+    runs_the_graph,
     versions_of,
 )
 from reproarchive.sources.capture_records import capture_of, copy_graph_structure, write_archive  # noqa: F401
@@ -364,13 +374,24 @@ class _CaptureBackend:
         first_rng: list[dict] = []  # the generator states before a first call that is its own check
         # (then the pending archive covers that call, and goes when it ends: ``call_guard``)
 
-        def first_call(args: list[Any]) -> Callable[[], None] | None:
-            if self._checks_by_running_twice(gm, args):
+        def first_call(args: list[Any]) -> Ended | None:
+            if self._checks_before_the_call(compiled, gm, args):
                 self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
                 return None
+            started = RngState.capture(devices_of(args))
             first_rng.append(rng_snapshot(args))
             pending = self._pending(pristine_gm, args, config, spooled)
-            return lambda: self._discard(pending)
+
+            def ended(before: list[Any], out: Any) -> None:
+                try:
+                    if out is not None and self._checks_after_the_call(out):
+                        written = writes.of(before)
+                        self._run_check(compiled, gm, pristine_gm, before, config, versions_of(before), written,
+                                        run_args=rerun_inputs(before, args, written), rng=started,
+                                        rng_states=first_rng[0])
+                finally:
+                    self._discard(pending)
+            return ended
 
         if rank_context() is not None:  # a rank of a multi-rank job: one guarded call (job_capture)
             once = [True]
@@ -392,14 +413,22 @@ class _CaptureBackend:
 
         return guarded(compiled, writes, failed=failed, first_call=first_call)
 
-    def _checks_by_running_twice(self, gm: Any, args: list[Any]) -> bool:
+    def _checks_before_the_call(self, compiled: Callable, gm: Any, args: list[Any]) -> bool:
         """Whether the first call needs a check run before the real one: not where that run
-        would be the real call, nor with ``check_runtime="calls"`` (module docstring)."""
+        would be the real call, nor where the backend runs the graph itself (its backward is
+        PyTorch's: the real call is the check, ``_checks_after_the_call`` the rare exception),
+        nor with ``check_runtime="calls"`` (module docstring)."""
         if self.settings["check_runtime"] == "calls":
             return False
         if self.settings["accuracy"]:
             return True
-        return not (self.settings["fwd_only"] or outputs_cannot_require_grad(gm, args))
+        return not (self.settings["fwd_only"] or outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled))
+
+    def _checks_after_the_call(self, out: Any) -> bool:
+        """A first call that was its own check whose outputs' backward is compiled after all (a
+        graph run by the backend itself that calls an ``autograd.Function``): that backward is
+        checked once the call has ended, on its inputs as they were before it."""
+        return self.settings["check_runtime"] is True and not self.settings["fwd_only"] and backward_is_compiled(out)
 
     def _pending(self, pristine_gm: Any, args: list[Any], config: ConfigRecord,
                  spooled: str | None) -> Path | str | None:
@@ -420,10 +449,14 @@ class _CaptureBackend:
             self._discard(pending)
 
     def _run_check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
-                   versions: list, written: frozenset[int] | None) -> None:
+                   versions: list, written: frozenset[int] | None, *, run_args: list[Any] | None = None,
+                   rng: RngState | None = None, rng_states: dict | None = None) -> None:
+        """The check run on ``args`` (``run_args``: the inputs made for it already; ``rng``: the
+        generator states it starts from; ``rng_states``: those an archive of its failure holds,
+        None: read when it is written)."""
         report = None
         try:
-            with preserved_state(gm, args):
+            with preserved_state(gm, args, rng=rng):
                 if self.settings["accuracy"]:
                     report = _accuracy.check_accuracy(
                         pristine_gm, compiled, args,
@@ -432,8 +465,8 @@ class _CaptureBackend:
                     )
                 else:
                     _accuracy.run_forward_backward(
-                        compiled, run_inputs(args, written), fwd_only=self.settings["fwd_only"], seed="ones",
-                        backward_if=backward_is_compiled,
+                        compiled, run_inputs(args, written) if run_args is None else run_args,
+                        fwd_only=self.settings["fwd_only"], seed="ones", backward_if=backward_is_compiled,
                     )
         except _accuracy.EagerFailed as exc:
             # The traced graph fails eagerly too: not this backend's bug. The real call below
@@ -443,7 +476,8 @@ class _CaptureBackend:
         except Exception as exc:
             if is_control_flow(exc):
                 raise
-            self._fail(pristine_gm, args, modified_inputs(args, versions), exc, _accuracy.stage_of(exc), config)
+            self._fail(pristine_gm, args, modified_inputs(args, versions), exc, _accuracy.stage_of(exc), config,
+                       rng_states=rng_states)
             raise
         if report is not None and not report.passed:
             self._accuracy_failed(pristine_gm, args, modified_inputs(args, versions), report, config)

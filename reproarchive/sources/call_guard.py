@@ -13,14 +13,16 @@ input is archived as it is: the call could not have changed it. So a passing cal
 fails (an operator without a fake kernel) nothing is copied, and the archive lists the inputs
 whose version counter moved during the call (``inputs_modified``).
 
-``first_call`` runs once, before the first real call (the capture backend's check and the
-archive a native crash would leave, or the crash guard's pending archive). When it returns a
-callable (``done``), the first real call is the check: it is waited for on its devices, so an
-asynchronous error is its failure and not a later call's, and ``done`` runs once it has ended
-(returned or raised, after any archive of its failure was written) to discard the pending
-archive. A native crash on a later call kills the process with nothing written: only the first
-call of a graph is guarded against crashes (writing every call's inputs to disk first would
-cost more than the job).
+``first_call`` runs once, before the first real call (the archive a native crash would leave,
+and a check run before the call where one is needed: accuracy). When it returns a callable
+(``ended``), the first real call is the check: it is waited for on its devices, so an
+asynchronous error is its failure and not a later call's, and ``ended(before, outputs)`` runs
+once it has ended (returned, or raised after any archive of its failure was written: outputs
+None), with the inputs as they were before it. There the backend checks what the call alone
+did not run, a compiled backward (``backward_is_compiled``), on those inputs, and then discards
+the pending archive. A native crash on a later call kills the process with nothing written:
+only the first call of a graph is guarded against crashes (writing every call's inputs to disk
+first would cost more than the job).
 """
 
 from __future__ import annotations
@@ -72,37 +74,41 @@ class GraphWrites:
         return self._written
 
 
+#: Called once a first call that is its own check has ended: (the inputs as they were before it,
+#: its outputs, or None where it raised); may run a check after it, and raise that check's failure
+Ended = Callable[[list[Any], Any], None]
+
+
 def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
-            first_call: Callable[[list[Any]], Callable[[], None] | None] | None = None) -> Callable:
+            first_call: Callable[[list[Any]], Ended | None] | None = None) -> Callable:
     """``compiled`` behind a wrapper that archives the inputs of any call that raises (through
     ``failed``) and re-raises the exception unchanged; ``first_call(args)`` runs once first, and
-    the ``done`` it may return once that call has ended (module docstring)."""
+    the ``ended`` it may return once that call has ended (module docstring)."""
     from reproarchive.codec.device_runtime import devices_of, synchronize
 
     state = {"calls": 0, "first": first_call}
 
-    def call(args: tuple[Any, ...], settle: bool) -> Any:
+    def call(args: tuple[Any, ...], ended: Ended | None = None) -> Any:
         written = writes.of(list(args))
         before = snapshot(args, written)
         versions = versions_of(args) if written is None else None
+        out = None
         try:
             out = compiled(*args)
-            if settle:
+            if ended is not None:  # an asynchronous error of the first call is its own
                 synchronize(devices_of(args))
             return out
         except Exception as exc:
+            out = None
             if not is_control_flow(exc):
                 _archive_call(failed, before, exc, state["calls"], versions)
             raise
-
-    def first_run(first: Callable[[list[Any]], Callable[[], None] | None], args: tuple[Any, ...]) -> Any:
-        done = first(list(args))
-        if done is None:
-            return call(args, settle=False)
-        try:
-            return call(args, settle=True)
         finally:
-            done()
+            if ended is not None:
+                ended(before, out)
+
+    def first_run(first: Callable[[list[Any]], Ended | None], args: tuple[Any, ...]) -> Any:
+        return call(args, first(list(args)))
 
     # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
@@ -110,7 +116,7 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
         state["calls"] += 1
         first = state["first"]
         if first is None:
-            return call(args, settle=False)
+            return call(args)
         state["first"] = None
         # the check and the first run may compile (a backward, lazily): given frame room, as
         # the compile is (``frame_room``)
@@ -118,6 +124,20 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
 
     run.__reproarchive_compiled__ = compiled  # type: ignore[attr-defined]
     return run
+
+
+def runs_the_graph(compiled: Any) -> bool:
+    """Whether ``compiled`` is the traced graph itself (a GraphModule, or its ``forward``), as
+    ``eager``'s and a backend's that only rewrites the graph are: its backward is then PyTorch's
+    derivatives of the graph's operators, not code a compiler made, unless an operator of the
+    graph is an ``autograd.Function``, which its outputs show (``backward_is_compiled``).
+    Judged by what the callable is, never by the backend's name."""
+    import torch
+
+    owner = getattr(compiled, "__self__", None)
+    if isinstance(owner, torch.fx.GraphModule):
+        return getattr(compiled, "__func__", None) is type(owner).forward
+    return isinstance(compiled, torch.fx.GraphModule)
 
 
 def outputs_cannot_require_grad(gm: Any, args: Sequence[Any]) -> bool:
@@ -201,11 +221,12 @@ def modified_inputs(inputs: Any, versions: list[int | None]) -> list[int]:
 
 
 @contextmanager
-def preserved_state(gm: Any, inputs: Sequence[Any]):
+def preserved_state(gm: Any, inputs: Sequence[Any], rng: Any = None):
     """Restore what a check run could change that the user can see: RNG streams, and the
     grads and buffer values of parameters the graph holds as attributes (inputs are copies);
     and give the memory the run freed back to the system (``heap.trim``), so that the real
-    call's peak is the program's."""
+    call's peak is the program's. ``rng`` (a ``device_runtime.RngState``): the generator
+    states the check starts from (a check after the real call: those that call started from)."""
     import torch
 
     from reproarchive.codec.device_runtime import devices_of, forked_rng
@@ -216,6 +237,8 @@ def preserved_state(gm: Any, inputs: Sequence[Any]):
     saved_buffers = [(b, b.detach().clone()) for _, b in buffers if isinstance(b, torch.Tensor)]
     with ExitStack() as stack:
         stack.enter_context(forked_rng(devices_of(inputs)))
+        if rng is not None:
+            rng.restore()
         try:
             yield
         finally:

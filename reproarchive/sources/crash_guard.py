@@ -194,15 +194,18 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     the same check (forward, and backward when an output requires grad and the backend compiled
     a backward: ``call_guard.backward_is_compiled``) runs at the graph's first call, outside
     Dynamo, on aliases of its inputs (copies of those it writes), as the capture backend's;
-    where no output can require grad that check would be the call itself, which then is the
-    check (the graph runs once); a failure of any later call is dumped too (``call_guard``). The
+    where no output can require grad, or where the backend runs the graph itself (``eager``:
+    its backward is PyTorch's, ``call_guard.runs_the_graph``), that check would be the call
+    itself, which then is the check (the graph runs once; a compiled backward its outputs show
+    after all is checked after it); a failure of any later call is dumped too (``call_guard``). The
     program's own exception is re-raised unchanged, with PyTorch's ``minifier_path``.
     """
     from torch._dynamo import config
     from torch._dynamo.repro import after_dynamo as hook
 
+    from reproarchive.codec.device_runtime import RngState, devices_of
     from reproarchive.replay.accuracy import run_forward_backward
-    from reproarchive.replay.input_writes import run_inputs
+    from reproarchive.replay.input_writes import rerun_inputs, run_inputs
     from reproarchive.sources.backend import copy_graph_structure
     from reproarchive.sources.call_guard import (
         GraphWrites,
@@ -211,6 +214,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         is_control_flow,
         outputs_cannot_require_grad,
         preserved_state,
+        runs_the_graph,
     )
 
     name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
@@ -241,20 +245,30 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         raise
     writes = GraphWrites(pristine)
 
-    def first_call(args: list[Any]) -> Any:
-        if outputs_cannot_require_grad(gm, args):
-            # the check would be this very call (forward only): the real call is the check, waited
-            # for on its devices, and its failure dumped (``call_guard``); the graph runs once
-            return lambda: None
+    def check(args: list[Any], run_args: list[Any], rng: Any = None) -> None:
         try:
-            with preserved_state(gm, args):
-                run_forward_backward(compiled, run_inputs(args, writes.of(args)), seed="ones",
-                                     backward_if=backward_is_compiled)
+            with preserved_state(gm, args, rng=rng):
+                run_forward_backward(compiled, run_args, seed="ones", backward_if=backward_is_compiled)
         except Exception as exc:
             if not is_control_flow(exc):
                 dump(args, exc)
             raise
-        return None
+
+    def first_call(args: list[Any]) -> Any:
+        if not (outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled)):
+            check(args, run_inputs(args, writes.of(args)))
+            return None
+        # the check would be this very call (forward only), or the backend runs the graph itself
+        # (its backward is PyTorch's): the real call is the check, waited for on its devices, and
+        # its failure dumped (``call_guard``); the graph runs once, unless its outputs show a
+        # compiled backward after all, which is checked after it as the capture backend's is
+        started = RngState.capture(devices_of(args))
+
+        def ended(before: list[Any], out: Any) -> None:
+            if out is not None and backward_is_compiled(out):
+                written = writes.of(before)
+                check(before, rerun_inputs(before, args, written), started)
+        return ended
 
     return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
 

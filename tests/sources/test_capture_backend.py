@@ -109,8 +109,10 @@ def test_runtime_error_archives_inputs_from_before_the_graph_ran(tmp_path):
     assert type(exc) is AssertionError
     assert "ReluRuntimeError" in str(exc) and str(path) in str(exc)
     assert exc.reproarchive_path == str(path)
-    # the check ran on copies: the caller's tensors are untouched, gradients included
-    assert torch.equal(x, x0) and torch.equal(y.detach(), y0) and y.grad is None
+    # the backend runs the graph itself (its rewrite of it), whose backward is PyTorch's: the
+    # real call was the check, and wrote x as it does without capture before it failed; no
+    # gradient reached the caller's tensors
+    assert torch.equal(x, x0 + 1) and torch.equal(y.detach(), y0) and y.grad is None
     repro = reproarchive.load(path)
     assert repro.records.failure.stage == "forward"
     assert repro.records.failure.signature == "forward|AssertionError|ReluRuntimeError"

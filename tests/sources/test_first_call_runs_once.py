@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ import torch._dynamo
 
 import reproarchive
 from reproarchive.sources.backend import archive_path
-from reproarchive.sources.call_guard import backward_is_compiled, outputs_cannot_require_grad
+from reproarchive.sources.call_guard import backward_is_compiled, outputs_cannot_require_grad, runs_the_graph
 from support import later_call_backends
 from support.captures import archives_after_death, kept, stages_a_crash_would_leave
 
@@ -130,6 +131,115 @@ def test_the_check_runs_a_backward_only_where_the_backend_compiled_one(tmp_path,
     assert backend.forwards == 2  # the check's, then the real call
     assert backend.backwards == (2 if function else 1)  # the check's (where compiled), then the program's
     assert w.grad is not None and kept(tmp_path) == []
+
+
+class GraphItself:
+    """A backend that returns the traced graph itself (``forward=True``: its ``forward``, as
+    ``eager`` does), rewritten to count its runs (a node that calls ``_ran`` first) and, given a
+    ``function``, to pass its outputs through it (one that applies an ``autograd.Function``)."""
+
+    def __init__(self, forward: bool, function: Any = None):
+        self.forward, self.function, self.runs = forward, function, 0
+
+    def _ran(self) -> None:
+        self.runs += 1
+
+    def __call__(self, gm, example_inputs):
+        graph = gm.graph
+        with graph.inserting_before(next(iter(graph.nodes))):
+            graph.call_function(self._ran)
+        if self.function is not None:
+            output = graph.output_node()
+            with graph.inserting_before(output):
+                output.args = (tuple(graph.call_function(self.function, (o,)) for o in output.args[0]),)
+        gm.recompile()
+        return gm.forward if self.forward else gm
+
+
+@pytest.mark.parametrize("forward", [True, False], ids=["its-forward", "the-graph-module"])
+def test_a_backend_that_runs_the_graph_itself_is_checked_by_its_first_call(tmp_path, forward):
+    """Its backward is PyTorch's derivatives of the graph's operators: a check run would be a
+    forward like the real call's, so the real call is the check (issue 27: eager first calls)."""
+    backend = GraphItself(forward)
+    compiled = torch.compile(lambda x, w: torch.relu(x @ w), backend=reproarchive.capture(backend, path=tmp_path))
+    w = torch.randn(8, 8, requires_grad=True)
+    compiled(torch.randn(4, 8), w).sum().backward()
+    assert backend.runs == 1
+    assert w.grad is not None and kept(tmp_path) == []
+
+
+class _Doubled(torch.autograd.Function):
+    fail = False
+    seen: list = []  # the values each forward saw
+
+    @staticmethod
+    def forward(ctx, x):
+        _Doubled.seen.append(x.detach().clone())
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _Doubled.fail:
+            raise RuntimeError("injected failure in a custom backward")
+        return grad * 2
+
+
+def _doubled(x):
+    return _Doubled.apply(x)
+
+
+def _draws(x, w):
+    return torch.relu(x @ w) * torch.rand(4, 8)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["passes", "fails"])
+def test_a_graph_run_by_the_backend_whose_backward_is_a_function_is_checked_after_its_first_call(tmp_path, fails):
+    """The real call was the check, but its outputs' backward is an ``autograd.Function``'s: that
+    backward runs once it has ended, on its inputs as they were before it and from the generator
+    states it started from, and a failure of it is archived as the check's was."""
+    _Doubled.fail, _Doubled.seen = fails, []
+    try:
+        backend = GraphItself(forward=True, function=_doubled)
+        compiled = torch.compile(_draws, backend=reproarchive.capture(backend, path=tmp_path))
+        x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+        torch.manual_seed(7)
+        rng0 = torch.get_rng_state()
+        if fails:
+            with pytest.raises(RuntimeError, match="injected failure in a custom backward") as info:
+                compiled(x, w)
+        else:
+            out = compiled(x, w)
+        assert backend.runs == 2  # the real call, then the check of its backward
+        real, checked = _Doubled.seen
+        assert torch.equal(real, checked)  # the check drew the real call's random numbers
+        if not fails:
+            assert torch.equal(torch.get_rng_state(), _after_one_draw(rng0))  # the program's own draws, once
+            out.sum().backward()
+            assert kept(tmp_path) == [] and w.grad is not None
+            return
+        (archive,) = _archives(tmp_path)
+        assert archive_path(info.value) == str(archive)
+        repro = reproarchive.load(archive)
+        assert repro.records.failure.stage == "backward"
+        assert torch.equal(repro.args[0], x) and torch.equal(repro.rng_states["cpu"], rng0)
+        assert w.grad is None  # the check's gradients were its own
+    finally:
+        _Doubled.fail = False
+
+
+def _after_one_draw(state):
+    with torch.random.fork_rng():
+        torch.set_rng_state(state)
+        torch.rand(4, 8)
+        return torch.get_rng_state()
+
+
+def test_runs_the_graph_is_judged_by_the_callable():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    assert runs_the_graph(gm) and runs_the_graph(gm.forward)
+    assert not runs_the_graph(lambda *args: gm(*args))
+    assert not runs_the_graph(gm.recompile)
+    assert not runs_the_graph(torch.nn.Linear(4, 4).forward)
 
 
 def test_backward_is_compiled_reads_the_outputs_autograd_graph():
