@@ -101,6 +101,7 @@ class ProcessSpool:
         self._low: concurrent.futures.ThreadPoolExecutor | None = None  # the lowest-priority writer
         self._pending: dict[str, _Entry] = {}
         self.writer_memory = 0  # the most memory a forked writer held on its own (bytes)
+        self._reaped: list[concurrent.futures.Future] = []  # stopped writers being reaped
 
     def guard(self, store: str | None) -> None:
         """Have this process's guardian complete this spool if the process dies, and push what
@@ -269,7 +270,15 @@ class ProcessSpool:
             if entry.draft is None:  # a drafted entry's thread removes what it commits late itself
                 concurrent.futures.wait([entry.future])
         if entry.writer is not None:
-            self.writer_memory = max(self.writer_memory, entry.writer.stop())
+            held, reaped = entry.writer.stop()
+            self.writer_memory = max(self.writer_memory, held)
+            self._reaped.append(reaped)
+
+    def settle(self) -> None:
+        """Until every writer stopped so far has ended and what it left half-written is gone
+        (they are reaped on a thread: ``snapshot_writer.Writer.stop``)."""
+        reaped, self._reaped = self._reaped, []
+        concurrent.futures.wait(reaped)
 
     def close(self) -> None:
         with _lock:
@@ -277,6 +286,7 @@ class ProcessSpool:
             self._pending.clear()
         for entry in entries:
             self._end(entry)
+        self.settle()
         self._writer.shutdown(wait=True)
         if self._low is not None:
             self._low.shutdown(wait=True)

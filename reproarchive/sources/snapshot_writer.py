@@ -8,8 +8,9 @@ the spool's writer is not done, the process forks. The child holds the process's
 was at that instant (the kernel copies a page only when one side writes it), hashes what is
 left, writes the entry and its objects, and ends; the parent goes on with the call at once.
 
-- **The call ends without a crash:** the child is killed and its partial files removed. It ran
-  at the lowest priority, so on a busy machine it took little from the call.
+- **The call ends without a crash:** the child is killed, then reaped and its partial files
+  removed on a thread (``Writer.stop``). It ran at the lowest priority, so on a busy machine it
+  took little from the call.
 - **The process dies:** the child is not a thread of it and finishes alone, the machine now
   idle. ``Spool.wait_for_writers`` (its lock, inherited through the fork and released only when
   the child ends) makes ``pack SPOOL`` and ``capture --`` wait for it.
@@ -35,6 +36,7 @@ the fork, uses hashlib, msgpack and the file system, and has a time limit after 
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import os
 import signal
@@ -95,22 +97,43 @@ class Writer:
     def __init__(self, spool: Spool, pid: int, lock: Path, *, froze: bool = False):
         self.spool, self.pid, self.lock, self._froze = spool, pid, lock, froze
 
-    def stop(self) -> int:
-        """Kill the child (its entry is not needed) and remove what it left half-written;
-        returns the bytes of memory it held on its own (pages copied since the fork)."""
+    def stop(self) -> tuple[int, concurrent.futures.Future]:
+        """Kill the child (its entry is not needed); returns the bytes of memory it held on its
+        own (pages copied since the fork) and the end of its reaping: the child's end waited
+        for, and what it left half-written removed, on a thread of this process (``_reaper``).
+        A killed child writes nothing more, but tearing down its copy of a large process takes
+        it tens of milliseconds (25 ms for 1.2 GB on one core) that the call need not wait."""
         if self._froze:
             self._froze = False
             _let_gc_back()
         held = private_bytes(self.pid)
         try:
             os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:  # reaped already (a program's own SIGCHLD handler)
+            pass
+        return held, _reaper().submit(self._reap)
+
+    def _reap(self) -> None:
+        try:
             os.waitpid(self.pid, 0)
-        except (ProcessLookupError, ChildProcessError):  # reaped already (a program's own SIGCHLD handler)
+        except ChildProcessError:  # reaped already (a program's own SIGCHLD handler)
             pass
         for left in (self.spool.folder / "objects").glob(f"*/{partial(Path('*'), self.pid).name}"):
             left.unlink(missing_ok=True)
         self.lock.unlink(missing_ok=True)
-        return held
+
+
+_reapers_lock = threading.Lock()
+_reapers: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _reaper() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's thread that reaps stopped writers (a forked process starts its own)."""
+    with _reapers_lock:
+        pid = os.getpid()
+        if pid not in _reapers:
+            _reapers[pid] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-reaper")
+        return _reapers[pid]
 
 
 def start(spool: Spool, draft: Draft, todo: list | None, found: list | None = None) -> Writer:

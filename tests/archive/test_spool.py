@@ -480,6 +480,7 @@ def test_a_first_call_that_ends_kills_its_forked_writer_and_leaves_nothing(tmp_p
     started = time.monotonic()
     spool.discard(name)
     assert time.monotonic() - started < 5  # killed, not waited for
+    spool.settle()  # reaped on a thread
     assert not list(folder.glob("objects/*/*.partial")) and not list(folder.glob("writers/*"))
     assert spool.spool.names() == [] and spool.writer_memory > 0
     spool.close()
