@@ -360,8 +360,10 @@ class _CaptureBackend:
 
     def _checked_on_first_call(self, compiled: Callable, gm: Any, pristine_gm: Any, config: ConfigRecord,
                                spooled: str | None = None, writes: GraphWrites | None = None) -> Callable:
-        """Wrap ``compiled`` so that its first call is checked (before it runs for real, or by it:
-        ``_checks_by_running_twice``), and a failure of any call is archived (``call_guard``).
+        """Wrap ``compiled`` so that its first call is checked (before it runs for real,
+        ``_checks_before_the_call``, or by it, and then what it did not run, a compiled backward,
+        right after it: ``_checks_after_the_call``), and a failure of any call is archived
+        (``call_guard``).
 
         The check cannot run inside the backend call: there Dynamo's compile context is still
         open, and a backward run would make AOTAutograd compile the backward graph nested in

@@ -101,7 +101,7 @@ class ProcessSpool:
         self._low: concurrent.futures.ThreadPoolExecutor | None = None  # the lowest-priority writer
         self._pending: dict[str, _Entry] = {}
         self.writer_memory = 0  # the most memory a forked writer held on its own (bytes)
-        self._reaped: list[concurrent.futures.Future] = []  # stopped writers being reaped
+        self._reaped: list[threading.Thread] = []  # the reapers of stopped writers
 
     def guard(self, store: str | None) -> None:
         """Have this process's guardian complete this spool if the process dies, and push what
@@ -276,9 +276,10 @@ class ProcessSpool:
 
     def settle(self) -> None:
         """Until every writer stopped so far has ended and what it left half-written is gone
-        (they are reaped on a thread: ``snapshot_writer.Writer.stop``)."""
+        (they are reaped on threads: ``snapshot_writer.Writer.stop``)."""
         reaped, self._reaped = self._reaped, []
-        concurrent.futures.wait(reaped)
+        for reaper in reaped:
+            reaper.join()
 
     def close(self) -> None:
         with _lock:
@@ -286,7 +287,6 @@ class ProcessSpool:
             self._pending.clear()
         for entry in entries:
             self._end(entry)
-        self.settle()
         self._writer.shutdown(wait=True)
         if self._low is not None:
             self._low.shutdown(wait=True)
