@@ -79,7 +79,10 @@ Cost and side effects of the check, by design:
 * memory: copies of the inputs the graph writes in place, for the duration of one run; the
   other inputs (the parameters, since Dynamo passes them as inputs) are aliased, and a
   backward's gradients of them are as large as the program's own, freed and given back to the
-  system (``call_guard.preserved_state``) before the real call, so its peak is the program's. Archived inputs are the
+  system (``call_guard.preserved_state``) before the real call, so its peak is the program's.
+  The one exception is the check after a real call (a graph run by the backend itself whose
+  outputs show an ``autograd.Function``'s backward): it runs beside that call's activations,
+  one forward's more at its peak. Archived inputs are the
   real ones, not copies; where the inputs the graph writes are unknown (an operator without
   a fake kernel) their version counters are checked and an input changed before the archive
   was written is listed in the failure record (``inputs_modified``).
