@@ -116,7 +116,11 @@ def random_ops(gm: Any) -> tuple[str, ...]:
 def rng_snapshot(inputs: Iterable[Any] = ()) -> dict[str, torch.Tensor]:
     """The CPU generator's state and that of each device ``inputs`` are on, now: device name ->
     the state as a uint8 tensor on the host."""
-    saved = RngState.capture(devices_of(inputs))
+    return states_of(RngState.capture(devices_of(inputs)))
+
+
+def states_of(saved: RngState) -> dict[str, torch.Tensor]:
+    """``saved`` as an archive holds it (``rng_snapshot``)."""
     return {str(device): state.detach().to("cpu", torch.uint8).contiguous() for device, state in saved.states}
 
 

@@ -129,7 +129,7 @@ from typing import Any
 
 from reproarchive.archive.writing import Capture
 from reproarchive.codec.device_runtime import RngState, devices_of
-from reproarchive.codec.rng import rng_snapshot
+from reproarchive.codec.rng import states_of
 from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
@@ -384,7 +384,7 @@ class _CaptureBackend:
                 self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
                 return None
             started = RngState.capture(devices_of(args))
-            first_rng.append(rng_snapshot(args))
+            first_rng.append(states_of(started))
             pending = self._pending(pristine_gm, args, config, spooled)
 
             def ended(before: list[Any], out: Any) -> None:
