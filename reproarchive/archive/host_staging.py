@@ -1,17 +1,21 @@
-"""How a spool reads storages: CPU ones in place, device ones through one reused pinned buffer.
+"""How a spool reads storages: CPU ones in place, device ones through reused pinned buffers.
 
 Capture writes what a crash would leave before a graph first runs, in jobs that may hold most
 of their accelerator's memory in weights: capture must take none of it. So a device storage is
 never copied on the device, nor whole to the host (``storage.cpu()`` would take its full size
-in host memory at once): it is copied in chunks of ``CHUNK`` bytes into one page-locked host
+in host memory at once): it is copied in chunks of ``CHUNK`` bytes into a page-locked host
 buffer (``non_blocking`` copies on a side stream that first waits for the job's current
 stream, so the copies overlap the job's own kernels), and each chunk is hashed or written
-before the next is copied. Device memory used by capture: none. Host memory: one chunk per
-device, reused for every storage the process spools.
+before the next is copied. The buffers are lent out and given back, one per thread reading a
+device storage at once: the spool hashes up to ``MAX_BUFFERS`` device storages side by side
+(one core hashes about 1 GB/s, and a graph's first call waits for its inputs' digests), so
+host memory is at most ``MAX_BUFFERS * CHUNK`` per device, reused for every storage the
+process spools. Device memory used: none.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,15 +23,26 @@ from reproarchive.archive.packing import is_zero_bytes
 from reproarchive.codec.tensors import storage_view
 from reproarchive.format import digests
 
-CHUNK = 16 << 20
+CHUNK = 8 << 20
+#: The most device storages read at once (and so pinned buffers held) per device.
+MAX_BUFFERS = 8
 
 
 class HostStaging:
-    """The reused host buffers of one process (one per device type and index)."""
+    """The reused host buffers of one process: a free list per device, each buffer lent to one
+    reader at a time."""
 
     def __init__(self, chunk: int = CHUNK):
         self.chunk = chunk
-        self._buffers: dict[Any, Any] = {}
+        self._free: dict[Any, list[Any]] = {}
+        self._made: list[Any] = []
+        self._lock = threading.Lock()
+
+    @property
+    def buffers(self) -> list[Any]:
+        """Every buffer made so far (what this process holds in page-locked memory)."""
+        with self._lock:
+            return list(self._made)
 
     def chunks(self, storage: Any) -> Iterator[memoryview]:
         """The bytes of ``storage`` in order: a CPU storage in one piece, in place; a device
@@ -40,7 +55,12 @@ class HostStaging:
         import torch
 
         source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        yield from device_chunks(source, self._buffer(storage.device), self.chunk)
+        buffer = self._borrow(storage.device)
+        try:
+            yield from device_chunks(source, buffer, self.chunk)
+        finally:
+            with self._lock:
+                self._free[storage.device].append(buffer)
 
     def digest(self, storage: Any, algorithm: str) -> str | None:
         """``algorithm:hex`` of ``storage``'s bytes, or None when they are all zero (stored as
@@ -52,10 +72,14 @@ class HostStaging:
             hasher.update(chunk)
         return None if zero else f"{algorithm}:{hasher.hexdigest()}"
 
-    def _buffer(self, device: Any) -> Any:
-        buffer = self._buffers.get(device)
-        if buffer is None:
-            buffer = self._buffers[device] = host_buffer(self.chunk)
+    def _borrow(self, device: Any) -> Any:
+        with self._lock:
+            free = self._free.setdefault(device, [])
+            if free:
+                return free.pop()
+        buffer = host_buffer(self.chunk)  # outside the lock: pinning takes a while
+        with self._lock:
+            self._made.append(buffer)
         return buffer
 
 

@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Collection
 
-from reproarchive.archive.host_staging import HostStaging
+from reproarchive.archive.host_staging import MAX_BUFFERS, HostStaging
 from reproarchive.archive.packing import Prepared, is_zero_bytes, prepared
 from reproarchive.archive.spool_folder import (  # noqa: F401 - MARKER, is_spool: this module's names too
     CODE_SUFFIX,
@@ -130,30 +130,35 @@ class Spool(SpoolFolder):
     def hash(self, draft: Draft, stop: Callable[[], bool] | None = None,
              views: dict[int, memoryview] | None = None, *, only: Collection[int] | None = None,
              found: list[str | None] | None = None) -> list[str | None]:
-        """Each of ``draft``'s storages' digest (None: all zero, stored as a fill), host ones on
-        the available cores (hashlib releases the GIL), device ones through the one staging
-        buffer. ``stop`` asked between pieces (``Stopped`` raised); ``views``: the bytes of
-        host storages already at hand (a forked writer reads them without calling torch).
-        ``only``: hash just these positions, the others taken from ``found``."""
+        """Each of ``draft``'s storages' digest (None: all zero, stored as a fill), on the
+        available cores (hashlib releases the GIL): host ones in place, device ones through
+        the staging buffers, at most ``host_staging.MAX_BUFFERS`` at once. ``stop`` asked
+        between pieces (``Stopped`` raised); ``views``: the bytes of host storages already at
+        hand (a forked writer reads them without calling torch). ``only``: hash just these
+        positions, the others taken from ``found``."""
         storages = draft.storages
         out: list[str | None] = list(found) if found is not None else [None] * len(storages)
-        chosen = set(range(len(storages)) if only is None else only)
-        host = [i for i, s in enumerate(storages) if i in chosen and (views is not None or s.device.type == "cpu")]
-        for i in sorted(chosen - set(host)):
-            out[i] = self.staging.digest(storages[i], self.algorithm)
+        chosen = sorted(range(len(storages)) if only is None else only)
+        on_host = [i for i in chosen if views is not None or storages[i].device.type == "cpu"]
+        on_device = [i for i in chosen if i not in set(on_host)]
 
         def one(i: int) -> str | None:
             view = views[id(storages[i])] if views is not None else storage_view(storages[i])
             return _host_digest(view, self.algorithm, stop, torch_ok=views is None)
 
-        jobs = min(worker_threads(), len(host))
-        if jobs <= 1:
-            for i in host:
-                out[i] = one(i)
-            return out
-        with concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="reproarchive-hash") as pool:
-            for i, digest in zip(host, pool.map(one, host)):
-                out[i] = digest
+        def staged(i: int) -> str | None:
+            return self.staging.digest(storages[i], self.algorithm)
+
+        for work, positions, most in ((one, on_host, worker_threads()),
+                                      (staged, on_device, min(worker_threads(), MAX_BUFFERS))):
+            jobs = min(most, len(positions))
+            if jobs <= 1:
+                for i in positions:
+                    out[i] = work(i)
+                continue
+            with concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="reproarchive-hash") as pool:
+                for i, digest in zip(positions, pool.map(work, positions)):
+                    out[i] = digest
         return out
 
     def write(self, todo: list, stop: Callable[[], bool] | None = None,
