@@ -306,27 +306,43 @@ def test_device_storages_go_through_one_reused_host_chunk():
     assert digests.of_bytes(b"".join(pieces)) == digests.of_bytes(source.numpy().tobytes())
 
 
+def test_staging_buffers_are_lent_one_per_reader_and_reused():
+    """Readers of device storages at once each hold a buffer of their own; a buffer given back
+    is lent again, so the host memory held is the most readers there were at once."""
+    from reproarchive.archive.host_staging import HostStaging
+
+    staging = HostStaging(chunk=4096)
+    device = torch.device("cuda", 0)  # a key only: nothing is copied here
+    first, second = staging._borrow(device), staging._borrow(device)
+    assert first is not second and len(staging.buffers) == 2
+    staging._free[device] += [first, second]
+    again = staging._borrow(device)
+    assert any(again is b for b in (first, second)) and len(staging.buffers) == 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_storages_are_spooled_through_one_pinned_chunk_and_no_device_memory(tmp_path):
-    """What a GPU machine checks (issue 27.5): a 96 MiB weight on the device is spooled with no
-    device memory beyond the job's own, through one 16 MiB pinned host buffer, and completes
-    into an archive whose weight is the device tensor's bytes."""
+def test_cuda_storages_are_spooled_through_pinned_chunks_and_no_device_memory(tmp_path):
+    """What a GPU machine checks (issue 27.5): device storages are spooled with no device memory
+    beyond the job's own, through pinned host buffers (at most one per storage read at once),
+    and complete into an archive whose weights are the device tensors' bytes."""
     from reproarchive.archive.host_staging import CHUNK
 
-    w = torch.randn(4096, 6144, device="cuda")  # 96 MiB
+    weights = [torch.randn(4096, 6144, device="cuda") for _ in range(3)]  # 96 MiB each
     x = torch.randn(8, 4096, device="cuda")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     spool = Spool(tmp_path / "spool-1")
-    spool.add("1", Capture(_graph(), [x, w], _records()))
+    graph = fx.symbolic_trace(lambda x, a, b, c: torch.relu(x @ a) + x @ b + x @ c)
+    spool.add("1", Capture(graph, [x, *weights], _records()))
     assert torch.cuda.max_memory_allocated() == before  # capture took no device memory
-    (buffer,) = spool.staging._buffers.values()
-    assert buffer.is_pinned() and buffer.numel() == CHUNK
+    buffers = spool.staging.buffers
+    assert 1 <= len(buffers) <= 4 and all(b.is_pinned() and b.numel() == CHUNK for b in buffers)
     archive = spool.complete("1", tmp_path / "a.tar.zst").path
     reproarchive.verify(archive)
     repro = reproarchive.load(archive, device="cpu")
-    assert torch.equal(repro.args[1], w.cpu()) and repro.records.failure.stage == "crash"
+    assert all(torch.equal(got, w.cpu()) for got, w in zip(repro.args[1:], weights))
+    assert repro.records.failure.stage == "crash"
 
 
 def test_the_first_call_waits_for_the_entry_and_small_objects_and_the_weights_follow(tmp_path, monkeypatch):
