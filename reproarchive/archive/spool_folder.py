@@ -21,7 +21,7 @@ from pathlib import Path
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
-from reproarchive.format.schema import Index, StorageRecord
+from reproarchive.format.schema import FailureRecord, Index, StorageRecord
 from reproarchive.format.writer import ContainerWriter
 
 MARKER = "REPROARCHIVE-SPOOL"
@@ -108,9 +108,11 @@ class SpoolFolder:
                 on_error(name, err)
         self.remove()
 
-    def complete(self, name: str, destination: str | os.PathLike) -> Completed:
+    def complete(self, name: str, destination: str | os.PathLike, *, failure: FailureRecord | None = None) -> Completed:
         """Entry ``name`` as an ordinary self-contained archive at ``destination`` (atomically):
-        the writer checks the index against every rule of the spec before writing it."""
+        the writer checks the index against every rule of the spec before writing it.
+        ``failure``: the failure it records, in place of the crash its entry was written for
+        (the process lived, and knows what went wrong)."""
         pending = self.folder / "pending"
         raw = (pending / f"{name}{INDEX_SUFFIX}").read_bytes()
         if len(raw) > _MAX_ENTRY_INDEX:
@@ -120,6 +122,8 @@ class SpoolFolder:
         except Exception as err:  # noqa: BLE001 - a damaged entry: one line, no traceback
             raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
         code = (pending / f"{name}{CODE_SUFFIX}").read_bytes()
+        if failure is not None:
+            index = dataclasses.replace(index, records=dataclasses.replace(index.records, failure=failure))
         index, absent = self._with_missing_absent(index)
         # the mappings stay open until the writer is done: its frames may still read them
         with contextlib.ExitStack() as mappings, atomic_file(destination) as f:

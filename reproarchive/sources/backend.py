@@ -377,7 +377,8 @@ class _CaptureBackend:
         """
         writes = writes or GraphWrites(pristine_gm)
         first_rng: list[dict] = []  # the generator states before a first call that is its own check
-        # (then the pending archive covers that call, and goes when it ends: ``call_guard``)
+        first_pending: list[Path | str | None] = []  # and the archive pending for it (it covers that
+        # call, and goes when it ends: ``call_guard``)
 
         def first_call(args: list[Any]) -> Ended | None:
             if self._checks_before_the_call(compiled, gm, args):
@@ -386,6 +387,7 @@ class _CaptureBackend:
             started = RngState.capture(devices_of(args))
             first_rng.append(states_of(started))
             pending = self._pending(pristine_gm, args, config, spooled)
+            first_pending.append(pending)
 
             def ended(before: list[Any], out: Any) -> None:
                 try:
@@ -393,7 +395,7 @@ class _CaptureBackend:
                         written = writes.of(before)
                         self._run_check(compiled, gm, pristine_gm, before, config, versions_of(before), written,
                                         run_args=rerun_inputs(before, args, written), rng=started,
-                                        rng_states=first_rng[0])
+                                        rng_states=first_rng[0], pending=pending)
                 finally:
                     self._discard(pending)
             return ended
@@ -413,8 +415,9 @@ class _CaptureBackend:
 
         def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
             modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
+            first = call == 1 and bool(first_rng)
             return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config,
-                              rng_states=first_rng[0] if call == 1 and first_rng else None)
+                              rng_states=first_rng[0] if first else None, pending=first_pending[0] if first else None)
 
         return guarded(compiled, writes, failed=failed, first_call=first_call)
 
@@ -447,7 +450,7 @@ class _CaptureBackend:
         versions = versions_of(args)
         pending = self._pending(pristine_gm, args, config, spooled)
         try:
-            self._run_check(compiled, gm, pristine_gm, args, config, versions, written)
+            self._run_check(compiled, gm, pristine_gm, args, config, versions, written, pending=pending)
         finally:
             # The check ran to its end (passed, failed, or was interrupted): the process did
             # not crash, so the pending archive is not a record of anything.
@@ -455,10 +458,11 @@ class _CaptureBackend:
 
     def _run_check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
                    versions: list, written: frozenset[int] | None, *, run_args: list[Any] | None = None,
-                   rng: RngState | None = None, rng_states: dict | None = None) -> None:
+                   rng: RngState | None = None, rng_states: dict | None = None,
+                   pending: Path | str | None = None) -> None:
         """The check run on ``args`` (``run_args``: the inputs made for it already; ``rng``: the
         generator states it starts from; ``rng_states``: those an archive of its failure holds,
-        None: read when it is written)."""
+        None: read when it is written; ``pending``: the archive a crash in it would leave)."""
         report = None
         try:
             with preserved_state(gm, args, rng=rng):
@@ -482,7 +486,7 @@ class _CaptureBackend:
             if is_control_flow(exc):
                 raise
             self._fail(pristine_gm, args, modified_inputs(args, versions), exc, _accuracy.stage_of(exc), config,
-                       rng_states=rng_states)
+                       rng_states=rng_states, pending=pending)
             raise
         if report is not None and not report.passed:
             self._accuracy_failed(pristine_gm, args, modified_inputs(args, versions), report, config)
@@ -568,12 +572,13 @@ class _CaptureBackend:
     # -- failure paths ---------------------------------------------------------------------------
 
     def _fail(self, gm: Any, inputs: list[Any], modified: list[int], exc: BaseException, stage: str,
-              config: ConfigRecord, rng_states: dict | None = None) -> tuple[Path | None, str | None]:
+              config: ConfigRecord, rng_states: dict | None = None,
+              pending: Path | str | None = None) -> tuple[Path | None, str | None]:
         if (ctx := rank_context()) is not None:  # a rank: its part, and the job's archive
             job_failed(self, gm, inputs, config, exc, stage, ctx)
             return archive_path(exc), None
         record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
-        path, error = self._write(gm, inputs, modified, record, config, rng_states)
+        path, error = self._write(gm, inputs, modified, record, config, rng_states, pending)
         _annotate(exc, path, error)
         return path, error
 
@@ -594,9 +599,13 @@ class _CaptureBackend:
         raise err
 
     def _write(self, gm: Any, inputs: list[Any], modified: list[int], record: FailureRecord,
-               config: ConfigRecord, rng_states: dict | None = None) -> tuple[Path | None, str | None]:
+               config: ConfigRecord, rng_states: dict | None = None,
+               pending: Path | str | None = None) -> tuple[Path | None, str | None]:
         """Write the archive; never let a problem here hide the user's original failure.
-        ``rng_states``: the generator states the failing call started from (None: read now)."""
+        ``rng_states``: the generator states the failing call started from (None: read now).
+        ``pending``: the spool entry of the failing first call, which holds its inputs as they
+        were before it: the archive comes from there when the inputs cannot be read now (a
+        device-side assert leaves every later use of the device failing)."""
         if modified:
             record = dataclasses.replace(record, inputs_modified=tuple(modified))
         try:
@@ -606,13 +615,30 @@ class _CaptureBackend:
                 accuracy=self.settings["accuracy"], capture_settings=self.settings, rng_states=rng_states,
             )
         except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
-            log.warning("reproarchive.capture could not write an archive: %s: %s", type(err).__name__, err)
-            return None, f"{type(err).__name__}: {err}"
+            written = self._kept(pending, gm, inputs, record, err) if isinstance(pending, str) else None
+            if written is None:
+                log.warning("reproarchive.capture could not write an archive: %s: %s", type(err).__name__, err)
+                return None, f"{type(err).__name__}: {err}"
         self.written.append(Path(written))
         log.warning("reproarchive: %s failure captured in %s", record.stage, written)
         if self.store:
             self._push(Path(written))
         return Path(written), None
+
+    def _kept(self, entry: str, gm: Any, inputs: list[Any], record: FailureRecord, err: Exception) -> Path | None:
+        """Spool entry ``entry`` completed into the failure's archive (None: it could not be)."""
+        try:
+            completed = self._spool().keep(entry, record, self._destination(gm, inputs, record))
+        except Exception as again:  # noqa: BLE001 - the caller reports the first error
+            log.debug("reproarchive: the spool entry could not be kept either: %s", again)
+            return None
+        if completed is None:
+            return None
+        unwritten = f"; {completed.absent} storage(s) not written yet stored as absent" if completed.absent else ""
+        log.warning("reproarchive: the inputs could not be read after the failure (%s: %s): the archive holds them "
+                    "as spooled before the call%s", type(err).__name__, str(err).splitlines()[0] if str(err) else "",
+                    unwritten)
+        return completed.path
 
     def _push(self, written: Path) -> None:
         """Share the archive; a store that fails costs a log line, never the user's failure."""

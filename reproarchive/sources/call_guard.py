@@ -199,8 +199,18 @@ def _archive_call(failed: Failed, before: list[Any], exc: BaseException, call: i
     except Exception as err:  # noqa: BLE001 - never in place of the user's own failure
         where, reason = None, f"{type(err).__name__}: {err}"
     if where is None:
-        print(f"reproarchive: call {call} of a compiled graph failed ({type(exc).__name__}) and was not "
-              f"archived: {reason}", file=sys.stderr)
+        not_archived(exc, reason, call)
+
+
+def not_archived(exc: BaseException, reason: str | None, call: int) -> None:
+    """Say that the failure ``exc`` of call ``call`` was not archived, and mark it so: a pending
+    spool entry may stand for it still (``crash_guard._keep``)."""
+    print(f"reproarchive: call {call} of a compiled graph failed ({type(exc).__name__}) and was not "
+          f"archived: {reason}", file=sys.stderr)
+    try:
+        exc.reproarchive_not_archived = reason  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - exceptions with __slots__
+        pass
 
 
 def versions_of(inputs: Any) -> list[int | None]:

@@ -56,6 +56,7 @@ JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
 CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's custom-op calls
+KEPT_DIR = "kept"  # beside it too: first calls whose failure PyTorch could not dump, from the spool
 _TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
 log = logging.getLogger("reproarchive.capture")
@@ -134,7 +135,7 @@ def _patch(module: Any) -> None:
             if pristine is not None and isinstance(exc, Exception):
                 _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
             raise
-        return compiled if pending is None else _discard_after_first_call(compiled, pending)
+        return compiled if pending is None else _discard_after_first_call(compiled, pending, _backend_name(self))
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
@@ -212,6 +213,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         backward_is_compiled,
         guarded,
         is_control_flow,
+        not_archived,
         outputs_cannot_require_grad,
         preserved_state,
         runs_the_graph,
@@ -251,7 +253,10 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
                 run_forward_backward(compiled, run_args, seed="ones", backward_if=backward_is_compiled)
         except Exception as exc:
             if not is_control_flow(exc):
-                dump(args, exc)
+                try:
+                    dump(args, exc)
+                except Exception as err:  # noqa: BLE001 - the program's own exception goes on
+                    not_archived(exc, f"{type(err).__name__}: {err}", call=1)
             raise
 
     def first_call(args: list[Any]) -> Any:
@@ -354,8 +359,10 @@ def _spool() -> Any:
     return spool_in(os.environ[CRASH_DIR_ENV])
 
 
-def _discard_after_first_call(compiled: Any, pending: str) -> Any:
-    """``compiled`` behind a wrapper that discards spool entry ``pending`` when its first call ends."""
+def _discard_after_first_call(compiled: Any, pending: str, backend: str) -> Any:
+    """``compiled`` behind a wrapper that discards spool entry ``pending`` when its first call
+    ends, or keeps it as the failure's archive where the call failed and the failure could not
+    be dumped (``_keep``)."""
     done = [False]
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
@@ -365,11 +372,38 @@ def _discard_after_first_call(compiled: Any, pending: str) -> Any:
         _spool().wait(pending)
         try:
             return compiled(*args, **kwargs)
+        except Exception as exc:
+            if getattr(exc, "reproarchive_not_archived", None) is not None:
+                _keep(pending, exc, backend)
+            raise
         finally:
             done[0] = True
             _discard(pending)
 
     return run
+
+
+def _keep(pending: str, exc: Exception, backend: str) -> None:
+    """A first call failed and PyTorch's hook could not dump it: its inputs cannot be read any
+    more (a device-side assert fails every later use of the device). Spool entry ``pending``
+    holds them as they were before the call: it is completed into the failure's archive in
+    ``KEPT_DIR``, which ``capture_program`` reports beside the dumps it packs."""
+    try:
+        from reproarchive.context.failure import record_from_exception
+        from reproarchive.replay.accuracy import stage_of
+
+        folder = Path(os.environ[CRASH_DIR_ENV]).parent / KEPT_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        record = record_from_exception(exc, stage_of(exc), backend=backend)
+        completed = _spool().keep(pending, record, folder / f"{os.getpid()}-{next(_counter)}.tar.zst")
+    except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
+        log.warning("reproarchive capture: the failing first call could not be kept from the spool either: %s: %s",
+                    type(err).__name__, err)
+        return
+    if completed is not None:
+        unwritten = f"; {completed.absent} storage(s) not written yet stored as absent" if completed.absent else ""
+        print(f"reproarchive: archived the failing first call from its spool, its inputs as they were before "
+              f"it{unwritten}", file=sys.stderr)
 
 
 def _discard(pending: str | None) -> None:

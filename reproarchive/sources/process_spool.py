@@ -253,6 +253,24 @@ class ProcessSpool:
             entry.error = err
         return entry.done
 
+    def keep(self, name: str, failure: Any, destination: Path) -> Any:
+        """Entry ``name``, whose graph's first call failed in a way that leaves its inputs
+        unreadable (a device-side assert fails every later use of the device), completed into
+        an archive of ``failure`` at ``destination``: its inputs as they were before the call.
+        The writes it had left run to their end first (after such an error a device copy fails
+        at once, and what it did not write is stored as absent). None where the entry is not
+        pending, or was drafted for a forked writer (host storages, always readable)."""
+        with _lock:
+            entry = self._pending.get(name)
+            if entry is None or entry.draft is not None:
+                return None
+            del self._pending[name]
+        concurrent.futures.wait([entry.future])
+        try:
+            return self.spool.complete(name, destination, failure=failure)
+        finally:
+            self.spool.discard(name)
+
     def discard(self, name: str) -> None:
         """The graph's first call ended without a crash: entry ``name`` is not a record, and
         the writes it still had are stopped (between two pieces of an object)."""

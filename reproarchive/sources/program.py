@@ -212,6 +212,11 @@ def capture_program(
             shutil.move(str(written), target)
             result.archives.append(archive_report(target, kind="capture (after_aot)",
                                              replay={"performed": False, "failure_from": "program"}))
+        for written in sorted((dump_dir / crash_guard.KEPT_DIR).glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
+            target = _next_free(out)  # first calls PyTorch's hook could not dump, from the spool
+            shutil.move(str(written), target)
+            result.archives.append(archive_report(target, kind="capture",
+                                                  replay={"performed": False, "failure_from": "program"}))
         for written in sorted((dump_dir / "accuracy").glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
             target = _next_free(out)
             shutil.move(str(written), target)

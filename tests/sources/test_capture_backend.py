@@ -331,3 +331,53 @@ class TestBackendSource(SourceTests):
         failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", folder)
         torch._dynamo.reset()
         return Captured(archives=sorted(folder.glob("repro-*.tar.zst")), folders=(folder,))
+
+
+@pytest.mark.parametrize("checked_before", [False, True], ids=["call-is-its-own-check", "check-before-the-call"])
+def test_a_failure_that_leaves_the_inputs_unreadable_is_archived_from_the_spool(tmp_path, monkeypatch, checked_before):
+    """(27.5) A device-side assert fails every later use of the device: the failing first call's
+    inputs can no longer be read to write its archive. Its spool entry holds them as they were
+    before the call: the archive comes from there, with the failure the program saw, and the
+    weights the device could no longer give are stored as absent. (CPU storages here, told to
+    take the device's path and to fail as the device's would once the assert has fired.)"""
+    import threading
+
+    from reproarchive.archive.spool import Spool
+    from reproarchive.sources import process_spool, snapshot_writer
+
+    assert_fired = threading.Event()
+    message = "CUDA error: device-side assert triggered"
+    monkeypatch.setattr(snapshot_writer, "can_fork", lambda storages, inputs_copied: False)
+    monkeypatch.setattr(process_spool, "FIRST_BYTES", 4096)
+    real_write, real_archive = Spool.write, capture_backend.write_archive
+
+    def write(self, todo, stop=None):
+        if any(storage.nbytes() > 4096 for _, storage in todo):  # the weights: read after the assert
+            assert_fired.wait(10)
+            raise RuntimeError(message)
+        return real_write(self, todo, stop)
+
+    def write_archive(*args, **kwargs):
+        if assert_fired.is_set():
+            raise RuntimeError(message)
+        return real_archive(*args, **kwargs)
+
+    monkeypatch.setattr(Spool, "write", write)
+    monkeypatch.setattr(capture_backend, "write_archive", write_archive)
+
+    def asserting(gm, example_inputs):
+        def run(*args):
+            assert_fired.set()
+            raise RuntimeError(message)
+        return run
+
+    x, w = torch.randn(4, 64), torch.randn(64, 256, requires_grad=checked_before)  # 1 KiB, 64 KiB
+    with pytest.raises(RuntimeError, match="device-side assert"):  # the program's own error
+        torch.compile(lambda a, b: torch.relu(a @ b), backend=reproarchive.capture(asserting, path=tmp_path))(x, w)
+    (archive,) = tmp_path.glob("*.tar.zst")
+    reproarchive.verify(archive)
+    repro = reproarchive.load(archive)
+    assert repro.fidelity == ["real", "absent"] and torch.equal(repro.args[0], x)
+    failure = repro.records.failure
+    assert failure.stage == "forward" and failure.exception_type == "RuntimeError" and message in failure.message
+    assert not list(tmp_path.glob("spool-*/pending/*"))  # the entry became the archive

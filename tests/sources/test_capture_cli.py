@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import reproarchive
@@ -219,3 +220,69 @@ def test_capture_records_a_custom_backend_by_its_import_path(tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(folder))
     outcome = reproarchive.run(packed["archive"], backend="prog:my_backend")
     assert outcome.observed is not None and "my backend's kernel failed" in outcome.observed.message, outcome
+
+
+# A first call that fails as a device-side assert does (every later read of the device fails),
+# simulated on CPU: the spool takes the device's path (no fork), its weights' writes and
+# PyTorch's dump of the failure fail once the "assert" has fired.
+_UNREADABLE_AFTER_FAILURE = """
+import sys
+import threading
+import torch
+import torch._dynamo.repro.after_dynamo as hook
+from reproarchive.archive.spool import Spool
+from reproarchive.sources import process_spool, snapshot_writer
+
+MESSAGE = "CUDA error: device-side assert triggered"
+fired = threading.Event()
+snapshot_writer.can_fork = lambda storages, inputs_copied: False
+process_spool.FIRST_BYTES = 4096
+real_write = Spool.write
+
+def write(self, todo, stop=None):
+    if any(storage.nbytes() > 4096 for _, storage in todo):  # the weights: read after the assert
+        fired.wait(10)
+        raise RuntimeError(MESSAGE)
+    return real_write(self, todo, stop)
+
+def unreadable(*args, **kwargs):
+    raise RuntimeError(MESSAGE)
+
+Spool.write = write
+hook.dump_backend_state = hook.dump_to_minify_after_dynamo = unreadable
+
+def asserting(gm, example_inputs):
+    def run(*args):
+        fired.set()
+        raise RuntimeError(MESSAGE)
+    return run
+
+torch.manual_seed(0)
+x, w = torch.randn(4, 64), torch.randn(64, 256, requires_grad=sys.argv[1] == "checked")  # 1 KiB, 64 KiB
+torch.compile(lambda a, b: torch.relu(a @ b), backend=asserting)(x, w)
+"""
+
+
+@pytest.mark.parametrize("checked", ["checked", "own-check"])  # a check before the call, or the call is it
+def test_capture_keeps_a_first_call_pytorch_could_not_dump_from_the_spool(tmp_path, checked):
+    """(27.5) Under ``capture --`` a device-side assert leaves PyTorch's hook unable to dump the
+    failure (it reads the inputs after it): the first call's spool entry, its inputs as they
+    were before the call, is the archive, with the program's failure; what the device could no
+    longer give is absent."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "prog.py").write_text(_UNREADABLE_AFTER_FAILURE)
+    out = tmp_path / "archives"
+    cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    done = subprocess.run([*cli, "capture", "--json", "-o", str(out), "--", sys.executable, "prog.py", checked],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "archived the failing first call from its spool" in done.stderr
+    assert "RuntimeError: CUDA error: device-side assert triggered" in done.stderr.splitlines()[-1]
+    (packed,) = json.loads(done.stdout)["archives"]
+    reproarchive.verify(packed["archive"])
+    repro = reproarchive.load(packed["archive"])
+    torch.manual_seed(0)
+    assert repro.fidelity == ["real", "absent"] and torch.equal(repro.args[0], torch.randn(4, 64))
+    failure = repro.records.failure
+    assert failure.stage == "forward" and "device-side assert" in failure.message
