@@ -5,6 +5,7 @@
     python benchmarks/capture_overhead.py --cores 1 --busy     # pinned to one core, beside a busy loop
     python benchmarks/capture_overhead.py --repeat 3 --variants "capture,capture(calls)"  # medians, a subset
     python benchmarks/capture_overhead.py --quick --json       # seconds: what tests/benchmarks runs
+    python benchmarks/capture_overhead.py --device cuda --gb 1.5,4  # a GPU job (issue 27.5)
 
 The job: a model of ``Linear(2048, 2048)`` + ``ReLU`` blocks (``--gb`` of fp32 weights), compiled
 with ``dynamic=False``, one training step (forward, ``sum().backward()``) per call. "recompiles"
@@ -37,6 +38,10 @@ The issue's targets: extra RSS at most 5% of the weights + 64 MiB, first calls a
 ``--cores N`` pins every process to the first N cores this one may use; ``--busy`` runs one
 busy-looping process per such core for the length of the run. Numbers on a shared machine are
 noisy: the load average before and after is printed with the table.
+
+``--device cuda``: the model and its inputs on the GPU, each step synchronized (its kernels are
+part of its time), and one more column: the peak device memory allocated
+(``max_memory_allocated``) beyond plain's, i.e. what capture took on the device.
 """
 
 from __future__ import annotations
@@ -70,11 +75,12 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.manual_seed(0)
-    width = spec["width"]
+    width, device = spec["width"], torch.device(spec.get("device", "cpu"))
     layers = []
     for _ in range(spec["blocks"]):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        layers += [torch.nn.Linear(width, width, device=device), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers)
+    accelerator = None if device.type == "cpu" else getattr(torch, device.type)
     backend: Any = spec["backend"]
     if spec["variant"] in OPTIONS:
         import reproarchive
@@ -82,12 +88,17 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
         backend = reproarchive.capture(backend, path=spec["archives"], **OPTIONS[spec["variant"]])
     compiled = torch.compile(model, backend=backend, dynamic=False)
     weights = sum(p.untyped_storage().nbytes() for p in model.parameters())
-    inputs = [torch.randn(n, width) for n in spec["sizes"]]
+    inputs = [torch.randn(n, width, device=device) for n in spec["sizes"]]
+    if accelerator is not None:
+        accelerator.synchronize()
+        accelerator.reset_peak_memory_stats()
     written0 = _wchar()
 
     def step(x: Any) -> None:
         compiled(x).sum().backward()
         model.zero_grad(set_to_none=True)
+        if accelerator is not None:  # the step's kernels are part of its time
+            accelerator.synchronize()
 
     first = 0.0
     for x in inputs:
@@ -102,7 +113,7 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
     return {"first_s": first, "later_s": statistics.median(later), "peak_rss": _peak_rss(resource),
             "writer_rss": _writer_rss() + _guardian_rss(), "written": _wchar() - written0,
             "distinct": weights + sum(x.untyped_storage().nbytes() for x in inputs),
-            "weights": weights}
+            "weights": weights, "device_peak": accelerator.max_memory_allocated() if accelerator else 0}
 
 
 def _wchar() -> int:
@@ -162,24 +173,26 @@ def run_variant(spec: dict[str, Any], cores: list[int] | None) -> dict[str, Any]
 
 
 def measure(gb: float, backend: str, recompiles: bool, *, quick: bool, cores: list[int] | None,
-            variants: tuple[str, ...] = VARIANTS, repeat: int = 1) -> dict[str, Any]:
+            variants: tuple[str, ...] = VARIANTS, repeat: int = 1, device: str = "cpu") -> dict[str, Any]:
     width = 128 if quick else WIDTH
     blocks = 2 if quick else max(1, round(gb * 1e9 / BLOCK_BYTES))
     sizes = (SIZES_RECOMPILE[:2] if quick else SIZES_RECOMPILE) if recompiles else SIZES_RECOMPILE[:1]
-    spec = {"width": width, "blocks": blocks, "backend": backend, "sizes": list(sizes)}
+    spec = {"width": width, "blocks": blocks, "backend": backend, "sizes": list(sizes), "device": device}
     # round-robin, so that a burst of load on a shared machine falls on every variant alike
     rounds = [{v: run_variant(dict(spec, variant=v), cores) for v in variants} for _ in range(repeat)]
     runs = {v: _median_run([r[v] for r in rounds]) for v in variants}
     plain = runs["plain"]
     row: dict[str, Any] = {"gb": gb, "backend": backend, "graphs": len(sizes), "blocks": blocks,
                            "weights": plain["weights"], "plain_first_s": plain["first_s"],
-                           "plain_later_s": plain["later_s"], "plain_peak_rss": plain["peak_rss"]}
+                           "plain_later_s": plain["later_s"], "plain_peak_rss": plain["peak_rss"],
+                           "device": device, "plain_device_peak": plain["device_peak"]}
     for v in variants[1:]:
         r = runs[v]
         extra = r["peak_rss"] + r["writer_rss"] - plain["peak_rss"]
         row[v] = {"first_ratio": r["first_s"] / plain["first_s"], "later_ratio": r["later_s"] / plain["later_s"],
                   "extra_rss": extra, "extra_rss_of_weights": extra / plain["weights"], "writer_rss": r["writer_rss"],
                   "written": r["written"], "written_per_distinct": r["written"] / r["distinct"],
+                  "extra_device_peak": r["device_peak"] - plain["device_peak"],
                   "archives_left": r["archives_left"]}
     row["plain_written_per_distinct"] = plain["written"] / plain["distinct"]
     return row
@@ -193,17 +206,20 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     mib = 1 << 20
-    out = ["| weights, backend, graphs | variant | first calls | later calls | extra peak RSS | written / distinct |",
-           "|---|---|---|---|---|---|"]
+    on_device = any(r["device"] != "cpu" for r in rows)
+    head = "| weights, backend, graphs | variant | first calls | later calls | extra peak RSS | written / distinct |"
+    out = [head + (" extra device peak |" if on_device else ""), "|---" * (7 if on_device else 6) + "|"]
     for r in rows:
         label = f"{r['weights'] / mib:,.0f} MiB, {r['backend']}, {r['graphs']}"
+        device = f" ({r['plain_device_peak'] / mib:,.0f} MiB) |" if on_device else ""
         out.append(f"| {label} | plain | {r['plain_first_s']:.2f} s | {r['plain_later_s'] * 1000:.0f} ms | "
-                   f"({r['plain_peak_rss'] / mib:,.0f} MiB) | {r['plain_written_per_distinct']:.2f}x |")
+                   f"({r['plain_peak_rss'] / mib:,.0f} MiB) | {r['plain_written_per_distinct']:.2f}x |{device}")
         for v in [v for v in VARIANTS[1:] if v in r]:
             c = r[v]
+            device = f" {c['extra_device_peak'] / mib:+,.0f} MiB |" if on_device else ""
             out.append(f"| | {v} | {c['first_ratio']:.2f}x | {c['later_ratio']:.2f}x | "
                        f"{c['extra_rss'] / mib:+,.0f} MiB ({c['extra_rss_of_weights']:+.0%}) | "
-                       f"{c['written_per_distinct']:.2f}x |")
+                       f"{c['written_per_distinct']:.2f}x |{device}")
     return "\n".join(out)
 
 
@@ -221,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny models, eager only: seconds")
     parser.add_argument("--cores", type=int, help="pin every process to the first N cores")
     parser.add_argument("--busy", action="store_true", help="a busy loop on each of those cores meanwhile")
+    parser.add_argument("--device", default="cpu", help="where the model and inputs live (cuda: a GPU job)")
     parser.add_argument("--variants", default=",".join(VARIANTS[1:]),
                         help=f"capture variants beside plain, comma-separated (default: all of {VARIANTS[1:]})")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each variant (round-robin); medians")
@@ -250,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             for b in backends:
                 for rc in recompile_modes:
                     rows.append(measure(gb, b, rc, quick=args.quick, cores=cores, variants=variants,
-                                        repeat=max(1, args.repeat)))
+                                        repeat=max(1, args.repeat), device=args.device))
                     print(table(rows[-1:]).splitlines()[-len(variants):], file=sys.stderr, flush=True)
     finally:
         for p in busy:
