@@ -26,8 +26,10 @@ pages) before killing the child; the benchmark reports it. And while a writer li
 parent's cyclic garbage collector is kept off the objects that existed at the fork
 (``gc.freeze``, as pre-fork servers do): a full collection writes the header of every object it
 tracks, so each one would copy the whole Python heap into the child. They are handed back to
-it (``gc.unfreeze``) when the last writer is stopped; a program that froze objects itself is
-left as it is.
+it (``gc.unfreeze``) when the last writer is stopped. Where objects are frozen already (the
+program, or a library it loaded, called ``gc.freeze``; one GPU image's test run had 375), they
+are not ours to unfreeze: automatic collections are paused instead (``gc.disable``) while a
+writer lives, and the collector's state given back after; the frozen ones stay frozen.
 
 The child calls no torch function: torch's thread pools do not survive a fork and a parallel
 kernel could wait forever on a pool that is gone. It reads storages through views made before
@@ -68,33 +70,43 @@ def can_fork(storages: list[Any], *, inputs_copied: bool) -> bool:
 
 
 _gc_lock = threading.Lock()
-_gc_writers = [0]  # writers alive for which this process froze its objects (0: none frozen)
+_gc_writers = [0]  # writers alive for which the collector is kept off (0: none)
+_gc_off: list[str | None] = [None]  # how: "frozen" (gc.freeze), "paused" (gc.disable), None (nothing)
 
 
-def _keep_gc_off() -> bool:
-    """Freeze this process's objects for a writer about to be forked (module docstring);
-    False where the program froze objects of its own (then nothing is done)."""
+def _keep_gc_off() -> None:
+    """Keep the collector off this process's objects for a writer about to be forked (module
+    docstring); ``_let_gc_back`` is owed once that writer is stopped."""
     with _gc_lock:
-        if _gc_writers[0] == 0 and gc.get_freeze_count():
-            return False
         if _gc_writers[0] == 0:
-            gc.freeze()
+            if not gc.get_freeze_count():
+                gc.freeze()
+                _gc_off[0] = "frozen"
+            elif gc.isenabled():  # frozen objects that are not ours: pause collections instead
+                gc.disable()
+                _gc_off[0] = "paused"
+            else:
+                _gc_off[0] = None
         _gc_writers[0] += 1
-        return True
 
 
 def _let_gc_back() -> None:
     with _gc_lock:
         _gc_writers[0] -= 1
         if _gc_writers[0] == 0:
-            gc.unfreeze()
+            if _gc_off[0] == "frozen":
+                gc.unfreeze()
+            elif _gc_off[0] == "paused":
+                gc.enable()
+            _gc_off[0] = None
 
 
 class Writer:
     """A forked child finishing one entry."""
 
-    def __init__(self, spool: Spool, pid: int, lock: Path, *, froze: bool = False):
-        self.spool, self.pid, self.lock, self._froze = spool, pid, lock, froze
+    def __init__(self, spool: Spool, pid: int, lock: Path):
+        self.spool, self.pid, self.lock = spool, pid, lock
+        self._gc_owed = True  # ``_keep_gc_off`` was called for it
 
     def stop(self) -> tuple[int, threading.Thread]:
         """Kill the child (its entry is not needed); returns the bytes of memory it held on its
@@ -104,8 +116,8 @@ class Writer:
         seconds beside a busy loop on that core (measured: the first call took 2.4x plain's
         when it waited). Neither the call nor the process's exit waits for it (a daemon
         thread; the spool's removal at exit takes what it would remove)."""
-        if self._froze:
-            self._froze = False
+        if self._gc_owed:
+            self._gc_owed = False
             _let_gc_back()
         held = private_bytes(self.pid)
         try:
@@ -133,14 +145,13 @@ def start(spool: Spool, draft: Draft, todo: list | None, found: list | None = No
     views = {id(s): storage_view(s) for s in draft.storages}  # made here: the child calls no torch
     limit = _LIMIT_S + sum(len(v) for v in views.values()) // _LIMIT_BYTES_PER_S
     fd, lock = spool.writer_lock(draft.name)
-    froze = _keep_gc_off()
+    _keep_gc_off()
     try:
         with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process: see the docstring
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
     except OSError:  # no memory or process left for a child: the caller logs it, the job goes on
-        if froze:
-            _let_gc_back()
+        _let_gc_back()
         os.close(fd)
         lock.unlink(missing_ok=True)
         raise
@@ -157,7 +168,7 @@ def start(spool: Spool, draft: Draft, todo: list | None, found: list | None = No
         finally:
             os._exit(status)
     os.close(fd)  # the child holds the lock now
-    return Writer(spool, pid, lock, froze=froze)
+    return Writer(spool, pid, lock)
 
 
 def _detach(*, keep: int, limit: int) -> None:
