@@ -140,7 +140,7 @@ class Spool(SpoolFolder):
         out: list[str | None] = list(found) if found is not None else [None] * len(storages)
         chosen = sorted(range(len(storages)) if only is None else only)
         on_host = [i for i in chosen if views is not None or storages[i].device.type == "cpu"]
-        on_device = [i for i in chosen if i not in set(on_host)]
+        on_device = sorted(set(chosen) - set(on_host))
 
         def one(i: int) -> str | None:
             view = views[id(storages[i])] if views is not None else storage_view(storages[i])

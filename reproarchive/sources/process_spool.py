@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.spool import Draft, Spool, Stopped
+from reproarchive.archive.spool_folder import Completed
+from reproarchive.format.schema import FailureRecord
 from reproarchive.sources import snapshot_writer
 from reproarchive.sources.spool_guardian import Guardian
 
@@ -253,7 +255,7 @@ class ProcessSpool:
             entry.error = err
         return entry.done
 
-    def keep(self, name: str, failure: Any, destination: Path) -> Any:
+    def keep(self, name: str, failure: FailureRecord, destination: Path) -> Completed | None:
         """Entry ``name``, whose graph's first call failed in a way that leaves its inputs
         unreadable (a device-side assert fails every later use of the device), completed into
         an archive of ``failure`` at ``destination``: its inputs as they were before the call.
