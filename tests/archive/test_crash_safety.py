@@ -65,9 +65,13 @@ CHILD = textwrap.dedent(
 
 
 def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes under ``path`` now; 0 for what the child renamed or removed while it was looked at."""
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    except FileNotFoundError:  # renamed into place between the listing and the stat
+        return 0
 
 
 def _temps(folder: Path, final: Path) -> list[Path]:
