@@ -202,14 +202,20 @@ if __name__ == "__main__":
 """
 
 
-def test_capture_records_a_custom_backend_by_its_import_path(tmp_path, monkeypatch):
+def _capture_program(tmp_path: Path, source: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """``source`` as ``prog.py`` run under ``reproarchive capture --json`` in a child: its folder,
+    and the finished run."""
     folder = tmp_path / "job"
     folder.mkdir()
-    (folder / "prog.py").write_text(_CUSTOM_BACKEND)
-    out = tmp_path / "archives"
+    (folder / "prog.py").write_text(source)
     cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
-    done = subprocess.run([*cli, "capture", "--json", "-o", str(out), "--", sys.executable, "prog.py"],
-                          cwd=folder, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*cli, "capture", "--json", "-o", str(tmp_path / "archives"), "--", sys.executable,
+                           "prog.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+    return folder, done
+
+
+def test_capture_records_a_custom_backend_by_its_import_path(tmp_path, monkeypatch):
+    folder, done = _capture_program(tmp_path, _CUSTOM_BACKEND)
     assert done.returncode == 1, done.stderr[-3000:]
     # the program's own exception, not one from PyTorch's hook run inside the backend
     assert "RuntimeError: my backend's kernel failed" in done.stderr
@@ -275,13 +281,7 @@ def test_capture_keeps_a_first_call_pytorch_could_not_dump_from_the_spool(tmp_pa
     were before the call, is the archive, with the program's failure; what the device could no
     longer give is absent. Two graphs: one whose first call is its own check, one checked
     before its first call."""
-    folder = tmp_path / "job"
-    folder.mkdir()
-    (folder / "prog.py").write_text(_UNREADABLE_AFTER_FAILURE)
-    out = tmp_path / "archives"
-    cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
-    done = subprocess.run([*cli, "capture", "--json", "-o", str(out), "--", sys.executable, "prog.py"],
-                          cwd=folder, capture_output=True, text=True, timeout=300)
+    _, done = _capture_program(tmp_path, _UNREADABLE_AFTER_FAILURE)
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.count("archived the failing first call from its spool") == 2
     assert "RuntimeError: CUDA error: device-side assert triggered" in done.stderr.splitlines()[-1]
