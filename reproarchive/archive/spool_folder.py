@@ -46,6 +46,11 @@ class Completed:
     path: Path
     absent: int
 
+    @property
+    def unwritten(self) -> str:
+        """What a message about it adds for the storages stored as absent ("" when none)."""
+        return f"; {self.absent} storage(s) not written yet stored as absent" if self.absent else ""
+
 
 class SpoolFolder:
     """A spool's folder, read: ``SpoolFolder(folder)`` opens one and refuses a folder without a

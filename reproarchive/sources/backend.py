@@ -376,18 +376,17 @@ class _CaptureBackend:
         archive holds them as they were.
         """
         writes = writes or GraphWrites(pristine_gm)
-        first_rng: list[dict] = []  # the generator states before a first call that is its own check
-        first_pending: list[Path | str | None] = []  # and the archive pending for it (it covers that
-        # call, and goes when it ends: ``call_guard``)
+        # a first call that is its own check: the generator states before it, and the archive pending
+        # for it (it covers that call, and goes when it ends: ``call_guard``)
+        own_check: list[tuple[dict, Path | str | None]] = []
 
         def first_call(args: list[Any]) -> Ended | None:
             if self._checks_before_the_call(compiled, gm, args):
                 self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
                 return None
             started = RngState.capture(devices_of(args))
-            first_rng.append(states_of(started))
             pending = self._pending(pristine_gm, args, config, spooled)
-            first_pending.append(pending)
+            own_check.append((states_of(started), pending))
 
             def ended(before: list[Any], out: Any) -> None:
                 try:
@@ -395,7 +394,7 @@ class _CaptureBackend:
                         written = writes.of(before)
                         self._run_check(compiled, gm, pristine_gm, before, config, versions_of(before), written,
                                         run_args=rerun_inputs(before, args, written), rng=started,
-                                        rng_states=first_rng[0], pending=pending)
+                                        rng_states=own_check[0][0], pending=pending)
                 finally:
                     self._discard(pending)
             return ended
@@ -415,9 +414,9 @@ class _CaptureBackend:
 
         def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
             modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
-            first = call == 1 and bool(first_rng)
+            rng_states, pending = own_check[0] if call == 1 and own_check else (None, None)
             return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config,
-                              rng_states=first_rng[0] if first else None, pending=first_pending[0] if first else None)
+                              rng_states=rng_states, pending=pending)
 
         return guarded(compiled, writes, failed=failed, first_call=first_call)
 
@@ -634,10 +633,9 @@ class _CaptureBackend:
             return None
         if completed is None:
             return None
-        unwritten = f"; {completed.absent} storage(s) not written yet stored as absent" if completed.absent else ""
         log.warning("reproarchive: the inputs could not be read after the failure (%s: %s): the archive holds them "
                     "as spooled before the call%s", type(err).__name__, str(err).splitlines()[0] if str(err) else "",
-                    unwritten)
+                    completed.unwritten)
         return completed.path
 
     def _push(self, written: Path) -> None:

@@ -401,9 +401,8 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
                     type(err).__name__, err)
         return
     if completed is not None:
-        unwritten = f"; {completed.absent} storage(s) not written yet stored as absent" if completed.absent else ""
         print(f"reproarchive: archived the failing first call from its spool, its inputs as they were before "
-              f"it{unwritten}", file=sys.stderr)
+              f"it{completed.unwritten}", file=sys.stderr)
 
 
 def _discard(pending: str | None) -> None:
