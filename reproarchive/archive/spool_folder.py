@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from reproarchive.context.redaction import redacted_records
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
@@ -100,24 +101,27 @@ class SpoolFolder:
         return [p.name[: -len(INDEX_SUFFIX)] for p in sorted(found, key=lambda p: (p.stat().st_mtime, p.name))]
 
     def complete_each(self, destination: Callable[[str], Path],
-                      on_error: Callable[[str, Exception], None] | None = None) -> Iterator[Completed]:
-        """Every entry a crash left, oldest first, completed into ``destination(name)``; the
-        spool is removed once all are. An entry that cannot be completed ends it, the spool
-        kept for another try, unless ``on_error`` takes the error (then the others go on)."""
+                      on_error: Callable[[str, Exception], None] | None = None,
+                      failure: Callable[[FailureRecord], FailureRecord] | None = None) -> Iterator[Completed]:
+        """Every entry a crash left, oldest first, completed into ``destination(name)`` (and its
+        failure made by ``failure``, as ``complete`` says); the spool is removed once all are.
+        An entry that cannot be completed ends it, the spool kept for another try, unless
+        ``on_error`` takes the error (then the others go on)."""
         for name in self.names():
             try:
-                yield self.complete(name, destination(name))
+                yield self.complete(name, destination(name), failure=failure)
             except Exception as err:
                 if on_error is None:
                     raise
                 on_error(name, err)
         self.remove()
 
-    def complete(self, name: str, destination: str | os.PathLike, *, failure: FailureRecord | None = None) -> Completed:
+    def complete(self, name: str, destination: str | os.PathLike, *,
+                 failure: Callable[[FailureRecord], FailureRecord] | None = None) -> Completed:
         """Entry ``name`` as an ordinary self-contained archive at ``destination`` (atomically):
         the writer checks the index against every rule of the spec before writing it.
-        ``failure``: the failure it records, in place of the crash its entry was written for
-        (the process lived, and knows what went wrong)."""
+        ``failure``: the failure it records, made from the crash its entry was written for (the
+        process lived and knows what went wrong, or its guardian learned the signal)."""
         pending = self.folder / "pending"
         raw = (pending / f"{name}{INDEX_SUFFIX}").read_bytes()
         if len(raw) > _MAX_ENTRY_INDEX:
@@ -127,8 +131,9 @@ class SpoolFolder:
         except Exception as err:  # noqa: BLE001 - a damaged entry: one line, no traceback
             raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
         code = (pending / f"{name}{CODE_SUFFIX}").read_bytes()
-        if failure is not None:
-            index = dataclasses.replace(index, records=dataclasses.replace(index.records, failure=failure))
+        if failure is not None:  # redacted as a capture's records are (``archive.writing``: the working directory ".")
+            made = redacted_records({"failure": failure(index.records.failure)}, {os.getcwd(): "."})["failure"]
+            index = dataclasses.replace(index, records=dataclasses.replace(index.records, failure=made))
         index, absent = self._with_missing_absent(index)
         # the mappings stay open until the writer is done: its frames may still read them
         with contextlib.ExitStack() as mappings, atomic_file(destination) as f:

@@ -229,6 +229,24 @@ def pending_crash_record(*, backend: str | None = None) -> FailureRecord:
                          signature=signature("crash", "", ""), backend=backend)
 
 
+#: faulthandler's words for the fatal signals it reports (``Fatal Python error: <words>``)
+_FAULT_SIGNALS = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+                  "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+                  "Illegal instruction": "SIGILL"}
+_FAULT = re.compile(r"Fatal Python error: ([A-Za-z -]+)")
+
+
+def fault_signal(report: str) -> str | None:
+    """The signal faulthandler's ``report`` of a death names (``SIGSEGV``, ...; its own words
+    where they name no signal we know), None where the text is no such report: the process
+    that died wrote it, so whoever completes its archive can record the signal."""
+    found = _FAULT.search(report)
+    if found is None:
+        return None
+    words = found.group(1).strip()
+    return _FAULT_SIGNALS.get(words, words)
+
+
 _FATAL = re.compile(r"Fatal Python error: ")
 _THREAD = re.compile(r"(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
 _WARNING = re.compile(r"\b\w*Warning: ")

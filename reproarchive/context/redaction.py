@@ -86,12 +86,11 @@ def machine_prefixes() -> dict[str, str]:
     prefixes: dict[str, str] = {}
     for path in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
         prefixes[path] = "<python>"
-    try:
-        import torch
+    import importlib.util
 
-        prefixes[str(Path(torch.__file__).resolve().parent.parent)] = "<site-packages>"
-    except ImportError:
-        pass
+    found = importlib.util.find_spec("torch")  # where it is, without importing it (a guardian has not)
+    if found is not None and found.origin:
+        prefixes[str(Path(found.origin).resolve().parent.parent)] = "<site-packages>"
     prefixes[str(Path(__file__).resolve().parent.parent)] = "<reproarchive>"
     for label, path in (("<inductor-cache>", _inductor_cache_dir()),
                         ("<triton-cache>", os.environ.get("TRITON_CACHE_DIR"))):
@@ -102,6 +101,10 @@ def machine_prefixes() -> dict[str, str]:
 
 
 def _inductor_cache_dir() -> str | None:
+    import sys
+
+    if "torch" not in sys.modules:  # not loaded for this (the spool's guardian): the default is under <tmp>
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 

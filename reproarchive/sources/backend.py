@@ -61,7 +61,9 @@ storage written once per process however many graphs share it, in the background
 priority, the first call waiting for none of it (a forked copy-on-write writer finishes what is
 left if the call comes first). If the process dies, a guardian process (``spool_guardian``)
 completes the entry into the archive, ``repro-<hash>.tar.zst`` as below, within a second of
-the death, and pushes it to ``store=`` when one is given. With ``spool=False`` the whole
+the death, with the signal and the crashing thread's stack faulthandler reported as it died
+(unless the program turned faulthandler on itself, or nothing could report: ``SIGKILL``), and
+pushes it to ``store=`` when one is given. With ``spool=False`` the whole
 archive is written before each first run instead (one full write per graph). Either way a
 process that dies leaves an archive, complete and verifiable; ``reproarchive run`` replays it
 in a child process and reports the signal and the crashing thread's stack.
@@ -134,11 +136,12 @@ from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
-from reproarchive.replay.input_writes import rerun_inputs, run_inputs
+from reproarchive.replay.input_writes import run_inputs
 from reproarchive.sources.call_guard import (
     Ended,
     GraphWrites,
     backward_is_compiled,
+    checked_after,
     guarded,
     is_control_flow,
     modified_inputs,
@@ -388,16 +391,11 @@ class _CaptureBackend:
             pending = self._pending(pristine_gm, args, config, spooled)
             own_check.append((states_of(started), pending))
 
-            def ended(before: list[Any], out: Any) -> None:
-                try:
-                    if out is not None and self._checks_after_the_call(out):
-                        written = writes.of(before)
-                        self._run_check(compiled, gm, pristine_gm, before, config, versions_of(before), written,
-                                        run_args=rerun_inputs(before, args, written), rng=started,
-                                        rng_states=own_check[0][0], pending=pending)
-                finally:
-                    self._discard(pending)
-            return ended
+            def check(before: list[Any], run_args: list[Any], rng: RngState) -> None:
+                self._run_check(compiled, gm, pristine_gm, before, config, versions_of(before), writes.of(before),
+                                run_args=run_args, rng=rng, rng_states=own_check[0][0], pending=pending)
+            return checked_after(writes, args, started, check, wanted=self._checks_after_the_call,
+                                 then=lambda: self._discard(pending))
 
         if rank_context() is not None:  # a rank of a multi-rank job: one guarded call (job_capture)
             once = [True]

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from reproarchive.replay.input_writes import snapshot, written_inputs
+from reproarchive.replay.input_writes import rerun_inputs, snapshot, written_inputs
 from reproarchive.sources import heap
 from reproarchive.sources.frame_room import with_frame_room
 
@@ -77,6 +77,26 @@ class GraphWrites:
 #: Called once a first call that is its own check has ended: (the inputs as they were before it,
 #: its outputs, or None where it raised); may run a check after it, and raise that check's failure
 Ended = Callable[[list[Any], Any], None]
+
+
+def checked_after(writes: GraphWrites, args: list[Any], started: Any,
+                  check: Callable[[list[Any], list[Any], Any], None], *,
+                  wanted: Callable[[Any], bool] | None = None,
+                  then: Callable[[], None] | None = None) -> Ended:
+    """The ``ended`` of a first call on ``args`` that is its own check: once it has returned
+    outputs that show what it did not run itself (``wanted``, by default a compiled backward:
+    ``backward_is_compiled``), ``check`` runs on the inputs as they were before it (``before``;
+    fresh copies of the written ones, ``rerun_inputs``) from the generator states it started
+    from (``started``, a ``device_runtime.RngState``); ``then`` runs last, whatever happened.
+    One rule for the capture backend's first calls and the crash guard's."""
+    def ended(before: list[Any], out: Any) -> None:
+        try:
+            if out is not None and (wanted or backward_is_compiled)(out):
+                check(before, rerun_inputs(before, args, writes.of(before)), started)
+        finally:
+            if then is not None:
+                then()
+    return ended
 
 
 def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,

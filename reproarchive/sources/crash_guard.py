@@ -206,11 +206,12 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
 
     from reproarchive.codec.device_runtime import RngState, devices_of
     from reproarchive.replay.accuracy import run_forward_backward
-    from reproarchive.replay.input_writes import rerun_inputs, run_inputs
+    from reproarchive.replay.input_writes import run_inputs
     from reproarchive.sources.backend import copy_graph_structure
     from reproarchive.sources.call_guard import (
         GraphWrites,
         backward_is_compiled,
+        checked_after,
         guarded,
         is_control_flow,
         not_archived,
@@ -267,13 +268,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         # (its backward is PyTorch's): the real call is the check, waited for on its devices, and
         # its failure dumped (``call_guard``); the graph runs once, unless its outputs show a
         # compiled backward after all, which is checked after it as the capture backend's is
-        started = RngState.capture(devices_of(args))
-
-        def ended(before: list[Any], out: Any) -> None:
-            if out is not None and backward_is_compiled(out):
-                written = writes.of(before)
-                check(before, rerun_inputs(before, args, written), started)
-        return ended
+        return checked_after(writes, args, RngState.capture(devices_of(args)), check)
 
     return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import faulthandler
 import hashlib
 import json
 import logging
@@ -67,9 +66,6 @@ log = logging.getLogger("reproarchive.capture")
 JOB_WAIT_ENV = "REPROARCHIVE_JOB_WAIT_S"
 PARTS_SUFFIX = ".parts"
 _PART = re.compile(r"^rank-(\d+)\.tar\.zst$")
-_FAULT_SIGNALS = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
-                  "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
-                  "Illegal instruction": "SIGILL"}
 
 
 @dataclasses.dataclass
@@ -243,14 +239,19 @@ def part_job(ctx: RankContext, outcome: RankOutcome, dtensors, meshes, mesh_dims
 
 def watch_for_crash(folder: Path, ctx: RankContext) -> None:
     """Have faulthandler write a fatal signal of this process to ``rank-<r>.fault`` (unless the
-    program enabled faulthandler itself)."""
+    program enabled faulthandler itself: ``fault_watch``)."""
+    from reproarchive.sources import fault_watch
+
     path = folder / f"rank-{ctx.rank}.fault"
-    ours = _STATE.fault_file is not None
-    if ours and path.exists() or not ours and faulthandler.is_enabled():
+    if _STATE.fault_file is not None and fault_watch.watching(_STATE.fault_file) and path.exists():
         return  # watching already (a folder removed since, for a job that passed, is watched anew)
     with contextlib.suppress(OSError):
-        _STATE.fault_file = open(path, "w")  # noqa: SIM115 - open for the life of the process
-        faulthandler.enable(file=_STATE.fault_file, all_threads=False)
+        fault = open(path, "w")  # noqa: SIM115 - open for the life of the process
+        if fault_watch.watch(fault):
+            _STATE.fault_file = fault
+        else:
+            fault.close()
+            path.unlink()
 
 
 def set_status(folder: Path, rank: int, outcome: RankOutcome | None) -> None:
@@ -267,7 +268,7 @@ def set_status(folder: Path, rank: int, outcome: RankOutcome | None) -> None:
 def folder_outcomes(folder: Path) -> dict[int, RankOutcome]:
     """How each rank of a parts folder ended, where the folder says more than the part: a status
     file (passed, or a failure written after the part), or a fatal signal faulthandler wrote."""
-    from reproarchive.context.failure import crash_record
+    from reproarchive.context.failure import crash_record, fault_signal
 
     out: dict[int, RankOutcome] = {}
     for part in folder.glob("rank-*.tar.zst"):
@@ -282,9 +283,8 @@ def folder_outcomes(folder: Path) -> dict[int, RankOutcome]:
                 out[rank] = from_plain(RankOutcome, json.loads(status.read_text()))
                 continue
         text = fault.read_text(errors="replace") if fault.exists() else ""
-        found = re.search(r"Fatal Python error: ([A-Za-z -]+)", text)
-        if found:
-            signal = _FAULT_SIGNALS.get(found.group(1).strip(), found.group(1).strip())
+        signal = fault_signal(text)
+        if signal is not None:
             failure = crash_record(signal, f"rank {rank} died by {signal}", text)
             out[rank] = RankOutcome(status="crashed", failure=failure, signal=signal,
                                     doing="running its compiled graph for the first time")

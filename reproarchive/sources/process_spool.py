@@ -269,7 +269,7 @@ class ProcessSpool:
             del self._pending[name]
         concurrent.futures.wait([entry.future])
         try:
-            return self.spool.complete(name, destination, failure=failure)
+            return self.spool.complete(name, destination, failure=lambda _written_for: failure)
         finally:
             self.spool.discard(name)
 

@@ -23,11 +23,20 @@ capture shares its failures (``capture(store=...)``), each archive is pushed to 
 so a job that dies in CI shares its crash as it shares its other failures; a push that fails is
 one line, and the archive stays on disk for ``reproarchive push``.
 
+A process cannot tell another how it died, and the guardian is not its parent (it cannot wait
+for its exit status). So, unless the program turned faulthandler on itself, the process has
+faulthandler write a fatal signal's report (``Fatal Python error: Segmentation fault`` and the
+crashing thread's Python stack) to a file the guardian reads once the process is gone: its
+archives then record the signal and that stack, as a replay would (spec §8). Death by a signal
+faulthandler does not catch (``SIGKILL``: the out-of-memory killer) leaves the signal unknown,
+as before.
+
 ``capture --`` completes its program's spool itself and starts no guardian.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -36,6 +45,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ARCHIVE_SUFFIX = ".tar.zst"
 _POLL_S = 0.5  # how often an adoption is looked for, when the pipe is held open by a fork
@@ -52,14 +62,18 @@ class Guardian:
 
         read_end, self._write_end = os.pipe()  # both non-inheritable: no program we start holds them
         self.pid = os.getpid()
+        self._fault = _watch_for_a_fatal_signal()
         env = dict(os.environ, PYTHONPATH=python_path())
         try:
             self.proc = subprocess.Popen([*_lowest_priority(), sys.executable, "-m", __name__, str(read_end),
-                                          str(self.pid)], env=env,
+                                          str(self.pid), self._fault.name if self._fault else ""], env=env,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(read_end,),
                                          start_new_session=True)
         except BaseException:
             os.close(self._write_end)
+            if self._fault is not None:  # nobody would read it
+                with contextlib.suppress(OSError):
+                    os.unlink(self._fault.name)
             raise
         finally:
             os.close(read_end)
@@ -78,6 +92,28 @@ class Guardian:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # a loaded machine: it ends on its own
             pass
+
+
+def _watch_for_a_fatal_signal() -> Any:
+    """A file faulthandler writes this process's fatal signal to (open for the life of the
+    process), or None where the program has faulthandler on already (its report goes where
+    the program said: ``fault_watch``) or no file can be made."""
+    import faulthandler
+    import tempfile
+
+    from reproarchive.sources import fault_watch
+
+    if faulthandler.is_enabled():
+        return None
+    try:
+        fault = tempfile.NamedTemporaryFile("w", prefix="reproarchive-fault-", suffix=".txt", delete=False)
+    except OSError:
+        return None
+    if not fault_watch.watch(fault):
+        fault.close()
+        os.unlink(fault.name)
+        return None
+    return fault
 
 
 def _lowest_priority() -> list[str]:
@@ -110,21 +146,31 @@ def _guarded_until_death(fd: int, parent: int) -> dict[Path, list[str]]:
             return spools
 
 
-def complete_left_spool(spool: Path, folder: Path) -> list[Path]:
+def complete_left_spool(spool: Path, folder: Path, fault: str = "") -> list[Path]:
     """Complete every entry a dead process left in ``spool`` into ``folder/<its name>`` (an
     entry named by a number gets ``repro-<pid>-<number>.tar.zst``); remove the spool. Returns
-    the archives written (none: the spool held no entry, or was gone)."""
+    the archives written (none: the spool held no entry, or was gone). ``fault``: faulthandler's
+    report of the death, whose signal and stack the archives then record."""
     from reproarchive.archive.spool_folder import SpoolFolder, is_spool
+    from reproarchive.context.failure import crash_record, fault_signal
 
     if not is_spool(spool):
         return []
     pid = spool.name.rpartition("-")[2]
+    signal_name = fault_signal(fault)
+    died = f"process {pid} died{f' by {signal_name}' if signal_name else ''}"
+
+    def failure(pending: Any) -> Any:  # the crash each entry was written for, its signal now known
+        return crash_record(signal_name, f"{died} while the compiled graph ran for the first time (this archive was "
+                            "written just before it ran)", fault, backend=pending.backend)
+
     written = []
     for done in SpoolFolder(spool).complete_each(  # waits for the forked writers of the process to finish
-            lambda name: folder / (name if name.endswith(ARCHIVE_SUFFIX) else f"repro-{pid}-{name}{ARCHIVE_SUFFIX}")):
+            lambda name: folder / (name if name.endswith(ARCHIVE_SUFFIX) else f"repro-{pid}-{name}{ARCHIVE_SUFFIX}"),
+            failure=failure if signal_name else None):
         written.append(done.path)
         note = f" ({done.absent} storage(s) unwritten at the crash: stored as absent)" if done.absent else ""
-        print(f"reproarchive: process {pid} died in a compiled graph's first call; "
+        print(f"reproarchive: {died} in a compiled graph's first call; "
               f"archive written to {done.path}{note}", file=sys.stderr, flush=True)
     return written
 
@@ -151,11 +197,19 @@ def share(archives: list[Path], stores: list[str]) -> bool:
 
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[0]), int(argv[1])
+    fault_file = Path(argv[2]) if len(argv) > 2 and argv[2] else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     status = 0
-    for spool, stores in _guarded_until_death(fd, parent).items():
+    spools = _guarded_until_death(fd, parent)
+    fault = ""
+    if fault_file is not None:
+        with contextlib.suppress(OSError):
+            fault = fault_file.read_text(errors="replace")
+        with contextlib.suppress(OSError):
+            fault_file.unlink()
+    for spool, stores in spools.items():
         try:
-            written = complete_left_spool(spool, spool.parent)
+            written = complete_left_spool(spool, spool.parent, fault)
         except Exception as err:  # noqa: BLE001 - one line; the spool stays for ``reproarchive pack``
             print(f"reproarchive: could not complete the spool {spool} the dead process {parent} left: "
                   f"{type(err).__name__}: {err}; run `reproarchive pack {spool}`", file=sys.stderr, flush=True)

@@ -150,6 +150,7 @@ def test_in_process_a_killed_process_leaves_the_archive_its_guardian_completed(t
     assert repro.records.failure.stage == "crash" and repro.records.source.written_before_run
     assert [tuple(a.shape) for a in repro.args][-1] == (8, 64) and repro.fidelity == ["real"] * 3
     assert repro.records.backend == "prog:killing_backend"
+    assert repro.records.failure.exception_type == ""  # SIGKILL: no report, the signal is not guessed
     assert f"archive written to {archive}" in stderr
     assert list((tmp_path / "archives").iterdir()) == [archive]
     # shared as the backend's own failures are (``store=``)
@@ -181,8 +182,9 @@ def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
     assert not (tmp_path / "store").exists()  # nothing to share
 
 
-def _guardian_after_death(spool: Spool, stores: list) -> int:
-    """The guardian's run, here, told of ``spool`` once per store, then of its process's end."""
+def _guardian_after_death(spool: Spool, stores: list, fault: Path | None = None) -> int:
+    """The guardian's run, here, told of ``spool`` once per store, then of its process's end
+    (``fault``: the file faulthandler wrote as the process died)."""
     from reproarchive.sources import spool_guardian
 
     read, write = os.pipe()
@@ -191,7 +193,7 @@ def _guardian_after_death(spool: Spool, stores: list) -> int:
     os.close(write)  # the process is gone: end of the pipe
     interrupt = signal.getsignal(signal.SIGINT)
     try:
-        return spool_guardian.main([str(read), str(os.getpid())])
+        return spool_guardian.main([str(read), str(os.getpid()), str(fault or "")])
     finally:
         signal.signal(signal.SIGINT, interrupt)
         os.close(read)
@@ -208,6 +210,28 @@ def test_a_spool_its_guardian_cannot_complete_is_said_in_one_line_and_left_for_p
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "could not complete the spool" in err and "reproarchive pack" in err
     assert spool.names() == ["repro-x.tar.zst"] and not (tmp_path / "repro-x.tar.zst").exists()
+
+
+def test_the_guardian_records_the_signal_and_stack_faulthandler_reported(tmp_path, capfd):
+    """The process died by a signal faulthandler caught: its report names the signal and the
+    crashing thread's stack, and the archive records both (as a replay would), with the backend
+    the entry was written for; the report's file is removed."""
+    spool = Spool(tmp_path / "archives" / "spool-4242")
+    spool.add("repro-x.tar.zst", Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 64)], _records()))
+    fault = tmp_path / "reproarchive-fault-x.txt"
+    fault.write_text('Fatal Python error: Segmentation fault\n\nThread 0x00007f0000000001 (most recent call first):\n'
+                     '  File "/job/loader.py", line 9 in _poll\n\n'
+                     'Current thread 0x00007f0000000002 (most recent call first):\n'
+                     '  File "/job/train.py", line 41 in step\n  File "/job/train.py", line 60 in <module>\n')
+    assert _guardian_after_death(spool, [None], fault) == 0
+    archive = tmp_path / "archives" / "repro-x.tar.zst"
+    reproarchive.verify(archive)
+    failure = reproarchive.load(archive).records.failure
+    assert failure.stage == "crash" and failure.exception_type == "SIGSEGV" and failure.signature == "crash|SIGSEGV|"
+    assert "died by SIGSEGV" in failure.message and failure.backend == "eager"
+    assert "train.py\", line 41 in step" in failure.traceback and "loader.py" not in failure.traceback
+    assert "died by SIGSEGV" in capfd.readouterr().err
+    assert not fault.exists()
 
 
 def test_the_guardian_pushes_what_it_completes_to_the_captures_stores(tmp_path, capfd):

@@ -380,4 +380,5 @@ def test_a_failure_that_leaves_the_inputs_unreadable_is_archived_from_the_spool(
     assert repro.fidelity == ["real", "absent"] and torch.equal(repro.args[0], x)
     failure = repro.records.failure
     assert failure.stage == "forward" and failure.exception_type == "RuntimeError" and message in failure.message
+    assert machine_paths_in(archive, tmp_path) == []  # the failure's traceback redacted as any record
     assert not list(tmp_path.glob("spool-*/pending/*"))  # the entry became the archive
