@@ -53,6 +53,11 @@ from reproarchive.sources import heap
 
 #: The child's niceness: it takes the cores only when the job leaves them idle.
 NICE = 19
+#: Read how much memory a writer holds on its own before killing it (``Writer.stop``): 27 ms
+#: per graph for a process of 384 MiB of weights (``/proc/<pid>/smaps_rollup`` walks every
+#: mapping), on the first call's path, for a figure only the capture-overhead benchmark and the
+#: tests use. They turn it on; a job does not pay it.
+measure_memory = False
 
 #: The child's time limit: a floor, and more per byte at a slow disk's pace.
 _LIMIT_S, _LIMIT_BYTES_PER_S = 600, 10 << 20
@@ -110,8 +115,8 @@ class Writer:
 
     def stop(self) -> tuple[int, threading.Thread]:
         """Kill the child (its entry is not needed); returns the bytes of memory it held on its
-        own (pages copied since the fork) and the thread that reaps it: waits for its end and
-        removes what it left half-written. A killed child writes nothing more, but it tears
+        own (pages copied since the fork; 0 unless ``measure_memory``) and the thread that reaps
+        it: waits for its end and removes what it left half-written. A killed child writes nothing more, but it tears
         down its copy of the process at the lowest priority: 25 ms for 1.2 GB on an idle core,
         seconds beside a busy loop on that core (measured: the first call took 2.4x plain's
         when it waited). Neither the call nor the process's exit waits for it (a daemon
@@ -119,7 +124,7 @@ class Writer:
         if self._gc_owed:
             self._gc_owed = False
             _let_gc_back()
-        held = private_bytes(self.pid)
+        held = private_bytes(self.pid) if measure_memory else 0
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:  # reaped already (a program's own SIGCHLD handler)
