@@ -233,18 +233,23 @@ def pending_crash_record(*, backend: str | None = None) -> FailureRecord:
 _FAULT_SIGNALS = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
                   "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
                   "Illegal instruction": "SIGILL"}
-_FAULT = re.compile(r"Fatal Python error: ([A-Za-z -]+)")
+_FIRST_STACK = re.compile(r"(?:Current thread|Thread) 0x|Stack \(most recent call first\)")
 
 
 def fault_signal(report: str) -> str | None:
-    """The signal faulthandler's ``report`` of a death names (``SIGSEGV``, ...; its own words
-    where they name no signal we know), None where the text is no such report: the process
-    that died wrote it, so whoever completes its archive can record the signal."""
-    found = _FAULT.search(report)
-    if found is None:
+    """The signal faulthandler's ``report`` of a death names (``SIGSEGV``, ...), None where it
+    names none for sure: the process that died wrote it, so whoever completes its archive can
+    record the signal, and a signal not known for sure is left unknown, never guessed.
+
+    Threads that fault at once (a kernel's OpenMP workers all throwing) write their headers
+    into each other (``Fatal Python error: Fatal Python error: AbortedAborted``): the signal is
+    the one signal named before the first stack, where the words may be interleaved."""
+    start = report.find("Fatal Python error")
+    if start < 0:
         return None
-    words = found.group(1).strip()
-    return _FAULT_SIGNALS.get(words, words)
+    head = _FIRST_STACK.split(report[start:], maxsplit=1)[0]
+    named = {signal for words, signal in _FAULT_SIGNALS.items() if words in head}
+    return named.pop() if len(named) == 1 else None
 
 
 _FATAL = re.compile(r"Fatal Python error: ")

@@ -38,6 +38,7 @@ the fork, uses hashlib, msgpack and the file system, and has a time limit after 
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
 import signal
@@ -116,11 +117,11 @@ class Writer:
     def stop(self) -> tuple[int, threading.Thread]:
         """Kill the child (its entry is not needed); returns the bytes of memory it held on its
         own (pages copied since the fork; 0 unless ``measure_memory``) and the thread that reaps
-        it: waits for its end and removes what it left half-written. A killed child writes nothing more, but it tears
-        down its copy of the process at the lowest priority: 25 ms for 1.2 GB on an idle core,
-        seconds beside a busy loop on that core (measured: the first call took 2.4x plain's
-        when it waited). Neither the call nor the process's exit waits for it (a daemon
-        thread; the spool's removal at exit takes what it would remove)."""
+        it: waits for its end and removes what it left half-written. A killed child writes nothing
+        more, but it tears down its copy of the process at the lowest priority: 25 ms for 1.2 GB
+        on an idle core, seconds beside a busy loop on that core (measured: the first call took
+        2.4x plain's when it waited). Neither the call nor the process's exit waits for it (a
+        daemon thread; the spool's removal at exit takes what it would remove)."""
         if self._gc_owed:
             self._gc_owed = False
             _let_gc_back()
@@ -183,6 +184,7 @@ def _detach(*, keep: int, limit: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
+    faulthandler.disable()  # its report would go to a descriptor closed below, reused for an object
     null = os.open(os.devnull, os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(null, target)

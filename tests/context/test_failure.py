@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reproarchive.context.failure import signature
+from reproarchive.context.failure import fault_signal, signature
 
 
 def test_signature_tells_dtypes_apart():
@@ -139,3 +139,17 @@ def test_a_collective_that_timed_out_is_a_timeout_by_one_rule():
                       record_from_exception(dist.DistBackendError("gloo: Timed out"), "accuracy")):
         assert as_collective_timeout(unchanged) is unchanged
     assert as_collective_timeout(None) is None
+
+
+def test_the_signal_of_a_fault_report_is_the_one_named_before_the_stacks_or_none():
+    """faulthandler's report of a death, as the guardian and a rank's watch read it: threads
+    that fault at once write their headers into each other (the demo's aborting kernel does),
+    and words in a stack are not a signal; a report that names no signal, or two, leaves the
+    signal unknown rather than guessed."""
+    stack = 'Current thread 0x00007f01 (most recent call first):\n  File "seg.py", line 3 in Segmentation fault\n'
+    assert fault_signal("Fatal Python error: Aborted\n\n" + stack) == "SIGABRT"
+    assert fault_signal("Fatal Python error: Fatal Python error: AbortedAborted\n\n\n" + stack) == "SIGABRT"
+    assert fault_signal("Fatal Python error: Floating-point exception\n\nStack (most recent call first):\n") == "SIGFPE"
+    assert fault_signal("Fatal Python error: Segmentation fault\n\nFatal Python error: Aborted\n\n" + stack) is None
+    assert fault_signal("Fatal Python error: Fatal Python error: \n\n" + stack) is None
+    assert fault_signal("") is None and fault_signal(stack) is None
