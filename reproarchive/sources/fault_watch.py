@@ -26,6 +26,6 @@ def watch(file: IO[str]) -> bool:
     return True
 
 
-def watching(file: IO[str]) -> bool:
-    """Whether faulthandler reports to ``file`` now."""
+def watching(file: IO[str] | None) -> bool:
+    """Whether faulthandler reports to ``file`` now (never to None)."""
     return bool(_ours) and _ours[-1] is file and faulthandler.is_enabled()

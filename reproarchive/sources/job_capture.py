@@ -243,7 +243,7 @@ def watch_for_crash(folder: Path, ctx: RankContext) -> None:
     from reproarchive.sources import fault_watch
 
     path = folder / f"rank-{ctx.rank}.fault"
-    if _STATE.fault_file is not None and fault_watch.watching(_STATE.fault_file) and path.exists():
+    if fault_watch.watching(_STATE.fault_file) and path.exists():
         return  # watching already (a folder removed since, for a job that passed, is watched anew)
     with contextlib.suppress(OSError):
         fault = open(path, "w")  # noqa: SIM115 - open for the life of the process

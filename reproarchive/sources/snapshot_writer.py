@@ -22,7 +22,7 @@ every free page of the C heap (``malloc_trim``: measured, 0.4 GB of weights and 
 the child held +84-130% of the weights without it). What is left is the pages of live objects
 the parent writes meanwhile (Python objects whose counts change, the inputs the graph writes,
 whose copies the capture already holds). ``Writer.stop`` measures it (the child's private
-pages) before killing the child; the benchmark reports it. And while a writer lives the
+pages) before killing the child where ``measure_memory`` asks (the benchmark reports it). And while a writer lives the
 parent's cyclic garbage collector is kept off the objects that existed at the fork
 (``gc.freeze``, as pre-fork servers do): a full collection writes the header of every object it
 tracks, so each one would copy the whole Python heap into the child. They are handed back to
