@@ -99,10 +99,14 @@ def test_backend_leaves_a_verifying_archive_when_the_kernel_aborts(tmp_path):
     archive = _only_archive(tmp_path / "archives")
     reproarchive.verify(archive)  # raises on any defect
     recorded = reproarchive.load(archive).records.failure
-    # written before the kernel ran; the guardian learned the signal from faulthandler's report
-    assert recorded.stage == "crash" and recorded.exception_type == "SIGABRT"
-    assert "died by SIGABRT" in recorded.message and "written just before it ran" in recorded.message
-    assert "died by SIGABRT in a compiled graph's first call" in done.stderr
+    # written before the kernel ran; the guardian learned the signal from faulthandler's report,
+    # where there was one: a second worker's abort can end the process before faulthandler has
+    # written (see below), and then the signal stays unknown, never a wrong one
+    assert recorded.stage == "crash" and recorded.exception_type in ("SIGABRT", "")
+    assert "written just before it ran" in recorded.message
+    if recorded.exception_type:
+        assert "died by SIGABRT" in recorded.message
+        assert "died by SIGABRT in a compiled graph's first call" in done.stderr
     assert machine_paths_in(archive, tmp_path) == []
 
     # `run` replays it in a child by default: the caller survives, the exit code stays below 128
