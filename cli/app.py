@@ -15,7 +15,7 @@ import click
 # we); it would turn every one-line error of ours into three lines.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from reproarchive import ErrorCode, ReproArchiveError  # noqa: E402 (after the filter above)
+from reproarchive import ErrorCode, ReproArchiveError, warm_children  # noqa: E402 (after the filter above)
 
 from .text import terminal_safe  # noqa: E402
 
@@ -139,6 +139,9 @@ def main(ctx: click.Context, debug: bool) -> None:
     """Pack, verify, replay and minify torch.compile failures as one portable file."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    # a command that starts several children of a kind (pack of a dump folder, triage) pays the
+    # torch import once; one child costs what a started one does
+    ctx.with_resource(warm_children())
 
 
 def emit_json(obj) -> None:

@@ -54,6 +54,8 @@ _EXPORTS = {
     "failure_kind": "reproarchive.context.failure",
     "compiler_errors": "reproarchive.context.failure",
     "export": "reproarchive.standalone.exporting",
+    # many replays or imports in one process: their child processes forked from a warm server
+    "warm_children": "reproarchive.child",
     # find the culprit: the compiler stage, the torch build
     "bisect_compiler": "reproarchive.bisect.compiler",
     "CompilerBisection": "reproarchive.bisect.records",

@@ -17,14 +17,21 @@ crash (a segfault would take the caller with it). Both use this one protocol:
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import itertools
 import json
 import os
+import queue
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -79,7 +86,10 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
     A ``ReproArchiveError`` the child raised is raised here again. ``keep_log`` copies the
     child's stderr there. With ``timeout`` the child runs in a session of its own and, past
     that many seconds, it and every process it started are killed (``Died.timed_out``).
+    Inside ``warm_children`` the child is forked from a warm server instead of started.
     """
+    if _warm is not None:
+        return _warm.run(module, env, request, on_event=on_event, keep_log=keep_log, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="reproarchive-child-") as tmp:
         folder = Path(tmp)
         workdir = request_folder(folder, request)
@@ -90,7 +100,7 @@ def run_child(module: str, request: Any, *, env: dict[str, str], on_event: Calla
             proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", module, str(folder)], cwd=workdir,
                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                     text=True, errors="replace", start_new_session=timeout is not None)
-            watchdog = _Watchdog(proc, timeout) if timeout is not None else None
+            watchdog = _Watchdog(proc.pid, timeout) if timeout is not None else None
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
@@ -156,10 +166,8 @@ class _Watchdog:
 
     live: set[_Watchdog] = set()
 
-    def __init__(self, proc: subprocess.Popen, timeout: float):
-        import threading
-
-        self.proc = proc
+    def __init__(self, pid: int, timeout: float):
+        self.pid = pid
         self.fired = False
         self.timer = threading.Timer(timeout, self._expire)
         self.timer.daemon = True
@@ -171,10 +179,7 @@ class _Watchdog:
         self.kill_group()
 
     def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(self.pid)
 
     def cancel(self) -> None:
         self.timer.cancel()
@@ -222,9 +227,12 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def child_main(handler: Callable[..., Any], *, unexpected: type = errors.ReproArchiveError,
-               unexpected_what: str = "the child process failed") -> int:
+               unexpected_what: str = "the child process failed", warm_imports: tuple[str, ...] = ()) -> int:
     """The child's side: ``handler(request, started=..., event=...)`` returns the result; with
     ``--serve`` (a ``Worker``), once per request line until the parent closes the pipe.
+
+    ``warm_imports``: modules every request imports sooner or later (``torch._dynamo`` for one
+    that compiles); a fork server imports them before its first fork, so no child pays them.
 
     An unexpected exception is reported as one line of class ``unexpected``; its traceback
     goes to the log (the parent shows it with --debug).
@@ -232,6 +240,8 @@ def child_main(handler: Callable[..., Any], *, unexpected: type = errors.ReproAr
     if sys.argv[1:2] == ["--serve"]:
         return _serve(handler, sys.argv[2], sys.argv[3], unexpected, unexpected_what)
     if sys.argv[1:2] == ["--fork-server"]:
+        for name in warm_imports:
+            importlib.import_module(name)
         return _serve_forks(handler, int(sys.argv[2]), int(sys.argv[3]), unexpected, unexpected_what)
     folder = Path(sys.argv[1])
     event_out = os.fdopen(os.dup(1), "w", buffering=1)  # events on the original stdout ...
@@ -345,9 +355,11 @@ def _serving(module: str, mode: str, env: dict[str, str]):
     caller only, which ends it): the process, its log, the two ends of its pipes, and its
     temporary folder (``TEMP_ENV``), for the caller to remove once the process is gone: a
     request that kills the process (a crashing candidate) leaves its replay's folder there,
-    not in the system's."""
+    not in the system's. It works in an empty folder inside that one: ``-m`` puts the working
+    folder first on ``sys.path``, and nothing in the caller's must be importable there."""
     temp = tempfile.mkdtemp(prefix="reproarchive-worker-")
     env = dict(env, PYTHONPATH=python_path(), **temp_for_children(Path(temp)))
+    (Path(temp) / "cwd").mkdir()
     env.setdefault("PYTHONFAULTHANDLER", "1")
     req_r, req_w = os.pipe()
     res_r, res_w = os.pipe()
@@ -355,7 +367,7 @@ def _serving(module: str, mode: str, env: dict[str, str]):
     try:
         proc = subprocess.Popen(
             [sys.executable, "-X", "faulthandler", "-m", module, mode, str(req_r), str(res_w)],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(req_r, res_w),
+            cwd=Path(temp) / "cwd", env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(req_r, res_w),
             start_new_session=True,
         )
     except BaseException:
@@ -392,57 +404,120 @@ def _serve(handler: Callable[..., Any], request_fd: str, reply_fd: str, unexpect
 # --------------------------------------------------------------------------------------------
 # A fork server: fresh children without paying the torch import each time
 #
-# ``bisect compiler`` replays one archive a dozen times, each replay in a process of its own, so
-# that a crash is a verdict and nothing the compiler or PyTorch's bisector counted stays behind.
-# A fresh ``python -m`` pays the imports (torch, inductor, reproarchive: 4.3 s of a 6.5 s replay
-# measured on 2 cores) every time. A ``ForkServer`` is started once, with the environment the
-# replays need at import, imports the child module (and through it torch), and then forks one
-# process per request: each starts with nothing compiled, no bisector counter and no Dynamo
-# cache, as a fresh process would, minus the imports. What Python's ``multiprocessing``
-# forkserver does, with two things it lacks here: the server's environment is the archive's
-# recorded one (variables torch reads at import apply), and each child is the same
-# ``run_child`` protocol (request folder, ``started``/result files, stderr log, ``Died`` for a
-# child killed by a signal), so callers read a forked child as they read a started one.
+# A fresh ``python -m`` pays the imports (torch, Dynamo, reproarchive: 4 s of a 6 s replay on
+# 2 cores) before it does anything. Callers that start many children of one kind pay that again
+# and again: ``bisect compiler`` replays one archive a dozen times, triage runs one process per
+# task over hundreds of archives, ``pack`` imports every failure of a dump folder in a child of
+# its own. A ``ForkServer`` is started once, with the environment the children need at import,
+# imports the child module (and through it torch), and then forks one process per request:
+# each starts with nothing compiled, no bisector counter and no Dynamo cache, as a fresh process
+# would, minus the imports. What Python's ``multiprocessing`` forkserver does, with two things
+# it lacks here: the server's environment is the one the caller asked for (variables torch reads
+# at import apply), and each child is the same ``run_child`` protocol (request folder,
+# ``started``/result files, stderr log, progress events, a time limit, ``Died`` for a child
+# killed by a signal), so callers read a forked child as they read a started one.
 #
 # The server imports but never computes: it starts no thread pool and holds no lock a child
-# could inherit mid-use (PyTorch's own DataLoader workers rely on the same property). Its
-# children run in its process group, which ``close`` kills whole. Progress events and time
-# limits are not offered: the one caller needs neither (``run_child`` has both).
+# could inherit mid-use (PyTorch's own DataLoader workers rely on the same property). It works
+# in a folder of its own, so nothing in the caller's working folder is importable by its
+# children. Each child leads a process group of its own, so a time limit or an interrupted
+# caller kills it with everything it started; several may run at once (a triage run's ``-j``).
+# ``warm_children`` gives ``run_child`` such servers for a while, one per child module and
+# environment.
 
 
 class ForkServer:
-    """``python -m module --fork-server``: ``run(request, env)`` forks a child per request."""
+    """``python -m module --fork-server``: ``run(request, env)`` forks a child per request;
+    ``run`` may be called from several threads at once."""
 
     def __init__(self, module: str, *, env: dict[str, str]):
         self.proc, self._log, self._requests, self._replies, self._temp = _serving(module, "--fork-server", env)
+        self._write_lock = threading.Lock()
+        self._waiting: dict[int, queue.SimpleQueue] = {}
+        self._running: dict[int, int] = {}  # request id -> the child's pid, while it runs
+        self._ids = itertools.count()
+        self._gone = False
+        self.reserved = 0  # callers about to run a request (``_Servers``): not to be closed
+        threading.Thread(target=self._read_replies, name="reproarchive-fork-server", daemon=True).start()
 
-    def run(self, request: Any, *, env: dict[str, str] | None = None) -> tuple[Any, Died | None]:
+    @property
+    def alive(self) -> bool:
+        return not self._gone and self.proc.poll() is None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting) or self.reserved > 0
+
+    def run(self, request: Any, *, env: dict[str, str] | None = None, on_event: Callable[[str], Any] | None = None,
+            keep_log: str | os.PathLike | None = None, timeout: float | None = None) -> tuple[Any, Died | None]:
         """``run_child``'s answer for ``request`` in a child forked with ``env`` set on top of the
         server's (variables read after import only). A server that is gone dies as a child does."""
+        watchdog = pid = None
         with tempfile.TemporaryDirectory(prefix="reproarchive-child-") as tmp:
             folder = Path(tmp)
             request_folder(folder, request)
+            events = _EventFile(folder / "events", on_event)
+            rid = next(self._ids)
+            replies: queue.SimpleQueue = queue.SimpleQueue()
+            self._waiting[rid] = replies
+            code = None
             try:
                 env = dict(env or {}, **temp_for_children(folder / "tmp"))
-                self._requests.write(json.dumps({"folder": str(folder), "env": env}) + "\n")
-                self._requests.flush()
-                line = self._replies.readline()
-                code = json.loads(line)["code"] if line else None
+                if not self._gone:
+                    with self._write_lock:
+                        self._requests.write(json.dumps({"id": rid, "folder": str(folder), "env": env}) + "\n")
+                        self._requests.flush()
+                while not self._gone or not replies.empty():
+                    try:
+                        reply = replies.get(timeout=0.2)
+                    except queue.Empty:
+                        events.pump()
+                        continue
+                    if "pid" in reply:
+                        pid = self._running[rid] = reply["pid"]
+                        if timeout is not None:
+                            watchdog = _Watchdog(pid, timeout)
+                    else:
+                        code = reply["code"]
+                        break
+                events.pump()
             except (BrokenPipeError, ValueError):
                 code = None
+            except BaseException:
+                _kill_group(pid)  # its late reply is read and dropped
+                raise
+            finally:
+                self._waiting.pop(rid, None)
+                self._running.pop(rid, None)
+                if watchdog is not None:
+                    watchdog.cancel()
             if code is None:  # the server itself is gone: its exit status, its log's tail
+                _kill_group(pid)  # a child it left
                 code = self.proc.wait()
                 self._log.seek(0)
                 (folder / "stderr.log").write_bytes(self._log.read())
-            return collect(folder, code)
+            result, died = collect(folder, code, keep_log)
+        if died is not None and watchdog is not None and watchdog.fired:
+            died.timed_out = timeout
+        return result, died
+
+    def _read_replies(self) -> None:
+        try:
+            for line in self._replies:
+                reply = json.loads(line)
+                waiting = self._waiting.get(reply["id"])
+                if waiting is not None:
+                    waiting.put(reply)
+        except (OSError, ValueError):
+            pass
+        self._gone = True
 
     def close(self) -> None:
-        _close_quietly(self._requests, self._replies)
-        try:  # the server and any child still running (they share its process group)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        for pid in list(self._running.values()):  # children lead groups of their own
+            _kill_group(pid)
+        _kill_group(self.proc.pid)  # the server (a session of its own)
         self.proc.wait()
+        _close_quietly(self._requests, self._replies)
         self._log.close()
         shutil.rmtree(self._temp, ignore_errors=True)
 
@@ -453,29 +528,97 @@ class ForkServer:
         self.close()
 
 
+def _kill_group(pid: int | None) -> None:
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _EventFile:
+    """A forked child's progress events: it appends lines to a file in its folder (its stdout
+    is its log), which the parent reads as they come."""
+
+    def __init__(self, path: Path, on_event: Callable[[str], Any] | None):
+        self.path, self.on_event, self.offset, self.partial = path, on_event, 0, b""
+
+    def pump(self) -> None:
+        if self.on_event is None:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        for line in lines:
+            self.on_event(line.decode("utf-8", "replace").strip())
+
+
 def _serve_forks(handler: Callable[..., Any], request_fd: int, reply_fd: int, unexpected: type,
                  unexpected_what: str) -> int:
-    """The server's loop: one forked child per request line, its exit status sent back."""
+    """The server's loop: a forked child per request line, answered with ``{"id", "pid"}`` when
+    it starts and ``{"id", "code"}`` (its exit status) when it ends. One thread: a SIGCHLD wakes
+    the wait for the next request, and every wake reaps what has ended."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides when to stop
-    requests = os.fdopen(request_fd, "r", encoding="utf-8")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     replies = os.fdopen(reply_fd, "w", encoding="utf-8")
-    for line in requests:
-        message = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _child(handler, message, (request_fd, reply_fd), unexpected, unexpected_what)
-        _, status = os.waitpid(pid, 0)
-        replies.write(json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n")
-        replies.flush()
+    running: dict[int, int] = {}  # pid -> request id
+    pending = b""
+    open_requests = True
+
+    def reply(message: dict[str, Any]) -> None:
+        try:
+            replies.write(json.dumps(message) + "\n")
+            replies.flush()
+        except OSError:  # the caller is gone
+            pass
+
+    while open_requests or running:
+        ready, _, _ = select.select([request_fd, wake_r] if open_requests else [wake_r], [], [], 1.0)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if request_fd in ready:
+            chunk = os.read(request_fd, 1 << 16)
+            if not chunk:  # the caller closed the pipe (or died): end what runs, then stop
+                open_requests = False
+                for pid in running:
+                    _kill_group(pid)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    _child(handler, message, (request_fd, reply_fd, wake_r, wake_w), unexpected, unexpected_what)
+                try:
+                    os.setpgid(pid, pid)  # as the child does: whichever runs first
+                except OSError:
+                    pass
+                running[pid] = message["id"]
+                reply({"id": message["id"], "pid": pid})
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                reply({"id": running.pop(pid), "code": os.waitstatus_to_exitcode(status)})
     return 0
 
 
 def _child(handler: Callable[..., Any], message: dict, server_fds: tuple[int, ...], unexpected: type,
            unexpected_what: str) -> None:
-    """A forked child: the request's folder, environment and log, then ``run_request``; never
-    returns into the server's loop."""
+    """A forked child: its own process group, the request's folder, environment and log, then
+    ``run_request``; never returns into the server's loop."""
     code = 70  # EX_SOFTWARE: the child's own set-up failed
     try:
+        os.setpgid(0, 0)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         for fd in server_fds:
             os.close(fd)
@@ -486,7 +629,9 @@ def _child(handler: Callable[..., Any], message: dict, server_fds: tuple[int, ..
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        code = run_request(handler, folder, lambda text: None, unexpected, unexpected_what)
+        events = open(folder / "events", "a", buffering=1, encoding="utf-8")
+        code = run_request(handler, folder, lambda text: events.write(text + "\n"), unexpected,
+                           unexpected_what)
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -494,3 +639,79 @@ def _child(handler: Callable[..., Any], message: dict, server_fds: tuple[int, ..
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+# --------------------------------------------------------------------------------------------
+# Warm children for a while: run_child forks from servers
+
+
+#: Variables that change between the children of one caller and that nothing reads at import:
+#: they do not choose the server (each child still gets their current values). pytest names the
+#: running test in one, which would give every test of a suite a server of its own.
+_PER_CHILD_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", TEMP_ENV})
+
+
+class _Servers:
+    """The fork servers ``run_child`` uses inside ``warm_children``: one per child module and
+    environment, the least recently used idle one closed past ``limit`` (each holds an imported
+    torch, some hundreds of MiB)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.servers: dict[tuple[str, tuple[tuple[str, str], ...]], ForkServer] = {}
+
+    def run(self, module: str, env: dict[str, str], request: Any, **how: Any) -> tuple[Any, Died | None]:
+        """``run_child``'s answer, from the server for ``module`` and ``env``: the ``PYTHONPATH``
+        a started child would get is part of the environment (a caller that added a folder to
+        ``sys.path`` since gets a server that sees it)."""
+        env = dict(env, PYTHONPATH=python_path())
+        server = self.server(module, env)
+        try:
+            return server.run(request, env=env, **how)
+        finally:
+            with self.lock:
+                server.reserved -= 1
+
+    def server(self, module: str, env: dict[str, str]) -> ForkServer:
+        """The server for ``module`` and ``env``, reserved for one request."""
+        key = (module, tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CHILD_VARIABLES)))
+        with self.lock:
+            server = self.servers.pop(key, None)
+            if server is not None and not server.alive:
+                server.close()
+                server = None
+            if server is None:
+                server = ForkServer(module, env=env)
+            server.reserved += 1
+            self.servers[key] = server  # the most recently used last
+            idle = [k for k, s in self.servers.items() if k != key and not s.busy]
+            for old in idle[: max(0, len(self.servers) - self.limit)]:
+                self.servers.pop(old).close()
+            return server
+
+    def close(self) -> None:
+        with self.lock:
+            servers, self.servers = list(self.servers.values()), {}
+        for server in servers:
+            server.close()
+
+
+_warm: _Servers | None = None
+
+
+@contextlib.contextmanager
+def warm_children(limit: int = 2) -> Iterator[None]:
+    """Inside: ``run_child`` forks its children from a warm ``ForkServer`` per child module and
+    environment, so a second child of a kind skips the imports; on leaving, the servers end.
+    Nested uses share the outermost one's servers."""
+    global _warm
+    if _warm is not None:
+        yield
+        return
+    _warm = _Servers(limit)
+    try:
+        yield
+    finally:
+        servers, _warm = _warm, None
+        servers.close()

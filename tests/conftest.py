@@ -20,6 +20,17 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from reproarchive.child import warm_children  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_child_processes():
+    """Children the library starts in this test process are forked from warm servers, as the
+    CLI's are (``child.warm_children``): the torch import is paid once per kind of child, not
+    once per test. ``tests/test_child.py`` holds both ways to the same answers."""
+    with warm_children():
+        yield
+
 
 @pytest.fixture
 def fresh_dynamo():

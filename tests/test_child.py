@@ -1,14 +1,24 @@
-"""The fork server gives each request a fresh process, as ``run_child`` does, minus the imports."""
+"""The fork server gives each request a fresh process, as ``run_child`` does, minus the imports;
+inside ``warm_children`` it is what ``run_child`` uses."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from reproarchive.child import ForkServer, run_child
+from reproarchive import child
+from reproarchive.child import ForkServer, run_child, warm_children
+
+
+@pytest.fixture(autouse=True)
+def no_warm_children(monkeypatch):
+    """These tests choose how each child starts: the suite's own warm servers stay out."""
+    monkeypatch.setattr(child, "_warm", None)
 
 
 def test_each_request_gets_a_fresh_child_with_its_environment_and_a_crash_is_a_death():
@@ -56,3 +66,69 @@ def test_a_child_that_crashes_in_a_replay_leaves_no_temporary_folder(how):
     folder = Path(died.started["folder"])
     assert folder.name.startswith("reproarchive-replay-") and folder.parent.name == "tmp"
     assert not folder.parent.parent.exists()  # the child's folder, removed with what was left in it
+
+
+@pytest.fixture(params=["started", "forked"])
+def children(request):
+    """``run_child`` as a caller sees it: a started process, or one forked inside
+    ``warm_children``; every answer must be the same."""
+    if request.param == "started":
+        yield request.param
+    else:
+        with warm_children():
+            yield request.param
+
+
+def test_events_time_limits_and_imports_are_the_same_for_started_and_forked_children(children, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "support").mkdir()  # the caller's folder must not shadow what the child imports
+    events = []
+    result, died = run_child("support.fork_child", {"what": "events"}, env=dict(os.environ), on_event=events.append)
+    assert died is None and events == ["one", "two", "three"]
+    assert result["path0"] != str(tmp_path) and os.path.basename(result["cwd"]) == "cwd"
+
+    _, died = run_child("support.fork_child", {"what": "hang"}, env=dict(os.environ), timeout=12)
+    assert died.timed_out == 12 and died.started["asked"] == "hang"  # a started child imports first
+    assert _ended(died.started["grandchild"])  # the limit ends what the child started too
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or killed and not yet reaped by whoever adopted it."""
+    for _ in range(50):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_warm_children_fork_each_child_from_one_server_per_environment_and_end_them_on_leaving():
+    with warm_children():
+        first, _ = run_child("support.fork_child", {"what": "a"}, env=dict(os.environ))
+        second, _ = run_child("support.fork_child", {"what": "b"}, env=dict(os.environ))
+        other, _ = run_child("support.fork_child", {"what": "c"}, env=dict(os.environ, FORK_TEST_VALUE="x"))
+        assert first["server"] == second["server"] != os.getpid()
+        assert second["seen"] == ["b"]  # a fresh process each time
+        assert other["server"] != first["server"] and other["env"] == "x"  # what torch reads at import
+        # a variable pytest changes for every test does not choose the server, and is current
+        later, _ = run_child("support.fork_child", {"what": "d"}, env=dict(os.environ, PYTEST_CURRENT_TEST="t2"))
+        assert later["server"] == first["server"] and later["current_test"] == "t2"
+        folders = [Path(s._temp) for s in child._warm.servers.values()]
+        assert len(folders) == 2 and all(f.is_dir() for f in folders)
+    assert not any(f.exists() for f in folders)  # the servers' temporary folders went with them
+    with pytest.raises(ProcessLookupError):
+        os.kill(first["server"], 0)
+    with pytest.raises(ProcessLookupError):
+        os.kill(other["server"], 0)
+
+
+def test_a_server_runs_children_at_once_for_callers_on_several_threads():
+    with ForkServer("support.fork_child", env=dict(os.environ)) as server:
+        server.run({"what": "a"})  # the server has imported
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = [f.result()[0] for f in [pool.submit(server.run, {"what": "pause"}) for _ in range(2)]]
+    first, second = sorted(answers, key=lambda a: a["begun"])
+    assert second["begun"] < first["ended"]

@@ -43,4 +43,5 @@ def _warm(spec: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(child_main(_replay, unexpected_what="the isolated replay failed"))
+    sys.exit(child_main(_replay, unexpected_what="the isolated replay failed",
+                        warm_imports=("torch._dynamo",)))

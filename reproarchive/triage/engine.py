@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import time
 from datetime import datetime, timezone
 from typing import Any
 
-from reproarchive.child import run_child, stop_timed_children
+from reproarchive.child import run_child, stop_timed_children, warm_children
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import PlainData, PlainRecord, from_plain
 from reproarchive.triage.verdicts import CRASHED, ERROR, TIMED_OUT, VERDICT_FORMAT, Environment, Verdict
@@ -133,7 +134,9 @@ class Executor(abc.ABC):
 
 
 class LocalExecutor(Executor):
-    """``jobs`` fresh processes at a time on this machine (threads wait on them)."""
+    """``jobs`` fresh processes at a time on this machine (threads wait on them), forked from a
+    warm server (``child.warm_children``): a run over hundreds of archives pays the torch import
+    once, not once per task."""
 
     name = "local"
 
@@ -142,6 +145,8 @@ class LocalExecutor(Executor):
             raise ReproArchiveError(f"-j {jobs}: at least one task must run at a time", "pass -j 1 or more")
         self.workers = jobs
         self._pool = concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="reproarchive-task")
+        self._warm = contextlib.ExitStack()
+        self._warm.enter_context(warm_children())
 
     def submit(self, task: Task) -> concurrent.futures.Future:
         return typed(self._pool.submit(run_task, task.to_plain()))
@@ -157,3 +162,4 @@ class LocalExecutor(Executor):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._warm.close()

@@ -103,4 +103,5 @@ def _doctor(task: Task, settings: ReplaySettings) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(child_main(_handle, unexpected_what="the triage task failed"))
+    sys.exit(child_main(_handle, unexpected_what="the triage task failed",
+                        warm_imports=("reproarchive.references", "torch._dynamo")))

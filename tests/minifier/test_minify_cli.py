@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from torch._dynamo.exc import BackendCompilerFailed
 
 import reproarchive
+from reproarchive import child
 from reproarchive.cli import main
 from reproarchive.minifier import driver as ma
 
@@ -152,6 +153,7 @@ def test_crash_minify_uses_warm_workers(tmp_path, monkeypatch):
 
     temp = tmp_path / "tmp"  # the system's temporary folder, for this test and its workers
     temp.mkdir()
+    monkeypatch.setattr(child, "_warm", None)  # the last replay's child started, not from a server that lives on
     monkeypatch.setenv("TMPDIR", str(temp))
     monkeypatch.setattr(tempfile, "tempdir", None)
     (tmp_path / "crashing_backends.py").write_text(CRASHING)
