@@ -11,6 +11,9 @@ models, sixteen shapes and eight "machines"):
   triage                 ``reproarchive triage DIR -j J``: group, then one replay and one minify
                          per group in fresh processes (the default engine)
   triage again           the same command: every verdict from the cache
+  tasks started          ``triage`` as before its tasks were forked from a warm server: each task a
+                         new ``python`` that imports torch itself (measured first, on an empty
+                         verdict cache; the ratio against ``triage`` is the fork server's gain)
   shell loop             ``for f in DIR/*.tar.zst; do reproarchive run "$f"; done`` (one replay per
                          archive, which is what a team without triage runs; no minify, no grouping)
 
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +51,14 @@ def _cli() -> list[str]:
 def _env() -> dict[str, str]:
     # the corpus' own compiler (support.fleet_corpus:no_lowering) is importable by the replays
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+
+
+def _cli_started() -> list[str]:
+    """The CLI with ``warm_children`` a no-op: every child a new ``python``, as before."""
+    return [sys.executable, "-c", "import contextlib, reproarchive.child as c; "
+            "c.warm_children = lambda *a, **k: contextlib.nullcontext(); "
+            "import reproarchive; reproarchive.warm_children = c.warm_children; "
+            "from reproarchive.cli import main; main()"]
 
 
 def _timed(argv: list[str], *, capture: bool = True) -> tuple[float, subprocess.CompletedProcess]:
@@ -75,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = root / "archives"
         trust = ["--trust-backend", fleet_corpus.NO_LOWERING]
         group_s, grouped = _timed([*_cli(), "triage", str(folder), "--group-only", "--json"])
+        started_s, started = _timed([*_cli_started(), "triage", str(folder), "-j", str(args.jobs), *trust, "--json"])
+        shutil.rmtree(folder / ".reproarchive-triage")  # its verdicts: the next run replays again
         triage_s, first = _timed([*_cli(), "triage", str(folder), "-j", str(args.jobs), *trust, "--json"])
         again_s, second = _timed([*_cli(), "triage", str(folder), "-j", str(args.jobs), *trust, "--json"])
         report, cached = json.loads(first.stdout), json.loads(second.stdout)
@@ -98,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "archives": args.archives, "jobs": args.jobs, "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "build_s": round(build_s, 1), "group_s": round(group_s, 2), "triage_s": round(triage_s, 1),
+        "triage_tasks_started_s": round(started_s, 1), "tasks_started": json.loads(started.stdout)["tasks"],
         "triage_again_s": round(again_s, 2), "shell_loop_s": round(loop_s, 1) if loop_s is not None else None,
         "shell_loop_exit_codes": loop_codes, "groups": len(report["groups"]), "grouping": scores,
         "tasks_first": report["tasks"], "tasks_again": cached["tasks"], "verdicts": verdicts,
@@ -105,17 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = [("build the corpus (library pack)", results["build_s"]), ("group (--group-only)", results["group_s"]),
             (f"triage -j {args.jobs} (group + replay + minify per group)", results["triage_s"]),
-            ("triage again (all cached)", results["triage_again_s"])]
+            ("triage again (all cached)", results["triage_again_s"]),
+            (f"triage -j {args.jobs}, each task a new python (before)", results["triage_tasks_started_s"])]
     if loop_s is not None:
         rows.append(("shell loop of `reproarchive run` over every archive", results["shell_loop_s"]))
     print(f"{args.archives} archives, {len(report['groups'])} groups; precision {scores['precision']:.2f}, "
           f"recall {scores['recall']:.2f}, mixed groups {scores['mixed_groups']}")
     for name, seconds in rows:
         print(f"  {name:<58} {seconds:>8} s")
+    print(f"  tasks forked from a warm server: {results['triage_s'] / results['triage_tasks_started_s']:.2f}x "
+          "the time of tasks started as new processes")
     if args.json:
         print(json.dumps(results, indent=2))
     ok = (scores["precision"] == 1.0 and scores["recall"] == 1.0 and len(report["groups"]) == 5
-          and all(v == ("reproduced", "minified") for v in verdicts) and cached["tasks"]["run"] == 0)
+          and all(v == ("reproduced", "minified") for v in verdicts) and cached["tasks"]["run"] == 0
+          and results["tasks_started"] == report["tasks"])  # both ways did the same work
     return 0 if ok else 1
 
 
