@@ -42,7 +42,7 @@ from reproarchive.archive.spool_folder import (  # noqa: F401 - MARKER, is_spool
 )
 from reproarchive.archive.writing import Capture
 from reproarchive.codec.tensors import storage_view
-from reproarchive.context.redaction import redacted
+from reproarchive.context.redaction import redacted, working_folder
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.parallel import worker_threads
@@ -102,7 +102,7 @@ class Spool(SpoolFolder):
     def draft(self, name: str, capture: Capture, *, prefixes: dict[str, str] | None = None) -> Draft:
         """``capture`` encoded as entry ``name`` (records redacted as ``write_capture`` does),
         nothing hashed or written yet."""
-        table_prefixes = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
+        table_prefixes = working_folder() if prefixes is None else dict(prefixes)
         records = redacted(capture.records, table_prefixes)
         ready = prepared(capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops,
                          rng_states=capture.rng_states)

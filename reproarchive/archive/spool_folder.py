@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from reproarchive.context.redaction import redacted_records
+from reproarchive.context.redaction import redacted_records, working_folder
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
@@ -132,7 +132,7 @@ class SpoolFolder:
             raise PackError(f"spool entry {name} cannot be read: {err}", "the spool is damaged") from None
         code = (pending / f"{name}{CODE_SUFFIX}").read_bytes()
         if failure is not None:  # redacted as a capture's records are (``archive.writing``: the working directory ".")
-            made = redacted_records({"failure": failure(index.records.failure)}, {os.getcwd(): "."})["failure"]
+            made = redacted_records({"failure": failure(index.records.failure)}, working_folder())["failure"]
             index = dataclasses.replace(index, records=dataclasses.replace(index.records, failure=made))
         index, absent = self._with_missing_absent(index)
         # the mappings stay open until the writer is done: its frames may still read them

@@ -17,7 +17,7 @@ from typing import Any
 
 from reproarchive.archive.packing import pack
 from reproarchive.codec.custom_ops import LiveCustomOp
-from reproarchive.context.redaction import redacted
+from reproarchive.context.redaction import redacted, working_folder
 from reproarchive.format.schema import JobRecord, Records
 
 
@@ -45,7 +45,7 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     directory becomes ``.``."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    table = {os.getcwd(): "."} if prefixes is None else dict(prefixes)
+    table = working_folder() if prefixes is None else dict(prefixes)
     # A compiler may be called with PyTorch's fake-tensor mode still active (AOTAutograd does so
     # for graphs with ``while_loop``): packing reads real tensors, so it runs outside any mode.
     with _disable_current_modes():

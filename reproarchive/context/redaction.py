@@ -148,6 +148,12 @@ def _redact_value(value: Any, prefixes: Mapping[str, str]) -> Any:
 RECORD_SECTIONS = ("config", "environment", "system", "failure", "source")
 
 
+def working_folder() -> dict[str, str]:
+    """The prefix table a capture redacts with unless told otherwise: the folder the program
+    runs in, written ``.`` (an archive is read on other machines, from other folders)."""
+    return {os.getcwd(): "."}
+
+
 def redacted(records: Any, prefixes: Mapping[str, str] | None = None) -> Any:
     """A ``format.schema.Records`` with its ``RECORD_SECTIONS`` redacted (``redacted_records``)."""
     import dataclasses

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reproarchive.context.redaction import redacted_records
+from reproarchive.context.redaction import redacted_records, working_folder
 from reproarchive.format.schema import Records
 
 
@@ -63,7 +63,7 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
             if getattr(given, name) is None:
                 taken[name] = take()
     # what this process records of itself is redacted like every capture's; what is given, as given
-    given = dataclasses.replace(given, **redacted_records(taken, {os.getcwd(): "."}))
+    given = dataclasses.replace(given, **redacted_records(taken, working_folder()))
     crashed = given.failure is not None and given.failure.stage == "crash"
     if "custom_ops" not in options and not crashed:  # a graph with custom ops runs once: their real outputs
         from reproarchive.codec.recorded_calls import record_calls

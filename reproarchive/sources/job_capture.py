@@ -396,13 +396,13 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
     the job archive, and the exception names that archive. After a first call the part written
     before it stays: it holds the inputs as they were, which the call may have changed."""
     from reproarchive.context.failure import as_collective_timeout, record_from_exception
-    from reproarchive.context.redaction import redacted
+    from reproarchive.context.redaction import redacted, working_folder
     from reproarchive.format.schema import Records
     from reproarchive.sources.failure_notes import annotate as _annotate
 
     record = as_collective_timeout(record_from_exception(exc, stage, backend=backend.backend_name))
     timeout = record.stage == "timeout"
-    record = redacted(Records(failure=record), {os.getcwd(): "."}).failure  # as write_capture stores it
+    record = redacted(Records(failure=record), working_folder()).failure  # as write_capture stores it
     first = (record.message.splitlines() or [""])[0][:200]
     compile_id = _STATE.compiles[-1].compile_id if _STATE.compiles else "?"
     outcome = RankOutcome(status="timeout" if timeout else "failed", failure=record)
