@@ -22,14 +22,15 @@ every free page of the C heap (``malloc_trim``: measured, 0.4 GB of weights and 
 the child held +84-130% of the weights without it). What is left is the pages of live objects
 the parent writes meanwhile (Python objects whose counts change, the inputs the graph writes,
 whose copies the capture already holds). ``Writer.stop`` measures it (the child's private
-pages) before killing the child where ``measure_memory`` asks (the benchmark reports it). And while a writer lives the
-parent's cyclic garbage collector is kept off the objects that existed at the fork
-(``gc.freeze``, as pre-fork servers do): a full collection writes the header of every object it
-tracks, so each one would copy the whole Python heap into the child. They are handed back to
-it (``gc.unfreeze``) when the last writer is stopped. Where objects are frozen already (the
-program, or a library it loaded, called ``gc.freeze``; one GPU image's test run had 375), they
-are not ours to unfreeze: automatic collections are paused instead (``gc.disable``) while a
-writer lives, and the collector's state given back after; the frozen ones stay frozen.
+pages) before killing the child where ``measure_memory`` asks (the benchmark reports it). And
+while a writer lives the parent's cyclic garbage collector is kept off the objects that existed
+at the fork (``gc.freeze``, as pre-fork servers do): a full collection writes the header of
+every object it tracks, so each one would copy the whole Python heap into the child. They are
+handed back to it (``gc.unfreeze``) when the last writer is stopped. Where objects are frozen
+already (the program, or a library it loaded, called ``gc.freeze``; one GPU image's test run
+had 375), they are not ours to unfreeze: automatic collections are paused instead
+(``gc.disable``) while a writer lives, and the collector's state given back after; the frozen
+ones stay frozen.
 
 The child calls no torch function: torch's thread pools do not survive a fork and a parallel
 kernel could wait forever on a pool that is gone. It reads storages through views made before
