@@ -137,6 +137,7 @@ from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
+from reproarchive.sources import collector
 from reproarchive.sources.call_guard import (
     Ended,
     GraphWrites,
@@ -339,15 +340,17 @@ class _CaptureBackend:
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         example_inputs = list(example_inputs)
-        pristine_gm = copy_graph_structure(gm)
-        versions = versions_of(example_inputs)
-        if rank_context() is not None:  # a rank of a multi-rank job: its collectives, in order
-            note_compile(pristine_gm)
+        with collector.paused():  # capture's own work (``collector``)
+            pristine_gm = copy_graph_structure(gm)
+            versions = versions_of(example_inputs)
+            if rank_context() is not None:  # a rank of a multi-rank job: its collectives, in order
+                note_compile(pristine_gm)
 
         with self._patched_config():
-            config = config_snapshot()  # what this graph is compiled with (~7 ms)
-            writes = GraphWrites(pristine_gm)  # found once: for the spool now, for the first call later
-            spooled = self._spool_pending(pristine_gm, example_inputs, config, writes)
+            with collector.paused():
+                config = config_snapshot()  # what this graph is compiled with (~7 ms)
+                writes = GraphWrites(pristine_gm)  # found once: for the spool now, for the first call later
+                spooled = self._spool_pending(pristine_gm, example_inputs, config, writes)
             try:
                 with _accuracy.fair_to_randomness(gm) if self.settings["accuracy"] else contextlib.nullcontext():
                     # a few frames deeper than the plain compile: given room (``frame_room``)
@@ -436,16 +439,18 @@ class _CaptureBackend:
         return self.settings["check_runtime"] is True and not self.settings["fwd_only"] and backward_is_compiled(out)
 
     def _pending(self, pristine_gm: Any, args: list[Any], config: ConfigRecord,
-                 spooled: str | None) -> Path | str | None:
-        """The archive a crash in the first run would leave (a spool entry, or written now)."""
+                 spooled: str | None, *, fork: bool = True) -> Path | str | None:
+        """The archive a crash in the first run would leave (a spool entry, or written now).
+        ``fork=False``: for a check run, the spool entry finished before it, not by a writer
+        forked through it (``ProcessSpool.wait``)."""
         if spooled is not None:
-            return spooled if self._spool().wait(spooled) else None
+            return spooled if self._spool().wait(spooled, fork=fork) else None
         return self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
 
     def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
                written: frozenset[int] | None, spooled: str | None) -> None:
         versions = versions_of(args)
-        pending = self._pending(pristine_gm, args, config, spooled)
+        pending = self._pending(pristine_gm, args, config, spooled, fork=False)
         try:
             self._run_check(compiled, gm, pristine_gm, args, config, versions, written, pending=pending)
         finally:

@@ -35,7 +35,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from reproarchive.replay.input_writes import rerun_inputs, snapshot, written_inputs
-from reproarchive.sources import heap
+from reproarchive.sources import collector, heap
 from reproarchive.sources.frame_room import with_frame_room
 
 log = logging.getLogger("reproarchive.capture")
@@ -67,7 +67,8 @@ class GraphWrites:
 
     def of(self, args: list[Any]) -> frozenset[int] | None:
         if not self._known:
-            self._written = written_inputs(self.gm, args)
+            with collector.paused():  # a fake run: many short-lived objects (``collector``)
+                self._written = written_inputs(self.gm, args)
             self._known = True
             if self._written is None:
                 log.debug("reproarchive: the inputs this graph writes are unknown; archives list the changed ones")

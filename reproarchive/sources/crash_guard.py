@@ -45,6 +45,7 @@ import itertools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,12 @@ def _patch(module: Any) -> None:
         pending = _write_pending(gm, list(example_inputs), _backend_name(self))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         pristine = _custom_op_graph(gm)
+        checks_first: list[Callable[[list[Any]], bool]] = []  # the hook's: a check runs before the call
         def compile_() -> Any:
             if accuracy_dir and not kwargs:
                 return _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
             if _hook_runs_in_backend():
-                return _after_dynamo_hook(self, gm, list(example_inputs), kwargs)
+                return _after_dynamo_hook(self, gm, list(example_inputs), kwargs, checks_first)
             return original(self, gm, example_inputs, **kwargs)
 
         try:
@@ -135,7 +137,9 @@ def _patch(module: Any) -> None:
             if pristine is not None and isinstance(exc, Exception):
                 _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
             raise
-        return compiled if pending is None else _discard_after_first_call(compiled, pending, _backend_name(self))
+        if pending is None:
+            return compiled
+        return _discard_after_first_call(compiled, pending, _backend_name(self), checks_first)
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
@@ -184,7 +188,8 @@ def _hook_runs_in_backend() -> bool:
     return config.repro_after == "dynamo" and config.repro_level in (1, 2, 3)
 
 
-def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs: dict) -> Any:
+def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs: dict,
+                       checks_first: list[Callable[[list[Any]], bool]] | None = None) -> Any:
     """PyTorch's after_dynamo hook (``TORCHDYNAMO_REPRO_AFTER=dynamo``, levels 1-3), its dumps
     unchanged, but without running the compiled graph inside the backend call.
 
@@ -200,6 +205,8 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     itself, which then is the check (the graph runs once; a compiled backward its outputs show
     after all is checked after it); a failure of any later call is dumped too (``call_guard``). The
     program's own exception is re-raised unchanged, with PyTorch's ``minifier_path``.
+    ``checks_first`` is given the rule that says whether a first call runs that check before
+    the call (its spool entry is then finished before it: ``_discard_after_first_call``).
     """
     from torch._dynamo import config
     from torch._dynamo.repro import after_dynamo as hook
@@ -248,6 +255,12 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         raise
     writes = GraphWrites(pristine)
 
+    def checked_before(args: list[Any]) -> bool:
+        return not (outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled))
+
+    if checks_first is not None:
+        checks_first.append(checked_before)
+
     def check(args: list[Any], run_args: list[Any], rng: Any = None) -> None:
         try:
             with preserved_state(gm, args, rng=rng):
@@ -261,7 +274,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
             raise
 
     def first_call(args: list[Any]) -> Any:
-        if not (outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled)):
+        if checked_before(args):
             check(args, run_inputs(args, writes.of(args)))
             return None
         # the check would be this very call (forward only), or the backend runs the graph itself
@@ -332,14 +345,16 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import pending_crash_record
         from reproarchive.replay.input_writes import written_inputs
+        from reproarchive.sources import collector
         from reproarchive.sources.backend import capture_of, copy_graph_structure
-        # on this thread: the graph before the backend rewrites it, the thread's grad mode
-        graph = copy_graph_structure(gm)
-        capture = capture_of(graph, list(inputs), config=config_snapshot(),
-                             failure=pending_crash_record(backend=backend), backend=backend,
-                             accuracy=False, capture_settings={"check_runtime": True})
-        # the inputs it writes: never read before the first call forks its writer, or copied
-        return _spool().submit(capture, written=written_inputs(graph, inputs))
+        with collector.paused():  # our own work, not the program's (``collector``)
+            # on this thread: the graph before the backend rewrites it, the thread's grad mode
+            graph = copy_graph_structure(gm)
+            capture = capture_of(graph, list(inputs), config=config_snapshot(),
+                                 failure=pending_crash_record(backend=backend), backend=backend,
+                                 accuracy=False, capture_settings={"check_runtime": True})
+            # the inputs it writes: never read before the first call forks its writer, or copied
+            return _spool().submit(capture, written=written_inputs(graph, inputs))
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         from reproarchive.sources.process_spool import could_not_write
 
@@ -354,17 +369,20 @@ def _spool() -> Any:
     return spool_in(os.environ[CRASH_DIR_ENV])
 
 
-def _discard_after_first_call(compiled: Any, pending: str, backend: str) -> Any:
+def _discard_after_first_call(compiled: Any, pending: str, backend: str,
+                              checks_first: list[Callable[[list[Any]], bool]] = ()) -> Any:
     """``compiled`` behind a wrapper that discards spool entry ``pending`` when its first call
     ends, or keeps it as the failure's archive where the call failed and the failure could not
-    be dumped (``_keep``)."""
+    be dumped (``_keep``). Where ``checks_first`` says a check runs before the call, the entry
+    is finished before it rather than by a writer forked through the check's backward compile
+    (``ProcessSpool.wait``)."""
     done = [False]
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
         if done[0]:
             return compiled(*args, **kwargs)
-        _spool().wait(pending)
+        _spool().wait(pending, fork=not any(rule(list(args)) for rule in checks_first))
         try:
             return compiled(*args, **kwargs)
         except Exception as exc:

@@ -13,6 +13,9 @@ process. Two ways, by where the storages are:
   finishes the entry; a crash during the call leaves the child to complete it. The child is
   killed when the call ends any other way. Where the thread is done and the inputs the graph
   writes are small (batch-norm statistics), the first call hashes and writes them itself.
+  A first call that runs a check before the real call (its backward compiled: the check
+  compiles it) finishes the entry itself instead (``wait(fork=False)``): a child alive through
+  seconds of compiling would hold a copy of every page the compile writes.
 - **On a device**: a thread hashes and writes through one pinned host buffer; the first call
   waits until the entry is on disk with its small objects (``wait``). Where the capture holds
   copies of the inputs the graph writes (they are known: ``submit(..., written=...)``), the large objects
@@ -205,15 +208,17 @@ class ProcessSpool:
         if not entry.ready.done():
             entry.ready.set_result(True)
 
-    def wait(self, name: str) -> bool:
+    def wait(self, name: str, *, fork: bool = True) -> bool:
         """Wait until entry ``name`` may stand for its graph's first call (module docstring);
-        False when it could not be written (logged: the crash record is lost, not the run)."""
+        False when it could not be written (logged: the crash record is lost, not the run).
+        ``fork=False``: a drafted entry is finished here, not by a forked writer (for a check
+        run, whose backward compile would keep a writer alive for seconds: ``_finish_here``)."""
         with _lock:
             entry = self._pending.get(name)
         if entry is None:
             return False
         if entry.draft is not None:
-            return self._hand_over(entry)
+            return self._hand_over(entry) if fork else self._finish_here(entry)
         try:
             entry.ready.result()
         except Exception as err:  # noqa: BLE001 - never in place of the program's own run
@@ -239,6 +244,31 @@ class ProcessSpool:
                 entry.error = err
         could_not_write(entry.error)
         return False
+
+    def _finish_here(self, entry: _Entry) -> bool:
+        """Finish a drafted entry on this thread, at the job's priority: the thread is stopped
+        at its next piece and what it left (every digest where it had not committed the entry,
+        then the objects not yet on disk) is done here. For a first call that runs a check
+        before the real call: that check compiles the backward (seconds), and a forked writer
+        alive through it holds every page the compile writes meanwhile (pinned to one core,
+        where the lowest-priority thread hardly runs: +62 MiB at 384 MiB of weights); done here,
+        it costs the hashing and writing the thread did not do, and nothing while the check runs.
+        The storages the graph writes are read as they are before it: the check writes copies."""
+        entry.stop.set()
+        entry.future.cancel()
+        concurrent.futures.wait([entry.future])
+        if not entry.done and entry.error is None:
+            draft = entry.draft
+            try:
+                if entry.todo is None:
+                    only = draft.held if entry.found is not None else None
+                    entry.todo = self.spool.commit(draft, self.spool.hash(draft, only=only, found=entry.found))
+                entry.done = self.spool.write(entry.todo)
+            except Exception as err:  # noqa: BLE001 - reported below, never raised into the job
+                entry.error = err
+        if entry.error is not None:
+            could_not_write(entry.error)
+        return entry.done
 
     def _write_held_here(self, entry: _Entry) -> bool:
         """The thread wrote every storage the graph does not write, and those it writes are small

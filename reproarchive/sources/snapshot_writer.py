@@ -2,11 +2,13 @@
 
 A graph's first call must not wait for its crash record to be hashed and written (1.4 GiB of
 weights take ~0.65 s to hash on two cores, a multiple of a short step), yet a crash during that
-call must still leave a complete record: a writer thread dies with its process, and a storage
-it had not written yet would be lost (completed as absent). So when the first call is due and
-the spool's writer is not done, the process forks. The child holds the process's memory as it
-was at that instant (the kernel copies a page only when one side writes it), hashes what is
-left, writes the entry and its objects, and ends; the parent goes on with the call at once.
+call must still leave a complete record: a writer thread dies with its process, and a storage it
+had not written yet would be lost (completed as absent). So when the first call is due and the
+spool's writer is not done, the process forks (not for a first call that runs a check before the
+real call: that call finishes the entry itself, ``ProcessSpool.wait``). The child holds the
+process's memory as it was at that instant (the kernel copies a page only when one side writes
+it), hashes what is left, writes the entry and its objects, and ends; the parent goes on with
+the call at once.
 
 - **The call ends without a crash:** the child is killed, then reaped and its partial files
   removed on a thread (``Writer.stop``). It ran at the lowest priority, so on a busy machine it

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -487,6 +488,38 @@ def test_an_input_the_graph_writes_is_never_copied_nor_read_before_the_call_and_
     repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst").path)
     assert repro.fidelity == ["real", "real"] and torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], w)
     spool.close()
+
+
+def test_a_check_run_has_its_entry_finished_before_it_and_forks_no_writer(tmp_path, monkeypatch):
+    """(27.1, 27.3) A first call that runs a check before the real call (``wait(fork=False)``):
+    the lowest-priority thread, unfinished, is stopped, and what it left is hashed and written
+    on the caller's thread. No writer is forked (none alive through the check's backward
+    compile), and the entry is complete before the check runs, so a crash in the check leaves
+    every storage real: the input the graph writes as it was before the call."""
+    from reproarchive.sources import process_spool
+
+    real_hash, callers = Spool.hash, []
+
+    def hash_(self, draft, stop=None, *args, **kwargs):
+        callers.append(threading.current_thread().name)
+        if callers[-1].startswith("reproarchive-spool-low"):  # the thread: stopped before it is done
+            return _unfinished(real_hash, self, draft, stop, *args, **kwargs)
+        return real_hash(self, draft, stop, *args, **kwargs)
+
+    monkeypatch.setattr(Spool, "hash", hash_)
+    spool = process_spool.ProcessSpool(tmp_path)
+    x, w = torch.randn(4, 64), torch.randn(64, 256)
+    x0 = x.clone()
+    name = spool.submit(Capture(_graph(), [x, w], _records()), written=frozenset({0}))
+    entry = spool._pending[name]
+    assert spool.wait(name, fork=False)
+    assert entry.done and entry.writer is None and callers[-1] == threading.current_thread().name
+    assert not list(spool.spool.folder.glob("writers/*"))
+    x.mul_(2)  # the real call, after the check
+    repro = reproarchive.load(spool.spool.complete(name, tmp_path / "crash.tar.zst").path)
+    assert repro.fidelity == ["real", "real"] and torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], w)
+    spool.close()
+    assert not spool.spool.folder.exists()
 
 
 def test_a_first_call_that_ends_kills_its_forked_writer_and_leaves_nothing(tmp_path, monkeypatch):

@@ -333,6 +333,75 @@ class TestBackendSource(SourceTests):
         return Captured(archives=sorted(folder.glob("repro-*.tar.zst")), folders=(folder,))
 
 
+@pytest.mark.parametrize("program_gc", ["on", "off"])
+def test_the_collector_is_paused_for_captures_own_work_only_and_left_as_the_program_set_it(tmp_path, monkeypatch,
+                                                                                           program_gc):
+    """(27.1) Capture's fake run (the inputs a graph writes) runs with the cyclic collector
+    paused (a full collection it would trigger costs 0.3-0.45 s after Dynamo's imports:
+    ``sources.collector``); the backend's compile and the calls run as the program set it, and
+    it is as the program set it afterwards, on or off."""
+    import gc
+
+    from reproarchive.sources import call_guard
+
+    seen = {}
+    real_writes = call_guard.written_inputs
+
+    def written_inputs(gm, args):
+        seen["analysis"] = gc.isenabled()
+        return real_writes(gm, args)
+
+    def inner(gm, example_inputs):
+        seen["compile"] = gc.isenabled()
+        return gm.forward
+
+    monkeypatch.setattr(call_guard, "written_inputs", written_inputs)
+    was_on = gc.isenabled()
+    (gc.enable if program_gc == "on" else gc.disable)()
+    try:
+        x, w = torch.randn(4, 64), torch.randn(64, 256)
+        out = torch.compile(lambda a, b: torch.relu(a @ b), backend=reproarchive.capture(inner, path=tmp_path))(x, w)
+        after = gc.isenabled()
+    finally:
+        (gc.enable if was_on else gc.disable)()
+    assert torch.equal(out, torch.relu(x @ w))
+    assert seen == {"analysis": False, "compile": program_gc == "on"} and after == (program_gc == "on")
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_a_check_run_before_the_first_call_forks_no_writer(tmp_path, monkeypatch, backend):
+    """(27.1) A graph whose first call runs a check before it (``aot_eager``: its backward is
+    compiled, and the check compiles it, seconds with Inductor): the spool's thread, unfinished,
+    is not handed to a forked writer alive through that compile (every page the compile writes
+    would be copied for it). The entry is finished before the check, and the check and the call
+    run. A first call that is its own check (``eager``) forks its writer: it waits for nothing."""
+    import threading
+
+    from reproarchive.archive.spool import Spool, Stopped
+    from reproarchive.sources import snapshot_writer
+
+    real_hash, checks = Spool.hash, []
+
+    def hash_(self, draft, stop=None, *args, **kwargs):
+        if threading.current_thread().name.startswith("reproarchive-spool-low"):
+            while not stop():  # a thread that never finishes before it is told to stop
+                threading.Event().wait(0.002)
+            raise Stopped
+        return real_hash(self, draft, stop, *args, **kwargs)
+
+    real_check, real_start, forks = capture_backend._CaptureBackend._run_check, snapshot_writer.start, []
+    monkeypatch.setattr(Spool, "hash", hash_)
+    monkeypatch.setattr(snapshot_writer, "start", lambda *a, **k: forks.append(1) or real_start(*a, **k))
+    monkeypatch.setattr(capture_backend._CaptureBackend, "_run_check",
+                        lambda self, *a, **k: checks.append(1) or real_check(self, *a, **k))
+    x, w = torch.randn(4, 64), torch.randn(64, 256, requires_grad=True)
+    out = torch.compile(lambda a, b: torch.relu(a @ b), backend=reproarchive.capture(backend, path=tmp_path))(x, w)
+    out.sum().backward()
+    assert torch.equal(out, torch.relu(x @ w)) and w.grad is not None
+    assert (checks, forks) == (([1], []) if backend == "aot_eager" else ([], [1]))
+    assert not list(tmp_path.glob("*.tar.zst")) and not list(tmp_path.glob("spool-*/pending/*"))
+
+
 @pytest.mark.parametrize("checked_before", [False, True], ids=["call-is-its-own-check", "check-before-the-call"])
 def test_a_failure_that_leaves_the_inputs_unreadable_is_archived_from_the_spool(tmp_path, monkeypatch, checked_before):
     """(27.5) A device-side assert fails every later use of the device: the failing first call's

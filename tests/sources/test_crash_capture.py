@@ -340,3 +340,46 @@ def test_pack_of_a_trace_log_records_the_crash_of_its_replay(tmp_path):
     assert record.stage == "crash" and record.exception_type == "SIGABRT"
     assert "terminate called" in record.message + record.traceback
     assert machine_paths_in(tmp_path / "crash.tar.zst", tmp_path) == []
+
+
+@pytest.mark.parametrize("requires_grad", [True, False], ids=["check-before-the-call", "call-is-its-own-check"])
+def test_capture_cli_hook_finishes_a_check_runs_entry_before_it_and_forks_no_writer(tmp_path, monkeypatch,
+                                                                                   requires_grad):
+    """(27.1) Under ``capture --`` (PyTorch's after_dynamo hook, run at the first call by the
+    crash guard), a first call that runs a check before it (``aot_eager``, an output that
+    requires grad) has its spool entry finished before the check: no writer is forked to live
+    through the check's backward compile. One that is its own check (nothing requires grad)
+    forks its writer and waits for nothing. The spool's thread is kept unfinished here."""
+    import threading
+
+    import torch
+    import torch._dynamo
+    from torch._dynamo.repro import after_dynamo
+
+    from reproarchive.archive.spool import Spool, Stopped
+    from reproarchive.sources import crash_guard, snapshot_writer
+
+    real_hash, real_start, forks = Spool.hash, snapshot_writer.start, []
+
+    def hash_(self, draft, stop=None, *args, **kwargs):
+        if threading.current_thread().name.startswith("reproarchive-spool-low"):
+            while not stop():
+                threading.Event().wait(0.002)
+            raise Stopped
+        return real_hash(self, draft, stop, *args, **kwargs)
+
+    cls = after_dynamo.WrapBackendDebug
+    monkeypatch.setattr(cls, "__call__", cls.__call__)  # given back after the test
+    monkeypatch.setattr(cls, "_reproarchive_guarded", False, raising=False)
+    crash_guard._patch(after_dynamo)  # what ``capture --`` does in its program
+    monkeypatch.setenv(crash_guard.CRASH_DIR_ENV, str(tmp_path / "crash"))
+    monkeypatch.setattr(torch._dynamo.config, "repro_after", "dynamo")
+    monkeypatch.setattr(torch._dynamo.config, "repro_level", 2)
+    monkeypatch.setattr(Spool, "hash", hash_)
+    monkeypatch.setattr(snapshot_writer, "start", lambda *a, **k: forks.append(1) or real_start(*a, **k))
+    torch._dynamo.reset()
+    x, w = torch.randn(4, 64), torch.randn(64, 256, requires_grad=requires_grad)
+    out = torch.compile(lambda a, b: torch.relu(a @ b), backend="aot_eager")(x, w)
+    torch._dynamo.reset()
+    assert torch.equal(out, torch.relu(x @ w)) and forks == ([] if requires_grad else [1])
+    assert not list((tmp_path / "crash").glob("spool-*/pending/*"))
