@@ -45,7 +45,7 @@ import itertools
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -370,7 +370,7 @@ def _spool() -> Any:
 
 
 def _discard_after_first_call(compiled: Any, pending: str, backend: str,
-                              checks_first: list[Callable[[list[Any]], bool]] = ()) -> Any:
+                              checks_first: Sequence[Callable[[list[Any]], bool]] = ()) -> Any:
     """``compiled`` behind a wrapper that discards spool entry ``pending`` when its first call
     ends, or keeps it as the failure's archive where the call failed and the failure could not
     be dumped (``_keep``). Where ``checks_first`` says a check runs before the call, the entry

@@ -251,7 +251,7 @@ class ProcessSpool:
         then the objects not yet on disk) is done here. For a first call that runs a check
         before the real call: that check compiles the backward (seconds), and a forked writer
         alive through it holds every page the compile writes meanwhile (pinned to one core,
-        where the lowest-priority thread hardly runs: +62 MiB at 384 MiB of weights); done here,
+        where the lowest-priority thread hardly runs: 46-47 MiB at 384 MiB of weights); done here,
         it costs the hashing and writing the thread did not do, and nothing while the check runs.
         The storages the graph writes are read as they are before it: the check writes copies."""
         entry.stop.set()
