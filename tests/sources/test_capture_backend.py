@@ -399,7 +399,8 @@ def test_a_check_run_before_the_first_call_forks_no_writer(tmp_path, monkeypatch
     out.sum().backward()
     assert torch.equal(out, torch.relu(x @ w)) and w.grad is not None
     assert (checks, forks) == (([1], []) if backend == "aot_eager" else ([], [1]))
-    assert not list(tmp_path.glob("*.tar.zst")) and not list(tmp_path.glob("spool-*/pending/*"))
+    # no archive, no entry (a hidden half-written index of the killed writer's may stay until exit)
+    assert not list(tmp_path.glob("*.tar.zst")) and not list(tmp_path.glob("spool-*/pending/[!.]*"))
 
 
 @pytest.mark.parametrize("checked_before", [False, True], ids=["call-is-its-own-check", "check-before-the-call"])
