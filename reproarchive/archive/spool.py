@@ -191,6 +191,17 @@ class Spool(SpoolFolder):
                 raise
         return True
 
+    def finish(self, draft: Draft, todo: list | None = None, found: list[str | None] | None = None,
+               views: dict[int, memoryview] | None = None) -> bool:
+        """What is left of ``draft``'s entry once its writer thread stopped: where it had not
+        committed the entry (``todo`` None), the digests (those of the storages it does not hold
+        taken from ``found`` when given) and the entry, then the objects not yet on disk. One
+        rule for a forked writer (``views``) and a first call that finishes its entry itself."""
+        if todo is None:
+            only = draft.held if found is not None else None
+            todo = self.commit(draft, self.hash(draft, views=views, only=only, found=found))
+        return self.write(todo, views=views)
+
     # -- writers that outlive their process -------------------------------------------------
 
     def writer_lock(self, name: str) -> tuple[int, Path]:

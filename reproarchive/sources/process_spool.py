@@ -258,12 +258,8 @@ class ProcessSpool:
         entry.future.cancel()
         concurrent.futures.wait([entry.future])
         if not entry.done and entry.error is None:
-            draft = entry.draft
             try:
-                if entry.todo is None:
-                    only = draft.held if entry.found is not None else None
-                    entry.todo = self.spool.commit(draft, self.spool.hash(draft, only=only, found=entry.found))
-                entry.done = self.spool.write(entry.todo)
+                entry.done = self.spool.finish(entry.draft, entry.todo, entry.found)
             except Exception as err:  # noqa: BLE001 - reported below, never raised into the job
                 entry.error = err
         if entry.error is not None:

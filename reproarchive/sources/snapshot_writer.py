@@ -168,10 +168,7 @@ def start(spool: Spool, draft: Draft, todo: list | None, found: list | None = No
         status = 1
         try:
             _detach(keep=fd, limit=limit)
-            if todo is None:
-                only = draft.held if found is not None else None
-                todo = spool.commit(draft, spool.hash(draft, views=views, only=only, found=found))
-            spool.write(todo, views=views)
+            spool.finish(draft, todo, found, views=views)
             lock.unlink(missing_ok=True)
             status = 0
         finally:
