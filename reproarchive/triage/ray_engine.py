@@ -3,7 +3,9 @@
 Each triage task is one Ray task running ``engine.run_task``, which starts the same fresh
 process the local engine starts, on whichever node Ray placed it: a crash or a hang still costs
 one task, and Ray's own worker survives it. ``max_retries=0``: a task that killed its process
-is a verdict, not something to retry.
+is a verdict, not something to retry. As the local engine's, those processes are forked from a
+warm server (``child.warm_children``) that a Ray worker keeps for as long as it lives: a worker
+pays the torch import once, not once per task.
 
 Where the cluster is: ``address`` (``ray://head:10001`` for Ray Client, ``auto`` inside a
 cluster, or the ``RAY_ADDRESS`` variable); without one, ``ray.init()`` starts a local Ray on
@@ -16,14 +18,31 @@ a worker (``environment``), not assumed from the driver.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import contextlib
 import os
 from typing import Any
 
+from reproarchive.child import warm_children
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import from_plain
 from reproarchive.triage.engine import Executor, Task, run_task, typed
 from reproarchive.triage.verdicts import Environment
+
+_warm: contextlib.ExitStack | None = None
+
+
+def _run_task_warm(task: dict[str, Any]) -> dict[str, Any]:
+    """``run_task`` on a Ray worker, its fresh process forked from the worker's warm server
+    (started by the worker's first task, ended when the worker exits: a worker killed outright
+    closes the server's request pipe, which ends it too)."""
+    global _warm
+    if _warm is None:
+        _warm = contextlib.ExitStack()
+        _warm.enter_context(warm_children())
+        atexit.register(_warm.close)
+    return run_task(task)
 
 
 def _environment_of(settings: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +85,7 @@ class RayExecutor(Executor):
                                         "check --address (ray://HEAD:10001, or auto inside the cluster)") from None
             self._started = True
         placement = {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": resources or {}, "max_retries": 0}
-        self._run = ray.remote(run_task).options(**placement)
+        self._run = ray.remote(_run_task_warm).options(**placement)
         self._probe = ray.remote(_environment_of).options(**placement)
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1e-9)))
         self._refs: list = []
