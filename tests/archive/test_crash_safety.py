@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from support.shared_fixture import built_once
+
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
@@ -124,13 +126,31 @@ def _check_outcome(final: Path, result: dict, temp_suffix: str | None) -> None:
         assert result["killed_at"] is not None, "the writer finished but its output is missing"
 
 
+def _build_big_archive(folder: Path) -> str:
+    """What the child's ``pack`` writes (the same graph, inputs and frames), written here: this
+    archive is only the readers' input, never killed, so it needs no process of its own."""
+    import torch
+    import torch.fx as fx
+
+    import reproarchive
+
+    def f(x, y, z, w):
+        return torch.relu(x) + y.sum() + z.mean() + w.max()
+
+    with torch.random.fork_rng():  # the child's seed, without moving this process's generator
+        torch.manual_seed(0)
+        ins = [torch.randn(3 * 1024 * 1024) for _ in range(4)]  # 4 x 12 MiB of incompressible data
+    final = folder / "big.tar.zst"
+    reproarchive.pack(fx.symbolic_trace(f), ins, final, progress=False, frame_size=1 << 20)
+    return str(final)
+
+
 @pytest.fixture(scope="module")
 def big_archive(tmp_path_factory):
-    """A 64 MiB archive (1 MiB frames) for the readers that write folders."""
-    folder = tmp_path_factory.mktemp("crash_src")
-    final = folder / "big.tar.zst"
-    result = kill_during("pack", None, final, threshold=1 << 62)  # never killed: a normal run
-    assert result["returncode"] == 0 and final.exists(), result["stderr"]
+    """A 64 MiB archive (1 MiB frames) for the readers that write folders (built once per run;
+    read-only)."""
+    final = Path(built_once(tmp_path_factory, "crash_src", _build_big_archive))
+    assert final.exists()
     return final
 
 

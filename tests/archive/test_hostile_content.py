@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from support import content_attacks as ca
 from support import hostile_corpus as hc
 from support.cli import invoke
+from support.shared_fixture import built_once
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -204,22 +205,84 @@ def test_an_operator_argument_outside_torch_is_refused_by_every_replay(importabl
     _refused_by_every_replay(archive, work, marker, 2, operator)
 
 
-@pytest.mark.parametrize("text", ca.HOSTILE_TEXT, ids=[f"text{i}" for i in range(len(ca.HOSTILE_TEXT))])
-def test_record_strings_are_neutralised_for_terminals_and_code(text, tmp_path):
-    marker = tmp_path / "MARKER"
-    archive = ca.text_archive(tmp_path / "t.tar.zst", marker, text)
-    shown = _in_process(["inspect", str(archive)], tmp_path)
-    assert shown.returncode == 0, shown.stderr
-    raw_controls = [c for c in shown.stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0
+# Each exported repro.py runs in a process of its own, forked from one that has imported torch
+# (the scripts' costly imports, torch and Dynamo, paid once for all the strings instead of once per string):
+# the child runs the script as ``python repro.py --backend eager`` would, as ``__main__`` from
+# its own folder, in the case's folder, its output in a log of its own.
+_RUN_FORKED = r"""
+import json, os, runpy, sys, traceback
+import torch._dynamo  # noqa: F401  (what every script imports, and compiles with)
+results = []
+for script, cwd, log in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.chdir(cwd)
+            sys.argv = [script, "--backend", "eager"]
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    results.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(json.dumps(results))
+"""
+
+
+def _neutralised_cases(folder: Path) -> list[dict]:
+    """For each of ``ca.HOSTILE_TEXT``: its archive in a folder of its own, ``inspect`` and
+    ``export`` of it (in process), and the exported repro.py run (``_RUN_FORKED``)."""
+    cases = []
+    for i, text in enumerate(ca.HOSTILE_TEXT):
+        case = folder / f"text{i}"
+        case.mkdir()
+        archive = ca.text_archive(case / "t.tar.zst", case / "MARKER", text)
+        shown = _in_process(["inspect", str(archive)], case)
+        out = case / "exported"
+        exported = _in_process(["export", str(archive), "-o", str(out)], case)
+        cases.append({"folder": str(case), "shown": [shown.returncode, shown.stdout, shown.stderr],
+                      "exported": [exported.returncode, exported.stdout, exported.stderr]})
+    jobs = [(str(Path(c["folder"]) / "exported" / "repro.py"), c["folder"], str(Path(c["folder"]) / "ran.log"))
+            for c in cases if c["exported"][0] == 0 and (Path(c["folder"]) / "exported" / "repro.py").exists()]
+    ran = subprocess.run([sys.executable, "-c", _RUN_FORKED, json.dumps(jobs)], capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-1500:]
+    codes = dict(zip((j[1] for j in jobs), json.loads(ran.stdout.splitlines()[-1])))
+    for c in cases:
+        c["ran"] = codes.get(c["folder"])
+    return cases
+
+
+@pytest.fixture(scope="module")
+def neutralised(tmp_path_factory):
+    return built_once(tmp_path_factory, "hostile-text", _neutralised_cases)
+
+
+@pytest.mark.parametrize("i", range(len(ca.HOSTILE_TEXT)), ids=[f"text{i}" for i in range(len(ca.HOSTILE_TEXT))])
+def test_record_strings_are_neutralised_for_terminals_and_code(neutralised, i):
+    case = neutralised[i]
+    folder = Path(case["folder"])
+    marker = folder / "MARKER"
+    code, stdout, stderr = case["shown"]
+    assert code == 0, stderr
+    raw_controls = [c for c in stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0
                     or c in "\u202e\u202c\u2028"]
     assert not raw_controls, [hex(ord(c)) for c in raw_controls]
-    out = tmp_path / "exported"
-    exported = _in_process(["export", str(archive), "-o", str(out)], tmp_path)
-    assert exported.returncode == 0, exported.stderr[-800:]
-    ast.parse((out / "repro.py").read_text())  # the strings are data in the script, never code
-    ran = subprocess.run([sys.executable, str(out / "repro.py"), "--backend", "eager"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
-    assert not marker.exists(), ran.stderr[-500:]
+    code, _, stderr = case["exported"]
+    assert code == 0, stderr[-800:]
+    ast.parse((folder / "exported" / "repro.py").read_text())  # the strings are data in the script, never code
+    assert case["ran"] is not None  # the script ran, in a process of its own
+    assert not marker.exists(), (folder / "ran.log").read_text()[-500:]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -21,27 +21,36 @@ import torch
 import reproarchive
 from support import dump_programs as progs
 from support.cli import invoke
+from support.shared_fixture import built_once
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    (folder / "prog.py").write_text(progs.bert_step_program("compile_error"))
-    out = folder / "archives"
-    out.mkdir()
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        result = invoke("capture", "--after", "aot", "--keep-dumps", "--json", "-o", out, "--",
-                        sys.executable, "prog.py")
-    finally:
-        os.chdir(cwd)
-    report = json.loads(result.stdout)
-    yield folder, report
-    if report.get("dumps_kept"):
-        shutil.rmtree(report["dumps_kept"], ignore_errors=True)
+    """The one capture, once for the whole run (``built_once``): its archive and PyTorch's kept
+    dump are read-only; they live in the run's temporary root, which pytest removes."""
+
+    def build(folder: Path) -> tuple[Path, dict]:
+        (folder / "prog.py").write_text(progs.bert_step_program("compile_error"))
+        out = folder / "archives"
+        out.mkdir()
+        cwd = os.getcwd()
+        os.chdir(folder)
+        try:
+            result = invoke("capture", "--after", "aot", "--keep-dumps", "--json", "-o", out, "--",
+                            sys.executable, "prog.py")
+        finally:
+            os.chdir(cwd)
+        report = json.loads(result.stdout)
+        if report.get("dumps_kept"):  # inside the run's folder, so that pytest removes it with the rest
+            kept = Path(report["dumps_kept"])
+            shutil.move(str(kept), folder / kept.name)
+            report["dumps_kept"] = str(folder / kept.name)
+        return folder, report
+
+    return built_once(tmp_path_factory, "after_aot_bert_capture", build,
+                      dump=lambda v: [str(v[0]), v[1]], load=lambda v: (Path(v[0]), v[1]))
 
 
 def test_the_archive_holds_the_real_inputs_and_the_programs_compile_error(captured):

@@ -180,18 +180,29 @@ def test_backend_removes_the_pending_archive_when_nothing_crashes(tmp_path):
 # pack: the replay that records the failure crashes
 
 
-def test_pack_records_the_crash_of_its_replay(tmp_path):
-    # PyTorch's own dump writer, called directly, on the aborting graph and its real input
-    prog = _ABORTING + textwrap.dedent("""
-        import torch._dynamo
-        from torch._dynamo.repro.after_dynamo import dump_to_minify_after_dynamo
-        def backend(gm, example_inputs):
-            dump_to_minify_after_dynamo(gm, example_inputs, "inductor")
-            return gm.forward
-        torch.compile(f, backend=backend)(x)
-    """)
-    done = _run(tmp_path / "job", prog, env={"TORCH_COMPILE_DEBUG_DIR": str(tmp_path / "dbg")})
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_pack_records_the_crash_of_its_replay(tmp_path, monkeypatch):
+    # PyTorch's own dump writer, called directly, on the aborting graph and its real input; in
+    # this process (nothing crashes here: the graph runs eagerly), with what the aborting program
+    # sets (the injected bug) and where TORCH_COMPILE_DEBUG_DIR would send the dump
+    import torch
+    import torch._dynamo
+    from torch._dynamo.repro.after_dynamo import dump_to_minify_after_dynamo
+
+    monkeypatch.setattr(torch._inductor.config.cpp, "inject_relu_bug_TESTING_ONLY", "runtime_error")
+    monkeypatch.setattr(torch._dynamo.config, "debug_dir_root", str(tmp_path / "dbg" / "torch_compile_debug"))
+
+    def f(a):
+        return torch.relu(a + 1) * 2
+
+    def backend(gm, example_inputs):
+        dump_to_minify_after_dynamo(gm, example_inputs, "inductor")
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, backend=backend)(torch.randn(1 << 16))
+    finally:
+        torch._dynamo.reset()
     (launcher,) = (tmp_path / "dbg").glob("torch_compile_debug/run_*/minifier/minifier_launcher.py")
 
     code, out = cli("pack", "--json", launcher, "-o", tmp_path / "crash.tar.zst")

@@ -14,6 +14,7 @@ import pytest
 import reproarchive
 from reproarchive.format.reader import ContainerReader
 from support.custom_op_programs import twice_library
+from support.shared_fixture import built_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*stand-in.*:UserWarning")]
 
@@ -38,14 +39,18 @@ def _cli(*args, cwd) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory) -> Path:
-    """``capture --`` of a program whose graph calls its own custom op."""
-    folder = tmp_path_factory.mktemp("custom_op_program")
-    (folder / "ratest_src_lib.py").write_text(LIBRARY)
-    (folder / "prog.py").write_text(PROGRAM)
-    result = _cli("capture", "-o", folder / "out", "--", sys.executable, "prog.py", cwd=folder)
-    archives = sorted((folder / "out").glob("*.tar.zst"))
-    assert result.returncode == 1 and len(archives) == 1, result.stdout + result.stderr[-3000:]
-    return archives[0]
+    """``capture --`` of a program whose graph calls its own custom op; once for the whole run
+    (``built_once``): the archive and the program's folder are read-only."""
+
+    def build(folder: Path) -> Path:
+        (folder / "ratest_src_lib.py").write_text(LIBRARY)
+        (folder / "prog.py").write_text(PROGRAM)
+        result = _cli("capture", "-o", folder / "out", "--", sys.executable, "prog.py", cwd=folder)
+        archives = sorted((folder / "out").glob("*.tar.zst"))
+        assert result.returncode == 1 and len(archives) == 1, result.stdout + result.stderr[-3000:]
+        return archives[0]
+
+    return built_once(tmp_path_factory, "custom_op_program", build, dump=str, load=Path)
 
 
 def test_capture_records_the_programs_custom_op_calls(captured):

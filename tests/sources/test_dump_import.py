@@ -24,8 +24,10 @@ from reproarchive.errors import SourceError  # noqa: E402
 from reproarchive.format.schema import DumpSource
 from reproarchive.sources.dump_import import pack_dump  # noqa: E402
 from reproarchive.sources.dump_script import discover, parse_dump_script
+from reproarchive.sources.report import PackReport
 from support import dump_programs as progs
 from support.machine_paths import machine_paths_in
+from support.shared_fixture import built_once
 from support.source_tests import Captured, SourceTests
 
 # ---------------------------------------------------------------------------------------------
@@ -34,18 +36,26 @@ from support.source_tests import Captured, SourceTests
 
 @pytest.fixture(scope="module")
 def dynamo_dump(tmp_path_factory) -> Path:
-    """after_dynamo, level 2, compile error: folder holding torch_compile_debug/ and inputs.pt."""
-    folder = tmp_path_factory.mktemp("dyn")
-    progs.make_dump(folder, progs.dynamo_program("compile_error"), after="dynamo", level=2)
-    return folder
+    """after_dynamo, level 2, compile error: folder holding torch_compile_debug/ and inputs.pt.
+    Made once for the whole run (``built_once``): tests copy it (``_copy``), never change it."""
+
+    def build(folder: Path) -> Path:
+        progs.make_dump(folder, progs.dynamo_program("compile_error"), after="dynamo", level=2)
+        return folder
+
+    return built_once(tmp_path_factory, "dump_import_dyn", build, dump=str, load=Path)
 
 
 @pytest.fixture(scope="module")
 def aot_accuracy_dump(tmp_path_factory) -> Path:
-    """after_aot, level 4, inductor accuracy bug: real data (unstable hash), launcher + repro.py."""
-    folder = tmp_path_factory.mktemp("aotacc")
-    progs.make_dump(folder, progs.aot_program("accuracy"), after="aot", level=4)
-    return folder
+    """after_aot, level 4, inductor accuracy bug: real data (unstable hash), launcher + repro.py.
+    Made once for the whole run (``built_once``): tests copy it (``_copy``), never change it."""
+
+    def build(folder: Path) -> Path:
+        progs.make_dump(folder, progs.aot_program("accuracy"), after="aot", level=4)
+        return folder
+
+    return built_once(tmp_path_factory, "dump_import_aotacc", build, dump=str, load=Path)
 
 
 def _copy(folder: Path, dest: Path) -> Path:
@@ -407,8 +417,15 @@ class TestDumpSource(SourceTests):
 
     @pytest.fixture(scope="module")
     def captured(self, dynamo_dump, tmp_path_factory) -> Captured:
-        work = _copy(dynamo_dump, tmp_path_factory.mktemp("dump_source") / "work")
-        report = _pack_in(work, work.parent / "out.tar.zst")
+        """Packed once for the whole run (``built_once``): the archive is read-only."""
+
+        def build(root: Path) -> tuple[PackReport, Path]:
+            work = _copy(dynamo_dump, root / "work")
+            return _pack_in(work, root / "out.tar.zst"), work
+
+        report, work = built_once(tmp_path_factory, "dump_import_source", build,
+                                  dump=lambda v: [v[0].to_plain(), str(v[1])],
+                                  load=lambda v: (PackReport.from_plain(v[0]), Path(v[1])))
         return Captured(archives=[report.archive], reports=[report], folders=(work, dynamo_dump))
 
 
