@@ -353,7 +353,8 @@ def _close_quietly(*streams: Any) -> None:
 def _serving(module: str, mode: str, env: dict[str, str]):
     """``python -m module MODE REQUESTS REPLIES`` in a session of its own (Ctrl-C reaches the
     caller only, which ends it): the process, its log, the two ends of its pipes, and its
-    temporary folder (``TEMP_ENV``), for the caller to remove once the process is gone: a
+    temporary folder (``TEMP_ENV``), for the caller to remove once the process is gone (the
+    process removes it itself when its caller dies first: ``_remove_own_folder``): a
     request that kills the process (a crashing candidate) leaves its replay's folder there,
     not in the system's. It works in an empty folder inside that one: ``-m`` puts the working
     folder first on ``sys.path``, and nothing in the caller's must be importable there."""
@@ -398,6 +399,7 @@ def _serve(handler: Callable[..., Any], request_fd: str, reply_fd: str, unexpect
             reply = _error_reply(err, unexpected, unexpected_what)
         if message.get("reply", True):
             send(reply)
+    _remove_own_folder()
     return 0
 
 
@@ -609,7 +611,17 @@ def _serve_forks(handler: Callable[..., Any], request_fd: int, reply_fd: int, un
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 reply({"id": running.pop(pid), "code": os.waitstatus_to_exitcode(status)})
+    _remove_own_folder()
     return 0
+
+
+def _remove_own_folder() -> None:
+    """A server whose caller closed the pipe without ending it (a caller killed outright: a Ray
+    worker at ``ray.shutdown()``) removes the temporary folder ``_serving`` made for it, as the
+    caller's ``close`` would have; only that folder: the parent of its working folder."""
+    own = os.environ.get(TEMP_ENV)
+    if own and Path(os.getcwd()) == Path(own) / "cwd":
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def _child(handler: Callable[..., Any], message: dict, server_fds: tuple[int, ...], unexpected: type,

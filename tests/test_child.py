@@ -6,6 +6,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -123,6 +125,30 @@ def test_warm_children_fork_each_child_from_one_server_per_environment_and_end_t
         os.kill(first["server"], 0)
     with pytest.raises(ProcessLookupError):
         os.kill(other["server"], 0)
+
+
+def test_a_server_whose_caller_is_killed_ends_and_removes_its_temporary_folder(tmp_path):
+    """A caller killed outright (a Ray worker at ``ray.shutdown()``) never closes its server: the
+    server sees its request pipe end, stops, and removes the folder made for it."""
+    caller = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys\n"
+         "from reproarchive.child import ForkServer\n"
+         "s = ForkServer('support.fork_child', env=dict(os.environ))\n"
+         "s.run({'what': 'a'})\n"
+         "print(s.proc.pid, s._temp, flush=True)\n"
+         "sys.stdin.read()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    server_pid, folder = caller.stdout.readline().split()
+    assert Path(folder).is_dir()
+    caller.kill()
+    caller.wait()
+    assert _ended(int(server_pid))
+    for _ in range(50):
+        if not Path(folder).exists():
+            break
+        time.sleep(0.1)
+    assert not Path(folder).exists()
 
 
 def test_a_server_runs_children_at_once_for_callers_on_several_threads():
