@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reproarchive.child import ForkServer
 from support import content_attacks as ca
 from support import hostile_corpus as hc
 from support.cli import invoke
@@ -205,43 +206,9 @@ def test_an_operator_argument_outside_torch_is_refused_by_every_replay(importabl
     _refused_by_every_replay(archive, work, marker, 2, operator)
 
 
-# Each exported repro.py runs in a process of its own, forked from one that has imported torch
-# (the scripts' costly imports, torch and Dynamo, paid once for all the strings instead of once per string):
-# the child runs the script as ``python repro.py --backend eager`` would, as ``__main__`` from
-# its own folder, in the case's folder, its output in a log of its own.
-_RUN_FORKED = r"""
-import json, os, runpy, sys, traceback
-import torch._dynamo  # noqa: F401  (what every script imports, and compiles with)
-results = []
-for script, cwd, log in json.loads(sys.argv[1]):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.chdir(cwd)
-            sys.argv = [script, "--backend", "eager"]
-            sys.path[0] = os.path.dirname(script)
-            runpy.run_path(script, run_name="__main__")
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    results.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-print(json.dumps(results))
-"""
-
-
 def _neutralised_cases(folder: Path) -> list[dict]:
     """For each of ``ca.HOSTILE_TEXT``: its archive in a folder of its own, ``inspect`` and
-    ``export`` of it (in process), and the exported repro.py run (``_RUN_FORKED``)."""
+    ``export`` of it (in process), and the exported repro.py run."""
     cases = []
     for i, text in enumerate(ca.HOSTILE_TEXT):
         case = folder / f"text{i}"
@@ -250,16 +217,18 @@ def _neutralised_cases(folder: Path) -> list[dict]:
         shown = _in_process(["inspect", str(archive)], case)
         out = case / "exported"
         exported = _in_process(["export", str(archive), "-o", str(out)], case)
-        cases.append({"folder": str(case), "shown": [shown.returncode, shown.stdout, shown.stderr],
+        cases.append({"folder": str(case), "ran": None, "shown": [shown.returncode, shown.stdout, shown.stderr],
                       "exported": [exported.returncode, exported.stdout, exported.stderr]})
-    jobs = [(str(Path(c["folder"]) / "exported" / "repro.py"), c["folder"], str(Path(c["folder"]) / "ran.log"))
-            for c in cases if c["exported"][0] == 0 and (Path(c["folder"]) / "exported" / "repro.py").exists()]
-    ran = subprocess.run([sys.executable, "-c", _RUN_FORKED, json.dumps(jobs)], capture_output=True, text=True,
-                         timeout=300)
-    assert ran.returncode == 0, ran.stderr[-1500:]
-    codes = dict(zip((j[1] for j in jobs), json.loads(ran.stdout.splitlines()[-1])))
-    for c in cases:
-        c["ran"] = codes.get(c["folder"])
+    # each exported repro.py as ``python repro.py --backend eager`` in the case's folder, in a
+    # process of its own forked from one that imported torch (``support.script_child``)
+    with ForkServer("support.script_child", env=dict(os.environ)) as server:
+        for c in cases:
+            script = Path(c["folder"]) / "exported" / "repro.py"
+            if c["exported"][0] != 0 or not script.exists():
+                continue
+            ran, died = server.run({"script": str(script), "cwd": c["folder"], "args": ["--backend", "eager"]},
+                                   keep_log=Path(c["folder"]) / "ran.log", timeout=300)
+            c["ran"] = ran["code"] if died is None else (died.returncode if died.started else None)  # None: never ran
     return cases
 
 
