@@ -4,7 +4,9 @@ inside ``warm_children`` it is what ``run_child`` uses."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -139,11 +141,19 @@ def test_a_server_whose_caller_is_killed_ends_and_removes_its_temporary_folder(t
          "sys.stdin.read()\n"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-    server_pid, folder = caller.stdout.readline().split()
-    assert Path(folder).is_dir()
-    caller.kill()
-    caller.wait()
-    assert _ended(int(server_pid))
+    try:
+        ready, _, _ = select.select([caller.stdout], [], [], 120)
+        assert ready, "the caller did not start its server in 120 s"
+        server_pid, folder = caller.stdout.readline().split()
+        assert Path(folder).is_dir()
+    finally:
+        caller.kill()
+        caller.wait()
+    try:
+        assert _ended(int(server_pid))
+    finally:  # a server that did not end is not left running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(server_pid), signal.SIGKILL)
     for _ in range(50):
         if not Path(folder).exists():
             break
