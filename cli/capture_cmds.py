@@ -313,8 +313,10 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
     \b
     Limits (PyTorch's hooks):
       - one dump per process: a later failure in the same process replaces an earlier one;
-      - every graph is compiled once more and run forward/backward on copies of its inputs
-        while checking, so compilation is slower under capture;
+      - PyTorch's after_dynamo check runs each graph forward/backward inside the backend;
+        here the graph's first call is the check instead (nothing runs twice), and the
+        backward it made is checked where the program runs it: a backward the program never
+        runs is not checked;
       - errors before a graph reaches the backend (Dynamo tracing errors) are not dumped;
       - --after aot dumps of compile errors carry no input data (PyTorch had only fake
         tensors): such a graph is archived instead at Inductor's own door, with the

@@ -202,6 +202,27 @@ class Spool(SpoolFolder):
             todo = self.commit(draft, self.hash(draft, views=views, only=only, found=found))
         return self.write(todo, views=views)
 
+    def take(self, name: str) -> tuple[bytes, bytes] | None:
+        """Entry ``name``'s files (code, index), read and removed: while the program runs its
+        own code between a first call and that call's backward, the entry stands for nothing
+        (a crash then is not its graph's); ``put`` writes them back when the backward begins.
+        Its objects stay. None where the entry is not on disk."""
+        pending = self.folder / "pending"
+        try:
+            code = (pending / f"{name}{CODE_SUFFIX}").read_bytes()
+            index = (pending / f"{name}{INDEX_SUFFIX}").read_bytes()
+        except FileNotFoundError:
+            return None
+        self.discard(name)  # the index first: a reader never sees an index without its code
+        return code, index
+
+    def put(self, name: str, files: tuple[bytes, bytes]) -> None:
+        """Entry ``name`` back on disk from what ``take`` read: the code, then the index."""
+        pending = self.folder / "pending"
+        for suffix, data in zip((CODE_SUFFIX, INDEX_SUFFIX), files):
+            with atomic_file(pending / f"{name}{suffix}", fsync=False) as f:
+                f.write(data)
+
     # -- writers that outlive their process -------------------------------------------------
 
     def writer_lock(self, name: str) -> tuple[int, Path]:

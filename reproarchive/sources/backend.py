@@ -17,29 +17,29 @@ What it does for each graph Dynamo hands it:
    Dynamo's example inputs, which nothing has run on yet. The exception leaves the backend, so
    Dynamo wraps it as usual (``BackendCompilerFailed`` / ``InductorError``).
 3. Unless ``check_runtime=False``: returns the compiled function behind a thin wrapper
-   (``call_guard``) whose FIRST call, before running for real, runs it once on the real
-   arguments -- aliases of those the graph does not write, copies of those it writes
-   (``replay.input_writes``) -- forward
-   and, when an output requires grad, backward of a scalar loss (as PyTorch's
-   ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips backward). The backward runs only where the
-   backend compiled one (``call_guard.backward_is_compiled``: AOTAutograd's compiled backward
-   is an ``autograd.Function``); where the forward's autograd graph is PyTorch's own
-   derivatives (``eager``, a backend that only rewrites the graph) the program's backward is
-   not a compiler's code, and the check costs a forward. An exception: stage ``forward`` or
-   ``backward``. With ``accuracy=True`` the run is compared with eager and an fp64 reference
-   (``replay.accuracy``, PyTorch's rule): stage ``accuracy``. Without accuracy, where no
-   output can require grad (grad mode off, no input or held parameter requiring grad) or with
-   ``fwd_only``, that run would be the real call: then the real call is the check (the graph
-   runs once), and so always with ``check_runtime="calls"``. So it is where the backend runs
-   the graph itself (``eager``, a backend that only rewrites the graph:
-   ``call_guard.runs_the_graph``), whose backward is PyTorch's derivatives and which the check
-   would only run forward; should the real call's outputs show a compiled backward after all
-   (an ``autograd.Function`` in the graph), that backward is checked once the call has ended,
-   on its inputs as they were before it (copies of the written ones) and from the generator
-   states it started from. The check runs at the
-   first call and not inside the backend because inside the backend Dynamo's compile context is
-   still open and a backward would compile AOTAutograd's backward graph nested in it (which
-   torch 2.13 rejects); at the first call the arguments are the real inputs, still untouched.
+   (``call_guard``) whose first call is the check: it runs once, on the real arguments, and
+   an exception from it is stage ``forward``. Where it made a backward the backend compiled
+   (AOTAutograd's, as ``aot_eager``'s and Inductor's are: an ``autograd.Function``), that
+   backward is compiled and run by the program's own ``backward()``, and watched there
+   (``backward_watch``): an exception from it is stage ``backward``, archived with the inputs
+   as they were before the call and the generator states the call started from, and raised in
+   the program's ``backward()`` as without capture; no step of ours runs before the call. Only
+   the first call's backward is watched, once. Where the backend runs the graph itself
+   (``eager``, a backend that only rewrites the graph: ``call_guard.runs_the_graph``) the
+   backward is PyTorch's derivatives; should the outputs show an ``autograd.Function``'s
+   backward after all (or a compiled backward that cannot be watched), that backward is
+   checked once the call has ended, on its inputs as they were before it (copies of the
+   written ones) and from the generator states it started from. A check run *before* the
+   first call, on the real arguments (aliases of those the graph does not write, copies of
+   those it writes: ``replay.input_writes``), forward and, when an output requires grad,
+   backward of a scalar loss (as PyTorch's ``run_fwd_maybe_bwd``; ``fwd_only=True`` skips
+   backward), remains for two cases: ``accuracy=True``, where the run is compared with eager
+   and an fp64 reference (``replay.accuracy``, PyTorch's rule: stage ``accuracy``); and
+   ``spool=False``, whose crash record is a whole archive that cannot be set aside while the
+   program runs between the call and its backward. That check runs at the first call and not
+   inside the backend because inside the backend Dynamo's compile context is still open and a
+   backward would compile AOTAutograd's backward graph nested in it (which torch 2.13 rejects);
+   at the first call the arguments are the real inputs, still untouched.
 4. On a failure: writes the archive (graph, the real inputs, snapshots, failure record) and
    re-raises the ORIGINAL exception, same type, with the archive path appended to its message
    (a note where the message cannot be changed; ``exc.reproarchive_path`` and
@@ -70,15 +70,16 @@ in a child process and reports the signal and the crashing thread's stack.
 
 Cost and side effects of the check, by design:
 
-* one extra forward (+ backward, where the backend compiled one) per graph, once, where an
-  output requires grad and the backend does not run the graph itself (none with ``eager``);
-  with ``accuracy=True`` also an eager and an fp64 run. For a training
-  step with a compiled backward, one more step at the first call. ``check_runtime="calls"``:
-  no extra run, the first call guarded like every other and crash-covered, but a failing
-  backward (the program's own) is not archived;
-  ``False``: compile errors only, nothing extra ever runs. A failing graph that calls custom
+* no extra run by default: the first call is the check, and its compiled backward is the
+  program's own, watched. With ``accuracy=True`` (or ``spool=False``) one extra forward
+  (+ backward, where the backend compiled one) per graph, once, where an output requires grad,
+  and for accuracy also an eager and an fp64 run. ``check_runtime="calls"``: the first call
+  guarded like every other and crash-covered, but a failing backward (the program's own) is
+  not archived; ``False``: compile errors only, nothing extra ever runs. A failing graph that calls custom
   ops runs once more, eagerly on copies of its inputs, to record their real outputs.
-* memory: copies of the inputs the graph writes in place, for the duration of one run; the
+* memory: copies of the inputs the graph writes in place, as they were before the first call,
+  kept until its watched backward has run (or its outputs are freed); a check run before the
+  call (accuracy, ``spool=False``) holds them for one run, the
   other inputs (the parameters, since Dynamo passes them as inputs) are aliased, and a
   backward's gradients of them are as large as the program's own, freed and given back to the
   system (``call_guard.preserved_state``) before the real call, so its peak is the program's.
@@ -88,7 +89,7 @@ Cost and side effects of the check, by design:
   real ones, not copies; where the inputs the graph writes are unknown (an operator without
   a fake kernel) their version counters are checked and an input changed before the archive
   was written is listed in the failure record (``inputs_modified``).
-* user-visible state is restored: the RNG state (CPU and the CUDA devices involved), and the
+* user-visible state is restored after a check run: the RNG state (CPU and the CUDA devices involved), and the
   ``.grad`` and buffer values of any parameters the graph holds as attributes; the copies are
   leaves, so gradients never reach the user's tensors. A CUDA-graph backend sees one extra
   warm-up call. A native crash is guarded against on a graph's first call only; an exception
@@ -190,8 +191,9 @@ def capture(
 
     Options: ``fwd_only`` (bool, default False: run backward when an output requires grad),
     ``tolerance`` (float, default 1e-3, PyTorch's ``repro_tolerance``), ``check_runtime`` (True,
-    the default: a check run, forward and backward, at the first call where an output requires
-    grad; ``"calls"``: never an extra run, every call guarded, a failing backward not archived,
+    the default: the first call is checked, and the backward it made where the backend compiled
+    one, where the program runs it; with accuracy, a check run before it; ``"calls"``: never an
+    extra run, every call guarded, a failing backward not archived,
     no accuracy; False: compile errors only, the graph never guarded),
     ``on_accuracy`` ("raise" | "warn"), ``use_fp64`` (bool, default True: fp64 reference for
     accuracy), ``crash`` (bool, default True: prepare the archive before the first run so that a
@@ -241,12 +243,18 @@ def _resolve_backend(backend: str | Callable, mode: str | None, inductor_options
 
     The recorded name is what replay passes to torch.compile. A callable is recorded by its
     qualified name; replay can only use it when that name is a registered backend.
+
+    ``"inductor"`` is made as ``torch.compile(backend="inductor")`` makes it (its wrapper), and
+    Inductor's compiler is imported here, as ``torch.compile`` imports it when it is called
+    (asking the wrapper for its config): through the registry's entry that import, ~2 s on a
+    core, came inside the first call, a cost the program without capture pays before it.
     """
     import torch
 
     if isinstance(backend, str):
-        if backend == "inductor" and (mode or inductor_options):
+        if backend == "inductor":
             wrapper = torch._TorchCompileInductorWrapper(mode, inductor_options, None)
+            wrapper.get_compiler_config()  # Inductor imported now, as torch.compile imports it
             return wrapper, "inductor", dict(wrapper.config)
         if mode or inductor_options:
             raise ValueError("capture(): mode= and options= only apply to backend='inductor'")
@@ -391,14 +399,25 @@ class _CaptureBackend:
                 self._check(compiled, gm, pristine_gm, args, config, writes.of(args), spooled)
                 return None
             started = RngState.capture(devices_of(args))
-            pending = self._pending(pristine_gm, args, config, spooled)
+            # a backward the backend compiled runs (and compiles) in the program's backward(),
+            # watched there: the entry is finished now, not by a writer forked through it
+            watches = self._watches_backward(compiled) and not outputs_cannot_require_grad(gm, args)
+            pending = self._pending(pristine_gm, args, config, spooled, fork=not watches)
             own_check.append((states_of(started), pending))
 
             def check(before: list[Any], run_args: list[Any], rng: RngState) -> None:
                 self._run_check(compiled, gm, pristine_gm, before, config, versions_of(before), writes.of(before),
                                 run_args=run_args, rng=rng, rng_states=own_check[0][0], pending=pending)
-            return checked_after(writes, args, started, check, wanted=self._checks_after_the_call,
-                                 then=lambda: self._discard(pending))
+            after = checked_after(writes, args, started, check, wanted=self._checks_after_the_call,
+                                  then=lambda: self._discard(pending))
+            if not watches:
+                return after
+
+            def ended(before: list[Any], out: Any) -> None:
+                if out is None or writes.of(before) is None or not self._watch_backward(
+                        pristine_gm, args, before, out, config, own_check[0][0], pending):
+                    after(before, out)
+            return ended
 
         if rank_context() is not None:  # a rank of a multi-rank job: one guarded call (job_capture)
             once = [True]
@@ -422,15 +441,66 @@ class _CaptureBackend:
         return guarded(compiled, writes, failed=failed, first_call=first_call)
 
     def _checks_before_the_call(self, compiled: Callable, gm: Any, args: list[Any]) -> bool:
-        """Whether the first call needs a check run before the real one: not where that run
-        would be the real call, nor where the backend runs the graph itself (its backward is
+        """Whether the first call needs a check run before the real one: for accuracy, and where
+        a whole archive is written before the first run (``spool=False``: no entry to set aside
+        while the program runs between the call and its backward); not where that run would
+        be the real call, nor where the backend runs the graph itself (its backward is
         PyTorch's: the real call is the check, ``_checks_after_the_call`` the rare exception),
-        nor with ``check_runtime="calls"`` (module docstring)."""
+        nor where the backward it compiled is watched in the program's own ``backward()``
+        (``_watches_backward``), nor with ``check_runtime="calls"`` (module docstring)."""
         if self.settings["check_runtime"] == "calls":
             return False
         if self.settings["accuracy"]:
             return True
-        return not (self.settings["fwd_only"] or outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled))
+        return not (self.settings["fwd_only"] or outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled)
+                    or self._watches_backward(compiled))
+
+    def _watches_backward(self, compiled: Callable) -> bool:
+        """Whether a first call's compiled backward is left to the program's own ``backward()``,
+        watched there (``backward_watch``), instead of a check run before the call: for a
+        backend that compiles the graph (not one that runs it itself), without accuracy, and
+        where the crash record is a spool entry (or none), which can be set aside meanwhile."""
+        return (self.settings["check_runtime"] is True and not self.settings["accuracy"]
+                and not self.settings["fwd_only"] and (self.settings["spool"] or not self.settings["crash"])
+                and not runs_the_graph(compiled))
+
+    def _watch_backward(self, pristine_gm: Any, args: list[Any], before: list[Any], out: Any, config: ConfigRecord,
+                        rng_states: dict, pending: Path | str | None) -> bool:
+        """Watch the compiled backward the first call on ``args`` made (its outputs ``out``):
+        where the program runs it, its crash record is back on disk, and a failure is archived
+        with the inputs as they were before the call (``before``) and the generator states it
+        started from, then raised to the program as it was. False where there is nothing to
+        watch (the caller then checks as before)."""
+        from reproarchive.sources.backward_watch import watch
+
+        versions = versions_of(before)
+        failed: list[bool] = []
+
+        def guard(run: Callable[[], Any]) -> Any:
+            self._restore(pending)
+            try:
+                return run()
+            except Exception as exc:
+                if not failed and not is_control_flow(exc):
+                    failed.append(True)
+                    self._fail(pristine_gm, before, modified_inputs(before, versions), exc, "backward", config,
+                               rng_states=rng_states, pending=pending)
+                raise
+            finally:
+                self._set_aside(pending)
+
+        if not watch(out, args, guard, done=lambda: self._discard(pending)):
+            return False
+        self._set_aside(pending)
+        return True
+
+    def _set_aside(self, pending: Path | str | None) -> None:
+        if isinstance(pending, str):  # a spool entry (``ProcessSpool.set_aside``)
+            self._spool().set_aside(pending)
+
+    def _restore(self, pending: Path | str | None) -> None:
+        if isinstance(pending, str):
+            self._spool().restore(pending)
 
     def _checks_after_the_call(self, out: Any) -> bool:
         """A first call that was its own check whose outputs' backward is compiled after all (a

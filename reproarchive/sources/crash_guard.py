@@ -11,14 +11,17 @@ backend goes through, when torch loads it. For each graph the wrapper spools an 
 process; the first call waits for it) *before* the compiled code runs (graph as Dynamo traced
 it, the real example inputs, config, environment, system, and a ``crash`` failure whose
 signal is not known), and discards it once the compiled code has returned from its first
-call, or raised; the spool goes when the program exits normally. Only a process that dies
+call, or raised (where that call made a compiled backward, once that backward has run in the
+program's own ``backward()``: the entry is set aside between the two, ``backward_watch``); the
+spool goes when the program exits normally. Only a process that dies
 leaves it: ``capture_program`` completes its entries into archives (``pending_archives``) and
 replays each in a child to learn the signal and the crashing thread's stack.
 
 With PyTorch's after_dynamo hook on (``capture --``'s default) the wrapper also takes over the
 hook's check, which PyTorch runs inside the backend call (``_after_dynamo_hook``): there it
 breaks working Inductor programs and turns a kernel abort into ``BackendCompilerFailed``; here
-it runs at the first call and covers every later call, with PyTorch's own dumps.
+the first call is the check, its compiled backward watched where the program runs it, and
+every later call is covered, with PyTorch's own dumps.
 
 With ``$REPROARCHIVE_ACCURACY_DIR`` set (``capture --accuracy``) the same door also hands each
 graph to reproarchive's own capture backend with its accuracy check, which writes its archives
@@ -39,13 +42,14 @@ program: every failure to write costs the crash record, never the run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.abc
 import itertools
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,28 +122,28 @@ def _patch(module: Any) -> None:
         job_dir = os.environ.get(JOB_DIR_ENV)
         if job_dir and not kwargs and _in_a_job():  # every rank: its part, one archive for the job
             return _job_backend(self, job_dir)(gm, example_inputs)
-        pending = _write_pending(gm, list(example_inputs), _backend_name(self))
+        first = FirstCall(_write_pending(gm, list(example_inputs), _backend_name(self)))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         pristine = _custom_op_graph(gm)
-        checks_first: list[Callable[[list[Any]], bool]] = []  # the hook's: a check runs before the call
+
         def compile_() -> Any:
             if accuracy_dir and not kwargs:
                 return _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
             if _hook_runs_in_backend():
-                return _after_dynamo_hook(self, gm, list(example_inputs), kwargs, checks_first)
+                return _after_dynamo_hook(self, gm, list(example_inputs), kwargs, first)
             return original(self, gm, example_inputs, **kwargs)
 
         try:
             with inductor_door.dynamo_call(gm, list(example_inputs)):
                 compiled = with_frame_room(compile_)  # deeper than the plain compile (``frame_room``)
         except BaseException as exc:
-            _discard(pending)
+            _discard(first.pending)
             if pristine is not None and isinstance(exc, Exception):
                 _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
             raise
-        if pending is None:
+        if first.pending is None:
             return compiled
-        return _discard_after_first_call(compiled, pending, _backend_name(self), checks_first)
+        return _discard_after_first_call(compiled, _backend_name(self), first)
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
@@ -188,8 +192,22 @@ def _hook_runs_in_backend() -> bool:
     return config.repro_after == "dynamo" and config.repro_level in (1, 2, 3)
 
 
+@dataclasses.dataclass
+class FirstCall:
+    """What the crash guard's wrapper of a compiled graph (``_discard_after_first_call``) and
+    PyTorch's hook inside it (``_after_dynamo_hook``) share about the graph's first call: the
+    spool entry a crash in it would leave (``pending``); whether that entry is finished before
+    the call (``finished_first(args)``: a backward the backend compiled follows, compiled in the
+    program's own ``backward()``, through which a forked writer would live); and whether the hook
+    took the entry over for that backward (``watched``: it goes when the backward ends)."""
+
+    pending: str | None
+    finished_first: Callable[[list[Any]], bool] = lambda args: False
+    watched: bool = False
+
+
 def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs: dict,
-                       checks_first: list[Callable[[list[Any]], bool]] | None = None) -> Any:
+                       first: FirstCall | None = None) -> Any:
     """PyTorch's after_dynamo hook (``TORCHDYNAMO_REPRO_AFTER=dynamo``, levels 1-3), its dumps
     unchanged, but without running the compiled graph inside the backend call.
 
@@ -197,24 +215,21 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     in torch 2.13 breaks working Inductor programs (``expected Tensor() for op: input``, or
     ``not enough values to unpack``) and turns a kernel that aborts (exit 134) into a
     ``BackendCompilerFailed`` (exit 1): capture would change the program it captures. Here
-    the same check (forward, and backward when an output requires grad and the backend compiled
-    a backward: ``call_guard.backward_is_compiled``) runs at the graph's first call, outside
-    Dynamo, on aliases of its inputs (copies of those it writes), as the capture backend's;
-    where no output can require grad, or where the backend runs the graph itself (``eager``:
-    its backward is PyTorch's, ``call_guard.runs_the_graph``), that check would be the call
-    itself, which then is the check (the graph runs once; a compiled backward its outputs show
-    after all is checked after it); a failure of any later call is dumped too (``call_guard``). The
-    program's own exception is re-raised unchanged, with PyTorch's ``minifier_path``.
-    ``checks_first`` is given the rule that says whether a first call runs that check before
-    the call (its spool entry is then finished before it: ``_discard_after_first_call``).
+    the graph's first call is the check, outside Dynamo, as the capture backend's is: its
+    failure is dumped (``call_guard``), and a backward the backend compiled is watched where the
+    program runs it (``backward_watch``): its failure is dumped there, and the spool entry of
+    ``first`` is on disk while it runs. Where the outputs show a compiled backward that cannot
+    be watched, that backward is checked right after the call, on aliases of its inputs (copies
+    of those it writes). A failure of any later call is dumped too. The program's own
+    exception is re-raised unchanged, with PyTorch's ``minifier_path``.
     """
     from torch._dynamo import config
     from torch._dynamo.repro import after_dynamo as hook
 
     from reproarchive.codec.device_runtime import RngState, devices_of
     from reproarchive.replay.accuracy import run_forward_backward
-    from reproarchive.replay.input_writes import run_inputs
     from reproarchive.sources.backend import copy_graph_structure
+    from reproarchive.sources.backward_watch import watch
     from reproarchive.sources.call_guard import (
         GraphWrites,
         backward_is_compiled,
@@ -232,6 +247,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     if level == 3:
         hook.dump_to_minify_after_dynamo(gm, example_inputs, name)
     pristine = copy_graph_structure(gm)
+    first = first or FirstCall(None)
 
     def dump(inputs: list[Any], exc: BaseException) -> str:
         copied = copy_graph_structure(pristine)
@@ -246,6 +262,12 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
             pass
         return path
 
+    def dump_or_say(inputs: list[Any], exc: BaseException) -> None:
+        try:
+            dump(inputs, exc)
+        except Exception as err:  # noqa: BLE001 - the program's own exception goes on
+            not_archived(exc, f"{type(err).__name__}: {err}", call=1)
+
     try:
         compiled = wrapper._torchdynamo_orig_backend(gm, example_inputs, **kwargs)
     except Exception as exc:
@@ -255,11 +277,10 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         raise
     writes = GraphWrites(pristine)
 
-    def checked_before(args: list[Any]) -> bool:
+    def watches(args: list[Any]) -> bool:
         return not (outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled))
 
-    if checks_first is not None:
-        checks_first.append(checked_before)
+    first.finished_first = watches
 
     def check(args: list[Any], run_args: list[Any], rng: Any = None) -> None:
         try:
@@ -267,21 +288,41 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
                 run_forward_backward(compiled, run_args, seed="ones", backward_if=backward_is_compiled)
         except Exception as exc:
             if not is_control_flow(exc):
-                try:
-                    dump(args, exc)
-                except Exception as err:  # noqa: BLE001 - the program's own exception goes on
-                    not_archived(exc, f"{type(err).__name__}: {err}", call=1)
+                dump_or_say(args, exc)
             raise
 
+    def watched(args: list[Any], before: list[Any], out: Any) -> bool:
+        """The compiled backward the first call made, watched (False: nothing to watch)."""
+        failed: list[bool] = []
+
+        def guard(run: Callable[[], Any]) -> Any:
+            _restore(first.pending)
+            try:
+                return run()
+            except Exception as exc:
+                if not failed and not is_control_flow(exc):
+                    failed.append(True)
+                    dump_or_say(before, exc)
+                raise
+            finally:
+                _set_aside(first.pending)
+
+        if writes.of(before) is None or not watch(out, args, guard, done=lambda: _discard(first.pending)):
+            return False
+        first.watched = True
+        _set_aside(first.pending)
+        return True
+
     def first_call(args: list[Any]) -> Any:
-        if checked_before(args):
-            check(args, run_inputs(args, writes.of(args)))
-            return None
-        # the check would be this very call (forward only), or the backend runs the graph itself
-        # (its backward is PyTorch's): the real call is the check, waited for on its devices, and
-        # its failure dumped (``call_guard``); the graph runs once, unless its outputs show a
-        # compiled backward after all, which is checked after it as the capture backend's is
-        return checked_after(writes, args, RngState.capture(devices_of(args)), check)
+        # the real call is the check, waited for on its devices, and its failure dumped
+        # (``call_guard``); the graph runs once. A backward the backend compiled is watched
+        # where the program runs it; one its outputs show that cannot be is checked after it
+        after = checked_after(writes, args, RngState.capture(devices_of(args)), check)
+
+        def ended(before: list[Any], out: Any) -> None:
+            if out is None or not watches(args) or not watched(args, before, out):
+                after(before, out)
+        return ended
 
     return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
 
@@ -369,20 +410,21 @@ def _spool() -> Any:
     return spool_in(os.environ[CRASH_DIR_ENV])
 
 
-def _discard_after_first_call(compiled: Any, pending: str, backend: str,
-                              checks_first: Sequence[Callable[[list[Any]], bool]] = ()) -> Any:
-    """``compiled`` behind a wrapper that discards spool entry ``pending`` when its first call
-    ends, or keeps it as the failure's archive where the call failed and the failure could not
-    be dumped (``_keep``). Where ``checks_first`` says a check runs before the call, the entry
-    is finished before it rather than by a writer forked through the check's backward compile
-    (``ProcessSpool.wait``)."""
+def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> Any:
+    """``compiled`` behind a wrapper that discards spool entry ``first.pending`` when its first
+    call ends (or, where PyTorch's hook watches the call's compiled backward, leaves it to the
+    hook: ``first.watched``), or keeps it as the failure's archive where the call failed and the
+    failure could not be dumped (``_keep``). Where ``first.finished_first`` says a compiled
+    backward follows the call, the entry is finished before it rather than by a writer forked
+    through that backward's compile (``ProcessSpool.wait``)."""
     done = [False]
+    pending = first.pending
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
         if done[0]:
             return compiled(*args, **kwargs)
-        _spool().wait(pending, fork=not any(rule(list(args)) for rule in checks_first))
+        _spool().wait(pending, fork=not first.finished_first(list(args)))
         try:
             return compiled(*args, **kwargs)
         except Exception as exc:
@@ -391,7 +433,8 @@ def _discard_after_first_call(compiled: Any, pending: str, backend: str,
             raise
         finally:
             done[0] = True
-            _discard(pending)
+            if not first.watched:
+                _discard(pending)
 
     return run
 
@@ -421,6 +464,16 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
 def _discard(pending: str | None) -> None:
     if pending is not None:
         _spool().discard(pending)
+
+
+def _set_aside(pending: str | None) -> None:
+    if pending is not None:
+        _spool().set_aside(pending)
+
+
+def _restore(pending: str | None) -> None:
+    if pending is not None:
+        _spool().restore(pending)
 
 
 def pending_archives(folder: Path) -> list[Path]:

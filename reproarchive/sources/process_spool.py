@@ -56,7 +56,7 @@ SPOOL_PREFIX = "spool-"
 ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # spec §13
 
 log = logging.getLogger("reproarchive.capture")
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a watched node freed by the collector ends its watch (``backward_watch``)
 _spools: dict[tuple[int, Path], ProcessSpool] = {}
 _names = itertools.count(1)
 _guardians: dict[int, Guardian] = {}
@@ -89,6 +89,7 @@ class _Entry:
         self.error: BaseException | None = None
         self.writer: snapshot_writer.Writer | None = None
         self.discarded = False
+        self.taken: tuple[bytes, bytes] | None = None  # its files while it is set aside (``set_aside``)
 
 
 class ProcessSpool:
@@ -280,6 +281,24 @@ class ProcessSpool:
         except Exception as err:  # noqa: BLE001 - reported by ``wait``, never raised into the job
             entry.error = err
         return entry.done
+
+    def set_aside(self, name: str) -> None:
+        """Entry ``name``'s first call ended, and its compiled backward is still to run in the
+        program's own ``backward()`` (``backward_watch``): the entry is taken off disk meanwhile,
+        so that a crash in the program's code between the two is not recorded as its graph's,
+        and ``restore`` puts it back when the backward begins. Its objects stay; its writes go on."""
+        with _lock:
+            entry = self._pending.get(name)
+        if entry is not None and entry.taken is None:
+            entry.taken = self.spool.take(name)
+
+    def restore(self, name: str) -> None:
+        """Entry ``name``, set aside, back on disk (its backward begins)."""
+        with _lock:
+            entry = self._pending.get(name)
+        if entry is not None and entry.taken is not None:
+            self.spool.put(name, entry.taken)
+            entry.taken = None
 
     def keep(self, name: str, failure: FailureRecord, destination: Path) -> Completed | None:
         """Entry ``name``, whose graph's first call failed in a way that leaves its inputs

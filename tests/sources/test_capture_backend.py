@@ -129,13 +129,23 @@ def backward_bug_backend(gm, example_inputs):
     return run
 
 
-def test_backward_failure_is_staged_as_backward(tmp_path):
-    exc, _, _ = failing_call(plain_fn, backward_bug_backend, tmp_path)
+def test_backward_failure_is_staged_as_backward_and_raised_where_the_program_runs_it(tmp_path):
+    """The compiled backward fails in the program's own ``backward()``, as without capture: the
+    forward call passes, and the archive holds the inputs as they were before it."""
+    x, y = inputs()
+    x0, y0 = x.clone(), y.detach().clone()
+    compiled = torch.compile(plain_fn, backend=reproarchive.capture(backward_bug_backend, path=tmp_path))
+    out = compiled(x, y)
+    assert kept(tmp_path) == []
+    with pytest.raises(RuntimeError, match="injected backward failure") as info:
+        out.sum().backward()
+    exc = info.value
     repro = reproarchive.load(only_archive(tmp_path))
+    assert archive_path(exc) == str(only_archive(tmp_path))
     assert repro.records.failure.stage == "backward"
     assert "injected backward failure" in repro.records.failure.message
     assert repro.records.backend.endswith(":backward_bug_backend")  # importable module:function form
-    assert "injected backward failure" in str(exc)
+    assert torch.equal(repro.args[0], x0) and torch.equal(repro.args[1], y0)
 
 
 def test_fwd_only_does_not_run_backward(tmp_path):
@@ -369,12 +379,13 @@ def test_the_collector_is_paused_for_captures_own_work_only_and_left_as_the_prog
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "eager"])
-def test_a_check_run_before_the_first_call_forks_no_writer(tmp_path, monkeypatch, backend):
-    """(27.1) A graph whose first call runs a check before it (``aot_eager``: its backward is
-    compiled, and the check compiles it, seconds with Inductor): the spool's thread, unfinished,
-    is not handed to a forked writer alive through that compile (every page the compile writes
-    would be copied for it). The entry is finished before the check, and the check and the call
-    run. A first call that is its own check (``eager``) forks its writer: it waits for nothing."""
+def test_a_first_call_whose_backward_is_compiled_forks_no_writer(tmp_path, monkeypatch, backend):
+    """(27.1) A graph whose backward is compiled (``aot_eager``; lazily, in the program's first
+    ``backward()``, seconds with Inductor): the spool's thread, unfinished, is not handed to a
+    forked writer alive through that compile (every page the compile writes would be copied for
+    it). The entry is finished before the call, and no check runs: the call is the check, its
+    backward watched. A backend that runs the graph itself (``eager``) forks its writer: its
+    first call waits for nothing."""
     import threading
 
     from reproarchive.archive.spool import Spool, Stopped
@@ -398,7 +409,7 @@ def test_a_check_run_before_the_first_call_forks_no_writer(tmp_path, monkeypatch
     out = torch.compile(lambda a, b: torch.relu(a @ b), backend=reproarchive.capture(backend, path=tmp_path))(x, w)
     out.sum().backward()
     assert torch.equal(out, torch.relu(x @ w)) and w.grad is not None
-    assert (checks, forks) == (([1], []) if backend == "aot_eager" else ([], [1]))
+    assert (checks, forks) == ([], [] if backend == "aot_eager" else [1])
     # no archive, no entry (a hidden half-written index of the killed writer's may stay until exit)
     assert not list(tmp_path.glob("*.tar.zst")) and not list(tmp_path.glob("spool-*/pending/[!.]*"))
 

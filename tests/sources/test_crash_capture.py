@@ -353,19 +353,19 @@ def test_pack_of_a_trace_log_records_the_crash_of_its_replay(tmp_path):
     assert machine_paths_in(tmp_path / "crash.tar.zst", tmp_path) == []
 
 
-@pytest.mark.parametrize("requires_grad", [True, False], ids=["check-before-the-call", "call-is-its-own-check"])
-def test_capture_cli_hook_finishes_a_check_runs_entry_before_it_and_forks_no_writer(tmp_path, monkeypatch,
-                                                                                   requires_grad):
+@pytest.mark.parametrize("requires_grad", [True, False], ids=["backward-compiled-later", "no-backward"])
+def test_capture_cli_hook_finishes_the_entry_of_a_call_with_a_compiled_backward_and_forks_no_writer(
+        tmp_path, monkeypatch, requires_grad):
     """(27.1) Under ``capture --`` (PyTorch's after_dynamo hook, run at the first call by the
-    crash guard), a first call that runs a check before it (``aot_eager``, an output that
-    requires grad) has its spool entry finished before the check: no writer is forked to live
-    through the check's backward compile. One that is its own check (nothing requires grad)
-    forks its writer and waits for nothing. The spool's thread is kept unfinished here."""
+    crash guard), a first call whose backward is compiled (``aot_eager``, an output that
+    requires grad; compiled in the program's own ``backward()``, watched there) has its spool
+    entry finished before it: no writer is forked to live through that backward's compile. One
+    with no backward (nothing requires grad) forks its writer and waits for nothing. The
+    spool's thread is kept unfinished here."""
     import threading
 
     import torch
     import torch._dynamo
-    from torch._dynamo.repro import after_dynamo
 
     from reproarchive.archive.spool import Spool, Stopped
     from reproarchive.sources import crash_guard, snapshot_writer
@@ -379,13 +379,7 @@ def test_capture_cli_hook_finishes_a_check_runs_entry_before_it_and_forks_no_wri
             raise Stopped
         return real_hash(self, draft, stop, *args, **kwargs)
 
-    cls = after_dynamo.WrapBackendDebug
-    monkeypatch.setattr(cls, "__call__", cls.__call__)  # given back after the test
-    monkeypatch.setattr(cls, "_reproarchive_guarded", False, raising=False)
-    crash_guard._patch(after_dynamo)  # what ``capture --`` does in its program
-    monkeypatch.setenv(crash_guard.CRASH_DIR_ENV, str(tmp_path / "crash"))
-    monkeypatch.setattr(torch._dynamo.config, "repro_after", "dynamo")
-    monkeypatch.setattr(torch._dynamo.config, "repro_level", 2)
+    _guard_this_process(monkeypatch, tmp_path)
     monkeypatch.setattr(Spool, "hash", hash_)
     monkeypatch.setattr(snapshot_writer, "start", lambda *a, **k: forks.append(1) or real_start(*a, **k))
     torch._dynamo.reset()
@@ -394,3 +388,59 @@ def test_capture_cli_hook_finishes_a_check_runs_entry_before_it_and_forks_no_wri
     torch._dynamo.reset()
     assert torch.equal(out, torch.relu(x @ w)) and forks == ([] if requires_grad else [1])
     assert crash_guard._spool().spool.names() == []  # no entry left (a killed writer's is gone)
+
+
+def _guard_this_process(monkeypatch, tmp_path) -> None:
+    """This process set up as ``capture --`` sets up its program (the crash guard on Dynamo's
+    door, PyTorch's after_dynamo hook at level 2), given back after the test."""
+    import torch
+    from torch._dynamo.repro import after_dynamo
+
+    from reproarchive.sources import crash_guard
+
+    cls = after_dynamo.WrapBackendDebug
+    monkeypatch.setattr(cls, "__call__", cls.__call__)
+    monkeypatch.setattr(cls, "_reproarchive_guarded", False, raising=False)
+    crash_guard._patch(after_dynamo)
+    monkeypatch.setenv(crash_guard.CRASH_DIR_ENV, str(tmp_path / "crash"))
+    monkeypatch.setattr(torch._dynamo.config, "repro_after", "dynamo")
+    monkeypatch.setattr(torch._dynamo.config, "repro_level", 2)
+    monkeypatch.setattr(torch._dynamo.config, "debug_dir_root", str(tmp_path / "debug"))
+
+
+def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_runs_it(tmp_path, monkeypatch):
+    """Under ``capture --`` a compiled backward that fails fails in the program's own
+    ``backward()``, as without capture (PyTorch's own hook would raise it inside the compile),
+    and PyTorch's dump of the graph's first call is written then; the spool entry of that call
+    is on disk while its backward runs, and not between the call and the backward."""
+    import torch
+    import torch._dynamo
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from reproarchive.sources import crash_guard
+
+    _guard_this_process(monkeypatch, tmp_path)
+    entries = []
+
+    def failing_backward(gm, example_inputs):
+        def run(*args):
+            entries.append(crash_guard._spool().spool.names())
+            raise RuntimeError("injected failure in the compiled backward")
+        return make_boxed_func(run)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=failing_backward)
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(lambda a, b: torch.relu(a @ b), backend=backend)(torch.randn(4, 8),
+                                                                              torch.randn(8, 8, requires_grad=True))
+        assert crash_guard._spool().spool.names() == []  # set aside between the call and its backward
+        with pytest.raises(RuntimeError, match="injected failure in the compiled backward") as info:
+            out.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    assert len(entries) == 1 and len(entries[0]) == 1  # on disk while the backward ran
+    launcher = Path(info.value.minifier_path)
+    assert launcher.name == "minifier_launcher.py" and launcher.is_file()
+    assert tmp_path / "debug" in launcher.parents
+    assert crash_guard._spool().spool.names() == []

@@ -82,8 +82,21 @@ def test_a_first_call_that_is_its_own_check_runs_the_graph_once_under_the_crash_
         assert w.grad is not None and counting.runs == 1
 
 
-def test_a_first_call_whose_output_requires_grad_is_still_checked_first_by_default(tmp_path):
+def test_a_first_call_whose_output_requires_grad_is_its_own_check_too(tmp_path):
+    """A training graph's first call is not run twice: its backward, where the backend compiled
+    one, is watched where the program runs it (``backward_watch``); here it is PyTorch's."""
     counting, out, x, x0, w = _first_call(tmp_path, w_grad=True)
+    assert counting.runs == 1
+    assert counting.archives_during == [["crash"]]
+    assert torch.equal(x, x0 * 2) and w.grad is None
+    out.sum().backward()
+    assert w.grad is not None and counting.runs == 1 and kept(tmp_path) == []
+
+
+def test_a_first_call_with_spool_false_is_checked_before_it(tmp_path):
+    """``spool=False`` writes a whole archive before the first run, which cannot be set aside
+    while the program runs between the call and its backward: a check runs before the call."""
+    counting, out, x, x0, w = _first_call(tmp_path, w_grad=True, spool=False)
     assert counting.runs == 2  # the check's forward on aliases/copies, then the real call
     assert torch.equal(x, x0 * 2) and w.grad is None
 
@@ -120,16 +133,14 @@ class CountingBackward:
 
 
 @pytest.mark.parametrize("function", [False, True], ids=["pytorch-derivatives", "autograd-function"])
-def test_the_check_runs_a_backward_only_where_the_backend_compiled_one(tmp_path, function):
-    """The default check's backward is there for a compiled backward; where the forward's
-    autograd graph is PyTorch's own derivatives (the ``eager`` backend) it is left out, and the
-    check costs a forward, not a training step."""
+def test_a_training_step_runs_once_at_a_first_call(tmp_path, function):
+    """No check step before the first call: the real call is the check, and a backward the
+    backend compiled runs once, in the program's own ``backward()``, watched there."""
     backend = CountingBackward(function)
     compiled = torch.compile(lambda x, w: torch.relu(x @ w), backend=reproarchive.capture(backend, path=tmp_path))
     w = torch.randn(8, 8, requires_grad=True)
     compiled(torch.randn(4, 8), w).sum().backward()
-    assert backend.forwards == 2  # the check's, then the real call
-    assert backend.backwards == (2 if function else 1)  # the check's (where compiled), then the program's
+    assert (backend.forwards, backend.backwards) == (1, 1)
     assert w.grad is not None and kept(tmp_path) == []
 
 

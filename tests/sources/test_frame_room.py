@@ -115,7 +115,24 @@ def test_the_compile_and_the_first_call_run_with_frame_room(tmp_path, check_runt
     for _ in range(3):
         compiled(x, w).sum().backward()
     assert seen["compile"] == [True]
-    # the check (True: a forward, the backend's backward being PyTorch's own) and the first call
-    # have room; later calls are the program's own, one frame deeper than without capture
-    first = 2 if check_runtime is True else 1
-    assert seen["calls"] == [True] * first + [False] * 2
+    # the first call (the check) has room; later calls are the program's own, one frame deeper
+    # than without capture
+    assert seen["calls"] == [True, False, False]
+
+
+def test_a_watched_backward_compiles_with_frame_room(tmp_path):
+    """The first call's compiled backward compiles in the program's own ``backward()``, under
+    the watch's frames (``backward_watch``): with room, as the forward's compile."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = []
+
+    def backward_compiler(gm, example_inputs):
+        seen.append(_on_room())
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=backward_compiler)
+    compiled = torch.compile(lambda x, w: torch.relu(x @ w), backend=reproarchive.capture(backend, path=tmp_path))
+    compiled(torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)).sum().backward()
+    assert seen == [True]
