@@ -108,10 +108,11 @@ def _dispatcher(cls: type) -> Callable:
     def backward(ctx: Any, *args: Any) -> Any:
         with _lock:
             found = _watched.get(cls, {}).pop(id(ctx), None)
-            if found is not None and found[0]() is not ctx:  # another node took a freed one's id
-                found = None
             if found is not None:
                 _unpatch_if_unwatched(cls)
+        if found is not None and found[0]() is not ctx:  # a freed node's id, taken by this one
+            found[1].ended_one()
+            found = None
         if found is None:
             return original(ctx, *args)
         one = found[1]
