@@ -56,7 +56,7 @@ SPOOL_PREFIX = "spool-"
 ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # spec §13
 
 log = logging.getLogger("reproarchive.capture")
-_lock = threading.RLock()  # re-entrant: a watched node freed by the collector ends its watch (``backward_watch``)
+_lock = threading.RLock()  # re-entrant: a watched node freed by the collector ends its watch
 _spools: dict[tuple[int, Path], ProcessSpool] = {}
 _names = itertools.count(1)
 _guardians: dict[int, Guardian] = {}
@@ -286,18 +286,27 @@ class ProcessSpool:
         """Entry ``name``'s first call ended, and its compiled backward is still to run in the
         program's own ``backward()`` (``backward_watch``): the entry is taken off disk meanwhile,
         so that a crash in the program's code between the two is not recorded as its graph's,
-        and ``restore`` puts it back when the backward begins. Its objects stay; its writes go on."""
+        and ``restore`` puts it back when the backward begins. Its objects stay; its writes go on.
+        Never raises (it runs in the program's calls): a failure is logged."""
         with _lock:
             entry = self._pending.get(name)
         if entry is not None and entry.taken is None:
-            entry.taken = self.spool.take(name)
+            try:
+                entry.taken = self.spool.take(name)
+            except OSError as err:  # the entry stays on disk: a crash meanwhile is recorded as its graph's
+                could_not_write(err)
 
     def restore(self, name: str) -> None:
-        """Entry ``name``, set aside, back on disk (its backward begins)."""
+        """Entry ``name``, set aside, back on disk (its backward begins). Never raises: where it
+        cannot be written back, a crash in that backward leaves no archive (logged)."""
         with _lock:
             entry = self._pending.get(name)
         if entry is not None and entry.taken is not None:
-            self.spool.put(name, entry.taken)
+            try:
+                self.spool.put(name, entry.taken)
+            except OSError as err:
+                could_not_write(err)
+                return
             entry.taken = None
 
     def keep(self, name: str, failure: FailureRecord, destination: Path) -> Completed | None:

@@ -198,3 +198,18 @@ def test_a_native_crash_in_the_programs_backward_leaves_the_archive_of_its_first
     assert repro.records.failure.stage == "crash"
     saved = torch.load(tmp_path / "inputs.pt")
     assert torch.equal(repro.args[0], saved["x"]) and torch.equal(repro.args[1].detach(), saved["w"])
+
+
+def test_a_crash_record_that_cannot_be_put_back_costs_the_record_not_the_backward(tmp_path, monkeypatch, caplog):
+    from reproarchive.archive.spool import Spool
+
+    def full(self, name, files):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Spool, "put", full)
+    seen: list = []
+    compiled = torch.compile(_step, backend=reproarchive.capture(_recording_backend(tmp_path, seen), path=tmp_path))
+    w = torch.randn(8, 8, requires_grad=True)
+    compiled(torch.randn(4, 8), w).sum().backward()
+    assert w.grad is not None and seen == [[]]  # the backward ran, without its crash record
+    assert "No space left on device" in caplog.text
