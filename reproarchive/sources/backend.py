@@ -151,6 +151,7 @@ from reproarchive.sources.call_guard import (
     preserved_state,
     runs_the_graph,
     versions_of,
+    watched_backward,
 )
 from reproarchive.sources.capture_records import capture_of, copy_graph_structure, write_archive  # noqa: F401
 from reproarchive.sources.failure_notes import annotate as _annotate
@@ -254,7 +255,9 @@ def _resolve_backend(backend: str | Callable, mode: str | None, inductor_options
     if isinstance(backend, str):
         if backend == "inductor":
             wrapper = torch._TorchCompileInductorWrapper(mode, inductor_options, None)
-            wrapper.get_compiler_config()  # Inductor imported now, as torch.compile imports it
+            with warnings.catch_warnings():  # torch's own import-time deprecations are not capture's to raise
+                warnings.simplefilter("ignore", DeprecationWarning)
+                wrapper.get_compiler_config()  # Inductor imported now, as torch.compile imports it
             return wrapper, "inductor", dict(wrapper.config)
         if mode or inductor_options:
             raise ValueError("capture(): mode= and options= only apply to backend='inductor'")
@@ -471,28 +474,12 @@ class _CaptureBackend:
         with the inputs as they were before the call (``before``) and the generator states it
         started from, then raised to the program as it was. False where there is nothing to
         watch (the caller then checks as before)."""
-        from reproarchive.sources.backward_watch import watch
-
         versions = versions_of(before)
-        failed: list[bool] = []
-
-        def guard(run: Callable[[], Any]) -> Any:
-            self._restore(pending)
-            try:
-                return run()
-            except Exception as exc:
-                if not failed and not is_control_flow(exc):
-                    failed.append(True)
-                    self._fail(pristine_gm, before, modified_inputs(before, versions), exc, "backward", config,
-                               rng_states=rng_states, pending=pending)
-                raise
-            finally:
-                self._set_aside(pending)
-
-        if not watch(out, args, guard, done=lambda: self._discard(pending)):
-            return False
-        self._set_aside(pending)
-        return True
+        return watched_backward(
+            out, args, restore=lambda: self._restore(pending), set_aside=lambda: self._set_aside(pending),
+            done=lambda: self._discard(pending),
+            failed=lambda exc: self._fail(pristine_gm, before, modified_inputs(before, versions), exc, "backward",
+                                          config, rng_states=rng_states, pending=pending))
 
     def _set_aside(self, pending: Path | str | None) -> None:
         if isinstance(pending, str):  # a spool entry (``ProcessSpool.set_aside``)

@@ -100,6 +100,36 @@ def checked_after(writes: GraphWrites, args: list[Any], started: Any,
     return ended
 
 
+def watched_backward(out: Any, args: list[Any], *, failed: Callable[[BaseException], None],
+                     restore: Callable[[], None], set_aside: Callable[[], None], done: Callable[[], None]) -> bool:
+    """Watch the compiled backward a first call on ``args`` made (its outputs ``out``,
+    ``backward_watch``), one rule for the capture backend and the crash guard: while it runs in
+    the program's ``backward()`` its crash record is back on disk (``restore``, then
+    ``set_aside``), its first failure goes to ``failed`` and is re-raised unchanged, and ``done``
+    once it ran or was freed. The record is set aside now. False where there is nothing to
+    watch (nothing set aside)."""
+    from reproarchive.sources.backward_watch import watch
+
+    fails: list[bool] = []
+
+    def guard(run: Callable[[], Any]) -> Any:
+        restore()
+        try:
+            return run()
+        except Exception as exc:
+            if not fails and not is_control_flow(exc):
+                fails.append(True)
+                failed(exc)
+            raise
+        finally:
+            set_aside()
+
+    if not watch(out, args, guard, done):
+        return False
+    set_aside()
+    return True
+
+
 def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
             first_call: Callable[[list[Any]], Ended | None] | None = None) -> Callable:
     """``compiled`` behind a wrapper that archives the inputs of any call that raises (through

@@ -229,7 +229,6 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     from reproarchive.codec.device_runtime import RngState, devices_of
     from reproarchive.replay.accuracy import run_forward_backward
     from reproarchive.sources.backend import copy_graph_structure
-    from reproarchive.sources.backward_watch import watch
     from reproarchive.sources.call_guard import (
         GraphWrites,
         backward_is_compiled,
@@ -240,6 +239,7 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
         outputs_cannot_require_grad,
         preserved_state,
         runs_the_graph,
+        watched_backward,
     )
 
     name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
@@ -293,24 +293,11 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
 
     def watched(args: list[Any], before: list[Any], out: Any) -> bool:
         """The compiled backward the first call made, watched (False: nothing to watch)."""
-        failed: list[bool] = []
-
-        def guard(run: Callable[[], Any]) -> Any:
-            _restore(first.pending)
-            try:
-                return run()
-            except Exception as exc:
-                if not failed and not is_control_flow(exc):
-                    failed.append(True)
-                    dump_or_say(before, exc)
-                raise
-            finally:
-                _set_aside(first.pending)
-
-        if writes.of(before) is None or not watch(out, args, guard, done=lambda: _discard(first.pending)):
+        if writes.of(before) is None or not watched_backward(
+                out, args, failed=lambda exc: dump_or_say(before, exc), restore=lambda: _restore(first.pending),
+                set_aside=lambda: _set_aside(first.pending), done=lambda: _discard(first.pending)):
             return False
         first.watched = True
-        _set_aside(first.pending)
         return True
 
     def first_call(args: list[Any]) -> Any:
