@@ -255,6 +255,9 @@ def fault_signal(report: str) -> str | None:
 _FATAL = re.compile(r"Fatal Python error: ")
 _THREAD = re.compile(r"(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
 _WARNING = re.compile(r"\b\w*Warning: ")
+#: a log line of torch's (glog's layout, ``W1128 21:38:22.732000 4691 torch/utils/cpp_extension.py:183] ...``),
+#: info or warning: a CUDA build on a machine without the GPU writes one at import
+_TORCH_LOG = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 _FRAME = re.compile(r'^  File ".*", line \d+ in ')
 _NATIVE_LINES = 6
 #: what a native runtime says as it gives up: libstdc++'s, a failed C assert, CUDA's device assert
@@ -268,9 +271,9 @@ def crash_report(output: str) -> tuple[list[str], str]:
     The crashing thread is the one faulthandler calls "Current thread". A crash on a thread
     Python does not know (an OpenMP worker running a kernel) has none; then the main thread's
     stack is kept (the one not started by ``threading``), which is where the kernel was
-    called from, and the report says so. Python warnings and the lines they quote are not
-    the runtime's words and are left out. Without a faulthandler report (killed from outside):
-    no lines, and the output's last lines.
+    called from, and the report says so. Python warnings and the lines they quote, and torch's
+    own info and warning log lines, are not the runtime's words and are left out. Without a
+    faulthandler report (killed from outside): no lines, and the output's last lines.
     """
     lines = str(output).splitlines()
     start = max((i for i, ln in enumerate(lines) if _FATAL.search(ln)), default=None)
@@ -284,7 +287,7 @@ def crash_report(output: str) -> tuple[list[str], str]:
     for ln in reversed(lines[:start]):
         if not ln.strip() or len(native) >= _NATIVE_LINES:
             break
-        if _WARNING.search(ln) or (ln[:1].isspace() and not ln.strip().startswith("what():")):
+        if _WARNING.search(ln) or _TORCH_LOG.match(ln) or (ln[:1].isspace() and not ln.strip().startswith("what():")):
             continue
         native.insert(0, ln.rstrip())
     if not any(_RUNTIME_WORDS.search(ln) for ln in native):

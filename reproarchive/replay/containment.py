@@ -6,12 +6,20 @@ region), autocast enter/exit, functorch transform levels (``vmap``), and random 
 advance the generator (dropout). Compilers also write files when asked to (debug traces, logs)
 into the working folder or torch's debug folder. ``contained`` bounds both: the replay runs in
 a private working folder with torch's debug folder pointed into it, and afterwards the folder
-is removed and grad mode, autocast, forward-AD, functorch levels and every RNG are restored,
+is emptied and grad mode, autocast, forward-AD, functorch levels and every RNG are restored,
 so nothing a graph did outlives the replay.
+
+The working folder is one per process, emptied after each replay and removed when the process
+exits, not one per replay: a compiler starts helper processes in it that outlive the replay
+(inductor's compile-worker pool, started by the first compile that needs it and kept for the
+process's life), and a helper whose working folder was removed fails at its next start-up step
+that reads it (torch 2.15's pool died so, and every later compile in the process failed with
+"Attempting to use a closed pool": a minifier's candidates all became different failures).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -22,19 +30,51 @@ from pathlib import Path
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "ipu", "mtia", "maia")
 
 
-@contextlib.contextmanager
-def private_outputs() -> Iterator[Path]:
-    """A fresh working folder for the ``with`` body, torch's debug folder inside it; removed
-    afterwards. Paths the caller needs must be absolute before entering."""
-    import torch._dynamo.config as dynamo_config
+_working: dict[tuple[int, str | None], Path] = {}
+_depth = 0
 
+
+def _working_folder() -> Path:
+    """This process's replay working folder, made at the first replay and removed at exit; a
+    forked process, or a child with a request folder of its own, makes its own."""
     from reproarchive.child import temp_folder
 
     # in a child, inside its request's folder: a replay that crashes it leaves nothing behind
-    folder = Path(tempfile.mkdtemp(prefix="reproarchive-replay-", dir=temp_folder()))
+    key = (os.getpid(), temp_folder())
+    folder = _working.get(key)
+    if folder is None or not folder.is_dir():
+        folder = Path(tempfile.mkdtemp(prefix="reproarchive-replay-", dir=key[1]))
+        _working[key] = folder
+        atexit.register(_remove, folder, key[0])
+    return folder
+
+
+def _remove(folder: Path, pid: int) -> None:
+    if os.getpid() == pid:  # not in a forked child that exits through the interpreter
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _empty(folder: Path) -> None:
+    for entry in list(folder.iterdir()) if folder.is_dir() else []:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def private_outputs() -> Iterator[Path]:
+    """The process's working folder for the ``with`` body, torch's debug folder inside it;
+    emptied afterwards (when the outermost replay ends). Paths the caller needs must be absolute
+    before entering."""
+    global _depth
+    import torch._dynamo.config as dynamo_config
+
+    folder = _working_folder()
     old_cwd = os.getcwd()
     old_env = os.environ.get("TORCH_COMPILE_DEBUG_DIR")
     os.environ["TORCH_COMPILE_DEBUG_DIR"] = str(folder)
+    _depth += 1
     try:
         with dynamo_config.patch(debug_dir_root=str(folder / "torch_compile_debug")):
             os.chdir(folder)
@@ -43,11 +83,13 @@ def private_outputs() -> Iterator[Path]:
             finally:
                 os.chdir(old_cwd)
     finally:
+        _depth -= 1
         if old_env is None:
             os.environ.pop("TORCH_COMPILE_DEBUG_DIR", None)
         else:
             os.environ["TORCH_COMPILE_DEBUG_DIR"] = old_env
-        shutil.rmtree(folder, ignore_errors=True)
+        if _depth == 0:
+            _empty(folder)
 
 
 @contextlib.contextmanager

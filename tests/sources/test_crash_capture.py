@@ -328,6 +328,17 @@ def test_crash_report_finds_the_runtimes_words_above_a_long_backtrace():
     assert stack.splitlines()[-1].endswith("in <module>")
 
 
+def test_crash_report_leaves_out_torchs_own_log_lines():
+    # a CUDA build of torch on a machine without the GPU logs at import (torch 2.15's wheel):
+    # the native runtime's last words are the C++ runtime's, not that line
+    output = ("W1128 21:38:22.732000 4691 torch/utils/cpp_extension.py:183] No CUDA runtime is found, "
+              "using CUDA_HOME='/usr/local'\n"
+              "terminate called after throwing an instance of 'int'\n\nFatal Python error: Aborted\n\n"
+              'Current thread 0x00007f1 (most recent call first):\n  File "prog.py", line 5 in <module>\n')
+    native, _ = crash_report(output)
+    assert native == ["terminate called after throwing an instance of 'int'"]
+
+
 def test_a_crash_recorded_before_its_signal_matches_any_crash():
     from reproarchive.context.failure import crash_record, pending_crash_record
 
