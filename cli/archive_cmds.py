@@ -150,7 +150,8 @@ def doctor(archive: str, as_json: bool, imports: tuple[str, ...], libraries: tup
     differences `run` would list, without loading inputs or compiling anything (only the
     index is read). One line each, those that could change `run`'s outcome first; config
     values that merely differ are applied from the archive by `run`. ARCHIVE may be a store
-    reference (STORE/NAME).
+    reference (STORE/NAME). A warning comes first when the torch here is not a release this
+    reproarchive was tested with.
     """
     import reproarchive
 
@@ -158,6 +159,9 @@ def doctor(archive: str, as_json: bool, imports: tuple[str, ...], libraries: tup
     if as_json:
         emit_json(report.to_plain())
         return
+    if not report.torch_tested:
+        _say(f"warning: torch {report.torch} here: this reproarchive was tested with torch "
+             f"{', '.join(report.tested_torch)}; it reads torch's private modules, which change in every release")
     rows = report.differences
     for row in rows:
         mark = "! " if row.get("important") else "= " if _applied_by_run(row) else "  "

@@ -262,7 +262,8 @@ def format_job(job) -> str:
     label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
     head = label.get(job.status, job.status.upper())
     where = f" ON RANK {job.rank}" if job.status != "passed" and job.rank is not None else ""
-    lines = [f"{head}{where} (exit {job.exit_code}): {job.summary} of {job.world_size}"]
+    lines = [f"{head}{where}{versions_clause(job)} (exit {job.exit_code}): "
+             f"{job.summary} of {job.world_size}"]
     how = "with torchrun " + " ".join(job.launcher) if job.launcher else "in one process"
     recorded = f", failed on rank {job.recorded_rank} when recorded" if job.recorded_rank is not None else ""
     timeout = f", collective timeout {job.timeout_s:g}s" if job.timeout_s else ""
@@ -364,7 +365,8 @@ def format_outcome(outcome) -> str:
     label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
     moved = ("" if outcome.same_device_type
              else f" ON ANOTHER DEVICE TYPE ({outcome.device}, recorded on {outcome.recorded_device})")
-    lines.append(f"{label.get(outcome.status, outcome.status.upper())}{moved} (exit {outcome.exit_code})")
+    lines.append(f"{label.get(outcome.status, outcome.status.upper())}{moved}"
+                 f"{versions_clause(outcome)} (exit {outcome.exit_code})")
     lines.append(f"  replayed  backend {outcome.backend} on {outcome.device}, {outcome.config} config"
                  + (", isolated" if outcome.isolated else "")
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
@@ -412,6 +414,12 @@ def format_outcome(outcome) -> str:
     for w in outcome.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def versions_clause(outcome) -> str:
+    """`` on torch 2.13.0 (recorded on 2.15.0)`` when the replay crossed torch releases: the
+    verdict is then about this torch; else nothing."""
+    return f" on torch {outcome.torch} (recorded on {outcome.recorded_torch})" if outcome.across_versions else ""
 
 
 def _shapes_line(shapes) -> str | None:

@@ -96,7 +96,8 @@ _LISTINGS = {
 }
 
 #: Keys a record's ``to_plain``/``to_dict`` adds beyond its fields.
-_COMPUTED: dict[type, dict[str, Any]] = {Outcome: {"kind": str}, JobOutcome: {"summary": str}}
+_COMPUTED: dict[type, dict[str, Any]] = {Outcome: {"kind": str, "across_versions": bool},
+                                         JobOutcome: {"summary": str, "across_versions": bool}}
 
 #: command -> what its --json prints on success (the Error document on failure).
 DOCUMENTS: dict[str, tuple[type | str, ...]] = {

@@ -206,6 +206,11 @@ def system_snapshot() -> SystemRecord:
 # ---------------------------------------------------------------------------------------------
 
 
+def torch_version(system: SystemRecord | None) -> str | None:
+    """The torch version a system record names (None: not recorded)."""
+    return _get(system, "torch", "version")
+
+
 def _get(record: Any, *path: str) -> Any:
     """``record.a.b`` (records) or ``record[a]`` (maps), None where a level is missing."""
     for p in path:

@@ -24,6 +24,7 @@ from reproarchive.format import layout
 from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, ExecutionRecord, SystemRecord
+from reproarchive.version import TESTED_TORCH, tested_torch
 
 
 def differences(
@@ -95,6 +96,9 @@ class DoctorReport(NamedByIndex):
     differences: tuple[PlainData, ...]  # rows as ``differences`` gives them, important first
     count: int
     important: int  # how many rows could change the outcome of ``run``
+    torch: str  # the torch here
+    tested_torch: tuple[str, ...]  # the torch releases this reproarchive was tested with
+    torch_tested: bool  # whether the torch here is one of them
     store: StoreOrigin | None = dataclasses.field(default=None, metadata={"omit": "none"})
 
 
@@ -113,7 +117,9 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
     Custom ops the graph calls are compared with the ones registered here, after importing and
     loading what the user names (``imports``, ``libraries``: ``--import``, ``--load-library``):
     missing, or with another schema or implementation (provenance digest); (1.4) each user Triton
-    kernel that was not brought, or was brought in another version (source digest).
+    kernel that was not brought, or was brought in another version (source digest). The report
+    also says whether the torch here is a release this reproarchive was tested with: the
+    library reads torch's private modules, which change in every release.
     """
     bring_implementations(imports, libraries)
     with ContainerReader(path, limits=limits) as reader:
@@ -124,5 +130,8 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
                        execution=records.execution, config_applied=None)
     rows[:0] = [*custom_op_differences(index.custom_ops, stand_ins=[n for n in _custom_names(index) if is_stand_in(n)]),
                 *triton_kernel_differences(index.triton_kernels, brought_kernels(BROUGHT_MODULES))]
+    import torch
+
     return DoctorReport(path=str(path), digest=digest, differences=tuple(rows), count=len(rows),
-                        important=sum(1 for r in rows if r["important"]))
+                        important=sum(1 for r in rows if r["important"]), torch=torch.__version__,
+                        tested_torch=TESTED_TORCH, torch_tested=tested_torch(torch.__version__))

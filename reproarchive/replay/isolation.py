@@ -71,6 +71,8 @@ def _outcome(path: str | os.PathLike, result: Any, died: Died | None) -> Outcome
         isolated=True,
         archive=os.fspath(path),
         digest=meta.get("digest"),
+        torch=meta.get("torch"),
+        recorded_torch=meta.get("recorded_torch"),
     )
 
 

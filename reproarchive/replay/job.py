@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from reproarchive.context.system import torch_version
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.schema import FailureRecord, Index
 from reproarchive.replay import launch as _launch
@@ -149,6 +150,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
                                        recorded=recorded_failures(job), recorded_rank=job.failing_rank,
                                        keep=keep, divergence=divergence_of(job))
     outcome.archive = os.fspath(path)
+    outcome.torch, outcome.recorded_torch = _torch_version(), torch_version(index.records.system)
     if devices.moved:
         from reproarchive.replay.runner import _moved_warning
 
@@ -157,6 +159,12 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
             if r.outcome is not None:
                 r.outcome.recorded_device, r.outcome.same_device_type = devices.recorded, False
     return outcome
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout: float,

@@ -43,6 +43,7 @@ from reproarchive.replay.outcome import (
     PASSED,
     REPRODUCED,
     Outcome,
+    across_versions,
     judged,
 )
 
@@ -77,7 +78,8 @@ class JobOutcome:
     ``status``/``exit_code`` as for one graph (README "Exit codes"); ``rank``: the rank the
     verdict is about (the recorded failing rank, or the first rank that failed here);
     ``ranks``: every rank this launch ran; ``divergence``: where the ranks' collective
-    schedules part, when they do; ``launcher``: the launcher options used."""
+    schedules part, when they do; ``launcher``: the launcher options used; ``torch`` /
+    ``recorded_torch``: the torch version that replayed it and the one that recorded it."""
 
     status: str
     exit_code: int
@@ -91,12 +93,19 @@ class JobOutcome:
     wall_s: float = 0.0
     warnings: list[str] = dataclasses.field(default_factory=list)
     archive: str | None = None
+    torch: str | None = None
+    recorded_torch: str | None = None
+
+    @property
+    def across_versions(self) -> bool:
+        return across_versions(self.torch, self.recorded_torch)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["ranks"] = [{**dataclasses.asdict(r), "outcome": r.outcome.to_dict() if r.outcome else None}
                          for r in self.ranks]
         data["summary"] = self.summary
+        data["across_versions"] = self.across_versions
         return data
 
     @property

@@ -112,6 +112,7 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
 def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
     """``run --single-process`` of the job archive at ``path``."""
     from reproarchive.archive.job import load_job
+    from reproarchive.context.system import torch_version
     from reproarchive.replay.runner import replay_graph
 
     start = time.monotonic()
@@ -142,7 +143,7 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
         outcome = replay_graph(gm, args, chosen, recorded_failure=part.outcome.failure if part.outcome else None,
                                config=records.config, environment=records.environment, system=None,
                                source_kind=records.graph_kind, execution=records.execution,
-                               report_differences=False)
+                               report_differences=False, recorded_torch=torch_version(records.system))
         outcomes.append(_launch.RankOutcome(part.rank, outcome.status, outcome,
                                             note="collectives replaced by their LocalTensorMode values"))
     status, code, rank = _launch.job_verdict(outcomes, recorded_rank)

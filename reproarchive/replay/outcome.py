@@ -42,6 +42,9 @@ class Outcome:
     stand_ins: custom ops this process did not have, replayed from their recorded outputs.
     randomness: whether the graph draws random numbers and whether the recorded RNG state was
     restored (or is unknown); accuracy_rule: the rule accuracy was judged under, when checked.
+    torch / recorded_torch: the torch version that replayed it and the one that recorded it
+    (None: not recorded); ``across_versions`` when their releases differ, and then a verdict
+    is about this torch, not the recorded one ("PASSED on torch X (recorded on Y)").
     """
 
     status: str
@@ -64,6 +67,12 @@ class Outcome:
     stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops replayed from recorded outputs
     randomness: str | None = None
     accuracy_rule: str | None = None
+    torch: str | None = None
+    recorded_torch: str | None = None
+
+    @property
+    def across_versions(self) -> bool:
+        return across_versions(self.torch, self.recorded_torch)
 
     @property
     def kind(self) -> str:
@@ -77,6 +86,7 @@ class Outcome:
             if data[key] is not None:
                 data[key] = to_plain(data[key])
         data["kind"] = self.kind
+        data["across_versions"] = self.across_versions
         return data
 
     @classmethod
@@ -87,6 +97,14 @@ class Outcome:
             if values.get(key) is not None:
                 values[key] = from_plain(record, values[key])
         return cls(**values)
+
+
+def across_versions(here: str | None, recorded: str | None) -> bool:
+    """Whether a replay on torch ``here`` of an archive recorded on ``recorded`` crossed torch
+    releases (both known, releases differ)."""
+    from reproarchive.version import torch_release
+
+    return bool(here and recorded) and torch_release(here) != torch_release(recorded)
 
 
 def judged(recorded: FailureRecord | None, observed: FailureRecord | None, **facts: Any) -> "Outcome":

@@ -31,6 +31,7 @@ from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.context.execution import applied_execution
+from reproarchive.context.system import torch_version
 from reproarchive.format.plain import to_plain
 from reproarchive.format.schema import (
     ConfigRecord,
@@ -45,7 +46,7 @@ from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
-from reproarchive.replay.outcome import Outcome, judged
+from reproarchive.replay.outcome import Outcome, across_versions, judged
 from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
@@ -67,6 +68,7 @@ def replay_graph(
     shapes: ShapePolicy | None = None,
     input_records: Any = None,
     rng_states: Mapping[str, Any] | None = None,
+    recorded_torch: str | None = None,
 ) -> Outcome:
     """Compile ``gm`` with ``settings.backend``, run it on ``args`` (already on their devices)
     and judge the result.
@@ -93,7 +95,10 @@ def replay_graph(
     generator states the failing call started from (``codec.rng``; None: not recorded), set
     after compiling, right before the run; accuracy on a graph that draws random numbers is
     checked under ``accuracy.fair_to_randomness``. The outcome's ``randomness`` and
-    ``accuracy_rule`` say what was done.
+    ``accuracy_rule`` say what was done. ``recorded_torch``: the torch version that recorded
+    it; on another release only the config settings the recording changed are applied (the
+    others are that release's defaults, which this release may not share: an int default that
+    became None there breaks a comparison here), and the outcome names both versions.
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
     backend = settings.backend
@@ -104,6 +109,11 @@ def replay_graph(
     warnings.extend(env_warnings)
     if config and not config_applied:
         warnings.append("running with this machine's torch config (--current-config), not the recorded one")
+    here = _torch_version()
+    across = across_versions(here, recorded_torch)
+    if config_applied and across:
+        warnings.append(f"recorded on torch {recorded_torch}: only the config settings the recording changed are "
+                        f"applied; the others keep torch {here}'s defaults")
     if execution is None:
         warnings.append("the execution state (grad mode, autocast, inference mode ...) was not recorded: "
                         "replayed in this process's state")
@@ -127,7 +137,8 @@ def replay_graph(
 
     with contextlib.ExitStack() as stack:
         if config_applied:
-            stack.enter_context(_applied_config(config, warnings))
+            stack.enter_context(_applied_config(config, warnings, only_changed=across))
+        stack.enter_context(_without_pytorch_repro_hooks())
         stack.enter_context(applied_environment(env_to_set))
         stack.enter_context(contained())
         warnings.extend(stack.enter_context(applied_execution(execution)))
@@ -163,6 +174,8 @@ def replay_graph(
         shapes=shape_report,
         randomness=randomness,
         accuracy_rule=rule,
+        torch=here,
+        recorded_torch=recorded_torch,
     )
 
 
@@ -240,11 +253,21 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
     return lambda *a: compiled(*a)
 
 
+def _without_pytorch_repro_hooks():
+    """PyTorch's own repro hooks off (``repro_after``): this replay is the repro. A recorded
+    config from a dump has them on (the dump was made by them); left on, they wrap the compiler
+    again, write a dump into the working folder and raise their own ``AccuracyError`` from the
+    forward (torch 2.11), a failure the recording did not have."""
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.patch(repro_after=None)
+
+
 @contextlib.contextmanager
-def _applied_config(config: Mapping[str, Any], warnings: list[str]):
+def _applied_config(config: Mapping[str, Any], warnings: list[str], *, only_changed: bool = False):
     from reproarchive.context.config import applied_config
 
-    with applied_config(config) as result:
+    with applied_config(config, only_changed=only_changed) as result:
         for label, names in (
             ("recorded config settings this torch does not have", result.missing),
             ("recorded config modules not applied (only torch config modules already known here are; a replay never "
@@ -298,6 +321,12 @@ def _moved_warning(plan: DevicePlan) -> list[str]:
     moved = ", ".join(f"{r} -> {t}" for r, t in plan.moved.items())
     return [(f"replayed on another device type than recorded ({moved}): a pass here does not show that the "
              "recorded failure is gone on the recorded device")]
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _worth_reporting(w: _warnings.WarningMessage) -> bool:
@@ -388,7 +417,8 @@ def _replayed(path, repro, settings: ReplaySettings, plan: DevicePlan, *, on_sta
     resolve_backend(chosen.backend)
     if on_start is not None:
         on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen.backend,
-                  "digest": repro.digest, **facts, "warnings": load_warnings,
+                  "digest": repro.digest, **facts, "warnings": load_warnings, "torch": _torch_version(),
+                  "recorded_torch": torch_version(records.system),
                   "config": "current" if chosen.current_config else "recorded"})
     outcome = replay_repro(repro, chosen)
     outcome.device, outcome.recorded_device, outcome.same_device_type = (
@@ -417,4 +447,5 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
                                                             placeholder_names(gm)),
         input_records=repro.index.inputs if gm is None else None,
         rng_states=repro.rng_states if records.rng is not None else None,
+        recorded_torch=torch_version(records.system),
     )

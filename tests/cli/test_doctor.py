@@ -83,3 +83,21 @@ def test_an_unset_variable_is_said_in_words():
     line = difference_line({"what": "environment", "name": "TORCH_X", "recorded": None, "current": "1",
                             "important": False})
     assert line.endswith("TORCH_X: unset there, here '1'")
+
+
+def test_doctor_says_which_torch_releases_were_tested_and_warns_on_another(tmp_path, monkeypatch):
+    from reproarchive.version import TESTED_TORCH, torch_release
+
+    path = _pack(tmp_path / "a.tar.zst")
+    report = json.loads(invoke("doctor", path, "--json").stdout)
+    assert report["tested_torch"] == list(TESTED_TORCH) and report["torch"] == torch.__version__
+    assert report["torch_tested"] is (torch_release(torch.__version__) in TESTED_TORCH)
+    assert report["torch_tested"], "the suite runs on a tested torch"
+    assert not invoke("doctor", path).output.startswith("warning:")
+    monkeypatch.setattr(torch, "__version__", "2.99.0+cpu")
+    res = invoke("doctor", path)
+    assert res.exit_code == 0
+    assert res.output.splitlines()[0] == (f"warning: torch 2.99.0+cpu here: this reproarchive was tested with torch "
+                                          f"{', '.join(TESTED_TORCH)}; it reads torch's private modules, which change "
+                                          "in every release")
+    assert json.loads(invoke("doctor", path, "--json").stdout)["torch_tested"] is False

@@ -215,7 +215,7 @@ def test_after_aot_accuracy_dump(aot_accuracy_dump, tmp_path):
     result = _pack_in(work, tmp_path / "out.tar.zst")
     assert result.script == max(found.candidates, key=lambda p: p.stat().st_mtime)
     assert result.kind == "after_aot" and result.backend == "inductor" and result.accuracy == "accuracy"
-    assert result.failure["stage"] == "accuracy"
+    assert result.failure["stage"] == "accuracy", result.failure
 
     shutil.rmtree(work)
     repro = reproarchive.load(result.archive)

@@ -105,7 +105,10 @@ def start(folder: Path, name: str) -> subprocess.Popen:
            if not k.startswith(("TORCHDYNAMO_REPRO", "TORCH_COMPILE_DEBUG", "TORCH_TRACE", "TORCH_LOGS"))}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if name == "inductor_real":
-        env.update(TORCH_COMPILE_DEBUG="1", TORCH_COMPILE_DEBUG_SAVE_REAL="1")
+        # torch 2.13 and later trace into torch_compile_debug/tlparse under TORCH_COMPILE_DEBUG by
+        # themselves; older releases only where TORCH_TRACE says
+        env.update(TORCH_COMPILE_DEBUG="1", TORCH_COMPILE_DEBUG_SAVE_REAL="1",
+                   TORCH_TRACE=str(trace_of(folder, name)))
     else:
         env["TORCH_TRACE"] = str(folder / TRACE_DIR)
     return subprocess.Popen([sys.executable, "job.py"], cwd=folder, env=env, stdout=subprocess.PIPE,
