@@ -52,6 +52,7 @@ def _failed(what: str) -> ReproArchiveError:
 def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify: bool = True) -> dict:
     """Run every step; returns the paths and outcomes. Raises ReproArchiveError on a surprise."""
     import reproarchive
+    from reproarchive.compat import dynamo, inductor
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -66,20 +67,18 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
     torch.manual_seed(0)
     model = DemoModel()
     x = torch.randn(8, 32)
-    import torch._inductor.config as inductor_config
-
     compiled = torch.compile(model, backend=reproarchive.capture("inductor", path=archive))
     # inference: inductor compiles the forward graph alone, without a joint forward/backward
     # graph to trace and partition, and so does every replay of the archive (its inputs need no
     # grad): the same failure, a few seconds less (46.7 -> 42.1-44.2 s on 2 cores)
-    with inductor_config.patch({INJECTOR: "compile_error"}), torch.no_grad():
+    with inductor.patched_config({INJECTOR: "compile_error"}), torch.no_grad():
         try:
             compiled(x)
         except Exception as exc:  # noqa: BLE001 - the failure is the point
             say(f"   torch.compile failed as expected: {type(exc).__name__}")
         else:
             raise _failed("the injected inductor bug did not make torch.compile fail")
-    torch._dynamo.reset()
+    dynamo.reset()
     if not archive.exists():
         raise _failed(f"capture did not write {archive}")
     say(f"   captured into {archive} ({archive.stat().st_size} bytes)")
@@ -95,7 +94,7 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
     say(f"   failure: {getattr(info.failure, 'stage', None)} {getattr(info.failure, 'exception_type', None)}")
     changed = (info.config_changed or {}).get("torch._inductor.config", {})
     say(f"   recorded config: {INJECTOR} = {changed.get(INJECTOR)!r}")
-    if inductor_config.cpp.inject_relu_bug_TESTING_ONLY is not None:
+    if inductor.config_value(INJECTOR) is not None:
         raise _failed("the injector is still set in this process")
 
     step(f"4. reproarchive run {archive}   (the injector is NOT set here; the archive's config is)")

@@ -3,26 +3,32 @@
 Every import in the library and the CLI is read from the source, function-level imports
 included (a lazy import is still a dependency), and checked against the layer order:
 
-    errors, version, progress, child  <  format  <  codec, context  <  archive  <  replay, store
+    errors, version, progress, child  <  format  <  compat  <  codec, context  <  archive  <  replay, store
                                       <  sources, minifier, standalone, triage, bisect, references, documents  <  cli
+
+``compat`` is torch's private surface behind one module per concern (``tests/test_private_torch.py``):
+it imports only torch, the standard library and ``reproarchive.errors``, and the CLI may use it
+beside the public surface (the demo patches Inductor's config).
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "reproarchive.errors": 0, "reproarchive.version": 0, "reproarchive.progress": 0, "reproarchive.child": 0,
     "reproarchive.format": 1,
-    "reproarchive.codec": 2, "reproarchive.context": 2,
-    "reproarchive.archive": 3,
-    "reproarchive.replay": 4, "reproarchive.store": 4,
-    "reproarchive.sources": 5, "reproarchive.minifier": 5, "reproarchive.standalone": 5, "reproarchive.triage": 5,
-    "reproarchive.bisect": 5,
-    "reproarchive.references": 5, "reproarchive.documents": 5,
-    "reproarchive.cli": 6,
+    "reproarchive.compat": 2,
+    "reproarchive.codec": 3, "reproarchive.context": 3,
+    "reproarchive.archive": 4,
+    "reproarchive.replay": 5, "reproarchive.store": 5,
+    "reproarchive.sources": 6, "reproarchive.minifier": 6, "reproarchive.standalone": 6, "reproarchive.triage": 6,
+    "reproarchive.bisect": 6,
+    "reproarchive.references": 6, "reproarchive.documents": 6,
+    "reproarchive.cli": 7,
 }
 
 
@@ -98,7 +104,26 @@ def test_cli_uses_only_the_public_surface():
     for name, imports in GRAPH.items():
         if name.startswith("reproarchive.cli"):
             wrong += [f"{name} imports {t}" for t in imports
-                      if t.startswith("reproarchive") and t not in allowed and not t.startswith("reproarchive.cli")]
+                      if t.startswith("reproarchive") and t not in allowed
+                      and not t.startswith(("reproarchive.cli", "reproarchive.compat"))]
+    assert wrong == []
+
+
+def test_compat_imports_only_torch_the_standard_library_and_errors():
+    wrong = []
+    for name, path in MODULES.items():
+        if not name.startswith("reproarchive.compat"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                targets = [node.module or ""]
+            else:
+                continue
+            wrong += [f"{name} imports {t}" for t in targets
+                      if t.split(".")[0] not in sys.stdlib_module_names and t.split(".")[0] != "torch"
+                      and t != "reproarchive.errors" and not t.startswith("reproarchive.compat")]
     assert wrong == []
 
 

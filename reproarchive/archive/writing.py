@@ -43,11 +43,11 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     ``pack``'s: digest, level, frame_size, progress ...). ``prefixes`` are the source's own
     folders (``{folder: label}``), replaced besides this machine's; by default the working
     directory becomes ``.``."""
-    from torch.utils._python_dispatch import _disable_current_modes
+    from reproarchive.compat.dispatch import disable_current_modes
 
     table = working_folder() if prefixes is None else dict(prefixes)
     # A compiler may be called with PyTorch's fake-tensor mode still active (AOTAutograd does so
     # for graphs with ``while_loop``): packing reads real tensors, so it runs outside any mode.
-    with _disable_current_modes():
+    with disable_current_modes():
         return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table),
                     job=capture.job, custom_ops=capture.custom_ops, rng_states=capture.rng_states, **options)

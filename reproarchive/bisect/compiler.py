@@ -41,6 +41,7 @@ from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, BisectStep, C
 from reproarchive.child import ForkServer
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.devices import resolve_devices
+from reproarchive.compat import inductor
 from reproarchive.context.environment import child_environment
 from reproarchive.errors import BackendUnavailableError, ReproArchiveError
 from reproarchive.replay.backends import resolve_backend
@@ -73,22 +74,21 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
     ArchiveError (2) for an unreadable archive; interrupts propagate after the state folder
     is removed.
     """
-    from torch._inductor import compiler_bisector as pt
-
     settings = settings or ReplaySettings()
     for name in BISECT_VARIABLES:
         if os.environ.get(name):
             raise ReproArchiveError(f"{name} is set in this environment, which would steer PyTorch's bisector",
                                     f"unset {name} and run again")
-    if first_backend is not None and first_backend not in pt.BACKENDS:
+    backends = inductor.bisector_backends()
+    if first_backend is not None and first_backend not in backends:
         raise ReproArchiveError(f"{first_backend!r} is not one of PyTorch's bisection backends",
-                                f"use one of: {', '.join(pt.BACKENDS)}")
+                                f"use one of: {', '.join(backends)}")
     facts = _archive_facts(path, settings)
     search = _Search(path, settings, facts, max_time=max_time, on_step=on_step, first_backend=first_backend)
-    with _ONE_AT_A_TIME, search.private_state(pt) as log, search.children:
+    with _ONE_AT_A_TIME, search.private_state() as log, search.children:
         status = "found"
         try:
-            found = pt.CompilerBisector.do_bisect(search.test)
+            found = inductor.run_bisector(search.test)
         except BaseException as exc:
             # do_bisect's own cleanup runs when its frame goes: now, while the state folder is
             # still the private one (later, it would delete the user's <cache>/bisect)
@@ -135,22 +135,16 @@ class _Search:
     # --- the bisector's state, private to this bisection ---------------------------------
 
     @contextlib.contextmanager
-    def private_state(self, pt):
+    def private_state(self):
         """A fresh state folder set as the bisector's; its class state put back afterwards.
         Yields the buffer PyTorch's progress messages are printed into."""
-        bisector = pt.CompilerBisector
-        saved = (bisector.bisection_enabled, bisector.in_process_cache, list(pt.BACKENDS["inductor"]))
         self.state = tempfile.mkdtemp(prefix="reproarchive-bisect-")
-        bisector.in_process_cache = self.state
         log = io.StringIO()
         self.stdout = sys.stdout
         try:
-            with contextlib.redirect_stdout(log):
+            with inductor.bisector_state_in(self.state), contextlib.redirect_stdout(log):
                 yield log
         finally:
-            bisector.bisection_enabled, bisector.in_process_cache, inductor = saved
-            pt.BACKENDS["inductor"][:] = inductor
-            pt.subsystem_call_counter.clear()
             shutil.rmtree(self.state, ignore_errors=True)
 
     # --- the test ----------------------------------------------------------------------------
@@ -158,14 +152,9 @@ class _Search:
     def test(self) -> bool:
         """One replay under the bisector's current state: True when the recorded failure does
         not appear (PyTorch's "good")."""
-        from torch._inductor.compiler_bisector import CompilerBisector as bisector
-
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise _OutOfTime()
-        stage = bisector.get_backend() or "eager"
-        subsystem = bisector.get_subsystem()
-        state = bisector.get_run_state(stage, subsystem) if subsystem else None
-        bounds = bisector.get_bisect_range(stage, subsystem) if state == "bisect" else None
+        stage, subsystem, state, bounds = inductor.bisector_position()
         trial = self.trial(stage, subsystem, state)
         start = time.monotonic()
         replayed = not self._before_first(stage)
@@ -180,9 +169,7 @@ class _Search:
         return verdict != BAD
 
     def _before_first(self, stage: str) -> bool:
-        from torch._inductor.compiler_bisector import BACKENDS
-
-        names = list(BACKENDS)
+        names = inductor.bisector_backends()
         return self.first_backend is not None and names.index(stage) < names.index(self.first_backend)
 
     def trial(self, stage: str, subsystem: str | None, state: str | None) -> Trial:
@@ -204,10 +191,8 @@ class _Search:
         """PyTorch's backend for ``stage``, except at "inductor", the last stage, where the
         archive's own backend replays when it is not one of the stages (a custom
         ``module:function`` built on inductor, an out-of-tree backend)."""
-        from torch._inductor.compiler_bisector import BACKENDS
-
         chosen = self.settings.backend
-        if stage == "inductor" and chosen not in BACKENDS:
+        if stage == "inductor" and chosen not in inductor.bisector_backends():
             return chosen
         return stage
 
@@ -254,13 +239,11 @@ class _Search:
         (``TORCH_BISECT_MAX=N``) fail, up to the one before it pass. A config change: without it
         the failure appears, with it it is gone. A backend alone: it fails, the backend
         before it passes."""
-        from torch._inductor.compiler_bisector import BACKENDS
-
         stage, subsystem = found.backend, found.subsystem
         base = {"TORCH_BISECT_BACKEND": stage}
         backend = self.stage_backend(stage)
         if subsystem is None:
-            names = list(BACKENDS)
+            names = inductor.bisector_backends()
             before = names[names.index(stage) - 1] if names.index(stage) > 0 else None
             return (Trial(backend=backend, env={}, config={}),
                     Trial(backend=self.stage_backend(before), env={}, config={}) if before else None)
@@ -295,12 +278,7 @@ class _Children:
 
 
 def _config_change(stage: str, subsystem: str) -> tuple[str, object] | None:
-    from torch._inductor.compiler_bisector import BACKENDS, ConfigChange
-
-    for s in BACKENDS.get(stage, ()):
-        if s.name == subsystem and isinstance(s, ConfigChange):
-            return s.config_field, s.config_value
-    return None
+    return inductor.bisector_config_change(stage, subsystem)
 
 
 def state_folders() -> list[Path]:

@@ -15,16 +15,16 @@ from __future__ import annotations
 import os
 import sys
 
-# Loaded here, so that a fork server (``bisect.compiler``) has imported the compiler once for
-# all its children; what they share is imported code, never compiled state.
-import torch._inductor.compile_fx  # noqa: F401
-from torch._inductor.compiler_bisector import CompilerBisector
-
 from reproarchive.child import child_main
 from reproarchive.codec.devices import DevicePlan
+from reproarchive.compat import inductor
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.runner import run_here
 from reproarchive.replay.settings import ReplaySettings
+
+# Loaded here, so that a fork server (``bisect.compiler``) has imported the compiler once for
+# all its children; what they share is imported code, never compiled state.
+inductor.import_compiler()
 
 #: the backend a config-change trial wraps, for ``config_change_backend``
 WRAPPED_ENV = "REPROARCHIVE_BISECT_WRAPPED_BACKEND"
@@ -33,10 +33,7 @@ WRAPPED_ENV = "REPROARCHIVE_BISECT_WRAPPED_BACKEND"
 def config_change_backend(gm, example_inputs):
     """The wrapped backend, compiled under the inductor config change the bisector is trying
     (what ``torch.compile`` applies for it through ``_TorchCompileInductorWrapper``)."""
-    import torch._inductor.config as inductor_config
-
-    changes = CompilerBisector.get_config_change("inductor") or {}
-    with inductor_config.patch(changes):
+    with inductor.patched_config(inductor.bisector_config_changes("inductor")):
         return resolve_backend(os.environ[WRAPPED_ENV])(gm, example_inputs)
 
 
@@ -44,8 +41,7 @@ CONFIG_CHANGE_BACKEND = "reproarchive.bisect.compiler_child:config_change_backen
 
 
 def _replay(request: dict, *, started, event) -> dict:
-    CompilerBisector.in_process_cache = request["state"]
-    CompilerBisector.bisection_enabled = True
+    inductor.enable_bisector(request["state"])
     settings = ReplaySettings.from_plain(request["settings"])
     plan = DevicePlan.from_plain(request["plan"]) if request.get("plan") is not None else None
     return run_here(request["path"], settings, plan=plan, on_start=started).to_dict()

@@ -113,9 +113,9 @@ def _group_exists(name: str | None) -> bool:
 
         if name is None or not dist.is_available() or not dist.is_initialized():
             return False
-        from torch.distributed.distributed_c10d import _resolve_process_group
+        from reproarchive.compat.distributed import resolve_process_group
 
-        _resolve_process_group(name)
+        resolve_process_group(name)
         return True
     except Exception:  # noqa: BLE001 - any failure to resolve: the group is not here
         return False

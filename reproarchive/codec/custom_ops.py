@@ -26,6 +26,13 @@ from typing import Any, Iterable
 
 import torch
 
+from reproarchive.compat.dispatch import (
+    OpOverload,
+    OpOverloadPacket,
+    dispatch_dump,
+    has_registered_fake,
+    python_custom_op,
+)
 from reproarchive.format.schema import CustomOpRecord, OpProvenance
 
 #: Operator namespaces torch 2.13 registers itself (``tests/codec/test_custom_ops.py`` checks
@@ -48,25 +55,25 @@ OWN_NAMESPACES = frozenset({"reproarchive_triton"})
 
 def is_custom(target: Any) -> bool:
     """An operator (an overload, or a packet as Dynamo's graphs call it) outside torch's namespaces."""
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, OpOverloadPacket):
         namespace = target._qualified_op_name.partition("::")[0]
-    elif isinstance(target, torch._ops.OpOverload):
+    elif isinstance(target, OpOverload):
         namespace = target.namespace
     else:
         return False
     return namespace not in TORCH_NAMESPACES and namespace not in OWN_NAMESPACES
 
 
-def overload_of(target: Any) -> torch._ops.OpOverload:
+def overload_of(target: Any) -> OpOverload:
     """The overload a call of ``target`` runs: itself, or a packet's ``default`` (its first
     overload when it has none; a packet of a custom op usually has one overload)."""
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return target
     names = target.overloads()
     return getattr(target, "default" if "default" in names else names[0])
 
 
-def op_name(op: torch._ops.OpOverload) -> str:
+def op_name(op: OpOverload) -> str:
     """``ns::op.overload``: how the index names an operator (``default`` included)."""
     return f"{op.namespace}::{op._opname}.{op._overloadname}"
 
@@ -76,9 +83,9 @@ def target_name(name: str) -> str:
     return "torch.ops." + name.replace("::", ".", 1)
 
 
-def custom_ops_of(gm: Any) -> list[torch._ops.OpOverload]:
+def custom_ops_of(gm: Any) -> list[OpOverload]:
     """The custom ops a GraphModule (and its subgraphs) calls, in first-use order."""
-    found: dict[str, torch._ops.OpOverload] = {}
+    found: dict[str, OpOverload] = {}
     for module in gm.modules():
         graph = getattr(module, "graph", None)
         for node in graph.nodes if graph is not None else ():
@@ -91,7 +98,7 @@ def custom_ops_of(gm: Any) -> list[torch._ops.OpOverload]:
 def _registrations(qualname: str) -> dict[str, str]:
     """Dispatch key -> where its kernel was registered, from the dispatcher's own dump."""
     out: dict[str, str] = {}
-    for line in torch._C._dispatch_dump(qualname).splitlines():
+    for line in dispatch_dump(qualname).splitlines():
         m = _KEY_LINE.match(line.strip())
         if m and m.group(1) not in ("debug",):
             out[m.group(1)] = m.group(2)
@@ -121,12 +128,10 @@ def _loaded_libraries() -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def provenance(op: torch._ops.OpOverload) -> OpProvenance:
+def provenance(op: OpOverload) -> OpProvenance:
     """Where ``op``'s implementation came from, as far as this process can tell."""
-    from torch._library.custom_ops import OPDEFS
-
     qualname = f"{op.namespace}::{op._opname}"
-    definition = OPDEFS.get(qualname)
+    definition = python_custom_op(qualname)
     fn = getattr(definition, "_init_fn", None)
     if fn is not None:
         try:
@@ -147,7 +152,7 @@ def provenance(op: torch._ops.OpOverload) -> OpProvenance:
     return OpProvenance(kind="python" if places and not sources else "unknown")
 
 
-def describe(op: torch._ops.OpOverload) -> CustomOpRecord:
+def describe(op: OpOverload) -> CustomOpRecord:
     """The record of ``op`` without calls: schema, dispatch keys, fake implementation, provenance."""
     qualname = f"{op.namespace}::{op._opname}"
     keys = tuple(sorted(_registrations(qualname)))
@@ -158,9 +163,7 @@ def describe(op: torch._ops.OpOverload) -> CustomOpRecord:
 
 def _has_fake(qualname: str) -> bool:
     try:
-        from torch._library.simple_registry import singleton
-
-        return singleton.find(qualname).fake_impl.kernel is not None
+        return has_registered_fake(qualname)
     except Exception:  # noqa: BLE001 - a private registry; absence means "not known"
         return False
 
@@ -253,7 +256,7 @@ def described(gm: Any) -> list[LiveCustomOp]:
     return [LiveCustomOp(describe(op)) for op in custom_ops_of(gm)]
 
 
-def registered_here(name: str) -> torch._ops.OpOverload | None:
+def registered_here(name: str) -> OpOverload | None:
     """The operator ``ns::op.overload`` as this process has it (an attribute walk on
     ``torch.ops``, never an import), or None."""
     namespace, _, rest = name.partition("::")
@@ -264,7 +267,7 @@ def registered_here(name: str) -> torch._ops.OpOverload | None:
         op = getattr(getattr(getattr(torch.ops, namespace), opname), overload)
     except (AttributeError, RuntimeError):
         return None
-    return op if isinstance(op, torch._ops.OpOverload) else None
+    return op if isinstance(op, OpOverload) else None
 
 
 def differences(records, *, stand_ins: Iterable[str] = ()) -> list[dict[str, Any]]:

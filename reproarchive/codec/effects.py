@@ -68,6 +68,7 @@ from reproarchive.codec.operator_effects import (  # noqa: F401 - re-exported
     schema_problem,
     string_argument_problem,
 )
+from reproarchive.compat.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket, overridable_function_names
 
 # --------------------------------------------------------------------------------------------
 # higher-order operators: no schema, one verdict each
@@ -111,7 +112,7 @@ HIGHER_ORDER: dict[str, str | None] = {
 OPERATOR_TAKERS = frozenset({"auto_functionalized", "auto_functionalized_v2", "with_effects"})
 
 
-def higher_order_problem(op: torch._ops.HigherOrderOperator) -> str | None:
+def higher_order_problem(op: HigherOrderOperator) -> str | None:
     name = op.name()
     if name not in HIGHER_ORDER:
         return "a higher-order operator reproarchive has not classified"
@@ -277,7 +278,7 @@ def _tensor_api() -> frozenset[int]:
     ids = set()
     for functions in torch.overrides.get_overridable_functions().values():
         ids.update(id(_unwrap(f)) for f in functions)
-    for fn, where in torch.overrides._get_overridable_functions()[1].items():
+    for fn, where in overridable_function_names().items():
         public = where.rsplit(".", 1)[-1]
         target = _unwrap(fn)
         if isinstance(target, types.FunctionType) and not public.startswith("_") \
@@ -299,9 +300,7 @@ def tensor_namespaces() -> frozenset[str]:
     symbolic helpers, and ``torch._C`` (the C bindings of operators). A name this torch cannot
     resolve under any other module (``torch.utils.cpp_extension.load`` while that module is not
     imported) would be refused whatever it is, so the rule can judge it without resolving it."""
-    import torch.overrides
-
-    homes = {where.rsplit(".", 1)[0] for where in torch.overrides._get_overridable_functions()[1].values()}
+    homes = {where.rsplit(".", 1)[0] for where in overridable_function_names().values()}
     homes |= {name.rsplit(".", 1)[0] for name in (*STATE_FUNCTIONS, *SYMBOLIC_HELPERS)}
     return frozenset(homes | {"torch._C"})
 
@@ -314,14 +313,14 @@ def unresolved_problem(found: str) -> str | None:
     return f"not part of torch's tensor API: {found} holds none of its functions"
 
 
-def _aten_packet(name: str) -> torch._ops.OpOverloadPacket | None:
+def _aten_packet(name: str) -> OpOverloadPacket | None:
     if not name or name.startswith("__"):
         return None
     try:
         packet = getattr(torch.ops.aten, name)
     except (AttributeError, RuntimeError):
         return None
-    return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
+    return packet if isinstance(packet, OpOverloadPacket) else None
 
 
 _OPERATOR_DUNDER = {"not_": None, "truth": "__bool__", "is_": None, "is_not": None, "concat": "__add__",
@@ -373,11 +372,11 @@ def dunder_problem(name: str) -> str | None:
 
 def callable_problem(fn: Any) -> str | None:
     """Why a resolved Python-level callable is refused (None: allowed)."""
-    if isinstance(fn, torch._ops.OpOverload):
+    if isinstance(fn, OpOverload):
         return overload_problem(fn)
-    if isinstance(fn, torch._ops.OpOverloadPacket):
+    if isinstance(fn, OpOverloadPacket):
         return packet_problem(fn)
-    if isinstance(fn, torch._ops.HigherOrderOperator):
+    if isinstance(fn, HigherOrderOperator):
         return higher_order_problem(fn)
     state = state_function(fn)
     if state is not None:

@@ -18,6 +18,8 @@ import torch.fx as fx
 from reproarchive.codec import targets
 from reproarchive.codec.devices import check_recorded_device
 from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
+from reproarchive.compat import fx_meta
+from reproarchive.compat.dispatch import OpOverload
 from reproarchive.errors import IndexSchemaError, NotReplayableHereError, PackError, Rule
 from reproarchive.format.schema import (
     COMPUTE_OPS,
@@ -93,7 +95,7 @@ def encode_arg(value: Any) -> Any:
         return ConstantArg("memory_format", str(value).removeprefix("torch."))
     if isinstance(value, torch.layout):
         return ConstantArg("layout", str(value).removeprefix("torch."))
-    if isinstance(value, torch._ops.OpOverload):  # what auto_functionalized and with_effects call
+    if isinstance(value, OpOverload):  # what auto_functionalized and with_effects call
         return ConstantArg("operator", targets.qualified_name(value))
     if isinstance(value, slice):
         return SliceArg(encode_arg(value.start), encode_arg(value.stop), encode_arg(value.step))
@@ -129,13 +131,7 @@ def _summary(value: Any) -> Any:
 
 
 def node_value(node: fx.Node) -> Any:
-    for key in ("val", "example_value"):
-        if key in node.meta:
-            return node.meta[key]
-    tm = node.meta.get("tensor_meta")
-    if tm is not None and hasattr(tm, "shape"):
-        return torch.empty(0).new_empty_strided(tuple(tm.shape), tuple(tm.stride), dtype=tm.dtype, device="meta")
-    return None
+    return fx_meta.value_of(node)
 
 
 def dynamic_dims(node: fx.Node) -> list[tuple[int, str]]:
@@ -186,7 +182,7 @@ def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0) -> Gra
         target = targets.qualified_name(node.target) if node.op == "call_function" else str(node.target)
         summary = _summary(node_value(node))
         meta = {} if summary is None else {"val": summary}
-        module = module_path(node.meta.get("nn_module_stack"))
+        module = module_path(fx_meta.module_stack_of(node))
         if module:
             meta["module"] = module
         nodes.append(NodeRecord(

@@ -30,6 +30,8 @@ import torch
 from torch import fx
 
 from reproarchive.codec.tensors import dtype_from_name
+from reproarchive.compat.dispatch import OpOverload, OpOverloadPacket
+from reproarchive.compat.fx_meta import val_of
 from reproarchive.format.schema import SymValue, TensorValue
 
 
@@ -95,9 +97,9 @@ def _op_name(node: fx.Node) -> str | None:
     if node.op != "call_function":
         return None
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return target.overloadpacket.__name__
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, OpOverloadPacket):
         return target.__name__
     return getattr(target, "__name__", None)
 
@@ -141,7 +143,7 @@ class _Shapes:
     def shape(self, node: Any) -> tuple[int, ...] | None:
         if not isinstance(node, fx.Node):
             return None
-        val = node.meta.get("val")
+        val = val_of(node)
         if isinstance(val, torch.Tensor) and all(isinstance(d, int) for d in val.shape):
             return tuple(val.shape)
         if node in self.placeholders:

@@ -21,7 +21,7 @@ import functools
 import re
 from typing import Any
 
-import torch
+from reproarchive.compat.dispatch import OpOverload, OpOverloadPacket, dispatcher_op_names
 
 #: String arguments that select how a tensor computation runs (an enum, an einsum equation) or
 #: carry an assertion's message, by argument name, with the pattern a value must match. Any
@@ -176,7 +176,7 @@ def _blind(schema: Any) -> str | None:
 
 
 @functools.cache
-def overload_problem(op: torch._ops.OpOverload) -> str | None:
+def overload_problem(op: OpOverload) -> str | None:
     return _blind(op._schema) or schema_problem(op._schema)
 
 
@@ -184,10 +184,10 @@ def overload_problem(op: torch._ops.OpOverload) -> str | None:
 def _dispatcher_ops() -> frozenset[str]:
     """Operators registered with the dispatcher (``aten::add.Tensor``); the rest of a packet's
     overloads are TorchScript builtins (string, list and dict functions) only a packet reaches."""
-    return frozenset(torch._C._dispatch_get_all_op_names())
+    return frozenset(dispatcher_op_names())
 
 
-def _overloads(packet: torch._ops.OpOverloadPacket, *, dispatcher_only: bool):
+def _overloads(packet: OpOverloadPacket, *, dispatcher_only: bool):
     native = _dispatcher_ops()
     for name in packet.overloads():
         qualified = packet._qualified_op_name + ("" if name == "default" else f".{name}")
@@ -200,7 +200,7 @@ def _overloads(packet: torch._ops.OpOverloadPacket, *, dispatcher_only: bool):
 
 
 @functools.cache
-def packet_problem(packet: torch._ops.OpOverloadPacket, dispatcher_only: bool = False) -> str | None:
+def packet_problem(packet: OpOverloadPacket, dispatcher_only: bool = False) -> str | None:
     """A packet picks its overload from the arguments at run time: every overload it can reach
     must pass. Called directly, a packet reaches TorchScript builtins too; a Python binding
     (``torch.add``) reaches only the dispatcher's overloads."""
@@ -210,7 +210,7 @@ def packet_problem(packet: torch._ops.OpOverloadPacket, dispatcher_only: bool = 
     return None
 
 
-def string_argument_problem(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> str | None:
+def string_argument_problem(op: OpOverload, args: tuple, kwargs: dict) -> str | None:
     """A selector or message value a node passes to an operator, checked against its pattern."""
     arguments = op._schema.arguments
     positional = [a for a in arguments if not a.kwarg_only]

@@ -24,11 +24,10 @@ from reproarchive.codec.custom_ops import (
     overload_of,
     returned,
 )
+from reproarchive.compat.fake import is_fake
 
 
 def _is_real(value: Any) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
     if isinstance(value, torch.Tensor):
         return type(value) in (torch.Tensor, torch.nn.Parameter) and not is_fake(value) and value.device.type != "meta"
     if isinstance(value, (list, tuple)):

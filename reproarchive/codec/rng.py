@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from reproarchive.codec.device_runtime import RngState, devices_of, runtime
+from reproarchive.compat.dispatch import OpOverload, OpOverloadPacket
+from reproarchive.compat.nn import is_dropout
 from reproarchive.format.schema import GeneratorState, RngRecord
 
 #: ``torch.nn.functional`` wrappers that draw through other operators (no ATen op of their name).
@@ -35,14 +37,14 @@ def _aten_name(target: Any, op: str) -> str | None:
     """The operator name a call goes by: ``aten`` ops by their bare name, others' as ``ns::name``."""
     if op == "call_method":
         return target if isinstance(target, str) else None
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return target._opname if target.namespace == "aten" else f"{target.namespace}::{target._opname}"
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, OpOverloadPacket):
         return target._qualified_op_name.removeprefix("aten::")
     return getattr(target, "__name__", None)
 
 
-def _packet_seeded(packet: torch._ops.OpOverloadPacket) -> bool:
+def _packet_seeded(packet: OpOverloadPacket) -> bool:
     return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
 
 
@@ -53,13 +55,13 @@ def _aten_seeded(name: str) -> bool | None:
         packet = getattr(torch.ops.aten, name)
     except (AttributeError, RuntimeError):
         return None
-    return _packet_seeded(packet) if isinstance(packet, torch._ops.OpOverloadPacket) else None
+    return _packet_seeded(packet) if isinstance(packet, OpOverloadPacket) else None
 
 
 def _seeded(target: Any, name: str) -> bool:
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return torch.Tag.nondeterministic_seeded in target.tags
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, OpOverloadPacket):
         return _packet_seeded(target)
     seeded = _aten_seeded(name) if name and not name.startswith("__") else None
     if seeded is None:
@@ -86,7 +88,7 @@ def _module_draws(owner: Any, target: str) -> tuple[str, ...]:
         return ()
     if not getattr(module, "training", False) or getattr(module, "p", 1) == 0:
         return ()
-    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+    if is_dropout(module):
         return (type(module).__name__.lower(),)
     return ("rrelu",) if isinstance(module, torch.nn.RReLU) else ()
 

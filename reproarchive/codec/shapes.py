@@ -26,6 +26,18 @@ from typing import Any
 
 import torch
 
+from reproarchive.compat.dynamo import constant_source
+from reproarchive.compat.fake import (
+    free_unbacked_symbols,
+    is_fake_tensor,
+    new_fake_mode,
+    new_shape_env,
+    new_symint,
+    shape_env_of_fake,
+    symbolic_context,
+)
+from reproarchive.compat.fx_meta import example_value_of, graph_arg_of
+from reproarchive.compat.tensors import is_traceable_wrapper_subclass
 from reproarchive.format.schema import ConfigRecord, ShapeDim, ShapeInput, ShapePolicy, ShapeSymbol
 
 STATIC, BACKED, UNBACKED = "static", "backed", "unbacked"
@@ -49,7 +61,7 @@ def policy_of(gm: Any, inputs: Sequence[Any], config: ConfigRecord | None = None
 
 def _policy_of(gm: Any, inputs: list[Any], config: ConfigRecord | None) -> ShapePolicy | None:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    values = [example_value_of(n) for n in placeholders]
     shape_env = _shape_env_of(values)
     if shape_env is None:
         return None
@@ -111,18 +123,16 @@ def linked(records: list[ShapeInput]) -> tuple[ShapeInput, ...]:
 
 
 def _shape_env_of(values: Sequence[Any]):
-    from torch._subclasses.fake_tensor import FakeTensor
-
     for v in values:
-        if isinstance(v, FakeTensor) and v.fake_mode.shape_env is not None:
-            return v.fake_mode.shape_env
+        if (shape_env := shape_env_of_fake(v)) is not None:
+            return shape_env
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return v.node.shape_env
     return None
 
 
 def _source_of(node: Any) -> str | None:
-    grapharg = node.meta.get("grapharg")
+    grapharg = graph_arg_of(node)
     source = getattr(grapharg, "source", None)
     name = getattr(source, "name", None)
     name = name() if callable(name) else name
@@ -156,9 +166,7 @@ def _real_size(real: Any, d: int) -> int | None:
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor) or t.device.type == "meta"
+    return is_fake_tensor(t) or t.device.type == "meta"
 
 
 def _dim(shape_env, size: Any, real: Any, source: str | None, origin: str, marked: Any) -> ShapeDim:
@@ -176,9 +184,7 @@ def _dim(shape_env, size: Any, real: Any, source: str | None, origin: str, marke
 
 
 def _free_unbacked(expr) -> set:
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-    return set(free_unbacked_symbols(expr))
+    return free_unbacked_symbols(expr)
 
 
 def _range(shape_env, expr) -> tuple[int | None, int | None]:
@@ -282,8 +288,6 @@ def rendered_guards(shape_env, values: Sequence[Any], sources: Sequence[Any]) ->
     placeholder next to ``x``: it would only add ``L['x'].size()[0] == L['x'].size()[0]``)."""
     in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
                   if isinstance(s, torch.SymInt)}
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     fakes, srcs = [], []
     for value, source in zip(values, sources):
         if source is None or not isinstance(value, (torch.Tensor, torch.SymInt)):
@@ -300,9 +304,7 @@ def rendered_guards(shape_env, values: Sequence[Any], sources: Sequence[Any]) ->
 def _source(name: str):
     """A Dynamo source that prints as ``name``: symbol names are derived from source names, so
     a replay's symbols and guard text match the recording's."""
-    from torch._dynamo.source import ConstantSource
-
-    return ConstantSource(name)
+    return constant_source(name)
 
 
 def is_symbolic(policy: ShapePolicy | None) -> bool:
@@ -410,11 +412,8 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
     placeholders' names, the sources of inputs the policy gives none. Symbol inputs reuse the
     symbol of the tensor dimension with the same recorded expression (Dynamo passes ``s77`` next
     to the tensor whose size it is)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    shape_env = ShapeEnv(**shape_env_settings(policy))
-    fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+    shape_env = new_shape_env(**shape_env_settings(policy))
+    fake_mode = new_fake_mode(shape_env)
     by_input = {r.input: r for r in policy.inputs}
     plan = dimension_plan(policy)
     fakes: list[Any] = [None] * len(args)
@@ -466,30 +465,7 @@ def _shared_exprs(policy: ShapePolicy) -> set[str]:
 
 def _fake(fake_mode, arg: torch.Tensor, plan: list[tuple[str, Any, str | None]], source):
     """``arg`` fakified in ``fake_mode`` with one ``dimension_plan`` entry per dimension."""
-    from torch.fx.experimental.symbolic_shapes import (
-        DimDynamic,
-        RelaxedUnspecConstraint,
-        StatelessSymbolicContext,
-        StrictMinMaxConstraint,
-        SubclassSymbolicContext,
-    )
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-    from torch.utils._sympy.numbers import int_oo
-    from torch.utils._sympy.value_ranges import ValueRanges
-
-    def constraint(c):
-        if c == "relaxed":
-            return RelaxedUnspecConstraint(warn_only=True)
-        return None if c is None else StrictMinMaxConstraint(warn_only=False, vr=ValueRanges(
-            c[0], int_oo if c[1] is None else c[1]))
-
-    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic[kind] for kind, _, _ in plan],
-                                       constraint_sizes=[constraint(c) for _, c, _ in plan])
-    if is_traceable_wrapper_subclass(arg):  # a nested jagged tensor: its inner tensors duck-sized
-        context = SubclassSymbolicContext(
-            dynamic_sizes=context.dynamic_sizes, constraint_sizes=context.constraint_sizes, tensor_source=source,
-            inner_contexts={attr: StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK] * getattr(arg, attr).dim())
-                            for attr in arg.__tensor_flatten__()[0]})
+    context = symbolic_context(arg, plan, source)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return fake_mode.from_tensor(arg, symbolic_context=context, source=source)
@@ -497,13 +473,8 @@ def _fake(fake_mode, arg: torch.Tensor, plan: list[tuple[str, Any, str | None]],
 
 def _free_symint(shape_env, arg: Any, dim: ShapeDim, source):
     """A symbolic scalar input whose symbol no tensor dimension has (a dynamic int argument)."""
-    from torch.fx.experimental.symbolic_shapes import DimDynamic
-
     value = int(arg) if isinstance(arg, (int, torch.SymInt)) else dim.size
-    if dim.kind == UNBACKED:
-        return shape_env.create_unbacked_symint(source=source)
-    return shape_env.create_symintnode(shape_env.create_symbol(value, source, DimDynamic.DYNAMIC), hint=value,
-                                       source=source)
+    return new_symint(shape_env, value, source, unbacked=dim.kind == UNBACKED)
 
 
 def _restore_equalities(policy: ShapePolicy, shape_env, problems: list[str]) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from reproarchive.codec import custom_ops as co
 from reproarchive.codec.operator_effects import SCHEMA_BLIND, schema_problem
+from reproarchive.compat.dispatch import OpNamespace, parse_schema
 from reproarchive.errors import NotReplayableHereError, ReproArchiveError, Rule, UnsafeArchiveError
 from reproarchive.format.schema import CustomOpRecord
 
@@ -99,7 +100,7 @@ def parsed_schema(name: str, schema_text: str) -> Any:
     can honour: a tensor computation (``operator_effects``) that neither writes nor aliases its
     arguments, in a namespace that is not torch's, named as the record names it."""
     try:
-        schema = torch._C.parse_schema(schema_text)
+        schema = parse_schema(schema_text)
     except RuntimeError as exc:
         raise _refused(name, f"its schema does not parse ({str(exc).splitlines()[0][:80]})") from None
     namespace, _, rest = schema.name.partition("::")
@@ -107,7 +108,7 @@ def parsed_schema(name: str, schema_text: str) -> Any:
     if (f"{namespace}::{rest}", schema.overload_name or "default") != (name.partition(".")[0], overload):
         raise _refused(name, f"its schema names {schema.name}.{schema.overload_name or 'default'}")
     if (not (_IDENT.match(namespace) and _IDENT.match(rest)) or namespace in co.TORCH_NAMESPACES
-            or not isinstance(getattr(torch.ops, namespace, None), torch._ops._OpNamespace)):
+            or not isinstance(getattr(torch.ops, namespace, None), OpNamespace)):
         raise _refused(name, f"namespace {namespace!r} is torch's own or not a plain name")
     if (why := SCHEMA_BLIND.get(namespace) or schema_problem(schema)) is not None:
         raise _refused(name, why)

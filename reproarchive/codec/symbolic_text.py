@@ -33,8 +33,10 @@ def _functions() -> dict[str, Any]:
     """The callables an expression may name: sympy's relations and logic, and the integer
     functions torch's symbolic shapes print (``torch.utils._sympy.functions``)."""
     import sympy
-    from torch.utils._sympy import functions as tf
 
+    from reproarchive.compat.fake import sympy_functions
+
+    tf = sympy_functions()
     table = {"Eq": sympy.Eq, "Ne": sympy.Ne, "Lt": sympy.Lt, "Le": sympy.Le, "Gt": sympy.Gt, "Ge": sympy.Ge,
              "And": sympy.And, "Or": sympy.Or, "Not": sympy.Not, "Abs": sympy.Abs,
              "Max": sympy.Max, "Min": sympy.Min}

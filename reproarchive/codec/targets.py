@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 from reproarchive.codec import effects
+from reproarchive.compat import fx_meta
+from reproarchive.compat.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket, load_triton_kernel_wrap
 from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
 from reproarchive.format.index_rules import function_name_problem, iter_arg_values, method_name_problem
 from reproarchive.format.schema import (
@@ -40,15 +42,13 @@ ROOTS = tuple(root.value for root in CallRoot)
 
 def qualified_name(target: Any) -> str:
     """The name a graph record stores for a call_function target."""
-    from torch.fx.node import _get_qualified_name
-
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return f"torch.ops.{target.namespace}.{target._opname}.{target._overloadname}"
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, OpOverloadPacket):
         return f"torch.ops.{target._qualified_op_name.replace('::', '.')}"
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, HigherOrderOperator):
         return f"torch.ops.higher_order.{target.name()}"
-    name = _get_qualified_name(target)
+    name = fx_meta.qualified_name(target)
     if name.startswith("_operator."):
         name = "operator." + name[len("_operator.") :]
     if "." not in name:
@@ -112,7 +112,7 @@ def _resolved(name: str) -> Any:
     """The callable a (well-formed) name resolves to, judged by its effects; LookupError when
     this torch has no such name. Cached: a graph names few distinct targets many times."""
     if name in LAUNCH_TARGETS:  # (1.4) registered by the module that defines them, Dynamo imports it
-        import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401
+        load_triton_kernel_wrap()
     obj = _walk(name)
     if not callable(obj) or isinstance(obj, types.ModuleType):
         raise _unsafe(name, "not a function")
@@ -146,11 +146,11 @@ def resolve_function(name: object) -> Any:
         ) from None
 
 
-def resolve_operator_value(name: object) -> torch._ops.OpOverload:
+def resolve_operator_value(name: object) -> OpOverload:
     """The operator an ``operator`` argument names (spec §7.2), resolved and judged exactly like a
     call target: a higher-order operator that takes it calls it."""
     fn = resolve_function(name)
-    if not isinstance(fn, torch._ops.OpOverload):
+    if not isinstance(fn, OpOverload):
         raise _unsafe(name, "an operator argument must name an operator overload (torch.ops.NS.OP.OVERLOAD)")
     return fn
 
@@ -166,7 +166,7 @@ def _check_operators_passed(node, fn: Any, missing: list | None) -> None:
     names = _operators_passed(node)
     if not names:
         return
-    if not (isinstance(fn, torch._ops.HigherOrderOperator) and fn.name() in effects.OPERATOR_TAKERS):
+    if not (isinstance(fn, HigherOrderOperator) and fn.name() in effects.OPERATOR_TAKERS):
         raise UnsafeArchiveError(
             f"node {node.name} passes operator {names[0][:80]} to {str(node.target)[:80]}, which may only take "
             "tensors and plain values",
@@ -317,15 +317,15 @@ def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereErro
                 continue
             state = effects.state_function(fn)
             _check_operators_passed(node, fn, missing)
-            _flows(node, kinds, subgraphs_ok=isinstance(fn, torch._ops.HigherOrderOperator),
+            _flows(node, kinds, subgraphs_ok=isinstance(fn, HigherOrderOperator),
                    consumer=_consumer(node, kinds, fn))
             if fn is getattr:
                 check_getattr_args(node.args)
                 _receiver(node, kinds)
-            elif isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            elif isinstance(fn, (OpOverload, OpOverloadPacket)):
                 # a packet (Dynamo's graphs call ``torch.ops._c10d_functional.all_reduce``) is
                 # checked against its default overload, the one its arguments select
-                overload = getattr(fn, "default", None) if isinstance(fn, torch._ops.OpOverloadPacket) else fn
+                overload = getattr(fn, "default", None) if isinstance(fn, OpOverloadPacket) else fn
                 why = overload and effects.string_argument_problem(overload, node.args, node.kwargs)
                 if why:
                     raise _unsafe(node.target, why)

@@ -19,6 +19,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from reproarchive.compat.fake import guard_scalar, is_fake_tensor
+from reproarchive.compat.tensors import (  # the table: standalone.script reads it from here too
+    REBUILDABLE_SUBCLASSES,
+    is_traceable_wrapper_subclass,
+    rebuildable_subclass,
+)
 from reproarchive.errors import IndexSchemaError, PackError
 from reproarchive.format import index_rules, schema
 from reproarchive.format.schema import (
@@ -101,9 +107,7 @@ def storage_view(storage: torch.UntypedStorage) -> memoryview:
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor) or t.device.type == "meta"
+    return is_fake_tensor(t) or t.device.type == "meta"
 
 
 def _sym_expr(value) -> str:
@@ -118,8 +122,6 @@ def _sym_hint(value):
     hint = getattr(node, "hint", None)
     if hint is None:
         try:
-            from torch.fx.experimental.symbolic_shapes import guard_scalar
-
             hint = guard_scalar(value)
         except Exception as exc:
             raise PackError(f"symbolic value {value} has no concrete hint", "pass concrete example inputs") from exc
@@ -257,8 +259,6 @@ def nested_int_owner(values: Sequence[Any], key: tuple[int, int]) -> tuple[str, 
 
 
 def _traceable_subclass(t: torch.Tensor) -> bool:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     return type(t) not in (torch.Tensor, torch.nn.Parameter) and not _is_fake(t) and is_traceable_wrapper_subclass(t)
 
 
@@ -423,27 +423,16 @@ def derived_value(rec: DerivedValue, source: torch.Tensor) -> Any:
     return source.size(rec.dim) if rec.kind == "size" else source.stride(rec.dim)
 
 
-#: Tensor subclasses a replay rebuilds: classes torch itself defines, by the module that defines
-#: them. A class is found here, never by importing a name an archive gives.
-REBUILDABLE_SUBCLASSES: dict[str, tuple[str, str]] = {
-    "torch.testing._internal.two_tensor.TwoTensor": ("torch.testing._internal.two_tensor", "TwoTensor"),
-    "torch.nested._internal.nested_tensor.NestedTensor": ("torch.nested._internal.nested_tensor", "NestedTensor"),
-}
-
-
 def rebuild_subclass(rec: SubclassValue, inner: list[Any]) -> torch.Tensor:
     """The subclass ``rec`` records, rebuilt through its unflatten protocol over ``inner``."""
-    import importlib
-
-    where = REBUILDABLE_SUBCLASSES.get(rec.cls)
-    if where is None:
+    cls = rebuildable_subclass(rec.cls)
+    if cls is None:
         from reproarchive.errors import NotReplayableHereError
 
         raise NotReplayableHereError(
             f"an input is a tensor subclass {rec.cls[:120]}, which reproarchive does not rebuild: not replayable here",
             f"rebuildable subclasses: {', '.join(sorted(REBUILDABLE_SUBCLASSES))}; the archive's inner tensors are "
             "still readable (`reproarchive inspect`)")
-    cls = getattr(importlib.import_module(where[0]), where[1])  # a module of torch's own, from the table above
     concrete = all(s.isdigit() for s in (*rec.size, *rec.stride))  # else the class works its geometry out
     t = cls.__tensor_unflatten__(dict(zip(rec.attrs, inner)), rec.context,
                                  torch.Size(int(s) for s in rec.size) if concrete else None,

@@ -35,6 +35,7 @@ import torch
 from reproarchive.codec.custom_ops import tensor_key
 from reproarchive.codec.graphs import encode_arg
 from reproarchive.codec.stand_ins import define_operator
+from reproarchive.compat.dispatch import HigherOrderOperator, OpOverload, triton_kernel_side_table
 from reproarchive.errors import NotReplayableHereError, PackError, Rule
 from reproarchive.format.schema import (
     DictArg,
@@ -54,13 +55,11 @@ _PLAIN = (type(None), bool, int, float, str)
 
 
 def is_launch(target: Any) -> bool:
-    return isinstance(target, torch._ops.HigherOrderOperator) and target.name() in (MUTATION, FUNCTIONAL)
+    return isinstance(target, HigherOrderOperator) and target.name() in (MUTATION, FUNCTIONAL)
 
 
 def _side_table():
-    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-
-    return kernel_side_table
+    return triton_kernel_side_table()
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,7 +293,7 @@ _STAND_INS: dict[str, _StandIn] = {}
 
 
 def _stand_in_of(target: Any) -> _StandIn | None:
-    if isinstance(target, torch._ops.OpOverload) and target.namespace == STAND_IN_NAMESPACE:
+    if isinstance(target, OpOverload) and target.namespace == STAND_IN_NAMESPACE:
         return _STAND_INS.get(target._opname)
     return None
 

@@ -162,10 +162,11 @@ def config_seeded_by(variable: str) -> tuple[str, str] | None:
 
 @functools.lru_cache(maxsize=1)
 def _seeded() -> dict[str, tuple[str, str]]:
+    from reproarchive.compat.config_modules import config_module_type
+
     found: dict[str, tuple[str, str]] = {}
-    try:
-        from torch.utils._config_module import ConfigModule
-    except ImportError:  # pragma: no cover - very old torch
+    ConfigModule = config_module_type()
+    if ConfigModule is None:  # pragma: no cover - very old torch
         return found
     for mod_name in CONFIG_MODULES:
         __import__(mod_name)

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from reproarchive.compat.config_modules import config_module_type, unset_sentinel
 from reproarchive.context.admission import COMPARED_MODULES, CONFIG_MODULES, setting_problem
 from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
 from reproarchive.errors import UnrepresentableValue
@@ -96,9 +97,8 @@ def _config_modules(import_required: bool = True) -> dict[str, Any]:
                 mod = None
         if mod is not None:
             mods[name] = mod
-    try:
-        from torch.utils._config_module import ConfigModule
-    except ImportError:  # pragma: no cover - very old torch
+    ConfigModule = config_module_type()
+    if ConfigModule is None:  # pragma: no cover - very old torch
         return mods
     for name, mod in list(sys.modules.items()):
         if name not in mods and isinstance(mod, ConfigModule):
@@ -279,9 +279,8 @@ def _config_module_named(name: str) -> Any:
         except ImportError:
             return None
     mod = sys.modules.get(name)
-    try:
-        from torch.utils._config_module import ConfigModule
-    except ImportError:  # pragma: no cover
+    ConfigModule = config_module_type()
+    if ConfigModule is None:  # pragma: no cover
         return None
     return mod if isinstance(mod, ConfigModule) else None
 
@@ -300,11 +299,7 @@ _UNSET = object()
 def _torch_unset() -> Any:
     """torch's "no environment override" sentinel, imported only when a config is applied, so
     that comparing two recorded configs (``diff``) does not import torch."""
-    try:
-        from torch.utils._config_module import _UNSET_SENTINEL
-    except ImportError:  # pragma: no cover - older torch: nothing is ever forced by env
-        return _UNSET
-    return _UNSET_SENTINEL
+    return unset_sentinel(_UNSET)  # an older torch has none: nothing is ever forced by env
 
 
 @contextlib.contextmanager

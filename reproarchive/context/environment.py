@@ -154,8 +154,7 @@ def set_by_torch_here(name: str, value: str) -> bool:
     if name not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         return False
     try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
+        from reproarchive.compat.inductor import default_cache_dir
         from reproarchive.context.redaction import redacted_records
 
         plain = redact_paths(os.path.abspath(default_cache_dir()))

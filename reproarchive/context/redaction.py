@@ -106,7 +106,7 @@ def _inductor_cache_dir() -> str | None:
     if "torch" not in sys.modules:  # not loaded for this (the spool's guardian): the default is under <tmp>
         return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        from reproarchive.compat.inductor import cache_dir
 
         return cache_dir()
     except Exception:

@@ -36,9 +36,11 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from reproarchive.codec.tensors import nested_int_key, nested_int_owner
+from reproarchive.compat.fx_meta import forget_values
+from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+from reproarchive.compat.thread_state import is_functorch_wrapped_tensor
 from reproarchive.errors import EagerRunError
 from reproarchive.format.schema import COMPUTE_OPS
 
@@ -122,7 +124,7 @@ def fresh_copy(value: Any) -> Any:
 
 def _record_value(value: Any, *, keep_leafness: bool = False) -> Any:
     if isinstance(value, torch.Tensor):
-        if torch._C._functorch.is_functorch_wrapped_tensor(value):
+        if is_functorch_wrapped_tensor(value):
             return UNCUTTABLE  # a value inside a vmap region Dynamo inlined (flex_attention's block mask)
         return snapshot_tensor(value, keep_leafness=keep_leafness)
     if isinstance(value, _SYMBOLIC):
@@ -469,8 +471,7 @@ class Recording:
             env[i] = ph
             if i in tx:
                 # the recorded meta describes the recorded value, not this one
-                ph.meta.pop("val", None)
-                ph.meta.pop("tensor_meta", None)
+                forget_values(ph)
                 inputs.append(_inputs.apply(self.value[i], tx[i]))
             else:
                 inputs.append(self.value[i])

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from reproarchive.compat.tensors import is_traceable_wrapper_subclass
 
 # One step narrower; the failure decides whether the step is taken.
 NARROWER = {

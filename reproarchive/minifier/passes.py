@@ -52,7 +52,8 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from reproarchive.compat.tensors import is_traceable_wrapper_subclass
 
 from . import inputs as _inputs
 from .candidate import Candidate, Recording

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from reproarchive.compat.dispatch import HigherOrderOperator
+
 log = logging.getLogger("reproarchive.minify")
 
 
@@ -96,7 +98,7 @@ def inline_variants(gm: fx.GraphModule, skipped: dict[str, str] | None = None
     A listed operator whose node does not have its listed layout is not inlined; ``skipped``
     (node name -> why) collects those."""
     for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+        if node.op != "call_function" or not isinstance(node.target, HigherOrderOperator):
             continue
         name = node.target.name()
         if name not in _LAYOUTS:

@@ -42,6 +42,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from reproarchive.codec.device_runtime import devices_of, forked_rng, synchronize
+from reproarchive.compat import inductor
+from reproarchive.compat.dynamo import cast_to_fp64
+from reproarchive.compat.pytree import keystr, tree_flatten_with_path, tree_leaves, tree_map
 from reproarchive.errors import EagerFailed
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import AccuracyOutput, AccuracyReport
@@ -69,9 +72,7 @@ def fair_to_randomness(gm: Any) -> Iterator[str]:
     if not ops:
         yield PLAIN_RULE
         return
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(fallback_random=True):
+    with inductor.patched_config({"fallback_random": True}):
         yield (f"fair to randomness ({', '.join(ops)}): eager, fp64 and compiled start from the same RNG state, "
                "inductor with fallback_random")
 
@@ -83,7 +84,6 @@ def fair_to_randomness(gm: Any) -> Iterator[str]:
 
 def _requires_bwd(out: Any) -> bool:
     import torch
-    from torch.utils._pytree import tree_leaves
 
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in tree_leaves(out))
 
@@ -93,7 +93,6 @@ def _scalar_loss(out: Any) -> Any:
     each tensor, averaged. Outputs that do not require grad are left out (they cannot
     contribute a gradient and would fail on integer dtypes)."""
     import torch
-    from torch.utils._pytree import tree_leaves
 
     parts = [x.sum() / max(x.numel(), 1) for x in tree_leaves(out)
              if isinstance(x, torch.Tensor) and x.requires_grad]
@@ -108,7 +107,6 @@ def _sum_loss(out: Any) -> Any:
     Linear(2048, 2048) + ReLU, a backward of 2.5 s against 0.8 s), so the check would cost
     more than the step it checks."""
     import torch
-    from torch.utils._pytree import tree_leaves
 
     return sum(x.sum() for x in tree_leaves(out) if isinstance(x, torch.Tensor) and x.requires_grad)
 
@@ -181,10 +179,9 @@ def fp64_reference(gm: Any, args: Sequence[Any], *, fwd_only: bool = False,
     ops have no fp64 kernel on some devices); the accuracy rule then falls back to step 3.
     """
     import torch
-    from torch._dynamo.debug_utils import cast_dtype_args_to_fp64
 
     try:
-        model = cast_dtype_args_to_fp64(copy.deepcopy(gm).to(torch.float64))
+        model = cast_to_fp64(copy.deepcopy(gm).to(torch.float64))
         need_grads = not fwd_only and torch.is_grad_enabled()
         run = _Float64Run(model, need_grads)
         devices = devices_of(args)
@@ -226,7 +223,6 @@ class _Float64Run(_float64_run_base()):  # type: ignore[misc]
 
     def fetch_args_kwargs_from_env(self, n: Any) -> tuple:
         import torch
-        from torch.utils._pytree import tree_map
 
         def cast(x: Any) -> Any:
             if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == torch.float64:
@@ -297,8 +293,6 @@ def check_accuracy(
 
 def _label(path: tuple) -> str:
     """``output[0]``, ``grad of input 3`` rather than pytree's ``['outputs'][0]``."""
-    from torch.utils._pytree import keystr
-
     first = getattr(path[0], "key", None) if path else None
     if first == "outputs":
         return "output" + keystr(path[1:])
@@ -308,8 +302,6 @@ def _label(path: tuple) -> str:
 
 
 def _flatten(tree: Any) -> tuple[list[str], list[Any]]:
-    from torch.utils._pytree import tree_flatten_with_path
-
     pairs, _ = tree_flatten_with_path(tree)
     return [_label(p) for p, _ in pairs], [leaf for _, leaf in pairs]
 

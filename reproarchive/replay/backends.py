@@ -33,12 +33,13 @@ def resolve_backend(name: str | None) -> CompilerFn:
     if is_custom(name):
         return _import_function(name)
     import torch
-    from torch._dynamo.backends.registry import list_backends, lookup_backend
+
+    from reproarchive.compat.dynamo import lookup_backend, registered_backends
 
     try:
         return lookup_backend(name)
     except Exception:  # InvalidBackend, or a registered entry point that fails to import
-        known = ", ".join(list_backends(exclude_tags=()))
+        known = ", ".join(registered_backends())
         raise BackendUnavailableError(
             f"backend {name!r} is not known to torch {torch.__version__} on this machine",
             f"use --backend with one of: {known}; or module:function for a custom compiler",

@@ -28,10 +28,11 @@ def written_inputs(gm: Any, args: Sequence[Any]) -> frozenset[int] | None:
     statistics), views included; None when the graph cannot run on fake tensors, and then
     every input counts as written."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from reproarchive.compat.fake import new_fake_mode
 
     try:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        mode = new_fake_mode()
         fakes = [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
         recorder = _WriteRecorder()
         with mode, recorder, torch.no_grad():
@@ -57,7 +58,7 @@ def _storage_key(t: Any) -> Any:
 
 
 def _write_recorder_base() -> type:
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from reproarchive.compat.dispatch import TorchDispatchMode
 
     return TorchDispatchMode
 
@@ -71,7 +72,8 @@ class _WriteRecorder(_write_recorder_base()):  # type: ignore[misc]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         import torch
-        from torch.utils._pytree import tree_leaves
+
+        from reproarchive.compat.pytree import tree_leaves
 
         kwargs = kwargs or {}
         unannotated = _UNANNOTATED_WRITES.get(func._schema.name, ())
@@ -137,7 +139,8 @@ def snapshot(args: Sequence[Any], written: frozenset[int] | None) -> list[Any]:
     it). With ``written`` None nothing is copied: the archive then says which inputs changed
     (their version counters)."""
     import torch
-    from torch._dynamo.utils import clone_input
+
+    from reproarchive.compat.dynamo import clone_input
 
     if not written:
         return list(args)
@@ -161,7 +164,8 @@ def clone_inputs(args: Sequence[Any]) -> list[Any]:
     non-leaf), and an in-place op that was legal on the original non-leaf input is an error
     on a leaf that requires grad, so a replay of leaves would not be the original run."""
     import torch
-    from torch._dynamo.utils import clone_input
+
+    from reproarchive.compat.dynamo import clone_input
 
     out: list[Any] = []
     for a in args:
@@ -189,7 +193,8 @@ def _with_history(leaf: Any) -> Any:
     from ``expand``) falls back to a view, which such an input is anyway.
     """
     import torch
-    from torch._dynamo.utils import clone_input
+
+    from reproarchive.compat.dynamo import clone_input
 
     with torch.enable_grad():
         try:

@@ -13,6 +13,7 @@ import sys
 
 from reproarchive.child import child_main
 from reproarchive.codec.devices import DevicePlan
+from reproarchive.compat import dynamo
 from reproarchive.replay.runner import replay_graph, run_here
 from reproarchive.replay.settings import ReplaySettings
 
@@ -44,4 +45,4 @@ def _warm(spec: dict) -> None:
 
 if __name__ == "__main__":
     sys.exit(child_main(_replay, unexpected_what="the isolated replay failed",
-                        warm_imports=("torch._dynamo",)))
+                        warm_imports=(dynamo.MODULE,)))

@@ -43,7 +43,8 @@ def collective_values(gm: Any, per_rank_args: dict[int, list], world_size: int) 
     registered (a fake process group of ``world_size``, ``ranks.recreate_groups``)."""
     import torch
     import torch.fx as fx
-    from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
+
+    from reproarchive.compat.distributed import LocalTensor, LocalTensorMode, local_tensor_of
 
     ranks = sorted(per_rank_args)
     collective = {n.name for n in gm.graph.nodes if _ranks.is_collective(n)}
@@ -54,7 +55,7 @@ def collective_values(gm: Any, per_rank_args: dict[int, list], world_size: int) 
             result = super().run_node(n)
             if n.name in collective and isinstance(result, LocalTensor):
                 for r in ranks:
-                    found[r][n.name] = result._local_tensors[r].detach().clone()
+                    found[r][n.name] = local_tensor_of(result, r).detach().clone()
             return result
 
     with LocalTensorMode(world_size), torch.no_grad():

@@ -183,11 +183,10 @@ def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
     this rank skipped ends by its own timeout, which counts from when it got there (after its
     compile), and then exits failed, so the launcher ends this rank: the wait is bounded only
     by the launch's own bound."""
-    from torch.distributed.distributed_c10d import _get_default_store
-
+    from reproarchive.compat.distributed import default_store
     from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
 
-    store = _get_default_store()
+    store = default_store()
     store.set(f"reproarchive/done/{rank}", "1")
     bound = datetime.timedelta(seconds=timeout_s * 2 + STARTUP_ALLOWANCE_S)
     try:

@@ -72,9 +72,10 @@ def init_fake(rank: int, world_size: int) -> None:
     returns made-up values at once (PyTorch's fake backend): for failures in the compiler, which
     never needs another rank."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    from reproarchive.compat.distributed import fake_store
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=fake_store())
 
 
 def recreate_groups(groups: Iterable[GroupSpec], *, timeout_s: float | None = None) -> dict[str, Any]:
@@ -83,13 +84,13 @@ def recreate_groups(groups: Iterable[GroupSpec], *, timeout_s: float | None = No
     the recording run did not have resolves to nothing). Returns name -> ProcessGroup for this
     rank. Every rank of the job must call this with the same table (``new_group`` is collective
     over the whole world)."""
-    import torch
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _get_default_group
+
+    from reproarchive.compat.distributed import default_group, register_groups
 
     world = dist.get_world_size()
     me = dist.get_rank()
-    default = _get_default_group()
+    default = default_group()
     timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     made: dict[str, Any] = {}
     for spec in sorted(groups, key=lambda g: (g.order, g.name)):
@@ -100,10 +101,7 @@ def recreate_groups(groups: Iterable[GroupSpec], *, timeout_s: float | None = No
             pg = dist.new_group(members, timeout=timeout, group_desc=f"recorded:{spec.name}")
         if me in members:
             made[spec.name] = pg
-    c10d = torch._C._distributed_c10d
-    c10d._unregister_all_process_groups()
-    for name, pg in made.items():
-        c10d._register_process_group(name, pg)
+    register_groups(made)
     return made
 
 
@@ -147,12 +145,13 @@ def registered_groups(names: Iterable[str]) -> dict[str, tuple[int, ...]]:
     """name -> global ranks of the group torch resolves each name to here (names that resolve to
     nothing are left out): what a graph's collectives will actually run on."""
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    from reproarchive.compat.distributed import resolve_process_group
 
     found = {}
     for name in names:
         try:
-            pg = _resolve_process_group(name)
+            pg = resolve_process_group(name)
         except (RuntimeError, ValueError, KeyError):
             continue
         found[name] = tuple(dist.get_process_group_ranks(pg))

@@ -235,15 +235,15 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
     on the placeholders and the fake mode in the tracing context (``replay.shape_policy``)."""
     policy, report = shapes
     if source_kind == "after_aot" and backend == "inductor":
-        from torch._inductor.compile_fx import compile_fx_inner
+        from reproarchive.compat.fake import retraced
+        from reproarchive.compat.inductor import inner_compiler
 
+        compile_fx_inner = inner_compiler()
         shape_policy.not_applied(policy, report, "an after_aot graph replayed with inductor's inner compiler is "
                                  "re-traced with real (static) shapes, as PyTorch's after_aot replay does")
-        from torch.fx.experimental.proxy_tensor import make_fx
-
         # Like PyTorch's after_aot run_repro: re-trace so every node carries the meta
         # (``val``) that inductor's inner compiler reads; the archive stores no fake values.
-        gm = make_fx(gm, tracing_mode="real")(*args)
+        gm = retraced(gm, args)
         inner = compile_fx_inner(gm, args)
         return lambda *a: inner(list(a))
     with shape_policy.symbolic_compile(policy, gm, args, report) as example_inputs:

@@ -42,16 +42,18 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
         yield args
         return
     import torch
-    from torch._guards import TracingContext, tracing
+
+    from reproarchive.compat.dynamo import tracing_with
+    from reproarchive.compat.fx_meta import set_example_value
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     shapes = fakes_for(policy, args, [n.name for n in placeholders])
     for node, fake in zip(placeholders, shapes.fakes):
         if fake is not None:
-            node.meta["example_value"] = fake
+            set_example_value(node, fake)
     example = [fake if isinstance(fake, torch.SymInt) else arg for arg, fake in zip(args, shapes.fakes)]
     try:
-        with tracing(TracingContext(shapes.fake_mode)):
+        with tracing_with(shapes.fake_mode):
             yield example
     finally:
         if report is not None:

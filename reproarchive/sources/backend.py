@@ -250,19 +250,17 @@ def _resolve_backend(backend: str | Callable, mode: str | None, inductor_options
     (asking the wrapper for its config): through the registry's entry that import, ~2 s on a
     core, came inside the first call, a cost the program without capture pays before it.
     """
-    import torch
+    from reproarchive.compat.dynamo import inductor_wrapper, lookup_backend
 
     if isinstance(backend, str):
         if backend == "inductor":
-            wrapper = torch._TorchCompileInductorWrapper(mode, inductor_options, None)
+            wrapper = inductor_wrapper(mode, inductor_options)
             with warnings.catch_warnings():  # torch's own import-time deprecations are not capture's to raise
                 warnings.simplefilter("ignore", DeprecationWarning)
                 wrapper.get_compiler_config()  # Inductor imported now, as torch.compile imports it
             return wrapper, "inductor", dict(wrapper.config)
         if mode or inductor_options:
             raise ValueError("capture(): mode= and options= only apply to backend='inductor'")
-        from torch._dynamo.backends.registry import lookup_backend
-
         return lookup_backend(backend), backend, {}
     if not callable(backend):
         raise TypeError(f"capture(): backend must be a name or a callable, not {type(backend).__name__}")
@@ -559,9 +557,9 @@ class _CaptureBackend:
         if not self.config_patches:
             yield
             return
-        import torch._inductor.config as inductor_config
+        from reproarchive.compat import inductor
 
-        with inductor_config.patch(self.config_patches):
+        with inductor.patched_config(self.config_patches):
             yield
 
     # -- a crash: the archive written before the compiled code runs ----------------------------
@@ -643,7 +641,7 @@ class _CaptureBackend:
 
     def _accuracy_failed(self, gm: Any, inputs: list[Any], modified: list[int], report: AccuracyReport,
                          config: ConfigRecord) -> None:
-        from torch._dynamo.debug_utils import AccuracyError
+        from reproarchive.compat.dynamo import AccuracyError
 
         record = _failure.accuracy_record(report, backend=self.backend_name)
         path, error = self._write(gm, inputs, modified, record, config)

@@ -79,7 +79,8 @@ def function_nodes(outputs: Any, inputs: Sequence[Any]) -> list[Any]:
     """The nodes of ``outputs``' autograd graph that a call on ``inputs`` made (the walk stops at
     the inputs' own nodes and at leaves) whose backward is a Python ``autograd.Function``'s."""
     import torch
-    from torch.utils._pytree import tree_leaves
+
+    from reproarchive.compat.pytree import tree_leaves
 
     stop = {id(a.grad_fn) for a in inputs if isinstance(a, torch.Tensor) and a.grad_fn is not None}
     todo = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]

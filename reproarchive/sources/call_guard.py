@@ -47,13 +47,9 @@ Failed = Callable[[list[Any], BaseException, int], tuple[Any, str | None]]
 
 def is_control_flow(exc: BaseException) -> bool:
     """Exceptions Dynamo uses to steer tracing (fall back, restart, skip): not failures."""
-    try:
-        from torch._dynamo import exc as dexc
-    except ImportError:  # pragma: no cover
-        return False
-    kinds = tuple(k for k in (getattr(dexc, n, None) for n in ("SkipFrame", "RestartAnalysis", "Unsupported"))
-                  if isinstance(k, type))
-    return isinstance(exc, kinds)
+    from reproarchive.compat.dynamo import control_flow_exceptions
+
+    return isinstance(exc, control_flow_exceptions())
 
 
 class GraphWrites:
@@ -220,7 +216,8 @@ def backward_is_compiled(outputs: Any) -> bool:
     forward, not a training step. Judged by what the nodes are, read once from the outputs'
     graph (one visit per node)."""
     import torch
-    from torch.utils._pytree import tree_leaves
+
+    from reproarchive.compat.pytree import tree_leaves
 
     todo = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     seen: set[int] = set()

@@ -52,9 +52,9 @@ def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any)
     may be called with PyTorch's fake-tensor mode still active (AOTAutograd does so for graphs
     with ``cond`` or ``while_loop``): the records read real tensors (the generator states, the
     custom ops' calls), so all of it runs outside any mode."""
-    from torch.utils._python_dispatch import _disable_current_modes
+    from reproarchive.compat.dispatch import disable_current_modes
 
-    with _disable_current_modes():
+    with disable_current_modes():
         return write_capture(capture_of(gm, inputs, **records), destination)
 
 

@@ -53,6 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reproarchive.compat import dynamo, inductor
 from reproarchive.sources import inductor_door
 from reproarchive.sources.frame_room import with_frame_room
 
@@ -62,7 +63,6 @@ ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
 CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's custom-op calls
 KEPT_DIR = "kept"  # beside it too: first calls whose failure PyTorch could not dump, from the spool
-_TARGET_MODULE = "torch._dynamo.repro.after_dynamo"
 
 log = logging.getLogger("reproarchive.capture")
 _counter = itertools.count(1)  # custom-op records of this process, in order
@@ -73,7 +73,7 @@ def install() -> None:
     Inductor's door once torch loads it."""
     if not os.environ.get(CRASH_DIR_ENV):
         return
-    patches = {_TARGET_MODULE: _patch, inductor_door.TARGET_MODULE: inductor_door.patch}
+    patches = {dynamo.REPRO_HOOK_MODULE: _patch, inductor.COMPILE_FX_MODULE: inductor_door.patch}
     for name, patch in list(patches.items()):
         module = sys.modules.get(name)
         if module is not None:
@@ -112,7 +112,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
 
 def _patch(module: Any) -> None:
-    cls = getattr(module, "WrapBackendDebug", None)
+    cls = dynamo.backend_debug_class(module)
     if cls is None or getattr(cls, "_reproarchive_guarded", False):
         return
     original = cls.__call__
@@ -187,9 +187,7 @@ def custom_op_archives(dump_dir: Path, pid: int) -> list[Path]:
 
 
 def _hook_runs_in_backend() -> bool:
-    from torch._dynamo import config
-
-    return config.repro_after == "dynamo" and config.repro_level in (1, 2, 3)
+    return dynamo.repro_after() == "dynamo" and dynamo.repro_level() in (1, 2, 3)
 
 
 @dataclasses.dataclass
@@ -223,9 +221,6 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     of those it writes). A failure of any later call is dumped too. The program's own
     exception is re-raised unchanged, with PyTorch's ``minifier_path``.
     """
-    from torch._dynamo import config
-    from torch._dynamo.repro import after_dynamo as hook
-
     from reproarchive.codec.device_runtime import RngState, devices_of
     from reproarchive.replay.accuracy import run_forward_backward
     from reproarchive.sources.backend import copy_graph_structure
@@ -243,19 +238,19 @@ def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs:
     )
 
     name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
-    level = config.repro_level
+    level = dynamo.repro_level()
     if level == 3:
-        hook.dump_to_minify_after_dynamo(gm, example_inputs, name)
+        dynamo.dump_graph_and_inputs(gm, example_inputs, name)
     pristine = copy_graph_structure(gm)
     first = first or FirstCall(None)
 
     def dump(inputs: list[Any], exc: BaseException) -> str:
         copied = copy_graph_structure(pristine)
         if level == 1:
-            hook.dump_backend_state(copied, inputs, compiler_name=name)
+            dynamo.dump_backend_state(copied, inputs, name)
         else:
-            hook.dump_to_minify_after_dynamo(copied, inputs, name)
-        path = os.path.join(hook.minifier_dir(), "minifier_launcher.py")
+            dynamo.dump_graph_and_inputs(copied, inputs, name)
+        path = os.path.join(dynamo.minifier_dir(), "minifier_launcher.py")
         try:
             exc.minifier_path = path  # type: ignore[attr-defined]  # as PyTorch's hook sets it
         except Exception:  # noqa: BLE001 - exceptions with __slots__
@@ -354,15 +349,12 @@ def _backend_name(wrapper: Any) -> str:
     """The name to record for the backend behind Dynamo's ``wrapper``: a registered name as
     it is; a custom function by its import path (``recorded_name``), not the bare ``__name__``
     that ``torch.compile``'s wrapper takes as its ``compiler_name``."""
-    from torch._dynamo.backends.registry import list_backends
-
     from reproarchive.sources.backend import recorded_name
 
-    name = getattr(wrapper, "_compiler_name", None)
-    if isinstance(name, str) and name in list_backends(exclude_tags=()):
+    name = dynamo.wrapped_backend_name(wrapper)
+    if isinstance(name, str) and name in dynamo.registered_backends():
         return name
-    backend = getattr(wrapper, "_torchdynamo_orig_backend", None) or wrapper
-    return recorded_name(getattr(backend, "compiler_fn", backend))  # torch.compile's wrapper of a callable
+    return recorded_name(dynamo.original_backend(wrapper))  # torch.compile's wrapper of a callable
 
 
 def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:

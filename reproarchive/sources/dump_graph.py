@@ -47,6 +47,8 @@ def trace_repro(mod) -> tuple[Any, list[str]]:
     """
     import torch.fx as fx
 
+    from reproarchive.compat.fx_meta import drop_stack_trace
+
     notes: list[str] = []
 
     class _Inline(fx.Tracer):
@@ -65,7 +67,7 @@ def trace_repro(mod) -> tuple[Any, list[str]]:
         graph = _Leaf().trace(mod)
     gm = fx.GraphModule(mod, graph, class_name="Repro")
     for node in gm.graph.nodes:
-        node.meta.pop("stack_trace", None)
+        drop_stack_trace(node)
         if node.op == "placeholder":
             node.type = None  # Repro's annotations (torch.nn.parameter.Parameter) carry nothing
     gm.recompile()

@@ -149,6 +149,8 @@ def _tensor_on(storage, shape, stride, storage_offset, dtype, requires_grad, is_
     """Exactly what InputReader.tensor does, including its fake autograd history for non-leaves."""
     import torch
 
+    from reproarchive.compat.tensors import set_tensor_metadata
+
     t = torch.tensor([], dtype=dtype, device=storage.device, requires_grad=requires_grad)
     with torch.no_grad():
         t.set_(storage, storage_offset, shape, stride)
@@ -157,5 +159,5 @@ def _tensor_on(storage, shape, stride, storage_offset, dtype, requires_grad, is_
             t = t.clone(memory_format=torch.preserve_format)
         with torch.no_grad():
             t.set_(storage, storage_offset, shape, stride)
-    torch._utils.set_tensor_metadata(t, metadata)
+    set_tensor_metadata(t, metadata)
     return t

@@ -40,11 +40,11 @@ def _concrete(gm, args: list[Any]) -> tuple[list[Any], int]:
 def replay(dump: DumpScript, gm, args: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes) for a dump: ``replay_once`` the way its ``run_repro`` would
     detect the failure (its autocast flag, Dynamo's repro_forward_only)."""
-    from torch._dynamo import config as dynamo_config
+    from reproarchive.compat.dynamo import repro_forward_only
 
     return replay_once(gm, args, kind=dump.kind, backend=dump.backend, accuracy=bool(dump.accuracy_mode),
                        autocast=bool(dump.run_args.get("autocast", False)),
-                       only_fwd=None if dump.kind == "after_aot" else bool(dynamo_config.repro_forward_only))
+                       only_fwd=None if dump.kind == "after_aot" else repro_forward_only())
 
 
 def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy: bool, autocast: bool = False,

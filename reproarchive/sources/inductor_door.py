@@ -35,8 +35,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from reproarchive.compat.fx_meta import aot_input_of
+from reproarchive.compat.inductor import debug_wrapper_of, set_debug_wrapper
+
 AOT_DIR_ENV = "REPROARCHIVE_AOT_DIR"
-TARGET_MODULE = "torch._inductor.compile_fx"
 ARCHIVE_PREFIX = "aot-"
 
 log = logging.getLogger("reproarchive.capture")
@@ -60,7 +62,7 @@ def patch(module: Any) -> None:
     """Wrap ``module`` (``torch._inductor.compile_fx``)'s after_aot debug wrapper once."""
     if not os.environ.get(AOT_DIR_ENV):
         return
-    original = getattr(module, "wrap_compiler_debug", None)
+    original = debug_wrapper_of(module)
     if original is None or getattr(original, "_reproarchive_guarded", False):
         return
 
@@ -83,7 +85,7 @@ def patch(module: Any) -> None:
         return door
 
     wrap_compiler_debug._reproarchive_guarded = True
-    module.wrap_compiler_debug = wrap_compiler_debug
+    set_debug_wrapper(module, wrap_compiler_debug)
 
 
 def _is_control_flow(exc: BaseException) -> bool:
@@ -109,7 +111,7 @@ def real_inputs(gm: Any, example_inputs: list[Any], caller: tuple[Any, list[Any]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out, real = [], 0
     for node, example in zip(placeholders, example_inputs):
-        value = _described(node.meta.get("desc"), caller)
+        value = _described(aot_input_of(node), caller)
         if value is not None and _matches(value, example):
             out.append(value)
             real += 1
@@ -118,21 +120,17 @@ def real_inputs(gm: Any, example_inputs: list[Any], caller: tuple[Any, list[Any]
     return out, real
 
 
-def _described(desc: Any, caller: tuple[Any, list[Any]] | None) -> Any:
-    if caller is None or desc is None:
+def _described(described: tuple[str, Any] | None, caller: tuple[Any, list[Any]] | None) -> Any:
+    if caller is None or described is None:
         return None
     dynamo_gm, inputs = caller
-    kind = type(desc).__name__
-    if kind == "PlainAOTInput":
-        idx = getattr(desc, "idx", None)
-        return inputs[idx] if isinstance(idx, int) and 0 <= idx < len(inputs) else None
-    if kind in ("ParamAOTInput", "BufferAOTInput"):
-        target = getattr(desc, "target", None)
-        try:
-            return functools.reduce(getattr, str(target).split("."), dynamo_gm)
-        except AttributeError:
-            return None
-    return None
+    kind, where = described
+    if kind == "plain":
+        return inputs[where] if isinstance(where, int) and 0 <= where < len(inputs) else None
+    try:
+        return functools.reduce(getattr, str(where).split("."), dynamo_gm)
+    except AttributeError:
+        return None
 
 
 def _hint(value: Any) -> Any:

@@ -123,9 +123,9 @@ def note_compile(gm: Any) -> None:
 
 def _compile_id() -> str | None:
     try:
-        from torch._guards import CompileContext
+        from reproarchive.compat.dynamo import current_compile_id
 
-        found = CompileContext.current_compile_id()
+        found = current_compile_id()
         return str(found) if found is not None else None
     except Exception:  # noqa: BLE001 - outside Dynamo (a backend called by hand)
         return None
@@ -158,15 +158,12 @@ def schedule_of(gm: Any, compile_id: str | None = None) -> list[CollectiveRecord
 
 def process_groups(mesh_dims: dict[str, str] | None = None) -> tuple[ProcessGroupRecord, ...]:
     """The process groups this rank belongs to, in creation order, under their names."""
-    from torch.distributed import distributed_c10d as c10d
+    from reproarchive.compat.distributed import groups_in_creation_order
 
-    world = c10d._world
     out = []
-    for index, (pg, name) in enumerate(world.pg_names.items()):
-        members = world.pg_group_ranks.get(pg)
+    for index, (pg, name, members, backend) in enumerate(groups_in_creation_order()):
         if not isinstance(members, dict):
             continue
-        backend = world.pg_map.get(pg, (None,))[0]
         out.append(ProcessGroupRecord(
             name=str(name), ranks=tuple(g for g, _ in sorted(members.items(), key=lambda kv: kv[1])),
             backend=str(backend) if backend is not None else None, index=index,

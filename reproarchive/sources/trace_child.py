@@ -219,6 +219,7 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
     from torch.fx.graph import dtype_abbrs
 
     from reproarchive.codec.tensors import AbsentTensor
+    from reproarchive.compat.pytree import graph_code_modules
 
     code = job["graph"]["code"]
     described: dict[str, dict] = job.get("describe") or {}
@@ -227,7 +228,7 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
     namespace: dict[str, Any] = {
         "__name__": "__reproarchive_trace_graph__", "__builtins__": builtins, "torch": torch,
         "math": __import__("math"), "operator": __import__("operator"), "inf": float("inf"),
-        "nan": float("nan"), "device": torch.device, "fx_pytree": torch.fx._pytree, "pytree": torch.utils._pytree,
+        "nan": float("nan"), "device": torch.device, **graph_code_modules(),
     }
     try:
         exec(compile(code, "<dynamo_output_graph>", "exec", dont_inherit=True), namespace)  # noqa: S102 - the user's own log, in a throwaway process

@@ -300,7 +300,8 @@ class _Script:
 
     def value_literal(self, value: Any, device: str | None) -> str:
         import torch
-        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        from reproarchive.compat.tensors import is_traceable_wrapper_subclass
 
         if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
             return self.subclass_literal(value, device)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.child import child_main, temp_folder
+from reproarchive.compat import dynamo
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import from_plain
 from reproarchive.format.reader import ContainerReader
@@ -104,4 +105,4 @@ def _doctor(task: Task, settings: ReplaySettings) -> dict[str, Any]:
 
 if __name__ == "__main__":
     sys.exit(child_main(_handle, unexpected_what="the triage task failed",
-                        warm_imports=("reproarchive.references", "torch._dynamo")))
+                        warm_imports=("reproarchive.references", dynamo.MODULE)))

@@ -1,0 +1,118 @@
+"""Operators and the dispatcher: what torch keeps private about how an operator is found and run.
+
+The graph codec classifies every call target (``codec.targets``, ``codec.effects``) by the types
+of ``torch._ops``, which have no public home; it reads the dispatcher's registrations of a custom
+op (``torch._C._dispatch_dump``) and its list of native operators, parses recorded schemas
+(``torch._C.parse_schema``), asks ``torch._library``'s registries where a Python custom op came
+from and whether it has a fake implementation, runs graphs under a Python dispatch mode of its
+own (``TorchDispatchMode``) or outside every mode (``_disable_current_modes``), reads the Triton
+kernels a graph launches from the side table of ``torch._higher_order_ops.triton_kernel_wrap``,
+and learns torch's tensor API from ``torch.overrides._get_overridable_functions``.
+
+Checked with 2.13.0 and 2.15.0: every name below resolves in both and does the same there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHECKED_WITH = ("2.13.0", "2.15.0")
+
+PRIVATE_NAMES = (
+    "torch._C._dispatch_dump",
+    "torch._C._dispatch_get_all_op_names",
+    "torch._C.parse_schema",
+    "torch._higher_order_ops.triton_kernel_wrap",
+    "torch._higher_order_ops.triton_kernel_wrap.kernel_side_table",
+    "torch._library.custom_ops.OPDEFS",
+    "torch._library.custom_ops.OPDEFS.get",
+    "torch._library.simple_registry.singleton",
+    "torch._library.simple_registry.singleton.find",
+    "torch._ops.HigherOrderOperator",
+    "torch._ops.OpOverload",
+    "torch._ops.OpOverloadPacket",
+    "torch._ops._OpNamespace",
+    "torch.overrides._get_overridable_functions",
+    "torch.utils._python_dispatch.TorchDispatchMode",
+    "torch.utils._python_dispatch._disable_current_modes",
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The operator types (``OpOverload``, ``OpOverloadPacket``, ``HigherOrderOperator``,
+    ``OpNamespace``: what ``torch.ops.NS`` is) and ``TorchDispatchMode``, as torch defines them."""
+    if name in ("OpOverload", "OpOverloadPacket", "HigherOrderOperator", "OpNamespace"):
+        from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
+        from torch._ops import _OpNamespace as OpNamespace
+
+        return {"OpOverload": OpOverload, "OpOverloadPacket": OpOverloadPacket,
+                "HigherOrderOperator": HigherOrderOperator, "OpNamespace": OpNamespace}[name]
+    if name == "TorchDispatchMode":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        return TorchDispatchMode
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def dispatch_dump(qualname: str) -> str:
+    """The dispatcher's text about operator ``ns::op``: one line per dispatch key, with where its
+    kernel was registered."""
+    import torch
+
+    return torch._C._dispatch_dump(qualname)
+
+
+def dispatcher_op_names() -> list[str]:
+    """Every operator registered with the dispatcher (``aten::add.Tensor``)."""
+    import torch
+
+    return torch._C._dispatch_get_all_op_names()
+
+
+def parse_schema(text: str) -> Any:
+    """A ``FunctionSchema`` from its text; RuntimeError when it does not parse."""
+    import torch
+
+    return torch._C.parse_schema(text)
+
+
+def python_custom_op(qualname: str) -> Any:
+    """The ``torch.library.custom_op`` definition of ``ns::op``, or None (an op defined otherwise)."""
+    from torch._library.custom_ops import OPDEFS
+
+    return OPDEFS.get(qualname)
+
+
+def has_registered_fake(qualname: str) -> bool:
+    """Whether ``ns::op`` has a fake implementation in ``torch.library``'s registry (raises
+    whatever the private registry raises; callers treat that as "not known")."""
+    from torch._library.simple_registry import singleton
+
+    return singleton.find(qualname).fake_impl.kernel is not None
+
+
+def disable_current_modes() -> Any:
+    """A context manager under which no Python dispatch mode (a fake-tensor mode left active by
+    AOTAutograd) is active."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def load_triton_kernel_wrap() -> None:
+    """Import the module that defines the Triton launch operators (Dynamo imports it too)."""
+    import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401
+
+
+def triton_kernel_side_table() -> Any:
+    """The table the Triton launch operators keep their kernels and constant arguments in."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    return kernel_side_table
+
+
+def overridable_function_names() -> dict[Any, str]:
+    """Function -> the public name torch's overridable table gives it (``torch.Tensor.add``)."""
+    import torch.overrides
+
+    return torch.overrides._get_overridable_functions()[1]

@@ -1,0 +1,149 @@
+"""Fake tensors and symbolic shapes: ``torch._subclasses.fake_tensor``,
+``torch.fx.experimental.symbolic_shapes`` (declared unstable), ``make_fx`` and
+``torch.utils._sympy``.
+
+Dynamo hands a backend fake values whose sizes are symbols of a ``ShapeEnv``; the shape codec
+reads the policy off them (which dimensions are dynamic, their ranges, the guards relating them)
+and a replay makes them again for the real inputs (``codec.shapes.fakes_for``): a ``ShapeEnv``
+and a ``FakeTensorMode`` of its own, each input fakified with one ``DimDynamic`` (and constraint)
+per dimension, symbolic scalar inputs made as symbols of that environment. A writes analysis runs
+a graph on fake copies of its inputs (``replay.input_writes``); an after_aot graph replayed with
+Inductor's inner compiler is re-traced with ``make_fx`` first, as PyTorch's own after_aot replay
+does; recorded guards are read back with the integer functions of ``torch.utils._sympy``.
+
+Checked with 2.13.0 and 2.15.0: every name resolves in both with the same signature where used
+(2.15's ``make_fx`` adds a keyword, ``dynamic_shapes``, not used here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHECKED_WITH = ("2.13.0", "2.15.0")
+
+PRIVATE_NAMES = (
+    "torch._subclasses.fake_tensor.FakeTensor",
+    "torch._subclasses.fake_tensor.FakeTensorMode",
+    "torch._subclasses.fake_tensor.is_fake",
+    "torch.fx.experimental.proxy_tensor.make_fx",
+    "torch.fx.experimental.symbolic_shapes.DimDynamic",
+    "torch.fx.experimental.symbolic_shapes.DimDynamic.DUCK",
+    "torch.fx.experimental.symbolic_shapes.DimDynamic.DYNAMIC",
+    "torch.fx.experimental.symbolic_shapes.RelaxedUnspecConstraint",
+    "torch.fx.experimental.symbolic_shapes.ShapeEnv",
+    "torch.fx.experimental.symbolic_shapes.StatelessSymbolicContext",
+    "torch.fx.experimental.symbolic_shapes.StrictMinMaxConstraint",
+    "torch.fx.experimental.symbolic_shapes.SubclassSymbolicContext",
+    "torch.fx.experimental.symbolic_shapes.free_unbacked_symbols",
+    "torch.fx.experimental.symbolic_shapes.guard_scalar",
+    "torch.utils._sympy.functions",
+    "torch.utils._sympy.numbers.int_oo",
+    "torch.utils._sympy.value_ranges.ValueRanges",
+)
+
+
+def is_fake_tensor(value: Any) -> bool:
+    """Whether ``value`` is a ``FakeTensor`` itself (not a subclass wrapping fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
+
+
+def is_fake(value: Any) -> bool:
+    """Whether ``value`` is fake, a ``FakeTensor`` or a wrapper (functional, subclass) of one."""
+    from torch._subclasses.fake_tensor import is_fake as fake
+
+    return fake(value)
+
+
+def shape_env_of_fake(value: Any) -> Any:
+    """The ``ShapeEnv`` of a ``FakeTensor``'s mode; None for anything else or a static mode."""
+    return value.fake_mode.shape_env if is_fake_tensor(value) else None
+
+
+def new_shape_env(**settings: Any) -> Any:
+    """A fresh ``ShapeEnv`` (``settings``: its keyword arguments)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return ShapeEnv(**settings)
+
+
+def new_fake_mode(shape_env: Any = None) -> Any:
+    """A ``FakeTensorMode`` (of ``shape_env``, if given) that accepts real tensors as inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if shape_env is None:
+        return FakeTensorMode(allow_non_fake_inputs=True)
+    return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+
+
+def free_unbacked_symbols(expr: Any) -> set:
+    """The unbacked symbols (``u0``: sizes only known at run time) ``expr`` contains."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols as free
+
+    return set(free(expr))
+
+
+def guard_scalar(value: Any) -> Any:
+    """A symbolic scalar's value in its ``ShapeEnv`` (guarding on it)."""
+    from torch.fx.experimental.symbolic_shapes import guard_scalar as guarded
+
+    return guarded(value)
+
+
+def _constraint(c: Any) -> Any:
+    from torch.fx.experimental.symbolic_shapes import RelaxedUnspecConstraint, StrictMinMaxConstraint
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    if c == "relaxed":
+        return RelaxedUnspecConstraint(warn_only=True)
+    return None if c is None else StrictMinMaxConstraint(warn_only=False, vr=ValueRanges(
+        c[0], int_oo if c[1] is None else c[1]))
+
+
+def symbolic_context(arg: Any, plan: list[tuple[str, Any, str | None]], source: Any) -> Any:
+    """The symbolic context that fakifies ``arg`` with one entry of ``plan`` per dimension: a
+    ``DimDynamic`` member's name (``STATIC``, ``DYNAMIC``, ``DUCK``, ``UNBACKED``), a constraint
+    (None, ``"relaxed"``, or ``[min, max]`` with max None for unbounded) and the recorded
+    expression. A traceable wrapper subclass (a nested jagged tensor) gets its inner tensors
+    duck-sized."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext, SubclassSymbolicContext
+
+    from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic[kind] for kind, _, _ in plan],
+                                       constraint_sizes=[_constraint(c) for _, c, _ in plan])
+    if is_traceable_wrapper_subclass(arg):
+        context = SubclassSymbolicContext(
+            dynamic_sizes=context.dynamic_sizes, constraint_sizes=context.constraint_sizes, tensor_source=source,
+            inner_contexts={attr: StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK] * getattr(arg, attr).dim())
+                            for attr in arg.__tensor_flatten__()[0]})
+    return context
+
+
+def new_symint(shape_env: Any, value: int | None, source: Any, *, unbacked: bool) -> Any:
+    """A symbolic int of ``shape_env`` whose symbol no tensor dimension has: unbacked, or a
+    dynamic one with ``value`` as its hint."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    if unbacked:
+        return shape_env.create_unbacked_symint(source=source)
+    return shape_env.create_symintnode(shape_env.create_symbol(value, source, DimDynamic.DYNAMIC), hint=value,
+                                       source=source)
+
+
+def retraced(gm: Any, args: list[Any]) -> Any:
+    """``gm`` traced again by ``make_fx`` on real ``args``: every node then carries the meta
+    (``val``) Inductor's inner compiler reads."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(gm, tracing_mode="real")(*args)
+
+
+def sympy_functions() -> Any:
+    """The module of the integer functions torch's symbolic shapes print (``FloorDiv``,
+    ``ModularIndexing`` ...)."""
+    from torch.utils._sympy import functions
+
+    return functions
