@@ -25,9 +25,6 @@ equal what the scan finds in it.
 The one exception by design: the ``*.template`` files of ``reproarchive/standalone`` are not Python
 modules of the library but the text of the script ``export`` writes, which runs where only
 PyTorch is installed and cannot import ``reproarchive.compat``; they are not scanned.
-
-``NOT_MOVED_YET`` holds the one module whose private names are still its own, with exactly those
-names: a new one there fails too.
 """
 
 from __future__ import annotations
@@ -48,18 +45,6 @@ COMPAT = ROOT / "reproarchive" / "compat"
 #: Modules whose ``.meta`` is the archive's ``NodeRecord.meta`` (``format.schema``), never an FX node's.
 ARCHIVE_META = ("reproarchive/archive/graph_code.py", "reproarchive/triage/diff.py", "reproarchive/triage/view.py")
 
-#: Left as it is for now: the file is being changed in another branch (issue 52). Its
-#: replacements are ready in ``compat.thread_state`` and ``compat.dynamo.patched_config``.
-NOT_MOVED_YET = {
-    "reproarchive/replay/containment.py": {
-        "torch._C._functorch.get_dynamic_layer_stack_depth",
-        "torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth",
-        "torch._C._is_fwd_grad_enabled",
-        "torch._C._set_fwd_grad_enabled",
-        "torch._dynamo.config",
-        "torch._dynamo.config.patch",
-    },
-}
 
 _META_METHODS = ("get", "pop", "setdefault")
 _DOTTED = re.compile(r"torch(\.[A-Za-z_]\w*)+")
@@ -246,18 +231,13 @@ def test_private_torch_names_are_only_in_compat():
     wrong = []
     for path in _modules():
         rel = _rel(path)
-        if path.parent == COMPAT or rel in NOT_MOVED_YET:
+        if path.parent == COMPAT:
             continue
         for line, name in scan(path.read_text()):
             if name.startswith("node.meta[") and rel in ARCHIVE_META:
                 continue
             wrong.append(f"{rel}:{line}: {name}")
     assert wrong == [], "use reproarchive.compat.<concern> instead:\n" + "\n".join(wrong)
-
-
-def test_modules_not_moved_yet_touch_only_their_listed_names():
-    for rel, names in NOT_MOVED_YET.items():
-        assert {name for _, name in scan((ROOT / rel).read_text())} == names, rel
 
 
 def test_archive_meta_readers_hold_no_fx_nodes():

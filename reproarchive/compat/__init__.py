@@ -1,4 +1,4 @@
-"""One place for what reproarchive takes from torch's private surface (issue 52, item 3).
+"""One place for what reproarchive takes from torch's private surface.
 
 Everything reproarchive reaches in torch that torch does not promise to keep, a dotted name with
 a component that starts with one underscore (``torch._dynamo.config``, ``torch._C._dispatch_dump``,

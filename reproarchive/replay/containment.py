@@ -27,6 +27,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from reproarchive.compat import thread_state
+
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "ipu", "mtia", "maia")
 
 
@@ -68,7 +70,7 @@ def private_outputs() -> Iterator[Path]:
     emptied afterwards (when the outermost replay ends). Paths the caller needs must be absolute
     before entering."""
     global _depth
-    import torch._dynamo.config as dynamo_config
+    from reproarchive.compat.dynamo import patched_config
 
     folder = _working_folder()
     old_cwd = os.getcwd()
@@ -76,7 +78,7 @@ def private_outputs() -> Iterator[Path]:
     os.environ["TORCH_COMPILE_DEBUG_DIR"] = str(folder)
     _depth += 1
     try:
-        with dynamo_config.patch(debug_dir_root=str(folder / "torch_compile_debug")):
+        with patched_config({"debug_dir_root": str(folder / "torch_compile_debug")}):
             os.chdir(folder)
             try:
                 yield folder
@@ -99,7 +101,7 @@ def restored_thread_state() -> Iterator[None]:
     import torch
 
     grad = torch.is_grad_enabled()
-    fwd = torch._C._is_fwd_grad_enabled()
+    fwd = thread_state.is_fwd_grad_enabled()
     autocast = {}
     for dev in _AUTOCAST_DEVICES:
         try:
@@ -109,12 +111,12 @@ def restored_thread_state() -> Iterator[None]:
     cache = torch.is_autocast_cache_enabled()
     nesting = torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
-    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+    depth = thread_state.functorch_depth()
     try:
         yield
     finally:
-        if torch._C._functorch.get_dynamic_layer_stack_depth() > depth:
-            torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+        if thread_state.functorch_depth() > depth:
+            thread_state.leave_functorch_levels(depth)
         now = torch.autocast_increment_nesting() - 1
         torch.autocast_decrement_nesting()
         for _ in range(max(now - nesting, 0)):
@@ -123,7 +125,7 @@ def restored_thread_state() -> Iterator[None]:
             torch.set_autocast_enabled(dev, enabled)
             torch.set_autocast_dtype(dev, dtype)
         torch.set_autocast_cache_enabled(cache)
-        torch._C._set_fwd_grad_enabled(fwd)
+        thread_state.set_fwd_grad_enabled(fwd)
         torch.set_grad_enabled(grad)
 
 

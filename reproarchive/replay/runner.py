@@ -258,9 +258,9 @@ def _without_pytorch_repro_hooks():
     config from a dump has them on (the dump was made by them); left on, they wrap the compiler
     again, write a dump into the working folder and raise their own ``AccuracyError`` from the
     forward (torch 2.11), a failure the recording did not have."""
-    import torch._dynamo.config as dynamo_config
+    from reproarchive.compat.dynamo import patched_config
 
-    return dynamo_config.patch(repro_after=None)
+    return patched_config({"repro_after": None})
 
 
 @contextlib.contextmanager
