@@ -35,14 +35,16 @@ from reproarchive.compat.dispatch import (
 )
 from reproarchive.format.schema import CustomOpRecord, OpProvenance
 
-#: Operator namespaces torch 2.13 registers itself (``tests/codec/test_custom_ops.py`` checks
-#: the list against a fresh process); an operator in any other namespace is a custom op.
+#: Operator namespaces torch registers itself, 2.11 to 2.15 (``tests/codec/test_custom_ops.py``
+#: checks the list against a fresh process of the torch under test); an operator in any other
+#: namespace is a custom op.
 TORCH_NAMESPACES = frozenset({
     "_c10d_functional", "_c10d_functional_autograd", "_dtensor", "_native", "_quantized", "_test", "aten", "c10d",
     "debug_mode_ops", "debugprims", "export", "inductor", "inductor_prims", "mkl", "mkldnn", "mkldnn_prepacked",
     "onednn", "prims", "profiler", "quantization", "quantized", "rngprims", "sparse", "static_runtime", "symm_mem",
     "prim", "_inductor_test", "higher_order", "streams", "fsdp", "_dynamo_testing", "tensorrt", "onnx",
     "c10d_functional", "flex_lib", "onnx_symbolic", "quantized_decomposed",  # registered by inductor's import
+    "_native_aot", "coor", "flex_gemm", "mempool",  # torch 2.15's
 })
 
 _KEY_LINE = re.compile(r"^(\w+)(?:\[alias\])?: registered at (.*?)(?::\d+)?(?: :: .*)?$")

@@ -284,6 +284,13 @@ def _tensor_api() -> frozenset[int]:
         if isinstance(target, types.FunctionType) and not public.startswith("_") \
                 and target.__module__ in TENSOR_API_MODULES:
             ids.add(id(target))
+    return frozenset(ids | _symbolic_helpers())
+
+
+@functools.lru_cache(maxsize=1)
+def _symbolic_helpers() -> frozenset[int]:
+    """Ids of the ``SYMBOLIC_HELPERS`` this torch has."""
+    ids = set()
     for name in SYMBOLIC_HELPERS:
         obj: Any = torch
         for part in name.split(".")[1:]:
@@ -404,6 +411,8 @@ def callable_problem(fn: Any) -> str | None:
     if isinstance(target, types.FunctionType):
         if id(target) not in _tensor_api():
             return "a Python function outside torch's tensor API"
+        if id(target) in _symbolic_helpers():  # torch 2.15 types their symbolic values ``a: object``
+            return composite_problem(target)
         return _signature_problem(target) or composite_problem(target)
     return f"a {type(fn).__name__}, not a function"
 

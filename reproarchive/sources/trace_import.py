@@ -253,7 +253,9 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
 
 
 def _choose_graph(c: Compile, graph: str, problems=()) -> tuple[str, trace_log.TraceEvent]:
-    runnables = [r for r in c.runnables() if r.payload is not None and r.payload_state == "ok"]
+    # an empty runnable is no graph: torch 2.15 logs one (payload "") for a compile whose kernel
+    # later killed the process
+    runnables = [r for r in c.runnables() if r.payload and r.payload.strip() and r.payload_state == "ok"]
     dynamo = c.graph_event if c.graph_event is not None and c.graph_event.payload_state == "ok" else None
     damaged = [e for e in [c.graph_event, *c.runnables()] if e is not None and e.payload_state != "ok"]
     if graph in ("auto", "aot") and runnables:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 
 from support import hostile_corpus as hc
 
-HEAVY_MEMORY = 3 << 30  # address space for the bomb child: torch itself maps ~0.7 GiB
+HEAVY_MEMORY = 3 << 30  # address space for the bombs, beyond what the child maps after importing torch
 HEAVY_TIMEOUT = 240
 
 
@@ -148,12 +147,10 @@ def test_library(corpus, monkeypatch, group, op):
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
 
 
-def _limit_memory():
-    resource.setrlimit(resource.RLIMIT_AS, (HEAVY_MEMORY, HEAVY_MEMORY))
-
-
 def test_bombs_bounded_memory_and_time(corpus):
-    """Bombs run in one child process with a 3 GiB address-space limit and a timeout."""
+    """Bombs run in one child process with a timeout and 3 GiB of address space beyond what it
+    maps once torch and the library are imported (torch 2.13's CPU build maps ~0.6 GiB, 2.15's
+    CUDA build ~3 GiB of libraries: a fixed limit would leave the latter nothing)."""
     heavy = [c for c in corpus["cases"] if c.heavy]
     assert len(heavy) >= 15
     jobs = []
@@ -164,8 +161,8 @@ def test_bombs_bounded_memory_and_time(corpus):
                          "limits": case.limits})
     job_file = corpus["root"] / "sandbox" / "heavy_jobs.json"
     job_file.write_text(json.dumps(jobs))
-    proc = subprocess.run([sys.executable, hc.__file__, "--child", str(job_file)], capture_output=True, text=True,
-                          timeout=HEAVY_TIMEOUT, preexec_fn=_limit_memory, cwd=corpus["root"] / "sandbox")
+    proc = subprocess.run([sys.executable, hc.__file__, "--child", str(job_file), str(HEAVY_MEMORY)],
+                          capture_output=True, text=True, timeout=HEAVY_TIMEOUT, cwd=corpus["root"] / "sandbox")
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and len(results) == len(jobs), (proc.returncode, proc.stderr[-3000:])
     by_name = {c.name: c for c in heavy}

@@ -1,12 +1,13 @@
 """The effect rule's verdict on every function of torch's public tensor surface, against a
-reviewed table (issue 30).
+reviewed table per torch release.
 
 ``support.effect_surface`` judges every public callable of torch's tensor namespaces, every
 Tensor method a graph can call, and every dispatcher overload. Each refusal, with its reason, is
-listed in ``effect_refusals.tsv`` beside this file, which a person has read: a torch (or a rule)
-that changes a verdict fails here and shows which function moved and why. After reviewing the
-change, rewrite the table with ``REPROARCHIVE_WRITE_EFFECT_TABLE=1 pytest tests/codec/test_effect_surface.py``
-and read its ``git diff``.
+listed in ``effect_refusals/torch-<major.minor>.tsv`` beside this file, one table per torch
+release, which a person has read: a torch (or a rule) that changes a verdict fails here and shows
+which function moved and why. After reviewing the change, rewrite the running release's table
+with ``REPROARCHIVE_WRITE_EFFECT_TABLE=1 pytest tests/codec/test_effect_surface.py`` and read its
+``git diff`` (for a new release, against the newest table there is).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-TABLE = Path(__file__).with_name("effect_refusals.tsv")
+TABLE = Path(__file__).with_name("effect_refusals") / f"torch-{'.'.join(torch.__version__.split('.')[:2])}.tsv"
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Pure tensor functions of torch.nn.functional that torch.overrides does not list as
@@ -60,6 +61,7 @@ def test_every_refusal_over_the_public_surface_is_reviewed(verdicts):
     if os.environ.get("REPROARCHIVE_WRITE_EFFECT_TABLE"):
         _write_table(refused)
         pytest.skip(f"wrote {TABLE.name}: review its git diff")
+    assert TABLE.exists(), f"no reviewed table for torch {torch.__version__}: write {TABLE.name} (see above)"
     reviewed = _read_table()
     changes = [f"newly refused: {n}: {refused[n]}" for n in sorted(refused.keys() - reviewed.keys())]
     changes += [f"newly allowed: {n} (was refused: {reviewed[n]})" for n in sorted(reviewed.keys() - refused.keys())

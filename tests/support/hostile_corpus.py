@@ -958,8 +958,20 @@ def _fingerprint(value: Any) -> Any:
 
 
 def _child(argv: list[str]) -> int:
-    """``--child JOBS.json``: run library ops under the address-space limit the parent set, one
-    JSON line per job on stdout (used for the bombs)."""
+    """``--child JOBS.json BUDGET``: run library ops with BUDGET bytes of address space beyond what
+    this process maps once torch and the library's readers are imported, one JSON line per job on
+    stdout (used for the bombs)."""
+    import resource
+
+    import torch  # noqa: F401 - mapped before the limit is taken
+
+    import reproarchive.archive.checking  # noqa: F401
+    import reproarchive.archive.loading  # noqa: F401
+
+    mapped = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                  if line.startswith("VmSize:"))
+    limit = mapped + int(argv[1])
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     jobs = json.loads(Path(argv[0]).read_text())
     for job in jobs:
         res = run_library_op(job["op"], job["path"], job["sandbox"], job.get("limits"))

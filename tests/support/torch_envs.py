@@ -1,11 +1,15 @@
 """Python environments that differ from this one in one planted way, for ``bisect torch``:
-venvs on this machine's Python and its torch (``--system-site-packages``, no pip), one with a
+venvs on this machine's Python that see this environment's packages and its torch (its site
+folders, added by a ``.pth`` file: a venv made with ``--system-site-packages`` from the base
+interpreter would see the base's packages instead, another torch or none, when the suite runs
+in a venv of its own), no pip; one with a
 ``sitecustomize`` that patches a decomposition the way PyTorch's bisector tests patch
 ``select_decomp_table``, one whose reproarchive reads only an older major format."""
 
 from __future__ import annotations
 
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -32,11 +36,15 @@ _compile_fx.select_decomp_table = _planted_table
 
 
 def make_env(root: Path, name: str, *, sitecustomize: str | None = None) -> Path:
-    """A venv at ``root/name`` on this machine's base Python; returns its interpreter."""
+    """A venv at ``root/name`` on this machine's base Python that sees this environment's site
+    folders after its own; returns its interpreter."""
     folder = root / name
     base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--system-site-packages", "--without-pip", str(folder)], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(folder)], check=True, capture_output=True, timeout=120)
+    # addsitedir, not a plain path: their own .pth files (an editable install's finder) count too
+    here = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (site_packages(folder) / "_this_environment.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in here))
     if sitecustomize is not None:
         (site_packages(folder) / "sitecustomize.py").write_text(sitecustomize)
     return folder / "bin" / "python"
