@@ -7,8 +7,8 @@ process (``context.config``), learns which environment variables seed a setting 
 sentinel apart from a value (``_UNSET_SENTINEL``). Both are imported only when asked for: comparing
 two recorded configs (``diff``) never imports torch.
 
-Checked with 2.13.0 and 2.15.0: both names are in both; the module was reworked in between, but
-nothing used here changed. A torch without the module (older than this project supports) has no
+Checked with 2.11.0, 2.13.0 and 2.15.0: both names are in all three; the module was reworked
+between 2.13 and 2.15, but nothing used here changed. A torch without the module (older than this project supports) has no
 config modules and no sentinel: the functions say so instead of raising.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch.utils._config_module.ConfigModule",

@@ -9,14 +9,14 @@ own (``TorchDispatchMode``) or outside every mode (``_disable_current_modes``), 
 kernels a graph launches from the side table of ``torch._higher_order_ops.triton_kernel_wrap``,
 and learns torch's tensor API from ``torch.overrides._get_overridable_functions``.
 
-Checked with 2.13.0 and 2.15.0: every name below resolves in both and does the same there.
+Checked with 2.11.0, 2.13.0 and 2.15.0: every name below resolves in all three and does the same there.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch._C._dispatch_dump",

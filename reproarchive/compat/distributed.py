@@ -9,7 +9,7 @@ on the default store; a failure in the compiler replays on PyTorch's fake backen
 lives in ``torch.testing._internal``; a job replayed in one process runs every rank under
 ``LocalTensorMode`` (``torch.distributed._local_tensor``).
 
-Checked with 2.13.0 and 2.15.0: every name resolves in both; 2.15's ``_world`` holds one more
+Checked with 2.11.0, 2.13.0 and 2.15.0: every name resolves in all three; 2.15's ``_world`` holds one more
 table (``pg_flight_recorder_hooks``), the three read here are the same.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch._C._distributed_c10d._register_process_group",

@@ -12,10 +12,10 @@ failures (``torch._dynamo.exc``); a replay with a symbolic shape policy installs
 (``ConstantSource``); a job capture notes the compile id (``CompileContext``); the accuracy check
 casts a graph to fp64 with ``debug_utils``; inputs are copied with ``clone_input`` (same strides).
 
-Checked with 2.13.0 and 2.15.0: every name resolves in both with the same meaning. The registry
+Checked with 2.11.0, 2.13.0 and 2.15.0: every name resolves in all three with the same meaning. The registry
 changed inside (2.13 keeps a backend's tags on the function as ``_tags``, 2.15 in a table of its
 own) and 2.15's ``InvalidBackend`` suggests close names; ``list_backends(exclude_tags=())`` and
-``lookup_backend`` answer the same in both.
+``lookup_backend`` answer the same in all three.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch._TorchCompileInductorWrapper",

@@ -11,7 +11,7 @@ a graph on fake copies of its inputs (``replay.input_writes``); an after_aot gra
 Inductor's inner compiler is re-traced with ``make_fx`` first, as PyTorch's own after_aot replay
 does; recorded guards are read back with the integer functions of ``torch.utils._sympy``.
 
-Checked with 2.13.0 and 2.15.0: every name resolves in both with the same signature where used
+Checked with 2.11.0, 2.13.0 and 2.15.0: every name resolves in all three with the same signature where used
 (2.15's ``make_fx`` adds a keyword, ``dynamic_shapes``, not used here).
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch._subclasses.fake_tensor.FakeTensor",

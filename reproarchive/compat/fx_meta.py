@@ -13,14 +13,14 @@ another dict, read where no FX node exists, and is not here.
 ``torch.fx.node._get_qualified_name`` is how FX names a call target (``torch.nn.functional.relu``);
 the graph codec records targets by it.
 
-Checked with 2.13.0 and 2.15.0: both write the same keys with the same meaning.
+Checked with 2.11.0, 2.13.0 and 2.15.0: all three write the same keys with the same meaning.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     'node.meta["desc"]',

@@ -10,7 +10,7 @@ drives ``torch._inductor.compiler_bisector``, which keeps its state on its class
 tables; the redaction and environment records need Inductor's cache folder
 (``runtime.cache_dir_utils``).
 
-Checked with 2.13.0 and 2.15.0: every name resolves in both with the same meaning (2.15's
+Checked with 2.11.0, 2.13.0 and 2.15.0: every name resolves in all three with the same meaning (2.15's
 bisector raises AssertionError where 2.13's asserted; nothing here depends on either).
 """
 
@@ -21,7 +21,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch._inductor.compile_fx",

@@ -6,14 +6,14 @@ The accuracy check flattens outputs and gradients with key paths to name what di
 printed into a ``TORCH_TRACE`` log calls both modules by the names Dynamo gives them there
 (``pytree``, ``fx_pytree``), so the trace source rebuilds it with both in scope.
 
-Checked with 2.13.0 and 2.15.0: the functions used here behave the same in both.
+Checked with 2.11.0, 2.13.0 and 2.15.0: the functions used here behave the same in all three.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch.fx._pytree",

@@ -9,7 +9,7 @@ whether a tensor is such a subclass is ``torch.utils._python_dispatch``'s questi
 scripts rebuild an input's extra metadata with ``torch._utils.set_tensor_metadata``, as the
 dump reader does.
 
-Checked with 2.13.0 and 2.15.0: both define the two subclasses in the same modules and the two
+Checked with 2.11.0, 2.13.0 and 2.15.0: all three define the two subclasses in the same modules and the two
 functions with the same meaning.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch._utils.set_tensor_metadata",

@@ -10,14 +10,14 @@ accessors and are not here.
 is being changed elsewhere; ``tests/test_private_torch.py`` lists it as not moved yet): these are
 the functions it is to call instead.
 
-Checked with 2.13.0 and 2.15.0: the same functions, with the same meaning, in both.
+Checked with 2.11.0, 2.13.0 and 2.15.0: the same functions, with the same meaning, in all three.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-CHECKED_WITH = ("2.13.0", "2.15.0")
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
     "torch._C._functorch.get_dynamic_layer_stack_depth",
