@@ -40,6 +40,12 @@ Exit codes:
 class _Group(click.Group):
     """Turns our errors into one line and an exit code, never a traceback (unless --debug)."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """``--debug`` is the group's option, and a user types it after the command too
+        (``reproarchive run --debug X``): taken from there, up to ``--`` or, for a command that
+        runs a program (``capture``), up to the program's first word, which owns the rest."""
+        return super().parse_args(ctx, _debug_first(self, args))
+
     def invoke(self, ctx: click.Context):
         warnings.showwarning = _show_warning
         protected = getattr(ctx, "_protected_args", None)
@@ -66,6 +72,22 @@ class _Group(click.Group):
         except Exception as err:  # a bug of ours: still one line, the traceback behind --debug
             _fail(ctx, f"unexpected {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''} "
                        "(rerun with --debug and report this)", 70)
+
+
+def _debug_first(group: click.Group, args: list[str]) -> list[str]:
+    at = next((i for i, a in enumerate(args) if a in group.commands), None)
+    if at is None:
+        return args
+    command = group.commands[args[at]]
+    interspersed = command.context_settings.get("allow_interspersed_args", True)
+    end = len(args)
+    for i in range(at + 1, len(args)):
+        if args[i] == "--" or (not interspersed and not args[i].startswith("-")):
+            end = i
+            break
+    if "--debug" not in args[at + 1:end]:
+        return args
+    return ["--debug", *[a for i, a in enumerate(args) if not (at < i < end and a == "--debug")]]
 
 
 def _stdout_closed() -> bool:

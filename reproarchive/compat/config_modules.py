@@ -8,8 +8,8 @@ sentinel apart from a value (``_UNSET_SENTINEL``). Both are imported only when a
 two recorded configs (``diff``) never imports torch.
 
 Checked with 2.11.0, 2.13.0 and 2.15.0: both names are in all three; the module was reworked
-between 2.13 and 2.15, but nothing used here changed. A torch without the module (older than this project supports) has no
-config modules and no sentinel: the functions say so instead of raising.
+between 2.13 and 2.15, but nothing used here changed. A torch without the module (older than this
+project supports) has no config modules and no sentinel: the functions say so instead of raising.
 """
 
 from __future__ import annotations

@@ -43,9 +43,12 @@ from typing import Any, Callable
 from reproarchive.archive.loading import Repro, load
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
+from reproarchive.codec.checks import recorded_devices
+from reproarchive.codec.devices import resolve_devices
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.format.reader import ContainerReader
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -185,10 +188,12 @@ def minify_archive(
     from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 
     output = output_path(path, output)
+    with ContainerReader(path) as reader:  # the device rule of every replaying command (run's): 125 when absent
+        plan = resolve_devices(recorded_devices(reader.index), settings.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         bring_implementations(settings.imports, settings.libraries)
-        repro = load(path, device=settings.device, max_memory=settings.max_memory)
+        repro = load(path, device=plan, max_memory=settings.max_memory)
     stage = repro.records.failure.stage if repro.records.failure is not None else None
     if stage in (None, "unknown"):
         raise ReproArchiveError(

@@ -101,3 +101,20 @@ def test_a_broken_pipe_elsewhere_is_still_an_error():
     started = time.monotonic()
     assert _stdout_closed() is False  # pytest's captured stdout is open
     assert time.monotonic() - started < 1
+
+
+def test_debug_is_taken_after_the_command_too(tmp_path):
+    """``reproarchive run --debug X``: the traceback, as with ``reproarchive --debug run X``;
+    a program's own ``--debug`` (after ``--``, or after ``capture``'s program) stays its own."""
+    from reproarchive.cli.app import _debug_first, main
+
+    missing = tmp_path / "missing.tar.zst"
+    for args in (["--debug", "inspect", missing], ["inspect", "--debug", missing], ["inspect", missing, "--debug"]):
+        res = invoke(*args)
+        assert res.exit_code == 4 and "Traceback (most recent call last)" in res.output, args
+    assert "Traceback" not in invoke("inspect", missing).output
+    assert _debug_first(main, ["capture", "python", "prog.py", "--debug"]) == ["capture", "python", "prog.py",
+                                                                                "--debug"]
+    assert _debug_first(main, ["capture", "--debug", "python", "prog.py"]) == ["--debug", "capture", "python",
+                                                                                "prog.py"]
+    assert _debug_first(main, ["pack", "x", "--", "--debug"]) == ["pack", "x", "--", "--debug"]

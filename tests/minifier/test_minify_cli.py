@@ -186,3 +186,20 @@ def test_the_default_minified_name_sits_next_to_the_input(tmp_path):
 
     assert default_minified_path(str(tmp_path / "bug.tar.zst")) == tmp_path / "bug.min.tar.zst"
     assert default_minified_path("repro.zst").name == "repro.min.tar.zst"
+
+
+def test_minify_of_an_archive_recorded_on_a_device_not_here_answers_as_run_does(tmp_path):
+    """A replaying command has one device rule: an archive recorded on ``cuda:0`` on a machine
+    without it cannot run here (125, with the hint to pass --device cpu), for ``run`` and
+    ``run --minify`` alike; it is not "does not reproduce here" (3)."""
+    from support.devices import pack_with_device_constant
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has the recorded device")
+    path = pack_with_device_constant(tmp_path / "device.tar.zst", "cuda:0")
+    runner = CliRunner()
+    ran = runner.invoke(main, ["run", str(path)])
+    minified = runner.invoke(main, ["run", "--minify", str(path), "-o", str(tmp_path / "min.tar.zst")])
+    assert ran.exit_code == minified.exit_code == 125, (ran.output, minified.output)
+    assert minified.output.strip().splitlines()[-1] == ran.output.strip().splitlines()[-1]
+    assert "--device cpu" in minified.output and not (tmp_path / "min.tar.zst").exists()
