@@ -122,7 +122,7 @@ RUN_EPILOG = exit_codes(
     ARCHIVE_MISSING, STORE_MISSING, STORE_UNREACHABLE, INTERNAL,
     (125, "cannot run here: the device or the backend is not available, or the archive was recorded on a "
           "device this machine lacks (--device cpu runs it on the CPU, and the verdict then says it ran on "
-          "another device type)"),
+          "another device type), or the launcher started no rank of a multi-rank job"),
     INTERRUPTED,
 ) + """
 \b

@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     SOURCE = "E_SOURCE"
     DEVICE = "E_DEVICE"
     BACKEND = "E_BACKEND"
+    LAUNCH = "E_LAUNCH"
     NOT_REPRODUCED = "E_NOT_REPRODUCED"
     NOT_FAILING = "E_NOT_FAILING"
     EAGER = "E_EAGER"
@@ -247,6 +248,15 @@ class BackendUnavailableError(ReproArchiveError):
 
     exit_code = 125
     code = ErrorCode.BACKEND
+
+
+class LaunchError(ReproArchiveError):
+    """torch.distributed's launcher started no rank of a job to replay (torchrun missing, its
+    rendezvous failing): nothing was judged, so nothing passed. Exit 125, like a device this
+    machine lacks."""
+
+    exit_code = 125
+    code = ErrorCode.LAUNCH
 
 
 class NotReproducedError(ReproArchiveError):

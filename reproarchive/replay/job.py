@@ -133,6 +133,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
         raise ReproArchiveError(f"{path} holds one process's graph, not a multi-rank job",
                                 "replay it with reproarchive run without --rank / --single-process")
     job = index.job
+    _check_ranks(path, job, rank)
     chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
     resolve_backend(chosen.backend)  # cannot run here: say so before launching anything
     devices = resolve_devices(recorded_devices(index), settings.device)  # a device this machine lacks: 125
@@ -159,6 +160,25 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
             if r.outcome is not None:
                 r.outcome.recorded_device, r.outcome.same_device_type = devices.recorded, False
     return outcome
+
+
+def _check_ranks(path, job: Any, rank: int | None) -> None:
+    """A job replays only with every rank's graph: an archive with fewer ranks than its world
+    (a rank's part, written while the job ran, before the parts were merged) replays one of its
+    ranks alone (``--rank``), never the job."""
+    recorded = sorted(r.rank for r in job.ranks)
+    if rank is not None:
+        if 0 <= rank < job.world_size and rank not in recorded:
+            raise ReproArchiveError(f"{path} records no rank {rank} (it has rank {', '.join(map(str, recorded))} of "
+                                    f"{job.world_size})", f"replay one of its ranks: --rank {recorded[0]}")
+        return
+    if len(recorded) < job.world_size:
+        ranks = ", ".join(map(str, recorded))
+        raise ReproArchiveError(
+            f"{path} holds rank {ranks} of a {job.world_size}-rank job, not the job: a part that rank wrote while the "
+            "job ran",
+            "pack the folder of the job's parts into the job archive (reproarchive pack FOLDER), or replay this rank "
+            f"alone against a fake process group (reproarchive run --rank {recorded[0]} {path})")
 
 
 def _torch_version() -> str:

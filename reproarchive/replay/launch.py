@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reproarchive.context.failure import crash_record, crash_report
+from reproarchive.errors import LaunchError
 from reproarchive.format.schema import FailureRecord
 from reproarchive.replay.outcome import (
     DIFFERENT,
@@ -356,10 +357,12 @@ def run_launched(plan: LaunchPlan, *, world_size: int, ranks: Sequence[int],
         folder.mkdir(parents=True, exist_ok=True)
         failures, bounded, wall = launch(plan, folder)
         ranks = _ranks_here(folder, failures) or list(ranks)
+        if not any((folder / f"started-{r}.json").exists() for r in ranks):
+            raise LaunchError(f"no rank of the job started: {_launcher_said(folder)}",
+                              "check that torch.distributed's launcher runs here (python -m torch.distributed.run "
+                              "--help) and, over several machines, its rendezvous options")
         outcomes = rank_outcomes(folder, ranks, recorded, failures, bounded)
         warnings = []
-        if not any((folder / f"started-{r}.json").exists() for r in ranks):
-            warnings.append("no rank started: " + _launcher_said(folder))
         if recorded_rank is not None and recorded_rank not in ranks:
             warnings.append(f"the recorded failing rank {recorded_rank} ran in another launch (another machine): "
                             "its verdict is that launch's")

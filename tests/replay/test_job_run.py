@@ -105,3 +105,41 @@ def test_two_launcher_invocations_on_one_host_replay_one_job(archives):
     code, job = by_rank[0]
     assert job["ranks"][0]["status"] in ("passed", "stopped")
     assert any("ran in another launch" in w for w in job["warnings"])
+
+
+def _part_of(archive, rank: int, path):
+    """Rank ``rank``'s part of the job at ``archive``, as that rank writes it while the job runs."""
+    import dataclasses
+
+    import reproarchive
+    from reproarchive.archive.job import rank_part_job
+    from reproarchive.archive.packing import pack
+    from reproarchive.format.reader import ContainerReader
+
+    with ContainerReader(archive) as reader:
+        index = reader.index
+    record = next(r for r in index.job.ranks if r.rank == rank)
+    loaded = reproarchive.load_job(archive).rank(rank)
+    running = dataclasses.replace(record, outcome=dataclasses.replace(record.outcome, status="running"))
+    part = rank_part_job(running, world_size=index.job.world_size, backend=index.job.backend, groups=index.job.groups)
+    pack(loaded.gm, list(loaded.args), path, records=index.records, job=part)
+    return path
+
+
+@pytest.mark.slow
+def test_a_part_written_while_the_job_ran_is_refused_as_a_job_and_replays_as_its_rank(archives, tmp_path):
+    part = _part_of(archives["fails"], 1, tmp_path / "rank-1.tar.zst")
+    refused = invoke("run", part)
+    assert refused.exit_code == 2, refused.output
+    [line] = refused.output.strip().splitlines()
+    assert "holds rank 1 of a 2-rank job" in line and "reproarchive pack FOLDER" in line and "--rank 1" in line
+    assert invoke("run", part, "--rank", "1").exit_code == 1
+    other = invoke("run", part, "--rank", "0")
+    assert other.exit_code == 2 and "records no rank 0" in other.output
+
+
+@pytest.mark.slow
+def test_a_launch_that_starts_no_rank_never_passes(archives):
+    result = invoke("run", archives["fails"], "--master-port", "not-a-port", "--json")
+    assert result.exit_code == 125, result.output
+    assert json.loads(result.stdout)["error"]["code"] == "E_LAUNCH"
