@@ -103,15 +103,15 @@ def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike, *,
         primary = failing if failing is not None else min(r.record.rank for r in ranks)
         ranks.sort(key=lambda r: (r.record.rank != primary, r.record.rank))
         table = _Storages(indexes)
-        job_ranks, graphs, top_graph, top_inputs = _renumbered_ranks(ranks, table)
         first = indexes[ranks[0].part]
+        job_ranks, graphs, top_graph, top_inputs, primary_storages = _renumbered_ranks(ranks, table, first.records)
         groups, meshes, mesh_maps = _groups_and_meshes(indexes)
         job_ranks = [dataclasses.replace(r, dtensors=tuple(dataclasses.replace(d, mesh=mesh_maps[part][d.mesh])
                                                            for d in r.dtensors))
                      for r, part in zip(job_ranks, (r.part for r in ranks))]
         job = JobRecord(world_size=world_size, primary_rank=primary, backend=backend, failing_rank=failing,
                         groups=groups, meshes=meshes, graphs=tuple(graphs), ranks=tuple(job_ranks))
-        records = first.records
+        records = _renumbered_rng(first.records, primary_storages)
         outcome = ranks[0].record.outcome
         if outcome is not None and outcome.failure is not None:
             records = dataclasses.replace(records, failure=outcome.failure)
@@ -202,21 +202,26 @@ def _renumber_graph(graph: GraphRecord, mine: dict[int, int]) -> GraphRecord:
     return dataclasses.replace(graph, module_state=tuple(state))
 
 
-def _renumbered_ranks(ranks: list[_Rank], table: _Storages):
+def _renumbered_ranks(ranks: list[_Rank], table: _Storages, primary_records: Any):
     """Each rank's record with its graph and inputs renumbered into the one table; the primary
-    (first) rank's graph and inputs become the index's own, equal graphs are stored once."""
+    (first) rank's graph and inputs become the index's own, equal graphs are stored once. The
+    primary's records are the index's: their generator states' storages come along, and the
+    primary's mapping is returned for them."""
     graphs: list[GraphRecord] = []
     out: list[RankRecord] = []
     top_graph: GraphRecord | None = None
     top_inputs: tuple = ()
+    primary: dict[int, int] = {}
     for k, rank in enumerate(ranks):
         used = [t.storage for v in rank.inputs for t in v.tensors()]
         used += [t.storage for t in rank.graph.tensors()]
+        if k == 0 and primary_records.rng is not None:
+            used += [g.storage for g in primary_records.rng.generators]
         mine = table.mapping(rank.part, used)
         inputs = tuple(_renumber_value(v, mine) for v in rank.inputs)
         graph = _renumber_graph(rank.graph, mine)
         if k == 0:
-            top_graph, top_inputs = graph, inputs
+            top_graph, top_inputs, primary = graph, inputs, mine
             out.append(dataclasses.replace(rank.record, graph=None, inputs=None))
             continue
         if graph == top_graph:
@@ -227,7 +232,15 @@ def _renumbered_ranks(ranks: list[_Rank], table: _Storages):
             where = graphs.index(graph)
         same_inputs = where is None and inputs == top_inputs
         out.append(dataclasses.replace(rank.record, graph=where, inputs=None if same_inputs else inputs))
-    return out, graphs, top_graph, top_inputs
+    return out, graphs, top_graph, top_inputs, primary
+
+
+def _renumbered_rng(records: Any, mine: dict[int, int]) -> Any:
+    """``records`` with its generator states pointing into the merged storage table."""
+    if records.rng is None or not records.rng.generators:
+        return records
+    generators = tuple(dataclasses.replace(g, storage=mine[g.storage]) for g in records.rng.generators)
+    return dataclasses.replace(records, rng=dataclasses.replace(records.rng, generators=generators))
 
 
 def _groups_and_meshes(indexes: list[Index]):

@@ -173,3 +173,33 @@ def test_inspect_diff_and_view_show_the_ranks_side_by_side(tmp_path):
     assert invoke("view", VECTOR, "-o", page).exit_code == 0
     html = page.read_text()
     assert "Ranks of the job" in html and "rank 2 issued no collective #1 on group" in html
+
+
+def test_merged_parts_keep_the_failing_ranks_generator_states(tmp_path):
+    """Each rank's part records the generator states its call started from; the merged job
+    archive's own records (the failing rank's) point at them in the merged storage table (they
+    pointed into the part's, and the merge refused: "storage 1 does not exist")."""
+    from reproarchive.archive.job import rank_part_job
+    from reproarchive.archive.job_merge import merge_parts
+    from reproarchive.archive.packing import pack
+    from reproarchive.format.schema import Records
+
+    def dropout(x):
+        return torch.nn.functional.dropout(x, 0.5, True) * 2
+
+    gm = fx.symbolic_trace(dropout)
+    states, parts = {}, []
+    for rank in (0, 1):
+        torch.manual_seed(100 + rank)
+        states[rank] = torch.get_rng_state()
+        outcome = RankOutcome(status="failed" if rank == 1 else "passed")
+        job = rank_part_job(RankRecord(rank=rank, outcome=outcome), world_size=2, backend="gloo")
+        part = tmp_path / f"rank-{rank}.tar.zst"
+        pack(gm, [torch.randn(64) + rank], part, records=Records(backend="eager"), job=job,
+             rng_states={"cpu": states[rank]})
+        parts.append(part)
+    merged = merge_parts(parts, tmp_path / "job.tar.zst")
+    reproarchive.verify(merged)
+    loaded = reproarchive.load(merged)
+    assert torch.equal(loaded.rng_states["cpu"], states[1])  # the failing rank's, rank 1
+    assert loaded.records.rng.random_ops
