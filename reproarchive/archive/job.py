@@ -29,6 +29,7 @@ from reproarchive.codec import graphs as graph_codec
 from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.checks import check_readable_here, recorded_devices
 from reproarchive.codec.devices import remap_graph_devices, resolve_devices
+from reproarchive.codec.rng import decode_rng
 from reproarchive.format import layout
 from reproarchive.format.layout import Limits
 from reproarchive.format.reader import ContainerReader
@@ -77,6 +78,7 @@ class JobRepro:
     index: Index
     job: JobRecord
     ranks: list[RankRepro]
+    rng_states: dict = dataclasses.field(default_factory=dict)  # the primary rank's, as ``Repro.rng_states``
 
     @property
     def world_size(self) -> int:
@@ -163,7 +165,19 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
                 fidelity=[input_fidelity(v, index.storages) for v in inputs],
                 outcome=rank.outcome, schedule=rank.schedule, compiles=rank.compiles, dtensors=rank.dtensors,
                 record=rank))
-        return JobRepro(Path(path), reader.index_digest, index, job, ranks)
+        return JobRepro(Path(path), reader.index_digest, index, job, ranks, _rng_states(reader, index, mapper, path,
+                                                                                       limits))
+
+
+def _rng_states(reader: ContainerReader, index: Index, mapper, path, limits: Limits) -> dict:
+    """The generator states of the index's records (the primary rank's), by device here."""
+    rng = index.records.rng
+    if rng is None or not rng.generators:
+        return {}
+    used = sorted({g.storage for g in rng.generators})
+    cpu = [torch.device("cpu")] * len(index.storages)
+    storages = _materialize(reader, index.storages, used, cpu, {}, None, path=path, limits=limits)
+    return decode_rng(rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +190,7 @@ class RankCapture:
     inputs: Sequence[Any]
     record: RankRecord
     records: Records | None = None
+    rng_states: Any = None  # the generator states its call started from (``pack``'s)
 
 
 def rank_part_job(rank: RankRecord, *, world_size: int, backend: str | None,
@@ -198,6 +213,6 @@ def pack_job(ranks: Sequence[RankCapture], path: str | os.PathLike, *, world_siz
         for rc in ranks:
             part = Path(tmp) / f"rank-{rc.record.rank}.tar.zst"
             job = rank_part_job(rc.record, world_size=world_size, backend=backend, groups=groups, meshes=meshes)
-            pack(rc.gm, list(rc.inputs), part, records=rc.records, job=job)
+            pack(rc.gm, list(rc.inputs), part, records=rc.records, job=job, rng_states=rc.rng_states)
             parts.append(part)
         return merge_parts(parts, path)

@@ -110,15 +110,18 @@ class _JobOracle:
 
 
 def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, records: Any) -> Path:
-    """A job archive of ``parts`` (rank -> graph, inputs) with the job's groups, ranks' devices
-    and recorded outcomes; the graphs issue no collectives, so their schedules are empty."""
+    """A job archive of ``parts`` (rank -> graph, inputs) with the job's groups, ranks' devices,
+    recorded outcomes and generator states; the graphs issue no collectives, so their schedules
+    are empty."""
     from reproarchive.archive.job import RankCapture, pack_job
 
     captures = []
     for r in job.ranks:
         gm, inputs = parts[r.rank]
         record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
-        captures.append(RankCapture(gm, list(inputs), record, records))
+        # the generator states the recording kept (the primary rank's) stay with that rank
+        states = job.rng_states if r.rank == job.primary_rank else None
+        captures.append(RankCapture(gm, list(inputs), record, records, states))
     return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
                     meshes=job.meshes)
 

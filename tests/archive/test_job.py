@@ -203,3 +203,11 @@ def test_merged_parts_keep_the_failing_ranks_generator_states(tmp_path):
     loaded = reproarchive.load(merged)
     assert torch.equal(loaded.rng_states["cpu"], states[1])  # the failing rank's, rank 1
     assert loaded.records.rng.random_ops
+    # a minified job is packed from the loaded job's ranks (``job_minify.pack_parts``): it keeps them
+    from reproarchive.minifier.job_minify import pack_parts
+
+    job = reproarchive.load_job(merged)
+    assert torch.equal(job.rng_states["cpu"], states[1])
+    again = pack_parts(job, {r.rank: (r.gm, list(r.args)) for r in job.ranks}, tmp_path / "again.tar.zst",
+                       records=job.records)
+    assert torch.equal(reproarchive.load(again).rng_states["cpu"], states[1])
