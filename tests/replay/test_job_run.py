@@ -143,3 +143,29 @@ def test_a_launch_that_starts_no_rank_never_passes(archives):
     result = invoke("run", archives["fails"], "--master-port", "not-a-port", "--json")
     assert result.exit_code == 125, result.output
     assert json.loads(result.stdout)["error"]["code"] == "E_LAUNCH"
+
+
+@pytest.fixture(scope="module")
+def inductor_job(tmp_path_factory):
+    """A real 2-rank gloo job under ``capture -- torchrun``: inductor on both ranks, its C++ relu
+    bug injected through its config on rank 1 alone."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    folder = tmp_path_factory.mktemp("inductor-job")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "REPROARCHIVE_JOB_WAIT_S": "30"}
+    done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", "capture", "-o",
+                           str(folder / "out"), "--json", "--", sys.executable, "-m", "torch.distributed.run",
+                           "--standalone", "--nproc-per-node=2", str(root / "tests" / "support" / "job_program.py"),
+                           "plain-inductor", str(folder / "unused")],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=folder)
+    [archive] = [a["archive"] for a in json.loads(done.stdout)["archives"] if a["kind"] == "job"]
+    return folder / archive
+
+
+@pytest.mark.slow
+def test_a_real_inductor_job_replays_its_failing_rank_alone_and_in_one_process(inductor_job):
+    alone = json.loads(invoke("run", inductor_job, "--rank", "1", "--json").stdout)
+    assert (alone["status"], alone["rank"], alone["exit_code"]) == ("reproduced", 1, 1)
+    one_process = json.loads(invoke("run", inductor_job, "--single-process", "--json").stdout)
+    assert (one_process["status"], one_process["rank"], one_process["recorded_rank"]) == ("reproduced", 1, 1)

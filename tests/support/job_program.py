@@ -8,6 +8,8 @@ bench: like fail, on any number of ranks, with a 256 KiB weight every rank share
        (benchmarks/job_bench.py)
 mesh:  4 ranks on a 2x2 DeviceMesh (dp, tp): a DTensor input, a collective on the tp sub-group
        ([0, 1] and [2, 3]); rank 1's compiled graph raises
+inductor: inductor on every rank, its C++ relu bug injected through its config on rank 1 alone
+       (2 ranks): rank 1's compile fails, rank 0's graph passes
 """
 import os
 import sys
@@ -41,11 +43,20 @@ def backend(gm, example_inputs):
     return gm.forward
 
 
-@torch.compile(backend=backend if plain else reproarchive.capture(backend, path=out))
+if mode == "inductor" and rank == 1:
+    import torch._inductor.config
+
+    torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+compiler = "inductor" if mode == "inductor" else backend
+
+
+@torch.compile(backend=compiler if plain else reproarchive.capture(compiler, path=out))
 def step(x, w):
     y = funcol.all_reduce(x.sum() * w, "sum", dist.group.WORLD)
     if mode == "hang" and rank == 0:  # rank 1 takes the other branch and skips this collective
         y = funcol.all_reduce(y * 2, "sum", dist.group.WORLD)
+    if mode == "inductor":
+        y = torch.relu(y - 0.5)
     return y + 1
 
 
