@@ -325,13 +325,22 @@ def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, 
         return merge_parts(folder_parts(folder), archive, outcomes=folder_outcomes(folder))
 
 
-def forget_if_all_passed(folder: Path, world_size: int) -> bool:
-    """Remove the parts folder when every rank of the world has a part that passed."""
+def forget_when_all_ended(folder: Path, world_size: int, archive: Path) -> bool:
+    """Remove the parts folder once every rank of the world has a part and has ended (its status
+    file says passed, failed or timed out): a job that passed leaves nothing, one that failed its
+    job archive alone, merged again here if a rank ended since the last merge (so it holds every
+    rank's ending). A rank that crashed or was killed wrote no status: the folder stays, for
+    ``pack FOLDER``."""
     with _locked(folder):
-        outcomes = folder_outcomes(folder)
-        passed = [r for r, o in outcomes.items() if o.status == "passed"]
-        if len(passed) < world_size or len(folder_parts(folder)) != len(passed):
+        parts = folder_parts(folder)
+        statuses = {r: folder / f"rank-{r}.status.json" for r in range(world_size)}
+        if len(parts) != world_size or not all(p.exists() for p in statuses.values()):
             return False
+        outcomes = folder_outcomes(folder)
+        if any(o.status != "passed" for o in outcomes.values()):
+            newest = max(p.stat().st_mtime_ns for p in (*parts, *statuses.values()))
+            if not archive.exists() or archive.stat().st_mtime_ns < newest:
+                merge_parts(parts, archive, outcomes=outcomes)
         for path in folder.iterdir():
             path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
@@ -382,7 +391,7 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
         raise
     with contextlib.suppress(OSError):
         set_status(folder, ctx.rank, RankOutcome(status="passed"))
-        forget_if_all_passed(folder, ctx.world_size)
+        forget_when_all_ended(folder, ctx.world_size, job_paths(backend.target, ctx, backend.file_target)[1])
     return result
 
 
@@ -419,6 +428,8 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
         _annotate(exc, None, f"{type(err).__name__}: {err}")
         return
     backend.written.append(merged)
+    with contextlib.suppress(Exception):  # the archive is written; the folder is only tidied
+        forget_when_all_ended(folder, ctx.world_size, merged)
     log.warning("reproarchive: rank %d: %s failure captured in %s", ctx.rank, record.stage, merged)
     _annotate(exc, merged, None)
 

@@ -227,6 +227,12 @@ def capture_program(
                 result.archives.append(pack_job_parts(parts, target))
             except ReproArchiveError as err:
                 result.errors.append(f"the job's rank parts: {err}")
+        for written in sorted((dump_dir / "jobs").glob("job-*.tar.zst")):  # every rank ended: parts gone
+            if written.with_name(written.name.removesuffix(".tar.zst") + PARTS_SUFFIX).exists():
+                continue  # merged above, with what the ranks that did not end left
+            target = _next_free(out, written.name.removesuffix(".tar.zst"))
+            shutil.move(str(written), target)
+            result.archives.append(archive_report(target, kind="job"))
         for pending in pending_archives(dump_dir / "crash"):
             if progress is not None:
                 progress("replaying the graph the program crashed in")

@@ -55,6 +55,10 @@ def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(failed_job):
     assert job.records.failure.message.startswith("injected failure on rank 1")
     # rank 0 was blocked in the collective rank 1 never reached (then the launcher stopped it)
     assert job.rank(0).outcome.status in ("running", "failed")
+    # once every rank has ended, the job archive holds their endings and the parts are gone; a
+    # rank the launcher killed first wrote no ending, and the parts stay for `pack FOLDER`
+    left = sorted((tmp_path / "out").glob("job-*.parts"))
+    assert left == [] if job.rank(0).outcome.status == "failed" else len(left) == 1
     for r in job.ranks:
         assert r.args[0].tolist() == [float(r.rank)] * 4  # each rank's own real inputs
         assert [c.op for c in r.schedule] == ["all_reduce"] and r.schedule[0].group == job.groups[0].name
