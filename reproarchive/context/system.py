@@ -211,6 +211,13 @@ def torch_version(system: SystemRecord | None) -> str | None:
     return _get(system, "torch", "version")
 
 
+def torch_here() -> str:
+    """The torch version of this process."""
+    import torch
+
+    return torch.__version__
+
+
 def _get(record: Any, *path: str) -> Any:
     """``record.a.b`` (records) or ``record[a]`` (maps), None where a level is missing."""
     for p in path:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from reproarchive.context.system import torch_version
+from reproarchive.context.system import torch_here, torch_version
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.schema import FailureRecord, Index
 from reproarchive.replay import launch as _launch
@@ -151,7 +151,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
                                        recorded=recorded_failures(job), recorded_rank=job.failing_rank,
                                        keep=keep, divergence=divergence_of(job))
     outcome.archive = os.fspath(path)
-    outcome.torch, outcome.recorded_torch = _torch_version(), torch_version(index.records.system)
+    outcome.torch, outcome.recorded_torch = torch_here(), torch_version(index.records.system)
     if devices.moved:
         from reproarchive.replay.runner import _moved_warning
 
@@ -179,12 +179,6 @@ def _check_ranks(path, job: Any, rank: int | None) -> None:
             "job ran",
             "pack the folder of the job's parts into the job archive (reproarchive pack FOLDER), or replay this rank "
             f"alone against a fake process group (reproarchive run --rank {recorded[0]} {path})")
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout: float,

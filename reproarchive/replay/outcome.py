@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from reproarchive.context import failure as _failure
 from reproarchive.format.plain import from_plain, to_plain
 from reproarchive.format.schema import AccuracyReport, FailureRecord
+from reproarchive.version import torch_release
 
 EXIT_PASSED = 0
 EXIT_REPRODUCED = 1
@@ -102,8 +103,6 @@ class Outcome:
 def across_versions(here: str | None, recorded: str | None) -> bool:
     """Whether a replay on torch ``here`` of an archive recorded on ``recorded`` crossed torch
     releases (both known, releases differ)."""
-    from reproarchive.version import torch_release
-
     return bool(here and recorded) and torch_release(here) != torch_release(recorded)
 
 

@@ -31,7 +31,7 @@ from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.context.execution import applied_execution
-from reproarchive.context.system import torch_version
+from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.plain import to_plain
 from reproarchive.format.schema import (
     ConfigRecord,
@@ -109,7 +109,7 @@ def replay_graph(
     warnings.extend(env_warnings)
     if config and not config_applied:
         warnings.append("running with this machine's torch config (--current-config), not the recorded one")
-    here = _torch_version()
+    here = torch_here()
     across = across_versions(here, recorded_torch)
     if config_applied and across:
         warnings.append(f"recorded on torch {recorded_torch}: only the config settings the recording changed are "
@@ -325,12 +325,6 @@ def _moved_warning(plan: DevicePlan) -> list[str]:
              "recorded failure is gone on the recorded device")]
 
 
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
-
-
 def _worth_reporting(w: _warnings.WarningMessage) -> bool:
     return issubclass(w.category, UserWarning) and "reproarchive" in str(getattr(w, "filename", ""))
 
@@ -419,7 +413,7 @@ def _replayed(path, repro, settings: ReplaySettings, plan: DevicePlan, *, on_sta
     resolve_backend(chosen.backend)
     if on_start is not None:
         on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen.backend,
-                  "digest": repro.digest, **facts, "warnings": load_warnings, "torch": _torch_version(),
+                  "digest": repro.digest, **facts, "warnings": load_warnings, "torch": torch_here(),
                   "recorded_torch": torch_version(records.system),
                   "config": "current" if chosen.current_config else "recorded"})
     outcome = replay_repro(repro, chosen)
