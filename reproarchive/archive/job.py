@@ -53,7 +53,9 @@ class RankRepro:
     """One rank of a loaded job: its graph and inputs (on this process's devices) and records.
 
     ``dtensors`` names the inputs that were DTensors (the stored tensor is the local shard; the
-    record says the mesh and placements); ``schedule`` the collectives its graphs issue in order."""
+    record says the mesh and placements); ``schedule`` the collectives its graphs issue in order;
+    ``records`` its own (config, environment, execution state, shape policy, RNG: the index's
+    unless the rank recorded others, 1.5) and ``rng_states`` the generator states they keep."""
 
     rank: int
     local_rank: int | None
@@ -67,6 +69,8 @@ class RankRepro:
     compiles: tuple[CompileRecord, ...]
     dtensors: tuple[DTensorInput, ...]
     record: RankRecord
+    records: Records = dataclasses.field(default_factory=Records)
+    rng_states: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -78,7 +82,6 @@ class JobRepro:
     index: Index
     job: JobRecord
     ranks: list[RankRepro]
-    rng_states: dict = dataclasses.field(default_factory=dict)  # the primary rank's, as ``Repro.rng_states``
 
     @property
     def world_size(self) -> int:
@@ -111,7 +114,13 @@ class JobRepro:
 
     @property
     def records(self) -> Records:
+        """The index's own records: the primary rank's (each rank's own are ``RankRepro.records``)."""
         return self.index.records
+
+    @property
+    def rng_states(self) -> dict:
+        """The primary rank's generator states, as ``Repro.rng_states``."""
+        return self.rank(self.primary_rank).rng_states
 
     def rank(self, r: int) -> RankRepro:
         for rank in self.ranks:
@@ -128,6 +137,11 @@ def rank_graph(index: Index, rank: RankRecord) -> GraphRecord:
 def rank_inputs(index: Index, rank: RankRecord) -> tuple:
     """The input records of a rank: its own, else the index's."""
     return index.inputs if rank.inputs is None else rank.inputs
+
+
+def rank_records(index: Index, rank: RankRecord) -> Records:
+    """The records of a rank: its own (1.5), else the index's."""
+    return index.records if rank.records is None else index.job.records[rank.records]
 
 
 def single_rank_job(index: Index) -> JobRecord:
@@ -152,7 +166,7 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
         dtypes = tensor_codec.storage_dtypes((*index.tensor_records(), *index.job_tensor_records()))
         ranks = []
         for rank in sorted(job.ranks, key=lambda r: r.rank):
-            graph, inputs = rank_graph(index, rank), rank_inputs(index, rank)
+            graph, inputs, records = rank_graph(index, rank), rank_inputs(index, rank), rank_records(index, rank)
             used = sorted({t.storage for v in inputs for t in v.tensors()} | {t.storage for t in graph.tensors()})
             check_declared_memory(((index.storages[i].size, devices[i]) for i in used), max_memory=max_memory)
             storages = _materialize(reader, index.storages, used, devices, dtypes, None, path=path, limits=limits)
@@ -164,14 +178,13 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
                 args=tensor_codec.decode_inputs(decoder, inputs),
                 fidelity=[input_fidelity(v, index.storages) for v in inputs],
                 outcome=rank.outcome, schedule=rank.schedule, compiles=rank.compiles, dtensors=rank.dtensors,
-                record=rank))
-        return JobRepro(Path(path), reader.index_digest, index, job, ranks, _rng_states(reader, index, mapper, path,
-                                                                                       limits))
+                record=rank, records=records, rng_states=_rng_states(reader, index, records, mapper, path, limits)))
+        return JobRepro(Path(path), reader.index_digest, index, job, ranks)
 
 
-def _rng_states(reader: ContainerReader, index: Index, mapper, path, limits: Limits) -> dict:
-    """The generator states of the index's records (the primary rank's), by device here."""
-    rng = index.records.rng
+def _rng_states(reader: ContainerReader, index: Index, records: Records, mapper, path, limits: Limits) -> dict:
+    """The generator states ``records`` keep (a rank's), by device here."""
+    rng = records.rng
     if rng is None or not rng.generators:
         return {}
     used = sorted({g.storage for g in rng.generators})
@@ -196,7 +209,7 @@ class RankCapture:
 def rank_part_job(rank: RankRecord, *, world_size: int, backend: str | None,
                   groups: Sequence[ProcessGroupRecord] = (), meshes: Sequence[MeshRecord] = ()) -> JobRecord:
     """The job record of one rank's part: the job's facts, and this rank as its only (primary) rank."""
-    rank = dataclasses.replace(rank, graph=None, inputs=None)
+    rank = dataclasses.replace(rank, graph=None, inputs=None, records=None)  # in a part, all are the index's
     failing = rank.rank if rank.outcome is not None and rank.outcome.status in ("failed", "crashed", "timeout") \
         else None
     return JobRecord(world_size=world_size, primary_rank=rank.rank, backend=backend, failing_rank=failing,

@@ -35,6 +35,7 @@ from reproarchive.format.schema import (
     RankOutcome,
     RankRecord,
     RankStatus,
+    Records,
     SequenceValue,
     StorageRecord,
     SubgraphEntry,
@@ -66,6 +67,7 @@ class _Rank:
     graph: GraphRecord
     inputs: tuple
     part: int
+    records: Records  # its own: the part's, or its entry of a job archive's ``job.records``
 
 
 def failing_rank(ranks: Sequence[RankRecord]) -> int | None:
@@ -104,14 +106,14 @@ def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike, *,
         ranks.sort(key=lambda r: (r.record.rank != primary, r.record.rank))
         table = _Storages(indexes)
         first = indexes[ranks[0].part]
-        job_ranks, graphs, top_graph, top_inputs, primary_storages = _renumbered_ranks(ranks, table, first.records)
+        job_ranks, graphs, top_graph, top_inputs, records, rank_records = _renumbered_ranks(ranks, table)
         groups, meshes, mesh_maps = _groups_and_meshes(indexes)
         job_ranks = [dataclasses.replace(r, dtensors=tuple(dataclasses.replace(d, mesh=mesh_maps[part][d.mesh])
                                                            for d in r.dtensors))
                      for r, part in zip(job_ranks, (r.part for r in ranks))]
         job = JobRecord(world_size=world_size, primary_rank=primary, backend=backend, failing_rank=failing,
-                        groups=groups, meshes=meshes, graphs=tuple(graphs), ranks=tuple(job_ranks))
-        records = _renumbered_rng(first.records, primary_storages)
+                        groups=groups, meshes=meshes, graphs=tuple(graphs), ranks=tuple(job_ranks),
+                        records=tuple(rank_records))
         outcome = ranks[0].record.outcome
         if outcome is not None and outcome.failure is not None:
             records = dataclasses.replace(records, failure=outcome.failure)
@@ -138,7 +140,8 @@ def _ranks(indexes: list[Index], parts) -> list[_Rank]:
             seen[rank.rank] = parts[p]
             graph = index.graph if rank.graph is None else index.job.graphs[rank.graph]
             inputs = index.inputs if rank.inputs is None else rank.inputs
-            out.append(_Rank(rank, graph, inputs, p))
+            records = index.records if rank.records is None else index.job.records[rank.records]
+            out.append(_Rank(dataclasses.replace(rank, records=None), graph, inputs, p, records))
     return out
 
 
@@ -202,28 +205,35 @@ def _renumber_graph(graph: GraphRecord, mine: dict[int, int]) -> GraphRecord:
     return dataclasses.replace(graph, module_state=tuple(state))
 
 
-def _renumbered_ranks(ranks: list[_Rank], table: _Storages, primary_records: Any):
-    """Each rank's record with its graph and inputs renumbered into the one table; the primary
-    (first) rank's graph and inputs become the index's own, equal graphs are stored once. The
-    primary's records are the index's: their generator states' storages come along, and the
-    primary's mapping is returned for them."""
+def _renumbered_ranks(ranks: list[_Rank], table: _Storages):
+    """Each rank's record with its graph, inputs and records renumbered into the one table; the
+    primary (first) rank's graph, inputs and records become the index's own; equal graphs, and
+    equal records (a rank's failure is in its outcome, not in them), are stored once."""
     graphs: list[GraphRecord] = []
     out: list[RankRecord] = []
     top_graph: GraphRecord | None = None
     top_inputs: tuple = ()
-    primary: dict[int, int] = {}
+    top_records: Records = Records()
+    record_sets: list[Records] = []
     for k, rank in enumerate(ranks):
         used = [t.storage for v in rank.inputs for t in v.tensors()]
         used += [t.storage for t in rank.graph.tensors()]
-        if k == 0 and primary_records.rng is not None:
-            used += [g.storage for g in primary_records.rng.generators]
+        used += [g.storage for g in rank.records.rng.generators] if rank.records.rng is not None else []
         mine = table.mapping(rank.part, used)
         inputs = tuple(_renumber_value(v, mine) for v in rank.inputs)
         graph = _renumber_graph(rank.graph, mine)
+        records = _renumbered_rng(rank.records, mine)
         if k == 0:
-            top_graph, top_inputs, primary = graph, inputs, mine
+            top_graph, top_inputs, top_records = graph, inputs, records
             out.append(dataclasses.replace(rank.record, graph=None, inputs=None))
             continue
+        own = dataclasses.replace(records, failure=None)
+        if own == dataclasses.replace(top_records, failure=None):
+            records_at = None
+        else:
+            if own not in record_sets:
+                record_sets.append(own)
+            records_at = record_sets.index(own)
         if graph == top_graph:
             where = None
         else:
@@ -231,8 +241,9 @@ def _renumbered_ranks(ranks: list[_Rank], table: _Storages, primary_records: Any
                 graphs.append(graph)
             where = graphs.index(graph)
         same_inputs = where is None and inputs == top_inputs
-        out.append(dataclasses.replace(rank.record, graph=where, inputs=None if same_inputs else inputs))
-    return out, graphs, top_graph, top_inputs, primary
+        out.append(dataclasses.replace(rank.record, graph=where, inputs=None if same_inputs else inputs,
+                                       records=records_at))
+    return out, graphs, top_graph, top_inputs, top_records, record_sets
 
 
 def _renumbered_rng(records: Any, mine: dict[int, int]) -> Any:

@@ -197,7 +197,8 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
     # §8 job (1.3): the ranks of a multi-rank job
     job = _section(raw, "job", JobRecord | None)
     if job is not None:
-        check_job(job, storages, len(inputs), caps, check_value, check_graph)
+        check_job(job, storages, inputs, caps, check_value, check_graph,
+                  lambda rank_records, rank_inputs: _check_rank_records(rank_records, rank_inputs, storages))
     if records.rng is not None:
         check_rng(records.rng, storages)
     # §8 triton_kernels (1.4): after the job, whose graphs may launch them too
@@ -568,6 +569,16 @@ def check_shapes(shapes: ShapePolicy, inputs) -> None:
     for k, symbol in enumerate(shapes.symbols):
         if symbol.kind not in ("backed", "unbacked"):
             raise bad(f"kind {symbol.kind!r} is not backed or unbacked", "symbols", k, "kind")
+
+
+def _check_rank_records(records: Records, inputs: tuple, storages: tuple[StorageRecord, ...]) -> None:
+    """(1.5) A rank's own records, by the rules of the index's (R8-1, R8-2, R8-6)."""
+    if records.failure is not None:
+        check_failure(records.failure)
+    if records.shapes is not None:
+        check_shapes(records.shapes, inputs)
+    if records.rng is not None:
+        check_rng(records.rng, storages)
 
 
 def check_rng(rng: RngRecord, storages: tuple[StorageRecord, ...]) -> None:

@@ -2,8 +2,10 @@
 multi-rank job, checked once when the index is decoded, like every other section.
 
 A job record points into the rest of the index: its ranks' inputs into the one storage table,
-its ranks' graphs into ``job.graphs``, its collectives and meshes into the group table. These
-checks make each of those references good, so ``archive.job`` builds ranks without re-checking.
+its ranks' graphs into ``job.graphs``, their records (1.5) into ``job.records``, its
+collectives and meshes into the group table. These checks make each of those references good,
+and a rank's own records pass the same rules as the index's, so ``archive.job`` builds ranks
+without re-checking.
 """
 
 from __future__ import annotations
@@ -22,18 +24,24 @@ def job_node_count(raw_job: Any, count_nodes) -> int:
     return sum(count_nodes(g, 0) for g in graphs) if isinstance(graphs, list) else 0
 
 
-def check_job(job: JobRecord, storages: tuple[StorageRecord, ...], n_inputs: int, caps: Limits,
-              check_value, check_graph) -> None:
-    """Every rule of §8 ``job`` in order; ``check_value`` and ``check_graph`` are §6.3's and §7's."""
+def check_job(job: JobRecord, storages: tuple[StorageRecord, ...], inputs: tuple, caps: Limits,
+              check_value, check_graph, check_records) -> None:
+    """Every rule of §8 ``job`` in order; ``check_value`` and ``check_graph`` are §6.3's and §7's,
+    ``check_records(records, inputs)`` §8's rules of a record set over a rank's inputs."""
     _check_ranks(job)
     _check_groups(job)
-    if len(job.graphs) > caps.max_members:
-        raise LimitExceededError(f"the job declares {len(job.graphs)} graphs, more than the limit "
-                                 f"{caps.max_members}", rule=Rule.JOB_REFS)
+    if max(len(job.graphs), len(job.records)) > caps.max_members:
+        raise LimitExceededError(f"the job declares {len(job.graphs)} graphs and {len(job.records)} record sets, "
+                                 f"more than the limit {caps.max_members}", rule=Rule.JOB_REFS)
     for g, graph in enumerate(job.graphs):
         check_graph(graph, storages, ("job", "graphs", g), 0)
     for i, rank in enumerate(job.ranks):
-        _check_rank_refs(job, rank, i, storages, n_inputs, check_value)
+        _check_rank_refs(job, rank, i, storages, len(inputs), check_value)
+        if rank.records is not None:
+            try:
+                check_records(job.records[rank.records], inputs if rank.inputs is None else rank.inputs)
+            except SchemaViolation as exc:
+                raise SchemaViolation(exc.problem, ("job", "records", rank.records, *exc.path), exc.rule) from None
 
 
 def _bad(problem: str, rule: Rule, *path) -> SchemaViolation:
@@ -85,8 +93,10 @@ def _check_groups(job: JobRecord) -> None:
 def _check_rank_refs(job: JobRecord, rank: RankRecord, i: int, storages, n_inputs: int, check_value) -> None:
     where = ("ranks", i)
     primary = rank.rank == job.primary_rank
-    if primary and (rank.graph is not None or rank.inputs is not None):
-        raise _bad("the primary rank's graph and inputs are the index's own", Rule.JOB_REFS, *where)
+    if primary and (rank.graph is not None or rank.inputs is not None or rank.records is not None):
+        raise _bad("the primary rank's graph, inputs and records are the index's own", Rule.JOB_REFS, *where)
+    if rank.records is not None and not 0 <= rank.records < len(job.records):
+        raise _bad(f"record set {rank.records} does not exist", Rule.JOB_REFS, *where, "records")
     if rank.graph is not None and not 0 <= rank.graph < len(job.graphs):
         raise _bad(f"graph {rank.graph} does not exist", Rule.JOB_REFS, *where, "graph")
     for j, value in enumerate(rank.inputs or ()):

@@ -91,7 +91,7 @@ from reproarchive.format.schema_sets import (  # noqa: F401 - the schema's names
 
 FORMAT_NAME = "reproarchive"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 4
+FORMAT_MINOR = 5
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"
 
 
@@ -464,7 +464,9 @@ class RankOutcome:
 class RankRecord:
     """One rank. ``graph`` absent: the index's own ``graph``; else an index into ``job.graphs``.
     ``inputs`` absent: the index's own ``inputs``; else this rank's, whose tensors point into the
-    one storage table. ``host`` is a digest of the host name, never the name."""
+    one storage table. ``records`` (1.5) absent: the index's own records (config, environment,
+    system, execution state, shape policy, RNG ...) are this rank's too; else an index into
+    ``job.records``, this rank's own. ``host`` is a digest of the host name, never the name."""
 
     rank: int
     local_rank: int | None = omit_none()
@@ -476,13 +478,16 @@ class RankRecord:
     schedule: tuple[CollectiveRecord, ...] = ()
     compiles: tuple[CompileRecord, ...] = field(default=(), metadata={"omit": "empty"})
     outcome: RankOutcome | None = omit_none()
+    records: int | None = omit_none()  # (1.5)
 
 
 @open_record
 class JobRecord:
     """(1.3) A multi-rank job: the index's own graph and inputs are rank ``primary_rank``'s (the
     failing rank, else rank 0), so a single-process reader sees a valid archive; ``ranks`` holds
-    every rank recorded, ``graphs`` the distinct graphs that are not the index's own."""
+    every rank recorded, ``graphs`` the distinct graphs that are not the index's own, ``records``
+    (1.5) the distinct records of ranks whose records are not the index's own (each stored once,
+    however many ranks share it; a rank's failure is in its ``outcome``, not here)."""
 
     world_size: int
     primary_rank: int
@@ -492,6 +497,7 @@ class JobRecord:
     meshes: tuple[MeshRecord, ...] = field(default=(), metadata={"omit": "empty"})
     graphs: tuple[GraphRecord, ...] = field(default=(), metadata={"omit": "empty"})
     ranks: tuple[RankRecord, ...] = ()
+    records: tuple[Records, ...] = field(default=(), metadata={"omit": "empty"})  # (1.5)
 
 
 # --------------------------------------------------------------------------------------------

@@ -119,9 +119,11 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
     for r in job.ranks:
         gm, inputs = parts[r.rank]
         record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
-        # the generator states the recording kept (the primary rank's) stay with that rank
-        states = job.rng_states if r.rank == job.primary_rank else None
-        captures.append(RankCapture(gm, list(inputs), record, records, states))
+        # each rank keeps its own records and generator states; ``records`` (the minify
+        # provenance) is the primary's
+        own = records if r.rank == job.primary_rank else dataclasses.replace(r.records, minify=records.minify,
+                                                                              parent=records.parent)
+        captures.append(RankCapture(gm, list(inputs), record, own, r.rng_states))
     return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
                     meshes=job.meshes)
 

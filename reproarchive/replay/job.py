@@ -78,7 +78,8 @@ def _options(passthrough: Sequence[str]) -> dict[str, str]:
 @dataclasses.dataclass(frozen=True)
 class RankPart:
     """What one rank worker replays: its graph and inputs (``rank.gm``, ``rank.args``,
-    ``rank.failure``), the group table, the settings with the backend chosen, the job's records."""
+    ``rank.failure``), the group table, the settings with the backend chosen, the rank's own
+    records (its config, environment, execution state, RNG: each rank replays under its own)."""
 
     rank: Any
     groups: list[GroupSpec]
@@ -89,13 +90,15 @@ class RankPart:
 @dataclasses.dataclass(frozen=True)
 class _RankReplay:
     """One rank's graph, inputs (DTensor inputs as their local shards: ``dtensors`` says what
-    they were, on ``meshes``) and recorded failure."""
+    they were, on ``meshes``), recorded failure and the generator states its call started from
+    (None: not recorded)."""
 
     gm: Any
     args: list
     failure: FailureRecord | None
     dtensors: tuple = ()
     meshes: tuple = ()
+    rng_states: Any = None
 
 
 def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> RankPart:
@@ -103,11 +106,12 @@ def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> R
     from reproarchive.archive.job import load_job
 
     job = load_job(path, device=settings.device, max_memory=settings.max_memory)
-    chosen = settings.for_recorded(job.records.backend, job.records.accuracy)
     part = job.rank(rank)
+    chosen = settings.for_recorded(part.records.backend, part.records.accuracy)
     failure = part.outcome.failure if part.outcome is not None else None
-    return RankPart(_RankReplay(part.gm, list(part.args), failure, tuple(part.dtensors), tuple(job.meshes)),
-                    group_specs(job.job), chosen, job.records)
+    rng = part.rng_states if part.records.rng is not None else None
+    return RankPart(_RankReplay(part.gm, list(part.args), failure, tuple(part.dtensors), tuple(job.meshes), rng),
+                    group_specs(job.job), chosen, part.records)
 
 
 def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | None = None,

@@ -137,14 +137,15 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
         values = collective_values(lead.gm, {r.rank: list(r.args) for r in job.ranks}, world_size)
     finally:
         dist.destroy_process_group()
-    records = job.records
     outcomes = []
-    for part in job.ranks:
+    for part in job.ranks:  # each under its own records
+        records = part.records
         gm, args = without_collectives(part.gm, list(part.args), values[part.rank])
         outcome = replay_graph(gm, args, chosen, recorded_failure=part.outcome.failure if part.outcome else None,
                                config=records.config, environment=records.environment, system=None,
                                source_kind=records.graph_kind, execution=records.execution,
-                               report_differences=False, recorded_torch=torch_version(records.system))
+                               report_differences=False, recorded_torch=torch_version(records.system),
+                               rng_states=part.rng_states if records.rng is not None else None)
         outcomes.append(_launch.RankOutcome(part.rank, outcome.status, outcome,
                                             note="collectives replaced by their LocalTensorMode values"))
     status, code, rank = _launch.job_verdict(outcomes, recorded_rank)

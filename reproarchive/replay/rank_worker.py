@@ -84,7 +84,8 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
         config=getattr(records, "config", None), environment=getattr(records, "environment", None),
         system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
         execution=getattr(records, "execution", None), report_differences=report_differences,
-        recorded_torch=torch_version(getattr(records, "system", None)))
+        recorded_torch=torch_version(getattr(records, "system", None)),
+        rng_states=getattr(rank_repro, "rng_states", None))
     timed_out = as_collective_timeout(outcome.observed)
     if timed_out is not outcome.observed:
         status, code = judge(rank_repro.failure, timed_out)

@@ -3,11 +3,12 @@ exactly that rule and otherwise valid (frames, index digest, footer and seek tab
 
     python spec/vectors/make_invalid.py
 
-Every file starts from the golden vector ``basic-1.3.tar.zst`` and is re-assembled by the hostile
-corpus' ``assemble`` (tests/support/hostile_corpus.py), so the defect under test is the only
-one. ``invalid/manifest.json`` maps each file to the rule id a reader MUST name and the error
-code it MUST raise (``verify``, which checks every rule); ``limits``, where given, are reader
-caps to apply first (two rules are about caps whose defaults would need files of megabytes).
+Every file starts from the golden vector ``basic-1.5.tar.zst`` (the current version's) and is
+re-assembled by the hostile corpus' ``assemble`` (tests/support/hostile_corpus.py), so the
+defect under test is the only one. ``invalid/manifest.json`` maps each file to the rule id a
+reader MUST name and the error code it MUST raise (``verify``, which checks every rule);
+``limits``, where given, are reader caps to apply first (two rules are about caps whose
+defaults would need files of megabytes).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assemb
 from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402 (needs the path above)
 
 OUT = HERE / "invalid"
-BASE = HERE / "basic-1.4.tar.zst"
+BASE = HERE / "basic-1.5.tar.zst"
 
 
 def _node(index: dict, name: str) -> dict:
@@ -190,6 +191,12 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
     ("R8-4", "job-groups", "E_SCHEMA", _edit(_set(("job",), _job(groups=[{"name": "0", "ranks": [0, 0]}]))), None),
     ("R8-5", "job-refs", "E_SCHEMA", _edit(_set(("job",), _job(ranks=[{"rank": 0}, {"rank": 1, "graph": 3}]))),
      None),
+    # (1.5) a rank's own records: a set the job does not hold, and one whose RNG state is no storage
+    ("R8-5", "job-records", "E_SCHEMA", _edit(_set(("job",), _job(ranks=[{"rank": 0}, {"rank": 1, "records": 1}],
+                                                                  records=[{}]))), None),
+    ("R8-6", "job-rank-rng", "E_SCHEMA", _edit(_set(("job",), _job(
+        ranks=[{"rank": 0}, {"rank": 1, "records": 0}],
+        records=[{"rng": {"random_ops": [], "generators": [{"device": "cpu", "storage": 99}]}}]))), None),
     ("R8-6", "rng-state", "E_SCHEMA",
      _edit(lambda i: i.update(rng={"random_ops": [], "generators": [{"device": "cpu", "storage": 99}]})), None),
     ("R8-7", "triton-digest", "E_SCHEMA", _edit(_set(("triton_kernels",), [

@@ -209,7 +209,9 @@ def _collective_graph(skip_gather: bool) -> fx.GraphModule:
 def job():
     """(1.3) A 4-rank job (spec §8 job): sub-groups [0, 1] and [2, 3], a 2x2 DeviceMesh, a DTensor
     input, one weight every rank shares (stored once), rank 2 skipping a collective (its own
-    graph, and a schedule that diverges), rank 1 failing, rank 2 timing out, rank 3 crashing."""
+    graph, and a schedule that diverges), rank 1 failing, rank 2 timing out, rank 3 crashing;
+    (1.5) rank 1's records (the failing rank's, the index's own) differ from the other three's,
+    which share one record set."""
     from reproarchive.archive.job import RankCapture
     from reproarchive.format.schema import (
         CollectiveRecord,
@@ -402,6 +404,14 @@ def job_expectations(path: Path) -> dict:
 
     job = reproarchive.load_job(path)
     primary = job.rank(job.primary_rank)
+    ranks = [{"rank": r.rank, "inputs": [value_facts(a) for a in r.args],
+              "graph": r.record.graph, "ops": sum(n.op == "call_function" for n in r.gm.graph.nodes),
+              "schedule": [to_plain(c) for c in r.schedule], "outcome": to_plain(r.outcome),
+              "dtensors": [to_plain(d) for d in r.dtensors]} for r in job.ranks]
+    if job.job.records:  # (1.5) each rank's own records: which set, and what it says
+        for facts, r in zip(ranks, job.ranks):
+            facts["records"] = {"set": r.record.records, "backend": r.records.backend,
+                                "failure": r.records.failure is not None}
     return {
         "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "index_digest": job.digest,
@@ -411,10 +421,7 @@ def job_expectations(path: Path) -> dict:
         "job": {"world_size": job.world_size, "backend": job.backend, "failing_rank": job.failing_rank,
                 "primary_rank": job.primary_rank, "graphs": len(job.job.graphs),
                 "groups": [to_plain(g) for g in job.groups], "meshes": [to_plain(m) for m in job.meshes],
-                "ranks": [{"rank": r.rank, "inputs": [value_facts(a) for a in r.args],
-                           "graph": r.record.graph, "ops": sum(n.op == "call_function" for n in r.gm.graph.nodes),
-                           "schedule": [to_plain(c) for c in r.schedule], "outcome": to_plain(r.outcome),
-                           "dtensors": [to_plain(d) for d in r.dtensors]} for r in job.ranks]},
+                "ranks": ranks},
     }
 
 

@@ -164,8 +164,22 @@ def inductor_job(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_real_inductor_job_replays_its_failing_rank_alone_and_in_one_process(inductor_job):
-    alone = json.loads(invoke("run", inductor_job, "--rank", "1", "--json").stdout)
-    assert (alone["status"], alone["rank"], alone["exit_code"]) == ("reproduced", 1, 1)
+def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job):
+    """Rank 1 alone set the bug injector: its records say so, rank 0's do not, and every way of
+    replaying the job replays rank 0 without it (it passes; it was not a different failure)."""
+    import reproarchive
+
+    job = reproarchive.load_job(inductor_job)
+    injector = "cpp.inject_relu_bug_TESTING_ONLY"
+    assert job.rank(1).records.config.changed["torch._inductor.config"][injector] == "compile_error"
+    assert injector not in job.rank(0).records.config.changed.get("torch._inductor.config", {})
+    launched = json.loads(invoke("run", inductor_job, "--json").stdout)
+    assert (launched["status"], launched["rank"], launched["exit_code"]) == ("reproduced", 1, 1)
+    # rank 0 recorded losing its peer; replayed, it passes, loses its peer again or is stopped
+    assert {r["rank"]: r["status"] for r in launched["ranks"]}[0] in ("passed", "reproduced", "stopped")
+    for rank, status in ((1, "reproduced"), (0, "passed")):
+        alone = json.loads(invoke("run", inductor_job, "--rank", str(rank), "--json").stdout)
+        assert (alone["status"], alone["exit_code"]) == (status, 1 if status == "reproduced" else 0), alone
     one_process = json.loads(invoke("run", inductor_job, "--single-process", "--json").stdout)
     assert (one_process["status"], one_process["rank"], one_process["recorded_rank"]) == ("reproduced", 1, 1)
+    assert {r["rank"]: r["status"] for r in one_process["ranks"]} == {0: "passed", 1: "reproduced"}
