@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
@@ -68,8 +68,8 @@ def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Re
     groups = sorted(job.groups, key=lambda g: (g.index if g.index is not None else 0))
     return write_job_export(ranks, [(g.name, tuple(g.ranks)) for g in groups], out_dir,
                             world_size=job.world_size, backend=settings.backend or records.backend,
-                            source_kind=records.graph_kind, config=records.config, environment=records.environment,
-                            archive_name=Path(path).name, digest=job.digest)
+                            source_kind=records.graph_kind, config={r.rank: r.records.config for r in job.ranks},
+                            environment=records.environment, archive_name=Path(path).name, digest=job.digest)
 
 
 def _device_of(index: Any, value: Any) -> str | None:
@@ -79,10 +79,11 @@ def _device_of(index: Any, value: Any) -> str | None:
 
 def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: Sequence[tuple[str, tuple]],
                      out_dir: str | os.PathLike, *, world_size: int, backend: str | None,
-                     source_kind: str | None = None, config: Any = None, environment: Any = None,
-                     archive_name: str = "", digest: str | None = None) -> ExportReport:
+                     source_kind: str | None = None, config: Mapping[int, Any] | None = None,
+                     environment: Any = None, archive_name: str = "", digest: str | None = None) -> ExportReport:
     """``ranks``: (rank, graph, inputs on the CPU, each input's recorded device, recorded
-    failure or None) per rank; ``groups``: (recorded name, global ranks) in creation order."""
+    failure or None) per rank; ``groups``: (recorded name, global ranks) in creation order;
+    ``config``: each rank's recorded config record."""
     from reproarchive.context.environment import plan
 
     out = Path(out_dir)
@@ -110,8 +111,8 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
         recorded = backend or "inductor"
         custom = is_custom(recorded)
         env_to_set, _ = plan(environment, config_applied=False)
-        settings = admitted_settings(config)
-        script.imports.update(module for module, _, _ in settings)
+        per_rank = {rank: admitted_settings(c) for rank, c in (config or {}).items()}
+        script.imports.update(module for settings in per_rank.values() for module, _, _ in settings)
         header = "\n".join([
             f"Standalone reproduction of a {world_size}-rank job, exported by reproarchive from "
             f"{_doc_text(archive_name or 'an archive')} ({_doc_text(digest or 'unknown digest')}).",
@@ -132,8 +133,7 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
             backend=repr(None if custom else recorded), custom=repr(recorded if custom else None),
             source_kind=repr(source_kind), world_size=int(world_size),
             groups="\n".join(f"    ({name!r}, {tuple(int(r) for r in members)!r})," for name, members in groups),
-            config="".join(f"_set_config({m}, {k!r}, {v!r})\n" for m, k, v in settings)
-            or "# (no recorded config setting that differed from the defaults may be applied)\n",
+            config=_config_block(per_rank),
             graphs="\n\n\n".join(script.graph_defs),
             inputs="\n".join(input_blocks),
             rank_graphs=", ".join(f"{rank}: {fn}" for rank, fn in sorted(graph_of.items())),
@@ -142,6 +142,16 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
     return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
+
+
+def _config_block(per_rank: Mapping[int, list]) -> str:
+    """``apply_config``'s body: each rank's settings under ``if rank == R:``."""
+    lines = []
+    for rank, settings in sorted(per_rank.items()):
+        if settings:
+            lines.append(f"    if rank == {int(rank)}:\n"
+                         + "".join(f"        _set_config({m}, {k!r}, {v!r})\n" for m, k, v in settings))
+    return "".join(lines) or "    pass  # (no recorded config setting that differed from the defaults may be applied)\n"
 
 
 def _job_template() -> str:

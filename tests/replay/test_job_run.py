@@ -183,3 +183,8 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     one_process = json.loads(invoke("run", inductor_job, "--single-process", "--json").stdout)
     assert (one_process["status"], one_process["rank"], one_process["recorded_rank"]) == ("reproduced", 1, 1)
     assert {r["rank"]: r["status"] for r in one_process["ranks"]} == {0: "passed", 1: "reproduced"}
+    exported = inductor_job.parent / "export"
+    assert invoke("export", inductor_job, "-o", exported).exit_code == 0
+    script = (exported / "repro.py").read_text()
+    body = script[script.index("def apply_config(rank):"):script.index("DEVICE = None")]
+    assert "if rank == 1:" in body and injector in body and "if rank == 0:" not in body
