@@ -1,7 +1,7 @@
 """User Triton kernels in an archive (spec §8 ``triton_kernels``), read where Triton is not even
 installed: each launch runs on a stand-in that writes what the recorded launch wrote, and nothing
-the archive names is imported, compiled or launched. Starts from the golden vector
-``triton-1.4`` (a graph launching ``support.triton_kernels.scale_kernel`` in place); capture and
+the archive names is imported, compiled or launched. Starts from the current version's golden
+vector ``triton-<version>`` (a graph launching ``support.triton_kernels.scale_kernel`` in place); capture and
 the user's own kernels are ``tests/sources/test_triton_capture.py``."""
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import torch
 import reproarchive
 from reproarchive.codec import stand_ins
 from reproarchive.errors import ExportError, IndexSchemaError, NotReplayableHereError
+from reproarchive.format.schema import FORMAT_VERSION
 from support.hostile_corpus import parse, rebuild
 
-VECTOR = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "triton-1.4.tar.zst"
+# the current version's: the hostile variants re-assemble it, and the assembler writes this version
+VECTOR = Path(__file__).resolve().parents[2] / "spec" / "vectors" / f"triton-{FORMAT_VERSION}.tar.zst"
 
 
 @pytest.fixture
