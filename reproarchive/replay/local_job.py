@@ -131,27 +131,42 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
     if dist.is_initialized():
         raise ReproArchiveError("this process already belongs to a process group: --single-process simulates the "
                                 "job's ranks in a process of its own", "run it from a process without one")
-    _ranks.init_fake(lead.rank, world_size)
-    try:
-        _ranks.recreate_groups(_ranks.group_specs(job.job))
-        values = collective_values(lead.gm, {r.rank: list(r.args) for r in job.ranks}, world_size)
-    finally:
-        dist.destroy_process_group()
-    outcomes = []
-    for part in job.ranks:  # each under its own records
-        records = part.records
-        gm, args = without_collectives(part.gm, list(part.args), values[part.rank])
+    def replayed(part: Any, gm: Any, args: list, note: str) -> _launch.RankOutcome:
+        records = part.records  # each rank under its own records
         outcome = replay_graph(gm, args, chosen, recorded_failure=part.outcome.failure if part.outcome else None,
                                config=records.config, environment=records.environment, system=None,
                                source_kind=records.graph_kind, execution=records.execution,
                                report_differences=False, recorded_torch=torch_version(records.system),
                                rng_states=part.rng_states if records.rng is not None else None)
-        outcomes.append(_launch.RankOutcome(part.rank, outcome.status, outcome,
-                                            note="collectives replaced by their LocalTensorMode values"))
+        return _launch.RankOutcome(part.rank, outcome.status, outcome, note=note)
+
+    _ranks.init_fake(lead.rank, world_size)
+    try:
+        _ranks.recreate_groups(_ranks.group_specs(job.job))
+        try:
+            values = collective_values(lead.gm, {r.rank: list(r.args) for r in job.ranks}, world_size)
+        except ReproArchiveError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a rank's graph raised before its collectives had values
+            # the recorded failure may be exactly that (an index out of range before a collective):
+            # each rank then runs its whole graph against the fake group, whose values are made up
+            outcomes = [replayed(part, part.gm, list(part.args), "collectives answered by a fake process group")
+                        for part in job.ranks]
+            warning = (f"the job's graph raised before its collectives had values ({type(exc).__name__}: "
+                       f"{(str(exc).splitlines() or [''])[0][:160]}): every rank ran against a fake process "
+                       "group, whose collectives return made-up values, so only a failure in the compiler or "
+                       "before the first collective is evidence")
+        else:
+            outcomes, warning = None, None
+    finally:
+        dist.destroy_process_group()
+    if outcomes is None:
+        outcomes = [replayed(part, *without_collectives(part.gm, list(part.args), values[part.rank]),
+                             "collectives replaced by their LocalTensorMode values") for part in job.ranks]
+        warning = ("every rank ran in this process (LocalTensorMode): the collectives' values are real, but the "
+                   "compiler did not see the collectives and nothing can hang here; run without --single-process "
+                   "to replay them")
     status, code, rank = _launch.job_verdict(outcomes, recorded_rank)
     return _launch.JobOutcome(
         status=status, exit_code=code, rank=rank, world_size=world_size, ranks=outcomes, recorded_rank=recorded_rank,
-        wall_s=round(time.monotonic() - start, 3),
-        warnings=["every rank ran in this process (LocalTensorMode): the collectives' values are real, but the "
-                  "compiler did not see the collectives and nothing can hang here; run without --single-process "
-                  "to replay them"])
+        wall_s=round(time.monotonic() - start, 3), warnings=[warning])

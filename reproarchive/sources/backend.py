@@ -120,7 +120,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import logging
 import os
@@ -157,8 +156,8 @@ from reproarchive.sources.capture_records import capture_of, copy_graph_structur
 from reproarchive.sources.failure_notes import annotate as _annotate
 from reproarchive.sources.failure_notes import archive_path
 from reproarchive.sources.frame_room import with_frame_room
+from reproarchive.sources.job_calls import guarded_on_rank
 from reproarchive.sources.job_capture import failed as job_failed
-from reproarchive.sources.job_capture import first_call as job_first_call
 from reproarchive.sources.job_capture import note_compile, rank_context
 from reproarchive.store.push import STORE_ENV
 
@@ -352,14 +351,16 @@ class _CaptureBackend:
         with collector.paused():  # capture's own work (``collector``)
             pristine_gm = copy_graph_structure(gm)
             versions = versions_of(example_inputs)
-            if rank_context() is not None:  # a rank of a multi-rank job: its collectives, in order
+            in_job = rank_context() is not None
+            if in_job:  # a rank of a multi-rank job: its collectives, in order
                 note_compile(pristine_gm)
 
         with self._patched_config():
             with collector.paused():
                 config = config_snapshot()  # what this graph is compiled with (~7 ms)
                 writes = GraphWrites(pristine_gm)  # found once: for the spool now, for the first call later
-                spooled = self._spool_pending(pristine_gm, example_inputs, config, writes)
+                # in a job, the rank's part written before the first call is the crash record
+                spooled = None if in_job else self._spool_pending(pristine_gm, example_inputs, config, writes)
             try:
                 with _accuracy.fair_to_randomness(gm) if self.settings["accuracy"] else contextlib.nullcontext():
                     # a few frames deeper than the plain compile: given room (``frame_room``)
@@ -420,18 +421,9 @@ class _CaptureBackend:
                     after(before, out)
             return ended
 
-        if rank_context() is not None:  # a rank of a multi-rank job: one guarded call (job_capture)
-            once = [True]
-
-            # Name and doc only: copying ``__dict__`` would copy a GraphModule's module tables.
-            @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
-            def run(*args: Any) -> Any:
-                if once[0] and (ctx := rank_context()) is not None:
-                    once[0] = False
-                    return with_frame_room(job_first_call, self, compiled, pristine_gm, list(args), config, ctx)
-                return compiled(*args)
-
-            return run
+        if rank_context() is not None:  # a rank of a multi-rank job: its part is the crash record
+            self._discard(spooled)
+            return guarded_on_rank(self, compiled, pristine_gm, config, writes)
 
         def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
             modified = list(getattr(exc, "reproarchive_inputs_modified", ()))

@@ -7,15 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def annotate(exc: BaseException, path: Path | None, error: str | None) -> None:
+def annotate(exc: BaseException, path: Path | None, error: str | None, when: str = "") -> None:
     """Make the archive path visible wherever the exception is shown.
 
     Dynamo re-raises a backend's exception inside ``BackendCompilerFailed`` whose message is
     built from ``str(inner)`` and shortens tracebacks, so a note alone can be lost: the path
     goes into the message itself (first string argument), and also into a note and an
-    attribute. The exception keeps its type and traceback.
+    attribute. The exception keeps its type and traceback. ``when``: where the archive is
+    written later than now (a job's, moved to its place when the job ends).
     """
-    line = f"[reproarchive] archive written to {path}" if path else f"[reproarchive] no archive written: {error}"
+    line = f"[reproarchive] archive written to {path}{when}" if path else f"[reproarchive] no archive written: {error}"
     try:
         exc.reproarchive_path = str(path) if path else None  # type: ignore[attr-defined]
     except Exception:

@@ -44,6 +44,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,9 @@ from reproarchive.format.schema import (
 log = logging.getLogger("reproarchive.capture")
 
 JOB_WAIT_ENV = "REPROARCHIVE_JOB_WAIT_S"
+#: Where ``capture --`` puts a job's archive once the launcher has exited (its ``-o`` folder):
+#: a rank names that place, not the private folder it writes to meanwhile
+JOB_OUT_ENV = "REPROARCHIVE_JOB_OUT"
 PARTS_SUFFIX = ".parts"
 _PART = re.compile(r"^rank-(\d+)\.tar\.zst$")
 
@@ -119,6 +123,11 @@ def note_compile(gm: Any) -> None:
     compile_id = _compile_id()
     _STATE.compiles.append(CompileRecord(compile_id=compile_id or f"#{len(_STATE.compiles)}"))
     _STATE.schedule.extend(schedule_of(gm, compile_id))
+
+
+def last_compile_id() -> str:
+    """The compile id of this rank's newest compile ("?" before any)."""
+    return _STATE.compiles[-1].compile_id if _STATE.compiles else "?"
 
 
 def _compile_id() -> str | None:
@@ -316,18 +325,28 @@ def wait_for_parts(folder: Path, world_size: int, wait_s: float | None = None) -
     return True
 
 
-def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, wait_s: float | None = None) -> Path:
+def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, wait_s: float | None = None,
+                 forget: bool = False) -> Path:
     """Merge every rank part of ``folder`` into ``archive`` (under the folder's lock), first
-    waiting up to ``wait_s`` for the parts of all ``world_size`` ranks."""
+    waiting up to ``wait_s`` for the parts of all ``world_size`` ranks. ``forget``: then remove
+    the folder where it held a part of every rank (``failed``)."""
     if world_size is not None:
         wait_for_parts(folder, world_size, wait_s)
     with _locked(folder):
-        return merge_parts(folder_parts(folder), archive, outcomes=folder_outcomes(folder))
+        parts = folder_parts(folder)
+        merged = merge_parts(parts, archive, outcomes=folder_outcomes(folder))
+        if not (forget and len(parts) == world_size):
+            return merged
+        for path in folder.iterdir():
+            path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+    return merged
 
 
 def forget_when_all_ended(folder: Path, world_size: int, archive: Path) -> bool:
     """Remove the parts folder once every rank of the world has a part and has ended (its status
-    file says passed, failed or timed out): a job that passed leaves nothing, one that failed its
+    file says passed, failed or timed out, not running): a job that passed leaves nothing, one that failed its
     job archive alone, merged again here if a rank ended since the last merge (so it holds every
     rank's ending). A rank that crashed or was killed wrote no status: the folder stays, for
     ``pack FOLDER``."""
@@ -337,6 +356,8 @@ def forget_when_all_ended(folder: Path, world_size: int, archive: Path) -> bool:
         if len(parts) != world_size or not all(p.exists() for p in statuses.values()):
             return False
         outcomes = folder_outcomes(folder)
+        if any(o.status == "running" for o in outcomes.values()):
+            return False  # a rank that answered a peer's request from inside the call it still runs
         if any(o.status != "passed" for o in outcomes.values()):
             newest = max(p.stat().st_mtime_ns for p in (*parts, *statuses.values()))
             if not archive.exists() or archive.stat().st_mtime_ns < newest:
@@ -373,7 +394,7 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
     from reproarchive.context.failure import pending_crash_record
     from reproarchive.replay.accuracy import stage_of
 
-    doing = f"running compile {_STATE.compiles[-1].compile_id if _STATE.compiles else '?'} for the first time"
+    doing = f"in the first call of compile {last_compile_id()}"
     try:
         folder, _ = write_part(backend, gm, args, config, pending_crash_record(backend=backend.backend_name),
                                RankOutcome(status="running", doing=doing), ctx)
@@ -396,11 +417,14 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
 
 
 def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseException, stage: str,
-           ctx: RankContext, *, part_written: bool = False) -> None:
+           ctx: RankContext, *, part_written: bool = False, call: int = 1,
+           ask: Callable[[Path], None] | None = None) -> None:
     """A rank failed (its own exception, or a collective timeout): its status says so (a compile
     failure, which had no part yet, writes its part with it), the parts of the job are merged into
     the job archive, and the exception names that archive. After a first call the part written
-    before it stays: it holds the inputs as they were, which the call may have changed."""
+    before it stays: it holds the inputs as they were, which the call may have changed. ``ask``:
+    called with the parts folder before this rank's part is written (a later call's failure asks
+    the other ranks for theirs)."""
     from reproarchive.context.failure import as_collective_timeout, record_from_exception
     from reproarchive.context.redaction import redacted, working_folder
     from reproarchive.format.schema import Records
@@ -410,28 +434,45 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
     timeout = record.stage == "timeout"
     record = redacted(Records(failure=record), working_folder()).failure  # as write_capture stores it
     first = (record.message.splitlines() or [""])[0][:200]
-    compile_id = _STATE.compiles[-1].compile_id if _STATE.compiles else "?"
+    compile_id = last_compile_id() + (f" (call {call})" if call > 1 else "")
     outcome = RankOutcome(status="timeout" if timeout else "failed", failure=record)
     doing = (f"waited past the timeout in a collective of compile {compile_id}: {first}" if timeout
              else f"lost a peer rank in a collective of compile {compile_id}: {first}" if lost_a_peer(outcome)
              else f"raised in compile {compile_id} ({record.stage})")
     outcome = dataclasses.replace(outcome, doing=doing)
+    folder, archive = job_paths(backend.target, ctx, backend.file_target)
+    if (timeout or lost_a_peer(outcome)) and archive.exists() and not folder.exists():
+        # a consequence of a peer's failure, whose archive holds every rank already (this one's
+        # part of that call included): merging this rank alone again would lose the others
+        shown, when = final_place(archive)
+        log.warning("reproarchive: rank %d: %s; the job's archive is %s%s", ctx.rank, doing, shown, when)
+        _annotate(exc, shown, None, when)
+        return
     try:
-        if part_written:
-            folder, archive = job_paths(backend.target, ctx, backend.file_target)
-        else:
+        if ask is not None:  # the other ranks' parts of this call (``job_calls``)
+            ask(folder)
+        if not part_written:
             folder, archive = write_part(backend, gm, inputs, config, record, outcome, ctx)
         set_status(folder, ctx.rank, outcome)
-        merged = merge_folder(folder, archive, world_size=ctx.world_size)
+        # a part of every rank merged: the folder goes now (the launcher is about to stop the other
+        # ranks, which cannot be relied on to tidy up); one with a rank missing stays, for ``pack``
+        merged = merge_folder(folder, archive, world_size=ctx.world_size, forget=True)
     except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
         log.warning("reproarchive.capture could not write the job archive: %s: %s", type(err).__name__, err)
         _annotate(exc, None, f"{type(err).__name__}: {err}")
         return
     backend.written.append(merged)
-    with contextlib.suppress(Exception):  # the archive is written; the folder is only tidied
-        forget_when_all_ended(folder, ctx.world_size, merged)
-    log.warning("reproarchive: rank %d: %s failure captured in %s", ctx.rank, record.stage, merged)
-    _annotate(exc, merged, None)
+    shown, when = final_place(merged)
+    log.warning("reproarchive: rank %d: %s failure captured in %s%s", ctx.rank, record.stage, shown, when)
+    _annotate(exc, shown, None, when)
+
+
+def final_place(merged: Path) -> tuple[Path, str]:
+    """Where the user finds the job archive ``merged`` (and, where that is later, when)."""
+    out = os.environ.get(JOB_OUT_ENV)
+    if not out:
+        return merged, ""
+    return Path(out) / merged.name, " when the job has ended"
 
 
 # -- ``pack FOLDER``: the parts a job left -----------------------------------------------------

@@ -47,7 +47,7 @@ from reproarchive.sources import crash_guard, inductor_door
 from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, JOB_DIR_ENV, pending_archives
 from reproarchive.sources.dump_import import pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME, holds_no_data
-from reproarchive.sources.job_capture import PARTS_SUFFIX, pack_job_parts
+from reproarchive.sources.job_capture import JOB_OUT_ENV, PARTS_SUFFIX, pack_job_parts
 from reproarchive.sources.report import PackReport, archive_report
 
 if TYPE_CHECKING:
@@ -80,8 +80,9 @@ OWN_VARIABLES = ("TORCH_COMPILE_DEBUG_DIR", "TORCHDYNAMO_REPRO_AFTER", "TORCHDYN
 
 
 def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False,
-                base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment the program runs in: PyTorch's repro dumps on, written to ``dump_dir``."""
+                base: dict[str, str] | None = None, out: Path | None = None) -> dict[str, str]:
+    """The environment the program runs in: PyTorch's repro dumps on, written to ``dump_dir``;
+    ``out``: where the archives go when it has ended (a job's ranks name it)."""
     if after not in ("dynamo", "aot"):
         raise ValueError(f"after must be 'dynamo' or 'aot', not {after!r}")
     env = dict(os.environ if base is None else base)
@@ -100,6 +101,10 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
     env[OWN_VARIABLES_ENV] = ",".join(OWN_VARIABLES)  # ours, not the user's: never recorded
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
     env[JOB_DIR_ENV] = str(dump_dir / "jobs")  # a multi-rank job (torchrun): one archive for the job
+    if out is not None:
+        env[JOB_OUT_ENV] = str(out.resolve())
+    else:
+        env.pop(JOB_OUT_ENV, None)
     # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
     # the program may run another Python), then the program's own PYTHONPATH
     shim = Path(crash_guard.__file__).resolve().parent / "crash_shim"
@@ -170,7 +175,7 @@ def capture_program(
     dump_dir = Path(tempfile.mkdtemp(prefix=CAPTURE_DIR_PREFIX))
     result = CaptureResult(exit_code=0)
     try:
-        env = capture_env(dump_dir, after=after, accuracy=accuracy)
+        env = capture_env(dump_dir, after=after, accuracy=accuracy, out=out)
         try:
             proc = subprocess.Popen(argv, env=env)
         except FileNotFoundError as err:

@@ -55,10 +55,8 @@ def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(failed_job):
     assert job.records.failure.message.startswith("injected failure on rank 1")
     # rank 0 was blocked in the collective rank 1 never reached (then the launcher stopped it)
     assert job.rank(0).outcome.status in ("running", "failed")
-    # once every rank has ended, the job archive holds their endings and the parts are gone; a
-    # rank the launcher killed first wrote no ending, and the parts stay for `pack FOLDER`
-    left = sorted((tmp_path / "out").glob("job-*.parts"))
-    assert left == [] if job.rank(0).outcome.status == "failed" else len(left) == 1
+    # the job archive holds a part of every rank: the parts are gone, whoever the launcher stopped
+    assert sorted((tmp_path / "out").iterdir()) == [archive]
     for r in job.ranks:
         assert r.args[0].tolist() == [float(r.rank)] * 4  # each rank's own real inputs
         assert [c.op for c in r.schedule] == ["all_reduce"] and r.schedule[0].group == job.groups[0].name
@@ -102,10 +100,13 @@ def test_a_crash_on_rank_1_leaves_parts_that_pack_merges_naming_the_rank_and_sig
     done = _torchrun(tmp_path, "crash")
     assert done.returncode != 0
     parts = sorted((tmp_path / "out").glob("job-*.parts"))
-    assert len(parts) == 1  # the crashed rank could not merge (rank 0 may have, if gloo told it first)
-    result = invoke("pack", parts[0], "--json")
-    assert result.exit_code == 0, result.output
-    archive = Path(json.loads(result.stdout)["archive"])
+    if parts:  # the crashed rank could not merge; rank 0 did not either (the launcher stopped it first)
+        result = invoke("pack", parts[0], "--json")
+        assert result.exit_code == 0, result.output
+        archive = Path(json.loads(result.stdout)["archive"])
+    else:  # rank 0 merged, its peer gone: the archive holds both parts, and they are gone
+        archive = _job_archive(tmp_path)
+    assert not list((tmp_path / "out").glob("repro-*"))  # a rank's part is its crash record, not a spool
     job = reproarchive.load_job(archive)
     assert job.failing_rank == 1 and job.rank(1).outcome.status == "crashed"
     assert job.rank(1).outcome.signal == "SIGABRT" and job.records.failure.exception_type == "SIGABRT"
@@ -131,6 +132,15 @@ def test_four_ranks_on_a_mesh_record_groups_members_names_and_dtensor_placements
         assert dt.shape == (4, 4) and tuple(r.args[dt.input].shape) == (2, 4)  # the local shard is stored
         assert r.args[dt.input].tolist() == [[float(4 * i + j) for j in range(4)] for i in range(4)][
             2 * (r.rank % 2):2 * (r.rank % 2) + 2]
+    # inspect names each DTensor input's placements and its mesh, with the mesh's dimension names
+    archive = _job_archive(tmp_path)
+    report = json.loads(invoke("inspect", archive, "--json").stdout)
+    for row in report["job"]["ranks"]:
+        assert row["dtensor_inputs"] == [{"input": 0, "shape": [4, 4], "placements": ["Replicate()", "Shard(0)"],
+                                          "mesh_shape": [2, 2], "mesh_dim_names": ["dp", "tp"]}]
+    assert report["job"]["meshes"][0]["dim_names"] == ["dp", "tp"]
+    text = invoke("inspect", archive).stdout
+    assert "input 0: DTensor (4, 4) [Replicate(), Shard(0)] on mesh (2, 2) (dp, tp)" in text
 
 
 def test_capture_of_torchrun_reaches_every_rank_and_gives_one_job_archive(tmp_path):
@@ -146,3 +156,59 @@ def test_capture_of_torchrun_reaches_every_rank_and_gives_one_job_archive(tmp_pa
     assert [r.rank for r in job.ranks] == [0, 1] and job.failing_rank == 1
     assert "injected failure on rank 1" in job.rank(1).outcome.failure.message
     assert not (tmp_path / "unused").exists()  # the program itself never named reproarchive
+
+
+# -- a failure in a later call: every rank's part of that call ------------------------------------
+
+
+def _capture_torchrun(folder: Path, mode: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "REPROARCHIVE_JOB_WAIT_S": "20"}
+    cli = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    return subprocess.run([*cli, "capture", "-o", str(folder / "out"), "--json",
+                           "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(PROGRAM), f"plain-{mode}", str(folder / "unused")],
+                          capture_output=True, text=True, env=env, timeout=240, cwd=folder)
+
+
+@pytest.fixture(scope="module")
+def third_call(tmp_path_factory):
+    """The job whose rank 1 indexes out of range in its 3rd call, captured by both routes: the
+    capture backend in the program, and ``capture -- torchrun`` around the plain program."""
+    in_process = tmp_path_factory.mktemp("third")
+    around = tmp_path_factory.mktemp("third-capture")
+    return {"backend": (in_process, _torchrun(in_process, "third")),
+            "capture --": (around, _capture_torchrun(around, "third"))}
+
+
+@pytest.mark.parametrize("route", ["backend", "capture --"])
+def test_a_failure_in_a_later_call_archives_that_call_on_every_rank(third_call, route):
+    tmp_path, done = third_call[route]
+    assert done.returncode != 0 and "IndexError" in done.stderr
+    archive = _job_archive(tmp_path)
+    # one file: no parts left behind, no crash archive for the rank the launcher stopped
+    assert sorted((tmp_path / "out").iterdir()) == [archive]
+    # the rank names the place the user finds the archive, not a private folder gone at the end
+    assert f"archive written to {archive}" in done.stderr
+    assert "reproarchive-capture-" not in done.stderr
+    job = reproarchive.load_job(archive)
+    assert job.failing_rank == 1 and [r.rank for r in job.ranks] == [0, 1]
+    one, zero = job.rank(1), job.rank(0)
+    assert one.outcome.failure.exception_type == "IndexError" and "call 3" in one.outcome.doing
+    # the inputs of the 3rd call, on both ranks: rank 0 wrote its part from inside that call
+    assert [a.tolist() for a in one.args[:2]] == [[3.0] * 4, [9]]
+    assert [a.tolist() for a in zero.args[:2]] == [[2.0] * 4, [2]]
+    assert zero.outcome.status == "running" and "call 3" in zero.outcome.doing
+
+
+def test_a_later_call_s_archive_replays_launched_alone_and_in_one_process(third_call):
+    tmp_path, _ = third_call["backend"]
+    archive = _job_archive(tmp_path)
+    launched = json.loads(invoke("run", archive, "--json").stdout)
+    assert launched["status"] == "reproduced" and launched["rank"] == 1, launched
+    for rank, status in ((0, "passed"), (1, "reproduced")):
+        alone = json.loads(invoke("run", archive, "--rank", str(rank), "--json").stdout)
+        assert alone["ranks"][0]["status"] == status, alone
+    one_process = invoke("run", archive, "--single-process", "--json")
+    report = json.loads(one_process.stdout)
+    assert report["status"] == "reproduced" and one_process.exit_code == 1, one_process.output
+    assert any("raised before its collectives had values" in w for w in report["warnings"])

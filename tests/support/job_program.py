@@ -8,6 +8,8 @@ bench: like fail, on any number of ranks, with a 256 KiB weight every rank share
        (benchmarks/job_bench.py)
 mesh:  4 ranks on a 2x2 DeviceMesh (dp, tp): a DTensor input, a collective on the tp sub-group
        ([0, 1] and [2, 3]); rank 1's compiled graph raises
+third: rank 1's 3rd call indexes out of range (an IndexError before its collective, rank 0
+       waits in it), after two calls that pass (2 ranks)
 inductor: inductor on every rank, its C++ relu bug injected through its config on rank 1 alone
        (2 ranks): rank 1's compile fails, rank 0's graph passes
 """
@@ -72,6 +74,14 @@ if mode == "mesh":
 
     x = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Replicate(), Shard(0)])
     sharded(x, torch.full((2,), float(rank)))
+elif mode == "third":
+    @torch.compile(backend="eager" if plain else reproarchive.capture("eager", path=out))
+    def pick(x, w, i):
+        return funcol.all_reduce(x.index_select(0, i).sum() * w, "sum", dist.group.WORLD) + 1
+
+    for call in range(3):
+        pick(torch.full((4,), float(rank + call)), torch.linspace(0, 1, 4),
+             torch.tensor([9 if rank == 1 and call == 2 else call]))
 else:
     step(torch.full((4,), float(rank)), torch.linspace(0, 1, 65536 if mode == "bench" else 4))
 if mode == "hang" and rank == 1:
