@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import field
 
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
-from reproarchive.format.schema import CollectiveRecord, JobRecord
+from reproarchive.format.schema import CollectiveRecord, DTensorInput, JobRecord, PlacementRecord
 
 _OMIT_NONE = {"omit": "none"}
 
@@ -107,6 +107,38 @@ def _group_divergence(group: str | None, seqs: dict[int, list], lengths: dict[in
 
 
 @dataclasses.dataclass(frozen=True)
+class DTensorRow(PlainRecord):
+    """A rank's input that was a DTensor: its global shape, placements (one per mesh dimension,
+    as torch writes them: ``Shard(0)``, ``Replicate()``, ``Partial(sum)``) and mesh."""
+
+    input: int
+    shape: tuple[int, ...]
+    placements: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    mesh_dim_names: tuple[str, ...] | None = field(default=None, metadata=_OMIT_NONE)
+
+    @property
+    def text(self) -> str:
+        names = f" ({', '.join(self.mesh_dim_names)})" if self.mesh_dim_names else ""
+        return (f"input {self.input}: DTensor {tuple(self.shape)} [{', '.join(self.placements)}] on mesh "
+                f"{tuple(self.mesh_shape)}{names}")
+
+
+def placement_text(p: PlacementRecord) -> str:
+    if p.kind == "shard":
+        return f"Shard({p.dim})"
+    if p.kind == "partial":
+        return f"Partial({p.reduce_op or 'sum'})"
+    return "Replicate()"
+
+
+def _dtensor_row(d: DTensorInput, job: JobRecord) -> DTensorRow:
+    mesh = job.meshes[d.mesh]  # an index the reader checked (R8-5)
+    return DTensorRow(input=d.input, shape=tuple(d.shape), placements=tuple(placement_text(p) for p in d.placements),
+                      mesh_shape=tuple(mesh.shape), mesh_dim_names=tuple(mesh.dim_names) if mesh.dim_names else None)
+
+
+@dataclasses.dataclass(frozen=True)
 class RankRow(PlainRecord):
     """One rank of a job archive: how it ended, what it was doing, which graph it ran."""
 
@@ -119,6 +151,7 @@ class RankRow(PlainRecord):
     failure: str | None = field(default=None, metadata=_OMIT_NONE)
     signal: str | None = field(default=None, metadata=_OMIT_NONE)
     dtensors: int = 0
+    dtensor_inputs: tuple[DTensorRow, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +184,8 @@ def job_summary(job: JobRecord) -> JobSummary:
             rank=r.rank, status=str(outcome.status) if outcome is not None else "unknown", graph=graph,
             collectives=len(r.schedule), local_rank=r.local_rank, doing=outcome.doing if outcome else None,
             failure=f"{failure.stage}: {failure.exception_type}: {first}" if failure is not None else None,
-            signal=outcome.signal if outcome else None, dtensors=len(r.dtensors)))
+            signal=outcome.signal if outcome else None, dtensors=len(r.dtensors),
+            dtensor_inputs=tuple(_dtensor_row(d, job) for d in r.dtensors)))
     length = max((len(r.schedule) for r in ranks), default=0)
     schedule = tuple(tuple(collective_text(r.schedule[i]) if i < len(r.schedule) else None for r in ranks)
                      for i in range(length))
@@ -177,6 +211,7 @@ def job_lines(summary: JobSummary) -> list[str]:
         lines.append(f"  rank {row.rank}: {row.status}{extra}, {row.collectives} "
                      f"collective{'s' if row.collectives != 1 else ''}, graph {row.graph}"
                      + (f": {what}" if what else ""))
+        lines.extend(f"    {d.text}" for d in row.dtensor_inputs)
     for g in summary.groups:
         dim = f", mesh dim {g['mesh_dim']}" if g.get("mesh_dim") else ""
         lines.append(f"  group {g['name']!r}: ranks {g['ranks']}{dim}")
