@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         row = json.loads(printed.getvalue())
         archive = next((Path(tmp) / "out").glob("job-*.tar.zst"))
         start = time.perf_counter()
-        job = reproarchive.run_job(archive, backend="eager", timeout=120)
+        job = reproarchive.run(archive, backend="eager", timeout=120)
         row["replay_wall_s"] = round(time.perf_counter() - start, 1)
         row["replay_launch_s"] = job.wall_s
         row["replay_status"] = job.summary

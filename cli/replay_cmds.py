@@ -226,21 +226,8 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
         strict_accuracy=strict_accuracy or not minify, device=device, max_memory=max_memory, imports=imports,
         libraries=libraries)
     launcher = launcher_passthrough(rendezvous)
-    job_asked = rank is not None or single_process or timeout is not None or bool(launcher)
     if minify and (rank is not None or single_process or launcher):
         raise click.UsageError("--rank, --single-process and the launcher's options do not apply with --minify")
-    if not minify and (job_asked or reproarchive.is_job_archive(archive)):
-        if isolate is not None:
-            raise click.UsageError("--isolate/--no-isolate do not apply to a multi-rank job: every rank is its own "
-                                   "process")
-        with byte_bars(not (quiet or as_json)) as progress:
-            job = reproarchive.run_job(archive, settings, rank=rank, single_process=single_process, timeout=timeout,
-                                       launcher=launcher, progress=progress)
-        if as_json:
-            emit_json(job.to_dict())
-        else:
-            click.echo(terminal_lines(format_job(job)))
-        ctx.exit(job.exit_code)
     if minify:
         if reproarchive.is_store_reference(archive):
             with byte_bars(not (quiet or as_json)) as progress:
@@ -249,9 +236,12 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
                 shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet, timeout=timeout)
         return
     with byte_bars(not (quiet or as_json)) as progress:
-        outcome = reproarchive.run(archive, settings, isolate=isolate, progress=progress)
+        outcome = reproarchive.run(archive, settings, isolate=isolate, progress=progress, rank=rank,
+                                   single_process=single_process, timeout=timeout, launcher=launcher)
     if as_json:
         emit_json(outcome.to_dict())
+    elif isinstance(outcome, reproarchive.JobOutcome):
+        click.echo(terminal_lines(format_job(outcome)))
     else:
         click.echo(terminal_lines(format_outcome(outcome)))
     ctx.exit(outcome.exit_code)
@@ -287,13 +277,7 @@ def _minify(archive, output, settings, *, as_json, quiet, timeout=None, **option
     if not output:
         output = str(default_minified_path(archive))
     progress = None if (quiet or as_json) else minify_status()
-    if reproarchive.is_job_archive(archive):  # every rank cut alike, judged by launching the job
-        report = reproarchive.minify_job(archive, output, settings.replace(strict_accuracy=False),
-                                         timeout_s=timeout or 60.0, max_time=options["max_time"], progress=progress)
-    else:
-        if timeout is not None:
-            raise click.UsageError("--timeout applies to a multi-rank job archive only")
-        report = reproarchive.minify_archive(archive, output, settings, progress=progress, **options)
+    report = reproarchive.minify_archive(archive, output, settings, progress=progress, timeout=timeout, **options)
     s = report.stats
     if as_json:
         emit_json(report.to_dict())

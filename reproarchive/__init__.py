@@ -46,8 +46,6 @@ _EXPORTS = {
     "is_spool": "reproarchive.archive.spool_folder",
     # replay and export
     "run": "reproarchive.references",
-    "run_job": "reproarchive.references",
-    "is_job_archive": "reproarchive.references",
     "JobOutcome": "reproarchive.replay.launch",
     "Outcome": "reproarchive.replay.outcome",
     "ReplaySettings": "reproarchive.replay.settings",
@@ -78,7 +76,6 @@ _EXPORTS = {
     # minify
     "minify": "reproarchive.minifier",
     "minify_archive": "reproarchive.minifier.driver",
-    "minify_job": "reproarchive.minifier.job_minify",
     # a team store on object storage (spec §11)
     "push": "reproarchive.store.push",
     "pull": "reproarchive.store.pull",

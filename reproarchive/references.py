@@ -18,8 +18,10 @@ from typing import Any
 
 from reproarchive.archive import inspection, loading
 from reproarchive.archive.inspection import StoreOrigin
+from reproarchive.errors import ReproArchiveError
 from reproarchive.progress import ProgressFn
 from reproarchive.replay import differences, runner
+from reproarchive.replay.launch import JobOutcome
 from reproarchive.replay.outcome import Outcome
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.store.location import is_reference
@@ -59,32 +61,28 @@ def doctor(path, *args, **kwargs):
 
 
 def run(path: str | os.PathLike, settings: ReplaySettings | None = None, *, isolate: bool | None = None,
-        progress: ProgressFn | None = None, **options: Any) -> Outcome:
+        progress: ProgressFn | None = None, rank: int | None = None, single_process: bool = False,
+        timeout: float | None = None, launcher: tuple[str, ...] = (), **options: Any) -> Outcome | JobOutcome:
     """Replay an archive (a file or a store reference) under ``settings``, or under ``options``
-    naming its fields (``backend=``, ``accuracy=``, ``device=``, ``tol=``, ...); see
-    ``reproarchive.replay.runner.run``."""
-    settings = ReplaySettings.given(settings, options)
-    return runner.run(local_archive(path, progress=progress), settings, isolate=isolate, progress=progress)
+    naming its fields (``backend=``, ``accuracy=``, ``device=``, ``tol=``, ...).
 
-
-def is_job_archive(path: str | os.PathLike, *, progress: ProgressFn | None = None) -> bool:
-    """Whether the archive (a file or a store reference) holds a multi-rank job, which ``run_job``
-    replays (reading its index only)."""
+    One graph gives an ``Outcome`` (``reproarchive.replay.runner.run``; ``isolate``: in a child
+    process). A multi-rank job gives a ``JobOutcome`` (``reproarchive.replay.job.run_job``): every
+    rank launched through torch.distributed's launcher (``launcher``: its rendezvous options for
+    several machines; ``timeout``: each collective's), ``rank=r`` alone against a fake process
+    group, or ``single_process`` under LocalTensorMode. Asking a job's way of one graph is an
+    error (2), as is ``isolate`` for a job, whose ranks are processes of their own."""
     from reproarchive.format.reader import ContainerReader
     from reproarchive.replay.job import is_job
-
-    with ContainerReader(local_archive(path, progress=progress)) as reader:
-        return is_job(reader.index)
-
-
-def run_job(path: str | os.PathLike, settings: ReplaySettings | None = None, *, rank: int | None = None,
-            single_process: bool = False, timeout: float | None = None, launcher: tuple[str, ...] = (),
-            progress: ProgressFn | None = None, **options: Any):
-    """Replay a multi-rank job archive (a file or a store reference): every rank launched through
-    torch.distributed's launcher, ``rank=r`` alone against a fake process group, or
-    ``single_process`` under LocalTensorMode; see ``reproarchive.replay.job.run_job``."""
     from reproarchive.replay.job import run_job as _run_job
 
     settings = ReplaySettings.given(settings, options)
-    return _run_job(local_archive(path, progress=progress), settings, rank=rank, single_process=single_process,
-                    timeout_s=timeout, launcher=launcher)
+    local = local_archive(path, progress=progress)
+    with ContainerReader(local) as reader:
+        job = is_job(reader.index)
+    if not job and rank is None and not single_process and timeout is None and not launcher:
+        return runner.run(local, settings, isolate=isolate, progress=progress)
+    if isolate is not None:
+        raise ReproArchiveError("--isolate/--no-isolate do not apply to a multi-rank job: every rank is its own "
+                                "process", "leave --isolate out")
+    return _run_job(local, settings, rank=rank, single_process=single_process, timeout_s=timeout, launcher=launcher)

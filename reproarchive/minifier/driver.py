@@ -49,6 +49,7 @@ from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.format.reader import ContainerReader
+from reproarchive.replay.job import is_job
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -172,6 +173,7 @@ def minify_archive(
     jobs: int | None = None,
     shrink_inputs: bool = True,
     progress: Callable[[Any], None] | None = None,
+    timeout: float | None = None,
     **options: Any,
 ) -> MinifyReport:
     """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``.
@@ -182,8 +184,21 @@ def minify_archive(
     worker processes, ``jobs`` of them at once (default ``auto_jobs()``; in-process judging is
     always one at a time). ``shrink_inputs`` also shrinks the smallest graph's inputs (shapes,
     dtypes, zeros/ones), labelled as such.
+
+    A multi-rank job archive is shrunk the same way on every rank, each candidate judged by
+    launching the job (``job_minify``; ``timeout``: each collective's, default 60 s; ``isolate``,
+    ``jobs`` and ``shrink_inputs`` are one graph's).
     """
     settings = ReplaySettings.given(settings, options, strict_accuracy=False)
+    with ContainerReader(path) as reader:
+        job = is_job(reader.index)
+    if job:
+        from reproarchive.minifier.job_minify import minify_job
+
+        return minify_job(path, output, settings, timeout_s=timeout or 60.0, max_time=max_time, progress=progress)
+    if timeout is not None:
+        raise ReproArchiveError("a collective timeout applies to a multi-rank job archive only",
+                                "leave --timeout out for an archive of one process")
     from reproarchive.codec.graphs import readable_code
     from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 

@@ -190,8 +190,8 @@ def test_the_default_minified_name_sits_next_to_the_input(tmp_path):
 
 def test_minify_of_an_archive_recorded_on_a_device_not_here_answers_as_run_does(tmp_path):
     """A replaying command has one device rule: an archive recorded on ``cuda:0`` on a machine
-    without it cannot run here (125, with the hint to pass --device cpu), for ``run`` and
-    ``run --minify`` alike; it is not "does not reproduce here" (3)."""
+    without it cannot run here (125, with the hint to pass --device cpu), for ``run``, ``run
+    --minify`` and ``bisect compiler`` alike; it is not "does not reproduce here" (3)."""
     from support.devices import pack_with_device_constant
 
     if torch.cuda.is_available():
@@ -203,3 +203,5 @@ def test_minify_of_an_archive_recorded_on_a_device_not_here_answers_as_run_does(
     assert ran.exit_code == minified.exit_code == 125, (ran.output, minified.output)
     assert minified.output.strip().splitlines()[-1] == ran.output.strip().splitlines()[-1]
     assert "--device cpu" in minified.output and not (tmp_path / "min.tar.zst").exists()
+    bisected = runner.invoke(main, ["bisect", "compiler", str(path)])
+    assert bisected.exit_code == 125 and bisected.output.strip().splitlines()[-1] == ran.output.strip().splitlines()[-1]

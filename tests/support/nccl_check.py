@@ -44,11 +44,11 @@ def main() -> int:
         check("1 rank, nccl, all_reduce on cuda:0", job.status == "passed" and job.ranks[0].outcome.device == "cuda:0",
               job.to_dict()["ranks"][0]["status"] + " " + str(job.ranks[0].note or job.ranks[0].outcome.observed))
         archive = rank_one_fails(tmp, device="cuda:0")
-        job = reproarchive.run_job(archive, device="cpu", timeout=60)
+        job = reproarchive.run(archive, device="cpu", timeout=60)
         moved = all(r.outcome is None or not r.outcome.same_device_type for r in job.ranks)
         check("2 ranks recorded on cuda:0, --device cpu (gloo)", job.summary == "reproduced on rank 1" and moved,
               job.summary)
-        job = reproarchive.run_job(archive, rank=1)
+        job = reproarchive.run(archive, rank=1)
         check("--rank 1 on cuda:0, fake process group", job.summary == "reproduced on rank 1",
               f"{job.summary} on {job.ranks[0].outcome.device if job.ranks[0].outcome else '?'}")
         reproarchive.export(archive, tmp / "bug")
