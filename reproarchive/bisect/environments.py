@@ -5,24 +5,29 @@ Each environment is an interpreter (a path). It is asked what it has (``env_prob
 torch, ``torch.version.git_version``, reproarchive) and then replays the archive with its own
 installed reproarchive (``reproarchive run ARCHIVE --json``), in a fresh process whose
 ``PYTHONPATH`` is cleared so nothing of this process's imports leaks in. An environment without
-a reproarchive replays with this reproarchive's own code, put on its path (the "bundled"
-reader: the same code, not a separate implementation; its dependencies must be importable there).
+a reproarchive replays with a copy of this reproarchive's own package (the "bundled" reader:
+the same code, not a separate implementation; its dependencies must be importable there), made
+in a folder of its own: never this environment's site-packages, which would bring its torch.
 
-Verdicts, from the replay's exit code and JSON document:
+Verdicts, from the replay's exit code *and* its JSON document (an exit status alone is not a
+verdict: a reader that dies importing itself exits 1 too):
 
-* good (0, passed), bad (1, the recorded failure's signature), different failure (3);
+* good (0, a document that says passed), bad (1, one that says reproduced: the recorded
+  failure's signature), different failure (3);
 * cannot load here: that reader refuses the archive (a format or record too new for it: exit 2
   with an archive error), lacks the backend, device or an operator (125), or the environment
   cannot run a replay at all (no torch, a crash of the reader): skipped, as git bisect skips 125.
 
 The first bad environment, and the last good one before it, give the torch commit range to
-look at (their ``git_version``s).
+look at (their ``git_version``s). Without a good environment before the first bad one nothing
+was compared, and the status says so (exit 3): no culprit is named.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +40,6 @@ from reproarchive.errors import ReproArchiveError, SourceError
 
 _PROBE = Path(__file__).with_name("env_probe.py")
 _CLI = "import sys; from reproarchive.cli import main; sys.exit(main())"
-_BUNDLE = Path(__file__).resolve().parents[2]  # the folder that holds this reproarchive (and cli/)
 _CANNOT_LOAD_CODES = {"E_VERSION", "E_SCHEMA", "E_ARCHIVE", "E_CORRUPT", "E_UNSAFE", "E_LIMIT", "E_NOT_REPLAYABLE",
                       "E_BACKEND", "E_DEVICE"}
 _PROBE_TIMEOUT = 120
@@ -60,28 +64,47 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
     deadline = None if max_time is None else started + max_time
     verdicts: list[EnvVerdict] = []
     status = "done"
-    for python in interpreters:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            status = "incomplete"
-            break
-        verdict = _judge(python, archive, backend, timeout=left)
-        verdicts.append(verdict)
-        if on_verdict is not None:
-            on_verdict(verdict)
+    with tempfile.TemporaryDirectory(prefix="reproarchive-bundle-") as bundle:
+        for python in interpreters:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                status = "incomplete"
+                break
+            verdict = _judge(python, archive, backend, timeout=left, bundle=Path(bundle))
+            verdicts.append(verdict)
+            if on_verdict is not None:
+                on_verdict(verdict)
     return _result(str(archive), verdicts, status, round(time.monotonic() - started, 3))
 
 
-def _environment(bundle: bool) -> dict[str, str]:
+def _bundled(folder: Path) -> Path:
+    """``folder`` holding a copy of this reproarchive, its CLI as ``reproarchive.cli`` (where it
+    lives in the tree or in site-packages), and nothing else (made once)."""
+    import importlib.util
+
+    import reproarchive
+
+    target = folder / "reproarchive"
+    if not target.exists():
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(Path(reproarchive.__file__).resolve().parent, target, ignore=ignore)
+        spec = importlib.util.find_spec("reproarchive.cli")
+        cli = Path(next(iter(spec.submodule_search_locations))).resolve()
+        if not (target / "cli").exists():  # an editable install maps it from the tree's cli/
+            shutil.copytree(cli, target / "cli", ignore=ignore)
+    return folder
+
+
+def _environment(bundle: Path | None) -> dict[str, str]:
     """This process's environment without the paths that would make another interpreter import
     this process's packages (only the bundled reader's folder, when it is used)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
-    if bundle:
-        env["PYTHONPATH"] = str(_BUNDLE)
+    if bundle is not None:
+        env["PYTHONPATH"] = str(bundle)
     return env
 
 
-def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | None) -> EnvVerdict:
+def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | None, bundle: Path) -> EnvVerdict:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reproarchive-env-") as cwd:
         facts, problem = _probe(python, cwd)
@@ -94,13 +117,14 @@ def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | 
                               seconds=round(time.monotonic() - start, 3))
         installed = facts.get("reproarchive")
         reader = (f"installed reproarchive {facts.get('reproarchive_version') or '?'} ({installed})" if installed
-                  else f"bundled: this reproarchive's code ({_BUNDLE})")
+                  else "bundled: a copy of this reproarchive's code")
         argv = [python, "-c", _CLI, "run", str(archive), "--json", "--quiet"]
         if backend:
             argv += ["--backend", backend]
         try:
-            done = subprocess.run(argv, cwd=cwd, env=_environment(bundle=not installed), capture_output=True,
-                                  text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+            done = subprocess.run(argv, cwd=cwd, env=_environment(None if installed else _bundled(bundle)),
+                                  capture_output=True, text=True, errors="replace", timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return EnvVerdict(**base, reader=reader, verdict=SKIPPED, exit_code=None,
                               reason="--max-time ran out during this replay",
@@ -112,7 +136,7 @@ def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | 
 
 def _probe(python: str, cwd: str) -> tuple[dict | None, str | None]:
     try:
-        done = subprocess.run([python, str(_PROBE)], cwd=cwd, env=_environment(bundle=False), capture_output=True,
+        done = subprocess.run([python, str(_PROBE)], cwd=cwd, env=_environment(None), capture_output=True,
                               text=True, errors="replace", timeout=_PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None, f"the interpreter did not answer within {_PROBE_TIMEOUT}s"
@@ -131,11 +155,12 @@ def _verdict(code: int, stdout: str, stderr: str) -> tuple[str, str | None]:
     except ValueError:
         document = None
     error = document.get("error") if isinstance(document, dict) else None
-    if code == 0:
+    said = document.get("status") if isinstance(document, dict) else None
+    if code == 0 and said == "passed":
         return GOOD, None
-    if code == 1:
+    if code == 1 and said == "reproduced":
         return BAD, None
-    if code == 3:
+    if code == 3 and said == "different failure":
         observed = (document or {}).get("observed") or {}
         return OTHER, str(observed.get("signature") or "") or None
     if isinstance(error, dict):
@@ -158,7 +183,8 @@ def _result(archive: str, verdicts: list[EnvVerdict], status: str, seconds: floa
         if good and bad and good != bad:
             commit_range = f"{good}..{bad}"
     if status == "done":
-        status = "found" if first_bad is not None else "no bad environment"
+        status = ("no bad environment" if first_bad is None else "found" if last_good is not None
+                  else "no good environment before the first bad one")
     return TorchBisection(
         archive=archive, status=status, verdicts=tuple(verdicts),
         first_bad=verdicts[first_bad].python if first_bad is not None else None,

@@ -138,7 +138,9 @@ class EnvVerdict:
 class TorchBisection(PlainRecord):
     """What ``bisect torch`` found; ``to_plain()`` is its ``--json``.
 
-    status: "found" (a first bad environment), "no bad environment", or "incomplete" (--max-time).
+    status: "found" (a first bad environment after a good one), "no bad environment", "no good
+    environment before the first bad one" (nothing was compared: no culprit), or "incomplete"
+    (--max-time).
     ``commit_range``: ``GOOD..BAD`` torch commits, from the last good environment before the
     first bad one, when both report a git version.
     """
@@ -158,5 +160,8 @@ class TorchBisection(PlainRecord):
     def summary(self) -> str:
         if self.first_bad is None:
             return f"bisect torch: {self.status}"
+        if self.last_good is None:
+            return (f"bisect torch: {self.first_bad} is bad, but no environment before it is good: nothing was "
+                    "compared, so no torch is to blame (put an environment that passes before it)")
         after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
         return f"the first bad environment is {self.first_bad}{after}"

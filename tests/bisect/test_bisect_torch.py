@@ -48,3 +48,68 @@ def test_a_missing_interpreter_is_exit_4_with_a_json_error(tmp_path):
     result = invoke("bisect", "torch", archive, "--env", tmp_path / "no-python", "--json")
     assert result.exit_code == 4
     assert json.loads(result.stdout)["error"]["code"] == "E_SOURCE"
+
+
+# -- nothing compared, no verdict, no reproarchive: never a culprit -------------------------------
+
+#: what an environment without reproarchive is, in a venv that sees this one's packages: its
+#: sitecustomize drops this environment's way to reproarchive (an editable install's finder, the
+#: tree on its path), so only a copy given on PYTHONPATH can be imported
+HIDE_REPROARCHIVE = '''
+import sys
+
+sys.meta_path[:] = [f for f in sys.meta_path if "reproarchive" not in (getattr(f, "__module__", "") or "")
+                    and "reproarchive" not in type(f).__module__]
+sys.path[:] = [p for p in sys.path if p != {root!r}]
+'''
+
+
+def relu_graph(x):
+    return torch.relu(x) + 1
+
+
+@pytest.fixture(scope="module")
+def relu_archive(tmp_path_factory):
+    return capture_failure(tmp_path_factory.mktemp("bisect-env") / "relu.tar.zst", relu_graph, [torch.randn(8)],
+                           "relu_compile_error_TESTING_ONLY")
+
+
+@pytest.mark.slow
+def test_one_bad_environment_alone_names_no_culprit(relu_archive):
+    import sys
+
+    result = invoke("bisect", "torch", relu_archive, "--env", sys.executable, "--json")
+    document = json.loads(result.stdout)
+    assert [v["verdict"] for v in document["verdicts"]] == ["bad"]
+    assert result.exit_code == 3 and document["status"] == "no good environment before the first bad one"
+    assert document["last_good"] is None and document["commit_range"] is None
+    text = invoke("bisect", "torch", relu_archive, "--env", sys.executable)
+    assert text.exit_code == 3 and "nothing was compared" in text.output
+    assert "the first bad environment is" not in text.output
+
+
+def test_a_replay_that_dies_importing_its_reader_is_skipped_not_bad(relu_archive, tmp_path):
+    import sys
+
+    # exit 1 (what "reproduced" exits with), but no verdict: the reader could not even start
+    broken = tmp_path / "python"
+    broken.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then\n'
+                      f'  echo "ModuleNotFoundError: No module named \'reproarchive.cli\'" >&2; exit 1\nfi\n'
+                      f'exec {sys.executable} "$@"\n')
+    broken.chmod(0o755)
+    result = invoke("bisect", "torch", relu_archive, "--env", broken, "--json")
+    (verdict,) = json.loads(result.stdout)["verdicts"]
+    assert verdict["verdict"] == "skipped" and "ModuleNotFoundError" in verdict["reason"], verdict
+    assert result.exit_code == 3 and json.loads(result.stdout)["status"] == "no bad environment"
+
+
+@pytest.mark.slow
+def test_an_environment_without_reproarchive_replays_with_a_copy_of_it(relu_archive, tmp_path):
+    from support.torch_envs import ROOT
+
+    bare = make_env(tmp_path, "bare", sitecustomize=HIDE_REPROARCHIVE.format(root=str(ROOT)))
+    result = invoke("bisect", "torch", relu_archive, "--env", bare, "--json")
+    (verdict,) = json.loads(result.stdout)["verdicts"]
+    assert verdict["reader"].startswith("bundled"), verdict
+    # the copy replays with that environment's torch, and gives a verdict
+    assert verdict["verdict"] == "bad" and verdict["torch"] == torch.__version__, verdict
