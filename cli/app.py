@@ -113,9 +113,11 @@ def _quiet_exit() -> None:
 
 
 def _fail(ctx: click.Context, message: str, code: int) -> None:
+    exc = sys.exc_info()[1]
     if (ctx.obj or {}).get("debug"):
         traceback.print_exc()
-    exc = sys.exc_info()[1]
+        if getattr(exc, "child_traceback", None):  # raised in a child process: its own traceback
+            click.echo(f"in the child process:\n{exc.child_traceback}", err=True, nl=False)
     if "--json" in (ctx.obj or {}).get("argv", ()) and not getattr(exc, "json_emitted", False):
         emit_json(error_document(message, code, exc))  # every command with --json says it in JSON too
     click.echo(f"error: {terminal_safe(message)}", err=True)  # one line, whatever the archive said

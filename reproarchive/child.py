@@ -210,14 +210,20 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+_TRACEBACK_CHARS = 8000  # the end of a child's traceback, where it was raised
+
+
 def error_from(data: dict) -> errors.ReproArchiveError:
     """The error a child reported as ``{"class", "what", "hint"}``, as our error class."""
     cls = getattr(errors, str(data.get("class", "")), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.ReproArchiveError)):
         cls = errors.ReproArchiveError
     rule = data.get("rule")
-    return cls(str(data.get("what") or "the child process failed"), data.get("hint"),
-               rule=rule if rule in {str(r) for r in errors.Rule} else None)
+    err = cls(str(data.get("what") or "the child process failed"), data.get("hint"),
+              rule=rule if rule in {str(r) for r in errors.Rule} else None)
+    if isinstance(data.get("traceback"), str):  # an unexpected error: where it was raised (``--debug``)
+        err.child_traceback = data["traceback"]
+    return err
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -278,7 +284,8 @@ def _error_reply(err: BaseException, unexpected: type, unexpected_what: str) -> 
                           "rule": str(err.rule) if err.rule else None}}
     first = (str(err).strip().splitlines() or [""])[0][:200]
     return {"error": {"class": unexpected.__name__, "what": f"{unexpected_what}: {type(err).__name__}: {first}",
-                      "hint": "rerun with --debug to see the child's log"}}
+                      "hint": "rerun with --debug to see the child's traceback",
+                      "traceback": traceback.format_exc()[-_TRACEBACK_CHARS:]}}
 
 
 # --------------------------------------------------------------------------------------------

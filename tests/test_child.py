@@ -168,3 +168,18 @@ def test_a_server_runs_children_at_once_for_callers_on_several_threads():
             answers = [f.result()[0] for f in [pool.submit(server.run, {"what": "pause"}) for _ in range(2)]]
     first, second = sorted(answers, key=lambda a: a["begun"])
     assert second["begun"] < first["ended"]
+
+
+def test_an_unexpected_error_in_a_child_carries_its_traceback_for_debug_and_triage(tmp_path):
+    """One line for the parent, the child's own traceback behind --debug, and a triage verdict
+    that says where it was raised (the hint to use --debug would not reach a task's child)."""
+    from reproarchive.errors import ReproArchiveError
+    from reproarchive.triage.engine import _raised_at
+
+    with pytest.raises(ReproArchiveError) as caught:
+        run_child("support.fork_child", {"what": "bug"}, env=dict(os.environ))
+    err = caught.value
+    assert "KeyError" in err.what and "--debug" in err.hint
+    assert "_a_bug_of_ours" in err.child_traceback and "KeyError: 'not-there'" in err.child_traceback
+    assert _raised_at(err.child_traceback).endswith("in _a_bug_of_ours")
+    assert "fork_child.py:" in _raised_at(err.child_traceback)

@@ -75,14 +75,26 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
     try:
         result, died = run_child(_CHILD, task, env=dict(os.environ), timeout=spec.max_time)
-    except ReproArchiveError as err:
-        return failed(ERROR, str(err))
+    except ReproArchiveError as err:  # one line: the error, and where the task's child raised it
+        where = _raised_at(getattr(err, "child_traceback", None) or "")
+        return failed(ERROR, f"{err.what} (raised at {where})" if where else str(err))
     if died is None:
         return result
     if died.timed_out is not None:
         return failed(TIMED_OUT, f"the task {died.reason}")
     return failed(CRASHED, f"the task's process {died.reason}: {_last_line(died.log_tail)}".rstrip(": "),
                   died.signal_name or f"exit status {died.returncode}")
+
+
+def _raised_at(traceback_text: str) -> str:
+    """The innermost frame of a traceback, as ``file:line in function``."""
+    import re
+
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
+    if not frames:
+        return ""
+    file, line, function = frames[-1]
+    return f"{file}:{line} in {function}"
 
 
 def _last_line(log: str) -> str:

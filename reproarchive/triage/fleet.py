@@ -277,7 +277,7 @@ class _Source:
         text = os.fspath(source)
         if is_store(text):
             return cls(text, _store_entries(text, storage_options), text, None, storage_options)
-        path = Path(text)
+        path = Path(text).absolute()  # each task runs in a folder of its own: no name may be relative
         if path.is_dir():
             files = sorted(p for p in path.rglob("*.tar.zst") if CACHE_FOLDER not in p.parts)
             return cls(text, [(str(p), p.name, None) for p in files], None, path, None)

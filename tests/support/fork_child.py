@@ -1,6 +1,7 @@
 """A child module for the fork-server tests: state a request leaves in its process, the
 environment it sees, and a native crash on request (inside a replay's private folder too);
-progress events, a hang with a grandchild, a pause, and where it imports from."""
+progress events, a hang with a grandchild, a pause, an unexpected error, and where it imports
+from."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ from reproarchive.child import child_main
 from reproarchive.replay.containment import private_outputs
 
 SEEN: list[str] = []  # a fresh child sees it empty
+
+
+def _a_bug_of_ours() -> None:
+    raise KeyError("not-there")
 
 
 def _handle(request: dict, *, started, event) -> dict:
@@ -37,6 +42,8 @@ def _handle(request: dict, *, started, event) -> dict:
         return {"begun": begun, "ended": time.time(), "server": os.getppid()}
     if request["what"] == "crash":
         ctypes.string_at(0)  # SIGSEGV
+    if request["what"] == "bug":
+        _a_bug_of_ours()
     SEEN.append(request["what"])
     return {"seen": list(SEEN), "env": os.environ.get("FORK_TEST_VALUE"), "cwd": os.getcwd(), "pid": os.getpid(),
             "sum": float(torch.ones(3).sum()), "path0": sys.path[0], "server": os.getppid(),

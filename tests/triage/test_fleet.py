@@ -30,11 +30,17 @@ def _cache_objects(folder: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def small_fleet(tmp_path_factory):
-    """Six archives of three bugs (two machines each), triaged once (replay and minify)."""
+    """Six archives of three bugs (two machines each), triaged once (replay and minify), named
+    as a user in their folder names them: relative (each task runs in a folder of its own)."""
     root = tmp_path_factory.mktemp("small-fleet")
     fleet_corpus.build(root, 6, bugs=("relu-runtime", "no-sigmoid", "no-tanh"))
     folder = root / "archives"
-    result = invoke("triage", folder, "-j", "2", *TRUST, "--json", "--html", root / "fleet.html")
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        result = invoke("triage", "archives", "-j", "2", *TRUST, "--json", "--html", "fleet.html")
+    finally:
+        os.chdir(here)
     return folder, result
 
 
