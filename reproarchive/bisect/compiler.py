@@ -39,12 +39,9 @@ from typing import Callable
 from reproarchive.bisect.compiler_child import CONFIG_CHANGE_BACKEND, WRAPPED_ENV
 from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, BisectStep, CompilerBisection, Trial
 from reproarchive.child import ForkServer
-from reproarchive.codec.checks import recorded_devices
-from reproarchive.codec.devices import resolve_devices
 from reproarchive.compat import inductor
 from reproarchive.context.environment import child_environment
 from reproarchive.errors import BackendUnavailableError, ReproArchiveError
-from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.isolation import child_outcome
 from reproarchive.replay.outcome import DIFFERENT, REPRODUCED
 from reproarchive.replay.settings import ReplaySettings
@@ -105,16 +102,11 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
 def _archive_facts(path, settings: ReplaySettings) -> dict:
     """The archive's digest, recorded environment and device plan, and the backend that
     replays at the "inductor" stage (checked here: 125 before any replay when missing)."""
-    from reproarchive.format.reader import ContainerReader
+    from reproarchive.replay.prepared import prepared
 
-    with ContainerReader(path) as reader:
-        index = reader.index
-        records = index.records
-        chosen = settings.for_recorded(records.backend, records.accuracy)
-        plan = resolve_devices(recorded_devices(index), settings.device)
-        digest = reader.index_digest
-    resolve_backend(chosen.backend)
-    return {"settings": chosen, "plan": plan, "environment": records.environment, "digest": digest}
+    ready = prepared(path, settings, here=False)  # every replay is a child's, which prepares its own
+    return {"settings": ready.settings, "plan": ready.plan, "environment": ready.records.environment,
+            "digest": ready.digest}
 
 
 class _Search:

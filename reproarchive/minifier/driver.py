@@ -40,16 +40,12 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from reproarchive.archive.loading import Repro, load
+from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
-from reproarchive.codec.checks import recorded_devices
-from reproarchive.codec.devices import resolve_devices
 from reproarchive.codec.shapes import placeholder_names, restricted
-from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.format.reader import ContainerReader
-from reproarchive.replay.job import is_job
+from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -190,12 +186,11 @@ def minify_archive(
     ``jobs`` and ``shrink_inputs`` are one graph's).
     """
     settings = ReplaySettings.given(settings, options, strict_accuracy=False)
-    with ContainerReader(path) as reader:
-        job = is_job(reader.index)
-    if job:
+    ready = prepared(path, settings)  # the prologue of every replaying command: 125 as run answers it
+    if ready.is_job:
         from reproarchive.minifier.job_minify import minify_job
 
-        return minify_job(path, output, settings, timeout_s=timeout or 60.0, max_time=max_time, progress=progress)
+        return minify_job(ready, output, timeout_s=timeout or 60.0, max_time=max_time, progress=progress)
     if timeout is not None:
         raise ReproArchiveError("a collective timeout applies to a multi-rank job archive only",
                                 "leave --timeout out for an archive of one process")
@@ -203,12 +198,7 @@ def minify_archive(
     from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 
     output = output_path(path, output)
-    with ContainerReader(path) as reader:  # the device rule of every replaying command (run's): 125 when absent
-        plan = resolve_devices(recorded_devices(reader.index), settings.device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        bring_implementations(settings.imports, settings.libraries)
-        repro = load(path, device=plan, max_memory=settings.max_memory)
+    repro = ready.load()
     stage = repro.records.failure.stage if repro.records.failure is not None else None
     if stage in (None, "unknown"):
         raise ReproArchiveError(
@@ -220,7 +210,7 @@ def minify_archive(
     if isolate is None:
         isolate = stage == "crash"  # a crash replayed in this process would end it
     jobs = (auto_jobs() if jobs is None else max(1, int(jobs))) if isolate else 1
-    chosen = settings.for_recorded(repro.records.backend, repro.records.accuracy)
+    chosen = ready.settings
     judge_accuracy, strict_accuracy = chosen.accuracy, chosen.strict_accuracy
     localize = "truncate" if judge_accuracy and strict_accuracy else "auto"
     started = time.monotonic()

@@ -128,28 +128,26 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
                     meshes=job.meshes)
 
 
-def minify_job(path, output, settings: ReplaySettings, *, timeout_s: float = 60.0, max_time: float | None = None,
+def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float | None = None,
                progress: Callable[[Any], None] | None = None) -> MinifyReport:
-    """Shrink every rank's graph of the job archive at ``path`` by one cut while the recorded
-    failure keeps reproducing on the recorded rank; write the job archive ``output``."""
-    from reproarchive.archive.job import load_job
+    """Shrink every rank's graph of the job archive ``ready`` (``replay.prepared``: devices
+    resolved, backend found) by one cut while the recorded failure keeps reproducing on the
+    recorded rank; write the job archive ``output``."""
     from reproarchive.archive.packing import as_records
     from reproarchive.codec.graphs import readable_code
     from reproarchive.minifier import NotFailingError, minify_with_stats
     from reproarchive.minifier.candidate import Recording
     from reproarchive.replay.local_job import without_collectives
 
+    path, settings = ready.path, ready.asked
     output = output_path(path, output)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        job = load_job(path, device=settings.device, max_memory=settings.max_memory)
+        job = ready.load_job()
     lead = job.failing_rank
     if lead is None:
         raise ReproArchiveError("the job archive records no failing rank to minify against",
                                 "replay it with `reproarchive run` to see what happens")
-    from reproarchive.replay.backends import resolve_backend
-
-    resolve_backend(settings.for_recorded(job.records.backend, job.records.accuracy).backend)  # 125 before launching
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reproarchive-job-minify-", dir=temp_folder()) as tmp:
         folder = Path(tmp)

@@ -126,21 +126,16 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     the ranks' results and logs. Raises ReproArchiveError (2) for an archive without a job,
     BackendUnavailableError (125) when the backend is missing here.
     """
-    from reproarchive.codec.checks import recorded_devices
-    from reproarchive.codec.devices import resolve_devices
-    from reproarchive.format.reader import ContainerReader
-    from reproarchive.replay.backends import resolve_backend
+    from reproarchive.replay.prepared import prepared
 
-    with ContainerReader(path) as reader:
-        index = reader.index
-    if not is_job(index):
+    # a device or backend this machine lacks: 125 before launching anything (the ranks prepare their own)
+    ready = prepared(path, settings, here=False)
+    if not ready.is_job:
         raise ReproArchiveError(f"{path} holds one process's graph, not a multi-rank job",
                                 "replay it with reproarchive run without --rank / --single-process")
-    job = index.job
+    job = ready.index.job
     _check_ranks(path, job, rank)
-    chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
-    resolve_backend(chosen.backend)  # cannot run here: say so before launching anything
-    devices = resolve_devices(recorded_devices(index), settings.device)  # a device this machine lacks: 125
+    devices = ready.plan
     timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
     if single_process:
         from reproarchive.replay.local_job import run_local
@@ -155,7 +150,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
                                        recorded=recorded_failures(job), recorded_rank=job.failing_rank,
                                        keep=keep, divergence=divergence_of(job))
     outcome.archive = os.fspath(path)
-    outcome.torch, outcome.recorded_torch = torch_here(), torch_version(index.records.system)
+    outcome.torch, outcome.recorded_torch = torch_here(), torch_version(ready.records.system)
     if devices.moved:
         from reproarchive.replay.runner import _moved_warning
 

@@ -18,6 +18,7 @@ compiled different graphs are refused with a one-line error.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -113,7 +114,6 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
 def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
     """``run --single-process`` of the job archive at ``path``."""
     from reproarchive.archive.job import load_job
-    from reproarchive.context.system import torch_version
     from reproarchive.replay.runner import replay_graph
 
     start = time.monotonic()
@@ -132,12 +132,9 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
         raise ReproArchiveError("this process already belongs to a process group: --single-process simulates the "
                                 "job's ranks in a process of its own", "run it from a process without one")
     def replayed(part: Any, gm: Any, args: list, note: str) -> _launch.RankOutcome:
-        records = part.records  # each rank under its own records
-        outcome = replay_graph(gm, args, chosen, recorded_failure=part.outcome.failure if part.outcome else None,
-                               config=records.config, environment=records.environment, system=None,
-                               source_kind=records.graph_kind, execution=records.execution,
-                               report_differences=False, recorded_torch=torch_version(records.system),
-                               rng_states=part.rng_states if records.rng is not None else None)
+        # each rank under its own records, judged against its own failure
+        records = dataclasses.replace(part.records, failure=part.outcome.failure if part.outcome else None)
+        outcome = replay_graph(gm, args, chosen, records, report_differences=False, rng_states=part.rng_states)
         return _launch.RankOutcome(part.rank, outcome.status, outcome, note=note)
 
     _ranks.init_fake(lead.rank, world_size)

@@ -75,17 +75,14 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
     """The judged Outcome of ``rank_repro``'s graph on this rank (a collective that timed out is
     a ``timeout`` failure, as the capture records a hang)."""
     from reproarchive.context.failure import as_collective_timeout
-    from reproarchive.context.system import torch_version
+    from reproarchive.format.schema import Records
     from reproarchive.replay.outcome import judge
     from reproarchive.replay.runner import replay_graph
 
-    outcome = replay_graph(
-        rank_repro.gm, list(rank_repro.args), settings, recorded_failure=rank_repro.failure,
-        config=getattr(records, "config", None), environment=getattr(records, "environment", None),
-        system=getattr(records, "system", None), source_kind=getattr(records, "graph_kind", None),
-        execution=getattr(records, "execution", None), report_differences=report_differences,
-        recorded_torch=torch_version(getattr(records, "system", None)),
-        rng_states=getattr(rank_repro, "rng_states", None))
+    # judged against this rank's own failure, under this rank's own records
+    records = dataclasses.replace(records or Records(), failure=rank_repro.failure)
+    outcome = replay_graph(rank_repro.gm, list(rank_repro.args), settings, records,
+                           report_differences=report_differences, rng_states=getattr(rank_repro, "rng_states", None))
     timed_out = as_collective_timeout(outcome.observed)
     if timed_out is not outcome.observed:
         status, code = judge(rank_repro.failure, timed_out)

@@ -20,27 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import warnings as _warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.device_runtime import devices_of, synchronize
-from reproarchive.codec.devices import DevicePlan, resolve_devices
+from reproarchive.codec.devices import DevicePlan
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.context.execution import applied_execution
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.plain import to_plain
-from reproarchive.format.schema import (
-    ConfigRecord,
-    EnvironmentRecord,
-    ExecutionRecord,
-    FailureRecord,
-    ShapePolicy,
-    SystemRecord,
-)
+from reproarchive.format.schema import FailureRecord, Records
 from reproarchive.progress import ProgressFn
 from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
@@ -53,22 +46,18 @@ from reproarchive.replay.settings import ReplaySettings
 # the replay of one in-memory graph
 
 
+_NO_RECORDS = Records()  # a graph that comes with nothing recorded (a probe, a test)
+
+
 def replay_graph(
     gm: Any,
     args: list[Any],
     settings: ReplaySettings,
+    records: Records = _NO_RECORDS,
     *,
-    recorded_failure: FailureRecord | None = None,
-    config: ConfigRecord | None = None,
-    environment: EnvironmentRecord | None = None,
-    system: SystemRecord | None = None,
-    source_kind: str | None = None,
     report_differences: bool = True,
-    execution: ExecutionRecord | None = None,
-    shapes: ShapePolicy | None = None,
     input_records: Any = None,
     rng_states: Mapping[str, Any] | None = None,
-    recorded_torch: str | None = None,
 ) -> Outcome:
     """Compile ``gm`` with ``settings.backend``, run it on ``args`` (already on their devices)
     and judge the result.
@@ -79,7 +68,10 @@ def replay_graph(
     PyTorch's minifier ``--accuracy`` does; the default also requires non-floating outputs
     (bool masks, indices) to be equal, as capture and PyTorch's ``--strict-accuracy`` do.
 
-    ``config``/``environment``/``system`` are the archive's snapshot records: the config is
+    ``records`` are what the archive (or one rank of it) says around the graph, the judged
+    ``failure`` included; a consumer that judges against another failure (a rank's), or under
+    another shape policy (a candidate's), gives a copy that says so. Its ``config``,
+    ``environment`` and ``system`` are snapshots: the config is
     applied for the duration (unless ``settings.current_config``), the environment variables
     that can be set in-process are set, and all three are diffed against this machine for the
     report (``report_differences=False`` skips that: it takes fresh snapshots, and the
@@ -92,17 +84,24 @@ def replay_graph(
     compiled with static shapes and a warning says that the policy was unknown (louder when
     ``input_records``, the index's input records, show that the recording was symbolic).
     ``rng_states`` are the
-    generator states the failing call started from (``codec.rng``; None: not recorded), set
+    generator states the failing call started from (``codec.rng``; None: not recorded, as where
+    ``records.rng`` is absent), set
     after compiling, right before the run; accuracy on a graph that draws random numbers is
     checked under ``accuracy.fair_to_randomness``. The outcome's ``randomness`` and
-    ``accuracy_rule`` say what was done. ``recorded_torch``: the torch version that recorded
-    it; on another release only the config settings the recording changed are applied (the
+    ``accuracy_rule`` say what was done. Recorded on another torch release (``records.system``),
+    only the config settings the recording changed are applied (the
     others are that release's defaults, which this release may not share: an int default that
     became None there breaks a comparison here), and the outcome names both versions.
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
     backend = settings.backend
     compiler_fn = resolve_backend(backend)
+    recorded_failure, config, environment = records.failure, records.config, records.environment
+    execution, shapes, source_kind = records.execution, records.shapes, records.graph_kind
+    recorded_torch = torch_version(records.system)
+    system = records.system if report_differences else None
+    if records.rng is None:
+        rng_states = None
     warnings: list[str] = []
     config_applied = bool(config) and not settings.current_config
     env_to_set, env_warnings = plan(environment, config_applied=config_applied)
@@ -341,7 +340,7 @@ def _dedupe(items) -> list[str]:
 
 
 def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = None,
-        progress: ProgressFn | None = None) -> Outcome:
+        progress: ProgressFn | None = None, reader: Any = None) -> Outcome:
     """Replay the archive at ``path`` on this machine under ``settings``; see ``reproarchive run --help``.
 
     ``isolate`` runs the replay in a child process so that a crash (segfault, abort, fatal
@@ -357,19 +356,22 @@ def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = No
     that names a device the archive does not use.
     """
     from reproarchive.format.reader import ContainerReader
+    from reproarchive.replay.prepared import prepared
 
     if settings.backend is not None:
         resolve_backend(settings.backend)  # cannot run here: say so before loading anything
-    with ContainerReader(path) as reader:
-        index = reader.index
-        plan = resolve_devices(recorded_devices(index), settings.device)  # once per run: load and the child use it
-        isolate = needs_isolation(index.records.failure) if isolate is None else isolate
-        repro = None if isolate else _loaded(path, settings, plan, progress, reader=reader)
+    if reader is None:
+        with ContainerReader(path) as own:
+            return run(path, settings, isolate=isolate, progress=progress, reader=own)
+    # one reader (``reader``: the caller's): the index decoded once, the data loaded from it
+    isolate = needs_isolation(reader.index.records.failure) if isolate is None else isolate
+    ready = prepared(path, settings, reader=reader, here=not isolate)  # a child gets its plan
+    repro = None if isolate else ready.load(progress=progress, reader=reader)
     if repro is None:
         from reproarchive.replay.isolation import run_in_child
 
-        return run_in_child(path, settings, plan=plan, environment=index.records.environment)
-    return _replayed(path, repro, settings, plan)
+        return run_in_child(path, settings, plan=ready.plan, environment=ready.records.environment)
+    return _replayed(ready, repro)
 
 
 def needs_isolation(recorded: FailureRecord | None) -> bool:
@@ -387,30 +389,19 @@ def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, 
     does). ``on_start`` gets the recorded facts before compiling, so that an isolating parent
     can still report them if the compile takes the process down."""
     from reproarchive.format.reader import ContainerReader
+    from reproarchive.replay.prepared import prepared
 
     with ContainerReader(path) as reader:
-        plan = plan or resolve_devices(recorded_devices(reader.index), settings.device)
-        repro = _loaded(path, settings, plan, progress, reader=reader)
-    return _replayed(path, repro, settings, plan, on_start=on_start)
+        ready = prepared(path, settings, reader=reader, plan=plan)
+        repro = ready.load(progress=progress, reader=reader)
+    return _replayed(ready, repro, on_start=on_start)
 
 
-def _loaded(path, settings: ReplaySettings, plan: DevicePlan, progress: ProgressFn | None, *, reader):
-    """The archive at ``path`` (open in ``reader``, its index decoded) loaded under ``plan``."""
-    from reproarchive.archive.loading import load
-    from reproarchive.codec.stand_ins import bring_implementations
-
-    bring_implementations(settings.imports, settings.libraries)
-    with _warnings.catch_warnings():
-        _warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-        return load(path, device=plan, progress=progress, max_memory=settings.max_memory, reader=reader)
-
-
-def _replayed(path, repro, settings: ReplaySettings, plan: DevicePlan, *, on_start=None) -> Outcome:
+def _replayed(ready, repro, *, on_start=None) -> Outcome:
+    """Judge the loaded ``repro`` of the ``ready`` (prepared) archive: the outcome of ``run``."""
+    plan, chosen, records = ready.plan, ready.settings, repro.records
     load_warnings = _dedupe([*(repro.warnings or []), *_moved_warning(plan)])
     facts = _device_facts(repro.args, plan)
-    records = repro.records
-    chosen = settings.for_recorded(records.backend, records.accuracy)
-    resolve_backend(chosen.backend)
     if on_start is not None:
         on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen.backend,
                   "digest": repro.digest, **facts, "warnings": load_warnings, "torch": torch_here(),
@@ -420,7 +411,7 @@ def _replayed(path, repro, settings: ReplaySettings, plan: DevicePlan, *, on_sta
     outcome.device, outcome.recorded_device, outcome.same_device_type = (
         facts["device"], facts["recorded_device"], facts["same_device_type"])
     outcome.warnings[:0] = load_warnings
-    outcome.archive = str(path)
+    outcome.archive = ready.path
     outcome.digest = repro.digest
     outcome.stand_ins = list(repro.stand_ins)
     return outcome
@@ -432,16 +423,15 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
     check of the original and its oracle all go through, so they cannot disagree about whether
     an archive reproduces. ``settings`` has its backend and accuracy chosen (``for_recorded``)."""
     records = repro.records
+    if gm is not None:  # a candidate: the recorded policy of the inputs it kept
+        records = dataclasses.replace(records, shapes=restricted(records.shapes, placeholder_names(repro.gm),
+                                                                 placeholder_names(gm)))
     return replay_graph(
         repro.gm if gm is None else gm,
         list(repro.args if args is None else args),
         settings,
-        recorded_failure=records.failure, config=records.config, environment=records.environment,
-        system=records.system if report_differences else None, source_kind=records.graph_kind,
-        report_differences=report_differences, execution=records.execution,
-        shapes=records.shapes if gm is None else restricted(records.shapes, placeholder_names(repro.gm),
-                                                            placeholder_names(gm)),
+        records,
+        report_differences=report_differences,
         input_records=repro.index.inputs if gm is None else None,
-        rng_states=repro.rng_states if records.rng is not None else None,
-        recorded_torch=torch_version(records.system),
+        rng_states=repro.rng_states,
     )

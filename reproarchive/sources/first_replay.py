@@ -92,6 +92,7 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
 
     import torch
 
+    from reproarchive.format.schema import Records, SourceRecord
     from reproarchive.replay.runner import replay_graph
     from reproarchive.replay.settings import ReplaySettings
 
@@ -106,8 +107,8 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
             stack.enter_context(torch.amp.autocast(device_type, enabled=autocast))
         try:
             settings = ReplaySettings(backend=backend, accuracy=bool(accuracy), only_fwd=bool(only_fwd))
-            outcome = replay_graph(gm, inputs, settings, source_kind=kind, config=config, environment=environment,
-                                   report_differences=False)
+            records = Records(config=config, environment=environment, source=SourceRecord(kind=kind))
+            outcome = replay_graph(gm, inputs, settings, records, report_differences=False)
         except ReproArchiveError as err:
             raise NotReplayableError(f"cannot replay here: {err}; not replayed") from err
     observed = outcome.observed

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import reproarchive
+from reproarchive.format.schema import Records
 from reproarchive.replay.outcome import REPRODUCED
 from reproarchive.replay.settings import ReplaySettings
 
@@ -64,7 +65,7 @@ def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path,
 
     repro = reproarchive.load(capture_non_leaf(tmp_path, mutate=True))
     outcome = runner.replay_graph(repro.gm, repro.args, ReplaySettings(backend="eager"),
-                                  recorded_failure=repro.records.failure)
+                                  Records(failure=repro.records.failure))
     assert outcome.observed is None and outcome.ran_backward, outcome.to_dict()
 
     seen = []
@@ -75,7 +76,7 @@ def test_the_backend_sees_non_leaf_inputs_and_in_place_ops_on_them_run(tmp_path,
 
     monkeypatch.setattr(runner, "resolve_backend", lambda name: recording)
     runner.replay_graph(repro.gm, repro.args, ReplaySettings(backend="recording"),
-                        recorded_failure=repro.records.failure)
+                        Records(failure=repro.records.failure))
     assert seen == [[(False, True, True), (True, False, False)]]
 
 

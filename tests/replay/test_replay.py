@@ -23,7 +23,7 @@ from reproarchive.codec.devices import target_for
 from reproarchive.context import config as snapshot
 from reproarchive.context import failure as failure_mod
 from reproarchive.errors import BackendUnavailableError, DeviceUnavailableError
-from reproarchive.format.schema import EnvironmentRecord
+from reproarchive.format.schema import EnvironmentRecord, Records
 from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
 from support.captures import capture_failure
@@ -276,7 +276,8 @@ def test_current_config_reports_the_config_difference(archives):
     modules = {**config.modules, "torch._inductor.config": {**config.modules["torch._inductor.config"],
                                                             "cpp.inject_relu_bug_TESTING_ONLY": "runtime_error"}}
     config = dataclasses.replace(config, modules=modules, changed=changed)
-    outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="eager", current_config=True), config=config)
+    outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="eager", current_config=True),
+                           Records(config=config))
     names = [d["name"] for d in outcome.differences if d["what"] == "config"]
     assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY" in names
     assert outcome.config == "current"
@@ -294,7 +295,8 @@ def test_current_config_reports_the_config_difference(archives):
     mod.spy = spy
     sys.modules["replay_spy_backend"] = mod
     try:
-        outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="replay_spy_backend:spy"), config=config)
+        outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="replay_spy_backend:spy"),
+                               Records(config=config))
     finally:
         del sys.modules["replay_spy_backend"]
     assert seen["value"] == "runtime_error"
@@ -321,7 +323,8 @@ def test_recorded_environment_variables_are_set_for_the_replay(archives, monkeyp
     mod = types.ModuleType("replay_env_spy")
     mod.spy = spy
     monkeypatch.setitem(sys.modules, "replay_env_spy", mod)
-    outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="replay_env_spy:spy"), environment=env)
+    outcome = replay_graph(repro.gm, repro.args, ReplaySettings(backend="replay_env_spy:spy"),
+                           Records(environment=env))
     assert seen["TORCH_REPLAY_TEST_FLAG"] == "1"
     assert seen["TORCHINDUCTOR_CACHE_DIR"] != "/somewhere/else"  # machine-specific: not copied
     assert seen["SECRET_TORCH_TOKEN"] != "<redacted>"

@@ -1,0 +1,94 @@
+"""What every command that replays does first, once: ``prepared(path, settings)``.
+
+``run`` (one graph or a job, in this process or a child), ``run --minify``, ``bisect compiler``
+and a job's replay all begin the same way, and where each had its own copy the copies drifted
+(one answered 125 for a device this machine lacks, another 3). Here, in this order:
+
+1. the index is decoded, once (the reader that answers every later question);
+2. the devices are resolved (``codec.devices``): a recorded device this machine lacks is 125
+   unless ``settings.device`` moves it;
+3. the user's implementations are brought (``--import``, ``--load-library``): a module may
+   register the backend the next step looks for;
+4. the backend and accuracy mode are chosen for the recorded ones (``for_recorded``), and the
+   backend is found here or it is 125.
+
+Loading the data is left to the caller (``Prepared.load``, ``Prepared.load_job``): a parent
+that replays in a child never reads the tensors itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any
+
+from reproarchive.codec.checks import recorded_devices
+from reproarchive.codec.devices import DevicePlan, resolve_devices
+from reproarchive.codec.stand_ins import bring_implementations
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import Index, Records
+from reproarchive.progress import ProgressFn
+from reproarchive.replay.backends import resolve_backend
+from reproarchive.replay.settings import ReplaySettings
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """An archive ready to replay here: its decoded index, its device plan, and the settings
+    with the backend and accuracy mode chosen for the recorded ones (``asked``: as given)."""
+
+    path: str
+    index: Index
+    digest: str
+    plan: DevicePlan
+    settings: ReplaySettings
+    asked: ReplaySettings
+
+    @property
+    def records(self) -> Records:
+        return self.index.records
+
+    @property
+    def is_job(self) -> bool:
+        """Whether it holds a multi-rank job (more than one rank: one rank is one graph)."""
+        from reproarchive.replay.job import is_job
+
+        return is_job(self.index)
+
+    def load(self, *, progress: ProgressFn | None = None, reader: ContainerReader | None = None) -> Any:
+        """The graph and its inputs on the planned devices (``archive.loading.load``)."""
+        from reproarchive.archive.loading import load
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
+            return load(self.path, device=self.plan, progress=progress, max_memory=self.asked.max_memory,
+                        reader=reader)
+
+    def load_job(self) -> Any:
+        """Every rank's graph and inputs (``archive.job.load_job``) on the asked device."""
+        from reproarchive.archive.job import load_job
+
+        return load_job(self.path, device=self.asked.device, max_memory=self.asked.max_memory)
+
+
+def prepared(path: str | os.PathLike, settings: ReplaySettings, *, reader: ContainerReader | None = None,
+             here: bool = True, plan: DevicePlan | None = None) -> Prepared:
+    """The archive at ``path`` prepared under ``settings`` (module docstring); ``reader``: one
+    open already. ``here=False``: the replay runs in a child, which prepares it again, so the
+    user's implementations are not brought into this process (a library that crashes takes
+    the child, not the caller), and the backend is looked for here only where none of them
+    could define it. ``plan``: the devices
+    as a parent resolved them. Raises DeviceUnavailableError or BackendUnavailableError (125),
+    an ArchiveError (2) for an unreadable archive."""
+    if reader is None:
+        with ContainerReader(path) as own:
+            return prepared(path, settings, reader=own, here=here, plan=plan)
+    index = reader.index
+    plan = plan or resolve_devices(recorded_devices(index), settings.device)
+    chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
+    if here:
+        bring_implementations(settings.imports, settings.libraries)
+    if here or not (settings.imports or settings.libraries):  # else a module the child imports may define it
+        resolve_backend(chosen.backend)
+    return Prepared(os.fspath(path), index, reader.index_digest, plan, chosen, settings)
