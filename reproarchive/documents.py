@@ -30,7 +30,7 @@ from reproarchive.archive.inspection import InspectReport
 from reproarchive.bisect.records import CompilerBisection, TorchBisection
 from reproarchive.errors import ErrorCode
 from reproarchive.format.plain import PlainData, Tagged
-from reproarchive.minifier.driver import MinifyReport
+from reproarchive.minifier.report import MinifyReport
 from reproarchive.replay.differences import DoctorReport
 from reproarchive.replay.launch import JobOutcome
 from reproarchive.replay.outcome import Outcome

@@ -73,8 +73,8 @@ def run(path: str | os.PathLike, settings: ReplaySettings | None = None, *, isol
     group, or ``single_process`` under LocalTensorMode. Asking a job's way of one graph is an
     error (2), as is ``isolate`` for a job, whose ranks are processes of their own."""
     from reproarchive.format.reader import ContainerReader
-    from reproarchive.replay.job import is_job
     from reproarchive.replay.job import run_job as _run_job
+    from reproarchive.replay.prepared import is_job
 
     settings = ReplaySettings.given(settings, options)
     local = local_archive(path, progress=progress)

@@ -39,6 +39,7 @@ from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, T
 from reproarchive.errors import ReproArchiveError, SourceError
 
 _PROBE = Path(__file__).with_name("env_probe.py")
+_PACKAGE = Path(__file__).resolve().parents[1]  # this reproarchive: the bundled reader is a copy of it
 _CLI = "import sys; from reproarchive.cli import main; sys.exit(main())"
 _CANNOT_LOAD_CODES = {"E_VERSION", "E_SCHEMA", "E_ARCHIVE", "E_CORRUPT", "E_UNSAFE", "E_LIMIT", "E_NOT_REPLAYABLE",
                       "E_BACKEND", "E_DEVICE"}
@@ -80,18 +81,12 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
 def _bundled(folder: Path) -> Path:
     """``folder`` holding a copy of this reproarchive, its CLI as ``reproarchive.cli`` (where it
     lives in the tree or in site-packages), and nothing else (made once)."""
-    import importlib.util
-
-    import reproarchive
-
     target = folder / "reproarchive"
     if not target.exists():
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        shutil.copytree(Path(reproarchive.__file__).resolve().parent, target, ignore=ignore)
-        spec = importlib.util.find_spec("reproarchive.cli")
-        cli = Path(next(iter(spec.submodule_search_locations))).resolve()
-        if not (target / "cli").exists():  # an editable install maps it from the tree's cli/
-            shutil.copytree(cli, target / "cli", ignore=ignore)
+        shutil.copytree(_PACKAGE, target, ignore=ignore)
+        if not (target / "cli").exists():  # in the tree (an editable install) it is the top-level cli/
+            shutil.copytree(_PACKAGE.parent / "cli", target / "cli", ignore=ignore)
     return folder
 
 

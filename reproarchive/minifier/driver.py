@@ -45,24 +45,9 @@ from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
-
-
-@dataclasses.dataclass
-class MinifyReport:
-    """What ``minify_archive`` did; ``to_dict()`` is what ``run --minify --json`` prints."""
-
-    archive: str
-    output: str
-    parent: str
-    status: str  # "minified" | "not failing" | "unchanged"
-    stats: dict[str, Any]
-    code: str
-    input_origins: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _replay_predicate(repro: Repro, settings: ReplaySettings):
@@ -139,14 +124,6 @@ def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
         entry["real"] = not absent and entry.get("values") in ("recorded", "cropped")
         inputs.append(entry)
     return {**stats, "inputs": inputs}
-
-
-def output_path(path: str | os.PathLike, output: str | os.PathLike) -> Path:
-    """``output`` as a Path, refused when it is the archive being minified."""
-    output = Path(output)
-    if Path(path).resolve() == output.resolve():
-        raise ReproArchiveError("the output archive must differ from the input", "pass another -o path")
-    return output
 
 
 def auto_jobs() -> int:

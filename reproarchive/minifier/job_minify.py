@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from reproarchive.child import temp_folder
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.minifier.driver import MinifyReport, output_path
+from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.settings import ReplaySettings
 

@@ -27,19 +27,13 @@ from typing import Any, Sequence
 
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.errors import ReproArchiveError
-from reproarchive.format.schema import FailureRecord, Index
+from reproarchive.format.schema import FailureRecord
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.ranks import GroupSpec, group_specs
 from reproarchive.replay.settings import ReplaySettings
 
 #: The collective timeout a replay gives each rank unless told otherwise (seconds).
 DEFAULT_TIMEOUT_S = 60.0
-
-
-def is_job(index: Index) -> bool:
-    """Whether an archive holds a multi-rank job (spec §8 ``job``) of more than one rank."""
-    job = getattr(index, "job", None)
-    return job is not None and job.world_size > 1
 
 
 def recorded_failures(job: Any) -> dict[int, FailureRecord | None]:
@@ -128,8 +122,9 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     """
     from reproarchive.replay.prepared import prepared
 
-    # a device or backend this machine lacks: 125 before launching anything (the ranks prepare their own)
-    ready = prepared(path, settings, here=False)
+    # a device or backend this machine lacks: 125 before launching anything (launched ranks prepare their
+    # own; --single-process replays here)
+    ready = prepared(path, settings, here=single_process)
     if not ready.is_job:
         raise ReproArchiveError(f"{path} holds one process's graph, not a multi-rank job",
                                 "replay it with reproarchive run without --rank / --single-process")

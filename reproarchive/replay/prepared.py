@@ -33,6 +33,12 @@ from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.settings import ReplaySettings
 
 
+def is_job(index: Index) -> bool:
+    """Whether an archive holds a multi-rank job (spec §8 ``job``) of more than one rank: a job
+    of one rank is one graph."""
+    return index.job is not None and index.job.world_size > 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     """An archive ready to replay here: its decoded index, its device plan, and the settings
@@ -51,9 +57,6 @@ class Prepared:
 
     @property
     def is_job(self) -> bool:
-        """Whether it holds a multi-rank job (more than one rank: one rank is one graph)."""
-        from reproarchive.replay.job import is_job
-
         return is_job(self.index)
 
     def load(self, *, progress: ProgressFn | None = None, reader: ContainerReader | None = None) -> Any:

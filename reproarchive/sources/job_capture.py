@@ -82,6 +82,7 @@ class _RankState:
 
 
 _STATE = _RankState()
+_STARTED = time.time()  # when this process began capturing (this module is loaded by the capture backend)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -441,7 +442,7 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
              else f"raised in compile {compile_id} ({record.stage})")
     outcome = dataclasses.replace(outcome, doing=doing)
     folder, archive = job_paths(backend.target, ctx, backend.file_target)
-    if (timeout or lost_a_peer(outcome)) and archive.exists() and not folder.exists():
+    if (timeout or lost_a_peer(outcome)) and _merged_in_this_job(archive) and not folder.exists():
         # a consequence of a peer's failure, whose archive holds every rank already (this one's
         # part of that call included): merging this rank alone again would lose the others
         shown, when = final_place(archive)
@@ -465,6 +466,15 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
     shown, when = final_place(merged)
     log.warning("reproarchive: rank %d: %s failure captured in %s%s", ctx.rank, record.stage, shown, when)
     _annotate(exc, shown, None, when)
+
+
+def _merged_in_this_job(archive: Path) -> bool:
+    """Whether ``archive`` was written since this process began capturing (not left by an
+    earlier job launched at the same rendezvous address)."""
+    try:
+        return archive.stat().st_mtime >= _STARTED
+    except OSError:
+        return False
 
 
 def final_place(merged: Path) -> tuple[Path, str]:

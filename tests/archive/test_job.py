@@ -75,8 +75,13 @@ def test_a_single_process_reader_sees_the_failing_rank_and_refuses_only_to_run_i
     with pytest.raises(reproarchive.NotReplayableHereError, match="reproarchive run") as err:
         reproarchive.load(job)
     assert err.value.exit_code == 125 and "all 3 ranks" in str(err.value)
-    # the one-process replay refuses (the CLI's run launches the job: tests/replay/test_job_run.py)
+    # the one-process replay of one graph refuses; ``run`` launches the job (tests/replay/test_job_run.py),
+    # where the one-process choice is a mistake said in one line
+    from reproarchive.replay import runner
+
     with pytest.raises(reproarchive.NotReplayableHereError, match="collective all_reduce on process group '0'"):
+        runner.run(job, reproarchive.ReplaySettings(backend="eager"), isolate=False)
+    with pytest.raises(reproarchive.ReproArchiveError, match="do not apply to a multi-rank job"):
         reproarchive.run(job, isolate=False)
     assert invoke("verify", job).exit_code == 0
     assert invoke("inspect", job).exit_code == 0
