@@ -12,7 +12,9 @@ indexes, and for the offsets of an ``embedding_bag`` (non-decreasing, from 0, at
 number of indices). Masks need nothing: a bool input is generated as booleans anyway.
 
 The reading is structural and conservative: an index counts when it is a graph input, reached
-through ops that only reshape or copy it (view, unsqueeze, expand, clone, ``to``…); the indexed
+through ops that only reshape or copy it (view, unsqueeze, expand, clone, ``to``…), through
+``where``, ``cat`` and ``stack``, or through integer arithmetic by a constant, whose inverse
+moves the range (``emb(ids + 1)``: ``ids`` in [-1, n - 1)); the indexed
 size comes from the input records, or from running the graph on ``meta`` tensors (shapes only,
 no data) up to the first op that cannot run there. A demand that cannot be read is simply not
 made; the data stays generated, and labelled so, either way.
@@ -37,17 +39,22 @@ from reproarchive.format.schema import SymValue, TensorValue
 
 @dataclass(frozen=True)
 class Demand:
-    """``index``: every value in [0, high); ``offsets``: non-decreasing from 0, at most ``high``."""
+    """``index``: every value in [low, high); ``offsets``: non-decreasing from 0, at most ``high``."""
 
     kind: str
     high: int
+    low: int = 0
 
     def tighter(self, other: Demand | None) -> Demand:
+        """Both demands (an index's ranges intersected); where they cannot both hold, this one."""
         if other is None:
             return self
         if other.kind != self.kind:
             return self if self.kind == "offsets" else other
-        return self if self.high <= other.high else other
+        if self.kind == "offsets":
+            return self if self.high <= other.high else other
+        low, high = max(self.low, other.low), min(self.high, other.high)
+        return Demand("index", high, low) if low < high else self
 
 
 # op name -> (position of the indexed tensor, position of the index, where the dim is):
@@ -131,6 +138,83 @@ def _source_input(value: Any, positions: dict[fx.Node, int], depth: int = 0) -> 
     return _source_input(value.args[0], positions, depth + 1)
 
 
+def _sources(value: Any, positions: dict[fx.Node, int], low: int, high: int,
+             depth: int = 0) -> list[tuple[int, int, int]]:
+    """(graph input, low, high) for each input whose values reach ``value``, with the range
+    [low, high) its values must be in for ``value``'s to be in [low, high) here: through ops that
+    keep the values, either branch of a ``where``, each tensor of a ``cat`` or ``stack``, and
+    integer arithmetic by a constant (``ids + 1`` must be in [0, n): ``ids`` in [-1, n - 1)).
+    A ``clamp`` into the range satisfies it whatever its input; an empty range is no demand."""
+    if not isinstance(value, fx.Node) or depth > 64 or low >= high:
+        return []
+    if value in positions:
+        return [(positions[value], low, high)]
+    name = _op_name(value)
+    args = value.args
+    if name == "where" and len(args) == 3:
+        return [s for branch in args[1:] for s in _sources(branch, positions, low, high, depth + 1)]
+    if name in ("cat", "stack", "concat", "concatenate") and args and isinstance(args[0], (list, tuple)):
+        return [s for part in args[0] for s in _sources(part, positions, low, high, depth + 1)]
+    if name in _ARITHMETIC and len(args) >= 2:
+        return _through_arithmetic(value, name, positions, low, high, depth)
+    if name in _CLAMPS and args:
+        bounds = _clamp_bounds(value, name)
+        if bounds is not None and low <= bounds[0] and bounds[1] < high:
+            return []  # whatever goes in comes out in range
+        return _sources(args[0], positions, low, high, depth + 1)
+    if name not in _PASS_THROUGH or not args:
+        return []
+    return _sources(args[0], positions, low, high, depth + 1)
+
+
+#: integer arithmetic by a constant whose inverse keeps a range a range
+_ADDS = {"add", "__add__", "__radd__", "add_"}
+_SUBS = {"sub", "__sub__", "sub_", "subtract"}
+_MULS = {"mul", "__mul__", "__rmul__", "mul_", "multiply"}
+_ARITHMETIC = _ADDS | _SUBS | _MULS
+_CLAMPS = {"clamp", "clip", "clamp_", "clip_", "clamp_min", "clamp_max"}
+
+
+def _constant_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _through_arithmetic(node: fx.Node, name: str, positions: dict[fx.Node, int], low: int, high: int,
+                        depth: int) -> list[tuple[int, int, int]]:
+    first, second = node.args[0], node.args[1]
+    tensor, constant = (first, _constant_int(second)) if isinstance(first, fx.Node) else \
+        (second, _constant_int(first))
+    if not isinstance(tensor, fx.Node) or constant is None:
+        return []
+    if name in _SUBS and tensor is not first:
+        return []  # c - x: a reflected range, not followed
+    alpha = _constant_int(node.kwargs.get("alpha", 1))
+    if alpha is None:
+        return []
+    if name in _ADDS:
+        low, high = low - constant * alpha, high - constant * alpha
+    elif name in _SUBS:
+        low, high = low + constant * alpha, high + constant * alpha
+    else:  # x * c, c > 0: x in [ceil(low / c), floor((high - 1) / c) + 1)
+        if constant <= 0:
+            return []
+        low, high = -(-low // constant), (high - 1) // constant + 1
+    return _sources(tensor, positions, low, high, depth + 1)
+
+
+def _clamp_bounds(node: fx.Node, name: str) -> tuple[int, int] | None:
+    """The [min, max] a clamp keeps its values in, where both are integer constants."""
+    args = list(node.args[1:3])
+    lo = node.kwargs.get("min", args[0] if args else None)
+    hi = node.kwargs.get("max", args[1] if len(args) > 1 else None)
+    if name == "clamp_min":
+        lo, hi = (args[0] if args else node.kwargs.get("min")), None
+    elif name == "clamp_max":
+        lo, hi = None, (args[0] if args else node.kwargs.get("max"))
+    lo, hi = _constant_int(lo), _constant_int(hi)
+    return (lo, hi) if lo is not None and hi is not None else None
+
+
 class _Shapes:
     """Shapes of graph values: the input records first, else one run of the graph on meta
     tensors (no data), done lazily and stopped at the first op that cannot run there."""
@@ -204,13 +288,13 @@ def input_demands(gm: fx.GraphModule, inputs: Sequence[Any]) -> dict[int, Demand
     found: dict[int, Demand] = {}
 
     def demand(index: Any, indexed: Any, dim: Any) -> None:
-        i = _source_input(index, positions)
-        if i is None or not isinstance(dim, int):
+        if not isinstance(dim, int):
             return
         shape = shapes.shape(indexed)
         if shape is None or not -len(shape) <= dim < len(shape) or shape[dim] <= 0:
             return
-        found[i] = Demand("index", shape[dim]).tighter(found.get(i))
+        for i, low, high in _sources(index, positions, 0, shape[dim]):
+            found[i] = Demand("index", high, low).tighter(found.get(i))
 
     for node in gm.graph.nodes:
         name = _op_name(node)

@@ -330,7 +330,7 @@ def generate_absent(storage: torch.UntypedStorage, dtype: torch.dtype, seed: int
     """Fill an absent storage with seeded data that fits its dtype (never claimed to be real):
     normal values for floating and complex dtypes, integers in [0, 16), random bools. An integer
     storage the graph uses as an index or as offsets (``demand``, an ``input_demands.Demand``)
-    gets integers in [0, min(16, high)), or sorted offsets from 0 up to ``high``."""
+    gets integers in [low, low + min(16, high - low)), or sorted offsets from 0 up to ``high``."""
     n = storage.nbytes() // max(dtype.itemsize, 1)
     if n == 0:
         return
@@ -344,8 +344,11 @@ def generate_absent(storage: torch.UntypedStorage, dtype: torch.dtype, seed: int
         if dtype.is_complex:
             values = torch.complex(values, torch.randn((n,), generator=gen, dtype=real))
     elif dtype.is_signed or dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
-        high = 16 if demand is None or demand.kind != "index" else max(1, min(16, demand.high))
-        values = torch.randint(0, high, (n,), generator=gen, dtype=torch.int64)
+        low, high = 0, 16
+        if demand is not None and demand.kind == "index":
+            low = demand.low if dtype.is_signed else max(0, demand.low)
+            high = low + max(1, min(16, demand.high - low))
+        values = torch.randint(low, high, (n,), generator=gen, dtype=torch.int64)
         if demand is not None and demand.kind == "offsets":
             values = torch.randint(0, demand.high + 1, (n,), generator=gen, dtype=torch.int64).sort().values
             values[0] = 0

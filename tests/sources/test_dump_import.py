@@ -254,6 +254,35 @@ def test_after_aot_storages_without_data(aot_accuracy_dump, tmp_path):
     assert repro.records.source.torch_version == torch.__version__
 
 
+EMBEDDING_AFTER_ARITHMETIC = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+emb = torch.nn.Embedding(4, 8)
+
+@torch.compile
+def f(ids):
+    return torch.relu(emb(ids + 1))
+
+f(torch.tensor([0, 1, 2]))
+"""
+
+
+@pytest.mark.slow
+def test_generated_ids_follow_the_arithmetic_before_the_embedding(tmp_path):
+    """A real after_aot dump of ``relu(emb(ids + 1))`` (Inductor's C++ relu bug): PyTorch kept no
+    data, and ids generated in [0, 4) make ``ids + 1`` index past the 4-row table. The pack's
+    replay must meet the program's own failure, not an IndexError of its own making."""
+    launcher = progs.make_dump(tmp_path / "prog", EMBEDDING_AFTER_ARITHMETIC, after="aot", level=2)
+    result = _pack_in(launcher.parent.parent.parent.parent, tmp_path / "emb.tar.zst", source=launcher)
+    assert result.inputs["absent"] == 2
+    failure = result.failure
+    assert failure["exception_type"].endswith("CppCompileError"), failure
+    assert "IndexError" not in failure["message"]
+    repro = reproarchive.load(result.archive)
+    ids = repro.args[[tuple(a.shape) for a in repro.args].index((3,))]
+    assert int(ids.min()) >= -1 and int(ids.max()) + 1 < 4  # ids + 1 is a row of the table
+
+
 # ---------------------------------------------------------------------------------------------
 # level 1: repro.py in the cwd, with the save_dir moved away
 
