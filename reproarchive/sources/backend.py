@@ -95,10 +95,12 @@ Cost and side effects of the check, by design:
   warm-up call. A native crash is guarded against on a graph's first call only; an exception
   on any call is archived.
 * randomness: the archive holds the generator states (CPU, and the devices of the inputs) the
-  failing call started from, and ``run`` restores them. With ``accuracy=True`` a graph that
-  draws random numbers is compiled with inductor's ``fallback_random``
-  (``replay.accuracy.fair_to_randomness``), so that its dropout draws as eager's does and a
-  correct graph is not an accuracy failure; the graph's ``training`` is never switched off.
+  failing call started from, and ``run`` restores them. With ``accuracy=True`` the check of a
+  graph that draws random numbers compiles a copy of its own with inductor's
+  ``fallback_random`` (``replay.accuracy.fair_to_randomness``), so that its dropout draws as
+  eager's does and a correct graph is not an accuracy failure; the program's own compile is
+  left as it would be without capture (its random ops draw with inductor's own RNG code, and
+  its numbers are the program's), and the graph's ``training`` is never switched off.
 
 Where archives go: ``path`` may be a file name (``*.tar.zst``, every failure of this backend
 writes that one file) or a directory (created; archives are named
@@ -118,7 +120,6 @@ of the user's own failure; the archive stays on disk either way.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -362,9 +363,9 @@ class _CaptureBackend:
                 # in a job, the rank's part written before the first call is the crash record
                 spooled = None if in_job else self._spool_pending(pristine_gm, example_inputs, config, writes)
             try:
-                with _accuracy.fair_to_randomness(gm) if self.settings["accuracy"] else contextlib.nullcontext():
-                    # a few frames deeper than the plain compile: given room (``frame_room``)
-                    compiled = with_frame_room(self.compiler, gm, example_inputs)
+                # a few frames deeper than the plain compile: given room (``frame_room``); exactly the
+                # program's compile (an accuracy check that needs another compiles its own copy)
+                compiled = with_frame_room(self.compiler, gm, example_inputs)
             except Exception as exc:
                 self._discard(spooled)
                 if is_control_flow(exc):
@@ -517,7 +518,7 @@ class _CaptureBackend:
             with preserved_state(gm, args, rng=rng):
                 if self.settings["accuracy"]:
                     report = _accuracy.check_accuracy(
-                        pristine_gm, compiled, args,
+                        pristine_gm, self._compiled_for_the_check(compiled, pristine_gm, args), args,
                         fwd_only=self.settings["fwd_only"], tol=self.settings["tolerance"],
                         use_fp64=self.settings["use_fp64"], written=written,
                     )
@@ -539,6 +540,17 @@ class _CaptureBackend:
             raise
         if report is not None and not report.passed:
             self._accuracy_failed(pristine_gm, args, modified_inputs(args, versions), report, config)
+
+    def _compiled_for_the_check(self, compiled: Callable, pristine_gm: Any, args: list[Any]) -> Callable:
+        """What the accuracy check compares with eager: the program's own compiled code, or,
+        for a graph that draws random numbers, a copy compiled for the check alone under
+        ``fair_to_randomness`` (the program's compile must not change for the check's sake)."""
+        from reproarchive.codec.rng import random_ops
+
+        if not random_ops(pristine_gm):
+            return compiled
+        with collector.paused(), _accuracy.fair_to_randomness(pristine_gm):
+            return with_frame_room(self.compiler, copy_graph_structure(pristine_gm), list(args))
 
     # -- config -----------------------------------------------------------------------------
 
