@@ -63,6 +63,7 @@ ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 PENDING_PREFIX = "pending-"
 CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's custom-op calls
 KEPT_DIR = "kept"  # beside it too: first calls whose failure PyTorch could not dump, from the spool
+EXECUTION_DIR = "execution"  # beside it too: the thread state of each compile, one JSON line per compile
 
 log = logging.getLogger("reproarchive.capture")
 _counter = itertools.count(1)  # custom-op records of this process, in order
@@ -122,6 +123,7 @@ def _patch(module: Any) -> None:
         job_dir = os.environ.get(JOB_DIR_ENV)
         if job_dir and not kwargs and _in_a_job():  # every rank: its part, one archive for the job
             return _job_backend(self, job_dir)(gm, example_inputs)
+        _note_execution(list(example_inputs))
         first = FirstCall(_write_pending(gm, list(example_inputs), _backend_name(self)))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         pristine = _custom_op_graph(gm)
@@ -178,6 +180,33 @@ def _write_custom_ops(gm: Any, inputs: list[Any], exc: Exception, backend: str) 
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         log.warning("reproarchive capture: could not record the custom ops of a failing graph: %s: %s",
                     type(err).__name__, err)
+
+
+def _note_execution(inputs: list[Any]) -> None:
+    """Append the thread state this graph is compiled under (grad and inference mode,
+    autocast, ...) to this process's ``execution/<pid>.jsonl``: PyTorch's dump does not record
+    it, and a replay in another state can fail in a way the program never did (grad on for a
+    ``no_grad`` model that writes in place). ``pack_dump`` takes the entry of the failing compile."""
+    try:
+        import json
+        import time
+
+        from reproarchive.context.execution import execution_snapshot
+        from reproarchive.format.plain import to_plain
+
+        folder = Path(os.environ[CRASH_DIR_ENV]).parent / EXECUTION_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"time": time.time(), "execution": to_plain(execution_snapshot(inputs))})
+        with open(folder / f"{os.getpid()}.jsonl", "a") as f:
+            f.write(line + "\n")
+    except Exception as err:  # noqa: BLE001 - never in place of the program's own run
+        log.debug("reproarchive capture: the thread state was not noted: %s", err)
+
+
+def execution_notes(dump_dir: Path, pid: int) -> Path | None:
+    """The thread states process ``pid`` noted at its compiles (``_note_execution``), if any."""
+    path = dump_dir / EXECUTION_DIR / f"{pid}.jsonl"
+    return path if path.is_file() else None
 
 
 def custom_op_archives(dump_dir: Path, pid: int) -> list[Path]:

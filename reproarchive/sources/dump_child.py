@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import dataclasses
 import sys
 import warnings
@@ -254,10 +255,12 @@ SOURCE_RECORD = DumpSource
 
 
 def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note: str, storages: dict[str, Any],
-               snapshots: tuple[Any, Any, Any], failure: Any, replay_notes: dict[str, Any]) -> Capture:
+               snapshots: tuple[Any, Any, Any], failure: Any, replay_notes: dict[str, Any],
+               execution: Any = None) -> Capture:
     """The dump's graph and inputs as ``import_script`` read them, and the records around them:
     this process's ``snapshots`` (config, environment, system) where the script's settings
-    apply, the failure its one replay recorded, and where everything came from."""
+    apply, the failure its one replay recorded, the thread state of the failing compile where
+    the dumping process noted it (``execution``), and where everything came from."""
     dump = imp.dump
     config, environment, system = snapshots
     source = DumpSource(
@@ -283,7 +286,28 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
     shapes = logged_policy(imp.reader.inputs, {}, first_input=len(imp.lifted), recorded_from="dump")
     return Capture(imp.gm, imp.example_inputs, Records(
         backend=dump.backend, accuracy=bool(dump.accuracy_mode), config=config, system=system,
-        environment=environment, failure=failure, source=source, shapes=shapes))
+        environment=environment, failure=failure, source=source, shapes=shapes, execution=execution))
+
+
+def execution_of_the_dump(notes: str | None, script: Path) -> Any:
+    """The thread state of the compile the dump ``script`` was written for: of the states its
+    process noted (``crash_guard._note_execution``, one JSON line per compile), the last noted
+    before the dump was written. None without notes (a dump packed on its own)."""
+    import json
+
+    from reproarchive.format.plain import from_plain
+    from reproarchive.format.schema import ExecutionRecord
+
+    if not notes:
+        return None
+    written = script.stat().st_mtime
+    chosen = None
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(notes).read_text().splitlines():
+            entry = json.loads(line)
+            if float(entry["time"]) <= written:
+                chosen = entry["execution"]
+    return from_plain(ExecutionRecord, chosen) if chosen is not None else None
 
 
 def custom_ops_before_import(imports, libraries, recorded_in, events) -> list:
@@ -312,6 +336,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
                                             getattr(opts, "custom_ops_from", ()), events)
     imp = import_script(script, store, events)
     scrub = Scrubber(scrub_prefixes(opts, store))
+    execution = execution_of_the_dump(getattr(opts, "execution_from", None), script)
 
     events("taking snapshots")
     config, environment, system, snapshot_notes = take_snapshots()
@@ -329,13 +354,13 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
         events("replaying the failure")
         if started is not None:
             started({"stage": "replay"})  # if the replay takes this process down, the parent knows
-        failure, replay_notes = replay(dump, imp.gm, imp.example_inputs)
+        failure, replay_notes = replay(dump, imp.gm, imp.example_inputs, execution=execution)
 
     inputs, storages, warnings = input_report(imp)
     warnings += snapshot_notes + generated_data_warning(replay_notes)
     capture = capture_of(imp, label=opts.script_label, store_found=store is not None, store_note=store_note,
                          storages=storages, snapshots=(config, environment, system), failure=failure,
-                         replay_notes=replay_notes)
+                         replay_notes=replay_notes, execution=execution)
     capture = dataclasses.replace(capture, custom_ops=recorded_ops or imp.missing_ops
                                   or record_calls(imp.gm, imp.example_inputs))
 

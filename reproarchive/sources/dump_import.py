@@ -55,6 +55,7 @@ def pack_dump(
     libraries: tuple[str, ...] = (),
     custom_ops_from: list[Path] | tuple = (),
     own_variables: Sequence[str] = (),
+    execution_from: Path | None = None,
 ) -> PackReport:
     """Pack the PyTorch repro dump ``source`` (a script, a folder, or None: search ``cwd``).
 
@@ -65,7 +66,9 @@ def pack_dump(
     ``--import`` / ``--load-library``); ``custom_ops_from``: archives whose recorded custom-op
     calls stand in for ops still missing (``capture --`` records them). ``own_variables``:
     variables the dump sets that reproarchive set for the dumping run (``capture --``), left
-    out of the environment record. Raises SourceError
+    out of the environment record. ``execution_from``: the thread states the dumping process
+    noted at its compiles (``capture --``'s guard); the failing compile's is recorded and
+    replayed under. Raises SourceError
     (exit 4) when there is no usable dump, PackError when the dump cannot be packed.
     """
     cwd = Path(cwd) if cwd is not None else Path.cwd()
@@ -91,7 +94,8 @@ def pack_dump(
     request = {"script": str(script), "script_label": label, "out": str(out_path), "no_replay": not replay,
                "dump_prefix": [str(dump_root), str(script.parent)], "cwd_prefix": [str(cwd.resolve())],
                "imports": list(imports), "libraries": [str(p) for p in libraries],
-               "custom_ops_from": [str(p) for p in custom_ops_from]}
+               "custom_ops_from": [str(p) for p in custom_ops_from],
+               "execution_from": str(execution_from) if execution_from is not None else None}
     env = {**child_env(), OWN_VARIABLES_ENV: ",".join(own_variables)} if own_variables else child_env()
     report, died = run_child("reproarchive.sources.dump_child", request, env=env, on_event=progress,
                              keep_log=keep_log)

@@ -37,26 +37,28 @@ def _concrete(gm, args: list[Any]) -> tuple[list[Any], int]:
     return out, sum(isinstance(a, AbsentTensor) for a in args)
 
 
-def replay(dump: DumpScript, gm, args: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def replay(dump: DumpScript, gm, args: list[Any], *, execution=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes) for a dump: ``replay_once`` the way its ``run_repro`` would
-    detect the failure (its autocast flag, Dynamo's repro_forward_only)."""
+    detect the failure (its autocast flag, Dynamo's repro_forward_only), under the thread state
+    of the failing compile where it is known (``execution``)."""
     from reproarchive.compat.dynamo import repro_forward_only
 
     return replay_once(gm, args, kind=dump.kind, backend=dump.backend, accuracy=bool(dump.accuracy_mode),
                        autocast=bool(dump.run_args.get("autocast", False)),
-                       only_fwd=None if dump.kind == "after_aot" else repro_forward_only())
+                       only_fwd=None if dump.kind == "after_aot" else repro_forward_only(), execution=execution)
 
 
 def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy: bool, autocast: bool = False,
-                only_fwd: bool | None = None, config=None, environment=None) -> tuple[dict[str, Any], dict[str, Any]]:
+                only_fwd: bool | None = None, config=None, environment=None,
+                execution=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes). Never raises for a failure of the graph itself.
 
     Uses ``reproarchive.replay.runner.replay_graph`` (the code behind ``reproarchive run``) on inputs
     generated exactly as ``load`` will generate absent ones, so that the recorded signature is
     classified exactly as a later replay will classify it; ``kind`` "after_aot" graphs are
     retraced with make_fx and compiled by Inductor's inner compiler, as PyTorch's after_aot
-    ``run_repro`` does. ``config``/``environment`` are records applied for the duration, as
-    ``run`` applies an archive's.
+    ``run_repro`` does. ``config``/``environment``/``execution`` are records applied for the
+    duration, as ``run`` applies an archive's.
     """
     from reproarchive.context import failure as fail
 
@@ -68,7 +70,7 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
             "no backend is known (a custom compiler function was used); not replayed"), notes
     try:
         failure = _replay_shared(gm, inputs, kind=kind, backend=backend, accuracy=accuracy, autocast=autocast,
-                                 only_fwd=only_fwd, config=config, environment=environment)
+                                 only_fwd=only_fwd, config=config, environment=environment, execution=execution)
     except NotReplayableError as err:
         notes["performed"] = False
         return fail.unknown_record(str(err), backend=backend), notes
@@ -87,7 +89,7 @@ def generated_data_warning(notes: dict[str, Any]) -> list[str]:
              "failures cannot be told from generated data); `reproarchive capture` keeps the real inputs")]
 
 
-def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment):
+def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment, execution=None):
     import contextlib
 
     import torch
@@ -107,7 +109,8 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
             stack.enter_context(torch.amp.autocast(device_type, enabled=autocast))
         try:
             settings = ReplaySettings(backend=backend, accuracy=bool(accuracy), only_fwd=bool(only_fwd))
-            records = Records(config=config, environment=environment, source=SourceRecord(kind=kind))
+            records = Records(config=config, environment=environment, source=SourceRecord(kind=kind),
+                              execution=execution)
             outcome = replay_graph(gm, inputs, settings, records, report_differences=False)
         except ReproArchiveError as err:
             raise NotReplayableError(f"cannot replay here: {err}; not replayed") from err

@@ -206,8 +206,10 @@ def capture_program(
             target = _next_free(out)
             pid = launcher.parent.parent.name.rpartition("-pid_")[2]
             recorded = crash_guard.custom_op_archives(dump_dir, int(pid)) if pid.isdigit() else []
+            execution = crash_guard.execution_notes(dump_dir, int(pid)) if pid.isdigit() else None
             try:
                 result.archives.append(pack_dump(launcher, target, replay=replay, custom_ops_from=recorded,
+                                                 execution_from=execution,
                                                  imports=imports, libraries=libraries,
                                                  own_variables=OWN_VARIABLES))
             except ReproArchiveError as err:

@@ -43,3 +43,46 @@ def test_an_accuracy_capture_leaves_a_dropout_step_s_numbers_as_they_are(tmp_pat
     # and the check (on its own fallback_random copy) called the correct graph correct
     assert not list(tmp_path.glob("*.tar.zst"))
     torch._dynamo.reset()
+
+
+NO_GRAD_IN_PLACE = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+model = torch.nn.Linear(8, 8)
+
+@torch.compile
+def f(x):
+    y = torch.sigmoid(model(x))
+    y.mul_(2)  # in place on what sigmoid's backward needs: an error only with grad on
+    return torch.relu(y)
+
+with torch.no_grad():
+    f(torch.randn(4, 8))
+"""
+
+
+@pytest.mark.slow
+def test_capture_of_a_no_grad_program_records_its_failure_under_its_own_grad_mode(tmp_path):
+    """``capture --`` packs PyTorch's dump, which does not say that the program ran under
+    ``no_grad``; replayed with grad on, the graph failed with an autograd error the program never
+    had ("modified by an inplace operation"), and ``run`` called that REPRODUCED. The guard notes
+    each compile's thread state, and the pack and ``run`` replay under it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    program = tmp_path / "prog.py"
+    program.write_text(NO_GRAD_IN_PLACE)
+    cli = str(Path(sys.executable).parent / "reproarchive")
+    done = subprocess.run([cli, "capture", "-o", str(tmp_path / "out"), "--json", "--", sys.executable,
+                           str(program)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "2"}, cwd=tmp_path)
+    (archive,) = [a["archive"] for a in json.loads(done.stdout)["archives"]]
+    repro = reproarchive.load(tmp_path / "out" / Path(archive).name)
+    assert repro.records.failure.exception_type.endswith("CppCompileError"), repro.records.failure
+    assert repro.records.execution is not None and repro.records.execution.grad_enabled is False
+    outcome = reproarchive.run(tmp_path / "out" / Path(archive).name)
+    assert outcome.status == "reproduced" and "inplace" not in (outcome.observed.message or "")
+    assert not any("execution state" in w for w in outcome.warnings)
