@@ -123,6 +123,8 @@ RUN_EPILOG = exit_codes(
     (125, "cannot run here: the device or the backend is not available, or the archive was recorded on a "
           "device this machine lacks (--device cpu runs it on the CPU, and the verdict then says it ran on "
           "another device type), or the launcher started no rank of a multi-rank job"),
+    (125, "inconclusive: it passed, but not under the conditions the archive records (a symbolic recording "
+          "without its shape policy, random draws without the RNG state): no evidence either way"),
     INTERRUPTED,
 ) + """
 \b
@@ -137,8 +139,8 @@ rendezvous options:  --nnodes 2 --node-rank K --nproc-per-node P --rdzv-endpoint
 Bisecting PyTorch ("when did this start failing?"):
   git bisect start <bad-commit> <good-commit>
   git bisect run sh -c 'python setup.py develop >/dev/null && reproarchive run repro.tar.zst'
-git bisect treats 0 as good, 125 as skip (so commits where the backend or device is missing
-are skipped) and 1-127 as bad: both "reproduced" (1) and "different failure" (3) count as bad.
+git bisect treats 0 as good, 125 as skip (so commits where the backend or device is missing,
+and inconclusive replays, are skipped) and 1-127 as bad: both "reproduced" (1) and "different failure" (3) count as bad.
 To bisect only the recorded failure and skip commits that fail differently:
   git bisect run sh -c 'reproarchive run repro.tar.zst; s=$?; [ $s -eq 3 ] && exit 125; exit $s'
 """
@@ -249,7 +251,8 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
 
 def format_job(job) -> str:
     """A job's verdict: one line, then one line per rank, where the ranks diverged, warnings."""
-    label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
+    label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE",
+             "inconclusive": "INCONCLUSIVE"}
     head = label.get(job.status, job.status.upper())
     where = f" ON RANK {job.rank}" if job.status != "passed" and job.rank is not None else ""
     lines = [f"{head}{where}{versions_clause(job)} (exit {job.exit_code}): "
@@ -346,11 +349,14 @@ def _compiler_lines(record) -> list[str]:
 
 def format_outcome(outcome) -> str:
     lines = []
-    label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE"}
+    label = {"passed": "PASSED", "reproduced": "REPRODUCED", "different failure": "DIFFERENT FAILURE",
+             "inconclusive": "INCONCLUSIVE"}
     moved = ("" if outcome.same_device_type
              else f" ON ANOTHER DEVICE TYPE ({outcome.device}, recorded on {outcome.recorded_device})")
     lines.append(f"{label.get(outcome.status, outcome.status.upper())}{moved}"
                  f"{versions_clause(outcome)} (exit {outcome.exit_code})")
+    for reason in outcome.unfaithful:  # what the replay could not honour: a pass is no evidence
+        lines.append(f"  not as recorded: {terminal_safe(reason)}")
     lines.append(f"  replayed  backend {outcome.backend} on {outcome.device}, {outcome.config} config"
                  + (", isolated" if outcome.isolated else "")
                  + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")

@@ -155,6 +155,8 @@ def _verdict(code: int, stdout: str, stderr: str) -> tuple[str, str | None]:
         return GOOD, None
     if code == 1 and said == "reproduced":
         return BAD, None
+    if code == 125 and said == "inconclusive":  # it passed, but not as recorded: no evidence either way
+        return SKIPPED, "inconclusive: " + "; ".join(document.get("unfaithful") or [])[:300]
     if code == 3 and said == "different failure":
         observed = (document or {}).get("observed") or {}
         return OTHER, str(observed.get("signature") or "") or None

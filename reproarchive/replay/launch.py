@@ -39,8 +39,10 @@ from reproarchive.format.schema import FailureRecord
 from reproarchive.replay.outcome import (
     DIFFERENT,
     EXIT_DIFFERENT,
+    EXIT_INCONCLUSIVE,
     EXIT_PASSED,
     EXIT_REPRODUCED,
+    INCONCLUSIVE,
     PASSED,
     REPRODUCED,
     Outcome,
@@ -336,11 +338,14 @@ def job_verdict(outcomes: Sequence[RankOutcome], recorded_rank: int | None) -> t
         hit = next((o for o in outcomes if o.status == REPRODUCED), None)
         if hit is not None:
             return REPRODUCED, EXIT_REPRODUCED, hit.rank
-    bad = [o for o in outcomes if o.status not in (PASSED, STOPPED, REPRODUCED)]
+    bad = [o for o in outcomes if o.status not in (PASSED, STOPPED, REPRODUCED, INCONCLUSIVE)]
     if bad:
         return DIFFERENT, EXIT_DIFFERENT, bad[0].rank
     if recorded_rank is not None and by_rank[recorded_rank].status == STOPPED:
         return DIFFERENT, EXIT_DIFFERENT, recorded_rank
+    unsure = next((o for o in outcomes if o.status == INCONCLUSIVE), None)
+    if unsure is not None:  # no rank failed, but one could not run as recorded: no evidence of a fix
+        return INCONCLUSIVE, EXIT_INCONCLUSIVE, unsure.rank
     return PASSED, EXIT_PASSED, recorded_rank
 
 

@@ -1,8 +1,13 @@
 """The outcome of one replay, and the rule that judges it (exit codes included).
 
 "reproduced" (exit 1) only when the observed failure has the recorded signature; any other
-failure is "different failure" (3), no failure is "passed" (0). ``git bisect run`` reads these
-codes: 0 good, 1-127 bad, 125 skip (cannot run here, raised as an error elsewhere).
+failure is "different failure" (3), no failure is "passed" (0). No failure where the replay
+could not honour what the archive records of the failing run is "inconclusive" (125, spec
+§10): the recording was symbolic but its shape policy is unknown (the replay compiled static
+shapes), or the graph draws random numbers and the RNG state is unknown (it drew other
+numbers); a pass there says nothing about the recorded failure. ``git bisect run`` reads these
+codes: 0 good, 1-127 bad, 125 skip (inconclusive, or cannot run here, raised as an error
+elsewhere).
 """
 
 from __future__ import annotations
@@ -18,18 +23,20 @@ from reproarchive.version import torch_release
 EXIT_PASSED = 0
 EXIT_REPRODUCED = 1
 EXIT_DIFFERENT = 3
+EXIT_INCONCLUSIVE = 125
 
 PASSED = "passed"
 REPRODUCED = "reproduced"
 DIFFERENT = "different failure"
-
+INCONCLUSIVE = "inconclusive"
 
 
 @dataclasses.dataclass
 class Outcome:
     """What one replay found; ``to_dict()`` is what ``reproarchive run --json`` prints.
 
-    status: "passed", "reproduced" or "different failure"; exit_code: 0, 1 or 3 to match.
+    status: "passed", "reproduced", "different failure" or "inconclusive" (no failure, but not
+    under the recorded conditions: ``unfaithful`` says which); exit_code: 0, 1, 3 or 125 to match.
     observed / recorded: failure records (None when it passed / when nothing was recorded).
     accuracy: the compiled-vs-eager comparison with per-output figures, when it was checked.
     differences: what differs between the recording machine and this one that could explain
@@ -70,6 +77,7 @@ class Outcome:
     accuracy_rule: str | None = None
     torch: str | None = None
     recorded_torch: str | None = None
+    unfaithful: list[str] = dataclasses.field(default_factory=list)  # what the replay could not honour
 
     @property
     def across_versions(self) -> bool:
@@ -110,6 +118,15 @@ def judged(recorded: FailureRecord | None, observed: FailureRecord | None, **fac
     """The outcome of a replay that observed ``observed`` where ``recorded`` was recorded."""
     status, exit_code = judge(recorded, observed)
     return Outcome(status=status, exit_code=exit_code, observed=observed, recorded=recorded, **facts)
+
+
+def unless_faithful(outcome: Outcome, unfaithful: list[str]) -> Outcome:
+    """``outcome``, made inconclusive (125) where it passed without honouring what the archive
+    records of the failing run (``unfaithful``: what was not honoured, in words)."""
+    outcome.unfaithful = list(unfaithful)
+    if outcome.status == PASSED and unfaithful:
+        outcome.status, outcome.exit_code = INCONCLUSIVE, EXIT_INCONCLUSIVE
+    return outcome
 
 
 def judge(recorded: FailureRecord | None, observed: FailureRecord | None) -> tuple[str, int]:

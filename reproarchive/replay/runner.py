@@ -39,7 +39,7 @@ from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
-from reproarchive.replay.outcome import Outcome, across_versions, judged
+from reproarchive.replay.outcome import Outcome, across_versions, judged, unless_faithful
 from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +160,7 @@ def replay_graph(
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
     warnings.extend(shape_policy.warnings_for(shape_report))
 
-    return judged(
+    return unless_faithful(judged(
         recorded_failure, observed,
         accuracy=details,
         # across releases the defaults were not applied: a differing one is listed (not as important)
@@ -177,7 +177,24 @@ def replay_graph(
         accuracy_rule=rule,
         torch=here,
         recorded_torch=recorded_torch,
-    )
+    ), _unfaithful(shape_report, gm, rng_states))
+
+
+def _unfaithful(shape_report: dict[str, Any], gm: Any, rng_states: Mapping[str, Any] | None) -> list[str]:
+    """What of the failing run this replay could not honour, so that a pass is no evidence
+    (``outcome.unless_faithful``): a symbolic recording replayed static, random draws replayed
+    from another state."""
+    from reproarchive.codec.rng import random_ops
+
+    out = []
+    if shape_report.get("policy") == "not recorded" and shape_report.get("symbolic"):
+        out.append("the recording was symbolic but its shape policy was not recorded: the replay compiled "
+                   "static shapes")
+    ops = random_ops(gm)
+    if ops and not rng_states:
+        out.append(f"the graph draws random numbers ({', '.join(ops)}) but the archive does not hold the RNG "
+                   "state of the failing run: the replay drew other numbers")
+    return out
 
 
 def _randomness(gm, rng_states: Mapping[str, Any] | None) -> tuple[str, list[str]]:
