@@ -14,7 +14,7 @@ import torch
 
 import reproarchive
 from reproarchive.codec.shapes import fakes_for
-from reproarchive.replay.outcome import PASSED, REPRODUCED
+from reproarchive.replay.outcome import REPRODUCED
 from support import hostile_corpus
 from support.cli import invoke
 from support.symbolic_backends import FREE_SYMBOLS, UNBACKED, nonzero_view, two_sums
