@@ -123,8 +123,9 @@ RUN_EPILOG = exit_codes(
     (125, "cannot run here: the device or the backend is not available, or the archive was recorded on a "
           "device this machine lacks (--device cpu runs it on the CPU, and the verdict then says it ran on "
           "another device type), or the launcher started no rank of a multi-rank job"),
-    (125, "inconclusive: it passed, but not under the conditions the archive records (a symbolic recording "
-          "without its shape policy, random draws without the RNG state): no evidence either way"),
+    (125, "inconclusive: the recorded failure did not appear, but not under the conditions the archive "
+          "records (a symbolic recording without its shape policy, random draws without the RNG state): no "
+          "evidence either way"),
     INTERRUPTED,
 ) + """
 \b

@@ -122,7 +122,12 @@ def judged(recorded: FailureRecord | None, observed: FailureRecord | None, **fac
 
 def unless_faithful(outcome: Outcome, unfaithful: list[str]) -> Outcome:
     """``outcome``, made inconclusive (125) where it passed without honouring what the archive
-    records of the failing run (``unfaithful``: what was not honoured, in words)."""
+    records of the failing run (``unfaithful``: what was not honoured, in words). An archive
+    that records no failure (``pack`` of a graph that ran, a dump packed without its replay)
+    has no failing run to be unfaithful to: a pass there says only that it runs."""
+    recorded = outcome.recorded
+    if recorded is None or recorded.stage == "unknown":
+        return outcome
     outcome.unfaithful = list(unfaithful)
     if outcome.status == PASSED and unfaithful:
         outcome.status, outcome.exit_code = INCONCLUSIVE, EXIT_INCONCLUSIVE
