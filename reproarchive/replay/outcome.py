@@ -3,7 +3,7 @@
 "reproduced" (exit 1) only when the observed failure has the recorded signature; any other
 failure is "different failure" (3), no failure is "passed" (0). No failure where the replay
 could not honour what the archive records of the failing run is "inconclusive" (125, spec
-§10): the recording was symbolic but its shape policy is unknown (the replay compiled static
+§12): the recording was symbolic but its shape policy is unknown (the replay compiled static
 shapes), or the graph draws random numbers and the RNG state is unknown (it drew other
 numbers); a pass there says nothing about the recorded failure. ``git bisect run`` reads these
 codes: 0 good, 1-127 bad, 125 skip (inconclusive, or cannot run here, raised as an error
