@@ -78,10 +78,11 @@ def run(path: str | os.PathLike, settings: ReplaySettings | None = None, *, isol
 
     settings = ReplaySettings.given(settings, options)
     local = local_archive(path, progress=progress)
-    with ContainerReader(local) as reader:  # the index decoded once: which replay, and the one graph's
+    with ContainerReader(local) as reader:  # the index decoded once: which replay, and that replay's
         if not is_job(reader.index) and rank is None and not single_process and timeout is None and not launcher:
             return runner.run(local, settings, isolate=isolate, progress=progress, reader=reader)
-    if isolate is not None:
-        raise ReproArchiveError("--isolate/--no-isolate do not apply to a multi-rank job: every rank is its own "
-                                "process", "leave --isolate out")
-    return _run_job(local, settings, rank=rank, single_process=single_process, timeout_s=timeout, launcher=launcher)
+        if isolate is not None:
+            raise ReproArchiveError("--isolate/--no-isolate do not apply to a multi-rank job: every rank is its "
+                                    "own process", "leave --isolate out")
+        return _run_job(local, settings, rank=rank, single_process=single_process, timeout_s=timeout,
+                        launcher=launcher, reader=reader)

@@ -110,7 +110,7 @@ def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> R
 
 def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | None = None,
             single_process: bool = False, timeout_s: float | None = None, launcher: Sequence[str] = (),
-            keep: str | os.PathLike | None = None) -> _launch.JobOutcome:
+            keep: str | os.PathLike | None = None, reader: Any = None) -> _launch.JobOutcome:
     """Replay the job archive at ``path``; see the module docstring for the three ways.
 
     ``timeout_s``: each collective's timeout (default ``DEFAULT_TIMEOUT_S``; the whole launch is
@@ -124,7 +124,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
 
     # a device or backend this machine lacks: 125 before launching anything (launched ranks prepare their
     # own; --single-process replays here)
-    ready = prepared(path, settings, here=single_process)
+    ready = prepared(path, settings, here=single_process, reader=reader)  # ``reader``: the caller's, open
     if not ready.is_job:
         raise ReproArchiveError(f"{path} holds one process's graph, not a multi-rank job",
                                 "replay it with reproarchive run without --rank / --single-process")

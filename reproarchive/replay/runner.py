@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan
+from reproarchive.codec.rng import random_ops
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.context import failure as _failure
 from reproarchive.context.environment import applied_environment, plan
@@ -130,7 +131,8 @@ def replay_graph(
     observed: dict[str, Any] | None = None
     details: dict[str, Any] | None = None
     ran_backward = False
-    randomness, rng_warnings = _randomness(gm, rng_states)
+    ops = random_ops(gm)  # one walk of the graph, for the report and the verdict
+    randomness, rng_warnings = _randomness(ops, rng_states)
     warnings.extend(rng_warnings)
     rule = None
 
@@ -177,31 +179,26 @@ def replay_graph(
         accuracy_rule=rule,
         torch=here,
         recorded_torch=recorded_torch,
-    ), _unfaithful(shape_report, gm, rng_states))
+    ), _unfaithful(shape_report, ops, rng_states))
 
 
-def _unfaithful(shape_report: dict[str, Any], gm: Any, rng_states: Mapping[str, Any] | None) -> list[str]:
+def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mapping[str, Any] | None) -> list[str]:
     """What of the failing run this replay could not honour, so that a pass is no evidence
     (``outcome.unless_faithful``): a symbolic recording replayed static, random draws replayed
-    from another state."""
-    from reproarchive.codec.rng import random_ops
-
+    from another state (``ops``: the graph's random ops)."""
     out = []
     if shape_report.get("policy") == "not recorded" and shape_report.get("symbolic"):
         out.append("the recording was symbolic but its shape policy was not recorded: the replay compiled "
                    "static shapes")
-    ops = random_ops(gm)
     if ops and not rng_states:
         out.append(f"the graph draws random numbers ({', '.join(ops)}) but the archive does not hold the RNG "
                    "state of the failing run: the replay drew other numbers")
     return out
 
 
-def _randomness(gm, rng_states: Mapping[str, Any] | None) -> tuple[str, list[str]]:
-    """What the replay does about randomness, in words, and the warnings to give."""
-    from reproarchive.codec.rng import random_ops
-
-    ops = random_ops(gm)
+def _randomness(ops: list[str], rng_states: Mapping[str, Any] | None) -> tuple[str, list[str]]:
+    """What the replay does about randomness (``ops``: the graph's random ops), in words, and
+    the warnings to give."""
     drawn = f"the graph draws random numbers ({', '.join(ops)})" if ops else "the graph draws no random numbers"
     if rng_states:
         return f"{drawn}; the recorded RNG state ({', '.join(rng_states)}) is restored before the run", []

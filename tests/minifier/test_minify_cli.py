@@ -205,3 +205,22 @@ def test_minify_of_an_archive_recorded_on_a_device_not_here_answers_as_run_does(
     assert "--device cpu" in minified.output and not (tmp_path / "min.tar.zst").exists()
     bisected = runner.invoke(main, ["bisect", "compiler", str(path)])
     assert bisected.exit_code == 125 and bisected.output.strip().splitlines()[-1] == ran.output.strip().splitlines()[-1]
+
+
+def test_job_options_given_for_one_graph_are_one_line_errors(tmp_path):
+    """--timeout to minify one graph, --isolate to run a job: a mistake said in one line, exit 2,
+    with --json a JSON error document, and nothing written."""
+    import json
+
+    from support.graphs import pack_chain
+
+    path = pack_chain(tmp_path / "one.tar.zst", 4)
+    runner = CliRunner()
+    minified = runner.invoke(main, ["run", "--minify", str(path), "-o", str(tmp_path / "m.tar.zst"),
+                                    "--timeout", "5", "--json"])
+    assert minified.exit_code == 2, minified.output
+    assert "multi-rank job archive only" in json.loads(minified.stdout)["error"]["message"]
+    assert not (tmp_path / "m.tar.zst").exists() and "Traceback" not in minified.output
+    text = runner.invoke(main, ["run", "--minify", str(path), "-o", str(tmp_path / "m.tar.zst"), "--timeout", "5"])
+    lines = [ln for ln in text.output.splitlines() if ln.startswith("error:")]
+    assert text.exit_code == 2 and len(lines) == 1 and "leave --timeout out" in lines[0]
