@@ -38,7 +38,7 @@ def test_the_wheel_holds_every_module_template_and_page_of_the_tree(tmp_path):
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("reproarchive", "cli"):
         shutil.copytree(ROOT / name, source / name, ignore=skip)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--wheel-dir", str(tmp_path), str(source)], check=True, capture_output=True, timeout=300)

@@ -14,22 +14,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.fx as fx
 
 from reproarchive.archive.job_merge import merge_parts
-from reproarchive.archive.loading import _materialize, _torch_errors_as_archive_errors, input_fidelity
-from reproarchive.archive.memory import check_declared_memory
+from reproarchive.archive.loading import _torch_errors_as_archive_errors, rebuild
 from reproarchive.archive.packing import pack
-from reproarchive.codec import graphs as graph_codec
-from reproarchive.codec import tensors as tensor_codec
 from reproarchive.codec.checks import check_readable_here, recorded_devices
-from reproarchive.codec.devices import remap_graph_devices, resolve_devices
-from reproarchive.codec.rng import decode_rng
+from reproarchive.codec.devices import resolve_devices
+from reproarchive.codec.stand_ins import install as install_stand_ins
 from reproarchive.format import layout
 from reproarchive.format.layout import Limits
 from reproarchive.format.reader import ContainerReader
@@ -71,6 +68,9 @@ class RankRepro:
     record: RankRecord
     records: Records = dataclasses.field(default_factory=Records)
     rng_states: dict = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what loading it warned of
+    stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops and kernels stood in for
+    custom_ops: list = dataclasses.field(default_factory=list)  # the job's recorded calls, decoded (``Repro``'s)
 
 
 @dataclasses.dataclass
@@ -154,43 +154,35 @@ def single_rank_job(index: Index) -> JobRecord:
 
 @_torch_errors_as_archive_errors
 def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DEFAULT_LIMITS,
-             max_memory: int | None = None) -> JobRepro:
-    """Every rank of a job archive, rebuilt in this process (nothing runs). ``device`` as for
-    ``load``. A single-process archive loads as a job of one rank (rank 0)."""
+             max_memory: int | None = None, ranks: Sequence[int] | None = None) -> JobRepro:
+    """Every rank of a job archive (or those of ``ranks``: a rank worker reads its own), rebuilt
+    in this process by ``loading.rebuild``, as ``load`` rebuilds one graph: custom ops stood in
+    for, Triton launches bound, inference inputs, generated inputs within their demands (nothing
+    runs). ``device`` as for ``load``. A single-process archive loads as a job of one rank (rank 0)."""
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
+        install_stand_ins(index.custom_ops or ())  # before the targets are checked, as ``load`` does
         check_readable_here(index, replaying=False)
         job = index.job if index.job is not None else single_rank_job(index)
-        mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
-        devices = [torch.device(mapper(r.device)) for r in index.storages]
-        dtypes = tensor_codec.storage_dtypes((*index.tensor_records(), *index.job_tensor_records()))
-        ranks = []
+        plan = resolve_devices(recorded_devices(index), device, missing="cpu")  # checked once, for every rank
+        loaded = []
         for rank in sorted(job.ranks, key=lambda r: r.rank):
-            graph, inputs, records = rank_graph(index, rank), rank_inputs(index, rank), rank_records(index, rank)
-            used = sorted({t.storage for v in inputs for t in v.tensors()} | {t.storage for t in graph.tensors()})
-            check_declared_memory(((index.storages[i].size, devices[i]) for i in used), max_memory=max_memory)
-            storages = _materialize(reader, index.storages, used, devices, dtypes, None, path=path, limits=limits)
-            decoder = tensor_codec.ValueDecoder(storages, devices)
-            gm = graph_codec.GraphDecoder(decoder.tensor).decode(graph)
-            remap_graph_devices(gm, mapper)
-            ranks.append(RankRepro(
-                rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=gm,
-                args=tensor_codec.decode_inputs(decoder, inputs),
-                fidelity=[input_fidelity(v, index.storages) for v in inputs],
-                outcome=rank.outcome, schedule=rank.schedule, compiles=rank.compiles, dtensors=rank.dtensors,
-                record=rank, records=records, rng_states=_rng_states(reader, index, records, mapper, path, limits)))
-        return JobRepro(Path(path), reader.index_digest, index, job, ranks)
-
-
-def _rng_states(reader: ContainerReader, index: Index, records: Records, mapper, path, limits: Limits) -> dict:
-    """The generator states ``records`` keep (a rank's), by device here."""
-    rng = records.rng
-    if rng is None or not rng.generators:
-        return {}
-    used = sorted({g.storage for g in rng.generators})
-    cpu = [torch.device("cpu")] * len(index.storages)
-    storages = _materialize(reader, index.storages, used, cpu, {}, None, path=path, limits=limits)
-    return decode_rng(rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
+            if ranks is not None and rank.rank not in ranks:
+                continue
+            records = rank_records(index, rank)
+            with warnings.catch_warnings():  # each rank's notes once, not once per rank
+                warnings.simplefilter("ignore")
+                built = rebuild(reader, rank_graph(index, rank), rank_inputs(index, rank), records, device=plan,
+                                max_memory=max_memory, path=path, warn=False)
+            loaded.append(RankRepro(
+                rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=built.gm,
+                args=built.args, fidelity=built.fidelity, outcome=rank.outcome, schedule=rank.schedule,
+                compiles=rank.compiles, dtensors=rank.dtensors, record=rank, records=records,
+                rng_states=built.rng_states, notes=built.notes, stand_ins=built.stand_ins,
+                custom_ops=built.custom_ops))
+        for note in dict.fromkeys(n for r in loaded for n in r.notes):
+            warnings.warn(note, stacklevel=3)
+        return JobRepro(Path(path), reader.index_digest, index, job, loaded)
 
 
 @dataclasses.dataclass(frozen=True)

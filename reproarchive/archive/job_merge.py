@@ -27,6 +27,7 @@ from reproarchive.format.atomic import atomic_file
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     ContainerRecord,
+    CustomOpRecord,
     GraphRecord,
     Index,
     JobRecord,
@@ -41,6 +42,7 @@ from reproarchive.format.schema import (
     SubgraphEntry,
     TensorEntry,
     TensorValue,
+    TritonKernelRecord,
 )
 from reproarchive.format.writer import ContainerWriter
 
@@ -108,6 +110,7 @@ def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike, *,
         first = indexes[ranks[0].part]
         job_ranks, graphs, top_graph, top_inputs, records, rank_records = _renumbered_ranks(ranks, table)
         groups, meshes, mesh_maps = _groups_and_meshes(indexes)
+        custom_ops, kernels = _custom_ops(indexes, table), _triton_kernels(indexes, table)
         job_ranks = [dataclasses.replace(r, dtensors=tuple(dataclasses.replace(d, mesh=mesh_maps[part][d.mesh])
                                                            for d in r.dtensors))
                      for r, part in zip(job_ranks, (r.part for r in ranks))]
@@ -119,7 +122,8 @@ def merge_parts(parts: Sequence[str | os.PathLike], path: str | os.PathLike, *,
             records = dataclasses.replace(records, failure=outcome.failure)
         index = Index(container=ContainerRecord(frame_size=first.container.frame_size),
                       digest_algorithm=first.digest_algorithm, storages=tuple(table.records),
-                      inputs=top_inputs, graph=top_graph, records=records, job=job)
+                      inputs=top_inputs, graph=top_graph, records=records, job=job,
+                      custom_ops=custom_ops or None, triton_kernels=kernels or None)
         code = readers[ranks[0].part].read_member(layout.GRAPH_CODE_MEMBER) \
             if layout.GRAPH_CODE_MEMBER in readers[ranks[0].part].members else b""
         _write(path, index, code, table, readers)
@@ -252,6 +256,56 @@ def _renumbered_rng(records: Any, mine: dict[int, int]) -> Any:
         return records
     generators = tuple(dataclasses.replace(g, storage=mine[g.storage]) for g in records.rng.generators)
     return dataclasses.replace(records, rng=dataclasses.replace(records.rng, generators=generators))
+
+
+def _custom_ops(indexes: list[Index], table: _Storages) -> tuple[CustomOpRecord, ...]:
+    """Every rank's custom ops as one table (spec §8 ``custom_ops`` of a job): an operator once,
+    with the calls of every rank (each distinct call once; a call is found by its arguments'
+    content, so each rank's stand-in finds its own). Two ranks that name one operator with two
+    schemas ran two programs: refused."""
+    merged: dict[str, CustomOpRecord] = {}
+    for part, index in enumerate(indexes):
+        for op in index.custom_ops or ():
+            mine = table.mapping(part, [t.storage for t in op.tensors()])
+            calls = tuple(dataclasses.replace(c, outputs=tuple(_renumber_value(v, mine) for v in c.outputs))
+                          for c in op.calls)
+            have = merged.get(op.name)
+            if have is None:
+                merged[op.name] = dataclasses.replace(op, calls=calls)
+                continue
+            if have.schema != op.schema:
+                raise PackError(f"the ranks recorded custom op {op.name} with two schemas ({have.schema!r} and "
+                                f"{op.schema!r})", "merge only the parts of one job (one program on every rank)")
+            known = {c.arguments for c in have.calls}
+            merged[op.name] = dataclasses.replace(have, calls=have.calls + tuple(
+                c for c in calls if c.arguments not in known))
+    return tuple(merged[name] for name in sorted(merged))
+
+
+def _triton_kernels(indexes: list[Index], table: _Storages) -> tuple[TritonKernelRecord, ...]:
+    """Every rank's Triton kernels as one table, each kernel with the launches of every rank.
+    A launch node names its kernel and call site by number (``kernel_idx``,
+    ``constant_args_idx``), so the ranks' tables join only where they agree on what each number
+    means (the same program on every rank numbers them alike); otherwise refused in one line."""
+    merged: dict[int, TritonKernelRecord] = {}
+    for part, index in enumerate(indexes):
+        for kernel in index.triton_kernels or ():
+            used = [t.storage for c in kernel.calls for v in c.written.values() for t in v.tensors()]
+            mine = table.mapping(part, used)
+            calls = tuple(dataclasses.replace(c, written={k: _renumber_value(v, mine) for k, v in c.written.items()})
+                          for c in kernel.calls)
+            have = merged.get(kernel.index)
+            if have is None:
+                merged[kernel.index] = dataclasses.replace(kernel, calls=calls)
+                continue
+            if (have.digest, have.constants) != (kernel.digest, kernel.constants):
+                raise PackError(f"the ranks numbered their Triton kernels differently (kernel {kernel.index} is "
+                                f"{have.name} on one rank and {kernel.name} with other call sites on another)",
+                                "merge only the parts of one job (one program on every rank)")
+            known = [(c.constants, c.arguments) for c in have.calls]
+            merged[kernel.index] = dataclasses.replace(have, calls=have.calls + tuple(
+                c for c in calls if (c.constants, c.arguments) not in known))
+    return tuple(merged[i] for i in sorted(merged))
 
 
 def _groups_and_meshes(indexes: list[Index]):

@@ -124,89 +124,119 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     A custom op the graph calls that this process does not have gets a stand-in that returns
     its recorded outputs (``codec.stand_ins``; ``Repro.stand_ins`` names them, a warning says
     so); ``stand_ins=False`` leaves it missing (the graph then cannot be built here).
+
+    Of a multi-rank job archive this is the primary rank (``archive.job.load_job`` rebuilds
+    any rank, through the same ``rebuild``).
     """
     opened = ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader)
     with opened as reader:  # noqa: PLR1704 - the reader given, or the one opened here
         index = reader.index
-        # before the graph's targets are checked: a stand-in is what a missing custom op resolves to
-        stand_ins = install_stand_ins(index.custom_ops or ()) if stand_ins else []
+        if stand_ins:  # before the graph's targets are checked: a stand-in is what a missing custom op resolves to
+            install_stand_ins(index.custom_ops or ())
         check_readable_here(index)
-        mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
-        notes = [f"recorded device {name} is not available here; loading on cpu" for name in mapper.fallback]
+        built = rebuild(reader, index.graph, index.inputs, index.records, device=device, progress=progress,
+                        remap_graph=remap_graph, max_memory=max_memory, stand_ins=stand_ins, path=path)
+        return Repro(built.gm, built.args, Path(path), reader.index_digest, index, built.fidelity, built.devices,
+                     built.notes, built.custom_ops, built.stand_ins, built.rng_states)
+
+
+@dataclasses.dataclass
+class Rebuilt:
+    """One graph of an archive (its own, or a rank's of a job) rebuilt here: what ``Repro``
+    holds of it, and the notes load also issued as warnings."""
+
+    gm: fx.GraphModule
+    args: list
+    fidelity: list[str]
+    devices: dict[str, str]
+    notes: list[str]
+    custom_ops: list
+    stand_ins: list[str]
+    rng_states: dict
+
+
+def rebuild(reader: ContainerReader, graph: Any, inputs: Sequence[Any], records: Records, *, device=None,
+            progress: ProgressFn | None = None, remap_graph: bool = True, max_memory: int | None = None,
+            stand_ins: bool = True, path: str | os.PathLike, warn: bool = True) -> Rebuilt:
+    """``graph`` and ``inputs`` of the open archive (the index's own, or one rank's of a job)
+    with ``records`` (theirs: the execution state, the generator states), as ``load`` documents
+    it. Only the storages they use are read: a rank of a job reads its own, never every rank's.
+    ``warn=False``: the notes are returned, not also issued as warnings."""
+    index, limits = reader.index, reader.limits
+    # before the graph's targets are resolved: a stand-in is what a missing custom op resolves to
+    stood_in = install_stand_ins(index.custom_ops or ()) if stand_ins else []
+    mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
+    notes = [f"recorded device {name} is not available here; loading on cpu" for name in mapper.fallback]
+    table = index.storages
+    states = {g.storage for g in records.rng.generators} if records.rng is not None else set()
+    ops_tensors = [t for op in index.custom_ops or () for t in op.tensors()]
+    kernel_tensors = [t for k in index.triton_kernels or () for c in k.calls for v in c.written.values()
+                      for t in v.tensors()]
+    used = sorted({t.storage for v in inputs for t in v.tensors()} | {t.storage for t in graph.tensors()}
+                  | {t.storage for t in (*ops_tensors, *kernel_tensors)} | states)
+    targets: list[Any] = [None] * len(table)
+    devices: dict[str, str] = {}
+    for i in used:
+        if i in states:  # a generator state: host bytes, whatever the generator's device
+            targets[i] = torch.device("cpu")
+            continue
+        devices[table[i].device] = mapper(table[i].device)
+        targets[i] = torch.device(devices[table[i].device])
+    check_declared_memory(((table[i].size, targets[i]) for i in used), max_memory=max_memory)
+    total = sum(table[i].size for i in used if table[i].digest)
+    tensor_records = (*(t for v in inputs for t in v.tensors()), *graph.tensors(), *ops_tensors, *kernel_tensors)
+    storages = _materialize(reader, table, used, targets, tensor_codec.storage_dtypes(tensor_records),
+                            Tracker(progress, "load", total).update, path=path, limits=limits,
+                            demands=storage_demands(inputs, table, graph))
+    decoder = tensor_codec.ValueDecoder(storages, targets)
+    custom_ops = [LiveCustomOp(dataclasses.replace(op, calls=()),
+                               [LiveCall(c.arguments, tuple(map(decoder.decode, c.outputs))) for c in op.calls])
+                  for op in index.custom_ops or ()]
+    stand_in_calls([op for op in custom_ops if op.name in stood_in])
+    kernels = [LiveTritonKernel(dataclasses.replace(k, constants=(), calls=()), [
+        LiveTritonCall(dict(k.constants[c.constants]), dict(c.arguments),
+                       {n: decoder.decode(v) for n, v in c.written.items()}) for c in k.calls])
+        for k in index.triton_kernels or ()]
+    launches = LaunchBinder(index.triton_kernels or (), brought_kernels(BROUGHT_MODULES),
+                            {k.record.digest: k.calls for k in kernels})
+    # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
+    # must not still create tensors on cuda).
+    gm = graph_codec.GraphDecoder(decoder.tensor, launches).decode(graph)
+    if remap_graph:
+        remap_graph_devices(gm, mapper)
+    args = tensor_codec.decode_inputs(decoder, inputs)
+    execution = records.execution
+    for i in (execution.inference_inputs or ()) if execution is not None else ():
+        if isinstance(args[i], torch.Tensor):  # an inference tensor, as recorded (spec §8 execution)
+            args[i] = rebuilt_as_inference(args[i])
+    fidelity = [input_fidelity(r, table) for r in inputs]
+    absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
+    if absent:
+        names = ", ".join(str(getattr(inputs[i], "name", None) or i) for i in absent[:8])
+        notes.append(f"{len(absent)} input(s) had no data in the archive ({names}); "
+                     "they were filled with generated values, so the replay is not the original run")
+    derived = index.not_original_inputs(records, tuple(inputs))
+    if derived:
+        names = ", ".join(f"{getattr(inputs[i], 'name', None) or i} ({what})" for i, what in list(derived.items())[:8])
+        notes.append(f"{len(derived)} input(s) of this minified archive are not the original data: {names}; "
+                     "the replay is not the original run")
+    for name in stood_in:
+        op = next(o for o in index.custom_ops if o.name == name)
+        generated = any(table[t.storage].fidelity == FIDELITY_ABSENT for t in op.tensors())
+        notes.append(f"custom op {name} is not registered here: a stand-in returns "
+                     + ("GENERATED outputs of the recorded shapes (the source had no data)" if generated else
+                        f"its {len(op.calls)} recorded output(s) and fails on any other input")
+                     + " (bring the real op with --import / --load-library)")
+    for name in launches.stand_ins:
+        kernel = next(k for k in index.triton_kernels if k.name == name)
+        notes.append(f"Triton kernel {name} is not here: a stand-in writes its {len(kernel.calls)} recorded "
+                     "result(s) and fails on any other input (bring the kernel with --import MODULE)")
+    if warn:
         for note in notes:
-            warnings.warn(note, stacklevel=3)
-        records = index.storages
-        targets_by_storage = []
-        devices: dict[str, str] = {}
-        states = {g.storage for g in index.records.rng.generators} if index.records.rng is not None else set()
-        for i, rec in enumerate(records):
-            if i in states:  # a generator state: host bytes, whatever the generator's device
-                targets_by_storage.append(torch.device("cpu"))
-                continue
-            target = mapper(rec.device)
-            devices[rec.device] = target
-            targets_by_storage.append(torch.device(target))
-        check_declared_memory(zip((r.size for r in records), targets_by_storage), max_memory=max_memory)
-        total = sum(r.size for r in records if r.digest)
-        storages = _materialize(reader, records, range(len(records)), targets_by_storage,
-                                tensor_codec.storage_dtypes(index.tensor_records()),
-                                Tracker(progress, "load", total).update, path=path, limits=limits,
-                                demands=storage_demands(index.inputs, records, index.graph))
-        decoder = tensor_codec.ValueDecoder(storages, targets_by_storage)
-        custom_ops = [LiveCustomOp(dataclasses.replace(op, calls=()),
-                                   [LiveCall(c.arguments, tuple(map(decoder.decode, c.outputs))) for c in op.calls])
-                      for op in index.custom_ops or ()]
-        stand_in_calls([op for op in custom_ops if op.name in stand_ins])
-        kernels = [LiveTritonKernel(dataclasses.replace(k, constants=(), calls=()), [
-            LiveTritonCall(dict(k.constants[c.constants]), dict(c.arguments),
-                           {n: decoder.decode(v) for n, v in c.written.items()}) for c in k.calls])
-            for k in index.triton_kernels or ()]
-        launches = LaunchBinder(index.triton_kernels or (), brought_kernels(BROUGHT_MODULES),
-                                {k.record.digest: k.calls for k in kernels})
-        # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
-        # must not still create tensors on cuda).
-        gm = graph_codec.GraphDecoder(decoder.tensor, launches).decode(index.graph)
-        if remap_graph:
-            remap_graph_devices(gm, mapper)
-        args = tensor_codec.decode_inputs(decoder, index.inputs)
-        execution = index.records.execution
-        for i in (execution.inference_inputs or ()) if execution is not None else ():
-            if isinstance(args[i], torch.Tensor):  # an inference tensor, as recorded (spec §8 execution)
-                args[i] = rebuilt_as_inference(args[i])
-        fidelity = [input_fidelity(r, records) for r in index.inputs]
-        absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
-        if absent:
-            names = ", ".join(str(getattr(index.inputs[i], "name", None) or i) for i in absent[:8])
-            msg = (f"{len(absent)} input(s) had no data in the archive ({names}); "
-                   "they were filled with generated values, so the replay is not the original run")
-            warnings.warn(msg, stacklevel=3)
-            notes.append(msg)
-        derived = index.not_original_inputs()
-        if derived:
-            names = ", ".join(f"{getattr(index.inputs[i], 'name', None) or i} ({what})"
-                              for i, what in list(derived.items())[:8])
-            msg = (f"{len(derived)} input(s) of this minified archive are not the original data: {names}; "
-                   "the replay is not the original run")
-            warnings.warn(msg, stacklevel=3)
-            notes.append(msg)
-        for name in stand_ins:
-            op = next(o for o in index.custom_ops if o.name == name)
-            generated = any(records[t.storage].fidelity == FIDELITY_ABSENT for t in op.tensors())
-            msg = (f"custom op {name} is not registered here: a stand-in returns "
-                   + ("GENERATED outputs of the recorded shapes (the source had no data)" if generated else
-                      f"its {len(op.calls)} recorded output(s) and fails on any other input")
-                   + " (bring the real op with --import / --load-library)")
-            warnings.warn(msg, stacklevel=3)
-            notes.append(msg)
-        for name in launches.stand_ins:
-            kernel = next(k for k in index.triton_kernels if k.name == name)
-            msg = (f"Triton kernel {name} is not here: a stand-in writes its {len(kernel.calls)} recorded "
-                   "result(s) and fails on any other input (bring the kernel with --import MODULE)")
-            warnings.warn(msg, stacklevel=3)
-            notes.append(msg)
-        rng_states = decode_rng(index.records.rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
-        return Repro(gm, args, Path(path), reader.index_digest, index, fidelity, devices, notes,
-                     [*custom_ops, *kernels], [*stand_ins, *(f"triton:{n}" for n in launches.stand_ins)], rng_states)
+            warnings.warn(note, stacklevel=4)
+    rng_states = decode_rng(records.rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
+    return Rebuilt(gm, args, fidelity, devices, notes, [*custom_ops, *kernels],
+                   [*stood_in, *(f"triton:{n}" for n in launches.stand_ins)], rng_states)
 
 
 def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],

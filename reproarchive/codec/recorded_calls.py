@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from reproarchive.codec import triton_kernels
+from reproarchive.codec.collectives import collective_of
 from reproarchive.codec.custom_ops import (
     LiveCall,
     LiveCustomOp,
@@ -24,7 +25,12 @@ from reproarchive.codec.custom_ops import (
     overload_of,
     returned,
 )
+from reproarchive.codec.device_runtime import devices_of, forked_rng
 from reproarchive.compat.fake import is_fake
+
+
+class _BeforeCollective(Exception):
+    """Ends the recording run before a collective."""
 
 
 def _is_real(value: Any) -> bool:
@@ -39,7 +45,11 @@ def record_calls(gm: Any, inputs: list[Any]) -> list[Any]:
     """Run ``gm`` once on copies of ``inputs`` (grad off) and record every custom-op call and
     (1.4) what every user Triton kernel launch wrote (``LiveTritonKernel``): what a capture that
     holds the real inputs stores. Ops the run did not reach (it failed earlier)
-    have no calls; a graph without custom ops is not run at all."""
+    have no calls; a graph without custom ops is not run at all.
+
+    The run changes nothing of the program's: the generators are put back after it, and it
+    stops before the graph's first collective (a rank of a job that issued one here would meet
+    its peers' next collective in place of its own), so an op called after one has no calls."""
     ops = custom_ops_of(gm)
     if not ops and not triton_kernels.has_launches(gm):
         return []
@@ -50,6 +60,8 @@ def record_calls(gm: Any, inputs: list[Any]) -> list[Any]:
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
+            if n.op == "call_function" and collective_of(n) is not None:
+                raise _BeforeCollective
             self.node = n
             return super().run_node(n)
 
@@ -71,8 +83,8 @@ def record_calls(gm: Any, inputs: list[Any]) -> list[Any]:
 
     copies = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), forked_rng(devices_of(copies)):
             Recorder(gm).run(*copies)
-    except Exception:  # noqa: BLE001 - the calls before the failure are still real
+    except Exception:  # noqa: BLE001 - the calls before the failure (or the first collective) are still real
         pass
     return [*live.values(), *kernels.values()]

@@ -642,15 +642,15 @@ class Index:
     def storage_of(self, value: Any) -> StorageRecord:
         return self.storages[value.storage]
 
-    def not_original_inputs(self) -> dict[int, str]:
+    def not_original_inputs(self, records: Records | None = None, inputs: tuple | None = None) -> dict[int, str]:
         """Inputs whose stored bytes are not the original data, by what a minified archive
         records of them (``minify.inputs``, §8): index -> what they are. Their storages are real
         (the bytes exist), so fidelity alone does not say it; every reader that reports
-        fidelity reports this too."""
-        minify = self.records.minify
+        fidelity reports this too. ``records``/``inputs``: a rank's of a job (default: the index's)."""
+        minify = (records or self.records).minify
         provenance = minify.inputs if minify is not None and minify.inputs else ()
         out = {}
-        for i, p in enumerate(provenance[:len(self.inputs)]):
+        for i, p in enumerate(provenance[:len(self.inputs if inputs is None else inputs)]):
             if p.real:
                 continue
             what = "computed from generated data" if p.from_absent else (p.values or "not recorded")

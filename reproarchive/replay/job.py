@@ -99,7 +99,7 @@ def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> R
     """Rank ``rank`` of the job at ``path``, on ``settings.device`` (a rank worker's side)."""
     from reproarchive.archive.job import load_job
 
-    job = load_job(path, device=settings.device, max_memory=settings.max_memory)
+    job = load_job(path, device=settings.device, max_memory=settings.max_memory, ranks=[rank])  # its own only
     part = job.rank(rank)
     chosen = settings.for_recorded(part.records.backend, part.records.accuracy)
     failure = part.outcome.failure if part.outcome is not None else None

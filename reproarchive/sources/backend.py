@@ -342,10 +342,11 @@ class _CaptureBackend:
         """Where this backend's archives and spool go: ``path``, or a file target's folder."""
         return self.target.parent if self.file_target else self.target
 
-    def rank_capture(self, gm: Any, inputs: list[Any], config: ConfigRecord, failure: FailureRecord) -> Capture:
+    def rank_capture(self, gm: Any, inputs: list[Any], config: ConfigRecord, failure: FailureRecord,
+                     custom_ops: list | None = None) -> Capture:
         """One rank's part of a multi-rank job (``job_capture``): this backend's records."""
         return capture_of(gm, inputs, config=config, failure=failure, backend=self.backend_name, accuracy=False,
-                          capture_settings=self.settings)
+                          capture_settings=self.settings, custom_ops=custom_ops)
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         example_inputs = list(example_inputs)

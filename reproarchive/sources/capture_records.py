@@ -21,7 +21,7 @@ from reproarchive.format.schema import CaptureSource, ConfigRecord, FailureRecor
 
 def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: FailureRecord, backend: str,
                accuracy: bool, capture_settings: dict, door: dict | None = None,
-               rng_states: dict | None = None) -> Capture:
+               rng_states: dict | None = None, custom_ops: list | None = None) -> Capture:
     """The failing graph, its inputs and the records of this process around them. ``door``: the
     source fields of a capture door that is not Dynamo's (``inductor_door``: ``graph_kind``
     after_aot, the door, how many inputs are real, where the failure came from). The execution
@@ -32,14 +32,16 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
     So are the generator states (``rng_states`` None: read now): the check runs inside
     ``_preserved_state``, which puts them back before a failure is written, and Dynamo draws
     nothing while it traces, so now is just before the failing call; a caller that writes after
-    the call ran passes the states it read before."""
+    the call ran passes the states it read before. ``custom_ops``: the calls recorded already
+    (a rank of a job records them before its first call, while its inputs are untouched)."""
     source = CaptureSource(stage=failure.stage, fwd_only=bool(capture_settings.get("fwd_only")),
                            tolerance=capture_settings.get("tolerance"),
                            check_runtime=bool(capture_settings.get("check_runtime")),
                            written_before_run=True if failure.stage == "crash" else None, **(door or {}))
     # the custom ops' real outputs, from one run on copies of the real inputs; not before a
     # possible crash (the op itself may be what crashes)
-    custom_ops = None if failure.stage == "crash" else record_calls(gm, inputs)
+    if custom_ops is None and failure.stage != "crash":
+        custom_ops = record_calls(gm, inputs)
     return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
                                        environment=environment_snapshot(), system=system_snapshot(),
                                        failure=failure, source=source, execution=execution_snapshot(inputs),

@@ -374,15 +374,15 @@ def forget_when_all_ended(folder: Path, world_size: int, archive: Path) -> bool:
 
 
 def write_part(backend: Any, gm: Any, inputs: list[Any], config: Any, failure: Any, outcome: RankOutcome,
-               ctx: RankContext) -> tuple[Path, Path]:
+               ctx: RankContext, custom_ops: list | None = None) -> tuple[Path, Path]:
     """Write this rank's part (its graph, its inputs as they were, this job record); returns
-    (parts folder, job archive)."""
+    (parts folder, job archive). ``custom_ops``: the calls recorded already."""
     from reproarchive.archive.writing import write_capture
 
     folder, archive = job_paths(backend.target, ctx, backend.file_target)
     folder.mkdir(parents=True, exist_ok=True)
     local, dtensors, meshes, dims = local_inputs(inputs)
-    capture = backend.rank_capture(gm, local, config, failure)
+    capture = backend.rank_capture(gm, local, config, failure, custom_ops)
     device = next((str(t.device) for t in local if hasattr(t, "device") and hasattr(t, "untyped_storage")), None)
     capture = dataclasses.replace(capture, job=part_job(ctx, outcome, dtensors, meshes, dims, device))
     write_capture(capture, folder / f"rank-{ctx.rank}.tar.zst")
@@ -392,13 +392,18 @@ def write_part(backend: Any, gm: Any, inputs: list[Any], config: Any, failure: A
 def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: Any, ctx: RankContext) -> Any:
     """The first call of a compiled graph on a rank: its part first (the inputs, untouched
     yet), then the call, once, for real; its end goes into the status file beside the part."""
+    from reproarchive.codec.recorded_calls import record_calls
     from reproarchive.context.failure import pending_crash_record
     from reproarchive.replay.accuracy import stage_of
 
     doing = f"in the first call of compile {last_compile_id()}"
     try:
+        # its custom ops' calls, while its inputs are untouched: a replay's ranks stand in for
+        # an op they lack with the calls of every rank, this one's too, though it passed (the
+        # recording issues no collective and puts the generators back: the job goes on as it would)
+        calls = record_calls(gm, args)
         folder, _ = write_part(backend, gm, args, config, pending_crash_record(backend=backend.backend_name),
-                               RankOutcome(status="running", doing=doing), ctx)
+                               RankOutcome(status="running", doing=doing), ctx, custom_ops=calls)
         set_status(folder, ctx.rank, None)
         watch_for_crash(folder, ctx)
         if schedule_of(gm):  # it meets the other ranks anyway: first let them write their parts,

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
@@ -66,7 +67,8 @@ def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Re
     ranks = [(r.rank, r.gm, list(r.args), [_device_of(job.index, v) for v in r.record.inputs or job.index.inputs],
               r.outcome.failure if r.outcome is not None else None) for r in job.ranks]
     groups = sorted(job.groups, key=lambda g: (g.index if g.index is not None else 0))
-    return write_job_export(ranks, [(g.name, tuple(g.ranks)) for g in groups], out_dir,
+    ops = [op for op in job.ranks[0].custom_ops if isinstance(op, LiveCustomOp)] if job.ranks else []
+    return write_job_export(ranks, [(g.name, tuple(g.ranks)) for g in groups], out_dir, custom_ops=ops,
                             world_size=job.world_size, backend=settings.backend or records.backend,
                             source_kind=records.graph_kind, config={r.rank: r.records.config for r in job.ranks},
                             environment=records.environment, archive_name=Path(path).name, digest=job.digest)
@@ -80,10 +82,13 @@ def _device_of(index: Any, value: Any) -> str | None:
 def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: Sequence[tuple[str, tuple]],
                      out_dir: str | os.PathLike, *, world_size: int, backend: str | None,
                      source_kind: str | None = None, config: Mapping[int, Any] | None = None,
-                     environment: Any = None, archive_name: str = "", digest: str | None = None) -> ExportReport:
+                     environment: Any = None, archive_name: str = "", digest: str | None = None,
+                     custom_ops: Sequence[Any] = ()) -> ExportReport:
     """``ranks``: (rank, graph, inputs on the CPU, each input's recorded device, recorded
     failure or None) per rank; ``groups``: (recorded name, global ranks) in creation order;
-    ``config``: each rank's recorded config record."""
+    ``config``: each rank's recorded config record; ``custom_ops``: the job's recorded calls
+    (every rank's), for the stand-ins the script registers where an op is missing, as the
+    single-graph script does."""
     from reproarchive.context.environment import plan
 
     out = Path(out_dir)
@@ -137,6 +142,7 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
             graphs="\n\n\n".join(script.graph_defs),
             inputs="\n".join(input_blocks),
             rank_graphs=", ".join(f"{rank}: {fn}" for rank, fn in sorted(graph_of.items())),
+            custom_ops=script.custom_ops_block(list(custom_ops), imports=(), libraries=()),
         ).lstrip()
         (tmp / "repro.py").write_text(text, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())

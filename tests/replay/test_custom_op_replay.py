@@ -224,3 +224,34 @@ def test_doctor_lists_missing_and_changed_custom_ops(op_library, tmp_path):
     changed.write_text(changed.read_text().replace("x * alpha + 1", "x * alpha + 1.0"))
     (row,) = reproarchive.doctor(path, imports=(op_library.module_name,)).differences
     assert row["name"] == op_library.op_name and "another implementation here" in row["current"], row
+
+
+def test_recording_the_calls_changes_nothing_of_the_program(op_library):
+    """The run that records a graph's custom-op calls puts the generators back and stops before the
+    graph's first collective: a capture in a rank of a job never issues one (its peers would meet
+    it in place of the program's next), so only the calls before it are recorded."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    op = getattr(torch.ops, op_library.namespace).scale
+    c10d = torch.ops._c10d_functional
+
+    def f(x):
+        y = op(x + torch.rand_like(x), 2.0)
+        z = c10d.wait_tensor(c10d.all_reduce(y, "sum", "0"))
+        return op(z, 3.0)
+
+    class Issued(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    gm = torch.fx.symbolic_trace(f)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with Issued() as issued:
+        (live,) = record_calls(gm, [torch.ones(4)])
+    assert torch.equal(torch.get_rng_state(), before)
+    assert not [name for name in issued.seen if "c10d" in name]
+    assert [call.arguments[1] for call in live.calls] == [2.0]  # the call after the collective: not run

@@ -166,10 +166,16 @@ def inductor_job(tmp_path_factory):
 @pytest.mark.slow
 def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job):
     """Rank 1 alone set the bug injector: its records say so, rank 0's do not, and every way of
-    replaying the job replays rank 0 without it (it passes; it was not a different failure)."""
+    replaying the job replays rank 0 without it (it passes; it was not a different failure).
+    The program's custom op is recorded with both ranks' calls, and every replay (whose ranks
+    do not have the op) stands in for it on each rank with that rank's call."""
     import reproarchive
 
     job = reproarchive.load_job(inductor_job)
+    [op] = job.index.custom_ops
+    assert (op.name, len(op.calls)) == ("jobtest::shifted.default", 2)
+    assert all(r.stand_ins == ["jobtest::shifted.default"] for r in job.ranks) or \
+        all(r.stand_ins == [] for r in job.ranks)  # the op is registered here when a test imported it
     injector = "cpp.inject_relu_bug_TESTING_ONLY"
     assert job.rank(1).records.config.changed["torch._inductor.config"][injector] == "compile_error"
     assert injector not in job.rank(0).records.config.changed.get("torch._inductor.config", {})
@@ -188,3 +194,4 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     script = (exported / "repro.py").read_text()
     body = script[script.index("def apply_config(rank):"):script.index("DEVICE = None")]
     assert "if rank == 1:" in body and injector in body and "if rank == 0:" not in body
+    assert "_stand_in('jobtest::shifted.default'" in script  # the script's ranks lack the op too

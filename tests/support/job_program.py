@@ -11,7 +11,8 @@ mesh:  4 ranks on a 2x2 DeviceMesh (dp, tp): a DTensor input, a collective on th
 third: rank 1's 3rd call indexes out of range (an IndexError before its collective, rank 0
        waits in it), after two calls that pass (2 ranks)
 inductor: inductor on every rank, its C++ relu bug injected through its config on rank 1 alone
-       (2 ranks): rank 1's compile fails, rank 0's graph passes
+       (2 ranks): rank 1's compile fails, rank 0's graph passes; the graph calls a custom op this
+       program defines (a replay's ranks do not have it: they stand in for it)
 """
 import os
 import sys
@@ -52,8 +53,18 @@ if mode == "inductor" and rank == 1:
 compiler = "inductor" if mode == "inductor" else backend
 
 
+@torch.library.custom_op("jobtest::shifted", mutates_args=())
+def shifted(x: torch.Tensor) -> torch.Tensor:
+    return x - 0.5
+
+
+shifted.register_fake(lambda x: torch.empty_like(x))
+
+
 @torch.compile(backend=compiler if plain else reproarchive.capture(compiler, path=out))
 def step(x, w):
+    if mode == "inductor":  # each rank calls it on its own data
+        x = shifted(x)
     y = funcol.all_reduce(x.sum() * w, "sum", dist.group.WORLD)
     if mode == "hang" and rank == 0:  # rank 1 takes the other branch and skips this collective
         y = funcol.all_reduce(y * 2, "sum", dist.group.WORLD)
