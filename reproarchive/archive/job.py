@@ -196,6 +196,7 @@ class RankCapture:
     record: RankRecord
     records: Records | None = None
     rng_states: Any = None  # the generator states its call started from (``pack``'s)
+    custom_ops: Any = None  # its custom ops' (and Triton kernels') recorded calls (``pack``'s)
 
 
 def rank_part_job(rank: RankRecord, *, world_size: int, backend: str | None,
@@ -218,6 +219,7 @@ def pack_job(ranks: Sequence[RankCapture], path: str | os.PathLike, *, world_siz
         for rc in ranks:
             part = Path(tmp) / f"rank-{rc.record.rank}.tar.zst"
             job = rank_part_job(rc.record, world_size=world_size, backend=backend, groups=groups, meshes=meshes)
-            pack(rc.gm, list(rc.inputs), part, records=rc.records, job=job, rng_states=rc.rng_states)
+            pack(rc.gm, list(rc.inputs), part, records=rc.records, job=job, rng_states=rc.rng_states,
+                 custom_ops=rc.custom_ops)
             parts.append(part)
         return merge_parts(parts, path)

@@ -45,6 +45,7 @@ from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.format.schema import Records
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
@@ -87,16 +88,22 @@ def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir
     return fails
 
 
+def minified_records(records: Records, parent: str, parent_gm: Any, gm: Any, inputs: list, minify: Any) -> Records:
+    """The records of a candidate or result cut from ``parent_gm`` (one graph's, or one rank's
+    of a job): the parent's, this archive's provenance (``parent``, ``minify``) in place of the
+    parent's, and the parent's shape policy for the inputs it kept, by placeholder name (a
+    symbolic input stays symbolic)."""
+    shapes = restricted(records.shapes, placeholder_names(parent_gm), placeholder_names(gm), inputs)
+    return dataclasses.replace(records, parent=parent, minify=minify, shapes=shapes)
+
+
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
-    """A candidate (``stats`` None) or the result: the parent's records, this archive's
-    provenance (``parent``, ``minify``) in place of the parent's, the parent's shape policy for
-    the inputs it kept (a symbolic input stays symbolic), and the parent's generator states:
-    every candidate is judged from them (``replay_repro``), so the result keeps them."""
+    """A candidate (``stats`` None) or the result: ``minified_records``, the parent's custom-op
+    calls and its generator states: every candidate is judged from them (``replay_repro``), so
+    the result keeps them."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
-    shapes = restricted(repro.records.shapes, placeholder_names(repro.gm), placeholder_names(gm), inputs)
-    pack(gm, inputs, path, records=dataclasses.replace(repro.records, parent=repro.digest, minify=minify,
-                                                       shapes=shapes), custom_ops=repro.custom_ops,
-         rng_states=repro.rng_states)
+    pack(gm, inputs, path, records=minified_records(repro.records, repro.digest, repro.gm, gm, inputs, minify),
+         custom_ops=repro.custom_ops, rng_states=repro.rng_states)
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:

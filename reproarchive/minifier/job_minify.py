@@ -80,8 +80,9 @@ def _same_cut(recording: Any, kept: set[str], outs: list[str]) -> tuple[Any, lis
 class _JobOracle:
     """Judges a candidate job (every rank's graph and inputs) in a reused launched job."""
 
-    def __init__(self, job: Any, settings: ReplaySettings, timeout_s: float, folder: Path):
+    def __init__(self, job: Any, settings: ReplaySettings, timeout_s: float, folder: Path, parents: dict[int, Any]):
         self.job, self.settings, self.timeout_s, self.folder = job, settings, timeout_s, folder
+        self.parents = parents  # rank -> the graph (collectives replaced) every cut is made from
         self.launched: _launch.LaunchedJob | None = None
         self.launches = 0
         self.counter = itertools.count(1)
@@ -89,7 +90,7 @@ class _JobOracle:
 
     def __call__(self, parts: dict[int, tuple[Any, list]]) -> bool:
         archive = self.folder / f"candidate-{next(self.counter)}.tar.zst"
-        pack_parts(self.job, parts, archive, records=self.job.records)
+        pack_parts(self.job, parts, archive, records=self.job.records, parents=self.parents)
         try:
             if self.launched is None or not self.launched.alive:
                 self.launches += 1
@@ -109,21 +110,26 @@ class _JobOracle:
             self.launched.close()
 
 
-def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, records: Any) -> Path:
+def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, records: Any,
+               parents: dict[int, Any] | None = None) -> Path:
     """A job archive of ``parts`` (rank -> graph, inputs) with the job's groups, ranks' devices,
-    recorded outcomes and generator states; the graphs issue no collectives, so their schedules
-    are empty."""
+    recorded outcomes, generator states and custom-op calls; the graphs issue no collectives, so
+    their schedules are empty. Each rank keeps its own records, made by ``minified_records`` as
+    one graph's are (``records`` gives the provenance: ``parent``, ``minify``): its shape
+    policy for the inputs its cut kept, by placeholder name against ``parents`` (rank -> the
+    graph the cut was made from; default: the rank's loaded graph)."""
     from reproarchive.archive.job import RankCapture, pack_job
+    from reproarchive.minifier.driver import minified_records
 
     captures = []
     for r in job.ranks:
         gm, inputs = parts[r.rank]
         record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
-        # each rank keeps its own records and generator states; ``records`` (the minify
-        # provenance) is the primary's
-        own = records if r.rank == job.primary_rank else dataclasses.replace(r.records, minify=records.minify,
-                                                                              parent=records.parent)
-        captures.append(RankCapture(gm, list(inputs), record, own, r.rng_states))
+        parent_gm = (parents or {}).get(r.rank, r.gm)
+        own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), records.minify)
+        if r.rank == job.primary_rank:
+            own = dataclasses.replace(own, failure=records.failure)
+        captures.append(RankCapture(gm, list(inputs), record, own, r.rng_states, custom_ops=r.custom_ops))
     return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
                     meshes=job.meshes)
 
@@ -154,7 +160,7 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
         values = _record_values(path, settings, job, timeout_s, folder / "record")
         free = {r.rank: without_collectives(r.gm, list(r.args), values[r.rank]) for r in job.ranks}
         recordings = {rank: Recording(gm, args) for rank, (gm, args) in free.items()}
-        oracle = _JobOracle(job, settings, timeout_s, folder)
+        oracle = _JobOracle(job, settings, timeout_s, folder, {rank: gm for rank, (gm, _) in free.items()})
 
         def parts_for(gm, inputs) -> dict[int, tuple[Any, list]]:
             kept, outs = _names(gm)
@@ -181,7 +187,8 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
         stats.update(launches=oracle.launches + 1, collectives="replaced by their recorded per-rank values",
                      ranks=job.world_size, rank=lead)
         records = dataclasses.replace(job.records, parent=job.digest, minify=minify)
-        pack_parts(job, parts_for(result.gm, result.inputs), output, records=records)
+        pack_parts(job, parts_for(result.gm, result.inputs), output, records=records,
+                   parents={rank: gm for rank, (gm, _) in free.items()})
     return MinifyReport(archive=str(path), output=str(output), parent=job.digest,
                         status="minified" if result.stats.accepted else "unchanged", stats=stats,
                         code=readable_code(result.gm), input_origins=result.input_origins)

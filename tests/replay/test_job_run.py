@@ -195,3 +195,22 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     body = script[script.index("def apply_config(rank):"):script.index("DEVICE = None")]
     assert "if rank == 1:" in body and injector in body and "if rank == 0:" not in body
     assert "_stand_in('jobtest::shifted.default'" in script  # the script's ranks lack the op too
+
+
+@pytest.mark.slow
+def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_rank(inductor_job, tmp_path):
+    """The candidates keep the job's custom-op calls (the ranks stand in for the op) and each
+    rank's own records: the minifier starts from a job that reproduces, and ends at the relu
+    the injected bug breaks, cut the same way on both ranks."""
+    import reproarchive
+
+    result = invoke("run", "--minify", inductor_job, "-o", tmp_path / "min.tar.zst", "--timeout", "30", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["status"] == "minified" and report["stats"]["final_ops"] == 1, report
+    assert "torch.relu" in report["code"] and "shifted" not in report["code"]
+    job = reproarchive.load_job(tmp_path / "min.tar.zst")
+    injector = "cpp.inject_relu_bug_TESTING_ONLY"
+    assert job.rank(1).records.config.changed["torch._inductor.config"][injector] == "compile_error"
+    assert injector not in job.rank(0).records.config.changed.get("torch._inductor.config", {})
+    assert job.failing_rank == 1 and job.records.parent == report["parent"]
