@@ -166,7 +166,9 @@ def inductor_job(tmp_path_factory):
 @pytest.mark.slow
 def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job):
     """Rank 1 alone set the bug injector: its records say so, rank 0's do not, and every way of
-    replaying the job replays rank 0 without it (it passes; it was not a different failure).
+    replaying the job replays rank 0 without it (it passes; it was not a different failure), with
+    its own generator states (the graph draws dropout) and symbolic shapes (dynamic=True), so the
+    pass is a faithful one.
     The program's custom op is recorded with both ranks' calls, and every replay (whose ranks
     do not have the op) stands in for it on each rank with that rank's call."""
     import reproarchive
@@ -186,6 +188,10 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     for rank, status in ((1, "reproduced"), (0, "passed")):
         alone = json.loads(invoke("run", inductor_job, "--rank", str(rank), "--json").stdout)
         assert (alone["status"], alone["exit_code"]) == (status, 1 if status == "reproduced" else 0), alone
+        # a faithful pass: the rank's own generator states restored and its symbolic policy compiled
+        [replayed] = alone["ranks"]
+        assert "the recorded RNG state (cpu) is restored" in replayed["outcome"]["randomness"], replayed
+        assert replayed["outcome"]["shapes"]["policy"] == "recorded" and replayed["outcome"]["shapes"]["symbolic"]
     one_process = json.loads(invoke("run", inductor_job, "--single-process", "--json").stdout)
     assert (one_process["status"], one_process["rank"], one_process["recorded_rank"]) == ("reproduced", 1, 1)
     assert {r["rank"]: r["status"] for r in one_process["ranks"]} == {0: "passed", 1: "reproduced"}
@@ -193,14 +199,15 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     assert invoke("export", inductor_job, "-o", exported).exit_code == 0
     script = (exported / "repro.py").read_text()
     body = script[script.index("def apply_config(rank):"):script.index("DEVICE = None")]
-    assert "if rank == 1:" in body and injector in body and "if rank == 0:" not in body
+    blocks = {int(b[0]): b for b in body.split("if rank == ")[1:]}  # each rank's settings
+    assert injector in blocks[1] and injector not in blocks.get(0, "")
     assert "_stand_in('jobtest::shifted.default'" in script  # the script's ranks lack the op too
 
 
 @pytest.mark.slow
 def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_rank(inductor_job, tmp_path):
     """The candidates keep the job's custom-op calls (the ranks stand in for the op) and each
-    rank's own records: the minifier starts from a job that reproduces, and ends at the relu
+    rank's own records (config, generator states, shape policy): the minifier starts from a job that reproduces, and ends at the relu
     the injected bug breaks, cut the same way on both ranks."""
     import reproarchive
 
@@ -214,3 +221,4 @@ def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_r
     assert job.rank(1).records.config.changed["torch._inductor.config"][injector] == "compile_error"
     assert injector not in job.rank(0).records.config.changed.get("torch._inductor.config", {})
     assert job.failing_rank == 1 and job.records.parent == report["parent"]
+    assert all(r.records.rng is not None and r.records.rng.generators for r in job.ranks)  # each rank's kept

@@ -12,7 +12,8 @@ third: rank 1's 3rd call indexes out of range (an IndexError before its collecti
        waits in it), after two calls that pass (2 ranks)
 inductor: inductor on every rank, its C++ relu bug injected through its config on rank 1 alone
        (2 ranks): rank 1's compile fails, rank 0's graph passes; the graph calls a custom op this
-       program defines (a replay's ranks do not have it: they stand in for it)
+       program defines (a replay's ranks do not have it: they stand in for it), draws random
+       numbers (dropout) and is compiled with dynamic shapes
 """
 import os
 import sys
@@ -61,7 +62,8 @@ def shifted(x: torch.Tensor) -> torch.Tensor:
 shifted.register_fake(lambda x: torch.empty_like(x))
 
 
-@torch.compile(backend=compiler if plain else reproarchive.capture(compiler, path=out))
+@torch.compile(backend=compiler if plain else reproarchive.capture(compiler, path=out),
+               dynamic=True if mode == "inductor" else None)
 def step(x, w):
     if mode == "inductor":  # each rank calls it on its own data
         x = shifted(x)
@@ -69,7 +71,7 @@ def step(x, w):
     if mode == "hang" and rank == 0:  # rank 1 takes the other branch and skips this collective
         y = funcol.all_reduce(y * 2, "sum", dist.group.WORLD)
     if mode == "inductor":
-        y = torch.relu(y - 0.5)
+        y = torch.relu(torch.nn.functional.dropout(y, 0.5) - 0.5)
     return y + 1
 
 
