@@ -216,3 +216,38 @@ def test_merged_parts_keep_the_failing_ranks_generator_states(tmp_path):
     again = pack_parts(job, {r.rank: (r.gm, list(r.args)) for r in job.ranks}, tmp_path / "again.tar.zst",
                        records=job.records)
     assert torch.equal(reproarchive.load(again).rng_states["cpu"], states[1])
+
+
+def test_the_ranks_custom_ops_and_triton_kernels_join_into_the_jobs_tables():
+    """Each operator and kernel once, with every rank's calls (a call both ranks made, once);
+    two ranks that disagree on what a name or a kernel number means are refused in one line."""
+    from types import SimpleNamespace
+
+    from reproarchive.archive.job_merge import _custom_ops, _Storages, _triton_kernels
+    from reproarchive.format.schema import CustomOpCall, CustomOpRecord, TritonCall, TritonKernelRecord
+
+    def part(ops=(), kernels=()):
+        return SimpleNamespace(custom_ops=tuple(ops), triton_kernels=tuple(kernels), storages=())
+
+    def op(*keys, schema="t::f(Tensor x) -> Tensor"):
+        return CustomOpRecord(name="t::f.default", schema=schema,
+                              calls=tuple(CustomOpCall(arguments=(f"float32[4] sha256:{k}",)) for k in keys))
+
+    parts = [part([op("aa")]), part([op("bb", "aa")])]
+    [merged] = _custom_ops(parts, _Storages(parts))
+    assert [c.arguments[0][-2:] for c in merged.calls] == ["aa", "bb"]
+    other = [part([op("aa")]), part([op("bb", schema="t::f(Tensor x, int n) -> Tensor")])]
+    with pytest.raises(reproarchive.PackError, match="custom op t::f.default with two schemas"):
+        _custom_ops(other, _Storages(other))
+
+    def kernel(key, *, digest="sha256:" + "1" * 64, n=4):
+        return TritonKernelRecord(index=0, name="add", source="...", digest=digest, arg_names=("x", "n"),
+                                  constants=({"n": n},), calls=(TritonCall(constants=0, arguments={"x": key}),))
+
+    parts = [part(kernels=[kernel("a")]), part(kernels=[kernel("b")])]
+    [joined] = _triton_kernels(parts, _Storages(parts))
+    assert [c.arguments["x"] for c in joined.calls] == ["a", "b"]
+    for odd in (kernel("b", digest="sha256:" + "2" * 64), kernel("b", n=8)):
+        other = [part(kernels=[kernel("a")]), part(kernels=[odd])]
+        with pytest.raises(reproarchive.PackError, match="numbered their Triton kernels differently"):
+            _triton_kernels(other, _Storages(other))
