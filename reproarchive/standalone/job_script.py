@@ -28,8 +28,10 @@ from reproarchive.standalone.script import (
     ExportReport,
     _DataWriter,
     _doc_text,
+    _execution_literal,
     _Script,
     admitted_settings,
+    state_block,
 )
 
 
@@ -66,9 +68,10 @@ def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Re
     records = job.records
     ranks = [(r.rank, r.gm, list(r.args), [_device_of(job.index, v) for v in r.record.inputs or job.index.inputs],
               r.outcome.failure if r.outcome is not None else None) for r in job.ranks]
+    state = {r.rank: (r.records.execution, r.rng_states if r.records.rng is not None else {}) for r in job.ranks}
     groups = sorted(job.groups, key=lambda g: (g.index if g.index is not None else 0))
     ops = [op for op in job.ranks[0].custom_ops if isinstance(op, LiveCustomOp)] if job.ranks else []
-    return write_job_export(ranks, [(g.name, tuple(g.ranks)) for g in groups], out_dir, custom_ops=ops,
+    return write_job_export(ranks, [(g.name, tuple(g.ranks)) for g in groups], out_dir, custom_ops=ops, state=state,
                             world_size=job.world_size, backend=settings.backend or records.backend,
                             source_kind=records.graph_kind, config={r.rank: r.records.config for r in job.ranks},
                             environment=records.environment, archive_name=Path(path).name, digest=job.digest)
@@ -83,12 +86,14 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
                      out_dir: str | os.PathLike, *, world_size: int, backend: str | None,
                      source_kind: str | None = None, config: Mapping[int, Any] | None = None,
                      environment: Any = None, archive_name: str = "", digest: str | None = None,
-                     custom_ops: Sequence[Any] = ()) -> ExportReport:
+                     custom_ops: Sequence[Any] = (), state: Mapping[int, tuple[Any, Mapping]] | None = None
+                     ) -> ExportReport:
     """``ranks``: (rank, graph, inputs on the CPU, each input's recorded device, recorded
     failure or None) per rank; ``groups``: (recorded name, global ranks) in creation order;
     ``config``: each rank's recorded config record; ``custom_ops``: the job's recorded calls
     (every rank's), for the stand-ins the script registers where an op is missing, as the
-    single-graph script does."""
+    single-graph script does; ``state``: rank -> (its execution record, its generator states by
+    device), which the script enters and sets as the single-graph script does (``state_block``)."""
     from reproarchive.context.environment import plan
 
     out = Path(out_dir)
@@ -143,6 +148,10 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
             inputs="\n".join(input_blocks),
             rank_graphs=", ".join(f"{rank}: {fn}" for rank, fn in sorted(graph_of.items())),
             custom_ops=script.custom_ops_block(list(custom_ops), imports=(), libraries=()),
+            rank_execution=repr({rank: _execution_literal(e) for rank, (e, _) in sorted((state or {}).items())}),
+            rank_rng_states=repr({rank: {name: script.writer.storage(t)[0] for name, t in rng.items()}
+                                  for rank, (_, rng) in sorted((state or {}).items())}),
+            state_block=state_block(),
         ).lstrip()
         (tmp / "repro.py").write_text(text, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())

@@ -408,6 +408,7 @@ class _Script:
             inference_inputs=repr(list(execution.inference_inputs or ()) if execution is not None else []),
             random_ops=repr(list(random_ops(gm))),
             rng_states=repr({name: self.writer.storage(state)[0] for name, state in (rng_states or {}).items()}),
+            state_block=state_block(),
         ).lstrip()
 
 
@@ -565,6 +566,14 @@ def _header(archive_name, digest, system, failure, backend, source_kind, table) 
         lines.append("Recorded failure: none")
     lines += ["", "Inputs (data files under data/, read relative to this script):"] + [_doc_text(t) for t in table]
     return "\n".join(lines)
+
+
+def state_block() -> str:
+    """``_execution()`` and ``_restore_rng()``: how a script enters the recorded thread state and
+    sets the recorded generator states (both scripts, from one text)."""
+    from importlib.resources import files
+
+    return files("reproarchive.standalone").joinpath("state_block.py.template").read_text(encoding="utf-8")
 
 
 def _template() -> str:

@@ -202,13 +202,20 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     blocks = {int(b[0]): b for b in body.split("if rank == ")[1:]}  # each rank's settings
     assert injector in blocks[1] and injector not in blocks.get(0, "")
     assert "_stand_in('jobtest::shifted.default'" in script  # the script's ranks lack the op too
+    # each rank sets its own generator states before its call, as the single-graph script does
+    import ast
+    import re
+
+    states = ast.literal_eval(re.search(r"^RANK_RNG_STATES = (.*)$", script, re.MULTILINE).group(1))
+    for r in job.ranks:
+        assert (exported / states[r.rank]["cpu"]).read_bytes() == r.rng_states["cpu"].numpy().tobytes()
 
 
 @pytest.mark.slow
 def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_rank(inductor_job, tmp_path):
     """The candidates keep the job's custom-op calls (the ranks stand in for the op) and each
-    rank's own records (config, generator states, shape policy): the minifier starts from a job that reproduces, and ends at the relu
-    the injected bug breaks, cut the same way on both ranks."""
+    rank's own records (config, generator states, shape policy): the minifier starts from a job
+    that reproduces, and ends at the relu the injected bug breaks, cut the same way on both ranks."""
     import reproarchive
 
     result = invoke("run", "--minify", inductor_job, "-o", tmp_path / "min.tar.zst", "--timeout", "30", "--json")
