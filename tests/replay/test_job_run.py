@@ -148,23 +148,29 @@ def test_a_launch_that_starts_no_rank_never_passes(archives):
 @pytest.fixture(scope="module")
 def inductor_job(tmp_path_factory):
     """A real 2-rank gloo job under ``capture -- torchrun``: inductor on both ranks, its C++ relu
-    bug injected through its config on rank 1 alone."""
+    bug injected through its config on rank 1 alone (built once for the run: read-only)."""
     from pathlib import Path
 
+    from support.shared_fixture import built_once
+
     root = Path(__file__).resolve().parents[2]
-    folder = tmp_path_factory.mktemp("inductor-job")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "REPROARCHIVE_JOB_WAIT_S": "30"}
-    done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", "capture", "-o",
-                           str(folder / "out"), "--json", "--", sys.executable, "-m", "torch.distributed.run",
-                           "--standalone", "--nproc-per-node=2", str(root / "tests" / "support" / "job_program.py"),
-                           "plain-inductor", str(folder / "unused")],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=folder)
-    [archive] = [a["archive"] for a in json.loads(done.stdout)["archives"] if a["kind"] == "job"]
-    return folder / archive
+
+    def build(folder: Path) -> Path:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "REPROARCHIVE_JOB_WAIT_S": "30"}
+        done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", "capture", "-o",
+                               str(folder / "out"), "--json", "--", sys.executable, "-m", "torch.distributed.run",
+                               "--standalone", "--nproc-per-node=2",
+                               str(root / "tests" / "support" / "job_program.py"), "plain-inductor",
+                               str(folder / "unused")],
+                              capture_output=True, text=True, env=env, timeout=300, cwd=folder)
+        [archive] = [a["archive"] for a in json.loads(done.stdout)["archives"] if a["kind"] == "job"]
+        return folder / archive
+
+    return built_once(tmp_path_factory, "inductor-job", build, dump=str, load=Path)
 
 
 @pytest.mark.slow
-def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job):
+def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job, tmp_path):
     """Rank 1 alone set the bug injector: its records say so, rank 0's do not, and every way of
     replaying the job replays rank 0 without it (it passes; it was not a different failure), with
     its own generator states (the graph draws dropout) and symbolic shapes (dynamic=True), so the
@@ -195,7 +201,7 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     one_process = json.loads(invoke("run", inductor_job, "--single-process", "--json").stdout)
     assert (one_process["status"], one_process["rank"], one_process["recorded_rank"]) == ("reproduced", 1, 1)
     assert {r["rank"]: r["status"] for r in one_process["ranks"]} == {0: "passed", 1: "reproduced"}
-    exported = inductor_job.parent / "export"
+    exported = tmp_path / "export"
     assert invoke("export", inductor_job, "-o", exported).exit_code == 0
     script = (exported / "repro.py").read_text()
     body = script[script.index("def apply_config(rank):"):script.index("DEVICE = None")]
