@@ -170,10 +170,9 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
             if ranks is not None and rank.rank not in ranks:
                 continue
             records = rank_records(index, rank)
-            with warnings.catch_warnings():  # each rank's notes once, not once per rank
-                warnings.simplefilter("ignore")
-                built = rebuild(reader, rank_graph(index, rank), rank_inputs(index, rank), records, device=plan,
-                                max_memory=max_memory, path=path, warn=False)
+            # its notes are given below, each once for the job, not once per rank
+            built = rebuild(reader, rank_graph(index, rank), rank_inputs(index, rank), records, device=plan,
+                            max_memory=max_memory, path=path, warn=False)
             loaded.append(RankRepro(
                 rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=built.gm,
                 args=built.args, fidelity=built.fidelity, outcome=rank.outcome, schedule=rank.schedule,

@@ -31,7 +31,6 @@ from inside the graph is a static input, as PyTorch's minifier makes it.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import tempfile
@@ -43,9 +42,8 @@ from typing import Any, Callable
 from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
-from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.format.schema import Records
+from reproarchive.minifier.records import minified_records
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
@@ -86,15 +84,6 @@ def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir
         return outcome.status == REPRODUCED
 
     return fails
-
-
-def minified_records(records: Records, parent: str, parent_gm: Any, gm: Any, inputs: list, minify: Any) -> Records:
-    """The records of a candidate or result cut from ``parent_gm`` (one graph's, or one rank's
-    of a job): the parent's, this archive's provenance (``parent``, ``minify``) in place of the
-    parent's, and the parent's shape policy for the inputs it kept, by placeholder name (a
-    symbolic input stays symbolic)."""
-    shapes = restricted(records.shapes, placeholder_names(parent_gm), placeholder_names(gm), inputs)
-    return dataclasses.replace(records, parent=parent, minify=minify, shapes=shapes)
 
 
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:

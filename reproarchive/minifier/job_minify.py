@@ -119,7 +119,7 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
     policy for the inputs its cut kept, by placeholder name against ``parents`` (rank -> the
     graph the cut was made from; default: the rank's loaded graph)."""
     from reproarchive.archive.job import RankCapture, pack_job
-    from reproarchive.minifier.driver import minified_records
+    from reproarchive.minifier.records import minified_records
 
     captures = []
     for r in job.ranks:

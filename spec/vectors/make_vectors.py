@@ -286,6 +286,29 @@ def custom_op():
     return _graph(3, body), [x, y, zero]
 
 
+def job_custom_op():
+    """(1.5) A 2-rank job whose graph calls a custom op on each rank's own input: the job's
+    ``custom_ops`` holds the operator once with both ranks' calls (spec §8 ``custom_ops`` of a
+    job), so a reader that stands in for it finds each rank's call."""
+    from reproarchive.archive.job import RankCapture
+    from reproarchive.codec.recorded_calls import record_calls
+    from reproarchive.format.schema import FailureRecord, ProcessGroupRecord, RankOutcome, RankRecord
+
+    def body(g, xs):
+        return (g.call_function(torch.ops.reproarchive_vectors.scale_add.default, (xs[0], xs[1], 2.0)),)
+
+    failure = FailureRecord(stage="forward", exception_type="RuntimeError", message="golden vector",
+                            signature="forward|RuntimeError|golden vector", backend="eager")
+    outcomes = [RankOutcome(status="passed"), RankOutcome(status="failed", failure=failure)]
+    ranks = []
+    for r in range(2):
+        gm, inputs = _graph(2, body), [torch.full((2, 3), float(r)), torch.ones(2, 3)]
+        ranks.append(RankCapture(gm, inputs, RankRecord(rank=r, local_rank=r, device="cpu", outcome=outcomes[r]),
+                                 custom_ops=record_calls(gm, inputs)))  # as a capture records each rank's
+    groups = [ProcessGroupRecord(name="0", ranks=(0, 1), backend="gloo", index=0, desc="default_pg")]
+    return ranks, {"world_size": 2, "backend": "gloo", "groups": groups}
+
+
 def rng():
     """(1.3) A graph that draws random numbers, and the CPU generator state it starts from
     (``torch.Generator().manual_seed(2024)``: the same bytes everywhere); ``rand_like`` draws
@@ -335,7 +358,7 @@ CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "
          "rng": rng, "njt": njt, "triton": triton}
 #: records a case adds to RECORDS (from the version that introduced it)
 CASE_RECORDS = {"dynamic": {"shapes": DYNAMIC_SHAPES}}
-JOB_CASES = {"job": job}  # (1.3) multi-rank jobs: vectors of 1.3 and later only
+JOB_CASES = {"job": job, "job-custom-op": job_custom_op}  # (1.3) multi-rank jobs: 1.3 and later only
 RECORDS = {
     "failure": {"stage": "compile", "exception_type": "RuntimeError", "message": "golden vector",
                 "traceback": "", "signature": "compile|RuntimeError|golden vector", "backend": "eager",
@@ -408,6 +431,11 @@ def job_expectations(path: Path) -> dict:
               "graph": r.record.graph, "ops": sum(n.op == "call_function" for n in r.gm.graph.nodes),
               "schedule": [to_plain(c) for c in r.schedule], "outcome": to_plain(r.outcome),
               "dtensors": [to_plain(d) for d in r.dtensors]} for r in job.ranks]
+    if job.index.custom_ops:  # the job's custom ops: each once, with every rank's calls
+        ops_facts = {"custom_ops": [{"name": op.name, "calls": [list(c.arguments) for c in op.calls]}
+                                      for op in job.index.custom_ops]}
+    else:
+        ops_facts = {}
     if job.job.records:  # (1.5) each rank's own records: which set, and what it says
         for facts, r in zip(ranks, job.ranks):
             facts["records"] = {"set": r.record.records, "backend": r.records.backend,
@@ -421,7 +449,7 @@ def job_expectations(path: Path) -> dict:
         "job": {"world_size": job.world_size, "backend": job.backend, "failing_rank": job.failing_rank,
                 "primary_rank": job.primary_rank, "graphs": len(job.job.graphs),
                 "groups": [to_plain(g) for g in job.groups], "meshes": [to_plain(m) for m in job.meshes],
-                "ranks": ranks},
+                "ranks": ranks, **ops_facts},
     }
 
 
