@@ -312,21 +312,33 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
     from reproarchive.archive.loading import load
     from reproarchive.archive.writing import write_capture
     from reproarchive.context.failure import crash_record, failure_kind
+    from reproarchive.errors import BackendUnavailableError
     from reproarchive.replay.isolation import run_in_child
     signal_name = _signal_name(program_exit)
     how = f"was killed by {signal_name}" if signal_name else f"exited with status {program_exit}"
-    observed, notes = None, {"performed": False}
+    observed, notes, not_replayed = None, {"performed": False}, None
     if replay:
-        outcome = run_in_child(pending)
-        observed, notes = outcome.observed, {"performed": True, "isolated": True}
+        try:
+            outcome = run_in_child(pending)
+            observed, notes = outcome.observed, {"performed": True, "isolated": True}
+        except BackendUnavailableError as err:  # a custom compiler function: never imported on an archive's say-so
+            notes, not_replayed = {"performed": False, "reason": err.what}, err
     if observed is not None and observed.stage == "crash":
         failure = dataclasses.replace(
             observed, message=f"the program {how} while this graph ran; replayed alone: {observed.message}")
     else:
-        said = f"; replayed alone here it gave: {failure_kind(observed)}" if replay else ""
+        said = f"; replayed alone here it gave: {failure_kind(observed)}" if notes["performed"] else ""
         failure = crash_record(signal_name or f"exit status {program_exit}",
                                f"the program {how} while this graph ran{said}", "")
     repro = load(pending)
+    if not_replayed is not None:  # the archive keeps the signal the program died of, and says how to replay it
+        write_capture(capture_of(repro, failure, replay_notes=notes, program_exit=program_exit), target, prefixes={})
+        pending.unlink()
+        return dataclasses.replace(
+            archive_report(target, kind="capture (crash)", replay=notes),
+            warnings=(f"not replayed: {not_replayed.what}; the archive records the signal the program died of. "
+                      f"If you trust that module, replay it with: reproarchive run --backend {repro.records.backend} "
+                      f"{target}",))
     if "absent" in (repro.fidelity or []):
         # the program died while the spool was still writing these inputs (a crash during
         # compilation): the archive keeps them absent, and says so, rather than pass generated

@@ -455,3 +455,30 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     assert launcher.name == "minifier_launcher.py" and launcher.is_file()
     assert tmp_path / "debug" in launcher.parents
     assert crash_guard._spool().spool.names() == []
+
+
+def test_a_crash_under_a_custom_backend_leaves_an_archive_and_a_hint_that_works(tmp_path):
+    """The graph a program crashed in under its own compiler function (``module:function``) is
+    archived with the signal the program died of; capture does not import that module to replay
+    it, and says how to: a ``run --backend`` that reproduces the crash."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "abk.py").write_text("import os\n\n\ndef aborting(gm, example_inputs):\n"
+                                   "    return lambda *args: os.abort()\n")
+    (folder / "prog.py").write_text("import torch\nimport abk\n\n"
+                                    "torch.compile(lambda x: torch.relu(x) + 1, backend=abk.aborting)(torch.ones(8))\n")
+    out = tmp_path / "archives"
+    cli_main = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([*cli_main, "capture", "-o", str(out), "--json", "--", sys.executable, "prog.py"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGABRT, done.stderr  # the program's own exit status
+    (packed,) = json.loads(done.stdout)["archives"]
+    archive = Path(packed["archive"])
+    repro = reproarchive.load(archive)
+    assert repro.records.backend == "abk:aborting" and repro.records.failure.exception_type == "SIGABRT"
+    [hint] = [w for w in packed["warnings"] if "reproarchive run --backend abk:aborting" in w]
+    command = hint[hint.index("reproarchive run"):].split()
+    replayed = subprocess.run([*cli_main, *command[1:], "--json"], cwd=folder.parent, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert replayed.returncode == 1 and json.loads(replayed.stdout)["status"] == "reproduced", replayed.stdout
