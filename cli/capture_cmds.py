@@ -272,6 +272,9 @@ def _rel(path: Path, cwd: Path) -> str:
 @click.option("--accuracy", is_flag=True,
               help="Also check every compiled graph against eager (reproarchive's in-process check; "
                    "PyTorch's level-4 hook fails on dynamic shapes). --after does not apply.")
+@click.option("--on-accuracy", type=click.Choice(["warn", "raise"]), default="warn", show_default=True,
+              help="With --accuracy, what an accuracy failure does to the program: warn (archived; the program "
+                   "goes on and exits as it would) or raise (it stops with an AccuracyError).")
 @click.option("--no-replay", is_flag=True, help="Pack without replaying each dump; failures are 'unknown'.")
 @click.option("--keep-dumps", is_flag=True, help="Keep PyTorch's dump folder and print where it is.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
@@ -280,8 +283,8 @@ def _rel(path: Path, cwd: Path) -> str:
               help="Also push every archive written to STORE (an fsspec URL or a folder; see `reproarchive push`).")
 @implementations
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep_dumps: bool, as_json: bool,
-                quiet: bool, store: str | None, imports: tuple[str, ...], libraries: tuple[str, ...],
+def capture_cmd(out_dir: Path, after: str, accuracy: bool, on_accuracy: str, no_replay: bool, keep_dumps: bool,
+                as_json: bool, quiet: bool, store: str | None, imports: tuple[str, ...], libraries: tuple[str, ...],
                 command: tuple[str, ...]) -> None:
     """Run a program and pack every torch.compile failure in it, without code changes.
 
@@ -308,7 +311,8 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
     reproarchive's in-process capture backend (reproarchive.capture(..., accuracy=True)), which
     compares the compiled result and gradients with eager and an fp64 run at the first call
     and archives accuracy, compile and runtime failures (PyTorch's level-4 hook fails on
-    working programs with dynamic shapes in torch 2.13).
+    working programs with dynamic shapes in torch 2.13). An accuracy failure is archived and
+    the program goes on (its exit status stays its own); --on-accuracy raise stops it there.
 
     \b
     Limits (PyTorch's hooks):
@@ -338,8 +342,9 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
         if not quiet and not as_json:
             click.echo(f"reproarchive: {stage}", err=True)
 
-    result = reproarchive.capture_program(list(command), out_dir, after=after, accuracy=accuracy, replay=not no_replay,
-                             keep_dumps=keep_dumps, progress=note, imports=imports, libraries=libraries)
+    result = reproarchive.capture_program(list(command), out_dir, after=after, accuracy=accuracy,
+                                          on_accuracy=on_accuracy, replay=not no_replay, keep_dumps=keep_dumps,
+                                          progress=note, imports=imports, libraries=libraries)
     pushed: dict = {}
     try:
         pushed = _push_to_store([a.archive for a in result.archives], store, quiet=quiet or as_json)
@@ -359,6 +364,9 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, no_replay: bool, keep
                 if result.exit_code != 0 and not result.errors:
                     click.echo(f"reproarchive: the program exited with {result.exit_code} but PyTorch wrote no "
                                "repro dump (the failure was not inside a compiler backend)", err=True)
+                elif not accuracy:
+                    click.echo("reproarchive: no torch.compile failure was captured (a compiled graph that gives "
+                               "wrong numbers raises nothing: capture one with --accuracy)", err=True)
                 else:
                     click.echo("reproarchive: no torch.compile failure was captured", err=True)
             for archive in result.archives:

@@ -60,6 +60,9 @@ from reproarchive.sources.frame_room import with_frame_room
 CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
+#: what an accuracy failure does to the program under ``capture --accuracy``: "warn" (the
+#: default: archived, and the program goes on, so its exit status is its own) or "raise"
+ON_ACCURACY_ENV = "REPROARCHIVE_ON_ACCURACY"
 PENDING_PREFIX = "pending-"
 CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's custom-op calls
 KEPT_DIR = "kept"  # beside it too: first calls whose failure PyTorch could not dump, from the spool
@@ -342,12 +345,14 @@ def _accuracy_backend(wrapper: Any, folder: str) -> Any:
     """``capture --accuracy``: the in-process capture backend (``reproarchive.capture(...,
     accuracy=True)``) around the program's real backend, in place of PyTorch's level-4 hook,
     which fails on working programs whose shapes are dynamic (torch 2.13: "sources must not
-    be empty for symbol s22"). It archives compile, runtime and accuracy failures itself."""
+    be empty for symbol s22"). It archives compile, runtime and accuracy failures itself; an
+    accuracy failure raises in the program only when the user asked (``ON_ACCURACY_ENV``)."""
     backend = getattr(wrapper, "_reproarchive_accuracy", None)
     if backend is None:
         from reproarchive.sources.backend import capture
 
-        backend = capture(wrapper._torchdynamo_orig_backend, path=folder, accuracy=True, crash=False)
+        backend = capture(wrapper._torchdynamo_orig_backend, path=folder, accuracy=True, crash=False,
+                          on_accuracy=os.environ.get(ON_ACCURACY_ENV) or "warn")
         backend.backend_name = _backend_name(wrapper)
         wrapper._reproarchive_accuracy = backend
     return backend

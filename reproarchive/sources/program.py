@@ -44,7 +44,13 @@ from reproarchive.context.environment import OWN_VARIABLES_ENV
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import crash_guard, inductor_door
-from reproarchive.sources.crash_guard import ACCURACY_DIR_ENV, CRASH_DIR_ENV, JOB_DIR_ENV, pending_archives
+from reproarchive.sources.crash_guard import (
+    ACCURACY_DIR_ENV,
+    CRASH_DIR_ENV,
+    JOB_DIR_ENV,
+    ON_ACCURACY_ENV,
+    pending_archives,
+)
 from reproarchive.sources.dump_import import pack_dump
 from reproarchive.sources.dump_script import LAUNCHER_NAME, holds_no_data
 from reproarchive.sources.job_capture import JOB_OUT_ENV, PARTS_SUFFIX, pack_job_parts
@@ -79,18 +85,22 @@ class CaptureResult:
 OWN_VARIABLES = ("TORCH_COMPILE_DEBUG_DIR", "TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL")
 
 
-def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False,
+def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False, on_accuracy: str = "warn",
                 base: dict[str, str] | None = None, out: Path | None = None) -> dict[str, str]:
     """The environment the program runs in: PyTorch's repro dumps on, written to ``dump_dir``;
-    ``out``: where the archives go when it has ended (a job's ranks name it)."""
+    ``out``: where the archives go when it has ended (a job's ranks name it); ``on_accuracy``:
+    with ``accuracy``, whether an accuracy failure only warns (the program goes on) or raises."""
     if after not in ("dynamo", "aot"):
         raise ValueError(f"after must be 'dynamo' or 'aot', not {after!r}")
+    if on_accuracy not in ("warn", "raise"):
+        raise ValueError(f"on_accuracy must be 'warn' or 'raise', not {on_accuracy!r}")
     env = dict(os.environ if base is None else base)
     if accuracy:
         # reproarchive's own in-process check (PyTorch's level 4 fails on dynamic shapes)
         for name in ("TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL"):
             env.pop(name, None)
         env[ACCURACY_DIR_ENV] = str(dump_dir / "accuracy")
+        env[ON_ACCURACY_ENV] = on_accuracy
     else:
         env["TORCHDYNAMO_REPRO_AFTER"] = after
         env["TORCHDYNAMO_REPRO_LEVEL"] = "2"
@@ -118,7 +128,7 @@ CAPTURE_DIR_PREFIX = "reproarchive-capture-"
 #: The variables ``capture_env`` sets for the program: in an archive's environment record they
 #: are reproarchive's doing, not the user's (``diff`` does not count them as differences).
 CAPTURE_VARIABLES = ("TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL", "TORCH_COMPILE_DEBUG_DIR",
-                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, inductor_door.AOT_DIR_ENV)
+                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, ON_ACCURACY_ENV, inductor_door.AOT_DIR_ENV)
 
 
 def set_by_capture(variables: dict[str, str]) -> frozenset[str]:
@@ -152,6 +162,7 @@ def capture_program(
     *,
     after: str = "dynamo",
     accuracy: bool = False,
+    on_accuracy: str = "warn",
     replay: bool = True,
     keep_dumps: bool = False,
     progress: Callable[[str], None] | None = None,
@@ -164,7 +175,9 @@ def capture_program(
     the program cannot be started or ``out_dir`` is a file (a missing folder is created).
     ``imports``/``libraries``: the real implementations of custom ops to bring in where a dump
     is packed (``--import``, ``--load-library``); without them a custom op the dump calls gets
-    a stand-in from the calls the program recorded.
+    a stand-in from the calls the program recorded. ``on_accuracy`` (with ``accuracy``): "warn"
+    (default) archives an accuracy failure and lets the program go on, so its exit status stays
+    its own; "raise" stops it with reproarchive's AccuracyError, as ``capture(...)`` does.
     """
     if not argv:
         raise SourceError("no program to run", "give it after --, e.g. reproarchive capture -- python train.py")
@@ -175,7 +188,7 @@ def capture_program(
     dump_dir = Path(tempfile.mkdtemp(prefix=CAPTURE_DIR_PREFIX))
     result = CaptureResult(exit_code=0)
     try:
-        env = capture_env(dump_dir, after=after, accuracy=accuracy, out=out)
+        env = capture_env(dump_dir, after=after, accuracy=accuracy, on_accuracy=on_accuracy, out=out)
         try:
             proc = subprocess.Popen(argv, env=env)
         except FileNotFoundError as err:
