@@ -62,21 +62,30 @@ def torch_lines(result) -> list[str]:
     return lines
 
 
-def summary(result, *, graph: str | None, html_page: bool) -> str:
-    """A summary to paste into a bug report: what was found, how to see it, the graph."""
+def summary(result, *, graph: str | None, html_page: bool, settings=()) -> str:
+    """A summary to paste into a bug report: what was found, how to see it, the torch config
+    the failing run changed (``settings``: (module, key, value), as a replay applies them), the
+    graph."""
     if hasattr(result, "verdicts"):
         body, title = torch_lines(result), "bisect torch"
     else:
         body, title = compiler_lines(result), "bisect compiler"
     if graph is not None and graph.count("\n") > _MAX_GRAPH_LINES:
         graph = None
+    config = "\n".join([*(f"import {m}" for m in sorted({m for m, _, _ in settings})),
+                        *(f"{m}.{k} = {v!r}" for m, k, v in settings)])
+    config_title = "The torch config the failing run changed from the defaults (set it before compiling)"
     if html_page:
         parts = [f"<!doctype html><meta charset=utf-8><title>reproarchive {title}</title>",
                  f"<h1>reproarchive {title}</h1>", "<pre>" + html.escape("\n".join(body)) + "</pre>"]
+        if settings:
+            parts += [f"<h2>{html.escape(config_title)}</h2>", "<pre>" + html.escape(config) + "</pre>"]
         if graph is not None:
             parts += ["<h2>The graph</h2>", "<pre>" + html.escape(graph) + "</pre>"]
         return "\n".join(parts) + "\n"
     parts = [f"### reproarchive {title}", "", "```", *body, "```"]
+    if settings:
+        parts += ["", f"{config_title}:", "", "```python", config, "```"]
     if graph is not None:
         parts += ["", "The graph:", "", "```python", graph.rstrip(), "```"]
     return "\n".join(parts) + "\n"

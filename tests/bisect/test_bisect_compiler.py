@@ -177,3 +177,20 @@ def test_a_decomposition_bug_is_named_in_aot_eager_decomp_partition(tmp_path, mo
     assert "aten.silu" in result.debug_info
     assert [s.verdict for s in result.steps][:3] == ["good", "good", "bad"]
     _bisector_at_rest()
+
+
+def test_the_summary_carries_the_recorded_config_a_pasted_report_needs(tmp_path, fresh_dynamo):
+    """A bug that a config flag makes (the archive records it): the summary says the flag as
+    code to paste before compiling, or upstream the graph alone would not fail."""
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
+        archive = capture_failure(tmp_path / "relu.tar.zst", bisect_bugs.negated_relu, [torch.randn(8)], "inductor")
+    summary = tmp_path / "bug.md"
+    # a bisection cut short still writes its summary (status incomplete, exit 3)
+    result = invoke("bisect", "compiler", archive, "--summary", summary, "--from", "inductor", "--max-time", "0.01")
+    assert result.exit_code in (0, 3), result.output
+    text = summary.read_text()
+    block = text[text.index("set it before compiling"):]
+    code = block[block.index("```python") + len("```python"):block.index("```", block.index("```python") + 9)]
+    assert "import torch._inductor.config" in code
+    assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = 'compile_error'" in code
+    compile(code, "summary", "exec")  # pastes as Python
