@@ -6,6 +6,7 @@ import click
 
 from .app import emit_json, main
 from .bisect_text import compiler_lines, env_line, step_line, summary, torch_lines
+from .bug_report import recorded_facts
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, USAGE, exit_codes
 from .replay_cmds import DEVICE
 from .text import terminal_lines
@@ -44,25 +45,10 @@ def _write_summary(path, result, archive) -> None:
         graph = reproarchive.graph_code(archive) if archive else None
     except reproarchive.ReproArchiveError:
         graph = None
-    text = summary(result, graph=graph, settings=_recorded_settings(archive) if archive else [],
+    text = summary(result, graph=graph, settings=recorded_facts(archive)[0] if archive else [],
                    html_page=str(path).endswith((".html", ".htm")))
     with click.open_file(path, "w", encoding="utf-8", atomic=True) as f:
         f.write(text)
-
-
-def _recorded_settings(archive) -> list[tuple[str, str, object]]:
-    """The torch config the failing run changed from the defaults, as a replay applies it
-    (``admitted_settings``: the filter ``run`` and ``export`` apply): without it a pasted
-    report does not reproduce upstream."""
-    import reproarchive
-    from reproarchive.format.reader import ContainerReader
-    from reproarchive.standalone.script import admitted_settings
-
-    try:
-        with ContainerReader(archive) as reader:
-            return admitted_settings(reader.index.records.config)
-    except reproarchive.ReproArchiveError:
-        return []
 
 
 def _report(result, archive, lines, *, summary_path, as_json) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 
+from .bug_report import CONFIG_TITLE, config_code
+
 _MAX_GRAPH_LINES = 120  # a longer graph is left out of a summary: the archive has it
 
 
@@ -72,9 +74,7 @@ def summary(result, *, graph: str | None, html_page: bool, settings=()) -> str:
         body, title = compiler_lines(result), "bisect compiler"
     if graph is not None and graph.count("\n") > _MAX_GRAPH_LINES:
         graph = None
-    config = "\n".join([*(f"import {m}" for m in sorted({m for m, _, _ in settings})),
-                        *(f"{m}.{k} = {v!r}" for m, k, v in settings)])
-    config_title = "The torch config the failing run changed from the defaults (set it before compiling)"
+    config, config_title = config_code(settings), CONFIG_TITLE
     if html_page:
         parts = [f"<!doctype html><meta charset=utf-8><title>reproarchive {title}</title>",
                  f"<h1>reproarchive {title}</h1>", "<pre>" + html.escape("\n".join(body)) + "</pre>"]

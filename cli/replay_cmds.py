@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .app import emit_json, main
+from .bug_report import minify_summary
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
 from .progress import byte_bars, minify_status
 from .text import difference_line, terminal_lines, terminal_safe
@@ -200,14 +201,17 @@ Exit codes:
               help="With --minify: also shrink the smallest graph's inputs (halve shapes, narrow dtypes, "
                    "zeros/ones where the values do not matter); the archive labels such inputs as not "
                    "the original data.")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="With --minify: also write a Markdown bug report to FILE (the failure, the command that "
+                   "replays it, the torch versions, the config the failing run changed, the smallest graph).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar (loading) or progress line (--minify).")
 @MAX_MEMORY
 @JOB_OPTIONS
 @implementations
 @click.pass_context
 def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
-            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, quiet, max_memory, rank, single_process,
-            timeout, imports, libraries, **rendezvous):
+            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, summary_path, quiet, max_memory, rank,
+            single_process, timeout, imports, libraries, **rendezvous):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
 
     ARCHIVE is a file or a store reference (STORE/NAME, e.g. s3://team/repros/resnet-3fa2b1c09d4e),
@@ -221,8 +225,9 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     """
     import reproarchive
 
-    if not minify and (output or max_time is not None or strict_accuracy or jobs is not None):
-        raise click.UsageError("-o/--output, --max-time, --strict-accuracy and --jobs only apply with --minify")
+    if not minify and (output or max_time is not None or strict_accuracy or jobs is not None or summary_path):
+        raise click.UsageError("-o/--output, --max-time, --strict-accuracy, --jobs and --summary only apply with "
+                               "--minify")
     # run judges every output (strict); the minifier by default floating outputs only
     settings = reproarchive.ReplaySettings(
         backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
@@ -236,7 +241,7 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
             with byte_bars(not (quiet or as_json)) as progress:
                 archive = str(reproarchive.fetch(archive, progress=progress))
         _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs,
-                shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet, timeout=timeout)
+                shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet, timeout=timeout, summary_path=summary_path)
         return
     with byte_bars(not (quiet or as_json)) as progress:
         outcome = reproarchive.run(archive, settings, isolate=isolate, progress=progress, rank=rank,
@@ -275,13 +280,16 @@ def format_job(job) -> str:
     return "\n".join(lines)
 
 
-def _minify(archive, output, settings, *, as_json, quiet, timeout=None, **options) -> None:
+def _minify(archive, output, settings, *, as_json, quiet, timeout=None, summary_path=None, **options) -> None:
     import reproarchive
 
     if not output:
         output = str(default_minified_path(archive))
     progress = None if (quiet or as_json) else minify_status()
     report = reproarchive.minify_archive(archive, output, settings, progress=progress, timeout=timeout, **options)
+    if summary_path:  # whole or not at all (click's atomic file: a temporary name renamed)
+        with click.open_file(summary_path, "w", encoding="utf-8", atomic=True) as f:
+            f.write(minify_summary(report, archive=str(archive)))
     s = report.stats
     if as_json:
         emit_json(report.to_dict())

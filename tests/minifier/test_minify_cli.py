@@ -224,3 +224,22 @@ def test_job_options_given_for_one_graph_are_one_line_errors(tmp_path):
     text = runner.invoke(main, ["run", "--minify", str(path), "-o", str(tmp_path / "m.tar.zst"), "--timeout", "5"])
     lines = [ln for ln in text.output.splitlines() if ln.startswith("error:")]
     assert text.exit_code == 2 and len(lines) == 1 and "leave --timeout out" in lines[0]
+
+
+def test_minify_summary_is_a_bug_report_that_reproduces(tmp_path, fresh_dynamo):
+    """``--summary``: the failure, the command that replays the minified archive, the versions,
+    the config the failing run changed (as Python to paste) and the smallest graph."""
+    from support.captures import capture_failure
+
+    with torch._inductor.config.patch({"freezing": True}):
+        path = capture_failure(tmp_path / "r.tar.zst", lambda x: torch.relu(x.sin()) * 2, [torch.randn(8)],
+                               "relu_compile_error_TESTING_ONLY")
+    out, summary = tmp_path / "min.tar.zst", tmp_path / "bug.md"
+    result = CliRunner().invoke(main, ["run", "--minify", str(path), "-o", str(out), "--summary", str(summary), "-q"])
+    assert result.exit_code == 0, result.output
+    text = summary.read_text()
+    assert f"replay it: `reproarchive run {out}`" in text and "- failure: " in text and "torch.relu" in text
+    code = text[text.index("```python", text.index("set it before compiling")):]
+    assert "torch._inductor.config.freezing = True" in code.split("```")[1]
+    refused = CliRunner().invoke(main, ["run", str(path), "--summary", str(tmp_path / "x.md")])
+    assert refused.exit_code == 2 and "only apply with --minify" in refused.output

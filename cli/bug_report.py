@@ -1,0 +1,53 @@
+"""The parts of a Markdown bug report that `--summary` writes (bisect, run --minify): the torch
+config the failing run changed, as Python to paste before compiling, and the minified graph's
+report. A pasted report must reproduce upstream, where reproarchive is not installed."""
+
+from __future__ import annotations
+
+CONFIG_TITLE = "The torch config the failing run changed from the defaults (set it before compiling)"
+
+
+def recorded_facts(archive):
+    """(the settings the failing run changed from the defaults, as a replay applies them
+    (``admitted_settings``: the filter ``run`` and ``export`` apply), its failure record, the
+    torch it ran on); nothing for an archive that cannot be read here."""
+    import reproarchive
+    from reproarchive.context.system import torch_version
+    from reproarchive.format.reader import ContainerReader
+    from reproarchive.standalone.script import admitted_settings
+
+    try:
+        with ContainerReader(archive) as reader:
+            records = reader.index.records
+    except reproarchive.ReproArchiveError:
+        return [], None, None
+    return admitted_settings(records.config), records.failure, torch_version(records.system)
+
+
+def config_code(settings) -> str:
+    """``settings`` as Python: the config modules imported, then each setting assigned."""
+    return "\n".join([*(f"import {m}" for m in sorted({m for m, _, _ in settings})),
+                      *(f"{m}.{k} = {v!r}" for m, k, v in settings)])
+
+
+def minify_summary(report, *, archive: str) -> str:
+    """Markdown for a bug report of a minified archive: what failed, the command that replays
+    it, the versions, the config that matters and the smallest failing graph."""
+    from reproarchive.context.system import torch_here
+
+    from .text import terminal_lines
+
+    settings, failure, recorded_torch = recorded_facts(report.output)
+    s = report.stats
+    lines = ["### reproarchive minify", ""]
+    if failure is not None:
+        first = (str(failure.message or "").strip().splitlines() or [""])[0][:300]
+        lines.append(f"- failure: {failure.stage}: {failure.exception_type}" + (f": {first}" if first else ""))
+    lines += [f"- minified: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> "
+              f"{s['final_inputs']} inputs ({report.status})",
+              f"- torch {recorded_torch or 'unknown'} when recorded, {torch_here()} here",
+              f"- replay it: `reproarchive run {report.output}` (minified from `{archive}`)"]
+    if settings:
+        lines += ["", f"{CONFIG_TITLE}:", "", "```python", config_code(settings), "```"]
+    lines += ["", "The smallest failing graph:", "", "```python", report.code.rstrip(), "```"]
+    return terminal_lines("\n".join(lines)) + "\n"
