@@ -6,7 +6,7 @@ import click
 
 from .app import emit_json, main
 from .bisect_text import compiler_lines, env_line, step_line, summary, torch_lines
-from .bug_report import recorded_facts
+from .bug_report import recorded_settings
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, USAGE, exit_codes
 from .replay_cmds import DEVICE
 from .text import terminal_lines
@@ -45,7 +45,7 @@ def _write_summary(path, result, archive) -> None:
         graph = reproarchive.graph_code(archive) if archive else None
     except reproarchive.ReproArchiveError:
         graph = None
-    text = summary(result, graph=graph, settings=recorded_facts(archive)[0] if archive else [],
+    text = summary(result, graph=graph, settings=recorded_settings(archive) if archive else [],
                    html_page=str(path).endswith((".html", ".htm")))
     with click.open_file(path, "w", encoding="utf-8", atomic=True) as f:
         f.write(text)

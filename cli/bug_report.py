@@ -7,21 +7,15 @@ from __future__ import annotations
 CONFIG_TITLE = "The torch config the failing run changed from the defaults (set it before compiling)"
 
 
-def recorded_facts(archive):
-    """(the settings the failing run changed from the defaults, as a replay applies them
-    (``admitted_settings``: the filter ``run`` and ``export`` apply), its failure record, the
-    torch it ran on); nothing for an archive that cannot be read here."""
+def recorded_settings(archive) -> list[tuple[str, str, object]]:
+    """``reproarchive.recorded_config``; [] for an archive that cannot be read here (a summary
+    is still written without it)."""
     import reproarchive
-    from reproarchive.context.system import torch_version
-    from reproarchive.format.reader import ContainerReader
-    from reproarchive.standalone.script import admitted_settings
 
     try:
-        with ContainerReader(archive) as reader:
-            records = reader.index.records
+        return reproarchive.recorded_config(archive)
     except reproarchive.ReproArchiveError:
-        return [], None, None
-    return admitted_settings(records.config), records.failure, torch_version(records.system)
+        return []
 
 
 def config_code(settings) -> str:
@@ -33,11 +27,15 @@ def config_code(settings) -> str:
 def minify_summary(report, *, archive: str) -> str:
     """Markdown for a bug report of a minified archive: what failed, the command that replays
     it, the versions, the config that matters and the smallest failing graph."""
-    from reproarchive.context.system import torch_here
+    import torch
+
+    import reproarchive
 
     from .text import terminal_lines
 
-    settings, failure, recorded_torch = recorded_facts(report.output)
+    info = reproarchive.inspect(report.output)
+    settings, failure = recorded_settings(report.output), info.failure
+    recorded_torch = info.system.torch if info.system is not None else None
     s = report.stats
     lines = ["### reproarchive minify", ""]
     if failure is not None:
@@ -45,7 +43,7 @@ def minify_summary(report, *, archive: str) -> str:
         lines.append(f"- failure: {failure.stage}: {failure.exception_type}" + (f": {first}" if first else ""))
     lines += [f"- minified: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> "
               f"{s['final_inputs']} inputs ({report.status})",
-              f"- torch {recorded_torch or 'unknown'} when recorded, {torch_here()} here",
+              f"- torch {recorded_torch or 'unknown'} when recorded, {torch.__version__} here",
               f"- replay it: `reproarchive run {report.output}` (minified from `{archive}`)"]
     if settings:
         lines += ["", f"{CONFIG_TITLE}:", "", "```python", config_code(settings), "```"]

@@ -442,6 +442,16 @@ def _execution_literal(record: ExecutionRecord | None) -> dict[str, Any]:
     return out
 
 
+def recorded_config(path: str | os.PathLike) -> list[tuple[str, str, Any]]:
+    """(config module, key, value) of the torch config the failing run of the archive at ``path``
+    changed from the defaults, as a replay applies it (``admitted_settings``): what a bug report
+    must say for its graph to fail upstream. Reads the index only."""
+    from reproarchive.format.reader import ContainerReader
+
+    with ContainerReader(path) as reader:
+        return admitted_settings(reader.index.records.config)
+
+
 def admitted_settings(config: ConfigRecord | None) -> list[tuple[str, str, Any]]:
     """(config module, key, value) of the recorded settings that differed from the defaults and
     pass the replay filter (``context.admission``), in torch's own config modules only."""
