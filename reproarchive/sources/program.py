@@ -344,14 +344,10 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
         failure = crash_record(signal_name or f"exit status {program_exit}",
                                f"the program {how} while this graph ran{said}", "")
     repro = load(pending)
-    if not_replayed is not None:  # the archive keeps the signal the program died of, and says how to replay it
-        write_capture(capture_of(repro, failure, replay_notes=notes, program_exit=program_exit), target, prefixes={})
-        pending.unlink()
-        return dataclasses.replace(
-            archive_report(target, kind="capture (crash)", replay=notes),
-            warnings=(f"not replayed: {not_replayed.what}; the archive records the signal the program died of. "
-                      f"If you trust that module, replay it with: reproarchive run --backend {repro.records.backend} "
-                      f"{target}",))
+    # not replayed: the archive keeps the signal the program died of, and says how to replay it
+    hint = () if not_replayed is None else (
+        f"not replayed: {not_replayed.what}; the archive records the signal the program died of. If you trust "
+        f"that module, replay it with: reproarchive run --backend {repro.records.backend} {target}",)
     if "absent" in (repro.fidelity or []):
         # the program died while the spool was still writing these inputs (a crash during
         # compilation): the archive keeps them absent, and says so, rather than pass generated
@@ -360,10 +356,11 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
         return dataclasses.replace(
             archive_report(target, kind="capture (crash)", replay=notes),
             warnings=(f"the program died while {repro.fidelity.count('absent')} input(s) were still being written: "
-                      "they are stored as absent (generated on load)",))
+                      "they are stored as absent (generated on load)", *hint))
     write_capture(capture_of(repro, failure, replay_notes=notes, program_exit=program_exit), target, prefixes={})
     pending.unlink()
-    return archive_report(target, kind="capture (crash)", replay=notes)
+    report = archive_report(target, kind="capture (crash)", replay=notes)
+    return dataclasses.replace(report, warnings=(*report.warnings, *hint)) if hint else report
 
 
 SOURCE_RECORD = CaptureSource
