@@ -255,3 +255,42 @@ def test_recording_the_calls_changes_nothing_of_the_program(op_library):
     assert torch.equal(torch.get_rng_state(), before)
     assert not [name for name in issued.seen if "c10d" in name]
     assert [call.arguments[1] for call in live.calls] == [2.0]  # the call after the collective: not run
+
+
+def test_a_jobs_custom_op_records_are_judged_as_one_graphs_are(op_library, tmp_path):
+    """A job archive's custom ops go through the same stand-in rules when its ranks are loaded
+    and when it is exported: the module it names is never imported, and a schema a stand-in
+    cannot honour is refused in one line (before, a job's loader never looked at them)."""
+    import dataclasses
+
+    from reproarchive.format.schema import OpProvenance, RankOutcome, RankRecord
+    from support.cli import invoke
+
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_module.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    gm = torch.fx.symbolic_trace(program(op_library.namespace))
+
+    def job(path, **changes):
+        ranks = []
+        for r in range(2):
+            x = torch.full((4,), float(r))
+            (live,) = record_calls(gm, [x])
+            live.record = dataclasses.replace(live.record, **changes)
+            ranks.append(reproarchive.RankCapture(gm, [x], RankRecord(rank=r, outcome=RankOutcome(status="passed")),
+                                                  custom_ops=[live]))
+        return reproarchive.pack_job(ranks, path, world_size=2, backend="gloo")
+
+    named = job(tmp_path / "named.tar.zst", provenance=OpProvenance(kind="python", module="evil_module"))
+    refused = job(tmp_path / "refused.tar.zst",
+                  schema=f"{op_library.namespace}::scale(Tensor(a!) x, float alpha) -> Tensor(a!)")
+    op_library.forget()
+    loaded = reproarchive.load_job(named)
+    assert [r.stand_ins for r in loaded.ranks] == [[op_library.op_name]] * 2
+    assert invoke("export", named, "-o", tmp_path / "export").exit_code == 0
+    assert "evil" not in (tmp_path / "export" / "repro.py").read_text()
+    assert not marker.exists() and "evil_module" not in sys.modules
+    with pytest.raises(UnsafeArchiveError, match="writes or aliases"):
+        reproarchive.load_job(refused)
+    result = invoke("export", refused, "-o", tmp_path / "refused-export")
+    assert result.exit_code != 0 and "writes or aliases" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "refused-export").exists()
