@@ -161,7 +161,7 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
     runs). ``device`` as for ``load``. A single-process archive loads as a job of one rank (rank 0)."""
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
-        install_stand_ins(index.custom_ops or ())  # before the targets are checked, as ``load`` does
+        stood_in = install_stand_ins(index.custom_ops or ())  # before the targets are checked, as ``load`` does
         check_readable_here(index, replaying=False)
         job = index.job if index.job is not None else single_rank_job(index)
         plan = resolve_devices(recorded_devices(index), device, missing="cpu")  # checked once, for every rank
@@ -172,7 +172,7 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
             records = rank_records(index, rank)
             # its notes are given below, each once for the job, not once per rank
             built = rebuild(reader, rank_graph(index, rank), rank_inputs(index, rank), records, device=plan,
-                            max_memory=max_memory, path=path, warn=False)
+                            max_memory=max_memory, stood_in=stood_in, path=path, warn=False)
             loaded.append(RankRepro(
                 rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=built.gm,
                 args=built.args, fidelity=built.fidelity, outcome=rank.outcome, schedule=rank.schedule,

@@ -131,11 +131,11 @@ def load(path: str | os.PathLike, *, device=None, progress: ProgressFn | None = 
     opened = ContainerReader(path, limits=limits) if reader is None else contextlib.nullcontext(reader)
     with opened as reader:  # noqa: PLR1704 - the reader given, or the one opened here
         index = reader.index
-        if stand_ins:  # before the graph's targets are checked: a stand-in is what a missing custom op resolves to
-            install_stand_ins(index.custom_ops or ())
+        # before the graph's targets are checked: a stand-in is what a missing custom op resolves to
+        stood_in = install_stand_ins(index.custom_ops or ()) if stand_ins else []
         check_readable_here(index)
         built = rebuild(reader, index.graph, index.inputs, index.records, device=device, progress=progress,
-                        remap_graph=remap_graph, max_memory=max_memory, stand_ins=stand_ins, path=path)
+                        remap_graph=remap_graph, max_memory=max_memory, stood_in=stood_in, path=path)
         return Repro(built.gm, built.args, Path(path), reader.index_digest, index, built.fidelity, built.devices,
                      built.notes, built.custom_ops, built.stand_ins, built.rng_states)
 
@@ -157,14 +157,14 @@ class Rebuilt:
 
 def rebuild(reader: ContainerReader, graph: Any, inputs: Sequence[Any], records: Records, *, device=None,
             progress: ProgressFn | None = None, remap_graph: bool = True, max_memory: int | None = None,
-            stand_ins: bool = True, path: str | os.PathLike, warn: bool = True) -> Rebuilt:
+            stood_in: Sequence[str] = (), path: str | os.PathLike, warn: bool = True) -> Rebuilt:
     """``graph`` and ``inputs`` of the open archive (the index's own, or one rank's of a job)
     with ``records`` (theirs: the execution state, the generator states), as ``load`` documents
     it. Only the storages they use are read: a rank of a job reads its own, never every rank's.
+    ``stood_in``: the custom ops the caller installed stand-ins for (``codec.stand_ins.install``,
+    once per archive, before its targets were checked); their recorded calls are given here.
     ``warn=False``: the notes are returned, not also issued as warnings."""
     index, limits = reader.index, reader.limits
-    # before the graph's targets are resolved: a stand-in is what a missing custom op resolves to
-    stood_in = install_stand_ins(index.custom_ops or ()) if stand_ins else []
     mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
     notes = [f"recorded device {name} is not available here; loading on cpu" for name in mapper.fallback]
     table = index.storages

@@ -127,8 +127,6 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
         record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
         parent_gm = (parents or {}).get(r.rank, r.gm)
         own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), records.minify)
-        if r.rank == job.primary_rank:
-            own = dataclasses.replace(own, failure=records.failure)
         captures.append(RankCapture(gm, list(inputs), record, own, r.rng_states, custom_ops=r.custom_ops))
     return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
                     meshes=job.meshes)
