@@ -43,7 +43,7 @@ from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.minifier.records import minified_records
+from reproarchive.minifier.records import generated_inputs, labelled, minified_records
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
@@ -96,30 +96,9 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
-    """``stats`` with each input's provenance completed by what the archive knows: whether its
-    value was computed from inputs the original archive had no data for (``from_absent``), and
-    ``real``: the values are (a block of) the original data.
-
-    An input of the parent counts as generated when it is absent, and also when the parent is
-    itself a minified archive that labelled it not real (zeros, a cast, a value computed from
-    absent data): its bytes are stored as real, but they are not the original data, and a second
-    minify must not launder them into it."""
-    from reproarchive.codec.tensors import FIDELITY_ABSENT
-
-    fidelity = list(repro.fidelity or [])
-    minify = repro.records.minify
-    parent_inputs = minify.inputs if minify is not None and minify.inputs else None
-    generated = {k for k, f in enumerate(fidelity) if f == FIDELITY_ABSENT}
-    if parent_inputs is not None:
-        generated |= {k for k, p in enumerate(parent_inputs) if not p.real}
-    inputs = []
-    for entry in stats.get("inputs") or []:
-        entry = dict(entry)
-        absent = any(k in generated for k in entry.get("depends_on", []))
-        entry["from_absent"] = absent
-        entry["real"] = not absent and entry.get("values") in ("recorded", "cropped")
-        inputs.append(entry)
-    return {**stats, "inputs": inputs}
+    """``stats`` with each input's provenance completed by what the archive knows (``labelled``)."""
+    generated = generated_inputs(repro.fidelity, repro.records)
+    return {**stats, "inputs": labelled(stats.get("inputs") or [], generated)}
 
 
 def auto_jobs() -> int:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from reproarchive.child import temp_folder
 from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.minifier.records import generated_inputs, labelled
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.settings import ReplaySettings
@@ -69,12 +70,25 @@ def _names(gm: Any) -> tuple[set[str], list[str]]:
     return kept, outs
 
 
-def _same_cut(recording: Any, kept: set[str], outs: list[str]) -> tuple[Any, list]:
-    """Rank r's graph cut like the failing rank's candidate: the same node names kept and returned."""
+def _same_cut(recording: Any, kept: set[str], outs: list[str]) -> tuple[Any, list, list[dict[str, Any]]]:
+    """Rank r's graph cut like the failing rank's candidate (the same node names kept and
+    returned), its inputs, and their provenance (``Recording.input_provenance``)."""
     index = {n.name: i for i, n in enumerate(recording.nodes)}
     keep = [index[name] for name in kept if name in index and recording.is_op[index[name]]]
     outputs = [index[name] for name in outs if name in index]
-    return recording.build(recording.normalise(keep, outputs=outputs or None))
+    cand = recording.normalise(keep, outputs=outputs or None)
+    gm, inputs = recording.build(cand)
+    return gm, inputs, recording.input_provenance(cand)
+
+
+def _generated(job: Any, free: dict[int, tuple[Any, list]]) -> dict[int, set[int]]:
+    """rank -> positions of its collective-free graph's inputs (``free``) that are not original
+    data: its own generated inputs, and every collective's recorded value when any rank's input
+    was generated (a collective's value is computed from every rank's)."""
+    own = {r.rank: generated_inputs(r.fidelity, r.records) for r in job.ranks}
+    if not any(own.values()):
+        return own
+    return {r.rank: own[r.rank] | set(range(len(r.args), len(free[r.rank][1]))) for r in job.ranks}
 
 
 class _JobOracle:
@@ -111,13 +125,14 @@ class _JobOracle:
 
 
 def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, records: Any,
-               parents: dict[int, Any] | None = None) -> Path:
+               parents: dict[int, Any] | None = None, minify_of: dict[int, Any] | None = None) -> Path:
     """A job archive of ``parts`` (rank -> graph, inputs) with the job's groups, ranks' devices,
     recorded outcomes, generator states and custom-op calls; the graphs issue no collectives, so
     their schedules are empty. Each rank keeps its own records, made by ``minified_records`` as
     one graph's are (``records`` gives the provenance: ``parent``, ``minify``): its shape
     policy for the inputs its cut kept, by placeholder name against ``parents`` (rank -> the
-    graph the cut was made from; default: the rank's loaded graph)."""
+    graph the cut was made from; default: the rank's loaded graph) and its own minify record
+    (``minify_of``: the provenance of its own inputs; default: ``records.minify``)."""
     from reproarchive.archive.job import RankCapture, pack_job
     from reproarchive.minifier.records import minified_records
 
@@ -126,7 +141,8 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
         gm, inputs = parts[r.rank]
         record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
         parent_gm = (parents or {}).get(r.rank, r.gm)
-        own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), records.minify)
+        minify = (minify_of or {}).get(r.rank, records.minify)
+        own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), minify)
         captures.append(RankCapture(gm, list(inputs), record, own, r.rng_states, custom_ops=r.custom_ops))
     return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
                     meshes=job.meshes)
@@ -160,13 +176,13 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
         recordings = {rank: Recording(gm, args) for rank, (gm, args) in free.items()}
         oracle = _JobOracle(job, settings, timeout_s, folder, {rank: gm for rank, (gm, _) in free.items()})
 
-        def parts_for(gm, inputs) -> dict[int, tuple[Any, list]]:
+        def cuts_for(gm, inputs) -> dict[int, tuple[Any, list, list]]:
             kept, outs = _names(gm)
-            return {rank: (gm, list(inputs)) if rank == lead else _same_cut(rec, kept, outs)
+            return {rank: (gm, list(inputs), []) if rank == lead else _same_cut(rec, kept, outs)
                     for rank, rec in recordings.items()}
 
         def fails(gm, inputs) -> bool:
-            return oracle(parts_for(gm, inputs))
+            return oracle({rank: (g, i) for rank, (g, i, _) in cuts_for(gm, inputs).items()})
 
         try:
             result = minify_with_stats(free[lead][0], free[lead][1], fails, max_time=max_time, progress=progress,
@@ -181,12 +197,17 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
             oracle.close()
         stats = result.stats.as_dict()
         stats.update(wall_s=round(time.monotonic() - started, 3), input_origins=result.input_origins)
-        minify = as_records({"minify": stats}).minify
+        generated = _generated(job, free)
+        stats["inputs"] = labelled(stats.get("inputs") or [], generated[lead])
+        cuts = cuts_for(result.gm, result.inputs)
+        minify_of = {rank: as_records({"minify": stats if rank == lead else
+                                       {**stats, "inputs": labelled(provenance, generated[rank])}}).minify
+                     for rank, (_, _, provenance) in cuts.items()}
         stats.update(launches=oracle.launches + 1, collectives="replaced by their recorded per-rank values",
                      ranks=job.world_size, rank=lead)
-        records = dataclasses.replace(job.records, parent=job.digest, minify=minify)
-        pack_parts(job, parts_for(result.gm, result.inputs), output, records=records,
-                   parents={rank: gm for rank, (gm, _) in free.items()})
+        records = dataclasses.replace(job.records, parent=job.digest, minify=minify_of[lead])
+        pack_parts(job, {rank: (g, i) for rank, (g, i, _) in cuts.items()}, output, records=records,
+                   parents={rank: gm for rank, (gm, _) in free.items()}, minify_of=minify_of)
     return MinifyReport(archive=str(path), output=str(output), parent=job.digest,
                         status="minified" if result.stats.accepted else "unchanged", stats=stats,
                         code=readable_code(result.gm), input_origins=result.input_origins)

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from reproarchive.codec.shapes import placeholder_names, restricted
+from reproarchive.codec.tensors import FIDELITY_ABSENT
 from reproarchive.format.schema import Records
 
 
@@ -18,3 +19,31 @@ def minified_records(records: Records, parent: str, parent_gm: Any, gm: Any, inp
     symbolic input stays symbolic)."""
     shapes = restricted(records.shapes, placeholder_names(parent_gm), placeholder_names(gm), inputs)
     return dataclasses.replace(records, parent=parent, minify=minify, shapes=shapes)
+
+
+def generated_inputs(fidelity: list[str] | None, records: Records) -> set[int]:
+    """Positions of the inputs of a graph (or one rank's) whose values are not the original data.
+
+    An input counts as generated when it is absent, and also when the archive is itself a
+    minified one that labelled it not real (zeros, a cast, a value computed from absent data):
+    its bytes are stored as real, but they are not the original data, and a second minify must
+    not launder them into it."""
+    generated = {k for k, f in enumerate(fidelity or []) if f == FIDELITY_ABSENT}
+    minify = records.minify
+    if minify is not None and minify.inputs:
+        generated |= {k for k, p in enumerate(minify.inputs) if not p.real}
+    return generated
+
+
+def labelled(entries: list[dict[str, Any]], generated: set[int]) -> list[dict[str, Any]]:
+    """The minifier's per-input provenance (``depends_on``: positions of the graph's inputs)
+    completed with ``from_absent`` (the value was computed from a ``generated`` input) and
+    ``real`` (the values are, or are a block of, the original data)."""
+    out = []
+    for entry in entries:
+        entry = dict(entry)
+        absent = any(k in generated for k in entry.get("depends_on", []))
+        entry["from_absent"] = absent
+        entry["real"] = not absent and entry.get("values") in ("recorded", "cropped")
+        out.append(entry)
+    return out

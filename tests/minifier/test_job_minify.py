@@ -13,7 +13,9 @@ from support.job_archives import rank_one_fails
 
 @pytest.mark.slow
 def test_minify_keeps_the_culprit_on_every_rank_and_the_values_its_collectives_gave(tmp_path):
-    archive = rank_one_fails(tmp_path)
+    """Rank 0's ``x`` was recorded without its data: the all_reduce value rank 1's cut reads is
+    computed from it, so it is labelled generated on rank 1 (each rank its own labels)."""
+    archive = rank_one_fails(tmp_path, absent_on_rank_0=True)
     result = invoke("run", "--minify", archive, "-o", tmp_path / "min.tar.zst", "--timeout", "30", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -29,3 +31,8 @@ def test_minify_keeps_the_culprit_on_every_rank_and_the_values_its_collectives_g
     originals = reproarchive.load_job(archive)
     expected = sum(r.args[0] * 2 for r in originals.ranks)
     assert one.args[0].tolist() == expected.tolist()
+    assert stats["inputs"][0]["from_absent"] is True and stats["inputs"][0]["real"] is False
+    labels = {r.rank: [(p.origin, p.from_absent, p.real) for p in r.records.minify.inputs] for r in job.ranks}
+    assert labels[1][0][1:] == (True, False)  # computed by the all_reduce from rank 0's generated x
+    assert len(labels[0]) == len(zero.args)  # rank 0's own inputs (its cut keeps none), not rank 1's
+    assert any("generated" in note or "not the original" in note for note in one.notes), one.notes

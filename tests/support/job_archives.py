@@ -66,14 +66,17 @@ def _inputs(rank: int, device: str = "cpu") -> list[torch.Tensor]:
     return [torch.arange(4.0, device=device) - rank, torch.linspace(-1, 1, 4, device=device)]
 
 
-def _part(rank: int, gm: fx.GraphModule, outcome: RankOutcome, backend: str, device: str = "cpu") -> RankCapture:
+def _part(rank: int, gm: fx.GraphModule, outcome: RankOutcome, backend: str, device: str = "cpu",
+          inputs: list | None = None) -> RankCapture:
     record = RankRecord(rank=rank, local_rank=rank, device=device, schedule=_schedule(gm), outcome=outcome)
     failure = outcome.failure if outcome.status != "passed" else None
-    return RankCapture(gm, _inputs(rank, device), record, Records(backend=backend, failure=failure))
+    inputs = _inputs(rank, device) if inputs is None else inputs
+    return RankCapture(gm, inputs, record, Records(backend=backend, failure=failure))
 
 
-def rank_one_fails(folder: Path, device: str = "cpu") -> Path:
-    """``device``: where both ranks' inputs live (``cuda:0`` for the GPU check, nccl_check.py)."""
+def rank_one_fails(folder: Path, device: str = "cpu", *, absent_on_rank_0: bool = False) -> Path:
+    """``device``: where both ranks' inputs live (``cuda:0`` for the GPU check, nccl_check.py);
+    ``absent_on_rank_0``: rank 0's ``x`` recorded without its data (as a dump that lost it)."""
     from torch._dynamo.backends.registry import lookup_backend
 
     failing = collective_graph(relu=True)
@@ -81,8 +84,11 @@ def rank_one_fails(folder: Path, device: str = "cpu") -> Path:
         lookup_backend(RELU_BACKEND)(failing, _inputs(1))
     except Exception as exc:  # noqa: BLE001 - the recorded failure is PyTorch's own error
         failure = record_from_exception(exc, "compile", backend=RELU_BACKEND)
+    zero = _inputs(0, device)
+    if absent_on_rank_0:
+        zero[0] = reproarchive.AbsentTensor(tuple(zero[0].shape), zero[0].dtype, device=device)
     parts = [_part(0, collective_graph(), RankOutcome(status="running", doing="all_reduce on group '0'"),
-                   RELU_BACKEND, device),
+                   RELU_BACKEND, device, zero),
              _part(1, failing, RankOutcome(status="failed", failure=failure), RELU_BACKEND, device)]
     return reproarchive.pack_job(parts, folder / "rank-one-fails.tar.zst", world_size=2, backend="gloo",
                                  groups=[WORLD])
