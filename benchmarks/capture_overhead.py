@@ -1,15 +1,15 @@
-"""What capture costs a job that does not fail (issue 27): side by side, in one run.
+"""What capture costs a job that does not fail: side by side, in one run.
 
     python benchmarks/capture_overhead.py                      # 0.4 GB, eager and inductor
-    python benchmarks/capture_overhead.py --gb 0.4,1.5,4       # the issue's three sizes
+    python benchmarks/capture_overhead.py --gb 0.4,1.5,4       # three sizes
     python benchmarks/capture_overhead.py --cores 1 --busy     # pinned to one core, beside a busy loop
     python benchmarks/capture_overhead.py --repeat 3 --variants "capture,capture(calls)"  # medians, a subset
     python benchmarks/capture_overhead.py --quick --json       # seconds: what tests/benchmarks runs
-    python benchmarks/capture_overhead.py --device cuda --gb 1.5,4  # a GPU job (issue 27.5)
+    python benchmarks/capture_overhead.py --device cuda --gb 1.5,4  # a GPU job
 
 The job: a model of ``Linear(2048, 2048)`` + ``ReLU`` blocks (``--gb`` of fp32 weights), compiled
 with ``dynamic=False``, one training step (forward, ``sum().backward()``) per call. "recompiles"
-calls it with four batch sizes (four graphs, as the issue measured), "one graph" with one.
+calls it with four batch sizes (four graphs), "one graph" with one.
 Each variant runs in a fresh process, with an inductor cache of its own (every compile is cold):
 
   plain       ``torch.compile(model, backend=B)``, plain ``python``
@@ -32,7 +32,7 @@ of ``/proc/self/io``, which counts the writers it reaped too: archives written b
 run and removed after it count, stdout is negligible). The table gives capture's
 first-call and later-call time as a ratio of plain's, its extra peak RSS in MiB and as a
 fraction of the weights, and bytes written per byte of distinct storage (weights + inputs).
-The issue's targets: extra RSS at most 5% of the weights + 64 MiB, first calls at most 1.15x
+The targets: extra RSS at most 5% of the weights + 64 MiB, first calls at most 1.15x
 (inductor) / 1.5x (eager), bytes written at most 1.05x the distinct storage bytes.
 
 ``--cores N`` pins every process to the first N cores this one may use; ``--busy`` runs one

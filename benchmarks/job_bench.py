@@ -8,7 +8,7 @@ compiles the same graph (``all_reduce(x.sum() * w)``) with its own 16-byte input
 same 256 KiB weight ``w``; rank 1's compiled graph raises, so the capture backend writes each
 rank's part and rank 1 merges them into one job archive. Reported: the job archive's size, one
 rank's part (rank 1's: a complete single-rank archive of the same graph and inputs), the bytes of
-the inputs that differ between ranks, and the bound of issue 24: job <= 1.2 x part + distinct
+the inputs that differ between ranks, and the bound it must keep: job <= 1.2 x part + distinct
 inputs. Exit status 1 if the bound does not hold or the graph is stored more than once.
 """
 

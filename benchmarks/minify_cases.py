@@ -491,7 +491,7 @@ def all_cases(quick: bool = False, only: str | None = None) -> list[Case]:
         [rule_view_size(2, MSG.format("view(2, -1)", 23))], 1), True)
     for n, seed in ((100, 16), (400, 17)):
         add(f"accuracy_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_{n}", n, seed), n <= 100)
-    # one op 1% off, judged as the users judge it; seeds searched under PyTorch's judge
+    # one op 1% off, judged as PyTorch's users judge it; seeds searched under PyTorch's judge
     for n, seed in ((100, 30), (500, 30), (1000, 100)):
         add(f"accuracy_rel_{n}", lambda n=n, seed=seed: _accuracy_case(f"accuracy_rel_{n}", n, seed, miscompile={
             aten.sigmoid.default: _sigmoid_rel}, judges=("torch", "same2", "ours", "strict")), False)

@@ -234,8 +234,8 @@ def run_torch(minifier_dir: Path, cache: Path, extra: list[str], log: Path) -> d
 
 
 def record_crash(archive: Path, env: dict[str, str]) -> None:
-    """Until ``pack`` records crashes (issue 18): the failure of one isolated replay, written
-    into the archive, absent inputs kept absent."""
+    """The failure of one isolated replay, written into the archive, absent inputs kept absent
+    (the harness records crashes itself: see the module docstring)."""
     code = f'''
 import dataclasses
 import warnings

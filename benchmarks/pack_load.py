@@ -1,4 +1,4 @@
-"""Pack and load side by side with what users run today (issues 6 and 17).
+"""Pack and load side by side with what users run today.
 
     python benchmarks/pack_load.py                 # 1 GiB of inputs, every variant once
     python benchmarks/pack_load.py --gib 1 --cores 1   # every process pinned to one core

@@ -1,4 +1,4 @@
-"""Push and pull through a store against moving the whole file, on a real S3 API (issue 14).
+"""Push and pull through a store against moving the whole file, on a real S3 API.
 
     python benchmarks/store_bench.py              # 1 GiB archive (~3 min on 2 busy cores)
     python benchmarks/store_bench.py --mib 64     # smaller
@@ -16,7 +16,7 @@ server and client do not share a GIL):
 
 The archives hold a model's worth of fp32 weights (randn * 0.02, 64 tensors of 1/64 of the
 size each); the second one replaces 6 of the 64 tensors. Every byte count is read from the
-results (bytes sent by push), every time is wall clock around one call. Targets (issue 14):
+results (bytes sent by push), every time is wall clock around one call. Targets:
 second push sends <= 12% of the bytes and takes <= 20% of the whole-file put; push and pull
 take <= 1.3x the whole-file put and get. Exit status 1 when a target is missed or a pulled
 file differs from the pushed one.

@@ -1,4 +1,4 @@
-"""Triage a fleet against what a team does today: a shell loop of ``reproarchive run`` (issue 28).
+"""Triage a fleet against what a team does today: a shell loop of ``reproarchive run``.
 
     python benchmarks/triage_bench.py                 # 200 archives, 5 bugs, -j 2 (several minutes)
     python benchmarks/triage_bench.py --archives 40   # smaller

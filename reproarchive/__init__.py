@@ -65,7 +65,7 @@ _EXPORTS = {
     # triage
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",
-    # a fleet: group, replay and minify one per group on an engine, verdicts cached (issue 28)
+    # a fleet: group, replay and minify one per group on an engine, verdicts cached
     "triage_fleet": "reproarchive.triage.fleet",
     "TriageReport": "reproarchive.triage.fleet",
     "write_triage_page": "reproarchive.triage.fleet_page",

@@ -1,4 +1,4 @@
-"""The tree shows the layers, and data flows one way (README, "Development").
+"""The tree shows the layers, and data flows one way (docs/development.md, "The tree, and the layers").
 
 Every import in the library and the CLI is read from the source, function-level imports
 included (a lazy import is still a dependency), and checked against the layer order:

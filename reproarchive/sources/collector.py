@@ -1,4 +1,4 @@
-"""Python's cyclic garbage collector kept off capture's own bookkeeping (issue 27.1).
+"""Python's cyclic garbage collector kept off capture's own bookkeeping.
 
 A full collection runs when the middle generation has been collected ten times and the objects
 promoted to the oldest since the last full one reach a quarter of those that live there (CPython

@@ -1,4 +1,4 @@
-"""One spool per process and folder, written in the background (issue 27.2, 27.3).
+"""One spool per process and folder, written in the background (spec §13).
 
 The archive a crash would leave is spooled (``archive.spool``) while the backend compiles: the
 storages hashed and the entry's index written first, then its objects, each storage once per

@@ -1,4 +1,4 @@
-"""The rest of a spool entry written by a forked child: a copy-on-write snapshot (issue 27.3).
+"""The rest of a spool entry written by a forked child: a copy-on-write snapshot.
 
 A graph's first call must not wait for its crash record to be hashed and written (1.4 GiB of
 weights take ~0.65 s to hash on two cores, a multiple of a short step), yet a crash during that

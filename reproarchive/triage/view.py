@@ -168,7 +168,7 @@ def _failure(index: Index) -> dict | None:
     f = index.records.failure
     if f is None:
         return None
-    # issue 18 may give the record the compiler's error lines; older records have only the message
+    # a newer record may carry the compiler's error lines; older records have only the message
     diagnostics = list(getattr(f, "diagnostics", None) or ()) or compiler_diagnostics(f.message) \
         or compiler_diagnostics(f.traceback)
     accuracy = None

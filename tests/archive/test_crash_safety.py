@@ -1,5 +1,5 @@
 """Killing a writer mid-write never leaves a truncated archive or half-written folder under the
-final name (issue 7, item 4).
+final name.
 
 Each case runs the writer (library ``pack``, ``unpack``, ``export``) in a child process on a
 large-ish input and SIGKILLs it at a chosen moment: as soon as its temporary output appears,
@@ -186,7 +186,7 @@ def test_kill_export(tmp_path, big_archive, threshold):
         pytest.fail(f"export failed on a valid archive: {result['stderr']}")
     assert result["killed_at"] is not None, "export finished before it could be killed"
     assert not final.exists(), "a killed export left a folder under the final name"
-    # export's temporaries are named .NAME.*.tmp (not .partial): see the report for issue 7
+    # export's temporaries are named .NAME.*.tmp (not .partial)
     _check_outcome(final, result, None)
 
 

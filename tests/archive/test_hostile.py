@@ -1,4 +1,4 @@
-"""Hostile and broken archives (issue 7): never crash, never escape, never lose data.
+"""Hostile and broken archives: never crash, never escape, never lose data.
 
 Every case of ``hostile_corpus`` goes through the library (verify, load, inspect, unpack) and
 a representative slice through the CLI (verify, inspect, unpack, and run / export / minify
@@ -338,7 +338,7 @@ def test_cli_subprocess_one_line_no_traceback(corpus):
 
 
 def test_corpus_covers_issue_categories(corpus):
-    """The corpus keeps every category the issue lists (a generator change cannot drop one)."""
+    """The corpus keeps every category of hostile archive (a generator change cannot drop one)."""
     cats = {c.category for c in corpus["cases"]}
     for needed in ("truncation", "bitflip_footer", "bitflip_seektable", "bitflip_frame_index", "bitflip_frame_blob",
                    "magic", "plaintar", "notarchive", "version", "trailing", "counts", "names", "tarheader", "bomb",

@@ -1,4 +1,4 @@
-"""Hostile content (issue 12): archives that pass every byte-level check, written with
+"""Hostile content: archives that pass every byte-level check, written with
 reproarchive's own writer or by editing a valid index, still cannot write, read or run anything.
 
 Every attack goes through the commands that read an archive. For each: nothing outside the

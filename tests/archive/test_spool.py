@@ -1,4 +1,4 @@
-"""The process-wide spool (issue 27.2): each storage written once, entries completed into
+"""The process-wide spool (spec §13): each storage written once, entries completed into
 ordinary archives only when kept, nothing left after a normal exit; and ``pack SPOOL`` on the
 spool a killed process left."""
 
@@ -348,9 +348,10 @@ def test_staging_buffers_are_lent_one_per_reader_and_reused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_storages_are_spooled_through_pinned_chunks_and_no_device_memory(tmp_path):
-    """What a GPU machine checks (issue 27.5): device storages are spooled with no device memory
-    beyond the job's own, through pinned host buffers (at most one per storage read at once),
-    and complete into an archive whose weights are the device tensors' bytes."""
+    """What a GPU machine checks (as tests/support/capture_gpu_check.py does): device storages are
+    spooled with no device memory beyond the job's own, through pinned host buffers (at most one
+    per storage read at once), and complete into an archive whose weights are the device tensors'
+    bytes."""
     from reproarchive.archive.host_staging import CHUNK
 
     weights = [torch.randn(4096, 6144, device="cuda") for _ in range(3)]  # 96 MiB each

@@ -1,4 +1,4 @@
-"""Rough edges found by trying the command line as a new user would (issue 23, item 8)."""
+"""Rough edges found by trying the command line as a new user would."""
 
 from __future__ import annotations
 

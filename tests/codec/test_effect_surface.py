@@ -25,7 +25,7 @@ TABLE = Path(__file__).with_name("effect_refusals") / f"torch-{'.'.join(torch.__
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Pure tensor functions of torch.nn.functional that torch.overrides does not list as
-#: overridable, and that the rule once refused (issue 30).
+#: overridable, and that the rule once refused (a real model's call target).
 ONCE_REFUSED = ("hardswish", "hardsigmoid", "sigmoid", "tanh", "upsample", "upsample_bilinear", "upsample_nearest",
                 "scaled_mm", "grouped_mm", "scaled_grouped_mm")
 

@@ -1,4 +1,4 @@
-"""The effect rule of spec §7.3, checked over everything torch registers (issue 12).
+"""The effect rule of spec §7.3, checked over everything torch registers.
 
 Every operator the dispatcher knows and every function of torch's overridable tensor API goes
 through the allowlist. Each accepted one is checked here against the rule written out again

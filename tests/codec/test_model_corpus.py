@@ -1,4 +1,4 @@
-"""Real model architectures are never refused (issue 30): every call target in every Dynamo
+"""Real model architectures are never refused: every call target in every Dynamo
 graph of ``support.model_corpus`` is allowed by the effect rule, and every graph packs,
 verifies, loads bit-exact, replays (eager backend) and exports; and, with a compile failure
 planted on a target chosen from the graph itself (``support.planted_failure``), reproduces

@@ -1,4 +1,4 @@
-"""``verify`` and ``run`` judge a call target by one rule (issue 23, item 8).
+"""``verify`` and ``run`` judge a call target by one rule.
 
 A name this torch cannot resolve is either refused by the effect rule without being resolved
 (``torch.utils.cpp_extension.load`` while that module is not imported: nothing under

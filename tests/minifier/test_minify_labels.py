@@ -1,4 +1,4 @@
-"""Data is never passed off as real after minify (issue 18 item 2): an input a minified archive
+"""Data is never passed off as real after minify: an input a minified archive
 labels as not the original data says so on every later read, and a second minify keeps the label."""
 
 from __future__ import annotations

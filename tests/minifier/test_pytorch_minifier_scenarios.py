@@ -1,4 +1,4 @@
-"""PyTorch's own minifier tests, ported to the CPU, through ``run`` and ``minify`` (issue 30).
+"""PyTorch's own minifier tests, ported to the CPU, through ``run`` and ``minify``.
 
 The scenarios of torch's test/dynamo/test_minifier.py and test/inductor/test_minifier.py: the
 same programs, the same bug injectors (the ``*_TESTING_ONLY`` backends, inductor's C++ relu

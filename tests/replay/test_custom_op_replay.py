@@ -1,4 +1,4 @@
-"""Custom ops as data (issue 26): a graph calling an op of a library the replaying process does
+"""Custom ops as data (spec §8 ``custom_ops``): a graph calling an op of a library the replaying process does
 not have replays from the op's recorded outputs (a stand-in), or with the real op the user
 brings (``--import``); the minifier keeps the op where it is the culprit and cuts it where it is
 not; an archive can never make a replay import or load what it names."""

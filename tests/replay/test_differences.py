@@ -1,5 +1,5 @@
 """`run`'s differences and `doctor`: only real differences between the recording machine and
-this one (issue 18), and an archive's module names are never imported."""
+this one, and an archive's module names are never imported."""
 
 from __future__ import annotations
 

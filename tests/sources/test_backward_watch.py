@@ -1,5 +1,5 @@
 """A first call's compiled backward is guarded where the program runs it (``backward_watch``),
-not by a check step before the call (issue 27: first calls at most 1.15x plain's with
+not by a check step before the call (capture's target: first calls at most 1.15x plain's with
 Inductor): the crash record is on disk while that backward runs and only then, a failure of it
 is archived and raised in the program's own ``backward()``, and the class whose backward is
 watched gets its own back.

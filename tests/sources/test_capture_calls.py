@@ -1,5 +1,5 @@
 """The capture backend's call wrapper: every call covered, and nothing copied that the graph does
-not write (issues 25.4 and 27.1).
+not write.
 
 The backends are the custom functions of ``support.later_call_backends`` (compiled code that
 fails on some calls only) and Dynamo's ``eager``: milliseconds per graph.

@@ -1,5 +1,5 @@
 """The first call of a compiled graph runs it once where a check run would be that very call
-(issue 27: first calls at most 1.5x plain's with ``eager``), and always with
+(capture's target: first calls at most 1.5x plain's with ``eager``), and always with
 ``check_runtime="calls"``; its failures are archived as the check's were, and the archive a
 native crash would leave covers it.
 
@@ -170,7 +170,7 @@ class GraphItself:
 @pytest.mark.parametrize("forward", [True, False], ids=["its-forward", "the-graph-module"])
 def test_a_backend_that_runs_the_graph_itself_is_checked_by_its_first_call(tmp_path, forward):
     """Its backward is PyTorch's derivatives of the graph's operators: a check run would be a
-    forward like the real call's, so the real call is the check (issue 27: eager first calls)."""
+    forward like the real call's, so the real call is the check (what keeps eager first calls cheap)."""
     backend = GraphItself(forward)
     compiled = torch.compile(lambda x, w: torch.relu(x @ w), backend=reproarchive.capture(backend, path=tmp_path))
     w = torch.randn(8, 8, requires_grad=True)

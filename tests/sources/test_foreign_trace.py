@@ -1,4 +1,4 @@
-"""TORCH_TRACE logs from other machines and other torch versions (issue 26, item 6).
+"""TORCH_TRACE logs from other machines and other torch versions.
 
 A real log is made here (an Inductor compile error in a graph that calls a custom op the job
 defined), then edited as a log of another job would differ: its ``fx_graph_runnable`` sets a

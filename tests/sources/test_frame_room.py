@@ -1,7 +1,7 @@
 """Compiles and first calls under capture run with room on the interpreter's frame stack
 (``frame_room``): a call chain that keeps crossing a chunk's edge maps a chunk at every crossing,
-and the frames capture adds below a compiler can put its busiest depth on an edge (issue 27:
-+3.5 s in a 4 GB model's backward compile).
+and the frames capture adds below a compiler can put its busiest depth on an edge (it
+had cost +3.5 s in a 4 GB model's backward compile).
 
 Pure Python for the mechanism (page faults counted with ``getrusage``), a counting backend for
 the wiring: milliseconds.

@@ -1,4 +1,4 @@
-"""Capture of a multi-rank job under torchrun with gloo (issue 24): one archive for the job, every
+"""Capture of a multi-rank job under torchrun with gloo: one archive for the job, every
 rank in it, and what each was doing. Each test starts one real job (``support/job_program.py``)."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def s3_store(s3_endpoint):
 
 @pytest.fixture(params=["s3", "folder", "file", "memory"])
 def any_store(request, tmp_path):
-    """Every kind of store the issue names, one test each."""
+    """Every kind of store reproarchive supports, one test each."""
     if request.param == "s3":
         return request.getfixturevalue("s3_store")
     if request.param == "folder":

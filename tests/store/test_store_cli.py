@@ -1,5 +1,5 @@
 """The store on the command line (push, pull, ls, inspect, run), the capture backend's store=,
-and README's team flow run as written against a local S3 server."""
+and the team flow of docs/stores.md run as written against a local S3 server."""
 
 from __future__ import annotations
 
@@ -85,14 +85,14 @@ def test_the_capture_backend_pushes_every_failure_it_archives(tmp_path, monkeypa
 
 
 def _flow_script(port: int) -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "stores.md").read_text()
     block = text.split("<!-- store-flow -->", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
     lines = [line for line in block.splitlines() if not line.startswith("pip install")]  # installed already
     return "\n".join(lines).replace("5055", str(port)) + "\n"
 
 
 @pytest.mark.slow
-def test_the_readme_team_flow_works_as_written(tmp_path):
+def test_the_documented_team_flow_works_as_written(tmp_path):
     pytest.importorskip("moto.server")
     from support.s3server import free_port
 

@@ -1,4 +1,4 @@
-"""Rough edges of the store found by trying it as a new user would (issue 23, item 8): the two
+"""Rough edges of the store found by trying it as a new user would: the two
 digests, URLs of no known kind, a missing bucket, missing credentials, and an output file
 that is already there."""
 

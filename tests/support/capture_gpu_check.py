@@ -1,4 +1,4 @@
-"""Capture of CUDA jobs (issue 27.5), checked on a machine with a GPU, by hand or by the device tool:
+"""Capture of CUDA jobs (spooled device storages), checked on a machine with a GPU, by hand or by the device tool:
 
     python tests/support/capture_gpu_check.py          # every check
     python tests/support/capture_gpu_check.py 2b 4a    # some (keys: 1, 2a, 2b, 3a, 3b, 4a, 4b)

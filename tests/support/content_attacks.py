@@ -1,4 +1,4 @@
-"""Well-formed archives with hostile *content* (issue 12), written with reproarchive's own writer
+"""Well-formed archives with hostile *content*, written with reproarchive's own writer
 or by editing a valid index: every one passes the byte-level checks, so what stops them is the
 effect allowlist, the one filter for recorded config and environment, and the neutralising of
 strings on their way to a terminal or into generated code.

@@ -1,7 +1,7 @@
 """Small failing torch.compile jobs that write real TORCH_TRACE logs.
 
 Each job runs in a subprocess with TORCH_TRACE set, as a user's training job would, and fails
-the way the issue lists: a compile error, a runtime error, an accuracy failure, a graph break
+in each of these ways: a compile error, a runtime error, an accuracy failure, a graph break
 leaving several compiles, dynamic shapes with a recompile, and an Inductor compile error whose
 inputs TORCH_COMPILE_DEBUG_SAVE_REAL kept. PyTorch's own bug-injecting backends keep them cheap
 (no Inductor) except the last. The jobs save the tensors they compiled (``inputs.pt``) so tests

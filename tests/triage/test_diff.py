@@ -1,4 +1,4 @@
-"""``reproarchive diff`` (issue 15): same bug or not, what changed, from the indexes alone."""
+"""``reproarchive diff``: same bug or not, what changed, from the indexes alone."""
 
 from __future__ import annotations
 

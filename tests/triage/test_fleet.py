@@ -1,4 +1,4 @@
-"""``reproarchive triage`` (issue 28 items 2-4): tasks in fresh processes, a crash and a hang
+"""``reproarchive triage``: tasks in fresh processes, a crash and a hang
 reported as such, verdicts cached and resumed, ``--against`` another environment, the report.
 
 Every task is a real replay or minify in a fresh process (a torch import each), so these tests

@@ -1,4 +1,4 @@
-"""Grouping a fleet of archives by the multi-level signature (issue 28 item 1)."""
+"""Grouping a fleet of archives by the multi-level signature."""
 
 from __future__ import annotations
 

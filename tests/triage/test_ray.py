@@ -1,4 +1,4 @@
-"""``triage --engine ray``: the same tasks on a local Ray give the same verdicts (issue 28 item 2).
+"""``triage --engine ray``: the same tasks on a local Ray give the same verdicts.
 
 One test: ``ray.init()`` costs seconds. Skipped when Ray is not installed (CI installs it with
 the test extra)."""

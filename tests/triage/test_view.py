@@ -1,4 +1,4 @@
-"""``reproarchive view`` and ``inspect --graph`` (issue 15): one self-contained page per archive,
+"""``reproarchive view`` and ``inspect --graph``: one self-contained page per archive,
 checked in a real headless Chromium when one is installed."""
 
 from __future__ import annotations

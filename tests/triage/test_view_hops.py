@@ -1,4 +1,4 @@
-"""``view`` draws higher-order operators as frames holding their subgraphs (issue 26, item 4).
+"""``view`` draws higher-order operators as frames holding their subgraphs.
 
 Each archive is a real captured failure inside an operator's subgraph (``support.hop_programs``:
 ``fail_on_relu`` raises on the ``relu`` there), captured once per module. The page must draw
