@@ -23,7 +23,7 @@ def _validator(command: str) -> jsonschema.Draft202012Validator:
 
 def test_the_schema_file_is_what_the_records_declare():
     assert documents.SCHEMA_FILE.read_text() == documents.schema_text(), \
-        "run python -m reproarchive.documents --write"
+        "run `python -m reproarchive.spec_files --write`"
     jsonschema.Draft202012Validator.check_schema(json.loads(documents.SCHEMA_FILE.read_text()))
 
 

@@ -4,7 +4,8 @@ Every import in the library and the CLI is read from the source, function-level 
 included (a lazy import is still a dependency), and checked against the layer order:
 
     errors, version, progress, child  <  format  <  compat  <  codec, context  <  archive  <  replay, store
-                                      <  sources, minifier, standalone, triage, bisect, references, documents  <  cli
+                                      <  sources, minifier, standalone, triage, bisect, references, documents,
+                                         spec_files  <  cli
 
 ``compat`` is torch's private surface behind one module per concern (``tests/test_private_torch.py``):
 it imports only torch, the standard library and ``reproarchive.errors``, and the CLI may use it
@@ -27,7 +28,7 @@ LAYERS = {
     "reproarchive.replay": 5, "reproarchive.store": 5,
     "reproarchive.sources": 6, "reproarchive.minifier": 6, "reproarchive.standalone": 6, "reproarchive.triage": 6,
     "reproarchive.bisect": 6,
-    "reproarchive.references": 6, "reproarchive.documents": 6,
+    "reproarchive.references": 6, "reproarchive.documents": 6, "reproarchive.spec_files": 6,
     "reproarchive.cli": 7,
 }
 

@@ -13,7 +13,8 @@ string; ``schema_check`` describes every set, so a new member needs a version bu
 
 Versioning (spec §10): a change here needs the version bump ``schema_check`` names (its
 docstring has the rules), a new ``spec/schema-<major>.<minor>.json`` and golden vectors next to
-the old ones, which must keep loading; ``tests/format/test_schema_version.py`` enforces it.
+the old ones, which must keep loading (``python -m reproarchive.spec_files --write`` makes them);
+``tests/format/test_schema_version.py`` enforces it.
 """
 
 from __future__ import annotations

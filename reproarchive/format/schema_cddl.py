@@ -10,6 +10,9 @@ ignore unknown keys (spec §6, §10).
 
     python -m reproarchive.format.schema_cddl            # compare with the committed file
     python -m reproarchive.format.schema_cddl --write    # write it
+
+(``python -m reproarchive.spec_files`` checks or writes it with every other generated file,
+through ``check`` and ``write``.)
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from reproarchive.format.schema_check import _classes, _enums
 
 _HEADER = (f"; The index member of reproarchive format {schema.FORMAT_VERSION} (spec/FORMAT.md §5.1-§8), "
            f"""in CDDL (RFC 8610).
-; Generated from reproarchive/format/schema.py by `python -m reproarchive.format.schema_cddl --write`.
+; Generated from reproarchive/format/schema.py by `python -m reproarchive.spec_files --write`.
 ; msgpack maps onto CBOR's data model: str is tstr, bin is bstr. Every map may hold further keys,
 ; which readers ignore. Rules between fields (spec §5-§8, ids R5-1 ...) are checked after this grammar.
 
@@ -147,6 +150,27 @@ def grammar_file(spec_dir: Path, version: str = schema.FORMAT_VERSION) -> Path:
     return spec_dir / f"index-{version}.cddl"
 
 
+def check(spec_dir: Path) -> list[str]:
+    """The current version's grammar if it is not what ``grammar()`` makes now: one line naming
+    it and why; empty when it is."""
+    target = grammar_file(spec_dir)
+    if not target.exists():
+        return [f"{target}: missing"]
+    if target.read_text() != grammar():
+        return [f"{target}: differs from the schema"]
+    return []
+
+
+def write(spec_dir: Path) -> list[Path]:
+    """Write the current version's grammar; the files changed (none when it was current)."""
+    target = grammar_file(spec_dir)
+    text = grammar()
+    if target.exists() and target.read_text() == text:
+        return []
+    target.write_text(text)
+    return [target]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", type=Path, default=Path(__file__).resolve().parents[2] / "spec")
@@ -154,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     target = grammar_file(opts.spec)
     if opts.write:
-        target.write_text(grammar())
+        write(opts.spec)
         print(f"wrote {target}")
         return 0
-    if not target.exists() or target.read_text() != grammar():
+    if check(opts.spec):
         print(f"{target} is missing or differs from the schema: run with --write")
         return 1
     print(f"{target.name} matches the schema")

@@ -24,6 +24,9 @@ test fails naming it).
     python -m reproarchive.format.schema_check            # compare with the committed file
     python -m reproarchive.format.schema_check --write    # write the current version's file
 
+(``python -m reproarchive.spec_files`` checks or writes this file with every other generated one,
+through ``check`` and ``write``.)
+
 (torch.export's ``schema.py`` + ``schema_check.py`` is the model.)
 """
 
@@ -296,6 +299,48 @@ def schema_file(spec_dir: Path, version: str = schema.FORMAT_VERSION) -> Path:
     return spec_dir / f"schema-{version}.json"
 
 
+def schema_text() -> str:
+    """The current version's schema file, as ``write`` writes it."""
+    return json.dumps(describe(), indent=1, sort_keys=True) + "\n"
+
+
+def pending_bump(spec_dir: Path) -> str | None:
+    """Why the live schema must not be written over its version's file (it changed, and spec
+    §10 wants a version bump for the change), or None."""
+    target = schema_file(spec_dir)
+    if not target.exists():
+        return None
+    bump, reasons = required_bump(json.loads(target.read_text()), describe())
+    if bump == "none":
+        return None
+    return (f"the schema changed since {target.name} ({bump} change: {'; '.join(reasons)}): "
+            f"bump FORMAT_VERSION first (spec/FORMAT.md §10; a version not yet released: remove its file)")
+
+
+def check(spec_dir: Path) -> list[str]:
+    """The current version's schema file if it is not what ``write`` writes now: one line
+    naming it and why; empty when it is."""
+    target = schema_file(spec_dir)
+    if not target.exists():
+        return [f"{target}: missing (a new version needs its schema file)"]
+    problem = pending_bump(spec_dir)
+    if problem is not None:
+        return [f"{target}: {problem}"]
+    if target.read_text() != schema_text():
+        return [f"{target}: differs from the description of the schema"]
+    return []
+
+
+def write(spec_dir: Path) -> list[Path]:
+    """Write the current version's schema file; the files changed (none when it was current)."""
+    target = schema_file(spec_dir)
+    text = schema_text()
+    if target.exists() and target.read_text() == text:
+        return []
+    target.write_text(text)
+    return [target]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", type=Path, default=Path(__file__).resolve().parents[2] / "spec")
@@ -304,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     target = schema_file(opts.spec)
     current = describe()
     if opts.write:
-        target.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+        write(opts.spec)
         print(f"wrote {target}")
         return 0
     if not target.exists():

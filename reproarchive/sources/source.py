@@ -21,8 +21,8 @@ Adding a source (the recipe):
 
 1. Declare its ``source`` record in ``format/schema_records.py``: an open record with a ``TAG`` (its
    ``kind``), added to the ``Source`` union, with its fields in ``spec/FORMAT.md`` §8. That is a
-   minor format version (§10): bump ``FORMAT_MINOR``, run ``python -m
-   reproarchive.format.schema_check --write`` and ``python spec/vectors/make_vectors.py``.
+   minor format version (§10): bump ``FORMAT_MINOR`` and run ``python -m reproarchive.spec_files
+   --write`` (the version's schema file, grammar and golden vectors).
 2. Write one module under ``sources/`` with ``SOURCE_RECORD`` and ``capture_of(...) ->
    Capture``, which fills every record it knows (backend, accuracy, config, environment,
    system, failure, source). Code that imports the user's script or replays a graph that may

@@ -8,13 +8,16 @@ re-assembled by the hostile corpus' ``assemble`` (tests/support/hostile_corpus.p
 defect under test is the only one. ``invalid/manifest.json`` maps each file to the rule id a
 reader MUST name and the error code it MUST raise (``verify``, which checks every rule);
 ``limits``, where given, are reader caps to apply first (two rules are about caps whose
-defaults would need files of megabytes).
+defaults would need files of megabytes). ``python -m reproarchive.spec_files`` checks or writes
+them with every generated file (``check``, ``write``).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -222,19 +225,66 @@ def _flip_index_sha(p, valid: bytes) -> bytes:
     return bytes(data)
 
 
-def build() -> dict[str, dict]:
-    valid = BASE.read_bytes()
+def build(out: Path | None = None, base: Path | None = None) -> dict[str, dict]:
+    """Write every invalid vector and the manifest into ``out`` (default ``OUT``), from ``base``
+    (default ``BASE``)."""
+    out, base = OUT if out is None else out, BASE if base is None else base
+    valid = base.read_bytes()
     parsed = parse(valid)
-    OUT.mkdir(exist_ok=True)
+    out.mkdir(exist_ok=True)
     vectors: dict[str, dict] = {}
     for rule, slug, code, builder, limits in CASES:
         name = f"{rule}-{slug}.tar.zst"
-        (OUT / name).write_bytes(builder(parsed, valid))
+        (out / name).write_bytes(builder(parsed, valid))
         vectors[name] = {"rule": rule, "code": code, **({"limits": limits} if limits else {})}
-    manifest = {"base": BASE.name, "vectors": vectors, "not_vectorised": NOT_VECTORISED}
-    (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    manifest = {"base": base.name, "vectors": vectors, "not_vectorised": NOT_VECTORISED}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return vectors
 
 
+def _differing(spec_dir: Path, built: Path) -> dict[Path, str]:
+    """The files of ``spec_dir``'s invalid/ that are not what was built into ``built``, and how."""
+    kept = spec_dir / "vectors" / OUT.name
+    names = {p.name for p in built.iterdir()} | {p.name for p in kept.glob("*.tar.zst")}
+    out = {}
+    for name in sorted(names):
+        if not (built / name).exists():
+            out[kept / name] = "no longer made"
+        elif not (kept / name).exists():
+            out[kept / name] = "missing"
+        elif (built / name).read_bytes() != (kept / name).read_bytes():
+            out[kept / name] = "differs from what the generator makes"
+    return out
+
+
+def check(spec_dir: Path = HERE.parent) -> list[str]:
+    """The invalid vectors that are not what the builders make now (built in a temporary folder),
+    one line each; empty when all are."""
+    base = spec_dir / "vectors" / BASE.name
+    if not base.exists():
+        return [f"{spec_dir / 'vectors' / OUT.name}: not checked: the golden vector they are built from is missing"]
+    with tempfile.TemporaryDirectory() as tmp:
+        build(Path(tmp), base)
+        return [f"{path}: {how}" for path, how in _differing(spec_dir, Path(tmp)).items()]
+
+
+def write(spec_dir: Path = HERE.parent) -> list[Path]:
+    """Bring invalid/ to what the builders make; the files changed or removed (none without the
+    golden vector they are built from)."""
+    if not (spec_dir / "vectors" / BASE.name).exists():
+        return []
+    (spec_dir / "vectors" / OUT.name).mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        build(Path(tmp), spec_dir / "vectors" / BASE.name)
+        changed = list(_differing(spec_dir, Path(tmp)))
+        for path in changed:
+            if (Path(tmp) / path.name).exists():
+                shutil.copyfile(Path(tmp) / path.name, path)
+            else:
+                path.unlink()
+    return changed
+
+
 if __name__ == "__main__":
-    print(f"wrote {len(build())} invalid vectors to {OUT}")
+    write()
+    print(f"wrote {len(CASES)} invalid vectors to {OUT}")

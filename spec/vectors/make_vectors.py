@@ -2,10 +2,13 @@
 
     python spec/vectors/make_vectors.py [--check]
 
-Writes ``<name>-<version>.tar.zst`` files and ``vectors.json`` (what a reader must get back from
-each). Values come from arange/linspace arithmetic, not random generators, so they are the same
-on every torch version and platform. Existing vectors of older versions are never rewritten:
-``--check`` only reports whether the current writer still produces identical bytes.
+Writes the current version's ``<name>-<version>.tar.zst`` files that are missing and their
+entries in ``vectors.json`` (what a reader must get back from each). Values come from
+arange/linspace arithmetic, not random generators, so they are the same on every torch version
+and platform. An existing vector is never rewritten (spec/FORMAT.md §10), whatever its version:
+``--check`` only reports whether the current writer still produces identical bytes (in a
+temporary folder). ``python -m reproarchive.spec_files`` checks or writes them with every other
+generated file, through ``check`` and ``write``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import argparse
 import hashlib
 import json
 import operator
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -396,18 +401,23 @@ def value_facts(v):
 
 
 def build(name: str, path: Path) -> dict:
+    pack_case(name, path)
+    return expectations(name, path)
+
+
+def pack_case(name: str, path: Path) -> None:
+    """Write case ``name``'s vector of the current version at ``path``."""
     import reproarchive
 
     if name in JOB_CASES:
         ranks, job_facts = JOB_CASES[name]()
         reproarchive.pack_job(ranks, path, **job_facts)
-        return expectations(name, path)
+        return
     gm, inputs, *states = CASES[name]()
     if name == "dynamic":
         inputs[0] = _symint(inputs[0], "L['x'].size()[0]")
     reproarchive.pack(gm, inputs, path, backend="eager", snapshot=False, rng_states=states[0] if states else None,
                       **({'custom_ops': states[1]} if len(states) > 1 else {}), **RECORDS, **CASE_RECORDS.get(name, {}))
-    return expectations(name, path)
 
 
 def _symint(hint: int, source: str):
@@ -508,37 +518,114 @@ def _aliases(args) -> list[list[int]]:
     return sorted(g for g in groups.values() if len(g) > 1)
 
 
+def current() -> dict[str, str]:
+    """The current version's vector file names, each with its case."""
+    return {f"{name}-{VERSION}.tar.zst": name for name in (*CASES, *JOB_CASES)}
+
+
+def _manifest(vectors: Path) -> dict:
+    path = vectors / "vectors.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _unbuildable(name: str) -> str | None:
+    """Why case ``name`` cannot be built on this machine, or None."""
+    import importlib.util
+
+    if name == "triton" and importlib.util.find_spec("triton") is None:
+        return "building it needs the triton package"
+    return None
+
+
+def not_rebuilt(spec_dir: Path = HERE.parent) -> dict[str, str]:
+    """The current version's vectors this machine cannot build byte for byte, and why (the skips
+    of tests/format/test_vectors.py): a case that cannot be built here, and a vector written
+    with another zstd library or torch, whose bytes differ for reasons not the writer's."""
+    import zstandard
+
+    import reproarchive
+
+    vectors, manifest = spec_dir / "vectors", _manifest(spec_dir / "vectors")
+    zstd_here, torch_here = ".".join(map(str, zstandard.ZSTD_VERSION)), torch.__version__.split("+")[0]
+    out = {}
+    for fname, name in current().items():
+        if (why := _unbuildable(name)) is not None:
+            out[fname] = why
+        elif not (vectors / fname).exists() or fname not in manifest:
+            continue
+        elif (zstd := manifest[fname].get("zstd_library")) != zstd_here:
+            out[fname] = f"written with zstd {zstd}, this is {zstd_here}"
+        elif (made_with := reproarchive.inspect(vectors / fname).to_plain()["created_by"]["torch"]) != torch_here:
+            out[fname] = f"written with torch {made_with}, this is {torch_here}"
+    return out
+
+
+def check(spec_dir: Path = HERE.parent) -> list[str]:
+    """The current version's vectors (and their entries in vectors.json) that are missing or that
+    the writer no longer makes byte for byte, one line each; built in a temporary folder.
+    Older versions' vectors are frozen, and those ``not_rebuilt`` names are not built."""
+    vectors, manifest = spec_dir / "vectors", _manifest(spec_dir / "vectors")
+    skip = not_rebuilt(spec_dir)
+    stale = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for fname, name in current().items():
+            path = vectors / fname
+            if not path.exists():
+                stale.append(f"{path}: missing")
+                continue
+            if fname not in manifest:
+                stale.append(f"{vectors / 'vectors.json'}: no entry for {fname}")
+            elif manifest[fname].get("file_sha256") != _sha256(path):
+                stale.append(f"{vectors / 'vectors.json'}: the entry for {fname} is not of that file "
+                             "(a golden vector is never rewritten: restore the file)")
+            if fname in skip:
+                continue
+            pack_case(name, Path(tmp) / fname)
+            if (Path(tmp) / fname).read_bytes() != path.read_bytes():
+                stale.append(f"{path}: the writer now makes other bytes (a golden vector is never rewritten, "
+                             "spec/FORMAT.md §10: a change of bytes needs a version bump or vectors of its own)")
+    return stale
+
+
+def write(spec_dir: Path = HERE.parent) -> list[Path]:
+    """Write the current version's vectors that are missing, or have no entry in vectors.json
+    (never committed), with their entries; never rewrite a golden vector. The files written."""
+    import zstandard
+
+    vectors, manifest = spec_dir / "vectors", _manifest(spec_dir / "vectors")
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for fname, name in current().items():
+            path = vectors / fname
+            if path.exists() and fname in manifest or _unbuildable(name) is not None:
+                continue
+            pack_case(name, Path(tmp) / fname)
+            shutil.copyfile(Path(tmp) / fname, path)
+            manifest[fname] = {**expectations(name, path), "format": VERSION,
+                               "zstd_library": ".".join(map(str, zstandard.ZSTD_VERSION))}
+            written.append(path)
+    if written:
+        (vectors / "vectors.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        written.append(vectors / "vectors.json")
+    return written
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="rebuild into a temp dir and compare bytes")
     opts = parser.parse_args(argv)
-    manifest_path = HERE / "vectors.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for fname, why in not_rebuilt().items():
+        print(f"{fname}: not built here: {why}")
     if opts.check:
-        import tempfile
-
-        ok = True
-        with tempfile.TemporaryDirectory() as tmp:
-            for name in (*CASES, *JOB_CASES):
-                fname = f"{name}-{VERSION}.tar.zst"
-                out = Path(tmp) / fname
-                build(name, out)
-                same = (HERE / fname).exists() and out.read_bytes() == (HERE / fname).read_bytes()
-                print(f"{fname}: {'identical' if same else 'DIFFERENT'}")
-                ok &= same
-        return 0 if ok else 1
-    for name in (*CASES, *JOB_CASES):
-        fname = f"{name}-{VERSION}.tar.zst"
-        if fname in manifest and (HERE / fname).exists():
-            print(f"{fname}: exists, kept")
-            continue
-        manifest[fname] = build(name, HERE / fname)
-        import zstandard
-
-        manifest[fname]["zstd_library"] = ".".join(map(str, zstandard.ZSTD_VERSION))
-        manifest[fname]["format"] = VERSION
-        print(f"{fname}: written")
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        stale = check()
+        print("\n".join(stale) if stale else f"the vectors of {VERSION} are identical")
+        return 1 if stale else 0
+    for path in write():
+        print(f"{path.name}: written")
     return 0
 
 

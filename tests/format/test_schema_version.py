@@ -27,8 +27,8 @@ def _unbumped_change() -> str | None:
     if bump == "none":
         return None
     return (f"the index schema changed ({bump} change) but FORMAT_VERSION is still {schema.FORMAT_VERSION}: "
-            f"bump it by spec/FORMAT.md §10, run `python -m reproarchive.format.schema_check --write` and "
-            f"`python spec/vectors/make_vectors.py`: " + "; ".join(reasons))
+            f"bump it by spec/FORMAT.md §10 and run `python -m reproarchive.spec_files --write`: "
+            + "; ".join(reasons))
 
 
 def test_live_schema_matches_the_file_of_its_version():

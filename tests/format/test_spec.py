@@ -75,12 +75,12 @@ def test_invalid_vectors_are_what_the_generator_writes(tmp_path, monkeypatch):
 
 def test_the_worked_example_is_the_golden_vector_decoded():
     assert (SPEC / "example-index.json").read_text() == make_example.example_text(), \
-        "run `python spec/vectors/make_example.py`"
+        "run `python -m reproarchive.spec_files --write`"
 
 
 def test_the_cddl_grammar_is_the_schema_and_parses():
     assert schema_cddl.grammar_file(SPEC).read_text() == schema_cddl.grammar(), \
-        "run `python -m reproarchive.format.schema_cddl --write`"
+        "run `python -m reproarchive.spec_files --write`"
     pycddl = pytest.importorskip("pycddl")
     pycddl.Schema(schema_cddl.grammar())  # raises on a syntax error or an undefined rule
 
