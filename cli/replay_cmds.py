@@ -125,8 +125,8 @@ RUN_EPILOG = exit_codes(
           "device this machine lacks (--device cpu runs it on the CPU, and the verdict then says it ran on "
           "another device type), or the launcher started no rank of a multi-rank job"),
     (125, "inconclusive: the recorded failure did not appear, but not under the conditions the archive "
-          "records (a symbolic recording without its shape policy, random draws without the RNG state): no "
-          "evidence either way"),
+          "records (a symbolic recording without its shape policy, random draws without the RNG state, a "
+          "custom op stood in by its recorded outputs): no evidence either way"),
     INTERRUPTED,
 ) + """
 \b

@@ -114,6 +114,7 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
 def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
     """``run --single-process`` of the job archive at ``path``."""
     from reproarchive.archive.job import load_job
+    from reproarchive.replay.outcome import with_stand_ins
     from reproarchive.replay.runner import replay_graph
 
     start = time.monotonic()
@@ -134,7 +135,8 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
     def replayed(part: Any, gm: Any, args: list, note: str) -> _launch.RankOutcome:
         # each rank under its own records, judged against its own failure
         records = dataclasses.replace(part.records, failure=part.outcome.failure if part.outcome else None)
-        outcome = replay_graph(gm, args, chosen, records, report_differences=False, rng_states=part.rng_states)
+        outcome = with_stand_ins(replay_graph(gm, args, chosen, records, report_differences=False,
+                                              rng_states=part.rng_states), list(part.stand_ins))
         return _launch.RankOutcome(part.rank, outcome.status, outcome, note=note)
 
     _ranks.init_fake(lead.rank, world_size)

@@ -134,6 +134,17 @@ def unless_faithful(outcome: Outcome, unfaithful: list[str]) -> Outcome:
     return outcome
 
 
+def with_stand_ins(outcome: Outcome, names: list[str]) -> Outcome:
+    """``outcome`` of a replay in which the custom ops (or Triton kernels, ``triton:NAME``)
+    ``names`` were stood in for: their recorded outputs replaced code that did not run here, so a
+    pass is no evidence that the failure is gone (``unless_faithful``: inconclusive, 125)."""
+    outcome.stand_ins = list(names)
+    said = [f"{'Triton kernel ' + n.removeprefix('triton:') if n.startswith('triton:') else 'custom op ' + n} "
+            "was stood in: its recorded outputs replaced its implementation, which did not run here "
+            "(bring it with --import or --load-library)" for n in names]
+    return unless_faithful(outcome, [*outcome.unfaithful, *said]) if said else outcome
+
+
 def judge(recorded: FailureRecord | None, observed: FailureRecord | None) -> tuple[str, int]:
     if observed is None:
         return PASSED, EXIT_PASSED

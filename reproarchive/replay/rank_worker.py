@@ -76,7 +76,7 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
     a ``timeout`` failure, as the capture records a hang)."""
     from reproarchive.context.failure import as_collective_timeout
     from reproarchive.format.schema import Records
-    from reproarchive.replay.outcome import judge
+    from reproarchive.replay.outcome import judge, with_stand_ins
     from reproarchive.replay.runner import replay_graph
 
     # judged against this rank's own failure, under this rank's own records
@@ -87,7 +87,7 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
     if timed_out is not outcome.observed:
         status, code = judge(rank_repro.failure, timed_out)
         outcome = dataclasses.replace(outcome, observed=timed_out, status=status, exit_code=code)
-    return outcome
+    return with_stand_ins(outcome, list(getattr(rank_repro, "stand_ins", None) or []))
 
 
 def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,

@@ -40,7 +40,7 @@ from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
-from reproarchive.replay.outcome import Outcome, across_versions, judged, unless_faithful
+from reproarchive.replay.outcome import Outcome, across_versions, judged, unless_faithful, with_stand_ins
 from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
@@ -427,8 +427,7 @@ def _replayed(ready, repro, *, on_start=None) -> Outcome:
     outcome.warnings[:0] = load_warnings
     outcome.archive = ready.path
     outcome.digest = repro.digest
-    outcome.stand_ins = list(repro.stand_ins)
-    return outcome
+    return with_stand_ins(outcome, list(repro.stand_ins))
 
 
 def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_differences: bool = True) -> Outcome:

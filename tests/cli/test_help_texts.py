@@ -17,18 +17,23 @@ GOLDEN = Path(__file__).resolve().parents[1] / "data" / "help_texts.txt"
 WIDTH = 100  # fixed, so the text does not depend on the terminal the test runs in
 
 
+def _context(command: click.Command, name: str, parent: click.Context | None = None) -> click.Context:
+    """The context ``--help`` prints in, as click makes it (the command's own settings: ``-h``)."""
+    settings = {**command.context_settings, "terminal_width": WIDTH, "max_content_width": WIDTH}
+    return click.Context(command, info_name=name, parent=parent, **settings)
+
+
 def _commands(command: click.Command, ctx: click.Context):
     yield ctx, command
     if isinstance(command, click.Group):
         for name in sorted(command.commands):
             sub = command.commands[name]
-            yield from _commands(sub, click.Context(sub, info_name=name, parent=ctx,
-                                                    terminal_width=WIDTH, max_content_width=WIDTH))
+            yield from _commands(sub, _context(sub, name, ctx))
 
 
 def help_texts() -> str:
     """One document: each command's path as a heading, then its help as ``--help`` prints it."""
-    root = click.Context(main, info_name="reproarchive", terminal_width=WIDTH, max_content_width=WIDTH)
+    root = _context(main, "reproarchive")
     parts = []
     for ctx, command in _commands(main, root):
         parts.append(f"===== {ctx.command_path}\n{command.get_help(ctx)}\n")
@@ -43,7 +48,7 @@ def test_every_commands_help_is_the_reviewed_text():
 def test_every_command_is_covered():
     """A command added without its reviewed help, or one removed, fails here by name."""
     listed = {line.removeprefix("===== ") for line in GOLDEN.read_text().splitlines() if line.startswith("===== ")}
-    root = click.Context(main, info_name="reproarchive")
+    root = _context(main, "reproarchive")
     assert listed == {ctx.command_path for ctx, _ in _commands(main, root)}
 
 

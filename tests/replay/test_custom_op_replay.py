@@ -96,12 +96,22 @@ def test_python_custom_op_recorded_replayed_with_and_without_its_library(op_libr
 
     real = reproarchive.run(path, reproarchive.ReplaySettings(imports=(op_library.module_name,)), isolate=False)
     assert real.status == REPRODUCED and real.stand_ins == [], real.to_dict()
+    brought = reproarchive.ReplaySettings(backend="eager", imports=(op_library.module_name,))
+    passed = reproarchive.run(path, brought, isolate=False)
+    assert (passed.status, passed.exit_code, passed.unfaithful) == ("passed", 0, []), passed.to_dict()
     op_library.forget()
 
     stood_in = reproarchive.run(path, isolate=False)
     assert stood_in.status == REPRODUCED, stood_in.to_dict()
     assert stood_in.stand_ins == [op_library.op_name]
     assert any("stand-in" in w for w in stood_in.warnings)
+
+    # a pass with the op stood in is no evidence the bug is gone (its code never ran): 125, and
+    # the verdict says which op (with the real op brought, the same pass was a pass, above)
+    eager = reproarchive.ReplaySettings(backend="eager")
+    unproven = reproarchive.run(path, eager, isolate=False)
+    assert (unproven.status, unproven.exit_code) == ("inconclusive", 125), unproven.to_dict()
+    assert any(op_library.op_name in why and "stood in" in why for why in unproven.unfaithful), unproven.unfaithful
 
 
 def test_custom_op_not_the_culprit_minify_cuts_it(op_library, tmp_path):
