@@ -109,12 +109,28 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
                                                  "backend": settings.backend})
     outcome = replay_one(rank_repro, settings, rank=rank, records=records,
                          report_differences=rank == 0 and records is not None)
+    if fake and schedule:
+        outcome = _alone(outcome, rank)
     write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": schedule})
     if outcome.observed is not None:
         return EXIT_FAILED
     if not fake:
         _wait_for_peers(rank, world_size, timeout_s)
     return 0
+
+
+def _alone(outcome: Any, rank: int) -> Any:
+    """The outcome of a rank that ran alone against the fake process group: its collectives gave
+    made-up values, so a pass where the recording failed after compiling (forward, backward,
+    accuracy, a crash) is no evidence (inconclusive); a compile reads no collective's value,
+    so a pass of a recorded compile failure stays a pass."""
+    from reproarchive.replay.outcome import unless_faithful
+
+    recorded = outcome.recorded
+    if recorded is None or recorded.stage == "compile":
+        return outcome
+    return unless_faithful(outcome, [*outcome.unfaithful, f"rank {rank} ran alone against a fake process group: "
+                                     "its collectives returned made-up values, not the job's"])
 
 
 def record_collectives(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, *, timeout_s: float,

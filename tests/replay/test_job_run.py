@@ -42,6 +42,15 @@ def test_one_rank_alone_against_a_fake_process_group(archives):
     assert "fake process group" in result.stdout
     bad = invoke("run", archives["fails"], "--rank", "5")
     assert bad.exit_code == 2 and "not a rank of this job" in bad.output
+    # a compile reads no collective's value: its pass alone is evidence (the bug-free backend)
+    fixed = json.loads(invoke("run", archives["fails"], "--rank", "1", "--backend", "eager", "--json").stdout)
+    assert (fixed["status"], fixed["exit_code"]) == ("passed", 0), fixed
+    # a failure in the numbers after the collectives: a pass on made-up values is no evidence
+    unsure = invoke("run", archives["accuracy"], "--rank", "1", "--backend", "eager", "--json")
+    report = json.loads(unsure.stdout)
+    assert (report["status"], unsure.exit_code) == ("inconclusive", 125), report
+    (why,) = report["ranks"][0]["outcome"]["unfaithful"]
+    assert "fake process group" in why
 
 
 @pytest.mark.slow
