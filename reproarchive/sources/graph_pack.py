@@ -62,6 +62,11 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
                            ("system", system_snapshot)):
             if getattr(given, name) is None:
                 taken[name] = take()
+        traced = _from_the_trace(gm, list(example_inputs), given, taken.get("config") or given.config,
+                                 "rng_states" in options)
+        taken.update({k: v for k, v in traced.items() if k != "rng_states"})
+        if "rng_states" in traced:
+            options["rng_states"] = traced["rng_states"]
     # what this process records of itself is redacted like every capture's; what is given, as given
     given = dataclasses.replace(given, **redacted_records(taken, working_folder()))
     crashed = given.failure is not None and given.failure.stage == "crash"
@@ -70,3 +75,33 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
 
         options["custom_ops"] = record_calls(gm, list(example_inputs))
     return pack_records(gm, example_inputs, path, records=given, **options)
+
+
+def _from_the_trace(gm: Any, inputs: list[Any], given: Records, config: Any, rng_given: bool) -> dict[str, Any]:
+    """What a capture backend records and the caller did not give, read as the capture reads it:
+    the shape policy from the fake values Dynamo left on ``gm``'s placeholders (none on a graph
+    that did not come from Dynamo); and, when ``pack`` is called by a backend while Dynamo
+    traces, the execution state (grad mode, autocast: what Dynamo guarded the graph on) and the
+    generator states the graph's first call starts from (Dynamo draws nothing while it traces).
+    Outside a trace the calling thread's state says nothing of the graph, so neither is taken."""
+    from torch._guards import TracingContext
+
+    from reproarchive.codec.shapes import policy_of
+
+    out: dict[str, Any] = {}
+    if given.shapes is None:
+        shapes = policy_of(gm, inputs, config)
+        if shapes is not None:
+            out["shapes"] = shapes
+    if TracingContext.try_get() is None:
+        return out
+    from reproarchive.codec.rng import rng_snapshot
+    from reproarchive.compat.dispatch import disable_current_modes
+    from reproarchive.context.execution import execution_snapshot
+
+    if given.execution is None:
+        out["execution"] = execution_snapshot(inputs)
+    if not rng_given:
+        with disable_current_modes():
+            out["rng_states"] = rng_snapshot(inputs)
+    return out
