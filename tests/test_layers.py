@@ -5,7 +5,12 @@ included (a lazy import is still a dependency), and checked against the layer or
 
     errors, version, progress, child  <  format  <  compat  <  codec, context  <  archive  <  replay, store
                                       <  sources, minifier, standalone, triage, bisect, references, documents,
-                                         spec_files  <  cli
+                                         spec_files  <  cli, testing
+
+``testing`` (the conformance suites third parties subclass) shares the top layer with the CLI:
+it may import any package below it, never the CLI, and nothing imports it, so neither
+``import reproarchive`` nor the CLI reaches it or pytest. It and the CLI are the only modules
+that may import pytest and click respectively; no library module imports pytest at all.
 
 ``compat`` is torch's private surface behind one module per concern (``tests/test_private_torch.py``):
 it imports only torch, the standard library and ``reproarchive.errors``, and the CLI may use it
@@ -29,7 +34,7 @@ LAYERS = {
     "reproarchive.sources": 6, "reproarchive.minifier": 6, "reproarchive.standalone": 6, "reproarchive.triage": 6,
     "reproarchive.bisect": 6,
     "reproarchive.references": 6, "reproarchive.documents": 6, "reproarchive.spec_files": 6,
-    "reproarchive.cli": 7,
+    "reproarchive.cli": 7, "reproarchive.testing": 7,
 }
 
 
@@ -96,6 +101,30 @@ def test_library_never_imports_click_or_the_package_init():
             continue
         wrong += [f"{name} imports {t}" for t in imports
                   if t == "reproarchive" or t.startswith(("click", "reproarchive.cli"))]
+    assert wrong == []
+
+
+def test_nothing_imports_the_testing_package():
+    """Only test code imports ``reproarchive.testing``: the library's and the CLI's import paths
+    never reach it (it imports pytest, a test extra)."""
+    wrong = [f"{name} imports {t}" for name, imports in GRAPH.items() if not name.startswith("reproarchive.testing")
+             for t in imports if t == "reproarchive.testing" or t.startswith("reproarchive.testing.")]
+    assert wrong == []
+
+
+def test_only_the_testing_package_imports_pytest():
+    wrong = []
+    for name, path in MODULES.items():
+        if name.startswith("reproarchive.testing"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                targets = [node.module or ""]
+            else:
+                continue
+            wrong += [f"{name} imports {t}" for t in targets if t.split(".")[0] in ("pytest", "_pytest")]
     assert wrong == []
 
 

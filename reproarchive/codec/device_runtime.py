@@ -27,8 +27,10 @@ To add a device type (the numbered recipe, as safetensors' loader does for a dev
 2. Otherwise, subclass ``DeviceRuntime`` (or ``ModuleRuntime`` to override one method) in this
    module and give every method an honest answer; ``None`` where the device cannot tell.
 3. Register it in ``_SPECIAL`` under its ``torch.device(...).type``.
-4. Subclass ``RuntimeTests`` in ``tests/codec/test_device_runtime.py`` with a ``device``
-   that runs the conformance checks on a machine with the device, skipped elsewhere.
+4. Subclass ``reproarchive.testing.device_runtimes.RuntimeTests`` (ours are in
+   ``tests/codec/test_device_runtime.py``) with a ``device``: the conformance checks run on a
+   machine with the device; elsewhere the runtime is checked to say it has none, and the
+   checks that need the device skip, saying why.
 5. If the device needs new facts in an archive (a system section like ``cuda``), that is a
    format change: ``spec/FORMAT.md``, a version rule and the schema, not this module.
 """

@@ -160,6 +160,7 @@ from reproarchive.sources.frame_room import with_frame_room
 from reproarchive.sources.job_calls import guarded_on_rank
 from reproarchive.sources.job_capture import failed as job_failed
 from reproarchive.sources.job_capture import note_compile, rank_context
+from reproarchive.sources.report import PackReport, archive_report
 from reproarchive.store.push import STORE_ENV
 
 log = logging.getLogger("reproarchive.capture")
@@ -206,6 +207,9 @@ def capture(
     ``backend="inductor"`` the
     ``mode`` / ``options`` that torch.compile
     would take (they are applied while compiling and recorded in the config snapshot).
+
+    The backend returned lists the archives it wrote: ``written`` (paths) and ``reports`` (one
+    ``PackReport`` each, as ``capture --`` reports them).
     """
     unknown = set(options) - _OPTIONS
     if unknown:
@@ -332,6 +336,15 @@ class _CaptureBackend:
 
     def __repr__(self) -> str:
         return f"reproarchive.capture({self.backend_name!r}, path={str(self.target)!r})"
+
+    @property
+    def reports(self) -> list[PackReport]:
+        """One ``PackReport`` per archive this backend wrote (``written``, each once, oldest
+        first), read back from the archive's index as ``capture --`` reports the archives this
+        backend writes in the program: what every capture source reports (``sources.source``).
+        The failure is the program's own, so nothing was replayed."""
+        return [archive_report(path, kind="capture", replay={"performed": False, "failure_from": "program"})
+                for path in dict.fromkeys(self.written)]
 
     @property
     def file_target(self) -> bool:

@@ -32,10 +32,12 @@ Adding a source (the recipe):
    folders of the source (its dump, its log, the user's cwd) as redaction prefixes.
 4. Give it one public function in ``reproarchive/__init__.py`` and one CLI command that prints
    its reports (``cli/text.pack_summary``, ``--json``: ``PackReport.to_json``).
-5. Subclass ``tests/support/source_tests.SourceTests`` in its tests, with a module-scoped
+5. Subclass ``reproarchive.testing.sources.SourceTests`` in its tests, with a module-scoped
    fixture that runs it once on a real failure (PyTorch's ``*_TESTING_ONLY`` backends are
-   cheap): one archive per failure, records filled, redaction applied, failure recorded,
-   ``verify`` passes, the report says what the archive holds.
+   cheap) and hands over the archives and the reports the source returned: one archive per
+   failure, one report per archive, records filled, redaction applied, failure recorded,
+   ``verify`` passes, the report says what the archive holds. The in-process backend, which
+   returns a compiled function rather than reports, lists them on itself (``reports``).
 """
 
 from __future__ import annotations

@@ -9,23 +9,25 @@ overrides only to go faster (fsspec's batched ``cat``, S3 multipart uploads).
 
 Capability flags say what a backend can promise, and the layers above rely on nothing else:
 
-* ``supports_writes``: ``write``/``create``/``write_stream`` work (a read-only mirror says no;
-  ``push`` then refuses before uploading anything);
-* ``supports_listing``: ``list`` works (without it a store is reached by names only:
-  ``pull STORE/NAME`` works, ``ls`` and digest prefixes do not);
-* ``supports_delete``: ``delete`` works. Only damage records (``damaged/...``) are ever
-  deleted, once a push has replaced the blob they name; without it they stay, and cost the
-  next push of that blob one read;
+* ``supports_writes``: ``write``/``create``/``write_stream``/``delete`` work (a read-only
+  mirror says no, and each raises ``StoreError``; ``push`` then refuses before uploading
+  anything);
+* ``supports_listing``: ``list`` works (without it a store is reached by names only and
+  ``list`` raises ``StoreError``: ``pull STORE/NAME`` works, ``ls`` and digest prefixes do not);
+* ``supports_delete``: ``delete`` works (without it ``delete`` raises ``StoreError``, the
+  default). Only damage records (``damaged/...``) are ever deleted, once a push has replaced
+  the blob they name; without it they stay, and cost the next push of that blob one read;
 * ``atomic_create``: ``create`` is one atomic step (an S3 conditional PUT, a hard link in a
   folder), so two writers racing for one key cannot both win. Without it ``create`` is a
   lookup then a write, and two pushes that race with *different* frames for one blob may
   leave one archive naming frames that were replaced (its pull then fails naming the blob).
 
-Every backend keeps these promises, and ``reproarchive.store.conformance.StoreTests`` checks
-them: an object appears whole or not at all; ``size`` of a missing key is ``None``; a read of
-a missing key raises ``StoreNotFoundError``; every other failure of the backend is one
-``StoreError`` line saying what failed where; ``refresh`` forgets anything cached, since other
-processes write to the same store.
+Every backend keeps these promises, and ``reproarchive.testing.stores.StoreTests`` checks
+them (a capability a backend does not claim is checked to be refused): an object appears
+whole or not at all; ``size`` of a missing key is ``None``; a read of a missing key raises
+``StoreNotFoundError``; every other failure of the backend is one ``StoreError`` line saying
+what failed where; ``refresh`` forgets anything cached, since other processes write to the
+same store.
 
 Adding a backend (say, a key-value service with no fsspec filesystem):
 
@@ -35,9 +37,10 @@ Adding a backend (say, a key-value service with no fsspec filesystem):
    (``reproarchive.store.location.backend_errors`` does this for exceptions of any type).
 3. Override a bulk method (``sizes``, ``read_many``, ``write_stream``) only where the service
    has a faster way; the defaults are correct.
-4. Subclass ``StoreTests`` in the tests, with a ``store`` that opens an empty store and a side
-   door (``side_put``/``side_get``) that goes around the class under test; every test must
-   pass (a capability that is off skips its tests).
+4. Subclass ``reproarchive.testing.stores.StoreTests`` in the tests, with a ``store`` that
+   opens an empty store and a side door (``side_put``/``side_get``) that goes around the class
+   under test; every test must pass (none is skipped: a capability that is off is checked to
+   be refused).
 5. Teach ``location.open_location`` its URL scheme.
 """
 
@@ -165,6 +168,7 @@ class Store(abc.ABC):
         """Put an object of ``size`` bytes from ``chunks``; with ``exclusive``, only if ``key``
         holds none (False: nothing written). A failure part way writes nothing. The default
         joins the chunks in memory; backends that can stream override it."""
+        self.check_writable()  # before reading the chunks: a read-only store refuses unread
         data = b"".join(bytes(c) for c in chunks)
         if exclusive:
             written = self.create(key, data)

@@ -265,28 +265,27 @@ def _registered() -> tuple[set[str], str]:
     return set(main.commands), run_help
 
 
-def _replay_argv(command: str, archive: str, box: Path) -> list[str] | None:
+def _replay_argv(command: str, archive: str, box: Path) -> list[str]:
+    """The command line of ``command`` on ``archive``; a command or option that is gone from the
+    CLI fails the test (it used to skip, which hid a removed command)."""
     commands, run_help = _registered()
+    assert command in commands, f"`reproarchive {command}` is not registered: a removed command is a failure"
     if command == "run":
-        return (["run", "--no-isolate", archive] if "--no-isolate" in run_help
-                else (["run", archive] if "run" in commands else None))
+        assert "--no-isolate" in run_help, "`reproarchive run --no-isolate` is gone: a removed option is a failure"
+        return ["run", "--no-isolate", archive]
     if command == "export":
-        return ["export", archive, "-o", str(box / "out")] if "export" in commands else None
+        return ["export", archive, "-o", str(box / "out")]
     if command == "minify":
-        if "minify" in commands:
-            return ["minify", archive, "-o", str(box / "out" / "min.tar.zst")]
-        if "--minify" in run_help:
-            return ["run", "--minify", archive, "-o", str(box / "out" / "min.tar.zst")]
-    return None
+        return ["minify", archive, "-o", str(box / "out" / "min.tar.zst")]
+    raise AssertionError(f"no command line for {command!r}")
 
 
 @pytest.mark.parametrize("command", ["run", "export", "minify"])
 def test_cli_replay_commands(corpus, command):
-    """run / export / minify on archives that load must refuse; skipped until registered. Among
+    """run / export / minify on archives that load must refuse (a command that is gone fails). Among
     them every (1.3) ``operator`` argument naming an operator outside torch or one whose effect
     is refused (exit 2), and every tensor subclass torch does not define (exit 125)."""
-    if _replay_argv(command, "x", Path("/nonexistent")) is None:
-        pytest.skip(f"`reproarchive {command}` is not registered yet")
+    _replay_argv(command, "x", Path("/nonexistent"))  # fails when the command is gone
     picked = [c for c in _cli_cases(corpus) if "load" in c.reject]
     picked += [c for c in corpus["cases"] if c.name in ("inject_placeholder_target", "target_alias_refs_torch_load",
                                                           "storage_absent_huge", "msgpack_array32_huge")
@@ -306,9 +305,7 @@ def test_cli_replay_commands(corpus, command):
 def test_stored_code_never_runs(corpus, command):
     """A valid archive whose graph.py writes a marker: replaying or exporting it (which builds
     and, for run, executes the graph from the records) must never execute graph.py."""
-    argv = _replay_argv(command, "x", Path("/nonexistent"))
-    if argv is None:
-        pytest.skip(f"`reproarchive {command}` is not registered yet")
+    _replay_argv(command, "x", Path("/nonexistent"))  # fails when the command is gone
     case = next(c for c in corpus["cases"] if c.name == "code_graph_py_marker")
     sandbox = _sandbox(corpus["root"], case.name, f"cli-{command}-valid")
     result = _invoke(_replay_argv(command, str(_path(corpus, case)), sandbox), sandbox)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import reproarchive
-from support.machine_paths import machine_paths_in
+from reproarchive.testing.machine_paths import machine_paths_in
 
 
 def _graph():

@@ -1,8 +1,9 @@
 """The device seam: every device-specific call goes through ``codec/device_runtime.py``.
 
-``RuntimeTests`` is the conformance suite a runtime's tests subclass (the recipe in the module's
-docstring, step 4): it runs on a real device, and is skipped where this machine has none. The
-adapter logic over a torch device module (which function gets which index, what "unknown" looks
+``RuntimeTests`` (``reproarchive.testing.device_runtimes``) is the conformance suite a runtime's
+tests subclass (the recipe in the module's docstring, step 4): its checks run on a real device;
+where this machine has none, the runtime is checked to say so and the checks that need the
+device skip. The adapter logic over a torch device module (which function gets which index, what "unknown" looks
 like) is also checked against a stand-in module, since this machine has no GPU.
 """
 
@@ -23,9 +24,9 @@ from reproarchive.codec.device_runtime import (
     RngState,
     devices_here,
     devices_of,
-    forked_rng,
     runtime,
 )
+from reproarchive.testing.device_runtimes import RuntimeTests
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,52 +48,7 @@ def test_no_device_api_outside_the_runtime_module():
 
 
 # ---------------------------------------------------------------------------------------------
-# the conformance suite
-
-
-class RuntimeTests:
-    """What every runtime must do on a device it says is available."""
-
-    device: str | None = "cpu"
-
-    @pytest.fixture
-    def rt(self):
-        if self.device is None:
-            pytest.skip("this machine has no accelerator")
-        rt = runtime(self.device)
-        if not rt.available():
-            pytest.skip(f"this machine has no {self.device}")
-        return rt
-
-    def test_is_available_and_counts_its_device(self, rt):
-        assert rt.device_count() >= 1
-        assert rt.type == torch.device(self.device).type
-
-    def test_synchronize_returns(self, rt):
-        torch.ones(8, device=self.device).sum()
-        rt.synchronize(torch.device(self.device))
-
-    def test_rng_state_round_trips(self, rt):
-        state = rt.rng_state(self.device)
-        first = torch.rand(16, device=self.device)
-        rt.set_rng_state(self.device, state)
-        assert torch.equal(torch.rand(16, device=self.device), first)
-
-    def test_forked_rng_puts_every_listed_generator_back(self, rt):
-        state, host = rt.rng_state(self.device), torch.get_rng_state()
-        with forked_rng([torch.device(self.device)]):
-            torch.rand(100, device=self.device)
-            torch.rand(100)
-        assert torch.equal(rt.rng_state(self.device).cpu(), state.cpu())
-        assert torch.equal(torch.get_rng_state(), host)
-
-    def test_free_memory_is_unknown_or_positive(self, rt):
-        free = rt.free_memory(torch.device(self.device))
-        assert free is None or (isinstance(free, int) and free > 0)
-
-    def test_properties_name_the_device(self, rt):
-        props = rt.properties(torch.device(self.device))
-        assert props["type"] == torch.device(self.device).type
+# the conformance suite, on every runtime this machine may have
 
 
 class TestCpuRuntime(RuntimeTests):

@@ -19,10 +19,10 @@ import reproarchive
 from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import backend as capture_backend
 from reproarchive.sources.backend import CaptureWarning, archive_path
+from reproarchive.testing.machine_paths import machine_paths_in
+from reproarchive.testing.sources import Captured, SourceTests
 from support.captures import kept
 from support.later_call_backends import BrokenGrad
-from support.machine_paths import machine_paths_in
-from support.source_tests import Captured, SourceTests
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -338,9 +338,11 @@ class TestBackendSource(SourceTests):
     def captured(self, tmp_path_factory) -> Captured:
         folder = tmp_path_factory.mktemp("backend_source")
         torch._dynamo.reset()
-        failing_call(mutating_fn, "relu_compile_error_TESTING_ONLY", folder)
+        backend = reproarchive.capture("relu_compile_error_TESTING_ONLY", path=folder)
+        with pytest.raises(BackendCompilerFailed):
+            torch.compile(mutating_fn, backend=backend)(*inputs())
         torch._dynamo.reset()
-        return Captured(archives=sorted(folder.glob("repro-*.tar.zst")), folders=(folder,))
+        return Captured(archives=sorted(folder.glob("repro-*.tar.zst")), reports=backend.reports, folders=(folder,))
 
 
 @pytest.mark.parametrize("program_gc", ["on", "off"])

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 import reproarchive
 from reproarchive.cli import main
 from reproarchive.format.schema import DumpSource
+from reproarchive.testing.machine_paths import machine_paths_in
+from reproarchive.testing.sources import Captured, SourceTests
 from support import dump_programs as progs
-from support.machine_paths import machine_paths_in
-from support.source_tests import Captured, SourceTests
 
 
 def _runner() -> CliRunner:
@@ -29,25 +29,35 @@ def _runner() -> CliRunner:
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    """One real capture run of a program whose compiled graph fails at runtime."""
+    """One real capture run of a program whose compiled graph fails at runtime: its folder, the
+    archives' folder, the CLI's result, what was left in the cwd, and the ``CaptureResult``
+    that ``reproarchive.capture_program`` returned to the command."""
     folder = tmp_path_factory.mktemp("capture")
     (folder / "prog.py").write_text(progs.dynamo_program("runtime_error"))
     out = folder / "archives"
     out.mkdir()
     runner = _runner()
-    with runner.isolated_filesystem(temp_dir=folder) as cwd:
+    returned = []
+    real = reproarchive.capture_program
+
+    def capture_program(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    with runner.isolated_filesystem(temp_dir=folder) as cwd, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reproarchive, "capture_program", capture_program)
         Path(cwd, "prog.py").write_text(progs.dynamo_program("runtime_error"))
         result = runner.invoke(main, ["capture", "-o", str(out), "--keep-dumps", "--",
                                       sys.executable, "prog.py"])
         leftovers = sorted(p.name for p in Path(cwd).iterdir())
-    yield folder, out, result, leftovers
+    yield folder, out, result, leftovers, returned[0] if returned else None
     kept = [line.split(" in ", 1)[1].strip() for line in result.stderr.splitlines() if "dumps kept in" in line]
     for dumps in kept:
         shutil.rmtree(dumps, ignore_errors=True)
 
 
 def test_capture_packs_the_failure_and_keeps_exit_code(captured):
-    folder, out, result, leftovers = captured
+    folder, out, result, leftovers, _ = captured
     assert result.exit_code == 1, result.output + result.stderr  # the program's own exit code
     archives = sorted(out.glob("*.tar.zst"))
     assert [a.name for a in archives] == ["repro.tar.zst"]
@@ -67,7 +77,7 @@ def test_capture_packs_the_failure_and_keeps_exit_code(captured):
 
 
 def test_pack_cli_json_on_kept_dump(captured, tmp_path):
-    folder, out, result, _ = captured
+    folder, out, result, _, _ = captured
     kept = next(line.split(" in ", 1)[1].strip() for line in result.stderr.splitlines()
                 if "dumps kept in" in line)
     runner = _runner()
@@ -179,8 +189,9 @@ class TestProgramSource(SourceTests):
 
     @pytest.fixture(scope="module")
     def captured(self, captured) -> Captured:  # the module's one capture run
-        folder, out, _, _ = captured
-        return Captured(archives=sorted(out.glob("*.tar.zst")), folders=(folder,))
+        folder, out, _, _, returned = captured
+        assert returned is not None, "the command did not call reproarchive.capture_program"
+        return Captured(archives=sorted(out.glob("*.tar.zst")), reports=returned.archives, folders=(folder,))
 
 
 # A custom backend, a function of the program's own script, whose compiled code fails.

@@ -21,9 +21,9 @@ import pytest
 import reproarchive
 from reproarchive.context.failure import crash_report, same_failure
 from reproarchive.format.schema import FailureRecord
+from reproarchive.testing.machine_paths import machine_paths_in
 from support.captures import archives_after_death
 from support.cli import invoke
-from support.machine_paths import machine_paths_in
 
 
 def cli(*args) -> tuple[int, str]:

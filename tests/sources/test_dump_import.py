@@ -25,10 +25,10 @@ from reproarchive.format.schema import DumpSource
 from reproarchive.sources.dump_import import pack_dump  # noqa: E402
 from reproarchive.sources.dump_script import discover, parse_dump_script
 from reproarchive.sources.report import PackReport
+from reproarchive.testing.machine_paths import machine_paths_in
+from reproarchive.testing.sources import Captured, SourceTests
 from support import dump_programs as progs
-from support.machine_paths import machine_paths_in
 from support.shared_fixture import built_once
-from support.source_tests import Captured, SourceTests
 
 # ---------------------------------------------------------------------------------------------
 # dumps, made once

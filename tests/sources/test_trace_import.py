@@ -25,8 +25,8 @@ from reproarchive.format.schema import TraceSource
 from reproarchive.minifier.driver import minify_archive
 from reproarchive.sources.report import PackReport
 from reproarchive.sources.trace_import import TracePackResult, list_trace, pack_trace
+from reproarchive.testing.sources import Captured, SourceTests
 from support.shared_fixture import built_once
-from support.source_tests import Captured, SourceTests
 
 # What a user passes for each job (the log names a backend only when it failed).
 PACK_OPTIONS = {
@@ -159,7 +159,7 @@ def _strings(obj):
 def test_records_hold_no_path_of_the_machine(trace_jobs, packed):
     """Spec §8: no absolute path of this machine (the job's folder, the trace, site-packages,
     home, the temporary folder, inductor's cache, the user name) in any record of the index."""
-    from support.machine_paths import machine_paths_in
+    from reproarchive.testing.machine_paths import machine_paths_in
 
     for name, archives in packed.items():
         for path in archives.values():

@@ -1,6 +1,11 @@
 """Every store backend we ship against the conformance suite: memory://, file:// (and a plain
 folder), and S3 through moto's server on 127.0.0.1. Each side door goes around ``FsspecStore``:
-the memory filesystem's own object, plain files, boto3."""
+the memory filesystem's own object, plain files, boto3.
+
+And two stores that claim less, so that the suite's other side runs too: a read-only mirror
+reached by names only (no writes, no listing, no delete) and a store that writes but has no
+atomic create, no listing and no delete. A capability a store does not claim is checked to be
+refused (``reproarchive.testing.stores``)."""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from reproarchive.store.conformance import StoreTests
+from reproarchive.errors import StoreError
+from reproarchive.store.backend import Store
 from reproarchive.store.location import FsspecStore
+from reproarchive.testing.stores import StoreTests
 
 
 class TestMemoryStore(StoreTests):
@@ -78,3 +85,36 @@ class TestS3Store(StoreTests):
             return client.get_object(Bucket=bucket, Key=name)["Body"].read()
         except client.exceptions.NoSuchKey:
             return None
+
+
+class _NamesOnly(FsspecStore):
+    """memory:// reached by names only, with no delete: ``list`` and ``delete`` refuse."""
+
+    supports_listing = False
+    supports_delete = False
+
+    def __init__(self, url, *, writes: bool):
+        super().__init__(url)
+        self.supports_writes = writes
+        self.atomic_create = False
+
+    def list(self, prefix):
+        raise StoreError(f"{self.url} cannot list objects", "name the archive: STORE/NAME")
+
+    delete = Store.delete
+
+
+class TestReadOnlyStore(TestMemoryStore):
+    """A read-only mirror: every write, create, stream, delete and push refused, nothing listed."""
+
+    @pytest.fixture
+    def store(self):
+        return _NamesOnly(f"memory://conformance-{uuid.uuid4().hex[:12]}/repros", writes=False)
+
+
+class TestWritableStoreWithoutTheRest(TestMemoryStore):
+    """Writes, but no atomic create, no listing and no delete."""
+
+    @pytest.fixture
+    def store(self):
+        return _NamesOnly(f"memory://conformance-{uuid.uuid4().hex[:12]}/repros", writes=True)

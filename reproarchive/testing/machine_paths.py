@@ -1,5 +1,8 @@
 """What an archive must not carry: the absolute paths and the user name of the machine that
-made it, anywhere in its decompressed index (issue: one redaction for every capture path)."""
+made it, anywhere in its decompressed index (issue: one redaction for every capture path).
+
+The side door of ``SourceTests.test_redaction_is_applied``: the index is read as ``tar`` and
+msgpack read it, not through reproarchive's reader, and every string in it is searched."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import msgpack
 import zstandard
+
+__all__ = ["index_strings", "machine_paths_in"]
 
 
 def index_strings(archive: str | os.PathLike) -> list[tuple[str, str]]:
@@ -40,8 +45,9 @@ def index_strings(archive: str | os.PathLike) -> list[tuple[str, str]]:
 
 def machine_paths_in(archive: str | os.PathLike, *folders: str | os.PathLike) -> list[str]:
     """Every string of the index that names this machine: home, the temporary folder, Python
-    and its packages, this checkout, inductor's cache, ``folders`` (the test's cwd, a dump
-    folder), or the user name inside a path. Empty when the archive is clean."""
+    and its packages, the folder reproarchive is imported from (a checkout, or site-packages),
+    inductor's cache, ``folders`` (the test's cwd, a dump folder), or the user name inside a
+    path. Empty when the archive is clean."""
     import torch
 
     needles = {os.path.expanduser("~") + "/", tempfile.gettempdir() + "/", sys.prefix + "/",
