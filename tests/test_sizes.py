@@ -1,0 +1,123 @@
+"""The house stays small enough to read: no library or CLI module over 500 lines, no function
+over 60 (its decorators not counted). The modules and functions that were over when the rule
+came are listed with their size then; each may shrink (and leaves the list once it fits), never
+grow, and nothing new joins them. Lower an entry's number when you shrink it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE_LINES, FUNCTION_LINES = 500, 60
+
+#: path -> its lines when the rule came (only shrinking from here)
+OVER_MODULES = {
+    "reproarchive/sources/backend.py": 770,
+    "reproarchive/child.py": 736,
+    "reproarchive/format/schema.py": 659,
+    "reproarchive/format/index_rules.py": 600,
+    "reproarchive/standalone/script.py": 595,
+    "reproarchive/codec/effects.py": 538,
+    "reproarchive/replay/accuracy.py": 534,
+    "reproarchive/triage/diff.py": 531,
+    "reproarchive/sources/trace_child.py": 531,
+    "reproarchive/sources/job_capture.py": 518,
+    "reproarchive/sources/crash_guard.py": 509,
+    "reproarchive/triage/view.py": 504,
+    "reproarchive/codec/shapes.py": 502,
+}
+
+#: "path:qualified name" -> its lines when the rule came
+OVER_FUNCTIONS = {
+    "reproarchive/sources/trace_child.py:from_dynamo_graph": 131,
+    "reproarchive/replay/runner.py:replay_graph": 130,
+    "reproarchive/sources/program.py:capture_program": 111,
+    "reproarchive/minifier/driver.py:minify_archive": 109,
+    "reproarchive/sources/crash_guard.py:_after_dynamo_hook": 103,
+    "cli/capture_cmds.py:pack_cmd": 99,
+    "reproarchive/minifier/candidate.py:Recording.normalise": 97,
+    "reproarchive/minifier/search.py:minify_with_stats": 93,
+    "cli/capture_cmds.py:capture_cmd": 92,
+    "cli/ls_cmd.py:ls_cmd": 86,
+    "reproarchive/context/config.py:applied_config": 85,
+    "reproarchive/format/index_rules.py:_checked": 83,
+    "reproarchive/archive/loading.py:rebuild": 82,
+    "reproarchive/store/push.py:_push_one": 81,
+    "reproarchive/replay/accuracy.py:_compare_tensors": 81,
+    "reproarchive/sources/trace_import.py:pack_trace": 79,
+    "reproarchive/archive/packing.py:pack": 78,
+    "reproarchive/format/index_codec.py:check_msgpack_shape": 77,
+    "cli/demo.py:run_demo": 76,
+    "cli/archive_cmds.py:inspect": 76,
+    "reproarchive/standalone/job_script.py:write_job_export": 75,
+    "reproarchive/format/reader.py:ContainerReader._read_tail": 74,
+    "reproarchive/standalone/script.py:_Script.build": 73,
+    "reproarchive/sources/trace_import.py:_job": 71,
+    "reproarchive/sources/dump_import.py:pack_dump": 71,
+    "reproarchive/minifier/candidate.py:Recording.__init__": 71,
+    "reproarchive/triage/view.py:_draw": 68,
+    "reproarchive/codec/targets.py:check_graph_targets": 68,
+    "reproarchive/triage/graph_hops.py:HopDrawer._graph": 65,
+    "reproarchive/codec/triton_kernels.py:archive_records": 65,
+    "reproarchive/minifier/job_minify.py:minify_job": 63,
+    "reproarchive/codec/devices.py:remap_graph_devices": 63,
+    "reproarchive/triage/view.py:view": 62,
+    "reproarchive/sources/backend.py:capture": 61,
+}
+
+
+def _sources() -> list[Path]:
+    return sorted([*ROOT.joinpath("reproarchive").rglob("*.py"), *ROOT.joinpath("cli").rglob("*.py")])
+
+
+def module_sizes() -> dict[str, int]:
+    return {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in _sources()}
+
+
+def _functions(node: ast.AST, prefix: str = ""):
+    """(qualified name, lines from its ``def`` to its last line) of every function in ``node``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + child.name, child.end_lineno - child.lineno + 1
+            yield from _functions(child, f"{prefix}{child.name}.")
+        elif isinstance(child, ast.ClassDef):
+            yield from _functions(child, f"{prefix}{child.name}.")
+        else:
+            yield from _functions(child, prefix)
+
+
+def function_sizes() -> dict[str, int]:
+    """"path:Class.function" -> lines from its ``def`` to its last line (decorators excluded)."""
+    out: dict[str, int] = {}
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        for name, size in _functions(ast.parse(path.read_text())):
+            out[f"{rel}:{name}"] = max(out.get(f"{rel}:{name}", 0), size)
+    return out
+
+
+def _judged(sizes: dict[str, int], limit: int, listed: dict[str, int]) -> list[str]:
+    problems = []
+    for name, size in sorted(sizes.items()):
+        if size > limit and name not in listed:
+            problems.append(f"{name}: {size} lines (limit {limit}): split it")
+        elif name in listed and size > listed[name]:
+            problems.append(f"{name}: grew to {size} lines (was {listed[name]}, limit {limit}): shrink it")
+    problems += [f"{name}: fits now or is gone: remove it from the list" for name in listed
+                 if sizes.get(name, 0) <= limit]
+    return problems
+
+
+def test_no_module_over_the_limit_and_none_of_the_listed_grows():
+    assert not _judged(module_sizes(), MODULE_LINES, OVER_MODULES)
+
+
+def test_no_function_over_the_limit_and_none_of_the_listed_grows():
+    assert not _judged(function_sizes(), FUNCTION_LINES, OVER_FUNCTIONS)
+
+
+def test_the_rule_can_fail():
+    assert _judged({"a.py": 501}, MODULE_LINES, {}) == ["a.py: 501 lines (limit 500): split it"]
+    assert _judged({"a.py": 600}, MODULE_LINES, {"a.py": 550})[0].startswith("a.py: grew to 600")
+    assert _judged({"a.py": 10}, MODULE_LINES, {"a.py": 550}) == ["a.py: fits now or is gone: remove it from the list"]
