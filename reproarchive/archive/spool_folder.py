@@ -35,6 +35,7 @@ _MAX_ENTRY_INDEX = 256 << 20
 
 
 def is_spool(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is the spool folder a process left (``pack`` tells it from a dump by this)."""
     return (Path(path) / MARKER).is_file()
 
 
