@@ -13,8 +13,9 @@ from reproarchive.codec.collectives import check_groups_joined
 from reproarchive.codec.devices import check_recorded_device, is_device_name
 from reproarchive.codec.targets import check_graph_targets
 from reproarchive.codec.tensors import dtype_from_name
-from reproarchive.format.index_rules import DEVICE_RE, iter_arg_values
 from reproarchive.format.schema import ConstantArg, GraphRecord, Index, SubgraphEntry
+from reproarchive.format.schema.rules.graph import iter_arg_values
+from reproarchive.format.schema.rules.names import DEVICE_RE
 
 
 def check_readable_here(index: Index, *, replaying: bool = True) -> list[str]:

@@ -38,7 +38,7 @@ from reproarchive.format.schema import (
     TensorValue,
     TupleArg,
 )
-from reproarchive.format.triton_rules import LAUNCH_TARGETS
+from reproarchive.format.schema.rules.triton import LAUNCH_TARGETS
 
 _MEMORY_FORMATS = {
     "contiguous_format": torch.contiguous_format,

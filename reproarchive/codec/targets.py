@@ -25,7 +25,6 @@ from reproarchive.codec import effects
 from reproarchive.compat import fx_meta
 from reproarchive.compat.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket, load_triton_kernel_wrap
 from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
-from reproarchive.format.index_rules import function_name_problem, iter_arg_values, method_name_problem
 from reproarchive.format.schema import (
     CallRoot,
     ConstantArg,
@@ -35,7 +34,9 @@ from reproarchive.format.schema import (
     SubgraphEntry,
     TensorEntry,
 )
-from reproarchive.format.triton_rules import LAUNCH_TARGETS
+from reproarchive.format.schema.rules.graph import iter_arg_values
+from reproarchive.format.schema.rules.names import function_name_problem, method_name_problem
+from reproarchive.format.schema.rules.triton import LAUNCH_TARGETS
 
 ROOTS = tuple(root.value for root in CallRoot)
 
@@ -65,7 +66,7 @@ def _unsafe(name: str, why: str, rule: Rule = Rule.CALL_TARGET) -> UnsafeArchive
 
 def check_function_name(name: object) -> str:
     """The shape of a call_function target name, without resolving it: a qualified name
-    (``index_rules.function_name_problem``) under one of the four roots."""
+    (``schema.rules.names.function_name_problem``) under one of the four roots."""
     problem = function_name_problem(name)
     if problem is not None:
         raise _unsafe(str(name), problem, Rule.NODE_FUNCTION_NAME)

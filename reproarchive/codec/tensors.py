@@ -26,7 +26,7 @@ from reproarchive.compat.tensors import (  # the table: standalone.script reads 
     rebuildable_subclass,
 )
 from reproarchive.errors import IndexSchemaError, PackError
-from reproarchive.format import index_rules, schema
+from reproarchive.format import schema
 from reproarchive.format.schema import (
     DERIVED_KINDS,
     DerivedValue,
@@ -37,6 +37,7 @@ from reproarchive.format.schema import (
     SymValue,
     TensorValue,
 )
+from reproarchive.format.schema.rules.values import view_extent
 
 FIDELITY_REAL = "real"
 FIDELITY_ABSENT = "absent"
@@ -158,7 +159,7 @@ class StorageTable:
         return self._add(storage, storage.nbytes(), str(t.device), key=storage._cdata)
 
     def add_absent(self, a: AbsentTensor, stride: tuple[int, ...]) -> int:
-        need = index_rules.view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
+        need = view_extent(a.shape, stride, a.storage_offset) * a.dtype.itemsize
         size = need if a.storage_size is None else a.storage_size
         if size < need:
             raise PackError(f"AbsentTensor storage_size {size} is smaller than its view needs ({need})")

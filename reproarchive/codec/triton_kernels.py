@@ -9,7 +9,7 @@ on real data anyway, each launch's tensor arguments by content and the tensors i
 were after it.
 
 On replay a launch is bound to one of two things, never to whatever this process's side table
-holds at the recorded index (``format.triton_rules`` makes every launch name a recorded kernel):
+holds at the recorded index (``format.schema.rules.triton`` makes every launch name a recorded kernel):
 
 * the user's own kernel, brought with ``--import MODULE`` and matched by the digest of its source
   (and equal autotuning configurations): the launch is the original one, so a bug in how a
@@ -46,7 +46,7 @@ from reproarchive.format.schema import (
     TritonConfig,
     TritonKernelRecord,
 )
-from reproarchive.format.triton_rules import LAUNCH_TARGETS, source_digest
+from reproarchive.format.schema.rules.triton import LAUNCH_TARGETS, source_digest
 
 MUTATION, FUNCTIONAL = "triton_kernel_wrapper_mutation", "triton_kernel_wrapper_functional"
 MUTATION_TARGET = "torch.ops.higher_order.triton_kernel_wrapper_mutation"

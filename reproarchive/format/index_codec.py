@@ -125,7 +125,7 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
 
 
 def decode_index(data: bytes, *, max_memory: int) -> Any:
-    """Plain data from index bytes, after the shape check; ``index_rules.decode_index`` types it."""
+    """Plain data from index bytes, after the shape check; ``schema.rules.decode_index`` types it."""
     check_msgpack_shape(data, max_memory=max_memory)
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)

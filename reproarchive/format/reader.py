@@ -8,7 +8,7 @@ find the index with one read from the end and then decompress exactly the frames
 member it wants. The layer knows nothing about torch: it moves named byte strings.
 
 Every rule a reader checks is written in the spec (§5, each with its rule id, which every
-refusal names) and enforced here and in ``index_rules`` before any member is decompressed, so
+refusal names) and enforced here and in ``schema.rules`` before any member is decompressed, so
 a damaged or hostile file is rejected early, with the work bounded by the declared (and
 capped) sizes.
 """
@@ -33,7 +33,6 @@ from reproarchive.errors import (
     UnsupportedVersionError,
 )
 from reproarchive.format.frames import read_stored_frame, stored_frame_size
-from reproarchive.format.index_rules import decode_index
 from reproarchive.format.layout import (
     DEFAULT_LIMITS,
     FOOTER_FRAME_MAGIC,
@@ -56,6 +55,7 @@ from reproarchive.format.layout import (
     tar_header,
 )
 from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, Index
+from reproarchive.format.schema.rules import decode_index
 
 # --------------------------------------------------------------------------------------------
 # Reading

@@ -29,6 +29,8 @@ from reproarchive.format import schema
 from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim
 from reproarchive.format.schema_check import _classes, _enums
 
+# (the header names schema.py, as before the schema became a package, so that the committed
+# grammar stays byte for byte what it was)
 _HEADER = (f"; The index member of reproarchive format {schema.FORMAT_VERSION} (spec/FORMAT.md §5.1-§8), "
            f"""in CDDL (RFC 8610).
 ; Generated from reproarchive/format/schema.py by `python -m reproarchive.spec_files --write`.

@@ -17,7 +17,7 @@ file of the current version, and ``required_bump`` says what a difference demand
 * **none**: no change. A description written before value sets were described (no ``enums``
   key: schema-1.0.json) is compared on records and dtypes only.
 
-``data_only_problems()`` keeps ``schema`` (and ``schema_sets``, ``schema_records``) modules of
+``data_only_problems()`` keeps the modules of the ``schema`` package (``SCHEMA_MODULES``) of
 data: anything in one that is not a record, an enum, a constant or a type alias is refused (the
 test fails naming it).
 
@@ -43,8 +43,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from reproarchive.format import layout, plain, schema, schema_sets
+from reproarchive.format import layout, plain, schema
 from reproarchive.format.plain import ArgCodec, PlainData, Tagged
+from reproarchive.format.schema import sets as schema_sets
 
 
 def _type_name(tp: Any) -> str:
@@ -146,8 +147,9 @@ def _enum_of(tp: Any) -> type | None:
     return None
 
 
-#: The modules the schema is declared in (``schema`` re-exports the other two's names).
-SCHEMA_MODULES = ("reproarchive.format.schema", "reproarchive.format.schema_sets", "reproarchive.format.schema_records")
+#: The modules the schema is declared in (the ``schema`` package re-exports their names).
+SCHEMA_MODULES = tuple(f"reproarchive.format.schema{part}" for part in (
+    "", ".version", ".sets", ".values", ".graph", ".sections", ".job", ".custom_ops", ".index"))
 
 
 def _enums() -> list[type]:
@@ -173,10 +175,13 @@ _IMPORTED_OK = {"annotations", "dataclass", "field", "StrEnum", "Annotated", "An
 def data_only_problems(module: types.ModuleType = schema) -> list[str]:
     """Names in ``module`` that are neither a record (a dataclass), an enum, a constant (plain
     data, tuples of enum members) nor a type alias (``Annotated``); empty when it is data only.
-    The field helpers and field types it imports from ``plain`` are allowed by name."""
+    The field helpers and field types it imports from ``plain`` are allowed by name, and so is
+    a package's own submodule (``schema.values``: each is checked in its turn)."""
     problems = []
     for name, value in vars(module).items():
         if name.startswith("__") or name in _IMPORTED_OK:
+            continue
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{module.__name__}.{name}":
             continue
         if getattr(value, "__module__", None) == plain.__name__ and name in vars(plain):
             continue  # ArgCodec, PlainData, Tagged, _Dim, informative, omit_none, open_record

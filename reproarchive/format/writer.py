@@ -20,7 +20,6 @@ import zstandard
 
 from reproarchive.format.direct_io import DirectSink
 from reproarchive.format.frames import MIN_SAVING, FrameEncoder
-from reproarchive.format.index_rules import encode_index
 from reproarchive.format.layout import (
     DEFAULT_FRAME_SIZE,
     DEFAULT_LEVEL,
@@ -44,6 +43,7 @@ from reproarchive.format.layout import (
     tar_header,
 )
 from reproarchive.format.schema import FORMAT_MAJOR, FORMAT_MINOR, ContainerRecord, Index, MemberRecord
+from reproarchive.format.schema.rules import encode_index
 
 # --------------------------------------------------------------------------------------------
 # Writing

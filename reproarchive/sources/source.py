@@ -19,7 +19,7 @@ The sources, one module each (with the child process it runs, where it runs one)
 
 Adding a source (the recipe):
 
-1. Declare its ``source`` record in ``format/schema_records.py``: an open record with a ``TAG`` (its
+1. Declare its ``source`` record in ``format/schema/sections.py``: an open record with a ``TAG`` (its
    ``kind``), added to the ``Source`` union, with its fields in ``spec/FORMAT.md`` §8. That is a
    minor format version (§10): bump ``FORMAT_MINOR`` and run ``python -m reproarchive.spec_files
    --write`` (the version's schema file, grammar and golden vectors).

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from reproarchive.format.index_rules import iter_arg_refs
 from reproarchive.format.schema import GraphRecord, NodeRecord
+from reproarchive.format.schema.rules.graph import iter_arg_refs
 from reproarchive.triage import graph_folding, graph_layout
 from reproarchive.triage.graph_subgraphs import (
     HopCall,

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from reproarchive.format.index_rules import iter_arg_refs
 from reproarchive.format.schema import (
     ConstantArg,
     GraphRecord,
@@ -24,6 +23,7 @@ from reproarchive.format.schema import (
     SubgraphEntry,
     TupleArg,
 )
+from reproarchive.format.schema.rules.graph import iter_arg_refs
 
 HOP_PREFIX = "torch.ops.higher_order."
 

@@ -32,10 +32,10 @@ from reproarchive.context.failure import compiler_diagnostics, failure_kind
 from reproarchive.errors import ArchiveError, ViewError
 from reproarchive.format import layout
 from reproarchive.format.atomic import atomic_file
-from reproarchive.format.index_rules import iter_arg_refs
 from reproarchive.format.plain import to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index, NodeRecord
+from reproarchive.format.schema.rules.graph import iter_arg_refs
 from reproarchive.triage import graph_folding, graph_hops, graph_layout, graph_subgraphs
 
 #: Ops per page of a large graph; a graph with at most ``SINGLE_PAGE_NODES`` nodes is one page.

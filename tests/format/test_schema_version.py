@@ -53,7 +53,7 @@ def test_changing_a_value_set_without_a_bump_fails(monkeypatch, name, members, e
 @pytest.mark.parametrize("name, value, expected", [
     ("MAX_RANK", 128, "minor"), ("MAX_RANK", 32, "major"), ("MAX_GRAPH_DEPTH", 9, "minor")])
 def test_changing_a_limit_without_a_bump_fails(monkeypatch, name, value, expected):
-    from reproarchive.format import schema_sets
+    from reproarchive.format.schema import sets as schema_sets
 
     monkeypatch.setattr(schema_sets, name, value)
     problem = _unbumped_change()

@@ -52,7 +52,7 @@ def test_a_stale_file_is_named_with_the_command_that_fixes_it(spec_copy, capsys)
 
 
 def test_a_schema_change_that_needs_a_bump_writes_nothing(spec_copy, monkeypatch, capsys):
-    from reproarchive.format import schema_sets
+    from reproarchive.format.schema import sets as schema_sets
 
     monkeypatch.setattr(schema_sets, "MAX_RANK", schema_sets.MAX_RANK + 1)
     documents.schema_file(spec_copy).write_text("stale")

@@ -2,8 +2,8 @@
 failure, the typed source of each kind, minify, and ``Records``, the one value that carries
 them all from a capture source through the writer to ``Repro.records``.
 
-Data only, like ``schema`` (``schema_check`` refuses anything else here); ``schema`` re-exports
-every name, so readers import them from there.
+Data only, like every schema module (``schema_check`` refuses anything else here); the
+``schema`` package re-exports every name, so readers import them from there.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Union  # noqa: F401 - Any: field types are resolved here
 
 from reproarchive.format.plain import PlainData, Tagged, informative, omit_none, open_record
-from reproarchive.format.schema_sets import Stage
+from reproarchive.format.schema.sets import Stage
 
 # -- §8 records ----------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 A closed value set is a ``StrEnum``: on disk and in a decoded record it is the member's plain
 string. ``schema_check`` describes every set and limit here, so a new member or a changed limit
-needs the version bump it names. Data only, like ``schema``.
+needs the version bump it names. Data only, like every schema module.
 """
 
 from __future__ import annotations
