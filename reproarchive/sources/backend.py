@@ -120,9 +120,6 @@ of the user's own failure; the archive stays on disk either way.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -133,12 +130,13 @@ from typing import Any
 from reproarchive.archive.writing import Capture
 from reproarchive.codec.device_runtime import RngState, devices_of
 from reproarchive.codec.rng import states_of
-from reproarchive.context import failure as _failure
 from reproarchive.context.config import config_snapshot
-from reproarchive.format.schema import AccuracyReport, CaptureSource, ConfigRecord, FailureRecord
+from reproarchive.format.schema import CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
 from reproarchive.sources import collector
+from reproarchive.sources.backend_archives import BackendArchives, CaptureWarning
+from reproarchive.sources.backend_options import capture_settings, resolve_backend, resolve_target
 from reproarchive.sources.call_guard import (
     Ended,
     GraphWrites,
@@ -154,27 +152,12 @@ from reproarchive.sources.call_guard import (
     watched_backward,
 )
 from reproarchive.sources.capture_records import capture_of, copy_graph_structure, write_archive  # noqa: F401
-from reproarchive.sources.failure_notes import annotate as _annotate
 from reproarchive.sources.failure_notes import archive_path
 from reproarchive.sources.frame_room import with_frame_room
 from reproarchive.sources.job_calls import guarded_on_rank
-from reproarchive.sources.job_capture import failed as job_failed
 from reproarchive.sources.job_capture import note_compile, rank_context
 from reproarchive.sources.report import PackReport, archive_report
 from reproarchive.store.push import STORE_ENV
-
-log = logging.getLogger("reproarchive.capture")
-
-DEFAULT_DIR_ENV = "REPROARCHIVE_DIR"
-DEFAULT_DIR_NAME = "reproarchives"
-ARCHIVE_SUFFIX = ".tar.zst"
-
-_OPTIONS = {"fwd_only", "tolerance", "check_runtime", "on_accuracy", "mode", "options", "use_fp64", "crash",
-            "spool"}
-
-
-class CaptureWarning(UserWarning):
-    """Capture wrote an archive (or could not) without raising: shown once per archive."""
 
 
 def capture(
@@ -211,30 +194,9 @@ def capture(
     The backend returned lists the archives it wrote: ``written`` (paths) and ``reports`` (one
     ``PackReport`` each, as ``capture --`` reports them).
     """
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise TypeError(f"capture() got unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    on_accuracy = options.get("on_accuracy", "raise")
-    if on_accuracy not in ("raise", "warn"):
-        raise ValueError(f"on_accuracy must be 'raise' or 'warn', not {on_accuracy!r}")
-    check_runtime = options.get("check_runtime", True)
-    if not (isinstance(check_runtime, bool) or check_runtime == "calls"):
-        raise ValueError(f"check_runtime must be True, False or 'calls', not {check_runtime!r}")
-    if check_runtime == "calls" and accuracy:
-        raise ValueError("check_runtime='calls' never runs a graph twice, so it cannot check accuracy: "
-                         "pass check_runtime=True or accuracy=False")
-    settings = {
-        "fwd_only": bool(options.get("fwd_only", False)),
-        "tolerance": float(options.get("tolerance", _accuracy.DEFAULT_TOLERANCE)),
-        "check_runtime": check_runtime,
-        "on_accuracy": on_accuracy,
-        "use_fp64": bool(options.get("use_fp64", True)),
-        "crash": bool(options.get("crash", True)),
-        "spool": bool(options.get("spool", True)),
-        "accuracy": bool(accuracy),
-    }
-    compiler, name, config_patches = _resolve_backend(backend, options.get("mode"), options.get("options"))
-    target = _resolve_target(path)
+    settings = capture_settings(accuracy, options)
+    compiler, name, config_patches = resolve_backend(backend, options.get("mode"), options.get("options"))
+    target = resolve_target(path)
     backend_fn = _CaptureBackend(compiler, name, config_patches, target, settings,
                                  store if store is not None else (os.environ.get(STORE_ENV) or None))
     return backend_fn
@@ -243,81 +205,7 @@ def capture(
 # ---------------------------------------------------------------------------------------------
 
 
-def _resolve_backend(backend: str | Callable, mode: str | None, inductor_options: dict | None):
-    """The real compiler callable, the name to record, and inductor config patches.
-
-    The recorded name is what replay passes to torch.compile. A callable is recorded by its
-    qualified name; replay can only use it when that name is a registered backend.
-
-    ``"inductor"`` is made as ``torch.compile(backend="inductor")`` makes it (its wrapper), and
-    Inductor's compiler is imported here, as ``torch.compile`` imports it when it is called
-    (asking the wrapper for its config): through the registry's entry that import, ~2 s on a
-    core, came inside the first call, a cost the program without capture pays before it.
-    """
-    from reproarchive.compat.dynamo import inductor_wrapper, lookup_backend
-
-    if isinstance(backend, str):
-        if backend == "inductor":
-            wrapper = inductor_wrapper(mode, inductor_options)
-            with warnings.catch_warnings():  # torch's own import-time deprecations are not capture's to raise
-                warnings.simplefilter("ignore", DeprecationWarning)
-                wrapper.get_compiler_config()  # Inductor imported now, as torch.compile imports it
-            return wrapper, "inductor", dict(wrapper.config)
-        if mode or inductor_options:
-            raise ValueError("capture(): mode= and options= only apply to backend='inductor'")
-        return lookup_backend(backend), backend, {}
-    if not callable(backend):
-        raise TypeError(f"capture(): backend must be a name or a callable, not {type(backend).__name__}")
-    if mode or inductor_options:
-        raise ValueError("capture(): mode= and options= only apply to backend='inductor'")
-    return backend, recorded_name(backend), {}
-
-
-def recorded_name(backend: Callable) -> str:
-    """The name an archive records for a backend callable: its ``compiler_name``, else an
-    importable ``module:function`` when there is one (replay resolves that form), else its name.
-
-    A function of the program's own script (``__main__``) is recorded under the name the
-    script imports as (``train:my_backend`` for ``python train.py`` or ``python -m train``),
-    so that ``reproarchive run --backend train:my_backend`` finds it from the script's folder."""
-    name = getattr(backend, "compiler_name", None)
-    if isinstance(name, str):
-        return name
-    module, qualname = getattr(backend, "__module__", None), getattr(backend, "__qualname__", None)
-    if module == "__main__":
-        module = _main_module_name()
-    if module and qualname and "<" not in qualname:
-        return f"{module}:{qualname}"
-    return getattr(backend, "__name__", None) or type(backend).__qualname__
-
-
-def _main_module_name() -> str | None:
-    """The name the running script would be imported by: ``-m``'s module, else its file's stem."""
-    import sys
-
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name and spec.name != "__main__":
-        return spec.name
-    stem = Path(getattr(main, "__file__", "") or "").stem
-    return stem if stem.isidentifier() else None
-
-
-def _resolve_target(path: str | os.PathLike | None) -> Path:
-    if path is None:
-        env = os.environ.get(DEFAULT_DIR_ENV)
-        return Path(env).absolute() if env else Path.cwd() / DEFAULT_DIR_NAME
-    return Path(path).absolute()
-
-
-def _is_file_target(target: Path) -> bool:
-    return target.name.endswith((".zst", ".tar")) and not target.is_dir()
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-class _CaptureBackend:
+class _CaptureBackend(BackendArchives):
     """The callable handed to torch.compile. A class so that ``repr`` and ``__name__`` say what
     it wraps (Dynamo puts ``__name__`` in its error messages: ``backend='capture(inductor)'``)."""
 
@@ -345,15 +233,6 @@ class _CaptureBackend:
         The failure is the program's own, so nothing was replayed."""
         return [archive_report(path, kind="capture", replay={"performed": False, "failure_from": "program"})
                 for path in dict.fromkeys(self.written)]
-
-    @property
-    def file_target(self) -> bool:
-        return _is_file_target(self.target)
-
-    @property
-    def folder(self) -> Path:
-        """Where this backend's archives and spool go: ``path``, or a file target's folder."""
-        return self.target.parent if self.file_target else self.target
 
     def rank_capture(self, gm: Any, inputs: list[Any], config: ConfigRecord, failure: FailureRecord,
                      custom_ops: list | None = None) -> Capture:
@@ -486,28 +365,11 @@ class _CaptureBackend:
             failed=lambda exc: self._fail(pristine_gm, before, modified_inputs(before, versions), exc, "backward",
                                           config, rng_states=rng_states, pending=pending))
 
-    def _set_aside(self, pending: Path | str | None) -> None:
-        if isinstance(pending, str):  # a spool entry (``ProcessSpool.set_aside``)
-            self._spool().set_aside(pending)
-
-    def _restore(self, pending: Path | str | None) -> None:
-        if isinstance(pending, str):
-            self._spool().restore(pending)
-
     def _checks_after_the_call(self, out: Any) -> bool:
         """A first call that was its own check whose outputs' backward is compiled after all (a
         graph run by the backend itself that calls an ``autograd.Function``): that backward is
         checked once the call has ended, on its inputs as they were before it."""
         return self.settings["check_runtime"] is True and not self.settings["fwd_only"] and backward_is_compiled(out)
-
-    def _pending(self, pristine_gm: Any, args: list[Any], config: ConfigRecord,
-                 spooled: str | None, *, fork: bool = True) -> Path | str | None:
-        """The archive a crash in the first run would leave (a spool entry, or written now).
-        ``fork=False``: for a check run, the spool entry finished before it, not by a writer
-        forked through it (``ProcessSpool.wait``)."""
-        if spooled is not None:
-            return spooled if self._spool().wait(spooled, fork=fork) else None
-        return self._write_pending(pristine_gm, args, config) if self.settings["crash"] else None
 
     def _check(self, compiled: Callable, gm: Any, pristine_gm: Any, args: list[Any], config: ConfigRecord,
                written: frozenset[int] | None, spooled: str | None) -> None:
@@ -580,167 +442,6 @@ class _CaptureBackend:
         with inductor.patched_config(self.config_patches):
             yield
 
-    # -- a crash: the archive written before the compiled code runs ----------------------------
-
-    def _write_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord) -> Path | None:
-        """Write the archive a native crash would leave, before the compiled code first runs.
-
-        A crash (segfault, abort from C++, fatal device assert) ends the process with no chance
-        to write anything afterwards, so the archive is written first, with a ``crash`` failure
-        whose signal is not known yet; ``_discard`` removes it once the check has run to its
-        end. Never raises: a write that fails costs the crash record, not the user's run. A
-        file target that already holds an archive is not overwritten by a pending one.
-        """
-        record = _failure.pending_crash_record(backend=self.backend_name)
-        folder = self.folder
-        self._made_folder = self._made_folder or not folder.exists()
-        try:
-            destination = self._destination(gm, inputs, record)
-            if _is_file_target(self.target) and destination.exists():
-                return None
-            written = write_archive(gm, inputs, destination, config=config, failure=record, backend=self.backend_name,
-                                     accuracy=self.settings["accuracy"], capture_settings=self.settings)
-        except Exception as err:  # noqa: BLE001 - never in place of the user's own run
-            log.warning("reproarchive.capture could not write the archive a crash would leave: %s: %s",
-                        type(err).__name__, err)
-            return None
-        log.debug("reproarchive: %s written before the first run (removed when it does not crash)", written)
-        return Path(written)
-
-    def _spool_pending(self, gm: Any, inputs: list[Any], config: ConfigRecord, writes: GraphWrites) -> str | None:
-        """With ``spool=True``: start spooling the archive a crash would leave while the backend
-        compiles (``process_spool``: each storage once per process, in the background; the
-        first call waits for the entry and its small objects, the weights written while it runs).
-        Never raises."""
-        if not (self.settings["spool"] and self.settings["crash"] and self.settings["check_runtime"]):
-            return None
-        try:
-            record = _failure.pending_crash_record(backend=self.backend_name)
-            capture = capture_of(gm, inputs, config=config, failure=record, backend=self.backend_name,
-                                 accuracy=self.settings["accuracy"], capture_settings=self.settings)
-            name = None if self._file_taken() else self._archive_name(gm, inputs, record)
-            return self._spool().submit(capture, written=writes.of(inputs), archive=name)
-        except Exception as err:  # noqa: BLE001 - never in place of the user's own run
-            log.warning("reproarchive.capture could not spool the archive a crash would leave: %s: %s",
-                        type(err).__name__, err)
-            return None
-
-    def _spool(self) -> Any:
-        from reproarchive.sources.process_spool import spool_in
-
-        return spool_in(self.folder, guarded=True, store=self.store)
-
-    def _discard(self, pending: Path | str | None) -> None:
-        if isinstance(pending, str):  # a spool entry
-            self._spool().discard(pending)
-            return
-        if pending is None or pending in self.written:  # a real failure was written over it
-            return
-        try:
-            pending.unlink()
-            if self._made_folder and not self.written:  # leave no trace of a run that passed
-                pending.parent.rmdir()
-                self._made_folder = False
-        except OSError:
-            pass
-
-    # -- failure paths ---------------------------------------------------------------------------
-
-    def _fail(self, gm: Any, inputs: list[Any], modified: list[int], exc: BaseException, stage: str,
-              config: ConfigRecord, rng_states: dict | None = None,
-              pending: Path | str | None = None) -> tuple[Path | None, str | None]:
-        if (ctx := rank_context()) is not None:  # a rank: its part, and the job's archive
-            job_failed(self, gm, inputs, config, exc, stage, ctx)
-            return archive_path(exc), None
-        record = _failure.record_from_exception(exc, stage, backend=self.backend_name)
-        path, error = self._write(gm, inputs, modified, record, config, rng_states, pending)
-        _annotate(exc, path, error)
-        return path, error
-
-    def _accuracy_failed(self, gm: Any, inputs: list[Any], modified: list[int], report: AccuracyReport,
-                         config: ConfigRecord) -> None:
-        from reproarchive.compat.dynamo import AccuracyError
-
-        record = _failure.accuracy_record(report, backend=self.backend_name)
-        path, error = self._write(gm, inputs, modified, record, config)
-        where = f"archive written to {path}" if path else f"no archive written: {error}"
-        message = f"compiled result differs from eager: {report.summary}\n[reproarchive] {where}"
-        if self.settings["on_accuracy"] == "warn":
-            warnings.warn(message, CaptureWarning, stacklevel=6)
-            return
-        err = AccuracyError(message)
-        err.reproarchive_path = str(path) if path else None  # type: ignore[attr-defined]
-        err.reproarchive_record = record  # type: ignore[attr-defined]
-        raise err
-
-    def _write(self, gm: Any, inputs: list[Any], modified: list[int], record: FailureRecord,
-               config: ConfigRecord, rng_states: dict | None = None,
-               pending: Path | str | None = None) -> tuple[Path | None, str | None]:
-        """Write the archive; never let a problem here hide the user's original failure.
-        ``rng_states``: the generator states the failing call started from (None: read now).
-        ``pending``: the spool entry of the failing first call, which holds its inputs as they
-        were before it: the archive comes from there when the inputs cannot be read now (a
-        device-side assert leaves every later use of the device failing)."""
-        if modified:
-            record = dataclasses.replace(record, inputs_modified=tuple(modified))
-        try:
-            destination = self._destination(gm, inputs, record)
-            written = write_archive(
-                gm, inputs, destination, config=config, failure=record, backend=self.backend_name,
-                accuracy=self.settings["accuracy"], capture_settings=self.settings, rng_states=rng_states,
-            )
-        except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
-            written = self._kept(pending, gm, inputs, record, err) if isinstance(pending, str) else None
-            if written is None:
-                log.warning("reproarchive.capture could not write an archive: %s: %s", type(err).__name__, err)
-                return None, f"{type(err).__name__}: {err}"
-        self.written.append(Path(written))
-        log.warning("reproarchive: %s failure captured in %s", record.stage, written)
-        if self.store:
-            self._push(Path(written))
-        return Path(written), None
-
-    def _kept(self, entry: str, gm: Any, inputs: list[Any], record: FailureRecord, err: Exception) -> Path | None:
-        """Spool entry ``entry`` completed into the failure's archive (None: it could not be)."""
-        try:
-            completed = self._spool().keep(entry, record, self._destination(gm, inputs, record))
-        except Exception as again:  # noqa: BLE001 - the caller reports the first error
-            log.debug("reproarchive: the spool entry could not be kept either: %s", again)
-            return None
-        if completed is None:
-            return None
-        log.warning("reproarchive: the inputs could not be read after the failure (%s: %s): the archive holds them "
-                    "as spooled before the call%s", type(err).__name__, str(err).splitlines()[0] if str(err) else "",
-                    completed.unwritten)
-        return completed.path
-
-    def _push(self, written: Path) -> None:
-        """Share the archive; a store that fails costs a log line, never the user's failure."""
-        from reproarchive.store.push import push
-
-        try:
-            (result,) = push([written], self.store)
-        except Exception as err:  # noqa: BLE001 - the archive is on disk; the failure must surface
-            log.warning("reproarchive.capture could not push %s to %s: %s: %s", written, self.store,
-                        type(err).__name__, err)
-            return
-        self.pushed.append(result)
-        log.warning("reproarchive: pushed to %s/%s", result.store, result.name)
-
-    def _destination(self, gm: Any, inputs: list[Any], record: FailureRecord) -> Path:
-        folder = self.folder
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder / self._archive_name(gm, inputs, record)
-
-    def _file_taken(self) -> bool:
-        """A file target that holds an archive already: a crash's is named beside it instead."""
-        return _is_file_target(self.target) and self.target.exists()
-
-    def _archive_name(self, gm: Any, inputs: list[Any], record: FailureRecord) -> str:
-        if _is_file_target(self.target):
-            return self.target.name
-        return f"repro-{_short_hash(gm, inputs, record)}{ARCHIVE_SUFFIX}"
-
 
 # ---------------------------------------------------------------------------------------------
 # What this source records, written through the one capture writer
@@ -748,23 +449,6 @@ class _CaptureBackend:
 
 
 SOURCE_RECORD = CaptureSource
-
-
-def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:
-    import torch
-
-    h = hashlib.sha256()
-    try:
-        h.update(gm.code.encode())
-    except Exception:
-        h.update(repr(gm.graph).encode())
-    for a in inputs:
-        if isinstance(a, torch.Tensor):
-            h.update(f"T{tuple(a.shape)}{a.stride()}{a.dtype}{a.device.type}{a.requires_grad};".encode())
-        else:
-            h.update(f"V{type(a).__name__}:{a!r};".encode())
-    h.update(record.signature.encode())
-    return h.hexdigest()[:12]
 
 
 __all__ = ["capture", "archive_path", "CaptureWarning"]

@@ -383,7 +383,7 @@ def _backend_name(wrapper: Any) -> str:
     """The name to record for the backend behind Dynamo's ``wrapper``: a registered name as
     it is; a custom function by its import path (``recorded_name``), not the bare ``__name__``
     that ``torch.compile``'s wrapper takes as its ``compiler_name``."""
-    from reproarchive.sources.backend import recorded_name
+    from reproarchive.sources.backend_options import recorded_name
 
     name = dynamo.wrapped_backend_name(wrapper)
     if isinstance(name, str) and name in dynamo.registered_backends():

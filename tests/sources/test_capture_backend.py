@@ -18,6 +18,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 import reproarchive
 from reproarchive.format.schema import CaptureSource
 from reproarchive.sources import backend as capture_backend
+from reproarchive.sources import backend_archives
 from reproarchive.sources.backend import CaptureWarning, archive_path
 from reproarchive.testing.machine_paths import machine_paths_in
 from reproarchive.testing.sources import Captured, SourceTests
@@ -282,7 +283,7 @@ def test_a_failing_write_never_hides_the_original_error(tmp_path, monkeypatch):
     def broken_write(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(capture_backend, "write_archive", broken_write)
+    monkeypatch.setattr(backend_archives, "write_archive", broken_write)
     exc, _, _ = failing_call(plain_fn, "relu_runtime_error_TESTING_ONLY", tmp_path)
     assert type(exc) is AssertionError
     assert "ReluRuntimeError" in str(exc)
@@ -298,7 +299,7 @@ def test_records_passed_to_pack(tmp_path, monkeypatch):
         destination.write_bytes(b"stub")
         return destination
 
-    monkeypatch.setattr(capture_backend, "write_archive", recording_write)
+    monkeypatch.setattr(backend_archives, "write_archive", recording_write)
     failing_call(mutating_fn, "relu_runtime_error_TESTING_ONLY", tmp_path, tolerance=0.5)
     assert seen["destination"].parent == tmp_path
     assert seen["destination"].name.startswith("repro-") and seen["destination"].name.endswith(".tar.zst")
@@ -432,7 +433,7 @@ def test_a_failure_that_leaves_the_inputs_unreadable_is_archived_from_the_spool(
     message = "CUDA error: device-side assert triggered"
     monkeypatch.setattr(snapshot_writer, "can_fork", lambda storages, inputs_copied: False)
     monkeypatch.setattr(process_spool, "FIRST_BYTES", 4096)
-    real_write, real_archive = Spool.write, capture_backend.write_archive
+    real_write, real_archive = Spool.write, backend_archives.write_archive
 
     def write(self, todo, stop=None):
         if any(storage.nbytes() > 4096 for _, storage in todo):  # the weights: read after the assert
@@ -446,7 +447,7 @@ def test_a_failure_that_leaves_the_inputs_unreadable_is_archived_from_the_spool(
         return real_archive(*args, **kwargs)
 
     monkeypatch.setattr(Spool, "write", write)
-    monkeypatch.setattr(capture_backend, "write_archive", write_archive)
+    monkeypatch.setattr(backend_archives, "write_archive", write_archive)
 
     def asserting(gm, example_inputs):
         def run(*args):

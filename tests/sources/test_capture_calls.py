@@ -146,7 +146,7 @@ def test_dynamic_sizes_4_6_7_failing_at_7(tmp_path):
 
 
 def test_a_later_failure_that_cannot_be_archived_says_so(tmp_path, monkeypatch, capsys):
-    from reproarchive.sources import backend as capture_backend
+    from reproarchive.sources import backend_archives
 
     compiled = torch.compile(mutating_fn, backend=reproarchive.capture(later_call_backends.fails_on_negative,
                                                                          path=tmp_path))
@@ -156,7 +156,7 @@ def test_a_later_failure_that_cannot_be_archived_says_so(tmp_path, monkeypatch, 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(capture_backend, "write_archive", broken)
+    monkeypatch.setattr(backend_archives, "write_archive", broken)
     with pytest.raises(RuntimeError, match="negative first element"):
         compiled(-torch.rand(4, 8) - 1, w)
     err = capsys.readouterr().err
