@@ -112,19 +112,23 @@ def test_nothing_imports_the_testing_package():
     assert wrong == []
 
 
+def _absolute_imports(path) -> list[str]:
+    """Every module ``path`` imports by absolute name, at any depth (functions included)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            out.append(node.module or "")
+    return out
+
+
 def test_only_the_testing_package_imports_pytest():
     wrong = []
     for name, path in MODULES.items():
         if name.startswith("reproarchive.testing"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                targets = [node.module or ""]
-            else:
-                continue
-            wrong += [f"{name} imports {t}" for t in targets if t.split(".")[0] in ("pytest", "_pytest")]
+        wrong += [f"{name} imports {t}" for t in _absolute_imports(path) if t.split(".")[0] in ("pytest", "_pytest")]
     assert wrong == []
 
 
@@ -144,16 +148,9 @@ def test_compat_imports_only_torch_the_standard_library_and_errors():
     for name, path in MODULES.items():
         if not name.startswith("reproarchive.compat"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                targets = [node.module or ""]
-            else:
-                continue
-            wrong += [f"{name} imports {t}" for t in targets
-                      if t.split(".")[0] not in sys.stdlib_module_names and t.split(".")[0] != "torch"
-                      and t != "reproarchive.errors" and not t.startswith("reproarchive.compat")]
+        wrong += [f"{name} imports {t}" for t in _absolute_imports(path)
+                  if t.split(".")[0] not in sys.stdlib_module_names and t.split(".")[0] != "torch"
+                  and t != "reproarchive.errors" and not t.startswith("reproarchive.compat")]
     assert wrong == []
 
 
