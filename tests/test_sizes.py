@@ -13,15 +13,10 @@ MODULE_LINES, FUNCTION_LINES = 500, 60
 
 #: path -> its lines when the rule came (only shrinking from here)
 OVER_MODULES = {
-    "reproarchive/sources/backend.py": 770,
-    "reproarchive/child.py": 736,
-    "reproarchive/format/schema.py": 659,
-    "reproarchive/format/index_rules.py": 600,
     "reproarchive/standalone/script.py": 595,
     "reproarchive/codec/effects.py": 538,
     "reproarchive/replay/accuracy.py": 534,
     "reproarchive/triage/diff.py": 531,
-    "reproarchive/sources/trace_child.py": 531,
     "reproarchive/sources/job_capture.py": 518,
     "reproarchive/sources/crash_guard.py": 509,
     "reproarchive/triage/view.py": 504,
@@ -30,10 +25,6 @@ OVER_MODULES = {
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/sources/trace_child.py:from_dynamo_graph": 131,
-    "reproarchive/replay/runner.py:replay_graph": 130,
-    "reproarchive/sources/program.py:capture_program": 111,
-    "reproarchive/minifier/driver.py:minify_archive": 109,
     "reproarchive/sources/crash_guard.py:_after_dynamo_hook": 103,
     "cli/capture_cmds.py:pack_cmd": 99,
     "reproarchive/minifier/candidate.py:Recording.normalise": 97,
@@ -41,7 +32,7 @@ OVER_FUNCTIONS = {
     "cli/capture_cmds.py:capture_cmd": 92,
     "cli/ls_cmd.py:ls_cmd": 86,
     "reproarchive/context/config.py:applied_config": 85,
-    "reproarchive/format/index_rules.py:_checked": 83,
+    "reproarchive/format/schema/rules/decode.py:_checked": 83,
     "reproarchive/archive/loading.py:rebuild": 82,
     "reproarchive/store/push.py:_push_one": 81,
     "reproarchive/replay/accuracy.py:_compare_tensors": 81,
@@ -63,7 +54,6 @@ OVER_FUNCTIONS = {
     "reproarchive/minifier/job_minify.py:minify_job": 63,
     "reproarchive/codec/devices.py:remap_graph_devices": 63,
     "reproarchive/triage/view.py:view": 62,
-    "reproarchive/sources/backend.py:capture": 61,
 }
 
 

@@ -48,6 +48,7 @@ PRIVATE_NAMES = (
     "torch._guards.CompileContext",
     "torch._guards.CompileContext.current_compile_id",
     "torch._guards.TracingContext",
+    "torch._guards.TracingContext.try_get",
     "torch._guards.tracing",
 )
 
@@ -195,6 +196,13 @@ def tracing_with(fake_mode: Any) -> contextlib.AbstractContextManager:
     from torch._guards import TracingContext, tracing
 
     return tracing(TracingContext(fake_mode))
+
+
+def in_dynamo_trace() -> bool:
+    """Whether this thread is inside a Dynamo trace (a backend called by Dynamo runs in one)."""
+    from torch._guards import TracingContext
+
+    return TracingContext.try_get() is not None
 
 
 def current_compile_id() -> Any:

@@ -147,77 +147,110 @@ def minify_archive(
         raise ReproArchiveError("a collective timeout applies to a multi-rank job archive only",
                                 "leave --timeout out for an archive of one process")
     from reproarchive.codec.graphs import readable_code
-    from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 
     output = output_path(path, output)
     repro = ready.load()
+    stage = _recorded_stage(repro)
+    isolate, jobs = _workers(isolate, jobs, stage)
+    chosen = ready.settings
+    started = time.monotonic()
+    pool = None
+    with tempfile.TemporaryDirectory(prefix="reproarchive-minify-", dir=temp_folder()) as tmp:
+        try:
+            pool, fails = _judge(repro, chosen, isolate=isolate, jobs=jobs, crash=stage == "crash",
+                                 workdir=Path(tmp))
+            result = _searched(path, output, repro, chosen, fails, stage, jobs=jobs, max_time=max_time,
+                               progress=progress, shrink_inputs=shrink_inputs)
+        finally:
+            if pool is not None:
+                pool.close()
+    stats = _result_stats(result, repro, chosen, wall_s=round(time.monotonic() - started, 3), isolate=isolate,
+                          workers_started=pool.started if pool is not None else 0)
+    _write(output, repro, result.gm, result.inputs, stats=stats)
+    return MinifyReport(archive=str(path), output=str(output), parent=repro.digest,
+                        status="minified" if result.stats.accepted > 0 else "unchanged", stats=stats,
+                        code=readable_code(result.gm), input_origins=result.input_origins)
+
+
+def _recorded_stage(repro: Repro) -> str:
+    """The stage of the recorded failure: the signature every candidate must reproduce. An
+    archive without one (packed with --no-replay, or unknown) has nothing to minify against."""
     stage = repro.records.failure.stage if repro.records.failure is not None else None
     if stage in (None, "unknown"):
         raise ReproArchiveError(
             "the archive records no failure signature to minify against",
             "replay it first (`reproarchive pack` without --no-replay records one)",
         )
-    from reproarchive.replay.containment import contained
+    return stage
 
+
+def _workers(isolate: bool | None, jobs: int | None, stage: str) -> tuple[bool, int]:
+    """(whether candidates are judged in worker processes, how many at once): isolated by
+    default only for a crash, which replayed in this process would end it; in-process judging
+    is always one at a time."""
     if isolate is None:
         isolate = stage == "crash"  # a crash replayed in this process would end it
-    jobs = (auto_jobs() if jobs is None else max(1, int(jobs))) if isolate else 1
-    chosen = ready.settings
+    return isolate, (auto_jobs() if jobs is None else max(1, int(jobs))) if isolate else 1
+
+
+def _judge(repro: Repro, chosen: ReplaySettings, *, isolate: bool, jobs: int, crash: bool, workdir: Path):
+    """(the worker pool or None, the predicate that judges a candidate): in warm worker
+    processes when ``isolate`` (the caller closes the pool), else in this process."""
+    if not isolate:
+        return None, _replay_predicate(repro, chosen)
+    from reproarchive.replay.isolation import WorkerPool
+
+    # a crash kills the worker of every failing candidate: keep one warm in reserve
+    pool = WorkerPool(repro.records.environment, size=jobs, spares=1 if crash else 0,
+                      warmup={"backend": chosen.backend, "source_kind": repro.records.graph_kind})
+    return pool, _isolated_predicate(repro, pool, chosen, workdir=workdir)
+
+
+def _searched(path, output: Path, repro: Repro, chosen: ReplaySettings, fails, stage: str, *, jobs: int,
+              max_time: float | None, progress, shrink_inputs: bool):
+    """The search (``minify_with_stats``), each accepted step checkpointed to ``output``; a
+    search that cannot start (the original does not reproduce, or does not run in eager mode)
+    is reported as NotReproducedError with a hint at what to do instead."""
+    from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
+    from reproarchive.replay.containment import contained
+
+    def checkpoint(gm, inputs, stats) -> None:
+        _write(output, repro, gm, inputs,
+               stats=_labelled({**stats.as_dict(), "stop_reason": "checkpoint"}, repro))
+
     judge_accuracy, strict_accuracy = chosen.accuracy, chosen.strict_accuracy
     localize = "truncate" if judge_accuracy and strict_accuracy else "auto"
-    started = time.monotonic()
-    pool = None
-    with tempfile.TemporaryDirectory(prefix="reproarchive-minify-", dir=temp_folder()) as tmp:
-        try:
-            if isolate:
-                from reproarchive.replay.isolation import WorkerPool
+    try:
+        # the eager recording runs the graph here too: its thread state and RNG are put back
+        with contained(outputs=False):
+            return minify_with_stats(repro.gm, repro.args, fails, max_time=max_time, progress=progress,
+                                     on_accept=checkpoint, localize=localize, shrink_inputs=shrink_inputs,
+                                     jobs=jobs)
+    except NotFailingError:
+        hint = "run `reproarchive run` on it to see what happens instead"
+        if judge_accuracy and not strict_accuracy and stage == "accuracy" and \
+                _replay_predicate(repro, chosen.replace(strict_accuracy=True))(repro.gm, list(repro.args)):
+            hint = ("only non-floating outputs (bool masks, indices) differ here; "
+                    "minify with --strict-accuracy to count them")
+        raise NotReproducedError(
+            f"{path} does not reproduce its recorded failure here, so it cannot be minified", hint,
+        ) from None
+    except EagerRunError as exc:
+        raise NotReproducedError(
+            f"the archived graph does not run in eager mode on its inputs ({str(exc)[:160]})",
+            "the failure is not the compiler's; `reproarchive run --backend eager` shows it",
+        ) from None
 
-                # a crash kills the worker of every failing candidate: keep one warm in reserve
-                pool = WorkerPool(repro.records.environment, size=jobs, spares=1 if stage == "crash" else 0,
-                                  warmup={"backend": chosen.backend, "source_kind": repro.records.graph_kind})
-                fails = _isolated_predicate(repro, pool, chosen, workdir=Path(tmp))
-            else:
-                fails = _replay_predicate(repro, chosen)
 
-            def checkpoint(gm, inputs, stats) -> None:
-                _write(output, repro, gm, inputs,
-                       stats=_labelled({**stats.as_dict(), "stop_reason": "checkpoint"}, repro))
-
-            try:
-                # the eager recording runs the graph here too: its thread state and RNG are put back
-                with contained(outputs=False):
-                    result = minify_with_stats(repro.gm, repro.args, fails, max_time=max_time, progress=progress,
-                                               on_accept=checkpoint, localize=localize, shrink_inputs=shrink_inputs,
-                                               jobs=jobs)
-            except NotFailingError:
-                hint = "run `reproarchive run` on it to see what happens instead"
-                if judge_accuracy and not strict_accuracy and stage == "accuracy" and \
-                        _replay_predicate(repro, chosen.replace(strict_accuracy=True))(repro.gm, list(repro.args)):
-                    hint = ("only non-floating outputs (bool masks, indices) differ here; "
-                            "minify with --strict-accuracy to count them")
-                raise NotReproducedError(
-                    f"{path} does not reproduce its recorded failure here, so it cannot be minified", hint,
-                ) from None
-            except EagerRunError as exc:
-                raise NotReproducedError(
-                    f"the archived graph does not run in eager mode on its inputs ({str(exc)[:160]})",
-                    "the failure is not the compiler's; `reproarchive run --backend eager` shows it",
-                ) from None
-        finally:
-            if pool is not None:
-                pool.close()
+def _result_stats(result, repro: Repro, chosen: ReplaySettings, *, wall_s: float, isolate: bool,
+                  workers_started: int) -> dict[str, Any]:
+    """The statistics the minified archive records (``minify``): the search's, with how it was
+    run and each input's provenance (``_labelled``)."""
     stats = result.stats.as_dict()
-    stats["wall_s"] = round(time.monotonic() - started, 3)
+    stats["wall_s"] = wall_s
     stats["isolate"] = isolate
-    stats["accuracy_mode"] = ("strict" if strict_accuracy else "default") if judge_accuracy else None
-    stats["workers_started"] = pool.started if pool is not None else 0
+    judge_accuracy = chosen.accuracy
+    stats["accuracy_mode"] = ("strict" if chosen.strict_accuracy else "default") if judge_accuracy else None
+    stats["workers_started"] = workers_started
     stats["input_origins"] = result.input_origins
-    stats = _labelled(stats, repro)
-    _write(output, repro, result.gm, result.inputs, stats=stats)
-    changed = result.stats.accepted > 0
-    return MinifyReport(
-        archive=str(path), output=str(output), parent=repro.digest,
-        status="minified" if changed else "unchanged", stats=stats,
-        code=readable_code(result.gm), input_origins=result.input_origins,
-    )
-
+    return _labelled(stats, repro)

@@ -71,115 +71,139 @@ def replay_graph(
 
     ``records`` are what the archive (or one rank of it) says around the graph, the judged
     ``failure`` included; a consumer that judges against another failure (a rank's), or under
-    another shape policy (a candidate's), gives a copy that says so. Its ``config``,
-    ``environment`` and ``system`` are snapshots: the config is
-    applied for the duration (unless ``settings.current_config``), the environment variables
-    that can be set in-process are set, and all three are diffed against this machine for the
-    report (``report_differences=False`` skips that: it takes fresh snapshots, and the
-    minifier, which replays hundreds of candidates, does not need it). ``execution`` is the
-    thread state the failing call ran under (grad and inference mode, autocast, deterministic
-    algorithms, default dtype, matmul precision), entered around compile and run; without it
-    the graph runs in this thread's state, and a warning says so. ``shapes`` is the recorded
-    dynamic-shape policy: a symbolic one is re-created for the backend and the replay's guards
-    compared with the recorded ones (``replay.shape_policy``); without one the graph is
-    compiled with static shapes and a warning says that the policy was unknown (louder when
-    ``input_records``, the index's input records, show that the recording was symbolic).
-    ``rng_states`` are the
-    generator states the failing call started from (``codec.rng``; None: not recorded, as where
-    ``records.rng`` is absent), set
-    after compiling, right before the run; accuracy on a graph that draws random numbers is
-    checked under ``accuracy.fair_to_randomness``. The outcome's ``randomness`` and
-    ``accuracy_rule`` say what was done. Recorded on another torch release (``records.system``),
-    only the config settings the recording changed are applied (the
-    others are that release's defaults, which this release may not share: an int default that
-    became None there breaks a comparison here), and the outcome names both versions.
+    another shape policy (a candidate's), gives a copy that says so. Its config, environment
+    and execution state are entered around compile and run (``_planned``, ``_entered``); the
+    config, environment and system are diffed against this machine for the report
+    (``report_differences=False`` skips that: the minifier replays hundreds of candidates).
+    ``shapes`` is the recorded dynamic-shape policy: a symbolic one is re-created for the backend
+    and the replay's guards compared with the recorded ones (``replay.shape_policy``); without
+    one the graph is compiled with static shapes and a warning says that the policy was unknown
+    (louder when ``input_records``, the index's input records, show a symbolic recording). ``rng_states``
+    are the generator states the failing call started from (``codec.rng``; None: not recorded,
+    as where ``records.rng`` is absent), set after compiling, right before the run; accuracy on
+    a graph that draws random numbers is checked under ``accuracy.fair_to_randomness``. The
+    outcome's ``randomness`` and ``accuracy_rule`` say what was done.
     Raises BackendUnavailableError (exit 125) when the backend is missing here.
     """
-    backend = settings.backend
-    compiler_fn = resolve_backend(backend)
-    recorded_failure, config, environment = records.failure, records.config, records.environment
-    execution, shapes, source_kind = records.execution, records.shapes, records.graph_kind
-    recorded_torch = torch_version(records.system)
-    system = records.system if report_differences else None
-    if records.rng is None:
-        rng_states = None
-    warnings: list[str] = []
-    config_applied = bool(config) and not settings.current_config
-    env_to_set, env_warnings = plan(environment, config_applied=config_applied)
-    warnings.extend(env_warnings)
-    if config and not config_applied:
-        warnings.append("running with this machine's torch config (--current-config), not the recorded one")
-    here = torch_here()
-    across = across_versions(here, recorded_torch)
-    if config_applied and across:
-        warnings.append(f"recorded on torch {recorded_torch}: only the config settings the recording changed are "
-                        f"applied; the others keep torch {here}'s defaults")
-    if execution is None:
-        warnings.append("the execution state (grad mode, autocast, inference mode ...) was not recorded: "
-                        "replayed in this process's state")
-
-    # An after_aot graph is one half of what AOTAutograd compiled, and AOTAutograd runs both
-    # halves with grad mode off (its autograd.Function supplies the autograd): replay it so,
-    # forward only. With grad on, inductor's out= kernels (addmm) refuse inputs that require
-    # grad, a failure the original run never had.
-    after_aot = source_kind == "after_aot"
-    needs_backward = not settings.only_fwd and not after_aot and (
-        (recorded_failure is not None and recorded_failure.stage == "backward")
-        or any(t.requires_grad for t in _iter_tensors(args))
-    )
-    shape_report = shape_policy.report_for(shapes, input_records)
-    observed: dict[str, Any] | None = None
-    details: dict[str, Any] | None = None
-    ran_backward = False
+    compiler_fn = resolve_backend(settings.backend)
+    rng_states = None if records.rng is None else rng_states
+    setup = _planned(records, settings)
+    warnings = setup.warnings
+    fwd_only = not _needs_backward(args, settings, records)
+    shape_report = shape_policy.report_for(records.shapes, input_records)
     ops = random_ops(gm)  # one walk of the graph, for the report and the verdict
     randomness, rng_warnings = _randomness(ops, rng_states)
     warnings.extend(rng_warnings)
-    rule = None
-
     with contextlib.ExitStack() as stack:
-        if config_applied:
-            stack.enter_context(_applied_config(config, warnings, only_changed=across))
-        stack.enter_context(_without_pytorch_repro_hooks())
-        stack.enter_context(applied_environment(env_to_set))
-        stack.enter_context(contained())
-        warnings.extend(stack.enter_context(applied_execution(execution)))
-        if after_aot:
-            import torch
-
-            stack.enter_context(torch.no_grad())
-        if settings.accuracy:
-            from reproarchive.replay.accuracy import fair_to_randomness
-
-            rule = stack.enter_context(fair_to_randomness(gm))
+        rule = _entered(stack, gm, records, settings, setup)
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
-            observed, details, ran_backward = _compile_and_run(
-                compiler_fn, gm, args, backend=backend, source_kind=source_kind,
-                fwd_only=not needs_backward, accuracy=bool(settings.accuracy), tol=settings.tol,
-                warnings=warnings, ignore_non_fp=not settings.strict_accuracy, shapes=(shapes, shape_report),
+            ran = _compile_and_run(
+                compiler_fn, gm, args, backend=settings.backend, source_kind=records.graph_kind,
+                fwd_only=fwd_only, accuracy=bool(settings.accuracy), tol=settings.tol, warnings=warnings,
+                ignore_non_fp=not settings.strict_accuracy, shapes=(records.shapes, shape_report),
                 rng_states=rng_states,
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
     warnings.extend(shape_policy.warnings_for(shape_report))
+    outcome = _verdict(records, setup, args, settings.backend, ran, report_differences=report_differences,
+                       shapes=shape_report, randomness=randomness, rule=rule)
+    return unless_faithful(outcome, _unfaithful(shape_report, ops, rng_states))
 
-    return unless_faithful(judged(
-        recorded_failure, observed,
-        accuracy=details,
-        # across releases the defaults were not applied: a differing one is listed (not as important)
-        differences=differences(config=config, environment=environment, system=system,
-                                config_applied=None if across and config_applied else config_applied)
-        if report_differences else [],
-        device=_describe_device(args),
-        backend=backend,
-        warnings=warnings,
-        ran_backward=ran_backward,
-        config="current" if not config_applied else "recorded",
-        shapes=shape_report,
-        randomness=randomness,
-        accuracy_rule=rule,
-        torch=here,
-        recorded_torch=recorded_torch,
-    ), _unfaithful(shape_report, ops, rng_states))
+
+@dataclasses.dataclass
+class _Setup:
+    """What ``_planned`` decided before the replay, for ``_entered`` and ``_verdict``."""
+
+    config_applied: bool
+    across: bool
+    env_to_set: Any
+    here: str
+    recorded_torch: str | None
+    warnings: list[str]
+
+
+def _planned(records: Records, settings: ReplaySettings) -> _Setup:
+    """Which of the recorded snapshots the replay applies, and the warnings for what it cannot:
+    decided once, before anything is entered, so that the report says what was done. The config
+    is applied unless ``settings.current_config``; the environment variables that can be set
+    in-process are set. Recorded on another torch release (``records.system``), only the config
+    settings the recording changed are applied (the others are that release's defaults, which
+    this release may not share: an int default that became None there breaks a comparison
+    here). Without a recorded ``execution`` the graph runs in this thread's state."""
+    config = records.config
+    warnings: list[str] = []
+    config_applied = bool(config) and not settings.current_config
+    env_to_set, env_warnings = plan(records.environment, config_applied=config_applied)
+    warnings.extend(env_warnings)
+    if config and not config_applied:
+        warnings.append("running with this machine's torch config (--current-config), not the recorded one")
+    here, recorded_torch = torch_here(), torch_version(records.system)
+    across = across_versions(here, recorded_torch)
+    if config_applied and across:
+        warnings.append(f"recorded on torch {recorded_torch}: only the config settings the recording changed are "
+                        f"applied; the others keep torch {here}'s defaults")
+    if records.execution is None:
+        warnings.append("the execution state (grad mode, autocast, inference mode ...) was not recorded: "
+                        "replayed in this process's state")
+    return _Setup(config_applied, across, env_to_set, here, recorded_torch, warnings)
+
+
+def _needs_backward(args: list[Any], settings: ReplaySettings, records: Records) -> bool:
+    """Whether the replay runs backward too: when the recorded failure was in backward or an
+    input requires grad. An after_aot graph is one half of what AOTAutograd compiled, and
+    AOTAutograd runs both halves with grad mode off (its autograd.Function supplies the
+    autograd): it is replayed so, forward only (``_entered``). With grad on, inductor's out=
+    kernels (addmm) refuse inputs that require grad, a failure the original run never had."""
+    recorded_failure = records.failure
+    return not settings.only_fwd and records.graph_kind != "after_aot" and (
+        (recorded_failure is not None and recorded_failure.stage == "backward")
+        or any(t.requires_grad for t in _iter_tensors(args))
+    )
+
+
+def _entered(stack: contextlib.ExitStack, gm: Any, records: Records, settings: ReplaySettings,
+             setup: _Setup) -> Any:
+    """Enter on ``stack`` everything the compile and run happen under, in this order: the
+    recorded config, PyTorch's repro hooks off, the environment, containment, the recorded
+    execution state (``execution``: grad and inference mode, autocast, deterministic
+    algorithms, default dtype, matmul precision), grad off for an after_aot graph
+    (``_needs_backward``) and, when accuracy is judged, the accuracy rule for random draws,
+    which is returned (None otherwise)."""
+    warnings = setup.warnings
+    if setup.config_applied:
+        stack.enter_context(_applied_config(records.config, warnings, only_changed=setup.across))
+    stack.enter_context(_without_pytorch_repro_hooks())
+    stack.enter_context(applied_environment(setup.env_to_set))
+    stack.enter_context(contained())
+    warnings.extend(stack.enter_context(applied_execution(records.execution)))
+    if records.graph_kind == "after_aot":
+        import torch
+
+        stack.enter_context(torch.no_grad())
+    if not settings.accuracy:
+        return None
+    from reproarchive.replay.accuracy import fair_to_randomness
+
+    return stack.enter_context(fair_to_randomness(gm))
+
+
+def _verdict(records: Records, setup: _Setup, args: Any, backend: str | None, ran: tuple, *, report_differences: bool,
+             shapes: dict[str, Any], randomness: str, rule: Any) -> Outcome:
+    """The outcome: ``ran`` (``_compile_and_run``'s observed failure, accuracy report and
+    whether backward ran) judged against the recorded failure, with what the replay did."""
+    observed, details, ran_backward = ran
+    config_applied = setup.config_applied
+    # across releases the defaults were not applied: a differing one is listed (not as important)
+    found = differences(config=records.config, environment=records.environment, system=records.system,
+                        config_applied=None if setup.across and config_applied else config_applied
+                        ) if report_differences else []
+    return judged(
+        records.failure, observed, accuracy=details, differences=found, device=_describe_device(args),
+        backend=backend, warnings=setup.warnings, ran_backward=ran_backward,
+        config="current" if not config_applied else "recorded", shapes=shapes, randomness=randomness,
+        accuracy_rule=rule, torch=setup.here, recorded_torch=setup.recorded_torch,
+    )
 
 
 def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mapping[str, Any] | None) -> list[str]:

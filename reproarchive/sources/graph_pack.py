@@ -84,16 +84,15 @@ def _from_the_trace(gm: Any, inputs: list[Any], given: Records, config: Any, rng
     traces, the execution state (grad mode, autocast: what Dynamo guarded the graph on) and the
     generator states the graph's first call starts from (Dynamo draws nothing while it traces).
     Outside a trace the calling thread's state says nothing of the graph, so neither is taken."""
-    from torch._guards import TracingContext
-
     from reproarchive.codec.shapes import policy_of
+    from reproarchive.compat.dynamo import in_dynamo_trace
 
     out: dict[str, Any] = {}
     if given.shapes is None:
         shapes = policy_of(gm, inputs, config)
         if shapes is not None:
             out["shapes"] = shapes
-    if TracingContext.try_get() is None:
+    if not in_dynamo_trace():
         return out
     from reproarchive.codec.rng import rng_snapshot
     from reproarchive.compat.dispatch import disable_current_modes

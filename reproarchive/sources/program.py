@@ -189,70 +189,15 @@ def capture_program(
     result = CaptureResult(exit_code=0)
     try:
         env = capture_env(dump_dir, after=after, accuracy=accuracy, on_accuracy=on_accuracy, out=out)
-        try:
-            proc = subprocess.Popen(argv, env=env)
-        except FileNotFoundError as err:
-            raise SourceError(f"cannot run {argv[0]}: not found", "check the command after --") from err
-        except PermissionError as err:
-            raise SourceError(f"cannot run {argv[0]}: permission denied", "check the command after --") from err
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            # The program got the same SIGINT (same process group); let it finish dumping.
-            result.interrupted = True
-            try:
-                code = proc.wait(timeout=30)
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                proc.kill()
-                code = proc.wait()
-        result.exit_code = 128 - code if code < 0 else code
-        if result.interrupted and result.exit_code == 0:
-            result.exit_code = 128 + signal.SIGINT
-
+        _run_program(argv, env, result)
         launchers = find_launchers(dump_dir)
         result.dumps_found = len(launchers)
         door = inductor_door.archives(dump_dir / "aot")
         launchers = _without_superseded(launchers, {inductor_door.writer_pid(a) for a in door})
-        for i, launcher in enumerate(launchers, 1):
-            if progress is not None:
-                progress(f"packing dump {i} of {len(launchers)}")
-            target = _next_free(out)
-            pid = launcher.parent.parent.name.rpartition("-pid_")[2]
-            recorded = crash_guard.custom_op_archives(dump_dir, int(pid)) if pid.isdigit() else []
-            execution = crash_guard.execution_notes(dump_dir, int(pid)) if pid.isdigit() else None
-            try:
-                result.archives.append(pack_dump(launcher, target, replay=replay, custom_ops_from=recorded,
-                                                 execution_from=execution,
-                                                 imports=imports, libraries=libraries,
-                                                 own_variables=OWN_VARIABLES))
-            except ReproArchiveError as err:
-                result.errors.append(f"{launcher.parent.parent.name}: {err}")
-        for written in door:
-            target = _next_free(out)
-            shutil.move(str(written), target)
-            result.archives.append(archive_report(target, kind="capture (after_aot)",
-                                             replay={"performed": False, "failure_from": "program"}))
-        for written in sorted((dump_dir / crash_guard.KEPT_DIR).glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
-            target = _next_free(out)  # first calls PyTorch's hook could not dump, from the spool
-            shutil.move(str(written), target)
-            result.archives.append(archive_report(target, kind="capture",
-                                                  replay={"performed": False, "failure_from": "program"}))
-        for written in sorted((dump_dir / "accuracy").glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
-            target = _next_free(out)
-            shutil.move(str(written), target)
-            result.archives.append(archive_report(target, kind="capture"))
-        for parts in sorted((dump_dir / "jobs").glob(f"*{PARTS_SUFFIX}")):  # after the launcher: every rank
-            target = _next_free(out, parts.name.removesuffix(PARTS_SUFFIX))
-            try:
-                result.archives.append(pack_job_parts(parts, target))
-            except ReproArchiveError as err:
-                result.errors.append(f"the job's rank parts: {err}")
-        for written in sorted((dump_dir / "jobs").glob("job-*.tar.zst")):  # every rank ended: parts gone
-            if written.with_name(written.name.removesuffix(".tar.zst") + PARTS_SUFFIX).exists():
-                continue  # merged above, with what the ranks that did not end left
-            target = _next_free(out, written.name.removesuffix(".tar.zst"))
-            shutil.move(str(written), target)
-            result.archives.append(archive_report(target, kind="job"))
+        _pack_dumps(launchers, dump_dir, out, result, replay=replay, progress=progress, imports=imports,
+                    libraries=libraries)
+        _move_written(door, dump_dir, out, result)
+        _pack_jobs(dump_dir, out, result)
         for pending in pending_archives(dump_dir / "crash"):
             if progress is not None:
                 progress("replaying the graph the program crashed in")
@@ -267,6 +212,90 @@ def capture_program(
         else:
             shutil.rmtree(dump_dir, ignore_errors=True)
     return result
+
+
+def _run_program(argv: list[str], env: dict[str, str], result: CaptureResult) -> None:
+    """Run the program to its end and set ``result``'s exit code (128+N for a signal N). A
+    Ctrl-C reaches the program too (same process group): it gets 30 s to finish dumping, and
+    an interrupted run that exits 0 counts as ended by SIGINT."""
+    try:
+        proc = subprocess.Popen(argv, env=env)
+    except FileNotFoundError as err:
+        raise SourceError(f"cannot run {argv[0]}: not found", "check the command after --") from err
+    except PermissionError as err:
+        raise SourceError(f"cannot run {argv[0]}: permission denied", "check the command after --") from err
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        # The program got the same SIGINT (same process group); let it finish dumping.
+        result.interrupted = True
+        try:
+            code = proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            code = proc.wait()
+    result.exit_code = 128 - code if code < 0 else code
+    if result.interrupted and result.exit_code == 0:
+        result.exit_code = 128 + signal.SIGINT
+
+
+def _pack_dumps(launchers: list[Path], dump_dir: Path, out: Path, result: CaptureResult, *, replay: bool,
+                progress: Callable[[str], None] | None, imports: tuple[str, ...],
+                libraries: tuple[str, ...]) -> None:
+    """Pack each of PyTorch's dumps (``launchers``) into ``out``, with the custom-op calls and
+    execution notes the crash guard recorded in the same process; a dump that cannot be packed
+    is one line in ``result.errors``, not the end of the others."""
+    for i, launcher in enumerate(launchers, 1):
+        if progress is not None:
+            progress(f"packing dump {i} of {len(launchers)}")
+        target = _next_free(out)
+        pid = launcher.parent.parent.name.rpartition("-pid_")[2]
+        recorded = crash_guard.custom_op_archives(dump_dir, int(pid)) if pid.isdigit() else []
+        execution = crash_guard.execution_notes(dump_dir, int(pid)) if pid.isdigit() else None
+        try:
+            result.archives.append(pack_dump(launcher, target, replay=replay, custom_ops_from=recorded,
+                                             execution_from=execution,
+                                             imports=imports, libraries=libraries,
+                                             own_variables=OWN_VARIABLES))
+        except ReproArchiveError as err:
+            result.errors.append(f"{launcher.parent.parent.name}: {err}")
+
+
+def _move_written(door: list[Path], dump_dir: Path, out: Path, result: CaptureResult) -> None:
+    """Move the archives the program's processes wrote whole into ``out``: Inductor's door
+    (compile errors after AOT), the first calls PyTorch's hook could not dump (kept from the
+    crash guard's spool) and the accuracy failures of ``--accuracy``, oldest first."""
+    for written in door:
+        target = _next_free(out)
+        shutil.move(str(written), target)
+        result.archives.append(archive_report(target, kind="capture (after_aot)",
+                                              replay={"performed": False, "failure_from": "program"}))
+    for written in sorted((dump_dir / crash_guard.KEPT_DIR).glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
+        target = _next_free(out)  # first calls PyTorch's hook could not dump, from the spool
+        shutil.move(str(written), target)
+        result.archives.append(archive_report(target, kind="capture",
+                                              replay={"performed": False, "failure_from": "program"}))
+    for written in sorted((dump_dir / "accuracy").glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
+        target = _next_free(out)
+        shutil.move(str(written), target)
+        result.archives.append(archive_report(target, kind="capture"))
+
+
+def _pack_jobs(dump_dir: Path, out: Path, result: CaptureResult) -> None:
+    """One archive per multi-rank job (torchrun) into ``out``: the rank parts of a job some
+    rank of which did not end are merged; a job whose ranks all ended left its archive whole."""
+    for parts in sorted((dump_dir / "jobs").glob(f"*{PARTS_SUFFIX}")):  # after the launcher: every rank
+        target = _next_free(out, parts.name.removesuffix(PARTS_SUFFIX))
+        try:
+            result.archives.append(pack_job_parts(parts, target))
+        except ReproArchiveError as err:
+            result.errors.append(f"the job's rank parts: {err}")
+    for written in sorted((dump_dir / "jobs").glob("job-*.tar.zst")):  # every rank ended: parts gone
+        if written.with_name(written.name.removesuffix(".tar.zst") + PARTS_SUFFIX).exists():
+            continue  # merged above, with what the ranks that did not end left
+        target = _next_free(out, written.name.removesuffix(".tar.zst"))
+        shutil.move(str(written), target)
+        result.archives.append(archive_report(target, kind="job"))
 
 
 def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> list[PackReport]:
