@@ -62,7 +62,7 @@ def install_old_reader(folder: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "reproarchive", target, ignore=ignore)
     shutil.copytree(ROOT / "cli", target / "cli", ignore=ignore)
-    schema = target / "format" / "schema.py"
+    schema = target / "format" / "schema" / "version.py"
     text = schema.read_text()
     assert "FORMAT_MAJOR = 1\n" in text
     schema.write_text(text.replace("FORMAT_MAJOR = 1\n", "FORMAT_MAJOR = 0\n"))
