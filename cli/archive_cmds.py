@@ -93,37 +93,12 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         _say(f"  ... {len(g.op_histogram) - 12} more kinds")
     _say("inputs:")
     for row in info.inputs:
-        if row.kind == "tensor":
-            desc = f"{row.dtype}{list(row.shape)} on {row.device}"
-            if row.dynamic:
-                desc += f" dynamic dims {list(row.dynamic)}"
-        elif row.kind == "subclass":
-            desc = str(row.value)
-        elif row.fidelity == "derived":  # a size or stride of another input (a ragged size, j1)
-            desc = f"{row.kind} {row.value}" + (f" ({row.expr})" if row.expr else "")
-        else:
-            desc = f"{row.kind} = {'...' if row.items is not None else row.value}"
-        _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {desc:40s} {row.fidelity}")
+        _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {_input_description(row):40s} {row.fidelity}")
     _say("shape policy:")
     for line in info.shape_policy:
         _say(f"  {line}")
-    s = info.storage
-    _say(
-        f"storage: {s.storages} storages, {human_size(s.bytes_logical)} logical, {human_size(s.bytes_after_dedup)} "
-        f"after dedup ({s.blobs} blobs, {s.zero_filled} all-zero), {human_size(s.bytes_compressed)} compressed; file "
-        f"{human_size(s.file_bytes)}"
-    )
-    if s.absent:
-        _say(f"WARNING: {s.absent} storages have no data (absent); replay will generate values for them")
-    failure = info.failure
-    if failure:
-        _say(f"failure: {failure_title(failure.to_plain())}: "
-             f"{failure.message.splitlines()[0][:160] if failure.message else ''}")
-        errors = reproarchive.compiler_errors(failure.message)
-        for line in (["compiler errors:", *errors[:5]] if errors else []):
-            _say(f"  {line}")
-    else:
-        _say("failure: not recorded")
+    _say_storage(info.storage)
+    _say_failure(info.failure)
     if info.system:
         _say("system: " + ", ".join(f"{k} {v}" for k, v in info.system.to_plain().items() if v not in (None, [])))
     if info.config_changed:
@@ -133,6 +108,46 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     if info.job is not None:
         for line in reproarchive.job_lines(info.job):
             _say(line)
+
+
+def _input_description(row) -> str:
+    """What one input of inspect's table is: dtype/shape/device, a subclass, or a value."""
+    if row.kind == "tensor":
+        desc = f"{row.dtype}{list(row.shape)} on {row.device}"
+        if row.dynamic:
+            desc += f" dynamic dims {list(row.dynamic)}"
+    elif row.kind == "subclass":
+        desc = str(row.value)
+    elif row.fidelity == "derived":  # a size or stride of another input (a ragged size, j1)
+        desc = f"{row.kind} {row.value}" + (f" ({row.expr})" if row.expr else "")
+    else:
+        desc = f"{row.kind} = {'...' if row.items is not None else row.value}"
+    return desc
+
+
+def _say_storage(s) -> None:
+    """inspect's storage line, and a warning when some storages have no data."""
+    _say(
+        f"storage: {s.storages} storages, {human_size(s.bytes_logical)} logical, {human_size(s.bytes_after_dedup)} "
+        f"after dedup ({s.blobs} blobs, {s.zero_filled} all-zero), {human_size(s.bytes_compressed)} compressed; file "
+        f"{human_size(s.file_bytes)}"
+    )
+    if s.absent:
+        _say(f"WARNING: {s.absent} storages have no data (absent); replay will generate values for them")
+
+
+def _say_failure(failure) -> None:
+    """inspect's failure line, with the first compiler errors its message names."""
+    import reproarchive
+
+    if failure:
+        _say(f"failure: {failure_title(failure.to_plain())}: "
+             f"{failure.message.splitlines()[0][:160] if failure.message else ''}")
+        errors = reproarchive.compiler_errors(failure.message)
+        for line in (["compiler errors:", *errors[:5]] if errors else []):
+            _say(f"  {line}")
+    else:
+        _say("failure: not recorded")
 
 
 DOCTOR_EXIT_CODES = exit_codes((0, "the report was printed, whether or not anything differs"), USAGE, ARCHIVE_MISSING,

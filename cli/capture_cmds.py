@@ -118,31 +118,47 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     import reproarchive
 
     if source is not None and reproarchive.is_job_parts(source):
-        with json_errors(as_json):
-            _pack_job_parts(source, out, as_json=as_json, quiet=quiet, store=store)
-        return
-    if source is not None and reproarchive.is_spool(source):
-        with json_errors(as_json):
-            reports = reproarchive.pack_spool(source, out if out is not None else Path("."))
-            if as_json:
-                emit_json({"archives": [r.to_json() for r in reports],
-                           **_push_to_store([r.archive for r in reports], store, quiet=True)})
-                return
-        for report in reports:
-            _print_pack_result(report)
-        _push_to_store([r.archive for r in reports], store, quiet=quiet)
-        return
-    if source is not None and reproarchive.is_trace(source):
-        with json_errors(as_json):
-            _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
-                        rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet,
-                        store=store, imports=imports, libraries=libraries)
-        return
+        _pack_job_parts(source, out, as_json=as_json, quiet=quiet, store=store)
+    elif source is not None and reproarchive.is_spool(source):
+        _pack_spool(source, out, as_json=as_json, quiet=quiet, store=store)
+    elif source is not None and reproarchive.is_trace(source):
+        _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
+                    rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet,
+                    store=store, imports=imports, libraries=libraries)
+    else:
+        _refuse_trace_options(compile_ids, all_compiles, rank, graph, backend, accuracy)
+        _pack_dump(ctx, source, out, no_replay=no_replay, as_json=as_json, quiet=quiet, store=store, imports=imports,
+                   libraries=libraries)
+
+
+def _pack_spool(source: Path, out: Path | None, *, as_json: bool, quiet: bool, store: str | None) -> None:
+    """One archive per graph a process killed during capture was running (its spool-<pid> folder)."""
+    import reproarchive
+
+    with json_errors(as_json):
+        reports = reproarchive.pack_spool(source, out if out is not None else Path("."))
+        if as_json:
+            emit_json({"archives": [r.to_json() for r in reports],
+                       **_push_to_store([r.archive for r in reports], store, quiet=True)})
+            return
+    for report in reports:
+        _print_pack_result(report)
+    _push_to_store([r.archive for r in reports], store, quiet=quiet)
+
+
+def _refuse_trace_options(compile_ids, all_compiles: bool, rank, graph: str, backend, accuracy: bool) -> None:
+    """The options that choose among a TORCH_TRACE log's compiles are a usage error for a dump."""
     trace_only = [name for name, used in (("--compile-id", compile_ids), ("--all", all_compiles),
                                           ("--rank", rank is not None), ("--graph", graph != "auto"),
                                           ("--backend", backend), ("--accuracy", accuracy)) if used]
     if trace_only:
         raise click.UsageError(f"{', '.join(trace_only)} only apply to a TORCH_TRACE log or tlparse folder as SOURCE")
+
+
+def _pack_dump(ctx: click.Context, source: Path | None, out: Path | None, *, no_replay: bool, as_json: bool,
+               quiet: bool, store: str | None, imports=(), libraries=()) -> None:
+    """Pack a repro script PyTorch dumped (SOURCE, or the newest found below the current directory)."""
+    import reproarchive
 
     debug = bool((ctx.obj or {}).get("debug"))
     log = _debug_log(debug)
@@ -158,16 +174,21 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
             emit_json({**result.to_json(), **_push_to_store([result.archive], store, quiet=True)})
         return
     if len(result.candidates) > 1 and not quiet:
-        cwd = Path.cwd()
-        click.echo(f"took {_rel(result.script, cwd)}: {result.discovery_reason}", err=True)
-        others = [c for c in result.candidates if c != result.script]
-        for c in others[:3]:
-            click.echo(f"  also found {_rel(c, cwd)}", err=True)
-        if len(others) > 3:
-            click.echo(f"  ... and {len(others) - 3} more; name one as SOURCE to choose", err=True)
+        _note_candidates(result)
     _warn(result.warnings)
     _print_pack_result(result)
     _push_to_store([result.archive], store, quiet=quiet)
+
+
+def _note_candidates(result) -> None:
+    """Which of several dumps found was taken, and (some of) the others, on stderr."""
+    cwd = Path.cwd()
+    click.echo(f"took {_rel(result.script, cwd)}: {result.discovery_reason}", err=True)
+    others = [c for c in result.candidates if c != result.script]
+    for c in others[:3]:
+        click.echo(f"  also found {_rel(c, cwd)}", err=True)
+    if len(others) > 3:
+        click.echo(f"  ... and {len(others) - 3} more; name one as SOURCE to choose", err=True)
 
 
 def _push_to_store(archives, store: str | None, *, quiet: bool) -> dict:
@@ -207,22 +228,25 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
                 imports=(), libraries=()) -> None:
     import reproarchive
 
-    def note(stage: str) -> None:
-        if not quiet and not as_json:
-            click.echo(f"reproarchive: {stage}", err=True)
+    with json_errors(as_json):
+        log = _debug_log(bool((ctx.obj or {}).get("debug")))
+        try:
+            result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles,
+                                             rank=rank, graph=graph, backend=backend, accuracy=accuracy,
+                                             replay=not no_replay, progress=_stage_notes(not quiet and not as_json),
+                                             keep_log=log, imports=imports, libraries=libraries)
+        finally:
+            _show_debug_log(log, "the processes that rebuilt the compiles")
+        archives = [packed.archive for packed in result.packed] + ([result.job.archive] if result.job else [])
+        if as_json:
+            emit_json({**result.to_json(), **_push_to_store(archives, store, quiet=True)})
+            return
+        _print_trace_result(result)
+        _push_to_store(archives, store, quiet=quiet)
 
-    log = _debug_log(bool((ctx.obj or {}).get("debug")))
-    try:
-        result = reproarchive.pack_trace(source, out, compile_ids=compile_ids, all_compiles=all_compiles, rank=rank,
-                                         graph=graph,
-                            backend=backend, accuracy=accuracy, replay=not no_replay, progress=note, keep_log=log,
-                            imports=imports, libraries=libraries)
-    finally:
-        _show_debug_log(log, "the processes that rebuilt the compiles")
-    archives = [packed.archive for packed in result.packed] + ([result.job.archive] if result.job else [])
-    if as_json:
-        emit_json({**result.to_json(), **_push_to_store(archives, store, quiet=True)})
-        return
+
+def _print_trace_result(result) -> None:
+    """What packing a TORCH_TRACE log did: its warnings, the compiles skipped, each archive written."""
     _warn(result.warnings)
     for skipped in result.skipped:
         where = "" if skipped["rank"] is None else f" rank {skipped['rank']}"
@@ -240,20 +264,29 @@ def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay
         click.echo(f"wrote {_rel(result.job.archive, cwd)} ({human_size(result.job.size)})  one archive for the job")
         for line in pack_summary(result.job):
             click.echo(f"  {line}")
-    _push_to_store(archives, store, quiet=quiet)
+
+
+def _stage_notes(show: bool):
+    """A ``progress=`` callback: each stage as one "reproarchive: ..." line on stderr (nothing unless ``show``)."""
+    def note(stage: str) -> None:
+        if show:
+            click.echo(f"reproarchive: {stage}", err=True)
+
+    return note
 
 
 def _pack_job_parts(source: Path, out: Path | None, *, as_json: bool, quiet: bool, store: str | None) -> None:
     import reproarchive
 
-    result = reproarchive.pack_job_parts(source, out)
-    if as_json:
-        emit_json({**result.to_json(), **_push_to_store([result.archive], store, quiet=True)})
-        return
-    click.echo(f"wrote {_rel(result.archive, Path.cwd())} ({human_size(result.size)})  one archive for the job")
-    for line in pack_summary(result):
-        click.echo(f"  {line}")
-    _push_to_store([result.archive], store, quiet=quiet)
+    with json_errors(as_json):
+        result = reproarchive.pack_job_parts(source, out)
+        if as_json:
+            emit_json({**result.to_json(), **_push_to_store([result.archive], store, quiet=True)})
+            return
+        click.echo(f"wrote {_rel(result.archive, Path.cwd())} ({human_size(result.size)})  one archive for the job")
+        for line in pack_summary(result):
+            click.echo(f"  {line}")
+        _push_to_store([result.archive], store, quiet=quiet)
 
 
 def _rel(path: Path, cwd: Path) -> str:
@@ -338,13 +371,17 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, on_accuracy: str, no_
     """
     import reproarchive
 
-    def note(stage: str) -> None:
-        if not quiet and not as_json:
-            click.echo(f"reproarchive: {stage}", err=True)
+    result = reproarchive.capture_program(
+        list(command), out_dir, after=after, accuracy=accuracy, on_accuracy=on_accuracy, replay=not no_replay,
+        keep_dumps=keep_dumps, progress=_stage_notes(not quiet and not as_json), imports=imports, libraries=libraries)
+    _report_capture(result, store, as_json=as_json, quiet=quiet, accuracy=accuracy)
+    sys.exit(result.exit_code)
 
-    result = reproarchive.capture_program(list(command), out_dir, after=after, accuracy=accuracy,
-                                          on_accuracy=on_accuracy, replay=not no_replay, keep_dumps=keep_dumps,
-                                          progress=note, imports=imports, libraries=libraries)
+
+def _report_capture(result, store: str | None, *, as_json: bool, quiet: bool, accuracy: bool) -> None:
+    """Push what capture wrote (a failed push is one line on stderr, never the exit code), then report it."""
+    import reproarchive
+
     pushed: dict = {}
     try:
         pushed = _push_to_store([a.archive for a in result.archives], store, quiet=quiet or as_json)
@@ -353,25 +390,29 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, on_accuracy: str, no_
         pushed = {"push_error": str(err)}
     if as_json:
         emit_json({**result.to_json(), **pushed})
+        return
+    for line in result.errors:
+        click.echo(f"error: could not pack {line}", err=True)
+    if quiet:
+        for archive in result.archives:
+            click.echo(str(archive.archive))
+        return
+    if not result.archives:
+        _say_nothing_captured(result, accuracy=accuracy)
+    for archive in result.archives:
+        _warn(archive.warnings)
+        _print_pack_result(archive)
+    if result.dumps_kept:
+        click.echo(f"reproarchive: PyTorch's dumps kept in {result.dumps_kept}", err=True)
+
+
+def _say_nothing_captured(result, *, accuracy: bool) -> None:
+    """Why capture wrote no archive, on stderr."""
+    if result.exit_code != 0 and not result.errors:
+        click.echo(f"reproarchive: the program exited with {result.exit_code} but PyTorch wrote no "
+                   "repro dump (the failure was not inside a compiler backend)", err=True)
+    elif not accuracy:
+        click.echo("reproarchive: no torch.compile failure was captured (a compiled graph that gives "
+                   "wrong numbers raises nothing: capture one with --accuracy)", err=True)
     else:
-        for line in result.errors:
-            click.echo(f"error: could not pack {line}", err=True)
-        if quiet:
-            for archive in result.archives:
-                click.echo(str(archive.archive))
-        else:
-            if not result.archives:
-                if result.exit_code != 0 and not result.errors:
-                    click.echo(f"reproarchive: the program exited with {result.exit_code} but PyTorch wrote no "
-                               "repro dump (the failure was not inside a compiler backend)", err=True)
-                elif not accuracy:
-                    click.echo("reproarchive: no torch.compile failure was captured (a compiled graph that gives "
-                               "wrong numbers raises nothing: capture one with --accuracy)", err=True)
-                else:
-                    click.echo("reproarchive: no torch.compile failure was captured", err=True)
-            for archive in result.archives:
-                _warn(archive.warnings)
-                _print_pack_result(archive)
-            if result.dumps_kept:
-                click.echo(f"reproarchive: PyTorch's dumps kept in {result.dumps_kept}", err=True)
-    sys.exit(result.exit_code)
+        click.echo("reproarchive: no torch.compile failure was captured", err=True)

@@ -52,7 +52,7 @@ def _failed(what: str) -> ReproArchiveError:
 def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify: bool = True) -> dict:
     """Run every step; returns the paths and outcomes. Raises ReproArchiveError on a surprise."""
     import reproarchive
-    from reproarchive.compat import dynamo, inductor
+    from reproarchive.compat import inductor
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,24 +64,7 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
     step = lambda text: say(f"\n[{time.monotonic() - started:5.1f}s] {text}")  # noqa: E731
 
     step("1. compile a small model with inductor while PyTorch's relu bug injector is on")
-    torch.manual_seed(0)
-    model = DemoModel()
-    x = torch.randn(8, 32)
-    compiled = torch.compile(model, backend=reproarchive.capture("inductor", path=archive))
-    # inference: inductor compiles the forward graph alone, without a joint forward/backward
-    # graph to trace and partition, and so does every replay of the archive (its inputs need no
-    # grad): the same failure, a few seconds less (46.7 -> 42.1-44.2 s on 2 cores)
-    with inductor.patched_config({INJECTOR: "compile_error"}), torch.no_grad():
-        try:
-            compiled(x)
-        except Exception as exc:  # noqa: BLE001 - the failure is the point
-            say(f"   torch.compile failed as expected: {type(exc).__name__}")
-        else:
-            raise _failed("the injected inductor bug did not make torch.compile fail")
-    dynamo.reset()
-    if not archive.exists():
-        raise _failed(f"capture did not write {archive}")
-    say(f"   captured into {archive} ({archive.stat().st_size} bytes)")
+    _capture_demo(archive, say)
 
     step(f"2. reproarchive verify {archive}")
     report = reproarchive.verify(archive)
@@ -106,18 +89,7 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
     result = {"archive": str(archive), "run": outcome.to_dict()}
     if minify:
         step(f"5. reproarchive run --minify {archive} -o {minified}")
-        rep = reproarchive.minify_archive(archive, minified)
-        s = rep.stats
-        say(f"   {s['initial_ops']} ops -> {s['final_ops']} ops in {s['calls']} replays "
-            f"({s['cache_hits']} answered from the memo), {s['wall_s']:.1f}s")
-        say("   the minimized graph:")
-        for line in rep.code.strip().splitlines():
-            say(f"     {line}")
-        again = reproarchive.run(minified)
-        say(f"   reproarchive run {minified}: {again.status.upper()} (exit {again.exit_code})")
-        if again.exit_code != 1 or s["final_ops"] >= s["initial_ops"]:
-            raise _failed("the minified archive must be smaller and still reproduce")
-        result.update(minified=str(minified), minify=s)
+        result.update(minified=str(minified), minify=_minify_demo(archive, minified, say))
     step("6. a native crash: the same injector makes the kernel throw, and the process aborts")
     crashed = out / "crash.tar.zst"
     result["crash"] = _crash_demo(crashed, say)
@@ -125,6 +97,49 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
     say(f"\ndone in {time.monotonic() - started:.1f}s: send {archive.name}"
         + (f" (or {minified.name}) " if minify else " ") + "to a teammate; they run `reproarchive run` on it.")
     return result
+
+
+def _capture_demo(archive: Path, say: Callable[[str], None]) -> None:
+    """Step 1: compile DemoModel with the relu bug injected; the failure must be captured into ``archive``."""
+    import reproarchive
+    from reproarchive.compat import dynamo, inductor
+
+    torch.manual_seed(0)
+    model = DemoModel()
+    x = torch.randn(8, 32)
+    compiled = torch.compile(model, backend=reproarchive.capture("inductor", path=archive))
+    # inference: inductor compiles the forward graph alone, without a joint forward/backward
+    # graph to trace and partition, and so does every replay of the archive (its inputs need no
+    # grad): the same failure, a few seconds less (46.7 -> 42.1-44.2 s on 2 cores)
+    with inductor.patched_config({INJECTOR: "compile_error"}), torch.no_grad():
+        try:
+            compiled(x)
+        except Exception as exc:  # noqa: BLE001 - the failure is the point
+            say(f"   torch.compile failed as expected: {type(exc).__name__}")
+        else:
+            raise _failed("the injected inductor bug did not make torch.compile fail")
+    dynamo.reset()
+    if not archive.exists():
+        raise _failed(f"capture did not write {archive}")
+    say(f"   captured into {archive} ({archive.stat().st_size} bytes)")
+
+
+def _minify_demo(archive: Path, minified: Path, say: Callable[[str], None]) -> dict:
+    """Step 5: minify ``archive`` into ``minified``, which must be smaller and still fail; returns the stats."""
+    import reproarchive
+
+    rep = reproarchive.minify_archive(archive, minified)
+    s = rep.stats
+    say(f"   {s['initial_ops']} ops -> {s['final_ops']} ops in {s['calls']} replays "
+        f"({s['cache_hits']} answered from the memo), {s['wall_s']:.1f}s")
+    say("   the minimized graph:")
+    for line in rep.code.strip().splitlines():
+        say(f"     {line}")
+    again = reproarchive.run(minified)
+    say(f"   reproarchive run {minified}: {again.status.upper()} (exit {again.exit_code})")
+    if again.exit_code != 1 or s["final_ops"] >= s["initial_ops"]:
+        raise _failed("the minified archive must be smaller and still reproduce")
+    return s
 
 
 # The crashing program runs in its own process: the crash is real and ends that process.

@@ -59,7 +59,6 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
     are warnings on stderr.
     """
     import reproarchive
-    from reproarchive import SourceError
 
     if reproarchive.is_store(source):
         if rank is not None or failed:
@@ -72,6 +71,26 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
             print_store_listing(listing)
         return
     source = Path(source)
+    listing = _list_trace(source, as_json)
+    rows = [r for r in listing["compiles"] if (rank is None or r["rank"] == rank)
+            and (not failed or not r["status"].startswith("ok"))]
+    listing["compiles"] = rows
+    if as_json:
+        emit_json(listing)
+        return
+    for line in listing["warnings"]:
+        click.echo(f"warning: {line}", err=True)
+    _print_compiles(rows)
+    failed_count = sum(1 for r in rows if not r["status"].startswith("ok"))
+    click.echo(f"{len(rows)} compile{'s' if len(rows) != 1 else ''}, {failed_count} failed or incomplete"
+               + (f"; pack them with `reproarchive pack {source}`" if failed_count else ""), err=True)
+
+
+def _list_trace(source: Path, as_json: bool) -> dict:
+    """The compiles of a TORCH_TRACE source; one line (and exit 4) for a path that is not one."""
+    import reproarchive
+    from reproarchive import SourceError
+
     with json_errors(as_json):
         if not source.exists():
             raise SourceError(f"{source} does not exist",
@@ -83,15 +102,11 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
                               "ls lists the archives of a store (a URL or a folder `reproarchive push` wrote to) or "
                               "the compiles of a trace: name a log (dedicated_log_torch_trace_*.log) or the folder "
                               "TORCH_TRACE pointed at")
-        listing = reproarchive.list_trace(source)
-    rows = [r for r in listing["compiles"] if (rank is None or r["rank"] == rank)
-            and (not failed or not r["status"].startswith("ok"))]
-    listing["compiles"] = rows
-    if as_json:
-        emit_json(listing)
-        return
-    for line in listing["warnings"]:
-        click.echo(f"warning: {line}", err=True)
+        return reproarchive.list_trace(source)
+
+
+def _print_compiles(rows: list[dict]) -> None:
+    """One line per compile under a header; RANK only for ranked logs, LOG only when several logs."""
     with_rank = any(r["rank"] is not None for r in rows)
     several_logs = len({r["log"] for r in rows}) > 1
     table = []
@@ -111,6 +126,3 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
     widths = [max(len(h), *(len(row[i]) for row in table)) if table else len(h) for i, h in enumerate(header)]
     for row in [header, *table]:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    failed_count = sum(1 for r in rows if not r["status"].startswith("ok"))
-    click.echo(f"{len(rows)} compile{'s' if len(rows) != 1 else ''}, {failed_count} failed or incomplete"
-               + (f"; pack them with `reproarchive pack {source}`" if failed_count else ""), err=True)

@@ -52,7 +52,7 @@ _EXPORTS = {
     "failure_kind": "reproarchive.context.failure",
     "compiler_errors": "reproarchive.context.failure",
     "export": "reproarchive.standalone.exporting",
-    "recorded_config": "reproarchive.standalone.script",
+    "recorded_config": "reproarchive.standalone.script_literals",
     # many replays or imports in one process: their child processes forked from a warm server
     "warm_children": "reproarchive.child",
     # find the culprit: the compiler stage, the torch build

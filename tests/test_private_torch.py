@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "reproarchive" / "compat"
 
 #: Modules whose ``.meta`` is the archive's ``NodeRecord.meta`` (``format.schema``), never an FX node's.
-ARCHIVE_META = ("reproarchive/archive/graph_code.py", "reproarchive/triage/diff.py", "reproarchive/triage/view.py")
+ARCHIVE_META = ("reproarchive/archive/graph_code.py", "reproarchive/triage/diff.py", "reproarchive/triage/view.py",
+                "reproarchive/triage/graph_drawing.py")
 
 
 _META_METHODS = ("get", "pop", "setdefault")

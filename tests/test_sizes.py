@@ -13,47 +13,31 @@ MODULE_LINES, FUNCTION_LINES = 500, 60
 
 #: path -> its lines when the rule came (only shrinking from here)
 OVER_MODULES = {
-    "reproarchive/standalone/script.py": 595,
-    "reproarchive/codec/effects.py": 538,
-    "reproarchive/replay/accuracy.py": 534,
-    "reproarchive/triage/diff.py": 531,
     "reproarchive/sources/job_capture.py": 518,
-    "reproarchive/sources/crash_guard.py": 509,
-    "reproarchive/triage/view.py": 504,
-    "reproarchive/codec/shapes.py": 502,
 }
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/sources/crash_guard.py:_after_dynamo_hook": 103,
-    "cli/capture_cmds.py:pack_cmd": 99,
     "reproarchive/minifier/candidate.py:Recording.normalise": 97,
     "reproarchive/minifier/search.py:minify_with_stats": 93,
-    "cli/capture_cmds.py:capture_cmd": 92,
-    "cli/ls_cmd.py:ls_cmd": 86,
     "reproarchive/context/config.py:applied_config": 85,
     "reproarchive/format/schema/rules/decode.py:_checked": 83,
     "reproarchive/archive/loading.py:rebuild": 82,
     "reproarchive/store/push.py:_push_one": 81,
-    "reproarchive/replay/accuracy.py:_compare_tensors": 81,
     "reproarchive/sources/trace_import.py:pack_trace": 79,
     "reproarchive/archive/packing.py:pack": 78,
     "reproarchive/format/index_codec.py:check_msgpack_shape": 77,
-    "cli/demo.py:run_demo": 76,
-    "cli/archive_cmds.py:inspect": 76,
     "reproarchive/standalone/job_script.py:write_job_export": 75,
     "reproarchive/format/reader.py:ContainerReader._read_tail": 74,
     "reproarchive/standalone/script.py:_Script.build": 73,
     "reproarchive/sources/trace_import.py:_job": 71,
     "reproarchive/sources/dump_import.py:pack_dump": 71,
     "reproarchive/minifier/candidate.py:Recording.__init__": 71,
-    "reproarchive/triage/view.py:_draw": 68,
     "reproarchive/codec/targets.py:check_graph_targets": 68,
     "reproarchive/triage/graph_hops.py:HopDrawer._graph": 65,
     "reproarchive/codec/triton_kernels.py:archive_records": 65,
     "reproarchive/minifier/job_minify.py:minify_job": 63,
     "reproarchive/codec/devices.py:remap_graph_devices": 63,
-    "reproarchive/triage/view.py:view": 62,
 }
 
 

@@ -35,8 +35,8 @@ Where the effects come from:
 * ``operator``, ``math`` and a few ``builtins``: ``operator`` functions that dispatch to a
   tensor dunder, every ``math`` function, and ``BUILTINS``;
 * **state functions** Dynamo puts in graphs (``torch._C._set_grad_enabled``, autocast and
-  functorch levels): ``STATE_FUNCTIONS``; they change thread-local state that the replay puts
-  back, so their effect does not outlive it.
+  functorch levels): ``STATE_FUNCTIONS`` (``codec.state_functions``); they change thread-local
+  state that the replay puts back, so their effect does not outlive it.
 
 Anything else is refused. Every verdict is ``None`` (allowed) or the reason it is refused.
 """
@@ -44,7 +44,6 @@ Anything else is refused. Every verdict is ``None`` (allowed) or the reason it i
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import functools
 import inspect
 import math
@@ -68,6 +67,7 @@ from reproarchive.codec.operator_effects import (  # noqa: F401 - re-exported
     schema_problem,
     string_argument_problem,
 )
+from reproarchive.codec.state_functions import STATE_FUNCTIONS, state_function
 from reproarchive.compat.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket, overridable_function_names
 
 # --------------------------------------------------------------------------------------------
@@ -436,60 +436,6 @@ def method_problem(name: str) -> str | None:
     if isinstance(fn, (staticmethod, classmethod)):
         return "a static or class method"
     return callable_problem(getattr(torch.Tensor, name))
-
-
-# --------------------------------------------------------------------------------------------
-# thread state that graphs toggle, and results that are handles
-
-
-@dataclasses.dataclass(frozen=True)
-class StateFunction:
-    """A function that changes thread-local state the replay restores (``replay.containment``)."""
-
-    state: str  # which state: "grad", "autocast", "functorch", "forward_ad", "usage_log"
-    returns_handle: bool = False  # its result is an object only ``consumer`` may take
-    consumer: str | None = None
-
-
-STATE_FUNCTIONS: dict[str, StateFunction] = {
-    "torch._C._set_grad_enabled": StateFunction("grad"),
-    "torch._C._set_fwd_grad_enabled": StateFunction("forward_ad"),
-    "torch.amp.autocast_mode._enter_autocast": StateFunction("autocast", True,
-                                                             "torch.amp.autocast_mode._exit_autocast"),
-    "torch.amp.autocast_mode._exit_autocast": StateFunction("autocast"),
-    "torch._C._log_api_usage_once": StateFunction("usage_log"),
-    **{f"torch._C._functorch.{n}": StateFunction("functorch") for n in (
-        "_vmap_increment_nesting", "_vmap_decrement_nesting", "_add_batch_dim", "_remove_batch_dim",
-        "_grad_increment_nesting", "_grad_decrement_nesting", "_wrap_for_grad", "_unwrap_for_grad",
-        "_jvp_increment_nesting", "_jvp_decrement_nesting", "_wrap_functional_tensor", "_unwrap_functional_tensor",
-        "_func_increment_nesting", "_func_decrement_nesting", "set_inplace_requires_grad_allowed",
-        "get_inplace_requires_grad_allowed", "_set_dynamic_layer_keys_included", "maybe_current_level",
-        "is_batchedtensor", "get_unwrapped", "_unwrap_batched", "_is_functionaltensor", "current_level")},
-    **{f"torch._functorch.predispatch.{n}": StateFunction("functorch") for n in (
-        "_add_batch_dim", "_remove_batch_dim", "_vmap_increment_nesting", "_vmap_decrement_nesting",
-        "lazy_load_decompositions")},
-    **{f"torch._functorch.vmap.{n}": StateFunction("functorch") for n in (
-        "lazy_load_decompositions", "_check_randomness_arg")},
-}
-
-
-@functools.lru_cache(maxsize=1)
-def _state_objects() -> dict[int, str]:
-    found = {}
-    for name in STATE_FUNCTIONS:
-        obj: Any = torch
-        try:
-            for part in name.split(".")[1:]:
-                obj = getattr(obj, part)
-        except AttributeError:
-            continue
-        found[id(obj)] = name
-    return found
-
-
-def state_function(fn: Any) -> StateFunction | None:
-    name = _state_objects().get(id(fn))
-    return STATE_FUNCTIONS[name] if name else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from reproarchive.codec import effects
+from reproarchive.codec.state_functions import STATE_FUNCTIONS, state_function
 from reproarchive.compat import fx_meta
 from reproarchive.compat.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket, load_triton_kernel_wrap
 from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
@@ -316,7 +317,7 @@ def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereErro
                 _flows(node, kinds, subgraphs_ok=False)
                 kinds[node.name] = VALUE
                 continue
-            state = effects.state_function(fn)
+            state = state_function(fn)
             _check_operators_passed(node, fn, missing)
             _flows(node, kinds, subgraphs_ok=isinstance(fn, HigherOrderOperator),
                    consumer=_consumer(node, kinds, fn))
@@ -364,7 +365,7 @@ def _consumer(node, kinds: dict[str, str], fn: Any) -> str | None:
                if isinstance(v, NodeRef) and kinds.get(v.name) == HANDLE]
     if not handles:
         return None
-    for spec in effects.STATE_FUNCTIONS.values():
+    for spec in STATE_FUNCTIONS.values():
         if spec.returns_handle and spec.consumer == node.target:
             return node.target
     return None

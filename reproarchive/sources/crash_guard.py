@@ -18,7 +18,7 @@ leaves it: ``capture_program`` completes its entries into archives (``pending_ar
 replays each in a child to learn the signal and the crashing thread's stack.
 
 With PyTorch's after_dynamo hook on (``capture --``'s default) the wrapper also takes over the
-hook's check, which PyTorch runs inside the backend call (``_after_dynamo_hook``): there it
+hook's check, which PyTorch runs inside the backend call (``after_dynamo_hook``): there it
 breaks working Inductor programs and turns a kernel abort into ``BackendCompilerFailed``; here
 the first call is the check, its compiled backward watched where the program runs it, and
 every later call is covered, with PyTorch's own dumps.
@@ -36,28 +36,30 @@ its real inputs known for the duration of the backend call, and Inductor's door
 (``inductor_door``) is wrapped when torch loads ``torch._inductor.compile_fx``: a graph Inductor
 fails to compile is archived there with the program's real inputs and exception.
 
+The first call's spool entry (``FirstCall``) is shared with the hook through ``first_call``;
+the hook's check is ``after_dynamo_hook``.
+
 Nothing here runs unless ``$REPROARCHIVE_CRASH_DIR`` is set, and nothing here may break the
 program: every failure to write costs the crash record, never the run.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.abc
 import itertools
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reproarchive.compat import dynamo, inductor
 from reproarchive.sources import inductor_door
+from reproarchive.sources.after_dynamo_hook import after_dynamo_hook
+from reproarchive.sources.first_call import CRASH_DIR_ENV, FirstCall, discard, spool
 from reproarchive.sources.frame_room import with_frame_room
 
-CRASH_DIR_ENV = "REPROARCHIVE_CRASH_DIR"
 JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 #: what an accuracy failure does to the program under ``capture --accuracy``: "warn" (the
@@ -135,14 +137,14 @@ def _patch(module: Any) -> None:
             if accuracy_dir and not kwargs:
                 return _accuracy_backend(self, accuracy_dir)(gm, example_inputs)
             if _hook_runs_in_backend():
-                return _after_dynamo_hook(self, gm, list(example_inputs), kwargs, first)
+                return after_dynamo_hook(self, _backend_name(self), gm, list(example_inputs), kwargs, first)
             return original(self, gm, example_inputs, **kwargs)
 
         try:
             with inductor_door.dynamo_call(gm, list(example_inputs)):
                 compiled = with_frame_room(compile_)  # deeper than the plain compile (``frame_room``)
         except BaseException as exc:
-            _discard(first.pending)
+            discard(first.pending)
             if pristine is not None and isinstance(exc, Exception):
                 _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
             raise
@@ -222,125 +224,6 @@ def _hook_runs_in_backend() -> bool:
     return dynamo.repro_after() == "dynamo" and dynamo.repro_level() in (1, 2, 3)
 
 
-@dataclasses.dataclass
-class FirstCall:
-    """What the crash guard's wrapper of a compiled graph (``_discard_after_first_call``) and
-    PyTorch's hook inside it (``_after_dynamo_hook``) share about the graph's first call: the
-    spool entry a crash in it would leave (``pending``); whether that entry is finished before
-    the call (``finished_first(args)``: a backward the backend compiled follows, compiled in the
-    program's own ``backward()``, through which a forked writer would live); and whether the hook
-    took the entry over for that backward (``watched``: it goes when the backward ends)."""
-
-    pending: str | None
-    finished_first: Callable[[list[Any]], bool] = lambda args: False
-    watched: bool = False
-
-
-def _after_dynamo_hook(wrapper: Any, gm: Any, example_inputs: list[Any], kwargs: dict,
-                       first: FirstCall | None = None) -> Any:
-    """PyTorch's after_dynamo hook (``TORCHDYNAMO_REPRO_AFTER=dynamo``, levels 1-3), its dumps
-    unchanged, but without running the compiled graph inside the backend call.
-
-    The hook runs ``run_fwd_maybe_bwd`` on the graph while Dynamo is still compiling it, which
-    in torch 2.13 breaks working Inductor programs (``expected Tensor() for op: input``, or
-    ``not enough values to unpack``) and turns a kernel that aborts (exit 134) into a
-    ``BackendCompilerFailed`` (exit 1): capture would change the program it captures. Here
-    the graph's first call is the check, outside Dynamo, as the capture backend's is: its
-    failure is dumped (``call_guard``), and a backward the backend compiled is watched where the
-    program runs it (``backward_watch``): its failure is dumped there, and the spool entry of
-    ``first`` is on disk while it runs. Where the outputs show a compiled backward that cannot
-    be watched, that backward is checked right after the call, on aliases of its inputs (copies
-    of those it writes). A failure of any later call is dumped too. The program's own
-    exception is re-raised unchanged, with PyTorch's ``minifier_path``.
-    """
-    from reproarchive.codec.device_runtime import RngState, devices_of
-    from reproarchive.replay.accuracy import run_forward_backward
-    from reproarchive.sources.backend import copy_graph_structure
-    from reproarchive.sources.call_guard import (
-        GraphWrites,
-        backward_is_compiled,
-        checked_after,
-        guarded,
-        is_control_flow,
-        not_archived,
-        outputs_cannot_require_grad,
-        preserved_state,
-        runs_the_graph,
-        watched_backward,
-    )
-
-    name = _backend_name(wrapper)  # a custom function by its import path, not PyTorch's bare name
-    level = dynamo.repro_level()
-    if level == 3:
-        dynamo.dump_graph_and_inputs(gm, example_inputs, name)
-    pristine = copy_graph_structure(gm)
-    first = first or FirstCall(None)
-
-    def dump(inputs: list[Any], exc: BaseException) -> str:
-        copied = copy_graph_structure(pristine)
-        if level == 1:
-            dynamo.dump_backend_state(copied, inputs, name)
-        else:
-            dynamo.dump_graph_and_inputs(copied, inputs, name)
-        path = os.path.join(dynamo.minifier_dir(), "minifier_launcher.py")
-        try:
-            exc.minifier_path = path  # type: ignore[attr-defined]  # as PyTorch's hook sets it
-        except Exception:  # noqa: BLE001 - exceptions with __slots__
-            pass
-        return path
-
-    def dump_or_say(inputs: list[Any], exc: BaseException) -> None:
-        try:
-            dump(inputs, exc)
-        except Exception as err:  # noqa: BLE001 - the program's own exception goes on
-            not_archived(exc, f"{type(err).__name__}: {err}", call=1)
-
-    try:
-        compiled = wrapper._torchdynamo_orig_backend(gm, example_inputs, **kwargs)
-    except Exception as exc:
-        if not is_control_flow(exc):
-            log.warning("Compiled Fx GraphModule failed. Creating script to minify the error.")
-            dump(example_inputs, exc)
-        raise
-    writes = GraphWrites(pristine)
-
-    def watches(args: list[Any]) -> bool:
-        return not (outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled))
-
-    first.finished_first = watches
-
-    def check(args: list[Any], run_args: list[Any], rng: Any = None) -> None:
-        try:
-            with preserved_state(gm, args, rng=rng):
-                run_forward_backward(compiled, run_args, seed="ones", backward_if=backward_is_compiled)
-        except Exception as exc:
-            if not is_control_flow(exc):
-                dump_or_say(args, exc)
-            raise
-
-    def watched(args: list[Any], before: list[Any], out: Any) -> bool:
-        """The compiled backward the first call made, watched (False: nothing to watch)."""
-        if writes.of(before) is None or not watched_backward(
-                out, args, failed=lambda exc: dump_or_say(before, exc), restore=lambda: _restore(first.pending),
-                set_aside=lambda: _set_aside(first.pending), done=lambda: _discard(first.pending)):
-            return False
-        first.watched = True
-        return True
-
-    def first_call(args: list[Any]) -> Any:
-        # the real call is the check, waited for on its devices, and its failure dumped
-        # (``call_guard``); the graph runs once. A backward the backend compiled is watched
-        # where the program runs it; one its outputs show that cannot be is checked after it
-        after = checked_after(writes, args, RngState.capture(devices_of(args)), check)
-
-        def ended(before: list[Any], out: Any) -> None:
-            if out is None or not watches(args) or not watched(args, before, out):
-                after(before, out)
-        return ended
-
-    return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
-
-
 def _accuracy_backend(wrapper: Any, folder: str) -> Any:
     """``capture --accuracy``: the in-process capture backend (``reproarchive.capture(...,
     accuracy=True)``) around the program's real backend, in place of PyTorch's level-4 hook,
@@ -408,19 +291,12 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
                                  failure=pending_crash_record(backend=backend), backend=backend,
                                  accuracy=False, capture_settings={"check_runtime": True})
             # the inputs it writes: never read before the first call forks its writer, or copied
-            return _spool().submit(capture, written=written_inputs(graph, inputs))
+            return spool().submit(capture, written=written_inputs(graph, inputs))
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         from reproarchive.sources.process_spool import could_not_write
 
         could_not_write(err)
         return None
-
-
-def _spool() -> Any:
-    """This process's spool (imported here: this module loads in every process before torch)."""
-    from reproarchive.sources.process_spool import spool_in
-
-    return spool_in(os.environ[CRASH_DIR_ENV])
 
 
 def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> Any:
@@ -437,7 +313,7 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> 
     def run(*args: Any, **kwargs: Any) -> Any:
         if done[0]:
             return compiled(*args, **kwargs)
-        _spool().wait(pending, fork=not first.finished_first(list(args)))
+        spool().wait(pending, fork=not first.finished_first(list(args)))
         try:
             return compiled(*args, **kwargs)
         except Exception as exc:
@@ -447,7 +323,7 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> 
         finally:
             done[0] = True
             if not first.watched:
-                _discard(pending)
+                discard(pending)
 
     return run
 
@@ -464,7 +340,7 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
         folder = Path(os.environ[CRASH_DIR_ENV]).parent / KEPT_DIR
         folder.mkdir(parents=True, exist_ok=True)
         record = record_from_exception(exc, stage_of(exc), backend=backend)
-        completed = _spool().keep(pending, record, folder / f"{os.getpid()}-{next(_counter)}.tar.zst")
+        completed = spool().keep(pending, record, folder / f"{os.getpid()}-{next(_counter)}.tar.zst")
     except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
         log.warning("reproarchive capture: the failing first call could not be kept from the spool either: %s: %s",
                     type(err).__name__, err)
@@ -472,21 +348,6 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
     if completed is not None:
         print(f"reproarchive: archived the failing first call from its spool, its inputs as they were before "
               f"it{completed.unwritten}", file=sys.stderr)
-
-
-def _discard(pending: str | None) -> None:
-    if pending is not None:
-        _spool().discard(pending)
-
-
-def _set_aside(pending: str | None) -> None:
-    if pending is not None:
-        _spool().set_aside(pending)
-
-
-def _restore(pending: str | None) -> None:
-    if pending is not None:
-        _spool().restore(pending)
 
 
 def pending_archives(folder: Path) -> list[Path]:

@@ -281,7 +281,7 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         replay=replay_notes,
         **_dump_comments(dump.path),
     )
-    from reproarchive.codec.shapes import logged_policy
+    from reproarchive.codec.logged_shapes import logged_policy
 
     shapes = logged_policy(imp.reader.inputs, {}, first_input=len(imp.lifted), recorded_from="dump")
     return Capture(imp.gm, imp.example_inputs, Records(

@@ -18,7 +18,7 @@ Limits, inherited from PyTorch's hooks (documented in ``reproarchive capture --h
 * one dump per process: a second failure in the same process overwrites the first;
 * after_dynamo level 2 runs each graph forward/backward once more to check it; the crash guard
   runs no extra step: the graph's first call is the check, outside Dynamo, and a backward the
-  backend compiled is checked where the program runs it (``crash_guard._after_dynamo_hook``);
+  backend compiled is checked where the program runs it (``after_dynamo_hook``);
 * failures before a graph reaches the backend (Dynamo tracing errors, graph breaks) are not
   dumped by PyTorch and so not captured.
 

@@ -262,7 +262,7 @@ def capture_of(built: Rebuilt, job: dict[str, Any], *, config: Any, config_origi
         storages=built.storages or None,
         content_store=built.content_store or None,
     )
-    from reproarchive.codec.shapes import logged_policy  # imports torch: in the child only
+    from reproarchive.codec.logged_shapes import logged_policy  # imports torch: in the child only
 
     shapes = (logged_policy(built.input_records, job.get("symbols") or {}, first_input=len(built.lifted))
               if built.kind == "after_dynamo" else None)

@@ -24,15 +24,8 @@ from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.settings import ReplaySettings
-from reproarchive.standalone.script import (
-    ExportReport,
-    _DataWriter,
-    _doc_text,
-    _execution_literal,
-    _Script,
-    admitted_settings,
-    state_block,
-)
+from reproarchive.standalone.script import ExportReport, _DataWriter, _Script, state_block
+from reproarchive.standalone.script_literals import _doc_text, _execution_literal, admitted_settings
 
 
 class _ContentDataWriter(_DataWriter):

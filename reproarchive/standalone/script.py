@@ -15,9 +15,9 @@ comment. Every target is written as the qualified name the allowlist (spec §7.3
 and every module the script imports is torch's or the standard library's: none is named by
 the archive. What the archive says about config and environment is embedded only when it
 passes the filter ``run`` applies (``context.admission``); strings from the archive appear
-only as ``repr`` literals or, in the header, with control characters escaped, so the script
-always compiles. It is code the user runs by choice; reproarchive itself never execs what an
-archive contains.
+only as ``repr`` literals or, in the header, with control characters escaped (both in
+``script_literals``), so the script always compiles. It is code the user runs by choice;
+reproarchive itself never execs what an archive contains.
 
 The script replays in the recorded thread state (spec §8 ``execution``: grad and inference mode,
 autocast, deterministic algorithms, default dtype, matmul precision, inference-tensor inputs)
@@ -40,15 +40,11 @@ from reproarchive.codec.rng import random_ops
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import REBUILDABLE_SUBCLASSES, storage_view
-from reproarchive.context.admission import setting_problem
-from reproarchive.context.config import CONFIG_MODULES
 from reproarchive.context.environment import plan
-from reproarchive.context.execution import MATMUL_PRECISIONS
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.plain import PlainRecord
 from reproarchive.format.schema import (
-    DTYPES,
     ConfigRecord,
     DerivedValue,
     EnvironmentRecord,
@@ -57,11 +53,17 @@ from reproarchive.format.schema import (
     ShapePolicy,
     SystemRecord,
     TensorValue,
-    TorchInfo,
 )
 from reproarchive.replay.accuracy import DEFAULT_TOLERANCE
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.settings import ReplaySettings
+from reproarchive.standalone.script_literals import (
+    _doc_text,
+    _execution_literal,
+    _header,
+    _shape_literals,
+    admitted_settings,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,73 +414,6 @@ class _Script:
         ).lstrip()
 
 
-def _shape_literals(shapes: ShapePolicy | None) -> dict[str, str]:
-    """The recorded shape policy as the script's literals: the replay's own plan of each
-    dimension (``codec.shapes.dimension_plan``), so the script makes the symbols ``run`` makes.
-    Sources and guards are strings from the archive, written as ``repr`` literals only."""
-    from reproarchive.codec.shapes import dimension_plan, is_symbolic, shape_env_settings
-
-    if shapes is None or not is_symbolic(shapes):
-        return {"shapes": "{}", "sources": "{}", "shape_settings": "{}", "guards": "[]"}
-    plan = {i: [(str(k), c, e) for k, c, e in dims] for i, dims in dimension_plan(shapes).items()}
-    sources = {r.input: r.source for r in shapes.inputs if r.source}
-    return {"shapes": repr(plan), "sources": repr(sources), "shape_settings": repr(shape_env_settings(shapes)),
-            "guards": repr(list(shapes.guards))}
-
-
-def _execution_literal(record: ExecutionRecord | None) -> dict[str, Any]:
-    """The recorded thread state as the script's ``EXECUTION``: only names the replay itself
-    would enter (``context.execution``: a §6 dtype, one of the matmul precisions)."""
-    if record is None:
-        return {}
-    flags = ("inference_mode", "grad_enabled", "deterministic", "deterministic_warn_only")
-    out: dict[str, Any] = {k: getattr(record, k) for k in flags if getattr(record, k) is not None}
-    out["autocast"] = [(a.device_type, a.enabled, a.dtype if a.dtype in DTYPES else None)
-                       for a in record.autocast or ()]
-    if record.default_dtype in DTYPES:
-        out["default_dtype"] = record.default_dtype
-    if record.float32_matmul_precision in MATMUL_PRECISIONS:
-        out["float32_matmul_precision"] = record.float32_matmul_precision
-    return out
-
-
-def recorded_config(path: str | os.PathLike) -> list[tuple[str, str, Any]]:
-    """(config module, key, value) of the torch config the failing run of the archive at ``path``
-    changed from the defaults, as a replay applies it (``admitted_settings``): what a bug report
-    must say for its graph to fail upstream. Reads the index only."""
-    from reproarchive.format.reader import ContainerReader
-
-    with ContainerReader(path) as reader:
-        return admitted_settings(reader.index.records.config)
-
-
-def admitted_settings(config: ConfigRecord | None) -> list[tuple[str, str, Any]]:
-    """(config module, key, value) of the recorded settings that differed from the defaults and
-    pass the replay filter (``context.admission``), in torch's own config modules only."""
-    if config is None:
-        return []
-    import importlib
-
-    skip = _machine_specific(config) | {(u.module, u.key) for u in config.unrepresentable}
-    out = []
-    for module, values in sorted(config.changed.items()):
-        if module not in CONFIG_MODULES:
-            continue  # never a module the archive names
-        entries = getattr(importlib.import_module(module), "_config", {})
-        for key, value in sorted(values.items()):
-            entry = entries.get(key)
-            if (module, key) in skip or entry is None or getattr(entry, "alias", None) is not None:
-                continue
-            if setting_problem(key, value, entry.default) is None:
-                kind = config.types.get(module, {}).get(key)
-                if kind == "tuple" and isinstance(value, list):
-                    value = tuple(value)
-                elif kind == "set" and isinstance(value, list):
-                    value = set(value)
-                out.append((module, key, value))
-    return out
-
-
 def _var(node: Any) -> str:
     """The script variable holding a node: prefixed, so no node name can shadow a module."""
     return f"v_{node.name}"
@@ -511,30 +446,6 @@ def _resolve(name: str) -> Any:
     return obj
 
 
-_TRIPLE_QUOTE = '"' * 3
-
-
-def _doc_text(text: str) -> str:
-    """Text from an archive as it may stand inside the script's docstrings: every character
-    that is not printable (control characters, line and paragraph separators, lone surrogates)
-    written as its escape, backslashes doubled, no triple quote. The result is one line."""
-    out = []
-    for ch in str(text):
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            code = ord(ch)
-            out.append(f"\\\\x{code:02x}" if code < 0x100
-                       else f"\\\\u{code:04x}" if code < 0x10000 else f"\\\\U{code:08x}")
-    return "".join(out).replace(_TRIPLE_QUOTE, "'''")
-
-
-def _machine_specific(config: ConfigRecord | None) -> set[tuple[str, str]]:
-    return {(m.module, m.key) for m in config.machine_specific} if config else set()
-
-
 def _plain_tensor_attrs(gm: Any, known: set[str]):
     """Tensor attributes the graphs read with get_attr that are neither parameters nor buffers
     (constants), at their dotted paths from the root, subgraphs included."""
@@ -552,30 +463,6 @@ def _plain_tensor_attrs(gm: Any, known: set[str]):
                 if isinstance(obj, torch.Tensor):
                     known.add(path)
                     yield path, obj.detach()
-
-
-def _header(archive_name, digest, system, failure, backend, source_kind, table) -> str:
-    """The script's docstring: every line from the archive through ``_doc_text``."""
-    torch_rec = (system.torch if system else None) or TorchInfo()
-    lines = [
-        f"Standalone reproduction exported by reproarchive from {_doc_text(archive_name or 'an archive')}",
-        f"({_doc_text(digest or 'unknown digest')}).",
-        "Needs only PyTorch:",
-        "    python repro.py [--device DEV] [--backend NAME] [--accuracy/--no-accuracy] [--only-fwd] [--dynamo]",
-        "It raises the recorded error (or AssertionError for an accuracy failure), or prints 'no failure'.",
-        "",
-        f"Recorded with torch {_doc_text(torch_rec.version or '?')} (git {_doc_text(torch_rec.git_version or '?')}),"
-        f" CUDA {_doc_text(torch_rec.cuda)}.",
-        f"Backend: {_doc_text(backend)}   graph: {_doc_text(source_kind or 'after_dynamo')}",
-    ]
-    if failure:
-        msg = failure.message.strip().splitlines()
-        lines.append(f"Recorded failure ({_doc_text(failure.stage)}): {_doc_text(failure.exception_type)}"
-                     + (f": {_doc_text(msg[0][:200])}" if msg else ""))
-    else:
-        lines.append("Recorded failure: none")
-    lines += ["", "Inputs (data files under data/, read relative to this script):"] + [_doc_text(t) for t in table]
-    return "\n".join(lines)
 
 
 def state_block() -> str:

@@ -48,7 +48,7 @@ def test_fp64_reference_casts_one_input_at_a_time_and_matches_a_full_cast():
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from reproarchive.replay.accuracy import fp64_reference
+    from reproarchive.replay.fp64_run import fp64_reference
 
     gm, args = _linear_chain(layers=8, width=64)
     alive: list[weakref.ref] = []

@@ -379,7 +379,7 @@ def test_capture_cli_hook_finishes_the_entry_of_a_call_with_a_compiled_backward_
     import torch._dynamo
 
     from reproarchive.archive.spool import Spool, Stopped
-    from reproarchive.sources import crash_guard, snapshot_writer
+    from reproarchive.sources import first_call, snapshot_writer
 
     real_hash, real_start, forks = Spool.hash, snapshot_writer.start, []
 
@@ -398,7 +398,7 @@ def test_capture_cli_hook_finishes_the_entry_of_a_call_with_a_compiled_backward_
     out = torch.compile(lambda a, b: torch.relu(a @ b), backend="aot_eager")(x, w)
     torch._dynamo.reset()
     assert torch.equal(out, torch.relu(x @ w)) and forks == ([] if requires_grad else [1])
-    assert crash_guard._spool().spool.names() == []  # no entry left (a killed writer's is gone)
+    assert first_call.spool().spool.names() == []  # no entry left (a killed writer's is gone)
 
 
 def _guard_this_process(monkeypatch, tmp_path) -> None:
@@ -429,14 +429,14 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from reproarchive.sources import crash_guard
+    from reproarchive.sources import first_call
 
     _guard_this_process(monkeypatch, tmp_path)
     entries = []
 
     def failing_backward(gm, example_inputs):
         def run(*args):
-            entries.append(crash_guard._spool().spool.names())
+            entries.append(first_call.spool().spool.names())
             raise RuntimeError("injected failure in the compiled backward")
         return make_boxed_func(run)
 
@@ -445,7 +445,7 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     try:
         out = torch.compile(lambda a, b: torch.relu(a @ b), backend=backend)(torch.randn(4, 8),
                                                                               torch.randn(8, 8, requires_grad=True))
-        assert crash_guard._spool().spool.names() == []  # set aside between the call and its backward
+        assert first_call.spool().spool.names() == []  # set aside between the call and its backward
         with pytest.raises(RuntimeError, match="injected failure in the compiled backward") as info:
             out.sum().backward()
     finally:
@@ -454,7 +454,7 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     launcher = Path(info.value.minifier_path)
     assert launcher.name == "minifier_launcher.py" and launcher.is_file()
     assert tmp_path / "debug" in launcher.parents
-    assert crash_guard._spool().spool.names() == []
+    assert first_call.spool().spool.names() == []
 
 
 def test_a_crash_under_a_custom_backend_leaves_an_archive_and_a_hint_that_works(tmp_path):
