@@ -11,10 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES, FUNCTION_LINES = 500, 60
 
-#: path -> its lines when the rule came (only shrinking from here)
-OVER_MODULES = {
-    "reproarchive/sources/job_capture.py": 518,
-}
+#: path -> its lines when the rule came (only shrinking from here); every module fits now
+OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {

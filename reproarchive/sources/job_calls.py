@@ -179,6 +179,7 @@ def answer(folder: Path) -> bool:
     that call's inputs and has not written it yet; whether it wrote one."""
     from reproarchive.context.failure import pending_crash_record
     from reproarchive.sources import job_capture
+    from reproarchive.sources.job_parts import set_status
 
     path = folder / WANTED
     if not path.exists():
@@ -201,6 +202,6 @@ def answer(folder: Path) -> bool:
         outcome = RankOutcome(status=status, doing=doing)
         job_capture.write_part(graph.backend, graph.gm, call.inputs, graph.config,
                                pending_crash_record(backend=graph.backend.backend_name), outcome, ctx)
-        job_capture.set_status(folder, ctx.rank, outcome)
+        set_status(folder, ctx.rank, outcome)
     log.info("reproarchive: rank %d wrote its part of call %d for rank %s", ctx.rank, call.number, wanted["rank"])
     return True
