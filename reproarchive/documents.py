@@ -30,6 +30,7 @@ from reproarchive.archive.checking import VerifyReport
 from reproarchive.archive.inspection import InspectReport
 from reproarchive.bisect.records import CompilerBisection, TorchBisection
 from reproarchive.errors import ErrorCode
+from reproarchive.format.atomic import write_if_changed
 from reproarchive.format.plain import PlainData, Tagged
 from reproarchive.minifier.report import MinifyReport
 from reproarchive.replay.differences import DoctorReport
@@ -221,12 +222,7 @@ def check(spec_dir: Path) -> list[str]:
 
 def write(spec_dir: Path) -> list[Path]:
     """Write the schema file; the files changed (none when it was current)."""
-    target, text = schema_file(spec_dir), schema_text()
-    if target.exists() and target.read_text(encoding="utf-8") == text:
-        return []
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
-    return [target]
+    return write_if_changed(schema_file(spec_dir), schema_text())
 
 
 def main(argv: list[str] | None = None) -> int:

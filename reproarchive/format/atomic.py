@@ -72,3 +72,13 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_if_changed(target: Path, text: str) -> list[Path]:
+    """Write a generated file only when its text changed (``[target]``, else ``[]``), so that
+    regenerating the spec files touches only what differs."""
+    if target.exists() and target.read_text(encoding="utf-8") == text:
+        return []
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return [target]

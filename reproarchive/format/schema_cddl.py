@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.format import schema
+from reproarchive.format.atomic import write_if_changed
 from reproarchive.format.plain import ArgCodec, PlainData, Tagged, _Dim
 from reproarchive.format.schema_check import _classes, _enums
 
@@ -165,12 +166,7 @@ def check(spec_dir: Path) -> list[str]:
 
 def write(spec_dir: Path) -> list[Path]:
     """Write the current version's grammar; the files changed (none when it was current)."""
-    target = grammar_file(spec_dir)
-    text = grammar()
-    if target.exists() and target.read_text() == text:
-        return []
-    target.write_text(text)
-    return [target]
+    return write_if_changed(grammar_file(spec_dir), grammar())
 
 
 def main(argv: list[str] | None = None) -> int:

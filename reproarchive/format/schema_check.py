@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.format import layout, plain, schema
+from reproarchive.format.atomic import write_if_changed
 from reproarchive.format.plain import ArgCodec, PlainData, Tagged
 from reproarchive.format.schema import sets as schema_sets
 
@@ -338,12 +339,7 @@ def check(spec_dir: Path) -> list[str]:
 
 def write(spec_dir: Path) -> list[Path]:
     """Write the current version's schema file; the files changed (none when it was current)."""
-    target = schema_file(spec_dir)
-    text = schema_text()
-    if target.exists() and target.read_text() == text:
-        return []
-    target.write_text(text)
-    return [target]
+    return write_if_changed(schema_file(spec_dir), schema_text())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,8 @@ from pathlib import Path
 import msgpack
 import zstandard
 
+from reproarchive.format.atomic import write_if_changed
+
 HERE = Path(__file__).resolve().parent
 VECTOR = HERE / "basic-1.3.tar.zst"
 TARGET = HERE.parent / "example-index.json"
@@ -53,11 +55,7 @@ def write(spec_dir: Path = HERE.parent) -> list[Path]:
     """Write the example; the files changed (none when it was current, or without its vector)."""
     if not (spec_dir / "vectors" / VECTOR.name).exists():
         return []
-    target, text = spec_dir / TARGET.name, example_text(spec_dir / "vectors" / VECTOR.name)
-    if target.exists() and target.read_text() == text:
-        return []
-    target.write_text(text)
-    return [target]
+    return write_if_changed(spec_dir / TARGET.name, example_text(spec_dir / "vectors" / VECTOR.name))
 
 
 if __name__ == "__main__":
