@@ -44,7 +44,13 @@ class _Group(click.Group):
         """``--debug`` is the group's option, and a user types it after the command too
         (``reproarchive run --debug X``): taken from there, up to ``--`` or, for a command that
         runs a program (``capture``), up to the program's first word, which owns the rest."""
-        return super().parse_args(ctx, _debug_first(self, args))
+        try:
+            return super().parse_args(ctx, _debug_first(self, args))
+        except click.UsageError as err:  # an option of the group itself (``reproarchive --bogus``)
+            if type(err).__name__ == "NoArgsIsHelpError":  # plain ``reproarchive``: the help, as click gives it
+                raise
+            ctx.ensure_object(dict)["argv"] = list(args)
+            _fail(ctx, f"{err.format_message()} (see `reproarchive --help`)", 2)
 
     def invoke(self, ctx: click.Context):
         warnings.showwarning = _show_warning

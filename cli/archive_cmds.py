@@ -87,6 +87,7 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     _say(f"randomness: {info.randomness}")
     for what in info.not_replayable_here:
         _say(f"not replayable here: {what}")
+    _say_extensions(info)
     for name, count in list(g.op_histogram.items())[:12]:
         _say(f"  {count:5d}  {name}")
     if len(g.op_histogram) > 12:
@@ -108,6 +109,18 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     if info.job is not None:
         for line in reproarchive.job_lines(info.job):
             _say(line)
+
+
+def _say_extensions(info) -> None:
+    """inspect's lines for the custom ops and user Triton kernels the graph calls."""
+    for op in info.custom_ops:
+        _say(f"custom op: {op.name}  {op.schema}  ({op.provenance}; {op.calls} recorded call(s))")
+        _say(f"  here: {op.here}")
+    for k in info.triton_kernels:
+        where = f"{k.module}." if k.module else ""
+        _say(f"triton kernel: {where}{k.name}  {k.digest[:19]}...  ({k.launches} recorded launch(es), "
+             f"{k.configs} autotuning config(s))")
+        _say(f"  here: {k.here}")
 
 
 def _input_description(row) -> str:

@@ -14,6 +14,7 @@ import math
 import os
 from dataclasses import field
 
+from reproarchive.archive.extension_rows import CustomOpRow, TritonKernelRow, custom_op_rows, triton_kernel_rows
 from reproarchive.archive.job_report import JobSummary, job_summary
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
@@ -151,6 +152,8 @@ class InspectReport(NamedByIndex):
     job: JobSummary | None = field(default=None, metadata=_OMIT_NONE)  # a multi-rank job's ranks (spec §8 job)
     shapes: PlainData = field(default=None, metadata=_OMIT_NONE)  # (1.3) the shape policy record
     shape_policy: tuple[str, ...] = ()  # the same for people (``shape_policy_lines``)
+    custom_ops: tuple[CustomOpRow, ...] = ()  # (spec §8) operators not torch's, and what ``run`` does about each
+    triton_kernels: tuple[TritonKernelRow, ...] = ()  # (spec §8) user Triton kernels the graph launches
 
 
 def shape_policy_lines(policy: ShapePolicy | None) -> list[str]:
@@ -318,6 +321,8 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
                      for key in ("failure", "config", "environment", "system", "rng")},
             shapes=to_plain(records.shapes) if records.shapes is not None else None,
             shape_policy=tuple(shape_policy_lines(records.shapes)),
+            custom_ops=custom_op_rows(index),
+            triton_kernels=triton_kernel_rows(index),
             job=job_summary(index.job) if index.job is not None else None,
             randomness=randomness_label(records),
         )

@@ -23,7 +23,8 @@ def check_readable_here(index: Index, *, replaying: bool = True) -> list[str]:
 
     ``replaying=False`` (``verify``, ``inspect``, ``unpack``: they run nothing) returns what this
     process lacks to replay it (``NotReplayableHereError`` messages: a custom op not loaded, a
-    newer torch's function) instead of raising; what the rule refuses still raises."""
+    newer torch's function) instead of raising; what the rule refuses still raises. A custom op
+    the archive records is not lacking: ``load`` stands in for it (``codec.stand_ins``)."""
     for storage in index.storages:
         check_recorded_device(storage.device)
     for tensor in (*index.tensor_records(), *index.job_tensor_records()):
@@ -34,7 +35,18 @@ def check_readable_here(index: Index, *, replaying: bool = True) -> list[str]:
         check_graph_targets(graph, missing)
     if replaying:  # collectives run only where their process groups exist (all ranks launched)
         check_groups_joined(index)
-    return list(dict.fromkeys(err.what for err in missing or ()))
+    stood_in = _stand_in_targets(index)
+    return list(dict.fromkeys(err.what for err in missing or () if getattr(err, "target", None) not in stood_in))
+
+
+def _stand_in_targets(index: Index) -> set[str]:
+    """The graph targets of the custom ops the archive records (``torch.ops.ns.op.overload``, and
+    the packet ``torch.ops.ns.op`` a Dynamo graph calls for a ``default`` overload)."""
+    targets = set()
+    for record in index.custom_ops or ():
+        name = "torch.ops." + record.name.replace("::", ".", 1)
+        targets.update((name, name.removesuffix(".default")) if name.endswith(".default") else (name,))
+    return targets
 
 
 def _check_graph_constants(graph: GraphRecord) -> None:

@@ -278,7 +278,7 @@ def differences(records, *, stand_ins: Iterable[str] = ()) -> list[dict[str, Any
     rows = []
     stood_in = set(stand_ins)
     for record in records or ():
-        recorded = _provenance_text(record.provenance)
+        recorded = provenance_text(record.provenance)
         op = None if record.name in stood_in else registered_here(record.name)
         if op is None:
             current = (f"not registered here: `run` replays it from its {len(record.calls)} recorded call(s); "
@@ -288,7 +288,7 @@ def differences(records, *, stand_ins: Iterable[str] = ()) -> list[dict[str, Any
             if here.schema != record.schema:
                 current = f"schema here {here.schema}"
             elif (here.provenance.digest or None) != (record.provenance.digest if record.provenance else None):
-                current = f"another implementation here: {_provenance_text(here.provenance)}"
+                current = f"another implementation here: {provenance_text(here.provenance)}"
             else:
                 continue
         rows.append({"what": "custom op", "name": record.name, "recorded": recorded, "current": current,
@@ -296,7 +296,8 @@ def differences(records, *, stand_ins: Iterable[str] = ()) -> list[dict[str, Any
     return rows
 
 
-def _provenance_text(p: OpProvenance | None) -> str:
+def provenance_text(p: OpProvenance | None) -> str:
+    """Where a recorded implementation came from, in words (its module or library and digest)."""
     if p is None:
         return "provenance not recorded"
     where = p.library or p.module or p.kind

@@ -24,7 +24,14 @@ import torch
 from reproarchive.codec import effects
 from reproarchive.codec.state_functions import STATE_FUNCTIONS, state_function
 from reproarchive.compat import fx_meta
-from reproarchive.compat.dispatch import HigherOrderOperator, OpOverload, OpOverloadPacket, load_triton_kernel_wrap
+from reproarchive.compat.dispatch import (
+    INDUCTOR_PRIMS_PREFIX,
+    HigherOrderOperator,
+    OpOverload,
+    OpOverloadPacket,
+    load_inductor_prims,
+    load_triton_kernel_wrap,
+)
 from reproarchive.errors import NotReplayableHereError, Rule, UnsafeArchiveError
 from reproarchive.format.schema import (
     CallRoot,
@@ -115,6 +122,8 @@ def _resolved(name: str) -> Any:
     this torch has no such name. Cached: a graph names few distinct targets many times."""
     if name in LAUNCH_TARGETS:  # (1.4) registered by the module that defines them, Dynamo imports it
         load_triton_kernel_wrap()
+    elif name.startswith(INDUCTOR_PRIMS_PREFIX):
+        load_inductor_prims()
     obj = _walk(name)
     if not callable(obj) or isinstance(obj, types.ModuleType):
         raise _unsafe(name, "not a function")
@@ -133,12 +142,14 @@ def resolve_function(name: object) -> Any:
         return _resolved(name)
     except _Missing as missing:
         if name.startswith("torch.ops."):
-            raise NotReplayableHereError(
+            err = NotReplayableHereError(
                 f"graph calls operator {name}, which is not registered in this process: not replayable here",
                 "`reproarchive run` stands in for a custom op the archive recorded (spec 8 custom_ops); "
                 "or bring it: --import MODULE / --load-library PATH",
                 rule=Rule.CALL_TARGET,
-            ) from None
+            )
+            err.target = name  # what ``checks.check_readable_here`` matches against the recorded custom ops
+            raise err from None
         why = effects.unresolved_problem(missing.found)
         if why is not None:
             raise _unsafe(name, why) from None

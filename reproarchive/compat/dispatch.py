@@ -7,14 +7,18 @@ op (``torch._C._dispatch_dump``) and its list of native operators, parses record
 from and whether it has a fake implementation, runs graphs under a Python dispatch mode of its
 own (``TorchDispatchMode``) or outside every mode (``_disable_current_modes``), reads the Triton
 kernels a graph launches from the side table of ``torch._higher_order_ops.triton_kernel_wrap``,
-and learns torch's tensor API from ``torch.overrides._get_overridable_functions``.
+learns torch's tensor API from ``torch.overrides._get_overridable_functions``, imports
+``torch._inductor.inductor_prims`` for the random-number operators Inductor's graphs call, and
+records higher-order operator calls while a printed graph is traced (``hop_calls_recorded``:
+the registry ``torch._ops._higher_order_ops``).
 
 Checked with 2.11.0, 2.13.0 and 2.15.0: every name below resolves in all three and does the same there.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable
 
 CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
@@ -24,6 +28,7 @@ PRIVATE_NAMES = (
     "torch._C.parse_schema",
     "torch._higher_order_ops.triton_kernel_wrap",
     "torch._higher_order_ops.triton_kernel_wrap.kernel_side_table",
+    "torch._inductor.inductor_prims",
     "torch._library.custom_ops.OPDEFS",
     "torch._library.custom_ops.OPDEFS.get",
     "torch._library.simple_registry.singleton",
@@ -32,6 +37,8 @@ PRIVATE_NAMES = (
     "torch._ops.OpOverload",
     "torch._ops.OpOverloadPacket",
     "torch._ops._OpNamespace",
+    "torch._ops._higher_order_ops",
+    "torch._ops._higher_order_ops.values",
     "torch.overrides._get_overridable_functions",
     "torch.utils._python_dispatch.TorchDispatchMode",
     "torch.utils._python_dispatch._disable_current_modes",
@@ -102,6 +109,56 @@ def disable_current_modes() -> Any:
 def load_triton_kernel_wrap() -> None:
     """Import the module that defines the Triton launch operators (Dynamo imports it too)."""
     import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401
+
+
+#: Operators Inductor registers when its lowering module is imported (``prims.inductor_seeds``,
+#: ``inductor_lookup_seed``, ``inductor_random``, ``inductor_randint``): an AOT graph Inductor
+#: logged or dumped draws its random numbers through them.
+INDUCTOR_PRIMS_PREFIX = "torch.ops.prims.inductor_"
+
+
+def load_inductor_prims() -> None:
+    """Import the module that registers Inductor's random-number operators (Inductor imports it)."""
+    import torch._inductor.inductor_prims  # noqa: F401
+
+
+@contextlib.contextmanager
+def hop_calls_recorded(record: Callable[[Any, tuple, dict], Any], is_symbolic: Callable[[Any], bool]):
+    """For the duration, a call of any registered higher-order operator (``cond``,
+    ``flex_attention``, ``while_loop`` ...) with a symbolic value among its arguments
+    (``is_symbolic``: an FX proxy) returns ``record(op, args, kwargs)`` instead of running.
+
+    A printed graph is rebuilt by tracing its code with FX proxies, and a HOP cannot take
+    proxies: it checks its operands' types (``cond``: "can only be of Tensor, int, SymInt") or
+    runs its subgraphs. Torch offers no hook for this (a HOP's ``__call__`` is its type's, and
+    it validates before any torch-function mode is asked), so each HOP type's ``__call__`` is
+    wrapped while tracing; only ever in a throwaway process that rebuilds a graph."""
+    from torch._ops import _higher_order_ops
+
+    from reproarchive.compat.pytree import tree_leaves
+
+    saved: dict[type, Any] = {}
+    for op in list(_higher_order_ops.values()):
+        kind = type(op)
+        if kind in saved:
+            continue
+        saved[kind] = kind.__dict__.get("__call__")
+        original = kind.__call__
+
+        def call(self, *args, _original=original, **kwargs):
+            if any(is_symbolic(a) for a in tree_leaves((args, kwargs))):
+                return record(self, args, kwargs)
+            return _original(self, *args, **kwargs)
+
+        kind.__call__ = call
+    try:
+        yield
+    finally:
+        for kind, own in saved.items():
+            if own is None:
+                del kind.__call__
+            else:
+                kind.__call__ = own
 
 
 def triton_kernel_side_table() -> Any:

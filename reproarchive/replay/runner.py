@@ -108,7 +108,7 @@ def replay_graph(
     warnings.extend(shape_policy.warnings_for(shape_report))
     outcome = _verdict(records, setup, args, settings.backend, ran, report_differences=report_differences,
                        shapes=shape_report, randomness=randomness, rule=rule)
-    return unless_faithful(outcome, _unfaithful(shape_report, ops, rng_states))
+    return unless_faithful(outcome, _unfaithful(shape_report, ops, rng_states, records.failure))
 
 
 @dataclasses.dataclass
@@ -206,15 +206,17 @@ def _verdict(records: Records, setup: _Setup, args: Any, backend: str | None, ra
     )
 
 
-def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mapping[str, Any] | None) -> list[str]:
+def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mapping[str, Any] | None,
+                recorded: Any) -> list[str]:
     """What of the failing run this replay could not honour, so that a pass is no evidence
     (``outcome.unless_faithful``): a symbolic recording replayed static, random draws replayed
-    from another state (``ops``: the graph's random ops)."""
+    from another state (``ops``: the graph's random ops) where the recorded failure came after
+    compiling (a compiler reads no random value)."""
     out = []
     if shape_report.get("policy") == "not recorded" and shape_report.get("symbolic"):
         out.append("the recording was symbolic but its shape policy was not recorded: the replay compiled "
                    "static shapes")
-    if ops and not rng_states:
+    if ops and not rng_states and getattr(recorded, "stage", None) != "compile":
         out.append(f"the graph draws random numbers ({', '.join(ops)}) but the archive does not hold the RNG "
                    "state of the failing run: the replay drew other numbers")
     return out

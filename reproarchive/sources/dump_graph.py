@@ -47,18 +47,24 @@ def trace_repro(mod) -> tuple[Any, list[str]]:
     """
     import torch.fx as fx
 
+    from reproarchive.compat.dispatch import hop_calls_recorded
     from reproarchive.compat.fx_meta import drop_stack_trace
 
     notes: list[str] = []
 
-    class _Inline(fx.Tracer):
-        proxy_buffer_attributes = True
-
-        def is_leaf_module(self, m, qualname):
-            return False
-
     class _Leaf(fx.Tracer):
         proxy_buffer_attributes = True
+
+        def trace(self, root, concrete_args=None):
+            def record(op, args, kwargs):
+                return self.create_proxy("call_function", op, args, kwargs)
+
+            with _CallsStayNodes(self), hop_calls_recorded(record, lambda v: isinstance(v, fx.Proxy)):
+                return super().trace(root, concrete_args)
+
+    class _Inline(_Leaf):
+        def is_leaf_module(self, m, qualname):
+            return False
 
     try:
         graph = _Inline().trace(mod)
@@ -68,10 +74,50 @@ def trace_repro(mod) -> tuple[Any, list[str]]:
     gm = fx.GraphModule(mod, graph, class_name="Repro")
     for node in gm.graph.nodes:
         drop_stack_trace(node)
+        if node.op == "get_attr":
+            notes += _subgraph_traced(gm, node.target)
         if node.op == "placeholder":
             node.type = None  # Repro's annotations (torch.nn.parameter.Parameter) carry nothing
     gm.recompile()
     return gm, notes
+
+
+def _subgraph_traced(gm, target: str) -> list[str]:
+    """A subgraph a higher-order operator takes (``self.cond_true_0``) is a printed class in the
+    log or script, not a GraphModule: traced the same way and put back in its place."""
+    import torch
+    import torch.fx as fx
+
+    sub = _resolve_attr(gm, target)
+    if not isinstance(sub, torch.nn.Module) or isinstance(sub, fx.GraphModule):
+        return []
+    traced, notes = trace_repro(sub)
+    owner, _, name = target.rpartition(".")
+    setattr(_resolve_attr(gm, owner) if owner else gm, name, traced)
+    return notes
+
+
+def _CallsStayNodes(tracer):
+    """A torch function mode under which a call of the graph's code that takes no graph value
+    (``aten.rand.default([8, 8], device=...)``, ``prims.inductor_seeds.default(1, device)``,
+    ``torch.zeros(3)``) is recorded as a node, as it was in the graph PyTorch wrote, instead of
+    being run once while tracing and frozen into a constant: run, it would bake one draw of a
+    random op into the archive as if it were data, and a factory for a device this machine lacks
+    ("Torch not compiled with CUDA enabled") could not be traced at all. Constructors of plain
+    values (``torch.device``, ``torch.Size``) still run."""
+    import torch.fx as fx
+    from torch.overrides import TorchFunctionMode
+
+    from reproarchive.compat.pytree import tree_leaves
+
+    class _Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if isinstance(func, type) or any(isinstance(a, fx.Proxy) for a in tree_leaves((args, kwargs))):
+                return func(*args, **kwargs)
+            return tracer.create_proxy("call_function", func, args, kwargs)
+
+    return _Mode()
 
 
 def lift_state(gm, origin: dict[str, str], example_inputs: list[Any]) -> tuple[Any, list[Any], list[dict]]:

@@ -37,6 +37,29 @@ def _concrete(gm, args: list[Any]) -> tuple[list[Any], int]:
     return out, sum(isinstance(a, AbsentTensor) for a in args)
 
 
+def _devices_missing_here(gm, args: list[Any]) -> list[str]:
+    """The devices the inputs and the graph's own constants (``device=...`` of a factory, a
+    ``torch.device`` argument) name that this machine lacks, in first-seen order."""
+    import torch
+
+    from reproarchive.codec.devices import is_available, is_device_name
+    from reproarchive.compat.pytree import tree_leaves
+
+    named: list[str] = []
+    for arg in args:
+        device = getattr(arg, "device", None)
+        if device is not None:
+            named.append(str(device))
+    for node in gm.graph.nodes:
+        for value in tree_leaves((node.args, node.kwargs)):
+            if isinstance(value, torch.device):
+                named.append(str(value))
+        text = node.kwargs.get("device")
+        if isinstance(text, str) and is_device_name(text):
+            named.append(text)
+    return [name for name in dict.fromkeys(named) if not is_available(name)]
+
+
 def replay(dump: DumpScript, gm, args: list[Any], *, execution=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes) for a dump: ``replay_once`` the way its ``run_repro`` would
     detect the failure (its autocast flag, Dynamo's repro_forward_only), under the thread state
@@ -62,6 +85,11 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
     """
     from reproarchive.context import failure as fail
 
+    missing = _devices_missing_here(gm, args)
+    if missing:
+        why = (f"the graph runs on {', '.join(missing)}, which this machine does not have; not replayed "
+               "(a replay on another device would record another program's failure)")
+        return fail.unknown_record(why, backend=backend), {"performed": False, "reason": why}
     inputs, generated = _concrete(gm, args)
     notes: dict[str, Any] = {"performed": True, "generated_inputs": generated}
     if backend is None:

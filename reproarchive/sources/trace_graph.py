@@ -99,12 +99,14 @@ def _parse_annotation(ann: Any) -> dict[str, Any] | None:
 
 
 def _instantiate(cls):
-    """An instance of a printed GraphModule class, with its nested subgraph classes as submodules."""
+    """An instance of a printed GraphModule class, with its nested subgraph classes as submodules
+    (the class is the log's, made for this one rebuild: its nested classes are taken off it)."""
     import torch
 
     mod = cls()
-    for name, value in vars(cls).items():
+    for name, value in list(vars(cls).items()):
         if isinstance(value, type) and issubclass(value, torch.nn.Module):
+            delattr(cls, name)  # else ``self.name`` finds the class before the submodule
             setattr(mod, name, _instantiate(value))
     return mod
 

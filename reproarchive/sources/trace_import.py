@@ -15,6 +15,7 @@ environment, torch config and cwd are never touched.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -252,15 +253,26 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
     return out
 
 
-def _choose_graph(c: Compile, graph: str, problems=()) -> tuple[str, trace_log.TraceEvent]:
+def _choose_graph(c: Compile, graph: str, problems=(), notes: list[str] | None = None
+                  ) -> tuple[str, trace_log.TraceEvent]:
     # an empty runnable is no graph: torch 2.15 logs one (payload "") for a compile whose kernel
     # later killed the process
     runnables = [r for r in c.runnables() if r.payload and r.payload.strip() and r.payload_state == "ok"]
     dynamo = c.graph_event if c.graph_event is not None and c.graph_event.payload_state == "ok" else None
     damaged = [e for e in [c.graph_event, *c.runnables()] if e is not None and e.payload_state != "ok"]
-    if graph in ("auto", "aot") and runnables:
-        # a failed compile failed on the last graph Inductor took; otherwise the forward (first)
-        return "fx_graph_runnable", runnables[-1] if c.failed else runnables[0]
+    # a failed compile failed on the last graph Inductor took; otherwise the forward (first)
+    runnable = (runnables[-1] if c.failed else runnables[0]) if runnables else None
+    broken = _not_python(runnable.payload) if runnable is not None else None
+    if graph in ("auto", "aot") and runnable is not None and broken is None:
+        return "fx_graph_runnable", runnable
+    if broken is not None and (graph == "aot" or dynamo is None):
+        raise _Unpackable(f"PyTorch's fx_graph_runnable for it is not valid Python ({broken}); "
+                          + ("pack the Dynamo graph with --graph dynamo" if dynamo is not None
+                             else "and the log holds no Dynamo graph"))
+    if broken is not None and notes is not None:
+        notes.append(f"PyTorch's fx_graph_runnable for {c.label} is not valid Python ({broken}: a graph with "
+                     "higher-order ops prints its subgraphs so); the Dynamo graph is packed instead, replayed "
+                     "with the backend the log names")
     if graph == "aot":
         raise _Unpackable("the log holds no usable fx_graph_runnable for it (Inductor did not compile it)"
                           + (" or its payload is damaged" if damaged else ""))
@@ -273,6 +285,19 @@ def _choose_graph(c: Compile, graph: str, problems=()) -> tuple[str, trace_log.T
         raise _Unpackable(f"no readable graph for it: {unreadable[0]}")
     reason = c.fail_reason.splitlines()[0][:200] if c.fail_reason else ""
     raise _Unpackable("Dynamo logged no graph for it" + (f" (it failed before making one: {reason})" if reason else ""))
+
+
+def _not_python(text: str) -> str | None:
+    """Why ``text`` does not parse as Python (``line 63: invalid syntax``), or None when it does:
+    PyTorch writes ``self.true_graph_0 = <lambda>()`` into the runnable of a graph whose
+    higher-order ops take subgraphs."""
+    try:
+        ast.parse(text)
+    except SyntaxError as err:
+        return f"line {err.lineno}: {err.msg}"
+    except ValueError as err:  # a NUL byte
+        return str(err)
+    return None
 
 
 def _debug_runnables(c: Compile) -> list[Path]:
@@ -321,7 +346,8 @@ def _real_data_script(c: Compile, runnable: trace_log.TraceEvent, warnings: list
 def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy: bool, replay: bool, out: Path,
          cwd: Path) -> dict[str, Any]:
     """Everything the child needs for one compile, as plain JSON (the child never reads the log)."""
-    graph_from, event = _choose_graph(c, graph, trace.problems)
+    warnings: list[str] = []
+    graph_from, event = _choose_graph(c, graph, trace.problems, warnings)
     logged_backend, backend_origin = trace_facts.backend_from_log(c, trace)
     if graph_from == "fx_graph_runnable":
         logged_backend, backend_origin = "inductor", "fx_graph_runnable is Inductor's input"
@@ -331,7 +357,6 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
     elif backend:
         backend_origin = "--backend"
     failure, diagnostics = trace_facts.failure_record(c, backend=chosen_backend)
-    warnings: list[str] = []
     real_script = _real_data_script(c, event, warnings) if graph_from == "fx_graph_runnable" else None
     config_values, config_notes = trace_facts.config_values(c)
     warnings += config_notes

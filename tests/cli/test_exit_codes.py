@@ -52,3 +52,16 @@ def test_every_code_a_command_lists_is_in_the_top_level_help_and_the_readme():
     table = ROOT.joinpath("README.md").read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     readme = {int(c) for c in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
     assert readme == top
+
+
+@pytest.mark.parametrize("args", [["--bogus"], ["--json", "inspect", "x"], ["no-such-command"]])
+def test_a_usage_error_of_the_group_is_one_line_and_exit_2(args):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: ") and "reproarchive --help" in result.stderr
+
+
+def test_no_arguments_prints_the_help():
+    result = invoke()
+    assert "Usage: " in result.output and "Exit codes:" in result.output and "error:" not in result.output

@@ -123,3 +123,10 @@ def test_a_launch_this_process_cannot_describe_is_not_packed(tmp_path):
                           snapshot=False)
     assert "side table does not hold" in str(raised.value) and "\n" not in str(raised.value)
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_inspect_shows_the_kernel_where_triton_is_not_installed():
+    info = reproarchive.inspect(VECTOR)
+    (row,) = info.triton_kernels
+    assert row.name == "scale_kernel" and row.launches == 1 and row.digest.startswith("sha256:")
+    assert row.here.startswith("not here: `run` stands in for it") and info.not_replayable_here == ()

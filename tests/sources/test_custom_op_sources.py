@@ -78,3 +78,18 @@ def test_export_writes_the_choice_into_repro_py(captured, tmp_path):
     ran = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "real", capture_output=True, text=True,
                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(folder)})
     assert "ReluCompileError" in ran.stderr and "stand-in" not in ran.stderr, ran.stderr[-2000:]
+
+
+def test_inspect_names_the_op_and_what_run_does_about_it(captured):
+    """This process has no ``ratest_src``: ``inspect`` calls the archive replayable (``run``
+    stands in for the op from its recorded call) and says what to bring for the real one."""
+    info = reproarchive.inspect(captured)
+    assert info.not_replayable_here == ()
+    (row,) = info.custom_ops
+    assert row.name == "ratest_src::twice.default" and row.calls == 1 and row.stand_in
+    assert "ratest_src_lib" in row.provenance and row.schema.startswith("ratest_src::twice(")
+    assert row.here.startswith("not registered here: `run` replays it from its 1 recorded call(s)")
+    assert "--import MODULE" in row.here
+    assert reproarchive.verify(captured, progress=False).not_replayable_here == ()
+    text = _cli("inspect", captured, cwd=captured.parent).stdout
+    assert "custom op: ratest_src::twice.default" in text and "not replayable here" not in text

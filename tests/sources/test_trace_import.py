@@ -27,6 +27,7 @@ from reproarchive.sources.report import PackReport
 from reproarchive.sources.trace_import import TracePackResult, list_trace, pack_trace
 from reproarchive.testing.sources import Captured, SourceTests
 from support.shared_fixture import built_once
+from support.trace_programs import recorded_on_cuda
 
 # What a user passes for each job (the log names a backend only when it failed).
 PACK_OPTIONS = {
@@ -36,6 +37,7 @@ PACK_OPTIONS = {
     "graph_break": {},
     "dynamic": {},
     "inductor_real": {},
+    "hop_inductor": {},
 }
 # compile id -> (status in the log, stage recorded in the archive: from the log or the replay)
 EXPECTED = {
@@ -45,6 +47,7 @@ EXPECTED = {
     "graph_break": {"0/0": ("ok", None), "1/0": ("failed", "compile")},
     "dynamic": {"0/0": ("failed", "compile"), "0/1": ("failed", "compile"), "0/2": ("failed", "compile")},
     "inductor_real": {"0/0": ("failed", "compile")},
+    "hop_inductor": {"0/0": ("failed", "compile")},
 }
 
 
@@ -271,6 +274,61 @@ def test_inductor_runnable_with_real_data(trace_jobs, packed, tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
     # TORCH_COMPILE_DEBUG's own folder names the same trace
     assert list_trace(folder / "torch_compile_debug")["files"] == list_trace(trace_jobs["inductor_real"][1])["files"]
+
+
+def test_random_ops_of_the_aot_graph_stay_ops(packed):
+    """A call of the logged graph that takes no graph value (``aten.rand``, Inductor's seeds) is
+    a node of the archive's graph: tracing it used to run it once and freeze the draw into a
+    constant of the graph, stored as if it were the job's data."""
+    archive = packed["inductor_real"]["0/0"]
+    info = reproarchive.inspect(archive).to_plain()
+    ops = info["graph"]["op_histogram"]
+    assert ops.get("torch.ops.prims.inductor_seeds.default") == 1, ops
+    assert ops.get("torch.ops.prims.inductor_random.default") == 1, ops
+    assert "prims::inductor_seeds" in info["randomness"]
+    assert not [n for n in reproarchive.load(archive).gm.graph.nodes if n.op == "get_attr"]
+    # a compile error reads no random value: the replay is faithful without the RNG state
+    outcome = reproarchive.run(archive)
+    assert outcome.status == "reproduced" and outcome.unfaithful == [], outcome.to_dict()
+
+
+def test_a_gpu_jobs_log_packs_on_a_machine_without_the_gpu(trace_jobs, tmp_path):
+    """The same job's log as it reads on cuda:0 packs here without touching a device: the
+    inputs keep their device, the random ops their device constant, the failure comes from the
+    log and is not replayed on the CPU (which would record another program's failure), and
+    ``run`` answers 125 unless asked to move it."""
+    log = next(trace_jobs["inductor_real"][1].glob("*.log"))
+    result = pack_trace(recorded_on_cuda(log, tmp_path / "gpu"), tmp_path / "out")
+    (report,) = result.packed
+    assert report.replay["performed"] is False and "cuda:0" in report.replay["reason"], report.replay
+    info = reproarchive.inspect(report.archive).to_plain()
+    assert {r["device"] for r in info["inputs"]} == {"cuda:0"} and {r["fidelity"] for r in info["inputs"]} == {"absent"}
+    assert info["failure"]["stage"] == "compile" and info["source"]["replay"]["failure_from"] == "log"
+    assert info["graph"]["op_histogram"].get("torch.ops.prims.inductor_seeds.default") == 1
+    seeds = next(n for n in reproarchive.load(report.archive, device="cpu").gm.graph.nodes
+                 if "inductor_seeds" in str(n.target))
+    assert seeds.args[1] == torch.device("cpu")  # the graph's cuda:0 constant, moved as asked
+    res = CliRunner().invoke(main, ["run", str(report.archive)])
+    assert res.exit_code == 125 and "cuda:0" in res.stderr, res.output
+
+
+def test_a_graph_with_a_cond_packs_replays_and_minifies_into_the_branch(packed_results, packed, tmp_path):
+    """Inductor fails inside a ``torch.cond`` branch. PyTorch's fx_graph_runnable of such a graph
+    is not Python, so the archive holds the Dynamo graph, its branches as subgraphs, and says
+    why; it replays with Inductor and the minifier takes the relu out of the branch."""
+    (report,) = packed_results["hop_inductor"].packed
+    assert report.graph_from == "dynamo_output_graph"
+    assert any("fx_graph_runnable for [0/0] is not valid Python" in w for w in report.warnings), report.warnings
+    archive = packed["hop_inductor"]["0/0"]
+    repro = reproarchive.load(archive)
+    assert any(n.target is torch.ops.higher_order.cond for n in repro.gm.graph.nodes)
+    assert isinstance(repro.gm.cond_true_0, torch.fx.GraphModule)
+    outcome = reproarchive.run(archive)
+    assert outcome.status == "reproduced" and "CppCompileError" in outcome.observed.exception_type, outcome.to_dict()
+    minify_archive(archive, tmp_path / "min.tar.zst")
+    small = reproarchive.load(tmp_path / "min.tar.zst")
+    ops = [str(n.target) for n in small.gm.graph.nodes if n.op == "call_function"]
+    assert any("relu" in t for t in ops) and not any("cond" in t for t in ops), ops
 
 
 def test_default_selects_the_failed_compiles_only(trace_jobs, tmp_path):

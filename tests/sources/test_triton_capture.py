@@ -112,3 +112,20 @@ def test_minify_keeps_the_launches_it_needs_and_the_result_replays(archive, tmp_
     assert all(k.calls for k in index.triton_kernels or ())
     again = _cli("run", "--json", str(out))
     assert again.returncode == 1 and json.loads(again.stdout)["status"] == "reproduced", again.stdout[-800:]
+
+
+def test_inspect_shows_each_kernel_and_calls_the_archive_replayable(archive):
+    proc = _cli("inspect", "--json", str(archive))
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    info = json.loads(proc.stdout)
+    assert info["not_replayable_here"] == []
+    rows = {k["name"]: k for k in info["triton_kernels"]}
+    assert set(rows) == {"add_kernel", "scale_kernel"}
+    with ContainerReader(archive) as reader:
+        digests = {k.name: k.digest for k in reader.index.triton_kernels}
+    add = rows["add_kernel"]
+    assert add["digest"] == digests["add_kernel"] and add["module"] == "tests.support.triton_kernels"
+    assert add["launches"] == 1 and add["configs"] == 1 and rows["scale_kernel"]["configs"] == 0
+    assert add["here"].startswith("not here: `run` stands in for it from its 1 recorded launch(es)")
+    text = _cli("inspect", str(archive)).stdout
+    assert "triton kernel: tests.support.triton_kernels.add_kernel  sha256:" in text, text
