@@ -271,6 +271,8 @@ class _Shapes:
             def call_function(self, target, args, kwargs):
                 if "device" in kwargs:
                     kwargs = {**kwargs, "device": "meta"}
+                # a device passed by position too (Inductor's ``inductor_seeds(1, device)``)
+                args = tuple(torch.device("meta") if isinstance(a, torch.device) else a for a in args)
                 return super().call_function(target, args, kwargs)
 
         with contextlib.suppress(Exception), torch.no_grad():

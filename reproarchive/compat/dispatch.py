@@ -115,6 +115,8 @@ def load_triton_kernel_wrap() -> None:
 #: ``inductor_lookup_seed``, ``inductor_random``, ``inductor_randint``): an AOT graph Inductor
 #: logged or dumped draws its random numbers through them.
 INDUCTOR_PRIMS_PREFIX = "torch.ops.prims.inductor_"
+#: The module that registers them (an exported script imports it too).
+INDUCTOR_PRIMS_MODULE = "torch._inductor.inductor_prims"
 
 
 def load_inductor_prims() -> None:

@@ -40,6 +40,7 @@ from reproarchive.codec.rng import random_ops
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import REBUILDABLE_SUBCLASSES, storage_view
+from reproarchive.compat.dispatch import INDUCTOR_PRIMS_MODULE, INDUCTOR_PRIMS_PREFIX
 from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
@@ -233,6 +234,8 @@ class _Script:
             raise ExportError(f"the graph calls {name}, which a standalone script cannot name",
                               "replay it with `reproarchive run` instead")
         self.imports.add(module)
+        if name.startswith(INDUCTOR_PRIMS_PREFIX):  # registered by the module that defines them
+            self.imports.add(INDUCTOR_PRIMS_MODULE)
         return name
 
     def arg(self, a: Any) -> str:

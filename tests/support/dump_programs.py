@@ -124,7 +124,8 @@ def bert_step_program(bug: str = "compile_error") -> str:
     encoder layer with a padding mask, a classifier and a cross-entropy loss, backward and an
     optimizer step) under torch.compile with Inductor's C++ relu bug injector. The token-type
     table has 2 rows and the classifier 3 classes: generated integers in [0, 16) index past
-    both. The program saves its real ids and labels to ``inputs.pt``."""
+    both. The encoder's dropout puts random ops into the graph Inductor is handed. The program
+    saves its real ids and labels to ``inputs.pt``."""
     return textwrap.dedent(f"""
         import torch
         from torch import nn
@@ -139,7 +140,7 @@ def bert_step_program(bug: str = "compile_error") -> str:
                 self.positions = nn.Embedding(seq, hidden)
                 self.token_types = nn.Embedding(2, hidden)
                 self.norm = nn.LayerNorm(hidden)
-                layer = nn.TransformerEncoderLayer(hidden, 2, 2 * hidden, dropout=0.0, batch_first=True)
+                layer = nn.TransformerEncoderLayer(hidden, 2, 2 * hidden, dropout=0.1, batch_first=True)
                 self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
                 self.classifier = nn.Linear(hidden, classes)
 
