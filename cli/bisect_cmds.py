@@ -77,14 +77,17 @@ def _report(result, archive, lines, *, summary_path, as_json) -> None:
                    "without replaying them.")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop starting replays after this long (status incomplete, exit 3).")
+@click.option("--config-only", is_flag=True,
+              help="Only find which recorded non-default Inductor settings the failure needs (a few replays), "
+                   "without the stage search.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
 @click.option("--sidecar/--no-sidecar", default=True, show_default=True,
               help="Store a culprit found next to the archive as ARCHIVE.bisect.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def compiler_cmd(archive, backend, device, tol, current_config, first_backend, max_time, summary_path, sidecar,
-                 as_json, quiet):
+def compiler_cmd(archive, backend, device, tol, current_config, first_backend, max_time, config_only, summary_path,
+                 sidecar, as_json, quiet):
     """Find the compiler stage that makes ARCHIVE fail, with PyTorch's compiler bisector.
 
     Backends eager, aot_eager, aot_eager_decomp_partition and inductor are tried in turn; in the
@@ -93,15 +96,18 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
     Every replay runs in a child process judged by the recorded failure's signature (a
     different failure does not count as the failure); the bisector's state lives in a private
     folder, removed at the end, so later compiles are untouched. Prints the settings that make
-    the failure appear and disappear.
+    the failure appear and disappear. When the stage is inductor, the recorded Inductor settings
+    that differ from their defaults are then put back to their defaults, all, then halves, to
+    name the ones the failure needs (a report without them does not fail upstream).
     """
     import reproarchive
 
     settings = reproarchive.ReplaySettings(backend=backend, device=device, tol=tol, current_config=current_config)
     show = None if (quiet or as_json) else (lambda step: click.echo(terminal_lines(step_line(step)), err=True))
     result = reproarchive.bisect_compiler(archive, settings, max_time=max_time, on_step=show,
-                                          first_backend=first_backend)
-    if sidecar and result.status == "found":  # an unfinished search never replaces a finished one
+                                          first_backend=first_backend, config_only=config_only)
+    # an unfinished search never replaces a finished one, nor a search of the settings alone a stage's
+    if sidecar and result.status == "found" and not config_only:
         reproarchive.write_bisection(result, archive)
     _report(result, archive, compiler_lines, summary_path=summary_path, as_json=as_json)
 

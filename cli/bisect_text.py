@@ -41,11 +41,30 @@ def compiler_lines(result) -> list[str]:
         if result.disappear is not None:
             lines.append("  and disappears with:")
             lines.append("    " + _trial_text(result.disappear, result.archive))
+    lines += _flag_lines(result)
     lines.append(f"  {result.replays} replays in {result.seconds:.0f}s (torch {result.torch}, "
                  f"replayed with {result.replayed_backend} at the inductor stage)")
     if result.other_failures:
         lines.append(f"  {result.other_failures} replays failed differently from the recorded failure; "
                      "they counted as not reproducing it (see --json)")
+    return lines
+
+
+def _flag_lines(result) -> list[str]:
+    """What the search of the recorded Inductor settings found (``bisect.config_flags``)."""
+    flags = result.config_flags
+    if flags is None:
+        return []
+    lines = []
+    if flags.status == "needed":
+        lines.append("  the recorded settings it needs (with them at their defaults it is gone):")
+        lines += [f"    {f.setting} = {f.recorded}  (default {f.default})" for f in flags.needed]
+    elif flags.status == "none needed":
+        lines.append(f"  it fails with all {len(flags.searched)} recorded Inductor setting(s) at their defaults: "
+                     "none is needed")
+    else:
+        lines.append(f"  recorded settings: {flags.text}")
+    lines += [f"  not searched: {what}" for what in flags.left_out]
     return lines
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -36,7 +37,8 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from reproarchive.bisect.compiler_child import CONFIG_CHANGE_BACKEND, WRAPPED_ENV
+from reproarchive.bisect import config_flags
+from reproarchive.bisect.compiler_child import CONFIG_CHANGE_BACKEND, FLAGS_ENV, WRAPPED_ENV
 from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, BisectStep, CompilerBisection, Trial
 from reproarchive.child import ForkServer
 from reproarchive.compat import inductor
@@ -59,14 +61,16 @@ class _OutOfTime(Exception):
 
 def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = None, *,
                     max_time: float | None = None, on_step: StepFn | None = None,
-                    first_backend: str | None = None) -> CompilerBisection:
-    """Find the compiler stage that makes the archive at ``path`` fail; see the module docstring.
+                    first_backend: str | None = None, config_only: bool = False) -> CompilerBisection:
+    """Find the compiler stage that makes the archive at ``path`` fail, and which recorded
+    non-default Inductor settings it needs (``config_flags``); see the module docstring.
 
     ``settings``: the replay's settings (backend None: the archive's; a recorded custom
     ``module:function`` must be named to be run, as for ``run``). That backend replays at
     PyTorch's "inductor" stage; the earlier stages replay with PyTorch's named backends.
     ``first_backend`` starts the search at that stage, taking the earlier ones as good without
-    replaying them (said in the steps). ``on_step`` hears of each replay as it ends.
+    replaying them (said in the steps). ``config_only``: no stage search, only the settings
+    (status "found" when some are needed). ``on_step`` hears of each replay as it ends.
     Raises BackendUnavailableError (125) when the archive's backend is missing here, and
     ArchiveError (2) for an unreadable archive; interrupts propagate after the state folder
     is removed.
@@ -83,6 +87,8 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
     facts = _archive_facts(path, settings)
     search = _Search(path, settings, facts, max_time=max_time, on_step=on_step, first_backend=first_backend)
     with _ONE_AT_A_TIME, search.private_state() as log, search.children:
+        if config_only:
+            return search.config_only(log)
         status = "found"
         try:
             found = inductor.run_bisector(search.test)
@@ -96,7 +102,14 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
         if found is None and status == "found":
             status = "not reproduced"
         debug_info = found.debug_info if found else None
-    return search.result(found, status, debug_info, log.getvalue().splitlines())
+        flags = None
+        if found is not None and found.backend == "inductor":
+            try:
+                flags = search.flags()
+            except _OutOfTime:
+                flags = config_flags.FlagSearch(status="not searched", reason="--max-time ran out before the "
+                                                "recorded settings were searched")
+    return search.result(found, status, debug_info, log.getvalue().splitlines(), flags=flags)
 
 
 def _archive_facts(path, settings: ReplaySettings) -> dict:
@@ -106,7 +119,7 @@ def _archive_facts(path, settings: ReplaySettings) -> dict:
 
     ready = prepared(path, settings, here=False)  # every replay is a child's, which prepares its own
     return {"settings": ready.settings, "plan": ready.plan, "environment": ready.records.environment,
-            "digest": ready.digest}
+            "digest": ready.digest, "config": None if ready.settings.current_config else ready.records.config}
 
 
 class _Search:
@@ -188,10 +201,51 @@ class _Search:
             return chosen
         return stage
 
-    def _replay(self, trial: Trial) -> tuple[str, str | None]:
+    # --- the recorded settings (``config_flags``) ---------------------------------------------
+
+    def flags(self) -> config_flags.FlagSearch:
+        """Which recorded non-default Inductor settings the failure needs, its stage known to be
+        inductor (the stage search's last bad replay ran with all of them)."""
+        if self.facts["config"] is None:
+            return config_flags.FlagSearch(status="not searched", reason="replayed with --current-config: no "
+                                           "recorded setting was applied")
+        found, left = config_flags.searchable(self.facts["config"])
+        return config_flags.search(found, left, self._gone_without)
+
+    def _gone_without(self, flags) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _OutOfTime()
+        defaults = {key: value for _, key, value in flags}
+        trial = Trial(backend=self.settings.backend, env={}, config={f.setting: f.default for f, _, _ in flags})
+        start = time.monotonic()
+        verdict, observed = self._replay(trial, defaults=defaults)
+        state = f"{len(flags)} at their defaults" if flags else "as recorded"
+        step = BisectStep(backend="inductor", subsystem="recorded settings", state=state,
+                          bisect_range=None, trial=trial, verdict=verdict, observed=observed,
+                          seconds=round(time.monotonic() - start, 3), replayed=True)
+        self.steps.append(step)
+        if self.on_step is not None:
+            with contextlib.redirect_stdout(self.stdout):
+                self.on_step(step)
+        return verdict != BAD
+
+    def config_only(self, log) -> CompilerBisection:
+        """``bisect compiler --config-only``: one replay as recorded (it must fail), then the
+        settings' search; no stage search."""
+        try:
+            reproduced = not self._gone_without([])
+            flags = self.flags() if reproduced else None
+        except _OutOfTime:
+            return self.result(None, "incomplete", None, log.getvalue().splitlines())
+        status = "not reproduced" if not reproduced else "found" if flags.status == "needed" else "no setting needed"
+        return self.result(None, status, None, log.getvalue().splitlines(), flags=flags)
+
+    def _replay(self, trial: Trial, defaults: dict | None = None) -> tuple[str, str | None]:
         env = dict(trial.env)
         backend = trial.backend
-        if trial.config and trial.env["TORCH_BISECT_BACKEND"] == "inductor":
+        if defaults:
+            env[FLAGS_ENV] = json.dumps(defaults)
+        if (trial.config and trial.env.get("TORCH_BISECT_BACKEND") == "inductor") or defaults:
             env[WRAPPED_ENV] = backend  # the config change is applied inside the recorded config
             backend = CONFIG_CHANGE_BACKEND
         request = {"path": self.path, "state": self.state,
@@ -211,7 +265,8 @@ class _Search:
 
     # --- the result --------------------------------------------------------------------------
 
-    def result(self, found, status: str, debug_info: str | None, log: list[str]) -> CompilerBisection:
+    def result(self, found, status: str, debug_info: str | None, log: list[str], *,
+               flags: config_flags.FlagSearch | None = None) -> CompilerBisection:
         import torch
 
         appear, disappear = self._around(found) if found is not None else (None, None)
@@ -222,7 +277,7 @@ class _Search:
             debug_info=debug_info, replayed_backend=self.settings.backend, appear=appear, disappear=disappear,
             steps=tuple(self.steps), replays=sum(1 for s in self.steps if s.replayed),
             other_failures=sum(1 for s in self.steps if s.verdict == OTHER),
-            seconds=round(time.monotonic() - self.started, 3), pytorch_log=tuple(log))
+            seconds=round(time.monotonic() - self.started, 3), pytorch_log=tuple(log), config_flags=flags)
 
     def _around(self, found) -> tuple[Trial, Trial | None]:
         """The settings that make the failure appear and disappear at the culprit.

@@ -12,6 +12,7 @@ apply it (``config_change_backend``); otherwise this is an ordinary isolated rep
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -30,10 +31,16 @@ inductor.import_compiler()
 WRAPPED_ENV = "REPROARCHIVE_BISECT_WRAPPED_BACKEND"
 
 
+#: recorded Inductor settings put back to their defaults (JSON: key -> value), for ``config_flags``
+FLAGS_ENV = "REPROARCHIVE_BISECT_INDUCTOR_DEFAULTS"
+
+
 def config_change_backend(gm, example_inputs):
     """The wrapped backend, compiled under the inductor config change the bisector is trying
-    (what ``torch.compile`` applies for it through ``_TorchCompileInductorWrapper``)."""
-    with inductor.patched_config(inductor.bisector_config_changes("inductor")):
+    (what ``torch.compile`` applies for it through ``_TorchCompileInductorWrapper``) and the
+    recorded settings the flag search puts back to their defaults."""
+    changes = {**inductor.bisector_config_changes("inductor"), **json.loads(os.environ.get(FLAGS_ENV) or "{}")}
+    with inductor.patched_config(changes):
         return resolve_backend(os.environ[WRAPPED_ENV])(gm, example_inputs)
 
 

@@ -14,6 +14,7 @@ import os
 import shlex
 from pathlib import Path
 
+from reproarchive.bisect.config_flags import FlagSearch
 from reproarchive.format.atomic import atomic_file
 from reproarchive.format.plain import PlainRecord, from_plain
 
@@ -84,14 +85,20 @@ class CompilerBisection(PlainRecord):
     other_failures: int
     seconds: float
     pytorch_log: tuple[str, ...]  # what torch._inductor.compiler_bisector printed, in order
+    # which recorded non-default Inductor settings the failure needs (``config_flags``); None
+    # where the stage search did not end at inductor
+    config_flags: FlagSearch | None = None
 
     COMPUTED = ("summary",)
 
     @property
     def summary(self) -> str:
-        """One line: where the failure is, or why nothing was named."""
-        if self.status != "found":
-            return f"bisect compiler: {self.status}"
+        """One line: where the failure is, or why nothing was named; and the settings it needs."""
+        flags = f"; {self.config_flags.text}" if self.config_flags is not None else ""
+        if self.status == "found" and self.backend is None and self.config_flags is not None:  # --config-only
+            return f"the failure {self.config_flags.text.removeprefix('it ')}"
+        if self.status != "found" or self.backend is None:
+            return f"bisect compiler: {self.status}{flags}"
         parts = [f"backend {self.backend}"]
         if self.subsystem:
             parts.append(f"subsystem {self.subsystem}")
@@ -99,7 +106,7 @@ class CompilerBisection(PlainRecord):
             parts.append(f"bisect number {self.bisect_number}")
         if self.debug_info:
             parts.append(f"({self.debug_info})")
-        return "the failure is in " + ", ".join(parts)
+        return "the failure is in " + ", ".join(parts) + flags
 
 
 def sidecar_path(archive: str | os.PathLike) -> Path:

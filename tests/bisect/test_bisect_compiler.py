@@ -194,3 +194,21 @@ def test_the_summary_carries_the_recorded_config_a_pasted_report_needs(tmp_path,
     assert "import torch._inductor.config" in code
     assert "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = 'compile_error'" in code
     compile(code, "summary", "exec")  # pastes as Python
+
+    # which recorded setting the failure needs: as recorded it fails, with the flag at its default
+    # it does not (the stage search is left out: --config-only)
+    result = invoke("bisect", "compiler", archive, "--config-only", "--json", "--summary", summary)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    _validate(document)
+    flags = document["config_flags"]
+    assert document["status"] == "found" and document["backend"] is None and flags["status"] == "needed", flags
+    (needed,) = flags["needed"]
+    assert needed == {"setting": "torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY",
+                      "recorded": "'compile_error'", "default": "None"}
+    steps = [(s["state"], s["verdict"]) for s in document["steps"]]
+    assert steps[:2] == [("as recorded", "bad"), (f"{len(flags['searched'])} at their defaults", "good")], steps
+    assert document["summary"] == ("the failure needs torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "
+                                   "'compile_error' (default None)")
+    assert "the recorded settings it needs" in summary.read_text()
+    assert not Path(str(archive) + ".bisect.json").exists()  # a search of the settings alone stores nothing
