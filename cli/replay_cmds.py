@@ -126,8 +126,8 @@ RUN_EPILOG = exit_codes(
           "another device type), or the launcher started no rank of a multi-rank job"),
     (125, "inconclusive: the recorded failure did not appear, but not under the conditions the archive "
           "records (a symbolic recording without its shape policy, random draws without the RNG state, a "
-          "custom op stood in by its recorded outputs, a rank run alone on made-up collective values): no "
-          "evidence either way"),
+          "custom op stood in by its recorded outputs, a rank run alone on made-up collective values, inputs "
+          "that require grad without the recorded grad mode): no evidence either way"),
     INTERRUPTED,
 ) + """
 \b

@@ -108,7 +108,8 @@ def replay_graph(
     warnings.extend(shape_policy.warnings_for(shape_report))
     outcome = _verdict(records, setup, args, settings.backend, ran, report_differences=report_differences,
                        shapes=shape_report, randomness=randomness, rule=rule)
-    return unless_faithful(outcome, _unfaithful(shape_report, ops, rng_states, records.failure))
+    return unless_faithful(outcome, _unfaithful(shape_report, ops, rng_states, records.failure)
+                           + _state_unknown(records, args))
 
 
 @dataclasses.dataclass
@@ -220,6 +221,20 @@ def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mappin
         out.append(f"the graph draws random numbers ({', '.join(ops)}) but the archive does not hold the RNG "
                    "state of the failing run: the replay drew other numbers")
     return out
+
+
+def _state_unknown(records: Records, args: list[Any]) -> list[str]:
+    """What an unrecorded execution state could have changed in what this replay compiled
+    (``outcome.unless_faithful``): grad mode decides whether AOTAutograd compiles a joint graph
+    for an after_dynamo graph whose inputs require grad. An after_aot graph is replayed with grad
+    off, as AOTAutograd runs it, with its autocast casts among its ops; a graph no input of which
+    requires grad compiles the same forward either way."""
+    if records.execution is not None or records.graph_kind == "after_aot":
+        return []
+    if not any(t.requires_grad for t in _iter_tensors(args)):
+        return []
+    return ["the grad mode of the failing run was not recorded and inputs require grad: the replay compiled "
+            "under this process's grad mode (forward and backward), which the failing run may not have had"]
 
 
 def _randomness(ops: list[str], rng_states: Mapping[str, Any] | None) -> tuple[str, list[str]]:

@@ -218,7 +218,10 @@ def test_module_function_backend_and_recorded_crash_reproduces(tmp_path, helper_
              "traceback": "", "signature": failure_mod.signature("crash", "SIGABRT", ""),
              "backend": f"{helper_module}:abort_backend", "accuracy": None}
     path = tmp_path / "crash.tar.zst"
-    reproarchive.pack(graphs[0], [x, y], path, backend=f"{helper_module}:abort_backend", failure=crash)
+    # the grad mode the graph ran under, which pack() outside a backend cannot see: without it a
+    # pass of a graph whose inputs require grad would be inconclusive
+    reproarchive.pack(graphs[0], [x, y], path, backend=f"{helper_module}:abort_backend", failure=crash,
+                      execution={"grad_enabled": True})
     # A recorded module:function backend is imported only when the user names it.
     with pytest.raises(reproarchive.ReproArchiveError, match="--backend"):
         reproarchive.run(path)

@@ -233,6 +233,16 @@ def test_a_compile_that_passed_replays_as_passed(packed):
     assert reproarchive.run(packed["graph_break"]["0/0"]).status == "passed"
 
 
+def test_a_pass_without_the_recorded_grad_mode_is_inconclusive(packed):
+    """A log records no grad mode. The Linear's weight requires grad, so the replay's grad mode
+    decides whether AOTAutograd compiles forward and backward: a pass there is no evidence (125).
+    The graph-break job's first graph has no such input and compiles the same either way."""
+    outcome = reproarchive.run(packed["compile_error"]["0/0"], backend="aot_eager")
+    assert (outcome.status, outcome.exit_code) == ("inconclusive", 125), outcome.to_dict()
+    assert any("grad mode of the failing run was not recorded" in u for u in outcome.unfaithful), outcome.unfaithful
+    assert reproarchive.run(packed["graph_break"]["0/0"]).status == "passed"
+
+
 def test_records_say_where_the_failure_came_from(packed):
     logged = reproarchive.inspect(packed["compile_error"]["0/0"]).to_plain()
     assert logged["source"]["replay"]["failure_from"] == "log"
