@@ -59,7 +59,7 @@ def trace_repro(mod) -> tuple[Any, list[str]]:
             def record(op, args, kwargs):
                 return self.create_proxy("call_function", op, args, kwargs)
 
-            with _CallsStayNodes(self), hop_calls_recorded(record, lambda v: isinstance(v, fx.Proxy)):
+            with _calls_stay_nodes(self), hop_calls_recorded(record, lambda v: isinstance(v, fx.Proxy)):
                 return super().trace(root, concrete_args)
 
     class _Inline(_Leaf):
@@ -97,7 +97,7 @@ def _subgraph_traced(gm, target: str) -> list[str]:
     return notes
 
 
-def _CallsStayNodes(tracer):
+def _calls_stay_nodes(tracer):
     """A torch function mode under which a call of the graph's code that takes no graph value
     (``aten.rand.default([8, 8], device=...)``, ``prims.inductor_seeds.default(1, device)``,
     ``torch.zeros(3)``) is recorded as a node, as it was in the graph PyTorch wrote, instead of
