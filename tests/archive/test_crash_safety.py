@@ -200,5 +200,6 @@ def test_kill_minify(tmp_path):
     result = kill_during("minify", src, final, threshold=0, timeout=180)
     if result["killed_at"] is None:
         pytest.fail(f"minify never started writing {final.name}: rc={result['returncode']} {result['stderr'][-800:]}")
-    assert not final.exists(), "a killed minify left an archive under the final name"
+    # the minified archive is small: on a loaded machine its write and rename can both land
+    # between seeing the temporary and the signal; then what is there must be whole
     _check_outcome(final, result, ".partial")
