@@ -358,6 +358,10 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         backend_origin = "--backend"
     failure, diagnostics = trace_facts.failure_record(c, backend=chosen_backend)
     real_script = _real_data_script(c, event, warnings) if graph_from == "fx_graph_runnable" else None
+    if graph_from != "fx_graph_runnable" and c.runnables() and _debug_runnables(c):
+        warnings.append("TORCH_COMPILE_DEBUG's runnables (with the data TORCH_COMPILE_DEBUG_SAVE_REAL kept) lie "
+                        "next to the log, but PyTorch's runnable is not used for this compile: the Dynamo graph's "
+                        "inputs stay absent")
     config_values, config_notes = trace_facts.config_values(c)
     warnings += config_notes
     if chosen_backend is None:

@@ -329,6 +329,7 @@ def test_a_graph_with_a_cond_packs_replays_and_minifies_into_the_branch(packed_r
     (report,) = packed_results["hop_inductor"].packed
     assert report.graph_from == "dynamo_output_graph"
     assert any("fx_graph_runnable for [0/0] is not valid Python" in w for w in report.warnings), report.warnings
+    assert any("TORCH_COMPILE_DEBUG's runnables" in w and "inputs stay absent" in w for w in report.warnings)
     archive = packed["hop_inductor"]["0/0"]
     repro = reproarchive.load(archive)
     assert any(n.target is torch.ops.higher_order.cond for n in repro.gm.graph.nodes)

@@ -97,7 +97,8 @@ PROGRAMS = {
     """),
     # a torch.cond whose true branch holds the relu, under Inductor with its C++ relu bug: the log's
     # fx_graph_runnable is not Python (PyTorch prints the branches as `<lambda>()`), so the
-    # archive is made from the Dynamo graph with its subgraphs
+    # archive is made from the Dynamo graph with its subgraphs (under TORCH_COMPILE_DEBUG too, whose
+    # saved data belongs to that runnable)
     "hop_inductor": textwrap.dedent("""
         import torch
         torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
@@ -110,17 +111,19 @@ PROGRAMS = {
 }
 
 TRACE_DIR = "trace"
+#: jobs run under TORCH_COMPILE_DEBUG with their real tensors saved (their trace goes beside them)
+DEBUG_JOBS = ("inductor_real", "hop_inductor")
 
 
 def start(folder: Path, name: str) -> subprocess.Popen:
     """Start job ``name`` in ``folder`` with TORCH_TRACE=folder/trace (or TORCH_COMPILE_DEBUG for
-    ``inductor_real``); the caller waits, so several jobs can run at once."""
+    ``DEBUG_JOBS``); the caller waits, so several jobs can run at once."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "job.py").write_text(PROGRAMS[name])
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TORCHDYNAMO_REPRO", "TORCH_COMPILE_DEBUG", "TORCH_TRACE", "TORCH_LOGS"))}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if name == "inductor_real":
+    if name in DEBUG_JOBS:
         # torch 2.13 and later trace into torch_compile_debug/tlparse under TORCH_COMPILE_DEBUG by
         # themselves; older releases only where TORCH_TRACE says
         env.update(TORCH_COMPILE_DEBUG="1", TORCH_COMPILE_DEBUG_SAVE_REAL="1",
@@ -133,7 +136,7 @@ def start(folder: Path, name: str) -> subprocess.Popen:
 
 def trace_of(folder: Path, name: str) -> Path:
     """The folder the job's trace went to."""
-    return folder / ("torch_compile_debug/tlparse" if name == "inductor_real" else TRACE_DIR)
+    return folder / ("torch_compile_debug/tlparse" if name in DEBUG_JOBS else TRACE_DIR)
 
 
 def finish(proc: subprocess.Popen, folder: Path, name: str, timeout: float = 300) -> Path:
