@@ -28,7 +28,7 @@ OVER_FUNCTIONS = {
     "reproarchive/standalone/job_script.py:write_job_export": 75,
     "reproarchive/format/reader.py:ContainerReader._read_tail": 74,
     "reproarchive/standalone/script.py:_Script.build": 73,
-    "reproarchive/sources/trace_import.py:_job": 71,
+    "reproarchive/sources/trace_import.py:_job": 64,
     "reproarchive/sources/dump_import.py:pack_dump": 71,
     "reproarchive/minifier/candidate.py:Recording.__init__": 71,
     "reproarchive/codec/targets.py:check_graph_targets": 68,

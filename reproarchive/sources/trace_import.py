@@ -343,25 +343,39 @@ def _real_data_script(c: Compile, runnable: trace_log.TraceEvent, warnings: list
     return str(matches[0][0]) if matches else None
 
 
+def _backend_of(trace: Trace, c: Compile, graph_from: str, backend: str | None) -> tuple[str | None, str]:
+    """(the backend the archive records, where that came from): ``--backend``, else the log's
+    (a runnable is Inductor's input)."""
+    logged_backend, origin = trace_facts.backend_from_log(c, trace)
+    if graph_from == "fx_graph_runnable":
+        logged_backend, origin = "inductor", "fx_graph_runnable is Inductor's input"
+    if backend and logged_backend and backend != logged_backend:
+        origin = f"--backend (the log says {logged_backend})"
+    elif backend:
+        origin = "--backend"
+    return backend or logged_backend, origin
+
+
+def _real_data(c: Compile, graph_from: str, event: trace_log.TraceEvent, warnings: list[str]) -> str | None:
+    """The TORCH_COMPILE_DEBUG_SAVE_REAL runnable whose data the archive takes, if any; where the
+    runnable is set aside, a warning that the data beside the log is not used."""
+    if graph_from == "fx_graph_runnable":
+        return _real_data_script(c, event, warnings)
+    if c.runnables() and _debug_runnables(c):
+        warnings.append("TORCH_COMPILE_DEBUG's runnables (with the data TORCH_COMPILE_DEBUG_SAVE_REAL kept) lie "
+                        "next to the log, but PyTorch's runnable is not used for this compile: the Dynamo graph's "
+                        "inputs stay absent")
+    return None
+
+
 def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy: bool, replay: bool, out: Path,
          cwd: Path) -> dict[str, Any]:
     """Everything the child needs for one compile, as plain JSON (the child never reads the log)."""
     warnings: list[str] = []
     graph_from, event = _choose_graph(c, graph, trace.problems, warnings)
-    logged_backend, backend_origin = trace_facts.backend_from_log(c, trace)
-    if graph_from == "fx_graph_runnable":
-        logged_backend, backend_origin = "inductor", "fx_graph_runnable is Inductor's input"
-    chosen_backend = backend or logged_backend
-    if backend and logged_backend and backend != logged_backend:
-        backend_origin = f"--backend (the log says {logged_backend})"
-    elif backend:
-        backend_origin = "--backend"
+    chosen_backend, backend_origin = _backend_of(trace, c, graph_from, backend)
     failure, diagnostics = trace_facts.failure_record(c, backend=chosen_backend)
-    real_script = _real_data_script(c, event, warnings) if graph_from == "fx_graph_runnable" else None
-    if graph_from != "fx_graph_runnable" and c.runnables() and _debug_runnables(c):
-        warnings.append("TORCH_COMPILE_DEBUG's runnables (with the data TORCH_COMPILE_DEBUG_SAVE_REAL kept) lie "
-                        "next to the log, but PyTorch's runnable is not used for this compile: the Dynamo graph's "
-                        "inputs stay absent")
+    real_script = _real_data(c, graph_from, event, warnings)
     config_values, config_notes = trace_facts.config_values(c)
     warnings += config_notes
     if chosen_backend is None:
