@@ -42,9 +42,11 @@ def check_readable_here(index: Index, *, replaying: bool = True) -> list[str]:
 def _stand_in_targets(index: Index) -> set[str]:
     """The graph targets of the custom ops the archive records (``torch.ops.ns.op.overload``, and
     the packet ``torch.ops.ns.op`` a Dynamo graph calls for a ``default`` overload)."""
+    from reproarchive.codec.custom_ops import target_name
+
     targets = set()
     for record in index.custom_ops or ():
-        name = "torch.ops." + record.name.replace("::", ".", 1)
+        name = target_name(record.name)
         targets.update((name, name.removesuffix(".default")) if name.endswith(".default") else (name,))
     return targets
 

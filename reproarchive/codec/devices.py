@@ -298,6 +298,14 @@ def remap_graph_devices(gm: Any, spec: DeviceSpec | Callable[[str], str]) -> int
     return changed
 
 
+def graph_devices(gm: Any) -> list[str]:
+    """Every device ``gm`` and its subgraphs name, as ``remap_graph_devices`` reads them (typed
+    devices, ``device=`` strings, ``.to("cuda")``, ``.cuda()``), in first-seen order."""
+    seen: list[str] = []
+    remap_graph_devices(gm, lambda name: seen.append(name) or name)  # maps each to itself: changes nothing
+    return list(dict.fromkeys(seen))
+
+
 def is_device_name(text: str) -> bool:
     import torch
 

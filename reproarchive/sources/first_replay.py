@@ -38,25 +38,11 @@ def _concrete(gm, args: list[Any]) -> tuple[list[Any], int]:
 
 
 def _devices_missing_here(gm, args: list[Any]) -> list[str]:
-    """The devices the inputs and the graph's own constants (``device=...`` of a factory, a
-    ``torch.device`` argument) name that this machine lacks, in first-seen order."""
-    import torch
+    """The devices the inputs and the graph's own constants name that this machine lacks, in
+    first-seen order."""
+    from reproarchive.codec.devices import graph_devices, is_available
 
-    from reproarchive.codec.devices import is_available, is_device_name
-    from reproarchive.compat.pytree import tree_leaves
-
-    named: list[str] = []
-    for arg in args:
-        device = getattr(arg, "device", None)
-        if device is not None:
-            named.append(str(device))
-    for node in gm.graph.nodes:
-        for value in tree_leaves((node.args, node.kwargs)):
-            if isinstance(value, torch.device):
-                named.append(str(value))
-        text = node.kwargs.get("device")
-        if isinstance(text, str) and is_device_name(text):
-            named.append(text)
+    named = [str(arg.device) for arg in args if getattr(arg, "device", None) is not None] + graph_devices(gm)
     return [name for name in dict.fromkeys(named) if not is_available(name)]
 
 
