@@ -29,6 +29,7 @@ Exit codes:
   4    an input file or folder (an archive included) is missing or unusable, or a store
        or the name asked for in it does not exist
   5    a store cannot be reached or answered an error (push, pull, ls, --store)
+  6    run: passed, compile only (compiled for the recorded GPU without it; nothing ran)
   70   internal error (a bug in reproarchive; --debug shows the traceback)
   125  run: cannot run here (device or backend unavailable; or a multi-rank job's collectives,
        which replay only with its ranks launched)

@@ -6,8 +6,8 @@ import click
 
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
+from .options import implementations
 from .progress import byte_bars
-from .replay_cmds import implementations
 from .text import difference_line, failure_title, human_size, index_digest, terminal_safe
 
 

@@ -8,7 +8,7 @@ from .app import emit_json, main
 from .bisect_text import compiler_lines, env_line, step_line, summary, torch_lines
 from .bug_report import recorded_settings
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, USAGE, exit_codes
-from .replay_cmds import DEVICE
+from .options import DEVICE
 from .text import terminal_lines
 
 COMPILER_EPILOG = exit_codes(

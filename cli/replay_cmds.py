@@ -10,59 +10,9 @@ import click
 from .app import emit_json, main
 from .bug_report import minify_summary
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
+from .options import DEVICE, MAX_MEMORY, implementations
 from .progress import byte_bars, minify_status
 from .text import difference_line, terminal_lines, terminal_safe
-
-
-class DeviceOption(click.ParamType):
-    """``--device``: ``cpu``, ``cuda:1``, or a mapping ``cuda:0=cpu,cuda:1=cpu``."""
-
-    name = "DEV"
-
-    def convert(self, value, param, ctx):
-        if not isinstance(value, str):
-            return value
-        text = value.strip()
-        if not text:
-            return None
-        if "=" not in text:
-            return text
-        mapping: dict[str, str] = {}
-        for item in text.split(","):
-            src, sep, dst = item.partition("=")
-            if not sep or not src.strip() or not dst.strip():
-                self.fail(f"bad mapping {item.strip()!r}: write it as RECORDED=TARGET, e.g. cuda:0=cpu,cuda:1=cpu",
-                          param, ctx)
-            mapping[src.strip()] = dst.strip()
-        return mapping
-
-
-DEVICE = DeviceOption()
-
-class SizeOption(click.ParamType):
-    """``--max-memory``: bytes, or a number with K, M, G or T (powers of 1024): ``512M``, ``8G``."""
-
-    name = "SIZE"
-    _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
-        number, unit = (text[:-1], text[-1]) if text[-1:] in self._UNITS and text[-1:] else (text, "")
-        try:
-            size = float(number) * self._UNITS[unit]
-        except ValueError:
-            self.fail(f"{value!r} is not a size: write bytes or a number with K, M, G or T (e.g. 8G)", param, ctx)
-        if size <= 0:
-            self.fail(f"{value!r} must be positive", param, ctx)
-        return int(size)
-
-
-MAX_MEMORY = click.option(
-    "--max-memory", type=SizeOption(), default=None, metavar="SIZE",
-    help="Refuse an archive whose storages (real and generated) need more than SIZE (e.g. 8G) before "
-         "allocating anything. Default: the memory available on this machine (and each device's free memory).")
 
 
 def _job_options(fn):
@@ -102,28 +52,20 @@ def launcher_passthrough(values: dict) -> tuple[str, ...]:
             out += [name, str(value)]
     return tuple(out)
 
-def implementations(fn):
-    """``--import MODULE`` / ``--load-library PATH``: the real implementation of a custom op the
-    archive's graph calls, brought by the user (an archive never names what gets imported)."""
-    fn = click.option("--load-library", "libraries", multiple=True, metavar="PATH",
-                      type=click.Path(exists=True, dir_okay=False, resolve_path=True),
-                      help="Load the shared library PATH (torch.ops.load_library) first: the real "
-                           "implementation of a C++ custom op. Repeatable.")(fn)
-    return click.option("--import", "imports", multiple=True, metavar="MODULE",
-                        help="Import MODULE first: the real implementation of a Python custom op "
-                             "(without it a custom op missing here replays from its recorded outputs). "
-                             "Repeatable.")(fn)
-
 
 RUN_EPILOG = exit_codes(
     (0, "passed: the graph compiled and ran (and matched eager with --accuracy); a job: on every rank"),
     (1, "reproduced: it failed the way the archive recorded (a job: on the rank that failed when recorded)"),
     (2, "usage error, or the archive is invalid, damaged, unsafe or too new"),
     (3, "different failure: it failed, but not the way the archive recorded"),
-    ARCHIVE_MISSING, STORE_MISSING, STORE_UNREACHABLE, INTERNAL,
+    ARCHIVE_MISSING, STORE_MISSING, STORE_UNREACHABLE,
+    (6, "passed, compile only: the graph compiled (for the recorded GPU, without it) and nothing ran; git "
+        "bisect reads 6 as bad, so map it: s=$?; [ $s -eq 6 ] && exit 0"),
+    INTERNAL,
     (125, "cannot run here: the device or the backend is not available, or the archive was recorded on a "
           "device this machine lacks (--device cpu runs it on the CPU, and the verdict then says it ran on "
-          "another device type), or the launcher started no rank of a multi-rank job"),
+          "another device type) and its recorded failure is not one a compile alone shows (or this torch is a "
+          "CPU-only build), or the launcher started no rank of a multi-rank job"),
     (125, "inconclusive: the recorded failure did not appear, but not under the conditions the archive "
           "records (a symbolic recording without its shape policy, random draws without the RNG state, a "
           "custom op stood in by its recorded outputs, a rank run alone on made-up collective values, inputs "
@@ -178,6 +120,10 @@ Exit codes:
 @click.option("--tol", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Accuracy tolerance (default 1e-3).")
 @click.option("--only-fwd", is_flag=True, help="Run forward only, never backward.")
+@click.option("--compile-only/--no-compile-only", default=None,
+              help="Compile the graph and launch nothing: for a GPU this machine lacks, for the GPU the archive "
+                   "describes (fake tensors of that device, Triton compiled for its target). Default: on when the "
+                   "recorded device is absent here and the recorded failure is a compile error.")
 @click.option("--isolate/--no-isolate", default=None,
               help="Replay in a child process so a segfault or abort is reported as a crash "
                    "(default: when the recorded failure is a crash, unknown or not recorded).")
@@ -210,7 +156,7 @@ Exit codes:
 @JOB_OPTIONS
 @implementations
 @click.pass_context
-def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, current_config, as_json,
+def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only, isolate, current_config, as_json,
             minify, output, max_time, strict_accuracy, jobs, shrink_inputs, summary_path, quiet, max_memory, rank,
             single_process, timeout, imports, libraries, **rendezvous):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
@@ -233,7 +179,7 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, isolate, cur
     settings = reproarchive.ReplaySettings(
         backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
         strict_accuracy=strict_accuracy or not minify, device=device, max_memory=max_memory, imports=imports,
-        libraries=libraries)
+        libraries=libraries, compile_only=compile_only)
     launcher = launcher_passthrough(rendezvous)
     if minify and (rank is not None or single_process or launcher):
         raise click.UsageError("--rank, --single-process and the launcher's options do not apply with --minify")
@@ -363,14 +309,17 @@ def format_outcome(outcome) -> str:
              "inconclusive": "INCONCLUSIVE"}
     moved = ("" if outcome.same_device_type
              else f" ON ANOTHER DEVICE TYPE ({outcome.device}, recorded on {outcome.recorded_device})")
-    lines.append(f"{label.get(outcome.status, outcome.status.upper())}{moved}"
+    only = getattr(outcome, "compile_only", None)
+    lines.append(f"{label.get(outcome.status, outcome.status.upper())}{' (COMPILE ONLY)' if only else ''}{moved}"
                  f"{versions_clause(outcome)} (exit {outcome.exit_code})")
     for reason in outcome.unfaithful:  # what the replay could not honour: a pass is no evidence
         lines.append(f"  not as recorded: {terminal_safe(reason)}")
     lines.append(f"  replayed  backend {outcome.backend} on {outcome.device}, {outcome.config} config"
                  + (", isolated" if outcome.isolated else "")
-                 + ("" if outcome.observed is not None and outcome.observed.stage in ("compile", "crash")
+                 + ("" if only or (outcome.observed is not None and outcome.observed.stage in ("compile", "crash"))
                     else ", forward+backward" if outcome.ran_backward else ", forward only"))
+    if only:
+        lines.append(f"  compiled  {terminal_safe(only)}; nothing was launched")
     if outcome.stand_ins:
         lines.append(f"  stand-ins {', '.join(outcome.stand_ins)} "
                      "(custom ops or Triton kernels not here: see the warnings)")

@@ -68,6 +68,9 @@ class Repro:
     # custom ops replayed from them, and Triton kernels (``triton:<name>``)
     stand_ins: list[str] = dataclasses.field(default_factory=list)
     rng_states: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # set by a replay that only compiles (``replay.compile_only.CompileOnly``): every judgement of
+    # this archive, a minifier's candidates included, compiles and launches nothing
+    compile_only: Any = None
 
     @property
     def records(self) -> Records:
@@ -209,7 +212,7 @@ def rebuild(reader: ContainerReader, graph: Any, inputs: Sequence[Any], records:
     for i in (execution.inference_inputs or ()) if execution is not None else ():
         if isinstance(args[i], torch.Tensor):  # an inference tensor, as recorded (spec §8 execution)
             args[i] = rebuilt_as_inference(args[i])
-    fidelity = [input_fidelity(r, table) for r in inputs]
+    fidelity = [input_fidelity(r, table, targets) for r in inputs]
     absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
     if absent:
         names = ", ".join(str(getattr(inputs[i], "name", None) or i) for i in absent[:8])
@@ -284,6 +287,9 @@ def _read_blobs(reader: ContainerReader, jobs: list[tuple[str, int, torch.device
 
     def read(r: ContainerReader, job) -> None:
         dg, size, dev = job
+        if dev.type == "meta":  # shapes without data (a compile-only replay): nothing to read
+            out[dg] = torch.UntypedStorage(size, device="meta")
+            return
         host = torch.empty(size, dtype=torch.uint8).untyped_storage()
         prefault(host.data_ptr(), size)
         r.read_member_into(digests.blob_member_name(dg), storage_view(host))
@@ -327,9 +333,11 @@ def _read_blobs(reader: ContainerReader, jobs: list[tuple[str, int, torch.device
     return out
 
 
-def input_fidelity(rec: Any, storages: Sequence[StorageRecord]) -> str:
-    """``real`` or ``absent`` for an input with tensor data (absent if any of it is), else ``value``."""
-    found = {storages[t.storage].fidelity for t in rec.tensors()}
+def input_fidelity(rec: Any, storages: Sequence[StorageRecord], targets: Sequence[Any] = ()) -> str:
+    """``real`` or ``absent`` for an input with tensor data (absent if any of it is, or was loaded
+    onto ``meta`` by ``targets``: a compile-only replay reads no data), else ``value``."""
+    found = {FIDELITY_ABSENT if targets and targets[t.storage] is not None and targets[t.storage].type == "meta"
+             else storages[t.storage].fidelity for t in rec.tensors()}
     if FIDELITY_ABSENT in found:
         return FIDELITY_ABSENT
     return FIDELITY_REAL if found else "value"

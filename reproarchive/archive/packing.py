@@ -141,10 +141,10 @@ class Prepared:
 
 
 def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records | Mapping[str, Any] | None, *,
-             custom_ops: Sequence[LiveCustomOp] | None = None, rng_states: Mapping[str, torch.Tensor] | None = None
-             ) -> Prepared:
+             custom_ops: Sequence[LiveCustomOp] | None = None, rng_states: Mapping[str, torch.Tensor] | None = None,
+             device_names: Mapping[str, str] | None = None) -> Prepared:
     """Everything an archive of ``gm`` holds but its blobs (``Prepared``).
-    ``custom_ops``/``rng_states``: as ``pack`` takes them."""
+    ``custom_ops``/``rng_states``/``device_names``: as ``pack`` takes them."""
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -161,7 +161,7 @@ def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records
     if records.execution is not None:  # the inputs stored here (a minified archive's are others)
         records = dataclasses.replace(records, execution=dataclasses.replace(
             records.execution, inference_inputs=inference_inputs(inputs)))
-    table = StorageTable()
+    table = StorageTable(device_names)
     input_records = tensor_codec.encode_inputs(inputs, table, [n.name for n in placeholders],
                                                [graph_codec.dynamic_dims(n) for n in placeholders])
     graph_record = graph_codec.encode_graph(gm, table)
@@ -188,22 +188,22 @@ def pack(
     progress: ProgressFn | None = None,
     custom_ops: Sequence[LiveCustomOp] | None = None,
     rng_states: Mapping[str, torch.Tensor] | None = None,
+    device_names: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
 
-    ``job`` (spec §8, 1.3): the job record of one rank of a multi-rank job (its part, which
-    ``archive.job_merge`` joins with the other ranks'); its ranks' own inputs, if any, must
-    already point into storages of this archive, so a part lists only itself.
-    The records are stored as given (``created_by`` is this writer's); a capture source writes
-    through ``archive.writing.write_capture``, which redacts them first. Data frames that zstd
-    ``level`` would shrink by less than ``min_saving`` are stored uncompressed (cheaper to write
-    and to read); ``min_saving=0`` compresses every frame. ``rng_states``: the generator states
-    (device name -> uint8 state tensor, ``codec.rng.rng_snapshot``) the failing call started
-    from, stored as storages; the ``rng`` record is this graph's (``records.rng`` is replaced:
-    its storage numbers were another table's).
-    """
+    ``job`` (spec §8, 1.3): one rank's job record (its part, which ``archive.job_merge`` joins
+    with the others'); its ranks' own inputs must already point into storages of this archive.
+    The records are stored as given (``created_by`` is this writer's); capture sources write
+    through ``archive.writing.write_capture``, which redacts them first. Frames that zstd
+    ``level`` shrinks by less than ``min_saving`` are stored uncompressed (0: compress all).
+    ``rng_states``: the generator states (device -> uint8 tensor, ``codec.rng.rng_snapshot``)
+    the failing call started from, stored as storages (``records.rng`` is replaced).
+    ``device_names``: a storage's recorded device by its tensor's device here, where they differ
+    (a compile-only minify holds an absent GPU's tensors on meta: ``{"meta": "cuda:0"}``)."""
     digests.check_algorithm(digest)
-    ready = prepared(gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states)
+    ready = prepared(gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states,
+                     device_names=device_names)
     table, code = ready.table, ready.code
 
     real = [i for i, r in enumerate(table.records) if r.is_real]

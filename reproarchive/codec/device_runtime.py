@@ -222,6 +222,41 @@ class CudaRuntime(ModuleRuntime):
         return info
 
 
+class DescribedCudaRuntime(DeviceRuntime):
+    """CUDA devices this machine lacks, known by their recorded description
+    (``codec.gpu_description``): nothing here to wait for, draw from or allocate on, but a
+    compile can be made for them (``compiling``: ``replay.compile_only``). ``gpus`` maps a device
+    index to the properties the recording machine's ``get_device_properties`` gave."""
+
+    type = "cuda"
+
+    def __init__(self, gpus: dict[int, dict[str, Any]]):
+        self.gpus = {int(i): dict(p) for i, p in gpus.items()}
+
+    def properties(self, device: Any) -> dict[str, Any]:
+        return {"type": "cuda", **self.gpus[self._index(device)], "described": True}
+
+    def _index(self, device: Any) -> int:
+        import torch
+
+        dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        return min(self.gpus) if dev.index is None else dev.index
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why this process cannot compile for a described device (None: it can)."""
+        from reproarchive.compat.absent_gpu import unavailable_reason
+
+        return unavailable_reason()
+
+    def compiling(self) -> contextlib.AbstractContextManager:
+        """For the ``with`` body, torch and Triton see these devices, and every compile stops at
+        the cubin (``compat.absent_gpu``); yields what the compile could not time on them."""
+        from reproarchive.compat.absent_gpu import compiling_for
+
+        return compiling_for(self.gpus)
+
+
 class MetaRuntime(DeviceRuntime):
     """``meta`` tensors hold no data: nothing to wait for, no generator, no memory."""
 

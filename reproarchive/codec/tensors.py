@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -140,7 +140,9 @@ class StorageTable:
     the bytes are hashed (``resolve``); ``sources`` holds each real storage (None when absent).
     """
 
-    def __init__(self):
+    def __init__(self, device_names: Mapping[str, str] | None = None):
+        # the device a storage is recorded on, by its tensor's device here (``pack``)
+        self.device_names = dict(device_names or {})
         self.records: list[StorageRecord] = []
         self.sources: list[torch.UntypedStorage | None] = []
         self._by_id: dict[int, int] = {}
@@ -166,6 +168,7 @@ class StorageTable:
         return self._add(None, size, str(torch.device(a.device)), key=None)
 
     def _add(self, source, size: int, device: str, key) -> int:
+        device = self.device_names.get(device, device)
         if key is not None and key in self._by_id:
             return self._by_id[key]
         fidelity = FIDELITY_ABSENT if source is None else FIDELITY_REAL

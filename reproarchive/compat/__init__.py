@@ -26,7 +26,10 @@ themselves (``tests/test_private_torch.py`` reads every module and fails when on
   subclasses torch defines in private modules;
 * ``pytree``: ``torch.utils._pytree`` and ``torch.fx._pytree``;
 * ``config_modules``: ``torch.utils._config_module`` (what a torch config module is);
-* ``nn``: ``torch.nn``'s private base classes.
+* ``nn``: ``torch.nn``'s private base classes;
+* ``absent_gpu``: ``torch.cuda``, Dynamo's CUDA device interface, Inductor's device-facing steps
+  and Triton's driver answering from a recorded GPU description while a compile for a GPU this
+  machine lacks runs (the one compat module that also reaches Triton).
 
 Each module says why it exists and what changed between the torch versions it was checked with
 (``CHECKED_WITH``), and lists the private names it touches (``PRIVATE_NAMES``, kept equal to what

@@ -91,8 +91,10 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     calls and its generator states: every candidate is judged from them (``replay_repro``), so
     the result keeps them."""
     minify = as_records({"minify": stats}).minify if stats is not None else None
+    only = repro.compile_only  # an absent GPU's tensors are on meta here, and are that GPU's in the archive
     pack(gm, inputs, path, records=minified_records(repro.records, repro.digest, repro.gm, gm, inputs, minify),
-         custom_ops=repro.custom_ops, rng_states=repro.rng_states)
+         custom_ops=repro.custom_ops, rng_states=repro.rng_states,
+         device_names={"meta": only.absent[0]} if only is not None and only.absent else None)
 
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:

@@ -24,6 +24,9 @@ EXIT_PASSED = 0
 EXIT_REPRODUCED = 1
 EXIT_DIFFERENT = 3
 EXIT_INCONCLUSIVE = 125
+#: Passed, but only compiled (``replay.compile_only``): the compile that failed now succeeds for
+#: the recorded device, which was not here; nothing ran, so it is not "good" (0).
+EXIT_COMPILED_ONLY = 6
 
 PASSED = "passed"
 REPRODUCED = "reproduced"
@@ -36,7 +39,8 @@ class Outcome:
     """What one replay found; ``to_dict()`` is what ``reproarchive run --json`` prints.
 
     status: "passed", "reproduced", "different failure" or "inconclusive" (no failure, but not
-    under the recorded conditions: ``unfaithful`` says which); exit_code: 0, 1, 3 or 125 to match.
+    under the recorded conditions: ``unfaithful`` says which); exit_code: 0 (6 when it only
+    compiled), 1, 3 or 125 to match.
     observed / recorded: failure records (None when it passed / when nothing was recorded).
     accuracy: the compiled-vs-eager comparison with per-output figures, when it was checked.
     differences: what differs between the recording machine and this one that could explain
@@ -53,6 +57,8 @@ class Outcome:
     torch / recorded_torch: the torch version that replayed it and the one that recorded it
     (None: not recorded); ``across_versions`` when their releases differ, and then a verdict
     is about this torch, not the recorded one ("PASSED on torch X (recorded on Y)").
+    compile_only: the replay compiled the graph and ran nothing, and for what (``compiled for
+    cuda:0 sm_90 (NVIDIA H200) without the device``); a pass then exits 6, not 0.
     """
 
     status: str
@@ -78,6 +84,7 @@ class Outcome:
     torch: str | None = None
     recorded_torch: str | None = None
     unfaithful: list[str] = dataclasses.field(default_factory=list)  # what the replay could not honour
+    compile_only: str | None = None  # compiled and launched nothing: for what (``replay.compile_only``)
 
     @property
     def across_versions(self) -> bool:

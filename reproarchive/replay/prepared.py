@@ -10,7 +10,10 @@ and a job's replay all begin the same way, and where each had its own copy the c
 3. the user's implementations are brought (``--import``, ``--load-library``): a module may
    register the backend the next step looks for;
 4. the backend and accuracy mode are chosen for the recorded ones (``for_recorded``), and the
-   backend is found here or it is 125.
+   backend is found here or it is 125;
+5. whether the replay only compiles (``replay.compile_only``): a compile-stage failure recorded
+   on a GPU this machine lacks is compiled for that GPU's recorded description, its storages
+   loaded onto ``meta``.
 
 Loading the data is left to the caller (``Prepared.load``, ``Prepared.load_job``): a parent
 that replays in a child never reads the tensors itself.
@@ -30,6 +33,7 @@ from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Index, Records
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import resolve_backend
+from reproarchive.replay.compile_only import CompileOnly, decided, planned
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -50,6 +54,7 @@ class Prepared:
     plan: DevicePlan
     settings: ReplaySettings
     asked: ReplaySettings
+    compile_only: CompileOnly | None = None
 
     @property
     def records(self) -> Records:
@@ -65,8 +70,10 @@ class Prepared:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-            return load(self.path, device=self.plan, progress=progress, max_memory=self.asked.max_memory,
-                        reader=reader)
+            repro = load(self.path, device=self.plan, progress=progress, max_memory=self.asked.max_memory,
+                         reader=reader, remap_graph=self.compile_only is None)
+        repro.compile_only = self.compile_only
+        return repro
 
     def load_job(self) -> Any:
         """Every rank's graph and inputs (``archive.job.load_job``) on the asked device."""
@@ -88,10 +95,15 @@ def prepared(path: str | os.PathLike, settings: ReplaySettings, *, reader: Conta
         with ContainerReader(path) as own:
             return prepared(path, settings, reader=own, here=here, plan=plan)
     index = reader.index
-    plan = plan or resolve_devices(recorded_devices(index), settings.device)
+    if plan is None:
+        only = decided(index, settings)
+        plan = only.plan(recorded_devices(index)) if only is not None else resolve_devices(recorded_devices(index),
+                                                                                            settings.device)
+    else:  # a child: the parent's decision
+        only = planned(index, settings, plan)
     chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
     if here:
         bring_implementations(settings.imports, settings.libraries)
     if here or not (settings.imports or settings.libraries):  # else a module the child imports may define it
         resolve_backend(chosen.backend)
-    return Prepared(os.fspath(path), index, reader.index_digest, plan, chosen, settings)
+    return Prepared(os.fspath(path), index, reader.index_digest, plan, chosen, settings, only)

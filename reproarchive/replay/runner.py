@@ -30,17 +30,14 @@ from reproarchive.codec.devices import DevicePlan
 from reproarchive.codec.rng import random_ops
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.context import failure as _failure
-from reproarchive.context.environment import applied_environment, plan
-from reproarchive.context.execution import applied_execution
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.plain import to_plain
 from reproarchive.format.schema import FailureRecord, Records
 from reproarchive.progress import ProgressFn
 from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
-from reproarchive.replay.containment import contained
-from reproarchive.replay.differences import differences
-from reproarchive.replay.outcome import Outcome, across_versions, judged, unless_faithful, with_stand_ins
+from reproarchive.replay.conditions import described_device, entered, planned_setup, tensors_in, verdict
+from reproarchive.replay.outcome import Outcome, unless_faithful, with_stand_ins
 from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
@@ -72,7 +69,7 @@ def replay_graph(
     ``records`` are what the archive (or one rank of it) says around the graph, the judged
     ``failure`` included; a consumer that judges against another failure (a rank's), or under
     another shape policy (a candidate's), gives a copy that says so. Its config, environment
-    and execution state are entered around compile and run (``_planned``, ``_entered``); the
+    and execution state are entered around compile and run (``planned_setup``, ``entered``); the
     config, environment and system are diffed against this machine for the report
     (``report_differences=False`` skips that: the minifier replays hundreds of candidates).
     ``shapes`` is the recorded dynamic-shape policy: a symbolic one is re-created for the backend
@@ -87,7 +84,7 @@ def replay_graph(
     """
     compiler_fn = resolve_backend(settings.backend)
     rng_states = None if records.rng is None else rng_states
-    setup = _planned(records, settings)
+    setup = planned_setup(records, settings)
     warnings = setup.warnings
     fwd_only = not _needs_backward(args, settings, records)
     shape_report = shape_policy.report_for(records.shapes, input_records)
@@ -95,7 +92,7 @@ def replay_graph(
     randomness, rng_warnings = _randomness(ops, rng_states)
     warnings.extend(rng_warnings)
     with contextlib.ExitStack() as stack:
-        rule = _entered(stack, gm, records, settings, setup)
+        rule = entered(stack, gm, records, settings, setup)
         with _warnings.catch_warnings(record=True) as caught:
             _warnings.simplefilter("always")
             ran = _compile_and_run(
@@ -106,104 +103,22 @@ def replay_graph(
             )
         warnings.extend(_dedupe(str(w.message) for w in caught if _worth_reporting(w)))
     warnings.extend(shape_policy.warnings_for(shape_report))
-    outcome = _verdict(records, setup, args, settings.backend, ran, report_differences=report_differences,
+    outcome = verdict(records, setup, args, settings.backend, ran, report_differences=report_differences,
                        shapes=shape_report, randomness=randomness, rule=rule)
     return unless_faithful(outcome, _unfaithful(shape_report, ops, rng_states, records.failure)
                            + _state_unknown(records, args))
-
-
-@dataclasses.dataclass
-class _Setup:
-    """What ``_planned`` decided before the replay, for ``_entered`` and ``_verdict``."""
-
-    config_applied: bool
-    across: bool
-    env_to_set: Any
-    here: str
-    recorded_torch: str | None
-    warnings: list[str]
-
-
-def _planned(records: Records, settings: ReplaySettings) -> _Setup:
-    """Which of the recorded snapshots the replay applies, and the warnings for what it cannot:
-    decided once, before anything is entered, so that the report says what was done. The config
-    is applied unless ``settings.current_config``; the environment variables that can be set
-    in-process are set. Recorded on another torch release (``records.system``), only the config
-    settings the recording changed are applied (the others are that release's defaults, which
-    this release may not share: an int default that became None there breaks a comparison
-    here). Without a recorded ``execution`` the graph runs in this thread's state."""
-    config = records.config
-    warnings: list[str] = []
-    config_applied = bool(config) and not settings.current_config
-    env_to_set, env_warnings = plan(records.environment, config_applied=config_applied)
-    warnings.extend(env_warnings)
-    if config and not config_applied:
-        warnings.append("running with this machine's torch config (--current-config), not the recorded one")
-    here, recorded_torch = torch_here(), torch_version(records.system)
-    across = across_versions(here, recorded_torch)
-    if config_applied and across:
-        warnings.append(f"recorded on torch {recorded_torch}: only the config settings the recording changed are "
-                        f"applied; the others keep torch {here}'s defaults")
-    if records.execution is None:
-        warnings.append("the execution state (grad mode, autocast, inference mode ...) was not recorded: "
-                        "replayed in this process's state")
-    return _Setup(config_applied, across, env_to_set, here, recorded_torch, warnings)
 
 
 def _needs_backward(args: list[Any], settings: ReplaySettings, records: Records) -> bool:
     """Whether the replay runs backward too: when the recorded failure was in backward or an
     input requires grad. An after_aot graph is one half of what AOTAutograd compiled, and
     AOTAutograd runs both halves with grad mode off (its autograd.Function supplies the
-    autograd): it is replayed so, forward only (``_entered``). With grad on, inductor's out=
+    autograd): it is replayed so, forward only (``entered``). With grad on, inductor's out=
     kernels (addmm) refuse inputs that require grad, a failure the original run never had."""
     recorded_failure = records.failure
     return not settings.only_fwd and records.graph_kind != "after_aot" and (
         (recorded_failure is not None and recorded_failure.stage == "backward")
-        or any(t.requires_grad for t in _iter_tensors(args))
-    )
-
-
-def _entered(stack: contextlib.ExitStack, gm: Any, records: Records, settings: ReplaySettings,
-             setup: _Setup) -> Any:
-    """Enter on ``stack`` everything the compile and run happen under, in this order: the
-    recorded config, PyTorch's repro hooks off, the environment, containment, the recorded
-    execution state (``execution``: grad and inference mode, autocast, deterministic
-    algorithms, default dtype, matmul precision), grad off for an after_aot graph
-    (``_needs_backward``) and, when accuracy is judged, the accuracy rule for random draws,
-    which is returned (None otherwise)."""
-    warnings = setup.warnings
-    if setup.config_applied:
-        stack.enter_context(_applied_config(records.config, warnings, only_changed=setup.across))
-    stack.enter_context(_without_pytorch_repro_hooks())
-    stack.enter_context(applied_environment(setup.env_to_set))
-    stack.enter_context(contained())
-    warnings.extend(stack.enter_context(applied_execution(records.execution)))
-    if records.graph_kind == "after_aot":
-        import torch
-
-        stack.enter_context(torch.no_grad())
-    if not settings.accuracy:
-        return None
-    from reproarchive.replay.accuracy import fair_to_randomness
-
-    return stack.enter_context(fair_to_randomness(gm))
-
-
-def _verdict(records: Records, setup: _Setup, args: Any, backend: str | None, ran: tuple, *, report_differences: bool,
-             shapes: dict[str, Any], randomness: str, rule: Any) -> Outcome:
-    """The outcome: ``ran`` (``_compile_and_run``'s observed failure, accuracy report and
-    whether backward ran) judged against the recorded failure, with what the replay did."""
-    observed, details, ran_backward = ran
-    config_applied = setup.config_applied
-    # across releases the defaults were not applied: a differing one is listed (not as important)
-    found = differences(config=records.config, environment=records.environment, system=records.system,
-                        config_applied=None if setup.across and config_applied else config_applied
-                        ) if report_differences else []
-    return judged(
-        records.failure, observed, accuracy=details, differences=found, device=_describe_device(args),
-        backend=backend, warnings=setup.warnings, ran_backward=ran_backward,
-        config="current" if not config_applied else "recorded", shapes=shapes, randomness=randomness,
-        accuracy_rule=rule, torch=setup.here, recorded_torch=setup.recorded_torch,
+        or any(t.requires_grad for t in tensors_in(args))
     )
 
 
@@ -231,7 +146,7 @@ def _state_unknown(records: Records, args: list[Any]) -> list[str]:
     requires grad compiles the same forward either way."""
     if records.execution is not None or records.graph_kind == "after_aot":
         return []
-    if not any(t.requires_grad for t in _iter_tensors(args)):
+    if not any(t.requires_grad for t in tensors_in(args)):
         return []
     return ["the grad mode of the failing run was not recorded and inputs require grad: the replay compiled "
             "under this process's grad mode (forward and backward), which the failing run may not have had"]
@@ -309,65 +224,13 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
     return lambda *a: compiled(*a)
 
 
-def _without_pytorch_repro_hooks():
-    """PyTorch's own repro hooks off (``repro_after``): this replay is the repro. A recorded
-    config from a dump has them on (the dump was made by them); left on, they wrap the compiler
-    again, write a dump into the working folder and raise their own ``AccuracyError`` from the
-    forward (torch 2.11), a failure the recording did not have."""
-    from reproarchive.compat.dynamo import patched_config
-
-    return patched_config({"repro_after": None})
-
-
-@contextlib.contextmanager
-def _applied_config(config: Mapping[str, Any], warnings: list[str], *, only_changed: bool = False):
-    from reproarchive.context.config import applied_config
-
-    with applied_config(config, only_changed=only_changed) as result:
-        for label, names in (
-            ("recorded config settings this torch does not have", result.missing),
-            ("recorded config modules not applied (only torch config modules already known here are; a replay never "
-             "imports a module an archive names)", result.missing_modules),
-            ("changed config settings that could not be recorded (e.g. custom passes)", result.unrepresentable),
-            ("recorded config settings overridden here by an environment variable", result.forced_by_env),
-            ("recorded config settings that failed to apply", [f["key"] for f in result.failed]),
-            ("recorded config values not applied because they could name a program, path or command",
-             result.unsafe),
-        ):
-            if names:
-                shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-                warnings.append(f"{label}: {shown}")
-        yield
-
-
 # --------------------------------------------------------------------------------------------
 # small helpers
 
 
-def _iter_tensors(value: Any):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _iter_tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _iter_tensors(v)
-
-
-def _describe_device(args: Any, plan: DevicePlan | None = None) -> str:
-    devices = sorted({str(t.device) for t in _iter_tensors(args)})
-    if devices:
-        return ",".join(devices)
-    used = sorted(set(plan.targets.values())) if plan is not None else []
-    return ",".join(used) if used else "cpu"
-
-
 def _device_facts(args: Any, plan: DevicePlan) -> dict[str, Any]:
     """Where the replay ran and where the archive was recorded, for the outcome."""
-    return {"device": _describe_device(args, plan), "recorded_device": plan.recorded,
+    return {"device": described_device(args, plan), "recorded_device": plan.recorded,
             "same_device_type": not plan.moved}
 
 
@@ -419,8 +282,11 @@ def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = No
         with ContainerReader(path) as own:
             return run(path, settings, isolate=isolate, progress=progress, reader=own)
     # one reader (``reader``: the caller's): the index decoded once, the data loaded from it
-    isolate = needs_isolation(reader.index.records.failure) if isolate is None else isolate
+    auto = isolate is None
+    isolate = needs_isolation(reader.index.records.failure) if auto else isolate
     ready = prepared(path, settings, reader=reader, here=not isolate)  # a child gets its plan
+    if auto and ready.compile_only is not None and ready.compile_only.gpus:
+        isolate = True  # compiling for an absent GPU changes torch.cuda and Triton for the compile's length
     repro = None if isolate else ready.load(progress=progress, reader=reader)
     if repro is None:
         from reproarchive.replay.isolation import run_in_child
@@ -455,8 +321,13 @@ def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, 
 def _replayed(ready, repro, *, on_start=None) -> Outcome:
     """Judge the loaded ``repro`` of the ``ready`` (prepared) archive: the outcome of ``run``."""
     plan, chosen, records = ready.plan, ready.settings, repro.records
-    load_warnings = _dedupe([*(repro.warnings or []), *_moved_warning(plan)])
+    only = ready.compile_only
+    load_warnings = _dedupe([*(repro.warnings or []), *([] if only else _moved_warning(plan))])
     facts = _device_facts(repro.args, plan)
+    if only is not None:  # the storages of an absent device were loaded onto meta, and compiled for it
+        from reproarchive.replay.compile_only import compiled_on
+
+        facts.update(device=compiled_on(plan), same_device_type=True)
     if on_start is not None:
         on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen.backend,
                   "digest": repro.digest, **facts, "warnings": load_warnings, "torch": torch_here(),
@@ -480,6 +351,10 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
     if gm is not None:  # a candidate: the recorded policy of the inputs it kept
         records = dataclasses.replace(records, shapes=restricted(records.shapes, placeholder_names(repro.gm),
                                                                  placeholder_names(gm)))
+    if repro.compile_only is not None:
+        from reproarchive.replay.compile_only import replay_compile_only
+
+        return replay_compile_only(repro, settings, repro.compile_only, gm=gm, args=args, records=records)
     return replay_graph(
         repro.gm if gm is None else gm,
         list(repro.args if args is None else args),

@@ -39,6 +39,9 @@ class ReplaySettings:
     # the user's own implementations of custom ops, brought in before loading (never the archive's)
     imports: tuple[str, ...] = ()  # modules to import (``--import``)
     libraries: tuple[str, ...] = ()  # shared libraries to load (``--load-library``)
+    # compile and launch nothing (``replay.compile_only``); None: when the recorded device is absent
+    # and the recorded failure is of the compile stage
+    compile_only: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("imports", "libraries"):
@@ -52,8 +55,9 @@ class ReplaySettings:
         for name in ("only_fwd", "current_config", "strict_accuracy"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"ReplaySettings.{name} must be True or False")
-        if self.accuracy is not None and not isinstance(self.accuracy, bool):
-            raise TypeError("ReplaySettings.accuracy must be True, False or None")
+        for name in ("accuracy", "compile_only"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise TypeError(f"ReplaySettings.{name} must be True, False or None")
         if self.tol is not None and (isinstance(self.tol, bool) or not isinstance(self.tol, (int, float))
                                      or not math.isfinite(self.tol) or self.tol <= 0):
             raise ReproArchiveError(f"tolerance {self.tol!r} is not a positive number", "pass e.g. --tol 1e-3")

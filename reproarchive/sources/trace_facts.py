@@ -145,14 +145,40 @@ def system_record(trace: Trace, c: Compile, runnable: str | None) -> dict[str, A
         gpus = re.findall(r"^# (.+?) : (\d+) *$", runnable.split("# GPU Hardware Info:", 1)[1], re.M) \
             if "# GPU Hardware Info:" in runnable else []
         if gpus:
-            system["cuda"] = {"available": True, "version": cuda,
-                              "devices": [{"name": name.strip(), "count": int(n)} for name, n in gpus]}
+            listed = [{"name": name.strip(), "count": int(n)} for name, n in gpus]
+            system["cuda"] = {"available": True, "version": cuda, "devices": _described_gpus(c, listed)}
         for key, label in (("# torch git version:", "git_version"), ("# torch cuda version:", "cuda")):
             for line in runnable.splitlines()[:400]:
                 if line.startswith(key) and not system["torch"].get(label):
                     value = line[len(key):].strip()
                     system["torch"][label] = None if value == "None" else value
     return system
+
+
+#: ``DeviceProperties(...)`` fields Inductor's output code prints, as the system record names them.
+_PROPERTY_FIELDS = {"multi_processor_count": "multi_processor_count", "warp_size": "warp_size",
+                    "regs_per_multiprocessor": "regs_per_multiprocessor",
+                    "max_threads_per_multi_processor": "max_threads_per_multi_processor"}
+
+
+def _described_gpus(c: Compile, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs fx_graph_runnable's header lists (``listed``: names and counts), with what
+    Inductor's output code says of each CUDA device it compiled for (``DeviceProperties``: index,
+    compute capability, SM count, warp size, registers and threads per SM), when the header lists
+    one kind of GPU (the device is then that kind). Otherwise the list as it is."""
+    described: dict[int, dict[str, Any]] = {}
+    for ev in c.of_kind("inductor_output_code"):
+        for text in (ev.payload or "").splitlines():
+            fields = dict(re.findall(r"(\w+)=('[^']*'|-?\d+)", text))
+            if fields.get("type") != "'cuda'" or not fields.get("index", "").isdigit() or "cc" not in fields:
+                continue
+            cc = int(fields["cc"])
+            entry = {"index": int(fields["index"]), "capability": f"{cc // 10}.{cc % 10}"}
+            entry.update({ours: int(fields[k]) for k, ours in _PROPERTY_FIELDS.items() if k in fields})
+            described.setdefault(entry["index"], entry)
+    if len(listed) != 1 or not described:
+        return listed
+    return [{**listed[0], **entry} for _, entry in sorted(described.items())]
 
 
 def describe_inputs(c: Compile) -> dict[str, dict[str, Any]]:

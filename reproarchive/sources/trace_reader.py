@@ -39,6 +39,10 @@ KEPT_PAYLOADS = frozenset({
     # ATen graph code with every value's shape: the outputs of an operator a missing library defined
     "aot_inference_graph", "aot_forward_graph",
 })
+# Of Inductor's output code only the descriptions of the devices it compiled for are kept
+# (``triton_meta={'device': DeviceProperties(type='cuda', index=0, cc=90, ...)}``): what a compile
+# for that GPU without it needs (``trace_facts.system_record``).
+DEVICE_PROPERTIES = re.compile(r"DeviceProperties\([^()]*\)")
 TRACE_FILE_PREFIX = "dedicated_log_torch_trace"
 _RANK_IN_NAME = re.compile(r"rank_(\d+)")
 _SNIFF_BYTES = 1 << 16
@@ -204,9 +208,7 @@ class _Reader:
             else "damaged"
         if state == "damaged":
             self.problem(path, "payloads whose MD5 does not match (truncated or edited; not used)", lineno)
-        kind = _event_kind(env)
-        text = data.decode("utf-8", errors="replace") if kind in KEPT_PAYLOADS else None
-        self._event(path, file_rank, env, lineno, text, state, None, pid=pid)
+        self._event(path, file_rank, env, lineno, _kept(_event_kind(env), data), state, None, pid=pid)
 
     # -- tlparse output -----------------------------------------------------------------
 
@@ -238,7 +240,7 @@ class _Reader:
             raise SourceError(f"cannot read {raw_jsonl}: {err.strerror}", "check the path and permissions") from err
 
     def _tlparse_payload(self, root: Path, raw_jsonl: Path, env: dict, kind: str, page: str, lineno: int):
-        if kind not in KEPT_PAYLOADS:
+        if kind not in KEPT_PAYLOADS and kind != "inductor_output_code":
             return None, "ok"
         target = (root / page)
         try:
@@ -249,6 +251,8 @@ class _Reader:
             self.problem(raw_jsonl, "payload pages named in raw.jsonl that are missing (not used)", lineno)
             return None, "missing"
         data = target.read_bytes()
+        if kind not in KEPT_PAYLOADS:  # output code: its device descriptions only, checked or not
+            return _kept(kind, data), "ok"
         if hashlib.md5(data, usedforsecurity=False).hexdigest() == env.get("has_payload"):
             return data.decode("utf-8", errors="replace"), "ok"
         meta = env.get("artifact") if isinstance(env.get("artifact"), dict) else {}
@@ -324,6 +328,17 @@ def _rank_from_name(name: str) -> int | None:
 
 def _event_key(env: dict) -> str | None:
     return next((k for k in env if k not in _CONTEXT_KEYS), None)
+
+
+def _kept(kind: str, data: bytes) -> str | None:
+    """What of a payload stays in memory: all of a kept kind's, the device descriptions of
+    Inductor's output code (one per line, each once), nothing of any other."""
+    if kind in KEPT_PAYLOADS:
+        return data.decode("utf-8", errors="replace")
+    if kind == "inductor_output_code":
+        found = DEVICE_PROPERTIES.findall(data.decode("utf-8", errors="replace"))
+        return "\n".join(dict.fromkeys(found)) or None
+    return None
 
 
 def _event_kind(env: dict) -> str:

@@ -17,13 +17,22 @@ def with_storage_devices(source: Path, destination: Path, device: str) -> Path:
     through the typed index and the container writer (what a capture on that device records;
     this machine needs no such device to make it: generator states stay host bytes, spec §8
     ``rng``). Returns ``destination``."""
+    def moved(index):
+        rng = index.records.rng
+        states = {g.storage for g in rng.generators} if rng is not None else set()
+        return dataclasses.replace(index, storages=tuple(s if i in states else dataclasses.replace(s, device=device)
+                                                         for i, s in enumerate(index.storages)))
+
+    return rewritten(source, destination, moved)
+
+
+def rewritten(source: Path, destination: Path, change) -> Path:
+    """A copy of the archive at ``source`` whose index is ``change(index)``, written through the
+    typed index and the container writer, its members as they were. Returns ``destination``."""
     with reader.ContainerReader(source) as r:
         index = r.index
         members = [(name, r.read_member(name)) for name in r.members if name != layout.LAYOUT_MEMBER]
-    rng = index.records.rng
-    states = {g.storage for g in rng.generators} if rng is not None else set()
-    index = dataclasses.replace(index, storages=tuple(s if i in states else dataclasses.replace(s, device=device)
-                                                      for i, s in enumerate(index.storages)))
+    index = change(index)
     with open(destination, "wb") as f:
         w = writer.ContainerWriter(f)
         for name, data in members:
@@ -48,3 +57,67 @@ def pack_with_device_constant(path: Path, device: str, *, backend: str = "eager"
     gm.recompile()
     return Path(reproarchive.pack(gm, [torch.randn(4)], path, backend=backend,
                                   failure=failure_mod.unknown_record("test")))
+
+
+#: An H200 as ``torch.cuda.get_device_properties`` described it on torch 2.11 (the fields the
+#: system record keeps before format 1.6).
+H200 = {"index": 0, "name": "NVIDIA H200", "capability": "9.0", "total_memory": 150_109_880_320,
+        "multi_processor_count": 132}
+
+
+def recorded_on_gpu(source: Path, destination: Path, *, gpu: dict | None = None, changed: dict | None = None,
+                    failure=None) -> Path:
+    """A copy of the archive at ``source`` as a capture on ``cuda:0`` records it: its storages
+    on the GPU, the system record's ``cuda`` section describing ``gpu`` (an H200 by default),
+    Inductor's changed settings replaced by ``changed`` where given, and the failure replaced
+    by ``failure`` where given. Returns ``destination``."""
+    from reproarchive.format.schema import ConfigRecord, CudaInfo, GpuInfo
+
+    def on_gpu(records):
+        cuda = CudaInfo(available=True, version="13.0", device_count=1, devices=(GpuInfo(**(gpu or H200)),))
+        changes = {"system": dataclasses.replace(records.system, cuda=cuda)}
+        if changed is not None:
+            changes["config"] = _inductor_changed(records.config or ConfigRecord(), changed)
+        if failure is not None:
+            changes["failure"] = failure
+        return dataclasses.replace(records, **changes)
+
+    moved = with_storage_devices(source, destination.with_suffix(".moved"), "cuda:0")
+    try:
+        return rewritten_records(moved, destination, on_gpu)
+    finally:
+        moved.unlink()
+
+
+def rewritten_records(source: Path, destination: Path, change, *, requires_grad: bool | None = None) -> Path:
+    """A copy of the archive at ``source`` whose records are ``change(records)`` (and whose
+    floating tensor inputs require grad, or not, where ``requires_grad`` says). Returns
+    ``destination``."""
+    from reproarchive.format.schema import TensorValue
+
+    def changed(index):
+        changes = {"records": change(index.records)}
+        if requires_grad is not None:
+            changes["inputs"] = tuple(dataclasses.replace(v, requires_grad=requires_grad)
+                                      if isinstance(v, TensorValue) and v.dtype.startswith("float") else v
+                                      for v in index.inputs)
+        return dataclasses.replace(index, **changes)
+
+    return rewritten(source, destination, changed)
+
+
+def _inductor_changed(config, changed: dict):
+    """``config`` as a recording that changed exactly ``changed`` of Inductor's settings records
+    it: the settings it changed before back at their recorded defaults, the new ones set, with
+    this torch's values as their defaults."""
+    name = "torch._inductor.config"
+    modules = {m: dict(v) for m, v in config.modules.items()}
+    values = modules.setdefault(name, {})
+    old_changed, old_defaults = dict(config.changed.get(name, {})), dict(config.defaults.get(name, {}))
+    for key in old_changed:
+        if key in old_defaults:
+            values[key] = old_defaults[key]
+    defaults = {key: values.get(key) for key in changed}
+    values.update(changed)
+    return dataclasses.replace(config, modules=modules, changed={**config.changed, name: dict(changed)},
+                               defaults={**config.defaults, name: defaults})
