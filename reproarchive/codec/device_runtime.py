@@ -160,6 +160,12 @@ class ModuleRuntime(DeviceRuntime):
         return info
 
 
+#: The properties of a CUDA device Inductor and Triton read when compiling for it, beyond its
+#: name, capability and SM count; the system record keeps them (spec §8 ``system``).
+COMPILE_PROPERTIES = ("warp_size", "regs_per_multiprocessor", "max_threads_per_multi_processor",
+                      "shared_memory_per_block", "shared_memory_per_block_optin")
+
+
 class CudaRuntime(ModuleRuntime):
     """``torch.cuda`` (NVIDIA and ROCm builds): adds compute capability and the system record."""
 
@@ -176,7 +182,9 @@ class CudaRuntime(ModuleRuntime):
         if props is not None:
             info.update(capability=f"{props.major}.{props.minor}",
                         multi_processor_count=int(props.multi_processor_count),
-                        arch=getattr(props, "gcnArchName", None))
+                        arch=getattr(props, "gcnArchName", None),
+                        # what a compile for this device reads (a compile without it: codec.gpu_description)
+                        **{k: getattr(props, k) for k in COMPILE_PROPERTIES if getattr(props, k, None) is not None})
         return info
 
     def system_info(self, torch: Any, driver_version: str | None) -> dict[str, Any]:
@@ -211,7 +219,8 @@ class CudaRuntime(ModuleRuntime):
                 devices.append({"index": index, "error": f"{type(exc).__name__}: {exc}"})
                 continue
             devices.append({key: props[key] for key in ("index", "name", "capability", "total_memory",
-                                                       "multi_processor_count", "arch")})
+                                                       "multi_processor_count", "arch", *COMPILE_PROPERTIES)
+                            if key in props})
         info.update(
             available=True,
             device_count=len(devices),

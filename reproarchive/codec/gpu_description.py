@@ -3,8 +3,9 @@
 A compile-only replay (``replay.compile_only``) compiles for a CUDA device this machine lacks:
 Inductor and Triton read the device's properties, and the archive's system record holds them
 for each GPU of the recording machine (spec §8 ``system.cuda.devices``): name, compute
-capability, SM count, memory, and (format 1.6) warp size, registers and threads per SM, shared
-memory per block. An archive written before 1.6 lacks the last four; they are fixed by the
+capability, SM count, memory, and (open keys of the record, written by captures since this
+release) warp size, registers and threads per SM, shared memory per block. Older archives lack
+those, and a TORCH_TRACE log names only some of them; they are fixed by the
 compute capability on NVIDIA devices (CUDA C Programming Guide, "Technical Specifications per
 Compute Capability"), so they are taken from that table and named in ``derived``, never
 passed off as recorded. A capability the table does not know, or a device the record does not
@@ -17,6 +18,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from reproarchive.codec.device_runtime import COMPILE_PROPERTIES
+
 #: Per compute capability: (max threads per SM, max shared memory per block with opt-in).
 #: Every NVIDIA capability from 5.0 on has a warp of 32, 64K registers per SM and 48 KiB of
 #: shared memory per block without opt-in.
@@ -28,9 +31,9 @@ _BY_CAPABILITY: Mapping[tuple[int, int], tuple[int, int]] = {
 }
 _FIXED = {"warp_size": 32, "regs_per_multiprocessor": 65536, "shared_memory_per_block": 49152}
 
-#: The properties recorded since format 1.6 (``GpuInfo``), which older archives lack.
-LATER_FIELDS = ("warp_size", "regs_per_multiprocessor", "max_threads_per_multi_processor",
-                "shared_memory_per_block", "shared_memory_per_block_optin")
+#: The properties a device's record may hold beyond ``GpuInfo``'s fields (open keys, spec §8
+#: ``system``), which archives written before this release, and logs, lack.
+LATER_FIELDS = COMPILE_PROPERTIES
 
 
 @dataclasses.dataclass(frozen=True)

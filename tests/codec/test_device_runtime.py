@@ -138,7 +138,9 @@ class FakeCuda:
 
     def get_device_properties(self, device):
         return types.SimpleNamespace(name=f"Fake GPU {device}", major=9, minor=0, total_memory=16 << 30,
-                                     multi_processor_count=132)
+                                     multi_processor_count=132, warp_size=32, regs_per_multiprocessor=65536,
+                                     max_threads_per_multi_processor=2048, shared_memory_per_block=49152,
+                                     shared_memory_per_block_optin=232448)
 
     def get_arch_list(self):
         return ["sm_90"]
@@ -168,6 +170,14 @@ def test_cuda_system_section_lists_every_device():
     assert info["available"] and info["device_count"] == 2 and info["driver_version"] == "570.1"
     assert [d["name"] for d in info["devices"]] == ["Fake GPU 0", "Fake GPU 1"]
     assert info["devices"][0]["capability"] == "9.0" and info["arch_list"] == ["sm_90"] and info["cudnn"] == 91000
+    # what a compile for the device reads is recorded, so a compile without it derives nothing
+    from reproarchive.codec.gpu_description import describe
+    from reproarchive.format.plain import from_plain
+    from reproarchive.format.schema import SystemRecord
+
+    assert info["devices"][1]["shared_memory_per_block_optin"] == 232448 and info["devices"][1]["warp_size"] == 32
+    (gpu,) = describe(from_plain(SystemRecord, {"cuda": info}), ["cuda:1"])
+    assert gpu.derived == () and gpu.said() == "cuda:1 sm_90 (Fake GPU 1)"
 
 
 def test_cuda_system_section_on_this_build_says_why_not():
