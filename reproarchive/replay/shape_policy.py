@@ -39,7 +39,8 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
     (``gm`` is the replay's own copy); ``report`` (the outcome's ``shapes``) gets the guard
     comparison when the block ends, whether the compile passed or raised."""
     if policy is None or not is_symbolic(policy):
-        yield args
+        with static_compile(gm, args, report):
+            yield args
         return
     import torch
 
@@ -58,6 +59,42 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
     finally:
         if report is not None:
             report.update(compared(policy, shapes))
+
+
+@contextlib.contextmanager
+def static_compile(gm: Any, args: list[Any], report: dict | None) -> Iterator[None]:
+    """Around a backend call with static shapes: what Dynamo gives a backend then too, a fake
+    mode with a ShapeEnv in the tracing context and each placeholder's fake value (static
+    sizes), the real inputs registered in it so a backend that fakifies them gets those fakes.
+    Without the ShapeEnv, a compile that makes symbols of its own (a ``while_loop``'s carried
+    values, a data-dependent size) fails where the recorded one did not. Inputs that cannot be
+    fakified (``report`` says so) leave the compile without the context, as before, and so do
+    integer inputs: Dynamo passes those only in a symbolic compile, so the recording was symbolic
+    and its policy is unknown (``runner._unfaithful``), and under a ShapeEnv AOTAutograd would
+    make each a fresh symbol of no recorded range, a compile that is neither."""
+    import torch
+
+    from reproarchive.compat.dynamo import tracing_with
+    from reproarchive.compat.fake import new_fake_mode, new_shape_env
+    from reproarchive.compat.fx_meta import set_example_value
+
+    if any(isinstance(a, int) and not isinstance(a, bool) for a in args):
+        yield
+        return
+    fake_mode = new_fake_mode(new_shape_env())
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    try:
+        fakes = [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else None for a in args]
+    except Exception as err:  # noqa: BLE001 - an input torch's fake tensors do not take
+        if report is not None:
+            report.setdefault("problems", []).append(f"compiled without a fake mode: {type(err).__name__}: {err}")
+        yield
+        return
+    for node, fake in zip(placeholders, fakes):
+        if fake is not None:
+            set_example_value(node, fake)
+    with tracing_with(fake_mode):
+        yield
 
 
 def not_applied(policy: ShapePolicy | None, report: dict | None, why: str) -> None:

@@ -63,3 +63,33 @@ def test_an_operator_may_only_be_passed_to_an_operator_that_calls_it(tmp_path):
     _capture(prints, "aot", printed)
     with pytest.raises(UnsafeArchiveError, match="_print"):
         reproarchive.load(printed)
+
+
+def test_a_while_loop_compiled_by_inductor_replays_and_minifies_into_its_body(tmp_path):
+    """Inductor fails inside a ``while_loop`` body (its C++ relu injector). Inductor's lowering
+    of the loop makes symbols of its own, which needs the ShapeEnv Dynamo gives every backend:
+    the static replay gives one too (a DIFFERENT FAILURE "'NoneType' object has no attribute
+    'ignore_fresh_unbacked_symbols'" before), and the minifier takes the relu out of the body."""
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def program(x):
+        def cond(i, x):
+            return i < 3
+
+        def body(i, x):
+            return i + 1, torch.relu(x) + 1
+
+        return while_loop(cond, body, (torch.tensor(0), x))[1].sum()
+
+    path = tmp_path / "while.tar.zst"
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
+        compiled = torch.compile(program, backend=reproarchive.capture("inductor", path=path))
+        with pytest.raises(Exception, match="CppCompileError"):
+            compiled(torch.randn(4, 4))
+    torch._dynamo.reset()
+    outcome = reproarchive.run(path, isolate=False)
+    assert (outcome.status, outcome.exit_code) == (REPRODUCED, 1), outcome.to_dict()
+    report = reproarchive.minify_archive(path, tmp_path / "while-min.tar.zst", shrink_inputs=False)
+    small = reproarchive.load(report.output).gm
+    assert hop_programs.higher_order_ops(small) == [] and hop_programs.relu_calls(small) == 1, small.code
