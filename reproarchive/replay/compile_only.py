@@ -100,13 +100,13 @@ def decided(index: Index, settings: ReplaySettings) -> CompileOnly | None:
             f"the archive was recorded on {where}, which this machine does not have, and its recorded failure is a "
             f"{stage} failure, which only running the graph shows",
             "replay it on a machine with the device, or on the CPU with --device cpu (another experiment)")
-    _check_can_compile(index, absent)
     try:
         gpus = describe(index.records.system, absent)
     except NotDescribed as err:
         raise DeviceUnavailableError(
             f"cannot compile for {where} without the device: {err}",
             "replay it on a machine with the device, or on the CPU with --device cpu") from None
+    _check_can_compile(index, absent)
     return CompileOnly(tuple(gpus), absent)
 
 
