@@ -104,7 +104,8 @@ def decided(index: Index, settings: ReplaySettings) -> CompileOnly | None:
         gpus = describe(index.records.system, absent)
     except NotDescribed as err:
         raise DeviceUnavailableError(
-            f"cannot compile for {where} without the device: {err}",
+            f"the archive was recorded on {where}, which this machine does not have, and a compile for it without "
+            f"the device cannot be made: {err}",
             "replay it on a machine with the device, or on the CPU with --device cpu") from None
     _check_can_compile(index, absent)
     return CompileOnly(tuple(gpus), absent)
