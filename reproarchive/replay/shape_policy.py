@@ -53,6 +53,8 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
         if fake is not None:
             set_example_value(node, fake)
     example = [fake if isinstance(fake, torch.SymInt) else arg for arg, fake in zip(args, shapes.fakes)]
+    _example_values(gm, shapes.fake_mode, [arg if fake is None else fake for arg, fake in zip(args, shapes.fakes)],
+                    report)
     try:
         with tracing_with(shapes.fake_mode):
             yield example
@@ -93,8 +95,22 @@ def static_compile(gm: Any, args: list[Any], report: dict | None) -> Iterator[No
     for node, fake in zip(placeholders, fakes):
         if fake is not None:
             set_example_value(node, fake)
+    _example_values(gm, fake_mode, [arg if fake is None else fake for arg, fake in zip(args, fakes)], report)
     with tracing_with(fake_mode):
         yield
+
+
+def _example_values(gm: Any, fake_mode: Any, fakes: list[Any], report: dict | None) -> None:
+    """Every node's ``example_value``, as Dynamo's graph carries them for a backend that reads
+    them (``compat.fx_meta.propagate_example_values``); a graph whose fake run fails keeps its
+    placeholders' only, and ``report["example_values"]`` (``run --json``) says why."""
+    from reproarchive.compat.fx_meta import propagate_example_values
+
+    try:
+        propagate_example_values(gm, fake_mode, fakes)
+    except Exception as err:  # noqa: BLE001 - an op without a fake kernel: the backend may not need them
+        if report is not None:
+            report["example_values"] = f"inputs only: {type(err).__name__}: {str(err)[:200]}"
 
 
 def not_applied(policy: ShapePolicy | None, report: dict | None, why: str) -> None:

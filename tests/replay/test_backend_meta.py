@@ -1,0 +1,58 @@
+"""The graph a replay hands a backend carries the node meta Dynamo handed it: every node's
+``example_value``, fake tensors with the recorded symbols (``s77``, an unbacked ``u0``).
+
+A backend that reads the meta and then fails (``support.meta_backend``) is captured as Dynamo
+calls it, static, ``dynamic=True``, with ``mark_dynamic`` and with a ``nonzero()`` whose size
+is unbacked; the replay calls the same backend, and both calls wrote down the same meta. Before,
+the replay's op nodes had no ``example_value`` (a backend reading it saw None)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reproarchive
+from support import meta_backend
+
+
+def _matmul(x, y):
+    return (torch.relu(x) @ y).sum(0) * 2
+
+
+def _nonzero(x):
+    return x.nonzero().view(-1) * 2
+
+
+def _marked():
+    x = torch.randn(6, 3)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    return x, torch.randn(3, 5)
+
+
+CASES = {
+    "static": (_matmul, lambda: (torch.randn(4, 3), torch.randn(3, 5)), {}, {}),
+    "dynamic": (_matmul, lambda: (torch.randn(4, 3), torch.randn(3, 5)), {"dynamic": True}, {}),
+    "mark_dynamic": (_matmul, _marked, {}, {}),
+    "nonzero": (_nonzero, lambda: (torch.tensor([1.0, 0.0, 2.0, 3.0]),), {"fullgraph": True},
+                {"capture_dynamic_output_shape_ops": True}),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_replay_hands_the_backend_the_meta_dynamo_handed_it(name, tmp_path):
+    fn, make_args, compile_options, dynamo_config = CASES[name]
+    path = tmp_path / f"{name}.tar.zst"
+    torch._dynamo.reset()
+    meta_backend.SEEN.clear()
+    with torch._dynamo.config.patch(dynamo_config):
+        compiled = torch.compile(fn, backend=reproarchive.capture(meta_backend.record_and_fail, path=path),
+                                 **compile_options)
+        with pytest.raises(Exception, match="planted failure"):
+            compiled(*make_args())
+    torch._dynamo.reset()
+    (dynamo_gave,) = meta_backend.SEEN
+    assert all(meta is not None for _, _, meta in dynamo_gave)
+    meta_backend.SEEN.clear()
+    outcome = reproarchive.run(path, backend=meta_backend.BACKEND, isolate=False)
+    assert outcome.status == "reproduced", outcome.to_dict()
+    assert meta_backend.SEEN == [dynamo_gave]

@@ -1,0 +1,23 @@
+"""A backend that writes down the node meta Dynamo hands it, then fails: what a replay must hand
+it again (``tests/replay/test_backend_meta.py``). ``module:function`` name: ``BACKEND``."""
+
+from __future__ import annotations
+
+import torch
+
+BACKEND = f"{__name__}:record_and_fail"
+SEEN: list[list[tuple]] = []
+
+
+def _described(value) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(str(s) for s in value.shape), str(value.device))
+    if isinstance(value, torch.SymInt):
+        return ("symint", str(value))
+    return (type(value).__name__,)
+
+
+def record_and_fail(gm: torch.fx.GraphModule, example_inputs):
+    SEEN.append([(n.op, n.name, _described(n.meta.get("example_value")) if "example_value" in n.meta else None)
+                 for n in gm.graph.nodes if n.op != "output"])
+    raise RuntimeError("planted failure after reading the graph's meta")
