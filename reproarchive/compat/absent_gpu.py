@@ -19,8 +19,9 @@ makes one for the length of a compile, and takes it down after:
   ``warm_cache_only``: the compile-worker's path, which builds the cubin and loads no module
   into a driver);
 * Inductor's pattern passes trace their search patterns once per device with real tensors;
-  for an absent CUDA device they are traced on the CPU (the patterns are device-neutral aten
-  graphs; a replacement is re-traced at its match, on the match's fake tensors);
+  for an absent CUDA device they are traced on the CPU (a replacement is re-traced at its
+  match, on the match's fake tensors). A pattern whose decomposition differs on CUDA would
+  then not match here, where on the GPU it would: an approximation, in the docs;
 * the Python calls that reach CUDA's device guard on a fake tensor (a literal, indexing) take
   another way (``compat.device_guards``);
 * the one choice Inductor makes by default by timing kernels on the device while compiling,
@@ -33,8 +34,9 @@ Nothing is launched: the compiled callable is never called. This needs a CUDA bu
 (a CPU-only build stops earlier, "not linked with support for cuda devices") and Triton with its
 NVIDIA backend: ``unavailable_reason`` says which is missing.
 
-Checked with 2.15.0 (the CUDA wheel from the registry, on a machine without a GPU); 2.11.0's
-names resolve the same (``tests/test_private_torch.py``).
+Checked with the CUDA wheels of 2.15.0 and 2.11.0 from the registry, on a machine without a GPU
+or a driver (``tests/replay/test_compile_only.py`` in CI's matrix); 2.11's fake tensors also
+allocate one tensor on the device when first made (``init_gpu_context``), which is skipped.
 """
 
 from __future__ import annotations
