@@ -280,3 +280,23 @@ def test_an_undescribed_device_cannot_be_compiled_for():
         describe(_system(**{**H200, "capability": "6.1"}), ["cuda:0"])
     with pytest.raises(NotDescribed, match="does not describe"):
         describe(SystemRecord(), ["cuda:0"])
+
+
+def test_a_job_is_not_compiled_only(tmp_path):
+    """A multi-rank job launches its ranks on their devices: ``--compile-only`` is a usage error
+    there, and without it a job recorded on a GPU this machine lacks keeps its 125."""
+    from support.devices import with_storage_devices
+    from support.job_archives import rank_one_fails
+
+    job = with_storage_devices(rank_one_fails(tmp_path), tmp_path / "gpu-job.tar.zst", "cuda:0")
+    result = invoke("run", job, "--compile-only")
+    assert result.exit_code == 2 and "multi-rank job" in result.output, result.output
+    assert invoke("run", job).exit_code == 125
+
+
+@needs_cuda_build
+def test_a_recorded_setting_that_benchmarks_on_the_device_is_refused(captures, tmp_path):
+    tuned = {**TRITON_BUG, "max_autotune": True}
+    archive = recorded_on_gpu(captures["static"], tmp_path / "tuned.tar.zst", changed=tuned)
+    result = invoke("run", archive)
+    assert result.exit_code == 125 and "max_autotune" in result.output and "benchmarks kernels" in result.output
