@@ -252,12 +252,10 @@ def _fake_inputs(gm: Any, args: list[Any], policy: Any, device: str | None, repo
 
     import torch
 
-    from reproarchive.codec.shapes import fakes_for, is_symbolic
     from reproarchive.compat.absent_gpu import moved_fake
     from reproarchive.compat.dynamo import tracing_with
-    from reproarchive.compat.fake import new_fake_mode, new_shape_env
     from reproarchive.compat.fx_meta import set_example_value
-    from reproarchive.replay.shape_policy import compared
+    from reproarchive.replay.shape_policy import compared, placeholder_fakes
 
     gm = copy.deepcopy(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -269,20 +267,13 @@ def _fake_inputs(gm: Any, args: list[Any], policy: Any, device: str | None, repo
             return moved_fake(fake, device)
         return fake
 
-    shapes = None
-    if policy is not None and is_symbolic(policy):
-        shapes = fakes_for(policy, args, [n.name for n in placeholders])
-        fake_mode, fakes = shapes.fake_mode, list(shapes.fakes)
-    else:
-        fake_mode, fakes = new_fake_mode(new_shape_env()), [None] * len(args)
+    fake_mode, fakes, shapes = placeholder_fakes(policy, gm, args)
     example = []
     for arg, fake, node in zip(args, fakes, placeholders):
-        if fake is None and isinstance(arg, torch.Tensor):
+        if fake is None and isinstance(arg, torch.Tensor):  # an input the symbolic policy does not describe
             fake = fake_mode.from_tensor(arg, static_shapes=True)
-        value = placed(fake, arg) if fake is not None else arg
-        if fake is not None:
-            set_example_value(node, value)
-        example.append(value)
+            set_example_value(node, fake)
+        example.append(placed(fake, arg) if fake is not None else arg)
     held = [placed(fake_mode.from_tensor(t, static_shapes=True), t)  # the converter's memo holds them weakly
             for t in [*gm.parameters(), *gm.buffers(), *_tensor_attributes(gm)]]
     try:

@@ -45,13 +45,8 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
     import torch
 
     from reproarchive.compat.dynamo import tracing_with
-    from reproarchive.compat.fx_meta import set_example_value
 
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    shapes = fakes_for(policy, args, [n.name for n in placeholders])
-    for node, fake in zip(placeholders, shapes.fakes):
-        if fake is not None:
-            set_example_value(node, fake)
+    _, _, shapes = placeholder_fakes(policy, gm, args)
     example = [fake if isinstance(fake, torch.SymInt) else arg for arg, fake in zip(args, shapes.fakes)]
     _example_values(gm, shapes.fake_mode, [arg if fake is None else fake for arg, fake in zip(args, shapes.fakes)],
                     report)
@@ -74,30 +69,46 @@ def static_compile(gm: Any, args: list[Any], report: dict | None) -> Iterator[No
     integer inputs: Dynamo passes those only in a symbolic compile, so the recording was symbolic
     and its policy is unknown (``runner._unfaithful``), and under a ShapeEnv AOTAutograd would
     make each a fresh symbol of no recorded range, a compile that is neither."""
-    import torch
-
     from reproarchive.compat.dynamo import tracing_with
-    from reproarchive.compat.fake import new_fake_mode, new_shape_env
-    from reproarchive.compat.fx_meta import set_example_value
 
     if any(isinstance(a, int) and not isinstance(a, bool) for a in args):
         yield
         return
-    fake_mode = new_fake_mode(new_shape_env())
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     try:
-        fakes = [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else None for a in args]
+        fake_mode, fakes, _ = placeholder_fakes(None, gm, args)
     except Exception as err:  # noqa: BLE001 - an input torch's fake tensors do not take
         if report is not None:
             report.setdefault("problems", []).append(f"compiled without a fake mode: {type(err).__name__}: {err}")
         yield
         return
-    for node, fake in zip(placeholders, fakes):
-        if fake is not None:
-            set_example_value(node, fake)
     _example_values(gm, fake_mode, [arg if fake is None else fake for arg, fake in zip(args, fakes)], report)
     with tracing_with(fake_mode):
         yield
+
+
+def placeholder_fakes(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> tuple[Any, list[Any], Any]:
+    """(the fake mode a replay's compile runs in, each input's fake value in it, the
+    ``ReplayShapes`` when ``policy`` is symbolic): made with the recorded per-dimension policy
+    (``codec.shapes.fakes_for``), else static in a fresh ShapeEnv, as Dynamo's fake mode always
+    has one; a non-tensor input's fake is None unless the policy makes it a symbol. Each
+    placeholder of ``gm`` gets its fake as ``example_value``. Raises what fakifying raises."""
+    import torch
+
+    from reproarchive.compat.fake import new_fake_mode, new_shape_env
+    from reproarchive.compat.fx_meta import set_example_value
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    shapes = None
+    if policy is not None and is_symbolic(policy):
+        shapes = fakes_for(policy, args, [n.name for n in placeholders])
+        fake_mode, fakes = shapes.fake_mode, list(shapes.fakes)
+    else:
+        fake_mode = new_fake_mode(new_shape_env())
+        fakes = [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else None for a in args]
+    for node, fake in zip(placeholders, fakes):
+        if fake is not None:
+            set_example_value(node, fake)
+    return fake_mode, fakes, shapes
 
 
 def _example_values(gm: Any, fake_mode: Any, fakes: list[Any], report: dict | None) -> None:
