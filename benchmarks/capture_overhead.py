@@ -83,7 +83,7 @@ def job(spec: dict[str, Any]) -> dict[str, Any]:
     accelerator = None if device.type == "cpu" else getattr(torch, device.type)
     backend: Any = spec["backend"]
     if spec["variant"] != "plain":  # the forked writer's own memory is part of capture's (27 ms per graph)
-        from reproarchive.sources import snapshot_writer
+        from reproarchive.sources.capture import snapshot_writer
 
         snapshot_writer.measure_memory = True
     if spec["variant"] in OPTIONS:
@@ -127,7 +127,7 @@ def _wchar() -> int:
 
 def _writer_rss() -> int:
     """The most memory a forked spool writer of this process held on its own (0: none forked)."""
-    spools = sys.modules.get("reproarchive.sources.process_spool")
+    spools = sys.modules.get("reproarchive.sources.capture.process_spool")
     if spools is None:
         return 0
     return max((s.writer_memory for (pid, _), s in spools._spools.items() if pid == os.getpid()), default=0)
@@ -135,7 +135,7 @@ def _writer_rss() -> int:
 
 def _guardian_rss() -> int:
     """The resident memory of this process's spool guardian (0: none)."""
-    spools = sys.modules.get("reproarchive.sources.process_spool")
+    spools = sys.modules.get("reproarchive.sources.capture.process_spool")
     guardian = spools._guardians.get(os.getpid()) if spools is not None else None
     if guardian is None:
         return 0

@@ -17,7 +17,7 @@ from .progress import step_bar
 from .store_cmds import push_line
 from .text import human_size, pack_summary
 
-PACK_STAGES = 6  # the events reproarchive.sources.dump_child reports
+PACK_STAGES = 6  # the events reproarchive.sources.dump.pack_child reports
 
 PACK_EXIT_CODES = exit_codes(
     (0, "every archive was written (and pushed, with --store)"),

@@ -8,7 +8,7 @@ checks the committed file against ``json_schema()`` and validates every command'
 with it, failures included: a failing command with ``--json`` prints the error document.
 
 ``ls`` still builds its two listings as plain data where they are made (``store.listing`` for
-a store, ``sources.trace_import.list_trace`` for a TORCH_TRACE log); their shapes are written
+a store, ``sources.trace.pack_trace.list_trace`` for a TORCH_TRACE log); their shapes are written
 here by hand (``_LISTINGS``) until they have records of their own.
 
 Regenerate the file after changing a document: ``python -m reproarchive.spec_files --write``

@@ -14,7 +14,7 @@ Crash safety by construction: an object is written to a temporary name and renam
 object that exists is complete; an entry's index is renamed into place after its code, and an
 object its index names that never made it is completed as absent (said so, never as real). A
 process killed while writing leaves at worst some objects that no entry names. A writer that
-outlives its process (``sources.snapshot_writer``: a forked child finishing an entry after a
+outlives its process (``sources.capture.snapshot_writer``: a forked child finishing an entry after a
 crash) holds a lock in ``writers/``; readers wait for it before they list entries.
 
 This module writes spools; reading one (``SpoolFolder``: waiting for writers, listing and

@@ -2,7 +2,7 @@
 completed into an ordinary archive.
 
 Apart from ``spool`` (which writes spools, and imports torch to read storages), so that the
-process that completes a dead process's spool (``sources.spool_guardian``) and ``reproarchive
+process that completes a dead process's spool (``sources.capture.spool_guardian``) and ``reproarchive
 pack SPOOL`` start in a fraction of a second: completing is format work, checked by the
 container writer, and never reads a tensor.
 """

@@ -44,7 +44,7 @@ class Died:
     timed_out: float | None = None  # the time limit (s) it ran past and was killed at, if so
 
     def crash_facts(self) -> dict[str, str]:
-        """What a second child needs to record this death as a crash (``first_replay.crashed``):
+        """What a second child needs to record this death as a crash (``import_replay.crashed``):
         plain data, so it travels in a request."""
         return {"signal": self.signal_name or f"exit status {self.returncode}", "reason": self.reason,
                 "log": self.log_tail}

@@ -3,8 +3,8 @@
 
 It lives apart from ``codec.shapes`` (which reads the policy from Dynamo's fake values and
 ShapeEnv, and makes fakes from it for a replay) because reading a policy from what a log or a
-script wrote needs neither: it is plain text to records, used by ``pack`` (``sources.trace_child``,
-``sources.dump_child``) only. The records it makes are the ones ``codec.shapes`` makes
+script wrote needs neither: it is plain text to records, used by ``pack`` (``sources.trace.rebuild_child``,
+``sources.dump.pack_child``) only. The records it makes are the ones ``codec.shapes`` makes
 (``linked`` ties equal dimensions together).
 """
 

@@ -5,7 +5,7 @@ Settings are patched on ``torch._inductor.config`` (a capture's ``options=``, ``
 for a fair accuracy check, a bisection's config change, the demo's bug injector); an after_aot
 graph replays through ``compile_fx_inner`` as PyTorch's own after_aot replay does; ``capture
 --after aot`` wraps ``compile_fx.wrap_compiler_debug``, the door every graph Inductor compiles
-goes through, when torch loads that module (``sources.inductor_door``); ``bisect compiler``
+goes through, when torch loads that module (``sources.program.after_aot_hook``); ``bisect compiler``
 drives ``torch._inductor.compiler_bisector``, which keeps its state on its class and in module
 tables; the redaction and environment records need Inductor's cache folder
 (``runtime.cache_dir_utils``).

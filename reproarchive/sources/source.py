@@ -4,18 +4,18 @@ A capture source finds a failing graph somewhere (a ``torch.compile`` backend in
 process, a repro script PyTorch dumped, a TORCH_TRACE log, a program run under ``capture --``),
 and for each failure builds one ``archive.writing.Capture(graph, inputs, records)``; the one
 writer, ``write_capture``, redacts the records and packs them. A source never calls ``pack``
-or the redaction itself, and reports each archive it wrote as one ``sources.report.PackReport``.
+or the redaction itself, and reports each archive it wrote as one ``sources.pack_report.PackReport``.
 
 The sources, one module each (with the child process it runs, where it runs one):
 
-    ============================  ==================  =====================================
-    module                        SOURCE_RECORD       entry point
-    ============================  ==================  =====================================
-    ``sources.backend``           ``CaptureSource``   ``reproarchive.capture(backend)``
-    ``sources.dump_child``        ``DumpSource``      ``reproarchive.pack_dump`` (``pack``)
-    ``sources.trace_child``       ``TraceSource``     ``reproarchive.pack_trace`` (``pack LOG``)
-    ``sources.program``           ``CaptureSource``   ``reproarchive.capture_program`` (``capture --``)
-    ============================  ==================  =====================================
+    =========================================  ==================  ===============================================
+    module                                     SOURCE_RECORD       entry point
+    =========================================  ==================  ===============================================
+    ``sources.capture.capture_backend``        ``CaptureSource``   ``reproarchive.capture(backend)``
+    ``sources.dump.pack_child``                ``DumpSource``      ``reproarchive.pack_dump`` (``pack``)
+    ``sources.trace.rebuild_child``            ``TraceSource``     ``reproarchive.pack_trace`` (``pack LOG``)
+    ``sources.program.program_capture``        ``CaptureSource``   ``reproarchive.capture_program`` (``capture --``)
+    =========================================  ==================  ===============================================
 
 Adding a source (the recipe):
 
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
 
 #: The modules that are capture sources (``tests/sources/test_source_protocol.py`` checks them).
 SOURCE_MODULES = (
-    "reproarchive.sources.backend",
-    "reproarchive.sources.dump_child",
-    "reproarchive.sources.trace_child",
-    "reproarchive.sources.program",
+    "reproarchive.sources.capture.capture_backend",
+    "reproarchive.sources.dump.pack_child",
+    "reproarchive.sources.trace.rebuild_child",
+    "reproarchive.sources.program.program_capture",
 )
 
 

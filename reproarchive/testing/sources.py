@@ -26,7 +26,7 @@ import pytest
 from reproarchive.archive.checking import verify
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Records
-from reproarchive.sources.report import PackReport
+from reproarchive.sources.pack_report import PackReport
 from reproarchive.testing.machine_paths import machine_paths_in
 from reproarchive.version import __version__
 

@@ -47,7 +47,7 @@ from reproarchive.format.schema import (
     SliceArg,
     TupleArg,
 )
-from reproarchive.sources.program import set_by_capture
+from reproarchive.sources.program.program_capture import set_by_capture
 from reproarchive.triage.grouping import signature_of
 from reproarchive.triage.input_diff import input_diff
 

@@ -89,7 +89,7 @@ f(torch.randn(8, 64))
 
 
 def _guarded_run(tmp_path, source: str) -> tuple[subprocess.CompletedProcess, object]:
-    from reproarchive.sources.program import capture_env
+    from reproarchive.sources.program.program_capture import capture_env
 
     (tmp_path / "prog.py").write_text(textwrap.dedent(source))
     env = capture_env(tmp_path / "scratch")
@@ -165,7 +165,7 @@ def test_in_process_a_killed_process_leaves_the_archive_its_guardian_completed(t
 def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
     source = _KILLED.replace("torch.manual_seed(0)", _IN_PROCESS + "torch.manual_seed(0)")
     source = source.replace("os.kill(os.getpid(), signal.SIGKILL)", "pass")
-    source += "\nimport os\nfrom reproarchive.sources import process_spool\n"
+    source += "\nimport os\nfrom reproarchive.sources.capture import process_spool\n"
     source += "guardian = process_spool._guardians[os.getpid()].proc.pid\n"
     source += "print(os.getpriority(os.PRIO_PROCESS, guardian), guardian)\n"
     (tmp_path / "prog.py").write_text(textwrap.dedent(source))
@@ -187,7 +187,7 @@ def test_in_process_a_normal_end_leaves_nothing_and_ends_the_guardian(tmp_path):
 def _guardian_after_death(spool: Spool, stores: list, fault: Path | None = None) -> int:
     """The guardian's run, here, told of ``spool`` once per store, then of its process's end
     (``fault``: the file faulthandler wrote as the process died)."""
-    from reproarchive.sources import spool_guardian
+    from reproarchive.sources.capture import spool_guardian
 
     read, write = os.pipe()
     for store in stores:
@@ -379,7 +379,7 @@ def test_the_first_call_waits_for_the_entry_and_small_objects_and_the_weights_fo
     the first call stops the writes it no longer needs."""
     import threading
 
-    from reproarchive.sources import process_spool, snapshot_writer
+    from reproarchive.sources.capture import process_spool, snapshot_writer
 
     monkeypatch.setattr(snapshot_writer, "can_fork", lambda storages, inputs_copied: False)
     monkeypatch.setattr(process_spool, "FIRST_BYTES", 4096)
@@ -441,7 +441,7 @@ def test_a_first_call_waits_for_no_hashing_and_a_forked_writer_keeps_its_inputs_
     the spool forks a writer, a copy-on-write snapshot: inputs the call then writes in place
     (the graph's writes not even known here, so nothing was copied) are completed as they were,
     every storage real, by a writer that outlives the call (``pack SPOOL`` waits for it)."""
-    from reproarchive.sources import process_spool
+    from reproarchive.sources.capture import process_spool
 
     _held_in_this_process(monkeypatch, "hash", _unfinished)
     spool = process_spool.ProcessSpool(tmp_path)
@@ -465,7 +465,7 @@ def test_an_input_the_graph_writes_is_never_copied_nor_read_before_the_call_and_
     """(27.1) The graph writes x: the spool copies nothing; its thread hashes and writes only w
     (which the call does not write). At the first call x is read as it was: hashed and written
     there and then when it is small (no fork), else by the writer forked then."""
-    from reproarchive.sources import process_spool
+    from reproarchive.sources.capture import process_spool
 
     if held == "large":
         monkeypatch.setattr(process_spool, "HELD_HERE_BYTES", 1024 - 1)  # x's 1 KiB
@@ -497,7 +497,7 @@ def test_a_check_run_has_its_entry_finished_before_it_and_forks_no_writer(tmp_pa
     on the caller's thread. No writer is forked (none alive through the check's backward
     compile), and the entry is complete before the check runs, so a crash in the check leaves
     every storage real: the input the graph writes as it was before the call."""
-    from reproarchive.sources import process_spool
+    from reproarchive.sources.capture import process_spool
 
     real_hash, callers = Spool.hash, []
 
@@ -526,7 +526,7 @@ def test_a_check_run_has_its_entry_finished_before_it_and_forks_no_writer(tmp_pa
 def test_a_first_call_that_ends_kills_its_forked_writer_and_leaves_nothing(tmp_path, monkeypatch):
     """The call ended without a crash: its writer, still writing, is killed; no half-written
     object, lock or entry is left, and what it held on its own is measured (when asked)."""
-    from reproarchive.sources import process_spool, snapshot_writer
+    from reproarchive.sources.capture import process_spool, snapshot_writer
 
     monkeypatch.setattr(snapshot_writer, "measure_memory", True)
     _held_in_this_process(monkeypatch, "hash", _unfinished)
@@ -586,7 +586,7 @@ def test_a_spool_of_format_1_is_read_and_a_newer_one_refused_in_one_line(tmp_pat
 def _writer_alive_until_stopped(monkeypatch) -> None:
     """The thread never finishes, so the first call forks a writer, which then stays alive,
     still "writing", until it is killed (what it held on its own measured then)."""
-    from reproarchive.sources import snapshot_writer
+    from reproarchive.sources.capture import snapshot_writer
 
     monkeypatch.setattr(snapshot_writer, "measure_memory", True)
     _held_in_this_process(monkeypatch, "hash", _unfinished)
@@ -603,7 +603,7 @@ def _writer_alive_until_stopped(monkeypatch) -> None:
 def _first_call_with_a_live_writer(folder):
     """A spool in ``folder`` whose entry's first call is due: its writer forked and past its
     set-up (``_writer_alive_until_stopped`` keeps it alive). Returns (spool, entry name)."""
-    from reproarchive.sources import process_spool
+    from reproarchive.sources.capture import process_spool
 
     spool = process_spool.ProcessSpool(folder)
     name = spool.submit(Capture(_graph(), [torch.randn(4, 64), torch.randn(64, 256)], _records()))

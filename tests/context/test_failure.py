@@ -117,7 +117,7 @@ def _store_timeout() -> BaseException:
 
 
 def test_a_collective_that_timed_out_is_a_timeout_by_one_rule():
-    """The capture (``sources.job_capture.failed``) and the replay (``replay.rank_worker``) both
+    """The capture (``sources.capture.job_capture.failed``) and the replay (``replay.rank_worker``) both
     judge by ``as_collective_timeout``: a rank recorded as hanging replays as hanging. They used
     to keep a rule each, and the replay's did not know a store's ``DistStoreError`` nor a
     timeout while compiling, which the capture's did."""

@@ -11,7 +11,7 @@ from reproarchive.errors import SchemaViolation
 from reproarchive.format import plain, schema
 from reproarchive.format.schema_check import describe, required_bump
 
-# keys as 1.1 writers of each kind wrote them (dump_child, trace_child, the capture backend)
+# keys as 1.1 writers of each kind wrote them (the dump and trace imports, the capture backend)
 DUMP_1_1 = {"kind": "after_aot", "script": "repro.py", "run_repro": {"accuracy": "accuracy"}, "save_dir_found": True,
             "content_store": "recorded save_dir", "load_args_version": 1, "accuracy_mode": "accuracy",
             "inputs": [{"index": 0, "kind": "tensor"}], "storages": {"total": 1}, "lifted_module_state": [],

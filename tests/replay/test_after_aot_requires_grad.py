@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import reproarchive
 from reproarchive.replay.outcome import REPRODUCED
-from reproarchive.sources.dump_import import pack_dump
+from reproarchive.sources.dump.pack_dump import pack_dump
 from support import dump_programs as progs
 from support.cli import invoke
 from support.isolated import run_isolated

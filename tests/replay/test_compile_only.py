@@ -163,7 +163,7 @@ def h100_log_archive(tmp_path_factory) -> Path:
     """tlparse's own test log, recorded on H100s (``tests/data/tlparse``), packed here."""
     import zstandard
 
-    from reproarchive.sources.trace_import import pack_trace
+    from reproarchive.sources.trace.pack_trace import pack_trace
 
     folder = tmp_path_factory.mktemp("h100")
     log = folder / "simple.log"

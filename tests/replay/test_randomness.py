@@ -231,7 +231,7 @@ def test_capture_accuracy_runs_a_correct_dropout_training_loop_to_the_end(tmp_pa
 
 def test_settings_capture_made_itself_are_not_recorded(tmp_path):
     from reproarchive.context.environment import environment_snapshot
-    from reproarchive.sources.program import capture_env
+    from reproarchive.sources.program.program_capture import capture_env
 
     env = capture_env(tmp_path, base={"TORCH_LOGS": "+dynamo", "OMP_NUM_THREADS": "1"})
     assert env["TORCH_COMPILE_DEBUG_DIR"] == str(tmp_path)

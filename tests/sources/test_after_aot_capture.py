@@ -1,6 +1,6 @@
 """``capture --after aot`` on a BERT-style training step with Inductor's C++ compile-error
 injector: the archive holds the graph Inductor was handed with the program's real inputs and
-its CppCompileError (Inductor's door, ``sources.inductor_door``), and PyTorch's data-less dump
+its CppCompileError (Inductor's door, ``sources.program.after_aot_hook``), and PyTorch's data-less dump
 of the same failure, packed alone, records the failure it learned on generated data as such,
 reaching the real compile error instead of an IndexError from generated ids.
 

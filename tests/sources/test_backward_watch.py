@@ -22,7 +22,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 import reproarchive
-from reproarchive.sources import backward_watch
+from reproarchive.sources.capture import backward_watch
 from support.captures import archives_after_death, kept, stages_a_crash_would_leave
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -69,7 +69,7 @@ def _is_dispatcher(cls) -> bool:
 
 
 def test_outputs_freed_without_a_backward_end_the_watch(tmp_path):
-    from reproarchive.sources import process_spool
+    from reproarchive.sources.capture import process_spool
 
     seen: list = []
     compiled = torch.compile(_step, backend=reproarchive.capture(_recording_backend(tmp_path, seen), path=tmp_path))

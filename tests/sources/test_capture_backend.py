@@ -17,9 +17,9 @@ from torch._dynamo.exc import BackendCompilerFailed
 
 import reproarchive
 from reproarchive.format.schema import CaptureSource
-from reproarchive.sources import backend as capture_backend
-from reproarchive.sources import backend_archives
-from reproarchive.sources.backend import CaptureWarning, archive_path
+from reproarchive.sources.capture import capture_backend as capture_backend
+from reproarchive.sources.capture import failure_archives
+from reproarchive.sources.capture.capture_backend import CaptureWarning, archive_path
 from reproarchive.testing.machine_paths import machine_paths_in
 from reproarchive.testing.sources import Captured, SourceTests
 from support.captures import kept
@@ -283,7 +283,7 @@ def test_a_failing_write_never_hides_the_original_error(tmp_path, monkeypatch):
     def broken_write(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(backend_archives, "write_archive", broken_write)
+    monkeypatch.setattr(failure_archives, "write_archive", broken_write)
     exc, _, _ = failing_call(plain_fn, "relu_runtime_error_TESTING_ONLY", tmp_path)
     assert type(exc) is AssertionError
     assert "ReluRuntimeError" in str(exc)
@@ -299,7 +299,7 @@ def test_records_passed_to_pack(tmp_path, monkeypatch):
         destination.write_bytes(b"stub")
         return destination
 
-    monkeypatch.setattr(backend_archives, "write_archive", recording_write)
+    monkeypatch.setattr(failure_archives, "write_archive", recording_write)
     failing_call(mutating_fn, "relu_runtime_error_TESTING_ONLY", tmp_path, tolerance=0.5)
     assert seen["destination"].parent == tmp_path
     assert seen["destination"].name.startswith("repro-") and seen["destination"].name.endswith(".tar.zst")
@@ -351,11 +351,11 @@ def test_the_collector_is_paused_for_captures_own_work_only_and_left_as_the_prog
                                                                                            program_gc):
     """(27.1) Capture's fake run (the inputs a graph writes) runs with the cyclic collector
     paused (a full collection it would trigger costs 0.3-0.45 s after Dynamo's imports:
-    ``sources.collector``); the backend's compile and the calls run as the program set it, and
+    ``sources.capture.gc_pause``); the backend's compile and the calls run as the program set it, and
     it is as the program set it afterwards, on or off."""
     import gc
 
-    from reproarchive.sources import call_guard
+    from reproarchive.sources.capture import call_guard
 
     seen = {}
     real_writes = call_guard.written_inputs
@@ -392,7 +392,7 @@ def test_a_first_call_whose_backward_is_compiled_forks_no_writer(tmp_path, monke
     import threading
 
     from reproarchive.archive.spool import Spool, Stopped
-    from reproarchive.sources import snapshot_writer
+    from reproarchive.sources.capture import snapshot_writer
 
     real_hash, checks = Spool.hash, []
 
@@ -427,13 +427,13 @@ def test_a_failure_that_leaves_the_inputs_unreadable_is_archived_from_the_spool(
     import threading
 
     from reproarchive.archive.spool import Spool
-    from reproarchive.sources import process_spool, snapshot_writer
+    from reproarchive.sources.capture import process_spool, snapshot_writer
 
     assert_fired = threading.Event()
     message = "CUDA error: device-side assert triggered"
     monkeypatch.setattr(snapshot_writer, "can_fork", lambda storages, inputs_copied: False)
     monkeypatch.setattr(process_spool, "FIRST_BYTES", 4096)
-    real_write, real_archive = Spool.write, backend_archives.write_archive
+    real_write, real_archive = Spool.write, failure_archives.write_archive
 
     def write(self, todo, stop=None):
         if any(storage.nbytes() > 4096 for _, storage in todo):  # the weights: read after the assert
@@ -447,7 +447,7 @@ def test_a_failure_that_leaves_the_inputs_unreadable_is_archived_from_the_spool(
         return real_archive(*args, **kwargs)
 
     monkeypatch.setattr(Spool, "write", write)
-    monkeypatch.setattr(backend_archives, "write_archive", write_archive)
+    monkeypatch.setattr(failure_archives, "write_archive", write_archive)
 
     def asserting(gm, example_inputs):
         def run(*args):

@@ -13,7 +13,7 @@ import torch._dynamo
 
 import reproarchive
 from reproarchive.replay import input_writes
-from reproarchive.sources.backend import archive_path
+from reproarchive.sources.capture.capture_backend import archive_path
 from support import later_call_backends
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -146,7 +146,7 @@ def test_dynamic_sizes_4_6_7_failing_at_7(tmp_path):
 
 
 def test_a_later_failure_that_cannot_be_archived_says_so(tmp_path, monkeypatch, capsys):
-    from reproarchive.sources import backend_archives
+    from reproarchive.sources.capture import failure_archives
 
     compiled = torch.compile(mutating_fn, backend=reproarchive.capture(later_call_backends.fails_on_negative,
                                                                          path=tmp_path))
@@ -156,7 +156,7 @@ def test_a_later_failure_that_cannot_be_archived_says_so(tmp_path, monkeypatch, 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(backend_archives, "write_archive", broken)
+    monkeypatch.setattr(failure_archives, "write_archive", broken)
     with pytest.raises(RuntimeError, match="negative first element"):
         compiled(-torch.rand(4, 8) - 1, w)
     err = capsys.readouterr().err

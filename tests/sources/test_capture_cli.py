@@ -252,7 +252,8 @@ import threading
 import torch
 import torch._dynamo.repro.after_dynamo as hook
 from reproarchive.archive.spool import Spool
-from reproarchive.sources import process_spool, snapshot_writer
+from reproarchive.sources.capture import process_spool
+from reproarchive.sources.capture import snapshot_writer
 
 MESSAGE = "CUDA error: device-side assert triggered"
 fired = threading.Event()
@@ -314,8 +315,8 @@ def test_capture_keeps_a_first_call_pytorch_could_not_dump_from_the_spool(tmp_pa
 
 def test_on_accuracy_reaches_the_program_and_is_not_recorded_as_the_users(tmp_path):
     from reproarchive.context.environment import environment_snapshot
-    from reproarchive.sources.crash_guard import ON_ACCURACY_ENV
-    from reproarchive.sources.program import capture_env, set_by_capture
+    from reproarchive.sources.program.crash_guard import ON_ACCURACY_ENV
+    from reproarchive.sources.program.program_capture import capture_env, set_by_capture
 
     assert capture_env(tmp_path, accuracy=True, base={})[ON_ACCURACY_ENV] == "warn"  # the program goes on
     env = capture_env(tmp_path / "reproarchive-capture-1", accuracy=True, on_accuracy="raise", base={})

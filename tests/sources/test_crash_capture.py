@@ -379,7 +379,7 @@ def test_capture_cli_hook_finishes_the_entry_of_a_call_with_a_compiled_backward_
     import torch._dynamo
 
     from reproarchive.archive.spool import Spool, Stopped
-    from reproarchive.sources import first_call, snapshot_writer
+    from reproarchive.sources.capture import first_call, snapshot_writer
 
     real_hash, real_start, forks = Spool.hash, snapshot_writer.start, []
 
@@ -407,7 +407,7 @@ def _guard_this_process(monkeypatch, tmp_path) -> None:
     import torch
     from torch._dynamo.repro import after_dynamo
 
-    from reproarchive.sources import crash_guard
+    from reproarchive.sources.program import crash_guard
 
     cls = after_dynamo.WrapBackendDebug
     monkeypatch.setattr(cls, "__call__", cls.__call__)
@@ -429,7 +429,7 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from reproarchive.sources import first_call
+    from reproarchive.sources.capture import first_call
 
     _guard_this_process(monkeypatch, tmp_path)
     entries = []

@@ -22,9 +22,9 @@ import reproarchive
 from reproarchive.cli.text import pack_summary
 from reproarchive.errors import SourceError  # noqa: E402
 from reproarchive.format.schema import DumpSource
-from reproarchive.sources.dump_import import pack_dump  # noqa: E402
-from reproarchive.sources.dump_script import discover, parse_dump_script
-from reproarchive.sources.report import PackReport
+from reproarchive.sources.dump.pack_dump import pack_dump  # noqa: E402
+from reproarchive.sources.dump.scripts import discover, parse_dump_script
+from reproarchive.sources.pack_report import PackReport
 from reproarchive.testing.machine_paths import machine_paths_in
 from reproarchive.testing.sources import Captured, SourceTests
 from support import dump_programs as progs
@@ -391,7 +391,7 @@ class _DumpedRepro(torch.nn.Module):
 
 
 def test_random_module_state_is_lifted_to_absent_inputs(tmp_path):
-    from reproarchive.sources.dump_graph import lift_state, module_state_origin, trace_repro
+    from reproarchive.sources.repro_module import lift_state, module_state_origin, trace_repro
 
     mod = _DumpedRepro()
     origin = module_state_origin(mod)
@@ -421,7 +421,7 @@ def test_random_module_state_is_lifted_to_absent_inputs(tmp_path):
 
 def test_pack_time_replay_generates_absent_inputs_like_load(tmp_path):
     """The failure recorded when packing a dump must be the one `run` sees later."""
-    from reproarchive.sources.first_replay import _concrete
+    from reproarchive.sources.import_replay import _concrete
 
     g = fx.Graph()
     x, idx = g.placeholder("x"), g.placeholder("idx")

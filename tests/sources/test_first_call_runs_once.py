@@ -21,8 +21,8 @@ import torch
 import torch._dynamo
 
 import reproarchive
-from reproarchive.sources.backend import archive_path
-from reproarchive.sources.call_guard import backward_is_compiled, outputs_cannot_require_grad, runs_the_graph
+from reproarchive.sources.capture.call_guard import backward_is_compiled, outputs_cannot_require_grad, runs_the_graph
+from reproarchive.sources.capture.capture_backend import archive_path
 from support import later_call_backends
 from support.captures import archives_after_death, kept, stages_a_crash_would_leave
 

@@ -25,10 +25,10 @@ def test_no_source_packs_or_redacts_by_hand(name):
     redaction itself."""
     called = _calls(name)
     if name.endswith("backend"):  # with the module that writes its archives
-        called |= _calls("reproarchive.sources.backend_archives")
+        called |= _calls("reproarchive.sources.capture.failure_archives")
     assert not called & {"pack", "redacted_records"}, name
-    if name.endswith("backend"):  # the backend writes through capture_records.write_archive
-        assert "write_archive" in called and "write_capture" in _calls("reproarchive.sources.capture_records")
+    if name.endswith("backend"):  # the backend writes through failure_records.write_archive
+        assert "write_archive" in called and "write_capture" in _calls("reproarchive.sources.capture.failure_records")
     else:
         assert "write_capture" in called, name
 

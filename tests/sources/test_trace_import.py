@@ -23,8 +23,8 @@ from reproarchive.cli import main
 from reproarchive.errors import SourceError
 from reproarchive.format.schema import TraceSource
 from reproarchive.minifier.driver import minify_archive
-from reproarchive.sources.report import PackReport
-from reproarchive.sources.trace_import import TracePackResult, list_trace, pack_trace
+from reproarchive.sources.pack_report import PackReport
+from reproarchive.sources.trace.pack_trace import TracePackResult, list_trace, pack_trace
 from reproarchive.testing.sources import Captured, SourceTests
 from support.shared_fixture import built_once
 from support.trace_programs import recorded_on_cuda
@@ -344,7 +344,7 @@ def test_a_graph_with_a_cond_packs_replays_and_minifies_into_the_branch(packed_r
 
 def test_default_selects_the_failed_compiles_only(trace_jobs, tmp_path):
     """What pack takes without --compile-id/--all (selection only: no child process)."""
-    from reproarchive.sources.trace_reader import read_trace
+    from reproarchive.sources.trace.log_reader import read_trace
 
     trace = read_trace(trace_jobs["graph_break"][1])
     assert [c.id for c in trace.select()] == ["1/0"]

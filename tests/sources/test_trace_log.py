@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 import reproarchive
 from reproarchive.errors import SourceError
-from reproarchive.sources import trace_facts, trace_import, trace_reader
-from reproarchive.sources.trace_import import list_trace, pack_trace
+from reproarchive.sources.trace import facts, log_reader
+from reproarchive.sources.trace import pack_trace as trace_import
+from reproarchive.sources.trace.pack_trace import list_trace, pack_trace
 
 
 def _log(trace_dir: Path) -> Path:
@@ -51,7 +52,7 @@ def _write(path: Path, events, *, fix_md5: bool = True) -> Path:
 
 
 def _kind(env: dict) -> str:
-    return trace_reader._event_kind(env)
+    return log_reader._event_kind(env)
 
 
 def test_truncated_and_damaged_lines_are_warnings(trace_jobs, tmp_path):
@@ -108,10 +109,10 @@ def test_interleaved_ranks_and_per_rank_files(trace_jobs, tmp_path):
     assert {(r["rank"], r["compile_id"]) for r in listing["compiles"]} == {
         (0, "0/0"), (0, "1/0"), (1, "0/0"), (1, "0/1"), (1, "0/2")}
     assert any("ranks interleaved" in w for w in listing["warnings"])
-    trace = trace_reader.read_trace(single)
+    trace = log_reader.read_trace(single)
     chosen = trace.select(["0/1"], rank=1)
     assert [trace_import._archive_names(chosen, trace)[id(c)] for c in chosen] == ["repro-rank1-0_1.tar.zst"]
-    assert trace_facts.symbols(chosen[0])["s77"]["hint"] == 4
+    assert facts.symbols(chosen[0])["s77"]["hint"] == 4
     # both ranks compiled [0/0]: without --rank, one archive each
     both = trace.select(["0/0"])
     assert sorted(trace_import._archive_names(both, trace).values()) == ["repro-rank0-0_0.tar.zst",
@@ -168,7 +169,7 @@ def test_cache_hit_logs_the_runnable_again(trace_jobs):
     events[at + 1:at + 1] = [hit, (prefix, dict(env), list(payload))]
     tmp = trace.parent / "cache_hit"
     _write(tmp / _log(trace).name, events)
-    c = trace_reader.read_trace(tmp).compiles[0]
+    c = log_reader.read_trace(tmp).compiles[0]
     assert len(c.runnables()) == 1 and c.cache == {"hit": 1, "runnables_logged": 2}
     graph_from, event = trace_import._choose_graph(c, "auto")
     assert graph_from == "fx_graph_runnable" and event.payload == "\n".join(payload)
@@ -231,7 +232,7 @@ def test_fuzz_mutated_lines(log_lines, tmp_path_factory, mutations, junk):
     path = folder / "dedicated_log_torch_trace_fuzz.log"
     path.write_text("\n".join(lines), encoding="utf-8", errors="surrogatepass")
     try:
-        trace = trace_reader.read_trace(path)
+        trace = log_reader.read_trace(path)
     except SourceError:
         return
     for c in trace.compiles:

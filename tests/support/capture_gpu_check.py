@@ -194,7 +194,7 @@ def main() -> int:
             model = torch.nn.Sequential(*[m for _ in range(16) for m in (torch.nn.Linear(4096, 4096, device=DEVICE),
                                                                            torch.nn.ReLU())])
             inputs = [torch.randn(n, 4096, device=DEVICE) for n in (8, 16)]
-            from reproarchive.sources import process_spool
+            from reproarchive.sources.capture import process_spool
 
             waited = []
             wait = process_spool.ProcessSpool.wait

@@ -1,0 +1,190 @@
+"""``capture --after aot``: the graph Inductor is handed, with the program's real inputs.
+
+PyTorch's after_aot hook dumps a graph that Inductor failed to compile with the inputs it has
+there, which are fake tensors: the dump holds no data, its inputs become absent, and a replay
+on generated values may fail in a way the program never did. Yet the real tensors exist while
+Inductor compiles a forward graph: they are the inputs Dynamo handed the backend, which the
+crash guard already sees at Dynamo's door (``crash_guard``). AOTAutograd says, for every input
+of the graph it hands Inductor, which of its own inputs it is: ``node.meta["desc"]`` is a
+``PlainAOTInput(idx)`` (the idx-th input Dynamo passed) or a ``ParamAOTInput`` /
+``BufferAOTInput(target)`` (a parameter or buffer of Dynamo's graph module).
+
+So the crash guard keeps the Dynamo graph and its real inputs for the duration of each backend
+call (``dynamo_call``), and ``install`` wraps Inductor's own door, the after_aot debug wrapper
+that ``compile_fx_inner`` applies to every graph (``torch._inductor.compile_fx
+.wrap_compiler_debug``, looked up there at each call). When the compile raises, the graph as
+Inductor received it is written with the real tensor for every input AOTAutograd names and
+whose shape, stride, dtype and device match, and the program's own exception as its failure;
+any other input (a backward graph's activations and tangents, which never existed as data at
+compile time) stays absent. The archive is a ``capture`` archive of an ``after_aot`` graph
+(``source.graph_kind``): ``run`` replays it the way PyTorch's after_aot ``run_repro`` does.
+
+Runtime failures of after_aot graphs need nothing from here: PyTorch's hook dumps those with
+the real inputs of the failing call. Nothing here may break the program: a failure to write
+costs the archive, never the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from reproarchive.compat.fx_meta import aot_input_of
+from reproarchive.compat.inductor import debug_wrapper_of, set_debug_wrapper
+
+AOT_DIR_ENV = "REPROARCHIVE_AOT_DIR"
+ARCHIVE_PREFIX = "aot-"
+
+log = logging.getLogger("reproarchive.capture")
+_counter = itertools.count(1)
+_calls = threading.local()
+
+
+@contextlib.contextmanager
+def dynamo_call(gm: Any, inputs: list[Any]):
+    """Dynamo's graph module and the real inputs it hands the backend, known to Inductor's door
+    for as long as the backend call lasts (the forward graph is compiled inside it)."""
+    stack = _calls.__dict__.setdefault("stack", [])
+    stack.append((gm, inputs))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def patch(module: Any) -> None:
+    """Wrap ``module`` (``torch._inductor.compile_fx``)'s after_aot debug wrapper once."""
+    if not os.environ.get(AOT_DIR_ENV):
+        return
+    original = debug_wrapper_of(module)
+    if original is None or getattr(original, "_reproarchive_guarded", False):
+        return
+
+    @functools.wraps(original)
+    def wrap_compiler_debug(compiler_fn: Any, compiler_name: str) -> Any:
+        debug_wrapper = original(compiler_fn, compiler_name)
+
+        @functools.wraps(debug_wrapper)
+        def door(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            stack = getattr(_calls, "stack", None)
+            caller = stack[-1] if stack else None
+            pristine = _copy(gm)
+            try:
+                return debug_wrapper(gm, example_inputs, *args, **kwargs)
+            except Exception as exc:
+                if pristine is not None and not _is_control_flow(exc):
+                    _write(pristine, list(example_inputs), caller, exc, compiler_name)
+                raise
+
+        return door
+
+    wrap_compiler_debug._reproarchive_guarded = True
+    set_debug_wrapper(module, wrap_compiler_debug)
+
+
+def _is_control_flow(exc: BaseException) -> bool:
+    from reproarchive.sources.capture.call_guard import is_control_flow as steering
+
+    return steering(exc)
+
+
+def _copy(gm: Any) -> Any:
+    try:
+        from reproarchive.sources.capture.capture_backend import copy_graph_structure
+
+        return copy_graph_structure(gm)
+    except Exception as err:  # noqa: BLE001 - never in place of the program's own run
+        log.warning("reproarchive capture: could not copy the graph Inductor was handed: %s", err)
+        return None
+
+
+def real_inputs(gm: Any, example_inputs: list[Any], caller: tuple[Any, list[Any]] | None) -> tuple[list[Any], int]:
+    """(the inputs to archive, how many are the program's real data): for each input of ``gm``,
+    the real value AOTAutograd's descriptor names, when its metadata matches the example
+    Inductor got; else the example itself (a fake tensor is stored as absent)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out, real = [], 0
+    for node, example in zip(placeholders, example_inputs):
+        value = _described(aot_input_of(node), caller)
+        if value is not None and _matches(value, example):
+            out.append(value)
+            real += 1
+        else:
+            out.append(example)
+    return out, real
+
+
+def _described(described: tuple[str, Any] | None, caller: tuple[Any, list[Any]] | None) -> Any:
+    if caller is None or described is None:
+        return None
+    dynamo_gm, inputs = caller
+    kind, where = described
+    if kind == "plain":
+        return inputs[where] if isinstance(where, int) and 0 <= where < len(inputs) else None
+    try:
+        return functools.reduce(getattr, str(where).split("."), dynamo_gm)
+    except AttributeError:
+        return None
+
+
+def _hint(value: Any) -> Any:
+    if isinstance(value, int):
+        return value
+    return getattr(getattr(value, "node", None), "hint", None)
+
+
+def _matches(real: Any, example: Any) -> bool:
+    import torch
+
+    from reproarchive.codec.tensors import _is_fake
+
+    if isinstance(example, torch.Tensor):
+        return (isinstance(real, torch.Tensor) and not _is_fake(real) and real.dtype == example.dtype
+                and real.device == example.device
+                and tuple(real.shape) == tuple(_hint(d) for d in example.shape)
+                and tuple(real.stride()) == tuple(_hint(d) for d in example.stride()))
+    if isinstance(example, (torch.SymInt, int)) and not isinstance(example, bool):
+        return isinstance(real, int) and not isinstance(real, bool) and real == _hint(example)
+    return False
+
+
+def _write(gm: Any, example_inputs: list[Any], caller: Any, exc: BaseException, compiler_name: str) -> Path | None:
+    try:
+        from reproarchive.context.config import config_snapshot
+        from reproarchive.context.failure import record_from_exception
+        from reproarchive.sources.capture.capture_backend import write_archive
+
+        inputs, real = real_inputs(gm, example_inputs, caller)
+        folder = Path(os.environ[AOT_DIR_ENV])
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{ARCHIVE_PREFIX}{os.getpid()}-{next(_counter)}.tar.zst"
+        write_archive(gm, inputs, path, config=config_snapshot(),
+                      failure=record_from_exception(exc, "compile", backend=compiler_name),
+                      backend=compiler_name, accuracy=False, capture_settings={"fwd_only": True},
+                      door={"graph_kind": "after_aot", "door": "inductor (compile_fx_inner)",
+                            "replay": {"performed": False, "failure_from": "program"}, "real_inputs": real})
+    except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
+        log.warning("reproarchive capture: could not archive the graph Inductor failed on: %s: %s",
+                    type(err).__name__, err)
+        return None
+    return path
+
+
+def archives(folder: Path) -> list[Path]:
+    """The archives Inductor's door wrote, oldest first."""
+    found = [p for p in folder.glob(f"{ARCHIVE_PREFIX}*.tar.zst") if p.is_file()]
+    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def writer_pid(archive: Path) -> int | None:
+    """The process that wrote ``archive`` (its name says it)."""
+    try:
+        return int(archive.name[len(ARCHIVE_PREFIX):].split("-")[0])
+    except ValueError:
+        return None

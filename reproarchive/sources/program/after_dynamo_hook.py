@@ -1,0 +1,146 @@
+"""PyTorch's after_dynamo hook as the crash guard runs it, inside the backend call (``capture --``).
+
+It lives apart from ``crash_guard`` (the door every torch.compile backend goes through, and the
+spool entry of each graph's first call) because taking over the hook's check is a piece of its
+own: PyTorch's dumps, unchanged, with the graph's first call as the check (``call_guard``) and a
+compiled backward watched where the program runs it (``backward_watch``). ``crash_guard`` calls
+``after_dynamo_hook`` when the hook runs in the backend; both share the first call's spool entry
+through ``first_call``. Like ``crash_guard`` it loads in every process before torch: everything
+else is imported when the hook runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from reproarchive.compat import dynamo
+from reproarchive.sources.capture.first_call import FirstCall, discard, restore, set_aside
+
+log = logging.getLogger("reproarchive.capture")
+
+
+def after_dynamo_hook(wrapper: Any, name: str, gm: Any, example_inputs: list[Any], kwargs: dict,
+                      first: FirstCall | None = None) -> Any:
+    """PyTorch's after_dynamo hook (``TORCHDYNAMO_REPRO_AFTER=dynamo``, levels 1-3), its dumps
+    unchanged, but without running the compiled graph inside the backend call; ``name`` is the
+    backend's recorded name (a custom function by its import path, not PyTorch's bare name).
+
+    The hook runs ``run_fwd_maybe_bwd`` on the graph while Dynamo is still compiling it, which
+    in torch 2.13 breaks working Inductor programs (``expected Tensor() for op: input``, or
+    ``not enough values to unpack``) and turns a kernel that aborts (exit 134) into a
+    ``BackendCompilerFailed`` (exit 1): capture would change the program it captures. Here
+    the graph's first call is the check, outside Dynamo, as the capture backend's is: its
+    failure is dumped (``call_guard``), and a backward the backend compiled is watched where the
+    program runs it (``backward_watch``): its failure is dumped there, and the spool entry of
+    ``first`` is on disk while it runs. Where the outputs show a compiled backward that cannot
+    be watched, that backward is checked right after the call, on aliases of its inputs (copies
+    of those it writes). A failure of any later call is dumped too. The program's own
+    exception is re-raised unchanged, with PyTorch's ``minifier_path``.
+    """
+    from reproarchive.sources.capture.call_guard import is_control_flow
+    from reproarchive.sources.capture.capture_backend import copy_graph_structure
+
+    level = dynamo.repro_level()
+    if level == 3:
+        dynamo.dump_graph_and_inputs(gm, example_inputs, name)
+    pristine = copy_graph_structure(gm)
+    first = first or FirstCall(None)
+    dump, dump_or_say = _dumps(pristine, level, name)
+    try:
+        compiled = wrapper._torchdynamo_orig_backend(gm, example_inputs, **kwargs)
+    except Exception as exc:
+        if not is_control_flow(exc):
+            log.warning("Compiled Fx GraphModule failed. Creating script to minify the error.")
+            dump(example_inputs, exc)
+        raise
+    return _checked(compiled, gm, pristine, first, dump, dump_or_say)
+
+
+def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], BaseException], str],
+                                                           Callable[[list[Any], BaseException], None]]:
+    """PyTorch's dump of the graph (as it was before the backend) with ``inputs`` for a failure
+    (level 1: the backend's state; 2 and 3: the graph and its inputs), which sets the
+    exception's ``minifier_path``; and the same, saying so on the exception where it fails."""
+    from reproarchive.sources.capture.call_guard import not_archived
+    from reproarchive.sources.capture.capture_backend import copy_graph_structure
+
+    def dump(inputs: list[Any], exc: BaseException) -> str:
+        copied = copy_graph_structure(pristine)
+        if level == 1:
+            dynamo.dump_backend_state(copied, inputs, name)
+        else:
+            dynamo.dump_graph_and_inputs(copied, inputs, name)
+        path = os.path.join(dynamo.minifier_dir(), "minifier_launcher.py")
+        try:
+            exc.minifier_path = path  # type: ignore[attr-defined]  # as PyTorch's hook sets it
+        except Exception:  # noqa: BLE001 - exceptions with __slots__
+            pass
+        return path
+
+    def dump_or_say(inputs: list[Any], exc: BaseException) -> None:
+        try:
+            dump(inputs, exc)
+        except Exception as err:  # noqa: BLE001 - the program's own exception goes on
+            not_archived(exc, f"{type(err).__name__}: {err}", call=1)
+
+    return dump, dump_or_say
+
+
+def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Callable, dump_or_say: Callable) -> Any:
+    """``compiled`` guarded (``call_guard``): its first call is the check, a backward it compiled
+    watched where the program runs it (``first`` takes its spool entry over then) or checked
+    right after the call, and every failure dumped."""
+    from reproarchive.codec.device_runtime import RngState, devices_of
+    from reproarchive.replay.accuracy import run_forward_backward
+    from reproarchive.sources.capture.call_guard import (
+        GraphWrites,
+        backward_is_compiled,
+        checked_after,
+        guarded,
+        is_control_flow,
+        outputs_cannot_require_grad,
+        preserved_state,
+        runs_the_graph,
+        watched_backward,
+    )
+
+    writes = GraphWrites(pristine)
+
+    def watches(args: list[Any]) -> bool:
+        return not (outputs_cannot_require_grad(gm, args) or runs_the_graph(compiled))
+
+    first.finished_first = watches
+
+    def check(args: list[Any], run_args: list[Any], rng: Any = None) -> None:
+        try:
+            with preserved_state(gm, args, rng=rng):
+                run_forward_backward(compiled, run_args, seed="ones", backward_if=backward_is_compiled)
+        except Exception as exc:
+            if not is_control_flow(exc):
+                dump_or_say(args, exc)
+            raise
+
+    def watched(args: list[Any], before: list[Any], out: Any) -> bool:
+        """The compiled backward the first call made, watched (False: nothing to watch)."""
+        if writes.of(before) is None or not watched_backward(
+                out, args, failed=lambda exc: dump_or_say(before, exc), restore=lambda: restore(first.pending),
+                set_aside=lambda: set_aside(first.pending), done=lambda: discard(first.pending)):
+            return False
+        first.watched = True
+        return True
+
+    def first_call(args: list[Any]) -> Any:
+        # the real call is the check, waited for on its devices, and its failure dumped
+        # (``call_guard``); the graph runs once. A backward the backend compiled is watched
+        # where the program runs it; one its outputs show that cannot be is checked after it
+        after = checked_after(writes, args, RngState.capture(devices_of(args)), check)
+
+        def ended(before: list[Any], out: Any) -> None:
+            if out is None or not watches(args) or not watched(args, before, out):
+                after(before, out)
+        return ended
+
+    return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
