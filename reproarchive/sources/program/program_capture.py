@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import reproarchive
 from reproarchive.context.environment import OWN_VARIABLES_ENV
 from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.format.schema import CaptureSource
@@ -119,7 +118,7 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
     # the crash guard's sitecustomize first, then this reproarchive (not our whole sys.path:
     # the program may run another Python), then the program's own PYTHONPATH
     shim = Path(crash_guard.__file__).resolve().parent / "crash_shim"
-    root = Path(reproarchive.__file__).resolve().parents[1]  # the folder that holds the package
+    root = Path(__file__).resolve().parents[3]  # the folder that holds reproarchive/ (sources/program/ here)
     env["PYTHONPATH"] = os.pathsep.join([str(shim), str(root), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
