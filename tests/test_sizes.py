@@ -16,8 +16,6 @@ OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/minifier/candidate.py:Recording.normalise": 97,
-    "reproarchive/minifier/search.py:minify_with_stats": 93,
     "reproarchive/context/config.py:applied_config": 85,
     "reproarchive/format/schema/rules/decode.py:_checked": 83,
     "reproarchive/archive/loading.py:rebuild": 82,
@@ -30,7 +28,6 @@ OVER_FUNCTIONS = {
     "reproarchive/standalone/script.py:_Script.build": 73,
     "reproarchive/sources/trace/pack_trace.py:_job": 64,
     "reproarchive/sources/dump/pack_dump.py:pack_dump": 71,
-    "reproarchive/minifier/candidate.py:Recording.__init__": 71,
     "reproarchive/codec/targets.py:check_graph_targets": 68,
     "reproarchive/triage/graph_hops.py:HopDrawer._graph": 65,
     "reproarchive/codec/triton_kernels.py:archive_records": 65,
