@@ -1,19 +1,17 @@
 """The steps of ``Recording.normalise``, each one rule of candidate.py's docstring.
 
 They live apart from candidate.py so that module stays readable in one sitting; each takes the
-``Recording`` whose indexed graph it reads, and ``res``, which follows a node through the
+``Recording`` whose indexed graph it reads (typed ``Any``: naming the class here would import
+candidate.py, which imports this module), and ``res``, which follows a node through the
 substitution map to the node whose value replaces it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import inputs as _inputs
 from .inputs import IDENTITY, Transform
-
-if TYPE_CHECKING:  # candidate.py imports this module: the type alone would be a cycle
-    from .candidate import Recording
 
 Resolve = Callable[[int], int]
 
@@ -27,7 +25,7 @@ def resolver(subst: dict[int, int]) -> Resolve:
     return res
 
 
-def kept_ops(rec: Recording, keep: Sequence[int] | frozenset[int], subst: dict[int, int],
+def kept_ops(rec: Any, keep: Sequence[int] | frozenset[int], subst: dict[int, int],
              res: Resolve) -> set[int]:
     """The kept op nodes once uncuttable values are computed again and items of tuples no
     longer computed are read as inputs; one rule can undo the other, so to a fixed point."""
@@ -49,7 +47,7 @@ def kept_ops(rec: Recording, keep: Sequence[int] | frozenset[int], subst: dict[i
     return S
 
 
-def frontier(rec: Recording, S: set[int], subst: dict[int, int], res: Resolve) -> list[int]:
+def frontier(rec: Any, S: set[int], subst: dict[int, int], res: Resolve) -> list[int]:
     """The outputs when the caller names none; adds to ``S`` the tensor items a kept tuple
     outputs, since an output must be a node the graph computes."""
     read = {res(a) for v in S for a in rec.args[v]}
@@ -69,7 +67,7 @@ def frontier(rec: Recording, S: set[int], subst: dict[int, int], res: Resolve) -
     return outs
 
 
-def _closure(rec: Recording, S: set[int], seeds: set[int], res: Resolve) -> set[int]:
+def _closure(rec: Any, S: set[int], seeds: set[int], res: Resolve) -> set[int]:
     live = set()
     stack = list(seeds)
     while stack:
@@ -84,7 +82,7 @@ def _closure(rec: Recording, S: set[int], seeds: set[int], res: Resolve) -> set[
     return live
 
 
-def live_nodes(rec: Recording, S: set[int], roots: set[int], subst: dict[int, int], res: Resolve) -> set[int]:
+def live_nodes(rec: Any, S: set[int], roots: set[int], subst: dict[int, int], res: Resolve) -> set[int]:
     """What the roots need, plus every mutation a kept later reader of its target depends on
     (keeping one can make another needed, so to a fixed point); grows ``S`` and ``roots``."""
     live = _closure(rec, S, roots, res)
@@ -105,7 +103,7 @@ def live_nodes(rec: Recording, S: set[int], roots: set[int], subst: dict[int, in
     return live
 
 
-def normal_fields(rec: Recording, live: set[int], outs: list[int], xforms: dict[int, Transform],
+def normal_fields(rec: Any, live: set[int], outs: list[int], xforms: dict[int, Transform],
                   res: Resolve) -> tuple[Any, ...]:
     """``Candidate``'s fields, in its order, from the live set: sorted, so equal graphs get equal
     memo keys however the moves reached them."""
