@@ -16,9 +16,6 @@ OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/context/config.py:applied_config": 85,
-    "reproarchive/format/schema/rules/decode.py:_checked": 83,
-    "reproarchive/archive/loading.py:rebuild": 82,
     "reproarchive/store/push.py:_push_one": 81,
     "reproarchive/sources/trace/pack_trace.py:pack_trace": 79,
     "reproarchive/archive/packing.py:pack": 78,
