@@ -16,12 +16,9 @@ OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/store/push.py:_push_one": 81,
     "reproarchive/sources/trace/pack_trace.py:pack_trace": 79,
     "reproarchive/archive/packing.py:pack": 78,
-    "reproarchive/format/index_codec.py:check_msgpack_shape": 77,
     "reproarchive/standalone/job_script.py:write_job_export": 75,
-    "reproarchive/format/reader.py:ContainerReader._read_tail": 74,
     "reproarchive/standalone/script.py:_Script.build": 73,
     "reproarchive/sources/trace/pack_trace.py:_job": 64,
     "reproarchive/sources/dump/pack_dump.py:pack_dump": 71,
