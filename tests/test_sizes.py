@@ -16,7 +16,6 @@ OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/archive/packing.py:pack": 78,
     "reproarchive/standalone/job_script.py:write_job_export": 75,
     "reproarchive/standalone/script.py:_Script.build": 73,
     "reproarchive/sources/dump/pack_dump.py:pack_dump": 71,
