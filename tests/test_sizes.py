@@ -16,8 +16,6 @@ OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/standalone/job_script.py:write_job_export": 75,
-    "reproarchive/standalone/script.py:_Script.build": 73,
     "reproarchive/sources/dump/pack_dump.py:pack_dump": 71,
     "reproarchive/codec/targets.py:check_graph_targets": 68,
     "reproarchive/triage/graph_hops.py:HopDrawer._graph": 65,
