@@ -16,7 +16,6 @@ OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/sources/dump/pack_dump.py:pack_dump": 71,
     "reproarchive/codec/targets.py:check_graph_targets": 68,
     "reproarchive/triage/graph_hops.py:HopDrawer._graph": 65,
     "reproarchive/codec/triton_kernels.py:archive_records": 65,
