@@ -16,8 +16,6 @@ OVER_MODULES: dict[str, int] = {}
 
 #: "path:qualified name" -> its lines when the rule came
 OVER_FUNCTIONS = {
-    "reproarchive/triage/graph_hops.py:HopDrawer._graph": 65,
-    "reproarchive/minifier/job_minify.py:minify_job": 63,
     "reproarchive/codec/devices.py:remap_graph_devices": 63,
 }
 
