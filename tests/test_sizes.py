@@ -14,10 +14,8 @@ MODULE_LINES, FUNCTION_LINES = 500, 60
 #: path -> its lines when the rule came (only shrinking from here); every module fits now
 OVER_MODULES: dict[str, int] = {}
 
-#: "path:qualified name" -> its lines when the rule came
-OVER_FUNCTIONS = {
-    "reproarchive/codec/devices.py:remap_graph_devices": 63,
-}
+#: "path:qualified name" -> its lines when the rule came (only shrinking from here); every function fits now
+OVER_FUNCTIONS: dict[str, int] = {}
 
 
 def _sources() -> list[Path]:
