@@ -171,37 +171,15 @@ def rebuild(reader: ContainerReader, graph: Any, inputs: Sequence[Any], records:
     mapper = resolve_devices(recorded_devices(index), device, missing="cpu")
     notes = [f"recorded device {name} is not available here; loading on cpu" for name in mapper.fallback]
     table = index.storages
-    states = {g.storage for g in records.rng.generators} if records.rng is not None else set()
-    ops_tensors = [t for op in index.custom_ops or () for t in op.tensors()]
-    kernel_tensors = [t for k in index.triton_kernels or () for c in k.calls for v in c.written.values()
-                      for t in v.tensors()]
-    used = sorted({t.storage for v in inputs for t in v.tensors()} | {t.storage for t in graph.tensors()}
-                  | {t.storage for t in (*ops_tensors, *kernel_tensors)} | states)
-    targets: list[Any] = [None] * len(table)
-    devices: dict[str, str] = {}
-    for i in used:
-        if i in states:  # a generator state: host bytes, whatever the generator's device
-            targets[i] = torch.device("cpu")
-            continue
-        devices[table[i].device] = mapper(table[i].device)
-        targets[i] = torch.device(devices[table[i].device])
+    used, states, tensor_records = _used_storages(index, graph, inputs, records)
+    targets, devices = _storage_targets(table, used, states, mapper)
     check_declared_memory(((table[i].size, targets[i]) for i in used), max_memory=max_memory)
     total = sum(table[i].size for i in used if table[i].digest)
-    tensor_records = (*(t for v in inputs for t in v.tensors()), *graph.tensors(), *ops_tensors, *kernel_tensors)
     storages = _materialize(reader, table, used, targets, tensor_codec.storage_dtypes(tensor_records),
                             Tracker(progress, "load", total).update, path=path, limits=limits,
                             demands=storage_demands(inputs, table, graph))
     decoder = tensor_codec.ValueDecoder(storages, targets)
-    custom_ops = [LiveCustomOp(dataclasses.replace(op, calls=()),
-                               [LiveCall(c.arguments, tuple(map(decoder.decode, c.outputs))) for c in op.calls])
-                  for op in index.custom_ops or ()]
-    stand_in_calls([op for op in custom_ops if op.name in stood_in])
-    kernels = [LiveTritonKernel(dataclasses.replace(k, constants=(), calls=()), [
-        LiveTritonCall(dict(k.constants[c.constants]), dict(c.arguments),
-                       {n: decoder.decode(v) for n, v in c.written.items()}) for c in k.calls])
-        for k in index.triton_kernels or ()]
-    launches = LaunchBinder(index.triton_kernels or (), brought_kernels(BROUGHT_MODULES),
-                            {k.record.digest: k.calls for k in kernels})
+    custom_ops, kernels, launches = _live_calls(index, decoder, stood_in)
     # Device constants inside the graph follow the inputs (a CUDA graph loaded on CPU
     # must not still create tensors on cuda).
     gm = graph_codec.GraphDecoder(decoder.tensor, launches).decode(graph)
@@ -213,6 +191,63 @@ def rebuild(reader: ContainerReader, graph: Any, inputs: Sequence[Any], records:
         if isinstance(args[i], torch.Tensor):  # an inference tensor, as recorded (spec §8 execution)
             args[i] = rebuilt_as_inference(args[i])
     fidelity = [input_fidelity(r, table, targets) for r in inputs]
+    notes += _input_notes(index, records, inputs, fidelity)
+    notes += _stand_in_notes(index, stood_in, launches)
+    if warn:
+        for note in notes:
+            warnings.warn(note, stacklevel=4)
+    rng_states = decode_rng(records.rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
+    return Rebuilt(gm, args, fidelity, devices, notes, [*custom_ops, *kernels],
+                   [*stood_in, *(f"triton:{n}" for n in launches.stand_ins)], rng_states)
+
+
+def _used_storages(index: Index, graph: Any, inputs: Sequence[Any], records: Records) -> tuple[list[int], set, tuple]:
+    """The storages this graph and these inputs need (with the custom ops' and kernels' recorded
+    results and the generator states), so a rank of a job never reads another rank's."""
+    states = {g.storage for g in records.rng.generators} if records.rng is not None else set()
+    ops_tensors = [t for op in index.custom_ops or () for t in op.tensors()]
+    kernel_tensors = [t for k in index.triton_kernels or () for c in k.calls for v in c.written.values()
+                      for t in v.tensors()]
+    used = sorted({t.storage for v in inputs for t in v.tensors()} | {t.storage for t in graph.tensors()}
+                  | {t.storage for t in (*ops_tensors, *kernel_tensors)} | states)
+    tensor_records = (*(t for v in inputs for t in v.tensors()), *graph.tensors(), *ops_tensors, *kernel_tensors)
+    return used, states, tensor_records
+
+
+def _storage_targets(table: Sequence[StorageRecord], used: list[int], states: set,
+                     mapper: Any) -> tuple[list[Any], dict[str, str]]:
+    """Where each used storage goes here, and the recorded -> local device map that says so."""
+    targets: list[Any] = [None] * len(table)
+    devices: dict[str, str] = {}
+    for i in used:
+        if i in states:  # a generator state: host bytes, whatever the generator's device
+            targets[i] = torch.device("cpu")
+            continue
+        devices[table[i].device] = mapper(table[i].device)
+        targets[i] = torch.device(devices[table[i].device])
+    return targets, devices
+
+
+def _live_calls(index: Index, decoder: tensor_codec.ValueDecoder,
+                stood_in: Sequence[str]) -> tuple[list, list, LaunchBinder]:
+    """The recorded custom-op and Triton calls with their results decoded, which the stand-ins
+    return; the graph decoder needs the launches before it can decode a kernel's node."""
+    custom_ops = [LiveCustomOp(dataclasses.replace(op, calls=()),
+                               [LiveCall(c.arguments, tuple(map(decoder.decode, c.outputs))) for c in op.calls])
+                  for op in index.custom_ops or ()]
+    stand_in_calls([op for op in custom_ops if op.name in stood_in])
+    kernels = [LiveTritonKernel(dataclasses.replace(k, constants=(), calls=()), [
+        LiveTritonCall(dict(k.constants[c.constants]), dict(c.arguments),
+                       {n: decoder.decode(v) for n, v in c.written.items()}) for c in k.calls])
+        for k in index.triton_kernels or ()]
+    launches = LaunchBinder(index.triton_kernels or (), brought_kernels(BROUGHT_MODULES),
+                            {k.record.digest: k.calls for k in kernels})
+    return custom_ops, kernels, launches
+
+
+def _input_notes(index: Index, records: Records, inputs: Sequence[Any], fidelity: list) -> list[str]:
+    """Inputs that are not the original run's data: generated, or made by the minifier."""
+    notes = []
     absent = [i for i, f in enumerate(fidelity) if f == FIDELITY_ABSENT]
     if absent:
         names = ", ".join(str(getattr(inputs[i], "name", None) or i) for i in absent[:8])
@@ -223,9 +258,15 @@ def rebuild(reader: ContainerReader, graph: Any, inputs: Sequence[Any], records:
         names = ", ".join(f"{getattr(inputs[i], 'name', None) or i} ({what})" for i, what in list(derived.items())[:8])
         notes.append(f"{len(derived)} input(s) of this minified archive are not the original data: {names}; "
                      "the replay is not the original run")
+    return notes
+
+
+def _stand_in_notes(index: Index, stood_in: Sequence[str], launches: LaunchBinder) -> list[str]:
+    """Custom ops and Triton kernels a stand-in replaces: they answer only the recorded calls."""
+    notes = []
     for name in stood_in:
         op = next(o for o in index.custom_ops if o.name == name)
-        generated = any(table[t.storage].fidelity == FIDELITY_ABSENT for t in op.tensors())
+        generated = any(index.storages[t.storage].fidelity == FIDELITY_ABSENT for t in op.tensors())
         notes.append(f"custom op {name} is not registered here: a stand-in returns "
                      + ("GENERATED outputs of the recorded shapes (the source had no data)" if generated else
                         f"its {len(op.calls)} recorded output(s) and fails on any other input")
@@ -234,12 +275,7 @@ def rebuild(reader: ContainerReader, graph: Any, inputs: Sequence[Any], records:
         kernel = next(k for k in index.triton_kernels if k.name == name)
         notes.append(f"Triton kernel {name} is not here: a stand-in writes its {len(kernel.calls)} recorded "
                      "result(s) and fails on any other input (bring the kernel with --import MODULE)")
-    if warn:
-        for note in notes:
-            warnings.warn(note, stacklevel=4)
-    rng_states = decode_rng(records.rng, storages, {d: str(mapper(d)) for d in recorded_devices(index)})
-    return Rebuilt(gm, args, fidelity, devices, notes, [*custom_ops, *kernels],
-                   [*stood_in, *(f"triton:{n}" for n in launches.stand_ins)], rng_states)
+    return notes
 
 
 def _materialize(reader: ContainerReader, records: Sequence[StorageRecord], which, devices: list[torch.device],

@@ -174,6 +174,38 @@ def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records
                     custom_ops=op_records, triton_kernels=kernel_records)
 
 
+def _look_ahead(table: StorageTable, real: list[int], threads: int) -> int:
+    """How many storages are hashed ahead of the one being compressed (the digest names the
+    blob, so it must be known before its first frame is written). CPU storages are hashed in
+    place, so looking further ahead costs no memory; a device storage costs a host copy while
+    queued."""
+    return 2 * threads if all(table.sources[i].device.type == "cpu" for i in real) else 1
+
+
+def _write_storages(writer: ContainerWriter, pool: WorkQueue, table: StorageTable, real: list[int], digest: str,
+                    ahead: int, pbar: Tracker, pending: dict[int, concurrent.futures.Future]) -> None:
+    """Every stored storage as a blob member, once per digest (equal storages share one blob);
+    ``pending`` is the caller's, so it can cancel the hashes still queued when packing fails."""
+    written: set[str] = set()
+
+    def submit(k: int) -> None:
+        if k < len(real) and k not in pending:
+            pending[k] = pool.submit(_digest_job, table.sources[real[k]], digest)
+
+    for k in range(ahead):
+        submit(k)
+    for k, sidx in enumerate(real):
+        submit(k + ahead)
+        keep, view, dg = pending.pop(k).result()
+        table.resolve(sidx, dg)
+        if dg is not None and dg not in written:
+            writer.add_member(digests.blob_member_name(dg), view, keep=keep)
+            written.add(dg)
+        else:
+            pbar.update(table.records[sidx].size)
+        del keep, view
+
+
 def pack(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -210,10 +242,7 @@ def pack(
     # the bar counts member bytes as their frames reach the file, and skipped storages at once
     total = sum(table.records[i].size for i in real) + len(code) + len(layout.layout_member_bytes())
     threads = worker_threads()
-    # Storages are hashed ahead of the one being compressed (the digest names the blob, so it
-    # must be known before its first frame is written). CPU storages are hashed in place, so
-    # looking further ahead costs no memory; a device storage costs a host copy while queued.
-    ahead = 2 * threads if all(table.sources[i].device.type == "cpu" for i in real) else 1
+    ahead = _look_ahead(table, real, threads)
     pbar = Tracker(progress, "pack", total)
     # One thread per core this process may use, this one included: it hashes and encodes too
     # whenever it would otherwise wait (WorkQueue), so a busy core never holds up the others.
@@ -222,25 +251,8 @@ def pack(
                                  progress=pbar.update, direct_io=True, min_saving=min_saving)
         try:
             writer.add_member(GRAPH_CODE_MEMBER, code)
-            written: set[str] = set()
             pending: dict[int, concurrent.futures.Future] = {}
-
-            def submit(k: int) -> None:
-                if k < len(real) and k not in pending:
-                    pending[k] = pool.submit(_digest_job, table.sources[real[k]], digest)
-
-            for k in range(ahead):
-                submit(k)
-            for k, sidx in enumerate(real):
-                submit(k + ahead)
-                keep, view, dg = pending.pop(k).result()
-                table.resolve(sidx, dg)
-                if dg is not None and dg not in written:
-                    writer.add_member(digests.blob_member_name(dg), view, keep=keep)
-                    written.add(dg)
-                else:
-                    pbar.update(table.records[sidx].size)
-                del keep, view
+            _write_storages(writer, pool, table, real, digest, ahead, pbar, pending)
             index = ready.index(frame_size=frame_size, digest_algorithm=digest, job=job)
             try:
                 writer.finish(index)

@@ -248,54 +248,65 @@ def remap_graph_devices(gm: Any, spec: DeviceSpec | Callable[[str], str]) -> int
     else:
         target_for_spec = spec
 
-    changed = 0
-
-    def fix(value: Any) -> Any:
-        nonlocal changed
-        if isinstance(value, torch.device):
-            new = torch.device(target_for_spec(str(value)))
-            if new != value:
-                changed += 1
-            return new
-        if isinstance(value, (list, tuple)):
-            return type(value)(fix(v) for v in value)
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        return value
-
-    def fix_kw(key: str, value: Any) -> Any:
-        nonlocal changed
-        if key == "device" and isinstance(value, str):
-            new = target_for_spec(value)
-            if new != value:
-                changed += 1
-            return new
-        return fix(value)
-
+    remap = _DeviceRemap(target_for_spec)
     for module in gm.modules():
         graph = getattr(module, "graph", None)
         if not isinstance(graph, torch.fx.Graph):
             continue
-        before = changed
+        before = remap.changed
         for node in graph.nodes:
-            node.args = fix(node.args)
-            node.kwargs = {k: fix_kw(k, v) for k, v in node.kwargs.items()}
-            # x.cuda() names its device only by the method: make it x.to(<mapped device>)
-            if node.op == "call_method" and node.target == "cuda" and len(node.args) == 1 and not node.kwargs:
-                new = target_for_spec("cuda")
-                if new != "cuda":
-                    node.target, node.args = "to", (node.args[0], new)
-                    changed += 1
-            # Tensor.to("cuda") carries the device as a plain string.
-            if node.op == "call_method" and node.target == "to":
-                new_args = tuple(
-                    target_for_spec(a) if isinstance(a, str) and is_device_name(a) else a for a in node.args
-                )
-                changed += sum(a != b for a, b in zip(new_args, node.args))
-                node.args = new_args
-        if changed != before:
+            remap.node(node)
+        if remap.changed != before:
             module.recompile()
-    return changed
+    return remap.changed
+
+
+class _DeviceRemap:
+    """One rewrite of a module tree's device constants, counting what it changed (a graph is
+    recompiled only when it changed)."""
+
+    def __init__(self, target_for_spec: Callable[[str], str]):
+        self.target_for_spec = target_for_spec
+        self.changed = 0
+
+    def fix(self, value: Any) -> Any:
+        import torch
+
+        if isinstance(value, torch.device):
+            new = torch.device(self.target_for_spec(str(value)))
+            if new != value:
+                self.changed += 1
+            return new
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.fix(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.fix(v) for k, v in value.items()}
+        return value
+
+    def fix_kw(self, key: str, value: Any) -> Any:
+        if key == "device" and isinstance(value, str):
+            new = self.target_for_spec(value)
+            if new != value:
+                self.changed += 1
+            return new
+        return self.fix(value)
+
+    def node(self, node: Any) -> None:
+        node.args = self.fix(node.args)
+        node.kwargs = {k: self.fix_kw(k, v) for k, v in node.kwargs.items()}
+        # x.cuda() names its device only by the method: make it x.to(<mapped device>)
+        if node.op == "call_method" and node.target == "cuda" and len(node.args) == 1 and not node.kwargs:
+            new = self.target_for_spec("cuda")
+            if new != "cuda":
+                node.target, node.args = "to", (node.args[0], new)
+                self.changed += 1
+        # Tensor.to("cuda") carries the device as a plain string.
+        if node.op == "call_method" and node.target == "to":
+            new_args = tuple(
+                self.target_for_spec(a) if isinstance(a, str) and is_device_name(a) else a for a in node.args
+            )
+            self.changed += sum(a != b for a, b in zip(new_args, node.args))
+            node.args = new_args
 
 
 def graph_devices(gm: Any) -> list[str]:

@@ -318,31 +318,7 @@ def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereErro
         elif op == "get_attr":
             kinds[node.name] = kinds.get(node.target, MODULE)
         elif op == "call_function":
-            try:
-                fn = resolve_function(node.target)  # the rule load applies: verify's "ok" is run's
-            except NotReplayableHereError as err:
-                if missing is None:
-                    raise
-                missing.append(err)
-                _check_operators_passed(node, None, missing)
-                _flows(node, kinds, subgraphs_ok=False)
-                kinds[node.name] = VALUE
-                continue
-            state = state_function(fn)
-            _check_operators_passed(node, fn, missing)
-            _flows(node, kinds, subgraphs_ok=isinstance(fn, HigherOrderOperator),
-                   consumer=_consumer(node, kinds, fn))
-            if fn is getattr:
-                check_getattr_args(node.args)
-                _receiver(node, kinds)
-            elif isinstance(fn, (OpOverload, OpOverloadPacket)):
-                # a packet (Dynamo's graphs call ``torch.ops._c10d_functional.all_reduce``) is
-                # checked against its default overload, the one its arguments select
-                overload = getattr(fn, "default", None) if isinstance(fn, OpOverloadPacket) else fn
-                why = overload and effects.string_argument_problem(overload, node.args, node.kwargs)
-                if why:
-                    raise _unsafe(node.target, why)
-            kinds[node.name] = HANDLE if state is not None and state.returns_handle else VALUE
+            _check_call_function(node, kinds, missing)
         elif op == "call_method":
             check_method_name(node.target)
             _check_operators_passed(node, None, missing)
@@ -358,6 +334,41 @@ def check_graph_targets(record: GraphRecord, missing: list[NotReplayableHereErro
         else:  # output
             _check_operators_passed(node, None, missing)
             _flows(node, kinds, subgraphs_ok=False)
+    _check_module_state(record, missing)
+
+
+def _check_call_function(node, kinds: dict[str, str], missing: list[NotReplayableHereError] | None) -> None:
+    """One call_function node; the function resolved here is the one ``load`` would call, so
+    what ``verify`` passes is what ``run`` runs."""
+    try:
+        fn = resolve_function(node.target)  # the rule load applies: verify's "ok" is run's
+    except NotReplayableHereError as err:
+        if missing is None:
+            raise
+        missing.append(err)
+        _check_operators_passed(node, None, missing)
+        _flows(node, kinds, subgraphs_ok=False)
+        kinds[node.name] = VALUE
+        return
+    state = state_function(fn)
+    _check_operators_passed(node, fn, missing)
+    _flows(node, kinds, subgraphs_ok=isinstance(fn, HigherOrderOperator),
+           consumer=_consumer(node, kinds, fn))
+    if fn is getattr:
+        check_getattr_args(node.args)
+        _receiver(node, kinds)
+    elif isinstance(fn, (OpOverload, OpOverloadPacket)):
+        # a packet (Dynamo's graphs call ``torch.ops._c10d_functional.all_reduce``) is
+        # checked against its default overload, the one its arguments select
+        overload = getattr(fn, "default", None) if isinstance(fn, OpOverloadPacket) else fn
+        why = overload and effects.string_argument_problem(overload, node.args, node.kwargs)
+        if why:
+            raise _unsafe(node.target, why)
+    kinds[node.name] = HANDLE if state is not None and state.returns_handle else VALUE
+
+
+def _check_module_state(record: GraphRecord, missing: list[NotReplayableHereError] | None) -> None:
+    """Module classes, by the rule ``load`` applies, and every subgraph's own targets."""
     for entry in record.module_state:
         if isinstance(entry, ModuleEntry):
             try:

@@ -215,15 +215,7 @@ def archive_records(graph: GraphRecord, live: Iterable[Any], encode_tensor: Call
         if rec.op != "call_function":
             return rec
         if rec.target in LAUNCH_TARGETS:
-            table = _side_table()
-            kernel_idx, constants_idx = rec.kwargs.get("kernel_idx"), rec.kwargs.get("constant_args_idx")
-            try:
-                kernel, constants = table.get_kernel(kernel_idx), table.get_constant_args(constants_idx)
-            except (AssertionError, KeyError, TypeError):
-                raise PackError(f"node {rec.name} launches Triton kernel {kernel_idx!r}, which this process's side "
-                                "table does not hold (a dump's graph loses its kernels)",
-                                "capture it in the process that traces it: torch.compile(..., "
-                                "backend=reproarchive.capture(BACKEND)) records the kernels") from None
+            kernel, constants = _side_table_launch(rec)
             k, c = number(known_record(describe(kernel)), constants)
             return dataclasses.replace(rec, kwargs={**rec.kwargs, "kernel_idx": k, "constant_args_idx": c})
         stand_in = _stand_in_of_name(rec.target)
@@ -246,6 +238,27 @@ def archive_records(graph: GraphRecord, live: Iterable[Any], encode_tensor: Call
     graph = walk(graph)
     if not kernels:
         return graph, None
+    return graph, _kernel_records(kernels, known, encode_tensor)
+
+
+def _side_table_launch(rec: NodeRecord) -> tuple[Any, dict]:
+    """The kernel and constants a traced launch names in this process's side table, which only
+    the process that traced the graph holds."""
+    table = _side_table()
+    kernel_idx, constants_idx = rec.kwargs.get("kernel_idx"), rec.kwargs.get("constant_args_idx")
+    try:
+        return table.get_kernel(kernel_idx), table.get_constant_args(constants_idx)
+    except (AssertionError, KeyError, TypeError):
+        raise PackError(f"node {rec.name} launches Triton kernel {kernel_idx!r}, which this process's side "
+                        "table does not hold (a dump's graph loses its kernels)",
+                        "capture it in the process that traces it: torch.compile(..., "
+                        "backend=reproarchive.capture(BACKEND)) records the kernels") from None
+
+
+def _kernel_records(kernels: dict[str, tuple[TritonKernelRecord, list[dict]]], known: dict[str, LiveTritonKernel],
+                    encode_tensor: Callable[[torch.Tensor], Any]) -> tuple[TritonKernelRecord, ...]:
+    """The numbered kernels with their call sites and the recorded calls made at those sites
+    (a call at a site no graph of the archive launches is left out)."""
     out = []
     for digest, (record, sites) in kernels.items():
         calls = []
@@ -254,7 +267,7 @@ def archive_records(graph: GraphRecord, live: Iterable[Any], encode_tensor: Call
                 calls.append(TritonCall(constants=sites.index(call.constants), arguments=dict(call.arguments),
                                         written={k: encode_tensor(v) for k, v in call.written.items()}))
         out.append(dataclasses.replace(record, constants=tuple(sites), calls=tuple(calls)))
-    return graph, tuple(out)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------------

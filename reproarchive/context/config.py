@@ -12,8 +12,6 @@ for a replay (data only, never a program or path); ``config_diff`` says what dif
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import copy
 import enum
 import importlib
 import os
@@ -22,8 +20,9 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from reproarchive.compat.config_modules import config_module_type, unset_sentinel
+from reproarchive.compat.config_modules import config_module_type
 from reproarchive.context.admission import COMPARED_MODULES, CONFIG_MODULES, setting_problem
+from reproarchive.context.config_apply import _UNSET, Application
 from reproarchive.context.redaction import _looks_like_path, _redact_value, redact_paths
 from reproarchive.errors import UnrepresentableValue
 from reproarchive.format.plain import INT_MAX, INT_MIN
@@ -270,38 +269,6 @@ def safe_to_apply(key: str, value: Any) -> bool:
     return setting_problem(key, value) is None
 
 
-def _config_module_named(name: str) -> Any:
-    """A torch config module by name: one of ours, or one already imported. Never an import
-    of an arbitrary name from an archive (importing runs the module's code)."""
-    if name in CONFIG_MODULES:
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            return None
-    mod = sys.modules.get(name)
-    ConfigModule = config_module_type()
-    if ConfigModule is None:  # pragma: no cover
-        return None
-    return mod if isinstance(mod, ConfigModule) else None
-
-
-def _restore_type(value: Any, kind: str | None) -> Any:
-    if kind == "tuple" and isinstance(value, list):
-        return tuple(value)
-    if kind == "set" and isinstance(value, list):
-        return set(value)
-    return value
-
-
-_UNSET = object()
-
-
-def _torch_unset() -> Any:
-    """torch's "no environment override" sentinel, imported only when a config is applied, so
-    that comparing two recorded configs (``diff``) does not import torch."""
-    return unset_sentinel(_UNSET)  # an older torch has none: nothing is ever forced by env
-
-
 @contextlib.contextmanager
 def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = False) -> Iterator[AppliedConfig]:
     """Apply a recorded config snapshot to the live torch config modules for the ``with`` body.
@@ -318,92 +285,20 @@ def applied_config(config_record: ConfigRecord | None, *, only_changed: bool = F
     if config_record is None:
         yield result
         return
-    modules = config_record.modules
-    changed = config_record.changed
-    types = config_record.types
-    skip = {(u.module, u.key) for u in config_record.unrepresentable}
-    machine = {(u.module, u.key) for u in config_record.machine_specific}
-
-    changed_keys = {(m, k) for m, vals in changed.items() for k in vals}
-    undo: list[tuple[Any, str, Any, Any]] = []
+    application = Application(config_record, only_changed, result)
     try:
-        for mod_name, values in modules.items():
-            mod = _config_module_named(mod_name)
-            if mod is None:
-                result.missing_modules.append(mod_name)
-                continue
-            config = getattr(mod, "_config", None)
-            if not isinstance(config, dict):
-                result.missing_modules.append(mod_name)
-                continue
-            wanted = changed.get(mod_name, {}) if only_changed else values
-            for key, value in wanted.items():
-                full = f"{mod_name}.{key}"
-                if (mod_name, key) in skip:
-                    result.unrepresentable.append(full)
-                    continue
-                if (mod_name, key) in machine:
-                    result.machine_specific.append(full)
-                    continue
-                entry = config.get(key)
-                if entry is None:
-                    result.missing.append(full)
-                    continue
-                why = setting_problem(key, value, entry.default)
-                if why is not None:
-                    if (mod_name, key) in changed_keys:  # a default left as it is needs no warning
-                        result.unsafe.append(full)
-                        result.reasons[full] = why
-                    continue
-                if getattr(entry, "alias", None) is not None:
-                    continue
-                if getattr(entry, "deprecated", False) and (mod_name, key) not in changed_keys:
-                    continue  # "does nothing"; setting it would only print a FutureWarning
-                value = _restore_type(copy.deepcopy(value), types.get(mod_name, {}).get(key))
-                prior_override = _user_override(entry)
-                prior_hide = getattr(entry, "hide", False)
-                try:
-                    setattr(mod, key, value)
-                except Exception as exc:
-                    result.failed.append({"key": full, "error": f"{type(exc).__name__}: {exc}"})
-                    continue
-                undo.append((mod, key, prior_override, prior_hide))
-                result.applied.append(full)
-                forced = getattr(entry, "env_value_force", _torch_unset())
-                if forced is not _torch_unset() and forced != value:
-                    result.forced_by_env.append(full)
+        for mod_name, values in config_record.modules.items():
+            application.module(mod_name, values)
         for u in config_record.unrepresentable:
             full = f"{u.module}.{u.key}"
             if u.changed and full not in result.unrepresentable:
                 result.unrepresentable.append(full)
         yield result
     finally:
-        for mod, key, prior_override, prior_hide in reversed(undo):
-            entry = mod._config[key]
-            _set_user_override(entry, prior_override)
-            entry.hide = prior_hide
-            dirty = getattr(mod, "_hash_dirty_var", None)
-            if dirty is not None:
-                dirty.set(True)
-            mark = getattr(mod, "_mark_get_dict_dirty", None)
-            if mark is not None:
-                mark(key)
+        application.restore()
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _user_override(entry: Any) -> Any:
-    """A config entry's user override: a ContextVar since torch 2.12, a plain attribute before."""
-    override = entry.user_override
-    return override.get() if isinstance(override, contextvars.ContextVar) else override
-
-
-def _set_user_override(entry: Any, value: Any) -> None:
-    if isinstance(entry.user_override, contextvars.ContextVar):
-        entry.user_override.set(value)
-    else:
-        entry.user_override = value
 
 
 def comparable_snapshot(recorded: ConfigRecord | None) -> ConfigRecord:

@@ -54,8 +54,7 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
     containers can never exceed the bytes left; this walk checks that, the nesting depth, and
     that no extension types appear, in one pass without decoding anything.
     """
-    n = len(data)
-    pos = 0
+    n, pos = len(data), 0
     stack: list[int] = []
     owed = 1  # the top-level object
     # Bytes-to-objects amplification is bounded too: one byte (0x90) decodes to an empty list of
@@ -94,34 +93,51 @@ def check_msgpack_shape(data: bytes, *, max_depth: int = MAX_INDEX_DEPTH, max_me
             count = mult * int.from_bytes(data[pos : pos + width], "big")
             pos += width
             memory += _COST_CONTAINER
-        elif 0xC7 <= b <= 0xC9 or 0xD4 <= b <= 0xD8:
-            raise IndexSchemaError("index uses a msgpack extension type",
-                                  "format 1 has no extension types; the archive is hostile or damaged",
-                                  rule=Rule.MSGPACK_EXTENSION)
         else:
-            raise IndexSchemaError(f"index holds an invalid msgpack byte {b:#x}", rule=Rule.MSGPACK_INVALID)
+            raise _bad_byte(b)
         if count:
-            if len(stack) >= max_depth:
-                raise IndexSchemaError(f"index nests deeper than {max_depth} levels", rule=Rule.MSGPACK_DEPTH)
-            if owed + count > n - pos:
-                raise IndexSchemaError(
-                    "index declares more elements than it has bytes (a msgpack bomb)",
-                    "the archive is hostile or damaged",
-                    rule=Rule.MSGPACK_BOMB,
-                )
-            stack.append(count)
-            owed += count
+            owed = _opened(stack, count, owed, n - pos, max_depth)
             memory += _COST_POINTER * count
         if memory > budget:
-            raise LimitExceededError(
-                f"index would take more than {budget >> 20} MiB of memory to decode",
-                "the archive is hostile or damaged",
-                rule=Rule.MSGPACK_MEMORY,
-            )
+            raise _over_budget(budget)
         while stack and stack[-1] == 0:
             stack.pop()
     if owed or pos != n:
         raise IndexSchemaError("index ends in the middle of a msgpack value", rule=Rule.MSGPACK_INVALID)
+
+
+# The rare branches of the walk, out of its loop, which runs once per msgpack object.
+
+
+def _bad_byte(b: int) -> IndexSchemaError:
+    if 0xC7 <= b <= 0xC9 or 0xD4 <= b <= 0xD8:
+        return IndexSchemaError("index uses a msgpack extension type",
+                                "format 1 has no extension types; the archive is hostile or damaged",
+                                rule=Rule.MSGPACK_EXTENSION)
+    return IndexSchemaError(f"index holds an invalid msgpack byte {b:#x}", rule=Rule.MSGPACK_INVALID)
+
+
+def _opened(stack: list[int], count: int, owed: int, left: int, max_depth: int) -> int:
+    """The elements owed once a container of ``count`` opens; refused when the bytes ``left``
+    cannot hold them all (each takes at least one)."""
+    if len(stack) >= max_depth:
+        raise IndexSchemaError(f"index nests deeper than {max_depth} levels", rule=Rule.MSGPACK_DEPTH)
+    if owed + count > left:
+        raise IndexSchemaError(
+            "index declares more elements than it has bytes (a msgpack bomb)",
+            "the archive is hostile or damaged",
+            rule=Rule.MSGPACK_BOMB,
+        )
+    stack.append(count)
+    return owed + count
+
+
+def _over_budget(budget: int) -> LimitExceededError:
+    return LimitExceededError(
+        f"index would take more than {budget >> 20} MiB of memory to decode",
+        "the archive is hostile or damaged",
+        rule=Rule.MSGPACK_MEMORY,
+    )
 
 
 def decode_index(data: bytes, *, max_memory: int) -> Any:

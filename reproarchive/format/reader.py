@@ -177,6 +177,23 @@ class ContainerReader:
         size = self.file_size
         if size < FOOTER_FRAME_SIZE + SKIPPABLE_HEADER.size + SEEK_FOOTER.size:
             raise self._not_ours(f"only {size} bytes", Rule.NOT_AN_ARCHIVE)
+        nframes, footer_start = self._read_seek_table(size)
+        index_frame, index_size, index_sha = self._read_footer(footer_start)
+        self._set_frame_offsets(footer_start)
+        if index_frame >= nframes:
+            raise CorruptArchiveError("footer points to an index frame that does not exist", "the archive is damaged",
+                                      rule=Rule.INDEX_FRAME)
+        if index_size > self.limits.max_index_bytes:
+            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit "
+                                     f"{self.limits.max_index_bytes}", rule=Rule.INDEX_FRAME)
+        if self.frames[index_frame][1] != index_size:
+            raise CorruptArchiveError("footer and seek table disagree on the index size", "the archive is damaged",
+                                      rule=Rule.INDEX_FRAME)
+        self._index_frame, self._index_size, self._index_sha = index_frame, index_size, index_sha
+
+    def _read_seek_table(self, size: int) -> tuple[int, int]:
+        """(frames, where the footer frame starts): the seek table is read from the end, so its
+        declared length is checked against the file before anything is read through it."""
         nframes, descriptor, magic = SEEK_FOOTER.unpack(self._pread(SEEK_FOOTER.size, size - SEEK_FOOTER.size))
         if magic != SEEKABLE_MAGIC:
             raise self._not_ours("no zstd seek table at its end", Rule.NOT_AN_ARCHIVE)
@@ -198,6 +215,11 @@ class ContainerReader:
                                       rule=Rule.SEEK_TABLE)
         raw = self._pread(nframes * SEEK_ENTRY.size, table_start + SKIPPABLE_HEADER.size)
         self.frames = list(SEEK_ENTRY.iter_unpack(raw))
+        return nframes, footer_start
+
+    def _read_footer(self, footer_start: int) -> tuple[int, int, bytes]:
+        """(index frame, index size, index sha256); a format this reader cannot read is told
+        apart from a damaged footer, so the user knows whether to upgrade."""
         magic, length = SKIPPABLE_HEADER.unpack(self._pread(SKIPPABLE_HEADER.size, footer_start))
         if magic != FOOTER_FRAME_MAGIC or length != FOOTER_STRUCT.size:
             raise self._not_ours("no reproarchive footer before the seek table", Rule.SEEK_TABLE)
@@ -221,6 +243,11 @@ class ContainerReader:
                 rule=Rule.VERSION,
             )
         self.version = (major, minor)
+        return index_frame, index_size, index_sha
+
+    def _set_frame_offsets(self, footer_start: int) -> None:
+        """Each frame's offset; the frames must fill the file up to the footer exactly, so no
+        byte of an archive goes unchecked."""
         offsets = []
         pos = 0
         for c, _d in self.frames:
@@ -237,16 +264,6 @@ class ContainerReader:
                 "the archive is damaged or was modified", rule=Rule.FRAME_OFFSETS,
             )
         self.frame_offsets = offsets
-        if index_frame >= nframes:
-            raise CorruptArchiveError("footer points to an index frame that does not exist", "the archive is damaged",
-                                      rule=Rule.INDEX_FRAME)
-        if index_size > self.limits.max_index_bytes:
-            raise LimitExceededError(f"index declares {index_size} bytes, more than the limit "
-                                     f"{self.limits.max_index_bytes}", rule=Rule.INDEX_FRAME)
-        if self.frames[index_frame][1] != index_size:
-            raise CorruptArchiveError("footer and seek table disagree on the index size", "the archive is damaged",
-                                      rule=Rule.INDEX_FRAME)
-        self._index_frame, self._index_size, self._index_sha = index_frame, index_size, index_sha
 
     def _read_index(self) -> None:
         buf = bytearray(self._index_size)

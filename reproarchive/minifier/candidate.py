@@ -45,6 +45,7 @@ from reproarchive.errors import EagerRunError
 from reproarchive.format.schema import COMPUTE_OPS
 
 from . import inputs as _inputs
+from . import normal_form as _nf
 from .inputs import IDENTITY, Transform
 
 _SCALARS = (int, float, bool, type(None), str, torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -213,6 +214,23 @@ class _RecordingInterpreter(fx.Interpreter):
         return result
 
 
+def _recorded_run(gm: fx.GraphModule, example_inputs: list[Any]) -> _RecordingInterpreter:
+    """One eager run that keeps every value; a graph that cannot run is the caller's to fix."""
+    interp = _RecordingInterpreter(gm)
+    # Record under no_grad unless an input wants grad: then intermediates keep the flag.
+    wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    try:
+        with contextlib.nullcontext() if wants_grad else torch.no_grad():
+            interp.run(*[fresh_copy(x) for x in example_inputs])
+    except Exception as exc:
+        raise EagerRunError(
+            f"the graph does not run eagerly with these inputs ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})",
+            "the minifier needs every intermediate value of one eager run; check the inputs and device",
+        ) from exc
+    return interp
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One graph in normal form: which original nodes it computes, reads as inputs, and outputs,
@@ -251,49 +269,19 @@ class Recording:
                              "example inputs were given")
         self.input_position = {self.index[n]: i for i, n in enumerate(placeholders)}
 
-        interp = _RecordingInterpreter(gm)
-        # Record under no_grad unless an input wants grad: then intermediates keep the flag.
-        wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in self.example_inputs)
-        try:
-            with contextlib.nullcontext() if wants_grad else torch.no_grad():
-                interp.run(*[fresh_copy(x) for x in self.example_inputs])
-        except Exception as exc:
-            raise EagerRunError(
-                f"the graph does not run eagerly with these inputs ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''})",
-                "the minifier needs every intermediate value of one eager run; check the inputs and device",
-            ) from exc
+        interp = _recorded_run(gm, self.example_inputs)
         values = interp.values
 
         n = len(self.nodes)
         self.is_op = [node.op in COMPUTE_OPS for node in self.nodes]
-        self.args: list[tuple[int, ...]] = []
-        self.users: list[list[int]] = [[] for _ in range(n)]
-        for i, node in enumerate(self.nodes):
-            seen: list[int] = []
-            map_arg((node.args, node.kwargs), lambda a, seen=seen: seen.append(self.index[a]) or a)
-            deps = tuple(dict.fromkeys(seen))
-            self.args.append(deps)
-            for d in deps:
-                self.users[d].append(i)
+        self._index_edges()
         self.value: list[Any] = [values.get(node, UNCUTTABLE) for node in self.nodes]
         for i, pos in self.input_position.items():
             self.value[i] = self.example_inputs[pos]
         self.is_tensor = [isinstance(v, torch.Tensor) for v in self.value]
         self.cuttable = [self.is_op[i] and self.value[i] is not UNCUTTABLE for i in range(n)]
         self.is_tuple = [node in interp.tuples for node in self.nodes]
-        self.getitem_source: list[int | None] = [None] * n
-        for i, node in enumerate(self.nodes):
-            if (node.op == "call_function" and node.target is operator.getitem
-                    and isinstance(node.args[0], fx.Node) and self.is_tuple[self.index[node.args[0]]]):
-                self.getitem_source[i] = self.index[node.args[0]]
-        self.effectful = [self.is_op[i] and _effectful(node) for i, node in enumerate(self.nodes)]
-        self.mutates: dict[int, int] = {}
-        for i, node in enumerate(self.nodes):
-            if self.effectful[i]:
-                target = _mutated_arg(node)
-                if target is not None:
-                    self.mutates[i] = self.index[target]
+        self._index_items_and_effects()
         self.meta_key = [_meta_key(v) if v is not UNCUTTABLE else None for v in self.value]
         self.tensor_meta = [
             (tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else None for v in self.value
@@ -312,6 +300,36 @@ class Recording:
             len(self.ops), len(placeholders), len(flat), sum(c[0] for c in costs), sum(c[1] for c in costs),
         )
 
+    def _index_edges(self) -> None:
+        """Each node's distinct argument nodes and its readers, so the moves never walk fx's
+        arguments (nested lists, kwargs) again."""
+        self.args: list[tuple[int, ...]] = []
+        self.users: list[list[int]] = [[] for _ in range(len(self.nodes))]
+        for i, node in enumerate(self.nodes):
+            seen: list[int] = []
+            map_arg((node.args, node.kwargs), lambda a, seen=seen: seen.append(self.index[a]) or a)
+            deps = tuple(dict.fromkeys(seen))
+            self.args.append(deps)
+            for d in deps:
+                self.users[d].append(i)
+
+    def _index_items_and_effects(self) -> None:
+        """Which nodes take an item of a recorded tuple, and which write to which argument: the
+        rules that keep tuples and mutations read them on every candidate."""
+        n = len(self.nodes)
+        self.getitem_source: list[int | None] = [None] * n
+        for i, node in enumerate(self.nodes):
+            if (node.op == "call_function" and node.target is operator.getitem
+                    and isinstance(node.args[0], fx.Node) and self.is_tuple[self.index[node.args[0]]]):
+                self.getitem_source[i] = self.index[node.args[0]]
+        self.effectful = [self.is_op[i] and _effectful(node) for i, node in enumerate(self.nodes)]
+        self.mutates: dict[int, int] = {}
+        for i, node in enumerate(self.nodes):
+            if self.effectful[i]:
+                target = _mutated_arg(node)
+                if target is not None:
+                    self.mutates[i] = self.index[target]
+
     # -- normal form -------------------------------------------------------------------------
 
     def normalise(self, keep: Sequence[int] | frozenset[int], subst: dict[int, int] | None = None,
@@ -320,97 +338,12 @@ class Recording:
         ``xforms`` transforms inputs (kept only for nodes that are still inputs)."""
         subst = subst or {}
         xforms = xforms or {}
-
-        def res(i: int) -> int:
-            while i in subst:
-                i = subst[i]
-            return i
-
-        S = {i for i in keep if self.is_op[i] and i not in subst}
-        changed = True
-        while changed:
-            changed = False
-            for v in list(S):
-                src = self.getitem_source[v]
-                if src is not None and res(src) not in S and self.cuttable[v]:
-                    S.discard(v)  # an item of a tuple we do not compute is an input instead
-                    changed = True
-            for v in list(S):
-                for a in self.args[v]:
-                    a = res(a)
-                    if self.is_op[a] and a not in S and not self.cuttable[a]:
-                        S.add(a)
-                        changed = True
-
-        if outputs is not None:
-            outs = [o for o in outputs if o in S]
-        else:
-            read = {res(a) for v in S for a in self.args[v]}
-            outs = []
-            for v in sorted(S):
-                if v in read:
-                    continue
-                if self.is_tensor[v]:
-                    outs.append(v)
-                elif self.is_tuple[v]:
-                    items = [u for u in self.users[v] if self.getitem_source[u] == v and self.is_tensor[u]
-                             and u not in subst]
-                    outs.extend(items)
-                    S.update(items)
-            kept = {res(o) for o in self.original_outputs} & S  # returned by the original: stays returned
-            outs.extend(sorted(o for o in kept - set(outs) if self.is_tensor[o]))
+        res = _nf.resolver(subst)
+        S = _nf.kept_ops(self, keep, subst, res)
+        outs = [o for o in outputs if o in S] if outputs is not None else _nf.frontier(self, S, subst, res)
         roots = set(outs) | {v for v in S if self.effectful[v]}
-
-        def closure(seeds: set[int]) -> set[int]:
-            live = set()
-            stack = list(seeds)
-            while stack:
-                v = stack.pop()
-                if v in live:
-                    continue
-                live.add(v)
-                for a in self.args[v]:
-                    a = res(a)
-                    if a in S and a not in live:
-                        stack.append(a)
-            return live
-
-        live = closure(roots)
-        if self.mutates:
-            while True:
-                forced = set()
-                for m, b in self.mutates.items():
-                    if m in live or m in subst:
-                        continue
-                    b = res(b)
-                    if any(r > m and b in {res(a) for a in self.args[r]} for r in live):
-                        forced.add(m)
-                if not forced:
-                    break
-                S |= forced
-                roots |= forced
-                live = closure(roots)
-
-        order = tuple(sorted(live))
-        outs_t = tuple(sorted(set(outs) & live))
-        ins: set[int] = set()
-        redirects = []
-        for v in order:
-            for a in self.args[v]:
-                r = res(a)
-                if r != a:
-                    redirects.append((a, r))
-                if r not in live and self.nodes[r].op != "get_attr":
-                    ins.add(r)
-        ins_t = tuple(sorted(ins))
-        redirects_t = tuple(sorted(set(redirects)))
-        xf = tuple((i, xforms[i]) for i in ins_t if xforms.get(i, IDENTITY) != IDENTITY)
-        tx = dict(xf)
-        metas = tuple(self.meta_key[i] if i not in tx else _inputs.meta(self.value[i], tx[i]) for i in ins_t)
-        costs = [_inputs.cost(self.value[i], tx.get(i, IDENTITY)) for i in ins_t]
-        key = (order, outs_t, redirects_t, ins_t, metas)
-        return Candidate(order, outs_t, ins_t, redirects_t, key, xf,
-                         (sum(c[0] for c in costs), sum(c[1] for c in costs)))
+        live = _nf.live_nodes(self, S, roots, subst, res)
+        return Candidate(*_nf.normal_fields(self, live, outs, xforms, res))
 
     def stores(self, cand: Candidate) -> bool:
         """Whether ``cand``'s inputs can be stored: every nested int among them is the size or

@@ -148,6 +148,17 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
                     meshes=job.meshes)
 
 
+def _failing_job(ready: Any) -> Any:
+    """The job, which must name the rank whose failure every cut is judged on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        job = ready.load_job()
+    if job.failing_rank is None:
+        raise ReproArchiveError("the job archive records no failing rank to minify against",
+                                "replay it with `reproarchive run` to see what happens")
+    return job
+
+
 def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float | None = None,
                progress: Callable[[Any], None] | None = None) -> MinifyReport:
     """Shrink every rank's graph of the job archive ``ready`` (``replay.prepared``: devices
@@ -161,13 +172,8 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
 
     path, settings = ready.path, ready.asked
     output = output_path(path, output)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        job = ready.load_job()
+    job = _failing_job(ready)
     lead = job.failing_rank
-    if lead is None:
-        raise ReproArchiveError("the job archive records no failing rank to minify against",
-                                "replay it with `reproarchive run` to see what happens")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reproarchive-job-minify-", dir=temp_folder()) as tmp:
         folder = Path(tmp)

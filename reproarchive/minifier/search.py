@@ -114,42 +114,61 @@ def minify_with_stats(
                         jobs=max(1, int(jobs)))
     oracle = Oracle(rec, fails, max_time=max_time, progress=progress, on_accept=on_accept, stats=stats, jobs=jobs)
     try:
-        # Ctrl-C here propagates: nothing has been judged, so there is no result to keep.
-        if not oracle.call(gm, rec.example_inputs):
-            raise NotFailingError("the graph does not fail with these inputs (fails() returned False)",
-                                  "check the predicate, or replay the archive to see whether it still fails here")
-        oracle.pass_name = "inline_subgraphs"
-        inlined = inline_while_failing(gm, lambda variant: oracle.call(variant, rec.example_inputs))
-        if inlined is not gm:  # a failing op inside a subgraph: cut on the inlined graph from here
-            gm, rec = inlined, Recording(inlined, rec.example_inputs)
-            oracle.rec, oracle.best_size = rec, rec.original_size
-        shrinker = Shrinker(rec, oracle, rec.start())
-        node_order = LOCALIZE[localize] + [n for n in NODE_PASSES if n not in LOCALIZE[localize]]
-        try:
-            oracle.pass_name = "prune"
-            prune(shrinker)
-            for phase, names in (("nodes", node_order), ("inputs", list(INPUT_PASSES) if shrink_inputs else [])):
-                registry = NODE_PASSES if phase == "nodes" else INPUT_PASSES
-                first = True
-                while names and stats.rounds < max_rounds:
-                    stats.rounds += 1
-                    before = shrinker.current.size
-                    order = _ordered(names, stats, first)
-                    stats.order = order
-                    first = False
-                    for name in order:
-                        oracle.pass_name = name
-                        registry[name](shrinker)
-                    if shrinker.current.size >= before:
-                        break
-            stats.stop_reason = "fixpoint"
-        except BudgetExhausted:
-            stats.stop_reason = "max_time"
-        except KeyboardInterrupt:
-            stats.stop_reason = "interrupted"
+        gm, rec = _failing_and_inlined(gm, rec, oracle)
+        _shrink(Shrinker(rec, oracle, rec.start()), oracle, stats, localize, shrink_inputs, max_rounds)
     finally:
         oracle.close()
+    return _result(gm, example_inputs, rec, oracle, stats, started)
 
+
+def _failing_and_inlined(gm: fx.GraphModule, rec: Recording, oracle: Oracle) -> tuple[fx.GraphModule, Recording]:
+    """The graph the search starts from: refused unless it fails as given, and with its
+    subgraphs inlined when the failure survives that (an op inside one can then be cut)."""
+    # Ctrl-C here propagates: nothing has been judged, so there is no result to keep.
+    if not oracle.call(gm, rec.example_inputs):
+        raise NotFailingError("the graph does not fail with these inputs (fails() returned False)",
+                              "check the predicate, or replay the archive to see whether it still fails here")
+    oracle.pass_name = "inline_subgraphs"
+    inlined = inline_while_failing(gm, lambda variant: oracle.call(variant, rec.example_inputs))
+    if inlined is not gm:  # a failing op inside a subgraph: cut on the inlined graph from here
+        gm, rec = inlined, Recording(inlined, rec.example_inputs)
+        oracle.rec, oracle.best_size = rec, rec.original_size
+    return gm, rec
+
+
+def _shrink(shrinker: Shrinker, oracle: Oracle, stats: MinifyStats, localize: str, shrink_inputs: bool,
+            max_rounds: int) -> None:
+    """The rounds of passes, nodes then inputs, each to its fixpoint; a spent budget or Ctrl-C
+    ends them with the best graph so far, and ``stats.stop_reason`` says which."""
+    node_order = LOCALIZE[localize] + [n for n in NODE_PASSES if n not in LOCALIZE[localize]]
+    try:
+        oracle.pass_name = "prune"
+        prune(shrinker)
+        for phase, names in (("nodes", node_order), ("inputs", list(INPUT_PASSES) if shrink_inputs else [])):
+            registry = NODE_PASSES if phase == "nodes" else INPUT_PASSES
+            first = True
+            while names and stats.rounds < max_rounds:
+                stats.rounds += 1
+                before = shrinker.current.size
+                order = _ordered(names, stats, first)
+                stats.order = order
+                first = False
+                for name in order:
+                    oracle.pass_name = name
+                    registry[name](shrinker)
+                if shrinker.current.size >= before:
+                    break
+        stats.stop_reason = "fixpoint"
+    except BudgetExhausted:
+        stats.stop_reason = "max_time"
+    except KeyboardInterrupt:
+        stats.stop_reason = "interrupted"
+
+
+def _result(gm: fx.GraphModule, example_inputs: Sequence[Any], rec: Recording, oracle: Oracle,
+            stats: MinifyStats, started: float) -> MinifyResult:
+    """The best candidate built, or the graph as given when none was accepted (its inputs
+    then are all the recorded ones)."""
     if oracle.best is None:
         out_gm, out_inputs = gm, list(example_inputs)
         origins = [f"input:{i}" for i in range(len(out_inputs))]

@@ -92,44 +92,14 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         script = _Script(_ContentDataWriter(tmp))
-        graph_of: dict[int, str] = {}
-        by_code: dict[str, str] = {}
-        input_blocks = []
-        failures = []
-        for rank, gm, args, devices, failure in ranks:
-            if dict(gm.named_parameters()) or dict(gm.named_buffers()) or list(gm.named_children()):
-                raise ExportError(f"rank {rank}'s graph holds module state, which a job script does not write",
-                                  "replay the job with `reproarchive run` instead")
-            code = gm.code
-            if code not in by_code:
-                by_code[code] = script.graph_function(gm, f"rank {rank}'s graph")
-            graph_of[rank] = by_code[code]
-            values = [f"            {script.value_literal(v, devices[i] if i < len(devices) else None)},"
-                      for i, v in enumerate(args)]
-            input_blocks.append(f"    if rank == {rank}:\n        return [\n" + "\n".join(values) + "\n        ]")
-            if failure is not None:
-                first = (failure.message.strip().splitlines() or [""])[0][:200]
-                failures.append(f"  rank {rank}: {_doc_text(failure.stage)}: {_doc_text(failure.exception_type)}"
-                                + (f": {_doc_text(first)}" if first else ""))
+        graph_of, input_blocks, failures = _rank_parts(script, ranks)
         recorded = backend or "inductor"
         custom = is_custom(recorded)
         env_to_set, _ = plan(environment, config_applied=False)
         per_rank = {rank: admitted_settings(c) for rank, c in (config or {}).items()}
         script.imports.update(module for settings in per_rank.values() for module, _, _ in settings)
-        header = "\n".join([
-            f"Standalone reproduction of a {world_size}-rank job, exported by reproarchive from "
-            f"{_doc_text(archive_name or 'an archive')} ({_doc_text(digest or 'unknown digest')}).",
-            "Needs only PyTorch; start it the way the job was started:",
-            f"    torchrun --nproc-per-node {world_size} repro.py [--device DEV] [--backend NAME] [--timeout S]",
-            "(over several machines: torchrun's --nnodes/--node-rank/--rdzv-endpoint as usual).",
-            "Every rank recreates the recorded process groups under their recorded names, compiles its",
-            "recorded graph and runs it on its recorded inputs (data/, read relative to this script);",
-            "the failing rank raises the recorded error and torchrun names that rank.",
-            f"Backend: {_doc_text(recorded)}   graph: {_doc_text(source_kind or 'after_dynamo')}",
-            "Recorded failures:", *(failures or ["  none"]),
-        ])
         text = _job_template().format(
-            header=header,
+            header=_header(world_size, archive_name, digest, recorded, source_kind, failures),
             env="".join(f"os.environ[{k!r}] = {v!r}\n" for k, v in env_to_set.items())
             or "# (no recorded environment variables to set)\n",
             imports="\n".join(f"import {m}" for m in sorted(script.imports - {"torch", "torch.distributed"})),
@@ -150,6 +120,49 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
     return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
+
+
+def _rank_parts(script: _Script, ranks: Sequence[tuple[int, Any, list, list, Any]]
+                ) -> tuple[dict[int, str], list[str], list[str]]:
+    """(rank -> its graph function, the inputs' ``if rank == R`` blocks, the failures' lines):
+    ranks whose graphs have the same code share one function."""
+    graph_of: dict[int, str] = {}
+    by_code: dict[str, str] = {}
+    input_blocks = []
+    failures = []
+    for rank, gm, args, devices, failure in ranks:
+        if dict(gm.named_parameters()) or dict(gm.named_buffers()) or list(gm.named_children()):
+            raise ExportError(f"rank {rank}'s graph holds module state, which a job script does not write",
+                              "replay the job with `reproarchive run` instead")
+        code = gm.code
+        if code not in by_code:
+            by_code[code] = script.graph_function(gm, f"rank {rank}'s graph")
+        graph_of[rank] = by_code[code]
+        values = [f"            {script.value_literal(v, devices[i] if i < len(devices) else None)},"
+                  for i, v in enumerate(args)]
+        input_blocks.append(f"    if rank == {rank}:\n        return [\n" + "\n".join(values) + "\n        ]")
+        if failure is not None:
+            first = (failure.message.strip().splitlines() or [""])[0][:200]
+            failures.append(f"  rank {rank}: {_doc_text(failure.stage)}: {_doc_text(failure.exception_type)}"
+                            + (f": {_doc_text(first)}" if first else ""))
+    return graph_of, input_blocks, failures
+
+
+def _header(world_size: int, archive_name: str, digest: str | None, recorded: str, source_kind: str | None,
+            failures: list[str]) -> str:
+    """The script's docstring: how to start it, and what it should show when it does."""
+    return "\n".join([
+        f"Standalone reproduction of a {world_size}-rank job, exported by reproarchive from "
+        f"{_doc_text(archive_name or 'an archive')} ({_doc_text(digest or 'unknown digest')}).",
+        "Needs only PyTorch; start it the way the job was started:",
+        f"    torchrun --nproc-per-node {world_size} repro.py [--device DEV] [--backend NAME] [--timeout S]",
+        "(over several machines: torchrun's --nnodes/--node-rank/--rdzv-endpoint as usual).",
+        "Every rank recreates the recorded process groups under their recorded names, compiles its",
+        "recorded graph and runs it on its recorded inputs (data/, read relative to this script);",
+        "the failing rank raises the recorded error and torchrun names that rank.",
+        f"Backend: {_doc_text(recorded)}   graph: {_doc_text(source_kind or 'after_dynamo')}",
+        "Recorded failures:", *(failures or ["  none"]),
+    ])
 
 
 def _config_block(per_rank: Mapping[int, list]) -> str:

@@ -342,13 +342,8 @@ class _Script:
         return block.format(names=", ".join(op.name for op in ops) or "none recorded",
                             bring="\n".join(bring) or "    pass", stand_ins="\n".join(stand_ins))
 
-    def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
-              fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ()),
-              execution=None, rng_states=None, derived: Mapping[int, tuple[str, int, int]] | None = None) -> str:
-        import torch
-
-        derived = derived or {}
-        root_graph = self.graph_function(gm, "")
+    def _state_lines(self, gm) -> list[str]:
+        """The module state as literals: the graph reads it by name, as the recorded module did."""
         state_lines = []
         params = dict(gm.named_parameters())
         buffers = dict(gm.named_buffers())
@@ -358,6 +353,12 @@ class _Script:
                                f"{self.tensor_literal(value.detach(), None)}),")
         for name, value in _plain_tensor_attrs(gm, set(params) | set(buffers)):
             state_lines.append(f"({name!r}, 'attribute', False, {self.tensor_literal(value, None)}),")
+        return state_lines
+
+    def _input_lines(self, gm, args, fidelity, recorded_devices, derived) -> tuple[list[str], list[str]]:
+        """(the inputs as literals, the header's table of them): the table says which are real data."""
+        import torch
+
         placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         input_lines = []
         table = []
@@ -375,6 +376,17 @@ class _Script:
             label = {"real": "real data", "absent": "GENERATED (the archive had no data: seeded random values)",
                      "value": "value"}.get(fid, fid)
             table.append(f"  {i:<3} {placeholders[i] if i < len(placeholders) else '?':<24} {what:<32} {label}")
+        return input_lines, table
+
+    def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
+              fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ()),
+              execution=None, rng_states=None, derived: Mapping[int, tuple[str, int, int]] | None = None) -> str:
+        import torch
+
+        derived = derived or {}
+        root_graph = self.graph_function(gm, "")
+        state_lines = self._state_lines(gm)
+        input_lines, table = self._input_lines(gm, args, fidelity, recorded_devices, derived)
 
         needs_backward = source_kind != "after_aot" and (
             (failure is not None and failure.stage == "backward")

@@ -104,55 +104,17 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
         read = _reader_of(raw, path)
         blob_members = sorted((m for n, m in reader.members.items() if layout.is_blob_name(n) and m.frames),
                               key=lambda m: m.offset)
-        # The lookups and the uploads of what is missing run while the file is hashed: the
-        # archive's digest and the frames' sha256 are needed only for its archive object.
-        stop = threading.Event()
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-lookup") as background:
-            found_later = background.submit(store.sizes, [m.name for m in blob_members], jobs=jobs)
-
-            def upload_missing():
-                found = found_later.result()
-                todo = [BlobSegment(m.name, m.name, m.compressed, "") for m in blob_members if found[m.name] is None]
-                sent, raced = _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
-                return [s for s in todo if s not in raced], sent, raced
-
-            uploading = background.submit(upload_missing)
-            try:
-                digest, blob_sha = _hash_file(read, reader.file_size, blob_members, progress)
-            except BaseException:
-                stop.set()  # uploads in flight are dropped (never committed), none is started
-                raise
-            missing, uploaded, raced = uploading.result()
-            found = found_later.result()
-        # Another push created a blob between our lookup and our upload: its frames count as
-        # found, like a blob that was there before, unless they are not ours (§11.2).
+        digest, blob_sha, missing, uploaded, raced, found = _hashed_while_uploading(
+            reader, read, store, blob_members, jobs, progress, path)
         if raced:
-            found.update(store.sizes([s.key for s in raced], jobs=jobs))
-            for seg in raced:
-                if found[seg.key] == seg.size and not _same_frames(store, seg, blob_sha[seg.blob]):
-                    found[seg.key] = -1  # taken by other frames of the same size: ours go to a variant
-        segments: list = []
-        cursor = 0
-        for m in blob_members:
-            if m.offset > cursor:
-                segments.append(read(cursor, m.offset - cursor))
-            segments.append(BlobSegment(m.name, m.name, m.compressed, blob_sha[m.name]))
-            cursor = m.offset + m.compressed
-        segments.append(read(cursor, reader.file_size - cursor))
+            _settle_races(store, raced, found, blob_sha, jobs)
+        segments = _segments(reader, read, blob_members, blob_sha)
 
         repaired = _repair_blobs(reader, read, store, segments, found, blob_sha, repair, jobs, progress, path)
         uploaded += sum(s.size for s in repaired)
-
-        # A key holding other frames of the same blob (another level, frame size or zstd) gets
-        # our frames under a variant key (spec §11.2).
-        conflicts = [s for s in segments if isinstance(s, BlobSegment) and found[s.key] not in (None, s.size)]
-        if conflicts:
-            moved = {s.blob: dataclasses.replace(s, key=objects.variant_key(s.blob, s.sha256)) for s in conflicts}
-            segments = [moved.get(s.blob, s) if isinstance(s, BlobSegment) else s for s in segments]
-            there = store.sizes([s.key for s in moved.values()], jobs=jobs)
-            variants = [s for s in moved.values() if there[s.key] != s.size]
-            uploaded += _upload_blobs(reader, read, store, variants, jobs, progress, path)[0]
-            missing += variants
+        segments, variants, sent = _conflicts_to_variants(reader, read, store, segments, found, jobs, progress, path)
+        uploaded += sent
+        missing += variants
 
         archive = ArchiveObject(digest, reader.file_size, reader.index_digest, tuple(segments))
         data = archive.to_bytes()
@@ -162,23 +124,93 @@ def _push_one(path: Path, store: Store, name: str | None, jobs: int, progress: P
             store.write(key, data)
             uploaded += len(data)
 
-        ref_name = name or default_name(path, digest)
-        ref = Ref(ref_name, digest, reader.file_size, _now(),
-                  summary(reader.index, reader.file_size, reader.index_digest))
-        previous = None
-        old = store.size(objects.ref_key(ref_name))
-        if old is not None:
-            try:
-                raw_ref = store.read_small(objects.ref_key(ref_name), objects.MAX_REF_BYTES)
-                previous = objects.decode_ref(ref_name, raw_ref).archive
-            except Exception:  # noqa: BLE001 - a damaged ref is simply replaced
-                previous = "unreadable"
-        ref_bytes = ref.to_bytes()
-        store.write(objects.ref_key(ref_name), ref_bytes)
-        uploaded += len(ref_bytes)
+        ref_name, previous, ref_size = _write_ref(store, reader, path, name, digest)
+        uploaded += ref_size
         return PushResult(path, store.url, ref_name, digest, reader.file_size, len(blob_members), len(missing),
                           uploaded, previous if previous not in (None, digest) else None, reader.index_digest,
                           tuple(s.key for s in repaired))
+
+
+def _hashed_while_uploading(reader: ContainerReader, read, store: Store, blob_members: list, jobs: int,
+                            progress: ProgressFn | None, path: Path) -> tuple:
+    """(digest, blob_sha, missing, uploaded, raced, found): the lookups and the uploads of what is
+    missing run while the file is hashed, since the archive's digest and the frames' sha256 are
+    needed only for its archive object."""
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reproarchive-lookup") as background:
+        found_later = background.submit(store.sizes, [m.name for m in blob_members], jobs=jobs)
+
+        def upload_missing():
+            found = found_later.result()
+            todo = [BlobSegment(m.name, m.name, m.compressed, "") for m in blob_members if found[m.name] is None]
+            sent, raced = _upload_blobs(reader, read, store, todo, jobs, progress, path, stop)
+            return [s for s in todo if s not in raced], sent, raced
+
+        uploading = background.submit(upload_missing)
+        try:
+            digest, blob_sha = _hash_file(read, reader.file_size, blob_members, progress)
+        except BaseException:
+            stop.set()  # uploads in flight are dropped (never committed), none is started
+            raise
+        missing, uploaded, raced = uploading.result()
+        found = found_later.result()
+    return digest, blob_sha, missing, uploaded, raced, found
+
+
+def _settle_races(store: Store, raced: list, found: dict, blob_sha: dict[str, str], jobs: int) -> None:
+    """Another push created a blob between our lookup and our upload: its frames count as
+    found, like a blob that was there before, unless they are not ours (§11.2)."""
+    found.update(store.sizes([s.key for s in raced], jobs=jobs))
+    for seg in raced:
+        if found[seg.key] == seg.size and not _same_frames(store, seg, blob_sha[seg.blob]):
+            found[seg.key] = -1  # taken by other frames of the same size: ours go to a variant
+
+
+def _segments(reader: ContainerReader, read, blob_members: list, blob_sha: dict[str, str]) -> list:
+    """The file as the archive object lists it: the bytes between blobs inline, each blob by key."""
+    segments: list = []
+    cursor = 0
+    for m in blob_members:
+        if m.offset > cursor:
+            segments.append(read(cursor, m.offset - cursor))
+        segments.append(BlobSegment(m.name, m.name, m.compressed, blob_sha[m.name]))
+        cursor = m.offset + m.compressed
+    segments.append(read(cursor, reader.file_size - cursor))
+    return segments
+
+
+def _conflicts_to_variants(reader: ContainerReader, read, store: Store, segments: list, found: dict, jobs: int,
+                           progress: ProgressFn | None, path: Path) -> tuple[list, list, int]:
+    """(segments, variants uploaded, bytes sent): a key holding other frames of the same blob
+    (another level, frame size or zstd) gets our frames under a variant key (spec §11.2)."""
+    conflicts = [s for s in segments if isinstance(s, BlobSegment) and found[s.key] not in (None, s.size)]
+    if not conflicts:
+        return segments, [], 0
+    moved = {s.blob: dataclasses.replace(s, key=objects.variant_key(s.blob, s.sha256)) for s in conflicts}
+    segments = [moved.get(s.blob, s) if isinstance(s, BlobSegment) else s for s in segments]
+    there = store.sizes([s.key for s in moved.values()], jobs=jobs)
+    variants = [s for s in moved.values() if there[s.key] != s.size]
+    return segments, variants, _upload_blobs(reader, read, store, variants, jobs, progress, path)[0]
+
+
+def _write_ref(store: Store, reader: ContainerReader, path: Path, name: str | None,
+               digest: str) -> tuple[str, str | None, int]:
+    """(name, the archive it named before or "unreadable", bytes written): the result says what
+    a push replaced, so a teammate's ref is never overwritten silently."""
+    ref_name = name or default_name(path, digest)
+    ref = Ref(ref_name, digest, reader.file_size, _now(),
+              summary(reader.index, reader.file_size, reader.index_digest))
+    previous = None
+    old = store.size(objects.ref_key(ref_name))
+    if old is not None:
+        try:
+            raw_ref = store.read_small(objects.ref_key(ref_name), objects.MAX_REF_BYTES)
+            previous = objects.decode_ref(ref_name, raw_ref).archive
+        except Exception:  # noqa: BLE001 - a damaged ref is simply replaced
+            previous = "unreadable"
+    ref_bytes = ref.to_bytes()
+    store.write(objects.ref_key(ref_name), ref_bytes)
+    return ref_name, previous, len(ref_bytes)
 
 
 def _hash_file(read, total: int, blob_members, progress) -> tuple[str, dict[str, str]]:

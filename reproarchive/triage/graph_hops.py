@@ -157,29 +157,8 @@ class HopDrawer:
         folding = graph_folding.fold(graph, inputs_of, {}, flags)
         calls = hop_calls(graph)
         shown = [i for i, n in enumerate(nodes) if n.name not in hidden and folding.drawn(i)]
-        gid_of: dict[int, int] = {}
         placeholders = [i for i, n in enumerate(nodes) if n.op == "placeholder"]
-        for i, n in enumerate(nodes):
-            if n.name in hidden:
-                continue
-            value, ins = "", [gid_of[j] for j in inputs_of[i] if j in gid_of]
-            if n.op == "placeholder":
-                k = placeholders.index(i)
-                binding = use.bindings[k] if k < len(use.bindings) else None
-                if binding is not None:
-                    value = f"← {binding.text}"
-                    if binding.node in env:
-                        ins = [env[binding.node]]
-            folded = [w for w in folding.folded.get(i, []) if nodes[w].name not in hidden]
-            gid_of[i] = len(self.nodes)
-            self.nodes.append(self.entry(n, value, flags.get(n.name, 0), ins, page, where,
-                                         folded, folding.into.get(i, -1)))
-        for w in folding.into:  # a folded constant points at the gid of the op it is drawn in
-            if w in gid_of:
-                self.nodes[gid_of[w]]["into"] = gid_of.get(folding.into[w], -1)
-        for g in gid_of.values():
-            folded = self.nodes[g]["w"] = [gid_of[w] for w in self.nodes[g]["w"] if w in gid_of]
-            self.nodes[g]["ws"] = graph_folding.folded_text([self.nodes[w]["n"] for w in folded]) if folded else ""
+        gid_of = self._entries(use, placeholders, env, page, where, hidden, inputs_of, flags, folding)
         scope = {n.name: gid_of[i] for i, n in enumerate(nodes) if i in gid_of}
         inner: dict[int, Drawing] = {}
         hops = []
@@ -210,3 +189,33 @@ class HopDrawer:
         d.highlighted = d.highlighted or any(flags.get(nodes[i].name, 0) & FLAG_HIGHLIGHT for i in gid_of)
         d.hops = hops
         return d, [gid_of[i] for i in placeholders if i in gid_of and i in pos]
+
+    def _entries(self, use: SubgraphUse, placeholders: list[int], env: dict[str, int], page: int, where: str,
+                 hidden: set[str], inputs_of: list[list[int]], flags: dict[str, int],
+                 folding: graph_folding.Folding) -> dict[int, int]:
+        """Each drawn node's entry (node index -> its gid); a placeholder reads the outer value
+        bound to it, so the edge crosses into the subgraph."""
+        nodes = use.graph.nodes
+        gid_of: dict[int, int] = {}
+        for i, n in enumerate(nodes):
+            if n.name in hidden:
+                continue
+            value, ins = "", [gid_of[j] for j in inputs_of[i] if j in gid_of]
+            if n.op == "placeholder":
+                k = placeholders.index(i)
+                binding = use.bindings[k] if k < len(use.bindings) else None
+                if binding is not None:
+                    value = f"← {binding.text}"
+                    if binding.node in env:
+                        ins = [env[binding.node]]
+            folded = [w for w in folding.folded.get(i, []) if nodes[w].name not in hidden]
+            gid_of[i] = len(self.nodes)
+            self.nodes.append(self.entry(n, value, flags.get(n.name, 0), ins, page, where,
+                                         folded, folding.into.get(i, -1)))
+        for w in folding.into:  # a folded constant points at the gid of the op it is drawn in
+            if w in gid_of:
+                self.nodes[gid_of[w]]["into"] = gid_of.get(folding.into[w], -1)
+        for g in gid_of.values():
+            folded = self.nodes[g]["w"] = [gid_of[w] for w in self.nodes[g]["w"] if w in gid_of]
+            self.nodes[g]["ws"] = graph_folding.folded_text([self.nodes[w]["n"] for w in folded]) if folded else ""
+        return gid_of

@@ -279,7 +279,7 @@ def test_a_config_override_is_read_and_restored_whatever_torch_keeps_it_in():
     GPU machines checked) keep a plain attribute, and replay applied config through ``.get()``."""
     import contextvars
 
-    from reproarchive.context.config import _set_user_override, _user_override
+    from reproarchive.context.config_apply import _set_user_override, _user_override
 
     class PlainEntry:  # what torch <= 2.11 has
         user_override = object()

@@ -14,7 +14,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from reproarchive import errors
 from reproarchive.child import run_child
@@ -74,14 +74,7 @@ def pack_dump(
     cwd = Path(cwd) if cwd is not None else Path.cwd()
     found: Discovery = discover(source, cwd)
     script = found.chosen
-    out_path = Path(out) if out is not None else cwd / DEFAULT_ARCHIVE_NAME
-    if not out_path.is_absolute():
-        out_path = cwd / out_path
-    if out_path.is_dir():
-        out_path = out_path / DEFAULT_ARCHIVE_NAME
-    if not out_path.parent.is_dir():
-        raise SourceError(f"output folder {out_path.parent} does not exist", "create it or choose another -o")
-    out_path = out_path.resolve()
+    out_path = _out_path(out, cwd)
 
     # Prefixes the child scrubs from everything it stores: where the dump lives (a run_* folder
     # or the folder holding repro.py) and where the user ran us from.
@@ -97,6 +90,27 @@ def pack_dump(
                "custom_ops_from": [str(p) for p in custom_ops_from],
                "execution_from": str(execution_from) if execution_from is not None else None}
     env = {**child_env(), OWN_VARIABLES_ENV: ",".join(own_variables)} if own_variables else child_env()
+    report = _packed_in_child(request, env, progress, keep_log)
+    return dataclasses.replace(PackReport.from_plain(report), script=script, discovery_reason=found.reason,
+                               candidates=tuple(found.candidates))
+
+
+def _out_path(out: str | os.PathLike | None, cwd: Path) -> Path:
+    """The archive's absolute path: ``out`` relative to ``cwd``, a folder holding the default name."""
+    out_path = Path(out) if out is not None else cwd / DEFAULT_ARCHIVE_NAME
+    if not out_path.is_absolute():
+        out_path = cwd / out_path
+    if out_path.is_dir():
+        out_path = out_path / DEFAULT_ARCHIVE_NAME
+    if not out_path.parent.is_dir():
+        raise SourceError(f"output folder {out_path.parent} does not exist", "create it or choose another -o")
+    return out_path.resolve()
+
+
+def _packed_in_child(request: dict, env: dict[str, str], progress: Callable[[str], None] | None,
+                     keep_log: str | os.PathLike | None) -> Any:
+    """The child's report; a replay that kills its process is packed again with the crash as
+    the failure, since that crash is what the dump reproduces."""
     report, died = run_child("reproarchive.sources.dump.pack_child", request, env=env, on_event=progress,
                              keep_log=keep_log)
     if died is not None and (died.started or {}).get("stage") == "replay":
@@ -112,8 +126,7 @@ def pack_dump(
             f"the process importing the dump {died.reason} while loading it: {last[:300]}",
             "the dump's own code crashed; `reproarchive --debug pack ...` keeps its log",
         )
-    return dataclasses.replace(PackReport.from_plain(report), script=script, discovery_reason=found.reason,
-                               candidates=tuple(found.candidates))
+    return report
 
 
 def _dump_root(script: Path) -> Path:

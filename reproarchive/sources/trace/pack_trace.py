@@ -127,18 +127,42 @@ def pack_trace(
     out_dir, single = _output(out, cwd, len(chosen))
     names = _archive_names(chosen, trace)
 
-    done: dict[int, PackReport] = {}
-    skipped: list[dict[str, Any]] = []
     warnings = list(trace.warnings)
+    jobs, skipped = _jobs(trace, chosen, lambda c: single if single is not None else out_dir / names[id(c)],
+                          dict(graph=graph, backend=backend, accuracy=accuracy, replay=replay, cwd=cwd),
+                          imports, libraries)
+    packed = _packed(chosen, jobs, skipped, progress=progress, keep_log=keep_log)
+    if not packed:
+        first = skipped[0] if skipped else {"compile_id": "?", "reason": "nothing selected"}
+        raise SourceError(
+            f"no compile could be packed from {source}: [{first['compile_id']}] {first['reason']}"
+            + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""),
+            "`reproarchive ls` shows what the log holds for each compile")
+    job = write_job_archive(packed, trace, out_dir) if single is None else None
+    return TracePackResult(source=src, trace_kind=trace.kind, packed=packed, skipped=skipped, warnings=warnings,
+                           job=job)
+
+
+def _jobs(trace: Trace, chosen: list[Compile], target: Callable[[Compile], Path], options: dict[str, Any],
+          imports: tuple[str, ...], libraries: tuple[str, ...]) -> tuple[list, list[dict[str, Any]]]:
+    """The child's job for each chosen compile, and the compiles the log cannot make one of
+    (skipped, with the reason, rather than failing the others)."""
+    skipped: list[dict[str, Any]] = []
     jobs: list[tuple[Compile, dict[str, Any]]] = []
     for c in chosen:
-        target = single if single is not None else out_dir / names[id(c)]
         try:
-            jobs.append((c, {**_job(trace, c, graph=graph, backend=backend, accuracy=accuracy, replay=replay,
-                                    out=target, cwd=cwd), "imports": list(imports),
+            jobs.append((c, {**_job(trace, c, **options, out=target(c)), "imports": list(imports),
                              "libraries": [str(p) for p in libraries]}))
         except _Unpackable as why:
             skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(why)})
+    return jobs, skipped
+
+
+def _packed(chosen: list[Compile], jobs: list[tuple[Compile, dict[str, Any]]], skipped: list[dict[str, Any]], *,
+            progress, keep_log) -> list[PackReport]:
+    """The reports of the jobs the children packed, in the order chosen; a failed one joins
+    ``skipped``, unless it was the only compile chosen (then its error is the answer)."""
+    done: dict[int, PackReport] = {}
     # Dynamo graphs share one child; each runnable gets its own (it sets torch config for good).
     batches = [[j for j in jobs if j[1]["graph"]["from"] != "fx_graph_runnable"]]
     batches += [[j] for j in jobs if j[1]["graph"]["from"] == "fx_graph_runnable"]
@@ -151,16 +175,7 @@ def pack_trace(
                 skipped.append({"compile_id": c.id, "rank": c.rank, "reason": str(err)})
                 continue
             done[id(c)] = dataclasses.replace(PackReport.from_plain(report), frame=c.frame)
-    packed = [done[id(c)] for c in chosen if id(c) in done]
-    if not packed:
-        first = skipped[0] if skipped else {"compile_id": "?", "reason": "nothing selected"}
-        raise SourceError(
-            f"no compile could be packed from {source}: [{first['compile_id']}] {first['reason']}"
-            + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""),
-            "`reproarchive ls` shows what the log holds for each compile")
-    job = write_job_archive(packed, trace, out_dir) if single is None else None
-    return TracePackResult(source=src, trace_kind=trace.kind, packed=packed, skipped=skipped, warnings=warnings,
-                           job=job)
+    return [done[id(c)] for c in chosen if id(c) in done]
 
 
 def _run_batch(batch: list[tuple[Compile, dict[str, Any]]], *, progress, keep_log) -> list[dict[str, Any]]:
@@ -381,36 +396,9 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
     if chosen_backend is None:
         warnings.append("the log does not name the backend (it names it only when it fails): pass --backend "
                         "to record it; `run --backend NAME` works too")
-    pages = _tlparse_pages(c)
-    if pages is not None and event.page:
-        pages[graph_from] = event.page  # the page of the payload packed, not merely the last one
+    source = _trace_source(trace, c, graph_from, event, backend_origin if chosen_backend else "unknown",
+                           diagnostics, accuracy, real_script)
     runnable_event = event if graph_from == "fx_graph_runnable" else None
-    used = ["dynamo_output_graph", "fx_graph_runnable", "dynamo_error", "compilation_metrics"]
-    source = TraceSource(
-        compile_id=c.id,
-        attempt=c.attempt,
-        rank=c.rank,
-        frame=c.frame,
-        user_stack=facts.user_stack(trace, c),
-        log=trace.display_log(c),
-        trace_format=trace.kind,
-        log_lines={**facts.events_lines(c, used), graph_from: event.lineno},
-        tlparse={"directory": c.tlparse_directory, "pages": pages},
-        graph_from=graph_from,
-        backend_origin=backend_origin if chosen_backend else "unknown",
-        status=c.status,
-        diagnostics=diagnostics,
-        metrics={k: c.metrics.get(k) for k in ("graph_op_count", "graph_node_count", "graph_input_count",
-                                                "guard_count", "entire_frame_compile_time_s",
-                                                "backend_compile_time_s", "fail_type")
-                 if c.metrics.get(k) is not None},
-        cache=c.cache,
-        symbols=facts.symbols(c),
-        accuracy_from="--accuracy" if accuracy else None,
-        real_data_from=("a TORCH_COMPILE_DEBUG_SAVE_REAL copy of fx_graph_runnable next to the log"
-                        if real_script else None),
-        **{k: tuple(v) for k, v in facts.graph_breaks_and_recompiles(c).items()},
-    )
     scrub = {str(cwd.resolve()): "<cwd>",
              str(trace.root.resolve() if trace.root.is_dir() else trace.root.resolve().parent): "<trace>"}
     scrub.update(facts.job_paths(trace, c))
@@ -432,6 +420,40 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
         "out": str(out),
         "warnings": warnings,
     }
+
+
+def _trace_source(trace: Trace, c: Compile, graph_from: str, event: log_model.TraceEvent, backend_origin: str,
+                  diagnostics: Any, accuracy: bool, real_script: str | None) -> TraceSource:
+    """Where in the log the compile's archive came from, so a reader can go back to it."""
+    pages = _tlparse_pages(c)
+    if pages is not None and event.page:
+        pages[graph_from] = event.page  # the page of the payload packed, not merely the last one
+    used = ["dynamo_output_graph", "fx_graph_runnable", "dynamo_error", "compilation_metrics"]
+    return TraceSource(
+        compile_id=c.id,
+        attempt=c.attempt,
+        rank=c.rank,
+        frame=c.frame,
+        user_stack=facts.user_stack(trace, c),
+        log=trace.display_log(c),
+        trace_format=trace.kind,
+        log_lines={**facts.events_lines(c, used), graph_from: event.lineno},
+        tlparse={"directory": c.tlparse_directory, "pages": pages},
+        graph_from=graph_from,
+        backend_origin=backend_origin,
+        status=c.status,
+        diagnostics=diagnostics,
+        metrics={k: c.metrics.get(k) for k in ("graph_op_count", "graph_node_count", "graph_input_count",
+                                                "guard_count", "entire_frame_compile_time_s",
+                                                "backend_compile_time_s", "fail_type")
+                 if c.metrics.get(k) is not None},
+        cache=c.cache,
+        symbols=facts.symbols(c),
+        accuracy_from="--accuracy" if accuracy else None,
+        real_data_from=("a TORCH_COMPILE_DEBUG_SAVE_REAL copy of fx_graph_runnable next to the log"
+                        if real_script else None),
+        **{k: tuple(v) for k, v in facts.graph_breaks_and_recompiles(c).items()},
+    )
 
 
 def _annotated_graph(c: Compile) -> str | None:

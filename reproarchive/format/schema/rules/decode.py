@@ -82,6 +82,28 @@ def _parse_version(text: str) -> tuple[int, int]:
 
 
 def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
+    container, algorithm = _header(raw, caps, version)
+    storages, inputs = _storages_and_inputs(raw, container, caps)
+    graph = _graph(raw, storages, inputs, caps)
+    records, custom_ops = _records(raw, storages, inputs, caps)
+    # §8 job (1.3): the ranks of a multi-rank job
+    job = _section(raw, "job", JobRecord | None)
+    if job is not None:
+        check_job(job, storages, inputs, caps, check_value, check_graph,
+                  lambda rank_records, rank_inputs: check_rank_records(rank_records, rank_inputs, storages))
+    if records.rng is not None:
+        check_rng(records.rng, storages)
+    # §8 triton_kernels (1.4): after the job, whose graphs may launch them too
+    triton_kernels = _section(raw, "triton_kernels", tuple[TritonKernelRecord, ...] | None)
+    index = Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
+                  records=records, format=FORMAT_NAME, version=raw["version"], job=job, custom_ops=custom_ops,
+                  triton_kernels=triton_kernels)
+    check_triton_kernels(index, caps, check_value)
+    return index
+
+
+def _header(raw: Any, caps: Limits, version: tuple[int, int]) -> tuple[ContainerRecord, Any]:
+    """§5 rules 6 and 7, then §6.1: what the rest of the index is read with, so it comes first."""
     if not isinstance(raw, dict):
         raise SchemaViolation("the index is not a map", rule=Rule.INDEX_HEADER)
     # §5 rule 6: format and version
@@ -101,6 +123,11 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
     if algorithm not in _ALGORITHMS:
         raise SchemaViolation(f"unknown digest algorithm {str(algorithm)[:20]!r}", ("digest_algorithm",),
                               Rule.DIGEST_ALGORITHM)
+    return container, algorithm
+
+
+def _storages_and_inputs(raw: dict, container: ContainerRecord, caps: Limits) -> tuple[tuple, tuple]:
+    """§6.2 and §6.3, each counted against the limit before its entries are walked."""
     # §6.2 storages
     storages = _section(raw, "storages", tuple[StorageRecord, ...])
     if len(storages) > caps.max_members:
@@ -117,7 +144,11 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
             check_derived(value, inputs, ("inputs", i))
         else:
             check_value(value, storages, ("inputs", i), 0)
-    # §5 rule 9, §7 graph (the node count first, before anything is decoded)
+    return storages, inputs
+
+
+def _graph(raw: dict, storages: tuple, inputs: tuple, caps: Limits) -> GraphRecord:
+    """§5 rule 9 and §7: the node count (the job's ranks included) before anything is decoded."""
     nodes = _raw_node_count(raw.get("graph"), 0) + job_node_count(raw.get("job"), _raw_node_count)
     if nodes > caps.max_nodes:
         raise LimitExceededError(f"the graph has {nodes} nodes, more than the limit {caps.max_nodes}",
@@ -128,7 +159,11 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
     if placeholders != len(inputs):
         raise SchemaViolation(f"the graph has {placeholders} placeholders but the index stores {len(inputs)} inputs",
                               ("inputs",), Rule.INPUTS)
-    # §8 records
+    return graph
+
+
+def _records(raw: dict, storages: tuple, inputs: tuple, caps: Limits) -> tuple[Records, Any]:
+    """§8 up to the job: the records, and the custom ops' calls, whose outputs are values too."""
     hints = typing.get_type_hints(Records, include_extras=True)
     records = Records(**{f.name: _section(raw, f.name, hints[f.name]) for f in dataclasses.fields(Records)})
     if records.parent is not None and not DIGEST_RE.match(records.parent):
@@ -150,20 +185,7 @@ def _checked(raw: Any, caps: Limits, version: tuple[int, int]) -> Index:
                                   ("execution", "inference_inputs"), Rule.INPUTS)
     if records.shapes is not None:
         check_shapes(records.shapes, inputs)
-    # §8 job (1.3): the ranks of a multi-rank job
-    job = _section(raw, "job", JobRecord | None)
-    if job is not None:
-        check_job(job, storages, inputs, caps, check_value, check_graph,
-                  lambda rank_records, rank_inputs: check_rank_records(rank_records, rank_inputs, storages))
-    if records.rng is not None:
-        check_rng(records.rng, storages)
-    # §8 triton_kernels (1.4): after the job, whose graphs may launch them too
-    triton_kernels = _section(raw, "triton_kernels", tuple[TritonKernelRecord, ...] | None)
-    index = Index(container=container, digest_algorithm=algorithm, storages=storages, inputs=inputs, graph=graph,
-                  records=records, format=FORMAT_NAME, version=raw["version"], job=job, custom_ops=custom_ops,
-                  triton_kernels=triton_kernels)
-    check_triton_kernels(index, caps, check_value)
-    return index
+    return records, custom_ops
 
 
 def _raw_node_count(graph: Any, depth: int) -> int:
