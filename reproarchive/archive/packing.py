@@ -249,9 +249,9 @@ def pack(
     with atomic_file(path) as f, WorkQueue(threads - 1, name="reproarchive-pack") as pool:
         writer = ContainerWriter(f, level=level, frame_size=frame_size, executor=pool,
                                  progress=pbar.update, direct_io=True, min_saving=min_saving)
+        pending: dict[int, concurrent.futures.Future] = {}  # before the try: its cleanup reads it
         try:
             writer.add_member(GRAPH_CODE_MEMBER, code)
-            pending: dict[int, concurrent.futures.Future] = {}
             _write_storages(writer, pool, table, real, digest, ahead, pbar, pending)
             index = ready.index(frame_size=frame_size, digest_algorithm=digest, job=job)
             try:
