@@ -75,3 +75,18 @@ def test_records_go_in_and_come_back_in_one_piece(tmp_path):
     assert back.failure == records.failure
     with pytest.raises(reproarchive.PackError, match="'sauce' is not a record section"):
         reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "c.tar.zst", records={"sauce": {}})
+
+
+def test_a_write_that_fails_first_surfaces_its_own_error_and_leaves_no_file(tmp_path, monkeypatch):
+    """The first member written (the graph's code) failing: its error reaches the caller, not
+    one raised by the cleanup, and nothing is left at the target."""
+    from reproarchive.format.writer import ContainerWriter
+
+    def full_disk(self, name, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ContainerWriter, "add_member", full_disk)
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    with pytest.raises(OSError, match="No space left"):
+        reproarchive.pack(gm, [torch.randn(3)], tmp_path / "r.tar.zst")
+    assert list(tmp_path.iterdir()) == []
