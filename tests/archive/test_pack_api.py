@@ -80,10 +80,15 @@ def test_records_go_in_and_come_back_in_one_piece(tmp_path):
 def test_a_write_that_fails_first_surfaces_its_own_error_and_leaves_no_file(tmp_path, monkeypatch):
     """The first member written (the graph's code) failing: its error reaches the caller, not
     one raised by the cleanup, and nothing is left at the target."""
+    from reproarchive.format.layout import GRAPH_CODE_MEMBER
     from reproarchive.format.writer import ContainerWriter
 
-    def full_disk(self, name, data):
-        raise OSError(28, "No space left on device")
+    add_member = ContainerWriter.add_member
+
+    def full_disk(self, name, data, *args, **kwargs):
+        if name == GRAPH_CODE_MEMBER:
+            raise OSError(28, "No space left on device")
+        return add_member(self, name, data, *args, **kwargs)
 
     monkeypatch.setattr(ContainerWriter, "add_member", full_disk)
     gm = torch.fx.symbolic_trace(torch.nn.ReLU())
