@@ -7,7 +7,7 @@ import click
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
 from .options import implementations
-from .progress import byte_bars
+from .progress_bars import byte_bars
 from .text import difference_line, failure_title, human_size, index_digest, terminal_safe
 
 

@@ -13,7 +13,7 @@ import click
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, INTERRUPTED, exit_codes
 from .options import implementations
-from .progress import step_bar
+from .progress_bars import step_bar
 from .store_cmds import push_line
 from .text import human_size, pack_summary
 

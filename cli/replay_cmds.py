@@ -11,7 +11,7 @@ from .app import emit_json, main
 from .bug_report import minify_summary
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
 from .options import DEVICE, MAX_MEMORY, implementations
-from .progress import byte_bars, minify_status
+from .progress_bars import byte_bars, minify_status
 from .text import difference_line, terminal_lines, terminal_safe
 
 

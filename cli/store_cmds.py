@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from .app import emit_json, json_errors, main
-from .progress import byte_bars
+from .progress_bars import byte_bars
 from .text import failure_title, file_digest, human_size
 
 STORE_HELP = """\b

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from reproarchive.version import __version__  # noqa: F401
+from reproarchive.package_version import __version__  # noqa: F401
 
 _EXPORTS = {
     # format and core library (spec/FORMAT.md)
@@ -25,10 +25,10 @@ _EXPORTS = {
     "Records": "reproarchive.format.schema",
     "read_input": "reproarchive.archive.loading",
     # a multi-rank job in one archive (spec §8 job)
-    "load_job": "reproarchive.archive.job",
-    "JobRepro": "reproarchive.archive.job",
-    "pack_job": "reproarchive.archive.job",
-    "RankCapture": "reproarchive.archive.job",
+    "load_job": "reproarchive.archive.job_archive",
+    "JobRepro": "reproarchive.archive.job_archive",
+    "pack_job": "reproarchive.archive.job_archive",
+    "RankCapture": "reproarchive.archive.job_archive",
     "merge_parts": "reproarchive.archive.job_merge",
     "job_lines": "reproarchive.archive.job_report",
     "first_divergence": "reproarchive.archive.job_report",
@@ -57,11 +57,11 @@ _EXPORTS = {
     "warm_children": "reproarchive.child",
     # find the culprit: the compiler stage, the torch build
     "bisect_compiler": "reproarchive.bisect.compiler",
-    "CompilerBisection": "reproarchive.bisect.records",
+    "CompilerBisection": "reproarchive.bisect.results",
     "bisect_torch": "reproarchive.bisect.environments",
-    "TorchBisection": "reproarchive.bisect.records",
-    "read_bisection": "reproarchive.bisect.records",
-    "write_bisection": "reproarchive.bisect.records",
+    "TorchBisection": "reproarchive.bisect.results",
+    "read_bisection": "reproarchive.bisect.results",
+    "write_bisection": "reproarchive.bisect.results",
     # triage
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",

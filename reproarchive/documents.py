@@ -28,7 +28,7 @@ from typing import Any, Union
 
 from reproarchive.archive.checking import VerifyReport
 from reproarchive.archive.inspection import InspectReport
-from reproarchive.bisect.records import CompilerBisection, TorchBisection
+from reproarchive.bisect.results import CompilerBisection, TorchBisection
 from reproarchive.errors import ErrorCode
 from reproarchive.format.atomic import write_if_changed
 from reproarchive.format.plain import PlainData, Tagged

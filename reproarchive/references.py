@@ -67,14 +67,14 @@ def run(path: str | os.PathLike, settings: ReplaySettings | None = None, *, isol
     naming its fields (``backend=``, ``accuracy=``, ``device=``, ``tol=``, ...).
 
     One graph gives an ``Outcome`` (``reproarchive.replay.runner.run``; ``isolate``: in a child
-    process). A multi-rank job gives a ``JobOutcome`` (``reproarchive.replay.job.run_job``): every
+    process). A multi-rank job gives a ``JobOutcome`` (``reproarchive.replay.run_job.run_job``): every
     rank launched through torch.distributed's launcher (``launcher``: its rendezvous options for
     several machines; ``timeout``: each collective's), ``rank=r`` alone against a fake process
     group, or ``single_process`` under LocalTensorMode. Asking a job's way of one graph is an
     error (2), as is ``isolate`` for a job, whose ranks are processes of their own."""
     from reproarchive.format.reader import ContainerReader
-    from reproarchive.replay.job import run_job as _run_job
     from reproarchive.replay.prepared import is_job
+    from reproarchive.replay.run_job import run_job as _run_job
 
     settings = ReplaySettings.given(settings, options)
     local = local_archive(path, progress=progress)

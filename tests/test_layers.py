@@ -3,7 +3,7 @@
 Every import in the library and the CLI is read from the source, function-level imports
 included (a lazy import is still a dependency), and checked against the layer order:
 
-    errors, version, progress, child  <  format  <  compat  <  codec, context  <  archive  <  replay, store
+    errors, package_version, progress, child  <  format  <  compat  <  codec, context  <  archive  <  replay, store
                                       <  sources, minifier, standalone, triage, bisect, references, documents,
                                          spec_files  <  cli, testing
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
-    "reproarchive.errors": 0, "reproarchive.version": 0, "reproarchive.progress": 0, "reproarchive.child": 0,
+    "reproarchive.errors": 0, "reproarchive.package_version": 0, "reproarchive.progress": 0, "reproarchive.child": 0,
     "reproarchive.format": 1,
     "reproarchive.compat": 2,
     "reproarchive.codec": 3, "reproarchive.context": 3,

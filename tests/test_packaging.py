@@ -4,7 +4,7 @@ with.
 CI installs the project editable, which imports from the tree and so hides a package left out
 of the wheel (``reproarchive/bisect/`` was: ``reproarchive bisect`` failed after a plain
 install). Here the wheel is built as pip builds it and its files are compared with the tree:
-every module, template and page. And the torch releases: ``reproarchive.version.TESTED_TORCH``
+every module, template and page. And the torch releases: ``reproarchive.package_version.TESTED_TORCH``
 (what ``doctor`` reports), the pinned one (constraints.txt, the whole suite), the matrix
 (.ci/torch-matrix, the demo and the core tests) and pyproject's floor must say the same."""
 
@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from reproarchive.version import TESTED_TORCH
+from reproarchive.package_version import TESTED_TORCH
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from reproarchive.version import TESTED_TORCH
+from reproarchive.package_version import TESTED_TORCH
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "reproarchive" / "compat"

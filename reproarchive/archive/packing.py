@@ -44,8 +44,8 @@ from reproarchive.format.schema import (
     Value,
 )
 from reproarchive.format.writer import ContainerWriter
+from reproarchive.package_version import __version__
 from reproarchive.progress import ProgressFn, Tracker
-from reproarchive.version import __version__
 
 GRAPH_CODE_MEMBER = layout.GRAPH_CODE_MEMBER
 _ZERO_PROBE = 4096

@@ -39,7 +39,7 @@ from typing import Callable
 
 from reproarchive.bisect import config_flags
 from reproarchive.bisect.compiler_child import CONFIG_CHANGE_BACKEND, FLAGS_ENV, WRAPPED_ENV
-from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, BisectStep, CompilerBisection, Trial
+from reproarchive.bisect.results import BAD, GOOD, OTHER, SKIPPED, BisectStep, CompilerBisection, Trial
 from reproarchive.child import ForkServer
 from reproarchive.compat import inductor
 from reproarchive.context.environment import child_environment

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from reproarchive.bisect.records import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, TorchBisection
+from reproarchive.bisect.results import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, TorchBisection
 from reproarchive.errors import ReproArchiveError, SourceError
 
 _PROBE = Path(__file__).with_name("env_probe.py")

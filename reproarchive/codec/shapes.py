@@ -39,7 +39,7 @@ from reproarchive.compat.fake import (
     symbolic_context,
 )
 from reproarchive.compat.fx_meta import example_value_of, graph_arg_of
-from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 from reproarchive.format.schema import ConfigRecord, ShapeDim, ShapeInput, ShapePolicy, ShapeSymbol
 
 STATIC, BACKED, UNBACKED = "static", "backed", "unbacked"

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from reproarchive.compat.fake import guard_scalar, is_fake_tensor
-from reproarchive.compat.tensors import (  # the table: standalone.script reads it from here too
+from reproarchive.compat.tensor_internals import (  # the table: standalone.script reads it from here too
     REBUILDABLE_SUBCLASSES,
     is_traceable_wrapper_subclass,
     rebuildable_subclass,

@@ -110,7 +110,7 @@ def symbolic_context(arg: Any, plan: list[tuple[str, Any, str | None]], source: 
     duck-sized."""
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext, SubclassSymbolicContext
 
-    from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+    from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 
     context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic[kind] for kind, _, _ in plan],
                                        constraint_sizes=[_constraint(c) for _, c, _ in plan])

@@ -137,7 +137,7 @@ def _package_versions() -> dict[str, str | None]:
             versions[name] = None
     if versions.get("reproarchive") is None:
         try:
-            from reproarchive.version import __version__
+            from reproarchive.package_version import __version__
 
             versions["reproarchive"] = __version__
         except ImportError:  # pragma: no cover

@@ -39,7 +39,7 @@ from torch.fx.node import map_arg
 
 from reproarchive.codec.tensors import nested_int_key, nested_int_owner
 from reproarchive.compat.fx_meta import forget_values
-from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 from reproarchive.compat.thread_state import is_functorch_wrapped_tensor
 from reproarchive.errors import EagerRunError
 from reproarchive.format.schema import COMPUTE_OPS

@@ -43,7 +43,7 @@ from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.minifier.records import generated_inputs, labelled, minified_records
+from reproarchive.minifier.minified_records import generated_inputs, labelled, minified_records
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 
 # One step narrower; the failure decides whether the step is taken.
 NARROWER = {

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from reproarchive.child import temp_folder
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.minifier.records import generated_inputs, labelled
+from reproarchive.minifier.minified_records import generated_inputs, labelled
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.settings import ReplaySettings
@@ -133,8 +133,8 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
     policy for the inputs its cut kept, by placeholder name against ``parents`` (rank -> the
     graph the cut was made from; default: the rank's loaded graph) and its own minify record
     (``minify_of``: the provenance of its own inputs; default: ``records.minify``)."""
-    from reproarchive.archive.job import RankCapture, pack_job
-    from reproarchive.minifier.records import minified_records
+    from reproarchive.archive.job_archive import RankCapture, pack_job
+    from reproarchive.minifier.minified_records import minified_records
 
     captures = []
     for r in job.ranks:

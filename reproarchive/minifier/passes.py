@@ -53,7 +53,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 
 from . import inputs as _inputs
 from .candidate import Candidate, Recording

@@ -24,7 +24,7 @@ from reproarchive.format import layout
 from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import ConfigRecord, EnvironmentRecord, ExecutionRecord, SystemRecord
-from reproarchive.version import TESTED_TORCH, tested_torch
+from reproarchive.package_version import TESTED_TORCH, tested_torch
 
 
 def differences(

@@ -113,7 +113,7 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
 
 def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
     """``run --single-process`` of the job archive at ``path``."""
-    from reproarchive.archive.job import load_job
+    from reproarchive.archive.job_archive import load_job
     from reproarchive.replay.outcome import with_stand_ins
     from reproarchive.replay.runner import replay_graph
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from reproarchive.context import failure as _failure
 from reproarchive.format.plain import from_plain, to_plain
 from reproarchive.format.schema import AccuracyReport, FailureRecord
-from reproarchive.version import torch_release
+from reproarchive.package_version import torch_release
 
 EXIT_PASSED = 0
 EXIT_REPRODUCED = 1

@@ -77,7 +77,7 @@ class Prepared:
 
     def load_job(self) -> Any:
         """Every rank's graph and inputs (``archive.job.load_job``) on the asked device."""
-        from reproarchive.archive.job import load_job
+        from reproarchive.archive.job_archive import load_job
 
         return load_job(self.path, device=self.asked.device, max_memory=self.asked.max_memory)
 

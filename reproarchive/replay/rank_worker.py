@@ -173,7 +173,7 @@ def serve_candidates(first: Any, groups: list[_ranks.GroupSpec], folder: Path, *
     one leaves behind in the process group can change the next one's verdict."""
     import time
 
-    from reproarchive.replay.job import load_rank
+    from reproarchive.replay.run_job import load_rank
 
     join(first.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
@@ -220,7 +220,7 @@ def main(argv: list[str]) -> int:
     if fake:
         rank, world_size = int(request["fake_rank"]), int(request["world_size"])
     redirect_output(folder, rank)
-    from reproarchive.replay.job import load_rank
+    from reproarchive.replay.run_job import load_rank
 
     settings = ReplaySettings.from_plain(request["settings"])
     part = load_rank(request["archive"], rank, settings)

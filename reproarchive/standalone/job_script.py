@@ -55,7 +55,7 @@ class _ContentDataWriter(_DataWriter):
 
 def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings) -> ExportReport:
     """Write ``out_dir`` with the job's ``repro.py`` and data (``export`` of a job archive)."""
-    from reproarchive.archive.job import load_job
+    from reproarchive.archive.job_archive import load_job
 
     job = load_job(path, device="cpu", max_memory=settings.max_memory)
     records = job.records

@@ -306,7 +306,7 @@ class _Script:
     def value_literal(self, value: Any, device: str | None) -> str:
         import torch
 
-        from reproarchive.compat.tensors import is_traceable_wrapper_subclass
+        from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 
         if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
             return self.subclass_literal(value, device)

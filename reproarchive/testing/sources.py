@@ -26,9 +26,9 @@ import pytest
 from reproarchive.archive.checking import verify
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Records
+from reproarchive.package_version import __version__
 from reproarchive.sources.pack_report import PackReport
 from reproarchive.testing.machine_paths import machine_paths_in
-from reproarchive.version import __version__
 
 __all__ = ["Captured", "SourceTests", "records_of"]
 

@@ -217,7 +217,7 @@ def job():
     graph, and a schedule that diverges), rank 1 failing, rank 2 timing out, rank 3 crashing;
     (1.5) rank 1's records (the failing rank's, the index's own) differ from the other three's,
     which share one record set."""
-    from reproarchive.archive.job import RankCapture
+    from reproarchive.archive.job_archive import RankCapture
     from reproarchive.format.schema import (
         CollectiveRecord,
         DTensorInput,
@@ -295,7 +295,7 @@ def job_custom_op():
     """(1.5) A 2-rank job whose graph calls a custom op on each rank's own input: the job's
     ``custom_ops`` holds the operator once with both ranks' calls (spec §8 ``custom_ops`` of a
     job), so a reader that stands in for it finds each rank's call."""
-    from reproarchive.archive.job import RankCapture
+    from reproarchive.archive.job_archive import RankCapture
     from reproarchive.codec.recorded_calls import record_calls
     from reproarchive.format.schema import FailureRecord, ProcessGroupRecord, RankOutcome, RankRecord
 

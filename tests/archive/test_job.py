@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 import reproarchive
-from reproarchive.archive.job import RankCapture
+from reproarchive.archive.job_archive import RankCapture
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import CollectiveRecord, ProcessGroupRecord, RankOutcome, RankRecord
 from support.cli import invoke
@@ -184,7 +184,7 @@ def test_merged_parts_keep_the_failing_ranks_generator_states(tmp_path):
     """Each rank's part records the generator states its call started from; the merged job
     archive's own records (the failing rank's) point at them in the merged storage table (they
     pointed into the part's, and the merge refused: "storage 1 does not exist")."""
-    from reproarchive.archive.job import rank_part_job
+    from reproarchive.archive.job_archive import rank_part_job
     from reproarchive.archive.job_merge import merge_parts
     from reproarchive.archive.packing import pack
     from reproarchive.format.schema import Records

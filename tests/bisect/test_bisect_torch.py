@@ -85,7 +85,7 @@ def test_one_bad_environment_alone_names_no_culprit(relu_archive):
     assert document["last_good"] is None and document["commit_range"] is None
     # what the command prints without --json, from the same document (a second bisection would
     # replay the archive again for the same verdict)
-    from reproarchive.bisect.records import TorchBisection
+    from reproarchive.bisect.results import TorchBisection
     from reproarchive.cli.bisect_text import torch_lines
     from reproarchive.format.plain import from_plain
 

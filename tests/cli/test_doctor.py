@@ -86,7 +86,7 @@ def test_an_unset_variable_is_said_in_words():
 
 
 def test_doctor_says_which_torch_releases_were_tested_and_warns_on_another(tmp_path, monkeypatch):
-    from reproarchive.version import TESTED_TORCH, torch_release
+    from reproarchive.package_version import TESTED_TORCH, torch_release
 
     path = _pack(tmp_path / "a.tar.zst")
     report = json.loads(invoke("doctor", path, "--json").stdout)

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from reproarchive.version import torch_release
+from reproarchive.package_version import torch_release
 from support.cli import invoke
 from support.cross_version import capture_into, committed
 

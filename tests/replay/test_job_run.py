@@ -121,7 +121,7 @@ def _part_of(archive, rank: int, path):
     import dataclasses
 
     import reproarchive
-    from reproarchive.archive.job import rank_part_job
+    from reproarchive.archive.job_archive import rank_part_job
     from reproarchive.archive.packing import pack
     from reproarchive.format.reader import ContainerReader
 

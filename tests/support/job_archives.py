@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 
 import reproarchive
-from reproarchive.archive.job import RankCapture
+from reproarchive.archive.job_archive import RankCapture
 from reproarchive.context.failure import record_from_exception, signature
 from reproarchive.format.schema import (
     CollectiveRecord,

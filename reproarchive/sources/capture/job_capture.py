@@ -238,7 +238,7 @@ def job_paths(target: Path, ctx: RankContext, is_file_target: bool) -> tuple[Pat
 def part_job(ctx: RankContext, outcome: RankOutcome, dtensors, meshes, mesh_dims, device: str | None = None
              ) -> JobRecord:
     """The job record of this rank's part (``archive.job.rank_part_job`` with this process's facts)."""
-    from reproarchive.archive.job import rank_part_job
+    from reproarchive.archive.job_archive import rank_part_job
 
     rank = RankRecord(rank=ctx.rank, local_rank=ctx.local_rank, device=device, host=ctx.host, dtensors=dtensors,
                       schedule=tuple(_STATE.schedule), compiles=tuple(_STATE.compiles), outcome=outcome)

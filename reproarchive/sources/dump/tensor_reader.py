@@ -149,7 +149,7 @@ def _tensor_on(storage, shape, stride, storage_offset, dtype, requires_grad, is_
     """Exactly what InputReader.tensor does, including its fake autograd history for non-leaves."""
     import torch
 
-    from reproarchive.compat.tensors import set_tensor_metadata
+    from reproarchive.compat.tensor_internals import set_tensor_metadata
 
     t = torch.tensor([], dtype=dtype, device=storage.device, requires_grad=requires_grad)
     with torch.no_grad():

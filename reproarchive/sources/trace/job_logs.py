@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reproarchive.archive.job import rank_part_job
+from reproarchive.archive.job_archive import rank_part_job
 from reproarchive.archive.job_merge import merge_parts
 from reproarchive.codec.collectives import graph_collectives
 from reproarchive.format.reader import ContainerReader

@@ -97,7 +97,7 @@ class _RankReplay:
 
 def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> RankPart:
     """Rank ``rank`` of the job at ``path``, on ``settings.device`` (a rank worker's side)."""
-    from reproarchive.archive.job import load_job
+    from reproarchive.archive.job_archive import load_job
 
     job = load_job(path, device=settings.device, max_memory=settings.max_memory, ranks=[rank])  # its own only
     part = job.rank(rank)
