@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import compileall
 import os
+from pathlib import Path
 
 # The suite runs three test processes (and their children) on two cores. Set before torch is
 # imported, so every child process the tests start inherits them:
@@ -21,6 +23,18 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from reproarchive.child import warm_children  # noqa: E402
+
+
+def pytest_configure(config):
+    """The project's own modules compiled to bytecode once, before any test or child process
+    starts. An editable install writes none, and where ``PYTHONDONTWRITEBYTECODE`` is set (this
+    machine's image sets it) no process does: each of the suite's several hundred child
+    processes compiled every module of ours it imported, about 0.4 s of CPU for a replay's.
+    Python still checks each file's time stamp, so an edited module is never run stale."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # once, in the process that starts the workers
+        root = Path(__file__).resolve().parents[1]
+        for folder in ("reproarchive", "cli", "tests", "benchmarks"):
+            compileall.compile_dir(root / folder, quiet=2, workers=0)
 
 
 @pytest.fixture(scope="session", autouse=True)
