@@ -121,11 +121,14 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
 @click.option("--backend", metavar="NAME", help="Replay with NAME in every environment (default: the archive's).")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop after this long (status incomplete, exit 3).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Replay up to N times in each environment: one failure makes it bad, and replays that "
+                   "disagree are reported as flaky.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def torch_cmd(archive, interpreters, backend, max_time, summary_path, as_json, quiet):
+def torch_cmd(archive, interpreters, backend, max_time, repeat, summary_path, as_json, quiet):
     """Replay ARCHIVE under several Python environments and name the first where it fails.
 
     Verdicts: good, bad (the recorded failure's signature), different failure, or cannot load
@@ -137,5 +140,5 @@ def torch_cmd(archive, interpreters, backend, max_time, summary_path, as_json, q
 
     show = None if (quiet or as_json) else (lambda v: click.echo(terminal_lines(env_line(v)), err=True))
     result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,
-                                       on_verdict=show)
+                                       on_verdict=show, repeat=repeat)
     _report(result, archive, torch_lines, summary_path=summary_path, as_json=as_json)

@@ -49,10 +49,15 @@ VerdictFn = Callable[[EnvVerdict], None]
 
 
 def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: str | None = None,
-                 max_time: float | None = None, on_verdict: VerdictFn | None = None) -> TorchBisection:
+                 max_time: float | None = None, on_verdict: VerdictFn | None = None,
+                 repeat: int = 1) -> TorchBisection:
     """Replay the archive at ``path`` under each interpreter in ``interpreters``, in order; see
-    the module docstring. ``backend`` is passed to each replay as ``--backend``. Raises
-    SourceError (exit 4) when the archive or an interpreter is missing."""
+    the module docstring. ``backend`` is passed to each replay as ``--backend``; ``repeat``
+    replays each environment up to that many times (``_repeated``). Raises SourceError (exit 4)
+    when the archive or an interpreter is missing."""
+    if repeat < 1:
+        raise ReproArchiveError(f"--repeat {repeat}: an environment needs at least one replay",
+                                "give --repeat 1 or more")
     archive = Path(path).resolve()
     if not archive.is_file():
         raise SourceError(f"{path} does not exist or is not a file", "give the path of an archive")
@@ -71,7 +76,8 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
             if left is not None and left <= 0:
                 status = "incomplete"
                 break
-            verdict = _judge(python, archive, backend, timeout=left, bundle=Path(bundle))
+            verdict = _judge(python, archive, backend, timeout=left, bundle=Path(bundle), repeat=repeat,
+                             deadline=deadline)
             verdicts.append(verdict)
             if on_verdict is not None:
                 on_verdict(verdict)
@@ -99,7 +105,8 @@ def _environment(bundle: Path | None) -> dict[str, str]:
     return env
 
 
-def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | None, bundle: Path) -> EnvVerdict:
+def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | None, bundle: Path,
+           repeat: int = 1, deadline: float | None = None) -> EnvVerdict:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reproarchive-env-") as cwd:
         facts, problem = _probe(python, cwd)
@@ -116,17 +123,45 @@ def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | 
         argv = [python, "-c", _CLI, "run", str(archive), "--json", "--quiet"]
         if backend:
             argv += ["--backend", backend]
-        try:
-            done = subprocess.run(argv, cwd=cwd, env=_environment(None if installed else _bundled(bundle)),
-                                  capture_output=True, text=True, errors="replace", timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return EnvVerdict(**base, reader=reader, verdict=SKIPPED, exit_code=None,
-                              reason="--max-time ran out during this replay",
-                              seconds=round(time.monotonic() - start, 3))
-    verdict, reason = _verdict(done.returncode, done.stdout, done.stderr)
-    return EnvVerdict(**base, reader=reader, verdict=verdict, exit_code=done.returncode, reason=reason,
-                      seconds=round(time.monotonic() - start, 3))
+        env = _environment(None if installed else _bundled(bundle))
+
+        def replay(left: float | None) -> tuple[str, str | None, int | None]:
+            try:
+                done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
+                                      timeout=left, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                return SKIPPED, "--max-time ran out during this replay", None
+            return (*_verdict(done.returncode, done.stdout, done.stderr), done.returncode)
+
+        verdict, reason, code, replays = _repeated(replay, repeat, timeout, deadline)
+    return EnvVerdict(**base, reader=reader, verdict=verdict, exit_code=code, reason=reason,
+                      seconds=round(time.monotonic() - start, 3), replays=replays)
+
+
+def _repeated(replay: Callable[[float | None], tuple[str, str | None, int | None]], repeat: int,
+              timeout: float | None, deadline: float | None) -> tuple[str, str | None, int | None, tuple[str, ...]]:
+    """One environment's verdict from up to ``repeat`` replays. A failure that shows once is
+    there (bad, however many replays passed: syzkaller's rule), and the replays' disagreement is
+    kept so the report can say flaky. Replaying stops once more could not change the answer: an
+    environment that cannot replay at all, or one seen both good and bad."""
+    runs: list[tuple[str, str | None, int | None]] = []
+    for i in range(repeat):
+        left = timeout if i == 0 or deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        runs.append(replay(left))
+        seen = {v for v, _, _ in runs}
+        if SKIPPED in seen or {GOOD, BAD} <= seen:
+            break
+    verdicts = tuple(v for v, _, _ in runs)
+    chosen = next((r for r in runs if r[0] == BAD), None)
+    if chosen is None and len(set(verdicts)) > 1:
+        kinds = ", ".join(dict.fromkeys(verdicts))
+        return SKIPPED, f"the replays disagreed ({kinds}): no verdict", runs[-1][2], verdicts
+    verdict, reason, code = chosen or runs[0]
+    if verdict == BAD and len(set(verdicts)) > 1:
+        reason = f"flaky: {verdicts.count(BAD)} of {len(verdicts)} replays failed"
+    return verdict, reason, code, verdicts
 
 
 def _probe(python: str, cwd: str) -> tuple[dict | None, str | None]:

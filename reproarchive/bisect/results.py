@@ -139,6 +139,15 @@ class EnvVerdict:
     exit_code: int | None
     reason: str | None  # why it was skipped, or the different failure's signature
     seconds: float
+    #: each replay's own verdict, in order (``--repeat``): the verdict above is bad when any was
+    #: bad, so a flaky failure is counted, and ``flaky`` says the replays disagreed
+    replays: tuple[str, ...] = ()
+
+    COMPUTED = ("flaky",)
+
+    @property
+    def flaky(self) -> bool:
+        return len(set(self.replays)) > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,4 +180,7 @@ class TorchBisection(PlainRecord):
             return (f"bisect torch: {self.first_bad} is bad, but no environment before it is good: nothing was "
                     "compared, so no torch is to blame (put an environment that passes before it)")
         after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
-        return f"the first bad environment is {self.first_bad}{after}"
+        bad = next(v for v in self.verdicts if v.python == self.first_bad and v.verdict == "bad")
+        flaky = (f"; flaky there: {bad.replays.count('bad')} of {len(bad.replays)} replays failed"
+                 if bad.flaky else "")
+        return f"the first bad environment is {self.first_bad}{after}{flaky}"

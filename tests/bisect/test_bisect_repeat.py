@@ -1,0 +1,102 @@
+"""``bisect torch --repeat N``: a failure that shows in one replay of N makes its environment bad
+and is reported as flaky; replays that disagree without a failure give no verdict; an answer
+that more replays cannot change stops the replays.
+
+The environments here are stand-in interpreters (an executable script that answers the probe and
+replays from a script of verdicts), so the rule is checked exactly and in seconds; the real
+replays in real environments are ``test_bisect_torch.py``'s."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import reproarchive
+from support.cli import invoke
+
+#: an interpreter whose ``run --json`` answers, call after call, the next document of its script
+STAND_IN = '''#!{python}
+import json, sys
+from pathlib import Path
+here = Path(__file__).with_suffix("")
+if sys.argv[1].endswith("env_probe.py"):
+    print(json.dumps({{"python": "3.11", "torch": "{torch}", "git_version": "{torch}-commit",
+                      "reproarchive": "/stand-in/reproarchive/__init__.py", "reproarchive_version": "0"}}))
+    sys.exit(0)
+calls = here.with_name(here.name + ".calls")
+n = int(calls.read_text()) if calls.exists() else 0
+calls.write_text(str(n + 1))
+code, status = {script!r}[n]
+print(json.dumps({{"status": status, "observed": {{"signature": "RuntimeError: other"}}}}))
+sys.exit(code)
+'''
+PASSED, REPRODUCED, OTHER = (0, "passed"), (1, "reproduced"), (3, "different failure")
+
+
+def _env(folder: Path, name: str, torch: str, script: list[tuple[int, str]]) -> Path:
+    path = folder / name
+    path.write_text(STAND_IN.format(python=sys.executable, torch=torch, script=script))
+    path.chmod(0o755)
+    return path
+
+
+def _calls(env: Path) -> int:
+    calls = env.with_name(env.name + ".calls")
+    return int(calls.read_text()) if calls.exists() else 0
+
+
+@pytest.fixture
+def archive(tmp_path):
+    path = tmp_path / "a.tar.zst"
+    path.write_bytes(b"only its path is read: the stand-ins replay nothing")
+    return path
+
+
+def test_one_failure_in_n_replays_is_bad_and_flaky(tmp_path, archive):
+    good = _env(tmp_path, "good", "2.12", [PASSED] * 3)
+    bad = _env(tmp_path, "bad", "2.13", [PASSED, REPRODUCED, PASSED])
+    result = reproarchive.bisect_torch(archive, [str(good), str(bad)], repeat=3)
+    by = {v.python: v for v in result.verdicts}
+    assert by[str(good)].verdict == "good" and by[str(good)].replays == ("good",) * 3
+    assert not by[str(good)].flaky
+    flaky = by[str(bad)]
+    assert flaky.verdict == "bad" and flaky.flaky and flaky.replays == ("good", "bad")
+    assert _calls(bad) == 2  # seen good and bad: a third replay could not change the answer
+    assert flaky.reason == "flaky: 1 of 2 replays failed"
+    assert result.status == "found" and result.first_bad == str(bad)
+    assert "flaky there: 1 of 2 replays failed" in result.summary
+    assert result.to_plain()["verdicts"][1]["flaky"] is True
+
+
+def test_a_single_replay_misses_the_flaky_failure_that_repeating_finds(tmp_path, archive):
+    good = _env(tmp_path, "good", "2.12", [PASSED] * 3)
+    bad = _env(tmp_path, "bad", "2.13", [PASSED, PASSED, REPRODUCED])
+    once = reproarchive.bisect_torch(archive, [str(good), str(bad)])
+    assert once.status == "no bad environment" and _calls(bad) == 1
+    for env in (good, bad):  # each stand-in's script from its start again
+        env.with_name(env.name + ".calls").unlink()
+    thrice = reproarchive.bisect_torch(archive, [str(good), str(bad)], repeat=3)
+    assert thrice.status == "found" and thrice.verdicts[1].replays == ("good", "good", "bad")
+
+
+def test_replays_that_disagree_without_a_failure_give_no_verdict(tmp_path, archive):
+    env = _env(tmp_path, "odd", "2.13", [PASSED, OTHER, PASSED])
+    (verdict,) = reproarchive.bisect_torch(archive, [str(env)], repeat=3).verdicts
+    assert verdict.verdict == "skipped" and verdict.flaky
+    assert verdict.reason == "the replays disagreed (good, different failure): no verdict"
+    assert _calls(env) == 3
+
+
+def test_the_command_takes_repeat_and_refuses_zero(tmp_path, archive):
+    good = _env(tmp_path, "good", "2.12", [PASSED] * 2)
+    bad = _env(tmp_path, "bad", "2.13", [REPRODUCED] * 2)
+    result = invoke("bisect", "torch", archive, "--env", good, "--env", bad, "--repeat", "2", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [v["replays"] for v in document["verdicts"]] == [["good", "good"], ["bad", "bad"]]
+    assert [v["flaky"] for v in document["verdicts"]] == [False, False]
+    refused = invoke("bisect", "torch", archive, "--env", good, "--repeat", "0")
+    assert refused.exit_code == 2 and "--repeat" in refused.output
