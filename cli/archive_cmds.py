@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import click
 
-from reproarchive.archive.job_report import job_lines
-from reproarchive.context.failure import compiler_errors
-
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
 from .options import implementations
@@ -110,7 +107,7 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
             for key, value in values.items():
                 _say(f"config: {module}.{key} = {value!r}")
     if info.job is not None:
-        for line in job_lines(info.job):
+        for line in reproarchive.job_lines(info.job):
             _say(line)
 
 
@@ -154,11 +151,12 @@ def _say_storage(s) -> None:
 
 def _say_failure(failure) -> None:
     """inspect's failure line, with the first compiler errors its message names."""
+    import reproarchive
 
     if failure:
         _say(f"failure: {failure_title(failure.to_plain())}: "
              f"{failure.message.splitlines()[0][:160] if failure.message else ''}")
-        errors = compiler_errors(failure.message)
+        errors = reproarchive.compiler_errors(failure.message)
         for line in (["compiler errors:", *errors[:5]] if errors else []):
             _say(f"  {line}")
     else:

@@ -10,10 +10,6 @@ from pathlib import Path
 
 import click
 
-from reproarchive.archive.spool_folder import is_spool
-from reproarchive.sources.capture.job_capture import is_job_parts, pack_job_parts
-from reproarchive.sources.trace.log_reader import is_trace
-
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, INTERRUPTED, exit_codes
 from .options import implementations
@@ -119,12 +115,13 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     Prints where each archive went, its size, and three summary lines: graph, inputs, failure.
     With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there.
     """
+    import reproarchive
 
-    if source is not None and is_job_parts(source):
+    if source is not None and reproarchive.is_job_parts(source):
         _pack_job_parts(source, out, as_json=as_json, quiet=quiet, store=store)
-    elif source is not None and is_spool(source):
+    elif source is not None and reproarchive.is_spool(source):
         _pack_spool(source, out, as_json=as_json, quiet=quiet, store=store)
-    elif source is not None and is_trace(source):
+    elif source is not None and reproarchive.is_trace(source):
         _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
                     rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet,
                     store=store, imports=imports, libraries=libraries)
@@ -279,9 +276,10 @@ def _stage_notes(show: bool):
 
 
 def _pack_job_parts(source: Path, out: Path | None, *, as_json: bool, quiet: bool, store: str | None) -> None:
+    import reproarchive
 
     with json_errors(as_json):
-        result = pack_job_parts(source, out)
+        result = reproarchive.pack_job_parts(source, out)
         if as_json:
             emit_json({**result.to_json(), **_push_to_store([result.archive], store, quiet=True)})
             return

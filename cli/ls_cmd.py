@@ -13,9 +13,6 @@ from pathlib import Path
 
 import click
 
-from reproarchive.sources.trace.log_reader import is_trace
-from reproarchive.store.location import is_store
-
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, exit_codes
 from .store_cmds import print_store_listing
@@ -63,7 +60,7 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
     """
     import reproarchive
 
-    if is_store(source):
+    if reproarchive.is_store(source):
         if rank is not None or failed:
             raise click.UsageError("--rank and --failed apply to TORCH_TRACE logs, not to stores")
         with json_errors(as_json):
@@ -99,7 +96,7 @@ def _list_trace(source: Path, as_json: bool) -> dict:
             raise SourceError(f"{source} does not exist",
                               "name a store (a URL or a folder `reproarchive push` wrote to), "
                               "a TORCH_TRACE log or the folder TORCH_TRACE pointed at")
-        if not is_trace(source):
+        if not reproarchive.is_trace(source):
             raise SourceError(f"{source} is not a store, a TORCH_TRACE log, a folder of them, or a tlparse output "
                               "folder",
                               "ls lists the archives of a store (a URL or a folder `reproarchive push` wrote to) or "

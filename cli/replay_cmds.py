@@ -7,9 +7,6 @@ from pathlib import Path
 
 import click
 
-from reproarchive.context.failure import compiler_errors, failure_kind
-from reproarchive.store.location import is_store_reference
-
 from .app import emit_json, main
 from .bug_report import minify_summary
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
@@ -187,7 +184,7 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
     if minify and (rank is not None or single_process or launcher):
         raise click.UsageError("--rank, --single-process and the launcher's options do not apply with --minify")
     if minify:
-        if is_store_reference(archive):
+        if reproarchive.is_store_reference(archive):
             with byte_bars(not (quiet or as_json)) as progress:
                 archive = str(reproarchive.fetch(archive, progress=progress))
         _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs,
@@ -286,8 +283,9 @@ def _placeholder_names(code: str) -> list[str]:
 def _describe(record) -> str:
     if not record:
         return "none recorded"
+    import reproarchive
 
-    kind = failure_kind(record)
+    kind = reproarchive.failure_kind(record)
     etype = record.exception_type
     message = record.message.strip().splitlines()
     first = message[0] if message else ""
@@ -298,10 +296,11 @@ def _describe(record) -> str:
 
 def _compiler_lines(record) -> list[str]:
     """The compiler's own first error lines under a failure (a C++ or Triton compile error)."""
+    import reproarchive
 
     if record is None:
         return []
-    return [f"            {terminal_safe(d)}" for d in compiler_errors(record.message)[:3]]
+    return [f"            {terminal_safe(d)}" for d in reproarchive.compiler_errors(record.message)[:3]]
 
 
 def format_outcome(outcome) -> str:

@@ -6,8 +6,6 @@ import sys
 
 import click
 
-from reproarchive.archive.job_report import job_lines
-
 from .app import emit_json, json_errors, main
 from .text import failure_title, index_digest, terminal_lines, terminal_safe
 
@@ -58,6 +56,7 @@ def diff_cmd(ctx, a: str, b: str, as_json: bool) -> None:
 
 def format_diff(r) -> list[str]:
     """The comparison for people: one line per section, then what differs in it."""
+    import reproarchive
 
     a, b = r.a, r.b
     width = max(len(a.path), len(b.path))
@@ -77,7 +76,7 @@ def format_diff(r) -> list[str]:
         lines += _rows(section, getattr(r, section), "same")
     for name, side in (("A", r.job.a if r.job else None), ("B", r.job.b if r.job else None)):
         if side is not None:
-            lines += [f"{name} {line}" if i == 0 else line for i, line in enumerate(job_lines(side))]
+            lines += [f"{name} {line}" if i == 0 else line for i, line in enumerate(reproarchive.job_lines(side))]
     if r.identical:
         lines.append("=> identical (exit 0)")
     else:

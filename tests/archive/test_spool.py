@@ -270,7 +270,7 @@ def _cli(*args) -> tuple[int, str]:
 
 
 def test_pack_of_a_folder_that_is_no_spool_is_not_mistaken_for_one(tmp_path):
-    assert not is_spool(tmp_path)
+    assert not reproarchive.is_spool(tmp_path)
     with pytest.raises(reproarchive.SourceError, match="not a reproarchive spool"):
         reproarchive.pack_spool(tmp_path, tmp_path / "out")
     assert os.listdir(tmp_path) == []
@@ -283,7 +283,6 @@ _DIES_WHILE_WRITING = """
 import os, time, torch
 from pathlib import Path
 from reproarchive.archive import spool
-from reproarchive.archive.spool_folder import is_spool
 
 def slow_write(self, todo):
     time.sleep(600)  # the process dies first

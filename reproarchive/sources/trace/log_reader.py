@@ -76,12 +76,6 @@ def _tlparse_roots(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "raw.jsonl").is_file())
 
 
-def is_trace(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a TORCH_TRACE log, a folder of them, or a tlparse output folder (for
-    the CLI, which asks before it imports torch)."""
-    return find_trace(path) is not None
-
-
 def find_trace(path: str | os.PathLike) -> tuple[str, list[Path]] | None:
     """("log" | "log folder" | "tlparse", files or tlparse roots) when ``path`` is a trace, else None.
 

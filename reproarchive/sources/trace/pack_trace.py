@@ -60,6 +60,11 @@ class TracePackResult:
                 **({"job": self.job.to_json()} if self.job is not None else {})}
 
 
+def is_trace(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a TORCH_TRACE log, a folder of them, or a tlparse output folder."""
+    return log_reader.find_trace(path) is not None
+
+
 def list_trace(source: str | os.PathLike) -> dict[str, Any]:
     """The compiles of a trace, for ``reproarchive ls`` (a JSON-ready dict).
 
