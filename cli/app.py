@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import sys
 import traceback
 import warnings
@@ -100,7 +101,6 @@ def _debug_first(group: click.Group, args: list[str]) -> list[str]:
 def _stdout_closed() -> bool:
     """Whether the reader of stdout went away (``reproarchive ls STORE | head``), as opposed to
     some other pipe breaking."""
-    import select
 
     try:
         poller = select.poll()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+import reproarchive
+
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
 from .options import implementations
@@ -35,7 +37,6 @@ def verify(archive: str, as_json: bool, quiet: bool) -> None:
     loaded, a newer torch's function) is not damage: it is listed as "not replayable here"
     (`run` answers 125 for it) and the archive still verifies.
     """
-    import reproarchive
 
     with byte_bars(not (quiet or as_json)) as progress:
         report = reproarchive.verify(archive, progress=progress)
@@ -64,7 +65,6 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     any size, and nothing is executed. ARCHIVE may be a store reference (STORE/NAME): then
     only the archive's small object is downloaded.
     """
-    import reproarchive
 
     if show_graph:
         code = reproarchive.graph_code(archive)
@@ -151,7 +151,6 @@ def _say_storage(s) -> None:
 
 def _say_failure(failure) -> None:
     """inspect's failure line, with the first compiler errors its message names."""
-    import reproarchive
 
     if failure:
         _say(f"failure: {failure_title(failure.to_plain())}: "
@@ -181,7 +180,6 @@ def doctor(archive: str, as_json: bool, imports: tuple[str, ...], libraries: tup
     reference (STORE/NAME). A warning comes first when the torch here is not a release this
     reproarchive was tested with.
     """
-    import reproarchive
 
     report = reproarchive.doctor(archive, imports=imports, libraries=libraries)
     if as_json:
@@ -264,7 +262,6 @@ def unpack(archive: str, directory: str | None, quiet: bool, as_json: bool) -> N
     Writes only paths it builds from validated member names (never tar's own extraction), and
     leaves nothing behind if any check fails. `zstd -dc ARCHIVE | tar -x` gives the same files.
     """
-    import reproarchive
 
     with byte_bars(not (quiet or as_json)) as progress:
         dest = reproarchive.unpack(archive, directory, progress=progress)

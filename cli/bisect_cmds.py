@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+import reproarchive
+
 from .app import emit_json, main
 from .bisect_text import compiler_lines, env_line, step_line, summary, torch_lines
 from .bug_report import recorded_settings
@@ -39,7 +41,6 @@ def bisect_group() -> None:
 
 def _write_summary(path, result, archive) -> None:
     """The summary, written whole or not at all (click's atomic file: a temporary name renamed)."""
-    import reproarchive
 
     try:
         graph = reproarchive.graph_code(archive) if archive else None
@@ -100,7 +101,6 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
     that differ from their defaults are then put back to their defaults, all, then halves, to
     name the ones the failure needs (a report without them does not fail upstream).
     """
-    import reproarchive
 
     settings = reproarchive.ReplaySettings(backend=backend, device=device, tol=tol, current_config=current_config)
     show = None if (quiet or as_json) else (lambda step: click.echo(terminal_lines(step_line(step)), err=True))
@@ -136,7 +136,6 @@ def torch_cmd(archive, interpreters, backend, max_time, repeat, summary_path, as
     device or an operator: skipped, as git bisect skips 125). The torch commits between the last
     good and the first bad environment come from torch.version.git_version.
     """
-    import reproarchive
 
     show = None if (quiet or as_json) else (lambda v: click.echo(terminal_lines(env_line(v)), err=True))
     result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,

@@ -4,13 +4,14 @@ report. A pasted report must reproduce upstream, where reproarchive is not insta
 
 from __future__ import annotations
 
+import reproarchive
+
 CONFIG_TITLE = "The torch config the failing run changed from the defaults (set it before compiling)"
 
 
 def recorded_settings(archive) -> list[tuple[str, str, object]]:
     """``reproarchive.recorded_config``; [] for an archive that cannot be read here (a summary
     is still written without it)."""
-    import reproarchive
 
     try:
         return reproarchive.recorded_config(archive)
@@ -28,8 +29,6 @@ def minify_summary(report, *, archive: str) -> str:
     """Markdown for a bug report of a minified archive: what failed, the command that replays
     it, the versions, the config that matters and the smallest failing graph."""
     import torch
-
-    import reproarchive
 
     from .text import terminal_lines
 

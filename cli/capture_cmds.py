@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+import reproarchive
+
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, INTERRUPTED, exit_codes
 from .options import implementations
@@ -115,7 +117,6 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     Prints where each archive went, its size, and three summary lines: graph, inputs, failure.
     With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there.
     """
-    import reproarchive
 
     if source is not None and reproarchive.is_job_parts(source):
         _pack_job_parts(source, out, as_json=as_json, quiet=quiet, store=store)
@@ -133,7 +134,6 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
 
 def _pack_spool(source: Path, out: Path | None, *, as_json: bool, quiet: bool, store: str | None) -> None:
     """One archive per graph a process killed during capture was running (its spool-<pid> folder)."""
-    import reproarchive
 
     with json_errors(as_json):
         reports = reproarchive.pack_spool(source, out if out is not None else Path("."))
@@ -158,7 +158,6 @@ def _refuse_trace_options(compile_ids, all_compiles: bool, rank, graph: str, bac
 def _pack_dump(ctx: click.Context, source: Path | None, out: Path | None, *, no_replay: bool, as_json: bool,
                quiet: bool, store: str | None, imports=(), libraries=()) -> None:
     """Pack a repro script PyTorch dumped (SOURCE, or the newest found below the current directory)."""
-    import reproarchive
 
     debug = bool((ctx.obj or {}).get("debug"))
     log = _debug_log(debug)
@@ -196,7 +195,6 @@ def _push_to_store(archives, store: str | None, *, quiet: bool) -> dict:
     ends the command with exit 5 after the local archives were written."""
     if not store or not archives:
         return {}
-    import reproarchive
 
     results = reproarchive.push([str(a) for a in archives], store)
     if not quiet:
@@ -226,8 +224,6 @@ def _show_debug_log(log: Path | None, whose: str) -> None:
 def _pack_trace(ctx: click.Context, source: Path, out: Path | None, *, no_replay: bool, compile_ids, all_compiles: bool,
                 rank, graph: str, backend, accuracy: bool, as_json: bool, quiet: bool, store: str | None,
                 imports=(), libraries=()) -> None:
-    import reproarchive
-
     with json_errors(as_json):
         log = _debug_log(bool((ctx.obj or {}).get("debug")))
         try:
@@ -276,8 +272,6 @@ def _stage_notes(show: bool):
 
 
 def _pack_job_parts(source: Path, out: Path | None, *, as_json: bool, quiet: bool, store: str | None) -> None:
-    import reproarchive
-
     with json_errors(as_json):
         result = reproarchive.pack_job_parts(source, out)
         if as_json:
@@ -369,7 +363,6 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, on_accuracy: str, no_
     if it does not exist. A push that fails is reported on stderr ("error: could not push
     ...") and leaves the exit code (the program's own) alone.
     """
-    import reproarchive
 
     result = reproarchive.capture_program(
         list(command), out_dir, after=after, accuracy=accuracy, on_accuracy=on_accuracy, replay=not no_replay,
@@ -380,7 +373,6 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, on_accuracy: str, no_
 
 def _report_capture(result, store: str | None, *, as_json: bool, quiet: bool, accuracy: bool) -> None:
     """Push what capture wrote (a failed push is one line on stderr, never the exit code), then report it."""
-    import reproarchive
 
     pushed: dict = {}
     try:

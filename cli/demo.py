@@ -14,13 +14,19 @@ doubles as a smoke test.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+import reproarchive
 from reproarchive import ReproArchiveError
+from reproarchive.compat import dynamo, inductor
 
 INJECTOR = "cpp.inject_relu_bug_TESTING_ONLY"
 
@@ -51,8 +57,6 @@ def _failed(what: str) -> ReproArchiveError:
 
 def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify: bool = True) -> dict:
     """Run every step; returns the paths and outcomes. Raises ReproArchiveError on a surprise."""
-    import reproarchive
-    from reproarchive.compat import inductor
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,8 +105,6 @@ def run_demo(out_dir: str | Path, *, say: Callable[[str], None] = print, minify:
 
 def _capture_demo(archive: Path, say: Callable[[str], None]) -> None:
     """Step 1: compile DemoModel with the relu bug injected; the failure must be captured into ``archive``."""
-    import reproarchive
-    from reproarchive.compat import dynamo, inductor
 
     torch.manual_seed(0)
     model = DemoModel()
@@ -126,7 +128,6 @@ def _capture_demo(archive: Path, say: Callable[[str], None]) -> None:
 
 def _minify_demo(archive: Path, minified: Path, say: Callable[[str], None]) -> dict:
     """Step 5: minify ``archive`` into ``minified``, which must be smaller and still fail; returns the stats."""
-    import reproarchive
 
     rep = reproarchive.minify_archive(archive, minified)
     s = rep.stats
@@ -153,13 +154,6 @@ torch.compile(f, backend=reproarchive.capture("inductor", path=sys.argv[1]))(tor
 
 
 def _crash_demo(archive: Path, say: Callable[[str], None]) -> dict:
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    import reproarchive
-
     archive.unlink(missing_ok=True)
     # The injected kernel throws inside its OpenMP loop; with one OpenMP thread that loop runs on
     # the calling thread and the throw becomes a Python RuntimeError instead of an abort. Two

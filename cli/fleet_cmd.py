@@ -6,6 +6,8 @@ import json
 
 import click
 
+import reproarchive
+
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, INTERRUPTED, STORE_UNREACHABLE, exit_codes
 from .text import human_size, terminal_safe
@@ -56,7 +58,6 @@ def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_re
     archives (the store, or SOURCE/.reproarchive-triage), keyed by archive, action and
     environment: a rerun, or a teammate's run, does only what is missing.
     """
-    import reproarchive
 
     with json_errors(as_json):
         settings = reproarchive.ReplaySettings(device=device)

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import click
 
+import reproarchive
+from reproarchive import SourceError
+
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, exit_codes
 from .store_cmds import print_store_listing
@@ -58,7 +61,6 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
     Problems in the log (truncated lines, payloads whose MD5 does not match, interleaved ranks)
     are warnings on stderr.
     """
-    import reproarchive
 
     if reproarchive.is_store(source):
         if rank is not None or failed:
@@ -88,8 +90,6 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
 
 def _list_trace(source: Path, as_json: bool) -> dict:
     """The compiles of a TORCH_TRACE source; one line (and exit 4) for a path that is not one."""
-    import reproarchive
-    from reproarchive import SourceError
 
     with json_errors(as_json):
         if not source.exists():

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+import reproarchive
+
 from .app import emit_json, main
 from .bug_report import minify_summary
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
@@ -170,7 +172,6 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
     --max-time or a crash keeps the best graph found. Exit 0 when the minified archive is
     written, 3 when the archive does not reproduce here.
     """
-    import reproarchive
 
     if not minify and (output or max_time is not None or strict_accuracy or jobs is not None or summary_path):
         raise click.UsageError("-o/--output, --max-time, --strict-accuracy, --jobs and --summary only apply with "
@@ -228,8 +229,6 @@ def format_job(job) -> str:
 
 
 def _minify(archive, output, settings, *, as_json, quiet, timeout=None, summary_path=None, **options) -> None:
-    import reproarchive
-
     if not output:
         output = str(default_minified_path(archive))
     progress = None if (quiet or as_json) else minify_status()
@@ -283,7 +282,6 @@ def _placeholder_names(code: str) -> list[str]:
 def _describe(record) -> str:
     if not record:
         return "none recorded"
-    import reproarchive
 
     kind = reproarchive.failure_kind(record)
     etype = record.exception_type
@@ -296,7 +294,6 @@ def _describe(record) -> str:
 
 def _compiler_lines(record) -> list[str]:
     """The compiler's own first error lines under a failure (a C++ or Triton compile error)."""
-    import reproarchive
 
     if record is None:
         return []
@@ -403,7 +400,6 @@ def export_cmd(archive, out_dir, as_json, max_memory, imports, libraries):
 
     A custom op missing here replays from its recorded outputs in repro.py too; --import and
     --load-library are written into repro.py, which then brings the real implementation."""
-    import reproarchive
 
     report = reproarchive.export(archive, out_dir, reproarchive.ReplaySettings(
         max_memory=max_memory, imports=imports, libraries=libraries))

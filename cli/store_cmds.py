@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+import reproarchive
+
 from .app import emit_json, json_errors, main
 from .progress_bars import byte_bars
 from .text import failure_title, file_digest, human_size
@@ -53,7 +55,6 @@ def push_cmd(archives: tuple[str, ...], store: str, name: str | None, jobs: int,
     recorded it damaged or --repair is given: then it is read back and, if its bytes are not
     ours, replaced (after ours are checked against its name).
     """
-    import reproarchive
 
     if name is not None and len(archives) != 1:
         raise click.UsageError("--name names one archive; push several without it")
@@ -98,7 +99,6 @@ def pull_cmd(reference: str, output: str | None, force: bool, jobs: int, as_json
     refused (exit 4) when it is not, unless --force. `run`, `inspect` and `load` take
     REFERENCE directly too.
     """
-    import reproarchive
 
     with json_errors(as_json), byte_bars(not (quiet or as_json)) as progress:
         result = reproarchive.pull(reference, output, jobs=jobs, progress=progress, force=force)
@@ -143,7 +143,6 @@ def fsck_cmd(store: str, sample: int | None, seed: int | None, blobs: tuple[str,
     each damaged blob in the store (damaged/..., spec §11.1) so that the next push of any
     archive holding a good copy replaces it. `push --repair` replaces damage without a check.
     """
-    import reproarchive
 
     with json_errors(as_json), byte_bars(not (quiet or as_json)) as progress:
         report = reproarchive.check_store(store, sample=sample, seed=seed, blobs=blobs, mark=not no_mark, jobs=jobs,

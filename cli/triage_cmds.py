@@ -6,6 +6,8 @@ import sys
 
 import click
 
+import reproarchive
+
 from .app import emit_json, json_errors, main
 from .text import failure_title, index_digest, terminal_lines, terminal_safe
 
@@ -43,7 +45,6 @@ def diff_cmd(ctx, a: str, b: str, as_json: bool) -> None:
     instant on archives of any size. Config, environment and system are compared by the same
     code `run` uses to explain a different outcome.
     """
-    import reproarchive
 
     with json_errors(as_json):
         report = reproarchive.diff(a, b)
@@ -56,7 +57,6 @@ def diff_cmd(ctx, a: str, b: str, as_json: bool) -> None:
 
 def format_diff(r) -> list[str]:
     """The comparison for people: one line per section, then what differs in it."""
-    import reproarchive
 
     a, b = r.a, r.b
     width = max(len(a.path), len(b.path))
@@ -198,7 +198,6 @@ def view_cmd(archive: str, output: str | None, parent: str | None, as_json: bool
     The page needs no network and runs nothing from the archive; open it in any browser.
     Graphs of thousands of nodes are shown in pages of a few hundred nodes.
     """
-    import reproarchive
 
     with json_errors(as_json):
         result = reproarchive.view(archive, output, parent=parent)

@@ -19,10 +19,13 @@ from typing import Any
 from reproarchive.archive import inspection, loading
 from reproarchive.archive.inspection import StoreOrigin
 from reproarchive.errors import ReproArchiveError
+from reproarchive.format.reader import ContainerReader
 from reproarchive.progress import ProgressFn
 from reproarchive.replay import differences, runner
 from reproarchive.replay.launch import JobOutcome
 from reproarchive.replay.outcome import Outcome
+from reproarchive.replay.prepared import is_job
+from reproarchive.replay.run_job import run_job as _run_job
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.store.location import is_reference
 from reproarchive.store.pull import archive_view, fetch
@@ -72,9 +75,6 @@ def run(path: str | os.PathLike, settings: ReplaySettings | None = None, *, isol
     several machines; ``timeout``: each collective's), ``rank=r`` alone against a fake process
     group, or ``single_process`` under LocalTensorMode. Asking a job's way of one graph is an
     error (2), as is ``isolate`` for a job, whose ranks are processes of their own."""
-    from reproarchive.format.reader import ContainerReader
-    from reproarchive.replay.prepared import is_job
-    from reproarchive.replay.run_job import run_job as _run_job
 
     settings = ReplaySettings.given(settings, options)
     local = local_archive(path, progress=progress)

@@ -15,7 +15,7 @@ import sys
 import types
 from pathlib import Path
 
-from reproarchive.format import schema_check
+from reproarchive.format import schema_cddl, schema_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "spec"
@@ -42,7 +42,6 @@ def generators() -> list[types.ModuleType]:
     file, naming it) and ``write(spec_dir) -> list[Path]`` (the files it changed), in the order
     ``--write`` runs them: the invalid vectors and the example are made from golden vectors."""
     from reproarchive import documents
-    from reproarchive.format import schema_cddl
 
     return [schema_check, schema_cddl, documents,
             *(_script(name) for name in ("make_vectors", "make_invalid", "make_example"))]

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from reproarchive.archive.packing import is_zero_bytes
 from reproarchive.codec.tensors import storage_view
 from reproarchive.format import digests
@@ -52,7 +54,6 @@ class HostStaging:
         if storage.device.type == "cpu":
             yield storage_view(storage)
             return
-        import torch
 
         source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
         buffer = self._borrow(storage.device)
@@ -85,7 +86,6 @@ class HostStaging:
 
 def host_buffer(size: int) -> Any:
     """``size`` bytes of page-locked host memory (plain memory where pinning is unavailable)."""
-    import torch
 
     try:
         return torch.empty(size, dtype=torch.uint8, pin_memory=True)
@@ -113,7 +113,6 @@ def device_chunks(source: Any, buffer: Any, chunk: int) -> Iterator[memoryview]:
 def _side_stream(device: Any) -> tuple[Any, Any] | None:
     """(torch.<device type> module, a stream that waits for the device's current one), or
     None for devices without streams (CPU, meta)."""
-    import torch
 
     module = getattr(torch, device.type, None)
     if device.type in ("cpu", "meta") or module is None or not hasattr(module, "Stream"):

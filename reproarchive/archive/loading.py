@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import warnings
@@ -83,7 +84,6 @@ def _torch_errors_as_archive_errors(fn):
     """After validation, load only allocates and builds tensors and a graph from the records, so
     a torch error there means the records ask for something this process cannot build: report
     it as the archive's defect (one line), not as a traceback from inside torch."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -17,6 +17,7 @@ from typing import Any
 
 from reproarchive.archive.packing import pack
 from reproarchive.codec.custom_ops import LiveCustomOp
+from reproarchive.compat.dispatch import disable_current_modes
 from reproarchive.context.redaction import redacted, working_folder
 from reproarchive.format.schema import JobRecord, Records
 
@@ -43,7 +44,6 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     ``pack``'s: digest, level, frame_size, progress ...). ``prefixes`` are the source's own
     folders (``{folder: label}``), replaced besides this machine's; by default the working
     directory becomes ``.``."""
-    from reproarchive.compat.dispatch import disable_current_modes
 
     table = working_folder() if prefixes is None else dict(prefixes)
     # A compiler may be called with PyTorch's fake-tensor mode still active (AOTAutograd does so

@@ -37,6 +37,8 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from reproarchive.bisect import config_flags
 from reproarchive.bisect.compiler_child import CONFIG_CHANGE_BACKEND, FLAGS_ENV, WRAPPED_ENV
 from reproarchive.bisect.results import BAD, GOOD, OTHER, SKIPPED, BisectStep, CompilerBisection, Trial
@@ -46,6 +48,7 @@ from reproarchive.context.environment import child_environment
 from reproarchive.errors import BackendUnavailableError, ReproArchiveError
 from reproarchive.replay.isolation import child_outcome
 from reproarchive.replay.outcome import DIFFERENT, REPRODUCED
+from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
 
 _CHILD = "reproarchive.bisect.compiler_child"
@@ -115,7 +118,6 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
 def _archive_facts(path, settings: ReplaySettings) -> dict:
     """The archive's digest, recorded environment and device plan, and the backend that
     replays at the "inductor" stage (checked here: 125 before any replay when missing)."""
-    from reproarchive.replay.prepared import prepared
 
     ready = prepared(path, settings, here=False)  # every replay is a child's, which prepares its own
     return {"settings": ready.settings, "plan": ready.plan, "environment": ready.records.environment,
@@ -267,8 +269,6 @@ class _Search:
 
     def result(self, found, status: str, debug_info: str | None, log: list[str], *,
                flags: config_flags.FlagSearch | None = None) -> CompilerBisection:
-        import torch
-
         appear, disappear = self._around(found) if found is not None else (None, None)
         return CompilerBisection(
             archive=self.path, digest=self.facts["digest"], torch=torch.__version__, status=status,

@@ -10,6 +10,7 @@ the same questions while it builds.
 from __future__ import annotations
 
 from reproarchive.codec.collectives import check_groups_joined
+from reproarchive.codec.custom_ops import target_name
 from reproarchive.codec.devices import check_recorded_device, is_device_name
 from reproarchive.codec.targets import check_graph_targets
 from reproarchive.codec.tensors import dtype_from_name
@@ -42,7 +43,6 @@ def check_readable_here(index: Index, *, replaying: bool = True) -> list[str]:
 def _stand_in_targets(index: Index) -> set[str]:
     """The graph targets of the custom ops the archive records (``torch.ops.ns.op.overload``, and
     the packet ``torch.ops.ns.op`` a Dynamo graph calls for a ``default`` overload)."""
-    from reproarchive.codec.custom_ops import target_name
 
     targets = set()
     for record in index.custom_ops or ():

@@ -13,7 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from reproarchive.codec.operator_effects import COLLECTIVE_NAMESPACES
+from reproarchive.codec.targets import qualified_name
+from reproarchive.compat.distributed import resolve_process_group
 from reproarchive.errors import NotReplayableHereError
 from reproarchive.format.schema import GraphRecord, Index, NodeRecord, SubgraphEntry
 
@@ -38,7 +43,6 @@ def _op_name(target: str) -> str | None:
 
 def _group_argument(op: str, namespace: str, args: tuple, kwargs: dict) -> str | None:
     """The ``group_name`` argument, found by the operator's schema (its position differs)."""
-    import torch
 
     if "group_name" in kwargs:
         value = kwargs["group_name"]
@@ -75,8 +79,6 @@ def collective_of(node: NodeRecord | Any) -> Collective | None:
 
 
 def _qualified(target: Any) -> str | None:
-    from reproarchive.codec.targets import qualified_name
-
     try:
         return qualified_name(target)
     except Exception:  # noqa: BLE001 - not a nameable target: not a collective
@@ -109,11 +111,8 @@ def check_groups_joined(index: Index) -> None:
 
 def _group_exists(name: str | None) -> bool:
     try:
-        import torch.distributed as dist
-
         if name is None or not dist.is_available() or not dist.is_initialized():
             return False
-        from reproarchive.compat.distributed import resolve_process_group
 
         resolve_process_group(name)
         return True

@@ -41,9 +41,12 @@ import contextlib
 import dataclasses
 import functools
 import os
+import platform
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from reproarchive.compat.absent_gpu import compiling_for, unavailable_reason
 
 
 class DeviceRuntime:
@@ -102,8 +105,6 @@ class CpuRuntime(DeviceRuntime):
         return available_host_memory()
 
     def properties(self, device: Any) -> dict[str, Any]:
-        import platform
-
         return {"type": "cpu", "name": platform.processor() or platform.machine(), "count": os.cpu_count()}
 
 
@@ -254,14 +255,12 @@ class DescribedCudaRuntime(DeviceRuntime):
     @staticmethod
     def unavailable_reason() -> str | None:
         """Why this process cannot compile for a described device (None: it can)."""
-        from reproarchive.compat.absent_gpu import unavailable_reason
 
         return unavailable_reason()
 
     def compiling(self) -> contextlib.AbstractContextManager:
         """For the ``with`` body, torch and Triton see these devices, and every compile stops at
         the cubin (``compat.absent_gpu``); yields what the compile could not time on them."""
-        from reproarchive.compat.absent_gpu import compiling_for
 
         return compiling_for(self.gpus)
 

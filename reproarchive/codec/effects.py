@@ -50,9 +50,12 @@ import math
 import operator
 import re
 import types
+import warnings
 from typing import Any
 
 import torch
+import torch.overrides
+from torch import return_types
 
 # operators: by their schemas (``codec.operator_effects``); the names below are read from here
 from reproarchive.codec.operator_effects import (  # noqa: F401 - re-exported
@@ -273,7 +276,6 @@ def _tensor_api() -> frozenset[int]:
     """Ids of torch's tensor API: the overridable functions, the public functions defined in
     ``TENSOR_API_MODULES`` (as torch.overrides indexes its namespaces: torch, torch.functional,
     torch.nn.functional, torch.Tensor, ...), and the symbolic helpers."""
-    import torch.overrides
 
     ids = set()
     for functions in torch.overrides.get_overridable_functions().values():
@@ -449,7 +451,6 @@ def data_attributes() -> frozenset[str]:
     tensors and keeping those whose value is a tensor or a plain value on every probe where it
     exists (``grad_fn``, an autograd node, is not), plus the field names of ``torch.return_types``
     that are not also Tensor methods."""
-    import warnings
 
     plain = (torch.Tensor, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.layout,
              torch.Size, torch.memory_format)
@@ -472,7 +473,6 @@ def data_attributes() -> frozenset[str]:
                     pass
         if values and all(isinstance(v, plain) for v in values):
             names.add(name)
-    from torch import return_types
 
     for cls_name in dir(return_types):
         cls = getattr(return_types, cls_name)

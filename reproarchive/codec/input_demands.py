@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from reproarchive.codec.tensors import dtype_from_name
+from reproarchive.codec.graphs import GraphDecoder
+from reproarchive.codec.tensors import FIDELITY_ABSENT, dtype_from_name
 from reproarchive.compat.dispatch import OpOverload, OpOverloadPacket
 from reproarchive.compat.fx_meta import val_of
 from reproarchive.format.schema import SymValue, TensorValue
@@ -356,7 +357,6 @@ def storage_demands(inputs: Sequence[Any], storages: Sequence[Any], graph: Any) 
     records over the storage table ``storages``) that the graph uses as indices or offsets.
     ``graph`` is the GraphModule, or its graph record, then rebuilt over ``meta`` tensors
     (shapes only). Costs nothing when no input is an absent integer tensor."""
-    from reproarchive.codec.tensors import FIDELITY_ABSENT
 
     wanted: dict[int, int] = {}
     for i, rec in enumerate(inputs):
@@ -367,8 +367,6 @@ def storage_demands(inputs: Sequence[Any], storages: Sequence[Any], graph: Any) 
     if not wanted:
         return {}
     if not isinstance(graph, fx.GraphModule):
-        from reproarchive.codec.graphs import GraphDecoder
-
         def meta(rec: TensorValue) -> torch.Tensor:
             return torch.empty_strided(rec.shape, rec.stride, dtype=dtype_from_name(rec.dtype), device="meta")
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from reproarchive.codec.symbolic_text import parse
 from reproarchive.compat.dynamo import constant_source
 from reproarchive.compat.fake import (
     free_unbacked_symbols,
@@ -40,6 +41,7 @@ from reproarchive.compat.fake import (
 )
 from reproarchive.compat.fx_meta import example_value_of, graph_arg_of
 from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
+from reproarchive.errors import UnsafeArchiveError
 from reproarchive.format.schema import ConfigRecord, ShapeDim, ShapeInput, ShapePolicy, ShapeSymbol
 
 STATIC, BACKED, UNBACKED = "static", "backed", "unbacked"
@@ -434,8 +436,6 @@ def _free_symint(shape_env, arg: Any, dim: ShapeDim, source):
 def _restore_equalities(policy: ShapePolicy, shape_env, problems: list[str]) -> None:
     """Re-assert the recorded ShapeEnv guards that relate symbols (``Eq(s1, 2*s0)``: a derived
     dimension); read through the closed grammar, never evaluated."""
-    from reproarchive.codec.symbolic_text import parse
-    from reproarchive.errors import UnsafeArchiveError
 
     names = {str(s): s for s in shape_env.var_to_range}
     # symbols Dynamo made while visiting a subclass's inner tensors exist only in its own trace

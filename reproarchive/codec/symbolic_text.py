@@ -21,6 +21,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+from reproarchive.compat.fake import sympy_functions
 from reproarchive.errors import UnsafeArchiveError
 
 MAX_TEXT = 4096
@@ -34,7 +35,6 @@ def _functions() -> dict[str, Any]:
     functions torch's symbolic shapes print (``torch.utils._sympy.functions``)."""
     import sympy
 
-    from reproarchive.compat.fake import sympy_functions
 
     tf = sympy_functions()
     table = {"Eq": sympy.Eq, "Ne": sympy.Ne, "Lt": sympy.Lt, "Le": sympy.Le, "Gt": sympy.Gt, "Ge": sympy.Ge,

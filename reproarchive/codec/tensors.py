@@ -25,7 +25,7 @@ from reproarchive.compat.tensor_internals import (  # the table: standalone.scri
     is_traceable_wrapper_subclass,
     rebuildable_subclass,
 )
-from reproarchive.errors import IndexSchemaError, PackError
+from reproarchive.errors import IndexSchemaError, NotReplayableHereError, PackError
 from reproarchive.format import schema
 from reproarchive.format.schema import (
     DERIVED_KINDS,
@@ -434,8 +434,6 @@ def rebuild_subclass(rec: SubclassValue, inner: list[Any]) -> torch.Tensor:
     """The subclass ``rec`` records, rebuilt through its unflatten protocol over ``inner``."""
     cls = rebuildable_subclass(rec.cls)
     if cls is None:
-        from reproarchive.errors import NotReplayableHereError
-
         raise NotReplayableHereError(
             f"an input is a tensor subclass {rec.cls[:120]}, which reproarchive does not rebuild: not replayable here",
             f"rebuildable subclasses: {', '.join(sorted(REBUILDABLE_SUBCLASSES))}; the archive's inner tensors are "

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
+from reproarchive.compat.pytree import tree_leaves
+
 CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
@@ -137,7 +139,6 @@ def hop_calls_recorded(record: Callable[[Any, tuple, dict], Any], is_symbolic: C
     wrapped while tracing; only ever in a throwaway process that rebuilds a graph."""
     from torch._ops import _higher_order_ops
 
-    from reproarchive.compat.pytree import tree_leaves
 
     saved: dict[type, Any] = {}
     for op in list(_higher_order_ops.values()):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
+
 CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
@@ -110,7 +112,6 @@ def symbolic_context(arg: Any, plan: list[tuple[str, Any, str | None]], source: 
     duck-sized."""
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext, SubclassSymbolicContext
 
-    from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 
     context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic[kind] for kind, _, _ in plan],
                                        constraint_sizes=[_constraint(c) for _, c, _ in plan])

@@ -15,6 +15,7 @@ functions with the same meaning.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
@@ -40,7 +41,6 @@ REBUILDABLE_SUBCLASSES: dict[str, tuple[str, str]] = {
 def rebuildable_subclass(recorded: str) -> type | None:
     """The class ``REBUILDABLE_SUBCLASSES`` names for a recorded class name, imported from its
     module; None for any other name."""
-    import importlib
 
     where = REBUILDABLE_SUBCLASSES.get(recorded)
     if where is None:

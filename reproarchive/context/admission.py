@@ -28,6 +28,8 @@ import re
 import sys
 from typing import Any
 
+from reproarchive.compat.config_modules import config_module_type
+
 #: The config modules every snapshot records in full, and the only ones a replay or an exported
 #: script ever imports by name. Other ``ConfigModule`` instances that are already imported when
 #: a snapshot is taken (``torch.compiler.config``, a third-party backend's config ...) are
@@ -162,8 +164,6 @@ def config_seeded_by(variable: str) -> tuple[str, str] | None:
 
 @functools.lru_cache(maxsize=1)
 def _seeded() -> dict[str, tuple[str, str]]:
-    from reproarchive.compat.config_modules import config_module_type
-
     found: dict[str, tuple[str, str]] = {}
     ConfigModule = config_module_type()
     if ConfigModule is None:  # pragma: no cover - very old torch

@@ -21,8 +21,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from reproarchive.compat.inductor import default_cache_dir
 from reproarchive.context.admission import variable_problem
-from reproarchive.context.redaction import redact_paths
+from reproarchive.context.redaction import redact_paths, redacted_records
 from reproarchive.format.schema import EnvironmentRecord
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +126,6 @@ def environment_diff(recorded: EnvironmentRecord, current: EnvironmentRecord | N
     raw: dict[str, str] = {}
     if current is None:
         # this process, redacted as every capture redacts (so "<inductor-cache>" == its folder)
-        from reproarchive.context.redaction import redacted_records
 
         snapshot = environment_snapshot()
         raw = dict(snapshot.variables)
@@ -154,9 +154,6 @@ def set_by_torch_here(name: str, value: str) -> bool:
     if name not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         return False
     try:
-        from reproarchive.compat.inductor import default_cache_dir
-        from reproarchive.context.redaction import redacted_records
-
         plain = redact_paths(os.path.abspath(default_cache_dir()))
         defaults = {plain, redacted_records({"dir": plain})["dir"]}  # as recorded before and since
     except Exception:  # noqa: BLE001 - no inductor here: nothing is set by it

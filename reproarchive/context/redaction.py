@@ -10,10 +10,19 @@ never applied (``context.config``, ``context.environment.plan``).
 
 from __future__ import annotations
 
+import dataclasses
+import getpass
+import importlib.util
 import os
 import re
+import sys
+import tempfile
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+from reproarchive.compat.inductor import cache_dir
+from reproarchive.format.plain import from_plain, to_plain
 
 # ---------------------------------------------------------------------------------------------
 # Path redaction
@@ -79,14 +88,10 @@ def machine_prefixes() -> dict[str, str]:
     label that replaces it: the Python installation and its site-packages, reproarchive
     itself, inductor's and Triton's caches and the temporary folder (the home folder is
     ``redact_paths``' own). Every capture path redacts with these plus its own folders."""
-    import sys
-    import tempfile
-    from pathlib import Path
 
     prefixes: dict[str, str] = {}
     for path in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
         prefixes[path] = "<python>"
-    import importlib.util
 
     found = importlib.util.find_spec("torch")  # where it is, without importing it (a guardian has not)
     if found is not None and found.origin:
@@ -101,13 +106,9 @@ def machine_prefixes() -> dict[str, str]:
 
 
 def _inductor_cache_dir() -> str | None:
-    import sys
-
     if "torch" not in sys.modules:  # not loaded for this (the spool's guardian): the default is under <tmp>
         return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     try:
-        from reproarchive.compat.inductor import cache_dir
-
         return cache_dir()
     except Exception:
         return os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -156,7 +157,6 @@ def working_folder() -> dict[str, str]:
 
 def redacted(records: Any, prefixes: Mapping[str, str] | None = None) -> Any:
     """A ``format.schema.Records`` with its ``RECORD_SECTIONS`` redacted (``redacted_records``)."""
-    import dataclasses
 
     sections = {name: getattr(records, name) for name in RECORD_SECTIONS}
     return dataclasses.replace(records, **redacted_records(sections, prefixes))
@@ -168,9 +168,6 @@ def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | N
     (``~``), ``prefixes`` (the caller's own folders, which win over the machine's), and the
     user name where a path spells it (``torchinductor_ann`` -> ``torchinductor_<user>``).
     Keys are left alone: they are setting and variable names, not machine facts."""
-    import dataclasses
-
-    from reproarchive.format.plain import from_plain, to_plain
 
     pairs = _pairs({**machine_prefixes(), **(prefixes or {})}, home=True)
     user = _user_name()
@@ -202,8 +199,6 @@ def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | N
 
 
 def _user_name() -> str | None:
-    import getpass
-
     try:
         name = getpass.getuser()
     except Exception:  # no user database entry (a container's random uid)

@@ -12,11 +12,13 @@ import os
 import platform
 import shutil
 import subprocess
+from importlib import metadata
 from typing import Any
 
 from reproarchive.codec.device_runtime import cuda_runtime
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import SystemRecord
+from reproarchive.package_version import __version__
 
 #: Distributions whose version changes what torch.compile produces or how it runs.
 PACKAGES = (
@@ -125,8 +127,6 @@ def _cpu_info() -> dict[str, Any]:
 
 
 def _package_versions() -> dict[str, str | None]:
-    from importlib import metadata
-
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -137,8 +137,6 @@ def _package_versions() -> dict[str, str | None]:
             versions[name] = None
     if versions.get("reproarchive") is None:
         try:
-            from reproarchive.package_version import __version__
-
             versions["reproarchive"] = __version__
         except ImportError:  # pragma: no cover
             pass

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+import queue
+import stat
 import sys
 import threading
 
@@ -25,9 +28,6 @@ class DirectSink:
     BUFFERS = 3
 
     def __init__(self, fd: int, base: int):
-        import mmap
-        import queue
-
         self._bufs = [mmap.mmap(-1, self.SIZE) for _ in range(self.BUFFERS)]  # page-aligned, reused
         self._free: queue.Queue = queue.Queue()
         for buf in self._bufs[1:]:
@@ -50,8 +50,6 @@ class DirectSink:
         if not flag or base % cls.BLOCK or not sys.platform.startswith("linux"):
             return None
         try:
-            import stat
-
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
             dfd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
@@ -60,7 +58,6 @@ class DirectSink:
         try:
             # Some file systems accept O_DIRECT at open and refuse the writes: probe with one
             # aligned block where the data will go (overwritten later), then cut it off again.
-            import mmap
 
             with mmap.mmap(-1, cls.BLOCK) as probe:
                 os.pwrite(dfd, probe, base)

@@ -10,9 +10,11 @@ host but allows two cores' worth of time).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import math
 import os
+import threading
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -106,9 +108,6 @@ class WorkQueue:
     """
 
     def __init__(self, workers: int, name: str = "reproarchive"):
-        import collections
-        import threading
-
         self._jobs: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._closed = False

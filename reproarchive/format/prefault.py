@@ -9,6 +9,7 @@ GiB). Transparent huge pages (``MADV_HUGEPAGE``) were measured too and cost more
 
 from __future__ import annotations
 
+import ctypes
 import sys
 
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
@@ -26,8 +27,6 @@ def prefault(address: int, size: int) -> None:
         _madvise = False
         if sys.platform.startswith("linux"):
             try:
-                import ctypes
-
                 fn = ctypes.CDLL(None, use_errno=True).madvise
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
                 fn.restype = ctypes.c_int

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import ctypes
 import dataclasses
 import hashlib
 import sys
@@ -266,8 +267,6 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
         _sync_file_range = False
         if sys.platform.startswith("linux"):
             try:
-                import ctypes
-
                 fn = ctypes.CDLL(None, use_errno=True).sync_file_range
                 fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
                 fn.restype = ctypes.c_int

@@ -42,10 +42,17 @@ from typing import Any, Callable
 from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
+from reproarchive.codec.graphs import readable_code
 from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
+from reproarchive.minifier.job_minify import minify_job
 from reproarchive.minifier.minified_records import generated_inputs, labelled, minified_records
 from reproarchive.minifier.report import MinifyReport, output_path
+from reproarchive.replay.containment import contained
+from reproarchive.replay.isolation import WorkerPool
+from reproarchive.replay.outcome import REPRODUCED
 from reproarchive.replay.prepared import prepared
+from reproarchive.replay.runner import replay_repro
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -53,8 +60,6 @@ def _replay_predicate(repro: Repro, settings: ReplaySettings):
     """Judged by ``replay_repro`` with ``settings`` (backend and accuracy chosen), as ``run``
     judges the archive (the differences report, which takes fresh snapshots, is left out: it
     does not change a verdict)."""
-    from reproarchive.replay.outcome import REPRODUCED
-    from reproarchive.replay.runner import replay_repro
 
     def fails(gm, inputs) -> bool:
         with warnings.catch_warnings():
@@ -68,7 +73,6 @@ def _replay_predicate(repro: Repro, settings: ReplaySettings):
 
 def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir: Path):
     """Thread-safe: each call writes its own candidate archive and waits for a free worker."""
-    from reproarchive.replay.outcome import REPRODUCED
 
     counter = itertools.count(1)
     # the candidate holds already-mapped inputs and graph: map nothing again
@@ -142,13 +146,10 @@ def minify_archive(
     settings = ReplaySettings.given(settings, options, strict_accuracy=False)
     ready = prepared(path, settings)  # the prologue of every replaying command: 125 as run answers it
     if ready.is_job:
-        from reproarchive.minifier.job_minify import minify_job
-
         return minify_job(ready, output, timeout_s=timeout or 60.0, max_time=max_time, progress=progress)
     if timeout is not None:
         raise ReproArchiveError("a collective timeout applies to a multi-rank job archive only",
                                 "leave --timeout out for an archive of one process")
-    from reproarchive.codec.graphs import readable_code
 
     output = output_path(path, output)
     repro = ready.load()
@@ -200,7 +201,6 @@ def _judge(repro: Repro, chosen: ReplaySettings, *, isolate: bool, jobs: int, cr
     processes when ``isolate`` (the caller closes the pool), else in this process."""
     if not isolate:
         return None, _replay_predicate(repro, chosen)
-    from reproarchive.replay.isolation import WorkerPool
 
     # a crash kills the worker of every failing candidate: keep one warm in reserve
     pool = WorkerPool(repro.records.environment, size=jobs, spares=1 if crash else 0,
@@ -213,8 +213,6 @@ def _searched(path, output: Path, repro: Repro, chosen: ReplaySettings, fails, s
     """The search (``minify_with_stats``), each accepted step checkpointed to ``output``; a
     search that cannot start (the original does not reproduce, or does not run in eager mode)
     is reported as NotReproducedError with a hint at what to do instead."""
-    from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
-    from reproarchive.replay.containment import contained
 
     def checkpoint(gm, inputs, stats) -> None:
         _write(output, repro, gm, inputs,

@@ -29,17 +29,25 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+import torch.fx as fx
+
+from reproarchive.archive.job_archive import RankCapture, pack_job
+from reproarchive.archive.packing import as_records
 from reproarchive.child import temp_folder
+from reproarchive.codec.graphs import readable_code
 from reproarchive.errors import NotReproducedError, ReproArchiveError
-from reproarchive.minifier.minified_records import generated_inputs, labelled
+from reproarchive.minifier import NotFailingError, minify_with_stats
+from reproarchive.minifier.candidate import Recording
+from reproarchive.minifier.minified_records import generated_inputs, labelled, minified_records
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
+from reproarchive.replay.local_job import without_collectives
 from reproarchive.replay.settings import ReplaySettings
 
 
 def _record_values(path, settings: ReplaySettings, job: Any, timeout_s: float, folder: Path) -> dict[int, dict]:
     """Launch the job once in ``record`` mode: rank -> {collective node name -> tensor}."""
-    import torch
 
     request = {"archive": str(Path(path).resolve()), "settings": settings.to_plain(), "timeout_s": timeout_s,
                "mode": "record"}
@@ -61,7 +69,6 @@ def _record_values(path, settings: ReplaySettings, job: Any, timeout_s: float, f
 
 def _names(gm: Any) -> tuple[set[str], list[str]]:
     """(the op nodes ``gm`` keeps, the names it returns), by original node name."""
-    import torch.fx as fx
 
     kept = {n.name for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")}
     outs: list[str] = []
@@ -133,8 +140,6 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
     policy for the inputs its cut kept, by placeholder name against ``parents`` (rank -> the
     graph the cut was made from; default: the rank's loaded graph) and its own minify record
     (``minify_of``: the provenance of its own inputs; default: ``records.minify``)."""
-    from reproarchive.archive.job_archive import RankCapture, pack_job
-    from reproarchive.minifier.minified_records import minified_records
 
     captures = []
     for r in job.ranks:
@@ -164,11 +169,6 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
     """Shrink every rank's graph of the job archive ``ready`` (``replay.prepared``: devices
     resolved, backend found) by one cut while the recorded failure keeps reproducing on the
     recorded rank; write the job archive ``output``."""
-    from reproarchive.archive.packing import as_records
-    from reproarchive.codec.graphs import readable_code
-    from reproarchive.minifier import NotFailingError, minify_with_stats
-    from reproarchive.minifier.candidate import Recording
-    from reproarchive.replay.local_job import without_collectives
 
     path, settings = ready.path, ready.asked
     output = output_path(path, output)

@@ -41,7 +41,10 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
+
 from reproarchive.codec.device_runtime import devices_of, forked_rng, synchronize
+from reproarchive.codec.rng import random_ops
 from reproarchive.compat import inductor
 from reproarchive.compat.pytree import keystr, tree_flatten_with_path, tree_leaves
 from reproarchive.errors import EagerFailed
@@ -66,7 +69,6 @@ def fair_to_randomness(gm: Any) -> Iterator[str]:
     ops draw as eager's do: with its own RNG, inductor's dropout masks differ from eager's and a
     correct graph "differs from eager". Never by switching the graph to ``eval()``, which hides
     the training-mode behaviour (dropout, batch norm) that may be the bug."""
-    from reproarchive.codec.rng import random_ops
 
     ops = random_ops(gm)
     if not ops:
@@ -89,7 +91,6 @@ def _sum_loss(out: Any) -> Any:
     to denormal floats, which x86 computes several times slower (measured: 85 blocks of
     Linear(2048, 2048) + ReLU, a backward of 2.5 s against 0.8 s), so the check would cost
     more than the step it checks."""
-    import torch
 
     return sum(x.sum() for x in tree_leaves(out) if isinstance(x, torch.Tensor) and x.requires_grad)
 
@@ -111,7 +112,6 @@ def run_forward_backward(fn: Callable, args: list[Any], *, fwd_only: bool = Fals
     ``compare``. An exception from the call or from the backward gets an attribute
     ``reproarchive_stage`` = ``"forward"`` / ``"backward"`` and propagates unchanged.
     """
-    import torch
 
     devices = devices_of(args)
     try:
@@ -218,8 +218,6 @@ def _float(x: Any) -> float | None:
 
 
 def _rmse(a: Any, b: Any) -> float:
-    import torch
-
     if a.numel() == 0:
         return 0.0
     diff = (a.to(torch.complex128 if a.is_complex() or b.is_complex() else torch.float64)
@@ -230,7 +228,6 @@ def _rmse(a: Any, b: Any) -> float:
 def _errors(ref: Any, res: Any, tol: float) -> dict[str, Any]:
     """Element-wise figures: NaN in the same place counts as equal, NaN against a number as an
     infinite error."""
-    import torch
 
     if ref.numel() == 0:
         return {"max_abs_error": 0.0, "max_rel_error": 0.0, "mismatched_elements": 0, "worst_index": None}
@@ -264,8 +261,6 @@ def _unravel(index: int, shape: tuple[int, ...]) -> list[int]:
 
 
 def _multiplier(res: Any, fp64: Any, ref: Any, tol: float) -> float:
-    import torch
-
     m = 3.0 if res.dtype in (torch.float16, torch.bfloat16) else 2.0
     if fp64.numel() < 1000 or (ref.ndim == 4 and ref.shape[-1] == ref.shape[-2] == 1) or tol >= 2e-2:
         m = 3.0
@@ -273,8 +268,6 @@ def _multiplier(res: Any, fp64: Any, ref: Any, tol: float) -> float:
 
 
 def _compare_tensors(ref: Any, res: Any, fp64: Any, tol: float, ignore_non_fp: bool) -> dict[str, Any]:
-    import torch
-
     entry: dict[str, Any] = {
         "shape": list(ref.shape),
         "dtype": _fmt_dtype(ref),
@@ -335,7 +328,6 @@ def _compare_tensors(ref: Any, res: Any, fp64: Any, tol: float, ignore_non_fp: b
 def _fp64_rule(entry: dict[str, Any], ref: Any, res: Any, fp64: Any, tol: float) -> dict[str, Any]:
     """Step 4 of the rule: compiled's RMSE against fp64 bounded by eager's, on ``entry`` (the
     figures of an output that ``allclose`` failed, its RMSEs filled in)."""
-    import torch
 
     ref_err, res_err = entry["rmse_vs_fp64_eager"], entry["rmse_vs_fp64_compiled"]
     m = _multiplier(res, fp64, ref, tol)
@@ -364,8 +356,6 @@ def _fp64_rule(entry: dict[str, Any], ref: Any, res: Any, fp64: Any, tol: float)
 
 
 def _compare_leaf(ref: Any, res: Any, fp64: Any, tol: float, ignore_non_fp: bool) -> dict[str, Any]:
-    import torch
-
     if isinstance(ref, float) and isinstance(res, (float, int)):
         ref, res = torch.tensor(ref, dtype=torch.float64), torch.tensor(float(res), dtype=torch.float64)
         fp64 = torch.tensor(float(fp64), dtype=torch.float64) if isinstance(fp64, (float, int)) else None

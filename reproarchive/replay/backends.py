@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+from reproarchive.compat.dynamo import lookup_backend, registered_backends
 from reproarchive.errors import BackendUnavailableError
 
 CompilerFn = Callable[..., Any]
@@ -34,7 +35,6 @@ def resolve_backend(name: str | None) -> CompilerFn:
         return _import_function(name)
     import torch
 
-    from reproarchive.compat.dynamo import lookup_backend, registered_backends
 
     try:
         return lookup_backend(name)

@@ -19,16 +19,29 @@ tensors of that device here.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from typing import Any
+
+import torch
 
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.device_runtime import DescribedCudaRuntime
 from reproarchive.codec.devices import DevicePlan, is_available
 from reproarchive.codec.gpu_description import GpuDescription, NotDescribed, describe
+from reproarchive.compat.absent_gpu import moved_fake
+from reproarchive.compat.dynamo import tracing_with
+from reproarchive.compat.fake import retraced
+from reproarchive.compat.fx_meta import set_example_value
+from reproarchive.compat.inductor import inner_compiler, patched_config
+from reproarchive.context import failure as _failure
 from reproarchive.errors import DeviceUnavailableError, ReproArchiveError
 from reproarchive.format.schema import Index
+from reproarchive.replay import conditions, shape_policy
+from reproarchive.replay.backends import resolve_backend
+from reproarchive.replay.outcome import EXIT_COMPILED_ONLY
 from reproarchive.replay.settings import ReplaySettings
+from reproarchive.replay.shape_policy import compared, placeholder_fakes
 
 #: Inductor settings under which a compile benchmarks kernels on the device, which a compile
 #: without it cannot do (the choices the failing compile made are not recorded).
@@ -131,7 +144,6 @@ def _check_can_compile(index: Index, absent: tuple[str, ...]) -> None:
 
 def _named(devices: tuple[str, ...] | list[str], sep: str = ", ") -> str:
     """``devices`` as a compile names them (``cuda`` is ``cuda:0``), each once."""
-    import torch
 
     named = (torch.device(d) for d in devices)
     return sep.join(dict.fromkeys("cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}" for d in named))
@@ -151,9 +163,6 @@ def replay_compile_only(repro: Any, settings: ReplaySettings, only: CompileOnly,
     """Judge ``repro`` (loaded under ``only.plan``), or a minifier's candidate ``gm`` on
     ``args`` with its ``records``, by compiling the graph, as ``run`` judges a replay: the same
     records applied, the same verdict rule, with ``compile_only`` said."""
-    from reproarchive.context import failure as _failure
-    from reproarchive.replay import conditions, shape_policy
-    from reproarchive.replay.backends import resolve_backend
 
     records = repro.records if records is None else records
     graph, inputs = (repro.gm, list(repro.args)) if gm is None else (gm, list(args))
@@ -167,8 +176,6 @@ def replay_compile_only(repro: Any, settings: ReplaySettings, only: CompileOnly,
         conditions.entered(stack, graph, records, settings.replace(accuracy=False), setup)
         stack.enter_context(_no_compile_workers())
         if forward_only:
-            import torch
-
             stack.enter_context(torch.no_grad())
             setup.warnings.append("compiled the forward (inference) graph only (--only-fwd): the inputs require grad, "
                                   "and a training graph for an absent GPU needs its CUDA runtime")
@@ -190,8 +197,6 @@ def replay_compile_only(repro: Any, settings: ReplaySettings, only: CompileOnly,
                                 "chosen (its choice is not recorded)")
     outcome.compile_only = only.said()
     if outcome.status == "passed":
-        from reproarchive.replay.outcome import EXIT_COMPILED_ONLY
-
         outcome.exit_code = EXIT_COMPILED_ONLY
     return outcome
 
@@ -202,9 +207,6 @@ def _compiled(compiler_fn: Any, backend: str, graph_kind: str | None, gm: Any, e
     AOTAutograd goes to Inductor's inner compiler, re-traced (in the inputs' fake mode, so that
     an operator that makes a tensor makes a fake one) so every node has its fake value."""
     if graph_kind == "after_aot" and backend == "inductor":
-        from reproarchive.compat.fake import retraced
-        from reproarchive.compat.inductor import inner_compiler
-
         with fake_mode:
             traced = retraced(gm, example)
         return inner_compiler()(traced, example)
@@ -217,7 +219,6 @@ def _forward_only(records: Any, settings: ReplaySettings, inputs: list[Any], gm:
     it would trace a training graph, True if ``--only-fwd`` asks for the forward graph, and
     otherwise DeviceUnavailableError (125): autograd on a fake CUDA tensor asks the CUDA runtime
     for the device's stream, which a machine without a driver cannot answer."""
-    import torch
 
     execution = records.execution
     grad_on = records.graph_kind != "after_aot" and (execution is None or execution.grad_enabled)
@@ -234,7 +235,6 @@ def _forward_only(records: Any, settings: ReplaySettings, inputs: list[Any], gm:
 
 def _no_compile_workers() -> Any:
     """One compile thread: Inductor's worker processes would compile without the description."""
-    from reproarchive.compat.inductor import patched_config
 
     return patched_config({"compile_threads": 1})
 
@@ -248,14 +248,6 @@ def _fake_inputs(gm: Any, args: list[Any], policy: Any, device: str | None, repo
     fakifies them gets the same fakes. ``no_grad``: the fakes of ``device`` do not require grad
     (a compile with grad off traces the same inference graph either way, and AOTAutograd's
     metadata pass would otherwise ask the absent device's runtime for its stream)."""
-    import copy
-
-    import torch
-
-    from reproarchive.compat.absent_gpu import moved_fake
-    from reproarchive.compat.dynamo import tracing_with
-    from reproarchive.compat.fx_meta import set_example_value
-    from reproarchive.replay.shape_policy import compared, placeholder_fakes
 
     gm = copy.deepcopy(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -286,6 +278,4 @@ def _fake_inputs(gm: Any, args: list[Any], policy: Any, device: str | None, repo
 
 
 def _tensor_attributes(gm: Any) -> list[Any]:
-    import torch
-
     return [v for m in gm.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]

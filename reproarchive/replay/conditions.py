@@ -13,11 +13,16 @@ import contextlib
 import dataclasses
 from typing import Any, Mapping
 
+import torch
+
 from reproarchive.codec.devices import DevicePlan
+from reproarchive.compat.dynamo import patched_config
+from reproarchive.context.config import applied_config
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.context.execution import applied_execution
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.schema import Records
+from reproarchive.replay.accuracy import fair_to_randomness
 from reproarchive.replay.containment import contained
 from reproarchive.replay.differences import differences
 from reproarchive.replay.outcome import Outcome, across_versions, judged
@@ -78,12 +83,9 @@ def entered(stack: contextlib.ExitStack, gm: Any, records: Records, settings: Re
     stack.enter_context(contained())
     warnings.extend(stack.enter_context(applied_execution(records.execution)))
     if records.graph_kind == "after_aot":
-        import torch
-
         stack.enter_context(torch.no_grad())
     if not settings.accuracy:
         return None
-    from reproarchive.replay.accuracy import fair_to_randomness
 
     return stack.enter_context(fair_to_randomness(gm))
 
@@ -111,15 +113,12 @@ def without_pytorch_repro_hooks():
     config from a dump has them on (the dump was made by them); left on, they wrap the compiler
     again, write a dump into the working folder and raise their own ``AccuracyError`` from the
     forward (torch 2.11), a failure the recording did not have."""
-    from reproarchive.compat.dynamo import patched_config
 
     return patched_config({"repro_after": None})
 
 
 @contextlib.contextmanager
 def applied_config_of(config: Mapping[str, Any], warnings: list[str], *, only_changed: bool = False):
-    from reproarchive.context.config import applied_config
-
     with applied_config(config, only_changed=only_changed) as result:
         for label, names in (
             ("recorded config settings this torch does not have", result.missing),
@@ -138,8 +137,6 @@ def applied_config_of(config: Mapping[str, Any], warnings: list[str], *, only_ch
 
 
 def tensors_in(value: Any):
-    import torch
-
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):

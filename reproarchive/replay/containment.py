@@ -27,7 +27,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from reproarchive.child import temp_folder
+from reproarchive.codec.device_runtime import devices_here, forked_rng
 from reproarchive.compat import thread_state
+from reproarchive.compat.dynamo import patched_config
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "ipu", "mtia", "maia")
 
@@ -39,7 +42,6 @@ _depth = 0
 def _working_folder() -> Path:
     """This process's replay working folder, made at the first replay and removed at exit; a
     forked process, or a child with a request folder of its own, makes its own."""
-    from reproarchive.child import temp_folder
 
     # in a child, inside its request's folder: a replay that crashes it leaves nothing behind
     key = (os.getpid(), temp_folder())
@@ -70,7 +72,6 @@ def private_outputs() -> Iterator[Path]:
     emptied afterwards (when the outermost replay ends). Paths the caller needs must be absolute
     before entering."""
     global _depth
-    from reproarchive.compat.dynamo import patched_config
 
     folder = _working_folder()
     old_cwd = os.getcwd()
@@ -134,7 +135,6 @@ def contained(*, outputs: bool = True) -> Iterator[Path | None]:
     """Thread state restored and every random generator forked (the replay draws from the same
     seeds; the caller's generators are untouched afterwards), and with ``outputs`` a private
     working folder."""
-    from reproarchive.codec.device_runtime import devices_here, forked_rng
 
     with contextlib.ExitStack() as stack:
         folder = stack.enter_context(private_outputs()) if outputs else None

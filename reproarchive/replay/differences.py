@@ -15,11 +15,17 @@ import dataclasses
 import os
 from typing import Any
 
+import torch
+
 from reproarchive.archive.inspection import NamedByIndex, StoreOrigin
 from reproarchive.codec.custom_ops import differences as custom_op_differences
 from reproarchive.codec.stand_ins import BROUGHT_MODULES, bring_implementations, is_stand_in
 from reproarchive.codec.triton_kernels import brought_kernels
 from reproarchive.codec.triton_kernels import differences as triton_kernel_differences
+from reproarchive.context.config import comparable_snapshot, config_diff
+from reproarchive.context.environment import environment_diff
+from reproarchive.context.execution import execution_diff
+from reproarchive.context.system import system_diff
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData
 from reproarchive.format.reader import ContainerReader
@@ -49,10 +55,6 @@ def differences(
     rows (``doctor``'s; ``run`` enters the recorded state, so it has none) are where the
     recorded thread state differs from a fresh process's: any other replay must enter it.
     """
-    from reproarchive.context.config import comparable_snapshot, config_diff
-    from reproarchive.context.environment import environment_diff
-    from reproarchive.context.execution import execution_diff
-    from reproarchive.context.system import system_diff
 
     rows: list[dict[str, Any]] = []
     try:
@@ -130,7 +132,6 @@ def doctor(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_LI
                        execution=records.execution, config_applied=None)
     rows[:0] = [*custom_op_differences(index.custom_ops, stand_ins=[n for n in _custom_names(index) if is_stand_in(n)]),
                 *triton_kernel_differences(index.triton_kernels, brought_kernels(BROUGHT_MODULES))]
-    import torch
 
     return DoctorReport(path=str(path), digest=digest, differences=tuple(rows), count=len(rows),
                         important=sum(1 for r in rows if r["important"]), torch=torch.__version__,

@@ -13,6 +13,9 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+import torch.fx
+
 from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.compat.dynamo import cast_to_fp64
 from reproarchive.compat.pytree import tree_leaves, tree_map
@@ -22,8 +25,6 @@ from reproarchive.replay.input_writes import run_inputs
 
 
 def _requires_bwd(out: Any) -> bool:
-    import torch
-
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in tree_leaves(out))
 
 
@@ -31,8 +32,6 @@ def _scalar_loss(out: Any) -> Any:
     """PyTorch's ``reduce_to_scalar_loss`` over every output that requires grad: the mean of
     each tensor, averaged. Outputs that do not require grad are left out (they cannot
     contribute a gradient and would fail on integer dtypes)."""
-    import torch
-
     parts = [x.sum() / max(x.numel(), 1) for x in tree_leaves(out)
              if isinstance(x, torch.Tensor) and x.requires_grad]
     return sum(parts) / len(parts)
@@ -55,8 +54,6 @@ def fp64_reference(gm: Any, args: Sequence[Any], *, fwd_only: bool = False,
     Returns ``(result, None)`` or ``(None, reason)`` when the graph cannot run in fp64 (some
     ops have no fp64 kernel on some devices); the accuracy rule then falls back to step 3.
     """
-    import torch
-
     try:
         model = cast_to_fp64(copy.deepcopy(gm).to(torch.float64))
         need_grads = not fwd_only and torch.is_grad_enabled()
@@ -75,8 +72,6 @@ def fp64_reference(gm: Any, args: Sequence[Any], *, fwd_only: bool = False,
 
 
 def _float64_run_base() -> type:
-    import torch.fx
-
     return torch.fx.Interpreter
 
 
@@ -91,16 +86,12 @@ class _Float64Run(_float64_run_base()):  # type: ignore[misc]
         self.casts: list[tuple[int, Any]] = []  # (position, float64 leaf) for gradients
 
     def run_node(self, n: Any) -> Any:
-        import torch
-
         value = super().run_node(n)
         if n.op == "placeholder" and isinstance(value, torch.Tensor):
             self.index[id(value)] = len(self.index)
         return value
 
     def fetch_args_kwargs_from_env(self, n: Any) -> tuple:
-        import torch
-
         def cast(x: Any) -> Any:
             if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == torch.float64:
                 return x

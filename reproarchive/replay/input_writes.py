@@ -21,15 +21,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from reproarchive.compat.dispatch import TorchDispatchMode
+from reproarchive.compat.dynamo import clone_input
+from reproarchive.compat.fake import new_fake_mode
+from reproarchive.compat.pytree import tree_leaves
+
 
 def written_inputs(gm: Any, args: Sequence[Any]) -> frozenset[int] | None:
     """Indices of the tensor ``args`` whose storage running ``gm`` writes (an operator argument
     its schema marks ``(a!)``: in-place ops, ``out=``, ``copy_``, batch norm's running
     statistics), views included; None when the graph cannot run on fake tensors, and then
     every input counts as written."""
-    import torch
-
-    from reproarchive.compat.fake import new_fake_mode
 
     try:
         mode = new_fake_mode()
@@ -52,14 +57,10 @@ _UNANNOTATED_WRITES = {name: _BATCH_NORM_STATS for name in (
 
 
 def _storage_key(t: Any) -> Any:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     return StorageWeakRef(t.untyped_storage())
 
 
 def _write_recorder_base() -> type:
-    from reproarchive.compat.dispatch import TorchDispatchMode
-
     return TorchDispatchMode
 
 
@@ -71,10 +72,6 @@ class _WriteRecorder(_write_recorder_base()):  # type: ignore[misc]
         self.written: set[Any] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        import torch
-
-        from reproarchive.compat.pytree import tree_leaves
-
         kwargs = kwargs or {}
         unannotated = _UNANNOTATED_WRITES.get(func._schema.name, ())
         for i, argument in enumerate(func._schema.arguments):
@@ -87,7 +84,6 @@ class _WriteRecorder(_write_recorder_base()):  # type: ignore[misc]
 
 def tensor_bytes(args: Sequence[Any], indices: frozenset[int] | None = None) -> int:
     """Bytes held by the tensors among ``args`` (those at ``indices`` only, when given)."""
-    import torch
 
     return sum(a.untyped_storage().nbytes() for i, a in enumerate(args)
                if isinstance(a, torch.Tensor) and (indices is None or i in indices))
@@ -97,7 +93,6 @@ def run_inputs(args: Sequence[Any], written: frozenset[int] | None) -> list[Any]
     """Inputs for a check run that must leave ``args`` untouched: copies of the written inputs
     (all of them when ``written`` is None) and of inputs that are not leaves; the rest aliased,
     their data shared, their gradients their own."""
-    import torch
 
     out: list[Any] = []
     for i, a in enumerate(args):
@@ -115,7 +110,6 @@ def rerun_inputs(before: Sequence[Any], args: Sequence[Any], written: frozenset[
     made them before it: ``before`` holds the written inputs as they were (``snapshot``); those
     are copied again, and one that was not a leaf is made a non-leaf again (``_with_history``:
     an in-place op legal on the original would be an error on a leaf that requires grad)."""
-    import torch
 
     out = run_inputs(before, written)
     for i in written or ():
@@ -138,9 +132,6 @@ def snapshot(args: Sequence[Any], written: frozenset[int] | None) -> list[Any]:
     inputs copied (detached, same layout), every other value as it is (a call cannot change
     it). With ``written`` None nothing is copied: the archive then says which inputs changed
     (their version counters)."""
-    import torch
-
-    from reproarchive.compat.dynamo import clone_input
 
     if not written:
         return list(args)
@@ -163,9 +154,6 @@ def clone_inputs(args: Sequence[Any]) -> list[Any]:
     behave differently on each (``non_leaf_compile_error_TESTING_ONLY`` fails only on a
     non-leaf), and an in-place op that was legal on the original non-leaf input is an error
     on a leaf that requires grad, so a replay of leaves would not be the original run."""
-    import torch
-
-    from reproarchive.compat.dynamo import clone_input
 
     out: list[Any] = []
     for a in args:
@@ -192,9 +180,6 @@ def _with_history(leaf: Any) -> Any:
     which accuracy compares. A layout that cannot be written into (overlapping strides, as
     from ``expand``) falls back to a view, which such an input is anyway.
     """
-    import torch
-
-    from reproarchive.compat.dynamo import clone_input
 
     with torch.enable_grad():
         try:

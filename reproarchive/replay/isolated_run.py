@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import sys
 
+import torch
+import torch.fx as fx
+
 from reproarchive.child import child_main
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.compat import dynamo
@@ -29,8 +32,6 @@ def _replay(request: dict, *, started, event) -> dict | None:
 
 def _warm(spec: dict) -> None:
     """Pay the backend's first-use cost (imports, toolchain probes) on a one-op graph."""
-    import torch
-    import torch.fx as fx
 
     g = fx.Graph()
     x = g.placeholder("x")

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from reproarchive.child import python_path, temp_for_children
 from reproarchive.context.failure import crash_record, crash_report
 from reproarchive.errors import LaunchError
 from reproarchive.format.schema import FailureRecord
@@ -148,7 +149,6 @@ _RANKS_TEMP = "tmp"
 
 def _start(plan: LaunchPlan, folder: Path, log: Any) -> subprocess.Popen:
     """The launcher, started on ``plan`` in ``folder`` in a process group of its own."""
-    from reproarchive.child import python_path, temp_for_children
 
     (folder / "request.json").write_text(json.dumps(plan.request))
     env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1",

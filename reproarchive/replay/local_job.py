@@ -22,9 +22,18 @@ import dataclasses
 import time
 from typing import Any
 
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch.fx.node import map_arg
+
+from reproarchive.archive.job_archive import load_job
+from reproarchive.compat.distributed import LocalTensor, LocalTensorMode, local_tensor_of
 from reproarchive.errors import ReproArchiveError
 from reproarchive.replay import launch as _launch
 from reproarchive.replay import ranks as _ranks
+from reproarchive.replay.outcome import with_stand_ins
+from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -42,10 +51,6 @@ def collective_values(gm: Any, per_rank_args: dict[int, list], world_size: int) 
     """Run ``gm`` once under LocalTensorMode on every rank's arguments: rank -> {collective
     node name -> the value it produced on that rank}. The groups the graph names must be
     registered (a fake process group of ``world_size``, ``ranks.recreate_groups``)."""
-    import torch
-    import torch.fx as fx
-
-    from reproarchive.compat.distributed import LocalTensor, LocalTensorMode, local_tensor_of
 
     ranks = sorted(per_rank_args)
     collective = {n.name for n in gm.graph.nodes if _ranks.is_collective(n)}
@@ -79,8 +84,6 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
     whose value a non-collective node uses), and the arguments to match. What the graph sent
     into a collective becomes an output, so the compute that fed it is still compiled, run and
     judged (otherwise everything upstream of the last collective would be dead code)."""
-    import torch.fx as fx
-    from torch.fx.node import map_arg
 
     graph = fx.Graph()
     env: dict[Any, Any] = {}
@@ -113,9 +116,6 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
 
 def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
     """``run --single-process`` of the job archive at ``path``."""
-    from reproarchive.archive.job_archive import load_job
-    from reproarchive.replay.outcome import with_stand_ins
-    from reproarchive.replay.runner import replay_graph
 
     start = time.monotonic()
     job = load_job(path, device=settings.device, max_memory=settings.max_memory)
@@ -127,7 +127,6 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
         raise ReproArchiveError(f"ranks {odd} compiled another graph than rank {lead.rank}: --single-process "
                                 "runs one SPMD graph for every rank",
                                 "replay the job launched (reproarchive run without --single-process)")
-    import torch.distributed as dist
 
     if dist.is_initialized():
         raise ReproArchiveError("this process already belongs to a process group: --single-process simulates the "

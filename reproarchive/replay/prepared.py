@@ -26,6 +26,8 @@ import os
 import warnings
 from typing import Any
 
+from reproarchive.archive.job_archive import load_job
+from reproarchive.archive.loading import load
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.devices import DevicePlan, resolve_devices
 from reproarchive.codec.stand_ins import bring_implementations
@@ -66,7 +68,6 @@ class Prepared:
 
     def load(self, *, progress: ProgressFn | None = None, reader: ContainerReader | None = None) -> Any:
         """The graph and its inputs on the planned devices (``archive.loading.load``)."""
-        from reproarchive.archive.loading import load
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
@@ -77,7 +78,6 @@ class Prepared:
 
     def load_job(self) -> Any:
         """Every rank's graph and inputs (``archive.job.load_job``) on the asked device."""
-        from reproarchive.archive.job_archive import load_job
 
         return load_job(self.path, device=self.asked.device, max_memory=self.asked.max_memory)
 

@@ -23,13 +23,26 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import faulthandler
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.fx as fx
+
+from reproarchive.codec.device_runtime import devices_of
+from reproarchive.compat.distributed import default_store
+from reproarchive.context.failure import as_collective_timeout
+from reproarchive.format.schema import Records
 from reproarchive.replay import ranks as _ranks
+from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
+from reproarchive.replay.outcome import judge, unless_faithful, with_stand_ins
+from reproarchive.replay.run_job import load_rank
+from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
 
 #: How a rank whose replay observed a failure exits (after writing its outcome).
@@ -44,7 +57,6 @@ def write_json(path: Path, data: Any) -> None:
 
 def redirect_output(folder: Path, rank: int) -> None:
     """Send this rank's stdout and stderr (faulthandler's crash report too) to ``rank-r.log``."""
-    import faulthandler
 
     log = open(folder / f"rank-{rank}.log", "ab", buffering=0)  # noqa: SIM115 - lives as long as the process
     os.dup2(log.fileno(), 1)
@@ -56,12 +68,9 @@ def join(args: list, groups: list[_ranks.GroupSpec], *, timeout_s: float, rank: 
          fake: bool = False) -> dict[str, Any]:
     """Join the launched job (or, ``fake``, a fake process group of ``world_size`` as ``rank``)
     on the device ``args`` live on, and recreate the recorded groups (name -> this rank's group)."""
-    from reproarchive.codec.device_runtime import devices_of
 
     device_type = next(iter(sorted({d.type for d in devices_of(args)} - {"cpu"})), "cpu")
     if device_type != "cpu":
-        import torch
-
         torch.get_device_module(device_type).set_device(next(d for d in devices_of(args) if d.type == device_type))
     if fake:
         _ranks.init_fake(rank, world_size)
@@ -74,10 +83,6 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
                report_differences: bool = False) -> Any:
     """The judged Outcome of ``rank_repro``'s graph on this rank (a collective that timed out is
     a ``timeout`` failure, as the capture records a hang)."""
-    from reproarchive.context.failure import as_collective_timeout
-    from reproarchive.format.schema import Records
-    from reproarchive.replay.outcome import judge, with_stand_ins
-    from reproarchive.replay.runner import replay_graph
 
     # judged against this rank's own failure, under this rank's own records
     records = dataclasses.replace(records or Records(), failure=rank_repro.failure)
@@ -124,7 +129,6 @@ def _alone(outcome: Any, rank: int) -> Any:
     made-up values, so a pass where the recording failed after compiling (forward, backward,
     accuracy, a crash) is no evidence (inconclusive); a compile reads no collective's value,
     so a pass of a recorded compile failure stays a pass."""
-    from reproarchive.replay.outcome import unless_faithful
 
     recorded = outcome.recorded
     if recorded is None or recorded.stage == "compile":
@@ -138,8 +142,6 @@ def record_collectives(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: 
     """Run this rank's graph eagerly with real collectives and keep what each collective gave
     this rank (``values-r.pt``, tensors only): the per-rank values a minified job's graphs read
     in place of their collectives."""
-    import torch
-    import torch.fx as fx
 
     join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
@@ -171,9 +173,6 @@ def serve_candidates(first: Any, groups: list[_ranks.GroupSpec], folder: Path, *
     oracle): ``next-K.json`` names candidate K (or says stop); this rank writes its Outcome to
     ``rank-r-K.json``. Candidates hold no collectives (their values were recorded), so nothing
     one leaves behind in the process group can change the next one's verdict."""
-    import time
-
-    from reproarchive.replay.run_job import load_rank
 
     join(first.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
@@ -197,8 +196,6 @@ def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
     this rank skipped ends by its own timeout, which counts from when it got there (after its
     compile), and then exits failed, so the launcher ends this rank: the wait is bounded only
     by the launch's own bound."""
-    from reproarchive.compat.distributed import default_store
-    from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
 
     store = default_store()
     store.set(f"reproarchive/done/{rank}", "1")
@@ -220,7 +217,6 @@ def main(argv: list[str]) -> int:
     if fake:
         rank, world_size = int(request["fake_rank"]), int(request["world_size"])
     redirect_output(folder, rank)
-    from reproarchive.replay.run_job import load_rank
 
     settings = ReplaySettings.from_plain(request["settings"])
     part = load_rank(request["archive"], rank, settings)

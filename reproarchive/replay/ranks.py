@@ -20,7 +20,14 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
 from reproarchive.codec.collectives import Collective, collective_of
+from reproarchive.compat.distributed import default_group, fake_store, register_groups, resolve_process_group
+from reproarchive.errors import DeviceUnavailableError
 
 #: Ops of the collective namespaces that only wait for a collective started earlier.
 _WAITS = ("wait_tensor",)
@@ -47,12 +54,9 @@ def group_specs(job: Any) -> list[GroupSpec]:
 def process_group_backend(device_type: str) -> str:
     """The torch.distributed backend for a device type, from torch's own map: gloo for the
     CPU, nccl for CUDA (and whatever torch maps other accelerators to)."""
-    import torch.distributed as dist
 
     backend = dist.Backend.default_device_backend_map.get(device_type)
     if backend is None:
-        from reproarchive.errors import DeviceUnavailableError
-
         raise DeviceUnavailableError(f"torch.distributed has no backend for device type {device_type!r}",
                                      "replay on the CPU (--device cpu), which uses gloo")
     return backend
@@ -61,7 +65,6 @@ def process_group_backend(device_type: str) -> str:
 def init_launched(device_type: str, timeout_s: float) -> None:
     """Join the job the launcher started (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ... in the
     environment) with the backend for ``device_type`` and a collective timeout of ``timeout_s``."""
-    import torch.distributed as dist
 
     dist.init_process_group(backend=process_group_backend(device_type),
                             timeout=datetime.timedelta(seconds=timeout_s))
@@ -71,9 +74,6 @@ def init_fake(rank: int, world_size: int) -> None:
     """A process group of ``world_size`` in which this process is ``rank`` and every collective
     returns made-up values at once (PyTorch's fake backend): for failures in the compiler, which
     never needs another rank."""
-    import torch.distributed as dist
-
-    from reproarchive.compat.distributed import fake_store
 
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=fake_store())
 
@@ -84,9 +84,6 @@ def recreate_groups(groups: Iterable[GroupSpec], *, timeout_s: float | None = No
     the recording run did not have resolves to nothing). Returns name -> ProcessGroup for this
     rank. Every rank of the job must call this with the same table (``new_group`` is collective
     over the whole world)."""
-    import torch.distributed as dist
-
-    from reproarchive.compat.distributed import default_group, register_groups
 
     world = dist.get_world_size()
     me = dist.get_rank()
@@ -113,9 +110,6 @@ def as_dtensors(args: list, dtensors: Iterable[Any], meshes: Any, groups: Iterab
     dtensors = list(dtensors)
     if not dtensors:
         return args
-    import torch
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     def placement(p: Any) -> Any:
         if p.kind == "shard":
@@ -144,9 +138,6 @@ def as_dtensors(args: list, dtensors: Iterable[Any], meshes: Any, groups: Iterab
 def registered_groups(names: Iterable[str]) -> dict[str, tuple[int, ...]]:
     """name -> global ranks of the group torch resolves each name to here (names that resolve to
     nothing are left out): what a graph's collectives will actually run on."""
-    import torch.distributed as dist
-
-    from reproarchive.compat.distributed import resolve_process_group
 
     found = {}
     for name in names:

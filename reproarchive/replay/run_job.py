@@ -18,18 +18,27 @@ The rank worker loads its own rank (``load_rank``); the parent reads only the in
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from reproarchive.archive.job_archive import load_job
+from reproarchive.archive.job_report import first_divergence
+from reproarchive.child import python_path
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.schema import FailureRecord
 from reproarchive.replay import launch as _launch
+from reproarchive.replay.local_job import run_local
+from reproarchive.replay.prepared import prepared
 from reproarchive.replay.ranks import GroupSpec, group_specs
+from reproarchive.replay.runner import _moved_warning
 from reproarchive.replay.settings import ReplaySettings
 
 #: The collective timeout a replay gives each rank unless told otherwise (seconds).
@@ -43,7 +52,6 @@ def recorded_failures(job: Any) -> dict[int, FailureRecord | None]:
 
 def divergence_of(job: Any) -> str | None:
     """Where the recorded ranks' collectives first stop matching (None: they match)."""
-    from reproarchive.archive.job_report import first_divergence
 
     found = first_divergence(job)
     return found.summary if found is not None else None
@@ -97,7 +105,6 @@ class _RankReplay:
 
 def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> RankPart:
     """Rank ``rank`` of the job at ``path``, on ``settings.device`` (a rank worker's side)."""
-    from reproarchive.archive.job_archive import load_job
 
     job = load_job(path, device=settings.device, max_memory=settings.max_memory, ranks=[rank])  # its own only
     part = job.rank(rank)
@@ -120,7 +127,6 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     the ranks' results and logs. Raises ReproArchiveError (2) for an archive without a job,
     BackendUnavailableError (125) when the backend is missing here.
     """
-    from reproarchive.replay.prepared import prepared
 
     # a device or backend this machine lacks: 125 before launching anything (launched ranks prepare their
     # own; --single-process replays here)
@@ -133,8 +139,6 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     devices = ready.plan
     timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
     if single_process:
-        from reproarchive.replay.local_job import run_local
-
         outcome = run_local(path, settings, world_size=job.world_size, recorded_rank=job.failing_rank)
     elif rank is not None:
         outcome = _run_fake_rank(path, settings, job, rank, timeout, keep)
@@ -147,8 +151,6 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     outcome.archive = os.fspath(path)
     outcome.torch, outcome.recorded_torch = torch_here(), torch_version(ready.records.system)
     if devices.moved:
-        from reproarchive.replay.runner import _moved_warning
-
         outcome.warnings.extend(_moved_warning(devices))
         for r in outcome.ranks:
             if r.outcome is not None:
@@ -178,10 +180,6 @@ def _check_ranks(path, job: Any, rank: int | None) -> None:
 def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout: float,
                    keep: str | os.PathLike | None) -> _launch.JobOutcome:
     """Rank ``rank`` alone in a child process, against the fake process group."""
-    import json
-    import time
-
-    from reproarchive.child import python_path
 
     if not 0 <= rank < job.world_size:
         raise ReproArchiveError(f"--rank {rank} is not a rank of this job (ranks 0 to {job.world_size - 1})",
@@ -199,8 +197,6 @@ def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout:
                               timeout=timeout * 2 + _launch.STARTUP_ALLOWANCE_S, check=False)
         failures = {}
         if proc.returncode < 0:
-            import signal
-
             failures[rank] = {"exitcode": proc.returncode, "signal": signal.Signals(-proc.returncode).name}
         outcomes = _launch.rank_outcomes(folder, [rank], recorded_failures(job), failures, False)
         wall = time.monotonic() - start

@@ -27,17 +27,24 @@ from typing import Any, Mapping
 
 from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan
-from reproarchive.codec.rng import random_ops
+from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
+from reproarchive.compat.fake import retraced
+from reproarchive.compat.inductor import inner_compiler
 from reproarchive.context import failure as _failure
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.plain import to_plain
+from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import FailureRecord, Records
 from reproarchive.progress import ProgressFn
+from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
+from reproarchive.replay.compile_only import compiled_on, replay_compile_only
 from reproarchive.replay.conditions import described_device, entered, planned_setup, tensors_in, verdict
+from reproarchive.replay.isolation import run_in_child
 from reproarchive.replay.outcome import Outcome, unless_faithful, with_stand_ins
+from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
@@ -171,8 +178,6 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
                      ignore_non_fp=False, shapes=(None, None), rng_states=None):
     """(observed failure record or None, accuracy report or None, whether backward ran).
     ``shapes``: the recorded shape policy and the outcome's report of it (``_compile``)."""
-    from reproarchive.codec.rng import restore_rng
-    from reproarchive.replay import accuracy as _accuracy
 
     try:
         compiled = _compile(compiler_fn, backend, copy.deepcopy(gm), _accuracy.clone_inputs(args), source_kind,
@@ -206,9 +211,6 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
     on the placeholders and the fake mode in the tracing context (``replay.shape_policy``)."""
     policy, report = shapes
     if source_kind == "after_aot" and backend == "inductor":
-        from reproarchive.compat.fake import retraced
-        from reproarchive.compat.inductor import inner_compiler
-
         compile_fx_inner = inner_compiler()
         shape_policy.not_applied(policy, report, "an after_aot graph replayed with inductor's inner compiler is "
                                  "re-traced with real (static) shapes, as PyTorch's after_aot replay does")
@@ -273,8 +275,6 @@ def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = No
     ArchiveError (exit 2) for an unreadable archive, ReproArchiveError (2) for a device mapping
     that names a device the archive does not use.
     """
-    from reproarchive.format.reader import ContainerReader
-    from reproarchive.replay.prepared import prepared
 
     if settings.backend is not None:
         resolve_backend(settings.backend)  # cannot run here: say so before loading anything
@@ -289,8 +289,6 @@ def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = No
         isolate = True  # compiling for an absent GPU changes torch.cuda and Triton for the compile's length
     repro = None if isolate else ready.load(progress=progress, reader=reader)
     if repro is None:
-        from reproarchive.replay.isolation import run_in_child
-
         return run_in_child(path, settings, plan=ready.plan, environment=ready.records.environment)
     return _replayed(ready, repro)
 
@@ -309,8 +307,6 @@ def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, 
     devices as ``run`` resolved them (None: resolved here from ``settings.device``, as ``run``
     does). ``on_start`` gets the recorded facts before compiling, so that an isolating parent
     can still report them if the compile takes the process down."""
-    from reproarchive.format.reader import ContainerReader
-    from reproarchive.replay.prepared import prepared
 
     with ContainerReader(path) as reader:
         ready = prepared(path, settings, reader=reader, plan=plan)
@@ -325,8 +321,6 @@ def _replayed(ready, repro, *, on_start=None) -> Outcome:
     load_warnings = _dedupe([*(repro.warnings or []), *([] if only else _moved_warning(plan))])
     facts = _device_facts(repro.args, plan)
     if only is not None:  # the storages of an absent device were loaded onto meta, and compiled for it
-        from reproarchive.replay.compile_only import compiled_on
-
         facts.update(device=compiled_on(plan), same_device_type=True)
     if on_start is not None:
         on_start({"recorded": to_plain(records.failure) if records.failure else None, "backend": chosen.backend,
@@ -352,8 +346,6 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
         records = dataclasses.replace(records, shapes=restricted(records.shapes, placeholder_names(repro.gm),
                                                                  placeholder_names(gm)))
     if repro.compile_only is not None:
-        from reproarchive.replay.compile_only import replay_compile_only
-
         return replay_compile_only(repro, settings, repro.compile_only, gm=gm, args=args, records=records)
     return replay_graph(
         repro.gm if gm is None else gm,

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from collections.abc import Mapping
 from typing import Any
 
 from reproarchive.errors import ReproArchiveError
+from reproarchive.replay.backends import choose_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,6 @@ class ReplaySettings:
 
     def for_recorded(self, backend: str | None, accuracy: Any) -> ReplaySettings:
         """These settings with the archive's own backend and accuracy mode where none was chosen."""
-        from reproarchive.replay.backends import choose_backend
 
         return dataclasses.replace(self, backend=choose_backend(self.backend, backend),
                                    accuracy=bool(accuracy) if self.accuracy is None else self.accuracy)
@@ -105,7 +106,6 @@ class ReplaySettings:
 
 def _device_spec(device: Any) -> str | Mapping[str, str] | None:
     """A device name, or a read-only recorded -> target mapping (the value is frozen)."""
-    import types
 
     if device is None or isinstance(device, str):
         return device or None

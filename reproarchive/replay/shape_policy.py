@@ -28,8 +28,13 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
+
 from reproarchive.codec.shapes import ReplayShapes, fakes_for, is_symbolic
-from reproarchive.format.schema import ShapePolicy
+from reproarchive.compat.dynamo import tracing_with
+from reproarchive.compat.fake import new_fake_mode, new_shape_env
+from reproarchive.compat.fx_meta import propagate_example_values, set_example_value
+from reproarchive.format.schema import ShapePolicy, SymValue, TensorValue
 
 
 @contextlib.contextmanager
@@ -42,9 +47,7 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
         with static_compile(gm, args, report):
             yield args
         return
-    import torch
 
-    from reproarchive.compat.dynamo import tracing_with
 
     _, _, shapes = placeholder_fakes(policy, gm, args)
     example = [fake if isinstance(fake, torch.SymInt) else arg for arg, fake in zip(args, shapes.fakes)]
@@ -69,7 +72,6 @@ def static_compile(gm: Any, args: list[Any], report: dict | None) -> Iterator[No
     integer inputs: Dynamo passes those only in a symbolic compile, so the recording was symbolic
     and its policy is unknown (``runner._unfaithful``), and under a ShapeEnv AOTAutograd would
     make each a fresh symbol of no recorded range, a compile that is neither."""
-    from reproarchive.compat.dynamo import tracing_with
 
     if any(isinstance(a, int) and not isinstance(a, bool) for a in args):
         yield
@@ -92,10 +94,6 @@ def placeholder_fakes(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> t
     (``codec.shapes.fakes_for``), else static in a fresh ShapeEnv, as Dynamo's fake mode always
     has one; a non-tensor input's fake is None unless the policy makes it a symbol. Each
     placeholder of ``gm`` gets its fake as ``example_value``. Raises what fakifying raises."""
-    import torch
-
-    from reproarchive.compat.fake import new_fake_mode, new_shape_env
-    from reproarchive.compat.fx_meta import set_example_value
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     shapes = None
@@ -115,7 +113,6 @@ def _example_values(gm: Any, fake_mode: Any, fakes: list[Any], report: dict | No
     """Every node's ``example_value``, as Dynamo's graph carries them for a backend that reads
     them (``compat.fx_meta.propagate_example_values``); a graph whose fake run fails keeps its
     placeholders' only, and ``report["example_values"]`` (``run --json``) says why."""
-    from reproarchive.compat.fx_meta import propagate_example_values
 
     try:
         propagate_example_values(gm, fake_mode, fakes)
@@ -158,7 +155,6 @@ def report_for(policy: ShapePolicy | None, inputs: Sequence[Any] | None = None) 
 def looks_symbolic(inputs: Sequence[Any] | None) -> bool:
     """Whether an archive without a policy shows that its recording was symbolic: a symbolic
     scalar input or a tensor input with dynamic dimensions (index records, §6.3)."""
-    from reproarchive.format.schema import SymValue, TensorValue
 
     return any(isinstance(v, SymValue) or (isinstance(v, TensorValue) and v.dynamic) for v in inputs or ())
 

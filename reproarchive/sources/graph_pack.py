@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reproarchive.compat.dispatch import disable_current_modes
+from reproarchive.compat.dynamo import in_dynamo_trace
+from reproarchive.context.config import config_snapshot
+from reproarchive.context.environment import environment_snapshot
+from reproarchive.context.execution import execution_snapshot
+from reproarchive.context.failure import record_from_exception
 from reproarchive.context.redaction import redacted_records, working_folder
+from reproarchive.context.system import system_snapshot
 from reproarchive.format.schema import Records
 
 
@@ -46,18 +53,12 @@ def pack(gm: Any, example_inputs: Sequence[Any], path: str | os.PathLike, *,
         sections["metadata"] = {**(base.metadata or {}), **(sections.get("metadata") or {}), **kwargs}
     taken: dict[str, Any] = {}
     if isinstance(failure, BaseException):
-        from reproarchive.context.failure import record_from_exception
-
         taken["failure"] = record_from_exception(failure, failure_stage, backend=sections.get("backend"))
     elif failure is not None:
         sections["failure"] = failure
     named = as_records(sections)
     given = dataclasses.replace(base, **{k: getattr(named, k) for k in sections})
     if snapshot:
-        from reproarchive.context.config import config_snapshot
-        from reproarchive.context.environment import environment_snapshot
-        from reproarchive.context.system import system_snapshot
-
         for name, take in (("config", config_snapshot), ("environment", environment_snapshot),
                            ("system", system_snapshot)):
             if getattr(given, name) is None:
@@ -85,7 +86,6 @@ def _from_the_trace(gm: Any, inputs: list[Any], given: Records, config: Any, rng
     generator states the graph's first call starts from (Dynamo draws nothing while it traces).
     Outside a trace the calling thread's state says nothing of the graph, so neither is taken."""
     from reproarchive.codec.shapes import policy_of
-    from reproarchive.compat.dynamo import in_dynamo_trace
 
     out: dict[str, Any] = {}
     if given.shapes is None:
@@ -95,8 +95,6 @@ def _from_the_trace(gm: Any, inputs: list[Any], given: Records, config: Any, rng
     if not in_dynamo_trace():
         return out
     from reproarchive.codec.rng import rng_snapshot
-    from reproarchive.compat.dispatch import disable_current_modes
-    from reproarchive.context.execution import execution_snapshot
 
     if given.execution is None:
         out["execution"] = execution_snapshot(inputs)

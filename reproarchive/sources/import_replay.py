@@ -3,9 +3,15 @@ record what failed (and whether it fails at all) in the new archive."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+from reproarchive.codec.devices import graph_devices, is_available
+from reproarchive.compat.dynamo import repro_forward_only
+from reproarchive.context import failure as fail
 from reproarchive.errors import NotReplayableError, ReproArchiveError
+from reproarchive.format.schema import Records, SourceRecord
+from reproarchive.replay.settings import ReplaySettings
 from reproarchive.sources.dump.scripts import DumpScript
 
 
@@ -15,7 +21,6 @@ def _concrete(gm, args: list[Any]) -> tuple[list[Any], int]:
     failure recorded here is the one a later ``run`` sees."""
     import torch
 
-    from reproarchive.codec.devices import is_available
     from reproarchive.codec.input_demands import storage_demands
     from reproarchive.codec.tensors import (
         AbsentTensor,
@@ -40,7 +45,6 @@ def _concrete(gm, args: list[Any]) -> tuple[list[Any], int]:
 def _devices_missing_here(gm, args: list[Any]) -> list[str]:
     """The devices the inputs and the graph's own constants name that this machine lacks, in
     first-seen order."""
-    from reproarchive.codec.devices import graph_devices, is_available
 
     named = [str(arg.device) for arg in args if getattr(arg, "device", None) is not None] + graph_devices(gm)
     return [name for name in dict.fromkeys(named) if not is_available(name)]
@@ -50,7 +54,6 @@ def replay(dump: DumpScript, gm, args: list[Any], *, execution=None) -> tuple[di
     """(failure record, replay notes) for a dump: ``replay_once`` the way its ``run_repro`` would
     detect the failure (its autocast flag, Dynamo's repro_forward_only), under the thread state
     of the failing compile where it is known (``execution``)."""
-    from reproarchive.compat.dynamo import repro_forward_only
 
     return replay_once(gm, args, kind=dump.kind, backend=dump.backend, accuracy=bool(dump.accuracy_mode),
                        autocast=bool(dump.run_args.get("autocast", False)),
@@ -69,7 +72,6 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
     ``run_repro`` does. ``config``/``environment``/``execution`` are records applied for the
     duration, as ``run`` applies an archive's.
     """
-    from reproarchive.context import failure as fail
 
     missing = _devices_missing_here(gm, args)
     if missing:
@@ -104,13 +106,9 @@ def generated_data_warning(notes: dict[str, Any]) -> list[str]:
 
 
 def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment, execution=None):
-    import contextlib
-
     import torch
 
-    from reproarchive.format.schema import Records, SourceRecord
     from reproarchive.replay.runner import replay_graph
-    from reproarchive.replay.settings import ReplaySettings
 
     with contextlib.ExitStack() as stack:
         if kind == "after_aot":
@@ -138,8 +136,6 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
 
 
 def _passed(backend) -> dict[str, Any]:
-    from reproarchive.context import failure as fail
-
     return fail.unknown_record(
         "it did not fail when replayed here (flaky, device- or data-dependent failure?)",
         backend=backend)
@@ -148,7 +144,6 @@ def _passed(backend) -> dict[str, Any]:
 def crashed(crash: dict[str, str], backend: str | None) -> tuple[Any, dict[str, Any]]:
     """(failure record, replay notes) for a graph whose replay killed an earlier child
     (``child.Died.crash_facts``): the importers pack it again with this as its failure."""
-    from reproarchive.context import failure as fail
 
     record = fail.crash_record(crash["signal"], f"the replay that records the failure {crash['reason']}",
                                crash["log"], backend=backend)

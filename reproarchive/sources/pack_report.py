@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reproarchive.context.redaction import redacted
 from reproarchive.format.plain import PlainData, decoder_for
+from reproarchive.format.reader import ContainerReader
+from reproarchive.format.schema import Records, TensorValue
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,6 @@ class PackReport:
 def archive_report(archive: Path, *, kind: str, replay: dict[str, Any] | None = None) -> PackReport:
     """The report of an archive this source did not pack from a dump (the in-process capture
     backend's, or a crashed graph's), read back from its index."""
-    from reproarchive.format.reader import ContainerReader
-    from reproarchive.format.schema import TensorValue
 
     with ContainerReader(archive) as reader:
         index = reader.index
@@ -95,9 +96,6 @@ def failure_summary(failure: Any, prefixes: dict[str, str] | None = None) -> dic
     if failure is None:
         return None
     if prefixes is not None:
-        from reproarchive.context.redaction import redacted
-        from reproarchive.format.schema import Records
-
         failure = redacted(Records(failure=failure), prefixes).failure
     return {k: getattr(failure, k) for k in ("stage", "exception_type", "message", "signature")}
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from reproarchive.context.redaction import machine_prefixes
+from reproarchive.context.redaction import machine_prefixes, redact_paths
 from reproarchive.format.plain import from_plain, to_plain
 
 
@@ -27,8 +27,6 @@ class Scrubber:
                          if p and os.path.normpath(p) != "/"}
 
     def text(self, s: str) -> str:
-        from reproarchive.context.redaction import redact_paths
-
         return redact_paths(s, self.prefixes)
 
     def __call__(self, obj: Any) -> Any:

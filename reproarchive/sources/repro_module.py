@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from reproarchive.compat.dispatch import hop_calls_recorded
+from reproarchive.compat.fx_meta import drop_stack_trace
+from reproarchive.compat.pytree import tree_leaves
+
 # PyTorch inlines buffers with at most this many elements as printed literals
 # (torch._dynamo.debug_utils.MAX_CONSTANT_NUMEL_INLINE); larger ones become torch.randn.
 _INLINE_NUMEL = 4
@@ -47,8 +51,6 @@ def trace_repro(mod) -> tuple[Any, list[str]]:
     """
     import torch.fx as fx
 
-    from reproarchive.compat.dispatch import hop_calls_recorded
-    from reproarchive.compat.fx_meta import drop_stack_trace
 
     notes: list[str] = []
 
@@ -108,7 +110,6 @@ def _calls_stay_nodes(tracer):
     import torch.fx as fx
     from torch.overrides import TorchFunctionMode
 
-    from reproarchive.compat.pytree import tree_leaves
 
     class _Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):

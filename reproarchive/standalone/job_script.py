@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from reproarchive.archive.job_archive import load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
+from reproarchive.codec.tensors import storage_view
+from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
@@ -37,8 +41,6 @@ class _ContentDataWriter(_DataWriter):
         self.by_digest: dict[str, tuple[str, int]] = {}
 
     def storage(self, t: Any) -> tuple[str, int]:
-        from reproarchive.codec.tensors import storage_view
-
         storage = t.untyped_storage()
         key = storage._cdata
         if key not in self.names:
@@ -55,7 +57,6 @@ class _ContentDataWriter(_DataWriter):
 
 def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings) -> ExportReport:
     """Write ``out_dir`` with the job's ``repro.py`` and data (``export`` of a job archive)."""
-    from reproarchive.archive.job_archive import load_job
 
     job = load_job(path, device="cpu", max_memory=settings.max_memory)
     records = job.records
@@ -87,7 +88,6 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
     (every rank's), for the stand-ins the script registers where an op is missing, as the
     single-graph script does; ``state``: rank -> (its execution record, its generator states by
     device), which the script enters and sets as the single-graph script does (``state_block``)."""
-    from reproarchive.context.environment import plan
 
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
@@ -176,6 +176,4 @@ def _config_block(per_rank: Mapping[int, list]) -> str:
 
 
 def _job_template() -> str:
-    from importlib.resources import files
-
     return files("reproarchive.standalone").joinpath("repro_job.py.template").read_text(encoding="utf-8")

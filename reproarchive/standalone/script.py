@@ -28,23 +28,33 @@ check on such a graph turns on inductor's ``fallback_random`` as ``run`` does.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
+import operator
 import os
 import sys
+import types
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.fx as fx
+
+from reproarchive.archive.loading import load
 from reproarchive.codec.rng import random_ops
 from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import REBUILDABLE_SUBCLASSES, storage_view
 from reproarchive.compat.dispatch import INDUCTOR_PRIMS_MODULE, INDUCTOR_PRIMS_PREFIX
+from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.plain import PlainRecord
+from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
     ConfigRecord,
     DerivedValue,
@@ -88,8 +98,6 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     itself when it runs (its ``--device``). (``exporting.export`` sends a multi-rank job archive
     to ``job_script`` instead.)
     """
-    from reproarchive.archive.loading import load
-    from reproarchive.format.reader import ContainerReader
 
     settings = ReplaySettings.given(settings, options)
     bring_implementations(settings.imports, settings.libraries)
@@ -195,7 +203,6 @@ class _Script:
     def graph_function(self, gm: Any, path: str) -> str:
         """``def _graph_N()`` that builds ``gm``'s graph with ``create_node``: the same nodes,
         names, targets and constants the archive records (no tracing)."""
-        import torch
 
         for child_name, child in gm.named_children():
             child_path = f"{path}.{child_name}" if path else child_name
@@ -240,8 +247,6 @@ class _Script:
 
     def arg(self, a: Any) -> str:
         """A graph argument as a Python literal (nodes as the variables holding them)."""
-        import torch
-        import torch.fx as fx
 
         if isinstance(a, fx.Node):
             return _var(a)
@@ -273,8 +278,6 @@ class _Script:
     # -- state and inputs -----------------------------------------------------------------------
 
     def tensor_literal(self, t: Any, device: str | None) -> str:
-        import torch
-
         if (t.layout != torch.strided or t.is_sparse
                 or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
             raise ExportError(f"input of type {type(t).__name__} / layout {t.layout} cannot be exported",
@@ -290,7 +293,6 @@ class _Script:
         """``_subclass(...)``: a tensor subclass the loader rebuilt (a nested jagged tensor),
         as its inner tensors, plain-data context and outer geometry; the script finds the class
         in its own table (``SUBCLASSES``, written from ``REBUILDABLE_SUBCLASSES``)."""
-        import torch
 
         key = f"{type(t).__module__}.{type(t).__qualname__}"
         if key not in REBUILDABLE_SUBCLASSES:
@@ -304,10 +306,6 @@ class _Script:
                 f"requires_grad={bool(t.requires_grad)})")
 
     def value_literal(self, value: Any, device: str | None) -> str:
-        import torch
-
-        from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
-
         if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
             return self.subclass_literal(value, device)
         if isinstance(value, torch.Tensor):
@@ -357,7 +355,6 @@ class _Script:
 
     def _input_lines(self, gm, args, fidelity, recorded_devices, derived) -> tuple[list[str], list[str]]:
         """(the inputs as literals, the header's table of them): the table says which are real data."""
-        import torch
 
         placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         input_lines = []
@@ -381,8 +378,6 @@ class _Script:
     def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
               fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ()),
               execution=None, rng_states=None, derived: Mapping[int, tuple[str, int, int]] | None = None) -> str:
-        import torch
-
         derived = derived or {}
         root_graph = self.graph_function(gm, "")
         state_lines = self._state_lines(gm)
@@ -436,7 +431,6 @@ def _var(node: Any) -> str:
 
 def _module_of(name: str) -> str | None:
     """The longest prefix of a qualified target name that is a module to import."""
-    import types
 
     parts = name.split(".")
     if parts[0] in ("operator", "math", "builtins"):
@@ -449,11 +443,6 @@ def _module_of(name: str) -> str | None:
 
 
 def _resolve(name: str) -> Any:
-    import builtins
-    import operator
-
-    import torch
-
     parts = name.split(".")
     obj: Any = {"operator": operator, "math": math, "builtins": builtins, "torch": torch}[parts[0]]
     for part in parts[1:]:
@@ -464,7 +453,6 @@ def _resolve(name: str) -> Any:
 def _plain_tensor_attrs(gm: Any, known: set[str]):
     """Tensor attributes the graphs read with get_attr that are neither parameters nor buffers
     (constants), at their dotted paths from the root, subgraphs included."""
-    import torch
 
     for prefix, module in gm.named_modules():
         if not isinstance(module, torch.fx.GraphModule):
@@ -483,7 +471,6 @@ def _plain_tensor_attrs(gm: Any, known: set[str]):
 def state_block() -> str:
     """``_execution()`` and ``_restore_rng()``: how a script enters the recorded thread state and
     sets the recorded generator states (both scripts, from one text)."""
-    from importlib.resources import files
 
     return files("reproarchive.standalone").joinpath("state_block.py.template").read_text(encoding="utf-8")
 
@@ -492,6 +479,5 @@ def _template() -> str:
     """The program ``repro.py`` is, with ``{name}`` slots (``str.format``: its own braces are
     doubled). Shipped as package data, not a string in this module, so it reads as the program
     it is."""
-    from importlib.resources import files
 
     return files("reproarchive.standalone").joinpath("repro.py.template").read_text(encoding="utf-8")

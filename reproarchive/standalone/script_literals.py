@@ -10,12 +10,14 @@ line. Kept apart from the writer of the script so that this boundary reads on it
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
 from reproarchive.context.admission import setting_problem
 from reproarchive.context.config import CONFIG_MODULES
 from reproarchive.context.execution import MATMUL_PRECISIONS
+from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import DTYPES, ConfigRecord, ExecutionRecord, ShapePolicy, TorchInfo
 
 # -- recorded state, as literals -----------------------------------------------------------------
@@ -55,7 +57,6 @@ def recorded_config(path: str | os.PathLike) -> list[tuple[str, str, Any]]:
     """(config module, key, value) of the torch config the failing run of the archive at ``path``
     changed from the defaults, as a replay applies it (``admitted_settings``): what a bug report
     must say for its graph to fail upstream. Reads the index only."""
-    from reproarchive.format.reader import ContainerReader
 
     with ContainerReader(path) as reader:
         return admitted_settings(reader.index.records.config)
@@ -66,7 +67,6 @@ def admitted_settings(config: ConfigRecord | None) -> list[tuple[str, str, Any]]
     pass the replay filter (``context.admission``), in torch's own config modules only."""
     if config is None:
         return []
-    import importlib
 
     skip = _machine_specific(config) | {(u.module, u.key) for u in config.unrepresentable}
     out = []

@@ -30,6 +30,7 @@ import zstandard
 
 from reproarchive.errors import CorruptStoreError, IndexSchemaError, LimitExceededError, UnsupportedVersionError
 from reproarchive.format import layout
+from reproarchive.format.digests import new_hasher
 from reproarchive.format.index_codec import check_msgpack_shape
 
 if TYPE_CHECKING:
@@ -357,7 +358,6 @@ class BlobCheck:
         self._content = None
         if content:
             algorithm = segment.blob.split("/")[1]
-            from reproarchive.format.digests import new_hasher
 
             self._content = _ContentSink(new_hasher(algorithm))
             dctx = zstandard.ZstdDecompressor(max_window_size=layout.MAX_WINDOW_SIZE)

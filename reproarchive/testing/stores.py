@@ -26,6 +26,8 @@ backend, concurrent pushes lose nothing.
 
 from __future__ import annotations
 
+# Imports inside functions: a third party's store tests import this module; push and pull
+# (which bring torch) are imported only by the test that uses them.
 import abc
 import concurrent.futures
 import threading

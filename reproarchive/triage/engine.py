@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import os
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -29,7 +30,16 @@ from typing import Any
 from reproarchive.child import run_child, stop_timed_children, warm_children
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import PlainData, PlainRecord, from_plain
-from reproarchive.triage.verdicts import CRASHED, ERROR, TIMED_OUT, VERDICT_FORMAT, Environment, Verdict
+from reproarchive.replay.settings import ReplaySettings
+from reproarchive.triage.verdicts import (
+    CRASHED,
+    ERROR,
+    TIMED_OUT,
+    VERDICT_FORMAT,
+    Environment,
+    Verdict,
+    current_environment,
+)
 
 ACTIONS = ("replay", "minify", "doctor")
 _CHILD = "reproarchive.triage.task_child"
@@ -65,9 +75,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     start = time.monotonic()
 
     def failed(status: str, message: str, signal: str | None = None) -> dict[str, Any]:
-        from reproarchive.replay.settings import ReplaySettings
-        from reproarchive.triage.verdicts import current_environment
-
         environment = current_environment(ReplaySettings.from_plain(spec.settings)).digest
         return Verdict(format=VERDICT_FORMAT, action=spec.action, archive=spec.digest, environment=environment,
                        status=status, message=message, signal=signal, elapsed_s=round(time.monotonic() - start, 3),
@@ -88,7 +95,6 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
 
 def _raised_at(traceback_text: str) -> str:
     """The innermost frame of a traceback, as ``file:line in function``."""
-    import re
 
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
     if not frames:
@@ -164,8 +170,6 @@ class LocalExecutor(Executor):
         return typed(self._pool.submit(run_task, task.to_plain()))
 
     def environment(self, settings: Any) -> Environment:
-        from reproarchive.triage.verdicts import current_environment
-
         return current_environment(settings)
 
     def cancel_pending(self) -> None:

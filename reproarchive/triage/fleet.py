@@ -33,6 +33,9 @@ from reproarchive.format.plain import PlainRecord
 from reproarchive.format.reader import ContainerReader
 from reproarchive.replay.outcome import DIFFERENT, PASSED, REPRODUCED
 from reproarchive.replay.settings import ReplaySettings
+from reproarchive.store import objects
+from reproarchive.store.location import is_reference, is_store, open_location
+from reproarchive.store.pull import archive_view, open_store
 from reproarchive.triage.engine import Executor, LocalExecutor, Task
 from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group, signature_of
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
@@ -272,8 +275,6 @@ class _Source:
 
     @classmethod
     def open(cls, source: str | os.PathLike, storage_options: dict | None) -> _Source:
-        from reproarchive.store.location import is_store
-
         text = os.fspath(source)
         if is_store(text):
             return cls(text, _store_entries(text, storage_options), text, None, storage_options)
@@ -293,8 +294,6 @@ class _Source:
         raise FileNotFoundError(errno.ENOENT, "no such folder, list or store", text)
 
     def cache_store(self):
-        from reproarchive.store.location import open_location
-
         if self.store_url is not None:
             return open_location(self.store_url, **(self.storage_options or {}))
         return open_location(str((self.folder / CACHE_FOLDER).resolve()))
@@ -330,15 +329,10 @@ def _one_line(err: BaseException) -> str:
 
 
 def _is_reference(text: str) -> bool:
-    from reproarchive.store.location import is_reference
-
     return "://" in text or is_reference(text)
 
 
 def _store_entries(url: str, storage_options: dict | None) -> list[tuple[str, str, str | None]]:
-    from reproarchive.store import objects
-    from reproarchive.store.pull import open_store
-
     store = open_store(url, storage_options)
     keys = [k for k in store.list("refs") if objects.NAME_RE.match(k.rsplit("/", 1)[1])]
     entries = []
@@ -357,8 +351,6 @@ def _store_entries(url: str, storage_options: dict | None) -> list[tuple[str, st
 def _read_member(location: str, name: str, seen: str | None,
                  storage_options: dict | None) -> tuple[Member, Signature | None, str | None]:
     if _is_reference(location):
-        from reproarchive.store.pull import archive_view
-
         with archive_view(location, storage_options) as (path, _):
             return _member_of(path, location, name, seen)
     if seen is None:

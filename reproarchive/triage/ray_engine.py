@@ -24,11 +24,12 @@ import contextlib
 import os
 from typing import Any
 
-from reproarchive.child import warm_children
+from reproarchive.child import python_path, warm_children
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import from_plain
+from reproarchive.replay.settings import ReplaySettings
 from reproarchive.triage.engine import Executor, Task, run_task, typed
-from reproarchive.triage.verdicts import Environment
+from reproarchive.triage.verdicts import Environment, current_environment
 
 _warm: contextlib.ExitStack | None = None
 
@@ -46,9 +47,6 @@ def _run_task_warm(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _environment_of(settings: dict[str, Any]) -> dict[str, Any]:
-    from reproarchive.replay.settings import ReplaySettings
-    from reproarchive.triage.verdicts import current_environment
-
     return current_environment(ReplaySettings.from_plain(settings)).to_plain()
 
 
@@ -71,7 +69,6 @@ class RayExecutor(Executor):
             options = dict(init_options or {})
             if address is None and not os.environ.get("RAY_ADDRESS"):
                 # a local Ray: its workers import this reproarchive (and the compilers on our path)
-                from reproarchive.child import python_path
 
                 env = dict(options.pop("runtime_env", None) or {})
                 env.setdefault("env_vars", {}).setdefault("PYTHONPATH", python_path())

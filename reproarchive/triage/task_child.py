@@ -21,6 +21,8 @@ from reproarchive.errors import ReproArchiveError
 from reproarchive.format.plain import from_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.replay.settings import ReplaySettings
+from reproarchive.store.location import is_store
+from reproarchive.store.push import push
 from reproarchive.triage.engine import Task, now
 from reproarchive.triage.verdicts import ERROR, VERDICT_FORMAT, Minified, Verdict, current_environment
 
@@ -59,7 +61,6 @@ def _minify(task: Task, settings: ReplaySettings) -> dict[str, Any]:
     from reproarchive.references import local_archive
 
     name = f"min-{task.digest.split(':')[1][:16]}"
-    from reproarchive.store.location import is_store
 
     to_store = task.output is not None and is_store(task.output)
     with tempfile.TemporaryDirectory(prefix="reproarchive-task-", dir=temp_folder()) as tmp:
@@ -74,8 +75,6 @@ def _minify(task: Task, settings: ReplaySettings) -> dict[str, Any]:
             index, digest = reader.index, reader.index_digest
         location = str(out)
         if to_store:
-            from reproarchive.store.push import push
-
             push(out, task.output, name=name)
             location = f"{task.output.rstrip('/')}/{name}"
         facts["minified"] = Minified(location=location, digest=digest, nodes=len(index.graph.nodes),

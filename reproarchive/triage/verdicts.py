@@ -21,6 +21,8 @@ import json
 import platform
 from typing import Any
 
+from reproarchive.codec.device_runtime import devices_here, runtime
+from reproarchive.context.environment import environment_snapshot, set_by_torch_here
 from reproarchive.errors import ReproArchiveError, SchemaViolation, StoreError, StoreNotFoundError
 from reproarchive.format.plain import PlainData, PlainRecord, from_plain
 from reproarchive.store.backend import Store
@@ -62,8 +64,6 @@ def current_environment(settings: Any) -> Environment:
     """This process's environment for replays under ``settings`` (a ``ReplaySettings``)."""
     import torch
 
-    from reproarchive.codec.device_runtime import devices_here, runtime
-    from reproarchive.context.environment import environment_snapshot, set_by_torch_here
 
     device = "cpu"
     here = devices_here()

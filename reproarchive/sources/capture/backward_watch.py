@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from reproarchive.compat.pytree import tree_leaves
 from reproarchive.sources.capture.stack_room import with_frame_room
 
 #: runs in place of a watched node's backward: given the node's real backward (no arguments)
@@ -80,7 +81,6 @@ def function_nodes(outputs: Any, inputs: Sequence[Any]) -> list[Any]:
     the inputs' own nodes and at leaves) whose backward is a Python ``autograd.Function``'s."""
     import torch
 
-    from reproarchive.compat.pytree import tree_leaves
 
     stop = {id(a.grad_fn) for a in inputs if isinstance(a, torch.Tensor) and a.grad_fn is not None}
     todo = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]

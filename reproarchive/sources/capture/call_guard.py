@@ -28,14 +28,21 @@ first would cost more than the job).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import torch
+
+from reproarchive.codec.device_runtime import devices_of, forked_rng, synchronize
+from reproarchive.compat.dynamo import control_flow_exceptions
+from reproarchive.compat.pytree import tree_leaves
 from reproarchive.replay.input_writes import rerun_inputs, snapshot, written_inputs
 from reproarchive.sources.capture import gc_pause, malloc_trim
+from reproarchive.sources.capture.backward_watch import watch
 from reproarchive.sources.capture.stack_room import with_frame_room
 
 log = logging.getLogger("reproarchive.capture")
@@ -47,7 +54,6 @@ Failed = Callable[[list[Any], BaseException, int], tuple[Any, str | None]]
 
 def is_control_flow(exc: BaseException) -> bool:
     """Exceptions Dynamo uses to steer tracing (fall back, restart, skip): not failures."""
-    from reproarchive.compat.dynamo import control_flow_exceptions
 
     return isinstance(exc, control_flow_exceptions())
 
@@ -104,7 +110,6 @@ def watched_backward(out: Any, args: list[Any], *, failed: Callable[[BaseExcepti
     ``set_aside``), its first failure goes to ``failed`` and is re-raised unchanged, and ``done``
     once it ran or was freed. The record is set aside now. False where there is nothing to
     watch (nothing set aside)."""
-    from reproarchive.sources.capture.backward_watch import watch
 
     fails: list[bool] = []
 
@@ -131,7 +136,6 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
     """``compiled`` behind a wrapper that archives the inputs of any call that raises (through
     ``failed``) and re-raises the exception unchanged; ``first_call(args)`` runs once first, and
     the ``ended`` it may return once that call has ended (module docstring)."""
-    from reproarchive.codec.device_runtime import devices_of, synchronize
 
     state = {"calls": 0, "first": first_call}
 
@@ -179,7 +183,6 @@ def runs_the_graph(compiled: Any) -> bool:
     derivatives of the graph's operators, not code a compiler made, unless an operator of the
     graph is an ``autograd.Function``, which its outputs show (``backward_is_compiled``).
     Judged by what the callable is, never by the backend's name."""
-    import torch
 
     owner = getattr(compiled, "__self__", None)
     if isinstance(owner, torch.fx.GraphModule):
@@ -191,9 +194,6 @@ def outputs_cannot_require_grad(gm: Any, args: Sequence[Any]) -> bool:
     """No output of ``gm(*args)`` can require grad: grad mode is off, or neither a tensor input
     nor a parameter or buffer ``gm`` holds requires grad. Then a check run (forward, and a
     backward only when an output requires grad) would be exactly the real call."""
-    import itertools
-
-    import torch
 
     if not torch.is_grad_enabled():
         return True
@@ -215,9 +215,6 @@ def backward_is_compiled(outputs: Any) -> bool:
     not code a compiler made: the first-call check then skips its backward, so it costs a
     forward, not a training step. Judged by what the nodes are, read once from the outputs'
     graph (one visit per node)."""
-    import torch
-
-    from reproarchive.compat.pytree import tree_leaves
 
     todo = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     seen: set[int] = set()
@@ -262,8 +259,6 @@ def not_archived(exc: BaseException, reason: str | None, call: int) -> None:
 
 
 def versions_of(inputs: Any) -> list[int | None]:
-    import torch
-
     out: list[int | None] = []
     for a in inputs:
         try:
@@ -285,9 +280,6 @@ def preserved_state(gm: Any, inputs: Sequence[Any], rng: Any = None):
     and give the memory the run freed back to the system (``malloc_trim.trim``), so that the real
     call's peak is the program's. ``rng`` (a ``device_runtime.RngState``): the generator
     states the check starts from (a check after the real call: those that call started from)."""
-    import torch
-
-    from reproarchive.codec.device_runtime import devices_of, forked_rng
 
     params = list(gm.named_parameters()) if hasattr(gm, "named_parameters") else []
     buffers = list(gm.named_buffers()) if hasattr(gm, "named_buffers") else []

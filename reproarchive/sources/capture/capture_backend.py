@@ -129,7 +129,8 @@ from typing import Any
 
 from reproarchive.archive.writing import Capture
 from reproarchive.codec.device_runtime import RngState, devices_of
-from reproarchive.codec.rng import states_of
+from reproarchive.codec.rng import random_ops, states_of
+from reproarchive.compat import inductor
 from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
@@ -421,7 +422,6 @@ class _CaptureBackend(BackendArchives):
         """What the accuracy check compares with eager: the program's own compiled code, or,
         for a graph that draws random numbers, a copy compiled for the check alone under
         ``fair_to_randomness`` (the program's compile must not change for the check's sake)."""
-        from reproarchive.codec.rng import random_ops
 
         if not random_ops(pristine_gm):
             return compiled
@@ -437,7 +437,6 @@ class _CaptureBackend(BackendArchives):
         if not self.config_patches:
             yield
             return
-        from reproarchive.compat import inductor
 
         with inductor.patched_config(self.config_patches):
             yield

@@ -7,11 +7,13 @@ then (its working folder, ``$REPROARCHIVE_DIR``), for every graph after.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reproarchive.compat.dynamo import inductor_wrapper, lookup_backend
 from reproarchive.replay import accuracy as _accuracy
 
 DEFAULT_DIR_ENV = "REPROARCHIVE_DIR"
@@ -60,7 +62,6 @@ def resolve_backend(backend: str | Callable, mode: str | None, inductor_options:
     (asking the wrapper for its config): through the registry's entry that import, ~2 s on a
     core, came inside the first call, a cost the program without capture pays before it.
     """
-    from reproarchive.compat.dynamo import inductor_wrapper, lookup_backend
 
     if isinstance(backend, str):
         if backend == "inductor":
@@ -99,7 +100,6 @@ def recorded_name(backend: Callable) -> str:
 
 def _main_module_name() -> str | None:
     """The name the running script would be imported by: ``-m``'s module, else its file's stem."""
-    import sys
 
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)

@@ -21,6 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from reproarchive.compat.dynamo import AccuracyError
 from reproarchive.context import failure as _failure
 from reproarchive.format.schema import AccuracyReport, ConfigRecord, FailureRecord
 from reproarchive.sources.capture.call_guard import GraphWrites
@@ -30,6 +33,8 @@ from reproarchive.sources.capture.failure_notes import archive_path
 from reproarchive.sources.capture.failure_records import capture_of, write_archive
 from reproarchive.sources.capture.job_capture import failed as job_failed
 from reproarchive.sources.capture.job_capture import rank_context
+from reproarchive.sources.capture.process_spool import spool_in
+from reproarchive.store.push import push
 
 log = logging.getLogger("reproarchive.capture")
 
@@ -100,8 +105,6 @@ class BackendArchives:
             return None
 
     def _spool(self) -> Any:
-        from reproarchive.sources.capture.process_spool import spool_in
-
         return spool_in(self.folder, guarded=True, store=self.store)
 
     def _discard(self, pending: Path | str | None) -> None:
@@ -150,8 +153,6 @@ class BackendArchives:
 
     def _accuracy_failed(self, gm: Any, inputs: list[Any], modified: list[int], report: AccuracyReport,
                          config: ConfigRecord) -> None:
-        from reproarchive.compat.dynamo import AccuracyError
-
         record = _failure.accuracy_record(report, backend=self.backend_name)
         path, error = self._write(gm, inputs, modified, record, config)
         where = f"archive written to {path}" if path else f"no archive written: {error}"
@@ -207,7 +208,6 @@ class BackendArchives:
 
     def _push(self, written: Path) -> None:
         """Share the archive; a store that fails costs a log line, never the user's failure."""
-        from reproarchive.store.push import push
 
         try:
             (result,) = push([written], self.store)
@@ -234,8 +234,6 @@ class BackendArchives:
 
 
 def _short_hash(gm: Any, inputs: Sequence[Any], record: FailureRecord) -> str:
-    import torch
-
     h = hashlib.sha256()
     try:
         h.update(gm.code.encode())

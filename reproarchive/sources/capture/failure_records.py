@@ -9,10 +9,13 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.codec.recorded_calls import record_calls
 from reproarchive.codec.rng import rng_snapshot
 from reproarchive.codec.shapes import policy_of
+from reproarchive.compat.dispatch import disable_current_modes
 from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.execution import execution_snapshot
 from reproarchive.context.system import system_snapshot
@@ -54,7 +57,6 @@ def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any)
     may be called with PyTorch's fake-tensor mode still active (AOTAutograd does so for graphs
     with ``cond`` or ``while_loop``): the records read real tensors (the generator states, the
     custom ops' calls), so all of it runs outside any mode."""
-    from reproarchive.compat.dispatch import disable_current_modes
 
     with disable_current_modes():
         return write_capture(capture_of(gm, inputs, **records), destination)
@@ -63,7 +65,6 @@ def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any)
 def copy_graph_structure(gm: Any) -> Any:
     """A GraphModule with its own copy of the graph that shares the original's parameters,
     buffers and submodules: O(nodes), no tensor data copied."""
-    import torch
 
     try:
         graph = copy.deepcopy(gm.graph)

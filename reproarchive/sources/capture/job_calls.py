@@ -30,12 +30,18 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reproarchive.context.failure import pending_crash_record
 from reproarchive.format.schema import RankOutcome
+from reproarchive.replay.accuracy import stage_of
+from reproarchive.replay.input_writes import snapshot
+from reproarchive.sources.capture import job_capture
 from reproarchive.sources.capture.call_guard import GraphWrites, is_control_flow, modified_inputs, versions_of
+from reproarchive.sources.capture.job_parts import set_status
 from reproarchive.sources.capture.stack_room import with_frame_room
 
 log = logging.getLogger("reproarchive.capture")
@@ -82,7 +88,6 @@ _FOLDERS: set[Path] = set()  # the parts folders of this rank's jobs, watched fo
 def guarded_on_rank(backend: Any, compiled: Callable, gm: Any, config: Any, writes: GraphWrites) -> Callable:
     """``compiled`` on a rank of a job: its first call through ``job_capture.first_call`` (every
     rank's part first), every later one guarded, its inputs kept for a peer's request."""
-    from reproarchive.sources.capture import job_capture
 
     compile_id = job_capture.last_compile_id()
     graph = _Graph(backend, gm, config, compile_id)
@@ -109,10 +114,6 @@ def guarded_on_rank(backend: Any, compiled: Callable, gm: Any, config: Any, writ
 
 def _later_call(graph: _Graph, compiled: Callable, writes: GraphWrites, args: list[Any], number: int,
                 ctx: Any) -> Any:
-    from reproarchive.replay.accuracy import stage_of
-    from reproarchive.replay.input_writes import snapshot
-    from reproarchive.sources.capture import job_capture
-
     written = writes.of(args)
     call = _Call(number, snapshot(args, written))
     versions = versions_of(args) if written is None else None
@@ -150,7 +151,6 @@ def _ask(folder: Path, compile_id: str, number: int, rank: int) -> None:
 
 def _watch(backend: Any, ctx: Any) -> None:
     """Start this process's thread that answers requests (once per process)."""
-    from reproarchive.sources.capture import job_capture
 
     folder, _ = job_capture.job_paths(backend.target, ctx, backend.file_target)
     with _LOCK:
@@ -163,8 +163,6 @@ def _watch(backend: Any, ctx: Any) -> None:
 
 
 def _answer_forever() -> None:
-    import time
-
     while True:
         time.sleep(_POLL_S)
         with _LOCK:
@@ -177,9 +175,6 @@ def _answer_forever() -> None:
 def answer(folder: Path) -> bool:
     """Write this rank's part of the call a peer asked for in ``folder``, where this rank holds
     that call's inputs and has not written it yet; whether it wrote one."""
-    from reproarchive.context.failure import pending_crash_record
-    from reproarchive.sources.capture import job_capture
-    from reproarchive.sources.capture.job_parts import set_status
 
     path = folder / WANTED
     if not path.exists():

@@ -47,6 +47,11 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.job_merge import lost_a_peer
+from reproarchive.compat.distributed import groups_in_creation_order
+from reproarchive.compat.dynamo import current_compile_id
+from reproarchive.context.failure import as_collective_timeout, pending_crash_record, record_from_exception
+from reproarchive.context.redaction import redacted, working_folder
+from reproarchive.errors import SourceError
 from reproarchive.format.schema import (
     CollectiveRecord,
     CompileRecord,
@@ -57,7 +62,10 @@ from reproarchive.format.schema import (
     ProcessGroupRecord,
     RankOutcome,
     RankRecord,
+    Records,
 )
+from reproarchive.sources.capture import fault_handler
+from reproarchive.sources.capture.failure_notes import annotate as _annotate
 from reproarchive.sources.capture.job_parts import (
     folder_parts,
     forget_when_all_ended,
@@ -65,6 +73,7 @@ from reproarchive.sources.capture.job_parts import (
     set_status,
     wait_for_parts,
 )
+from reproarchive.sources.pack_report import archive_report
 
 log = logging.getLogger("reproarchive.capture")
 
@@ -135,8 +144,6 @@ def last_compile_id() -> str:
 
 def _compile_id() -> str | None:
     try:
-        from reproarchive.compat.dynamo import current_compile_id
-
         found = current_compile_id()
         return str(found) if found is not None else None
     except Exception:  # noqa: BLE001 - outside Dynamo (a backend called by hand)
@@ -170,7 +177,6 @@ def schedule_of(gm: Any, compile_id: str | None = None) -> list[CollectiveRecord
 
 def process_groups(mesh_dims: dict[str, str] | None = None) -> tuple[ProcessGroupRecord, ...]:
     """The process groups this rank belongs to, in creation order, under their names."""
-    from reproarchive.compat.distributed import groups_in_creation_order
 
     out = []
     for index, (pg, name, members, backend) in enumerate(groups_in_creation_order()):
@@ -249,7 +255,6 @@ def part_job(ctx: RankContext, outcome: RankOutcome, dtensors, meshes, mesh_dims
 def watch_for_crash(folder: Path, ctx: RankContext) -> None:
     """Have faulthandler write a fatal signal of this process to ``rank-<r>.fault`` (unless the
     program enabled faulthandler itself: ``fault_handler``)."""
-    from reproarchive.sources.capture import fault_handler
 
     path = folder / f"rank-{ctx.rank}.fault"
     if fault_handler.watching(_STATE.fault_file) and path.exists():
@@ -286,7 +291,6 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
     """The first call of a compiled graph on a rank: its part first (the inputs, untouched
     yet), then the call, once, for real; its end goes into the status file beside the part."""
     from reproarchive.codec.recorded_calls import record_calls
-    from reproarchive.context.failure import pending_crash_record
     from reproarchive.replay.accuracy import stage_of
 
     doing = f"in the first call of compile {last_compile_id()}"
@@ -324,10 +328,6 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
     before it stays: it holds the inputs as they were, which the call may have changed. ``ask``:
     called with the parts folder before this rank's part is written (a later call's failure asks
     the other ranks for theirs)."""
-    from reproarchive.context.failure import as_collective_timeout, record_from_exception
-    from reproarchive.context.redaction import redacted, working_folder
-    from reproarchive.format.schema import Records
-    from reproarchive.sources.capture.failure_notes import annotate as _annotate
 
     record = as_collective_timeout(record_from_exception(exc, stage, backend=backend.backend_name))
     timeout = record.stage == "timeout"
@@ -395,8 +395,6 @@ def is_job_parts(path: str | os.PathLike) -> bool:
 def pack_job_parts(folder: str | os.PathLike, out: str | os.PathLike | None = None):
     """Merge the parts a job left into one job archive (``out``: default the folder's name
     without ``.parts``, beside it; a folder gets that name inside) and report it (``PackReport``)."""
-    from reproarchive.errors import SourceError
-    from reproarchive.sources.pack_report import archive_report
 
     folder = Path(folder)
     if not is_job_parts(folder):

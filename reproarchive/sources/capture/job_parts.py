@@ -6,6 +6,7 @@ is also read after the job, by ``pack FOLDER``, where no rank runs."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from reproarchive.archive.job_merge import merge_parts
+from reproarchive.context.failure import crash_record, fault_signal
 from reproarchive.format.plain import from_plain, to_plain
 from reproarchive.format.schema import RankOutcome
 
@@ -35,7 +37,6 @@ def set_status(folder: Path, rank: int, outcome: RankOutcome | None) -> None:
 def folder_outcomes(folder: Path) -> dict[int, RankOutcome]:
     """How each rank of a parts folder ended, where the folder says more than the part: a status
     file (passed, or a failure written after the part), or a fatal signal faulthandler wrote."""
-    from reproarchive.context.failure import crash_record, fault_signal
 
     out: dict[int, RankOutcome] = {}
     for part in folder.glob("rank-*.tar.zst"):
@@ -65,8 +66,6 @@ def folder_parts(folder: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def _locked(folder: Path):
-    import fcntl
-
     with open(folder / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -33,6 +33,8 @@ into archives if the process dies.
 
 from __future__ import annotations
 
+# Imports inside functions: the crash guard imports this module in every Python process
+# `capture --` starts; what writing a spool entry needs is imported when one is written.
 import atexit
 import bisect
 import concurrent.futures

@@ -36,6 +36,9 @@ as before.
 
 from __future__ import annotations
 
+# Imports inside functions: this module is also the guardian process's entry point, started
+# beside every capturing process before anything fails; what turning a spool into archives needs
+# is imported only when there is one.
 import contextlib
 import json
 import os

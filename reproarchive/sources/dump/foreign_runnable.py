@@ -18,6 +18,7 @@ This runs only in the child process that executes the user's own log or dump.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -41,8 +42,6 @@ class Guarded:
 
     def helpers(self) -> dict[str, Any]:
         def set_config(path: str, make_value):
-            import importlib
-
             parts = path.split(".")
             for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module
                 try:

@@ -28,17 +28,30 @@ import argparse
 import builtins
 import contextlib
 import dataclasses
+import json
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from reproarchive.archive.loading import load
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
+from reproarchive.codec.custom_ops import LiveCall, LiveCustomOp
+from reproarchive.codec.logged_shapes import logged_policy
 from reproarchive.codec.recorded_calls import record_calls
+from reproarchive.codec.stand_ins import bring_implementations, install, set_calls
+from reproarchive.codec.tensors import AbsentTensor
+from reproarchive.context import failure as fail
+from reproarchive.context.config import config_snapshot
+from reproarchive.context.environment import environment_snapshot
+from reproarchive.context.system import system_snapshot
 from reproarchive.errors import PackError, SourceError
-from reproarchive.format.schema import DumpSource, Records
+from reproarchive.format.plain import from_plain
+from reproarchive.format.schema import CustomOpRecord, DumpSource, ExecutionRecord, OpProvenance, Records
 from reproarchive.sources.dump.foreign_runnable import Guarded, missing_ops, tolerant_source
 from reproarchive.sources.dump.scripts import DumpScript, parse_dump_script, symbolic_shapes
 from reproarchive.sources.dump.tensor_reader import RecordingReader
@@ -128,7 +141,6 @@ def import_script(script: Path, store: Path | None, events, annotated: str | Non
         raise SourceError(
             f"running the module code of {script.name} failed: {type(err).__name__}: {first_line(err)}",
             "it may need a package or GPU this machine lacks; see --debug for the log") from err
-    import torch
 
     mod = namespace.get("mod")
     if not isinstance(mod, torch.nn.Module):
@@ -171,12 +183,6 @@ def import_script(script: Path, store: Path | None, events, annotated: str | Non
 def stand_ins_for_missing_ops(source: str, annotated: str | None, guarded: Guarded) -> list:
     """Stand-ins for the operators the script calls that nobody registered here (a library of
     the recording machine): the archive's ``custom_ops`` records, outputs absent."""
-    import torch
-
-    from reproarchive.codec.custom_ops import LiveCall, LiveCustomOp
-    from reproarchive.codec.stand_ins import install, set_calls
-    from reproarchive.codec.tensors import AbsentTensor
-    from reproarchive.format.schema import CustomOpRecord, OpProvenance
 
     archived, here = [], []
     library = guarded.libraries[0] if len(guarded.libraries) == 1 else None
@@ -200,9 +206,6 @@ def input_report(imp: ImportedScript, *,
                  data_expected: bool = True) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(the inputs summary for the report, the storages record for ``source``, warnings).
     ``data_expected=False`` for scripts written without data by design (no warning for that)."""
-    import torch
-
-    from reproarchive.codec.tensors import AbsentTensor
 
     reader, example_inputs = imp.reader, imp.example_inputs
     missing = [s.file for s in reader.storages if s.status in ("missing", "no_store") and s.file]
@@ -241,9 +244,6 @@ def input_report(imp: ImportedScript, *,
 def take_snapshots() -> tuple[Any, Any, Any, list[str]]:
     """(config, environment, system, notes): this process's snapshots, where the script's
     settings apply. A snapshot that fails is reported, never fatal."""
-    from reproarchive.context.config import config_snapshot
-    from reproarchive.context.environment import environment_snapshot
-    from reproarchive.context.system import system_snapshot
 
     try:
         return config_snapshot(), environment_snapshot(), system_snapshot(), []
@@ -281,7 +281,6 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         replay=replay_notes,
         **_dump_comments(dump.path),
     )
-    from reproarchive.codec.logged_shapes import logged_policy
 
     shapes = logged_policy(imp.reader.inputs, {}, first_input=len(imp.lifted), recorded_from="dump")
     return Capture(imp.gm, imp.example_inputs, Records(
@@ -293,10 +292,6 @@ def execution_of_the_dump(notes: str | None, script: Path) -> Any:
     """The thread state of the compile the dump ``script`` was written for: of the states its
     process noted (``crash_guard._note_execution``, one JSON line per compile), the last noted
     before the dump was written. None without notes (a dump packed on its own)."""
-    import json
-
-    from reproarchive.format.plain import from_plain
-    from reproarchive.format.schema import ExecutionRecord
 
     if not notes:
         return None
@@ -314,8 +309,6 @@ def custom_ops_before_import(imports, libraries, recorded_in, events) -> list:
     """Before the dump's code runs: the user's implementations of its custom ops (``--import``,
     ``--load-library``), then stand-ins for the ops still missing from the calls the failing
     program recorded (``recorded_in``: archives ``capture --`` wrote). Returns those calls."""
-    from reproarchive.archive.loading import load
-    from reproarchive.codec.stand_ins import bring_implementations
 
     bring_implementations(imports, libraries)
     recorded = {}
@@ -341,7 +334,6 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     events("taking snapshots")
     config, environment, system, snapshot_notes = take_snapshots()
 
-    from reproarchive.context import failure as fail
 
     crash = getattr(opts, "crash", None)
     if crash:

@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from reproarchive.codec.devices import is_available
+from reproarchive.compat.tensor_internals import set_tensor_metadata
+
 
 class _Storage:
     """One ``reader.storage(...)`` call: where its data is, or why there is none."""
@@ -78,8 +81,6 @@ class RecordingReader:
             if not path.is_file():
                 rec.status = "missing"
             else:
-                from reproarchive.codec.devices import is_available
-
                 target = device if is_available(str(device)) else torch.device("cpu")
                 try:
                     loaded = torch.load(path, weights_only=True, map_location=target)
@@ -149,7 +150,6 @@ def _tensor_on(storage, shape, stride, storage_offset, dtype, requires_grad, is_
     """Exactly what InputReader.tensor does, including its fake autograd history for non-leaves."""
     import torch
 
-    from reproarchive.compat.tensor_internals import set_tensor_metadata
 
     t = torch.tensor([], dtype=dtype, device=storage.device, requires_grad=requires_grad)
     with torch.no_grad():

@@ -26,6 +26,8 @@ costs the archive, never the run.
 
 from __future__ import annotations
 
+# Imports inside functions: imported with the crash guard by every Python process `capture
+# --` starts; what recording a failure needs is imported when a graph fails.
 import contextlib
 import functools
 import itertools

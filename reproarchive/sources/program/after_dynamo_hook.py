@@ -11,6 +11,8 @@ else is imported when the hook runs.
 
 from __future__ import annotations
 
+# Imports inside functions: imported with the crash guard by every Python process `capture
+# --` starts; what recording a failure needs is imported when a graph fails.
 import logging
 import os
 from collections.abc import Callable

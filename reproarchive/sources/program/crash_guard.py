@@ -45,6 +45,8 @@ program: every failure to write costs the crash record, never the run.
 
 from __future__ import annotations
 
+# Imports inside functions: the crash guard is imported by every Python process `capture --`
+# starts; what recording a failure needs is imported when a graph fails, not at every start-up.
 import functools
 import importlib.abc
 import itertools

@@ -40,9 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from reproarchive.archive.spool_folder import SpoolFolder, is_spool
 from reproarchive.context.environment import OWN_VARIABLES_ENV
-from reproarchive.errors import ReproArchiveError, SourceError
+from reproarchive.context.failure import crash_record, failure_kind
+from reproarchive.errors import BackendUnavailableError, ReproArchiveError, SourceError
 from reproarchive.format.schema import CaptureSource
+from reproarchive.replay.isolation import run_in_child
 from reproarchive.sources.capture.job_capture import JOB_OUT_ENV, PARTS_SUFFIX, pack_job_parts
 from reproarchive.sources.dump.pack_dump import pack_dump
 from reproarchive.sources.dump.scripts import LAUNCHER_NAME, holds_no_data
@@ -305,7 +308,6 @@ def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> li
     and learns the signal). The spool is removed once every archive is written.
 
     Raises SourceError when ``spool`` is not a spool or holds no graph."""
-    from reproarchive.archive.spool_folder import SpoolFolder, is_spool
 
     folder = Path(spool)
     if not is_spool(folder):
@@ -353,9 +355,6 @@ def pack_crash(pending: Path, target: Path, *, program_exit: int, replay: bool =
 
     from reproarchive.archive.loading import load
     from reproarchive.archive.writing import write_capture
-    from reproarchive.context.failure import crash_record, failure_kind
-    from reproarchive.errors import BackendUnavailableError
-    from reproarchive.replay.isolation import run_in_child
     signal_name = _signal_name(program_exit)
     how = f"was killed by {signal_name}" if signal_name else f"exited with status {program_exit}"
     observed, notes, not_replayed = None, {"performed": False}, None

@@ -17,6 +17,7 @@ import inspect
 import re
 from typing import Any
 
+from reproarchive.compat.pytree import graph_code_modules
 from reproarchive.errors import PackError, SourceError
 from reproarchive.sources import import_replay, repro_module
 
@@ -168,7 +169,6 @@ def _graph_class(code: str):
     SourceError (a payload from a torch version this one cannot read)."""
     import torch
 
-    from reproarchive.compat.pytree import graph_code_modules
 
     namespace: dict[str, Any] = {
         "__name__": "__reproarchive_trace_graph__", "__builtins__": builtins, "torch": torch,

@@ -37,9 +37,13 @@ from typing import Any
 
 from reproarchive.archive.writing import Capture, write_capture
 from reproarchive.child import child_main
+from reproarchive.codec.stand_ins import bring_implementations
+from reproarchive.context import failure as fail
+from reproarchive.context.config import config_from_values
+from reproarchive.context.environment import environment_snapshot
 from reproarchive.errors import PackError, ReproArchiveError
 from reproarchive.format.plain import from_plain
-from reproarchive.format.schema import FailureRecord, Records, SystemRecord, TraceSource
+from reproarchive.format.schema import FailureRecord, Records, SystemRecord, TraceSource, UnrepresentableSetting
 from reproarchive.sources import import_replay, path_scrub, repro_module
 from reproarchive.sources.dump import pack_child, scripts
 from reproarchive.sources.pack_report import PackReport, failure_summary
@@ -101,7 +105,6 @@ def from_runnable(job: dict[str, Any], work: Path, events) -> Rebuilt:
     if store is None:
         warnings.insert(0, "the log holds no tensor data: every input is absent (generated at load time); "
                            "run with TORCH_COMPILE_DEBUG=1 TORCH_COMPILE_DEBUG_SAVE_REAL=1 to keep real inputs")
-    from reproarchive.context.environment import environment_snapshot
 
     return Rebuilt(gm=imp.gm, inputs=imp.example_inputs, input_records=imp.reader.inputs, inputs_summary=inputs,
                    warnings=warnings, kind="after_aot",
@@ -183,8 +186,6 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
 
 
 def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str, Any]:
-    from reproarchive.codec.stand_ins import bring_implementations
-
     bring_implementations(job.get("imports") or (), job.get("libraries") or ())
     built = from_runnable(job, work, events) if job["graph"]["from"] == "fx_graph_runnable" \
         else from_dynamo_graph(job, events)
@@ -193,8 +194,6 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
     prefixes.update(job.get("scrub") or {})
     scrub = path_scrub.Scrubber(prefixes)
 
-    from reproarchive.context import failure as fail
-    from reproarchive.context.config import config_from_values
 
     config = config_from_values(job["config_values"]) if job.get("config_values") else None
     config_origin = "compilation_metrics in the log" if config else None
@@ -279,7 +278,6 @@ def with_unapplied(config: Any, unapplied: list) -> Any:
     that cannot be applied here (``unrepresentable``, spec §8: a replay says so)."""
     if not unapplied or config is None:
         return config
-    from reproarchive.format.schema import UnrepresentableSetting
 
     known = {(u.module, u.key) for u in config.unrepresentable}
     extra = tuple(UnrepresentableSetting(module=m, key=k, reason=f"not applied when packing: {why}", repr=v,
