@@ -159,7 +159,7 @@ def _repeated(replay: Callable[[float | None], tuple[str, str | None, int | None
         kinds = ", ".join(dict.fromkeys(verdicts))
         return SKIPPED, f"the replays disagreed ({kinds}): no verdict", runs[-1][2], verdicts
     verdict, reason, code = chosen or runs[0]
-    if verdict == BAD and len(set(verdicts)) > 1:
+    if verdict == BAD and GOOD in verdicts:  # a pass and a failure: flaky (a later timeout is not a pass)
         reason = f"flaky: {verdicts.count(BAD)} of {len(verdicts)} replays failed"
     return verdict, reason, code, verdicts
 

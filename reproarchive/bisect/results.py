@@ -147,7 +147,9 @@ class EnvVerdict:
 
     @property
     def flaky(self) -> bool:
-        return len(set(self.replays)) > 1
+        """Some replays passed and others failed (the recorded failure or another); a replay that
+        could not run (a timeout, no verdict) is neither."""
+        return "good" in self.replays and bool({"bad", "different failure"} & set(self.replays))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +183,7 @@ class TorchBisection(PlainRecord):
                     "compared, so no torch is to blame (put an environment that passes before it)")
         after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
         bad = next(v for v in self.verdicts if v.python == self.first_bad and v.verdict == "bad")
-        flaky = (f"; flaky there: {bad.replays.count('bad')} of {len(bad.replays)} replays failed"
+        judged = [r for r in bad.replays if r in ("good", "bad")]
+        flaky = (f"; flaky there: {judged.count('bad')} of {len(judged)} replays failed"
                  if bad.flaky else "")
         return f"the first bad environment is {self.first_bad}{after}{flaky}"

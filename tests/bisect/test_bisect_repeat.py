@@ -100,3 +100,13 @@ def test_the_command_takes_repeat_and_refuses_zero(tmp_path, archive):
     assert [v["flaky"] for v in document["verdicts"]] == [False, False]
     refused = invoke("bisect", "torch", archive, "--env", good, "--repeat", "0")
     assert refused.exit_code == 2 and "--repeat" in refused.output
+
+
+def test_a_failure_then_a_replay_that_could_not_run_is_bad_but_not_called_flaky(tmp_path, archive):
+    good = _env(tmp_path, "good", "2.12", [PASSED] * 2)
+    bad = _env(tmp_path, "bad", "2.13", [REPRODUCED, (1, "no document")])
+    result = reproarchive.bisect_torch(archive, [str(good), str(bad)], repeat=2)
+    verdict = result.verdicts[1]
+    assert verdict.verdict == "bad" and verdict.replays == ("bad", "skipped")
+    assert result.status == "found" and result.last_good == str(good)
+    assert verdict.reason is None and not verdict.flaky and "flaky" not in result.summary
