@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from reproarchive.bisect.results import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, TorchBisection
+from reproarchive.bisect.results import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, TorchBisection, failed_of
 from reproarchive.errors import ReproArchiveError, SourceError
 
 _PROBE = Path(__file__).with_name("env_probe.py")
@@ -160,7 +160,7 @@ def _repeated(replay: Callable[[float | None], tuple[str, str | None, int | None
         return SKIPPED, f"the replays disagreed ({kinds}): no verdict", runs[-1][2], verdicts
     verdict, reason, code = chosen or runs[0]
     if verdict == BAD and GOOD in verdicts:  # a pass and a failure: flaky (a later timeout is not a pass)
-        reason = f"flaky: {verdicts.count(BAD)} of {len(verdicts)} replays failed"
+        reason = f"flaky: {failed_of(verdicts)}"
     return verdict, reason, code, verdicts
 
 

@@ -126,6 +126,13 @@ def read_bisection(archive: str | os.PathLike) -> CompilerBisection:
     return from_plain(CompilerBisection, json.loads(sidecar_path(archive).read_text(encoding="utf-8")))
 
 
+def failed_of(replays: tuple[str, ...]) -> str:
+    """``1 of 3 replays failed``: of the replays that passed or failed as recorded, one count for
+    the verdict's reason and the summary."""
+    judged = [r for r in replays if r in ("good", "bad")]
+    return f"{judged.count('bad')} of {len(judged)} replays failed"
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvVerdict:
     """One environment's replay: who read the archive there, and what it found."""
@@ -183,7 +190,5 @@ class TorchBisection(PlainRecord):
                     "compared, so no torch is to blame (put an environment that passes before it)")
         after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
         bad = next(v for v in self.verdicts if v.python == self.first_bad and v.verdict == "bad")
-        judged = [r for r in bad.replays if r in ("good", "bad")]
-        flaky = (f"; flaky there: {judged.count('bad')} of {len(judged)} replays failed"
-                 if bad.flaky else "")
+        flaky = f"; flaky there: {failed_of(bad.replays)}" if bad.flaky else ""
         return f"the first bad environment is {self.first_bad}{after}{flaky}"
