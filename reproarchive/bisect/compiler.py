@@ -145,7 +145,7 @@ class _Search:
     def private_state(self):
         """A fresh state folder set as the bisector's; its class state put back afterwards.
         Yields the buffer PyTorch's progress messages are printed into."""
-        self.state = tempfile.mkdtemp(prefix="reproarchive-bisect-")
+        self.state = tempfile.mkdtemp(prefix=f"reproarchive-bisect-{os.getpid()}-")
         log = io.StringIO()
         self.stdout = sys.stdout
         try:
@@ -328,6 +328,8 @@ def _config_change(stage: str, subsystem: str) -> tuple[str, object] | None:
     return inductor.bisector_config_change(stage, subsystem)
 
 
-def state_folders() -> list[Path]:
-    """Bisection state folders of this machine's running bisections (for tests and doctor)."""
-    return sorted(Path(tempfile.gettempdir()).glob("reproarchive-bisect-*"))
+def state_folders(pid: int | None = None) -> list[Path]:
+    """Bisection state folders of this machine's running bisections, or of the process ``pid``'s
+    only (a test compares its own: another process may be bisecting at the same time)."""
+    mine = "*" if pid is None else f"{pid}-*"
+    return sorted(Path(tempfile.gettempdir()).glob(f"reproarchive-bisect-{mine}"))

@@ -75,7 +75,7 @@ def test_a_post_grad_pass_bug_is_named_and_its_settings_make_it_appear_and_go(tm
                                                                             fresh_dynamo):
     archive = capture_failure(tmp_path / "pg.tar.zst", bisect_bugs.scaled_sin, [torch.randn(8)],
                               bisect_bugs.post_grad_bug, accuracy=True)
-    before = set(state_folders())
+    before = set(state_folders(os.getpid()))
     summary = tmp_path / "bug.md"
     # --from inductor: the four stages before it are taken as good without a replay (the
     # decomposition test below replays them), which keeps the suite inside its time
@@ -98,7 +98,7 @@ def test_a_post_grad_pass_bug_is_named_and_its_settings_make_it_appear_and_go(tm
 
     # nothing stays behind: no state folder, nothing in the user's cache, the bisector at rest,
     # and a normal compile in this process compiles (and caches) as before
-    assert set(state_folders()) == before
+    assert set(state_folders(os.getpid())) == before
     assert not (user_inductor_cache / "bisect").exists()
     _bisector_at_rest()
     torch._dynamo.reset()
@@ -122,14 +122,14 @@ def test_ctrl_c_removes_the_state_folder_and_restores_the_bisector(tmp_path, pri
     reproarchive.pack(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.ones(3)], archive, backend="inductor")
     (private_inductor_cache / "bisect").mkdir(parents=True)
     (private_inductor_cache / "bisect" / "bisect_status.txt").write_text("a bisection of the user's own\n")
-    before = set(state_folders())
+    before = set(state_folders(os.getpid()))
 
     def interrupt(step):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         reproarchive.bisect_compiler(archive, first_backend="inductor", on_step=interrupt)
-    assert set(state_folders()) == before
+    assert set(state_folders(os.getpid())) == before
     _bisector_at_rest()
     assert (private_inductor_cache / "bisect" / "bisect_status.txt").read_text() == "a bisection of the user's own\n"
 
