@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import html
 
-from .bug_report import CONFIG_TITLE, config_code
-
-_MAX_GRAPH_LINES = 120  # a longer graph is left out of a summary: the archive has it
+from .bug_report import CONFIG_TITLE, MAX_GRAPH_LINES, config_code
 
 
 def step_line(step) -> str:
@@ -91,7 +89,7 @@ def summary(result, *, graph: str | None, html_page: bool, settings=()) -> str:
         body, title = torch_lines(result), "bisect torch"
     else:
         body, title = compiler_lines(result), "bisect compiler"
-    if graph is not None and graph.count("\n") > _MAX_GRAPH_LINES:
+    if graph is not None and graph.count("\n") > MAX_GRAPH_LINES:
         graph = None
     config, config_title = config_code(settings), CONFIG_TITLE
     if html_page:

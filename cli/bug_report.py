@@ -1,10 +1,21 @@
-"""The parts of a Markdown bug report that `--summary` writes (bisect, run --minify): the torch
-config the failing run changed, as Python to paste before compiling, and the minified graph's
-report. A pasted report must reproduce upstream, where reproarchive is not installed."""
+"""The Markdown bug reports that `--summary` writes (bisect, run, run --minify): the torch config
+the failing run changed, as Python to paste before compiling, the command that replays it, and
+the graph. A pasted report must reproduce upstream, where reproarchive is not installed."""
 
 from __future__ import annotations
 
+import shlex
+
+import click
+
 import reproarchive
+
+#: a longer graph is left out of a report (the archive has it; ``export`` writes it as a script)
+MAX_GRAPH_LINES = 120
+
+#: ``run``'s options that change what is printed or written, not the replay: left out of the
+#: command a report gives
+_NOT_REPLAY = frozenset({"as_json", "quiet", "summary_path", "output"})
 
 CONFIG_TITLE = "The torch config the failing run changed from the defaults (set it before compiling)"
 
@@ -25,6 +36,61 @@ def config_code(settings) -> str:
                       *(f"{m}.{k} = {v!r}" for m, k, v in settings)])
 
 
+def replay_command(ctx: click.Context, archive: str) -> str:
+    """``reproarchive run ARCHIVE`` with the replay options given on the command line, as
+    words to paste: the report's command replays what the user replayed."""
+    words = ["reproarchive", "run", str(archive)]
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in _NOT_REPLAY:
+            continue
+        if ctx.get_parameter_source(param.name) is not click.core.ParameterSource.COMMANDLINE:
+            continue
+        value, name = ctx.params[param.name], max(param.opts, key=len)
+        if param.is_flag:
+            words.append(name if value or not param.secondary_opts else max(param.secondary_opts, key=len))
+        else:
+            for one in value if param.multiple else (value,):
+                words += [name, ",".join(f"{k}={v}" for k, v in one.items()) if isinstance(one, dict) else str(one)]
+    return shlex.join(words)
+
+
+def _failure_line(failure) -> list[str]:
+    if failure is None:
+        return ["- failure: none recorded"]
+    first = (str(failure.message or "").strip().splitlines() or [""])[0][:300]
+    return [f"- failure: {failure.stage}: {failure.exception_type}" + (f": {first}" if first else "")]
+
+
+def _config_and_graph(settings, code: str | None, archive: str, graph_title: str) -> list[str]:
+    """The config section (when the failing run changed any) and the graph's (when it is short)."""
+    lines = ["", f"{CONFIG_TITLE}:", "", "```python", config_code(settings), "```"] if settings else []
+    if code is None:
+        return lines
+    count = code.count("\n")
+    if count > MAX_GRAPH_LINES:
+        return lines + ["", f"{graph_title} has {count} lines, too many for a report: "
+                            f"`reproarchive export {shlex.quote(str(archive))} DIR` writes it as a script."]
+    return lines + ["", f"{graph_title}:", "", "```python", code.rstrip(), "```"]
+
+
+def run_summary(outcome, *, archive: str, verdict: str, command: str) -> str:
+    """Markdown for a bug report of a replay: its verdict as printed, what the archive recorded,
+    the command that replays it, the versions, the config that matters and the graph."""
+    from .text import terminal_lines
+
+    info = reproarchive.inspect(archive)
+    try:
+        code = reproarchive.graph_code(archive)
+    except reproarchive.ReproArchiveError:
+        code = None
+    recorded = getattr(outcome, "recorded_torch", None) or (info.system.torch if info.system else None)
+    lines = ["### reproarchive run", "", "```", verdict.rstrip(), "```", "", *_failure_line(info.failure),
+             f"- torch {recorded or 'unknown'} when recorded, {outcome.torch} here",
+             f"- replay it: `{command}`"]
+    lines += _config_and_graph(recorded_settings(archive), code, archive, "The graph")
+    return terminal_lines("\n".join(lines)) + "\n"
+
+
 def minify_summary(report, *, archive: str) -> str:
     """Markdown for a bug report of a minified archive: what failed, the command that replays
     it, the versions, the config that matters and the smallest failing graph."""
@@ -33,18 +99,13 @@ def minify_summary(report, *, archive: str) -> str:
     from .text import terminal_lines
 
     info = reproarchive.inspect(report.output)
-    settings, failure = recorded_settings(report.output), info.failure
     recorded_torch = info.system.torch if info.system is not None else None
     s = report.stats
-    lines = ["### reproarchive minify", ""]
-    if failure is not None:
-        first = (str(failure.message or "").strip().splitlines() or [""])[0][:300]
-        lines.append(f"- failure: {failure.stage}: {failure.exception_type}" + (f": {first}" if first else ""))
+    lines = ["### reproarchive minify", "", *_failure_line(info.failure)]
     lines += [f"- minified: {s['initial_ops']} -> {s['final_ops']} ops, {s['initial_inputs']} -> "
               f"{s['final_inputs']} inputs ({report.status})",
               f"- torch {recorded_torch or 'unknown'} when recorded, {torch.__version__} here",
               f"- replay it: `reproarchive run {report.output}` (minified from `{archive}`)"]
-    if settings:
-        lines += ["", f"{CONFIG_TITLE}:", "", "```python", config_code(settings), "```"]
-    lines += ["", "The smallest failing graph:", "", "```python", report.code.rstrip(), "```"]
+    lines += _config_and_graph(recorded_settings(report.output), report.code, report.output,
+                               "The smallest failing graph")
     return terminal_lines("\n".join(lines)) + "\n"

@@ -10,7 +10,7 @@ import click
 import reproarchive
 
 from .app import emit_json, main
-from .bug_report import minify_summary
+from .bug_report import minify_summary, replay_command, run_summary
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
 from .options import DEVICE, MAX_MEMORY, implementations
 from .progress_bars import byte_bars, minify_status
@@ -151,8 +151,9 @@ Exit codes:
                    "zeros/ones where the values do not matter); the archive labels such inputs as not "
                    "the original data.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help="With --minify: also write a Markdown bug report to FILE (the failure, the command that "
-                   "replays it, the torch versions, the config the failing run changed, the smallest graph).")
+              help="Also write a Markdown bug report to FILE: the verdict, the recorded failure, the command "
+                   "that replays it, the torch versions, the config the failing run changed and the graph "
+                   "(with --minify: the smallest failing graph).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar (loading) or progress line (--minify).")
 @MAX_MEMORY
 @JOB_OPTIONS
@@ -173,9 +174,8 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
     written, 3 when the archive does not reproduce here.
     """
 
-    if not minify and (output or max_time is not None or strict_accuracy or jobs is not None or summary_path):
-        raise click.UsageError("-o/--output, --max-time, --strict-accuracy, --jobs and --summary only apply with "
-                               "--minify")
+    if not minify and (output or max_time is not None or strict_accuracy or jobs is not None):
+        raise click.UsageError("-o/--output, --max-time, --strict-accuracy and --jobs only apply with --minify")
     # run judges every output (strict); the minifier by default floating outputs only
     settings = reproarchive.ReplaySettings(
         backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
@@ -194,12 +194,15 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
     with byte_bars(not (quiet or as_json)) as progress:
         outcome = reproarchive.run(archive, settings, isolate=isolate, progress=progress, rank=rank,
                                    single_process=single_process, timeout=timeout, launcher=launcher)
+    verdict = format_job(outcome) if isinstance(outcome, reproarchive.JobOutcome) else format_outcome(outcome)
+    if summary_path:  # whole or not at all (click's atomic file: a temporary name renamed)
+        text = run_summary(outcome, archive=str(archive), verdict=verdict, command=replay_command(ctx, archive))
+        with click.open_file(summary_path, "w", encoding="utf-8", atomic=True) as f:
+            f.write(text)
     if as_json:
         emit_json(outcome.to_dict())
-    elif isinstance(outcome, reproarchive.JobOutcome):
-        click.echo(terminal_lines(format_job(outcome)))
     else:
-        click.echo(terminal_lines(format_outcome(outcome)))
+        click.echo(terminal_lines(verdict))
     ctx.exit(outcome.exit_code)
 
 

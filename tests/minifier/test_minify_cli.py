@@ -242,5 +242,5 @@ def test_minify_summary_is_a_bug_report_that_reproduces(tmp_path, fresh_dynamo):
     assert f"replay it: `reproarchive run {out}`" in text and "- failure: " in text and "torch.relu" in text
     code = text[text.index("```python", text.index("set it before compiling")):]
     assert "torch._inductor.config.freezing = True" in code.split("```")[1]
-    refused = CliRunner().invoke(main, ["run", str(path), "--summary", str(tmp_path / "x.md")])
+    refused = CliRunner().invoke(main, ["run", str(path), "-o", str(tmp_path / "x.tar.zst")])
     assert refused.exit_code == 2 and "only apply with --minify" in refused.output

@@ -35,11 +35,18 @@ def test_run_says_reproduced_on_rank_one(archives):
 
 
 @pytest.mark.slow
-def test_one_rank_alone_against_a_fake_process_group(archives):
-    result = invoke("run", archives["fails"], "--rank", "1")
+def test_one_rank_alone_against_a_fake_process_group(archives, tmp_path):
+    report = tmp_path / "bug.md"
+    result = invoke("run", archives["fails"], "--rank", "1", "--summary", report)
     assert result.exit_code == 1, result.output
     assert result.stdout.startswith("REPRODUCED ON RANK 1 (exit 1)")
     assert "fake process group" in result.stdout
+    # the report of a job's replay: its verdict as printed, and a command that replays the same rank
+    text = report.read_text()
+    assert result.stdout.strip() in text
+    command = text.split("- replay it: `")[1].split("`")[0]
+    assert command == f"reproarchive run {archives['fails']} --rank 1"
+    assert invoke(*command.split()[1:], "--quiet").exit_code == 1
     bad = invoke("run", archives["fails"], "--rank", "5")
     assert bad.exit_code == 2 and "not a rank of this job" in bad.output
     # a compile reads no collective's value: its pass alone is evidence (the bug-free backend)
