@@ -26,6 +26,9 @@ from reproarchive.format.schema import FailureRecord, Index, StorageRecord
 from reproarchive.format.writer import ContainerWriter
 
 MARKER = "REPROARCHIVE-SPOOL"
+#: A process's spool folder in a capture's scratch folder: ``spool-PID`` (``process_spool``).
+#: Here, not there, so that finding a crashed program's spools imports no torch.
+SPOOL_PREFIX = "spool-"
 MARKER_TEXT = b"reproarchive spool 2\n"
 #: Markers this reader completes: spool 1 had no ``writers/`` (nothing to wait for).
 READ_MARKERS = (b"reproarchive spool 1\n", MARKER_TEXT)

@@ -22,7 +22,7 @@ def test_capture_overhead_quick_table(capsys):
     assert row["backend"] == "eager" and row["graphs"] == 2 and row["weights"] > 0
     for variant in ("capture", "capture(no spool)", "capture--"):
         figures = row[variant]
-        for name in ("first_ratio", "later_ratio", "written_per_distinct"):
+        for name in ("wall_ratio", "first_ratio", "later_ratio", "written_per_distinct"):
             assert math.isfinite(figures[name]) and figures[name] > 0, (variant, name, figures)
         assert math.isfinite(figures["extra_rss_of_weights"])
         assert figures["archives_left"] == []  # a job that does not fail leaves nothing behind

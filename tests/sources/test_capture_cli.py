@@ -328,3 +328,16 @@ def test_on_accuracy_reaches_the_program_and_is_not_recorded_as_the_users(tmp_pa
     refused = _runner().invoke(main, ["capture", "--accuracy", "--on-accuracy", "ignore", "--", sys.executable, "-c",
                                       "pass"])
     assert refused.exit_code == 2 and "Traceback" not in refused.output
+
+
+def test_capture_of_a_program_that_left_nothing_imports_no_torch_of_its_own(tmp_path):
+    """What ``capture --`` adds to a program is its own start and end: torch (2 s of CPU to
+    import) is loaded there only to pack what a failing program left, never to look for it."""
+    code = ("import sys\nfrom reproarchive.cli import main\n"
+            "try:\n    main(['capture', '-q', '-o', sys.argv[1], '--', sys.executable, '-c', 'pass'])\n"
+            "except SystemExit as done:\n    print('exit', done.code)\n"
+            "print('torch loaded:', 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2:] == ["exit 0", "torch loaded: False"], done.stdout + done.stderr

@@ -49,12 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.spool import Draft, Spool, Stopped
-from reproarchive.archive.spool_folder import Completed
+from reproarchive.archive.spool_folder import SPOOL_PREFIX, Completed
 from reproarchive.format.schema import FailureRecord
 from reproarchive.sources.capture import snapshot_writer
 from reproarchive.sources.capture.spool_guardian import Guardian
 
-SPOOL_PREFIX = "spool-"
 ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # spec §13
 
 log = logging.getLogger("reproarchive.capture")

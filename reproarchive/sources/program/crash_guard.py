@@ -355,8 +355,7 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
 def pending_archives(folder: Path) -> list[Path]:
     """The archives a crashed program left, oldest first: each entry of the spools its processes
     left completed into ``pending-<pid>-<n>.tar.zst`` (and the spool removed)."""
-    from reproarchive.archive.spool_folder import SpoolFolder, is_spool
-    from reproarchive.sources.capture.process_spool import SPOOL_PREFIX
+    from reproarchive.archive.spool_folder import SPOOL_PREFIX, SpoolFolder, is_spool
 
     for spool_dir in sorted(folder.glob(f"{SPOOL_PREFIX}*")):
         if not is_spool(spool_dir):
