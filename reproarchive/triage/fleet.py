@@ -145,28 +145,32 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     # start, and a task that could not start is not cached
     environment = executor.environment(settings)
     other = cache.find_environment(against) if against else None
+    # each group's verdicts are keyed by what of the environment can decide them (its failure's stage)
+    deciding = {key: environment.deciding(sig.stage if sig else None) for key, sig in grouped.signatures.items()}
     if run:
-        cache.record_environment(environment)
+        for env in {e.digest: e for e in (environment, *deciding.values())}.values():
+            cache.record_environment(env)
     reps = {key: min(ms, key=lambda m: (m.ops, m.seen, m.name)) for key, ms in grouped.groups.items()}
     verdicts: dict[tuple, dict[str, Verdict]] = {key: {} for key in grouped.groups}
     cached: dict[tuple, list[str]] = {key: [] for key in grouped.groups}
     counts = {"run": 0, "cached": 0, "crashed": 0, "timed_out": 0, "error": 0}
     for key, rep in reps.items():
         for action in actions:
-            hit = cache.get(environment.digest, rep.digest, action)
+            hit = cache.get(deciding[key].digest, rep.digest, action)
             if hit is not None:
                 verdicts[key][action] = hit
                 cached[key].append(action)
                 counts["cached"] += 1
     if run:
-        plan = _Plan(executor, cache, environment, settings, trusted_backends, backends, max_time,
+        plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time,
                      sources.minify_output())
         plan.run(reps, verdicts, actions, counts, progress)
     groups = []
     for number, (key, ms) in enumerate(grouped.groups.items(), 1):
         sig = grouped.signatures[key]
         seen = sorted(m.seen for m in ms)
-        comparison = _compare(cache, other, ms, verdicts[key].get("replay")) if other else None
+        comparison = (_compare(cache, other.deciding(sig.stage if sig else None), ms, verdicts[key].get("replay"))
+                      if other else None)
         groups.append(GroupReport(
             number=number, signature=sig, text=sig.text() if sig else NO_FAILURE, count=len(ms),
             first_seen=seen[0], last_seen=seen[-1],
@@ -185,7 +189,7 @@ class _Plan:
 
     executor: Executor
     cache: VerdictCache
-    environment: Environment
+    environments: dict[tuple, Environment]  # group key -> the environment its verdicts are keyed by
     settings: ReplaySettings
     trusted: tuple[str, ...]
     backends: dict[str, str | None]  # index digest -> recorded backend
@@ -226,7 +230,7 @@ class _Plan:
             finished, _ = concurrent.futures.wait(list(pending), return_when=concurrent.futures.FIRST_COMPLETED)
             for future in finished:
                 key, action = pending.pop(future)
-                verdict = dataclasses.replace(future.result(), environment=self.environment.digest)
+                verdict = dataclasses.replace(future.result(), environment=self.environments[key].digest)
                 if verdict.status not in (TIMED_OUT, ERROR):
                     self.cache.put(verdict)
                 verdicts[key][action] = verdict

@@ -32,6 +32,17 @@ VERDICT_FORMAT = "1.0"
 PREFIX = "verdicts"
 _MAX_OBJECT = 1 << 20
 
+#: The variables that set how many threads a replay computes with. They can change its numbers,
+#: and whether a race or an abort inside an OpenMP loop shows, so a verdict on a failure in a
+#: graph's run depends on them; a compile error is the compiler's answer to the graph, which they
+#: do not decide. An archive whose recorded failure is a compile error is judged in its
+#: environment without them (``Environment.deciding``), so that engines that set them differently
+#: (Ray starts its workers with ``OMP_NUM_THREADS`` set to a task's CPUs) share its verdicts.
+THREAD_VARIABLES = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                              "VECLIB_MAXIMUM_THREADS", "GOTO_NUM_THREADS", "OMP_DYNAMIC", "OMP_THREAD_LIMIT"})
+#: The recorded failure stages whose verdicts do not depend on THREAD_VARIABLES.
+_THREAD_FREE_STAGES = frozenset({"compile"})
+
 #: What an action can conclude, besides the outcome words of ``run`` and ``minify``.
 CRASHED, TIMED_OUT, ERROR = "crashed", "timed out", "error"
 
@@ -58,6 +69,15 @@ class Environment(PlainRecord):
     def label(self) -> str:
         """``torch 2.13.0 (cpu) sha256:1f2e3d4c``: short, for tables."""
         return f"torch {self.torch} ({self.device}) {self.digest[:15]}"
+
+    def deciding(self, stage: str | None) -> Environment:
+        """What of this environment can decide a verdict on an archive whose recorded failure is
+        at ``stage`` (None: none recorded): all of it, except the thread counts for a compile
+        error (``THREAD_VARIABLES``). Verdicts are cached under this one's digest."""
+        if stage not in _THREAD_FREE_STAGES:
+            return self
+        return dataclasses.replace(self, variables={k: v for k, v in self.variables.items()
+                                                    if k not in THREAD_VARIABLES})
 
 
 def current_environment(settings: Any) -> Environment:

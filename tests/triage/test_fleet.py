@@ -97,6 +97,30 @@ def test_against_another_environment_says_fixed_still_fails_fails_differently(sm
 
 
 @pytest.mark.slow
+def test_another_thread_count_replays_only_what_a_thread_count_can_change(small_fleet, monkeypatch):
+    """Ray's workers run with ``OMP_NUM_THREADS`` set to a task's CPUs, a laptop with its own:
+    a compile error's verdict does not depend on it and is shared; a runtime failure's is not."""
+    folder, first = small_fleet
+    before = json.loads(first.stdout)["environment"]
+    threads = int(before["variables"].get("OMP_NUM_THREADS", "1")) + 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    result = invoke("triage", folder, "--action", "replay", *TRUST, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["environment"]["digest"] != before["digest"]
+    assert report["environment"]["variables"]["OMP_NUM_THREADS"] == str(threads)
+    by_target = {g["signature"]["target"]: (g["signature"]["stage"], g["cached"], g["verdicts"]["replay"]["status"])
+                 for g in report["groups"]}
+    assert by_target == {"torch.relu": ("forward", [], "reproduced"),
+                         "torch.sigmoid": ("compile", ["replay"], "reproduced"),
+                         "torch.tanh": ("compile", ["replay"], "reproduced")}
+    assert (report["tasks"]["run"], report["tasks"]["cached"]) == (1, 2)
+    # the shared verdicts are stored once, under the environment without the thread counts
+    digests = {g["verdicts"]["replay"]["environment"] for g in report["groups"] if g["signature"]["stage"] == "compile"}
+    assert len(digests) == 1 and digests != {report["environment"]["digest"]}
+
+
+@pytest.mark.slow
 def test_report_page_in_a_real_browser(small_fleet):
     from support import browser
 
