@@ -196,7 +196,9 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
                                    single_process=single_process, timeout=timeout, launcher=launcher)
     verdict = format_job(outcome) if isinstance(outcome, reproarchive.JobOutcome) else format_outcome(outcome)
     if summary_path:  # whole or not at all (click's atomic file: a temporary name renamed)
-        text = run_summary(outcome, archive=str(archive), verdict=verdict, command=replay_command(ctx, archive))
+        # read from the cached copy of a store reference (run pulled it); the command names the reference
+        local = reproarchive.fetch(archive) if reproarchive.is_store_reference(archive) else archive
+        text = run_summary(outcome, archive=str(local), verdict=verdict, command=replay_command(ctx, archive))
         with click.open_file(summary_path, "w", encoding="utf-8", atomic=True) as f:
             f.write(text)
     if as_json:

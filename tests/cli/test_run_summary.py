@@ -66,3 +66,17 @@ def test_an_archive_that_cannot_be_read_gets_an_error_and_no_report(tmp_path):
     result = invoke("run", bad, "--summary", report)
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert not report.exists() and list(tmp_path.iterdir()) == [bad]
+
+
+def test_a_stored_archive_is_reported_by_its_reference(tmp_path, monkeypatch):
+    """``run STORE/NAME --summary``: read from the copy ``run`` pulled, named by the reference."""
+    import reproarchive
+    from support.graphs import pack_chain
+
+    monkeypatch.chdir(tmp_path)
+    (pushed,) = reproarchive.push(pack_chain(tmp_path / "c.tar.zst", 3), "team")
+    reference = f"team/{pushed.name}"
+    result = invoke("run", reference, "--backend", "eager", "--summary", "bug.md")
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "bug.md").read_text()
+    assert f"- replay it: `reproarchive run {reference} --backend eager`" in text and "The graph:" in text
