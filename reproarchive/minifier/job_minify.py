@@ -46,12 +46,13 @@ from reproarchive.replay.local_job import without_collectives
 from reproarchive.replay.settings import ReplaySettings
 
 
-def _record_values(path, settings: ReplaySettings, job: Any, timeout_s: float, folder: Path) -> dict[int, dict]:
+def _record_values(path, settings: ReplaySettings, job: Any, timeout_s: float, folder: Path,
+                   warm: bool) -> dict[int, dict]:
     """Launch the job once in ``record`` mode: rank -> {collective node name -> tensor}."""
 
     request = {"archive": str(Path(path).resolve()), "settings": settings.to_plain(), "timeout_s": timeout_s,
                "mode": "record"}
-    plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size), timeout_s)
+    plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size), timeout_s, warm=warm)
     folder.mkdir(parents=True, exist_ok=True)
     _launch.launch(plan, folder)
     values = {}
@@ -101,8 +102,9 @@ def _generated(job: Any, free: dict[int, tuple[Any, list]]) -> dict[int, set[int
 class _JobOracle:
     """Judges a candidate job (every rank's graph and inputs) in a reused launched job."""
 
-    def __init__(self, job: Any, settings: ReplaySettings, timeout_s: float, folder: Path, parents: dict[int, Any]):
-        self.job, self.settings, self.timeout_s, self.folder = job, settings, timeout_s, folder
+    def __init__(self, job: Any, settings: ReplaySettings, timeout_s: float, folder: Path, parents: dict[int, Any],
+                 warm: bool):
+        self.job, self.settings, self.timeout_s, self.folder, self.warm = job, settings, timeout_s, folder, warm
         self.parents = parents  # rank -> the graph (collectives replaced) every cut is made from
         self.launched: _launch.LaunchedJob | None = None
         self.launches = 0
@@ -117,7 +119,8 @@ class _JobOracle:
                 self.launches += 1
                 request = {"archive": str(archive), "settings": self.settings.to_plain(),
                            "timeout_s": self.timeout_s, "mode": "candidates"}
-                plan = _launch.LaunchPlan(request, _launch.launcher_options(self.job.world_size), self.timeout_s)
+                plan = _launch.LaunchPlan(request, _launch.launcher_options(self.job.world_size), self.timeout_s,
+                                          warm=self.warm)
                 self.launched = _launch.LaunchedJob(plan, self.folder / f"launch-{self.launches}")
             outcomes = self.launched.judge(archive, self.settings.to_plain(), range(self.job.world_size),
                                            self.recorded)
@@ -177,10 +180,11 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reproarchive-job-minify-", dir=temp_folder()) as tmp:
         folder = Path(tmp)
-        values = _record_values(path, settings, job, timeout_s, folder / "record")
+        warm = _launch.on_cpu_only(ready.plan.targets)  # ranks on the CPU are forked from warm imports
+        values = _record_values(path, settings, job, timeout_s, folder / "record", warm)
         free = {r.rank: without_collectives(r.gm, list(r.args), values[r.rank]) for r in job.ranks}
         recordings = {rank: Recording(gm, args) for rank, (gm, args) in free.items()}
-        oracle = _JobOracle(job, settings, timeout_s, folder, {rank: gm for rank, (gm, _) in free.items()})
+        oracle = _JobOracle(job, settings, timeout_s, folder, {rank: gm for rank, (gm, _) in free.items()}, warm)
 
         def cuts_for(gm, inputs) -> dict[int, tuple[Any, list, list]]:
             kept, outs = _names(gm)

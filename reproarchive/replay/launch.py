@@ -50,6 +50,7 @@ from reproarchive.replay.outcome import (
     across_versions,
     judged,
 )
+from reproarchive.replay.rank_client import WARM_ENV
 
 CRASHED, STOPPED, HUNG = "crashed", "stopped", "hung"
 #: Seconds a launcher gets, beyond the collective timeout, to start its ranks (torch import,
@@ -128,6 +129,8 @@ class LaunchPlan:
     options: list[str]
     timeout_s: float
     program: list[str] = dataclasses.field(default_factory=list)  # [] : the rank worker
+    # the rank workers forked from the launcher's imports (``rank_server``): for ranks on the CPU only
+    warm: bool = False
 
 
 def launcher_options(world_size: int, passthrough: Sequence[str] = ()) -> list[str]:
@@ -142,6 +145,12 @@ def launcher_options(world_size: int, passthrough: Sequence[str] = ()) -> list[s
     return options
 
 
+def on_cpu_only(targets) -> bool:
+    """Whether every device a job's archive names goes to the CPU here (``DevicePlan.targets``):
+    its ranks may then be forked warm."""
+    return all(str(device).split(":")[0] == "cpu" for device in targets.values())
+
+
 #: The ranks' temporary folder, inside the launch's: a rank that dies mid-replay (an abort on
 #: one rank) leaves its replay's folder there, and the launch removes it.
 _RANKS_TEMP = "tmp"
@@ -154,6 +163,8 @@ def _start(plan: LaunchPlan, folder: Path, log: Any) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1",
                **temp_for_children(folder / _RANKS_TEMP))
     env.setdefault("OMP_NUM_THREADS", "1")
+    if plan.warm and not plan.program:
+        env[WARM_ENV] = "1"
     program = ["--", *plan.program] if plan.program else []
     command = [sys.executable, "-m", "reproarchive.replay.launcher_process", str(folder), *plan.options, *program]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,

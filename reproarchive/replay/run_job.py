@@ -144,7 +144,8 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
         outcome = _run_fake_rank(path, settings, job, rank, timeout, keep)
     else:
         request = {"archive": os.fspath(os.path.abspath(path)), "settings": settings.to_plain(), "timeout_s": timeout}
-        plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size, launcher), timeout)
+        plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size, launcher), timeout,
+                                  warm=_launch.on_cpu_only(devices.targets))
         outcome = _launch.run_launched(plan, world_size=job.world_size, ranks=node_ranks(job.world_size, launcher),
                                        recorded=recorded_failures(job), recorded_rank=job.failing_rank,
                                        keep=keep, divergence=divergence_of(job))

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import reproarchive
 from support.cli import invoke
 from support.job_archives import dtensor_input, rank_one_fails, rank_one_skips, spmd_accuracy
 
@@ -32,6 +33,25 @@ def test_run_says_reproduced_on_rank_one(archives):
     assert ranks[1]["outcome"]["observed"]["exception_type"].endswith("ReluCompileError")
     assert ranks[0]["status"] in ("stopped", "passed")  # ended by the launcher when rank 1 failed
     assert job["launcher"] == ["--standalone", "--nproc-per-node", "2"]
+
+
+@pytest.mark.slow
+def test_ranks_on_the_cpu_are_forked_warm_and_judged_as_fresh_ones(archives, tmp_path, monkeypatch):
+    """The launcher forks CPU ranks from its own imports (``rank_server``); the verdict is the
+    one ranks started fresh give."""
+    from reproarchive.replay import launch
+    from reproarchive.replay.run_job import run_job
+
+    def verdict(job):
+        one = next(r for r in job.ranks if r.rank == 1)
+        return job.status, job.exit_code, job.rank, one.status, one.outcome.observed.exception_type
+
+    warm = run_job(archives["fails"], reproarchive.ReplaySettings(), keep=tmp_path / "warm")
+    assert json.loads((tmp_path / "warm" / "launch-0.json").read_text())["warm"] is True
+    monkeypatch.setattr(launch, "on_cpu_only", lambda targets: False)
+    fresh = run_job(archives["fails"], reproarchive.ReplaySettings(), keep=tmp_path / "fresh")
+    assert json.loads((tmp_path / "fresh" / "launch-0.json").read_text())["warm"] is False
+    assert verdict(warm) == verdict(fresh) and verdict(warm)[:3] == ("reproduced", 1, 1)
 
 
 @pytest.mark.slow
