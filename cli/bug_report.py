@@ -91,6 +91,38 @@ def run_summary(outcome, *, archive: str, verdict: str, command: str) -> str:
     return terminal_lines("\n".join(lines)) + "\n"
 
 
+def not_original_inputs(report) -> list[str]:
+    """Lines naming the minified graph's inputs that are not the original data (shrunk,
+    generated, or computed from generated data), for the terminal and the report alike; []
+    when every input is."""
+    entries = report.stats.get("inputs") or []
+    if all(e.get("real") for e in entries):
+        return []
+    lines = ["inputs that are not the original data:"]
+    for name, entry in zip(_placeholder_names(report.code), entries):
+        if entry.get("real"):
+            continue
+        what = [entry.get("values", "?")]
+        if entry.get("shape"):
+            what.append(f"shape {entry['shape']['recorded']} -> {entry['shape']['now']}")
+        if entry.get("dtype"):
+            what.append(f"dtype {entry['dtype']['recorded']} -> {entry['dtype']['now']}")
+        if entry.get("from_absent"):
+            what.append("computed from generated data (the original archive had none)")
+        lines.append(f"  {name or entry.get('origin')}: {', '.join(what)}")
+    return lines
+
+
+def _placeholder_names(code: str) -> list[str]:
+    """The forward's parameter names, in order (readable_code prints ``def forward(self, a, b):``)."""
+    for line in code.splitlines():
+        line = line.strip()
+        if line.startswith("def forward(self"):
+            inside = line[line.index("(") + 1: line.rindex(")")]
+            return [p.split(":")[0].strip() for p in inside.split(",")[1:] if p.strip()]
+    return []
+
+
 def minify_summary(report, *, archive: str) -> str:
     """Markdown for a bug report of a minified archive: what failed, the command that replays
     it, the versions, the config that matters and the smallest failing graph."""
@@ -106,6 +138,9 @@ def minify_summary(report, *, archive: str) -> str:
               f"{s['final_inputs']} inputs ({report.status})",
               f"- torch {recorded_torch or 'unknown'} when recorded, {torch.__version__} here",
               f"- replay it: `reproarchive run {report.output}` (minified from `{archive}`)"]
+    changed = not_original_inputs(report)
+    if changed:  # generated or shrunk data is never passed off as the original run's
+        lines += ["", f"- {changed[0]}", *(f"  - {line.strip()}" for line in changed[1:])]
     lines += _config_and_graph(recorded_settings(report.output), report.code, report.output,
                                "The smallest failing graph")
     return terminal_lines("\n".join(lines)) + "\n"

@@ -10,7 +10,7 @@ import click
 import reproarchive
 
 from .app import emit_json, main
-from .bug_report import minify_summary, replay_command, run_summary
+from .bug_report import minify_summary, not_original_inputs, replay_command, run_summary
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, INTERRUPTED, STORE_MISSING, STORE_UNREACHABLE, exit_codes
 from .options import DEVICE, MAX_MEMORY, implementations
 from .progress_bars import byte_bars, minify_status
@@ -254,34 +254,12 @@ def _minify(archive, output, settings, *, as_json, quiet, timeout=None, summary_
         f"inputs; {s['calls']} candidates replayed, {s['cache_hits']} cache hits, "
         f"{s['wall_s']:.1f}s ({s['stop_reason']})"
     )
-    changed = [e for e in s.get("inputs") or [] if not e.get("real")]
-    if changed:
-        click.echo("inputs that are not the original data:")
-        for name, entry in zip(_placeholder_names(report.code), s["inputs"]):
-            if entry.get("real"):
-                continue
-            what = [entry.get("values", "?")]
-            if entry.get("shape"):
-                what.append(f"shape {entry['shape']['recorded']} -> {entry['shape']['now']}")
-            if entry.get("dtype"):
-                what.append(f"dtype {entry['dtype']['recorded']} -> {entry['dtype']['now']}")
-            if entry.get("from_absent"):
-                what.append("computed from generated data (the original archive had none)")
-            click.echo(f"  {name or entry.get('origin')}: {', '.join(what)}")
+    for line in not_original_inputs(report):
+        click.echo(line)
     click.echo(terminal_safe(f"wrote {report.output} (minified from {report.parent[:19]}...); "
                              f"replay it with: reproarchive run {report.output}"))
     if s["stop_reason"] == "interrupted":
         raise SystemExit(130)
-
-
-def _placeholder_names(code: str) -> list[str]:
-    """The forward's parameter names, in order (readable_code prints ``def forward(self, a, b):``)."""
-    for line in code.splitlines():
-        line = line.strip()
-        if line.startswith("def forward(self"):
-            inside = line[line.index("(") + 1: line.rindex(")")]
-            return [p.split(":")[0].strip() for p in inside.split(",")[1:] if p.strip()]
-    return []
 
 
 def _describe(record) -> str:

@@ -218,8 +218,11 @@ def _neutralised_cases(folder: Path) -> list[dict]:
         shown = _in_process(["inspect", str(archive)], case)
         out = case / "exported"
         exported = _in_process(["export", str(archive), "-o", str(out)], case)
+        # a bug report carries the record's strings too (its failure line, the verdict as printed)
+        reported = _in_process(["run", "--no-isolate", "--summary", "bug.md", str(archive)], case)
         cases.append({"folder": str(case), "ran": None, "shown": [shown.returncode, shown.stdout, shown.stderr],
-                      "exported": [exported.returncode, exported.stdout, exported.stderr]})
+                      "exported": [exported.returncode, exported.stdout, exported.stderr],
+                      "reported": [reported.returncode, reported.stderr]})
     # each exported repro.py as ``python repro.py --backend eager`` in the case's folder, in a
     # process of its own forked from one that imported torch (``support.script_child``)
     with ForkServer("support.script_child", env=dict(os.environ)) as server:
@@ -245,9 +248,14 @@ def test_record_strings_are_neutralised_for_terminals_and_code(neutralised, i):
     marker = folder / "MARKER"
     code, stdout, stderr = case["shown"]
     assert code == 0, stderr
-    raw_controls = [c for c in stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0
-                    or c in "\u202e\u202c\u2028"]
-    assert not raw_controls, [hex(ord(c)) for c in raw_controls]
+    def raw_controls(text):
+        return [hex(ord(c)) for c in text if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0
+                or c in "\u202e\u202c\u2028"]
+
+    assert not raw_controls(stdout)
+    code, stderr = case["reported"]
+    assert code in (0, 1, 3) and "Traceback" not in stderr, stderr[-800:]
+    assert not raw_controls((folder / "bug.md").read_text())
     code, _, stderr = case["exported"]
     assert code == 0, stderr[-800:]
     ast.parse((folder / "exported" / "repro.py").read_text())  # the strings are data in the script, never code

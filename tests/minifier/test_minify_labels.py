@@ -72,9 +72,13 @@ def test_minify_of_mixed_real_and_absent_inputs_keeps_generated_values_labelled(
                                 failure=failure, snapshot=False)
     assert reproarchive.run(archive).status == "reproduced"
 
-    result = CliRunner().invoke(main, ["minify", str(archive)])
+    result = CliRunner().invoke(main, ["minify", str(archive), "--summary", str(tmp_path / "bug.md")])
     assert result.exit_code == 0, result.output
     assert "inputs that are not the original data:" in result.output
+    # the bug report says it as the terminal does: its graph's input is no data of the failing run
+    report = (tmp_path / "bug.md").read_text()
+    assert "- inputs that are not the original data:" in report
+    assert "computed from generated data (the original archive had none)" in report
     minified = tmp_path / "mixed.min.tar.zst"
     with pytest.warns(UserWarning, match="not the original data"):
         repro = reproarchive.load(minified)
