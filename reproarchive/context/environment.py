@@ -219,6 +219,16 @@ def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tupl
     return to_set, warnings
 
 
+def take_thread_count(variables: Mapping[str, str]) -> None:
+    """Set torch's thread count as ``OMP_NUM_THREADS`` in ``variables`` asks, as a process
+    takes it when it starts (torch reads the variable once)."""
+    import torch
+
+    omp = variables.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        torch.set_num_threads(int(omp))
+
+
 @contextlib.contextmanager
 def applied_environment(to_set: Mapping[str, str]) -> Iterator[None]:
     """Set ``to_set`` in os.environ (and the thread count) for the duration; restore after."""
@@ -228,9 +238,7 @@ def applied_environment(to_set: Mapping[str, str]) -> Iterator[None]:
     threads = torch.get_num_threads()
     try:
         os.environ.update(to_set)
-        omp = to_set.get("OMP_NUM_THREADS", "")
-        if omp.isdigit() and int(omp) > 0:
-            torch.set_num_threads(int(omp))
+        take_thread_count(to_set)
         yield
     finally:
         for name, value in saved.items():

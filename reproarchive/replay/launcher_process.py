@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from reproarchive.context.environment import take_thread_count
 from reproarchive.replay.rank_client import WARM_ENV
 
 WORKER = "reproarchive.replay.rank_worker"
@@ -27,13 +28,9 @@ WORKER = "reproarchive.replay.rank_worker"
 def _warm_rank(argv: list[str]) -> int:
     """A rank forked by the server: the thread count its environment asks for, as a fresh
     process would take it at start, then the rank worker."""
-    import torch
-
     from reproarchive.replay import rank_worker
 
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
+    take_thread_count(os.environ)
     return rank_worker.main(argv)
 
 

@@ -38,8 +38,8 @@ _MAX_OBJECT = 1 << 20
 #: do not decide. An archive whose recorded failure is a compile error is judged in its
 #: environment without them (``Environment.deciding``), so that engines that set them differently
 #: (Ray starts its workers with ``OMP_NUM_THREADS`` set to a task's CPUs) share its verdicts.
-THREAD_VARIABLES = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-                              "VECLIB_MAXIMUM_THREADS", "GOTO_NUM_THREADS", "OMP_DYNAMIC", "OMP_THREAD_LIMIT"})
+#: Of the variables an environment records (``context.admission``), only these two set a count.
+THREAD_VARIABLES = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS"})
 #: The recorded failure stages whose verdicts do not depend on THREAD_VARIABLES.
 _THREAD_FREE_STAGES = frozenset({"compile"})
 
