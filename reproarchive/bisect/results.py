@@ -129,8 +129,8 @@ def read_bisection(archive: str | os.PathLike) -> CompilerBisection:
 def failed_of(replays: tuple[str, ...]) -> str:
     """``1 of 3 replays failed``: of the replays that passed or failed as recorded, one count for
     the verdict's reason and the summary."""
-    judged = [r for r in replays if r in ("good", "bad")]
-    return f"{judged.count('bad')} of {len(judged)} replays failed"
+    judged = [r for r in replays if r in (GOOD, BAD)]
+    return f"{judged.count(BAD)} of {len(judged)} replays failed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +156,7 @@ class EnvVerdict:
     def flaky(self) -> bool:
         """Some replays passed and others failed (the recorded failure or another); a replay that
         could not run (a timeout, no verdict) is neither."""
-        return "good" in self.replays and bool({"bad", "different failure"} & set(self.replays))
+        return GOOD in self.replays and bool({BAD, OTHER} & set(self.replays))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +189,6 @@ class TorchBisection(PlainRecord):
             return (f"bisect torch: {self.first_bad} is bad, but no environment before it is good: nothing was "
                     "compared, so no torch is to blame (put an environment that passes before it)")
         after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
-        bad = next(v for v in self.verdicts if v.python == self.first_bad and v.verdict == "bad")
+        bad = next(v for v in self.verdicts if v.python == self.first_bad and v.verdict == BAD)
         flaky = f"; flaky there: {failed_of(bad.replays)}" if bad.flaky else ""
         return f"the first bad environment is {self.first_bad}{after}{flaky}"
