@@ -3,6 +3,7 @@
     python benchmarks/triage_bench.py                 # 200 archives, 5 bugs, -j 2 (several minutes)
     python benchmarks/triage_bench.py --archives 40   # smaller
     python benchmarks/triage_bench.py --json          # also print the measurements as JSON
+    python benchmarks/triage_bench.py --varied        # each bug said several ways: merged by culprit
 
 In one run, on one corpus (``tests/support/fleet_corpus.py``: five seeded bugs packed from three
 models, sixteen shapes and eight "machines"):
@@ -20,6 +21,12 @@ models, sixteen shapes and eight "machines"):
 Every time is wall clock around one command (a fresh process, as a user runs it). The report
 checks what triage found: 5 groups, none mixed (precision and recall of the grouping against the
 bug each archive was built with), every group reproduced and minified. Exit status 1 otherwise.
+
+``--varied`` builds the corpus whose bugs are each reached from more models (1-3 inputs, 1-2
+outputs, a rank-3 input) and said several ways by their compiler (a node or an aten target in
+the message, the function or the Tensor method): the signatures alone (``--group-only``, before
+any minify) split those bugs; ``triage`` merges the groups whose minified culprits agree. Both
+gradings are reported; the goal is precision 1.0 and recall >= 0.95 after merging.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--no-loop", action="store_true", help="skip the shell loop (it dominates the run)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--varied", action="store_true", help="the corpus whose bugs are said several ways")
     parser.add_argument("--workdir", help="where to build the corpus (default: a temporary folder)")
     args = parser.parse_args(argv)
 
@@ -82,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reproarchive-triage-bench-") as tmp:
         root = Path(args.workdir or tmp)
         start = time.perf_counter()
-        members = fleet_corpus.build(root, args.archives)
+        members = fleet_corpus.build(root, args.archives, varied=args.varied)
         build_s = time.perf_counter() - start
         folder = root / "archives"
         trust = ["--trust-backend", fleet_corpus.NO_LOWERING]
@@ -94,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         report, cached = json.loads(first.stdout), json.loads(second.stdout)
         truth = {str(m.path): m.bug for m in members}
         scores = precision_recall([[m["location"] for m in g["members"]] for g in report["groups"]], truth)
+        # --group-only ran before any minify: the signatures alone, nothing to merge by
+        signature_scores = precision_recall([[m["location"] for m in g["members"]]
+                                             for g in json.loads(grouped.stdout)["groups"]], truth)
         loop_s = loop_codes = None
         if not args.no_loop:
             # the list the loop reads: each archive, and --backend for the custom compiler's ones
@@ -115,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "triage_tasks_started_s": round(started_s, 1), "tasks_started": json.loads(started.stdout)["tasks"],
         "triage_again_s": round(again_s, 2), "shell_loop_s": round(loop_s, 1) if loop_s is not None else None,
         "shell_loop_exit_codes": loop_codes, "groups": len(report["groups"]), "grouping": scores,
+        "varied": args.varied, "signature_grouping": signature_scores,
         "tasks_first": report["tasks"], "tasks_again": cached["tasks"], "verdicts": verdicts,
         "group_only_exit": grouped.returncode,
     }
@@ -124,15 +136,17 @@ def main(argv: list[str] | None = None) -> int:
             (f"triage -j {args.jobs}, each task a new python (before)", results["triage_tasks_started_s"])]
     if loop_s is not None:
         rows.append(("shell loop of `reproarchive run` over every archive", results["shell_loop_s"]))
-    print(f"{args.archives} archives, {len(report['groups'])} groups; precision {scores['precision']:.2f}, "
-          f"recall {scores['recall']:.2f}, mixed groups {scores['mixed_groups']}")
+    print(f"{args.archives} archives{' (varied)' if args.varied else ''}: by signature alone "
+          f"{signature_scores['groups']} groups, precision {signature_scores['precision']:.3f}, "
+          f"recall {signature_scores['recall']:.3f}; merged by culprit {len(report['groups'])} groups, "
+          f"precision {scores['precision']:.3f}, recall {scores['recall']:.3f}, mixed groups {scores['mixed_groups']}")
     for name, seconds in rows:
         print(f"  {name:<58} {seconds:>8} s")
     print(f"  tasks forked from a warm server: {results['triage_s'] / results['triage_tasks_started_s']:.2f}x "
           "the time of tasks started as new processes")
     if args.json:
         print(json.dumps(results, indent=2))
-    ok = (scores["precision"] == 1.0 and scores["recall"] == 1.0 and len(report["groups"]) == 5
+    ok = (scores["precision"] == 1.0 and scores["recall"] >= 0.95 and len(report["groups"]) == 5
           and all(v == ("reproduced", "minified") for v in verdicts) and cached["tasks"]["run"] == 0
           and results["tasks_started"] == report["tasks"])  # both ways did the same work
     return 0 if ok else 1

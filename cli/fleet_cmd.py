@@ -37,6 +37,8 @@ TRIAGE_EPILOG = exit_codes(
 @click.option("--by", "level", type=click.Choice(["failure", "node", "structure"]), default="node",
               show_default=True,
               help="Group depth: the failure signature; plus the failing node's target; plus the graph near it.")
+@click.option("--no-merge", is_flag=True,
+              help="Keep groups apart whose representatives minified to the same culprit (default: merged).")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop a task past this many seconds (reported as timed out).")
 @click.option("--group-only", is_flag=True, help="Group and report cached verdicts; run nothing.")
@@ -48,12 +50,13 @@ TRIAGE_EPILOG = exit_codes(
 @click.option("--html", "html", type=click.Path(dir_okay=False), help="Also write the report as an HTML page.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (an error too).")
 @click.pass_context
-def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_resources, actions, level, max_time,
-               group_only, against, trusted, device, html, as_json):
+def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_resources, actions, level, no_merge,
+               max_time, group_only, against, trusted, device, html, as_json):
     """Group the archives in SOURCE (a folder, a file listing archives, or a store URL) by bug,
     replay and minify one archive per group, and report each group's verdict.
 
-    Grouping reads indexes only. Tasks run in fresh processes (a crash or hang costs one task),
+    Grouping reads indexes only; groups whose representatives minified to the same culprit (the
+    same stage, exception type and ops) are then merged: one bug said in several ways. Tasks run in fresh processes (a crash or hang costs one task),
     on this machine (-j N) or on Ray (--engine ray). Every verdict is cached next to the
     archives (the store, or SOURCE/.reproarchive-triage), keyed by archive, action and
     environment: a rerun, or a teammate's run, does only what is missing.
@@ -71,7 +74,7 @@ def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_re
                                                executor=executor,
                                          settings=settings, trusted_backends=tuple(trusted), level=level,
                                          max_time=max_time, against=against, run=not group_only,
-                                         progress=_progress)
+                                         progress=_progress, merge=not no_merge)
         page = reproarchive.write_triage_page(report, html) if html else None
     if as_json:
         emit_json(report.to_plain())
@@ -113,6 +116,15 @@ def _minified(verdict) -> str:
     return f"{m.ops} ops, {human_size(m.bytes)}"
 
 
+def _clipped(text: str, width: int = 100) -> str:
+    """A signature cut to ``width``, keeping its `` @target`` end (what tells merged ones apart)."""
+    if len(text) <= width:
+        return text
+    head, at, target = text.rpartition(" @")
+    tail = f"{at}{target}" if at and len(target) < width // 2 else ""
+    return text[:width - len(tail) - 3] + "..." + tail
+
+
 def format_report(r) -> list[str]:
     """The table: group, count, first/last seen, verdict, minified size, signature."""
     lines = [f"{r.archives} archives in {len(r.groups)} groups (by {r.level}); {r.environment.label}; "
@@ -130,7 +142,11 @@ def format_report(r) -> list[str]:
                f"{g.last_seen[:16].replace('T', ' '):<16} {verdict:<18} {_minified(g.verdicts.get('minify')):<18}")
         if against:
             row += f" {(g.against.status if g.against else ''):<18}"
-        lines.append(terminal_safe(row + " " + g.text[:100]))
+        lines.append(terminal_safe(row + " " + _clipped(g.text)))
+        if g.folded:
+            lines.append(terminal_safe(f"{'':>10}one culprit, {g.culprit.text()}; merged with {len(g.folded)} "
+                                       "more signature(s):"))
+            lines.extend(terminal_safe(f"{'':>12}{f.count:>4}  {_clipped(f.text)}") for f in g.folded)
     for u in r.unreadable:
         lines.append(terminal_safe(f"unreadable: {u.location}: {u.error}"))
     failed = [(g.number, a, v) for g in r.groups for a, v in g.verdicts.items() if v.failed_to_run]

@@ -13,7 +13,9 @@ The steps, each cheap before the next costs anything:
    keyed by archive, action and environment); only missing ones go to the executor
    (``engine``), and each verdict is cached the moment it arrives. ``minify`` is submitted after
    ``replay`` reproduced the failure (a group that no longer fails has nothing to shrink);
-4. with ``against``, each group's replay verdict here is compared with the one stored for any
+4. groups whose representatives minified to the same culprit (``culprits``: stage, exception
+   type and ops of the smallest failing graph) merge into one: a bug said in several ways;
+5. with ``against``, each group's replay verdict here is compared with the one stored for any
    of its members in that environment: fixed, still fails, fails differently, fails here only.
 """
 
@@ -36,6 +38,7 @@ from reproarchive.replay.settings import ReplaySettings
 from reproarchive.store import objects
 from reproarchive.store.location import is_reference, is_store, open_location
 from reproarchive.store.pull import archive_view, open_store
+from reproarchive.triage.culprits import MINIFIED, UNCHANGED, Culprit, merge_keys, read_culprit
 from reproarchive.triage.engine import Executor, LocalExecutor, Task
 from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group, signature_of
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
@@ -72,6 +75,18 @@ class Comparison(PlainRecord):
 
 
 @dataclasses.dataclass(frozen=True)
+class Folded(PlainRecord):
+    """A signature group merged into another because their minified culprits agree: the same
+    bug, said another way."""
+
+    text: str
+    signature: Signature | None
+    count: int
+    representative: Member
+    verdicts: dict[str, Verdict]
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupReport(PlainRecord):
     """One bug: its signature, members, representative and verdicts."""
 
@@ -87,6 +102,8 @@ class GroupReport(PlainRecord):
     verdicts: dict[str, Verdict]  # action -> verdict, for the representative, in this environment
     cached: tuple[str, ...]  # the actions whose verdict came from the cache
     against: Comparison | None = None
+    culprit: Culprit | None = None  # what the representative minified to (``culprits``)
+    folded: tuple[Folded, ...] = ()  # signature groups merged into this one: same culprit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,13 +142,14 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
                  executor: Executor | None = None, settings: ReplaySettings | None = None,
                  trusted_backends: tuple[str, ...] = (), level: str = DEFAULT_LEVEL, max_time: float | None = None,
                  against: str | None = None, run: bool = True, progress: ProgressFn | None = None,
-                 storage_options: dict | None = None) -> TriageReport:
+                 storage_options: dict | None = None, merge: bool = True) -> TriageReport:
     """Group the archives of ``source`` and run ``actions`` on one member per group (module
     docstring). ``executor``: where tasks run (default: one local process at a time);
     ``trusted_backends``: recorded ``module:function`` compilers the replays may import;
     ``run=False`` groups only (cached verdicts are still reported); ``against``: a digest prefix
     of another environment whose cached verdicts to compare with. ``progress`` receives one
-    dict per event (``{"event": "signed" | "verdict", ...}``)."""
+    dict per event (``{"event": "signed" | "verdict", ...}``). ``merge``: join the groups whose
+    minified culprits agree (``culprits``)."""
     if level not in LEVELS:
         raise ReproArchiveError(f"unknown grouping level {level!r}", f"choose among {', '.join(LEVELS)}")
     start = time.monotonic()
@@ -165,20 +183,14 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
         plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time,
                      sources.minify_output())
         plan.run(reps, verdicts, actions, counts, progress)
-    groups = []
-    for number, (key, ms) in enumerate(grouped.groups.items(), 1):
-        sig = grouped.signatures[key]
-        seen = sorted(m.seen for m in ms)
-        comparison = (_compare(cache, other.deciding(sig.stage if sig else None), ms, verdicts[key].get("replay"))
-                      if other else None)
-        groups.append(GroupReport(
-            number=number, signature=sig, text=sig.text() if sig else NO_FAILURE, count=len(ms),
-            first_seen=seen[0], last_seen=seen[-1],
-            variants=len({signatures[m.location].structure for m in ms if signatures[m.location]}) or 1,
-            representative=reps[key], members=tuple(sorted(ms, key=lambda m: (m.seen, m.name))),
-            verdicts=verdicts[key], cached=tuple(cached[key]), against=comparison))
+    culprits = _culprits(grouped, reps, verdicts, storage_options) if merge else {}
+
+    def compare(sig: Signature | None, ms: list[Member], replay: Verdict | None) -> Comparison | None:
+        return _compare(cache, other.deciding(sig.stage if sig else None), ms, replay) if other else None
+
+    groups = _group_reports(grouped, reps, verdicts, cached, signatures, culprits, compare)
     return TriageReport(source=os.fspath(source), level=level, engine=executor.name, workers=executor.workers,
-                        environment=environment, against=other, archives=len(members), groups=tuple(groups),
+                        environment=environment, against=other, archives=len(members), groups=groups,
                         unreadable=tuple(unreadable), tasks=counts, elapsed_s=round(time.monotonic() - start, 3),
                         cache=cache.store.url)
 
@@ -243,6 +255,62 @@ class _Plan:
                 if progress is not None:
                     progress({"event": "verdict", "done": done, "total": done + len(pending),
                               "archive": reps[key].name, "verdict": verdict})
+
+
+def _group_reports(grouped, reps: dict, verdicts: dict, cached: dict, signatures: dict, culprits: dict,
+                   compare: Callable) -> tuple[GroupReport, ...]:
+    """One report per group after merging (``_merged``): the first signature group's signature,
+    representative and verdicts, every merged group's members."""
+    groups = []
+    for number, keys in enumerate(_merged(grouped, culprits), 1):
+        key = keys[0]
+        sig = grouped.signatures[key]
+        ms = [m for k in keys for m in grouped.groups[k]]
+        seen = sorted(m.seen for m in ms)
+        folded = tuple(Folded(text=_text(grouped.signatures[k]), signature=grouped.signatures[k],
+                              count=len(grouped.groups[k]), representative=reps[k], verdicts=verdicts[k])
+                       for k in keys[1:])
+        groups.append(GroupReport(
+            number=number, signature=sig, text=_text(sig), count=len(ms),
+            first_seen=seen[0], last_seen=seen[-1],
+            variants=len({signatures[m.location].structure for m in ms if signatures[m.location]}) or 1,
+            representative=reps[key], members=tuple(sorted(ms, key=lambda m: (m.seen, m.name))),
+            verdicts=verdicts[key], cached=tuple(cached[key]), against=compare(sig, ms, verdicts[key].get("replay")),
+            culprit=culprits.get(key), folded=folded))
+    return tuple(groups)
+
+
+def _text(sig: Signature | None) -> str:
+    return sig.text() if sig else NO_FAILURE
+
+
+def _culprits(grouped, reps: dict, verdicts: dict, storage_options: dict | None) -> dict[tuple, Culprit | None]:
+    """Each group's culprit: what its representative minified to (or the representative
+    itself, when it was already as small as it gets); None without a minify verdict."""
+    out = {}
+    for key, rep in reps.items():
+        minify = verdicts[key].get("minify")
+        location = None
+        if minify is not None and minify.status == MINIFIED and minify.minified is not None:
+            location = minify.minified.location
+        elif minify is not None and minify.status == UNCHANGED:
+            location = rep.location
+        try:
+            out[key] = read_culprit(location, storage_options) if location else None
+        except (ArchiveError, ReproArchiveError, OSError):
+            out[key] = None  # the minified archive is gone or damaged: the group stays as it is
+    return out
+
+
+def _merged(grouped, culprits: dict) -> list[list[tuple]]:
+    """The groups to report, each a list of signature-group keys (the first gives the group its
+    signature and verdicts), largest first."""
+    order = list(grouped.groups)
+    into = merge_keys(culprits, order)
+    merged: dict[tuple, list[tuple]] = {}
+    for key in order:
+        merged.setdefault(into[key], []).append(key)
+    return sorted(merged.values(), key=lambda keys: -sum(len(grouped.groups[k]) for k in keys))
 
 
 def _compare(cache: VerdictCache, other: Environment, members: list[Member], here: Verdict | None) -> Comparison:

@@ -152,6 +152,13 @@ def _meaning(graph: GraphRecord, node) -> str:
     return node.target if node.op == "call_function" else f"{node.op}:{node.target}"
 
 
+def op_name(graph: GraphRecord, node) -> str:
+    """A node's op by short name, whatever called it: ``torch.sigmoid``, ``Tensor.sigmoid``
+    (``call_method``) and ``aten.sigmoid.default`` are all ``sigmoid``; a submodule call is its
+    class (``Linear``)."""
+    return _short(_meaning(graph, node))
+
+
 def _modules(graph: GraphRecord) -> dict[str, ModuleEntry]:
     return {e.path: e for e in graph.module_state if isinstance(e, ModuleEntry)}
 
@@ -210,7 +217,7 @@ def structure_hash(graph: GraphRecord, node=None) -> str:
     what it is and by its neighbours' labels (one Weisfeiler-Lehman round), names and shapes
     left out; without a node, of the graph's compute-op multiset."""
     if node is None:
-        ops = Counter(_short(_meaning(graph, n)) for n in graph.nodes if n.op in COMPUTE_OPS)
+        ops = Counter(op_name(graph, n) for n in graph.nodes if n.op in COMPUTE_OPS)
         return _digest(sorted(ops.items()))
     by_name = {n.name: n for n in graph.nodes}
     inputs = {n.name: [r for r in _refs((n.args, n.kwargs)) if r in by_name] for n in graph.nodes}
@@ -228,7 +235,7 @@ def structure_hash(graph: GraphRecord, node=None) -> str:
                     ball[other] = hop
                     nxt.append(other)
         frontier = nxt
-    label = {name: _short(_meaning(graph, by_name[name])) for name in ball}
+    label = {name: op_name(graph, by_name[name]) for name in ball}
     refined = [(ball[name], label[name], tuple(label.get(r, "") for r in inputs[name]),
                 tuple(sorted(label.get(u, "") for u in users[name]))) for name in ball]
     return _digest(sorted(refined))

@@ -41,7 +41,7 @@ from reproarchive.replay.accuracy import check_accuracy
 
 BUGS = ("relu-compile", "relu-runtime", "relu-accuracy", "no-sigmoid", "no-tanh")
 NO_LOWERING = f"{__name__}:no_lowering"
-_UNSUPPORTED = (torch.sigmoid, torch.tanh)
+_UNSUPPORTED = ("sigmoid", "tanh")
 
 
 class LoweringError(RuntimeError):
@@ -56,18 +56,42 @@ FLEET_BROKEN_ENV = "TORCHINDUCTOR_FLEET_TEST_BROKEN"
 
 
 def no_lowering(gm: fx.GraphModule, example_inputs):
-    """A compiler without lowerings for ``torch.sigmoid`` and ``torch.tanh``: it raises on the
-    first node calling one, quoting the node and the input size it was compiled for."""
+    """A compiler without lowerings for ``sigmoid`` and ``tanh`` (the function or the Tensor
+    method): it raises on the first node calling one. Its message says the bug two ways, as a
+    real compiler's messages do: mostly it quotes the node and the input size it was compiled
+    for; on a rank-3 input (its sequence kernels' path), the op's aten name and the
+    rank."""
     lowered = set(filter(None, os.environ.get(FLEET_FIXED_ENV, "").split(",")))
     broken = set(filter(None, os.environ.get(FLEET_BROKEN_ENV, "").split(",")))
+    ranks = {}
     for node in gm.graph.nodes:
-        op = getattr(node.target, "__name__", "")
-        if node.op == "call_function" and op in broken:
+        op = _op(node)
+        if op in broken:
             raise ValueError(f"the lowering of {node.name} produced a tensor of the wrong layout")
-        if node.op == "call_function" and node.target in _UNSUPPORTED and op not in lowered:
+        if op in _UNSUPPORTED and op not in lowered:
+            ranks = ranks or _ranks(gm, example_inputs)
+            rank = ranks.get(node.args[0].name) if isinstance(node.args[0], fx.Node) else None
+            if rank == 3:  # the sequence kernels' path, which words its errors its own way
+                raise LoweringError(f"missing lowering for aten.{op}.default on a {rank}-d input")
             size = sum(t.numel() for t in example_inputs)
             raise LoweringError(f"no lowering for node {node.name} (compiling for {size} input elements)")
     return gm.forward
+
+
+def _op(node: fx.Node) -> str:
+    """The op a node calls, by name: ``torch.sigmoid`` and ``Tensor.sigmoid`` are both ``sigmoid``."""
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", "")
+    return node.target if node.op == "call_method" else ""
+
+
+def _ranks(gm: fx.GraphModule, example_inputs) -> dict[str, int]:
+    """Each node's output rank, from running the graph on the example inputs."""
+    from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
+
+    ShapeProp(gm).propagate(*example_inputs)
+    return {n.name: len(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
+            if isinstance(n.meta.get("tensor_meta"), TensorMetadata)}
 
 
 def segfaulting(gm: fx.GraphModule, example_inputs):
@@ -139,6 +163,36 @@ class Model(torch.nn.Module):
         return self.{b}(h)
 """,
 }
+# The varied corpus' models besides those: more inputs and outputs, and a rank-3 input to the op.
+_VARIED_MODELS = {
+    "sequence": """
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.{a} = torch.nn.Linear(n, n)
+        self.{b} = torch.nn.Linear(n, 2)
+
+    def forward(self, {x}, mask):
+        h = {act}(self.{a}({x})) * mask
+        return self.{b}(h), h.sum(dim=1)
+""",
+    "gated": """
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.{a} = torch.nn.Linear(n, n)
+        self.{b} = torch.nn.Linear(n, n)
+
+    def forward(self, {x}, gate, scale):
+        h = self.{a}({x}) + gate
+        return self.{b}({act}(h) * scale)
+""",
+}
+# A machine whose author calls the op as a Tensor method (the graph holds call_method, not the function).
+_METHOD_ACT = """
+def _method_act(t):
+    return t.{op}()
+"""
 _USERS = ("alice", "bob", "carol", "dmitri", "erin", "farid", "gu", "hana")
 _LAYER_NAMES = (("fc1", "fc2"), ("proj_in", "proj_out"), ("layer_0", "layer_1"), ("encoder", "decoder"))
 _INPUT_NAMES = ("x", "inp", "hidden_states", "x_1")
@@ -158,18 +212,22 @@ def _act(bug: str) -> str:
     return {"no-sigmoid": "torch.sigmoid", "no-tanh": "torch.tanh"}.get(bug, "torch.relu")
 
 
-def _model_class(root: Path, model: str, bug: str, machine: int):
+def _model_class(root: Path, model: str, bug: str, machine: int, method: bool = False):
     """The model class as machine ``machine`` wrote it: in its own file, under its user's home,
-    a machine-dependent number of lines down."""
+    a machine-dependent number of lines down; with ``method``, calling the op as a Tensor method."""
     user = _USERS[machine % len(_USERS)]
     a, b = _LAYER_NAMES[machine % len(_LAYER_NAMES)]
     x = _INPUT_NAMES[machine % len(_INPUT_NAMES)]
     folder = root / f"machine{machine}" / "home" / user / "src"
     folder.mkdir(parents=True, exist_ok=True)
-    name = f"fleet_{model}_{bug.replace('-', '_')}_{machine}"
+    name = f"fleet_{model}_{bug.replace('-', '_')}_{machine}{'_method' if method else ''}"
     file = folder / f"{name}.py"
     padding = "\n" * (3 + 7 * machine)
-    file.write_text("import torch\n" + padding + _MODELS[model].format(a=a, b=b, x=x, act=_act(bug)))
+    act, header = _act(bug), ""
+    if method:
+        act, header = "_method_act", _METHOD_ACT.format(op=_act(bug).split(".")[-1])
+    source = {**_MODELS, **_VARIED_MODELS}[model].format(a=a, b=b, x=x, act=act)
+    file.write_text("import torch\n" + header + padding + source)
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -180,6 +238,11 @@ def _model_class(root: Path, model: str, bug: str, machine: int):
 def _inputs(model: str, n: int, batch: int, gen: torch.Generator) -> list[torch.Tensor]:
     if model == "conv":
         return [torch.randn(batch, 3, 6, 6, generator=gen)]
+    if model == "sequence":
+        return [torch.randn(batch, 5, n, generator=gen), (torch.rand(batch, 5, 1, generator=gen) > 0.3).float()]
+    if model == "gated":
+        return [torch.randn(batch, n, generator=gen), torch.randn(batch, n, generator=gen),
+                torch.rand(batch, n, generator=gen)]
     return [torch.randn(batch, n, generator=gen)]
 
 
@@ -215,9 +278,13 @@ def _failure(bug: str, gm: fx.GraphModule, inputs: list) -> tuple[str, object]:
     raise AssertionError(f"bug {bug} did not fail on this graph")
 
 
-def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] = BUGS) -> list[Member]:
+def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] = BUGS,
+          varied: bool = False) -> list[Member]:
     """``count`` archives under ``root/archives``, spread evenly over ``bugs`` (default: all
-    five), each packed from a model, a shape and a machine chosen by ``seed``."""
+    five), each packed from a model, a shape and a machine chosen by ``seed``. ``varied``: each
+    bug is also reached from models of 1-3 inputs and 1-2 outputs, one with a rank-3 input to the
+    op, and on odd machines the lowering bugs' op is called as a Tensor method: the compiler
+    says one bug in several ways (its message, the node's target), as a real fleet's do."""
     rng = random.Random(seed)
     out = root / "archives"
     out.mkdir(parents=True, exist_ok=True)
@@ -227,12 +294,13 @@ def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] 
     members = []
     for k in range(count):
         bug = bugs[k % len(bugs)]
-        model = rng.choice(sorted(_MODELS))
+        model = rng.choice(sorted({**_MODELS, **_VARIED_MODELS} if varied else _MODELS))
         machine = rng.randrange(8)
         n, batch = rng.choice((4, 6, 8, 12)), rng.choice((1, 2, 3, 5))
-        key = (model, bug, machine)
+        method = varied and machine % 2 == 1 and bug.startswith("no-")
+        key = (model, bug, machine, method)
         if key not in classes:
-            classes[key] = _model_class(root / "src", model, bug, machine)
+            classes[key] = _model_class(root / "src", model, bug, machine, method)
         torch.manual_seed(k)
         tracer = fx.Tracer()
         tracer.record_stack_traces = True
