@@ -56,8 +56,9 @@ def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_re
     replay and minify one archive per group, and report each group's verdict.
 
     Grouping reads indexes only; groups whose representatives minified to the same culprit (the
-    same stage, exception type and ops) are then merged: one bug said in several ways. Tasks run in fresh processes (a crash or hang costs one task),
-    on this machine (-j N) or on Ray (--engine ray). Every verdict is cached next to the
+    same stage, exception type and ops) are then merged: one bug said in several ways. Tasks
+    run in fresh processes (a crash or hang costs one task), on this machine (-j N) or on Ray
+    (--engine ray). Every verdict is cached next to the
     archives (the store, or SOURCE/.reproarchive-triage), keyed by archive, action and
     environment: a rerun, or a teammate's run, does only what is missing.
     """

@@ -273,8 +273,8 @@ def test_a_store_source_keeps_verdicts_and_minified_archives_in_the_store(tmp_pa
     location = group["verdicts"]["minify"]["minified"]["location"]
     assert location.startswith(str(store)) and (store / "refs" / location.rsplit("/", 1)[1]).is_file()
     # the culprit is read from the minified archive in the store (its inline bytes)
-    assert group["culprit"] == {"stage": "compile", "exception_type": "torch._dynamo.backends.debugging.ReluCompileError",
-                                "ops": ["relu"]}
+    relu_error = "torch._dynamo.backends.debugging.ReluCompileError"
+    assert group["culprit"] == {"stage": "compile", "exception_type": relu_error, "ops": ["relu"]}
     assert len(list((store / "verdicts").rglob("*.json"))) == 3  # the environment and two verdicts
     again = json.loads(invoke("triage", store, "--json").stdout)
     assert again["archives"] == 2 and again["tasks"]["run"] == 0 and again["tasks"]["cached"] == 2
