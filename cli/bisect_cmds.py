@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 import reproarchive
@@ -114,10 +116,15 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
 
 @bisect_group.command("torch", epilog=TORCH_EPILOG)
 @click.argument("archive", type=click.Path(dir_okay=False))
-@click.option("--env", "interpreters", multiple=True, required=True, metavar="PYTHON",
+@click.option("--env", "interpreters", multiple=True, metavar="PYTHON",
               help="An environment to replay in: the path of its Python interpreter. Give several, in order "
                    "(oldest torch first); each replays with its own installed reproarchive, or with this "
                    "one's code when it has none.")
+@click.option("--torch", "torch_specs", multiple=True, metavar="SPEC",
+              help="Instead of --env: an environment for this torch (2.13.0, a requirement such as "
+                   "'torch>=2.12,<2.13', or a wheel file), built with pip once and reused. Give several, in order.")
+@click.option("--env-cache", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where --torch environments are kept (default: ~/.cache/reproarchive/torch-envs).")
 @click.option("--backend", metavar="NAME", help="Replay with NAME in every environment (default: the archive's).")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop after this long (status incomplete, exit 3).")
@@ -128,7 +135,8 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
               help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def torch_cmd(archive, interpreters, backend, max_time, repeat, summary_path, as_json, quiet):
+def torch_cmd(archive, interpreters, torch_specs, env_cache, backend, max_time, repeat, summary_path, as_json,
+              quiet):
     """Replay ARCHIVE under several Python environments and name the first where it fails.
 
     Verdicts: good, bad (the recorded failure's signature), different failure, or cannot load
@@ -138,6 +146,12 @@ def torch_cmd(archive, interpreters, backend, max_time, repeat, summary_path, as
     """
 
     show = None if (quiet or as_json) else (lambda v: click.echo(terminal_lines(env_line(v)), err=True))
+    def building(requirement, folder):
+        if not (quiet or as_json):
+            click.echo(terminal_lines(f"building an environment for {requirement} in {folder} (pip install; "
+                                      "once, then reused)"), err=True)
+
     result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,
-                                       on_verdict=show, repeat=repeat)
+                                       on_verdict=show, repeat=repeat, torch_specs=tuple(torch_specs),
+                                       env_cache=Path(env_cache) if env_cache else None, on_build=building)
     _report(result, archive, torch_lines, summary_path=summary_path, as_json=as_json)

@@ -24,7 +24,7 @@ def step_line(step) -> str:
 def env_line(verdict) -> str:
     """One progress line per environment of ``bisect torch``."""
     extra = f" ({verdict.reason})" if verdict.reason else ""
-    return f"bisect: {verdict.python}: torch {verdict.torch or '?'}: {verdict.verdict}{extra}"
+    return f"bisect: {verdict.label}: torch {verdict.torch or '?'}: {verdict.verdict}{extra}"
 
 
 def compiler_lines(result) -> list[str]:
@@ -74,7 +74,7 @@ def _trial_text(trial, archive: str) -> str:
 def torch_lines(result) -> list[str]:
     lines = [result.summary]
     for v in result.verdicts:
-        lines.append(f"  {v.verdict:<18} {v.python}  torch {v.torch or '?'} ({v.git_version or 'no git version'}), "
+        lines.append(f"  {v.verdict:<18} {v.label}  torch {v.torch or '?'} ({v.git_version or 'no git version'}), "
                      f"read by {v.reader}" + (f": {v.reason}" if v.reason else ""))
     if result.commit_range:
         lines.append(f"  commits to look at: {result.commit_range}")

@@ -1,7 +1,8 @@
 """``bisect torch``: replay one archive under several Python environments, in the order given,
 and name the first one where the recorded failure appears.
 
-Each environment is an interpreter (a path). It is asked what it has (``env_probe``: Python,
+Each environment is an interpreter (a path), or a torch (a version, a requirement, a wheel
+file) whose environment is built with pip and cached (``torch_builds``). It is asked what it has (``env_probe``: Python,
 torch, ``torch.version.git_version``, reproarchive) and then replays the archive with its own
 installed reproarchive (``reproarchive run ARCHIVE --json``), in a fresh process whose
 ``PYTHONPATH`` is cleared so nothing of this process's imports leaks in. An environment without
@@ -25,6 +26,7 @@ was compared, and the status says so (exit 3): no culprit is named.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -36,7 +38,15 @@ from pathlib import Path
 from typing import Callable
 
 from reproarchive.bisect.results import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, TorchBisection, failed_of
+from reproarchive.bisect.torch_builds import (
+    BuildError,
+    build_environment,
+    default_cache,
+    pinned_packages,
+    torch_requirement,
+)
 from reproarchive.errors import ReproArchiveError, SourceError
+from reproarchive.format.reader import ContainerReader
 
 _PROBE = Path(__file__).with_name("env_probe.py")
 _PACKAGE = Path(__file__).resolve().parents[1]  # this reproarchive: the bundled reader is a copy of it
@@ -50,38 +60,75 @@ VerdictFn = Callable[[EnvVerdict], None]
 
 def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: str | None = None,
                  max_time: float | None = None, on_verdict: VerdictFn | None = None,
-                 repeat: int = 1) -> TorchBisection:
+                 repeat: int = 1, torch_specs: tuple[str, ...] = (), env_cache: Path | None = None,
+                 on_build: Callable[[str, Path], None] | None = None) -> TorchBisection:
     """Replay the archive at ``path`` under each interpreter in ``interpreters``, in order; see
-    the module docstring. ``backend`` is passed to each replay as ``--backend``; ``repeat``
-    replays each environment up to that many times (``_repeated``). Raises SourceError (exit 4)
-    when the archive or an interpreter is missing."""
+    the module docstring. ``torch_specs`` instead names each environment by its torch (a version,
+    a requirement or a wheel file): it is built with pip under ``env_cache`` and reused
+    (``torch_builds``; ``on_build`` is told before a build). ``backend`` is passed to each replay
+    as ``--backend``; ``repeat`` replays each environment up to that many times (``_repeated``).
+    Raises SourceError (exit 4) when the archive or an interpreter is missing."""
     if repeat < 1:
         raise ReproArchiveError(f"--repeat {repeat}: an environment needs at least one replay",
                                 "give --repeat 1 or more")
     archive = Path(path).resolve()
     if not archive.is_file():
         raise SourceError(f"{path} does not exist or is not a file", "give the path of an archive")
-    if not interpreters:
-        raise ReproArchiveError("no environment to replay in", "give one or more --env PATH-TO-PYTHON")
+    if interpreters and torch_specs:
+        raise ReproArchiveError("environments given both as interpreters (--env) and as torch versions (--torch)",
+                                "give them one way, in the order to bisect")
+    if not interpreters and not torch_specs:
+        raise ReproArchiveError("no environment to replay in",
+                                "give one or more --env PATH-TO-PYTHON, or --torch VERSION")
     for python in interpreters:
         if not (os.path.isfile(python) and os.access(python, os.X_OK)):
             raise SourceError(f"{python} is not an executable interpreter", "give the path of a python in each --env")
+    for spec in torch_specs:
+        torch_requirement(spec)  # a spec that names no torch is refused before anything is built
     started = time.monotonic()
     deadline = None if max_time is None else started + max_time
+    environments = [(python, None) for python in interpreters] + [(None, spec) for spec in torch_specs]
+    pins = pinned_packages(_recorded_packages(archive)) if torch_specs else ()
     verdicts: list[EnvVerdict] = []
     status = "done"
     with tempfile.TemporaryDirectory(prefix="reproarchive-bundle-") as bundle:
-        for python in interpreters:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+        for python, spec in environments:
+            if deadline is not None and deadline - time.monotonic() <= 0:
                 status = "incomplete"
                 break
-            verdict = _judge(python, archive, backend, timeout=left, bundle=Path(bundle), repeat=repeat,
-                             deadline=deadline)
+            if spec is not None:
+                python, verdict = _built(spec, env_cache or default_cache(), pins, on_build)
+            if python is not None:
+                verdict = _judge(python, archive, backend, bundle=Path(bundle), repeat=repeat, deadline=deadline,
+                                 timeout=None if deadline is None else deadline - time.monotonic())
+                verdict = dataclasses.replace(verdict, built_from=spec)
             verdicts.append(verdict)
             if on_verdict is not None:
                 on_verdict(verdict)
     return _result(str(archive), verdicts, status, round(time.monotonic() - started, 3))
+
+
+def _built(spec: str, cache: Path, pins: tuple[str, ...],
+           on_build: Callable[[str, Path], None] | None) -> tuple[str | None, EnvVerdict | None]:
+    """(the interpreter built for ``spec``, None), or (None, the verdict of an environment that
+    could not be built: skipped, since it says nothing of torch)."""
+    try:
+        return str(build_environment(spec, cache=cache, pins=pins, on_build=on_build).python), None
+    except BuildError as err:
+        return None, EnvVerdict(python=spec, python_version=None, torch=None, git_version=None, reader="none",
+                                verdict=SKIPPED, exit_code=None, seconds=0.0, built_from=spec,
+                                reason=f"the environment could not be built: {err.what}")
+
+
+def _recorded_packages(archive: Path) -> dict[str, str | None]:
+    """The package versions the archive records (none when it cannot be read here: its replay
+    will say why)."""
+    try:
+        with ContainerReader(archive) as reader:
+            system = reader.index.records.system
+    except (ReproArchiveError, OSError):
+        return {}
+    return dict(system.packages or {}) if system is not None else {}
 
 
 def _bundled(folder: Path) -> Path:

@@ -149,8 +149,17 @@ class EnvVerdict:
     #: each replay's own verdict, in order (``--repeat``): the verdict above is bad when any was
     #: bad, so a flaky failure is counted, and ``flaky`` says the replays disagreed
     replays: tuple[str, ...] = ()
+    built_from: str | None = None  # the --torch spec the environment was built for
 
-    COMPUTED = ("flaky",)
+    COMPUTED = ("flaky", "label")
+
+    @property
+    def label(self) -> str:
+        """How a person names the environment: ``torch 2.13.0 (<python>)`` for one built from a
+        --torch spec, else its interpreter."""
+        if self.built_from is None:
+            return self.python
+        return f"torch {self.built_from}" + (f" ({self.python})" if self.python != self.built_from else "")
 
     @property
     def flaky(self) -> bool:
@@ -185,10 +194,10 @@ class TorchBisection(PlainRecord):
     def summary(self) -> str:
         if self.first_bad is None:
             return f"bisect torch: {self.status}"
-        if self.last_good is None:
-            return (f"bisect torch: {self.first_bad} is bad, but no environment before it is good: nothing was "
-                    "compared, so no torch is to blame (put an environment that passes before it)")
-        after = f" (the last good one before it: {self.last_good})" if self.last_good else ""
         bad = next(v for v in self.verdicts if v.python == self.first_bad and v.verdict == BAD)
+        if self.last_good is None:
+            return (f"bisect torch: {bad.label} is bad, but no environment before it is good: nothing was "
+                    "compared, so no torch is to blame (put an environment that passes before it)")
+        good = next(v for v in self.verdicts if v.python == self.last_good and v.verdict == GOOD)
         flaky = f"; flaky there: {failed_of(bad.replays)}" if bad.flaky else ""
-        return f"the first bad environment is {self.first_bad}{after}{flaky}"
+        return f"the first bad environment is {bad.label} (the last good one before it: {good.label}){flaky}"

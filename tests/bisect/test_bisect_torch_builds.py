@@ -1,0 +1,142 @@
+"""``bisect torch --torch SPEC``: environments built from torch specs with pip, cached and reused.
+
+The good/bad pair is real torch: this machine's torch wheel as pip finds it (``pip download``,
+which takes it from the local wheel folder pip is configured with), and a copy of that wheel
+whose ``torch/_inductor/compile_fx.py`` carries the planted silu bug, as a patched local build
+would. Both environments are made by ``bisect torch`` itself."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from reproarchive.bisect.torch_builds import build_environment, pinned_packages, torch_requirement
+from reproarchive.format.reader import ContainerReader
+from support.captures import capture_failure
+from support.cli import invoke
+from support.torch_envs import SILU_BUG, planted_silu
+
+VERSION = torch.__version__.split("+")[0]
+COMPILE_FX = "torch/_inductor/compile_fx.py"
+
+
+def silu_graph(x):
+    return torch.nn.functional.silu(x) * 2
+
+
+def _this_wheel(folder: Path) -> Path:
+    """This torch's wheel, where pip finds it (a configured local folder, its cache or the index)."""
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check",
+            "-d", str(folder), f"torch=={torch.__version__}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    wheels = sorted(folder.glob("torch-*.whl"))
+    if done.returncode != 0 or not wheels:
+        pytest.skip(f"pip cannot get this torch's wheel here: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return wheels[0]
+
+
+def _patched(wheel: Path, out: Path) -> Path:
+    """A copy of ``wheel`` whose compile_fx.py plants the silu bug (RECORD updated), rewritten
+    in place by ``zip`` (the other members are copied, not recompressed)."""
+    if shutil.which("zip") is None:
+        pytest.skip("zip is not installed")
+    out.mkdir()
+    copy = out / wheel.name
+    shutil.copyfile(wheel, copy)
+    stage = out / "stage"
+    with zipfile.ZipFile(wheel) as z:
+        record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+        # the same patch as the sitecustomize's, applied to the module it patches, from inside it
+        planted = SILU_BUG.replace("import torch._inductor.compile_fx as _compile_fx",
+                                   "import sys as _sys\n_compile_fx = _sys.modules[__name__]")
+        source = z.read(COMPILE_FX).decode() + "\n\n# planted by the test\n" + planted
+        lines = z.read(record).decode().splitlines()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(source.encode()).digest()).rstrip(b"=").decode()
+    lines = [f"{COMPILE_FX},sha256={digest},{len(source.encode())}" if ln.startswith(COMPILE_FX + ",") else ln
+             for ln in lines]
+    for name, text in ((COMPILE_FX, source), (record, "\n".join(lines) + "\n")):
+        (stage / name).parent.mkdir(parents=True, exist_ok=True)
+        (stage / name).write_text(text)
+    subprocess.run(["zip", "-q", str(copy), COMPILE_FX, record], cwd=stage, check=True, timeout=300)
+    return copy
+
+
+@pytest.mark.slow
+def test_environments_built_from_torch_specs_name_the_patched_torch_and_are_reused(tmp_path, fresh_dynamo):
+    with planted_silu():
+        archive = capture_failure(tmp_path / "silu.tar.zst", silu_graph, [torch.randn(16)],
+                                  "aot_eager_decomp_partition", accuracy=True)
+    patched = _patched(_this_wheel(tmp_path / "wheels"), tmp_path / "patched")
+    cache = tmp_path / "envs"
+    args = ("bisect", "torch", archive, "--torch", VERSION, "--torch", patched, "--env-cache", cache)
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    good, bad = document["verdicts"]
+    assert (good["verdict"], bad["verdict"]) == ("good", "bad"), document
+    assert good["built_from"] == VERSION and bad["built_from"] == str(patched)
+    assert good["torch"] == bad["torch"] == torch.__version__
+    # each replayed with its own torch, in a venv under the cache, with a copy of this reproarchive
+    for v in (good, bad):
+        assert Path(v["python"]).is_relative_to(cache) and v["reader"].startswith("bundled"), v
+    assert document["first_bad"] == bad["python"] and document["last_good"] == good["python"]
+    assert document["summary"] == (f"the first bad environment is torch {patched} ({bad['python']}) "
+                                   f"(the last good one before it: torch {VERSION} ({good['python']}))")
+    ready = sorted(cache.glob("*/reproarchive-environment.json"))
+    assert len(ready) == 2 and not list(cache.glob(".*building*"))
+    # a second bisection builds nothing: the environments are found by what went into them
+    with ContainerReader(archive) as reader:
+        pins = pinned_packages(dict(reader.index.records.system.packages))
+    for spec, verdict in ((VERSION, good), (str(patched), bad)):
+        built = build_environment(spec, cache=cache, pins=pins, on_build=lambda *a: pytest.fail(f"rebuilt {a}"))
+        assert built.reused and str(built.python) == verdict["python"]
+    assert sorted(cache.glob("*/reproarchive-environment.json")) == ready
+
+
+def test_an_environment_that_cannot_be_built_is_skipped_not_bad(tmp_path):
+    """pip refuses the wheel: the environment is skipped with pip's reason, nothing is left in
+    the cache, and with no other environment nothing was compared."""
+    archive = tmp_path / "a.tar.zst"
+    archive.write_bytes(b"not an archive")
+    broken = tmp_path / "torch-9.9.9-py3-none-any.whl"
+    broken.write_bytes(b"not a zip file")
+    cache = tmp_path / "envs"
+    result = invoke("bisect", "torch", archive, "--torch", broken, "--env-cache", cache, "--json")
+    document = json.loads(result.stdout)
+    (verdict,) = document["verdicts"]
+    assert verdict["verdict"] == "skipped" and verdict["reason"].startswith("the environment could not be built: "
+                                                                            "pip install failed"), verdict
+    assert result.exit_code == 3 and document["status"] == "no bad environment" and document["first_bad"] is None
+    assert list(cache.iterdir()) == []
+
+
+def test_a_spec_that_names_no_torch_is_refused_before_anything_is_built(tmp_path):
+    archive = tmp_path / "a.tar.zst"
+    archive.write_bytes(b"x")
+    for spec, words in (("numpy==1.0", "names no torch"), (str(tmp_path / "gone.whl"), "no such wheel file")):
+        result = invoke("bisect", "torch", archive, "--torch", spec, "--env-cache", tmp_path / "envs", "--json")
+        assert result.exit_code == 2 and words in json.loads(result.stdout)["error"]["message"], result.output
+    both = invoke("bisect", "torch", archive, "--torch", "2.13.0", "--env", sys.executable, "--json")
+    assert both.exit_code == 2 and "one way" in json.loads(both.stdout)["error"]["message"]
+    assert not (tmp_path / "envs").exists()
+
+
+def test_specs_and_pins():
+    assert torch_requirement("2.13.0") == "torch==2.13.0"
+    assert torch_requirement("2.13.0+cpu") == "torch==2.13.0+cpu"
+    assert torch_requirement("torch>=2.12,<2.13") == "torch>=2.12,<2.13"
+    pins = pinned_packages({"numpy": "1.26.4", "sympy": "1.13.1", "transformers": None, "torch": "2.13.0"})
+    # the recorded numpy is pinned; sympy is torch's own to choose; the reader's needs at our versions
+    assert "numpy==1.26.4" in pins and not any(p.startswith(("sympy", "torch", "transformers")) for p in pins)
+    import zstandard
+
+    assert f"zstandard=={zstandard.__version__}" in pins and any(p.startswith("msgpack==") for p in pins)
