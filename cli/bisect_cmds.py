@@ -128,9 +128,11 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
 @click.option("--backend", metavar="NAME", help="Replay with NAME in every environment (default: the archive's).")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop after this long (status incomplete, exit 3).")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+@click.option("--repeat", type=click.IntRange(min=1), default=None, metavar="N",
               help="Replay up to N times in each environment: one failure makes it bad, and replays that "
-                   "disagree are reported as flaky.")
+                   "disagree are reported as flaky. Default: once each, then the first bad environment 4 times "
+                   "to measure its failure rate, and the good ones before it as often as that rate needs to "
+                   "miss a failure under 1% of the time (at most 20; once for a failure that never passed).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

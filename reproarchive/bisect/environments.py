@@ -37,7 +37,17 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from reproarchive.bisect.results import BAD, GOOD, OTHER, SKIPPED, EnvVerdict, TorchBisection, failed_of
+from reproarchive.bisect.flakiness import measured
+from reproarchive.bisect.results import (
+    BAD,
+    GOOD,
+    OTHER,
+    SKIPPED,
+    EnvVerdict,
+    Flakiness,
+    TorchBisection,
+    failed_of,
+)
 from reproarchive.bisect.torch_builds import (
     BuildError,
     build_environment,
@@ -60,15 +70,16 @@ VerdictFn = Callable[[EnvVerdict], None]
 
 def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: str | None = None,
                  max_time: float | None = None, on_verdict: VerdictFn | None = None,
-                 repeat: int = 1, torch_specs: tuple[str, ...] = (), env_cache: Path | None = None,
+                 repeat: int | None = None, torch_specs: tuple[str, ...] = (), env_cache: Path | None = None,
                  on_build: Callable[[str, Path], None] | None = None) -> TorchBisection:
     """Replay the archive at ``path`` under each interpreter in ``interpreters``, in order; see
     the module docstring. ``torch_specs`` instead names each environment by its torch (a version,
     a requirement or a wheel file): it is built with pip under ``env_cache`` and reused
     (``torch_builds``; ``on_build`` is told before a build). ``backend`` is passed to each replay
-    as ``--backend``; ``repeat`` replays each environment up to that many times (``_repeated``).
+    as ``--backend``; ``repeat`` replays each environment up to that many times (``_repeated``);
+    None (the default) chooses it from the failure's measured flakiness (``flakiness``).
     Raises SourceError (exit 4) when the archive or an interpreter is missing."""
-    if repeat < 1:
+    if repeat is not None and repeat < 1:
         raise ReproArchiveError(f"--repeat {repeat}: an environment needs at least one replay",
                                 "give --repeat 1 or more")
     archive = Path(path).resolve()
@@ -99,13 +110,23 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
             if spec is not None:
                 python, verdict = _built(spec, env_cache or default_cache(), pins, on_build)
             if python is not None:
-                verdict = _judge(python, archive, backend, bundle=Path(bundle), repeat=repeat, deadline=deadline,
+                verdict = _judge(python, archive, backend, bundle=Path(bundle), repeat=repeat or 1, deadline=deadline,
                                  timeout=None if deadline is None else deadline - time.monotonic())
                 verdict = dataclasses.replace(verdict, built_from=spec)
             verdicts.append(verdict)
             if on_verdict is not None:
                 on_verdict(verdict)
-    return _result(str(archive), verdicts, status, round(time.monotonic() - started, 3))
+        flakiness = None
+        if repeat is None and status == "done":
+            def replay_more(verdict: EnvVerdict, n: int) -> EnvVerdict | None:
+                if deadline is not None and deadline - time.monotonic() <= 0:
+                    return None
+                until = "all" if verdict.verdict == BAD else "bad"  # measure a rate; or look for a failure
+                return _judge(verdict.python, archive, backend, bundle=Path(bundle), repeat=n, deadline=deadline,
+                              timeout=None if deadline is None else deadline - time.monotonic(), until=until)
+
+            verdicts, flakiness = measured(verdicts, replay_more)
+    return _result(str(archive), verdicts, status, round(time.monotonic() - started, 3), flakiness)
 
 
 def _built(spec: str, cache: Path, pins: tuple[str, ...],
@@ -153,7 +174,7 @@ def _environment(bundle: Path | None) -> dict[str, str]:
 
 
 def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | None, bundle: Path,
-           repeat: int = 1, deadline: float | None = None) -> EnvVerdict:
+           repeat: int = 1, deadline: float | None = None, until: str = "answer") -> EnvVerdict:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reproarchive-env-") as cwd:
         facts, problem = _probe(python, cwd)
@@ -180,17 +201,20 @@ def _judge(python: str, archive: Path, backend: str | None, *, timeout: float | 
                 return SKIPPED, "--max-time ran out during this replay", None
             return (*_verdict(done.returncode, done.stdout, done.stderr), done.returncode)
 
-        verdict, reason, code, replays = _repeated(replay, repeat, timeout, deadline)
+        verdict, reason, code, replays = _repeated(replay, repeat, timeout, deadline, until)
     return EnvVerdict(**base, reader=reader, verdict=verdict, exit_code=code, reason=reason,
                       seconds=round(time.monotonic() - start, 3), replays=replays)
 
 
 def _repeated(replay: Callable[[float | None], tuple[str, str | None, int | None]], repeat: int,
-              timeout: float | None, deadline: float | None) -> tuple[str, str | None, int | None, tuple[str, ...]]:
+              timeout: float | None, deadline: float | None,
+              until: str = "answer") -> tuple[str, str | None, int | None, tuple[str, ...]]:
     """One environment's verdict from up to ``repeat`` replays. A failure that shows once is
     there (bad, however many replays passed: syzkaller's rule), and the replays' disagreement is
     kept so the report can say flaky. Replaying stops once more could not change the answer: an
-    environment that cannot replay at all, or one seen both good and bad."""
+    environment that cannot replay at all, or one seen both good and bad. ``until``: "answer"
+    (that), "bad" (also at the first failure: replays looking for one) or "all" (only when it
+    cannot replay: replays measuring a failure rate)."""
     runs: list[tuple[str, str | None, int | None]] = []
     for i in range(repeat):
         left = timeout if i == 0 or deadline is None else deadline - time.monotonic()
@@ -198,8 +222,10 @@ def _repeated(replay: Callable[[float | None], tuple[str, str | None, int | None
             break
         runs.append(replay(left))
         seen = {v for v, _, _ in runs}
-        if SKIPPED in seen or {GOOD, BAD} <= seen:
+        if SKIPPED in seen or (until == "answer" and {GOOD, BAD} <= seen) or (until == "bad" and BAD in seen):
             break
+    if not runs:
+        return SKIPPED, "--max-time ran out before this replay", None, ()
     verdicts = tuple(v for v, _, _ in runs)
     chosen = next((r for r in runs if r[0] == BAD), None)
     if chosen is None and len(set(verdicts)) > 1:
@@ -251,7 +277,8 @@ def _verdict(code: int, stdout: str, stderr: str) -> tuple[str, str | None]:
     return SKIPPED, f"the replay ended with exit status {code} without a verdict ({tail})"
 
 
-def _result(archive: str, verdicts: list[EnvVerdict], status: str, seconds: float) -> TorchBisection:
+def _result(archive: str, verdicts: list[EnvVerdict], status: str, seconds: float,
+            flakiness: Flakiness | None = None) -> TorchBisection:
     first_bad = next((i for i, v in enumerate(verdicts) if v.verdict == BAD), None)
     last_good = None
     if first_bad is not None:
@@ -268,4 +295,4 @@ def _result(archive: str, verdicts: list[EnvVerdict], status: str, seconds: floa
         archive=archive, status=status, verdicts=tuple(verdicts),
         first_bad=verdicts[first_bad].python if first_bad is not None else None,
         last_good=verdicts[last_good].python if last_good is not None else None,
-        commit_range=commit_range, seconds=seconds, python=sys.version.split()[0])
+        commit_range=commit_range, seconds=seconds, python=sys.version.split()[0], flakiness=flakiness)

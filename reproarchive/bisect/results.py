@@ -169,6 +169,17 @@ class EnvVerdict:
 
 
 @dataclasses.dataclass(frozen=True)
+class Flakiness:
+    """What ``bisect torch`` measured at its first bad environment, and the replays it chose
+    for the good ones before it (``bisect.flakiness``)."""
+
+    environment: str  # the interpreter measured
+    failed: int  # replays that failed as recorded
+    replays: int  # replays that passed or failed as recorded
+    repeat: int  # replays given to each good environment before it (1: the failure is stable)
+
+
+@dataclasses.dataclass(frozen=True)
 class TorchBisection(PlainRecord):
     """What ``bisect torch`` found; ``to_plain()`` is its ``--json``.
 
@@ -187,6 +198,9 @@ class TorchBisection(PlainRecord):
     commit_range: str | None
     seconds: float
     python: str  # the interpreter that ran the bisection
+    #: what the default --repeat measured at the first bad environment (None: --repeat was given,
+    #: or no good environment came before it)
+    flakiness: Flakiness | None = None
 
     COMPUTED = ("summary",)
 
@@ -200,4 +214,6 @@ class TorchBisection(PlainRecord):
                     "compared, so no torch is to blame (put an environment that passes before it)")
         good = next(v for v in self.verdicts if v.python == self.last_good and v.verdict == GOOD)
         flaky = f"; flaky there: {failed_of(bad.replays)}" if bad.flaky else ""
+        if self.flakiness is not None and self.flakiness.repeat > 1:
+            flaky += f" (each good environment before it was replayed {self.flakiness.repeat} times)"
         return f"the first bad environment is {bad.label} (the last good one before it: {good.label}){flaky}"

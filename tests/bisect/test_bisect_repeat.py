@@ -110,3 +110,51 @@ def test_a_failure_then_a_replay_that_could_not_run_is_bad_but_not_called_flaky(
     assert verdict.verdict == "bad" and verdict.replays == ("bad", "skipped")
     assert result.status == "found" and result.last_good == str(good)
     assert verdict.reason is None and not verdict.flaky and "flaky" not in result.summary
+
+
+# -- the default: replays chosen from the flakiness measured at the first bad environment --------
+
+
+def test_by_default_a_flaky_failure_is_measured_and_the_good_environments_before_it_replayed(tmp_path, archive):
+    """2.12 passed its first replay but fails one time in two; 2.13 fails 2 of 4: the default
+    replays 2.12 until it fails (7 replays would miss a rate-1/2 failure under 1% of the time),
+    and the culprit moves to 2.12."""
+    old = _env(tmp_path, "old", "2.11", [PASSED] * 20)
+    mid = _env(tmp_path, "mid", "2.12", [PASSED, PASSED, REPRODUCED] + [PASSED] * 17)
+    new = _env(tmp_path, "new", "2.13", [REPRODUCED, PASSED, REPRODUCED, PASSED])
+    result = reproarchive.bisect_torch(archive, [str(old), str(mid), str(new)])
+    assert (result.flakiness.environment, result.flakiness.failed, result.flakiness.replays,
+            result.flakiness.repeat) == (str(new), 2, 4, 7)
+    by = {v.python: v for v in result.verdicts}
+    assert by[str(new)].replays == ("bad", "good", "bad", "good") and _calls(new) == 4
+    assert by[str(mid)].verdict == "bad" and by[str(mid)].replays == ("good", "good", "bad") and _calls(mid) == 3
+    assert by[str(mid)].reason == "flaky: 1 of 3 replays failed"
+    assert by[str(old)].verdict == "good" and _calls(old) == 7
+    assert result.status == "found" and result.first_bad == str(mid) and result.last_good == str(old)
+    assert "replayed 7 times" in result.summary
+
+
+def test_by_default_a_stable_failure_costs_its_measure_only(tmp_path, archive):
+    good = _env(tmp_path, "good", "2.12", [PASSED] * 5)
+    bad = _env(tmp_path, "bad", "2.13", [REPRODUCED] * 5)
+    result = invoke("bisect", "torch", archive, "--env", good, "--env", bad, "--json")
+    document = json.loads(result.stdout)
+    assert result.exit_code == 0 and document["flakiness"] == {"environment": str(bad), "failed": 4, "replays": 4,
+                                                               "repeat": 1}
+    assert _calls(bad) == 4 and _calls(good) == 1
+    # nothing to compare before the first bad one: nothing is measured; --repeat N: N, not measured
+    for env in (good, bad):
+        env.with_name(env.name + ".calls").unlink()
+    alone = reproarchive.bisect_torch(archive, [str(bad)])
+    assert alone.flakiness is None and _calls(bad) == 1
+    given = reproarchive.bisect_torch(archive, [str(good), str(bad)], repeat=1)
+    assert given.flakiness is None and _calls(bad) == 2 and _calls(good) == 1
+
+
+def test_the_replays_for_a_rate():
+    from reproarchive.bisect.flakiness import CAP, repeat_for
+
+    assert repeat_for(4, 4) == 1 and repeat_for(0, 0) == 1
+    assert repeat_for(2, 4) == 7  # 0.5 ** 7 < 0.01 <= 0.5 ** 6
+    assert repeat_for(1, 4) == 17 and repeat_for(1, 10) == CAP == 20
+    assert repeat_for(3, 4) == 4  # 0.25 ** 4 < 0.01 <= 0.25 ** 3

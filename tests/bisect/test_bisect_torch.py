@@ -40,6 +40,10 @@ def test_the_environment_with_the_planted_bug_is_named_and_an_old_reader_is_skip
     assert all(v["git_version"] == torch.version.git_version for v in document["verdicts"])
     assert "installed reproarchive" in verdicts[str(good)]["reader"]
     assert "first bad environment" in summary.read_text()
+    # by default the first bad environment was replayed until its failure rate was measured: the
+    # planted bug fails every time, so the good one before it needed no more replays
+    assert document["flakiness"] == {"environment": str(bad), "failed": 4, "replays": 4, "repeat": 1}
+    assert verdicts[str(bad)]["replays"] == ["bad"] * 4 and verdicts[str(good)]["replays"] == ["good"]
 
 
 def test_a_missing_interpreter_is_exit_4_with_a_json_error(tmp_path):

@@ -77,7 +77,8 @@ def test_environments_built_from_torch_specs_name_the_patched_torch_and_are_reus
                                   "aot_eager_decomp_partition", accuracy=True)
     patched = _patched(_this_wheel(tmp_path / "wheels"), tmp_path / "patched")
     cache = tmp_path / "envs"
-    args = ("bisect", "torch", archive, "--torch", VERSION, "--torch", patched, "--env-cache", cache)
+    # one replay each: the default would measure the failure's flakiness (test_bisect_repeat.py)
+    args = ("bisect", "torch", archive, "--torch", VERSION, "--torch", patched, "--env-cache", cache, "--repeat", "1")
     result = invoke(*args, "--json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
