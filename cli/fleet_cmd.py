@@ -148,6 +148,9 @@ def format_report(r) -> list[str]:
             lines.append(terminal_safe(f"{'':>10}one culprit, {g.culprit.text()}; merged with {len(g.folded)} "
                                        "more signature(s):"))
             lines.extend(terminal_safe(f"{'':>12}{f.count:>4}  {_clipped(f.text)}") for f in g.folded)
+        if len(g.seen) > 1:  # more than this environment: the releases it fails and passes on
+            seen = ", ".join(f"torch {s.torch} ({s.device}) {s.environment[7:15]}: {s.status}" for s in g.seen)
+            lines.append(terminal_safe(f"{'':>10}replays cached: {seen}"))
     for u in r.unreadable:
         lines.append(terminal_safe(f"unreadable: {u.location}: {u.error}"))
     failed = [(g.number, a, v) for g in r.groups for a, v in g.verdicts.items() if v.failed_to_run]

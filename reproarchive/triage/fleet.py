@@ -16,7 +16,9 @@ The steps, each cheap before the next costs anything:
 4. groups whose representatives minified to the same culprit (``culprits``: stage, exception
    type and ops of the smallest failing graph) merge into one: a bug said in several ways;
 5. with ``against``, each group's replay verdict here is compared with the one stored for any
-   of its members in that environment: fixed, still fails, fails differently, fails here only.
+   of its members in that environment: fixed, still fails, fails differently, fails here only;
+6. each group lists its replay verdict in every environment the cache holds (``history``): the
+   torch releases it fails and passes on.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from reproarchive.store.pull import archive_view, open_store
 from reproarchive.triage.culprits import MINIFIED, UNCHANGED, Culprit, merge_keys, read_culprit
 from reproarchive.triage.engine import Executor, LocalExecutor, Task
 from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group, signature_of
+from reproarchive.triage.history import Seen, seen_in
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
 
 #: For a folder of archives: the local store holding verdicts and minified archives.
@@ -104,6 +107,7 @@ class GroupReport(PlainRecord):
     against: Comparison | None = None
     culprit: Culprit | None = None  # what the representative minified to (``culprits``)
     folded: tuple[Folded, ...] = ()  # signature groups merged into this one: same culprit
+    seen: tuple[Seen, ...] = ()  # its replay in every environment with a cached verdict (``history``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +192,12 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     def compare(sig: Signature | None, ms: list[Member], replay: Verdict | None) -> Comparison | None:
         return _compare(cache, other.deciding(sig.stage if sig else None), ms, replay) if other else None
 
-    groups = _group_reports(grouped, reps, verdicts, cached, signatures, culprits, compare)
+    environments = cache.environments()
+
+    def history(keys: list[tuple]) -> tuple[Seen, ...]:
+        return seen_in(cache, environments, [reps[k].digest for k in keys])
+
+    groups = _group_reports(grouped, reps, verdicts, cached, signatures, culprits, compare, history)
     return TriageReport(source=os.fspath(source), level=level, engine=executor.name, workers=executor.workers,
                         environment=environment, against=other, archives=len(members), groups=groups,
                         unreadable=tuple(unreadable), tasks=counts, elapsed_s=round(time.monotonic() - start, 3),
@@ -258,7 +267,7 @@ class _Plan:
 
 
 def _group_reports(grouped, reps: dict, verdicts: dict, cached: dict, signatures: dict, culprits: dict,
-                   compare: Callable) -> tuple[GroupReport, ...]:
+                   compare: Callable, history: Callable) -> tuple[GroupReport, ...]:
     """One report per group after merging (``_merged``): the first signature group's signature,
     representative and verdicts, every merged group's members."""
     groups = []
@@ -276,7 +285,7 @@ def _group_reports(grouped, reps: dict, verdicts: dict, cached: dict, signatures
             variants=len({signatures[m.location].structure for m in ms if signatures[m.location]}) or 1,
             representative=reps[key], members=tuple(sorted(ms, key=lambda m: (m.seen, m.name))),
             verdicts=verdicts[key], cached=tuple(cached[key]), against=compare(sig, ms, verdicts[key].get("replay")),
-            culprit=culprits.get(key), folded=folded))
+            culprit=culprits.get(key), folded=folded, seen=history(keys)))
     return tuple(groups)
 
 

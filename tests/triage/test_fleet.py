@@ -90,8 +90,16 @@ def test_against_another_environment_says_fixed_still_fails_fails_differently(sm
     assert report["environment"]["digest"] != before and report["against"]["digest"] == before
     by_target = {g["signature"]["target"]: g["against"]["status"] for g in report["groups"]}
     assert by_target == {"torch.relu": "still fails", "torch.sigmoid": "fixed", "torch.tanh": "fails differently"}
+    # each group's life, read back from the cache: what its replay concluded in each environment
+    # (one torch here, so in the order the verdicts were reached)
+    seen = {g["signature"]["target"]: [s["status"] for s in g["seen"]] for g in report["groups"]}
+    assert seen == {"torch.relu": ["reproduced", "reproduced"], "torch.sigmoid": ["reproduced", "passed"],
+                    "torch.tanh": ["reproduced", "different failure"]}
     text = invoke("triage", folder, "--group-only", "--against", before[7:19]).stdout
     assert "fixed" in text and "fails differently" in text
+    sigmoid = next(g for g in report["groups"] if g["signature"]["target"] == "torch.sigmoid")["seen"]
+    first, then = (s["environment"][7:15] for s in sigmoid)
+    assert f"{first}: reproduced, " in text and f"{then}: passed" in text
     unknown = invoke("triage", folder, "--group-only", "--against", "ffffffff", "--json")
     assert unknown.exit_code == 2 and json.loads(unknown.stdout)["error"]["message"].startswith("no environment")
 
