@@ -42,8 +42,11 @@ TRIAGE_EPILOG = exit_codes(
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop a task past this many seconds (reported as timed out).")
 @click.option("--group-only", is_flag=True, help="Group and report cached verdicts; run nothing.")
-@click.option("--against", metavar="ENV", help="Compare with the verdicts cached for another environment (a digest "
-                                               "prefix): which groups are fixed, still fail, fail differently.")
+@click.option("--against", metavar="ENV",
+              help="Compare with another environment: which groups are fixed, still fail, fail differently. A digest "
+                   "prefix reads the verdicts cached for it; an interpreter (a path) or a torch (2.14.1, a "
+                   "requirement or a wheel file, built with pip once and reused) replays there each group that "
+                   "still fails here.")
 @click.option("--trust-backend", "trusted", multiple=True, metavar="MODULE:FUNCTION",
               help="A recorded custom compiler the replays may import (repeatable).")
 @click.option("--device", help="Replay on this device instead of the recorded one.")
@@ -99,7 +102,10 @@ def _resources(text: str | None) -> dict | None:
 
 
 def _progress(event: dict) -> None:
-    if event["event"] == "signed":
+    if event["event"] == "building":
+        click.echo(terminal_safe(f"building an environment for {event['requirement']} in {event['folder']} "
+                                 "(pip install; once, then reused)"), err=True)
+    elif event["event"] == "signed":
         click.echo(f"read {event['done']}/{event['total']} indexes", err=True)
     elif event["event"] == "verdict":
         v = event["verdict"]

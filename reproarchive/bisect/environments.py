@@ -152,6 +152,22 @@ def _recorded_packages(archive: Path) -> dict[str, str | None]:
     return dict(system.packages or {}) if system is not None else {}
 
 
+def probe_environment(python: str) -> tuple[dict | None, str | None]:
+    """(what the interpreter ``python`` has: python, torch, git_version, reproarchive; or None,
+    why it cannot say), asked in a fresh process of its own."""
+    with tempfile.TemporaryDirectory(prefix="reproarchive-env-") as cwd:
+        return _probe(python, cwd)
+
+
+def replay_in(python: str, archive: str | os.PathLike, *, backend: str | None = None,
+              timeout: float | None = None) -> EnvVerdict:
+    """One replay of ``archive`` under the interpreter ``python``, judged as ``bisect torch``
+    judges an environment (its own reproarchive, or a copy of this one), for another command
+    that asks "and on that torch?" (``triage --against``)."""
+    with tempfile.TemporaryDirectory(prefix="reproarchive-bundle-") as bundle:
+        return _judge(python, Path(archive).resolve(), backend, timeout=timeout, bundle=Path(bundle))
+
+
 def _bundled(folder: Path) -> Path:
     """``folder`` holding a copy of this reproarchive, its CLI as ``reproarchive.cli`` (where it
     lives in the tree or in site-packages), and nothing else (made once)."""

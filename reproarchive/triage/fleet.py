@@ -44,6 +44,7 @@ from reproarchive.triage.culprits import MINIFIED, UNCHANGED, Culprit, merge_key
 from reproarchive.triage.engine import Executor, LocalExecutor, Task
 from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group, signature_of
 from reproarchive.triage.history import Seen, seen_in
+from reproarchive.triage.recheck import names_an_environment, other_environment, recheck
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
 
 #: For a folder of archives: the local store holding verdicts and minified archives.
@@ -51,9 +52,13 @@ CACHE_FOLDER = ".reproarchive-triage"
 DEFAULT_ACTIONS = ("replay", "minify")
 
 #: How a group's replay here compares with its replay in the ``against`` environment.
+#: Said of the newer environment against the older one: this one against a digest's, or the one
+#: ``--against`` names to replay in against this one (``TriageReport.rechecked``).
 FIXED, STILL_FAILS, FAILS_DIFFERENTLY, FAILS_HERE_ONLY, PASSES_BOTH, NOT_THERE, NO_VERDICT = (
     "fixed", "still fails", "fails differently", "fails here only", "passes in both", "not triaged there",
     "no verdict")
+#: In place of FAILS_HERE_ONLY when the other environment is the newer one.
+FAILS_THERE_ONLY = "fails there only"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +137,9 @@ class TriageReport(PlainRecord):
     tasks: dict[str, int]  # run, cached, crashed, timed_out, error
     elapsed_s: float
     cache: str  # where verdicts are kept
+    #: ``against`` was replayed in by this run, and each group's ``against.status`` is said of it
+    #: (fixed there); else of this environment against its cached verdicts (fixed here)
+    rechecked: bool = False
 
     @property
     def complete(self) -> bool:
@@ -166,7 +174,7 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     # trusting a recorded compiler (``trusted_backends``) is not part of it: it only lets a task
     # start, and a task that could not start is not cached
     environment = executor.environment(settings)
-    other = cache.find_environment(against) if against else None
+    there, other = _against(cache, against, environment, run, progress)
     # each group's verdicts are keyed by what of the environment can decide them (its failure's stage)
     deciding = {key: environment.deciding(sig.stage if sig else None) for key, sig in grouped.signatures.items()}
     if run:
@@ -183,14 +191,15 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
                 verdicts[key][action] = hit
                 cached[key].append(action)
                 counts["cached"] += 1
+    plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time, sources.minify_output())
     if run:
-        plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time,
-                     sources.minify_output())
         plan.run(reps, verdicts, actions, counts, progress)
+    fresh = _recheck(cache, there, other, grouped, reps, verdicts, plan, counts, progress) if there else {}
     culprits = _culprits(grouped, reps, verdicts, storage_options) if merge else {}
 
     def compare(sig: Signature | None, ms: list[Member], replay: Verdict | None) -> Comparison | None:
-        return _compare(cache, other.deciding(sig.stage if sig else None), ms, replay) if other else None
+        return (_compare(cache, other.deciding(sig.stage if sig else None), ms, replay, fresh, there is not None)
+                if other else None)
 
     environments = cache.environments()
 
@@ -201,7 +210,7 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     return TriageReport(source=os.fspath(source), level=level, engine=executor.name, workers=executor.workers,
                         environment=environment, against=other, archives=len(members), groups=groups,
                         unreadable=tuple(unreadable), tasks=counts, elapsed_s=round(time.monotonic() - start, 3),
-                        cache=cache.store.url)
+                        cache=cache.store.url, rechecked=there is not None)
 
 
 @dataclasses.dataclass
@@ -266,6 +275,45 @@ class _Plan:
                               "archive": reps[key].name, "verdict": verdict})
 
 
+def _against(cache: VerdictCache, against: str | None, here: Environment, run: bool,
+             progress: ProgressFn | None) -> tuple[str | None, Environment | None]:
+    """(the interpreter to re-check groups in, or None; the environment compared with)."""
+    if not against:
+        return None, None
+    if not names_an_environment(against):
+        return None, cache.find_environment(against)
+    if not run:
+        raise ReproArchiveError(f"--against {against} replays there, and --group-only runs nothing",
+                                "drop --group-only, or give the digest of an environment with cached verdicts")
+
+    def building(requirement: str, folder) -> None:
+        if progress is not None:
+            progress({"event": "building", "requirement": requirement, "folder": str(folder)})
+
+    return other_environment(against, here, building)
+
+
+def _recheck(cache: VerdictCache, python: str, other: Environment, grouped, reps: dict, verdicts: dict, plan: _Plan,
+             counts: dict, progress: ProgressFn | None) -> dict[str, Verdict]:
+    """Replay in ``other`` each group that still fails here (``recheck``); the verdicts reached,
+    counted with this run's tasks."""
+    todo = []
+    for key, rep in reps.items():
+        here = verdicts[key].get("replay")
+        if here is None or here.failed_to_run or here.status == PASSED:
+            continue
+        sig = grouped.signatures[key]
+        backend = plan.task(rep, "replay").settings.get("backend")
+        todo.append((other.deciding(sig.stage if sig else None), rep, backend,
+                     here.signature if here.status == REPRODUCED else None))
+    fresh = recheck(cache, python, todo, plan.max_time, progress)
+    for verdict in fresh.values():
+        counts["run"] += 1
+        if verdict.failed_to_run:
+            counts[verdict.status.replace(" ", "_")] += 1
+    return fresh
+
+
 def _group_reports(grouped, reps: dict, verdicts: dict, cached: dict, signatures: dict, culprits: dict,
                    compare: Callable, history: Callable) -> tuple[GroupReport, ...]:
     """One report per group after merging (``_merged``): the first signature group's signature,
@@ -322,17 +370,22 @@ def _merged(grouped, culprits: dict) -> list[list[tuple]]:
     return sorted(merged.values(), key=lambda keys: -sum(len(grouped.groups[k]) for k in keys))
 
 
-def _compare(cache: VerdictCache, other: Environment, members: list[Member], here: Verdict | None) -> Comparison:
+def _compare(cache: VerdictCache, other: Environment, members: list[Member], here: Verdict | None,
+             fresh: dict[str, Verdict], newer_there: bool) -> Comparison:
+    """``fresh``: verdicts this run reached there and did not cache (no verdict: why);
+    ``newer_there``: the other environment is the newer one (``--against`` to replay in)."""
     there = next((v for m in members if (v := cache.get(other.digest, m.digest, "replay")) is not None), None)
+    there = there or next((fresh[m.digest] for m in members if m.digest in fresh), None)
     if there is None:
         return Comparison(status=NOT_THERE, there=None)
     if here is None or here.failed_to_run or there.failed_to_run:
         return Comparison(status=NO_VERDICT, there=there)
     fails_here, fails_there = here.status != PASSED, there.status != PASSED
-    if fails_there and not fails_here:
+    old, new = (fails_here, fails_there) if newer_there else (fails_there, fails_here)
+    if old and not new:
         status = FIXED
-    elif fails_here and not fails_there:
-        status = FAILS_HERE_ONLY
+    elif new and not old:
+        status = FAILS_THERE_ONLY if newer_there else FAILS_HERE_ONLY
     elif not fails_here:
         status = PASSES_BOTH
     elif here.status == DIFFERENT or there.status == DIFFERENT or here.signature != there.signature:

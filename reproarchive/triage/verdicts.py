@@ -24,7 +24,7 @@ from typing import Any
 from reproarchive.codec.device_runtime import devices_here, runtime
 from reproarchive.context.environment import environment_snapshot, set_by_torch_here
 from reproarchive.errors import ReproArchiveError, SchemaViolation, StoreError, StoreNotFoundError
-from reproarchive.format.plain import PlainData, PlainRecord, from_plain
+from reproarchive.format.plain import PlainData, PlainRecord, from_plain, omit_none
 from reproarchive.store.backend import Store
 
 #: The record's version: a reader refuses a verdict object of another major.
@@ -57,18 +57,24 @@ class Environment(PlainRecord):
     device: str  # what replays ran on: "cpu", or the accelerators present ("cuda: NVIDIA H100 ...")
     settings: dict[str, PlainData]  # the replay settings (ReplaySettings.to_plain())
     variables: dict[str, str]  # the environment variables that steer torch (redacted)
+    #: the interpreter a replay there runs (``triage --against PYTHON``): two interpreters of one
+    #: torch on one machine are two environments (their other packages differ). None for the
+    #: environment triage runs in: its verdicts are keyed as they always were.
+    interpreter: str | None = omit_none()
     COMPUTED = ("digest", "label")
 
     @property
     def digest(self) -> str:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "interpreter" or self.interpreter is not None}
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
     @property
     def label(self) -> str:
         """``torch 2.13.0 (cpu) sha256:1f2e3d4c``: short, for tables."""
-        return f"torch {self.torch} ({self.device}) {self.digest[:15]}"
+        where = f", {self.interpreter}" if self.interpreter else ""
+        return f"torch {self.torch} ({self.device}{where}) {self.digest[:15]}"
 
     def deciding(self, stage: str | None) -> Environment:
         """What of this environment can decide a verdict on an archive whose recorded failure is

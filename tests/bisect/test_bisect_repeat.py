@@ -9,43 +9,14 @@ replays in real environments are ``test_bisect_torch.py``'s."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 import reproarchive
 from support.cli import invoke
-
-#: an interpreter whose ``run --json`` answers, call after call, the next document of its script
-STAND_IN = '''#!{python}
-import json, sys
-from pathlib import Path
-here = Path(__file__).with_suffix("")
-if sys.argv[1].endswith("env_probe.py"):
-    print(json.dumps({{"python": "3.11", "torch": "{torch}", "git_version": "{torch}-commit",
-                      "reproarchive": "/stand-in/reproarchive/__init__.py", "reproarchive_version": "0"}}))
-    sys.exit(0)
-calls = here.with_name(here.name + ".calls")
-n = int(calls.read_text()) if calls.exists() else 0
-calls.write_text(str(n + 1))
-code, status = {script!r}[n]
-print(json.dumps({{"status": status, "observed": {{"signature": "RuntimeError: other"}}}}))
-sys.exit(code)
-'''
-PASSED, REPRODUCED, OTHER = (0, "passed"), (1, "reproduced"), (3, "different failure")
-
-
-def _env(folder: Path, name: str, torch: str, script: list[tuple[int, str]]) -> Path:
-    path = folder / name
-    path.write_text(STAND_IN.format(python=sys.executable, torch=torch, script=script))
-    path.chmod(0o755)
-    return path
-
-
-def _calls(env: Path) -> int:
-    calls = env.with_name(env.name + ".calls")
-    return int(calls.read_text()) if calls.exists() else 0
+from support.stand_in_envs import OTHER, PASSED, REPRODUCED
+from support.stand_in_envs import calls as _calls
+from support.stand_in_envs import stand_in as _env
 
 
 @pytest.fixture
