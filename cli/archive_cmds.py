@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 import reproarchive
+from reproarchive import _internal as internal
 
 from .app import emit_json, main
 from .exit_codes import ARCHIVE_MISSING, INTERNAL, STORE_MISSING, STORE_UNREACHABLE, USAGE, exit_codes
@@ -67,7 +68,7 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
     """
 
     if show_graph:
-        code = reproarchive.graph_code(archive)
+        code = internal.graph_code(archive)
         if as_json:
             emit_json({"path": archive, "code": code})
         else:
@@ -107,7 +108,7 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
             for key, value in values.items():
                 _say(f"config: {module}.{key} = {value!r}")
     if info.job is not None:
-        for line in reproarchive.job_lines(info.job):
+        for line in internal.job_lines(info.job):
             _say(line)
 
 
@@ -155,7 +156,7 @@ def _say_failure(failure) -> None:
     if failure:
         _say(f"failure: {failure_title(failure.to_plain())}: "
              f"{failure.message.splitlines()[0][:160] if failure.message else ''}")
-        errors = reproarchive.compiler_errors(failure.message)
+        errors = internal.compiler_errors(failure.message)
         for line in (["compiler errors:", *errors[:5]] if errors else []):
             _say(f"  {line}")
     else:

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 import reproarchive
+from reproarchive import _internal as internal
 
 from .app import emit_json, main
 from .bisect_text import compiler_lines, env_line, step_line, summary, torch_lines
@@ -45,7 +46,7 @@ def _write_summary(path, result, archive) -> None:
     """The summary, written whole or not at all (click's atomic file: a temporary name renamed)."""
 
     try:
-        graph = reproarchive.graph_code(archive) if archive else None
+        graph = internal.graph_code(archive) if archive else None
     except reproarchive.ReproArchiveError:
         graph = None
     text = summary(result, graph=graph, settings=recorded_settings(archive) if archive else [],
@@ -110,7 +111,7 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
                                           first_backend=first_backend, config_only=config_only)
     # an unfinished search never replaces a finished one, nor a search of the settings alone a stage's
     if sidecar and result.status == "found" and not config_only:
-        reproarchive.write_bisection(result, archive)
+        internal.write_bisection(result, archive)
     _report(result, archive, compiler_lines, summary_path=summary_path, as_json=as_json)
 
 

@@ -9,6 +9,7 @@ import shlex
 import click
 
 import reproarchive
+from reproarchive import _internal as internal
 
 #: a longer graph is left out of a report (the archive has it; ``export`` writes it as a script)
 MAX_GRAPH_LINES = 120
@@ -21,11 +22,11 @@ CONFIG_TITLE = "The torch config the failing run changed from the defaults (set 
 
 
 def recorded_settings(archive) -> list[tuple[str, str, object]]:
-    """``reproarchive.recorded_config``; [] for an archive that cannot be read here (a summary
+    """``internal.recorded_config``; [] for an archive that cannot be read here (a summary
     is still written without it)."""
 
     try:
-        return reproarchive.recorded_config(archive)
+        return internal.recorded_config(archive)
     except reproarchive.ReproArchiveError:
         return []
 
@@ -80,7 +81,7 @@ def run_summary(outcome, *, archive: str, verdict: str, command: str) -> str:
 
     info = reproarchive.inspect(archive)
     try:
-        code = reproarchive.graph_code(archive)
+        code = internal.graph_code(archive)
     except reproarchive.ReproArchiveError:
         code = None
     recorded = getattr(outcome, "recorded_torch", None) or (info.system.torch if info.system else None)

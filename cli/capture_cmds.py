@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 import reproarchive
+from reproarchive import _internal as internal
 
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, INTERRUPTED, exit_codes
@@ -118,11 +119,11 @@ def pack_cmd(ctx: click.Context, source: Path | None, out: Path | None, no_repla
     With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there.
     """
 
-    if source is not None and reproarchive.is_job_parts(source):
+    if source is not None and internal.is_job_parts(source):
         _pack_job_parts(source, out, as_json=as_json, quiet=quiet, store=store)
-    elif source is not None and reproarchive.is_spool(source):
+    elif source is not None and internal.is_spool(source):
         _pack_spool(source, out, as_json=as_json, quiet=quiet, store=store)
-    elif source is not None and reproarchive.is_trace(source):
+    elif source is not None and internal.is_trace(source):
         _pack_trace(ctx, source, out, no_replay=no_replay, compile_ids=compile_ids, all_compiles=all_compiles,
                     rank=rank, graph=graph, backend=backend, accuracy=accuracy, as_json=as_json, quiet=quiet,
                     store=store, imports=imports, libraries=libraries)
@@ -136,7 +137,7 @@ def _pack_spool(source: Path, out: Path | None, *, as_json: bool, quiet: bool, s
     """One archive per graph a process killed during capture was running (its spool-<pid> folder)."""
 
     with json_errors(as_json):
-        reports = reproarchive.pack_spool(source, out if out is not None else Path("."))
+        reports = internal.pack_spool(source, out if out is not None else Path("."))
         if as_json:
             emit_json({"archives": [r.to_json() for r in reports],
                        **_push_to_store([r.archive for r in reports], store, quiet=True)})
@@ -273,7 +274,7 @@ def _stage_notes(show: bool):
 
 def _pack_job_parts(source: Path, out: Path | None, *, as_json: bool, quiet: bool, store: str | None) -> None:
     with json_errors(as_json):
-        result = reproarchive.pack_job_parts(source, out)
+        result = internal.pack_job_parts(source, out)
         if as_json:
             emit_json({**result.to_json(), **_push_to_store([result.archive], store, quiet=True)})
             return

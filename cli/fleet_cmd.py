@@ -7,6 +7,7 @@ import json
 import click
 
 import reproarchive
+from reproarchive import _internal as internal
 
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, INTERRUPTED, STORE_UNREACHABLE, exit_codes
@@ -79,7 +80,7 @@ def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_re
                                          settings=settings, trusted_backends=tuple(trusted), level=level,
                                          max_time=max_time, against=against, run=not group_only,
                                          progress=_progress, merge=not no_merge)
-        page = reproarchive.write_triage_page(report, html) if html else None
+        page = internal.write_triage_page(report, html) if html else None
     if as_json:
         emit_json(report.to_plain())
     else:

@@ -15,6 +15,7 @@ import click
 
 import reproarchive
 from reproarchive import SourceError
+from reproarchive import _internal as internal
 
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, exit_codes
@@ -62,7 +63,7 @@ def ls_cmd(source: str, rank: int | None, failed: bool, as_json: bool) -> None:
     are warnings on stderr.
     """
 
-    if reproarchive.is_store(source):
+    if internal.is_store(source):
         if rank is not None or failed:
             raise click.UsageError("--rank and --failed apply to TORCH_TRACE logs, not to stores")
         with json_errors(as_json):
@@ -96,13 +97,13 @@ def _list_trace(source: Path, as_json: bool) -> dict:
             raise SourceError(f"{source} does not exist",
                               "name a store (a URL or a folder `reproarchive push` wrote to), "
                               "a TORCH_TRACE log or the folder TORCH_TRACE pointed at")
-        if not reproarchive.is_trace(source):
+        if not internal.is_trace(source):
             raise SourceError(f"{source} is not a store, a TORCH_TRACE log, a folder of them, or a tlparse output "
                               "folder",
                               "ls lists the archives of a store (a URL or a folder `reproarchive push` wrote to) or "
                               "the compiles of a trace: name a log (dedicated_log_torch_trace_*.log) or the folder "
                               "TORCH_TRACE pointed at")
-        return reproarchive.list_trace(source)
+        return internal.list_trace(source)
 
 
 def _print_compiles(rows: list[dict]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 import reproarchive
+from reproarchive import _internal as internal
 
 from .app import emit_json, main
 from .bug_report import minify_summary, not_original_inputs, replay_command, run_summary
@@ -185,9 +186,9 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
     if minify and (rank is not None or single_process or launcher):
         raise click.UsageError("--rank, --single-process and the launcher's options do not apply with --minify")
     if minify:
-        if reproarchive.is_store_reference(archive):
+        if internal.is_store_reference(archive):
             with byte_bars(not (quiet or as_json)) as progress:
-                archive = str(reproarchive.fetch(archive, progress=progress))
+                archive = str(internal.fetch(archive, progress=progress))
         _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs,
                 shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet, timeout=timeout, summary_path=summary_path)
         return
@@ -197,7 +198,7 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
     verdict = format_job(outcome) if isinstance(outcome, reproarchive.JobOutcome) else format_outcome(outcome)
     if summary_path:  # whole or not at all (click's atomic file: a temporary name renamed)
         # read from the cached copy of a store reference (run pulled it); the command names the reference
-        local = reproarchive.fetch(archive) if reproarchive.is_store_reference(archive) else archive
+        local = internal.fetch(archive) if internal.is_store_reference(archive) else archive
         text = run_summary(outcome, archive=str(local), verdict=verdict, command=replay_command(ctx, archive))
         with click.open_file(summary_path, "w", encoding="utf-8", atomic=True) as f:
             f.write(text)
@@ -266,7 +267,7 @@ def _describe(record) -> str:
     if not record:
         return "none recorded"
 
-    kind = reproarchive.failure_kind(record)
+    kind = internal.failure_kind(record)
     etype = record.exception_type
     message = record.message.strip().splitlines()
     first = message[0] if message else ""
@@ -280,7 +281,7 @@ def _compiler_lines(record) -> list[str]:
 
     if record is None:
         return []
-    return [f"            {terminal_safe(d)}" for d in reproarchive.compiler_errors(record.message)[:3]]
+    return [f"            {terminal_safe(d)}" for d in internal.compiler_errors(record.message)[:3]]
 
 
 def format_outcome(outcome) -> str:

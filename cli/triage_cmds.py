@@ -7,6 +7,7 @@ import sys
 import click
 
 import reproarchive
+from reproarchive import _internal as internal
 
 from .app import emit_json, json_errors, main
 from .text import failure_title, index_digest, terminal_lines, terminal_safe
@@ -76,7 +77,7 @@ def format_diff(r) -> list[str]:
         lines += _rows(section, getattr(r, section), "same")
     for name, side in (("A", r.job.a if r.job else None), ("B", r.job.b if r.job else None)):
         if side is not None:
-            lines += [f"{name} {line}" if i == 0 else line for i, line in enumerate(reproarchive.job_lines(side))]
+            lines += [f"{name} {line}" if i == 0 else line for i, line in enumerate(internal.job_lines(side))]
     if r.identical:
         lines.append("=> identical (exit 0)")
     else:

@@ -1,12 +1,14 @@
 """reproarchive: one portable, verifiable, content-addressed file per torch.compile failure.
 
-The public surface is the handful of verbs below; everything else is private. Names resolve
-lazily so that ``reproarchive --help`` does not pay for importing torch.
+The public surface is the verbs below and their value types (docs/api.md); everything else is
+private. The command line's own helpers are in ``reproarchive._internal``. Names resolve lazily
+so that ``reproarchive --help`` does not pay for importing torch.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING
 
 from reproarchive.package_version import __version__  # noqa: F401
@@ -20,39 +22,26 @@ _EXPORTS = {
     "unpack": "reproarchive.archive.checking",
     "inspect": "reproarchive.references",
     "doctor": "reproarchive.references",
-    "graph_code": "reproarchive.archive.graph_code",
     "Repro": "reproarchive.archive.loading",
     "Records": "reproarchive.format.schema",
-    "read_input": "reproarchive.archive.loading",
     # a multi-rank job in one archive (spec §8 job)
     "load_job": "reproarchive.archive.job_archive",
     "JobRepro": "reproarchive.archive.job_archive",
     "pack_job": "reproarchive.archive.job_archive",
     "RankCapture": "reproarchive.archive.job_archive",
-    "merge_parts": "reproarchive.archive.job_merge",
-    "job_lines": "reproarchive.archive.job_report",
-    "first_divergence": "reproarchive.archive.job_report",
     "AbsentTensor": "reproarchive.codec.tensors",
     # capture after a failure
     "capture": "reproarchive.sources.capture.capture_backend",
     "pack_dump": "reproarchive.sources.dump.pack_dump",
     "capture_program": "reproarchive.sources.program.program_capture",
     "pack_trace": "reproarchive.sources.trace.pack_trace",
-    "pack_job_parts": "reproarchive.sources.capture.job_capture",
-    "is_job_parts": "reproarchive.sources.capture.job_capture",
-    "list_trace": "reproarchive.sources.trace.pack_trace",
-    "is_trace": "reproarchive.sources.trace.pack_trace",
-    "pack_spool": "reproarchive.sources.program.program_capture",
-    "is_spool": "reproarchive.archive.spool_folder",
     # replay and export
     "run": "reproarchive.references",
     "JobOutcome": "reproarchive.replay.launch",
     "Outcome": "reproarchive.replay.outcome",
     "ReplaySettings": "reproarchive.replay.settings",
-    "failure_kind": "reproarchive.context.failure",
-    "compiler_errors": "reproarchive.context.failure",
     "export": "reproarchive.standalone.exporting",
-    "recorded_config": "reproarchive.standalone.script_literals",
+    # many replays or imports in one process: their child processes forked from a warm server
     # many replays or imports in one process: their child processes forked from a warm server
     "warm_children": "reproarchive.child",
     # find the culprit: the compiler stage, the torch build
@@ -61,14 +50,12 @@ _EXPORTS = {
     "bisect_torch": "reproarchive.bisect.environments",
     "TorchBisection": "reproarchive.bisect.results",
     "read_bisection": "reproarchive.bisect.results",
-    "write_bisection": "reproarchive.bisect.results",
     # triage
     "diff": "reproarchive.triage.diff",
     "view": "reproarchive.triage.view",
     # a fleet: group, replay and minify one per group on an engine, verdicts cached
     "triage_fleet": "reproarchive.triage.fleet",
     "TriageReport": "reproarchive.triage.fleet",
-    "write_triage_page": "reproarchive.triage.fleet_page",
     "Executor": "reproarchive.triage.engine",
     "LocalExecutor": "reproarchive.triage.engine",
     "RayExecutor": "reproarchive.triage.ray_engine",
@@ -80,11 +67,8 @@ _EXPORTS = {
     # a team store on object storage (spec §11)
     "push": "reproarchive.store.push",
     "pull": "reproarchive.store.pull",
-    "fetch": "reproarchive.store.pull",
     "list_store": "reproarchive.store.listing",
     "check_store": "reproarchive.store.check",
-    "is_store": "reproarchive.store.location",
-    "is_store_reference": "reproarchive.store.location",
     # errors: every class has a stable ``code`` (ErrorCode); a refused archive names a spec ``Rule``
     "ErrorCode": "reproarchive.errors",
     "Rule": "reproarchive.errors",
@@ -117,7 +101,13 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'reproarchive' has no attribute {name!r}")
+        _internal = importlib.import_module("reproarchive._internal")
+        if name not in _internal.HELPERS:
+            raise AttributeError(f"module 'reproarchive' has no attribute {name!r}")
+        # once public: still found, with a warning, so that code written against it keeps working
+        warnings.warn(f"reproarchive.{name} is private now and may change or go; it is not part of the API "
+                      "(docs/api.md)", DeprecationWarning, stacklevel=2)
+        return getattr(_internal, name)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
@@ -131,5 +121,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from reproarchive.replay.settings import ReplaySettings  # noqa: F401
     from reproarchive.sources.graph_pack import pack  # noqa: F401
     from reproarchive.store.check import check_store  # noqa: F401
-    from reproarchive.store.pull import fetch, pull  # noqa: F401
+    from reproarchive.store.pull import pull  # noqa: F401
     from reproarchive.store.push import push  # noqa: F401

@@ -27,3 +27,15 @@ def test_every_public_name_resolves_and_has_a_docstring():
     for name in reproarchive.__all__:
         value = getattr(reproarchive, name)
         assert (inspect.getdoc(value) or "").strip(), f"reproarchive.{name} has no docstring"
+
+
+def test_the_names_made_private_still_resolve_with_a_warning():
+    """The command line's helpers left the API; code written against them keeps working, warned."""
+    import pytest
+
+    from reproarchive import _internal
+
+    assert not set(_internal.HELPERS) & set(reproarchive.__all__)
+    for name in _internal.HELPERS:
+        with pytest.warns(DeprecationWarning, match=rf"reproarchive\.{name} is private"):
+            assert getattr(reproarchive, name) is getattr(_internal, name)

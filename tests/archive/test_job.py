@@ -12,6 +12,7 @@ import torch
 import torch.fx as fx
 
 import reproarchive
+from reproarchive._internal import first_divergence, merge_parts
 from reproarchive.archive.job_archive import RankCapture
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import CollectiveRecord, ProcessGroupRecord, RankOutcome, RankRecord
@@ -96,11 +97,11 @@ def test_a_group_name_that_is_not_a_name_is_refused(tmp_path):
 def test_parts_of_one_rank_twice_or_of_two_jobs_are_refused(tmp_path):
     one = reproarchive.pack_job([_rank(0)], tmp_path / "a.tar.zst", world_size=3, groups=GROUPS)
     with pytest.raises(reproarchive.PackError, match="rank 0 is in both"):
-        reproarchive.merge_parts([one, one], tmp_path / "out.tar.zst")
+        merge_parts([one, one], tmp_path / "out.tar.zst")
     other = reproarchive.pack_job([_rank(1)], tmp_path / "b.tar.zst", world_size=2,
                                   groups=[ProcessGroupRecord(name="0", ranks=(0, 1))])
     with pytest.raises(reproarchive.PackError, match="different world sizes"):
-        reproarchive.merge_parts([one, other], tmp_path / "out.tar.zst")
+        merge_parts([one, other], tmp_path / "out.tar.zst")
     assert not (tmp_path / "out.tar.zst").exists()
 
 
@@ -141,25 +142,25 @@ def _schedule_job(*schedules, groups=(("0", (0, 1, 2)),)):
 
 
 def test_the_rank_that_skipped_a_collective_is_named_even_between_two_ranks():
-    d = reproarchive.first_divergence(_schedule_job(["all_reduce@0", "all_reduce@0"], ["all_reduce@0"],
+    d = first_divergence(_schedule_job(["all_reduce@0", "all_reduce@0"], ["all_reduce@0"],
                                                     groups=(("0", (0, 1)),)))
     assert (d.rank, d.index, d.got) == (1, 1, None) and "rank 1 skipped it" in d.summary
 
 
 def test_the_minority_diverges_and_agreeing_ranks_report_nothing():
-    d = reproarchive.first_divergence(_schedule_job(["all_reduce@0"], ["broadcast@0"], ["all_reduce@0"]))
+    d = first_divergence(_schedule_job(["all_reduce@0"], ["broadcast@0"], ["all_reduce@0"]))
     assert (d.rank, d.ranks, d.expected) == (1, (1,), "all_reduce on group '0' float32[4]")
-    assert reproarchive.first_divergence(_schedule_job(["all_reduce@0"], ["all_reduce@0"], ["all_reduce@0"])) is None
+    assert first_divergence(_schedule_job(["all_reduce@0"], ["all_reduce@0"], ["all_reduce@0"])) is None
 
 
 def test_sub_groups_are_matched_among_their_own_members():
     groups = (("0", (0, 1, 2, 3)), ("1", (0, 1)), ("2", (2, 3)))
     agree = _schedule_job(["all_reduce@0", "all_gather@1"], ["all_reduce@0", "all_gather@1"],
                           ["all_reduce@0", "all_gather@2"], ["all_reduce@0", "all_gather@2"], groups=groups)
-    assert reproarchive.first_divergence(agree) is None
+    assert first_divergence(agree) is None
     skipped = _schedule_job(["all_reduce@0", "all_gather@1"], ["all_reduce@0", "all_gather@1"],
                             ["all_reduce@0"], ["all_reduce@0", "all_gather@2"], groups=groups)
-    d = reproarchive.first_divergence(skipped)
+    d = first_divergence(skipped)
     assert (d.group, d.rank) == ("2", 2)
 
 

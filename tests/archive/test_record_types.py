@@ -131,7 +131,7 @@ LIBRARY = {
     "inspect": lambda path, tmp: reproarchive.inspect(path).to_plain(),
     "unpack": lambda path, tmp: reproarchive.unpack(path, tmp / "out"),
     "load": lambda path, tmp: reproarchive.load(path),
-    "read_input": lambda path, tmp: reproarchive.read_input(path, 0),
+    "read_input": lambda path, tmp: reproarchive._internal.read_input(path, 0),
     "run": lambda path, tmp: reproarchive.run(path, isolate=False),
     "export": lambda path, tmp: reproarchive.export(path, tmp / "export"),
     "minify": lambda path, tmp: reproarchive.minify_archive(path, tmp / "min.tar.zst"),

@@ -270,9 +270,9 @@ def _cli(*args) -> tuple[int, str]:
 
 
 def test_pack_of_a_folder_that_is_no_spool_is_not_mistaken_for_one(tmp_path):
-    assert not reproarchive.is_spool(tmp_path)
+    assert not reproarchive._internal.is_spool(tmp_path)
     with pytest.raises(reproarchive.SourceError, match="not a reproarchive spool"):
-        reproarchive.pack_spool(tmp_path, tmp_path / "out")
+        reproarchive._internal.pack_spool(tmp_path, tmp_path / "out")
     assert os.listdir(tmp_path) == []
 
 

@@ -78,7 +78,7 @@ def test_generated_indices_stay_in_the_indexed_dimension(name, tmp_path):
     assert repro.fidelity[which] == "absent"  # still labelled generated
     values = repro.args[which]
     assert 0 <= int(values.min()) and int(values.max()) < bound
-    assert torch.equal(reproarchive.read_input(path, which), values)  # one generator, same data
+    assert torch.equal(reproarchive._internal.read_input(path, which), values)  # one generator, same data
     repro.gm(*repro.args)  # the graph runs on them
 
 

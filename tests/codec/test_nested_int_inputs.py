@@ -54,7 +54,7 @@ def test_a_compiled_function_of_a_nested_jagged_tensor_is_captured_and_reproduce
     size, t = repro.args
     assert type(t).__name__ == "NestedTensor" and torch.equal(t.offsets(), torch.tensor([0, 2, 5]))
     assert isinstance(size, torch.SymInt) and size.node.is_nested_int() and size == t.size(1)
-    alone = reproarchive.read_input(path, 0)  # the input it is the size of is read with it
+    alone = reproarchive._internal.read_input(path, 0)  # the input it is the size of is read with it
     assert isinstance(alone, torch.SymInt) and alone.node.is_nested_int()
     row = reproarchive.inspect(path).inputs[0]
     assert (row.kind, row.fidelity, row.value) == ("size", "derived", "of input 1, dim 1")

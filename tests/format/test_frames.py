@@ -124,7 +124,7 @@ def test_archives_with_stored_frames_load_verify_and_keep_random_access(tmp_path
     assert reproarchive.verify(path).blobs == 2
     repro = reproarchive.load(path)
     assert torch.equal(repro.args[0], weights) and torch.equal(repro.args[1], ramp)
-    assert torch.equal(reproarchive.read_input(path, 0), weights)
+    assert torch.equal(reproarchive._internal.read_input(path, 0), weights)
     # compressing every frame gives a smaller file with the same contents
     small = reproarchive.pack(graph(2), [weights, ramp], tmp_path / "c.tar.zst", frame_size=1 << 20, min_saving=0.0)
     assert small.stat().st_size < path.stat().st_size

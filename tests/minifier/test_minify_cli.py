@@ -234,7 +234,7 @@ def test_minify_summary_is_a_bug_report_that_reproduces(tmp_path, fresh_dynamo):
     with torch._inductor.config.patch({"freezing": True}):
         path = capture_failure(tmp_path / "r.tar.zst", lambda x: torch.relu(x.sin()) * 2, [torch.randn(8)],
                                "relu_compile_error_TESTING_ONLY")
-    assert ("torch._inductor.config", "freezing", True) in reproarchive.recorded_config(path)
+    assert ("torch._inductor.config", "freezing", True) in reproarchive._internal.recorded_config(path)
     out, summary = tmp_path / "min.tar.zst", tmp_path / "bug.md"
     result = CliRunner().invoke(main, ["run", "--minify", str(path), "-o", str(out), "--summary", str(summary), "-q"])
     assert result.exit_code == 0, result.output
