@@ -11,6 +11,7 @@ import importlib
 import warnings
 from typing import TYPE_CHECKING
 
+from reproarchive.lazy_names import resolved
 from reproarchive.package_version import __version__  # noqa: F401
 
 _EXPORTS = {
@@ -99,18 +100,15 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        _internal = importlib.import_module("reproarchive._internal")
-        if name not in _internal.HELPERS:
-            raise AttributeError(f"module 'reproarchive' has no attribute {name!r}")
-        # once public: still found, with a warning, so that code written against it keeps working
-        warnings.warn(f"reproarchive.{name} is private now and may change or go; it is not part of the API "
-                      "(docs/api.md)", DeprecationWarning, stacklevel=2)
-        return getattr(_internal, name)
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    if name in _EXPORTS:
+        return resolved(_EXPORTS, globals(), __name__, name)
+    _internal = importlib.import_module("reproarchive._internal")
+    if name not in _internal.HELPERS:
+        raise AttributeError(f"module 'reproarchive' has no attribute {name!r}")
+    # once public: still found, with a warning, so that code written against it keeps working
+    warnings.warn(f"reproarchive.{name} is private now and may change or go; it is not part of the API "
+                  "(docs/api.md)", DeprecationWarning, stacklevel=2)
+    return getattr(_internal, name)
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -9,7 +9,7 @@ Names resolve lazily, as the package's do, so the CLI's start does not import to
 
 from __future__ import annotations
 
-import importlib
+from reproarchive.lazy_names import resolved
 
 HELPERS = {
     "graph_code": "reproarchive.archive.graph_code",
@@ -37,9 +37,4 @@ __all__ = sorted(HELPERS)
 
 
 def __getattr__(name: str):
-    module = HELPERS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'reproarchive._internal' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return resolved(HELPERS, globals(), __name__, name)

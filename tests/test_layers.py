@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "reproarchive.errors": 0, "reproarchive.package_version": 0, "reproarchive.progress": 0, "reproarchive.child": 0,
+    "reproarchive.lazy_names": 0,
     "reproarchive.format": 1,
     "reproarchive.compat": 2,
     "reproarchive.codec": 3, "reproarchive.context": 3,
