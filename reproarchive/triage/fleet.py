@@ -25,30 +25,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import errno
 import os
 import time
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from reproarchive.errors import ArchiveError, ReproArchiveError
 from reproarchive.format.plain import PlainRecord
-from reproarchive.format.reader import ContainerReader
 from reproarchive.replay.outcome import DIFFERENT, PASSED, REPRODUCED
 from reproarchive.replay.settings import ReplaySettings
-from reproarchive.store import objects
-from reproarchive.store.location import is_reference, is_store, open_location
-from reproarchive.store.pull import archive_view, open_store
 from reproarchive.triage.culprits import MINIFIED, UNCHANGED, Culprit, merge_keys, read_culprit
 from reproarchive.triage.engine import Executor, LocalExecutor, Task
-from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group, signature_of
+from reproarchive.triage.fleet_sources import Member, ProgressFn, Source, Unreadable
+from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group
 from reproarchive.triage.history import Seen, seen_in
 from reproarchive.triage.recheck import names_an_environment, other_environment, recheck
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
 
-#: For a folder of archives: the local store holding verdicts and minified archives.
-CACHE_FOLDER = ".reproarchive-triage"
 DEFAULT_ACTIONS = ("replay", "minify")
 
 #: How a group's replay here compares with its replay in the ``against`` environment.
@@ -59,19 +51,6 @@ FIXED, STILL_FAILS, FAILS_DIFFERENTLY, FAILS_HERE_ONLY, PASSES_BOTH, NOT_THERE, 
     "no verdict")
 #: In place of FAILS_HERE_ONLY when the other environment is the newer one.
 FAILS_THERE_ONLY = "fails there only"
-
-
-@dataclasses.dataclass(frozen=True)
-class Member(PlainRecord):
-    """One archive of the fleet: where it is, its index digest, when it was seen (file time, or
-    when it was pushed) and its size in ops."""
-
-    name: str
-    location: str
-    digest: str
-    seen: str
-    ops: int
-    nodes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +95,6 @@ class GroupReport(PlainRecord):
 
 
 @dataclasses.dataclass(frozen=True)
-class Unreadable(PlainRecord):
-    location: str
-    error: str
-
-
-@dataclasses.dataclass(frozen=True)
 class TriageReport(PlainRecord):
     """What ``triage`` found; ``to_plain()`` is ``triage --json``."""
 
@@ -147,7 +120,6 @@ class TriageReport(PlainRecord):
         return not (self.tasks.get("crashed") or self.tasks.get("timed_out") or self.tasks.get("error"))
 
 
-ProgressFn = Callable[[dict[str, Any]], None]
 
 
 def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAULT_ACTIONS,
@@ -167,7 +139,7 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     start = time.monotonic()
     settings = settings or ReplaySettings()
     executor = executor or LocalExecutor(1)
-    sources = _Source.open(source, storage_options)
+    sources = Source.open(source, storage_options)
     cache = VerdictCache(sources.cache_store())
     members, unreadable, signatures, backends = sources.sign(progress)
     grouped = group(((m, signatures[m.location]) for m in members), level)
@@ -181,16 +153,7 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
         for env in {e.digest: e for e in (environment, *deciding.values())}.values():
             cache.record_environment(env)
     reps = {key: min(ms, key=lambda m: (m.ops, m.seen, m.name)) for key, ms in grouped.groups.items()}
-    verdicts: dict[tuple, dict[str, Verdict]] = {key: {} for key in grouped.groups}
-    cached: dict[tuple, list[str]] = {key: [] for key in grouped.groups}
-    counts = {"run": 0, "cached": 0, "crashed": 0, "timed_out": 0, "error": 0}
-    for key, rep in reps.items():
-        for action in actions:
-            hit = cache.get(deciding[key].digest, rep.digest, action)
-            if hit is not None:
-                verdicts[key][action] = hit
-                cached[key].append(action)
-                counts["cached"] += 1
+    verdicts, cached, counts = _cached(cache, reps, deciding, actions)
     plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time, sources.minify_output())
     if run:
         plan.run(reps, verdicts, actions, counts, progress)
@@ -211,6 +174,22 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
                         environment=environment, against=other, archives=len(members), groups=groups,
                         unreadable=tuple(unreadable), tasks=counts, elapsed_s=round(time.monotonic() - start, 3),
                         cache=cache.store.url, rechecked=there is not None)
+
+
+def _cached(cache: VerdictCache, reps: dict, deciding: dict, actions: tuple[str, ...]) -> tuple[dict, dict, dict]:
+    """(group key -> action -> the cached verdict, group key -> the actions cached, the task
+    counts so far)."""
+    verdicts: dict[tuple, dict[str, Verdict]] = {key: {} for key in reps}
+    cached: dict[tuple, list[str]] = {key: [] for key in reps}
+    counts = {"run": 0, "cached": 0, "crashed": 0, "timed_out": 0, "error": 0}
+    for key, rep in reps.items():
+        for action in actions:
+            hit = cache.get(deciding[key].digest, rep.digest, action)
+            if hit is not None:
+                verdicts[key][action] = hit
+                cached[key].append(action)
+                counts["cached"] += 1
+    return verdicts, cached, counts
 
 
 @dataclasses.dataclass
@@ -393,112 +372,3 @@ def _compare(cache: VerdictCache, other: Environment, members: list[Member], her
     else:
         status = STILL_FAILS
     return Comparison(status=status, there=there)
-
-
-# --------------------------------------------------------------------------------------------
-# sources: a folder, a list, a store
-
-
-class _Source:
-    """The archives of one source, and where its verdicts and minified archives go."""
-
-    def __init__(self, text: str, entries: list[tuple[str, str, str | None]], store_url: str | None,
-                 folder: Path | None, storage_options: dict | None):
-        self.text, self.entries, self.store_url, self.folder = text, entries, store_url, folder
-        self.storage_options = storage_options
-
-    @classmethod
-    def open(cls, source: str | os.PathLike, storage_options: dict | None) -> _Source:
-        text = os.fspath(source)
-        if is_store(text):
-            return cls(text, _store_entries(text, storage_options), text, None, storage_options)
-        path = Path(text).absolute()  # each task runs in a folder of its own: no name may be relative
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*.tar.zst") if CACHE_FOLDER not in p.parts)
-            return cls(text, [(str(p), p.name, None) for p in files], None, path, None)
-        if path.is_file():
-            if path.name.endswith((".tar.zst", ".zst")):
-                raise ReproArchiveError(f"{text} is one archive; triage takes a fleet of them",
-                                        "give a folder of archives, a file listing them, or a store")
-            lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()]
-            lines = [ln for ln in lines if ln and not ln.startswith("#")]
-            entries = [(str((path.parent / ln)) if not _is_reference(ln) and not os.path.isabs(ln) else ln,
-                        Path(ln).name, None) for ln in lines]
-            return cls(text, entries, None, path.parent, None)
-        raise FileNotFoundError(errno.ENOENT, "no such folder, list or store", text)
-
-    def cache_store(self):
-        if self.store_url is not None:
-            return open_location(self.store_url, **(self.storage_options or {}))
-        return open_location(str((self.folder / CACHE_FOLDER).resolve()))
-
-    def minify_output(self) -> str:
-        if self.store_url is not None:
-            return self.store_url
-        return str((self.folder / CACHE_FOLDER / "minified").resolve())
-
-    def sign(self, progress: ProgressFn | None) -> tuple[list, list, dict, dict]:
-        """(members, unreadable archives, location -> signature, index digest -> recorded backend)."""
-        members, unreadable, signatures, backends = [], [], {}, {}
-        for k, (location, name, seen) in enumerate(self.entries, 1):
-            try:
-                member, sig, backend = _read_member(location, name, seen, self.storage_options)
-            except (ArchiveError, ReproArchiveError, OSError) as err:
-                unreadable.append(Unreadable(location=location, error=_one_line(err)))
-                continue
-            if member is None:
-                continue  # a minified archive (triage's own, pushed to the store): not an occurrence
-            members.append(member)
-            signatures[location] = sig
-            backends[member.digest] = backend
-            if progress is not None and (k % 50 == 0 or k == len(self.entries)):
-                progress({"event": "signed", "done": k, "total": len(self.entries)})
-        return members, unreadable, signatures, backends
-
-
-def _one_line(err: BaseException) -> str:
-    if isinstance(err, OSError):
-        return f"cannot read: {err.strerror or err}"
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
-
-
-def _is_reference(text: str) -> bool:
-    return "://" in text or is_reference(text)
-
-
-def _store_entries(url: str, storage_options: dict | None) -> list[tuple[str, str, str | None]]:
-    store = open_store(url, storage_options)
-    keys = [k for k in store.list("refs") if objects.NAME_RE.match(k.rsplit("/", 1)[1])]
-    entries = []
-    for key, data in sorted(store.read_many(keys).items()):
-        name = key.rsplit("/", 1)[1]
-        pushed = None
-        if not isinstance(data, BaseException):
-            try:
-                pushed = objects.decode_ref(name, data).pushed
-            except ArchiveError:
-                pass
-        entries.append((f"{url.rstrip('/')}/{name}", name, pushed))
-    return entries
-
-
-def _read_member(location: str, name: str, seen: str | None,
-                 storage_options: dict | None) -> tuple[Member, Signature | None, str | None]:
-    if _is_reference(location):
-        with archive_view(location, storage_options) as (path, _):
-            return _member_of(path, location, name, seen)
-    if seen is None:
-        seen = datetime.fromtimestamp(os.stat(location).st_mtime, timezone.utc).isoformat(timespec="seconds")
-    return _member_of(location, location, name, seen)
-
-
-def _member_of(path, location: str, name: str, seen: str | None) -> tuple[Member | None, Signature | None, str | None]:
-    """The member an archive is, its signature and its recorded backend; (None, None, None) for
-    a minified archive (it records a parent): derived from a member, not another occurrence."""
-    with ContainerReader(path) as reader:
-        index, digest = reader.index, reader.index_digest
-    if index.records.parent is not None:
-        return None, None, None
-    member = Member(name=name, location=location, digest=digest, seen=str(seen or ""),
-                    ops=index.graph.op_count(), nodes=len(index.graph.nodes))
-    return member, signature_of(index), index.records.backend
