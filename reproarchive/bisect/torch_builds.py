@@ -153,15 +153,32 @@ def _folder_name(requirement: str, requirements: tuple[str, ...]) -> str:
     return f"{label[:60]}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
 
 
+#: What a replay imports first: compiled to bytecode once, when the environment is made.
+_WARM_UP = "import torch, torch._dynamo, torch.fx, torch._inductor.compile_fx"
+
+
 def _make(folder: Path, requirements: tuple[str, ...]) -> None:
+    """A venv with ``requirements``. pip does not byte-compile them (torch is thousands of
+    modules a replay never imports); the modules a replay does import are compiled by importing
+    them once, with bytecode writing on, so every replay there reads them compiled, even where
+    ``PYTHONDONTWRITEBYTECODE`` is set."""
     base = getattr(sys, "_base_executable", sys.executable)
+    python = str(folder / "bin" / "python")
     _run([base, "-m", "venv", str(folder)], "python -m venv")
-    _run([str(folder / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+    _run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
           *requirements], "pip install")
+    try:
+        _run([python, "-c", _WARM_UP], "importing torch", env={"PYTHONDONTWRITEBYTECODE": None})
+    except BuildError:
+        pass  # a torch that cannot import says so in each replay's verdict, as any environment's does
 
 
-def _run(argv: list[str], what: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+def _run(argv: list[str], what: str, env: dict[str, str | None] | None = None) -> None:
+    """``argv`` without this process's Python paths (``env``: changes, None removes)."""
+    changes = env or {}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+           and k not in changes}
+    env.update({k: v for k, v in changes.items() if v is not None})
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace",
                               timeout=_PIP_TIMEOUT, stdin=subprocess.DEVNULL)
