@@ -33,8 +33,9 @@ TRIAGE_EPILOG = exit_codes(
 @click.option("--task-cpus", type=float, default=1, show_default=True, help="Ray: CPUs each task asks for.")
 @click.option("--task-gpus", type=float, default=0, show_default=True, help="Ray: GPUs each task asks for.")
 @click.option("--task-resources", help='Ray: custom resources each task asks for, as JSON ({"H100": 1}).')
-@click.option("--action", "actions", multiple=True, type=click.Choice(["replay", "minify", "doctor"]),
-              help="What to run on one archive per group (repeatable; default: replay and minify).")
+@click.option("--action", "actions", multiple=True, type=click.Choice(["replay", "minify", "bisect", "doctor"]),
+              help="What to run on one archive per group (repeatable; default: replay and minify). bisect: "
+                   "bisect compiler, the stage, pass or setting the failure needs (after replay reproduced it).")
 @click.option("--by", "level", type=click.Choice(["failure", "node", "structure"]), default="node",
               show_default=True,
               help="Group depth: the failure signature; plus the failing node's target; plus the graph near it.")
@@ -155,6 +156,9 @@ def format_report(r) -> list[str]:
             lines.append(terminal_safe(f"{'':>10}one culprit, {g.culprit.text()}; merged with {len(g.folded)} "
                                        "more signature(s):"))
             lines.extend(terminal_safe(f"{'':>12}{f.count:>4}  {_clipped(f.text)}") for f in g.folded)
+        bisect = g.verdicts.get("bisect")
+        if bisect is not None and not bisect.failed_to_run:
+            lines.append(terminal_safe(f"{'':>10}culprit: {bisect.message}"))
         if len(g.seen) > 1:  # more than this environment: the releases it fails and passes on
             seen = ", ".join(f"torch {s.torch} ({s.device}) {s.environment[7:15]}: {s.status}" for s in g.seen)
             lines.append(terminal_safe(f"{'':>10}replays cached: {seen}"))

@@ -41,7 +41,7 @@ from reproarchive.triage.verdicts import (
     current_environment,
 )
 
-ACTIONS = ("replay", "minify", "doctor")
+ACTIONS = ("replay", "minify", "bisect", "doctor")
 _CHILD = "reproarchive.triage.task_child"
 
 

@@ -42,6 +42,8 @@ from reproarchive.triage.recheck import names_an_environment, other_environment,
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
 
 DEFAULT_ACTIONS = ("replay", "minify")
+#: Actions worth doing only on a failure that reproduces here: run after the replay said so.
+AFTER_REPLAY = ("minify", "bisect")
 
 #: How a group's replay here compares with its replay in the ``against`` environment.
 #: Said of the newer environment against the older one: this one against a digest's, or the one
@@ -215,25 +217,28 @@ class _Plan:
 
     def run(self, reps: dict, verdicts: dict, actions: tuple[str, ...], counts: dict,
             progress: ProgressFn | None) -> None:
-        """Submit every task the cache lacks; minify after replay reproduced (or when replay is
-        not asked for). Each verdict is cached as it arrives, except those that say nothing
-        lasting about the archive here (timed out: depends on --max-time; error: the task could
-        not start, e.g. an untrusted compiler)."""
+        """Submit every task the cache lacks; minify and bisect after replay reproduced (or when
+        replay is not asked for). Each verdict is cached as it arrives, except those that say
+        nothing lasting about the archive here (timed out: depends on --max-time; error: the task
+        could not start, e.g. an untrusted compiler)."""
         pending: dict[concurrent.futures.Future, tuple] = {}
 
         def submit(key: tuple, action: str) -> None:
             pending[self.executor.submit(self.task(reps[key], action))] = (key, action)
 
-        def wants_minify(key: tuple) -> bool:
-            return ("minify" in actions and "minify" not in verdicts[key]
-                    and ("replay" not in actions or verdicts[key]["replay"].status == REPRODUCED))
+        def after_replay(key: tuple) -> list[str]:
+            """The actions that wait for a reproduced replay, now due."""
+            if "replay" in actions and verdicts[key]["replay"].status != REPRODUCED:
+                return []
+            return [a for a in AFTER_REPLAY if a in actions and a not in verdicts[key]]
 
         for key in reps:
             for action in actions:
-                if action not in verdicts[key] and (action != "minify" or "replay" not in actions):
+                if action not in verdicts[key] and (action not in AFTER_REPLAY or "replay" not in actions):
                     submit(key, action)
-            if "replay" in verdicts[key] and wants_minify(key):
-                submit(key, "minify")
+            if "replay" in verdicts[key]:
+                for action in after_replay(key):
+                    submit(key, action)
         done = 0
         while pending:
             finished, _ = concurrent.futures.wait(list(pending), return_when=concurrent.futures.FIRST_COMPLETED)
@@ -247,8 +252,9 @@ class _Plan:
                 if verdict.failed_to_run:
                     counts[verdict.status.replace(" ", "_")] += 1
                 done += 1
-                if action == "replay" and wants_minify(key):
-                    submit(key, "minify")
+                if action == "replay":
+                    for later in after_replay(key):
+                        submit(key, later)
                 if progress is not None:
                     progress({"event": "verdict", "done": done, "total": done + len(pending),
                               "archive": reps[key].name, "verdict": verdict})

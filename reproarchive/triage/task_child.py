@@ -35,7 +35,8 @@ def _handle(request: dict, *, started, event) -> dict[str, Any]:
     environment = current_environment(settings).digest
     start = time.monotonic()
     try:
-        facts = {"replay": _replay, "minify": _minify, "doctor": _doctor}[task.action](task, settings)
+        facts = {"replay": _replay, "minify": _minify, "doctor": _doctor, "bisect": _bisect}[task.action](task,
+                                                                                                   settings)
     except ReproArchiveError as err:
         facts = {"status": ERROR, "message": str(err)}
     return Verdict(format=VERDICT_FORMAT, action=task.action, archive=task.digest, environment=environment,
@@ -89,6 +90,24 @@ def _stop_reason(stats: dict) -> str:
     if stats.get("stop_reason"):
         text += f" ({stats['stop_reason']})" if text else str(stats["stop_reason"])
     return text
+
+
+def _bisect(task: Task, settings: ReplaySettings) -> dict[str, Any]:
+    """``bisect compiler`` on the archive: the compiler stage (backend, subsystem, bisect number)
+    and the recorded Inductor settings its failure needs, in one line (``culprit``)."""
+    from reproarchive.bisect.compiler import bisect_compiler
+    from reproarchive.references import local_archive
+
+    result = bisect_compiler(local_archive(task.archive), settings, max_time=task.max_time)
+    return {"status": result.status, "message": result.summary[:300], "kind": _culprit(result)}
+
+
+def _culprit(result) -> str | None:
+    """``inductor / lowerings / 2``, the stage a bisection named; None when it named none."""
+    if result.status != "found" or result.backend is None:
+        return None
+    parts = [result.backend, result.subsystem, None if result.bisect_number is None else str(result.bisect_number)]
+    return " / ".join(p for p in parts if p)
 
 
 def _doctor(task: Task, settings: ReplaySettings) -> dict[str, Any]:

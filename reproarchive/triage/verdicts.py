@@ -123,9 +123,11 @@ class Verdict(PlainRecord):
     """What one action concluded on one archive in one environment (spec §11.5).
 
     ``status``: for replay the words of ``run`` (reproduced, different failure, passed); for
-    minify those of ``minify`` (minified, not failing, unchanged); for doctor "same" or
-    "differs"; for any action "crashed" (the task's process died: ``signal``), "timed out"
-    (past ``--max-time``) or "error" (the action could not be done: ``message``).
+    minify those of ``minify`` (minified, not failing, unchanged); for bisect those of
+    ``bisect compiler`` (found, not reproduced, incomplete: ``kind`` the stage named, ``message``
+    its summary); for doctor "same" or "differs"; for any action "crashed" (the task's process
+    died: ``signal``), "timed out" (past ``--max-time``) or "error" (the action could not be
+    done: ``message``).
     ``signature`` and ``kind``: the failure observed, for replay."""
 
     format: str

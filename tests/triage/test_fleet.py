@@ -286,3 +286,19 @@ def test_a_store_source_keeps_verdicts_and_minified_archives_in_the_store(tmp_pa
     assert len(list((store / "verdicts").rglob("*.json"))) == 3  # the environment and two verdicts
     again = json.loads(invoke("triage", store, "--json").stdout)
     assert again["archives"] == 2 and again["tasks"]["run"] == 0 and again["tasks"]["cached"] == 2
+
+
+@pytest.mark.slow
+def test_the_bisect_action_names_each_groups_compiler_stage(tmp_path):
+    """``--action bisect``: once the replay reproduced, ``bisect compiler`` runs on the group's
+    representative; its verdict names the stage, is cached, and the table shows it."""
+    fleet_corpus.build(tmp_path, 2, bugs=("relu-compile",))
+    folder = tmp_path / "archives"
+    result = invoke("triage", folder, "--action", "replay", "--action", "bisect", "--json")
+    assert result.exit_code == 0, result.output
+    (group,) = json.loads(result.stdout)["groups"]
+    bisect = group["verdicts"]["bisect"]
+    assert (bisect["status"], bisect["kind"]) == ("found", "inductor"), bisect
+    assert bisect["message"].startswith("the failure is in backend inductor")
+    again = invoke("triage", folder, "--action", "replay", "--action", "bisect")
+    assert "0 tasks run, 2 cached" in again.stdout and "culprit: the failure is in backend inductor" in again.stdout
