@@ -1,14 +1,15 @@
 """``bisect torch``: replay one archive under several Python environments, in the order given,
 and name the first one where the recorded failure appears.
 
-Each environment is an interpreter (a path), or a torch (a version, a requirement, a wheel
-file) whose environment is built with pip and cached (``torch_builds``). It is asked what it has (``env_probe``: Python,
-torch, ``torch.version.git_version``, reproarchive) and then replays the archive with its own
-installed reproarchive (``reproarchive run ARCHIVE --json``), in a fresh process whose
-``PYTHONPATH`` is cleared so nothing of this process's imports leaks in. An environment without
-a reproarchive replays with a copy of this reproarchive's own package (the "bundled" reader:
-the same code, not a separate implementation; its dependencies must be importable there), made
-in a folder of its own: never this environment's site-packages, which would bring its torch.
+Each environment is an interpreter (a path), or a torch (a version, a requirement, a wheel file)
+whose environment is built with pip and cached (``torch_builds``). It is asked what it has
+(``env_probe``: Python, torch, ``torch.version.git_version``, reproarchive) and then replays the
+archive with its own installed reproarchive (``reproarchive run ARCHIVE --json``), in a fresh
+process whose ``PYTHONPATH`` is cleared so nothing of this process's imports leaks in. An
+environment without a reproarchive replays with a copy of this reproarchive's own package (the
+"bundled" reader: the same code, not a separate implementation; its dependencies must be
+importable there), made in a folder of its own: never this environment's site-packages, which
+would bring its torch.
 
 Verdicts, from the replay's exit code *and* its JSON document (an exit status alone is not a
 verdict: a reader that dies importing itself exits 1 too):

@@ -75,11 +75,11 @@ def torch_requirement(spec: str) -> str:
     if text.endswith(".whl"):
         path = Path(text).expanduser()
         if not path.is_file():
-            raise BuildError(f"--torch {spec}: no such wheel file", "give the path of a torch wheel, or a version")
+            raise BuildError(f"no such wheel file: {spec}", "give the path of a torch wheel, or a version")
         return str(path.resolve())
     if re.match(r"torch\s*([=<>!~]=?|===|@|\[|$)", text):
         return text
-    raise BuildError(f"--torch {spec!r} names no torch",
+    raise BuildError(f"{spec!r} names no torch",
                      "give a version (2.13.0), a requirement (torch>=2.12,<2.13) or a wheel file")
 
 

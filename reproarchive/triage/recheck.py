@@ -23,7 +23,7 @@ from typing import Callable
 from reproarchive.bisect.environments import probe_environment, replay_in
 from reproarchive.bisect.results import BAD, GOOD, OTHER
 from reproarchive.bisect.torch_builds import build_environment, default_cache, pinned_packages
-from reproarchive.errors import ReproArchiveError
+from reproarchive.errors import ReproArchiveError, SourceError
 from reproarchive.references import local_archive
 from reproarchive.replay.outcome import DIFFERENT, PASSED, REPRODUCED
 from reproarchive.triage.engine import now
@@ -47,6 +47,9 @@ def other_environment(against: str, here: Environment,
     this machine, variables and replay settings, with that interpreter's torch and Python, and
     the interpreter itself (another venv of the same torch is another environment)."""
     python = against
+    if os.sep in against and not against.endswith(".whl") and not os.path.isfile(against):
+        raise SourceError(f"--against {against}: no such interpreter",
+                          "give the path of a python, a torch version or wheel, or an environment's digest prefix")
     if not (os.path.isfile(against) and os.access(against, os.X_OK)):
         python = str(build_environment(against, cache=default_cache(), pins=pinned_packages({}),
                                        on_build=on_build).python)

@@ -85,3 +85,8 @@ def test_a_real_environment_fixes_one_bug_and_not_the_other(tmp_path):
     assert report["against"]["digest"] != report["environment"]["digest"]
     assert all(g["against"]["there"]["environment"] != g["verdicts"]["replay"]["environment"]
                for g in report["groups"])
+
+
+def test_against_a_missing_interpreter_is_one_line_exit_4(relu_fleet, tmp_path):
+    result = invoke("triage", relu_fleet, "--action", "replay", "--against", tmp_path / "no" / "python", "--json")
+    assert result.exit_code == 4 and "no such interpreter" in json.loads(result.stdout)["error"]["message"]
