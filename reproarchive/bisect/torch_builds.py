@@ -85,7 +85,8 @@ def torch_requirement(spec: str) -> str:
 
 def pinned_packages(recorded: dict[str, str | None]) -> tuple[str, ...]:
     """The pins besides torch: the bundled reader's requirements at this environment's versions,
-    and the archive's ``RECORDED`` packages at their recorded versions."""
+    and the archive's ``RECORDED`` packages at their recorded versions (a recorded version that
+    is not a plain version number is not pinned: nothing else of an archive reaches pip)."""
     pins = {}
     for name in _reader_requirements():
         try:
@@ -93,8 +94,9 @@ def pinned_packages(recorded: dict[str, str | None]) -> tuple[str, ...]:
         except metadata.PackageNotFoundError:
             continue
     for name in RECORDED:
-        if recorded.get(name):
-            pins[name] = str(recorded[name])
+        version = str(recorded.get(name) or "")
+        if _VERSION.fullmatch(version):  # an archive's text goes to pip only as a plain version
+            pins[name] = version
     return tuple(f"{name}=={version}" for name, version in sorted(pins.items()))
 
 

@@ -138,6 +138,9 @@ def test_specs_and_pins():
     pins = pinned_packages({"numpy": "1.26.4", "sympy": "1.13.1", "transformers": None, "torch": "2.13.0"})
     # the recorded numpy is pinned; sympy is torch's own to choose; the reader's needs at our versions
     assert "numpy==1.26.4" in pins and not any(p.startswith(("sympy", "torch", "transformers")) for p in pins)
+    # an archive's recorded text reaches pip only as a plain version number
+    hostile = pinned_packages({"numpy": "1.0 ; python_version>'0' --index-url http://x", "accelerate": "0.30.1"})
+    assert "accelerate==0.30.1" in hostile and not any(p.startswith("numpy") for p in hostile)
     import zstandard
 
     assert f"zstandard=={zstandard.__version__}" in pins and any(p.startswith("msgpack==") for p in pins)
