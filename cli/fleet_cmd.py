@@ -129,7 +129,7 @@ def _clipped(text: str, width: int = 100) -> str:
     """A signature cut to ``width``, keeping its `` @target`` end (what tells merged ones apart)."""
     if len(text) <= width:
         return text
-    head, at, target = text.rpartition(" @")
+    _, at, target = text.rpartition(" @")
     tail = f"{at}{target}" if at and len(target) < width // 2 else ""
     return text[:width - len(tail) - 3] + "..." + tail
 

@@ -93,7 +93,7 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
         raise ReproArchiveError("no environment to replay in",
                                 "give one or more --env PATH-TO-PYTHON, or --torch VERSION")
     for python in interpreters:
-        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        if not is_interpreter(python):
             raise SourceError(f"{python} is not an executable interpreter", "give the path of a python in each --env")
     for spec in torch_specs:
         torch_requirement(spec)  # a spec that names no torch is refused before anything is built
@@ -151,6 +151,11 @@ def _recorded_packages(archive: Path) -> dict[str, str | None]:
     except (ReproArchiveError, OSError):
         return {}
     return dict(system.packages or {}) if system is not None else {}
+
+
+def is_interpreter(path: str) -> bool:
+    """Whether ``path`` is an executable file: what an environment given by its interpreter must be."""
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def probe_environment(python: str) -> tuple[dict | None, str | None]:

@@ -20,7 +20,7 @@ import re
 import time
 from typing import Callable
 
-from reproarchive.bisect.environments import probe_environment, replay_in
+from reproarchive.bisect.environments import is_interpreter, probe_environment, replay_in
 from reproarchive.bisect.results import BAD, GOOD, OTHER
 from reproarchive.bisect.torch_builds import build_environment, default_cache, pinned_packages
 from reproarchive.errors import ReproArchiveError, SourceError
@@ -36,7 +36,7 @@ _DIGEST = re.compile(r"(sha256:)?[0-9a-f]{4,64}")
 def names_an_environment(against: str) -> bool:
     """Whether ``--against`` names an environment to replay in (an interpreter, or a torch),
     rather than a digest prefix of one with cached verdicts."""
-    if os.path.isfile(against) and os.access(against, os.X_OK):
+    if is_interpreter(against):
         return True
     return _DIGEST.fullmatch(against) is None
 
@@ -50,7 +50,7 @@ def other_environment(against: str, here: Environment,
     if os.sep in against and not against.endswith(".whl") and not os.path.isfile(against):
         raise SourceError(f"--against {against}: no such interpreter",
                           "give the path of a python, a torch version or wheel, or an environment's digest prefix")
-    if not (os.path.isfile(against) and os.access(against, os.X_OK)):
+    if not is_interpreter(against):
         python = str(build_environment(against, cache=default_cache(), pins=pinned_packages({}),
                                        on_build=on_build).python)
     facts, problem = probe_environment(python)
