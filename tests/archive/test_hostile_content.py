@@ -424,3 +424,20 @@ def test_a_triton_kernel_naming_a_module_never_imports_it(importable, tmp_path):
     _in_process(["doctor", str(archive)], work)
     assert not marker.exists() and ca.EVIL_MODULE not in sys.modules
     assert _tree(work) == before
+
+
+def test_triage_shows_hostile_record_strings_neutralised(tmp_path):
+    """A fleet of archives whose failure records carry every hostile text: ``triage``'s table
+    (signatures, merged signatures, culprits) holds no raw control character, and its page
+    carries them as inert data."""
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    for i, text in enumerate(ca.HOSTILE_TEXT):
+        ca.text_archive(fleet / f"t{i}.tar.zst", tmp_path / "MARKER", text)
+    shown = _in_process(["triage", str(fleet), "--group-only", "--html", str(tmp_path / "page.html")], tmp_path)
+    assert shown.returncode == 0, shown.stderr[-800:]
+    assert not [hex(ord(c)) for c in shown.stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) < 0xa0
+                or c in "\u202e\u202c\u2028"]
+    page = (tmp_path / "page.html").read_text()
+    assert "<script" in page and page.count("</script>") == page.count("<script")
+    assert not (tmp_path / "MARKER").exists()
