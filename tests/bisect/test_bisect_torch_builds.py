@@ -78,7 +78,8 @@ def test_environments_built_from_torch_specs_name_the_patched_torch_and_are_reus
     patched = _patched(_this_wheel(tmp_path / "wheels"), tmp_path / "patched")
     cache = tmp_path / "envs"
     # one replay each: the default would measure the failure's flakiness (test_bisect_repeat.py)
-    args = ("bisect", "torch", archive, "--torch", VERSION, "--torch", patched, "--env-cache", cache, "--repeat", "1")
+    args = ("bisect", "torch", archive, "--torch", VERSION, "--torch", patched, "--env-cache", cache, "--repeat", "1",
+            "--max-time", "900")
     result = invoke(*args, "--json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)

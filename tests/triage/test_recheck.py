@@ -75,7 +75,7 @@ def test_a_real_environment_fixes_one_bug_and_not_the_other(tmp_path):
     fleet_corpus.build(tmp_path, 2, bugs=("no-sigmoid", "no-tanh"))
     folder = tmp_path / "archives"
     newer = make_env(tmp_path, "newer", sitecustomize=FIXED_SIGMOID)
-    result = invoke("triage", folder, "--action", "replay", *TRUST, "--against", newer, "--json")
+    result = invoke("triage", folder, "--action", "replay", *TRUST, "--against", newer, "--max-time", "300", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     status = {g["signature"]["target"]: g["against"]["status"] for g in report["groups"]}
