@@ -43,6 +43,10 @@ TRIAGE_EPILOG = exit_codes(
               help="Keep groups apart whose representatives minified to the same culprit (default: merged).")
 @click.option("--max-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop a task past this many seconds (reported as timed out).")
+@click.option("--repeat", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Replay each group's representative N times, each in a fresh process: one that reproduces "
+                   "makes the group fail, and replays that disagree mark it flaky. Default: 4 (a cached verdict "
+                   "of fewer replays is topped up).")
 @click.option("--group-only", is_flag=True, help="Group and report cached verdicts; run nothing.")
 @click.option("--against", metavar="ENV",
               help="Compare with another environment: which groups are fixed, still fail, fail differently. A digest "
@@ -56,7 +60,7 @@ TRIAGE_EPILOG = exit_codes(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (an error too).")
 @click.pass_context
 def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_resources, actions, level, no_merge,
-               max_time, group_only, against, trusted, device, html, as_json):
+               max_time, repeat, group_only, against, trusted, device, html, as_json):
     """Group the archives in SOURCE (a folder, a file listing archives, or a store URL) by bug,
     replay and minify one archive per group, and report each group's verdict.
 
@@ -80,7 +84,7 @@ def triage_cmd(ctx, source, jobs, engine, address, task_cpus, task_gpus, task_re
                                                executor=executor,
                                          settings=settings, trusted_backends=tuple(trusted), level=level,
                                          max_time=max_time, against=against, run=not group_only,
-                                         progress=_progress, merge=not no_merge)
+                                         progress=_progress, merge=not no_merge, repeat=repeat)
         page = internal.write_triage_page(report, html) if html else None
     if as_json:
         emit_json(report.to_plain())
@@ -157,6 +161,8 @@ def format_report(r) -> list[str]:
                                        "more signature(s):"))
             lines.extend(terminal_safe(f"{'':>12}{f.count:>4}  {_clipped(f.text)}") for f in g.folded)
         bisect = g.verdicts.get("bisect")
+        if g.repeats is not None:
+            lines.append(terminal_safe(f"{'':>10}replayed {replay.replay_count} times: {g.repeats.text}"))
         if bisect is not None and not bisect.failed_to_run:
             lines.append(terminal_safe(f"{'':>10}culprit: {bisect.message}"))
         if len(g.seen) > 1:  # more than this environment: the releases it fails and passes on

@@ -39,6 +39,7 @@ from reproarchive.triage.fleet_sources import Member, ProgressFn, Source, Unread
 from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group
 from reproarchive.triage.history import Seen, seen_in
 from reproarchive.triage.recheck import names_an_environment, other_environment, recheck
+from reproarchive.triage.repeats import Repeats, combined, measured, replays_wanted
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
 
 DEFAULT_ACTIONS = ("replay", "minify")
@@ -94,6 +95,7 @@ class GroupReport(PlainRecord):
     culprit: Culprit | None = None  # what the representative minified to (``culprits``)
     folded: tuple[Folded, ...] = ()  # signature groups merged into this one: same culprit
     seen: tuple[Seen, ...] = ()  # its replay in every environment with a cached verdict (``history``)
+    repeats: Repeats | None = None  # what its repeated replay measured: stable or flaky (``repeats``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,14 +130,15 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
                  executor: Executor | None = None, settings: ReplaySettings | None = None,
                  trusted_backends: tuple[str, ...] = (), level: str = DEFAULT_LEVEL, max_time: float | None = None,
                  against: str | None = None, run: bool = True, progress: ProgressFn | None = None,
-                 storage_options: dict | None = None, merge: bool = True) -> TriageReport:
+                 storage_options: dict | None = None, merge: bool = True, repeat: int | None = None) -> TriageReport:
     """Group the archives of ``source`` and run ``actions`` on one member per group (module
     docstring). ``executor``: where tasks run (default: one local process at a time);
     ``trusted_backends``: recorded ``module:function`` compilers the replays may import;
     ``run=False`` groups only (cached verdicts are still reported); ``against``: a digest prefix
     of another environment whose cached verdicts to compare with. ``progress`` receives one
     dict per event (``{"event": "signed" | "verdict", ...}``). ``merge``: join the groups whose
-    minified culprits agree (``culprits``)."""
+    minified culprits agree (``culprits``). ``repeat``: replays of each representative (default
+    ``repeats.MEASURE``; ``repeats``)."""
     if level not in LEVELS:
         raise ReproArchiveError(f"unknown grouping level {level!r}", f"choose among {', '.join(LEVELS)}")
     start = time.monotonic()
@@ -155,10 +158,12 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
         for env in {e.digest: e for e in (environment, *deciding.values())}.values():
             cache.record_environment(env)
     reps = {key: min(ms, key=lambda m: (m.ops, m.seen, m.name)) for key, ms in grouped.groups.items()}
-    verdicts, cached, counts = _cached(cache, reps, deciding, actions)
-    plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time, sources.minify_output())
+    replays = replays_wanted(repeat) if run else 1  # grouping only: what the cache holds is the answer
+    verdicts, cached, counts, partial = _cached(cache, reps, deciding, actions, replays)
+    plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time, sources.minify_output(),
+                 replays)
     if run:
-        plan.run(reps, verdicts, actions, counts, progress)
+        plan.run(reps, verdicts, actions, counts, progress, partial)
     fresh = _recheck(cache, there, other, grouped, reps, verdicts, plan, counts, progress) if there else {}
     culprits = _culprits(grouped, reps, verdicts, storage_options) if merge else {}
 
@@ -178,20 +183,25 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
                         cache=cache.store.url, rechecked=there is not None)
 
 
-def _cached(cache: VerdictCache, reps: dict, deciding: dict, actions: tuple[str, ...]) -> tuple[dict, dict, dict]:
+def _cached(cache: VerdictCache, reps: dict, deciding: dict, actions: tuple[str, ...],
+            replays: int) -> tuple[dict, dict, dict, dict]:
     """(group key -> action -> the cached verdict, group key -> the actions cached, the task
-    counts so far)."""
+    counts so far, group key -> a cached replay verdict of fewer than ``replays`` replays, to
+    top up)."""
     verdicts: dict[tuple, dict[str, Verdict]] = {key: {} for key in reps}
     cached: dict[tuple, list[str]] = {key: [] for key in reps}
+    partial: dict[tuple, list[Verdict]] = {}
     counts = {"run": 0, "cached": 0, "crashed": 0, "timed_out": 0, "error": 0}
     for key, rep in reps.items():
         for action in actions:
             hit = cache.get(deciding[key].digest, rep.digest, action)
-            if hit is not None:
+            if hit is not None and action == "replay" and hit.replay_count < replays and not hit.failed_to_run:
+                partial[key] = [hit]
+            elif hit is not None:
                 verdicts[key][action] = hit
                 cached[key].append(action)
                 counts["cached"] += 1
-    return verdicts, cached, counts
+    return verdicts, cached, counts, partial
 
 
 @dataclasses.dataclass
@@ -206,6 +216,7 @@ class _Plan:
     backends: dict[str, str | None]  # index digest -> recorded backend
     max_time: float | None
     output: str
+    replays: int  # replays of each representative (``repeats``)
 
     def task(self, rep: Member, action: str) -> Task:
         settings = self.settings
@@ -216,15 +227,21 @@ class _Plan:
                     output=self.output if action == "minify" else None, max_time=self.max_time)
 
     def run(self, reps: dict, verdicts: dict, actions: tuple[str, ...], counts: dict,
-            progress: ProgressFn | None) -> None:
+            progress: ProgressFn | None, partial: dict) -> None:
         """Submit every task the cache lacks; minify and bisect after replay reproduced (or when
-        replay is not asked for). Each verdict is cached as it arrives, except those that say
-        nothing lasting about the archive here (timed out: depends on --max-time; error: the task
-        could not start, e.g. an untrusted compiler)."""
+        replay is not asked for). A replay is ``replays`` tasks, topping up ``partial`` (a cached
+        replay verdict of fewer): one, then the rest side by side unless that one reached no
+        verdict (a hang is not waited for four times); one verdict when the last is back
+        (``repeats``). Each verdict is cached as it arrives, except those that say nothing
+        lasting about the archive here (timed out: depends on --max-time; error: the task could
+        not start, e.g. an untrusted compiler)."""
         pending: dict[concurrent.futures.Future, tuple] = {}
+        gathered: dict[tuple, list[Verdict]] = {key: list(partial.get(key, ())) for key in reps}
 
         def submit(key: tuple, action: str) -> None:
-            pending[self.executor.submit(self.task(reps[key], action))] = (key, action)
+            missing = self.replays - sum(v.replay_count for v in gathered[key])
+            for _ in range((missing if gathered[key] else 1) if action == "replay" else 1):
+                pending[self.executor.submit(self.task(reps[key], action))] = (key, action)
 
         def after_replay(key: tuple) -> list[str]:
             """The actions that wait for a reproduced replay, now due."""
@@ -245,19 +262,30 @@ class _Plan:
             for future in finished:
                 key, action = pending.pop(future)
                 verdict = dataclasses.replace(future.result(), environment=self.environments[key].digest)
-                if verdict.status not in (TIMED_OUT, ERROR):
-                    self.cache.put(verdict)
-                verdicts[key][action] = verdict
                 counts["run"] += 1
                 if verdict.failed_to_run:
                     counts[verdict.status.replace(" ", "_")] += 1
                 done += 1
-                if action == "replay":
-                    for later in after_replay(key):
-                        submit(key, later)
                 if progress is not None:
                     progress({"event": "verdict", "done": done, "total": done + len(pending),
                               "archive": reps[key].name, "verdict": verdict})
+                if action == "replay":
+                    gathered[key].append(verdict)
+                    if any(pending[f] == (key, action) for f in pending):
+                        continue  # more replays of this one to come
+                    if not verdict.failed_to_run and sum(v.replay_count for v in gathered[key]) < self.replays:
+                        submit(key, action)  # the first came back with a verdict: the rest
+                        continue
+                    verdict = combined(gathered[key])
+                self._keep(verdict, verdicts[key], action)
+                if action == "replay":
+                    for later in after_replay(key):
+                        submit(key, later)
+
+    def _keep(self, verdict: Verdict, verdicts: dict, action: str) -> None:
+        if verdict.status not in (TIMED_OUT, ERROR):
+            self.cache.put(verdict)
+        verdicts[action] = verdict
 
 
 def _against(cache: VerdictCache, against: str | None, here: Environment, run: bool,
@@ -318,7 +346,8 @@ def _group_reports(grouped, reps: dict, verdicts: dict, cached: dict, signatures
             variants=len({signatures[m.location].structure for m in ms if signatures[m.location]}) or 1,
             representative=reps[key], members=tuple(sorted(ms, key=lambda m: (m.seen, m.name))),
             verdicts=verdicts[key], cached=tuple(cached[key]), against=compare(sig, ms, verdicts[key].get("replay")),
-            culprit=culprits.get(key), folded=folded, seen=history(keys)))
+            culprit=culprits.get(key), folded=folded, seen=history(keys),
+            repeats=measured(verdicts[key].get("replay"))))
     return tuple(groups)
 
 

@@ -27,8 +27,8 @@ from reproarchive.errors import ReproArchiveError, SchemaViolation, StoreError, 
 from reproarchive.format.plain import PlainData, PlainRecord, from_plain, omit_none
 from reproarchive.store.backend import Store
 
-#: The record's version: a reader refuses a verdict object of another major.
-VERDICT_FORMAT = "1.0"
+#: The record's version: a reader refuses a verdict object of another major. 1.1 added ``replays``.
+VERDICT_FORMAT = "1.1"
 PREFIX = "verdicts"
 _MAX_OBJECT = 1 << 20
 
@@ -144,11 +144,18 @@ class Verdict(PlainRecord):
     finished: str = ""  # ISO 8601 UTC
     minified: Minified | None = None
     differences: int | None = None  # doctor: rows that could change the outcome of run
+    #: replay repeated (``triage --repeat``): every replay's status, in the order they ended; the
+    #: rest of the record is the replay ``status`` came from (``triage.repeats``). None: one replay.
+    replays: tuple[str, ...] | None = omit_none()
 
     @property
     def failed_to_run(self) -> bool:
         """The task did not reach a verdict on the archive (it crashed, hung or could not start)."""
         return self.status in (CRASHED, TIMED_OUT, ERROR)
+
+    @property
+    def replay_count(self) -> int:
+        return len(self.replays) if self.replays else 1
 
 
 def _hex(digest: str) -> str:

@@ -11,7 +11,9 @@ two hundred archives take seconds. The bugs:
 * ``relu-accuracy``: ``relu_accuracy_error_TESTING_ONLY`` (accuracy);
 * ``no-sigmoid`` / ``no-tanh``: ``no_lowering`` below, a compiler that has no lowering for
   ``torch.sigmoid`` / ``torch.tanh``: one exception type and one message pattern for both, told
-  apart only by the node that failed.
+  apart only by the node that failed;
+* ``racy-gelu`` (not among the default five): ``racy_lowering``, a compiler whose lowering of
+  ``gelu`` fails one compile in two, as a race does: a flaky bug.
 
 A "machine" is where the model's source lives (a folder named after a user, so the paths in
 tracebacks and messages differ), how far down its file the model is defined (line numbers) and
@@ -92,6 +94,39 @@ def _ranks(gm: fx.GraphModule, example_inputs) -> dict[str, int]:
     ShapeProp(gm).propagate(*example_inputs)
     return {n.name: len(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
             if isinstance(n.meta.get("tensor_meta"), TensorMetadata)}
+
+
+RACY_BUG = "racy-gelu"
+RACY_LOWERING = f"{__name__}:racy_lowering"
+#: A file holding a count: when set, ``racy_lowering`` fails on even counts and adds one per
+#: compile (across processes), so a test knows how the race falls; otherwise it is a coin.
+RACE_FILE_ENV = "FLEET_RACE_FILE"
+
+
+def racy_lowering(gm: fx.GraphModule, example_inputs):
+    """A compiler whose lowering of ``gelu`` loses a race with its worker one compile in two
+    (``RACE_FILE_ENV`` makes the race's fall predictable for tests)."""
+    if not any(_op(node) == "gelu" for node in gm.graph.nodes):
+        return gm.forward
+    if _race_lost():
+        raise LoweringError("lowering of gelu raced with its compile worker: the kernel's buffer was freed")
+    return gm.forward
+
+
+def _race_lost() -> bool:
+    path = os.environ.get(RACE_FILE_ENV)
+    if not path:
+        return random.SystemRandom().random() < 0.5
+    import fcntl
+
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        count = int(f.read().strip() or 0)
+        f.seek(0)
+        f.truncate()
+        f.write(str(count + 1))
+    return count % 2 == 0
 
 
 def segfaulting(gm: fx.GraphModule, example_inputs):
@@ -209,7 +244,8 @@ class Member:
 
 
 def _act(bug: str) -> str:
-    return {"no-sigmoid": "torch.sigmoid", "no-tanh": "torch.tanh"}.get(bug, "torch.relu")
+    return {"no-sigmoid": "torch.sigmoid", "no-tanh": "torch.tanh",
+            RACY_BUG: "torch.nn.functional.gelu"}.get(bug, "torch.relu")
 
 
 def _model_class(root: Path, model: str, bug: str, machine: int, method: bool = False):
@@ -270,11 +306,12 @@ def _failure(bug: str, gm: fx.GraphModule, inputs: list) -> tuple[str, object]:
         if not report.passed:
             return backend, failure_mod.accuracy_record(report, backend=backend)
     else:
-        backend = NO_LOWERING
-        try:
-            no_lowering(gm, inputs)
-        except LoweringError as exc:
-            return backend, failure_mod.record_from_exception(exc, "compile", backend=backend)
+        backend, compiler = (RACY_LOWERING, racy_lowering) if bug == RACY_BUG else (NO_LOWERING, no_lowering)
+        for _ in range(64):  # the race is lost one time in two: recorded when it was
+            try:
+                compiler(gm, inputs)
+            except LoweringError as exc:
+                return backend, failure_mod.record_from_exception(exc, "compile", backend=backend)
     raise AssertionError(f"bug {bug} did not fail on this graph")
 
 

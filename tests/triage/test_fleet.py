@@ -56,10 +56,12 @@ def test_first_run_replays_and_minifies_one_per_group(small_fleet):
         minify = group["verdicts"]["minify"]
         assert minify["status"] == "minified" and minify["minified"]["ops"] == 1
         assert Path(minify["minified"]["location"]).is_file()
-    assert report["tasks"] == {"run": 6, "cached": 0, "crashed": 0, "timed_out": 0, "error": 0}
+    # each representative replayed 4 times (stable: every replay reproduced), then minified
+    assert report["tasks"] == {"run": 3 * 4 + 3, "cached": 0, "crashed": 0, "timed_out": 0, "error": 0}
+    assert all(g["repeats"]["text"] == "stable: reproduced 4 of 4" for g in report["groups"])
     assert len(_cache_objects(folder)) == 3
     # progress went to stderr while it ran
-    assert "[6/6]" in result.stderr
+    assert "[15/15]" in result.stderr
 
 
 @pytest.mark.slow
@@ -122,7 +124,7 @@ def test_another_thread_count_replays_only_what_a_thread_count_can_change(small_
     assert by_target == {"torch.relu": ("forward", [], "reproduced"),
                          "torch.sigmoid": ("compile", ["replay"], "reproduced"),
                          "torch.tanh": ("compile", ["replay"], "reproduced")}
-    assert (report["tasks"]["run"], report["tasks"]["cached"]) == (1, 2)
+    assert (report["tasks"]["run"], report["tasks"]["cached"]) == (4, 2)  # one group's 4 replays
     # the shared verdicts are stored once, under the environment without the thread counts
     digests = {g["verdicts"]["replay"]["environment"] for g in report["groups"] if g["signature"]["stage"] == "compile"}
     assert len(digests) == 1 and digests != {report["environment"]["digest"]}
@@ -200,7 +202,8 @@ def test_a_run_killed_midway_is_finished_by_the_next(tmp_path):
     result = invoke("triage", folder, "-j", "1", "--action", "replay", "--json")
     report = json.loads(result.stdout)
     assert result.exit_code == 0, result.output
-    assert report["tasks"]["cached"] == done_before and report["tasks"]["run"] == 3 - done_before
+    # a group's verdict is stored once its 4 replays are back: the killed one's are done again
+    assert report["tasks"]["cached"] == done_before and report["tasks"]["run"] == 4 * (3 - done_before)
     assert len(_cache_objects(folder)) == 3
 
 

@@ -26,13 +26,16 @@ def test_ray_gives_the_verdicts_the_local_engine_gives_and_shares_what_threads_c
     local_folder, ray_folder = tmp_path / "archives", tmp_path / "on-ray"
     shutil.copytree(local_folder, ray_folder)  # a cache of its own: every task really runs on Ray
     trusted = (fleet_corpus.NO_LOWERING,)
-    local = triage_fleet(local_folder, actions=("replay",), executor=LocalExecutor(2), trusted_backends=trusted)
+    # one replay each: the engines are compared, not the failures' flakiness (test_flaky_groups.py)
+    local = triage_fleet(local_folder, actions=("replay",), executor=LocalExecutor(2), trusted_backends=trusted,
+                         repeat=1)
     monkeypatch.delenv("OMP_NUM_THREADS")
     from reproarchive.triage.ray_engine import RayExecutor
 
     with RayExecutor(num_cpus=1, init_options={"num_cpus": 1}) as executor:  # one worker to start
-        on_ray = triage_fleet(ray_folder, actions=("replay",), executor=executor, trusted_backends=trusted)
-        shared = triage_fleet(local_folder, actions=("replay",), executor=executor, trusted_backends=trusted)
+        on_ray = triage_fleet(ray_folder, actions=("replay",), executor=executor, trusted_backends=trusted, repeat=1)
+        shared = triage_fleet(local_folder, actions=("replay",), executor=executor, trusted_backends=trusted,
+                              repeat=1)
     assert on_ray.engine == "ray" and on_ray.tasks["run"] == 2
     assert on_ray.environment.variables.get("OMP_NUM_THREADS") != "2"
     assert on_ray.environment.digest != local.environment.digest
