@@ -319,9 +319,9 @@ def _recheck(cache: VerdictCache, python: str, other: Environment, grouped, reps
         backend = plan.task(rep, "replay").settings.get("backend")
         todo.append((other.deciding(sig.stage if sig else None), rep, backend,
                      here.signature if here.status == REPRODUCED else None))
-    fresh = recheck(cache, python, todo, plan.max_time, progress)
+    fresh = recheck(cache, python, todo, plan.max_time, progress, replays=plan.replays)
     for verdict in fresh.values():
-        counts["run"] += 1
+        counts["run"] += verdict.replay_count
         if verdict.failed_to_run:
             counts[verdict.status.replace(" ", "_")] += 1
     return fresh

@@ -12,7 +12,7 @@ import pytest
 
 from support import fleet_corpus
 from support.cli import invoke
-from support.stand_in_envs import PASSED, calls, stand_in
+from support.stand_in_envs import PASSED, REPRODUCED, calls, stand_in
 from support.torch_envs import make_env
 
 TRUST = ["--trust-backend", fleet_corpus.NO_LOWERING]
@@ -29,22 +29,35 @@ def relu_fleet(tmp_path):
 
 
 def test_a_group_that_passes_there_is_fixed_there_and_the_verdict_is_kept(relu_fleet, tmp_path):
-    newer = stand_in(tmp_path, "python-newer", "2.99.0", [PASSED] * 3)
+    newer = stand_in(tmp_path, "python-newer", "2.99.0", [PASSED] * 4)
     result = invoke("triage", relu_fleet, "--action", "replay", "--against", newer, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     (group,) = report["groups"]
     assert group["against"]["status"] == "fixed" and report["against"]["torch"] == "2.99.0"
-    assert group["against"]["there"]["status"] == "passed" and calls(newer) == 1
+    # fixed only when every replay there passed: 4, as here
+    assert group["against"]["there"]["status"] == "passed" and calls(newer) == 4
+    assert group["against"]["there"]["replays"] == ["passed"] * 4
     assert [(s["torch"], s["status"]) for s in group["seen"]][-1] == ("2.99.0", "passed")
-    assert report["tasks"]["run"] == 1 and report["tasks"]["cached"] == 1
+    assert report["tasks"]["run"] == 4 and report["tasks"]["cached"] == 1
     # cached under that environment: a rerun replays nothing there, and its digest names it too;
     # by digest, this environment is the newer one: it fails here only
     again = json.loads(invoke("triage", relu_fleet, "--action", "replay", "--against", newer, "--json").stdout)
-    assert again["groups"][0]["against"]["status"] == "fixed" and again["rechecked"] and calls(newer) == 1
+    assert again["groups"][0]["against"]["status"] == "fixed" and again["rechecked"] and calls(newer) == 4
     by_digest = invoke("triage", relu_fleet, "--group-only", "--against", report["against"]["digest"][7:19], "--json")
     assert json.loads(by_digest.stdout)["groups"][0]["against"]["status"] == "fails here only", by_digest.output
     assert not json.loads(by_digest.stdout)["rechecked"]
+
+
+def test_a_flaky_bug_that_passes_once_there_is_not_fixed_there(relu_fleet, tmp_path):
+    """syzkaller's rule: gone only when no replay shows it. The first replay there passes, the
+    second reproduces: it still fails there, and nothing more is replayed."""
+    newer = stand_in(tmp_path, "python-newer", "2.99.0", [PASSED, REPRODUCED, PASSED, PASSED])
+    result = invoke("triage", relu_fleet, "--action", "replay", "--against", newer, "--json")
+    assert result.exit_code == 0, result.output
+    (group,) = json.loads(result.stdout)["groups"]
+    assert group["against"]["status"] == "still fails", group["against"]
+    assert group["against"]["there"]["replays"] == ["passed", "reproduced"] and calls(newer) == 2
 
 
 def test_a_replay_there_without_a_verdict_is_no_verdict_and_not_cached(relu_fleet, tmp_path):
@@ -75,11 +88,15 @@ def test_a_real_environment_fixes_one_bug_and_not_the_other(tmp_path):
     fleet_corpus.build(tmp_path, 2, bugs=("no-sigmoid", "no-tanh"))
     folder = tmp_path / "archives"
     newer = make_env(tmp_path, "newer", sitecustomize=FIXED_SIGMOID)
-    result = invoke("triage", folder, "--action", "replay", *TRUST, "--against", newer, "--max-time", "300", "--json")
+    # two replays each (here and there): a fixed bug passes both there, one still failing stops at one
+    result = invoke("triage", folder, "--action", "replay", *TRUST, "--against", newer, "--max-time", "300",
+                    "--repeat", "2", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     status = {g["signature"]["target"]: g["against"]["status"] for g in report["groups"]}
     assert status == {"torch.sigmoid": "fixed", "torch.tanh": "still fails"}
+    there = {g["signature"]["target"]: g["against"]["there"].get("replays") for g in report["groups"]}
+    assert there == {"torch.sigmoid": ["passed", "passed"], "torch.tanh": None}
     assert report["against"]["interpreter"] == os.path.abspath(newer) and report["rechecked"]
     # the replays there ran in that interpreter: its own verdicts, not this environment's
     assert report["against"]["digest"] != report["environment"]["digest"]
