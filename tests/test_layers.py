@@ -20,6 +20,7 @@ beside the public surface (the demo patches Inductor's config).
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -78,7 +79,11 @@ def _layer(module: str) -> int | None:
     return None
 
 
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    """Every module's imports: parsed when a test asks (every test process collects this file,
+    and only one runs it)."""
+    return {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def test_every_module_has_a_layer():
@@ -87,7 +92,7 @@ def test_every_module_has_a_layer():
 
 def test_imports_only_go_down():
     wrong = []
-    for name, imports in GRAPH.items():
+    for name, imports in _graph().items():
         own = _layer(name)
         for target in imports:
             level = _layer(target)
@@ -98,7 +103,7 @@ def test_imports_only_go_down():
 
 def test_library_never_imports_click_or_the_package_init():
     wrong = []
-    for name, imports in GRAPH.items():
+    for name, imports in _graph().items():
         if name.startswith("reproarchive.cli") or name == "reproarchive":
             continue
         wrong += [f"{name} imports {t}" for t in imports
@@ -109,7 +114,7 @@ def test_library_never_imports_click_or_the_package_init():
 def test_nothing_imports_the_testing_package():
     """Only test code imports ``reproarchive.testing``: the library's and the CLI's import paths
     never reach it (it imports pytest, a test extra)."""
-    wrong = [f"{name} imports {t}" for name, imports in GRAPH.items() if not name.startswith("reproarchive.testing")
+    wrong = [f"{name} imports {t}" for name, imports in _graph().items() if not name.startswith("reproarchive.testing")
              for t in imports if t == "reproarchive.testing" or t.startswith("reproarchive.testing.")]
     assert wrong == []
 
@@ -138,7 +143,7 @@ def test_cli_uses_only_the_public_surface():
     """The CLI uses the public verbs and, for what only it asks, ``reproarchive._internal``."""
     allowed = {"reproarchive", "reproarchive._internal"}
     wrong = []
-    for name, imports in GRAPH.items():
+    for name, imports in _graph().items():
         if name.startswith("reproarchive.cli"):
             wrong += [f"{name} imports {t}" for t in imports
                       if t.startswith("reproarchive") and t not in allowed
@@ -163,7 +168,7 @@ def test_compat_imports_only_torch_the_standard_library_and_errors():
 
 
 def test_no_import_cycles():
-    internal = {n: {t for t in ts if t in MODULES and t != n} for n, ts in GRAPH.items()}
+    internal = {n: {t for t in ts if t in MODULES and t != n} for n, ts in _graph().items()}
     # packages import their submodules; an __init__ edge is not a cycle of code
     internal = {n: {t for t in ts if not t.startswith(n + ".")} for n, ts in internal.items()}
     cycles = []

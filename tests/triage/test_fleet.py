@@ -163,7 +163,7 @@ def test_a_segfault_and_a_hang_cost_one_task_each(tmp_path):
     fleet_corpus.pack_with_backend(folder / "segfault.tar.zst", fleet_corpus.SEGFAULTING)
     fleet_corpus.pack_with_backend(folder / "hang.tar.zst", fleet_corpus.HANGING)
     start = time.perf_counter()
-    result = invoke("triage", folder, "-j", "2", "--action", "replay", "--max-time", "25",
+    result = invoke("triage", folder, "-j", "2", "--action", "replay", "--max-time", "15",
                     "--trust-backend", fleet_corpus.SEGFAULTING, "--trust-backend", fleet_corpus.HANGING, "--json")
     elapsed = time.perf_counter() - start
     assert result.exit_code == 1, result.output
