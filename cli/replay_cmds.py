@@ -147,6 +147,9 @@ Exit codes:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), metavar="N",
               help="With --minify --isolate: judge N candidates at once in N warm worker processes "
                    "(default: the idle cores, 1 to 4).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="With --minify: judge the archive and each candidate by up to N replays, a failure in any "
+                   "making it fail (for a flaky failure, which one lucky pass would otherwise drop).")
 @click.option("--shrink-inputs/--no-shrink-inputs", default=True, show_default=True,
               help="With --minify: also shrink the smallest graph's inputs (halve shapes, narrow dtypes, "
                    "zeros/ones where the values do not matter); the archive labels such inputs as not "
@@ -161,8 +164,8 @@ Exit codes:
 @implementations
 @click.pass_context
 def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only, isolate, current_config, as_json,
-            minify, output, max_time, strict_accuracy, jobs, shrink_inputs, summary_path, quiet, max_memory, rank,
-            single_process, timeout, imports, libraries, **rendezvous):
+            minify, output, max_time, strict_accuracy, jobs, repeat, shrink_inputs, summary_path, quiet, max_memory,
+            rank, single_process, timeout, imports, libraries, **rendezvous):
     """Replay ARCHIVE on this machine: does it fail here too, and is it the same failure?
 
     ARCHIVE is a file or a store reference (STORE/NAME, e.g. s3://team/repros/resnet-3fa2b1c09d4e),
@@ -175,8 +178,9 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
     written, 3 when the archive does not reproduce here.
     """
 
-    if not minify and (output or max_time is not None or strict_accuracy or jobs is not None):
-        raise click.UsageError("-o/--output, --max-time, --strict-accuracy and --jobs only apply with --minify")
+    if not minify and (output or max_time is not None or strict_accuracy or jobs is not None or repeat != 1):
+        raise click.UsageError("-o/--output, --max-time, --strict-accuracy, --jobs and --repeat only apply with "
+                               "--minify")
     # run judges every output (strict); the minifier by default floating outputs only
     settings = reproarchive.ReplaySettings(
         backend=backend, accuracy=accuracy, only_fwd=only_fwd, current_config=current_config, tol=tol,
@@ -189,7 +193,7 @@ def run_cmd(ctx, archive, device, backend, accuracy, tol, only_fwd, compile_only
         if internal.is_store_reference(archive):
             with byte_bars(not (quiet or as_json)) as progress:
                 archive = str(internal.fetch(archive, progress=progress))
-        _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs,
+        _minify(archive, output, settings, max_time=max_time, isolate=isolate, jobs=jobs, repeat=repeat,
                 shrink_inputs=shrink_inputs, as_json=as_json, quiet=quiet, timeout=timeout, summary_path=summary_path)
         return
     with byte_bars(not (quiet or as_json)) as progress:

@@ -90,6 +90,25 @@ def _isolated_predicate(repro: Repro, pool, settings: ReplaySettings, *, workdir
     return fails
 
 
+def _job_only_options(repeat: int) -> None:
+    if repeat > 1:
+        raise ReproArchiveError("judging each candidate by several replays is not built for a multi-rank job",
+                                "minify the job with one replay per candidate (leave the repeat out)")
+
+
+def _any_of(fails, repeat: int):
+    """``fails`` asked up to ``repeat`` times, the first failure ending it: a flaky failure
+    shows in some replays only, and a candidate that passed once by luck would otherwise be
+    thrown away with the op that fails (or the original called not reproducing)."""
+    if repeat <= 1:
+        return fails
+
+    def any_fails(gm, inputs) -> bool:
+        return any(fails(gm, inputs) for _ in range(repeat))
+
+    return any_fails
+
+
 def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     """A candidate (``stats`` None) or the result: ``minified_records``, the parent's custom-op
     calls and its generator states: every candidate is judged from them (``replay_repro``), so
@@ -128,6 +147,7 @@ def minify_archive(
     shrink_inputs: bool = True,
     progress: Callable[[Any], None] | None = None,
     timeout: float | None = None,
+    repeat: int = 1,
     **options: Any,
 ) -> MinifyReport:
     """Shrink the archive at ``path`` while its recorded failure keeps reproducing; write ``output``.
@@ -137,7 +157,8 @@ def minify_archive(
     ``isolate`` (default: only when the recorded failure is a crash) judges candidates in warm
     worker processes, ``jobs`` of them at once (default ``auto_jobs()``; in-process judging is
     always one at a time). ``shrink_inputs`` also shrinks the smallest graph's inputs (shapes,
-    dtypes, zeros/ones), labelled as such.
+    dtypes, zeros/ones), labelled as such. ``repeat``: for a flaky failure, each candidate (and
+    the original) fails when one of up to ``repeat`` replays reproduces (``_any_of``).
 
     A multi-rank job archive is shrunk the same way on every rank, each candidate judged by
     launching the job (``job_minify``; ``timeout``: each collective's, default 60 s; ``isolate``,
@@ -146,6 +167,7 @@ def minify_archive(
     settings = ReplaySettings.given(settings, options, strict_accuracy=False)
     ready = prepared(path, settings)  # the prologue of every replaying command: 125 as run answers it
     if ready.is_job:
+        _job_only_options(repeat)
         return minify_job(ready, output, timeout_s=timeout or 60.0, max_time=max_time, progress=progress)
     if timeout is not None:
         raise ReproArchiveError("a collective timeout applies to a multi-rank job archive only",
@@ -162,6 +184,7 @@ def minify_archive(
         try:
             pool, fails = _judge(repro, chosen, isolate=isolate, jobs=jobs, crash=stage == "crash",
                                  workdir=Path(tmp))
+            fails = _any_of(fails, repeat)
             result = _searched(path, output, repro, chosen, fails, stage, jobs=jobs, max_time=max_time,
                                progress=progress, shrink_inputs=shrink_inputs)
         finally:

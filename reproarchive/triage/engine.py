@@ -29,7 +29,7 @@ from typing import Any
 
 from reproarchive.child import run_child, stop_timed_children, warm_children
 from reproarchive.errors import ReproArchiveError
-from reproarchive.format.plain import PlainData, PlainRecord, from_plain
+from reproarchive.format.plain import PlainData, PlainRecord, from_plain, omit_none
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.triage.verdicts import (
     CRASHED,
@@ -57,6 +57,8 @@ class Task(PlainRecord):
     settings: dict[str, PlainData]
     output: str | None = None
     max_time: float | None = None
+    #: minify: judge each candidate by up to this many replays (a flaky group's, ``repeats``)
+    repeat: int | None = omit_none()
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:

@@ -39,7 +39,7 @@ from reproarchive.triage.fleet_sources import Member, ProgressFn, Source, Unread
 from reproarchive.triage.grouping import DEFAULT_LEVEL, LEVELS, NO_FAILURE, Signature, group
 from reproarchive.triage.history import Seen, seen_in
 from reproarchive.triage.recheck import names_an_environment, other_environment, recheck
-from reproarchive.triage.repeats import Repeats, combined, measured, replays_wanted
+from reproarchive.triage.repeats import Repeats, combined, judging_repeat, measured, replays_wanted
 from reproarchive.triage.verdicts import ERROR, TIMED_OUT, Environment, Verdict, VerdictCache
 
 DEFAULT_ACTIONS = ("replay", "minify")
@@ -218,13 +218,17 @@ class _Plan:
     output: str
     replays: int  # replays of each representative (``repeats``)
 
-    def task(self, rep: Member, action: str) -> Task:
+    def task(self, rep: Member, action: str, replay: Verdict | None = None) -> Task:
+        """``replay``: the group's replay verdict; a flaky one's minify judges each candidate by
+        as many replays as miss its failure under 1% of the time (``repeats.judging_repeat``)."""
         settings = self.settings
         # the recorded module:function compiler, where the user trusts it (--trust-backend)
         if settings.backend is None and self.backends.get(rep.digest) in self.trusted:
             settings = settings.replace(backend=self.backends[rep.digest])
+        minify = action == "minify"
         return Task(action=action, archive=rep.location, digest=rep.digest, settings=settings.to_plain(),
-                    output=self.output if action == "minify" else None, max_time=self.max_time)
+                    output=self.output if minify else None, max_time=self.max_time,
+                    repeat=judging_repeat(replay) if minify else None)
 
     def run(self, reps: dict, verdicts: dict, actions: tuple[str, ...], counts: dict,
             progress: ProgressFn | None, partial: dict) -> None:
@@ -241,7 +245,8 @@ class _Plan:
         def submit(key: tuple, action: str) -> None:
             missing = self.replays - sum(v.replay_count for v in gathered[key])
             for _ in range((missing if gathered[key] else 1) if action == "replay" else 1):
-                pending[self.executor.submit(self.task(reps[key], action))] = (key, action)
+                task = self.task(reps[key], action, verdicts[key].get("replay"))
+                pending[self.executor.submit(task)] = (key, action)
 
         def after_replay(key: tuple) -> list[str]:
             """The actions that wait for a reproduced replay, now due."""

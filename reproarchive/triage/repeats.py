@@ -16,13 +16,15 @@ The replays become one verdict (``combined``):
   "flaky" (they disagree) and how often it failed.
 
 A cached verdict with fewer replays than asked for is topped up: only the missing replays run.
+A flaky group is minified with each candidate judged by several replays (``judging_repeat``):
+one lucky pass would otherwise throw the failing op away.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from reproarchive.bisect.flakiness import MEASURE
+from reproarchive.bisect.flakiness import MEASURE, repeat_for
 from reproarchive.format.plain import PlainRecord
 from reproarchive.replay.outcome import DIFFERENT, PASSED, REPRODUCED
 from reproarchive.triage.verdicts import Verdict
@@ -79,3 +81,13 @@ def measured(verdict: Verdict | None) -> Repeats | None:
         return None
     return Repeats(kind=STABLE if len(set(ran)) == 1 else FLAKY, failed=sum(s == REPRODUCED for s in ran),
                    replays=len(ran), status=verdict.status)
+
+
+def judging_repeat(replay: Verdict | None) -> int | None:
+    """How many replays judge each candidate when a group is minified: for a flaky group, as
+    many as miss its measured failure rate under 1% of the time (``bisect.flakiness``'s rule,
+    capped); None (one) for a stable one or none measured."""
+    seen = measured(replay)
+    if seen is None or seen.kind != FLAKY:
+        return None
+    return repeat_for(seen.failed, seen.replays)

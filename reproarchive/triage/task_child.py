@@ -68,8 +68,10 @@ def _minify(task: Task, settings: ReplaySettings) -> dict[str, Any]:
         folder = Path(tmp) if to_store or task.output is None else Path(task.output)
         folder.mkdir(parents=True, exist_ok=True)
         out = folder / f"{name}.tar.zst"
-        report = minify_archive(local_archive(task.archive), out, settings, max_time=task.max_time, jobs=1)
-        facts: dict[str, Any] = {"status": report.status, "message": _stop_reason(report.stats)}
+        report = minify_archive(local_archive(task.archive), out, settings, max_time=task.max_time, jobs=1,
+                                repeat=task.repeat or 1)
+        judged = f"; each candidate judged by up to {task.repeat} replays (flaky)" if task.repeat else ""
+        facts: dict[str, Any] = {"status": report.status, "message": _stop_reason(report.stats) + judged}
         if report.status != "minified" or not out.exists():
             return facts
         with ContainerReader(out) as reader:

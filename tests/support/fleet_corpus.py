@@ -98,35 +98,36 @@ def _ranks(gm: fx.GraphModule, example_inputs) -> dict[str, int]:
 
 RACY_BUG = "racy-gelu"
 RACY_LOWERING = f"{__name__}:racy_lowering"
-#: A file holding a count: when set, ``racy_lowering`` fails on even counts and adds one per
-#: compile (across processes), so a test knows how the race falls; otherwise it is a coin.
-RACE_FILE_ENV = "FLEET_RACE_FILE"
+#: A folder: when set, how ``racy_lowering``'s race falls is counted in it per graph (its code),
+#: across processes: a graph's first compile wins, the next loses, and so on. Otherwise a coin.
+RACE_DIR_ENV = "FLEET_RACE_DIR"
 
 
 def racy_lowering(gm: fx.GraphModule, example_inputs):
     """A compiler whose lowering of ``gelu`` loses a race with its worker one compile in two
-    (``RACE_FILE_ENV`` makes the race's fall predictable for tests)."""
+    (``RACE_DIR_ENV`` makes the race's fall predictable for tests)."""
     if not any(_op(node) == "gelu" for node in gm.graph.nodes):
         return gm.forward
-    if _race_lost():
+    if _race_lost(gm.code):
         raise LoweringError("lowering of gelu raced with its compile worker: the kernel's buffer was freed")
     return gm.forward
 
 
-def _race_lost() -> bool:
-    path = os.environ.get(RACE_FILE_ENV)
-    if not path:
+def _race_lost(code: str) -> bool:
+    folder = os.environ.get(RACE_DIR_ENV)
+    if not folder:
         return random.SystemRandom().random() < 0.5
     import fcntl
+    import hashlib
 
-    with open(path, "a+") as f:
+    with open(Path(folder) / hashlib.sha256(code.encode()).hexdigest()[:16], "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
         count = int(f.read().strip() or 0)
         f.seek(0)
         f.truncate()
         f.write(str(count + 1))
-    return count % 2 == 0
+    return count % 2 == 1
 
 
 def segfaulting(gm: fx.GraphModule, example_inputs):
@@ -316,12 +317,15 @@ def _failure(bug: str, gm: fx.GraphModule, inputs: list) -> tuple[str, object]:
 
 
 def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] = BUGS,
-          varied: bool = False) -> list[Member]:
+          varied: bool = False, dynamo: bool = False) -> list[Member]:
     """``count`` archives under ``root/archives``, spread evenly over ``bugs`` (default: all
     five), each packed from a model, a shape and a machine chosen by ``seed``. ``varied``: each
     bug is also reached from models of 1-3 inputs and 1-2 outputs, one with a rank-3 input to the
     op, and on odd machines the lowering bugs' op is called as a Tensor method: the compiler
-    says one bug in several ways (its message, the node's target), as a real fleet's do."""
+    says one bug in several ways (its message, the node's target), as a real fleet's do.
+    ``dynamo``: each archive is a real capture, the model run under ``torch.compile`` with
+    ``reproarchive.capture`` around the bug's compiler (Dynamo's graph, inputs, records and
+    failure, as a user's program leaves them; about a second each)."""
     rng = random.Random(seed)
     out = root / "archives"
     out.mkdir(parents=True, exist_ok=True)
@@ -339,6 +343,11 @@ def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] 
         if key not in classes:
             classes[key] = _model_class(root / "src", model, bug, machine, method)
         torch.manual_seed(k)
+        if dynamo:
+            path = out / f"{k:04d}-{model}-m{machine}.tar.zst"
+            _captured(path, bug, classes[key](n).eval(), _inputs(model, n, batch, torch.Generator().manual_seed(k)))
+            members.append(Member(path, bug, model, machine))
+            continue
         tracer = fx.Tracer()
         tracer.record_stack_traces = True
         root_module = classes[key](n).eval()
@@ -351,3 +360,22 @@ def build(root: Path, count: int = 200, *, seed: int = 0, bugs: tuple[str, ...] 
                           accuracy=True if bug == "relu-accuracy" else None, level=1, **records)
         members.append(Member(path, bug, model, machine))
     return members
+
+
+def _captured(path: Path, bug: str, model: torch.nn.Module, inputs: list[torch.Tensor]) -> None:
+    """``model(*inputs)`` under ``torch.compile`` with ``capture`` around ``bug``'s compiler: the
+    archive the program leaves at ``path`` (a racy compile is retried until its race is lost)."""
+    import torch._dynamo
+
+    compiler = {"relu-compile": "relu_compile_error_TESTING_ONLY", "relu-runtime": "relu_runtime_error_TESTING_ONLY",
+                "relu-accuracy": "relu_accuracy_error_TESTING_ONLY", RACY_BUG: racy_lowering}.get(bug, no_lowering)
+    for _ in range(64):
+        torch._dynamo.reset()
+        backend = reproarchive.capture(compiler, path=path, accuracy=bug == "relu-accuracy", crash=False, spool=False)
+        try:
+            torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+        except Exception:  # noqa: BLE001 - the program's failure, archived by capture
+            pass
+        if path.exists():
+            return
+    raise AssertionError(f"bug {bug} left no archive")

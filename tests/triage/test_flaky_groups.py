@@ -1,6 +1,10 @@
 """``triage`` replays each group's representative several times, each in a fresh process, and
-marks the group stable or flaky: one lucky replay of a flaky bug no longer calls it passed
-(``triage.repeats``)."""
+marks the group stable or flaky: one lucky replay of a flaky bug no longer calls it passed, and
+a flaky group is minified with each candidate judged by several replays (``triage.repeats``).
+
+The flaky bug is ``fleet_corpus.racy_lowering``: a compiler whose lowering of gelu loses a race
+one compile in two. With ``RACE_DIR_ENV`` set the race falls in turn per graph (a graph's first
+compile wins, its second loses, ...), across processes, so every count below is exact."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import json
 
 import pytest
 
+from reproarchive.triage.grouping import precision_recall
 from support import fleet_corpus
 from support.cli import invoke
 
@@ -16,10 +21,18 @@ TRUST = ["--trust-backend", fleet_corpus.RACY_LOWERING]
 
 @pytest.fixture(scope="module")
 def racy_fleet(tmp_path_factory):
-    """8 archives: a stable compile error (relu) and a flaky one (gelu, lost one race in two)."""
+    """8 archives: a stable compile error (relu) and a flaky one (gelu)."""
     root = tmp_path_factory.mktemp("racy-fleet")
     fleet_corpus.build(root, 8, bugs=("relu-compile", fleet_corpus.RACY_BUG), seed=5)
     return root / "archives"
+
+
+def _copy(fleet, folder):
+    """The fleet's archives in ``folder``: a verdict cache of its own."""
+    folder.mkdir()
+    for path in sorted(fleet.glob("*.tar.zst")):
+        (folder / path.name).write_bytes(path.read_bytes())
+    return folder
 
 
 def _groups(report: dict) -> dict[str, dict]:
@@ -28,18 +41,16 @@ def _groups(report: dict) -> dict[str, dict]:
 
 
 def test_a_flaky_group_is_not_called_passed_by_one_lucky_replay(racy_fleet, tmp_path, monkeypatch):
-    race = tmp_path / "race"
-    race.write_text("1")  # the next compile wins its race: the first replay passes
-    monkeypatch.setenv(fleet_corpus.RACE_FILE_ENV, str(race))
-    one = json.loads(invoke("triage", racy_fleet, "--action", "replay", "--repeat", "1", *TRUST,
-                            "--json").stdout)
+    folder = _copy(racy_fleet, tmp_path / "fleet")
+    monkeypatch.setenv(fleet_corpus.RACE_DIR_ENV, str(tmp_path))
+    one = json.loads(invoke("triage", folder, "--action", "replay", "--repeat", "1", *TRUST, "--json").stdout)
     # what one replay says, as triage said before it repeated: the flaky bug "passed"
     lucky = _groups(one)["gelu"]
     assert lucky["verdicts"]["replay"]["status"] == "passed"
     assert lucky["repeats"] is None and "replays" not in lucky["verdicts"]["replay"]
 
     # the default tops the cached replay up to four: the race is lost in two of them
-    result = invoke("triage", racy_fleet, "--action", "replay", *TRUST, "--json")
+    result = invoke("triage", folder, "--action", "replay", *TRUST, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["tasks"]["run"] == 3 + 3  # each group's cached replay topped up, none redone
@@ -54,28 +65,68 @@ def test_a_flaky_group_is_not_called_passed_by_one_lucky_replay(racy_fleet, tmp_
     assert relu["verdicts"]["replay"]["replays"] == ["reproduced"] * 4
 
     # the table says it under the group; a rerun is all cached
-    text = invoke("triage", racy_fleet, "--action", "replay", *TRUST).stdout
+    text = invoke("triage", folder, "--action", "replay", *TRUST).stdout
     assert "replayed 4 times: flaky: reproduced 2 of 4" in text
     assert "replayed 4 times: stable: reproduced 4 of 4" in text
     assert "0 tasks run, 2 cached" in text
 
 
-def test_a_group_reproduced_once_in_three_is_flaky_and_still_minified(racy_fleet, tmp_path, monkeypatch):
-    folder = tmp_path / "fleet"
-    folder.mkdir()
-    for path in sorted(racy_fleet.glob("*.tar.zst")):  # a fresh cache: the folder's own
-        (folder / path.name).write_bytes(path.read_bytes())
-    race = tmp_path / "race"
-    race.write_text("1")  # replays win, lose, win
-    monkeypatch.setenv(fleet_corpus.RACE_FILE_ENV, str(race))
+def test_a_flaky_group_is_minified_with_each_candidate_judged_by_several_replays(racy_fleet, tmp_path,
+                                                                                   monkeypatch):
+    folder = _copy(racy_fleet, tmp_path / "fleet")
+    monkeypatch.setenv(fleet_corpus.RACE_DIR_ENV, str(tmp_path))
     result = invoke("triage", folder, "--repeat", "3", "-j", "1", *TRUST, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     gelu, relu = _groups(report)["gelu"], _groups(report)["relu"]
-    assert gelu["repeats"]["text"] == "flaky: reproduced 1 of 3"
     assert gelu["verdicts"]["replay"]["replays"] == ["passed", "reproduced", "passed"]
-    # one failure is the bug: the group fails, and is minified like any other
-    assert gelu["verdicts"]["replay"]["status"] == "reproduced"
-    assert gelu["verdicts"]["minify"]["status"] in ("minified", "unchanged", "not failing")
+    assert gelu["repeats"]["text"] == "flaky: reproduced 1 of 3"
+    # one failure is the bug: the group fails and is minified. Every candidate's first compile
+    # wins its race, so one replay per candidate would keep none; 12 replays miss a failure of
+    # rate 1/3 under 1% of the time
+    minify = gelu["verdicts"]["minify"]
+    assert minify["status"] == "minified" and minify["minified"]["ops"] == 1, minify
+    assert "each candidate judged by up to 12 replays (flaky)" in minify["message"]
+    assert "gelu" in minify["minified"]["code"]
     assert relu["repeats"]["text"] == "stable: reproduced 3 of 3"
-    assert relu["verdicts"]["minify"]["status"] == "minified"
+    assert relu["verdicts"]["minify"]["status"] == "minified" and "judged" not in relu["verdicts"]["minify"]["message"]
+
+
+def test_run_minify_repeat_judges_each_candidate_by_several_replays(racy_fleet, tmp_path, monkeypatch):
+    monkeypatch.setenv(fleet_corpus.RACE_DIR_ENV, str(tmp_path))
+    archive = next(p for p in sorted(racy_fleet.glob("*.tar.zst"))
+                   if json.loads(invoke("inspect", p, "--json").stdout)["backend"] == fleet_corpus.RACY_LOWERING)
+    args = ("run", "--minify", archive, "--backend", fleet_corpus.RACY_LOWERING, "--json")
+    # one replay each: the original's first compile wins its race, and it is called not reproducing
+    once = invoke(*args, "-o", tmp_path / "once.tar.zst")
+    assert once.exit_code == 3 and "does not reproduce its recorded failure" in json.loads(once.stdout)["error"]["what"]
+    twice = invoke(*args, "-o", tmp_path / "twice.tar.zst", "--repeat", "2")
+    assert twice.exit_code == 0, twice.output
+    assert json.loads(twice.stdout)["stats"]["final_ops"] == 1
+    refused = invoke("run", archive, "--repeat", "2", "--json")
+    message = json.loads(refused.stdout)["error"]["message"]
+    assert refused.exit_code == 2 and "--repeat only apply with --minify" in message
+
+
+@pytest.mark.slow
+def test_a_fleet_of_real_captures_groups_one_bug_per_group_flaky_one_included(tmp_path, monkeypatch):
+    """Every archive a real capture: each model run under torch.compile with reproarchive.capture
+    around the bug's compiler, six bugs reached from five models and said several ways."""
+    bugs = (*fleet_corpus.BUGS, fleet_corpus.RACY_BUG)
+    members = fleet_corpus.build(tmp_path, 18, bugs=bugs, varied=True, dynamo=True, seed=11)
+    folder = tmp_path / "archives"
+    race = tmp_path / "race"
+    race.mkdir()
+    monkeypatch.setenv(fleet_corpus.RACE_DIR_ENV, str(race))
+    result = invoke("triage", folder, "-j", "2", *TRUST, "--trust-backend", fleet_corpus.NO_LOWERING, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    truth = {str(m.path): m.bug for m in members}
+    assert report["archives"] == 18
+    groups = [[m["location"] for m in g["members"]] for g in report["groups"]]
+    scores = precision_recall(groups, truth)
+    assert (scores["precision"], scores["recall"], len(groups)) == (1.0, 1.0, 6), [g["text"] for g in report["groups"]]
+    for g in report["groups"]:
+        bug = truth[g["representative"]["location"]]
+        assert g["verdicts"]["replay"]["status"] == "reproduced" and g["verdicts"]["minify"]["minified"]["ops"] == 1
+        assert g["repeats"]["kind"] == ("flaky" if bug == fleet_corpus.RACY_BUG else "stable"), (bug, g["repeats"])
