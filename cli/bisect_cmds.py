@@ -124,6 +124,12 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
 @click.option("--torch", "torch_specs", multiple=True, metavar="SPEC",
               help="Instead of --env: an environment for this torch (2.13.0, a requirement such as "
                    "'torch>=2.12,<2.13', or a wheel file), built with pip once and reused. Give several, in order.")
+@click.option("--torch-nightly", "nightlies", metavar="FROM..TO",
+              help="After any --torch: the nightly builds dated FROM..TO (2026-11-01..2026-11-20), oldest first, "
+                   "as pip finds them (pre-releases, and --index-url), each built once and reused.")
+@click.option("--index-url", metavar="URL",
+              help="With --torch-nightly: an index that serves the nightlies, besides pip's own "
+                   "(https://download.pytorch.org/whl/nightly/cpu).")
 @click.option("--env-cache", type=click.Path(file_okay=False), metavar="DIR",
               help="Where --torch environments are kept (default: ~/.cache/reproarchive/torch-envs).")
 @click.option("--backend", metavar="NAME", help="Replay with NAME in every environment (default: the archive's).")
@@ -138,8 +144,8 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
               help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def torch_cmd(archive, interpreters, torch_specs, env_cache, backend, max_time, repeat, summary_path, as_json,
-              quiet):
+def torch_cmd(archive, interpreters, torch_specs, nightlies, index_url, env_cache, backend, max_time, repeat,
+              summary_path, as_json, quiet):
     """Replay ARCHIVE under several Python environments and name the first where it fails.
 
     Verdicts: good, bad (the recorded failure's signature), different failure, or cannot load
@@ -148,7 +154,10 @@ def torch_cmd(archive, interpreters, torch_specs, env_cache, backend, max_time, 
     good and the first bad environment come from torch.version.git_version.
     """
 
+    if index_url and not nightlies:
+        raise click.UsageError("--index-url only applies with --torch-nightly")
     show = None if (quiet or as_json) else (lambda v: click.echo(terminal_lines(env_line(v)), err=True))
+
     def building(requirement, folder):
         if not (quiet or as_json):
             click.echo(terminal_lines(f"building an environment for {requirement} in {folder} (pip install; "
@@ -156,5 +165,6 @@ def torch_cmd(archive, interpreters, torch_specs, env_cache, backend, max_time, 
 
     result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,
                                        on_verdict=show, repeat=repeat, torch_specs=tuple(torch_specs),
-                                       env_cache=Path(env_cache) if env_cache else None, on_build=building)
+                                       env_cache=Path(env_cache) if env_cache else None, on_build=building,
+                                       nightlies=nightlies, index_url=index_url)
     _report(result, archive, torch_lines, summary_path=summary_path, as_json=as_json)

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Callable
 
 from reproarchive.bisect.flakiness import measured
+from reproarchive.bisect.nightlies import nightly_specs, parse_range
+from reproarchive.bisect.nightlies import pip_options as nightly_pip_options
 from reproarchive.bisect.results import (
     BAD,
     GOOD,
@@ -72,31 +74,20 @@ VerdictFn = Callable[[EnvVerdict], None]
 def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: str | None = None,
                  max_time: float | None = None, on_verdict: VerdictFn | None = None,
                  repeat: int | None = None, torch_specs: tuple[str, ...] = (), env_cache: Path | None = None,
-                 on_build: Callable[[str, Path], None] | None = None) -> TorchBisection:
+                 on_build: Callable[[str, Path], None] | None = None, nightlies: str | None = None,
+                 index_url: str | None = None) -> TorchBisection:
     """Replay the archive at ``path`` under each interpreter in ``interpreters``, in order; see
     the module docstring. ``torch_specs`` instead names each environment by its torch (a version,
     a requirement or a wheel file): it is built with pip under ``env_cache`` and reused
-    (``torch_builds``; ``on_build`` is told before a build). ``backend`` is passed to each replay
+    (``torch_builds``; ``on_build`` is told before a build); ``nightlies`` (``FROM..TO``) adds the
+    nightly builds of that date range after them, found on ``index_url`` (``nightlies``).
+    ``backend`` is passed to each replay
     as ``--backend``; ``repeat`` replays each environment up to that many times (``_repeated``);
     None (the default) chooses it from the failure's measured flakiness (``flakiness``).
     Raises SourceError (exit 4) when the archive or an interpreter is missing."""
-    if repeat is not None and repeat < 1:
-        raise ReproArchiveError(f"--repeat {repeat}: an environment needs at least one replay",
-                                "give --repeat 1 or more")
-    archive = Path(path).resolve()
-    if not archive.is_file():
-        raise SourceError(f"{path} does not exist or is not a file", "give the path of an archive")
-    if interpreters and torch_specs:
-        raise ReproArchiveError("environments given both as interpreters (--env) and as torch versions (--torch)",
-                                "give them one way, in the order to bisect")
-    if not interpreters and not torch_specs:
-        raise ReproArchiveError("no environment to replay in",
-                                "give one or more --env PATH-TO-PYTHON, or --torch VERSION")
-    for python in interpreters:
-        if not is_interpreter(python):
-            raise SourceError(f"{python} is not an executable interpreter", "give the path of a python in each --env")
-    for spec in torch_specs:
-        torch_requirement(spec)  # a spec that names no torch is refused before anything is built
+    archive = _checked(path, interpreters, torch_specs, repeat, nightlies)
+    nightly = nightly_specs(nightlies, index_url) if nightlies else ()
+    torch_specs = (*torch_specs, *nightly)
     started = time.monotonic()
     deadline = None if max_time is None else started + max_time
     environments = [(python, None) for python in interpreters] + [(None, spec) for spec in torch_specs]
@@ -109,7 +100,8 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
                 status = "incomplete"
                 break
             if spec is not None:
-                python, verdict = _built(spec, env_cache or default_cache(), pins, on_build)
+                options = nightly_pip_options(index_url) if spec in nightly else ()
+                python, verdict = _built(spec, env_cache or default_cache(), pins, on_build, options)
             if python is not None:
                 verdict = _judge(python, archive, backend, bundle=Path(bundle), repeat=repeat or 1, deadline=deadline,
                                  timeout=None if deadline is None else deadline - time.monotonic())
@@ -130,12 +122,38 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
     return _result(str(archive), verdicts, status, round(time.monotonic() - started, 3), flakiness)
 
 
-def _built(spec: str, cache: Path, pins: tuple[str, ...],
-           on_build: Callable[[str, Path], None] | None) -> tuple[str | None, EnvVerdict | None]:
+def _checked(path: str | os.PathLike, interpreters: list[str], torch_specs: tuple[str, ...],
+             repeat: int | None, nightlies: str | None) -> Path:
+    """The archive's absolute path, once every argument is checked (nothing is built before)."""
+    if repeat is not None and repeat < 1:
+        raise ReproArchiveError(f"--repeat {repeat}: an environment needs at least one replay",
+                                "give --repeat 1 or more")
+    archive = Path(path).resolve()
+    if not archive.is_file():
+        raise SourceError(f"{path} does not exist or is not a file", "give the path of an archive")
+    if nightlies:
+        parse_range(nightlies)  # its dates, before pip is asked what it serves
+    if interpreters and (torch_specs or nightlies):
+        raise ReproArchiveError("environments given both as interpreters (--env) and as torch versions (--torch)",
+                                "give them one way, in the order to bisect")
+    if not interpreters and not torch_specs and not nightlies:
+        raise ReproArchiveError("no environment to replay in",
+                                "give one or more --env PATH-TO-PYTHON, or --torch VERSION")
+    for python in interpreters:
+        if not is_interpreter(python):
+            raise SourceError(f"{python} is not an executable interpreter", "give the path of a python in each --env")
+    for spec in torch_specs:
+        torch_requirement(spec)  # a spec that names no torch is refused before anything is built
+    return archive
+
+
+def _built(spec: str, cache: Path, pins: tuple[str, ...], on_build: Callable[[str, Path], None] | None,
+           pip_options: tuple[str, ...] = ()) -> tuple[str | None, EnvVerdict | None]:
     """(the interpreter built for ``spec``, None), or (None, the verdict of an environment that
     could not be built: skipped, since it says nothing of torch)."""
     try:
-        return str(build_environment(spec, cache=cache, pins=pins, on_build=on_build).python), None
+        return str(build_environment(spec, cache=cache, pins=pins, on_build=on_build,
+                                     pip_options=pip_options).python), None
     except BuildError as err:
         return None, EnvVerdict(python=spec, python_version=None, torch=None, git_version=None, reader="none",
                                 verdict=SKIPPED, exit_code=None, seconds=0.0, built_from=spec,

@@ -116,13 +116,14 @@ def _reader_requirements() -> tuple[str, ...]:
 
 
 def build_environment(spec: str, *, cache: Path, pins: tuple[str, ...],
-                      on_build: Callable[[str, Path], None] | None = None) -> Built:
+                      on_build: Callable[[str, Path], None] | None = None, pip_options: tuple[str, ...] = ()) -> Built:
     """The environment for ``spec`` under ``cache``: reused when one with the same requirements
-    is there, else made (``on_build(requirement, folder)`` is called first: it takes minutes)."""
+    is there, else made (``on_build(requirement, folder)`` is called first: it takes minutes).
+    ``pip_options``: given to pip install (a nightly's ``--pre`` and index), part of the key."""
     start = time.monotonic()
     requirement = torch_requirement(spec)
     requirements = (requirement, *pins)
-    folder = cache / _folder_name(requirement, requirements)
+    folder = cache / _folder_name(requirement, (*requirements, *pip_options))
     python = folder / "bin" / "python"
     if (folder / _READY).is_file() and python.exists():
         return Built(spec, python, requirements, True, round(time.monotonic() - start, 3))
@@ -132,7 +133,7 @@ def build_environment(spec: str, *, cache: Path, pins: tuple[str, ...],
     building = cache / f".{folder.name}.building-{os.getpid()}"
     shutil.rmtree(building, ignore_errors=True)
     try:
-        _make(building, requirements)
+        _make(building, requirements, pip_options)
         (building / _READY).write_text(json.dumps({"spec": spec, "requirements": list(requirements)}, indent=1))
         try:
             os.rename(building, folder)
@@ -159,7 +160,7 @@ def _folder_name(requirement: str, requirements: tuple[str, ...]) -> str:
 _WARM_UP = "import torch, torch._dynamo, torch.fx, torch._inductor.compile_fx"
 
 
-def _make(folder: Path, requirements: tuple[str, ...]) -> None:
+def _make(folder: Path, requirements: tuple[str, ...], pip_options: tuple[str, ...] = ()) -> None:
     """A venv with ``requirements``. pip does not byte-compile them (torch is thousands of
     modules a replay never imports); the modules a replay does import are compiled by importing
     them once, with bytecode writing on, so every replay there reads them compiled, even where
@@ -168,7 +169,7 @@ def _make(folder: Path, requirements: tuple[str, ...]) -> None:
     python = str(folder / "bin" / "python")
     _run([base, "-m", "venv", str(folder)], "python -m venv")
     _run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
-          *requirements], "pip install")
+          *pip_options, *requirements], "pip install")
     try:
         _run([python, "-c", _WARM_UP], "importing torch", env={"PYTHONDONTWRITEBYTECODE": None})
     except BuildError:

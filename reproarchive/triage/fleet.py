@@ -165,13 +165,13 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     if run:
         plan.run(reps, verdicts, actions, counts, progress, partial)
     fresh = _recheck(cache, there, other, grouped, reps, verdicts, plan, counts, progress) if there else {}
-    culprits = _culprits(grouped, reps, verdicts, storage_options) if merge else {}
+    environments = cache.environments()
+    culprits = _culprits(grouped, reps, _minified_anywhere(cache, environments, reps, verdicts),
+                         storage_options) if merge else {}
 
     def compare(sig: Signature | None, ms: list[Member], replay: Verdict | None) -> Comparison | None:
         return (_compare(cache, other.deciding(sig.stage if sig else None), ms, replay, fresh, there is not None)
                 if other else None)
-
-    environments = cache.environments()
 
     def history(keys: list[tuple]) -> tuple[Seen, ...]:
         return seen_in(cache, environments, [reps[k].digest for k in keys])
@@ -358,6 +358,22 @@ def _group_reports(grouped, reps: dict, verdicts: dict, cached: dict, signatures
 
 def _text(sig: Signature | None) -> str:
     return sig.text() if sig else NO_FAILURE
+
+
+def _minified_anywhere(cache: VerdictCache, environments: list[Environment], reps: dict,
+                       verdicts: dict) -> dict[tuple, dict[str, Verdict]]:
+    """Each group's verdicts, with a minify verdict from another environment where this one
+    has none (a run of ``--action replay`` on a newer torch still merges by the culprit its
+    groups minified to where they were triaged before)."""
+    out = {}
+    for key, rep in reps.items():
+        mine = verdicts[key]
+        if "minify" not in mine:
+            there = (cache.get(env.digest, rep.digest, "minify") for env in environments)
+            found = next((v for v in there if v is not None and v.status in (MINIFIED, UNCHANGED)), None)
+            mine = {**mine, "minify": found} if found is not None else mine
+        out[key] = mine
+    return out
 
 
 def _culprits(grouped, reps: dict, verdicts: dict, storage_options: dict | None) -> dict[tuple, Culprit | None]:

@@ -145,3 +145,64 @@ def test_specs_and_pins():
     import zstandard
 
     assert f"zstandard=={zstandard.__version__}" in pins and any(p.startswith("msgpack==") for p in pins)
+
+
+# -- nightly date ranges --------------------------------------------------------------------------
+
+@pytest.fixture
+def nightly_index(tmp_path):
+    """A package index on 127.0.0.1 serving five torch "nightlies" (files pip can list, not
+    install) and a release: PEP 503's simple layout, as download.pytorch.org's nightly index."""
+    import functools
+    import http.server
+    import threading
+
+    root = tmp_path / "index"
+    (root / "simple" / "torch").mkdir(parents=True)
+    names = [f"torch-2.16.0.dev202611{day:02d}-py3-none-any.whl" for day in (1, 2, 3, 5, 9)]
+    names.append("torch-2.15.0-py3-none-any.whl")
+    for name in names:
+        (root / "simple" / "torch" / name).write_bytes(b"not a wheel")
+    links = "".join(f'<a href="{n}">{n}</a>\n' for n in names)
+    (root / "simple" / "torch" / "index.html").write_text(f"<html><body>{links}</body></html>")
+    (root / "simple" / "index.html").write_text('<html><body><a href="torch/">torch</a></body></html>')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+
+
+def test_a_nightly_range_is_the_nightlies_dated_within_it_oldest_first(tmp_path, nightly_index):
+    from reproarchive.bisect.nightlies import nightly_specs
+
+    assert nightly_specs("2026-11-02..2026-11-05", nightly_index) == (
+        "torch==2.16.0.dev20261102", "torch==2.16.0.dev20261103", "torch==2.16.0.dev20261105")
+    archive = tmp_path / "a.tar.zst"
+    archive.write_bytes(b"not an archive")
+    cache = tmp_path / "envs"
+    result = invoke("bisect", "torch", archive, "--torch-nightly", "2026-11-03..2026-11-09", "--index-url",
+                    nightly_index, "--env-cache", cache, "--json")
+    document = json.loads(result.stdout)
+    # each nightly built with pip from that index (--pre): here pip cannot install the files, so
+    # each is skipped with pip's reason, in date order, and nothing was compared
+    assert [v["built_from"] for v in document["verdicts"]] == [
+        "torch==2.16.0.dev20261103", "torch==2.16.0.dev20261105", "torch==2.16.0.dev20261109"]
+    assert all(v["verdict"] == "skipped" and "pip install failed" in v["reason"] for v in document["verdicts"])
+    assert result.exit_code == 3 and document["first_bad"] is None
+    assert list(cache.iterdir()) == []
+
+
+def test_a_nightly_range_that_is_wrong_or_empty_is_one_line(tmp_path, nightly_index):
+    archive = tmp_path / "a.tar.zst"
+    archive.write_bytes(b"x")
+    for text, words in (("2026-11-09..2026-11-01", "ends before it starts"), ("last week", "not a date range"),
+                        ("2026-10-01..2026-10-31", "no torch nightly dated 2026-10-01..2026-10-31")):
+        result = invoke("bisect", "torch", archive, "--torch-nightly", text, "--index-url", nightly_index,
+                        "--env-cache", tmp_path / "envs", "--json")
+        assert result.exit_code == 2 and words in json.loads(result.stdout)["error"]["message"], result.output
+    alone = invoke("bisect", "torch", archive, "--torch", "2.13.0", "--index-url", nightly_index, "--json")
+    assert alone.exit_code == 2 and "--index-url only applies" in json.loads(alone.stdout)["error"]["message"]
+    assert not (tmp_path / "envs").exists()

@@ -84,3 +84,18 @@ def test_groups_without_a_minified_culprit_are_not_merged(varied_fleet):
     assert len(gone["groups"]) == len(apart["groups"]) > 3
     assert all(g["culprit"] is None and g["folded"] == [] for g in gone["groups"])
     assert Counter(g["count"] for g in gone["groups"]) == Counter(g["count"] for g in apart["groups"])
+
+
+@pytest.mark.slow
+def test_a_replay_only_run_on_another_torch_merges_by_the_culprits_found_before(varied_fleet, monkeypatch):
+    """On "another torch" (a variable that steers the compiler: another environment) with
+    ``--action replay``, nothing is minified there; the groups still merge by what their
+    representatives minified to where they were triaged before."""
+    folder, _, first = varied_fleet
+    monkeypatch.setenv(fleet_corpus.FLEET_BROKEN_ENV, "cos")  # no op of the fleet: every bug as it was
+    result = invoke("triage", folder, "--action", "replay", "--repeat", "1", *TRUST, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["environment"]["digest"] != json.loads(first.stdout)["environment"]["digest"]
+    assert len(report["groups"]) == 3 and all("minify" not in g["verdicts"] for g in report["groups"])
+    assert {g["culprit"]["ops"][0] for g in report["groups"]} == {"sigmoid", "tanh", "relu"}
