@@ -130,6 +130,9 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
 @click.option("--index-url", metavar="URL",
               help="With --torch-nightly: an index that serves the nightlies, besides pip's own "
                    "(https://download.pytorch.org/whl/nightly/cpu).")
+@click.option("--search", type=click.Choice(["binary", "linear"]), default="binary", show_default=True,
+              help="binary: replay (and build) about log2(N)+2 of the N environments, as git bisect does; "
+                   "linear: every one, in order.")
 @click.option("--env-cache", type=click.Path(file_okay=False), metavar="DIR",
               help="Where --torch environments are kept (default: ~/.cache/reproarchive/torch-envs).")
 @click.option("--backend", metavar="NAME", help="Replay with NAME in every environment (default: the archive's).")
@@ -144,8 +147,8 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
               help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def torch_cmd(archive, interpreters, torch_specs, nightlies, index_url, env_cache, backend, max_time, repeat,
-              summary_path, as_json, quiet):
+def torch_cmd(archive, interpreters, torch_specs, nightlies, index_url, search, env_cache, backend, max_time,
+              repeat, summary_path, as_json, quiet):
     """Replay ARCHIVE under several Python environments and name the first where it fails.
 
     Verdicts: good, bad (the recorded failure's signature), different failure, or cannot load
@@ -166,5 +169,5 @@ def torch_cmd(archive, interpreters, torch_specs, nightlies, index_url, env_cach
     result = reproarchive.bisect_torch(archive, list(interpreters), backend=backend, max_time=max_time,
                                        on_verdict=show, repeat=repeat, torch_specs=tuple(torch_specs),
                                        env_cache=Path(env_cache) if env_cache else None, on_build=building,
-                                       nightlies=nightlies, index_url=index_url)
+                                       nightlies=nightlies, index_url=index_url, search=search)
     _report(result, archive, torch_lines, summary_path=summary_path, as_json=as_json)

@@ -1,5 +1,5 @@
-"""``bisect torch``: replay one archive under several Python environments, in the order given,
-and name the first one where the recorded failure appears.
+"""``bisect torch``: replay one archive under several Python environments, given in order, and
+name the first one where the recorded failure appears (a binary search by default, ``search``).
 
 Each environment is an interpreter (a path), or a torch (a version, a requirement, a wheel file)
 whose environment is built with pip and cached (``torch_builds``). It is asked what it has
@@ -51,6 +51,7 @@ from reproarchive.bisect.results import (
     TorchBisection,
     failed_of,
 )
+from reproarchive.bisect.search import BINARY, searched
 from reproarchive.bisect.torch_builds import (
     BuildError,
     build_environment,
@@ -75,13 +76,14 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
                  max_time: float | None = None, on_verdict: VerdictFn | None = None,
                  repeat: int | None = None, torch_specs: tuple[str, ...] = (), env_cache: Path | None = None,
                  on_build: Callable[[str, Path], None] | None = None, nightlies: str | None = None,
-                 index_url: str | None = None) -> TorchBisection:
+                 index_url: str | None = None, search: str = BINARY) -> TorchBisection:
     """Replay the archive at ``path`` under each interpreter in ``interpreters``, in order; see
     the module docstring. ``torch_specs`` instead names each environment by its torch (a version,
     a requirement or a wheel file): it is built with pip under ``env_cache`` and reused
     (``torch_builds``; ``on_build`` is told before a build); ``nightlies`` (``FROM..TO``) adds the
     nightly builds of that date range after them, found on ``index_url`` (``nightlies``).
-    ``backend`` is passed to each replay
+    ``search``: ``search.BINARY`` replays about log2(n) + 2 of them, ``search.LINEAR`` every one
+    (``search``). ``backend`` is passed to each replay
     as ``--backend``; ``repeat`` replays each environment up to that many times (``_repeated``);
     None (the default) chooses it from the failure's measured flakiness (``flakiness``).
     Raises SourceError (exit 4) when the archive or an interpreter is missing."""
@@ -92,13 +94,14 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
     deadline = None if max_time is None else started + max_time
     environments = [(python, None) for python in interpreters] + [(None, spec) for spec in torch_specs]
     pins = pinned_packages(_recorded_packages(archive)) if torch_specs else ()
-    verdicts: list[EnvVerdict] = []
-    status = "done"
+    out_of_time: list[bool] = []
     with tempfile.TemporaryDirectory(prefix="reproarchive-bundle-") as bundle:
-        for python, spec in environments:
+        def evaluate(i: int) -> EnvVerdict | None:
+            """The i-th environment, built if need be, replayed in."""
             if deadline is not None and deadline - time.monotonic() <= 0:
-                status = "incomplete"
-                break
+                out_of_time.append(True)
+                return None
+            python, spec = environments[i]
             if spec is not None:
                 options = nightly_pip_options(index_url) if spec in nightly else ()
                 python, verdict = _built(spec, env_cache or default_cache(), pins, on_build, options)
@@ -106,9 +109,13 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
                 verdict = _judge(python, archive, backend, bundle=Path(bundle), repeat=repeat or 1, deadline=deadline,
                                  timeout=None if deadline is None else deadline - time.monotonic())
                 verdict = dataclasses.replace(verdict, built_from=spec)
-            verdicts.append(verdict)
             if on_verdict is not None:
                 on_verdict(verdict)
+            return verdict
+
+        judged = searched(len(environments), evaluate, search)
+        verdicts = [judged[i] for i in sorted(judged)]
+        status = "incomplete" if out_of_time else "done"
         flakiness = None
         if repeat is None and status == "done":
             def replay_more(verdict: EnvVerdict, n: int) -> EnvVerdict | None:

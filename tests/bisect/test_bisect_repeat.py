@@ -46,9 +46,10 @@ def test_a_single_replay_misses_the_flaky_failure_that_repeating_finds(tmp_path,
     good = _env(tmp_path, "good", "2.12", [PASSED] * 3)
     bad = _env(tmp_path, "bad", "2.13", [PASSED, PASSED, REPRODUCED])
     once = reproarchive.bisect_torch(archive, [str(good), str(bad)])
-    assert once.status == "no bad environment" and _calls(bad) == 1
+    # the newest passed its one replay: nothing to look for (the search tried nothing else)
+    assert once.status == "no bad environment" and _calls(bad) == 1 and _calls(good) == 0
     for env in (good, bad):  # each stand-in's script from its start again
-        env.with_name(env.name + ".calls").unlink()
+        env.with_name(env.name + ".calls").unlink(missing_ok=True)
     thrice = reproarchive.bisect_torch(archive, [str(good), str(bad)], repeat=3)
     assert thrice.status == "found" and thrice.verdicts[1].replays == ("good", "good", "bad")
 
@@ -129,3 +130,35 @@ def test_the_replays_for_a_rate():
     assert repeat_for(2, 4) == 7  # 0.5 ** 7 < 0.01 <= 0.5 ** 6
     assert repeat_for(1, 4) == 17 and repeat_for(1, 10) == CAP == 20
     assert repeat_for(3, 4) == 4  # 0.25 ** 4 < 0.01 <= 0.25 ** 3
+
+
+# -- which environments are replayed: a binary search by default ----------------------------------
+
+
+def test_a_binary_search_replays_log_n_environments_and_names_the_same_culprit(tmp_path, archive):
+    """Eight releases, the bug from the sixth on: the search replays the newest, the oldest and
+    then the middles (7, 0, 3, 5, 4), never the others; a linear walk replays all eight."""
+    envs = [_env(tmp_path, f"env{i}", f"2.{i}", [REPRODUCED if i >= 5 else PASSED] * 2) for i in range(8)]
+    found = reproarchive.bisect_torch(archive, [str(e) for e in envs], repeat=1)
+    assert [_calls(e) for e in envs] == [1, 0, 0, 1, 1, 1, 0, 1]
+    assert found.status == "found" and found.first_bad == str(envs[5]) and found.last_good == str(envs[4])
+    assert [v.python for v in found.verdicts] == [str(envs[i]) for i in (0, 3, 4, 5, 7)]  # in the given order
+    for env in envs:
+        env.with_name(env.name + ".calls").unlink(missing_ok=True)
+    walked = invoke("bisect", "torch", archive, *[a for e in envs for a in ("--env", e)], "--repeat", "1",
+                    "--search", "linear", "--json")
+    assert json.loads(walked.stdout)["first_bad"] == str(envs[5]) and [_calls(e) for e in envs] == [1] * 8
+
+
+def test_a_binary_search_sets_aside_what_cannot_say_and_stops_at_the_ends(tmp_path, archive):
+    # the middle cannot load the archive: set aside, and its neighbour nearest the middle is tried
+    envs = [_env(tmp_path, "a", "2.0", [PASSED]), _env(tmp_path, "b", "2.1", [PASSED]),
+            _env(tmp_path, "c", "2.2", [(2, "no document")]), _env(tmp_path, "d", "2.3", [REPRODUCED]),
+            _env(tmp_path, "e", "2.4", [REPRODUCED])]
+    result = reproarchive.bisect_torch(archive, [str(e) for e in envs], repeat=1)
+    assert result.first_bad == str(envs[3]) and result.last_good == str(envs[1])
+    assert [v.verdict for v in result.verdicts] == ["good", "good", "skipped", "bad", "bad"]
+    # the newest passes: nothing to look for, nothing else replayed
+    calm = [_env(tmp_path, f"calm{i}", f"3.{i}", [PASSED]) for i in range(4)]
+    none = reproarchive.bisect_torch(archive, [str(e) for e in calm], repeat=1)
+    assert none.status == "no bad environment" and [_calls(e) for e in calm] == [0, 0, 0, 1]
