@@ -86,8 +86,8 @@ def measured(verdict: Verdict | None) -> Repeats | None:
 def judging_repeat(replay: Verdict | None) -> int | None:
     """How many replays judge each candidate when a group is minified: for a flaky group, as
     many as miss its measured failure rate under 1% of the time (``bisect.flakiness``'s rule,
-    capped); None (one) for a stable one or none measured."""
+    capped); None (one) for a stable one, one that never reproduced, or none measured."""
     seen = measured(replay)
-    if seen is None or seen.kind != FLAKY:
+    if seen is None or seen.kind != FLAKY or seen.failed == 0:
         return None
     return repeat_for(seen.failed, seen.replays)
