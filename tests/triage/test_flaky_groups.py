@@ -130,3 +130,30 @@ def test_a_fleet_of_real_captures_groups_one_bug_per_group_flaky_one_included(tm
         bug = truth[g["representative"]["location"]]
         assert g["verdicts"]["replay"]["status"] == "reproduced" and g["verdicts"]["minify"]["minified"]["ops"] == 1
         assert g["repeats"]["kind"] == ("flaky" if bug == fleet_corpus.RACY_BUG else "stable"), (bug, g["repeats"])
+
+
+def test_replays_combine_into_one_verdict_and_a_mark():
+    from reproarchive.triage.repeats import combined, judging_repeat, measured
+    from reproarchive.triage.verdicts import VERDICT_FORMAT, Verdict
+
+    def v(status, signal=None):
+        return Verdict(format=VERDICT_FORMAT, action="replay", archive="sha256:" + "0" * 64,
+                       environment="sha256:" + "1" * 64, status=status, signal=signal, elapsed_s=1.0,
+                       finished=f"2026-11-30T00:00:0{len(status) % 10}+00:00")
+
+    one = combined([v("passed")])
+    assert one.replays is None and measured(one) is None  # one replay: nothing measured
+    flaky = combined([v("passed"), v("crashed", "SIGSEGV"), v("reproduced"), v("passed")])
+    assert flaky.status == "reproduced" and flaky.replays == ("passed", "crashed", "reproduced", "passed")
+    assert flaky.elapsed_s == 4.0 and measured(flaky).text == "flaky: reproduced 1 of 3"  # the crash did not run
+    assert judging_repeat(flaky) == 12
+    # a cached combination topped up keeps its replays first
+    again = combined([flaky, v("reproduced")])
+    assert again.replays == ("passed", "crashed", "reproduced", "passed", "reproduced")
+    # none could run: that is the verdict, and nothing is measured
+    dead = combined([v("timed out"), v("crashed", "SIGABRT")])
+    assert dead.status == "timed out" and measured(dead) is None and judging_repeat(dead) is None
+    stable = combined([v("passed")] * 3)
+    assert measured(stable).text == "stable: passed 3 of 3" and judging_repeat(stable) is None
+    odd = combined([v("passed"), v("different failure")])
+    assert odd.status == "different failure" and measured(odd).kind == "flaky" and judging_repeat(odd) is None
