@@ -1,5 +1,6 @@
 """``bisect torch``: replay one archive under several Python environments, given in order, and
-name the first one where the recorded failure appears (a binary search by default, ``search``).
+name the first one where the recorded failure appears (by default a binary search:
+``environment_search``).
 
 Each environment is an interpreter (a path), or a torch (a version, a requirement, a wheel file)
 whose environment is built with pip and cached (``torch_builds``). It is asked what it has
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from reproarchive.bisect.environment_search import BINARY, searched
 from reproarchive.bisect.flakiness import measured
 from reproarchive.bisect.nightlies import nightly_specs, parse_range
 from reproarchive.bisect.nightlies import pip_options as nightly_pip_options
@@ -51,7 +53,6 @@ from reproarchive.bisect.results import (
     TorchBisection,
     failed_of,
 )
-from reproarchive.bisect.search import BINARY, searched
 from reproarchive.bisect.torch_builds import (
     BuildError,
     build_environment,
@@ -82,8 +83,8 @@ def bisect_torch(path: str | os.PathLike, interpreters: list[str], *, backend: s
     a requirement or a wheel file): it is built with pip under ``env_cache`` and reused
     (``torch_builds``; ``on_build`` is told before a build); ``nightlies`` (``FROM..TO``) adds the
     nightly builds of that date range after them, found on ``index_url`` (``nightlies``).
-    ``search``: ``search.BINARY`` replays about log2(n) + 2 of them, ``search.LINEAR`` every one
-    (``search``). ``backend`` is passed to each replay
+    ``search``: ``BINARY`` replays about log2(n) + 2 of them, ``LINEAR`` every one
+    (``environment_search``). ``backend`` is passed to each replay
     as ``--backend``; ``repeat`` replays each environment up to that many times (``_repeated``);
     None (the default) chooses it from the failure's measured flakiness (``flakiness``).
     Raises SourceError (exit 4) when the archive or an interpreter is missing."""
