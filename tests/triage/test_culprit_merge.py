@@ -24,7 +24,8 @@ def varied_fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("varied-fleet")
     members = fleet_corpus.build(root, 36, bugs=BUGS, varied=True, seed=3)
     folder = root / "archives"
-    result = invoke("triage", folder, "-j", "2", *TRUST, "--json")
+    # one replay per group: merging is the subject (the default 4 are test_flaky_groups.py's)
+    result = invoke("triage", folder, "-j", "2", "--repeat", "1", *TRUST, "--json")
     return folder, {str(m.path): m.bug for m in members}, result
 
 
@@ -71,7 +72,7 @@ def test_groups_without_a_minified_culprit_are_not_merged(varied_fleet):
     those archives gone (a culprit that cannot be read), or with --no-merge, the signature
     groups stand as they are."""
     folder, truth, _ = varied_fleet
-    again = json.loads(invoke("triage", folder, *TRUST, "--json").stdout)
+    again = json.loads(invoke("triage", folder, "--repeat", "1", *TRUST, "--json").stdout)
     assert again["tasks"]["run"] == 0 and len(again["groups"]) == 3  # culprits from the cached verdicts
     minified = folder / ".reproarchive-triage" / "minified"
     hidden = minified.with_name("minified-hidden")

@@ -113,7 +113,7 @@ def test_a_fleet_of_real_captures_groups_one_bug_per_group_flaky_one_included(tm
     """Every archive a real capture: each model run under torch.compile with reproarchive.capture
     around the bug's compiler, six bugs reached from five models and said several ways."""
     bugs = (*fleet_corpus.BUGS, fleet_corpus.RACY_BUG)
-    members = fleet_corpus.build(tmp_path, 18, bugs=bugs, varied=True, dynamo=True, seed=11)
+    members = fleet_corpus.build(tmp_path, 14, bugs=bugs, varied=True, dynamo=True, seed=11)
     folder = tmp_path / "archives"
     race = tmp_path / "race"
     race.mkdir()
@@ -122,7 +122,7 @@ def test_a_fleet_of_real_captures_groups_one_bug_per_group_flaky_one_included(tm
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     truth = {str(m.path): m.bug for m in members}
-    assert report["archives"] == 18
+    assert report["archives"] == 14
     groups = [[m["location"] for m in g["members"]] for g in report["groups"]]
     scores = precision_recall(groups, truth)
     assert (scores["precision"], scores["recall"], len(groups)) == (1.0, 1.0, 6), [g["text"] for g in report["groups"]]
