@@ -144,6 +144,8 @@ def test_report_page_in_a_real_browser(small_fleet):
         page, log = browser.open_page(context, page_path)
         page.wait_for_selector("body[data-ready='1']")
         assert page.locator("#groups-table tr").count() == 4  # a header and three groups
+        # each group's replays measured: the mark under its verdict
+        assert page.locator("#groups-table tr").nth(1).inner_text().count("stable: reproduced 4 of 4") == 1
         sections = page.locator("section[id^='group-']")
         assert sections.count() == 3
         first = sections.nth(0)
