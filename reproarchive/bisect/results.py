@@ -92,6 +92,15 @@ class CompilerBisection(PlainRecord):
     COMPUTED = ("summary",)
 
     @property
+    def culprit_backend(self) -> str | None:
+        """The backend to blame: the stage PyTorch's bisector named, except at its last stage
+        ("inductor"), where the archive's own backend replayed (a custom compiler, PyTorch's
+        debugging backends): the failure is in that one, which need not be Inductor."""
+        if self.backend == "inductor" and self.replayed_backend not in (None, "inductor"):
+            return self.replayed_backend
+        return self.backend
+
+    @property
     def summary(self) -> str:
         """One line: where the failure is, or why nothing was named; and the settings it needs."""
         flags = f"; {self.config_flags.text}" if self.config_flags is not None else ""
@@ -99,7 +108,7 @@ class CompilerBisection(PlainRecord):
             return f"the failure {self.config_flags.text.removeprefix('it ')}"
         if self.status != "found" or self.backend is None:
             return f"bisect compiler: {self.status}{flags}"
-        parts = [f"backend {self.backend}"]
+        parts = [f"backend {self.culprit_backend}"]
         if self.subsystem:
             parts.append(f"subsystem {self.subsystem}")
         if self.bisect_number is not None:
@@ -203,6 +212,15 @@ class TorchBisection(PlainRecord):
     flakiness: Flakiness | None = None
 
     COMPUTED = ("summary",)
+
+    @property
+    def culprit_backend(self) -> str | None:
+        """The backend to blame: the stage PyTorch's bisector named, except at its last stage
+        ("inductor"), where the archive's own backend replayed (a custom compiler, PyTorch's
+        debugging backends): the failure is in that one, which need not be Inductor."""
+        if self.backend == "inductor" and self.replayed_backend not in (None, "inductor"):
+            return self.replayed_backend
+        return self.backend
 
     @property
     def summary(self) -> str:

@@ -108,7 +108,8 @@ def _culprit(result) -> str | None:
     """``inductor / lowerings / 2``, the stage a bisection named; None when it named none."""
     if result.status != "found" or result.backend is None:
         return None
-    parts = [result.backend, result.subsystem, None if result.bisect_number is None else str(result.bisect_number)]
+    parts = [result.culprit_backend, result.subsystem,
+             None if result.bisect_number is None else str(result.bisect_number)]
     return " / ".join(p for p in parts if p)
 
 
