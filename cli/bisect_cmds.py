@@ -86,12 +86,15 @@ def _report(result, archive, lines, *, summary_path, as_json) -> None:
                    "without the stage search.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a summary for a bug report to FILE (Markdown; HTML for .html).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Replay each step up to N times, one that shows the recorded failure making it bad (for a "
+                   "flaky failure, which one lucky pass would move past its culprit).")
 @click.option("--sidecar/--no-sidecar", default=True, show_default=True,
               help="Store a culprit found next to the archive as ARCHIVE.bisect.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 def compiler_cmd(archive, backend, device, tol, current_config, first_backend, max_time, config_only, summary_path,
-                 sidecar, as_json, quiet):
+                 repeat, sidecar, as_json, quiet):
     """Find the compiler stage that makes ARCHIVE fail, with PyTorch's compiler bisector.
 
     Backends eager, aot_eager, aot_eager_decomp_partition and inductor are tried in turn; in the
@@ -108,7 +111,7 @@ def compiler_cmd(archive, backend, device, tol, current_config, first_backend, m
     settings = reproarchive.ReplaySettings(backend=backend, device=device, tol=tol, current_config=current_config)
     show = None if (quiet or as_json) else (lambda step: click.echo(terminal_lines(step_line(step)), err=True))
     result = reproarchive.bisect_compiler(archive, settings, max_time=max_time, on_step=show,
-                                          first_backend=first_backend, config_only=config_only)
+                                          first_backend=first_backend, config_only=config_only, repeat=repeat)
     # an unfinished search never replaces a finished one, nor a search of the settings alone a stage's
     if sidecar and result.status == "found" and not config_only:
         internal.write_bisection(result, archive)

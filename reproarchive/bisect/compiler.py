@@ -64,7 +64,8 @@ class _OutOfTime(Exception):
 
 def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = None, *,
                     max_time: float | None = None, on_step: StepFn | None = None,
-                    first_backend: str | None = None, config_only: bool = False) -> CompilerBisection:
+                    first_backend: str | None = None, config_only: bool = False,
+                    repeat: int = 1) -> CompilerBisection:
     """Find the compiler stage that makes the archive at ``path`` fail, and which recorded
     non-default Inductor settings it needs (``config_flags``); see the module docstring.
 
@@ -74,6 +75,8 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
     ``first_backend`` starts the search at that stage, taking the earlier ones as good without
     replaying them (said in the steps). ``config_only``: no stage search, only the settings
     (status "found" when some are needed). ``on_step`` hears of each replay as it ends.
+    ``repeat``: for a flaky failure, each step replays up to that many times, one failure
+    making it bad.
     Raises BackendUnavailableError (125) when the archive's backend is missing here, and
     ArchiveError (2) for an unreadable archive; interrupts propagate after the state folder
     is removed.
@@ -88,7 +91,8 @@ def bisect_compiler(path: str | os.PathLike, settings: ReplaySettings | None = N
         raise ReproArchiveError(f"{first_backend!r} is not one of PyTorch's bisection backends",
                                 f"use one of: {', '.join(backends)}")
     facts = _archive_facts(path, settings)
-    search = _Search(path, settings, facts, max_time=max_time, on_step=on_step, first_backend=first_backend)
+    search = _Search(path, settings, facts, max_time=max_time, on_step=on_step, first_backend=first_backend,
+                     repeat=repeat)
     with _ONE_AT_A_TIME, search.private_state() as log, search.children:
         if config_only:
             return search.config_only(log)
@@ -127,13 +131,14 @@ def _archive_facts(path, settings: ReplaySettings) -> dict:
 class _Search:
     """The test PyTorch's bisector calls, and what it saw."""
 
-    def __init__(self, path, settings, facts, *, max_time, on_step, first_backend):
+    def __init__(self, path, settings, facts, *, max_time, on_step, first_backend, repeat=1):
         self.path = os.fspath(os.path.abspath(path))
         self.settings: ReplaySettings = facts["settings"]
         self.facts = facts
         self.deadline = None if max_time is None else time.monotonic() + max_time
         self.on_step = on_step
         self.first_backend = first_backend
+        self.repeat = max(1, repeat)
         self.steps: list[BisectStep] = []
         self.started = time.monotonic()
         self.state: str | None = None
@@ -165,7 +170,7 @@ class _Search:
         trial = self.trial(stage, subsystem, state)
         start = time.monotonic()
         replayed = not self._before_first(stage)
-        verdict, observed = self._replay(trial) if replayed else (GOOD, None)
+        verdict, observed = self._replayed(trial) if replayed else (GOOD, None)
         step = BisectStep(backend=stage, subsystem=subsystem, state=state, bisect_range=bounds, trial=trial,
                           verdict=verdict, observed=observed, seconds=round(time.monotonic() - start, 3),
                           replayed=replayed)
@@ -220,7 +225,7 @@ class _Search:
         defaults = {key: value for _, key, value in flags}
         trial = Trial(backend=self.settings.backend, env={}, config={f.setting: f.default for f, _, _ in flags})
         start = time.monotonic()
-        verdict, observed = self._replay(trial, defaults=defaults)
+        verdict, observed = self._replayed(trial, defaults=defaults)
         state = f"{len(flags)} at their defaults" if flags else "as recorded"
         step = BisectStep(backend="inductor", subsystem="recorded settings", state=state,
                           bisect_range=None, trial=trial, verdict=verdict, observed=observed,
@@ -241,6 +246,15 @@ class _Search:
             return self.result(None, "incomplete", None, log.getvalue().splitlines())
         status = "not reproduced" if not reproduced else "found" if flags.status == "needed" else "no setting needed"
         return self.result(None, status, None, log.getvalue().splitlines(), flags=flags)
+
+    def _replayed(self, trial: Trial, defaults: dict | None = None) -> tuple[str, str | None]:
+        """Up to ``repeat`` replays, the first that shows the recorded failure ending them: a
+        flaky failure that passed one replay by luck would move the search past its culprit."""
+        for _ in range(self.repeat):
+            verdict, observed = self._replay(trial, defaults=defaults)
+            if verdict == BAD:
+                break
+        return verdict, observed
 
     def _replay(self, trial: Trial, defaults: dict | None = None) -> tuple[str, str | None]:
         env = dict(trial.env)

@@ -57,7 +57,8 @@ class Task(PlainRecord):
     settings: dict[str, PlainData]
     output: str | None = None
     max_time: float | None = None
-    #: minify: judge each candidate by up to this many replays (a flaky group's, ``repeats``)
+    #: minify, bisect: judge each candidate or step by up to this many replays (a flaky group's,
+    #: ``repeats``)
     repeat: int | None = omit_none()
 
     def __post_init__(self) -> None:

@@ -219,8 +219,9 @@ class _Plan:
     replays: int  # replays of each representative (``repeats``)
 
     def task(self, rep: Member, action: str, replay: Verdict | None = None) -> Task:
-        """``replay``: the group's replay verdict; a flaky one's minify judges each candidate by
-        as many replays as miss its failure under 1% of the time (``repeats.judging_repeat``)."""
+        """``replay``: the group's replay verdict; a flaky one's minify judges each candidate, and
+        its bisect each step, by as many replays as miss its failure under 1% of the time
+        (``repeats.judging_repeat``)."""
         settings = self.settings
         # the recorded module:function compiler, where the user trusts it (--trust-backend)
         if settings.backend is None and self.backends.get(rep.digest) in self.trusted:
@@ -228,7 +229,7 @@ class _Plan:
         minify = action == "minify"
         return Task(action=action, archive=rep.location, digest=rep.digest, settings=settings.to_plain(),
                     output=self.output if minify else None, max_time=self.max_time,
-                    repeat=judging_repeat(replay) if minify else None)
+                    repeat=judging_repeat(replay) if action in AFTER_REPLAY else None)
 
     def run(self, reps: dict, verdicts: dict, actions: tuple[str, ...], counts: dict,
             progress: ProgressFn | None, partial: dict) -> None:

@@ -100,8 +100,10 @@ def _bisect(task: Task, settings: ReplaySettings) -> dict[str, Any]:
     from reproarchive.bisect.compiler import bisect_compiler
     from reproarchive.references import local_archive
 
-    result = bisect_compiler(local_archive(task.archive), settings, max_time=task.max_time)
-    return {"status": result.status, "message": result.summary[:300], "kind": _culprit(result)}
+    result = bisect_compiler(local_archive(task.archive), settings, max_time=task.max_time, repeat=task.repeat or 1)
+    judged = f"; each step judged by up to {task.repeat} replays (flaky)" if task.repeat else ""
+    return {"status": result.status, "message": (result.summary[:300 - len(judged)] + judged),
+            "kind": _culprit(result)}
 
 
 def _culprit(result) -> str | None:

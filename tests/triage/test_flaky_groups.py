@@ -157,3 +157,19 @@ def test_replays_combine_into_one_verdict_and_a_mark():
     assert measured(stable).text == "stable: passed 3 of 3" and judging_repeat(stable) is None
     odd = combined([v("passed"), v("different failure")])
     assert odd.status == "different failure" and measured(odd).kind == "flaky" and judging_repeat(odd) is None
+
+
+@pytest.mark.slow
+def test_a_flaky_group_is_bisected_with_each_step_judged_by_several_replays(tmp_path, monkeypatch):
+    """The bisector's replay at its last stage (the archive's own compiler) would pass by luck and
+    end with "not reproduced"; judged by 7 replays a step (a rate of 2 in 4), it names the compiler."""
+    fleet_corpus.build(tmp_path, 2, bugs=(fleet_corpus.RACY_BUG,), seed=5)
+    folder = tmp_path / "archives"
+    monkeypatch.setenv(fleet_corpus.RACE_DIR_ENV, str(tmp_path))
+    result = invoke("triage", folder, "--action", "replay", "--action", "bisect", *TRUST, "--json")
+    assert result.exit_code == 0, result.output
+    gelu = _groups(json.loads(result.stdout))["gelu"]
+    assert gelu["repeats"]["text"] == "flaky: reproduced 2 of 4"
+    bisect = gelu["verdicts"]["bisect"]
+    assert (bisect["status"], bisect["kind"]) == ("found", fleet_corpus.RACY_LOWERING), bisect
+    assert bisect["message"].endswith("each step judged by up to 7 replays (flaky)")
