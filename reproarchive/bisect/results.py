@@ -214,15 +214,6 @@ class TorchBisection(PlainRecord):
     COMPUTED = ("summary",)
 
     @property
-    def culprit_backend(self) -> str | None:
-        """The backend to blame: the stage PyTorch's bisector named, except at its last stage
-        ("inductor"), where the archive's own backend replayed (a custom compiler, PyTorch's
-        debugging backends): the failure is in that one, which need not be Inductor."""
-        if self.backend == "inductor" and self.replayed_backend not in (None, "inductor"):
-            return self.replayed_backend
-        return self.backend
-
-    @property
     def summary(self) -> str:
         if self.first_bad is None:
             return f"bisect torch: {self.status}"
