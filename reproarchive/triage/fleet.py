@@ -242,12 +242,14 @@ class _Plan:
         not start, e.g. an untrusted compiler)."""
         pending: dict[concurrent.futures.Future, tuple] = {}
         gathered: dict[tuple, list[Verdict]] = {key: list(partial.get(key, ())) for key in reps}
+        running = dict.fromkeys(reps, 0)  # each group's replays submitted and not back yet
 
         def submit(key: tuple, action: str) -> None:
             missing = self.replays - sum(v.replay_count for v in gathered[key])
             for _ in range((missing if gathered[key] else 1) if action == "replay" else 1):
                 task = self.task(reps[key], action, verdicts[key].get("replay"))
                 pending[self.executor.submit(task)] = (key, action)
+                running[key] += action == "replay"
 
         def after_replay(key: tuple) -> list[str]:
             """The actions that wait for a reproduced replay, now due."""
@@ -277,7 +279,8 @@ class _Plan:
                               "archive": reps[key].name, "verdict": verdict})
                 if action == "replay":
                     gathered[key].append(verdict)
-                    if any(pending[f] == (key, action) for f in pending):
+                    running[key] -= 1
+                    if running[key]:
                         continue  # more replays of this one to come
                     if not verdict.failed_to_run and sum(v.replay_count for v in gathered[key]) < self.replays:
                         submit(key, action)  # the first came back with a verdict: the rest
