@@ -36,3 +36,12 @@ def test_minify_keeps_the_culprit_on_every_rank_and_the_values_its_collectives_g
     assert labels[1][0][1:] == (True, False)  # computed by the all_reduce from rank 0's generated x
     assert len(labels[0]) == len(zero.args)  # rank 0's own inputs (its cut keeps none), not rank 1's
     assert any("generated" in note or "not the original" in note for note in one.notes), one.notes
+
+
+def test_judging_each_candidate_by_several_replays_is_refused_for_a_job_in_one_line(tmp_path):
+    archive = rank_one_fails(tmp_path)
+    result = invoke("run", "--minify", archive, "-o", tmp_path / "min.tar.zst", "--repeat", "2", "--json")
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert "not built for a multi-rank job" in error["message"] and "\n" not in error["message"]
+    assert not (tmp_path / "min.tar.zst").exists()
