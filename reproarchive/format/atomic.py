@@ -74,6 +74,37 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def remove_dir(path: str | os.PathLike) -> None:
+    """Remove a folder so that readers see it whole or gone: it is first renamed to a hidden
+    name beside it (atomic), then emptied. A kill between the two leaves a hidden
+    ``.NAME.*.removing`` folder, never a folder under its own name with some of its files."""
+    final = Path(path)
+    doomed = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".removing", dir=final.parent))
+    try:
+        os.replace(final, doomed)  # onto the empty folder just made: atomic on POSIX
+    except FileNotFoundError:
+        doomed.rmdir()
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_leftovers(final: str | os.PathLike) -> list[Path]:
+    """Remove what killed writers of ``final`` left beside it (``atomic_path``'s ``.partial``
+    files, ``remove_dir``'s ``.removing`` folders); the removed paths. Only for a caller that
+    knows no other writer of ``final`` runs now (it holds their lock)."""
+    final = Path(final)
+    gone = []
+    for left in final.parent.glob(f".{final.name}.*"):
+        if left.name.endswith(".partial") and left.is_file():
+            left.unlink(missing_ok=True)
+        elif left.name.endswith(".removing") and left.is_dir():
+            shutil.rmtree(left, ignore_errors=True)
+        else:
+            continue
+        gone.append(left)
+    return gone
+
+
 def write_if_changed(target: Path, text: str) -> list[Path]:
     """Write a generated file only when its text changed (``[target]``, else ``[]``), so that
     regenerating the spec files touches only what differs."""

@@ -104,6 +104,7 @@ def test_a_crash_on_rank_1_leaves_parts_that_pack_merges_naming_the_rank_and_sig
         result = invoke("pack", parts[0], "--json")
         assert result.exit_code == 0, result.output
         archive = Path(json.loads(result.stdout)["archive"])
+        assert not list((tmp_path / "out").glob(".*.partial"))  # a rank stopped while it merged left one
     else:  # rank 0 merged, its peer gone: the archive holds both parts, and they are gone
         archive = _job_archive(tmp_path)
     assert not list((tmp_path / "out").glob("repro-*"))  # a rank's part is its crash record, not a spool

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from reproarchive.archive.job_merge import merge_parts
 from reproarchive.context.failure import crash_record, fault_signal
+from reproarchive.format.atomic import remove_dir, remove_leftovers
 from reproarchive.format.plain import from_plain, to_plain
 from reproarchive.format.schema import RankOutcome
 
@@ -93,15 +94,12 @@ def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, 
     if world_size is not None:
         wait_for_parts(folder, world_size, wait_s)
     with _locked(folder):
+        remove_leftovers(archive)  # of a rank killed while it merged: its peers' merges hold this lock
         parts = folder_parts(folder)
         merged = merge_parts(parts, archive, outcomes=folder_outcomes(folder))
-        if not (forget and len(parts) == world_size):
-            return merged
-        for path in folder.iterdir():
-            path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        folder.rmdir()
-    return merged
+        if forget and len(parts) == world_size:
+            remove_dir(folder)  # whole or gone: a rank stopped halfway would leave a part that
+    return merged               # ``pack FOLDER`` merges alone, over the archive made of all of them
 
 
 def forget_when_all_ended(folder: Path, world_size: int, archive: Path) -> bool:
@@ -121,9 +119,7 @@ def forget_when_all_ended(folder: Path, world_size: int, archive: Path) -> bool:
         if any(o.status != "passed" for o in outcomes.values()):
             newest = max(p.stat().st_mtime_ns for p in (*parts, *statuses.values()))
             if not archive.exists() or archive.stat().st_mtime_ns < newest:
+                remove_leftovers(archive)
                 merge_parts(parts, archive, outcomes=outcomes)
-        for path in folder.iterdir():
-            path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        folder.rmdir()
+        remove_dir(folder)
     return True
