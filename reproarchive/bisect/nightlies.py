@@ -64,6 +64,12 @@ def nightly_specs(text: str, index_url: str | None = None) -> tuple[str, ...]:
     return tuple(f"torch=={version}" for _, version in sorted(dated))
 
 
+def pip_said(done: subprocess.CompletedProcess) -> str:
+    """The line of a failed pip (or venv) run that says why: its last, warnings left out."""
+    lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
+    return (lines or ["no output"])[-1].strip()[:300]
+
+
 def served_versions(index_url: str | None) -> list[str]:
     """Every torch version pip finds for this interpreter (pre-releases included)."""
     argv = [sys.executable, "-m", "pip", "index", "versions", "torch", "--disable-pip-version-check",
@@ -76,7 +82,6 @@ def served_versions(index_url: str | None) -> list[str]:
     listed = next((line.partition(":")[2] for line in done.stdout.splitlines()
                    if line.startswith("Available versions:")), None)
     if done.returncode != 0 or listed is None:
-        lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
-        raise ReproArchiveError(f"pip could not list torch's versions: {(lines or ['no output'])[-1].strip()[:300]}",
+        raise ReproArchiveError(f"pip could not list torch's versions: {pip_said(done)}",
                                 "check the index URL and that it serves torch for this Python")
     return [v.strip() for v in listed.split(",") if v.strip()]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
+from reproarchive.bisect.nightlies import pip_said
 from reproarchive.errors import ReproArchiveError
 
 #: Recorded packages pinned as recorded: those a model's code imports that torch does not require.
@@ -167,9 +169,13 @@ def _make(folder: Path, requirements: tuple[str, ...], pip_options: tuple[str, .
     ``PYTHONDONTWRITEBYTECODE`` is set."""
     base = getattr(sys, "_base_executable", sys.executable)
     python = str(folder / "bin" / "python")
-    _run([base, "-m", "venv", str(folder)], "python -m venv")
-    _run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
-          *pip_options, *requirements], "pip install")
+    # no pip of its own where this process has one (ensurepip costs seconds per environment):
+    # this process's pip installs into it (``--python``)
+    own_pip = importlib.util.find_spec("pip") is not None
+    _run([base, "-m", "venv", *(["--without-pip"] if own_pip else []), str(folder)], "python -m venv")
+    pip = [sys.executable, "-m", "pip", "--python", python] if own_pip else [python, "-m", "pip"]
+    _run([*pip, "install", "--quiet", "--disable-pip-version-check", "--no-compile", *pip_options, *requirements],
+         "pip install")
     try:
         _run([python, "-c", _WARM_UP], "importing torch", env={"PYTHONDONTWRITEBYTECODE": None})
     except BuildError:
@@ -190,6 +196,5 @@ def _run(argv: list[str], what: str, env: dict[str, str | None] | None = None) -
     except OSError as exc:
         raise BuildError(f"{what} could not start: {exc.strerror or exc}", "check the Python installation") from None
     if done.returncode != 0:
-        lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
-        raise BuildError(f"{what} failed: {(lines or ['no output'])[-1].strip()[:300]}",
+        raise BuildError(f"{what} failed: {pip_said(done)}",
                          "check the version exists for this Python and platform, or give --env")
