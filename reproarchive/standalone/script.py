@@ -50,21 +50,12 @@ from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import REBUILDABLE_SUBCLASSES, storage_view
 from reproarchive.compat.dispatch import INDUCTOR_PRIMS_MODULE, INDUCTOR_PRIMS_PREFIX
 from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
-from reproarchive.context.environment import plan
+from reproarchive.context.environment import plan as environment_plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.format.plain import PlainRecord
 from reproarchive.format.reader import ContainerReader
-from reproarchive.format.schema import (
-    ConfigRecord,
-    DerivedValue,
-    EnvironmentRecord,
-    ExecutionRecord,
-    FailureRecord,
-    ShapePolicy,
-    SystemRecord,
-    TensorValue,
-)
+from reproarchive.format.schema import DerivedValue, Records, TensorValue
 from reproarchive.replay.accuracy import DEFAULT_TOLERANCE
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.settings import ReplaySettings
@@ -108,21 +99,14 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
                 "which a standalone script cannot define without running the archive's source",
                 "replay it with `reproarchive run` (stand-ins, or --import MODULE for the real kernels)")
         repro = load(path, device="cpu", remap_graph=False, max_memory=settings.max_memory, reader=reader)
-    devices = _recorded_devices(repro)
-    records = repro.records
     # not ``settings.for_recorded``: a script may name a recorded custom compiler function for
     # its reader to supply (``run`` never imports one on an archive's say-so)
-    return write_export(
-        repro.gm, list(repro.args), out_dir,
-        backend=settings.backend or records.backend, source_kind=records.graph_kind,
-        accuracy=bool(records.accuracy) if settings.accuracy is None else settings.accuracy,
-        config=records.config, environment=records.environment,
-        system=records.system, failure=records.failure, fidelity=list(repro.fidelity or []),
-        recorded_devices=devices, archive_name=Path(path).name, digest=repro.digest, shapes=records.shapes,
-        custom_ops=repro.custom_ops, brought=(settings.imports, settings.libraries),
-        execution=records.execution, rng_states=repro.rng_states,
+    return write_export(repro.gm, list(repro.args), out_dir, repro.records, ScriptPlan(
+        backend=settings.backend, accuracy=settings.accuracy, fidelity=tuple(repro.fidelity or ()),
+        recorded_devices=tuple(_recorded_devices(repro)), archive_name=Path(path).name, digest=repro.digest,
+        custom_ops=repro.custom_ops, brought=(settings.imports, settings.libraries), rng_states=repro.rng_states or {},
         derived={i: (r.kind, r.input, r.dim) for i, r in enumerate(repro.index.inputs) if isinstance(r, DerivedValue)},
-    )
+    ))
 
 
 def _recorded_devices(repro: Any) -> list[str | None]:
@@ -131,41 +115,32 @@ def _recorded_devices(repro: Any) -> list[str | None]:
     return [index.storages[rec.storage].device if isinstance(rec, TensorValue) else None for rec in index.inputs]
 
 
-def write_export(
-    gm: Any,
-    args: list[Any],
-    out_dir: str | os.PathLike,
-    *,
-    backend: str | None,
-    source_kind: str | None = None,
-    accuracy: bool = False,
-    config: ConfigRecord | None = None,
-    environment: EnvironmentRecord | None = None,
-    system: SystemRecord | None = None,
-    failure: FailureRecord | None = None,
-    fidelity: list[str] | None = None,
-    recorded_devices: list[str | None] | None = None,
-    archive_name: str = "",
-    digest: str | None = None,
-    shapes: ShapePolicy | None = None,
-    custom_ops: Any = (),
-    brought: tuple = ((), ()),
-    execution: ExecutionRecord | None = None,
-    rng_states: Mapping[str, Any] | None = None,
-    derived: Mapping[int, tuple[str, int, int]] | None = None,
-) -> ExportReport:
-    """``derived``: input -> (``size`` or ``stride``, input, dimension) of the inputs that are a
-    size of another (spec §6.3 ``DerivedValue``: a nested jagged tensor's ragged size)."""
+@dataclasses.dataclass(frozen=True)
+class ScriptPlan:
+    """What a script is written from besides the archive's records: the reader's choices
+    (``backend``, ``accuracy``: None keeps the recorded one) and what loading the archive found
+    (each input's fidelity and recorded device, its generator states, its derived sizes:
+    input -> (``size`` or ``stride``, input, dimension), spec §6.3 ``DerivedValue``)."""
+
+    backend: str | None = None
+    accuracy: bool | None = None
+    fidelity: tuple[str, ...] = ()
+    recorded_devices: tuple[str | None, ...] = ()
+    archive_name: str = ""
+    digest: str | None = None
+    custom_ops: Any = ()
+    brought: tuple = ((), ())  # (--import modules, --load-library paths)
+    rng_states: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    derived: Mapping[int, tuple[str, int, int]] = dataclasses.field(default_factory=dict)
+
+
+def write_export(gm: Any, args: list[Any], out_dir: str | os.PathLike, records: Records,
+                 plan: ScriptPlan = ScriptPlan()) -> ExportReport:
+    """Write ``out_dir`` with the script that replays ``gm`` on ``args`` as ``records`` say."""
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         writer = _DataWriter(tmp)
-        script = _Script(writer).build(
-            gm, args, backend=backend, source_kind=source_kind, accuracy=accuracy, config=config,
-            environment=environment, system=system, failure=failure, fidelity=fidelity or [],
-            recorded_devices=recorded_devices or [], archive_name=archive_name, digest=digest, shapes=shapes,
-            custom_ops=custom_ops, brought=brought, execution=execution, rng_states=rng_states or {},
-            derived=derived or {},
-        )
+        script = _Script(writer).build(gm, args, records, plan)
         (tmp / "repro.py").write_text(script, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
@@ -375,21 +350,21 @@ class _Script:
             table.append(f"  {i:<3} {placeholders[i] if i < len(placeholders) else '?':<24} {what:<32} {label}")
         return input_lines, table
 
-    def build(self, gm, args, *, backend, source_kind, accuracy, config, environment, system, failure,
-              fidelity, recorded_devices, archive_name, digest, shapes=None, custom_ops=(), brought=((), ()),
-              execution=None, rng_states=None, derived: Mapping[int, tuple[str, int, int]] | None = None) -> str:
-        derived = derived or {}
+    def build(self, gm: Any, args: list[Any], records: Records, plan: ScriptPlan) -> str:
+        backend = plan.backend or records.backend
+        accuracy = bool(records.accuracy) if plan.accuracy is None else plan.accuracy
+        source_kind, failure, execution, derived = records.graph_kind, records.failure, records.execution, plan.derived
         root_graph = self.graph_function(gm, "")
         state_lines = self._state_lines(gm)
-        input_lines, table = self._input_lines(gm, args, fidelity, recorded_devices, derived)
+        input_lines, table = self._input_lines(gm, args, list(plan.fidelity), list(plan.recorded_devices), derived)
 
         needs_backward = source_kind != "after_aot" and (
             (failure is not None and failure.stage == "backward")
             or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))
-        header = _header(archive_name, digest, system, failure, backend, source_kind, table)
-        env_to_set, _ = plan(environment, config_applied=False)
+        header = _header(plan.archive_name, plan.digest, records.system, failure, backend, source_kind, table)
+        env_to_set, _ = environment_plan(records.environment, config_applied=False)
         env_lines = "".join(f"os.environ[{k!r}] = {v!r}\n" for k, v in env_to_set.items())
-        settings = admitted_settings(config)
+        settings = admitted_settings(records.config)
         self.imports.update(module for module, _, _ in settings)
         config_lines = "".join(f"_set_config({module}, {key!r}, {value!r})\n" for module, key, value in settings)
         installs = "".join(f"    _install(root, {path!r}, {fn})\n" for path, fn in self.installs)
@@ -397,7 +372,7 @@ class _Script:
         recorded_backend = backend or "inductor"
         custom = is_custom(recorded_backend)
         return _template().format(
-            custom_ops=self.custom_ops_block(custom_ops, imports=brought[0], libraries=brought[1]),
+            custom_ops=self.custom_ops_block(plan.custom_ops, imports=plan.brought[0], libraries=plan.brought[1]),
             header=header,
             env=env_lines or "# (no recorded environment variables to set)\n",
             imports=imports,
@@ -415,11 +390,11 @@ class _Script:
             accuracy=repr(bool(accuracy)),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
-            **_shape_literals(shapes),
+            **_shape_literals(records.shapes),
             execution=repr(_execution_literal(execution)),
             inference_inputs=repr(list(execution.inference_inputs or ()) if execution is not None else []),
             random_ops=repr(list(random_ops(gm))),
-            rng_states=repr({name: self.writer.storage(state)[0] for name, state in (rng_states or {}).items()}),
+            rng_states=repr({name: self.writer.storage(state)[0] for name, state in plan.rng_states.items()}),
             state_block=state_block(),
         ).lstrip()
 

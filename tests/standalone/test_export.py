@@ -19,7 +19,7 @@ import torch.fx as fx
 
 import reproarchive
 from reproarchive.context import failure as failure_mod
-from reproarchive.format.schema import FailureRecord
+from reproarchive.format.schema import FailureRecord, Records
 from reproarchive.standalone.script import export
 from support.captures import capture_failure
 from support.cli import invoke
@@ -135,7 +135,7 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
     gm = fx.GraphModule(torch.nn.Module(), g)
     failure = FailureRecord(stage="compile", exception_type="OSError", message=r"cannot open C:\Users\me\x.so",
                             backend="eager")
-    report = write_export(gm, [torch.ones(2)], tmp_path / "out", backend="eager", failure=failure)
+    report = write_export(gm, [torch.ones(2)], tmp_path / "out", Records(backend="eager", failure=failure))
     ast.parse(open(report.script).read())
 
 
