@@ -18,9 +18,9 @@ import hashlib
 import os
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from reproarchive.archive.job_archive import load_job
+from reproarchive.archive.job_archive import JobRepro, load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.environment import plan
@@ -59,16 +59,8 @@ def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Re
     """Write ``out_dir`` with the job's ``repro.py`` and data (``export`` of a job archive)."""
 
     job = load_job(path, device="cpu", max_memory=settings.max_memory)
-    records = job.records
-    ranks = [(r.rank, r.gm, list(r.args), [_device_of(job.index, v) for v in r.record.inputs or job.index.inputs],
-              r.outcome.failure if r.outcome is not None else None) for r in job.ranks]
-    state = {r.rank: (r.records.execution, r.rng_states if r.records.rng is not None else {}) for r in job.ranks}
-    groups = sorted(job.groups, key=lambda g: (g.index if g.index is not None else 0))
-    ops = [op for op in job.ranks[0].custom_ops if isinstance(op, LiveCustomOp)] if job.ranks else []
-    return write_job_export(ranks, [(g.name, tuple(g.ranks)) for g in groups], out_dir, custom_ops=ops, state=state,
-                            world_size=job.world_size, backend=settings.backend or records.backend,
-                            source_kind=records.graph_kind, config={r.rank: r.records.config for r in job.ranks},
-                            environment=records.environment, archive_name=Path(path).name, digest=job.digest)
+    return write_job_export(job, out_dir, backend=settings.backend or job.records.backend,
+                            archive_name=Path(path).name)
 
 
 def _device_of(index: Any, value: Any) -> str | None:
@@ -76,27 +68,27 @@ def _device_of(index: Any, value: Any) -> str | None:
     return index.storages[storage].device if isinstance(storage, int) else None
 
 
-def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: Sequence[tuple[str, tuple]],
-                     out_dir: str | os.PathLike, *, world_size: int, backend: str | None,
-                     source_kind: str | None = None, config: Mapping[int, Any] | None = None,
-                     environment: Any = None, archive_name: str = "", digest: str | None = None,
-                     custom_ops: Sequence[Any] = (), state: Mapping[int, tuple[Any, Mapping]] | None = None
-                     ) -> ExportReport:
-    """``ranks``: (rank, graph, inputs on the CPU, each input's recorded device, recorded
-    failure or None) per rank; ``groups``: (recorded name, global ranks) in creation order;
-    ``config``: each rank's recorded config record; ``custom_ops``: the job's recorded calls
-    (every rank's), for the stand-ins the script registers where an op is missing, as the
-    single-graph script does; ``state``: rank -> (its execution record, its generator states by
-    device), which the script enters and sets as the single-graph script does (``state_block``)."""
-
+def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str | None,
+                     archive_name: str = "") -> ExportReport:
+    """Write ``out_dir`` with ``job``'s script (loaded on the CPU), for ``backend``. Every rank
+    keeps its own inputs with their recorded devices, its recorded failure, config, execution
+    state and generator states; the process groups are recreated in creation order; the custom
+    ops' recorded calls (every rank's) give the stand-ins the script registers where an op is
+    missing, as the single-graph script does."""
+    state = {r.rank: (r.records.execution, r.rng_states if r.records.rng is not None else {}) for r in job.ranks}
+    groups = [(g.name, tuple(g.ranks)) for g in sorted(job.groups, key=lambda g: (g.index if g.index is not None
+                                                                                    else 0))]
+    custom_ops = [op for op in job.ranks[0].custom_ops if isinstance(op, LiveCustomOp)] if job.ranks else []
+    config = {r.rank: r.records.config for r in job.ranks}
+    world_size, source_kind, digest = job.world_size, job.records.graph_kind, job.digest
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         script = _Script(_ContentDataWriter(tmp))
-        graph_of, input_blocks, failures = _rank_parts(script, ranks)
+        graph_of, input_blocks, failures = _rank_parts(script, job)
         recorded = backend or "inductor"
         custom = is_custom(recorded)
-        env_to_set, _ = plan(environment, config_applied=False)
-        per_rank = {rank: admitted_settings(c) for rank, c in (config or {}).items()}
+        env_to_set, _ = plan(job.records.environment, config_applied=False)
+        per_rank = {rank: admitted_settings(c) for rank, c in config.items()}
         script.imports.update(module for settings in per_rank.values() for module, _, _ in settings)
         text = _job_template().format(
             header=_header(world_size, archive_name, digest, recorded, source_kind, failures),
@@ -111,9 +103,9 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
             inputs="\n".join(input_blocks),
             rank_graphs=", ".join(f"{rank}: {fn}" for rank, fn in sorted(graph_of.items())),
             custom_ops=script.custom_ops_block(list(custom_ops), imports=(), libraries=()),
-            rank_execution=repr({rank: _execution_literal(e) for rank, (e, _) in sorted((state or {}).items())}),
+            rank_execution=repr({rank: _execution_literal(e) for rank, (e, _) in sorted(state.items())}),
             rank_rng_states=repr({rank: {name: script.writer.storage(t)[0] for name, t in rng.items()}
-                                  for rank, (_, rng) in sorted((state or {}).items())}),
+                                  for rank, (_, rng) in sorted(state.items())}),
             state_block=state_block(),
         ).lstrip()
         (tmp / "repro.py").write_text(text, encoding="utf-8")
@@ -122,15 +114,17 @@ def write_job_export(ranks: Sequence[tuple[int, Any, list, list, Any]], groups: 
     return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
 
 
-def _rank_parts(script: _Script, ranks: Sequence[tuple[int, Any, list, list, Any]]
-                ) -> tuple[dict[int, str], list[str], list[str]]:
+def _rank_parts(script: _Script, job: JobRepro) -> tuple[dict[int, str], list[str], list[str]]:
     """(rank -> its graph function, the inputs' ``if rank == R`` blocks, the failures' lines):
     ranks whose graphs have the same code share one function."""
     graph_of: dict[int, str] = {}
     by_code: dict[str, str] = {}
     input_blocks = []
     failures = []
-    for rank, gm, args, devices, failure in ranks:
+    for r in job.ranks:
+        rank, gm, args = r.rank, r.gm, list(r.args)
+        devices = [_device_of(job.index, v) for v in r.record.inputs or job.index.inputs]
+        failure = r.outcome.failure if r.outcome is not None else None
         if dict(gm.named_parameters()) or dict(gm.named_buffers()) or list(gm.named_children()):
             raise ExportError(f"rank {rank}'s graph holds module state, which a job script does not write",
                               "replay the job with `reproarchive run` instead")
