@@ -28,7 +28,7 @@ from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.settings import ReplaySettings
-from reproarchive.standalone.script import ExportReport, _DataWriter, _Script, state_block
+from reproarchive.standalone.script import ExportReport, _DataWriter, _Script, loading_block, state_block
 from reproarchive.standalone.script_literals import _doc_text, _execution_literal, admitted_settings
 
 
@@ -107,6 +107,7 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
             rank_rng_states=repr({rank: {name: script.writer.storage(t)[0] for name, t in rng.items()}
                                   for rank, (_, rng) in sorted(state.items())}),
             state_block=state_block(),
+            loading_block=loading_block(),
         ).lstrip()
         (tmp / "repro.py").write_text(text, encoding="utf-8")
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())

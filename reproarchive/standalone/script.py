@@ -396,6 +396,7 @@ class _Script:
             random_ops=repr(list(random_ops(gm))),
             rng_states=repr({name: self.writer.storage(state)[0] for name, state in plan.rng_states.items()}),
             state_block=state_block(),
+            loading_block=loading_block(),
         ).lstrip()
 
 
@@ -441,6 +442,13 @@ def _plain_tensor_attrs(gm: Any, known: set[str]):
                 if isinstance(obj, torch.Tensor):
                     known.add(path)
                     yield path, obj.detach()
+
+
+def loading_block() -> str:
+    """``_set_config``, ``_device``, ``_tensor`` and ``_backend``: what both scripts need to load
+    and compile a recorded graph, from one text."""
+
+    return files("reproarchive.standalone").joinpath("loading_block.py.template").read_text(encoding="utf-8")
 
 
 def state_block() -> str:
