@@ -16,7 +16,8 @@ import click
 # we); it would turn every one-line error of ours into three lines.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from reproarchive import ErrorCode, ReproArchiveError, warm_children  # noqa: E402 (after the filter above)
+from reproarchive import ReproArchiveError, warm_children  # noqa: E402 (after the filter above)
+from reproarchive.errors import ErrorCode  # noqa: E402
 
 from .text import terminal_safe  # noqa: E402
 

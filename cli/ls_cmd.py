@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 import reproarchive
-from reproarchive import SourceError
 from reproarchive import _internal as internal
+from reproarchive.errors import SourceError
 
 from .app import emit_json, json_errors, main
 from .exit_codes import INTERNAL, exit_codes

@@ -9,11 +9,41 @@ Every class has a stable ``code`` (an ``ErrorCode``: what a script or a second r
 format matches on, never the message) and an error that refuses an archive names the ``Rule``
 of spec/FORMAT.md it broke (``err.rule``, also at the end of the message). Codes and rule ids
 are a promise like the format: a new one may be added, an existing one never changes meaning.
+
+This module is public (``__all__``, docs/api.md "Errors"): catch ``reproarchive.ReproArchiveError``
+for any of them, or a class from here for one kind. The other classes below are raised and
+caught inside the library and are not part of the API.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+__all__ = [
+    "ErrorCode",
+    "Rule",
+    "ReproArchiveError",
+    "ArchiveError",
+    "NotAnArchiveError",
+    "TruncatedArchiveError",
+    "UnsupportedVersionError",
+    "CorruptArchiveError",
+    "DigestMismatchError",
+    "LimitExceededError",
+    "IndexSchemaError",
+    "UnsafeArchiveError",
+    "NotReplayableHereError",
+    "PackError",
+    "SourceError",
+    "DeviceUnavailableError",
+    "BackendUnavailableError",
+    "ExportError",
+    "NotReproducedError",
+    "StoreError",
+    "StoreNotFoundError",
+    "StoreURLError",
+    "CorruptStoreError",
+]
 
 
 class ErrorCode(StrEnum):

@@ -39,3 +39,30 @@ def test_the_names_made_private_still_resolve_with_a_warning():
     for name in _internal.HELPERS:
         with pytest.warns(DeprecationWarning, match=rf"reproarchive\.{name} is private"):
             assert getattr(reproarchive, name) is getattr(_internal, name)
+
+
+def _documented_errors() -> list[str]:
+    return re.findall(r"^- `errors\.(\w+)` — ", PAGE.read_text(), flags=re.M)
+
+
+def test_the_page_lists_exactly_the_public_errors_and_each_says_what_it_is():
+    from reproarchive import errors
+
+    documented = _documented_errors()
+    # the base class is listed once, as a name of the package
+    assert len(documented) == len(set(documented))
+    assert sorted([*documented, "ReproArchiveError"]) == sorted(errors.__all__)
+    for name in errors.__all__:
+        assert (inspect.getdoc(getattr(errors, name)) or "").strip(), f"reproarchive.errors.{name} has no docstring"
+    assert set(errors.__all__) & set(reproarchive.__all__) == {"ReproArchiveError"}
+
+
+def test_the_errors_that_left_the_package_still_resolve_with_a_warning():
+    """Code that caught ``reproarchive.PackError`` keeps working, warned where the class lives now."""
+    import pytest
+
+    from reproarchive import errors
+
+    for name in set(errors.__all__) - set(reproarchive.__all__):
+        with pytest.warns(DeprecationWarning, match=rf"reproarchive\.{name} is reproarchive\.errors\.{name} now"):
+            assert getattr(reproarchive, name) is getattr(errors, name)

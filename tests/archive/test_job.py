@@ -73,14 +73,14 @@ def test_a_single_process_reader_sees_the_failing_rank_and_refuses_only_to_run_i
     reproarchive.verify(job)
     facts = reproarchive.inspect(job)
     assert facts is not None
-    with pytest.raises(reproarchive.NotReplayableHereError, match="reproarchive run") as err:
+    with pytest.raises(reproarchive.errors.NotReplayableHereError, match="reproarchive run") as err:
         reproarchive.load(job)
     assert err.value.exit_code == 125 and "all 3 ranks" in str(err.value)
     # the one-process replay of one graph refuses; ``run`` launches the job (tests/replay/test_job_run.py),
     # where the one-process choice is a mistake said in one line
     from reproarchive.replay import runner
 
-    with pytest.raises(reproarchive.NotReplayableHereError, match="collective all_reduce on process group '0'"):
+    with pytest.raises(reproarchive.errors.NotReplayableHereError, match="collective all_reduce on process group '0'"):
         runner.run(job, reproarchive.ReplaySettings(backend="eager"), isolate=False)
     with pytest.raises(reproarchive.ReproArchiveError, match="do not apply to a multi-rank job"):
         reproarchive.run(job, isolate=False)
@@ -90,17 +90,17 @@ def test_a_single_process_reader_sees_the_failing_rank_and_refuses_only_to_run_i
 
 def test_a_group_name_that_is_not_a_name_is_refused(tmp_path):
     path = reproarchive.pack(_graph(group="../../etc"), [torch.ones(4), torch.ones(4)], tmp_path / "bad.tar.zst")
-    with pytest.raises(reproarchive.UnsafeArchiveError, match="group_name"):
+    with pytest.raises(reproarchive.errors.UnsafeArchiveError, match="group_name"):
         reproarchive.verify(path)
 
 
 def test_parts_of_one_rank_twice_or_of_two_jobs_are_refused(tmp_path):
     one = reproarchive.pack_job([_rank(0)], tmp_path / "a.tar.zst", world_size=3, groups=GROUPS)
-    with pytest.raises(reproarchive.PackError, match="rank 0 is in both"):
+    with pytest.raises(reproarchive.errors.PackError, match="rank 0 is in both"):
         merge_parts([one, one], tmp_path / "out.tar.zst")
     other = reproarchive.pack_job([_rank(1)], tmp_path / "b.tar.zst", world_size=2,
                                   groups=[ProcessGroupRecord(name="0", ranks=(0, 1))])
-    with pytest.raises(reproarchive.PackError, match="different world sizes"):
+    with pytest.raises(reproarchive.errors.PackError, match="different world sizes"):
         merge_parts([one, other], tmp_path / "out.tar.zst")
     assert not (tmp_path / "out.tar.zst").exists()
 
@@ -238,7 +238,7 @@ def test_the_ranks_custom_ops_and_triton_kernels_join_into_the_jobs_tables():
     [merged] = _custom_ops(parts, _Storages(parts))
     assert [c.arguments[0][-2:] for c in merged.calls] == ["aa", "bb"]
     other = [part([op("aa")]), part([op("bb", schema="t::f(Tensor x, int n) -> Tensor")])]
-    with pytest.raises(reproarchive.PackError, match="custom op t::f.default with two schemas"):
+    with pytest.raises(reproarchive.errors.PackError, match="custom op t::f.default with two schemas"):
         _custom_ops(other, _Storages(other))
 
     def kernel(key, *, digest="sha256:" + "1" * 64, n=4):
@@ -250,5 +250,5 @@ def test_the_ranks_custom_ops_and_triton_kernels_join_into_the_jobs_tables():
     assert [c.arguments["x"] for c in joined.calls] == ["a", "b"]
     for odd in (kernel("b", digest="sha256:" + "2" * 64), kernel("b", n=8)):
         other = [part(kernels=[kernel("a")]), part(kernels=[odd])]
-        with pytest.raises(reproarchive.PackError, match="numbered their Triton kernels differently"):
+        with pytest.raises(reproarchive.errors.PackError, match="numbered their Triton kernels differently"):
             _triton_kernels(other, _Storages(other))

@@ -73,7 +73,7 @@ def test_records_go_in_and_come_back_in_one_piece(tmp_path):
     back = reproarchive.load(path).records
     assert back.backend == "inductor" and back.metadata == {"ticket": "T-1", "note": "n"}
     assert back.failure == records.failure
-    with pytest.raises(reproarchive.PackError, match="'sauce' is not a record section"):
+    with pytest.raises(reproarchive.errors.PackError, match="'sauce' is not a record section"):
         reproarchive.pack(_graph(), [torch.randn(3)], tmp_path / "c.tar.zst", records={"sauce": {}})
 
 

@@ -146,7 +146,7 @@ def test_every_library_reader_refuses_with_an_archive_error(corpus, tmp_path):
             work.mkdir()
             try:
                 fn(path, work)
-            except reproarchive.ArchiveError:
+            except reproarchive.errors.ArchiveError:
                 pass
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"{name} [{op}]: {type(exc).__name__}: {str(exc)[:120]}")

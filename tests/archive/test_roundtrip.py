@@ -178,11 +178,11 @@ def test_higher_order_subgraphs(tmp_path):
 
 
 def test_pack_rejects_what_it_cannot_store(tmp_path):
-    with pytest.raises(reproarchive.PackError, match="placeholders"):
+    with pytest.raises(reproarchive.errors.PackError, match="placeholders"):
         reproarchive.pack(identity_graph(2), [torch.ones(1)], tmp_path / "x.tar.zst")
-    with pytest.raises(reproarchive.PackError, match="cannot be stored"):
+    with pytest.raises(reproarchive.errors.PackError, match="cannot be stored"):
         reproarchive.pack(identity_graph(1), [object()], tmp_path / "x.tar.zst")
-    with pytest.raises(reproarchive.PackError, match="to_dense"):
+    with pytest.raises(reproarchive.errors.PackError, match="to_dense"):
         reproarchive.pack(identity_graph(1), [torch.eye(3).to_sparse()], tmp_path / "x.tar.zst")
     assert not any(tmp_path.iterdir()), "a failed pack must leave nothing behind"
 

@@ -271,7 +271,7 @@ def _cli(*args) -> tuple[int, str]:
 
 def test_pack_of_a_folder_that_is_no_spool_is_not_mistaken_for_one(tmp_path):
     assert not reproarchive._internal.is_spool(tmp_path)
-    with pytest.raises(reproarchive.SourceError, match="not a reproarchive spool"):
+    with pytest.raises(reproarchive.errors.SourceError, match="not a reproarchive spool"):
         reproarchive._internal.pack_spool(tmp_path, tmp_path / "out")
     assert os.listdir(tmp_path) == []
 
@@ -571,7 +571,7 @@ def test_a_spool_of_format_1_is_read_and_a_newer_one_refused_in_one_line(tmp_pat
     shutil.rmtree(old / "writers")  # spool 1 had none
     assert Spool(old).names() == ["1"]
     (old / "REPROARCHIVE-SPOOL").write_bytes(b"reproarchive spool 3\n")
-    with pytest.raises(reproarchive.SourceError, match="spool of a newer reproarchive") as info:
+    with pytest.raises(reproarchive.errors.SourceError, match="spool of a newer reproarchive") as info:
         Spool(old)
     assert "\n" not in str(info.value)
     # through the CLI: exit 4, one line on stderr (a JSON document with --json), nothing written

@@ -154,12 +154,12 @@ def _rewrite_footer(data: bytes, **changes) -> bytes:
 @pytest.mark.parametrize(
     "mutate, error, text",
     [
-        (lambda d: b"", reproarchive.NotAnArchiveError, "empty"),
-        (lambda d: d[: len(d) // 2], reproarchive.TruncatedArchiveError, "truncated"),
-        (lambda d: d + b"\0", reproarchive.CorruptArchiveError, "1 unexpected bytes after the end"),
-        (lambda d: _rewrite_footer(d, major=2), reproarchive.UnsupportedVersionError, "newer reproarchive"),
-        (lambda d: _rewrite_footer(d, index_frame=0), reproarchive.CorruptArchiveError, "index"),
-        (lambda d: os.urandom(5000), reproarchive.NotAnArchiveError, "not a reproarchive"),
+        (lambda d: b"", reproarchive.errors.NotAnArchiveError, "empty"),
+        (lambda d: d[: len(d) // 2], reproarchive.errors.TruncatedArchiveError, "truncated"),
+        (lambda d: d + b"\0", reproarchive.errors.CorruptArchiveError, "1 unexpected bytes after the end"),
+        (lambda d: _rewrite_footer(d, major=2), reproarchive.errors.UnsupportedVersionError, "newer reproarchive"),
+        (lambda d: _rewrite_footer(d, index_frame=0), reproarchive.errors.CorruptArchiveError, "index"),
+        (lambda d: os.urandom(5000), reproarchive.errors.NotAnArchiveError, "not a reproarchive"),
     ],
 )
 def test_reader_rejects_broken_files(tmp_path, sample, mutate, error, text):
@@ -187,5 +187,5 @@ def test_verify_catches_a_flipped_bit_in_blob_data(tmp_path):
                 data[100] ^= 0x01
             w.add_member(name, bytes(data))
         w.finish(index)
-    with pytest.raises(reproarchive.DigestMismatchError, match="hashes to"):
+    with pytest.raises(reproarchive.errors.DigestMismatchError, match="hashes to"):
         reproarchive.verify(bad)

@@ -75,7 +75,7 @@ def test_read_stored_frame_fills_the_destination_and_checks_the_checksum(tmp_pat
     bad[len(frames.STORED_HEADER) + 3 + 10] ^= 1  # a data byte of the first block
     fd, at = _file_with(tmp_path, bytes(bad))
     try:
-        with pytest.raises(reproarchive.CorruptArchiveError, match="checksum"):
+        with pytest.raises(reproarchive.errors.CorruptArchiveError, match="checksum"):
             frames.read_stored_frame(fd, at, memoryview(bytearray(len(data))))
     finally:
         os.close(fd)

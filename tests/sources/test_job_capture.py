@@ -61,7 +61,7 @@ def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(failed_job):
         assert r.args[0].tolist() == [float(r.rank)] * 4  # each rank's own real inputs
         assert [c.op for c in r.schedule] == ["all_reduce"] and r.schedule[0].group == job.groups[0].name
     assert job.groups[0].ranks == (0, 1) and job.groups[0].backend == "gloo"
-    with pytest.raises(reproarchive.NotReplayableHereError, match="reproarchive run"):
+    with pytest.raises(reproarchive.errors.NotReplayableHereError, match="reproarchive run"):
         reproarchive.load(archive)
 
 

@@ -144,13 +144,13 @@ def test_pull_of_a_missing_name_or_ambiguous_prefix(tmp_path, archives):
     a, b, _ = archives
     store = str(tmp_path / "store")
     reproarchive.push([a, b], store)
-    with pytest.raises(reproarchive.StoreNotFoundError, match="no archive named 'nothing'"):
+    with pytest.raises(reproarchive.errors.StoreNotFoundError, match="no archive named 'nothing'"):
         reproarchive.pull(f"{store}/nothing", tmp_path / "x.tar.zst")
     digests = sorted(sha256(p)[7:] for p in (a, b))
     common = next(i for i in range(64) if digests[0][i] != digests[1][i])
     if common >= 4:
-        with pytest.raises(reproarchive.StoreNotFoundError, match="give more digits"):
+        with pytest.raises(reproarchive.errors.StoreNotFoundError, match="give more digits"):
             reproarchive.pull(f"{store}/{digests[0][:common]}", tmp_path / "x.tar.zst")
-    with pytest.raises(reproarchive.StoreNotFoundError, match="not a reproarchive store"):
+    with pytest.raises(reproarchive.errors.StoreNotFoundError, match="not a reproarchive store"):
         reproarchive.pull(f"{tmp_path / 'elsewhere'}/x", tmp_path / "x.tar.zst")
     assert not (tmp_path / "x.tar.zst").exists()

@@ -128,13 +128,13 @@ def test_a_store_answering_errors_is_one_line_and_exit_5(failing_endpoint, archi
     options = {"endpoint_url": failing_endpoint, "retries": 1, "skip_instance_cache": True,
                "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}}}
     started = time.monotonic()
-    with pytest.raises(reproarchive.StoreError) as info:
+    with pytest.raises(reproarchive.errors.StoreError) as info:
         reproarchive.push([a], "s3://bucket/repros", storage_options=options)
     assert info.value.exit_code == 5 and "\n" not in str(info.value)
     assert "s3://bucket/repros" in str(info.value)
-    with pytest.raises(reproarchive.StoreError):
+    with pytest.raises(reproarchive.errors.StoreError):
         reproarchive.pull("s3://bucket/repros/name", tmp_path / "x.tar.zst", storage_options=options)
-    with pytest.raises(reproarchive.StoreError):
+    with pytest.raises(reproarchive.errors.StoreError):
         reproarchive.list_store("s3://bucket/repros", storage_options=options)
     assert time.monotonic() - started < 60
     assert not (tmp_path / "x.tar.zst").exists()
@@ -174,7 +174,7 @@ def test_a_corrupted_blob_is_named_and_nothing_is_written(damage, s3_store, arch
                             "longer": data + data[:1000]}[damage])
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    with pytest.raises(reproarchive.CorruptStoreError, match=key.split("/")[-1]) as info:
+    with pytest.raises(reproarchive.errors.CorruptStoreError, match=key.split("/")[-1]) as info:
         reproarchive.pull(f"{s3_store}/{pushed.name}", out_dir / "a.tar.zst")
     assert info.value.exit_code == 2
     assert leftovers(out_dir) == []
@@ -246,12 +246,12 @@ def test_hostile_refs(pushed_store, tmp_path):
     }
     for name, data in cases.items():
         put(store, f"refs/{name}", data)
-        with pytest.raises(reproarchive.ArchiveError):
+        with pytest.raises(reproarchive.errors.ArchiveError):
             reproarchive.pull(f"{store}/{name}", tmp_path / "x.tar.zst")
     nowhere = json.dumps({"format": objects.REF_FORMAT, "archive": "sha256:" + "0" * 64, "size": 10, "pushed": "x",
                           "summary": {}}).encode()
     put(store, "refs/nowhere", nowhere)
-    with pytest.raises(reproarchive.StoreNotFoundError, match="does not hold it"):
+    with pytest.raises(reproarchive.errors.StoreNotFoundError, match="does not hold it"):
         reproarchive.pull(f"{store}/nowhere", tmp_path / "x.tar.zst")
     put(store, "refs/.hidden", b"{}")
     put(store, "refs/with space", b"{}")
@@ -293,7 +293,7 @@ def test_hostile_archive_objects_are_refused(pushed_store, tmp_path):
         replaced = edit(plain)
         put(store, objects.archive_key(pushed.digest), replaced if isinstance(replaced, bytes) else
             msgpack.packb(plain, use_bin_type=True))
-        with pytest.raises(reproarchive.ArchiveError) as info:
+        with pytest.raises(reproarchive.errors.ArchiveError) as info:
             reproarchive.pull(f"{store}/{pushed.name}", tmp_path / "x.tar.zst")
         assert info.value.exit_code == 2, what
         assert not (tmp_path / "x.tar.zst").exists(), what
@@ -316,7 +316,7 @@ def test_a_hostile_archive_in_a_store_is_refused_like_a_hostile_file(tmp_path, m
     path.write_bytes(bad)
     assert len(content) > 0
     store = str(tmp_path / "store")
-    with pytest.raises(reproarchive.CorruptStoreError, match="does not hash to its name"):
+    with pytest.raises(reproarchive.errors.CorruptStoreError, match="does not hash to its name"):
         reproarchive.push([path], store)
     assert refs_and_archives(store) == ([], []) and blob not in Store(store).list("blobs/sha256")
 
@@ -327,6 +327,6 @@ def test_a_hostile_archive_in_a_store_is_refused_like_a_hostile_file(tmp_path, m
     monkeypatch.setattr(push_module, "BlobCheck", NoCheck)
     (pushed,) = reproarchive.push([path], store)
     monkeypatch.undo()
-    with pytest.raises(reproarchive.DigestMismatchError, match=blob):
+    with pytest.raises(reproarchive.errors.DigestMismatchError, match=blob):
         reproarchive.pull(f"{store}/{pushed.name}", tmp_path / "out.tar.zst")
     assert not (tmp_path / "out.tar.zst").exists()

@@ -66,7 +66,7 @@ def damaged(request, tmp_path):
 
 
 def _pull_fails(store, name, out: Path, key: str) -> str:
-    with pytest.raises(reproarchive.CorruptStoreError) as info:
+    with pytest.raises(reproarchive.errors.CorruptStoreError) as info:
         reproarchive.pull(f"{store}/{name}", out)
     assert key.rsplit("/", 1)[1] in str(info.value) and not out.exists()
     return info.value.hint
