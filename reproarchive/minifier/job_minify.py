@@ -36,6 +36,7 @@ from reproarchive.archive.job_archive import RankCapture, pack_job
 from reproarchive.archive.packing import as_records
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
+from reproarchive.compat.distributed import FAKE_PROCESS_GROUP
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import NotFailingError, minify_with_stats
 from reproarchive.minifier.candidate import Recording
@@ -164,6 +165,11 @@ def _failing_job(ready: Any) -> Any:
     if job.failing_rank is None:
         raise ReproArchiveError("the job archive records no failing rank to minify against",
                                 "replay it with `reproarchive run` to see what happens")
+    if job.backend == FAKE_PROCESS_GROUP:  # its other ranks never ran: no job to launch
+        raise ReproArchiveError(
+            f"{ready.path} records rank {job.failing_rank} alone on PyTorch's fake process group, and a job is "
+            "minified by launching all its ranks; minifying such a recording is not supported",
+            "replay it with `reproarchive run`, which replays that rank against the fake group as recorded")
     return job
 
 

@@ -96,13 +96,15 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
 
 
 def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,
-          timeout_s: float, rank: int, world_size: int, records: Any = None, fake: bool = False) -> int:
+          timeout_s: float, rank: int, world_size: int, records: Any = None, fake: bool = False,
+          fake_when_recorded: bool = False) -> int:
     """Replay ``rank_repro`` (``.gm``, ``.args`` on their devices, ``.failure``: the rank's
     recorded failure or None) as ``rank`` of the launched job; returns the exit status.
 
     ``settings`` has its backend chosen. ``records`` (the job's records: config, environment,
     execution) are applied as a single-process replay applies them. ``fake``: this process is the
-    only one, against PyTorch's fake process group (``run --rank``).
+    only one, against PyTorch's fake process group (``run --rank``); ``fake_when_recorded``: and
+    so was the recording's (its collectives' values were the fake group's too).
     """
     made = join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
     dtensors = getattr(rank_repro, "dtensors", ())
@@ -114,7 +116,7 @@ def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, setting
                                                  "backend": settings.backend})
     outcome = replay_one(rank_repro, settings, rank=rank, records=records,
                          report_differences=rank == 0 and records is not None)
-    if fake and schedule:
+    if fake and schedule and not fake_when_recorded:
         outcome = _alone(outcome, rank)
     write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": schedule})
     if outcome.observed is not None:
@@ -229,7 +231,8 @@ def main(argv: list[str]) -> int:
                                 world_size=world_size)
     else:
         code = serve(part.rank, part.groups, folder, part.settings, timeout_s=timeout_s, rank=rank,
-                     world_size=world_size, records=part.records, fake=fake)
+                     world_size=world_size, records=part.records, fake=fake,
+                     fake_when_recorded=bool(request.get("fake_when_recorded")))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no teardown: a peer's pending collective must not hold this rank up

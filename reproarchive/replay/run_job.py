@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from reproarchive.archive.job_archive import load_job
 from reproarchive.archive.job_report import first_divergence
 from reproarchive.child import python_path
+from reproarchive.compat.distributed import FAKE_PROCESS_GROUP
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.schema import FailureRecord
@@ -135,6 +136,8 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
         raise ReproArchiveError(f"{path} holds one process's graph, not a multi-rank job",
                                 "replay it with reproarchive run without --rank / --single-process")
     job = ready.index.job
+    if rank is None and not single_process and job.backend == FAKE_PROCESS_GROUP:
+        rank = recorded_alone(job)  # as recorded: one process, its rank, PyTorch's fake process group
     _check_ranks(path, job, rank)
     devices = ready.plan
     timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
@@ -157,6 +160,13 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
             if r.outcome is not None:
                 r.outcome.recorded_device, r.outcome.same_device_type = devices.recorded, False
     return outcome
+
+
+def recorded_alone(job: Any) -> int | None:
+    """The rank a job recorded on the fake process group played (its failing rank, else its
+    lowest recorded), whose replay alone against that group is the recorded condition."""
+    recorded = sorted(r.rank for r in job.ranks)
+    return job.failing_rank if job.failing_rank in recorded else (recorded[0] if recorded else None)
 
 
 def _check_ranks(path, job: Any, rank: int | None) -> None:
@@ -190,7 +200,7 @@ def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "request.json").write_text(json.dumps({
             "archive": os.fspath(os.path.abspath(path)), "settings": settings.to_plain(), "timeout_s": timeout,
-            "fake_rank": rank, "world_size": job.world_size}))
+            "fake_rank": rank, "world_size": job.world_size, "fake_when_recorded": job.backend == FAKE_PROCESS_GROUP}))
         env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1")
         start = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "reproarchive.replay.rank_worker", str(folder)], env=env,
@@ -204,6 +214,12 @@ def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout:
     status, code, _ = _launch.job_verdict(outcomes, rank)
     return _launch.JobOutcome(status=status, exit_code=code, rank=rank, world_size=job.world_size, ranks=outcomes,
                               recorded_rank=job.failing_rank, wall_s=round(wall, 3), timeout_s=timeout,
-                              warnings=[f"rank {rank} ran alone against a fake process group: its collectives "
-                                        "returned made-up values, so only a failure in the compiler (or before the "
-                                        "first collective) is evidence"])
+                              warnings=[_alone_warning(job, rank)])
+
+
+def _alone_warning(job: Any, rank: int) -> str:
+    if job.backend == FAKE_PROCESS_GROUP:
+        return (f"rank {rank} ran alone against PyTorch's fake process group, as it did when recorded (its "
+                "collectives return made-up values there too)")
+    return (f"rank {rank} ran alone against a fake process group: its collectives returned made-up values, so only "
+            "a failure in the compiler (or before the first collective) is evidence")

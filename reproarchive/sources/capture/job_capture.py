@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.job_merge import lost_a_peer
-from reproarchive.compat.distributed import groups_in_creation_order
+from reproarchive.compat.distributed import FAKE_PROCESS_GROUP, groups_in_creation_order
 from reproarchive.compat.dynamo import current_compile_id
 from reproarchive.context.failure import as_collective_timeout, pending_crash_record, record_from_exception
 from reproarchive.context.redaction import redacted, working_folder
@@ -106,6 +106,12 @@ class RankContext:
     backend: str | None
     host: str
     key: str
+
+    @property
+    def writers(self) -> tuple[int, ...]:
+        """The ranks that write parts: every rank of the world, or this one alone on PyTorch's fake
+        process group (one process plays one rank; no other rank exists to wait for)."""
+        return (self.rank,) if self.backend == FAKE_PROCESS_GROUP else tuple(range(self.world_size))
 
 
 def rank_context() -> RankContext | None:
@@ -304,7 +310,7 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
         set_status(folder, ctx.rank, None)
         watch_for_crash(folder, ctx)
         if schedule_of(gm):  # it meets the other ranks anyway: first let them write their parts,
-            wait_for_parts(folder, ctx.world_size)  # so that a rank that dies at once finds them there
+            wait_for_parts(folder, len(ctx.writers))  # so that a rank that dies at once finds them there
     except Exception as err:  # noqa: BLE001 - never in place of the user's own run
         log.warning("reproarchive.capture could not write rank %d's part: %s: %s", ctx.rank, type(err).__name__, err)
         return compiled(*args)
@@ -315,7 +321,7 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
         raise
     with contextlib.suppress(OSError):
         set_status(folder, ctx.rank, RankOutcome(status="passed"))
-        forget_when_all_ended(folder, ctx.world_size, job_paths(backend.target, ctx, backend.file_target)[1])
+        forget_when_all_ended(folder, ctx.writers, job_paths(backend.target, ctx, backend.file_target)[1])
     return result
 
 
@@ -355,7 +361,7 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
         set_status(folder, ctx.rank, outcome)
         # a part of every rank merged: the folder goes now (the launcher is about to stop the other
         # ranks, which cannot be relied on to tidy up); one with a rank missing stays, for ``pack``
-        merged = merge_folder(folder, archive, world_size=ctx.world_size, forget=True)
+        merged = merge_folder(folder, archive, world_size=len(ctx.writers), forget=True)
     except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
         log.warning("reproarchive.capture could not write the job archive: %s: %s", type(err).__name__, err)
         _annotate(exc, None, f"{type(err).__name__}: {err}")

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from reproarchive.archive.job_merge import merge_parts
@@ -102,16 +103,17 @@ def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, 
     return merged               # ``pack FOLDER`` merges alone, over the archive made of all of them
 
 
-def forget_when_all_ended(folder: Path, world_size: int, archive: Path) -> bool:
-    """Remove the parts folder once every rank of the world has a part and has ended (its status
+def forget_when_all_ended(folder: Path, ranks: Sequence[int], archive: Path) -> bool:
+    """Remove the parts folder once every rank of ``ranks`` (those that write parts: the world's)
+    has a part and has ended (its status
     file says passed, failed or timed out, not running): a job that passed leaves nothing, one that failed its
     job archive alone, merged again here if a rank ended since the last merge (so it holds every
     rank's ending). A rank that crashed or was killed wrote no status: the folder stays, for
     ``pack FOLDER``."""
     with _locked(folder):
         parts = folder_parts(folder)
-        statuses = {r: folder / f"rank-{r}.status.json" for r in range(world_size)}
-        if len(parts) != world_size or not all(p.exists() for p in statuses.values()):
+        statuses = {r: folder / f"rank-{r}.status.json" for r in ranks}
+        if len(parts) != len(ranks) or not all(p.exists() for p in statuses.values()):
             return False
         outcomes = folder_outcomes(folder)
         if any(o.status == "running" for o in outcomes.values()):

@@ -1,0 +1,65 @@
+"""A program on PyTorch's fake process group (one process playing rank 0 of 2, with a DTensor
+input and a collective) is captured and replayed as it ran: the capture waits for no other rank
+and leaves one archive, and ``run`` replays that rank against the fake group, the recorded
+condition, without being asked for ``--rank``.
+
+Before: the capture waited for a rank that never runs (``REPROARCHIVE_JOB_WAIT_S``) and left a
+parts folder beside the archive, and ``run`` refused the archive as "a part written while the job
+ran", pointing at a folder of parts that never existed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.cli import invoke
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAM = ROOT / "tests" / "support" / "fake_group_program.py"
+
+pytestmark = pytest.mark.slow
+
+
+def _replays_as_recorded(archive: Path) -> None:
+    result = invoke("run", archive, "--json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and report["status"] == "reproduced" and report["rank"] == 0, result.output
+    (rank,) = report["ranks"]
+    assert rank["outcome"]["observed"]["exception_type"].endswith("CppCompileError")
+    assert any("fake process group, as it did when recorded" in w for w in report["warnings"])
+    job = json.loads(invoke("inspect", archive, "--json").stdout)["job"]
+    assert job["world_size"] == 2 and job["backend"] == "fake"
+    (row,) = job["ranks"]
+    assert row["dtensor_inputs"][0]["placements"] == ["Shard(0)"]
+
+
+def test_a_capture_in_the_program_leaves_one_archive_that_run_replays_as_recorded(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REPROARCHIVE_JOB_WAIT_S": "60"}
+    done = subprocess.run([sys.executable, str(PROGRAM), "capture", str(out)], capture_output=True, text=True,
+                          env=env, timeout=50, cwd=tmp_path)  # within the wait: it must not wait at all
+    assert done.returncode != 0 and "CppCompileError" in done.stderr
+    (archive,) = out.iterdir()  # no parts folder left beside it
+    assert archive.name.startswith("job-") and archive.name.endswith(".tar.zst")
+    _replays_as_recorded(archive)
+    # minify launches every rank of a job, and a torchrun script needs every rank's graph: the
+    # other rank never ran, so both are refused in one line, pointing at run, and write nothing
+    for args in (("run", "--minify", archive, "-o", tmp_path / "min.tar.zst"),
+                 ("export", archive, "-o", tmp_path / "x")):
+        refused = invoke(*args)
+        assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
+        assert "fake process group" in refused.output and "reproarchive run" in refused.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_capture_dash_dash_of_the_program_replays_as_recorded(tmp_path):
+    result = invoke("capture", "-o", tmp_path / "out", "--json", "--", sys.executable, PROGRAM, "plain",
+                    tmp_path / "unused", env={"PYTHONPATH": str(ROOT)})
+    assert result.exit_code == 1, result.output
+    (archive,) = (tmp_path / "out").iterdir()
+    _replays_as_recorded(archive)
