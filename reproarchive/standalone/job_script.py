@@ -81,8 +81,8 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
     ops' recorded calls (every rank's) give the stand-ins the script registers where an op is
     missing, as the single-graph script does."""
     state = {r.rank: (r.records.execution, r.rng_states if r.records.rng is not None else {}) for r in job.ranks}
-    groups = [(g.name, tuple(g.ranks)) for g in sorted(job.groups, key=lambda g: (g.index if g.index is not None
-                                                                                    else 0))]
+    ordered = sorted(job.groups, key=lambda g: g.index if g.index is not None else 0)  # as created
+    groups = [(g.name, tuple(g.ranks)) for g in ordered]
     custom_ops = [op for op in job.ranks[0].custom_ops if isinstance(op, LiveCustomOp)] if job.ranks else []
     config = {r.rank: r.records.config for r in job.ranks}
     world_size, source_kind, digest = job.world_size, job.records.graph_kind, job.digest

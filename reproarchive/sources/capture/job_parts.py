@@ -99,17 +99,19 @@ def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, 
         parts = folder_parts(folder)
         merged = merge_parts(parts, archive, outcomes=folder_outcomes(folder))
         if forget and len(parts) == world_size:
-            remove_dir(folder)  # whole or gone: a rank stopped halfway would leave a part that
-    return merged               # ``pack FOLDER`` merges alone, over the archive made of all of them
+            # whole or gone: a rank stopped halfway through would leave one part, which ``pack
+            # FOLDER`` would merge alone, over the archive made of all of them
+            remove_dir(folder)
+    return merged
 
 
 def forget_when_all_ended(folder: Path, ranks: Sequence[int], archive: Path) -> bool:
-    """Remove the parts folder once every rank of ``ranks`` (those that write parts: the world's)
-    has a part and has ended (its status
-    file says passed, failed or timed out, not running): a job that passed leaves nothing, one that failed its
-    job archive alone, merged again here if a rank ended since the last merge (so it holds every
-    rank's ending). A rank that crashed or was killed wrote no status: the folder stays, for
-    ``pack FOLDER``."""
+    """Remove the parts folder once every rank of ``ranks`` (those that write parts: the world's,
+    or one rank on the fake process group) has a part and has ended (its status file says
+    passed, failed or timed out, not running): a job that passed leaves nothing, one that failed
+    its job archive alone, merged again here if a rank ended since the last merge (so it holds
+    every rank's ending). A rank that crashed or was killed wrote no status: the folder stays,
+    for ``pack FOLDER``."""
     with _locked(folder):
         parts = folder_parts(folder)
         statuses = {r: folder / f"rank-{r}.status.json" for r in ranks}
