@@ -93,3 +93,28 @@ def test_a_while_loop_compiled_by_inductor_replays_and_minifies_into_its_body(tm
     report = reproarchive.minify_archive(path, tmp_path / "while-min.tar.zst", shrink_inputs=False)
     small = reproarchive.load(report.output).gm
     assert hop_programs.higher_order_ops(small) == [] and hop_programs.relu_calls(small) == 1, small.code
+
+
+@pytest.mark.slow
+def test_every_higher_order_op_dynamo_hands_inductor_replays_inductors_failure_inside_it(tmp_path):
+    """The programs above, compiled by inductor itself (its C++ relu injector fails on the relu
+    inside each operator's subgraph) rather than by a cheap backend: each archive replays to the
+    same CppCompileError through inductor's own lowering of the operator, and one minifies to the
+    relu alone (the while_loop test above minifies the loop)."""
+    programs = [(name, fn) for name, fn, level in hop_programs.PROGRAMS if level == "dynamo"]
+    for name, fn in programs:
+        path = tmp_path / f"{name}.tar.zst"
+        torch._dynamo.reset()
+        with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
+            compiled = torch.compile(fn, backend=reproarchive.capture("inductor", path=path), fullgraph=True)
+            with pytest.raises(Exception, match="CppCompileError"):
+                compiled(torch.randn(8, 16))
+        torch._dynamo.reset()
+        assert hop_programs.higher_order_ops(reproarchive.load(path).gm), name
+        outcome = reproarchive.run(path)
+        assert (outcome.status, outcome.exit_code) == (REPRODUCED, 1), (name, outcome.to_dict())
+        assert outcome.observed.exception_type.endswith("CppCompileError"), name
+    report = reproarchive.minify_archive(tmp_path / "invoke_subgraph.tar.zst", tmp_path / "min.tar.zst",
+                                         shrink_inputs=False)
+    small = reproarchive.load(report.output).gm
+    assert hop_programs.higher_order_ops(small) == [] and hop_programs.relu_calls(small) == 1, small.code
