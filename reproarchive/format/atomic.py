@@ -105,6 +105,19 @@ def remove_leftovers(final: str | os.PathLike) -> list[Path]:
     return gone
 
 
+def finish_removals(parent: str | os.PathLike, names: str) -> list[Path]:
+    """Finish the removals a kill cut short: ``remove_dir``'s hidden ``.NAME.*.removing``
+    folders in ``parent`` whose NAME matches the glob ``names``; the removed paths. Safe at any
+    time, without a lock: such a folder is already gone by its name, and a removal still running
+    on it only races this one to delete the same files."""
+    gone = []
+    for left in Path(parent).glob(f".{names}.*.removing"):
+        if left.is_dir() and not left.is_symlink():
+            shutil.rmtree(left, ignore_errors=True)
+            gone.append(left)
+    return gone
+
+
 def write_if_changed(target: Path, text: str) -> list[Path]:
     """Write a generated file only when its text changed (``[target]``, else ``[]``), so that
     regenerating the spec files touches only what differs."""

@@ -17,6 +17,10 @@ in the process group that could change the next verdict; a candidate that takes 
 ends the job and the next candidate gets a fresh launch. A failure that needs the collectives
 themselves (the compiler's handling of a collective, a hang) does not reproduce once they are
 replaced, and is refused with a one-line error rather than minified into something else.
+
+A recording made on PyTorch's fake process group (one process playing one rank; the others never
+ran) is minified as it ran: its rank alone, in one launched process, against the fake group, whose
+collectives' values are recorded and replaced in the same way.
 """
 
 from __future__ import annotations
@@ -47,17 +51,25 @@ from reproarchive.replay.local_job import without_collectives
 from reproarchive.replay.settings import ReplaySettings
 
 
+def _plan(job: Any, request: dict[str, Any], timeout_s: float, warm: bool) -> _launch.LaunchPlan:
+    """The launch of ``job``'s ranks: every rank of its world, or the one rank a recording on the
+    fake process group played, alone against that group (as recorded)."""
+    if job.backend == FAKE_PROCESS_GROUP:
+        request = {**request, "fake_rank": job.failing_rank, "world_size": job.world_size, "fake_when_recorded": True}
+        return _launch.LaunchPlan(request, _launch.launcher_options(1), timeout_s, warm=warm)
+    return _launch.LaunchPlan(request, _launch.launcher_options(job.world_size), timeout_s, warm=warm)
+
+
 def _record_values(path, settings: ReplaySettings, job: Any, timeout_s: float, folder: Path,
                    warm: bool) -> dict[int, dict]:
     """Launch the job once in ``record`` mode: rank -> {collective node name -> tensor}."""
 
     request = {"archive": str(Path(path).resolve()), "settings": settings.to_plain(), "timeout_s": timeout_s,
                "mode": "record"}
-    plan = _launch.LaunchPlan(request, _launch.launcher_options(job.world_size), timeout_s, warm=warm)
     folder.mkdir(parents=True, exist_ok=True)
-    _launch.launch(plan, folder)
+    _launch.launch(_plan(job, request, timeout_s, warm), folder)
     values = {}
-    for rank in range(job.world_size):
+    for rank in (r.rank for r in job.ranks):
         try:
             values[rank] = torch.load(folder / f"values-{rank}.pt", weights_only=True)
         except OSError:
@@ -120,11 +132,9 @@ class _JobOracle:
                 self.launches += 1
                 request = {"archive": str(archive), "settings": self.settings.to_plain(),
                            "timeout_s": self.timeout_s, "mode": "candidates"}
-                plan = _launch.LaunchPlan(request, _launch.launcher_options(self.job.world_size), self.timeout_s,
-                                          warm=self.warm)
-                self.launched = _launch.LaunchedJob(plan, self.folder / f"launch-{self.launches}")
-            outcomes = self.launched.judge(archive, self.settings.to_plain(), range(self.job.world_size),
-                                           self.recorded)
+                self.launched = _launch.LaunchedJob(_plan(self.job, request, self.timeout_s, self.warm),
+                                                    self.folder / f"launch-{self.launches}")
+            outcomes = self.launched.judge(archive, self.settings.to_plain(), sorted(self.recorded), self.recorded)
         finally:
             archive.unlink(missing_ok=True)
         status, _, rank = _launch.job_verdict(outcomes, self.job.failing_rank)
@@ -165,11 +175,6 @@ def _failing_job(ready: Any) -> Any:
     if job.failing_rank is None:
         raise ReproArchiveError("the job archive records no failing rank to minify against",
                                 "replay it with `reproarchive run` to see what happens")
-    if job.backend == FAKE_PROCESS_GROUP:  # its other ranks never ran: no job to launch
-        raise ReproArchiveError(
-            f"{ready.path} records rank {job.failing_rank} alone on PyTorch's fake process group, and a job is "
-            "minified by launching all its ranks; minifying such a recording is not supported",
-            "replay it with `reproarchive run`, which replays that rank against the fake group as recorded")
     return job
 
 

@@ -140,12 +140,13 @@ def _alone(outcome: Any, rank: int) -> Any:
 
 
 def record_collectives(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, *, timeout_s: float,
-                       rank: int, world_size: int) -> int:
-    """Run this rank's graph eagerly with real collectives and keep what each collective gave
-    this rank (``values-r.pt``, tensors only): the per-rank values a minified job's graphs read
-    in place of their collectives."""
+                       rank: int, world_size: int, fake: bool = False) -> int:
+    """Run this rank's graph eagerly with real collectives (``fake``: the fake process group's,
+    as a recording made on it had) and keep what each collective gave this rank
+    (``values-r.pt``, tensors only): the per-rank values a minified job's graphs read in place of
+    their collectives."""
 
-    join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
+    join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
     values: dict[str, Any] = {}
     collective = {n.name for n in rank_repro.gm.graph.nodes if _ranks.is_collective(n)}
@@ -165,18 +166,19 @@ def record_collectives(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: 
         return EXIT_FAILED
     torch.save(values, folder / f"values-{rank}.pt")
     write_json(folder / f"rank-{rank}.json", {"recorded": sorted(values)})
-    _wait_for_peers(rank, world_size, timeout_s)
+    if not fake:
+        _wait_for_peers(rank, world_size, timeout_s)
     return 0
 
 
 def serve_candidates(first: Any, groups: list[_ranks.GroupSpec], folder: Path, *, timeout_s: float,
-                     rank: int, world_size: int) -> int:
+                     rank: int, world_size: int, fake: bool = False) -> int:
     """Judge candidate job archives one after another in this launched process (the minifier's
     oracle): ``next-K.json`` names candidate K (or says stop); this rank writes its Outcome to
     ``rank-r-K.json``. Candidates hold no collectives (their values were recorded), so nothing
     one leaves behind in the process group can change the next one's verdict."""
 
-    join(first.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size)
+    join(first.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": []})
     k = 1
     while True:
@@ -225,10 +227,10 @@ def main(argv: list[str]) -> int:
     timeout_s, mode = float(request["timeout_s"]), request.get("mode", "replay")
     if mode == "record":
         code = record_collectives(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
-                                  world_size=world_size)
+                                  world_size=world_size, fake=fake)
     elif mode == "candidates":
         code = serve_candidates(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
-                                world_size=world_size)
+                                world_size=world_size, fake=fake)
     else:
         code = serve(part.rank, part.groups, folder, part.settings, timeout_s=timeout_s, rank=rank,
                      world_size=world_size, records=part.records, fake=fake,

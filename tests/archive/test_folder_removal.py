@@ -17,7 +17,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from reproarchive.format.atomic import remove_dir, remove_leftovers
+import pytest
+
+from reproarchive.errors import PackError
+from reproarchive.format.atomic import finish_removals, remove_dir, remove_leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = 20000
@@ -78,3 +81,23 @@ def test_leftovers_of_killed_writers_of_one_file_are_cleared_and_nothing_else(tm
     gone = remove_leftovers(final)
     assert sorted(p.name for p in gone) == [".job-1.tar.zst.a9.removing", ".job-1.tar.zst.k3j2.partial"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in keep)
+
+
+def test_removals_a_kill_cut_short_are_finished_by_a_later_merge_and_nothing_else_is_touched(tmp_path):
+    """A rank killed while it removed its job's parts folder left it hidden, half emptied; the
+    next merge in that output folder (any job's) finishes the removal."""
+    from reproarchive.sources.capture.job_parts import merge_folder
+
+    left = tmp_path / ".job-1.parts.a9.removing"
+    left.mkdir()
+    (left / "rank-1.tar.zst").write_bytes(b"half")
+    keep = [tmp_path / ".job-1.tar.zst.note", tmp_path / ".job-1.parts.a9.partial", tmp_path / "job-1.parts.removing"]
+    for path in keep:
+        path.write_bytes(b"mine")
+    assert finish_removals(tmp_path, "*.parts") == [left] and not left.exists()
+    left.mkdir()
+    (tmp_path / "job-2.parts").mkdir()  # no part in it yet: nothing to merge, the removal is finished
+    with pytest.raises(PackError, match="no rank parts"):
+        merge_folder(tmp_path / "job-2.parts", tmp_path / "job-2.tar.zst")
+    assert not left.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([p.name for p in keep] + ["job-2.parts"])

@@ -1,11 +1,12 @@
 """A program on PyTorch's fake process group (one process playing rank 0 of 2, with a DTensor
 input and a collective) is captured and replayed as it ran: the capture waits for no other rank
 and leaves one archive, and ``run`` replays that rank against the fake group, the recorded
-condition, without being asked for ``--rank``.
+condition, without being asked for ``--rank``; ``run --minify`` shrinks it the same way, that rank
+alone against the fake group, to inductor's relu.
 
 Before: the capture waited for a rank that never runs (``REPROARCHIVE_JOB_WAIT_S``) and left a
 parts folder beside the archive, and ``run`` refused the archive as "a part written while the job
-ran", pointing at a folder of parts that never existed."""
+ran", pointing at a folder of parts that never existed; ``run --minify`` refused it."""
 
 from __future__ import annotations
 
@@ -47,14 +48,22 @@ def test_a_capture_in_the_program_leaves_one_archive_that_run_replays_as_recorde
     (archive,) = out.iterdir()  # no parts folder left beside it
     assert archive.name.startswith("job-") and archive.name.endswith(".tar.zst")
     _replays_as_recorded(archive)
-    # minify launches every rank of a job, and a torchrun script needs every rank's graph: the
-    # other rank never ran, so both are refused in one line, pointing at run, and write nothing
-    for args in (("run", "--minify", archive, "-o", tmp_path / "min.tar.zst"),
-                 ("export", archive, "-o", tmp_path / "x")):
-        refused = invoke(*args)
-        assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
-        assert "fake process group" in refused.output and "reproarchive run" in refused.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # minified as recorded: rank 0 alone on the fake group, its all_reduce replaced by the value
+    # the fake group gave it; every cut judged by that replay, down to the relu
+    minified = tmp_path / "min.tar.zst"
+    result = invoke("run", "--minify", archive, "-o", minified, "--json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["status"] == "minified", result.output
+    assert "torch.relu" in report["code"] and "all_reduce" not in report["code"]
+    assert report["stats"]["final_ops"] == 1 and report["stats"]["rank"] == 0
+    job = json.loads(invoke("inspect", minified, "--json").stdout)["job"]
+    assert job["backend"] == "fake" and [r["rank"] for r in job["ranks"]] == [0]
+    # a torchrun script needs every rank's graph: the other rank never ran, so export is refused
+    # in one line, pointing at run, and writes nothing
+    refused = invoke("export", archive, "-o", tmp_path / "x")
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
+    assert "fake process group" in refused.output and "reproarchive run" in refused.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["min.tar.zst", "out"]
 
 
 def test_capture_dash_dash_of_the_program_replays_as_recorded(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from reproarchive.archive.job_merge import merge_parts
 from reproarchive.context.failure import crash_record, fault_signal
-from reproarchive.format.atomic import remove_dir, remove_leftovers
+from reproarchive.format.atomic import finish_removals, remove_dir, remove_leftovers
 from reproarchive.format.plain import from_plain, to_plain
 from reproarchive.format.schema import RankOutcome
 
@@ -92,6 +92,7 @@ def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, 
     """Merge every rank part of ``folder`` into ``archive`` (under the folder's lock), first
     waiting up to ``wait_s`` for the parts of all ``world_size`` ranks. ``forget``: then remove
     the folder where it held a part of every rank (``failed``)."""
+    finish_removals(folder.parent, f"*{folder.suffix}")  # parts folders whose removal a kill cut short
     if world_size is not None:
         wait_for_parts(folder, world_size, wait_s)
     with _locked(folder):
