@@ -29,7 +29,8 @@ from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
-from reproarchive.compat.fake import retraced
+from reproarchive.compat.dynamo import tracing_with
+from reproarchive.compat.fake import new_fake_mode, new_shape_env, retraced
 from reproarchive.compat.inductor import inner_compiler
 from reproarchive.context import failure as _failure
 from reproarchive.context.system import torch_here, torch_version
@@ -217,7 +218,10 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
         # Like PyTorch's after_aot run_repro: re-trace so every node carries the meta
         # (``val``) that inductor's inner compiler reads; the archive stores no fake values.
         gm = retraced(gm, args)
-        inner = compile_fx_inner(gm, args)
+        # in a tracing context whose fake mode has a ShapeEnv, as AOTAutograd calls Inductor:
+        # lowering a while_loop makes symbols of its own there
+        with tracing_with(new_fake_mode(new_shape_env())):
+            inner = compile_fx_inner(gm, args)
         return lambda *a: inner(list(a))
     with shape_policy.symbolic_compile(policy, gm, args, report) as example_inputs:
         compiled = compiler_fn(gm, example_inputs)

@@ -114,3 +114,41 @@ def test_export_reproduces_the_compile_error(captured, tmp_path):
                           check=False,
                           timeout=600)
     assert done.returncode != 0 and "CppCompileError" in done.stdout + done.stderr, done.stderr[-2000:]
+
+
+WHILE_LOOP_UNDER_INDUCTOR = """
+import torch
+from torch._higher_order_ops.while_loop import while_loop
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+
+@torch.compile(backend="inductor", fullgraph=True)
+def f(x):
+    return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, torch.relu(x) + 1), (torch.tensor(0), x))[1]
+
+f(torch.randn(8, 16))
+"""
+
+
+def test_a_while_loop_after_aot_is_captured_replayed_and_exported_under_inductor(tmp_path):
+    """Inductor fails inside a ``while_loop`` body after AOTAutograd. PyTorch's after_aot dump
+    of it is not valid Python (``self.while_loop_body_graph_0 = <lambda>()``) and ``capture``
+    stopped on it with an unexpected SyntaxError (exit 70); replayed through Inductor's inner
+    compiler without a ShapeEnv, the archive gave a DIFFERENT FAILURE ("'NoneType' object has no
+    attribute 'ignore_fresh_unbacked_symbols'"), in ``run`` and in the exported script alike."""
+    (tmp_path / "prog.py").write_text(WHILE_LOOP_UNDER_INDUCTOR)
+    result = invoke("capture", "--after", "aot", "--json", "-o", tmp_path / "out", "--", sys.executable,
+                    tmp_path / "prog.py")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and report["errors"] == [], result.output
+    (written,) = report["archives"]
+    archive = tmp_path / "out" / Path(written["archive"]).name
+    repro = reproarchive.load(archive)
+    assert repro.records.source.graph_kind == "after_aot" and repro.fidelity == ["real"]
+    assert "while_loop" in {getattr(n.target, "__name__", "") for n in repro.gm.graph.nodes}
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    exported = invoke("export", archive, "-o", tmp_path / "x")
+    assert exported.exit_code == 0, exported.output
+    done = subprocess.run([sys.executable, str(tmp_path / "x" / "repro.py")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert done.returncode != 0 and "CppCompileError" in done.stderr, done.stderr[-2000:]

@@ -86,3 +86,46 @@ def test_capture_of_a_no_grad_program_records_its_failure_under_its_own_grad_mod
     outcome = reproarchive.run(tmp_path / "out" / Path(archive).name)
     assert outcome.status == "reproduced" and "inplace" not in (outcome.observed.message or "")
     assert not any("execution state" in w for w in outcome.warnings)
+
+
+COND_UNDER_INDUCTOR = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+
+@torch.compile(backend="inductor", fullgraph=True)
+def f(x):
+    return torch.cond(x.sum() > 0, lambda x: torch.relu(x) * 2, lambda x: x - 1, (x,))
+
+f(torch.randn(8, 16))
+"""
+
+
+@pytest.mark.slow
+def test_capture_of_a_failure_inside_cond_keeps_the_program_s_own_error_and_archives_it(tmp_path):
+    """PyTorch's after_dynamo dump cannot write a graph whose ``cond`` holds subgraphs
+    (``UnsupportedNNModuleError: Cannot convert module to string``), and its hook raised that in
+    place of inductor's error: the program failed with another error than its own and
+    ``capture`` said the failure "was not inside a compiler backend". The graph is archived at
+    Dynamo's door instead, with its real input, and the program's own error goes on."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    program = tmp_path / "prog.py"
+    program.write_text(COND_UNDER_INDUCTOR)
+    cli = str(Path(sys.executable).parent / "reproarchive")
+    done = subprocess.run([cli, "capture", "-o", str(tmp_path / "out"), "--json", "--", sys.executable,
+                           str(program)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "2"}, cwd=tmp_path)
+    assert done.returncode == 1 and "CppCompileError" in done.stderr, done.stderr[-2000:]
+    assert "UnsupportedNNModuleError" not in done.stderr.replace("dump of this failure failed (Unsupported", "")
+    (written,) = json.loads(done.stdout)["archives"]
+    archive = tmp_path / "out" / Path(written["archive"]).name
+    repro = reproarchive.load(archive)
+    assert "cond" in {getattr(n.target, "__name__", "") for n in repro.gm.graph.nodes}
+    assert repro.records.failure.exception_type.endswith("CppCompileError")
+    assert repro.fidelity == ["real"] and repro.records.execution is not None
+    outcome = reproarchive.run(archive)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()

@@ -28,6 +28,7 @@ from reproarchive.sources.pack_report import PackReport
 from reproarchive.testing.machine_paths import machine_paths_in
 from reproarchive.testing.sources import Captured, SourceTests
 from support import dump_programs as progs
+from support.cli import invoke
 from support.shared_fixture import built_once
 
 # ---------------------------------------------------------------------------------------------
@@ -357,6 +358,46 @@ def test_discovery_errors_exit_4(tmp_path):
     aoti.write_text(_FAKE.replace("after_dynamo", "aoti"))
     with pytest.raises(SourceError, match="AOTInductor"):
         discover(aoti, tmp_path)
+
+
+#: The lines PyTorch 2.13 writes (after_aot, minifier_launcher.py) for a graph whose ``cond``
+#: branches it cannot print: no code for the subgraphs, so not Python at all.
+_UNPRINTED_SUBGRAPHS = """
+import torch
+from torch.nn import *
+class Repro(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.true_graph_0 = <lambda>()
+        self.false_graph_0 = <lambda>()
+
+    def forward(self, arg0_1):
+        sum_1 = torch.ops.aten.sum.default(arg0_1)
+        gt = torch.ops.aten.gt.Scalar(sum_1, 0);  sum_1 = None
+        cond = torch.ops.higher_order.cond(gt, self.true_graph_0, self.false_graph_0, (arg0_1,))
+        return (cond[0],)
+
+def load_args(reader):
+    buf0 = reader.storage(None, 512)
+    reader.tensor(buf0, (8, 16), is_leaf=True)  # arg0_1
+"""
+
+
+def test_a_dump_without_its_subgraphs_code_says_so_and_names_the_routes_that_work(tmp_path):
+    """``pack`` said "not valid Python (line 62): not a PyTorch repro dump" of PyTorch's own
+    dump; ``capture --after aot`` stopped on it with an unexpected SyntaxError (exit 70)."""
+    from reproarchive.sources.dump.scripts import holds_no_data
+
+    dump = tmp_path / "minifier_launcher.py"
+    dump.write_text(_UNPRINTED_SUBGRAPHS)
+    result = invoke("pack", dump, "-o", tmp_path / "a.tar.zst")
+    assert result.exit_code == 4 and result.output.count("\n") == 1, result.output
+    assert "lacks the code of the subgraph true_graph_0 (line 7: self.true_graph_0 = <lambda>())" in result.output
+    assert "reproarchive capture --" in result.output and "TORCH_TRACE" in result.output
+    assert holds_no_data(dump)  # data-less, read by its lines: superseded by the door's archive
+    dump.write_text(_UNPRINTED_SUBGRAPHS.replace("storage(None, 512)", "storage('a1b2', 512)"))
+    assert not holds_no_data(dump)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["minifier_launcher.py"]
 
 
 def test_run_repro_arguments_read_with_ast(tmp_path):

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
 from support import fleet_corpus
 from support.cli import invoke
+from support.shared_fixture import built_once
 from support.stand_in_envs import PASSED, REPRODUCED, calls, stand_in
 from support.torch_envs import make_env
 
@@ -19,12 +22,19 @@ TRUST = ["--trust-backend", fleet_corpus.NO_LOWERING]
 
 
 @pytest.fixture
-def relu_fleet(tmp_path):
-    """Two archives of one bug (PyTorch's relu compile error), triaged once."""
-    fleet_corpus.build(tmp_path, 2, bugs=("relu-compile",))
+def relu_fleet(tmp_path, tmp_path_factory):
+    """Two archives of one bug (PyTorch's relu compile error), triaged once: built once for the
+    run (its four replays are the costly part), each test given its own copy (with the verdicts
+    that first triage cached beside the archives), which its own triage runs add to."""
+
+    def build(root: Path) -> str:
+        fleet_corpus.build(root, 2, bugs=("relu-compile",))
+        first = invoke("triage", root / "archives", "--action", "replay", "--json")
+        assert first.exit_code == 0, first.output
+        return str(root / "archives")
+
     folder = tmp_path / "archives"
-    first = invoke("triage", folder, "--action", "replay", "--json")
-    assert first.exit_code == 0, first.output
+    shutil.copytree(built_once(tmp_path_factory, "recheck_relu_fleet", build), folder)
     return folder
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,27 @@ class DumpScript:
 
 
 
+#: How PyTorch's dump writes a submodule it cannot print: a higher-order op's subgraph
+#: (``cond``'s branches, ``while_loop``'s body) of a graph after AOTAutograd.
+_UNPRINTED_MODULE = re.compile(r"^\s*self\.(\w+)\s*=\s*<[^>]*>\(\)\s*$")
+
+
+def _refuse_missing_subgraph(path: Path, err: SyntaxError) -> None:
+    """The dump PyTorch writes for a graph with higher-order ops after AOTAutograd has no code
+    for their subgraphs (``self.true_graph_0 = <lambda>()``): nothing can rebuild the graph from
+    it, and it is PyTorch's dump all the same, so it is said so, with the routes that work."""
+    match = _UNPRINTED_MODULE.match(err.text or "")
+    if match is None:
+        return
+    raise SourceError(
+        f"{path.name} lacks the code of the subgraph {match.group(1)} (line {err.lineno}: "
+        f"{(err.text or '').strip()}): PyTorch dumps a graph with higher-order ops (cond, while_loop ...) so, and "
+        "it cannot be rebuilt from this file",
+        "capture the failure with `reproarchive capture -- python PROGRAM`, or run the program with "
+        "TORCH_TRACE=DIR and `reproarchive pack DIR`",
+    ) from err
+
+
 def _refuse_binary(path: Path) -> None:
     """A file named as a dump that is not text: most often an archive that is already packed."""
     with open(path, "rb") as f:
@@ -98,6 +120,7 @@ def parse_dump_script(path: str | os.PathLike) -> DumpScript:
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as err:
+        _refuse_missing_subgraph(path, err)
         raise SourceError(
             f"{path.name} is not valid Python{'' if err.lineno is None else f' (line {err.lineno})'}: not a PyTorch "
             "repro dump",
@@ -203,8 +226,14 @@ def symbolic_shapes(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def holds_no_data(path: str | os.PathLike) -> bool:
     """Whether every storage load_args reads was written without data (``reader.storage(None,
-    ...)``: PyTorch had only fake tensors, as in an after_aot dump of a compile error)."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+    ...)``: PyTorch had only fake tensors, as in an after_aot dump of a compile error). A dump
+    PyTorch wrote as invalid Python (a subgraph it cannot print) is read by its lines."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        keys = re.findall(r"reader\.storage\(\s*([^,\s)]+)", text)
+        return bool(keys) and all(k == "None" for k in keys)
     keys = [node.args[0] for fn in tree.body if isinstance(fn, ast.FunctionDef) and fn.name == "load_args"
             for node in _sorted_calls(fn)
             if isinstance(node.func, ast.Attribute) and node.func.attr == "storage" and node.args]

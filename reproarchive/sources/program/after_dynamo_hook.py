@@ -56,9 +56,30 @@ def after_dynamo_hook(wrapper: Any, name: str, gm: Any, example_inputs: list[Any
     except Exception as exc:
         if not is_control_flow(exc):
             log.warning("Compiled Fx GraphModule failed. Creating script to minify the error.")
-            dump(example_inputs, exc)
+            _dump_or_archive(dump, pristine, example_inputs, exc, name)
         raise
     return _checked(compiled, gm, pristine, first, dump, dump_or_say)
+
+
+def _dump_or_archive(dump: Callable, pristine: Any, inputs: list[Any], exc: BaseException, name: str) -> None:
+    """PyTorch's dump of a compile error or, where PyTorch cannot write one (its dump turns a
+    graph with a higher-order op's subgraphs into text and fails: ``Cannot convert module to
+    string``), an archive written at Dynamo's door with the real inputs the backend was handed.
+    Either way the program's own exception goes on: PyTorch's hook would raise the dump's error
+    in its place, and the program would fail with another error than its own."""
+    try:
+        dump(inputs, exc)
+    except Exception as err:  # noqa: BLE001 - archived here instead, never in place of the program's failure
+        from pathlib import Path
+
+        from reproarchive.sources.program.after_aot_hook import DYNAMO_DOOR_DIR_ENV, DYNAMO_PREFIX, write_at_door
+
+        folder = os.environ.get(DYNAMO_DOOR_DIR_ENV)
+        written = folder and write_at_door(
+            pristine, inputs, exc, name, folder=Path(folder), prefix=DYNAMO_PREFIX, capture_settings={},
+            door={"door": "dynamo (the backend call)", "real_inputs": len(inputs)})
+        log.warning("reproarchive capture: PyTorch's dump of this failure failed (%s: %s)%s", type(err).__name__,
+                    err, "; archived at Dynamo's door instead" if written else "")
 
 
 def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], BaseException], str],

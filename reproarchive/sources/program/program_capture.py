@@ -110,6 +110,8 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
         if after == "aot":
             # Inductor's door: compile errors with the real inputs (PyTorch's dump has none)
             env[after_aot_hook.AOT_DIR_ENV] = str(dump_dir / "aot")
+        else:  # Dynamo's door: compile errors PyTorch's dump cannot write
+            env[after_aot_hook.DYNAMO_DOOR_DIR_ENV] = str(dump_dir / "aot")
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
     env[OWN_VARIABLES_ENV] = ",".join(OWN_VARIABLES)  # ours, not the user's: never recorded
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
@@ -131,7 +133,8 @@ CAPTURE_DIR_PREFIX = "reproarchive-capture-"
 #: The variables ``capture_env`` sets for the program: in an archive's environment record they
 #: are reproarchive's doing, not the user's (``diff`` does not count them as differences).
 CAPTURE_VARIABLES = ("TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL", "TORCH_COMPILE_DEBUG_DIR",
-                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, ON_ACCURACY_ENV, after_aot_hook.AOT_DIR_ENV)
+                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, ON_ACCURACY_ENV, after_aot_hook.AOT_DIR_ENV,
+                     after_aot_hook.DYNAMO_DOOR_DIR_ENV)
 
 
 def set_by_capture(variables: dict[str, str]) -> frozenset[str]:
@@ -265,13 +268,15 @@ def _pack_dumps(launchers: list[Path], dump_dir: Path, out: Path, result: Captur
 
 
 def _move_written(door: list[Path], dump_dir: Path, out: Path, result: CaptureResult) -> None:
-    """Move the archives the program's processes wrote whole into ``out``: Inductor's door
-    (compile errors after AOT), the first calls PyTorch's hook could not dump (kept from the
-    crash guard's spool) and the accuracy failures of ``--accuracy``, oldest first."""
+    """Move the archives the program's processes wrote whole into ``out``: the doors' (compile
+    errors after AOT, and those PyTorch's after_dynamo dump could not write), the first calls
+    PyTorch's hook could not dump (kept from the crash guard's spool) and the accuracy failures
+    of ``--accuracy``, oldest first."""
     for written in door:
         target = _next_free(out)
         shutil.move(str(written), target)
-        result.archives.append(archive_report(target, kind="capture (after_aot)",
+        kind = "capture (after_aot)" if written.name.startswith(after_aot_hook.ARCHIVE_PREFIX) else "capture"
+        result.archives.append(archive_report(target, kind=kind,
                                               replay={"performed": False, "failure_from": "program"}))
     for written in sorted((dump_dir / crash_guard.KEPT_DIR).glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
         target = _next_free(out)  # first calls PyTorch's hook could not dump, from the spool
