@@ -92,6 +92,10 @@ class JobRepro:
         return self.job.backend
 
     @property
+    def on_fake_group(self) -> bool:
+        return self.job.on_fake_group
+
+    @property
     def groups(self) -> tuple[ProcessGroupRecord, ...]:
         return self.job.groups
 

@@ -74,11 +74,6 @@ def register_groups(groups: dict[str, Any]) -> None:
         torch._C._distributed_c10d._register_process_group(name, pg)
 
 
-#: The backend name of PyTorch's fake process group (``init_process_group("fake", ...)``): one
-#: process plays one rank, the collectives return made-up values, the other ranks never run.
-FAKE_PROCESS_GROUP = "fake"
-
-
 def fake_store() -> Any:
     """A store for PyTorch's fake process group (``init_process_group("fake", ...)``)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore

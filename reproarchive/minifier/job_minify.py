@@ -40,7 +40,6 @@ from reproarchive.archive.job_archive import RankCapture, pack_job
 from reproarchive.archive.packing import as_records
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
-from reproarchive.compat.distributed import FAKE_PROCESS_GROUP
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import NotFailingError, minify_with_stats
 from reproarchive.minifier.candidate import Recording
@@ -54,7 +53,7 @@ from reproarchive.replay.settings import ReplaySettings
 def _plan(job: Any, request: dict[str, Any], timeout_s: float, warm: bool) -> _launch.LaunchPlan:
     """The launch of ``job``'s ranks: every rank of its world, or the one rank a recording on the
     fake process group played, alone against that group (as recorded)."""
-    if job.backend == FAKE_PROCESS_GROUP:
+    if job.on_fake_group:
         request = {**request, "fake_rank": job.failing_rank, "world_size": job.world_size, "fake_when_recorded": True}
         return _launch.LaunchPlan(request, _launch.launcher_options(1), timeout_s, warm=warm)
     return _launch.LaunchPlan(request, _launch.launcher_options(job.world_size), timeout_s, warm=warm)

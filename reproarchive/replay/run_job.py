@@ -31,7 +31,6 @@ from typing import Any, Sequence
 from reproarchive.archive.job_archive import load_job
 from reproarchive.archive.job_report import first_divergence
 from reproarchive.child import python_path
-from reproarchive.compat.distributed import FAKE_PROCESS_GROUP
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.schema import FailureRecord
@@ -136,7 +135,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
         raise ReproArchiveError(f"{path} holds one process's graph, not a multi-rank job",
                                 "replay it with reproarchive run without --rank / --single-process")
     job = ready.index.job
-    if rank is None and not single_process and job.backend == FAKE_PROCESS_GROUP:
+    if rank is None and not single_process and job.on_fake_group:
         rank = recorded_alone(job)  # as recorded: one process, its rank, PyTorch's fake process group
     _check_ranks(path, job, rank)
     devices = ready.plan
@@ -200,7 +199,7 @@ def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "request.json").write_text(json.dumps({
             "archive": os.fspath(os.path.abspath(path)), "settings": settings.to_plain(), "timeout_s": timeout,
-            "fake_rank": rank, "world_size": job.world_size, "fake_when_recorded": job.backend == FAKE_PROCESS_GROUP}))
+            "fake_rank": rank, "world_size": job.world_size, "fake_when_recorded": job.on_fake_group}))
         env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1")
         start = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "reproarchive.replay.rank_worker", str(folder)], env=env,
@@ -218,7 +217,7 @@ def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout:
 
 
 def _alone_warning(job: Any, rank: int) -> str:
-    if job.backend == FAKE_PROCESS_GROUP:
+    if job.on_fake_group:
         return (f"rank {rank} ran alone against PyTorch's fake process group, as it did when recorded (its "
                 "collectives return made-up values there too)")
     return (f"rank {rank} ran alone against a fake process group: its collectives returned made-up values, so only "

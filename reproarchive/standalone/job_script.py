@@ -23,7 +23,6 @@ from typing import Any, Mapping
 from reproarchive.archive.job_archive import JobRepro, load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.codec.tensors import storage_view
-from reproarchive.compat.distributed import FAKE_PROCESS_GROUP
 from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
@@ -60,7 +59,7 @@ def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Re
     """Write ``out_dir`` with the job's ``repro.py`` and data (``export`` of a job archive)."""
 
     job = load_job(path, device="cpu", max_memory=settings.max_memory)
-    if job.backend == FAKE_PROCESS_GROUP and len(job.ranks) < job.world_size:  # the others never ran
+    if job.on_fake_group and len(job.ranks) < job.world_size:  # the others never ran
         raise ExportError(f"{path} records rank {', '.join(str(r.rank) for r in job.ranks)} alone on PyTorch's fake "
                           f"process group: a script for torchrun needs all {job.world_size} ranks' graphs",
                           "replay it with `reproarchive run`, which replays that rank against the fake group")

@@ -65,6 +65,7 @@ from reproarchive.format.schema.index import (  # noqa: F401 - the schema's name
     MemberRecord,
 )
 from reproarchive.format.schema.job import (  # noqa: F401 - the schema's names are one namespace
+    FAKE_PROCESS_GROUP,
     CollectiveRecord,
     CompileRecord,
     DTensorInput,

@@ -125,6 +125,11 @@ class RankRecord:
     records: int | None = omit_none()  # (1.5)
 
 
+#: The backend name of PyTorch's fake process group (``init_process_group("fake", ...)``): one
+#: process plays one rank, the collectives return made-up values, the other ranks never run.
+FAKE_PROCESS_GROUP = "fake"
+
+
 @open_record
 class JobRecord:
     """(1.3) A multi-rank job: the index's own graph and inputs are rank ``primary_rank``'s (the
@@ -142,3 +147,9 @@ class JobRecord:
     graphs: tuple[GraphRecord, ...] = field(default=(), metadata={"omit": "empty"})
     ranks: tuple[RankRecord, ...] = ()
     records: tuple[Records, ...] = field(default=(), metadata={"omit": "empty"})  # (1.5)
+
+    @property
+    def on_fake_group(self) -> bool:
+        """Recorded on PyTorch's fake process group: its ranks' replay, minify and export are
+        that rank alone against the fake group, as it ran; the other ranks never ran."""
+        return self.backend == FAKE_PROCESS_GROUP

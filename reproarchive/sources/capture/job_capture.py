@@ -47,12 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from reproarchive.archive.job_merge import lost_a_peer
-from reproarchive.compat.distributed import FAKE_PROCESS_GROUP, groups_in_creation_order
+from reproarchive.compat.distributed import groups_in_creation_order
 from reproarchive.compat.dynamo import current_compile_id
 from reproarchive.context.failure import as_collective_timeout, pending_crash_record, record_from_exception
 from reproarchive.context.redaction import redacted, working_folder
 from reproarchive.errors import SourceError
 from reproarchive.format.schema import (
+    FAKE_PROCESS_GROUP,
     CollectiveRecord,
     CompileRecord,
     DTensorInput,
