@@ -5,6 +5,12 @@ under ``capture(accuracy=True)`` against 0.1005 without, because the check force
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -45,6 +51,18 @@ def test_an_accuracy_capture_leaves_a_dropout_step_s_numbers_as_they_are(tmp_pat
     torch._dynamo.reset()
 
 
+def _captured(tmp_path: Path, program: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``reproarchive capture --`` of ``program`` (its text) run as a user runs it: how it ended,
+    and the one archive it left."""
+    (tmp_path / "prog.py").write_text(program)
+    cli = str(Path(sys.executable).parent / "reproarchive")
+    done = subprocess.run([cli, "capture", "-o", str(tmp_path / "out"), "--json", "--", sys.executable, "prog.py"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"},
+                          cwd=tmp_path)
+    (written,) = json.loads(done.stdout)["archives"]
+    return done, tmp_path / "out" / Path(written["archive"]).name
+
+
 NO_GRAD_IN_PLACE = """
 import torch
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
@@ -67,65 +85,43 @@ def test_capture_of_a_no_grad_program_records_its_failure_under_its_own_grad_mod
     ``no_grad``; replayed with grad on, the graph failed with an autograd error the program never
     had ("modified by an inplace operation"), and ``run`` called that REPRODUCED. The guard notes
     each compile's thread state, and the pack and ``run`` replay under it."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    program = tmp_path / "prog.py"
-    program.write_text(NO_GRAD_IN_PLACE)
-    cli = str(Path(sys.executable).parent / "reproarchive")
-    done = subprocess.run([cli, "capture", "-o", str(tmp_path / "out"), "--json", "--", sys.executable,
-                           str(program)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "2"}, cwd=tmp_path)
-    (archive,) = [a["archive"] for a in json.loads(done.stdout)["archives"]]
-    repro = reproarchive.load(tmp_path / "out" / Path(archive).name)
+    _, archive = _captured(tmp_path, NO_GRAD_IN_PLACE)
+    repro = reproarchive.load(archive)
     assert repro.records.failure.exception_type.endswith("CppCompileError"), repro.records.failure
     assert repro.records.execution is not None and repro.records.execution.grad_enabled is False
-    outcome = reproarchive.run(tmp_path / "out" / Path(archive).name)
+    outcome = reproarchive.run(archive)
     assert outcome.status == "reproduced" and "inplace" not in (outcome.observed.message or "")
     assert not any("execution state" in w for w in outcome.warnings)
 
 
 COND_UNDER_INDUCTOR = """
 import torch
-torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "{bug}"
 
 @torch.compile(backend="inductor", fullgraph=True)
 def f(x):
     return torch.cond(x.sum() > 0, lambda x: torch.relu(x) * 2, lambda x: x - 1, (x,))
 
-f(torch.randn(8, 16))
+f(torch.ones(8, 16))
 """
 
 
 @pytest.mark.slow
-def test_capture_of_a_failure_inside_cond_keeps_the_program_s_own_error_and_archives_it(tmp_path):
+@pytest.mark.parametrize("bug,error,stage", [("compile_error", "CppCompileError", "compile"),
+                                             ("runtime_error", "RuntimeError", "forward")])
+def test_a_failure_inside_cond_keeps_the_program_s_own_error_and_is_archived(tmp_path, bug, error, stage):
     """PyTorch's after_dynamo dump cannot write a graph whose ``cond`` holds subgraphs
-    (``UnsupportedNNModuleError: Cannot convert module to string``), and its hook raised that in
-    place of inductor's error: the program failed with another error than its own and
-    ``capture`` said the failure "was not inside a compiler backend". The graph is archived at
-    Dynamo's door instead, with its real input, and the program's own error goes on."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    program = tmp_path / "prog.py"
-    program.write_text(COND_UNDER_INDUCTOR)
-    cli = str(Path(sys.executable).parent / "reproarchive")
-    done = subprocess.run([cli, "capture", "-o", str(tmp_path / "out"), "--json", "--", sys.executable,
-                           str(program)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "2"}, cwd=tmp_path)
-    assert done.returncode == 1 and "CppCompileError" in done.stderr, done.stderr[-2000:]
+    (``UnsupportedNNModuleError: Cannot convert module to string``). For a compile error its
+    hook raised that in place of inductor's error, so the program failed with another error than
+    its own and ``capture`` said the failure "was not inside a compiler backend"; a failure of
+    the compiled call was "not archived". Both are archived at Dynamo's door instead, with the
+    real input, and the program's own error goes on."""
+    done, archive = _captured(tmp_path, COND_UNDER_INDUCTOR.format(bug=bug))
+    assert done.returncode == 1 and error in done.stderr, done.stderr[-2000:]
     assert "UnsupportedNNModuleError" not in done.stderr.replace("dump of this failure failed (Unsupported", "")
-    (written,) = json.loads(done.stdout)["archives"]
-    archive = tmp_path / "out" / Path(written["archive"]).name
     repro = reproarchive.load(archive)
     assert "cond" in {getattr(n.target, "__name__", "") for n in repro.gm.graph.nodes}
-    assert repro.records.failure.exception_type.endswith("CppCompileError")
+    assert repro.records.failure.stage == stage and repro.records.failure.exception_type.endswith(error)
     assert repro.fidelity == ["real"] and repro.records.execution is not None
     outcome = reproarchive.run(archive)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()

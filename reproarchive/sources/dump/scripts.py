@@ -68,7 +68,6 @@ class DumpScript:
         return str(value)
 
 
-
 #: How PyTorch's dump writes a submodule it cannot print: a higher-order op's subgraph
 #: (``cond``'s branches, ``while_loop``'s body) of a graph after AOTAutograd.
 _UNPRINTED_MODULE = re.compile(r"^\s*self\.(\w+)\s*=\s*<[^>]*>\(\)\s*$")

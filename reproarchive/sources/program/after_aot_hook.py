@@ -42,7 +42,7 @@ from reproarchive.compat.inductor import debug_wrapper_of, set_debug_wrapper
 
 AOT_DIR_ENV = "REPROARCHIVE_AOT_DIR"
 ARCHIVE_PREFIX = "aot-"
-#: ``capture --after dynamo``: the folder where a compile error PyTorch's dump failed to write
+#: ``capture --after dynamo``: the folder where a failure PyTorch's dump failed to write
 #: (``after_dynamo_hook``) is archived instead, named with ``DYNAMO_PREFIX``.
 DYNAMO_DOOR_DIR_ENV = "REPROARCHIVE_DOOR_DIR"  # no DYNAMO in the name: never recorded
 DYNAMO_PREFIX = "dynamo-"
@@ -170,12 +170,12 @@ def _write(gm: Any, example_inputs: list[Any], caller: Any, exc: BaseException, 
         return None
     return write_at_door(gm, inputs, exc, compiler_name, folder=Path(os.environ[AOT_DIR_ENV]), prefix=ARCHIVE_PREFIX,
                          door={"graph_kind": "after_aot", "door": "inductor (compile_fx_inner)", "real_inputs": real},
-                         capture_settings={"fwd_only": True})
+                         capture_settings={"fwd_only": True}, stage="compile")
 
 
 def write_at_door(gm: Any, inputs: list[Any], exc: BaseException, compiler_name: str, *, folder: Path, prefix: str,
-                  door: dict[str, Any], capture_settings: dict[str, Any]) -> Path | None:
-    """The compile error ``exc`` of ``gm`` on ``inputs``, archived in ``folder`` under a name
+                  door: dict[str, Any], capture_settings: dict[str, Any], stage: str) -> Path | None:
+    """The failure ``exc`` of ``gm`` on ``inputs`` at ``stage``, archived in ``folder`` under a name
     that says the door (``prefix``) and the writing process, with the program's own exception
     as the failure; None (and a warning) where it cannot be written: never in place of the
     program's own failure."""
@@ -187,7 +187,7 @@ def write_at_door(gm: Any, inputs: list[Any], exc: BaseException, compiler_name:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{prefix}{os.getpid()}-{next(_counter)}.tar.zst"
         write_archive(gm, inputs, path, config=config_snapshot(),
-                      failure=record_from_exception(exc, "compile", backend=compiler_name),
+                      failure=record_from_exception(exc, stage, backend=compiler_name),
                       backend=compiler_name, accuracy=False, capture_settings=capture_settings,
                       door={**door, "replay": {"performed": False, "failure_from": "program"}})
     except Exception as err:  # noqa: BLE001 - never in place of the program's own failure

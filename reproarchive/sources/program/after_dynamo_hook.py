@@ -15,6 +15,7 @@ from __future__ import annotations
 # --` starts; what recording a failure needs is imported when a graph fails.
 import logging
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -56,41 +57,28 @@ def after_dynamo_hook(wrapper: Any, name: str, gm: Any, example_inputs: list[Any
     except Exception as exc:
         if not is_control_flow(exc):
             log.warning("Compiled Fx GraphModule failed. Creating script to minify the error.")
-            _dump_or_archive(dump, pristine, example_inputs, exc, name)
+            try:
+                dump(example_inputs, exc, "compile")
+            except Exception:  # noqa: BLE001 - said by the dump; the program's own exception goes on
+                pass
         raise
     return _checked(compiled, gm, pristine, first, dump, dump_or_say)
 
 
-def _dump_or_archive(dump: Callable, pristine: Any, inputs: list[Any], exc: BaseException, name: str) -> None:
-    """PyTorch's dump of a compile error or, where PyTorch cannot write one (its dump turns a
-    graph with a higher-order op's subgraphs into text and fails: ``Cannot convert module to
-    string``), an archive written at Dynamo's door with the real inputs the backend was handed.
-    Either way the program's own exception goes on: PyTorch's hook would raise the dump's error
-    in its place, and the program would fail with another error than its own."""
-    try:
-        dump(inputs, exc)
-    except Exception as err:  # noqa: BLE001 - archived here instead, never in place of the program's failure
-        from pathlib import Path
-
-        from reproarchive.sources.program.after_aot_hook import DYNAMO_DOOR_DIR_ENV, DYNAMO_PREFIX, write_at_door
-
-        folder = os.environ.get(DYNAMO_DOOR_DIR_ENV)
-        written = folder and write_at_door(
-            pristine, inputs, exc, name, folder=Path(folder), prefix=DYNAMO_PREFIX, capture_settings={},
-            door={"door": "dynamo (the backend call)", "real_inputs": len(inputs)})
-        log.warning("reproarchive capture: PyTorch's dump of this failure failed (%s: %s)%s", type(err).__name__,
-                    err, "; archived at Dynamo's door instead" if written else "")
-
-
-def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], BaseException], str],
+def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], BaseException, str], str],
                                                            Callable[[list[Any], BaseException], None]]:
     """PyTorch's dump of the graph (as it was before the backend) with ``inputs`` for a failure
-    (level 1: the backend's state; 2 and 3: the graph and its inputs), which sets the
-    exception's ``minifier_path``; and the same, saying so on the exception where it fails."""
+    at ``stage`` (level 1: the backend's state; 2 and 3: the graph and its inputs), which sets
+    the exception's ``minifier_path``; and the same, saying so on the exception where it fails.
+
+    PyTorch's dump writes the graph as Python text, and a graph with a higher-order op's
+    subgraphs fails to (``Cannot convert module to string``): its hook then raised that error in
+    place of the program's own, and the failure was lost. Such a failure is archived at Dynamo's
+    door instead (``_at_door``): the graph, the real inputs, the program's own exception."""
     from reproarchive.sources.capture.call_guard import not_archived
     from reproarchive.sources.capture.capture_backend import copy_graph_structure
 
-    def dump(inputs: list[Any], exc: BaseException) -> str:
+    def pytorch_dump(inputs: list[Any], exc: BaseException) -> str:
         copied = copy_graph_structure(pristine)
         if level == 1:
             dynamo.dump_backend_state(copied, inputs, name)
@@ -103,13 +91,50 @@ def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], B
             pass
         return path
 
-    def dump_or_say(inputs: list[Any], exc: BaseException) -> None:
+    def dump(inputs: list[Any], exc: BaseException, stage: str) -> str:
         try:
-            dump(inputs, exc)
+            return pytorch_dump(inputs, exc)
+        except Exception as err:
+            if _device_broken(err):  # the inputs cannot be read either: the spool has them (``crash_guard._keep``)
+                raise
+            written = _at_door(pristine, inputs, exc, name, stage)
+            log.warning("reproarchive capture: PyTorch's dump of this failure failed (%s: %s)%s",
+                        type(err).__name__, err, "; archived at Dynamo's door instead" if written else "")
+            if written is None:
+                raise
+            return str(written)
+
+    def dump_or_say(inputs: list[Any], exc: BaseException) -> None:
+        from reproarchive.replay.accuracy import stage_of
+
+        try:
+            dump(inputs, exc, stage_of(exc))
         except Exception as err:  # noqa: BLE001 - the program's own exception goes on
             not_archived(exc, f"{type(err).__name__}: {err}", call=1)
 
     return dump, dump_or_say
+
+
+#: What a device that fails every use after a fault says (a device-side assert, an illegal address).
+_DEVICE_BROKEN = re.compile(r"AcceleratorError|CUDA error|HIP error|device-side assert|illegal memory access")
+
+
+def _device_broken(err: BaseException) -> bool:
+    return _DEVICE_BROKEN.search(f"{type(err).__name__}: {err}") is not None
+
+
+def _at_door(pristine: Any, inputs: list[Any], exc: BaseException, name: str, stage: str) -> Any:
+    """The failure archived at Dynamo's door (``capture --`` names the folder), or None."""
+    from pathlib import Path
+
+    from reproarchive.sources.program.after_aot_hook import DYNAMO_DOOR_DIR_ENV, DYNAMO_PREFIX, write_at_door
+
+    folder = os.environ.get(DYNAMO_DOOR_DIR_ENV)
+    if not folder:
+        return None
+    return write_at_door(pristine, inputs, exc, name, folder=Path(folder), prefix=DYNAMO_PREFIX, stage=stage,
+                         capture_settings={} if stage == "compile" else {"check_runtime": True},
+                         door={"door": "dynamo (the backend call)", "real_inputs": len(inputs)})
 
 
 def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Callable, dump_or_say: Callable) -> Any:
@@ -166,4 +191,9 @@ def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Call
                 after(before, out)
         return ended
 
-    return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
+    def failed(before: list[Any], exc: BaseException, call: int) -> tuple[str, None]:
+        from reproarchive.replay.accuracy import stage_of
+
+        return dump(before, exc, stage_of(exc)), None
+
+    return guarded(compiled, writes, failed=failed, first_call=first_call)
