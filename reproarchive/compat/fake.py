@@ -136,10 +136,20 @@ def new_symint(shape_env: Any, value: int | None, source: Any, *, unbacked: bool
 
 def retraced(gm: Any, args: list[Any]) -> Any:
     """``gm`` traced again by ``make_fx`` on real ``args``: every node then carries the meta
-    (``val``) Inductor's inner compiler reads."""
+    (``val``) Inductor's inner compiler reads. The re-trace takes every output of a
+    higher-order op (flex_attention's third, which the graph did not use); Inductor's lowering
+    gives only the ones a graph uses, so the unused ones it added are taken out again."""
+    import operator
+
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    return make_fx(gm, tracing_mode="real")(*args)
+    traced = make_fx(gm, tracing_mode="real")(*args)
+    unused = [n for n in traced.graph.nodes if n.op == "call_function" and n.target is operator.getitem and not n.users]
+    for node in reversed(unused):
+        traced.graph.erase_node(node)
+    if unused:
+        traced.recompile()
+    return traced
 
 
 def sympy_functions() -> Any:

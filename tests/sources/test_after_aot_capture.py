@@ -152,3 +152,31 @@ def test_a_while_loop_after_aot_is_captured_replayed_and_exported_under_inductor
     done = subprocess.run([sys.executable, str(tmp_path / "x" / "repro.py")], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert done.returncode != 0 and "CppCompileError" in done.stderr, done.stderr[-2000:]
+
+
+FLEX_ATTENTION_UNDER_INDUCTOR = """
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+
+@torch.compile(backend="inductor", fullgraph=True)
+def f(q):
+    return flex_attention(q, q, q, score_mod=lambda s, b, h, m, n: torch.relu(s))
+
+f(torch.randn(1, 1, 16, 16))
+"""
+
+
+def test_flex_attention_after_aot_replays_inductor_s_own_failure(tmp_path):
+    """Inductor fails in flex_attention's score_mod after AOTAutograd. The replay re-traces the
+    graph for Inductor's inner compiler, which gave flex_attention's unused third output a
+    ``getitem`` that Inductor's lowering cannot give: a DIFFERENT FAILURE (``IndexError: tuple
+    index out of range``)."""
+    (tmp_path / "prog.py").write_text(FLEX_ATTENTION_UNDER_INDUCTOR)
+    result = invoke("capture", "--after", "aot", "--json", "-o", tmp_path / "out", "--", sys.executable,
+                    tmp_path / "prog.py")
+    assert result.exit_code == 1, result.output
+    (written,) = json.loads(result.stdout)["archives"]
+    outcome = reproarchive.run(tmp_path / "out" / Path(written["archive"]).name, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    assert outcome.observed.exception_type.endswith("CppCompileError")
