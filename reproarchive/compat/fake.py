@@ -17,6 +17,7 @@ Checked with 2.11.0, 2.13.0 and 2.15.0: every name resolves in all three with th
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
@@ -139,8 +140,6 @@ def retraced(gm: Any, args: list[Any]) -> Any:
     (``val``) Inductor's inner compiler reads. The re-trace takes every output of a
     higher-order op (flex_attention's third, which the graph did not use); Inductor's lowering
     gives only the ones a graph uses, so the unused ones it added are taken out again."""
-    import operator
-
     from torch.fx.experimental.proxy_tensor import make_fx
 
     traced = make_fx(gm, tracing_mode="real")(*args)
