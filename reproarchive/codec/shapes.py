@@ -299,7 +299,19 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
         dataclasses.replace(dim, size=now(r, d, dim), equal_to=tuple(x for x in map(renumbered, dim.equal_to) if x))
         for d, dim in enumerate(r.dims))) for r in kept)
     guards = tuple(g for g in policy.guards if not any(src in g for src in dropped))
-    return dataclasses.replace(policy, inputs=tuple(sorted(inputs_after, key=lambda r: r.input)), guards=guards)
+    symbols = {s.name for s in policy.symbols}
+    still = {name for r in kept for dim in r.dims if dim.expr for name in _names_in(dim.expr)}
+
+    def holds(text: str) -> bool:  # a relation of symbols no kept input has any more cannot be re-created
+        return (_names_in(text) & symbols) <= still
+
+    return dataclasses.replace(policy, inputs=tuple(sorted(inputs_after, key=lambda r: r.input)), guards=guards,
+                               shape_guards=tuple(filter(holds, policy.shape_guards)),
+                               runtime_asserts=tuple(filter(holds, policy.runtime_asserts)))
+
+
+def _names_in(text: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_]\w*", text))
 
 
 def placeholder_names(gm: Any) -> list[str]:
@@ -389,7 +401,8 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
             problems.append(f"input {i} has {arg.dim()} dimensions, the recorded policy {len(rec.dims)}")
             continue
         source = _source(rec.source or f"L[{names[i]!r}]")
-        fakes[i], sources[i] = _fake(fake_mode, arg, plan[i], source), source
+        # guards are rendered over the recorded sources only, as they were recorded
+        fakes[i], sources[i] = _fake(fake_mode, arg, plan[i], source), source if rec.source else None
         for dim, size in zip(rec.dims, fakes[i].shape):
             if dim.kind != STATIC and isinstance(size, torch.SymInt) and dim.expr and dim.expr not in symbols:
                 symbols[dim.expr] = size
@@ -404,7 +417,7 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
         if value is None:
             value = _free_symint(shape_env, arg, dim, _source(rec.source or f"L[{names[i]!r}]"))
         fakes[i], sources[i] = value, _source(rec.source) if rec.source else None
-    _restore_equalities(policy, shape_env, problems)
+    _restore_equalities(policy, shape_env, {k: v.node.expr for k, v in symbols.items()}, problems)
     return ReplayShapes(fake_mode, fakes, sources, problems)
 
 
@@ -433,11 +446,15 @@ def _free_symint(shape_env, arg: Any, dim: ShapeDim, source):
     return new_symint(shape_env, value, source, unbacked=dim.kind == UNBACKED)
 
 
-def _restore_equalities(policy: ShapePolicy, shape_env, problems: list[str]) -> None:
+def _restore_equalities(policy: ShapePolicy, shape_env, recorded: dict[str, Any], problems: list[str]) -> None:
     """Re-assert the recorded ShapeEnv guards that relate symbols (``Eq(s1, 2*s0)``: a derived
-    dimension); read through the closed grammar, never evaluated."""
+    dimension); read through the closed grammar, never evaluated. A recorded symbol is the
+    replay's symbol of the same dimension (``recorded``): symbols are named after their
+    sources, and an input recorded without one (a graph after AOTAutograd) gets another name
+    here."""
 
     names = {str(s): s for s in shape_env.var_to_range}
+    names.update({k: v for k, v in recorded.items() if getattr(v, "is_Symbol", False)})
     # symbols Dynamo made while visiting a subclass's inner tensors exist only in its own trace
     ephemeral = {s.name for s in policy.symbols if s.sources and all(x.startswith("<ephemeral") for x in s.sources)}
     for text in policy.shape_guards:

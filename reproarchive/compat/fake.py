@@ -8,8 +8,8 @@ and a replay makes them again for the real inputs (``codec.shapes.fakes_for``): 
 and a ``FakeTensorMode`` of its own, each input fakified with one ``DimDynamic`` (and constraint)
 per dimension, symbolic scalar inputs made as symbols of that environment. A writes analysis runs
 a graph on fake copies of its inputs (``replay.input_writes``); an after_aot graph replayed with
-Inductor's inner compiler is re-traced with ``make_fx`` first, as PyTorch's own after_aot replay
-does; recorded guards are read back with the integer functions of ``torch.utils._sympy``.
+Inductor's inner compiler is re-traced with ``make_fx`` first, on fake values, as AOTAutograd
+traces it; recorded guards are read back with the integer functions of ``torch.utils._sympy``.
 
 Checked with 2.11.0, 2.13.0 and 2.15.0: every name resolves in all three with the same signature where used
 (2.15's ``make_fx`` adds a keyword, ``dynamic_shapes``, not used here).
@@ -136,10 +136,11 @@ def new_symint(shape_env: Any, value: int | None, source: Any, *, unbacked: bool
 
 
 def retraced(gm: Any, args: list[Any]) -> Any:
-    """``gm`` traced again by ``make_fx`` on real ``args``: every node then carries the meta
-    (``val``) Inductor's inner compiler reads. The re-trace takes every output of a
-    higher-order op (flex_attention's third, which the graph did not use); Inductor's lowering
-    gives only the ones a graph uses, so the unused ones it added are taken out again."""
+    """``gm`` traced again by ``make_fx`` on ``args`` (fake ones inside their fake mode, as
+    AOTAutograd traces): every node then carries the meta (``val``) Inductor's inner compiler
+    reads. The re-trace takes every output of a higher-order op (flex_attention's third, which
+    the graph did not use); Inductor's lowering gives only the ones a graph uses, so the unused
+    ones it added are taken out again."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     traced = make_fx(gm, tracing_mode="real")(*args)

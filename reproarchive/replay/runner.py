@@ -29,8 +29,6 @@ from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
-from reproarchive.compat.dynamo import tracing_with
-from reproarchive.compat.fake import new_fake_mode, new_shape_env, retraced
 from reproarchive.compat.inductor import inner_compiler
 from reproarchive.context import failure as _failure
 from reproarchive.context.system import torch_here, torch_version
@@ -212,16 +210,9 @@ def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | 
     on the placeholders and the fake mode in the tracing context (``replay.shape_policy``)."""
     policy, report = shapes
     if source_kind == "after_aot" and backend == "inductor":
-        compile_fx_inner = inner_compiler()
-        shape_policy.not_applied(policy, report, "an after_aot graph replayed with inductor's inner compiler is "
-                                 "re-traced with real (static) shapes, as PyTorch's after_aot replay does")
-        # Like PyTorch's after_aot run_repro: re-trace so every node carries the meta
-        # (``val``) that inductor's inner compiler reads; the archive stores no fake values.
-        gm = retraced(gm, args)
-        # in a tracing context whose fake mode has a ShapeEnv, as AOTAutograd calls Inductor:
-        # lowering a while_loop makes symbols of its own there
-        with tracing_with(new_fake_mode(new_shape_env())):
-            inner = compile_fx_inner(gm, args)
+        # what AOTAutograd hands Inductor's inner compiler, with the recorded symbols when symbolic
+        with shape_policy.inner_compile(policy, gm, args, report) as (traced, example):
+            inner = inner_compiler()(traced, example)
         return lambda *a: inner(list(a))
     with shape_policy.symbolic_compile(policy, gm, args, report) as example_inputs:
         compiled = compiler_fn(gm, example_inputs)

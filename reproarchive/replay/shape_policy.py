@@ -32,7 +32,7 @@ import torch
 
 from reproarchive.codec.shapes import ReplayShapes, fakes_for, is_symbolic
 from reproarchive.compat.dynamo import tracing_with
-from reproarchive.compat.fake import new_fake_mode, new_shape_env
+from reproarchive.compat.fake import new_fake_mode, new_shape_env, retraced
 from reproarchive.compat.fx_meta import propagate_example_values, set_example_value
 from reproarchive.format.schema import ShapePolicy, SymValue, TensorValue
 
@@ -88,6 +88,31 @@ def static_compile(gm: Any, args: list[Any], report: dict | None) -> Iterator[No
         yield
 
 
+@contextlib.contextmanager
+def inner_compile(policy: ShapePolicy | None, gm: Any, args: list[Any],
+                  report: dict | None) -> Iterator[tuple[Any, list[Any]]]:
+    """Around Inductor's inner compiler for an after_aot graph: yields (``gm`` traced again, the
+    example inputs) as AOTAutograd hands them over. The examples are fake values in a fake mode
+    with a ShapeEnv, made with the recorded policy when it is symbolic (static otherwise); the
+    re-trace runs in that mode, so every node's ``val`` carries the recorded symbols, and the
+    mode is the tracing context's. PyTorch's after_aot replay re-traces a symbolic dump too, but
+    with ``tracing_mode="symbolic"``, which makes a fresh symbol per size; a static one it
+    re-traces on real data. One path here, for both: a bug of the symbolic compile reproduces,
+    and ``report`` gets the guard comparison as for any symbolic compile."""
+
+    fake_mode, fakes, shapes = placeholder_fakes(policy, gm, args)
+    example = [fake_mode.from_tensor(arg, static_shapes=True) if fake is None and isinstance(arg, torch.Tensor)
+               else arg if fake is None else fake for arg, fake in zip(args, fakes)]
+    try:
+        with tracing_with(fake_mode):
+            with fake_mode:
+                traced = retraced(gm, example)
+            yield traced, example
+    finally:
+        if shapes is not None and report is not None:
+            report.update(compared(policy, shapes))
+
+
 def placeholder_fakes(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> tuple[Any, list[Any], Any]:
     """(the fake mode a replay's compile runs in, each input's fake value in it, the
     ``ReplayShapes`` when ``policy`` is symbolic): made with the recorded per-dimension policy
@@ -119,12 +144,6 @@ def _example_values(gm: Any, fake_mode: Any, fakes: list[Any], report: dict | No
     except Exception as err:  # noqa: BLE001 - an op without a fake kernel: the backend may not need them
         if report is not None:
             report["example_values"] = f"inputs only: {type(err).__name__}: {str(err)[:200]}"
-
-
-def not_applied(policy: ShapePolicy | None, report: dict | None, why: str) -> None:
-    """Say in the outcome that a symbolic recording was replayed without its policy, and why."""
-    if report is not None and is_symbolic(policy):
-        report.setdefault("problems", []).append(f"not applied: {why}")
 
 
 def compared(policy: ShapePolicy, shapes: ReplayShapes) -> dict[str, Any]:

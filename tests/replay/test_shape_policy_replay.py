@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import reproarchive
-from reproarchive.codec.shapes import fakes_for
+from reproarchive.codec.shapes import fakes_for, restricted
 from reproarchive.replay.outcome import REPRODUCED
 from support import hostile_corpus
 from support.cli import invoke
@@ -141,3 +141,26 @@ def test_a_failure_only_on_free_symbols_minifies_to_a_graph_that_is_still_symbol
     outcome = reproarchive.run(report.output)
     assert outcome.status == REPRODUCED and outcome.shapes["symbolic"], outcome.to_dict()
     assert outcome.shapes["guards_match"] is True
+
+
+def test_a_candidate_keeps_only_the_recorded_relations_of_symbols_its_inputs_still_have(tmp_path):
+    """A minifier candidate's policy (``codec.shapes.restricted``) keeps a ShapeEnv guard only
+    while the inputs it kept still carry every symbol the guard names: a guard on a cut input's
+    size cannot be re-created, and every replay of the candidate said so ("the name 's20' is
+    not allowed")."""
+
+    def branchy(x, y):
+        return torch.relu(x).sum() + (y.sum() if y.shape[0] > 4 else y.mean())
+
+    x, y = torch.randn(8, 3), torch.randn(6, 2)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(y, 0)
+    policy = reproarchive.load(capture(tmp_path / "a.tar.zst", branchy, (x, y), FREE_SYMBOLS)).records.shapes
+    y_symbol = next(d.expr for r in policy.inputs if r.source == "L['y']" for d in r.dims if d.kind == "backed")
+    assert any(y_symbol in g for g in policy.shape_guards), policy.shape_guards
+    order = [f"in{i}" for i in range(max(r.input for r in policy.inputs) + 1)]
+    # y and the size Dynamo passes beside it are cut
+    with_y = {r.input for r in policy.inputs if any(d.expr == y_symbol for d in r.dims)}
+    kept_x = [n for i, n in enumerate(order) if i not in with_y]
+    assert any(y_symbol in g for g in restricted(policy, order, order).shape_guards)
+    assert not any(y_symbol in g for g in restricted(policy, order, kept_x).shape_guards)

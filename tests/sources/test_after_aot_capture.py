@@ -180,3 +180,45 @@ def test_flex_attention_after_aot_replays_inductor_s_own_failure(tmp_path):
     outcome = reproarchive.run(tmp_path / "out" / Path(written["archive"]).name, isolate=False)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
     assert outcome.observed.exception_type.endswith("CppCompileError")
+
+
+DYNAMIC_UNDER_INDUCTOR = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+
+def f(a, b):
+    return torch.relu(a @ b + 1).sum(1)
+
+torch.compile(f, backend="inductor", dynamic=True)(torch.randn(3, 4), torch.randn(4, 5))
+"""
+
+
+def test_a_dynamic_graph_after_aot_compiles_on_its_recorded_symbols_in_run_and_export(tmp_path):
+    """Inductor fails on a ``dynamic=True`` graph after AOTAutograd. The replay compiled it
+    re-traced on the real inputs with static shapes and said "not applied": a bug of the
+    symbolic compile would have passed. Now Inductor's inner compiler gets the graph on fake
+    values made with the recorded symbols (``s97``, ``s98`` ...), as AOTAutograd handed it, and
+    the replay's ShapeEnv is checked against the recording; the exported script does the same."""
+    (tmp_path / "prog.py").write_text(DYNAMIC_UNDER_INDUCTOR)
+    result = invoke("capture", "--after", "aot", "--json", "-o", tmp_path / "out", "--", sys.executable,
+                    tmp_path / "prog.py")
+    assert result.exit_code == 1, result.output
+    (written,) = json.loads(result.stdout)["archives"]
+    archive = tmp_path / "out" / Path(written["archive"]).name
+    recorded = reproarchive.inspect(archive).to_plain()["shapes"]
+    symbols = {d["expr"] for r in recorded["inputs"] for d in r["dims"] if d["kind"] == "backed"}
+    assert len(symbols) == 3, recorded
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    shapes = outcome.to_dict()["shapes"]
+    assert shapes["symbolic"] and not shapes.get("problems"), shapes
+    assert shapes["guards_match"] is True, shapes
+    assert not [w for w in outcome.warnings if "shape" in w], outcome.warnings
+    exported = invoke("export", archive, "-o", tmp_path / "x")
+    assert exported.exit_code == 0, exported.output
+    script = (tmp_path / "x" / "repro.py").read_text()
+    assert all(s in script for s in symbols)
+    done = subprocess.run([sys.executable, str(tmp_path / "x" / "repro.py")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert done.returncode != 0 and "CppCompileError" in done.stderr, done.stderr[-2000:]
+    assert "shape guards differ" not in done.stderr, done.stderr[-2000:]

@@ -30,7 +30,6 @@ from __future__ import annotations
 # --` starts; what recording a failure needs is imported when a graph fails.
 import contextlib
 import functools
-import itertools
 import logging
 import os
 import threading
@@ -39,17 +38,9 @@ from typing import Any
 
 from reproarchive.compat.fx_meta import aot_input_of
 from reproarchive.compat.inductor import debug_wrapper_of, set_debug_wrapper
-
-AOT_DIR_ENV = "REPROARCHIVE_AOT_DIR"
-ARCHIVE_PREFIX = "aot-"
-#: ``capture --after dynamo``: the folder where a failure PyTorch's dump failed to write
-#: (``after_dynamo_hook``) is archived instead, named with ``DYNAMO_PREFIX``.
-DYNAMO_DOOR_DIR_ENV = "REPROARCHIVE_DOOR_DIR"  # no DYNAMO in the name: never recorded
-DYNAMO_PREFIX = "dynamo-"
-DOOR_PREFIXES = (ARCHIVE_PREFIX, DYNAMO_PREFIX)
+from reproarchive.sources.program.door_archives import AOT_DIR_ENV, AOT_PREFIX, write_at_door
 
 log = logging.getLogger("reproarchive.capture")
-_counter = itertools.count(1)
 _calls = threading.local()
 
 
@@ -168,45 +159,6 @@ def _write(gm: Any, example_inputs: list[Any], caller: Any, exc: BaseException, 
         log.warning("reproarchive capture: could not archive the graph Inductor failed on: %s: %s",
                     type(err).__name__, err)
         return None
-    return write_at_door(gm, inputs, exc, compiler_name, folder=Path(os.environ[AOT_DIR_ENV]), prefix=ARCHIVE_PREFIX,
+    return write_at_door(gm, inputs, exc, compiler_name, folder=Path(os.environ[AOT_DIR_ENV]), prefix=AOT_PREFIX,
                          door={"graph_kind": "after_aot", "door": "inductor (compile_fx_inner)", "real_inputs": real},
                          capture_settings={"fwd_only": True}, stage="compile")
-
-
-def write_at_door(gm: Any, inputs: list[Any], exc: BaseException, compiler_name: str, *, folder: Path, prefix: str,
-                  door: dict[str, Any], capture_settings: dict[str, Any], stage: str) -> Path | None:
-    """The failure ``exc`` of ``gm`` on ``inputs`` at ``stage``, archived in ``folder`` under a name
-    that says the door (``prefix``) and the writing process, with the program's own exception
-    as the failure; None (and a warning) where it cannot be written: never in place of the
-    program's own failure."""
-    try:
-        from reproarchive.context.config import config_snapshot
-        from reproarchive.context.failure import record_from_exception
-        from reproarchive.sources.capture.capture_backend import write_archive
-
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{prefix}{os.getpid()}-{next(_counter)}.tar.zst"
-        write_archive(gm, inputs, path, config=config_snapshot(),
-                      failure=record_from_exception(exc, stage, backend=compiler_name),
-                      backend=compiler_name, accuracy=False, capture_settings=capture_settings,
-                      door={**door, "replay": {"performed": False, "failure_from": "program"}})
-    except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
-        log.warning("reproarchive capture: could not archive the graph %s failed on: %s: %s", compiler_name,
-                    type(err).__name__, err)
-        return None
-    return path
-
-
-def archives(folder: Path) -> list[Path]:
-    """The archives the doors wrote (Inductor's, and Dynamo's where PyTorch's dump failed), oldest
-    first."""
-    found = [p for p in folder.glob("*.tar.zst") if p.is_file() and p.name.startswith(DOOR_PREFIXES)]
-    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
-
-
-def writer_pid(archive: Path) -> int | None:
-    """The process that wrote ``archive`` (its name says it)."""
-    try:
-        return int(archive.name.split("-")[1])
-    except (IndexError, ValueError):
-        return None

@@ -17,10 +17,12 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from reproarchive.compat import dynamo
 from reproarchive.sources.capture.first_call import FirstCall, discard, restore, set_aside
+from reproarchive.sources.program.door_archives import DYNAMO_DOOR_DIR_ENV, DYNAMO_PREFIX, write_at_door
 
 log = logging.getLogger("reproarchive.capture")
 
@@ -125,10 +127,6 @@ def _device_broken(err: BaseException) -> bool:
 
 def _at_door(pristine: Any, inputs: list[Any], exc: BaseException, name: str, stage: str) -> Any:
     """The failure archived at Dynamo's door (``capture --`` names the folder), or None."""
-    from pathlib import Path
-
-    from reproarchive.sources.program.after_aot_hook import DYNAMO_DOOR_DIR_ENV, DYNAMO_PREFIX, write_at_door
-
     folder = os.environ.get(DYNAMO_DOOR_DIR_ENV)
     if not folder:
         return None

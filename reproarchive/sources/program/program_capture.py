@@ -50,7 +50,7 @@ from reproarchive.sources.capture.job_capture import JOB_OUT_ENV, PARTS_SUFFIX, 
 from reproarchive.sources.dump.pack_dump import pack_dump
 from reproarchive.sources.dump.scripts import LAUNCHER_NAME, holds_no_data
 from reproarchive.sources.pack_report import PackReport, archive_report
-from reproarchive.sources.program import after_aot_hook, crash_guard
+from reproarchive.sources.program import crash_guard, door_archives
 from reproarchive.sources.program.crash_guard import (
     ACCURACY_DIR_ENV,
     CRASH_DIR_ENV,
@@ -109,9 +109,9 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
         env["TORCHDYNAMO_REPRO_LEVEL"] = "2"
         if after == "aot":
             # Inductor's door: compile errors with the real inputs (PyTorch's dump has none)
-            env[after_aot_hook.AOT_DIR_ENV] = str(dump_dir / "aot")
+            env[door_archives.AOT_DIR_ENV] = str(dump_dir / "aot")
         else:  # Dynamo's door: compile errors PyTorch's dump cannot write
-            env[after_aot_hook.DYNAMO_DOOR_DIR_ENV] = str(dump_dir / "aot")
+            env[door_archives.DYNAMO_DOOR_DIR_ENV] = str(dump_dir / "aot")
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
     env[OWN_VARIABLES_ENV] = ",".join(OWN_VARIABLES)  # ours, not the user's: never recorded
     env[CRASH_DIR_ENV] = str(dump_dir / "crash")
@@ -133,8 +133,8 @@ CAPTURE_DIR_PREFIX = "reproarchive-capture-"
 #: The variables ``capture_env`` sets for the program: in an archive's environment record they
 #: are reproarchive's doing, not the user's (``diff`` does not count them as differences).
 CAPTURE_VARIABLES = ("TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL", "TORCH_COMPILE_DEBUG_DIR",
-                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, ON_ACCURACY_ENV, after_aot_hook.AOT_DIR_ENV,
-                     after_aot_hook.DYNAMO_DOOR_DIR_ENV)
+                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, ON_ACCURACY_ENV, door_archives.AOT_DIR_ENV,
+                     door_archives.DYNAMO_DOOR_DIR_ENV)
 
 
 def set_by_capture(variables: dict[str, str]) -> frozenset[str]:
@@ -198,8 +198,8 @@ def capture_program(
         _run_program(argv, env, result)
         launchers = find_launchers(dump_dir)
         result.dumps_found = len(launchers)
-        door = after_aot_hook.archives(dump_dir / "aot")
-        launchers = _without_superseded(launchers, {after_aot_hook.writer_pid(a) for a in door})
+        door = door_archives.archives(dump_dir / "aot")
+        launchers = _without_superseded(launchers, {door_archives.writer_pid(a) for a in door})
         _pack_dumps(launchers, dump_dir, out, result, replay=replay, progress=progress, imports=imports,
                     libraries=libraries)
         _move_written(door, dump_dir, out, result)
@@ -275,7 +275,7 @@ def _move_written(door: list[Path], dump_dir: Path, out: Path, result: CaptureRe
     for written in door:
         target = _next_free(out)
         shutil.move(str(written), target)
-        kind = "capture (after_aot)" if written.name.startswith(after_aot_hook.ARCHIVE_PREFIX) else "capture"
+        kind = "capture (after_aot)" if written.name.startswith(door_archives.AOT_PREFIX) else "capture"
         result.archives.append(archive_report(target, kind=kind,
                                               replay={"performed": False, "failure_from": "program"}))
     for written in sorted((dump_dir / crash_guard.KEPT_DIR).glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
