@@ -356,13 +356,15 @@ def dimension_plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | 
     None, ``"relaxed"`` or ``[min, max]`` (max None: unbounded), as Dynamo passes them: a range
     for ``mark_dynamic(min=, max=)``, a relaxed one for a dimension made dynamic on its own, none
     for duck sizing. Dimensions recorded with the same expression share a symbol by duck sizing
-    (``DUCK``); independent ones get one each (``DYNAMIC``), whatever their sizes."""
+    (``DUCK``); independent ones get one each (``DYNAMIC``), whatever their sizes. A dimension
+    whose symbol the compile specialized (its expression is a number: a guard fixed it) is
+    static, as it was by the end of the recorded compile."""
     shared = _shared_exprs(policy)
     plan = {}
     for rec in policy.inputs:
         dims = []
         for dim in rec.dims:
-            if dim.kind == STATIC:
+            if _static(dim):
                 dims.append(("STATIC", None, None))
                 continue
             kind = "UNBACKED" if dim.kind == UNBACKED else "DUCK" if dim.expr in shared else "DYNAMIC"
@@ -373,6 +375,12 @@ def dimension_plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | 
             dims.append((kind, constraint, dim.expr))
         plan[rec.input] = dims
     return plan
+
+
+def _static(dim: ShapeDim) -> bool:
+    """Static by the end of the recorded compile: recorded static, or a symbol a guard fixed to a
+    number (its expression is that number)."""
+    return dim.kind == STATIC or re.fullmatch(r"-?\d+", dim.expr or "") is not None
 
 
 def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) -> ReplayShapes:
@@ -411,7 +419,7 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
         if rec is None or rec.kind == "tensor" or not rec.dims:
             continue
         dim = rec.dims[0]
-        if dim.kind == STATIC:
+        if _static(dim):
             continue
         value = symbols.get(dim.expr)
         if value is None:
@@ -457,8 +465,12 @@ def _restore_equalities(policy: ShapePolicy, shape_env, recorded: dict[str, Any]
     names.update({k: v for k, v in recorded.items() if getattr(v, "is_Symbol", False)})
     # symbols Dynamo made while visiting a subclass's inner tensors exist only in its own trace
     ephemeral = {s.name for s in policy.symbols if s.sources and all(x.startswith("<ephemeral") for x in s.sources)}
+    # a symbol a guard fixed to a number is replayed as that number (``_static``): nothing to relate
+    fixed = {s.name for s in policy.symbols if re.fullmatch(r"-?\d+", s.replaced_by or "")}
+    symbols = {s.name for s in policy.symbols}
     for text in policy.shape_guards:
-        if ephemeral & set(re.findall(r"[A-Za-z_]\w*", text)):
+        named = _names_in(text) & symbols
+        if ephemeral & _names_in(text) or (named and named <= fixed):
             continue
         try:
             expr = parse(text, names)

@@ -29,7 +29,7 @@ from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.standalone.script import ExportReport, _DataWriter, _Script, loading_block, state_block
-from reproarchive.standalone.script_literals import _doc_text, _execution_literal, admitted_settings
+from reproarchive.standalone.script_literals import _doc_text, _execution_literal, _shape_literals, admitted_settings
 
 
 class _ContentDataWriter(_DataWriter):
@@ -110,6 +110,7 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
             rank_execution=repr({rank: _execution_literal(e) for rank, (e, _) in sorted(state.items())}),
             rank_rng_states=repr({rank: {name: script.writer.storage(t)[0] for name, t in rng.items()}
                                   for rank, (_, rng) in sorted(state.items())}),
+            rank_shapes=_rank_shapes(job),
             state_block=state_block(),
             loading_block=loading_block(),
         ).lstrip()
@@ -117,6 +118,17 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
     return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
+
+
+def _rank_shapes(job: JobRepro) -> str:
+    """``RANK_SHAPES``: each symbolic rank's recorded policy as the single-graph script writes its
+    own (``_shape_literals``), so every rank compiles on its recorded symbols."""
+    parts = []
+    for r in job.ranks:
+        lit = _shape_literals(r.records.shapes)
+        if lit["shapes"] != "{}":
+            parts.append(f"{r.rank}: ({lit['shapes']}, {lit['sources']}, {lit['shape_settings']}, {lit['guards']})")
+    return "{" + ", ".join(parts) + "}"
 
 
 def _rank_parts(script: _Script, job: JobRepro) -> tuple[dict[int, str], list[str], list[str]]:

@@ -251,6 +251,21 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     states = ast.literal_eval(re.search(r"^RANK_RNG_STATES = (.*)$", script, re.MULTILINE).group(1))
     for r in job.ranks:
         assert (exported / states[r.rank]["cpu"]).read_bytes() == r.rng_states["cpu"].numpy().tobytes()
+    # and its own shape policy, planned as `run` plans it (the compile fixed the dynamic=True
+    # size: static; the script compiled it as a fresh symbol, which the custom op's stand-in,
+    # recorded at size 4, refused)
+    from reproarchive.codec.shapes import dimension_plan
+
+    shapes = ast.literal_eval(re.search(r"^RANK_SHAPES = (.*)$", script, re.MULTILINE).group(1))
+    for r in job.ranks:
+        assert shapes[r.rank][0] == dimension_plan(r.records.shapes)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "repro.py", "--timeout", "30"], cwd=exported, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0 and "[rank1]" in done.stderr and "CppCompileError" in done.stderr, done.stderr[-3000:]
+    # rank 0 compiles and runs without the bug, then loses its peer, as recorded
+    assert not [line for line in done.stderr.splitlines() if line.startswith("[rank0]") and "Compile" in line]
+    assert "shape guards differ" not in done.stderr and "no call with inputs" not in done.stderr
 
 
 @pytest.mark.slow
