@@ -2,7 +2,7 @@
 ``example_value``, fake tensors with the recorded symbols (``s77``, an unbacked ``u0``).
 
 A backend that reads the meta and then fails (``support.meta_backend``) is captured as Dynamo
-calls it, static, ``dynamic=True``, with ``mark_dynamic`` and with a ``nonzero()`` whose size
+calls it, static, ``dynamic=True``, with ``mark_dynamic``, ``mark_unbacked`` and with a ``nonzero()`` whose size
 is unbacked; the replay calls the same backend, and both calls wrote down the same meta. Before,
 the replay's op nodes had no ``example_value`` (a backend reading it saw None)."""
 
@@ -29,10 +29,17 @@ def _marked():
     return x, torch.randn(3, 5)
 
 
+def _unbacked():
+    x = torch.randn(6, 3)
+    torch._dynamo.decorators.mark_unbacked(x, 0)
+    return x, torch.randn(3, 5)
+
+
 CASES = {
     "static": (_matmul, lambda: (torch.randn(4, 3), torch.randn(3, 5)), {}, {}),
     "dynamic": (_matmul, lambda: (torch.randn(4, 3), torch.randn(3, 5)), {"dynamic": True}, {}),
     "mark_dynamic": (_matmul, _marked, {}, {}),
+    "mark_unbacked": (_matmul, _unbacked, {}, {}),
     "nonzero": (_nonzero, lambda: (torch.tensor([1.0, 0.0, 2.0, 3.0]),), {"fullgraph": True},
                 {"capture_dynamic_output_shape_ops": True}),
 }

@@ -16,6 +16,7 @@ from reproarchive.codec.recorded_calls import record_calls
 from reproarchive.codec.rng import rng_snapshot
 from reproarchive.codec.shapes import policy_of
 from reproarchive.compat.dispatch import disable_current_modes
+from reproarchive.compat.fx_meta import example_value_of
 from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.execution import execution_snapshot
 from reproarchive.context.system import system_snapshot
@@ -43,6 +44,7 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
                            written_before_run=True if failure.stage == "crash" else None, **(door or {}))
     # the custom ops' real outputs, from one run on copies of the real inputs; not before a
     # possible crash (the op itself may be what crashes)
+    inputs = with_unbacked_sizes(gm, inputs)
     if custom_ops is None and failure.stage != "crash":
         custom_ops = record_calls(gm, inputs)
     return Capture(gm, inputs, Records(backend=backend, accuracy=accuracy, config=config,
@@ -50,6 +52,23 @@ def capture_of(gm: Any, inputs: list[Any], *, config: ConfigRecord, failure: Fai
                                        failure=failure, source=source, execution=execution_snapshot(inputs),
                                        shapes=policy_of(gm, inputs, config)),
                    rng_states=rng_snapshot(inputs) if rng_states is None else rng_states, custom_ops=custom_ops)
+
+
+def with_unbacked_sizes(gm: Any, inputs: list[Any]) -> list[Any]:
+    """``inputs`` with each size Dynamo passes as an unbacked symbol (``mark_unbacked``: a SymInt
+    without a hint, which no archive can store) replaced by its value in the real tensor whose
+    fake value on its placeholder has that symbol as a size: the run's own value, which the
+    archive stores as the symbol's size (§6.3)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sizes: dict[str, int] = {}
+    for node, real in zip(placeholders, inputs):
+        fake = example_value_of(node)
+        if isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake.dim() == real.dim():
+            for size, value in zip(fake.shape, real.shape):
+                if isinstance(size, torch.SymInt):
+                    sizes.setdefault(str(size.node.expr), int(value))
+    return [sizes.get(str(v.node.expr), v) if isinstance(v, torch.SymInt) and v.node.hint is None else v
+            for v in inputs]
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:
