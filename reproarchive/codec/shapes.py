@@ -32,6 +32,7 @@ from reproarchive.codec.symbolic_text import parse
 from reproarchive.compat.dynamo import constant_source
 from reproarchive.compat.fake import (
     free_unbacked_symbols,
+    input_symbols,
     is_fake_tensor,
     new_fake_mode,
     new_shape_env,
@@ -377,24 +378,13 @@ def dimension_plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | 
     return plan
 
 
-def _static(dim: ShapeDim) -> bool:
-    """Static by the end of the recorded compile: recorded static, or a symbol a guard fixed to a
-    number (its expression is that number)."""
-    return dim.kind == STATIC or re.fullmatch(r"-?\d+", dim.expr or "") is not None
-
-
-def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) -> ReplayShapes:
-    """Fake values for ``args`` made with ``policy`` (``dimension_plan``); ``names`` are the
-    placeholders' names, the sources of inputs the policy gives none. Symbol inputs reuse the
-    symbol of the tensor dimension with the same recorded expression (Dynamo passes ``s77`` next
-    to the tensor whose size it is)."""
-    shape_env = new_shape_env(**shape_env_settings(policy))
-    fake_mode = new_fake_mode(shape_env)
+def _make_inputs(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str], fake_mode, shape_env,
+                 fakes: list[Any], sources: list[Any], problems: list[str]) -> dict[str, Any]:
+    """``fakes_for``'s inputs, tensors first (their dimensions make the symbols), then the symbolic
+    scalars, which reuse a tensor's symbol of the same recorded expression: filled into ``fakes``
+    and ``sources``; returns the symbols by recorded expression."""
     by_input = {r.input: r for r in policy.inputs}
     plan = dimension_plan(policy)
-    fakes: list[Any] = [None] * len(args)
-    sources: list[Any] = [None] * len(args)
-    problems: list[str] = []
     symbols: dict[str, Any] = {}
     for i, arg in enumerate(args):
         rec = by_input.get(i)
@@ -425,6 +415,27 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
         if value is None:
             value = _free_symint(shape_env, arg, dim, _source(rec.source or f"L[{names[i]!r}]"))
         fakes[i], sources[i] = value, _source(rec.source) if rec.source else None
+    return symbols
+
+
+def _static(dim: ShapeDim) -> bool:
+    """Static by the end of the recorded compile: recorded static, or a symbol a guard fixed to a
+    number (its expression is that number)."""
+    return dim.kind == STATIC or re.fullmatch(r"-?\d+", dim.expr or "") is not None
+
+
+def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) -> ReplayShapes:
+    """Fake values for ``args`` made with ``policy`` (``dimension_plan``); ``names`` are the
+    placeholders' names, the sources of inputs the policy gives none. Symbol inputs reuse the
+    symbol of the tensor dimension with the same recorded expression (Dynamo passes ``s77`` next
+    to the tensor whose size it is)."""
+    shape_env = new_shape_env(**shape_env_settings(policy))
+    fake_mode = new_fake_mode(shape_env)
+    fakes: list[Any] = [None] * len(args)
+    sources: list[Any] = [None] * len(args)
+    problems: list[str] = []
+    with input_symbols(shape_env):
+        symbols = _make_inputs(policy, args, names, fake_mode, shape_env, fakes, sources, problems)
     _restore_equalities(policy, shape_env, {k: v.node.expr for k, v in symbols.items()}, problems)
     return ReplayShapes(fake_mode, fakes, sources, problems)
 

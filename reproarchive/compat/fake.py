@@ -135,6 +135,13 @@ def new_symint(shape_env: Any, value: int | None, source: Any, *, unbacked: bool
                                        source=source)
 
 
+def input_symbols(shape_env: Any) -> Any:
+    """Around making a graph's inputs: the unbacked symbols made there are bound by the inputs
+    that hold them (as Dynamo's own fakified inputs are), not pending for the first operator
+    that a trace records (``make_fx`` would bind them to its placeholders and fail)."""
+    return shape_env.ignore_fresh_unbacked_symbols()
+
+
 def retraced(gm: Any, args: list[Any]) -> Any:
     """``gm`` traced again by ``make_fx`` on ``args`` (fake ones inside their fake mode, as
     AOTAutograd traces): every node then carries the meta (``val``) Inductor's inner compiler

@@ -20,6 +20,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from reproarchive.archive.job_archive import JobRepro, load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.codec.tensors import storage_view
@@ -142,12 +144,12 @@ def _rank_parts(script: _Script, job: JobRepro) -> tuple[dict[int, str], list[st
         rank, gm, args = r.rank, r.gm, list(r.args)
         devices = [_device_of(job.index, v) for v in r.record.inputs or job.index.inputs]
         failure = r.outcome.failure if r.outcome is not None else None
-        if dict(gm.named_parameters()) or dict(gm.named_buffers()) or list(gm.named_children()):
+        if dict(gm.named_parameters()) or dict(gm.named_buffers()):
             raise ExportError(f"rank {rank}'s graph holds module state, which a job script does not write",
                               "replay the job with `reproarchive run` instead")
-        code = gm.code
+        code = "\n".join(f"{name}:\n{m.code}" for name, m in gm.named_modules() if isinstance(m, torch.fx.GraphModule))
         if code not in by_code:
-            by_code[code] = script.graph_function(gm, f"rank {rank}'s graph")
+            by_code[code] = _module_function(script, gm, rank)
         graph_of[rank] = by_code[code]
         values = [f"            {script.value_literal(v, devices[i] if i < len(devices) else None)},"
                   for i, v in enumerate(args)]
@@ -157,6 +159,19 @@ def _rank_parts(script: _Script, job: JobRepro) -> tuple[dict[int, str], list[st
             failures.append(f"  rank {rank}: {_doc_text(failure.stage)}: {_doc_text(failure.exception_type)}"
                             + (f": {_doc_text(first)}" if first else ""))
     return graph_of, input_blocks, failures
+
+
+def _module_function(script: _Script, gm: Any, rank: int) -> str:
+    """``def _module_N()``, rank ``rank``'s module: its subgraphs (a ``cond``'s branches, a
+    ``while_loop``'s body ...) installed innermost first, as the single-graph script's ``build``
+    installs them, then its graph."""
+    first = len(script.installs)
+    graph = script.graph_function(gm, "", label=f"rank {rank}'s graph")
+    name = f"_module_{len(script.graph_defs)}"
+    installs = "".join(f"    _install(root, {path!r}, {fn})\n" for path, fn in script.installs[first:])
+    script.graph_defs.append(f"def {name}():\n    root = torch.nn.Module()\n{installs}"
+                             f"    return torch.fx.GraphModule(root, {graph}(), class_name=\"Repro\")")
+    return name
 
 
 def _header(world_size: int, archive_name: str, digest: str | None, recorded: str, source_kind: str | None,

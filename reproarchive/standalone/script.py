@@ -175,9 +175,10 @@ class _Script:
 
     # -- graphs, node for node ----------------------------------------------------------------
 
-    def graph_function(self, gm: Any, path: str) -> str:
+    def graph_function(self, gm: Any, path: str, label: str | None = None) -> str:
         """``def _graph_N()`` that builds ``gm``'s graph with ``create_node``: the same nodes,
-        names, targets and constants the archive records (no tracing)."""
+        names, targets and constants the archive records (no tracing); each subgraph gets its
+        own, installed at its module ``path`` (``installs``). ``label`` names it in its docstring."""
 
         for child_name, child in gm.named_children():
             child_path = f"{path}.{child_name}" if path else child_name
@@ -192,7 +193,7 @@ class _Script:
         name = f"_graph_{len(self.graph_defs)}"
         readable = gm.graph.python_code(root_module="self", verbose=False).src.strip("\n")
         lines = [f"def {name}():",
-                 f'    """{_doc_text(path or "The recorded graph")}, node for node. As FX prints it:',
+                 f'    """{_doc_text(label or path or "The recorded graph")}, node for node. As FX prints it:',
                  "",
                  *(f"    {_doc_text(ln)}" if ln.strip() else "" for ln in readable.splitlines()),
                  '    """',

@@ -222,3 +222,40 @@ def test_a_dynamic_graph_after_aot_compiles_on_its_recorded_symbols_in_run_and_e
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert done.returncode != 0 and "CppCompileError" in done.stderr, done.stderr[-2000:]
     assert "shape guards differ" not in done.stderr, done.stderr[-2000:]
+
+
+UNBACKED_UNDER_INDUCTOR = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+x = torch.randn(6, 3)
+torch._dynamo.decorators.mark_unbacked(x, 0)
+torch.compile(lambda x, y: (torch.relu(x) @ y).sum(0) * 2, backend="inductor")(x, torch.randn(3, 5))
+"""
+
+
+@pytest.mark.parametrize("after", ["dynamo", "aot"])
+def test_a_mark_unbacked_input_is_captured_with_its_size_and_replays_on_its_unbacked_symbol(after, tmp_path):
+    """Dynamo passes the size of a ``mark_unbacked`` dimension as an unbacked symbol ``u0``, with
+    no value. PyTorch's after_dynamo dump writes it as None (its pack failed: "input 0 is a
+    none"); its after_aot dump names ``u0`` without defining it (NameError); Inductor's door
+    found no input to match and wrote nothing. Now both doors store the run's own size (6, from
+    the tensor that has it), and the replay compiles on an unbacked symbol again; PyTorch's
+    dump, packed alone, is refused in one line."""
+    (tmp_path / "prog.py").write_text(UNBACKED_UNDER_INDUCTOR)
+    result = invoke("capture", "--after", after, "--json", "-o", tmp_path / "out", "--", sys.executable,
+                    tmp_path / "prog.py")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and report["errors"] == [], result.output
+    (written,) = report["archives"]
+    assert written["inputs"]["absent"] == 0 and written["inputs"]["real"] == 2, written
+    repro = reproarchive.load(tmp_path / "out" / Path(written["archive"]).name)
+    assert 6 in repro.args  # the size itself, from the real tensor
+    outcome = reproarchive.run(tmp_path / "out" / Path(written["archive"]).name, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    assert outcome.to_dict()["shapes"]["unbacked"] == ["u0"] and not outcome.to_dict()["shapes"]["problems"]
+    assert not [w for w in outcome.warnings if "shape" in w], outcome.warnings
+    if after == "dynamo":  # PyTorch's own dump of the program, as TORCHDYNAMO_REPRO_AFTER writes it
+        launcher = progs.make_dump(tmp_path / "dump", UNBACKED_UNDER_INDUCTOR, after="dynamo", level=2)
+        refused = invoke("pack", launcher, "-o", tmp_path / "dump.tar.zst")
+        assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.output
+        assert "has no value" in refused.stderr and not (tmp_path / "dump.tar.zst").exists()

@@ -14,6 +14,8 @@ inductor: inductor on every rank, its C++ relu bug injected through its config o
        (2 ranks): rank 1's compile fails, rank 0's graph passes; the graph calls a custom op this
        program defines (a replay's ranks do not have it: they stand in for it), draws random
        numbers (dropout) and is compiled with dynamic shapes
+cond:  inductor on every rank over a torch.cond whose true branch holds the relu that inductor's
+       C++ bug, injected through its config on rank 1 alone, breaks (2 ranks, dynamic shapes)
 """
 import os
 import sys
@@ -47,11 +49,11 @@ def backend(gm, example_inputs):
     return gm.forward
 
 
-if mode == "inductor" and rank == 1:
+if mode in ("inductor", "cond") and rank == 1:
     import torch._inductor.config
 
     torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
-compiler = "inductor" if mode == "inductor" else backend
+compiler = "inductor" if mode in ("inductor", "cond") else backend
 
 
 @torch.library.custom_op("jobtest::shifted", mutates_args=())
@@ -95,6 +97,13 @@ elif mode == "third":
     for call in range(3):
         pick(torch.full((4,), float(rank + call)), torch.linspace(0, 1, 4),
              torch.tensor([9 if rank == 1 and call == 2 else call]))
+elif mode == "cond":
+    @torch.compile(backend=compiler if plain else reproarchive.capture(compiler, path=out), dynamic=True)
+    def branches(x):
+        y = torch.cond(x.sum() > 0, lambda t: torch.relu(t) + 1, lambda t: t - 1, (x,))
+        return funcol.all_reduce(y, "sum", dist.group.WORLD)
+
+    branches(torch.full((8,), float(rank + 1)))
 else:
     step(torch.full((4,), float(rank)), torch.linspace(0, 1, 65536 if mode == "bench" else 4))
 if mode == "hang" and rank == 1:

@@ -65,7 +65,7 @@ def with_unbacked_sizes(gm: Any, inputs: list[Any]) -> list[Any]:
         fake = example_value_of(node)
         if isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake.dim() == real.dim():
             for size, value in zip(fake.shape, real.shape):
-                if isinstance(size, torch.SymInt):
+                if isinstance(size, torch.SymInt) and not isinstance(value, torch.SymInt):  # a fake has no value
                     sizes.setdefault(str(size.node.expr), int(value))
     return [sizes.get(str(v.node.expr), v) if isinstance(v, torch.SymInt) and v.node.hint is None else v
             for v in inputs]

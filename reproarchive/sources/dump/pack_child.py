@@ -321,6 +321,18 @@ def custom_ops_before_import(imports, libraries, recorded_in, events) -> list:
     return list(recorded.values())
 
 
+def _refuse_sizes_without_value(inputs: list[dict[str, Any]]) -> None:
+    """PyTorch's dump writes a size passed as an unbacked symbol (``mark_unbacked``) as
+    ``reader.symint(None, expr='u0')``: no value, and no word of which tensor's size it is. A
+    replay would pass None; no archive is better than one that replays another failure."""
+    for i, rec in enumerate(inputs):
+        if rec.get("kind") == "symint" and rec.get("hint") is None:
+            raise PackError(f"input {i} of this dump, the size {rec.get('expr') or '?'}, has no value: PyTorch's dump "
+                            "writes none for an unbacked size (mark_unbacked)",
+                            "capture the program with `reproarchive capture -- python PROGRAM`, which records its "
+                            "value from the tensor that has it")
+
+
 def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     script = Path(opts.script)
     dump = parse_dump_script(script)
@@ -328,6 +340,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     recorded_ops = custom_ops_before_import(getattr(opts, "imports", ()), getattr(opts, "libraries", ()),
                                             getattr(opts, "custom_ops_from", ()), events)
     imp = import_script(script, store, events)
+    _refuse_sizes_without_value(imp.reader.inputs)
     scrub = Scrubber(scrub_prefixes(opts, store))
     execution = execution_of_the_dump(getattr(opts, "execution_from", None), script)
 

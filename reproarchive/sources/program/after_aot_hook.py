@@ -137,6 +137,12 @@ def _hint(value: Any) -> Any:
     return getattr(getattr(value, "node", None), "hint", None)
 
 
+def _same(real: Any, symbolic: Any) -> bool:
+    """Sizes (or strides) equal where the example has a value: an unbacked symbol (``mark_unbacked``)
+    has none, and the real tensor's is its value."""
+    return all(hint is None or hint == value for value, hint in zip(real, map(_hint, symbolic)))
+
+
 def _matches(real: Any, example: Any) -> bool:
     import torch
 
@@ -144,9 +150,8 @@ def _matches(real: Any, example: Any) -> bool:
 
     if isinstance(example, torch.Tensor):
         return (isinstance(real, torch.Tensor) and not _is_fake(real) and real.dtype == example.dtype
-                and real.device == example.device
-                and tuple(real.shape) == tuple(_hint(d) for d in example.shape)
-                and tuple(real.stride()) == tuple(_hint(d) for d in example.stride()))
+                and real.device == example.device and real.dim() == example.dim()
+                and _same(real.shape, example.shape) and _same(real.stride(), example.stride()))
     if isinstance(example, (torch.SymInt, int)) and not isinstance(example, bool):
         return isinstance(real, int) and not isinstance(real, bool) and real == _hint(example)
     return False

@@ -94,6 +94,10 @@ def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], B
         return path
 
     def dump(inputs: list[Any], exc: BaseException, stage: str) -> str:
+        if _unhinted(inputs):  # PyTorch's dump writes such a size as None; the door knows its value
+            written = _at_door(pristine, inputs, exc, name, stage)
+            if written is not None:
+                return str(written)
         try:
             return pytorch_dump(inputs, exc)
         except Exception as err:
@@ -119,6 +123,14 @@ def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], B
 
 #: What a device that fails every use after a fault says (a device-side assert, an illegal address).
 _DEVICE_BROKEN = re.compile(r"AcceleratorError|CUDA error|HIP error|device-side assert|illegal memory access")
+
+
+def _unhinted(inputs: list[Any]) -> bool:
+    """Whether an input is a size Dynamo passes as an unbacked symbol (``mark_unbacked``): it has
+    no value PyTorch's dump could write (``reader.symint(None)``)."""
+    import torch
+
+    return any(isinstance(v, torch.SymInt) and v.node.hint is None for v in inputs)
 
 
 def _device_broken(err: BaseException) -> bool:
