@@ -85,7 +85,8 @@ class Application:
         result = self.result
         mod = _config_module_named(mod_name)
         if mod is None:
-            result.missing_modules.append(mod_name)
+            if self.record.changed.get(mod_name):  # a module left at its defaults loses nothing
+                result.missing_modules.append(mod_name)
             return
         config = getattr(mod, "_config", None)
         if not isinstance(config, dict):

@@ -139,6 +139,8 @@ def test_applied_config_skips_missing_and_never_touches_unrepresentable():
     def add_unknown(plain):
         plain["modules"]["torch._inductor.config"]["no_such_setting_in_this_torch"] = 1
         plain["modules"]["torch._not_a_config_module"] = {"x": 1}
+        plain["changed"]["torch._not_a_config_module"] = {"x": 1}
+        plain["modules"]["torch._left_at_its_defaults"] = {"x": 1}  # nothing of it is lost: not said
 
     recorded = edited(recorded, add_unknown)
 
@@ -150,6 +152,7 @@ def test_applied_config_skips_missing_and_never_touches_unrepresentable():
             assert inductor_config.post_grad_custom_post_pass is live_pass
         assert "torch._inductor.config.no_such_setting_in_this_torch" in result.missing
         assert "torch._not_a_config_module" in result.missing_modules
+        assert "torch._left_at_its_defaults" not in result.missing_modules
         assert "torch._inductor.config.post_grad_custom_post_pass" in result.unrepresentable
         assert inductor_config.post_grad_custom_post_pass is live_pass
 

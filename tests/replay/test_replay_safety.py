@@ -63,6 +63,7 @@ def test_recorded_config_never_imports_modules_or_sets_programs(marker_module):
 
     plain = to_plain(config_snapshot())
     plain["modules"][MARKER_MODULE] = {"anything": 1}
+    plain["changed"][MARKER_MODULE] = {"anything": 1}  # changed from its defaults: said as not applied
     plain["modules"]["torch._inductor.config"]["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
     plain["changed"].setdefault("torch._inductor.config", {})["cpp.cxx"] = ["/bin/sh", "-c", "touch /tmp/pwned"]
     plain["modules"]["torch._inductor.config"]["cpp.inject_relu_bug_TESTING_ONLY"] = "compile_error"

@@ -125,3 +125,32 @@ def test_a_failure_inside_cond_keeps_the_program_s_own_error_and_is_archived(tmp
     assert repro.fidelity == ["real"] and repro.records.execution is not None
     outcome = reproarchive.run(archive)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+
+
+DYNAMIC_COMPILE_ERROR = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+
+def f(a, b):
+    return torch.relu(a @ b + 1).sum(1)
+
+torch.compile(f, dynamic=True)(torch.randn(3, 4), torch.randn(4, 5))
+"""
+
+
+def test_capture_of_a_dynamic_program_records_the_compiles_own_shape_policy(tmp_path):
+    """PyTorch's dump writes the symbolic sizes of a ``dynamic=True`` graph, but not their guards
+    or where they came from, and nothing for a static graph: every ``run`` of a ``capture --``
+    archive said the policy was not recorded, or compared no guards. The crash guard notes the
+    policy Dynamo's fake values say when each backend call ends, with the guards the compile
+    added, and the pack of the failing compile's dump takes it: the replay's guards are checked
+    against the recorded ones."""
+    done, archive = _captured(tmp_path, DYNAMIC_COMPILE_ERROR)
+    assert done.returncode == 1, done.stderr[-2000:]
+    shapes = reproarchive.inspect(archive).to_plain()["shapes"]
+    assert shapes["recorded_from"] == "fake_tensors" and shapes["guards"], shapes
+    assert {d["origin"] for r in shapes["inputs"] for d in r["dims"]} == {"dynamic=True"}
+    outcome = reproarchive.run(archive, isolate=False)
+    assert outcome.status == "reproduced", outcome.to_dict()
+    assert outcome.shapes["guards_match"] is True, outcome.shapes
+    assert not [w for w in outcome.warnings if "shape" in w], outcome.warnings

@@ -43,6 +43,7 @@ from reproarchive.child import child_main
 from reproarchive.codec.custom_ops import LiveCall, LiveCustomOp
 from reproarchive.codec.logged_shapes import logged_policy
 from reproarchive.codec.recorded_calls import record_calls
+from reproarchive.codec.shapes import restricted
 from reproarchive.codec.stand_ins import bring_implementations, install, set_calls
 from reproarchive.codec.tensors import AbsentTensor
 from reproarchive.context import failure as fail
@@ -51,7 +52,7 @@ from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.system import system_snapshot
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format.plain import from_plain
-from reproarchive.format.schema import CustomOpRecord, DumpSource, ExecutionRecord, OpProvenance, Records
+from reproarchive.format.schema import CustomOpRecord, DumpSource, ExecutionRecord, OpProvenance, Records, ShapePolicy
 from reproarchive.sources.dump.foreign_runnable import Guarded, missing_ops, tolerant_source
 from reproarchive.sources.dump.scripts import DumpScript, parse_dump_script, symbolic_shapes
 from reproarchive.sources.dump.tensor_reader import RecordingReader
@@ -256,7 +257,7 @@ SOURCE_RECORD = DumpSource
 
 def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note: str, storages: dict[str, Any],
                snapshots: tuple[Any, Any, Any], failure: Any, replay_notes: dict[str, Any],
-               execution: Any = None) -> Capture:
+               execution: Any = None, noted_shapes: Any = None) -> Capture:
     """The dump's graph and inputs as ``import_script`` read them, and the records around them:
     this process's ``snapshots`` (config, environment, system) where the script's settings
     apply, the failure its one replay recorded, the thread state of the failing compile where
@@ -282,27 +283,45 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         **_dump_comments(dump.path),
     )
 
-    shapes = logged_policy(imp.reader.inputs, {}, first_input=len(imp.lifted), recorded_from="dump")
+    shapes = _policy_of_the_dump(imp, noted_shapes)
     return Capture(imp.gm, imp.example_inputs, Records(
         backend=dump.backend, accuracy=bool(dump.accuracy_mode), config=config, system=system,
         environment=environment, failure=failure, source=source, shapes=shapes, execution=execution))
 
 
-def execution_of_the_dump(notes: str | None, script: Path) -> Any:
-    """The thread state of the compile the dump ``script`` was written for: of the states its
-    process noted (``crash_guard._note_execution``, one JSON line per compile), the last noted
-    before the dump was written. None without notes (a dump packed on its own)."""
+def noted_at_the_dump(notes: str | None, script: Path) -> tuple[Any, Any]:
+    """(thread state, shape policy) of the compile the dump ``script`` was written for, as its
+    process noted them (``crash_guard._note_compile``, one JSON line per compile): the last
+    entry noted before the dump was written. (None, None) without notes (a dump packed on its
+    own); the policy None also where the compile had none, or where the entry is for a graph
+    with another number of inputs."""
 
     if not notes:
-        return None
+        return None, None
     written = script.stat().st_mtime
     chosen = None
     with contextlib.suppress(OSError, ValueError):
         for line in Path(notes).read_text().splitlines():
             entry = json.loads(line)
             if float(entry["time"]) <= written:
-                chosen = entry["execution"]
-    return from_plain(ExecutionRecord, chosen) if chosen is not None else None
+                chosen = entry
+    if chosen is None:
+        return None, None
+    execution = from_plain(ExecutionRecord, chosen["execution"])
+    shapes = from_plain(ShapePolicy, chosen["shapes"]) if chosen.get("shapes") is not None else None
+    return execution, (shapes, chosen.get("inputs"))
+
+
+def _policy_of_the_dump(imp: ImportedScript, noted: Any) -> Any:
+    """The failing compile's own policy where its process noted it for this graph (its inputs
+    after the module state the import lifted into inputs), else what the dump's symbolic sizes
+    say."""
+    shapes, count = noted if noted is not None else (None, None)
+    lifted = len(imp.lifted)
+    if shapes is not None and count == len(imp.reader.inputs) - lifted:
+        names = [f"input {i}" for i in range(count)]
+        return restricted(shapes, names, [f"lifted {i}" for i in range(lifted)] + names)
+    return logged_policy(imp.reader.inputs, {}, first_input=lifted, recorded_from="dump")
 
 
 def custom_ops_before_import(imports, libraries, recorded_in, events) -> list:
@@ -342,7 +361,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     imp = import_script(script, store, events)
     _refuse_sizes_without_value(imp.reader.inputs)
     scrub = Scrubber(scrub_prefixes(opts, store))
-    execution = execution_of_the_dump(getattr(opts, "execution_from", None), script)
+    execution, noted_shapes = noted_at_the_dump(getattr(opts, "execution_from", None), script)
 
     events("taking snapshots")
     config, environment, system, snapshot_notes = take_snapshots()
@@ -365,7 +384,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     warnings += snapshot_notes + generated_data_warning(replay_notes)
     capture = capture_of(imp, label=opts.script_label, store_found=store is not None, store_note=store_note,
                          storages=storages, snapshots=(config, environment, system), failure=failure,
-                         replay_notes=replay_notes, execution=execution)
+                         replay_notes=replay_notes, execution=execution, noted_shapes=noted_shapes)
     capture = dataclasses.replace(capture, custom_ops=recorded_ops or imp.missing_ops
                                   or record_calls(imp.gm, imp.example_inputs))
 

@@ -53,6 +53,7 @@ import itertools
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ def _patch(module: Any) -> None:
         job_dir = os.environ.get(JOB_DIR_ENV)
         if job_dir and not kwargs and _in_a_job():  # every rank: its part, one archive for the job
             return _job_backend(self, job_dir)(gm, example_inputs)
-        _note_execution(list(example_inputs))
+        began = time.time()
         first = FirstCall(_write_pending(gm, list(example_inputs), _backend_name(self)))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         pristine = _custom_op_graph(gm)
@@ -150,6 +151,8 @@ def _patch(module: Any) -> None:
             if pristine is not None and isinstance(exc, Exception):
                 _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
             raise
+        finally:
+            _note_compile(gm, list(example_inputs), began)
         if first.pending is None:
             return compiled
         return _discard_after_first_call(compiled, _backend_name(self), first)
@@ -189,29 +192,36 @@ def _write_custom_ops(gm: Any, inputs: list[Any], exc: Exception, backend: str) 
                     type(err).__name__, err)
 
 
-def _note_execution(inputs: list[Any]) -> None:
-    """Append the thread state this graph is compiled under (grad and inference mode,
-    autocast, ...) to this process's ``execution/<pid>.jsonl``: PyTorch's dump does not record
-    it, and a replay in another state can fail in a way the program never did (grad on for a
-    ``no_grad`` model that writes in place). ``pack_dump`` takes the entry of the failing compile."""
+def _note_compile(gm: Any, inputs: list[Any], began: float) -> None:
+    """Append what PyTorch's dump does not record of this compile to this process's
+    ``execution/<pid>.jsonl``: the thread state it runs under (grad and inference mode, autocast
+    ...: a replay in another state can fail in a way the program never did, grad on for a
+    ``no_grad`` model that writes in place) and the shape policy Dynamo's fake values on ``gm``
+    say (which sizes are symbols, their ranges and guards; a dump writes sizes only where they
+    are symbols). Noted when the backend call ends, with the guards the compile added, under
+    the time it ``began``: ``pack_dump`` takes the last entry that began before the dump was
+    written, the failing compile's."""
     try:
         import json
-        import time
 
+        from reproarchive.codec.shapes import policy_of
+        from reproarchive.context.config import config_snapshot
         from reproarchive.context.execution import execution_snapshot
         from reproarchive.format.plain import to_plain
 
         folder = Path(os.environ[CRASH_DIR_ENV]).parent / EXECUTION_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"time": time.time(), "execution": to_plain(execution_snapshot(inputs))})
+        policy = policy_of(gm, inputs, config_snapshot())
+        line = json.dumps({"time": began, "execution": to_plain(execution_snapshot(inputs)),
+                           "shapes": to_plain(policy) if policy is not None else None, "inputs": len(inputs)})
         with open(folder / f"{os.getpid()}.jsonl", "a") as f:
             f.write(line + "\n")
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
-        log.debug("reproarchive capture: the thread state was not noted: %s", err)
+        log.debug("reproarchive capture: the compile was not noted: %s", err)
 
 
 def execution_notes(dump_dir: Path, pid: int) -> Path | None:
-    """The thread states process ``pid`` noted at its compiles (``_note_execution``), if any."""
+    """What process ``pid`` noted at its compiles (``_note_compile``), if anything."""
     path = dump_dir / EXECUTION_DIR / f"{pid}.jsonl"
     return path if path.is_file() else None
 
