@@ -130,7 +130,7 @@ def _unhinted(inputs: list[Any]) -> bool:
     no value PyTorch's dump could write (``reader.symint(None)``)."""
     import torch
 
-    return any(isinstance(v, torch.SymInt) and v.node.hint is None for v in inputs)
+    return any(isinstance(v, torch.SymInt) and getattr(v.node, "hint", 0) is None for v in inputs)
 
 
 def _device_broken(err: BaseException) -> bool:
