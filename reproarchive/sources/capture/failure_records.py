@@ -65,8 +65,9 @@ def with_unbacked_sizes(gm: Any, inputs: list[Any]) -> list[Any]:
         fake = example_value_of(node)
         if isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake.dim() == real.dim():
             for size, value in zip(fake.shape, real.shape):
-                expr = getattr(size.node, "expr", None) if isinstance(size, torch.SymInt) else None  # a nested int has none
-                if expr is not None and not isinstance(value, torch.SymInt):  # a fake has no value
+                # a nested int has no expression; a fake has no value
+                expr = getattr(size.node, "expr", None) if isinstance(size, torch.SymInt) else None
+                if expr is not None and not isinstance(value, torch.SymInt):
                     sizes.setdefault(str(expr), int(value))
     return [sizes.get(str(v.node.expr), v) if isinstance(v, torch.SymInt) and getattr(v.node, "hint", 0) is None else v
             for v in inputs]
