@@ -116,6 +116,18 @@ def test_export_reproduces_the_compile_error(captured, tmp_path):
     assert done.returncode != 0 and "CppCompileError" in done.stdout + done.stderr, done.stderr[-2000:]
 
 
+def _captured(tmp_path: Path, program: str, after: str = "aot") -> tuple[dict, Path]:
+    """``capture --after AFTER -- python prog.py`` of ``program`` (its text), as a user runs it,
+    with the program failing as it does on its own: the written archive's report and path."""
+    (tmp_path / "prog.py").write_text(program)
+    result = invoke("capture", "--after", after, "--json", "-o", tmp_path / "out", "--", sys.executable,
+                    tmp_path / "prog.py")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and report["errors"] == [], result.output
+    (written,) = report["archives"]
+    return written, tmp_path / "out" / Path(written["archive"]).name
+
+
 WHILE_LOOP_UNDER_INDUCTOR = """
 import torch
 from torch._higher_order_ops.while_loop import while_loop
@@ -135,13 +147,7 @@ def test_a_while_loop_after_aot_is_captured_replayed_and_exported_under_inductor
     stopped on it with an unexpected SyntaxError (exit 70); replayed through Inductor's inner
     compiler without a ShapeEnv, the archive gave a DIFFERENT FAILURE ("'NoneType' object has no
     attribute 'ignore_fresh_unbacked_symbols'"), in ``run`` and in the exported script alike."""
-    (tmp_path / "prog.py").write_text(WHILE_LOOP_UNDER_INDUCTOR)
-    result = invoke("capture", "--after", "aot", "--json", "-o", tmp_path / "out", "--", sys.executable,
-                    tmp_path / "prog.py")
-    report = json.loads(result.stdout)
-    assert result.exit_code == 1 and report["errors"] == [], result.output
-    (written,) = report["archives"]
-    archive = tmp_path / "out" / Path(written["archive"]).name
+    _, archive = _captured(tmp_path, WHILE_LOOP_UNDER_INDUCTOR)
     repro = reproarchive.load(archive)
     assert repro.records.source.graph_kind == "after_aot" and repro.fidelity == ["real"]
     assert "while_loop" in {getattr(n.target, "__name__", "") for n in repro.gm.graph.nodes}
@@ -172,12 +178,8 @@ def test_flex_attention_after_aot_replays_inductor_s_own_failure(tmp_path):
     graph for Inductor's inner compiler, which gave flex_attention's unused third output a
     ``getitem`` that Inductor's lowering cannot give: a DIFFERENT FAILURE (``IndexError: tuple
     index out of range``)."""
-    (tmp_path / "prog.py").write_text(FLEX_ATTENTION_UNDER_INDUCTOR)
-    result = invoke("capture", "--after", "aot", "--json", "-o", tmp_path / "out", "--", sys.executable,
-                    tmp_path / "prog.py")
-    assert result.exit_code == 1, result.output
-    (written,) = json.loads(result.stdout)["archives"]
-    outcome = reproarchive.run(tmp_path / "out" / Path(written["archive"]).name, isolate=False)
+    _, archive = _captured(tmp_path, FLEX_ATTENTION_UNDER_INDUCTOR)
+    outcome = reproarchive.run(archive, isolate=False)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
     assert outcome.observed.exception_type.endswith("CppCompileError")
 
@@ -199,12 +201,7 @@ def test_a_dynamic_graph_after_aot_compiles_on_its_recorded_symbols_in_run_and_e
     symbolic compile would have passed. Now Inductor's inner compiler gets the graph on fake
     values made with the recorded symbols (``s97``, ``s98`` ...), as AOTAutograd handed it, and
     the replay's ShapeEnv is checked against the recording; the exported script does the same."""
-    (tmp_path / "prog.py").write_text(DYNAMIC_UNDER_INDUCTOR)
-    result = invoke("capture", "--after", "aot", "--json", "-o", tmp_path / "out", "--", sys.executable,
-                    tmp_path / "prog.py")
-    assert result.exit_code == 1, result.output
-    (written,) = json.loads(result.stdout)["archives"]
-    archive = tmp_path / "out" / Path(written["archive"]).name
+    _, archive = _captured(tmp_path, DYNAMIC_UNDER_INDUCTOR)
     recorded = reproarchive.inspect(archive).to_plain()["shapes"]
     symbols = {d["expr"] for r in recorded["inputs"] for d in r["dims"] if d["kind"] == "backed"}
     assert len(symbols) == 3, recorded
@@ -241,16 +238,10 @@ def test_a_mark_unbacked_input_is_captured_with_its_size_and_replays_on_its_unba
     found no input to match and wrote nothing. Now both doors store the run's own size (6, from
     the tensor that has it), and the replay compiles on an unbacked symbol again; PyTorch's
     dump, packed alone, is refused in one line."""
-    (tmp_path / "prog.py").write_text(UNBACKED_UNDER_INDUCTOR)
-    result = invoke("capture", "--after", after, "--json", "-o", tmp_path / "out", "--", sys.executable,
-                    tmp_path / "prog.py")
-    report = json.loads(result.stdout)
-    assert result.exit_code == 1 and report["errors"] == [], result.output
-    (written,) = report["archives"]
+    written, archive = _captured(tmp_path, UNBACKED_UNDER_INDUCTOR, after)
     assert written["inputs"]["absent"] == 0 and written["inputs"]["real"] == 2, written
-    repro = reproarchive.load(tmp_path / "out" / Path(written["archive"]).name)
-    assert 6 in repro.args  # the size itself, from the real tensor
-    outcome = reproarchive.run(tmp_path / "out" / Path(written["archive"]).name, isolate=False)
+    assert 6 in reproarchive.load(archive).args  # the size itself, from the real tensor
+    outcome = reproarchive.run(archive, isolate=False)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
     assert outcome.to_dict()["shapes"]["unbacked"] == ["u0"] and not outcome.to_dict()["shapes"]["problems"]
     assert not [w for w in outcome.warnings if "shape" in w], outcome.warnings
@@ -259,3 +250,31 @@ def test_a_mark_unbacked_input_is_captured_with_its_size_and_replays_on_its_unba
         refused = invoke("pack", launcher, "-o", tmp_path / "dump.tar.zst")
         assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.output
         assert "has no value" in refused.stderr and not (tmp_path / "dump.tar.zst").exists()
+
+
+RUNTIME_ERROR_AFTER_AOT = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "runtime_error"
+torch.manual_seed(0)
+
+@torch.compile(backend="inductor", dynamic=True)
+def f(x):
+    return torch.relu(torch.nn.functional.dropout(x, 0.5, training=True) * 2)
+
+f(torch.randn(8, 4))
+"""
+
+
+def test_a_failing_first_call_after_aot_is_kept_from_the_spool_with_its_inputs_and_generators(tmp_path):
+    """Inductor's code fails in the first call of a ``dynamic=True`` graph that draws dropout.
+    PyTorch's after_aot hook dumps a failing call with fake copies of its inputs, and for this
+    graph not at all: ``capture --after aot`` left no archive. The crash guard's spool holds the
+    call's real inputs and generator states from before it; the entry is completed into the
+    archive (a host draft's forked writer is waited for), which replays the same numbers."""
+    written, archive = _captured(tmp_path, RUNTIME_ERROR_AFTER_AOT)
+    assert written["inputs"]["absent"] == 0 and written["inputs"]["real"] == 1, written
+    assert written["failure"]["stage"] == "forward", written
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    assert "the recorded RNG state (cpu) is restored" in outcome.randomness
+    assert outcome.shapes["guards_match"] is True, outcome.shapes

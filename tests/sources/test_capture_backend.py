@@ -280,11 +280,20 @@ def test_file_target_and_default_directory(tmp_path, monkeypatch):
 
 
 def test_a_failing_write_never_hides_the_original_error(tmp_path, monkeypatch):
+    """The archive cannot be written from the inputs after the failure: it comes from the first
+    call's spool entry (its inputs as they were before the call), and where that fails too,
+    the user's own error says that no archive was written."""
+    from reproarchive.sources.capture.process_spool import ProcessSpool
+
     def broken_write(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(failure_archives, "write_archive", broken_write)
-    exc, _, _ = failing_call(plain_fn, "relu_runtime_error_TESTING_ONLY", tmp_path)
+    exc, _, _ = failing_call(plain_fn, "relu_runtime_error_TESTING_ONLY", tmp_path / "spooled")
+    assert type(exc) is AssertionError and "ReluRuntimeError" in str(exc)
+    assert archive_path(exc) is not None and set(reproarchive.load(archive_path(exc)).fidelity) == {"real"}
+    monkeypatch.setattr(ProcessSpool, "keep", broken_write)
+    exc, _, _ = failing_call(plain_fn, "relu_runtime_error_TESTING_ONLY", tmp_path / "none")
     assert type(exc) is AssertionError
     assert "ReluRuntimeError" in str(exc)
     assert "no archive written: OSError: disk full" in str(exc)

@@ -201,9 +201,9 @@ class BackendArchives:
             return None
         if completed is None:
             return None
-        log.warning("reproarchive: the inputs could not be read after the failure (%s: %s): the archive holds them "
-                    "as spooled before the call%s", type(err).__name__, str(err).splitlines()[0] if str(err) else "",
-                    completed.unwritten)
+        first = str(err).splitlines()[0] if str(err) else ""
+        log.warning("reproarchive: the archive could not be written from the inputs after the failure (%s: %s): it "
+                    "holds them as spooled before the call%s", type(err).__name__, first, completed.unwritten)
         return completed.path
 
     def _push(self, written: Path) -> None:

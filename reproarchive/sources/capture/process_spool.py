@@ -311,18 +311,27 @@ class ProcessSpool:
             entry.taken = None
 
     def keep(self, name: str, failure: FailureRecord, destination: Path) -> Completed | None:
-        """Entry ``name``, whose graph's first call failed in a way that leaves its inputs
-        unreadable (a device-side assert fails every later use of the device), completed into
-        an archive of ``failure`` at ``destination``: its inputs as they were before the call.
-        The writes it had left run to their end first (after such an error a device copy fails
-        at once, and what it did not write is stored as absent). None where the entry is not
-        pending, or was drafted for a forked writer (host storages, always readable)."""
+        """Entry ``name``, whose graph's first call failed where nothing else records its
+        inputs (a device-side assert fails every later use of the device; PyTorch's after_aot
+        hook dumps fake copies), completed into an archive of ``failure`` at ``destination``:
+        its inputs as they were before the call. The writes it had left run to their end first:
+        the job's (after a device error a device copy fails at once, and what it did not write
+        is stored as absent), or the forked writer's, which wrote host storages from its
+        snapshot of them taken before the call. None where the entry is not pending, or its
+        writing failed."""
         with _lock:
-            entry = self._pending.get(name)
-            if entry is None or entry.draft is not None:
+            entry = self._pending.pop(name, None)
+        if entry is None:
+            return None
+        if entry.draft is None:
+            concurrent.futures.wait([entry.future])
+        elif entry.writer is not None:
+            if not entry.writer.join():
+                self.spool.discard(name)
                 return None
-            del self._pending[name]
-        concurrent.futures.wait([entry.future])
+        elif not entry.done:  # the call came before a writer was forked (``wait`` failed): nothing to keep
+            self.spool.discard(name)
+            return None
         try:
             return self.spool.complete(name, destination, failure=lambda _written_for: failure)
         finally:

@@ -137,6 +137,18 @@ class Writer:
         reaper.start()
         return held, reaper
 
+    def join(self) -> bool:
+        """Wait for the child to finish its entry (it is needed: the call failed); whether it
+        wrote it all. Bounded by the child's own time limit (``_detach``)."""
+        if self._gc_owed:
+            self._gc_owed = False
+            _let_gc_back()
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:  # reaped already (a program's own SIGCHLD handler): judge by the lock
+            return not self.lock.exists()
+        return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
     def _reap(self) -> None:
         try:
             os.waitpid(self.pid, 0)

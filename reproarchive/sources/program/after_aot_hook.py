@@ -19,8 +19,10 @@ any other input (a backward graph's activations and tangents, which never existe
 compile time) stays absent. The archive is a ``capture`` archive of an ``after_aot`` graph
 (``source.graph_kind``): ``run`` replays it the way PyTorch's after_aot ``run_repro`` does.
 
-Runtime failures of after_aot graphs need nothing from here: PyTorch's hook dumps those with
-the real inputs of the failing call. Nothing here may break the program: a failure to write
+Runtime failures of after_aot graphs are not this door's: PyTorch's hook dumps a failing call
+with fake copies of its inputs (and a graph compiled with dynamic shapes not at all, torch
+2.13), so a failing first call is kept from the crash guard's spool, with its real inputs
+(``crash_guard._undumped_after_aot``). Nothing here may break the program: a failure to write
 costs the archive, never the run.
 """
 

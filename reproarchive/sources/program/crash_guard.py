@@ -62,6 +62,7 @@ from reproarchive.sources.capture.first_call import CRASH_DIR_ENV, FirstCall, di
 from reproarchive.sources.capture.stack_room import with_frame_room
 from reproarchive.sources.program import after_aot_hook
 from reproarchive.sources.program.after_dynamo_hook import after_dynamo_hook
+from reproarchive.sources.program.door_archives import AOT_DIR_ENV
 
 JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
@@ -329,7 +330,7 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> 
         try:
             return compiled(*args, **kwargs)
         except Exception as exc:
-            if getattr(exc, "reproarchive_not_archived", None) is not None:
+            if getattr(exc, "reproarchive_not_archived", None) is not None or _undumped_after_aot(exc):
                 _keep(pending, exc, backend)
             raise
         finally:
@@ -340,11 +341,21 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> 
     return run
 
 
+def _undumped_after_aot(exc: Exception) -> bool:
+    """Whether a first call failed under ``capture --after aot``: PyTorch's after_aot hook dumps a
+    failing call of Inductor's code with fake copies of its inputs (no data), and not at all for
+    a graph compiled with dynamic shapes (torch 2.13); the spool holds the call's real inputs."""
+    from reproarchive.sources.capture.call_guard import is_control_flow
+
+    return bool(os.environ.get(AOT_DIR_ENV)) and not is_control_flow(exc)
+
+
 def _keep(pending: str, exc: Exception, backend: str) -> None:
-    """A first call failed and PyTorch's hook could not dump it: its inputs cannot be read any
-    more (a device-side assert fails every later use of the device). Spool entry ``pending``
-    holds them as they were before the call: it is completed into the failure's archive in
-    ``KEPT_DIR``, which ``capture_program`` reports beside the dumps it packs."""
+    """A first call failed and PyTorch's hook could not dump it (its inputs cannot be read any
+    more: a device-side assert fails every later use of the device), or dumps it without data
+    (after AOT). Spool entry ``pending`` holds them as they were before the call: it is
+    completed into the failure's archive in ``KEPT_DIR``, which ``capture_program`` reports
+    beside the dumps it packs (a data-less dump of the same process left out)."""
     try:
         from reproarchive.context.failure import record_from_exception
         from reproarchive.replay.accuracy import stage_of
@@ -360,6 +371,17 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
     if completed is not None:
         print(f"reproarchive: archived the failing first call from its spool, its inputs as they were before "
               f"it{completed.unwritten}", file=sys.stderr)
+
+
+def kept_archives(dump_dir: Path) -> list[Path]:
+    """The failing first calls kept from the spool (``_keep``), oldest first."""
+    return sorted((dump_dir / KEPT_DIR).glob("*.tar.zst"), key=lambda p: p.stat().st_mtime)
+
+
+def keeper_pid(archive: Path) -> int | None:
+    """The process that kept ``archive`` (its name says it: ``<pid>-<n>.tar.zst``)."""
+    head = archive.name.split("-")[0]
+    return int(head) if head.isdigit() else None
 
 
 def pending_archives(folder: Path) -> list[Path]:

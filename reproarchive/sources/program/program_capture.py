@@ -199,7 +199,9 @@ def capture_program(
         launchers = find_launchers(dump_dir)
         result.dumps_found = len(launchers)
         door = door_archives.archives(dump_dir / "aot")
-        launchers = _without_superseded(launchers, {door_archives.writer_pid(a) for a in door})
+        kept = crash_guard.kept_archives(dump_dir)  # first calls the spool kept, with their real inputs
+        launchers = _without_superseded(launchers, {door_archives.writer_pid(a) for a in door}
+                                        | {crash_guard.keeper_pid(a) for a in kept})
         _pack_dumps(launchers, dump_dir, out, result, replay=replay, progress=progress, imports=imports,
                     libraries=libraries)
         _move_written(door, dump_dir, out, result)
@@ -278,7 +280,7 @@ def _move_written(door: list[Path], dump_dir: Path, out: Path, result: CaptureRe
         kind = "capture (after_aot)" if written.name.startswith(door_archives.AOT_PREFIX) else "capture"
         result.archives.append(archive_report(target, kind=kind,
                                               replay={"performed": False, "failure_from": "program"}))
-    for written in sorted((dump_dir / crash_guard.KEPT_DIR).glob("*.tar.zst"), key=lambda p: p.stat().st_mtime):
+    for written in crash_guard.kept_archives(dump_dir):
         target = _next_free(out)  # first calls PyTorch's hook could not dump, from the spool
         shutil.move(str(written), target)
         result.archives.append(archive_report(target, kind="capture",
@@ -335,14 +337,14 @@ def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> li
     return reports
 
 
-def _without_superseded(launchers: list[Path], door_pids: set[int | None]) -> list[Path]:
-    """The dumps still to pack: a data-less after_aot dump (a compile error, PyTorch had only
-    fake tensors) of a process whose compile errors Inductor's door archived with their real
-    inputs and exception is the same failure without its data, and is left out."""
+def _without_superseded(launchers: list[Path], writer_pids: set[int | None]) -> list[Path]:
+    """The dumps still to pack: a data-less after_aot dump (PyTorch had only fake tensors) of a
+    process whose failures a door archived, or the spool kept, with their real inputs and
+    exception is the same failure without its data, and is left out."""
     kept = []
     for launcher in launchers:
         pid = launcher.parent.parent.name.rpartition("-pid_")[2]
-        if pid.isdigit() and int(pid) in door_pids and holds_no_data(launcher):
+        if pid.isdigit() and int(pid) in writer_pids and holds_no_data(launcher):
             continue
         kept.append(launcher)
     return kept
