@@ -300,11 +300,12 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
         dataclasses.replace(dim, size=now(r, d, dim), equal_to=tuple(x for x in map(renumbered, dim.equal_to) if x))
         for d, dim in enumerate(r.dims))) for r in kept)
     guards = tuple(g for g in policy.guards if not any(src in g for src in dropped))
-    symbols = {s.name for s in policy.symbols}
     still = {name for r in kept for dim in r.dims if dim.expr for name in _names_in(dim.expr)}
+    gone = {name for r in policy.inputs if r.input not in moved for dim in r.dims if dim.expr
+            for name in _names_in(dim.expr)} - still
 
-    def holds(text: str) -> bool:  # a relation of symbols no kept input has any more cannot be re-created
-        return (_names_in(text) & symbols) <= still
+    def holds(text: str) -> bool:  # a relation of a symbol only cut inputs had cannot be re-created
+        return not _names_in(text) & gone
 
     return dataclasses.replace(policy, inputs=tuple(sorted(inputs_after, key=lambda r: r.input)), guards=guards,
                                shape_guards=tuple(filter(holds, policy.shape_guards)),
@@ -418,10 +419,13 @@ def _make_inputs(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str],
     return symbols
 
 
+_NUMBER = re.compile(r"-?\d+")
+
+
 def _static(dim: ShapeDim) -> bool:
     """Static by the end of the recorded compile: recorded static, or a symbol a guard fixed to a
     number (its expression is that number)."""
-    return dim.kind == STATIC or re.fullmatch(r"-?\d+", dim.expr or "") is not None
+    return dim.kind == STATIC or _NUMBER.fullmatch(dim.expr or "") is not None
 
 
 def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) -> ReplayShapes:
@@ -477,7 +481,7 @@ def _restore_equalities(policy: ShapePolicy, shape_env, recorded: dict[str, Any]
     # symbols Dynamo made while visiting a subclass's inner tensors exist only in its own trace
     ephemeral = {s.name for s in policy.symbols if s.sources and all(x.startswith("<ephemeral") for x in s.sources)}
     # a symbol a guard fixed to a number is replayed as that number (``_static``): nothing to relate
-    fixed = {s.name for s in policy.symbols if re.fullmatch(r"-?\d+", s.replaced_by or "")}
+    fixed = {s.name for s in policy.symbols if _NUMBER.fullmatch(s.replaced_by or "")}
     symbols = {s.name for s in policy.symbols}
     for text in policy.shape_guards:
         named = _names_in(text) & symbols

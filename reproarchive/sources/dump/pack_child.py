@@ -290,11 +290,10 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
 
 
 def noted_at_the_dump(notes: str | None, script: Path) -> tuple[Any, Any]:
-    """(thread state, shape policy) of the compile the dump ``script`` was written for, as its
-    process noted them (``crash_guard._note_compile``, one JSON line per compile): the last
-    entry noted before the dump was written. (None, None) without notes (a dump packed on its
-    own); the policy None also where the compile had none, or where the entry is for a graph
-    with another number of inputs."""
+    """(thread state, (shape policy, its graph's number of inputs)) of the compile the dump
+    ``script`` was written for, as its process noted them (``crash_guard._note_compile``, one
+    JSON line per compile): the last entry that began before the dump was written. (None, None)
+    without notes (a dump packed on its own); the policy None where the compile had none."""
 
     if not notes:
         return None, None
