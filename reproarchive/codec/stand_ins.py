@@ -62,14 +62,39 @@ class _StandIn:
             "(bring it with --import MODULE or --load-library PATH)")
 
     def fake(self, *args, **kwargs):
-        key = co.meta_key(co.argument_key(self.schema, args, kwargs, content=False))
+        """Matched on shapes and dtypes; in a symbolic compile, on the sizes' hints (the run's
+        values), and an output's size that equals a symbolic input size's hint is that symbol:
+        the recorded shape, kept symbolic where the inputs were (a stand-in knows no shape
+        function, and a fixed size would specialize the compile's symbols)."""
+        symbols: dict[int, Any] = {}
+        hinted_args = tuple(_hinted(a, symbols) for a in args)
+        hinted_kwargs = {k: _hinted(v, symbols) for k, v in kwargs.items()}
+        key = co.meta_key(co.argument_key(self.schema, hinted_args, hinted_kwargs, content=False))
         for call in self.calls:
             if co.meta_key(call.arguments) == key or not call.arguments:
                 device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-                outs = tuple(_empty_like(v, device) for v in call.outputs)
+                outs = tuple(_empty_like(v, device, symbols) for v in call.outputs)
                 return outs[0] if len(self.schema.returns) == 1 else outs
         raise StandInMiss(f"stand-in for custom op {self.name}: no call with inputs of these shapes and dtypes "
                           "was recorded")
+
+
+def _hinted(value: Any, symbols: dict[int, Any]) -> Any:
+    """``value`` for the shape key: a tensor with symbolic sizes as a meta tensor of their hints
+    (each symbol noted in ``symbols`` by its hint); other values as they are."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_hinted(v, symbols) for v in value)
+    if not isinstance(value, torch.Tensor) or not any(isinstance(d, torch.SymInt) for d in value.shape):
+        return value
+    shape = []
+    for d in value.shape:
+        hint = getattr(getattr(d, "node", None), "hint", None) if isinstance(d, torch.SymInt) else d
+        if hint is None:  # an unbacked size: no value to match a recorded call on
+            return value
+        if isinstance(d, torch.SymInt):
+            symbols.setdefault(int(hint), d)
+        shape.append(int(hint))
+    return torch.empty(shape, dtype=value.dtype, device="meta")
 
 
 def _fresh(value: Any, device) -> Any:
@@ -80,12 +105,15 @@ def _fresh(value: Any, device) -> Any:
     return value
 
 
-def _empty_like(value: Any, device) -> Any:
+def _empty_like(value: Any, device, symbols: dict[int, Any] | None = None) -> Any:
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                   device=device if device is not None else value.device)
+        device = device if device is not None else value.device
+        shape = [(symbols or {}).get(int(d), d) for d in value.shape]
+        if any(isinstance(d, torch.SymInt) for d in shape):  # contiguous, in the compile's symbols
+            return torch.empty(shape, dtype=value.dtype, device=device)
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
     if isinstance(value, (list, tuple)):
-        return type(value)(_empty_like(v, device) for v in value)
+        return type(value)(_empty_like(v, device, symbols) for v in value)
     return value
 
 

@@ -278,3 +278,33 @@ def test_a_failing_first_call_after_aot_is_kept_from_the_spool_with_its_inputs_a
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
     assert "the recorded RNG state (cpu) is restored" in outcome.randomness
     assert outcome.shapes["guards_match"] is True, outcome.shapes
+
+
+CUSTOM_OP_DYNAMIC = """
+import torch
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+
+@torch.library.custom_op("aotcase::shifted", mutates_args=())
+def shifted(x: torch.Tensor) -> torch.Tensor:
+    return x - 0.5
+
+shifted.register_fake(lambda x: torch.empty_like(x))
+torch.compile(lambda x: torch.relu(shifted(x) * 2), dynamic=True)(torch.randn(8, 3))
+"""
+
+
+def test_a_custom_op_in_a_symbolic_compile_is_stood_in_for_on_its_symbols_in_run_and_export(tmp_path):
+    """A ``dynamic=True`` graph that calls the program's own custom op, replayed where the op is
+    not registered: the stand-in's fake implementation matched recorded calls on concrete
+    shapes and missed on ``[s77, 3]`` (StandInMiss, a DIFFERENT FAILURE), in ``run`` and in the
+    exported script. It now matches on the sizes' hints and keeps the output's size symbolic."""
+    _, archive = _captured(tmp_path, CUSTOM_OP_DYNAMIC)
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    assert outcome.shapes["symbolic"] and outcome.shapes["guards_match"] is True, outcome.shapes
+    exported = invoke("export", archive, "-o", tmp_path / "x")
+    assert exported.exit_code == 0, exported.output
+    done = subprocess.run([sys.executable, str(tmp_path / "x" / "repro.py")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert done.returncode != 0 and "CppCompileError" in done.stderr, done.stderr[-2000:]
+    assert "no call with inputs" not in done.stderr
