@@ -67,11 +67,12 @@ def after_dynamo_hook(wrapper: Any, name: str, gm: Any, example_inputs: list[Any
     return _checked(compiled, gm, pristine, first, dump, dump_or_say)
 
 
-def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], BaseException, str], str],
+def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[..., str],
                                                            Callable[[list[Any], BaseException], None]]:
     """PyTorch's dump of the graph (as it was before the backend) with ``inputs`` for a failure
-    at ``stage`` (level 1: the backend's state; 2 and 3: the graph and its inputs), which sets
-    the exception's ``minifier_path``; and the same, saying so on the exception where it fails.
+    at ``stage`` (the exception's, unless given; level 1: the backend's state; 2 and 3: the
+    graph and its inputs), which sets the exception's ``minifier_path``; and the same, saying
+    so on the exception where it fails.
 
     PyTorch's dump writes the graph as Python text, and a graph with a higher-order op's
     subgraphs fails to (``Cannot convert module to string``): its hook then raised that error in
@@ -93,7 +94,11 @@ def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], B
             pass
         return path
 
-    def dump(inputs: list[Any], exc: BaseException, stage: str) -> str:
+    def dump(inputs: list[Any], exc: BaseException, stage: str | None = None) -> str:
+        if stage is None:  # a call's failure: its stage from the exception
+            from reproarchive.replay.accuracy import stage_of
+
+            stage = stage_of(exc)
         if _unhinted(inputs):  # PyTorch's dump writes such a size as None; the door knows its value
             written = _at_door(pristine, inputs, exc, name, stage)
             if written is not None:
@@ -111,10 +116,8 @@ def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[[list[Any], B
             return str(written)
 
     def dump_or_say(inputs: list[Any], exc: BaseException) -> None:
-        from reproarchive.replay.accuracy import stage_of
-
         try:
-            dump(inputs, exc, stage_of(exc))
+            dump(inputs, exc)
         except Exception as err:  # noqa: BLE001 - the program's own exception goes on
             not_archived(exc, f"{type(err).__name__}: {err}", call=1)
 
@@ -201,9 +204,4 @@ def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Call
                 after(before, out)
         return ended
 
-    def failed(before: list[Any], exc: BaseException, call: int) -> tuple[str, None]:
-        from reproarchive.replay.accuracy import stage_of
-
-        return dump(before, exc, stage_of(exc)), None
-
-    return guarded(compiled, writes, failed=failed, first_call=first_call)
+    return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
