@@ -133,11 +133,15 @@ def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mappin
     """What of the failing run this replay could not honour, so that a pass is no evidence
     (``outcome.unless_faithful``): a symbolic recording replayed static, random draws replayed
     from another state (``ops``: the graph's random ops) where the recorded failure came after
-    compiling (a compiler reads no random value)."""
+    compiling (a compiler reads no random value), a policy re-created in part or with other guards
+    (a compile under other guards is another specialization, so its pass is no evidence)."""
     out = []
     if shape_report.get("policy") == "not recorded" and shape_report.get("symbolic"):
         out.append("the recording was symbolic but its shape policy was not recorded: the replay compiled "
                    "static shapes")
+    out.extend(f"the recorded shape policy was not fully re-created: {p}" for p in shape_report.get("problems", ()))
+    if shape_report.get("guards_match") is False:
+        out.append("the replay's shape guards differ from the recorded ones: it compiled another specialization")
     if ops and not rng_states and getattr(recorded, "stage", None) != "compile":
         out.append(f"the graph draws random numbers ({', '.join(ops)}) but the archive does not hold the RNG "
                    "state of the failing run: the replay drew other numbers")

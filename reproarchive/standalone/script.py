@@ -389,6 +389,7 @@ class _Script:
             custom=repr(recorded_backend if custom else None),
             source_kind=repr(source_kind),
             accuracy=repr(bool(accuracy)),
+            recorded_stage=repr(failure.stage if failure is not None else None),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
             **_shape_literals(records.shapes),

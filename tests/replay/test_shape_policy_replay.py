@@ -9,6 +9,9 @@ makes it reproduce.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -61,6 +64,33 @@ def test_mark_dynamic_with_a_range_round_trips_and_the_replay_guards_equal_the_r
     assert static.shapes == {"policy": "not recorded", "symbolic": True}
     text = invoke("run", tmp_path / "static.tar.zst")
     assert text.exit_code == 125 and text.output.startswith("INCONCLUSIVE") and "not as recorded:" in text.output
+
+
+def test_a_pass_under_other_shape_guards_than_the_recorded_is_inconclusive(tmp_path):
+    """A compile under other guards is another specialization: its pass says nothing about the
+    recorded one (exit 125, never 0). The same archive with its guards as recorded passes."""
+    x, y = torch.randn(8, 3), torch.randn(8, 3)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    path = capture(tmp_path / "a.tar.zst", two_sums, (x, y), FREE_SYMBOLS)
+    faithful = reproarchive.run(path, backend="eager")
+    assert (faithful.status, faithful.exit_code, faithful.unfaithful) == ("passed", 0, []), faithful.to_dict()
+
+    other = tmp_path / "other.tar.zst"
+    other.write_bytes(hostile_corpus.rebuild(hostile_corpus.parse(path.read_bytes()),
+                                             lambda index: index["shapes"]["guards"].append("L['x'].size()[0] <= 4")))
+    outcome = reproarchive.run(other, backend="eager")
+    assert outcome.shapes["guards_missing"] == ["L['x'].size()[0] <= 4"]
+    assert (outcome.status, outcome.exit_code) == ("inconclusive", 125), outcome.to_dict()
+    assert any("shape guards differ" in w for w in outcome.unfaithful)
+
+    # the exported script judges the same way: 0 as recorded, 125 under other guards
+    for archive, code in ((path, 0), (other, 125)):
+        folder = tmp_path / f"{archive.stem}-script"
+        reproarchive.export(archive, folder)
+        done = subprocess.run([sys.executable, str(folder / "repro.py"), "--backend", "eager"], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == code and "no failure" in done.stdout, (archive.name, done.stderr[-2000:])
+    assert "inconclusive: not as recorded: the shape guards differ" in done.stderr
 
 
 def test_equal_sizes_marked_dynamic_one_by_one_replay_as_independent_symbols(tmp_path):
