@@ -352,8 +352,8 @@ def capture_cmd(out_dir: Path, after: str, accuracy: bool, on_accuracy: str, no_
       - errors before a graph reaches the backend (Dynamo tracing errors) are not dumped;
       - --after aot dumps of compile errors carry no input data (PyTorch had only fake
         tensors): such a graph is archived instead at Inductor's own door, with the
-        program's real inputs and exception, and the data-less dump is left out; inputs
-        that never existed as data there (a backward graph's activations) stay absent.
+        program's real inputs and exception (a failing later call too), and the data-less
+        dump is left out; AOTAutograd's cache is off (a hit would skip both doors).
 
     \b
     With --store (or $REPROARCHIVE_STORE) every archive written is also pushed there, so a CI

@@ -280,6 +280,38 @@ def test_a_failing_first_call_after_aot_is_kept_from_the_spool_with_its_inputs_a
     assert outcome.shapes["guards_match"] is True, outcome.shapes
 
 
+LATER_CALL_AFTER_AOT = """
+import torch
+
+def f(x, i):
+    return torch.relu(x[i]) * 2
+
+c = torch.compile(f, dynamic=True)
+for n, idx in ((8, [0, 1]), (6, [2, 3]), (7, [5, 100])):  # the third call indexes out of bounds
+    c(torch.randn(n, 4), torch.tensor(idx))
+"""
+
+
+def test_a_later_call_that_fails_after_aot_is_archived_with_its_inputs_even_from_a_warm_cache(tmp_path):
+    """The third call of a ``dynamic=True`` graph fails in Inductor's code. PyTorch's after_aot
+    hook dumps it with fake copies of its inputs: the archive held no data and its replay passed
+    ("failure: unknown"). With AOTAutograd's cache warm (the program ran before), neither the
+    hook nor Inductor's door saw the graph, and nothing was written at all. Now the call is
+    archived at Inductor's door with the inputs it was called with and its own sizes."""
+    (tmp_path / "prog.py").write_text(LATER_CALL_AFTER_AOT)
+    warm = subprocess.run([sys.executable, str(tmp_path / "prog.py")], capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 1 and "index out of bounds" in warm.stderr, warm.stderr[-2000:]
+    written, archive = _captured(tmp_path, LATER_CALL_AFTER_AOT)
+    assert written["inputs"]["absent"] == 0 and written["inputs"]["real"] == 2, written
+    assert written["failure"]["stage"] == "forward" and "index out of bounds" in written["failure"]["message"]
+    records = reproarchive.load(archive).records
+    assert records.source.real_inputs == 5 and "call 3" in records.source.door, records.source  # sizes too
+    assert [r.dims[0].size for r in records.shapes.inputs if r.kind == "tensor"] == [7, 2]  # the third call's
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    assert outcome.shapes["guards_match"] is True and outcome.unfaithful == [], outcome.to_dict()
+
+
 CUSTOM_OP_DYNAMIC = """
 import torch
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"

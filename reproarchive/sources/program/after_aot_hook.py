@@ -19,11 +19,12 @@ any other input (a backward graph's activations and tangents, which never existe
 compile time) stays absent. The archive is a ``capture`` archive of an ``after_aot`` graph
 (``source.graph_kind``): ``run`` replays it the way PyTorch's after_aot ``run_repro`` does.
 
-Runtime failures of after_aot graphs are not this door's: PyTorch's hook dumps a failing call
-with fake copies of its inputs (and a graph compiled with dynamic shapes not at all, torch
-2.13), so a failing first call is kept from the crash guard's spool, with its real inputs
-(``crash_guard._undumped_after_aot``). Nothing here may break the program: a failure to write
-costs the archive, never the run.
+Runtime failures: PyTorch's hook dumps a failing call with fake copies of its inputs (and a
+graph compiled with dynamic shapes not at all, torch 2.13). A forward graph's failing first
+call is kept from the crash guard's spool, with its real inputs as they were before the call
+(``crash_guard._undumped_after_aot``); every later call, and every call of a backward graph, is
+watched here (``watched_calls``) and a failing one archived with the real inputs it was called
+with. Nothing here may break the program: a failure to write costs the archive, never the run.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ import functools
 import logging
 import os
 import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reproarchive.compat.fx_meta import aot_input_of
 from reproarchive.compat.inductor import debug_wrapper_of, set_debug_wrapper
-from reproarchive.sources.program.door_archives import AOT_DIR_ENV, AOT_PREFIX, write_at_door
+from reproarchive.sources.program.door_archives import AOT_DIR_ENV, AOT_PREFIX, ARCHIVED_ATTR, write_at_door
 
 log = logging.getLogger("reproarchive.capture")
 _calls = threading.local()
@@ -76,16 +79,95 @@ def patch(module: Any) -> None:
             caller = stack[-1] if stack else None
             pristine = _copy(gm)
             try:
-                return debug_wrapper(gm, example_inputs, *args, **kwargs)
+                compiled = debug_wrapper(gm, example_inputs, *args, **kwargs)
             except Exception as exc:
                 if pristine is not None and not _is_control_flow(exc):
                     _write(pristine, list(example_inputs), caller, exc, compiler_name)
                 raise
+            if pristine is None or not getattr(compiled, "_boxed_call", False):
+                return compiled
+            return watched_calls(compiled, pristine, list(example_inputs), compiler_name,
+                                 backward=bool(kwargs.get("is_backward")))
 
         return door
 
     wrap_compiler_debug._reproarchive_guarded = True
     set_debug_wrapper(module, wrap_compiler_debug)
+
+
+def watched_calls(compiled: Any, gm: Any, examples: list[Any], compiler_name: str, *, backward: bool) -> Any:
+    """``compiled`` (Inductor's code behind PyTorch's after_aot wrapper, called boxed with the
+    real inputs) such that a failing call is archived with those inputs: every call of a
+    backward graph, and every call of a forward graph after its first (which the crash guard
+    keeps from its spool, with the inputs as they were before it: ``crash_guard._keep``).
+    PyTorch's hook dumps such a call with fake copies. The inputs are held by weak reference
+    only (Inductor frees them as early as it can, and the program's memory stays its own), so
+    they are read after the call failed (the archive's ``door`` says so): one the graph writes
+    in place holds what it had then, and one already freed stays absent. Costs a list of weak
+    references per call."""
+    calls = [0]
+
+    def call(real_inputs: list[Any]) -> Any:
+        calls[0] += 1
+        held = [_reference(v) for v in real_inputs] if backward or calls[0] > 1 else None
+        try:
+            return compiled(real_inputs)
+        except Exception as exc:
+            if held is not None and not _is_control_flow(exc) and getattr(exc, ARCHIVED_ATTR, None) is None:
+                written = _write_call(gm, [get() for get in held], examples, exc, compiler_name, calls[0])
+                if written is not None:
+                    setattr(exc, ARCHIVED_ATTR, str(written))
+            raise
+
+    call._boxed_call = True
+    return call
+
+
+def _reference(value: Any) -> Callable[[], Any]:
+    """A getter of ``value``: weak for a tensor, the value itself otherwise (a size, a seed)."""
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return lambda: value
+
+
+def _write_call(gm: Any, inputs: list[Any], examples: list[Any], exc: BaseException, compiler_name: str,
+                call: int) -> Path | None:
+    """A failing call of ``gm`` archived: each input freed before it could be read stays absent
+    (its compile-time example, a fake tensor, where that has the same sizes)."""
+    import torch
+
+    kept, real = [], 0
+    for value, example in zip(inputs, examples):
+        if value is not None and _fits(value, example):
+            kept.append(value)
+            real += 1
+        elif value is None and isinstance(example, torch.Tensor) and all(isinstance(d, int) for d in example.shape):
+            kept.append(example)
+        else:
+            log.warning("reproarchive capture: call %d of the graph %s failed on could not be archived: input %d "
+                        "was freed or changed shape before it could be read", call, compiler_name, len(kept))
+            return None
+    return write_at_door(gm, kept, exc, compiler_name, folder=Path(os.environ[AOT_DIR_ENV]), prefix=AOT_PREFIX,
+                         door={"graph_kind": "after_aot", "real_inputs": real,
+                               "door": f"inductor (call {call} of the compiled graph; inputs read after it failed)"},
+                         capture_settings={"fwd_only": True}, stage="forward")
+
+
+def _fits(value: Any, example: Any) -> bool:
+    """Whether a call's input is one ``example`` (compile time) describes: a size the compile
+    made symbolic may differ from the example's hint in a later call; a static one may not."""
+    import torch
+
+    from reproarchive.codec.tensors import _is_fake
+
+    if isinstance(example, torch.Tensor):
+        return (isinstance(value, torch.Tensor) and not _is_fake(value) and value.dtype == example.dtype
+                and value.device == example.device and value.dim() == example.dim()
+                and all(not isinstance(e, int) or e == v for v, e in zip(value.shape, example.shape)))
+    if isinstance(example, torch.SymInt):
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and value == example
 
 
 def _is_control_flow(exc: BaseException) -> bool:

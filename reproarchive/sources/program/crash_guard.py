@@ -62,7 +62,7 @@ from reproarchive.sources.capture.first_call import CRASH_DIR_ENV, FirstCall, di
 from reproarchive.sources.capture.stack_room import with_frame_room
 from reproarchive.sources.program import after_aot_hook
 from reproarchive.sources.program.after_dynamo_hook import after_dynamo_hook
-from reproarchive.sources.program.door_archives import AOT_DIR_ENV
+from reproarchive.sources.program.door_archives import AOT_DIR_ENV, ARCHIVED_ATTR
 
 JOB_DIR_ENV = "REPROARCHIVE_JOB_DIR"
 ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
@@ -347,7 +347,8 @@ def _undumped_after_aot(exc: Exception) -> bool:
     a graph compiled with dynamic shapes (torch 2.13); the spool holds the call's real inputs."""
     from reproarchive.sources.capture.call_guard import is_control_flow
 
-    return bool(os.environ.get(AOT_DIR_ENV)) and not is_control_flow(exc)
+    return (bool(os.environ.get(AOT_DIR_ENV)) and not is_control_flow(exc)
+            and getattr(exc, ARCHIVED_ATTR, None) is None)  # not archived at Inductor's door already
 
 
 def _keep(pending: str, exc: Exception, backend: str) -> None:

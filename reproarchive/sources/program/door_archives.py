@@ -27,6 +27,8 @@ AOT_PREFIX = "aot-"
 DYNAMO_DOOR_DIR_ENV = "REPROARCHIVE_DOOR_DIR"  # no DYNAMO in the name: never recorded
 DYNAMO_PREFIX = "dynamo-"
 DOOR_PREFIXES = (AOT_PREFIX, DYNAMO_PREFIX)
+#: Set on a program's exception that a door archived with its real inputs: nothing else keeps it.
+ARCHIVED_ATTR = "reproarchive_archived_at_door"
 
 log = logging.getLogger("reproarchive.capture")
 _counter = itertools.count(1)

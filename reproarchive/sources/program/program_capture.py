@@ -85,7 +85,9 @@ class CaptureResult:
 
 #: The variables ``capture_env`` sets to steer the run that are also ones the environment record
 #: selects: reproarchive's, not the user's (``context.environment.OWN_VARIABLES_ENV``).
-OWN_VARIABLES = ("TORCH_COMPILE_DEBUG_DIR", "TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL")
+#: Off under ``--after aot`` (``capture_env``).
+AUTOGRAD_CACHE_ENV = "TORCHINDUCTOR_AUTOGRAD_CACHE"
+OWN_VARIABLES = ("TORCH_COMPILE_DEBUG_DIR", "TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL", AUTOGRAD_CACHE_ENV)
 
 
 def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False, on_accuracy: str = "warn",
@@ -110,6 +112,9 @@ def capture_env(dump_dir: Path, *, after: str = "dynamo", accuracy: bool = False
         if after == "aot":
             # Inductor's door: compile errors with the real inputs (PyTorch's dump has none)
             env[door_archives.AOT_DIR_ENV] = str(dump_dir / "aot")
+            # a hit in AOTAutograd's cache skips Inductor's door and PyTorch's hook alike (a warm
+            # cache left a failure unrecorded); the config record says the compile ran without it
+            env[AUTOGRAD_CACHE_ENV] = "0"
         else:  # Dynamo's door: compile errors PyTorch's dump cannot write
             env[door_archives.DYNAMO_DOOR_DIR_ENV] = str(dump_dir / "aot")
     env["TORCH_COMPILE_DEBUG_DIR"] = str(dump_dir)
@@ -133,7 +138,7 @@ CAPTURE_DIR_PREFIX = "reproarchive-capture-"
 #: The variables ``capture_env`` sets for the program: in an archive's environment record they
 #: are reproarchive's doing, not the user's (``diff`` does not count them as differences).
 CAPTURE_VARIABLES = ("TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL", "TORCH_COMPILE_DEBUG_DIR",
-                     CRASH_DIR_ENV, ACCURACY_DIR_ENV, ON_ACCURACY_ENV, door_archives.AOT_DIR_ENV,
+                     AUTOGRAD_CACHE_ENV, CRASH_DIR_ENV, ACCURACY_DIR_ENV, ON_ACCURACY_ENV, door_archives.AOT_DIR_ENV,
                      door_archives.DYNAMO_DOOR_DIR_ENV)
 
 
