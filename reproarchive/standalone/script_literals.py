@@ -124,7 +124,7 @@ def _header(archive_name, digest, system, failure, backend, source_kind, table) 
         "Needs only PyTorch:",
         "    python repro.py [--device DEV] [--backend NAME] [--accuracy/--no-accuracy] [--only-fwd] [--dynamo]",
         "It raises the recorded error (or AssertionError for an accuracy failure), or prints 'no failure'",
-        "(exit 0; 125 when it could not replay as recorded: other shape guards, random numbers unknown).",
+        "(exit 0; 125 when not as recorded: other shape guards, a custom op stood in, random numbers unknown).",
         "",
         f"Recorded with torch {_doc_text(torch_rec.version or '?')} (git {_doc_text(torch_rec.git_version or '?')}),"
         f" CUDA {_doc_text(torch_rec.cuda)}.",

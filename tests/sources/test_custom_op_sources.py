@@ -70,6 +70,11 @@ def test_export_writes_the_choice_into_repro_py(captured, tmp_path):
     ran = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "stand_in", capture_output=True, text=True,
                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert "ReluCompileError" in ran.stderr and "a stand-in returns its 1 recorded" in ran.stderr, ran.stderr[-2000:]
+    # a pass with the op stood in is no evidence either way, as in `run` (125, never 0)
+    passed = subprocess.run([sys.executable, "repro.py", "--backend", "eager"], cwd=tmp_path / "stand_in",
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert passed.returncode == 125 and "no failure" in passed.stdout, passed.stderr[-2000:]
+    assert "not as recorded: custom op ratest_src::twice.default was stood in" in passed.stderr
 
     real = _cli("export", captured, "-o", tmp_path / "real", "--import", "ratest_src_lib", cwd=folder)
     assert real.returncode == 0, real.stderr
