@@ -72,7 +72,8 @@ RUN_EPILOG = exit_codes(
     (125, "inconclusive: the recorded failure did not appear, but not under the conditions the archive "
           "records (a symbolic recording without its shape policy, random draws without the RNG state, a "
           "custom op stood in by its recorded outputs, a rank run alone on made-up collective values, inputs "
-          "that require grad without the recorded grad mode): no evidence either way"),
+          "that require grad without the recorded grad mode, other shape guards, generated inputs after a "
+          "compile): no evidence either way"),
     INTERRUPTED,
 ) + """
 \b

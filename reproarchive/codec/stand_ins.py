@@ -25,6 +25,7 @@ import torch
 
 from reproarchive.codec import custom_ops as co
 from reproarchive.codec.operator_effects import SCHEMA_BLIND, schema_problem
+from reproarchive.codec.targets import forget_resolved
 from reproarchive.compat.dispatch import OpNamespace, parse_schema
 from reproarchive.errors import NotReplayableHereError, ReproArchiveError, Rule, UnsafeArchiveError
 from reproarchive.format.schema import CustomOpRecord
@@ -208,6 +209,19 @@ def define_operator(namespace: str, definition: str, kernel: Any, fake: Any) -> 
     return lib
 
 
+def _withdraw_stand_ins() -> None:
+    """Unregister the stand-ins earlier loads in this process installed: the implementation the
+    user brings registers the same names, and could not while a stand-in held them (a ``load``
+    and then a ``run --import`` in one process failed). A load after this stands in again for
+    what is still missing."""
+    if not _INSTALLED:
+        return
+    for stand_in in list(_INSTALLED.values()):
+        stand_in.library._destroy()
+    _INSTALLED.clear()
+    forget_resolved()  # a graph's target resolved to a stand-in names the real op from now on
+
+
 def is_stand_in(name: str) -> bool:
     return name in _INSTALLED
 
@@ -220,6 +234,8 @@ def bring_implementations(imports: Sequence[str] = (), libraries: Sequence[str] 
     """Import the modules and load the shared libraries the user named (``--import``,
     ``--load-library``), before an archive is loaded. Only ever called with the user's own
     arguments: no name from an archive reaches here."""
+    if imports or libraries:
+        _withdraw_stand_ins()
     if imports and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # as ``python -m`` would: the user's module next to them
     for module in imports:

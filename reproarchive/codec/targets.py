@@ -133,6 +133,11 @@ def _resolved(name: str) -> Any:
     return obj
 
 
+def forget_resolved() -> None:
+    """Drop the resolved targets: the operators behind some names changed (``stand_ins``)."""
+    _resolved.cache_clear()
+
+
 def resolve_function(name: object) -> Any:
     """The callable ``name`` names, allowed by its effects; what ``load`` builds a graph with.
     A name this torch cannot resolve is refused when the rule would refuse it whatever it is

@@ -29,6 +29,7 @@ from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
+from reproarchive.codec.tensors import FIDELITY_ABSENT
 from reproarchive.compat.inductor import inner_compiler
 from reproarchive.context import failure as _failure
 from reproarchive.context.system import torch_here, torch_version
@@ -42,7 +43,7 @@ from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.compile_only import compiled_on, replay_compile_only
 from reproarchive.replay.conditions import described_device, entered, planned_setup, tensors_in, verdict
 from reproarchive.replay.isolation import run_in_child
-from reproarchive.replay.outcome import Outcome, unless_faithful, with_stand_ins
+from reproarchive.replay.outcome import Outcome, unless_faithful, with_generated_inputs, with_stand_ins
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
 
@@ -332,7 +333,16 @@ def _replayed(ready, repro, *, on_start=None) -> Outcome:
     outcome.warnings[:0] = load_warnings
     outcome.archive = ready.path
     outcome.digest = repro.digest
-    return with_stand_ins(outcome, list(repro.stand_ins))
+    return with_generated_inputs(with_stand_ins(outcome, list(repro.stand_ins)), generated_inputs(repro))
+
+
+def generated_inputs(repro: Any) -> list[str]:
+    """The placeholders of ``repro`` whose values were generated here: no data in the archive, or
+    (a minified archive's) computed from such."""
+    names = placeholder_names(repro.gm)
+    derived = {i for i, what in repro.index.not_original_inputs().items() if what == "computed from generated data"}
+    return [name for i, name in enumerate(names)
+            if i in derived or (i < len(repro.fidelity) and repro.fidelity[i] == FIDELITY_ABSENT)]
 
 
 def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_differences: bool = True) -> Outcome:

@@ -390,6 +390,8 @@ class _Script:
             source_kind=repr(source_kind),
             accuracy=repr(bool(accuracy)),
             recorded_stage=repr(failure.stage if failure is not None else None),
+            no_data_inputs=repr([n.name for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
+                                   if i < len(plan.fidelity) and plan.fidelity[i] == "absent"]),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
             **_shape_literals(records.shapes),

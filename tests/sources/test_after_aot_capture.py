@@ -312,6 +312,59 @@ def test_a_later_call_that_fails_after_aot_is_archived_with_its_inputs_even_from
     assert outcome.shapes["guards_match"] is True and outcome.unfaithful == [], outcome.to_dict()
 
 
+GRADIENT_CHECK_OP = """
+import torch
+
+@torch.library.custom_op("bwcase::checked", mutates_args=())
+def checked(g: torch.Tensor) -> torch.Tensor:
+    if g.abs().max() > 10:
+        raise RuntimeError("bwcase: a gradient over 10 was refused")
+    return g.clone()
+
+checked.register_fake(lambda g: torch.empty_like(g))
+
+@torch.library.custom_op("bwcase::scaled", mutates_args=())
+def scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+scaled.register_fake(lambda x: torch.empty_like(x))
+scaled.register_autograd(lambda ctx, g: checked(g) * 2)
+"""
+
+BACKWARD_LATER_CALL = """
+import torch, bwcase_ops
+f = torch.compile(lambda x: torch.relu(bwcase_ops.scaled(x)).sum())
+x = torch.randn(8, requires_grad=True)
+for scale in (1.0, 2.0, 100.0):  # the third backward gets a gradient over 10
+    (f(x) * scale).backward()
+"""
+
+
+def test_a_failing_backward_after_aot_is_archived_and_a_pass_on_its_freed_inputs_is_no_evidence(tmp_path,
+                                                                                                monkeypatch):
+    """The third call of a compiled backward fails (a custom op in it refuses the gradient).
+    AOTAutograd frees the backward's inputs as it calls it, so Inductor's door archives the
+    graph with the inputs it could still read and the rest absent. A replay on generated values
+    in their place that passes said PASSED (exit 0) for a failure it never tried. (The capture's
+    report loaded the archive here, which stood in for the op: ``imports`` withdraws that
+    stand-in, which made the import fail before.)"""
+    (tmp_path / "bwcase_ops.py").write_text(GRADIENT_CHECK_OP)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    written, archive = _captured(tmp_path, BACKWARD_LATER_CALL)
+    assert "over 10" in written["failure"]["message"] and written["inputs"]["absent"] >= 1, written
+    assert "call 3" in reproarchive.load(archive).records.source.door
+    monkeypatch.syspath_prepend(str(tmp_path))
+    outcome = reproarchive.run(archive, isolate=False, imports=("bwcase_ops",))
+    assert (outcome.status, outcome.exit_code) == ("inconclusive", 125), outcome.to_dict()
+    assert any("held generated values, not the failing run's data" in w for w in outcome.unfaithful)
+    # the exported script judges so too
+    exported = invoke("export", archive, "-o", tmp_path / "script", "--import", "bwcase_ops")
+    assert exported.exit_code == 0, exported.output
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 125 and "held generated values" in done.stderr, done.stderr[-2000:]
+
+
 CUSTOM_OP_DYNAMIC = """
 import torch
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"

@@ -83,10 +83,10 @@ class CaptureResult:
         }
 
 
-#: The variables ``capture_env`` sets to steer the run that are also ones the environment record
-#: selects: reproarchive's, not the user's (``context.environment.OWN_VARIABLES_ENV``).
 #: Off under ``--after aot`` (``capture_env``).
 AUTOGRAD_CACHE_ENV = "TORCHINDUCTOR_AUTOGRAD_CACHE"
+#: The variables ``capture_env`` sets to steer the run that are also ones the environment record
+#: selects: reproarchive's, not the user's (``context.environment.OWN_VARIABLES_ENV``).
 OWN_VARIABLES = ("TORCH_COMPILE_DEBUG_DIR", "TORCHDYNAMO_REPRO_AFTER", "TORCHDYNAMO_REPRO_LEVEL", AUTOGRAD_CACHE_ENV)
 
 
