@@ -129,6 +129,10 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
     observed = outcome.observed
     if observed is None:
         return _passed(backend)
+    if observed.exception_type.rpartition(".")[2] == "StandInMiss":  # our stand-in's miss, not the program's failure
+        return fail.unknown_record(
+            f"the replay could not run a custom op ({first_line_of(observed.message)}): bring its implementation "
+            "(--import MODULE or --load-library PATH) for the failure to be learned", backend=backend)
     if observed.backend == "eager":
         raise NotReplayableError(f"the graph fails in eager mode too ({observed.exception_type}: "
                              f"{first_line(observed.message)}); not replayed")
@@ -148,6 +152,11 @@ def crashed(crash: dict[str, str], backend: str | None) -> tuple[Any, dict[str, 
     record = fail.crash_record(crash["signal"], f"the replay that records the failure {crash['reason']}",
                                crash["log"], backend=backend)
     return record, {"performed": True, "crashed": True, "failure_from": "replay"}
+
+
+def first_line_of(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def first_line(err: BaseException) -> str:

@@ -4,6 +4,7 @@ stand-in or with the implementation the user names (``--import``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,3 +99,40 @@ def test_inspect_names_the_op_and_what_run_does_about_it(captured):
     assert reproarchive.verify(captured, progress=False).not_replayable_here == ()
     text = _cli("inspect", captured, cwd=captured.parent).stdout
     assert "custom op: ratest_src::twice.default" in text and "not replayable here" not in text
+
+
+REFUSING_OP = '''
+import torch
+
+@torch.library.custom_op("ratest_refuse::checked", mutates_args=())
+def checked(x: torch.Tensor) -> torch.Tensor:
+    if x.abs().max() > 10:
+        raise RuntimeError("ratest_refuse: a value over 10 was refused")
+    return x.clone()
+
+checked.register_fake(lambda x: torch.empty_like(x))
+'''
+LATER_CALL_PROGRAM = '''
+import torch, refuse_lib
+f = torch.compile(lambda x: refuse_lib.checked(torch.relu(x) * 2))
+for scale in (1.0, 2.0, 100.0):  # the third call's values are refused
+    f(torch.ones(8) * scale)
+'''
+
+
+def test_a_dump_whose_replay_cannot_run_the_op_records_no_failure_of_the_stand_ins(tmp_path):
+    """A later call fails inside the program's own op. PyTorch's dump names the op but cannot
+    define it, and the failing call has no recorded output, so the pack's replay met its own
+    stand-in's miss, and the archive recorded that (``compile StandInMiss``) as the program's
+    failure: `run` with the real op then said DIFFERENT FAILURE. Now the failure is unknown and
+    says what to bring; with ``capture --import`` the replay learns the real one."""
+    (tmp_path / "refuse_lib.py").write_text(REFUSING_OP)
+    (tmp_path / "prog.py").write_text(LATER_CALL_PROGRAM)
+    alone = _cli("capture", "--json", "-o", tmp_path / "out", "--", sys.executable, "prog.py", cwd=tmp_path)
+    (written,) = json.loads(alone.stdout)["archives"]
+    assert written["failure"]["stage"] == "unknown" and "--import MODULE" in written["failure"]["message"], written
+    brought = _cli("capture", "--json", "--import", "refuse_lib", "-o", tmp_path / "brought", "--", sys.executable,
+                   "prog.py", cwd=tmp_path)
+    (written,) = json.loads(brought.stdout)["archives"]
+    assert written["failure"]["exception_type"] == "RuntimeError", written
+    assert "a value over 10 was refused" in written["failure"]["message"]
