@@ -21,6 +21,7 @@ import torch
 import reproarchive
 from support import dump_programs as progs
 from support.cli import invoke
+from support.custom_op_programs import refusing_library
 from support.shared_fixture import built_once
 
 pytestmark = pytest.mark.slow
@@ -312,17 +313,7 @@ def test_a_later_call_that_fails_after_aot_is_archived_with_its_inputs_even_from
     assert outcome.shapes["guards_match"] is True and outcome.unfaithful == [], outcome.to_dict()
 
 
-GRADIENT_CHECK_OP = """
-import torch
-
-@torch.library.custom_op("bwcase::checked", mutates_args=())
-def checked(g: torch.Tensor) -> torch.Tensor:
-    if g.abs().max() > 10:
-        raise RuntimeError("bwcase: a gradient over 10 was refused")
-    return g.clone()
-
-checked.register_fake(lambda g: torch.empty_like(g))
-
+GRADIENT_CHECK_OP = refusing_library("bwcase") + """
 @torch.library.custom_op("bwcase::scaled", mutates_args=())
 def scaled(x: torch.Tensor) -> torch.Tensor:
     return x * 2

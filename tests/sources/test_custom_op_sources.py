@@ -14,7 +14,7 @@ import pytest
 
 import reproarchive
 from reproarchive.format.reader import ContainerReader
-from support.custom_op_programs import twice_library
+from support.custom_op_programs import refusing_library, twice_library
 from support.shared_fixture import built_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*stand-in.*:UserWarning")]
@@ -101,17 +101,7 @@ def test_inspect_names_the_op_and_what_run_does_about_it(captured):
     assert "custom op: ratest_src::twice.default" in text and "not replayable here" not in text
 
 
-REFUSING_OP = '''
-import torch
-
-@torch.library.custom_op("ratest_refuse::checked", mutates_args=())
-def checked(x: torch.Tensor) -> torch.Tensor:
-    if x.abs().max() > 10:
-        raise RuntimeError("ratest_refuse: a value over 10 was refused")
-    return x.clone()
-
-checked.register_fake(lambda x: torch.empty_like(x))
-'''
+REFUSING_OP = refusing_library("ratest_refuse")
 LATER_CALL_PROGRAM = '''
 import torch, refuse_lib
 f = torch.compile(lambda x: refuse_lib.checked(torch.relu(x) * 2))
