@@ -27,6 +27,7 @@ from reproarchive.codec import custom_ops as co
 from reproarchive.codec.operator_effects import SCHEMA_BLIND, schema_problem
 from reproarchive.codec.targets import forget_resolved
 from reproarchive.compat.dispatch import OpNamespace, parse_schema
+from reproarchive.compat.fake import hint_of
 from reproarchive.errors import NotReplayableHereError, ReproArchiveError, Rule, UnsafeArchiveError
 from reproarchive.format.schema import CustomOpRecord
 
@@ -89,7 +90,7 @@ def _hinted(value: Any, symbols: dict[int, Any]) -> Any:
         return value
     shape = []
     for d in value.shape:
-        hint = getattr(getattr(d, "node", None), "hint", None) if isinstance(d, torch.SymInt) else d
+        hint = hint_of(d)
         if hint is None:  # an unbacked size: no value to match a recorded call on
             return value
         if isinstance(d, torch.SymInt):

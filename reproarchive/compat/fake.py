@@ -59,6 +59,22 @@ def is_fake(value: Any) -> bool:
     return fake(value)
 
 
+def hint_of(value: Any) -> Any:
+    """A size's value in this run: an int as it is, a SymInt's hint; None for an unbacked
+    symbol (``mark_unbacked``, a data-dependent size), which has none."""
+    if isinstance(value, int):
+        return value
+    return getattr(getattr(value, "node", None), "hint", None)
+
+
+def is_unbacked(value: Any) -> bool:
+    """Whether ``value`` is a SymInt without a hint. A nested int's node has no ``hint`` at all:
+    it is not unbacked."""
+    import torch
+
+    return isinstance(value, torch.SymInt) and getattr(value.node, "hint", 0) is None
+
+
 def shape_env_of_fake(value: Any) -> Any:
     """The ``ShapeEnv`` of a ``FakeTensor``'s mode; None for anything else or a static mode."""
     return value.fake_mode.shape_env if is_fake_tensor(value) else None

@@ -16,6 +16,7 @@ from reproarchive.codec.recorded_calls import record_calls
 from reproarchive.codec.rng import rng_snapshot
 from reproarchive.codec.shapes import policy_of
 from reproarchive.compat.dispatch import disable_current_modes
+from reproarchive.compat.fake import is_unbacked
 from reproarchive.compat.fx_meta import example_value_of
 from reproarchive.context.environment import environment_snapshot
 from reproarchive.context.execution import execution_snapshot
@@ -69,8 +70,7 @@ def with_unbacked_sizes(gm: Any, inputs: list[Any]) -> list[Any]:
                 expr = getattr(size.node, "expr", None) if isinstance(size, torch.SymInt) else None
                 if expr is not None and not isinstance(value, torch.SymInt):
                     sizes.setdefault(str(expr), int(value))
-    return [sizes.get(str(v.node.expr), v) if isinstance(v, torch.SymInt) and getattr(v.node, "hint", 0) is None else v
-            for v in inputs]
+    return [sizes.get(str(v.node.expr), v) if is_unbacked(v) else v for v in inputs]
 
 
 def write_archive(gm: Any, inputs: list[Any], destination: Path, **records: Any) -> Path:

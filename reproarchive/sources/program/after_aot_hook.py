@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reproarchive.compat.fake import hint_of
 from reproarchive.compat.fx_meta import aot_input_of
 from reproarchive.compat.inductor import debug_wrapper_of, set_debug_wrapper
 from reproarchive.sources.program.door_archives import AOT_DIR_ENV, AOT_PREFIX, ARCHIVED_ATTR, write_at_door
@@ -139,7 +140,7 @@ def _write_call(gm: Any, inputs: list[Any], examples: list[Any], exc: BaseExcept
 
     kept, real = [], 0
     for value, example in zip(inputs, examples):
-        if value is not None and _fits(value, example):
+        if value is not None and _matches(value, example, later_call=True):
             kept.append(value)
             real += 1
         elif value is None and isinstance(example, torch.Tensor) and all(isinstance(d, int) for d in example.shape):
@@ -152,22 +153,6 @@ def _write_call(gm: Any, inputs: list[Any], examples: list[Any], exc: BaseExcept
                          door={"graph_kind": "after_aot", "real_inputs": real,
                                "door": f"inductor (call {call} of the compiled graph; inputs read after it failed)"},
                          capture_settings={"fwd_only": True}, stage="forward")
-
-
-def _fits(value: Any, example: Any) -> bool:
-    """Whether a call's input is one ``example`` (compile time) describes: a size the compile
-    made symbolic may differ from the example's hint in a later call; a static one may not."""
-    import torch
-
-    from reproarchive.codec.tensors import _is_fake
-
-    if isinstance(example, torch.Tensor):
-        return (isinstance(value, torch.Tensor) and not _is_fake(value) and value.dtype == example.dtype
-                and value.device == example.device and value.dim() == example.dim()
-                and all(not isinstance(e, int) or e == v for v, e in zip(value.shape, example.shape)))
-    if isinstance(example, torch.SymInt):
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, int) and not isinstance(value, bool) and value == example
 
 
 def _is_control_flow(exc: BaseException) -> bool:
@@ -215,29 +200,30 @@ def _described(described: tuple[str, Any] | None, caller: tuple[Any, list[Any]] 
         return None
 
 
-def _hint(value: Any) -> Any:
-    if isinstance(value, int):
-        return value
-    return getattr(getattr(value, "node", None), "hint", None)
-
-
 def _same(real: Any, symbolic: Any) -> bool:
     """Sizes (or strides) equal where the example has a value: an unbacked symbol (``mark_unbacked``)
     has none, and the real tensor's is its value."""
-    return all(hint is None or hint == value for value, hint in zip(real, map(_hint, symbolic)))
+    return all(hint is None or hint == value for value, hint in zip(real, map(hint_of, symbolic)))
 
 
-def _matches(real: Any, example: Any) -> bool:
+def _matches(real: Any, example: Any, *, later_call: bool = False) -> bool:
+    """Whether ``real`` is the value ``example`` (what Inductor compiled for) describes. In a
+    later call a size the compile made symbolic may differ from the example's hint; a static
+    one may not."""
     import torch
 
     from reproarchive.codec.tensors import _is_fake
 
     if isinstance(example, torch.Tensor):
-        return (isinstance(real, torch.Tensor) and not _is_fake(real) and real.dtype == example.dtype
-                and real.device == example.device and real.dim() == example.dim()
-                and _same(real.shape, example.shape) and _same(real.stride(), example.stride()))
+        if not (isinstance(real, torch.Tensor) and not _is_fake(real) and real.dtype == example.dtype
+                and real.device == example.device and real.dim() == example.dim()):
+            return False
+        if later_call:
+            return all(not isinstance(e, int) or e == v for v, e in zip(real.shape, example.shape))
+        return _same(real.shape, example.shape) and _same(real.stride(), example.stride())
     if isinstance(example, (torch.SymInt, int)) and not isinstance(example, bool):
-        return isinstance(real, int) and not isinstance(real, bool) and real == _hint(example)
+        plain = isinstance(real, int) and not isinstance(real, bool)
+        return plain and (later_call and isinstance(example, torch.SymInt) or real == hint_of(example))
     return False
 
 

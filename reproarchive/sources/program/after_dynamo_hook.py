@@ -131,9 +131,9 @@ _DEVICE_BROKEN = re.compile(r"AcceleratorError|CUDA error|HIP error|device-side 
 def _unhinted(inputs: list[Any]) -> bool:
     """Whether an input is a size Dynamo passes as an unbacked symbol (``mark_unbacked``): it has
     no value PyTorch's dump could write (``reader.symint(None)``)."""
-    import torch
+    from reproarchive.compat.fake import is_unbacked
 
-    return any(isinstance(v, torch.SymInt) and getattr(v.node, "hint", 0) is None for v in inputs)
+    return any(is_unbacked(v) for v in inputs)
 
 
 def _device_broken(err: BaseException) -> bool:
