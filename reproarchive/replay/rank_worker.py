@@ -40,9 +40,9 @@ from reproarchive.context.failure import as_collective_timeout
 from reproarchive.format.schema import Records
 from reproarchive.replay import ranks as _ranks
 from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
-from reproarchive.replay.outcome import judge, unless_faithful, with_stand_ins
+from reproarchive.replay.outcome import judge, unless_faithful, with_generated_inputs, with_stand_ins
 from reproarchive.replay.run_job import load_rank
-from reproarchive.replay.runner import replay_graph
+from reproarchive.replay.runner import generated_inputs, replay_graph
 from reproarchive.replay.settings import ReplaySettings
 
 #: How a rank whose replay observed a failure exits (after writing its outcome).
@@ -92,7 +92,8 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
     if timed_out is not outcome.observed:
         status, code = judge(rank_repro.failure, timed_out)
         outcome = dataclasses.replace(outcome, observed=timed_out, status=status, exit_code=code)
-    return with_stand_ins(outcome, list(getattr(rank_repro, "stand_ins", None) or []))
+    outcome = with_stand_ins(outcome, list(rank_repro.stand_ins))
+    return with_generated_inputs(outcome, generated_inputs(rank_repro.gm, list(rank_repro.fidelity), records))
 
 
 def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,

@@ -93,7 +93,7 @@ class RankPart:
 class _RankReplay:
     """One rank's graph, inputs (DTensor inputs as their local shards: ``dtensors`` says what
     they were, on ``meshes``), recorded failure and the generator states its call started from
-    (None: not recorded)."""
+    (None: not recorded); ``fidelity`` and ``stand_ins`` as loading found them, for the verdict."""
 
     gm: Any
     args: list
@@ -101,6 +101,8 @@ class _RankReplay:
     dtensors: tuple = ()
     meshes: tuple = ()
     rng_states: Any = None
+    fidelity: tuple = ()
+    stand_ins: tuple = ()
 
 
 def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> RankPart:
@@ -111,7 +113,8 @@ def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> R
     chosen = settings.for_recorded(part.records.backend, part.records.accuracy)
     failure = part.outcome.failure if part.outcome is not None else None
     rng = part.rng_states if part.records.rng is not None else None
-    return RankPart(_RankReplay(part.gm, list(part.args), failure, tuple(part.dtensors), tuple(job.meshes), rng),
+    return RankPart(_RankReplay(part.gm, list(part.args), failure, tuple(part.dtensors), tuple(job.meshes), rng,
+                                tuple(part.fidelity), tuple(part.stand_ins)),
                     group_specs(job.job), chosen, part.records)
 
 

@@ -333,16 +333,19 @@ def _replayed(ready, repro, *, on_start=None) -> Outcome:
     outcome.warnings[:0] = load_warnings
     outcome.archive = ready.path
     outcome.digest = repro.digest
-    return with_generated_inputs(with_stand_ins(outcome, list(repro.stand_ins)), generated_inputs(repro))
+    outcome = with_stand_ins(outcome, list(repro.stand_ins))
+    return with_generated_inputs(outcome, generated_inputs(repro.gm, repro.fidelity, records))
 
 
-def generated_inputs(repro: Any) -> list[str]:
-    """The placeholders of ``repro`` whose values were generated here: no data in the archive, or
-    (a minified archive's) computed from such."""
-    names = placeholder_names(repro.gm)
-    derived = {i for i, what in repro.index.not_original_inputs().items() if what == "computed from generated data"}
-    return [name for i, name in enumerate(names)
-            if i in derived or (i < len(repro.fidelity) and repro.fidelity[i] == FIDELITY_ABSENT)]
+def generated_inputs(gm, fidelity: list[str], records: Records) -> list[str]:
+    """The placeholders of ``gm`` whose values were generated here: no data in the archive
+    (``fidelity``), or (a minified archive's ``records``) computed from such. A graph's or one
+    rank's: the single-graph replay and each rank of a job judge by the same rule."""
+    minify = records.minify
+    derived = {i for i, p in enumerate(minify.inputs if minify is not None and minify.inputs else ())
+               if not p.real and p.from_absent}
+    return [name for i, name in enumerate(placeholder_names(gm))
+            if i in derived or (i < len(fidelity) and fidelity[i] == FIDELITY_ABSENT)]
 
 
 def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_differences: bool = True) -> Outcome:

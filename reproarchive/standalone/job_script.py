@@ -24,11 +24,13 @@ import torch
 
 from reproarchive.archive.job_archive import JobRepro, load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
+from reproarchive.codec.rng import random_ops
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
+from reproarchive.replay.runner import generated_inputs
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.standalone.script import ExportReport, _DataWriter, _Script, loading_block, state_block
 from reproarchive.standalone.script_literals import _doc_text, _execution_literal, _shape_literals, admitted_settings
@@ -113,6 +115,7 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
             rank_rng_states=repr({rank: {name: script.writer.storage(t)[0] for name, t in rng.items()}
                                   for rank, (_, rng) in sorted(state.items())}),
             rank_shapes=_rank_shapes(job),
+            **_rank_judging(job),
             state_block=state_block(),
             loading_block=loading_block(),
         ).lstrip()
@@ -120,6 +123,17 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
         files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
         size = sum((tmp / f).stat().st_size for f in files)
     return ExportReport(folder=str(out), script=str(out / "repro.py"), files=tuple(files), bytes=size)
+
+
+def _rank_judging(job: JobRepro) -> dict[str, str]:
+    """Each rank's facts its script judges a pass by, as ``run`` judges the rank's replay: its
+    recorded failure's stage, its random calls (counted when its generator states are not
+    recorded) and its inputs that hold generated values."""
+    stages = {r.rank: r.outcome.failure.stage for r in job.ranks if r.outcome is not None and r.outcome.failure}
+    return dict(rank_stages=repr(stages),
+                rank_random_ops=repr({r.rank: list(random_ops(r.gm)) for r in job.ranks if random_ops(r.gm)}),
+                rank_no_data_inputs=repr({r.rank: names for r in job.ranks
+                                          if (names := generated_inputs(r.gm, list(r.fidelity), r.records))}))
 
 
 def _rank_shapes(job: JobRepro) -> str:

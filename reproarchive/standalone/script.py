@@ -58,6 +58,7 @@ from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import DerivedValue, Records, TensorValue
 from reproarchive.replay.accuracy import DEFAULT_TOLERANCE
 from reproarchive.replay.backends import is_custom
+from reproarchive.replay.runner import generated_inputs
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.standalone.script_literals import (
     _doc_text,
@@ -390,8 +391,7 @@ class _Script:
             source_kind=repr(source_kind),
             accuracy=repr(bool(accuracy)),
             recorded_stage=repr(failure.stage if failure is not None else None),
-            no_data_inputs=repr([n.name for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
-                                   if i < len(plan.fidelity) and plan.fidelity[i] == "absent"]),
+            no_data_inputs=repr(generated_inputs(gm, list(plan.fidelity), records)),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
             **_shape_literals(records.shapes),

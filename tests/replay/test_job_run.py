@@ -115,6 +115,28 @@ def test_every_rank_in_one_process_judges_accuracy_with_real_collective_values(a
     assert refused.exit_code == 2 and "runs one SPMD graph for every rank" in refused.output
 
 
+@pytest.mark.slow
+def test_a_rank_that_passes_on_generated_inputs_is_no_evidence_however_the_job_is_replayed(tmp_path):
+    """Rank 1's input was recorded without its data: a pass of its accuracy failure on values
+    generated here says nothing of the failing run's, launched or in one process."""
+    archive = spmd_accuracy(tmp_path, absent_on_rank_1=True)
+    for how in ((), ("--single-process",)):
+        result = invoke("run", archive, "--backend", "eager", *how, "--json")
+        job = json.loads(result.stdout)
+        assert (result.exit_code, job["status"]) == (125, "inconclusive"), result.output
+        ranks = {r["rank"]: r["outcome"] for r in job["ranks"]}
+        assert ranks[0]["status"] == "passed" and ranks[1]["status"] == "inconclusive", ranks
+        assert any("held generated values" in u and "x" in u for u in ranks[1]["unfaithful"]), ranks[1]
+    # the exported script judges each rank by the same rule
+    exported = tmp_path / "export"
+    assert invoke("export", archive, "-o", exported).exit_code == 0
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "repro.py", "--backend", "eager", "--timeout", "30"], cwd=exported, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0 and "input(s) held generated values" in done.stderr, done.stderr[-3000:]
+    assert "rank 0: no failure" in done.stdout and "rank 1: no failure" in done.stdout, done.stdout
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

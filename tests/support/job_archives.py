@@ -108,16 +108,21 @@ def rank_one_skips(folder: Path) -> Path:
 
 
 
-def spmd_accuracy(folder: Path) -> Path:
+def spmd_accuracy(folder: Path, *, absent_on_rank_1: bool = False) -> Path:
+    """``absent_on_rank_1``: the failing rank's ``x`` recorded without its data."""
     backend = "relu_accuracy_error_TESTING_ONLY"
     failure = FailureRecord(stage="accuracy", exception_type="AccuracyError",
                             message="compiled result differs from eager",
                             signature=signature("accuracy", "AccuracyError", ""), backend=backend)
     parts = []
     for rank, outcome in ((0, RankOutcome(status="running")), (1, RankOutcome(status="failed", failure=failure))):
-        part = _part(rank, collective_graph(relu=True), outcome, backend)
+        inputs = _inputs(rank)
+        if absent_on_rank_1 and rank == 1:
+            inputs[0] = reproarchive.AbsentTensor(tuple(inputs[0].shape), inputs[0].dtype, device="cpu")
+        part = _part(rank, collective_graph(relu=True), outcome, backend, inputs=inputs)
         parts.append(dataclasses.replace(part, records=dataclasses.replace(part.records, accuracy=True)))
-    return reproarchive.pack_job(parts, folder / "spmd-accuracy.tar.zst", world_size=2, backend="gloo",
+    name = "spmd-accuracy-absent.tar.zst" if absent_on_rank_1 else "spmd-accuracy.tar.zst"
+    return reproarchive.pack_job(parts, folder / name, world_size=2, backend="gloo",
                                  groups=[WORLD])
 
 

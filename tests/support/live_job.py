@@ -85,7 +85,7 @@ def main(scenario: str, folder: str) -> int:
     recorded = RECORDED[failing[rank]]() if failing and rank in failing else None
     device = f"cuda:{os.environ['LOCAL_RANK']}" if request.get("cuda") else "cpu"
     part = SimpleNamespace(gm=gm, args=[torch.arange(4, dtype=torch.float32, device=device) + rank],
-                           failure=recorded)
+                           failure=recorded, fidelity=["real"], stand_ins=[])
     code = rank_worker.serve(part, groups, Path(folder), ReplaySettings(backend=request.get("backend", "eager")),
                              timeout_s=float(request["timeout_s"]), rank=rank, world_size=world)
     if scenario == "sub_groups":
