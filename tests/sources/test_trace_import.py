@@ -233,7 +233,7 @@ def test_a_compile_that_passed_replays_as_passed(packed):
     assert reproarchive.run(packed["graph_break"]["0/0"]).status == "passed"
 
 
-def test_a_pass_without_the_recorded_grad_mode_is_inconclusive(packed):
+def test_a_pass_without_the_recorded_grad_mode_is_inconclusive(packed, tmp_path):
     """A log records no grad mode. The Linear's weight requires grad, so the replay's grad mode
     decides whether AOTAutograd compiles forward and backward: a pass there is no evidence (125).
     The graph-break job's first graph has no such input and compiles the same either way."""
@@ -241,6 +241,11 @@ def test_a_pass_without_the_recorded_grad_mode_is_inconclusive(packed):
     assert (outcome.status, outcome.exit_code) == ("inconclusive", 125), outcome.to_dict()
     assert any("grad mode of the failing run was not recorded" in u for u in outcome.unfaithful), outcome.unfaithful
     assert reproarchive.run(packed["graph_break"]["0/0"]).status == "passed"
+    # the exported script judges it as run does
+    reproarchive.export(packed["compile_error"]["0/0"], tmp_path / "bug")
+    proc = subprocess.run([sys.executable, str(tmp_path / "bug" / "repro.py"), "--backend", "aot_eager"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 125 and "grad mode of the failing run was not recorded" in proc.stderr, proc.stderr
 
 
 def test_records_say_where_the_failure_came_from(packed):
