@@ -32,8 +32,9 @@ from reproarchive.compat.distributed import LocalTensor, LocalTensorMode, local_
 from reproarchive.errors import ReproArchiveError
 from reproarchive.replay import launch as _launch
 from reproarchive.replay import ranks as _ranks
-from reproarchive.replay.outcome import with_generated_inputs, with_stand_ins
-from reproarchive.replay.runner import generated_inputs, replay_graph
+from reproarchive.replay.faithfulness import generated_inputs, with_generated_inputs
+from reproarchive.replay.outcome import with_stand_ins
+from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
 
 

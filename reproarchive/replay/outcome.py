@@ -152,19 +152,6 @@ def with_stand_ins(outcome: Outcome, names: list[str]) -> Outcome:
     return unless_faithful(outcome, [*outcome.unfaithful, *said]) if said else outcome
 
 
-def with_generated_inputs(outcome: Outcome, names: list[str]) -> Outcome:
-    """``outcome`` of a replay in which the inputs ``names`` held values generated here (no data
-    in the archive, or computed from such): a failure after compiling may depend on the data,
-    so a pass is no evidence that it is gone (``unless_faithful``: inconclusive, 125). A
-    compile reads no input's values, so a compile failure's pass stays one."""
-    recorded = outcome.recorded
-    if not names or recorded is None or recorded.stage == "compile":
-        return outcome
-    said = (f"{len(names)} input(s) held generated values, not the failing run's data ({', '.join(names[:5])}"
-            f"{', ...' if len(names) > 5 else ''}): a failure that depends on them may not show")
-    return unless_faithful(outcome, [*outcome.unfaithful, said])
-
-
 def judge(recorded: FailureRecord | None, observed: FailureRecord | None) -> tuple[str, int]:
     if observed is None:
         return PASSED, EXIT_PASSED

@@ -39,10 +39,11 @@ from reproarchive.compat.distributed import default_store
 from reproarchive.context.failure import as_collective_timeout
 from reproarchive.format.schema import Records
 from reproarchive.replay import ranks as _ranks
+from reproarchive.replay.faithfulness import generated_inputs, with_generated_inputs
 from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
-from reproarchive.replay.outcome import judge, unless_faithful, with_generated_inputs, with_stand_ins
+from reproarchive.replay.outcome import judge, unless_faithful, with_stand_ins
 from reproarchive.replay.run_job import load_rank
-from reproarchive.replay.runner import generated_inputs, replay_graph
+from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
 
 #: How a rank whose replay observed a failure exits (after writing its outcome).

@@ -29,7 +29,6 @@ from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
-from reproarchive.codec.tensors import FIDELITY_ABSENT
 from reproarchive.compat.inductor import inner_compiler
 from reproarchive.context import failure as _failure
 from reproarchive.context.system import torch_here, torch_version
@@ -42,8 +41,9 @@ from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.compile_only import compiled_on, replay_compile_only
 from reproarchive.replay.conditions import described_device, entered, planned_setup, tensors_in, verdict
+from reproarchive.replay.faithfulness import generated_inputs, rng_unknown, state_unknown, with_generated_inputs
 from reproarchive.replay.isolation import run_in_child
-from reproarchive.replay.outcome import Outcome, unless_faithful, with_generated_inputs, with_stand_ins
+from reproarchive.replay.outcome import Outcome, unless_faithful, with_stand_ins
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
 
@@ -112,8 +112,8 @@ def replay_graph(
     warnings.extend(shape_policy.warnings_for(shape_report))
     outcome = verdict(records, setup, args, settings.backend, ran, report_differences=report_differences,
                        shapes=shape_report, randomness=randomness, rule=rule)
-    return unless_faithful(outcome, _unfaithful(shape_report, ops, rng_states, records.failure)
-                           + _state_unknown(records, args))
+    return unless_faithful(outcome, [*_unfaithful(shape_report), *rng_unknown(ops, rng_states, records.failure),
+                                     *state_unknown(records, args)])
 
 
 def _needs_backward(args: list[Any], settings: ReplaySettings, records: Records) -> bool:
@@ -129,13 +129,11 @@ def _needs_backward(args: list[Any], settings: ReplaySettings, records: Records)
     )
 
 
-def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mapping[str, Any] | None,
-                recorded: Any) -> list[str]:
-    """What of the failing run this replay could not honour, so that a pass is no evidence
-    (``outcome.unless_faithful``): a symbolic recording replayed static, random draws replayed
-    from another state (``ops``: the graph's random ops) where the recorded failure came after
-    compiling (a compiler reads no random value), a policy re-created in part or with other guards
-    (a compile under other guards is another specialization, so its pass is no evidence)."""
+def _unfaithful(shape_report: dict[str, Any]) -> list[str]:
+    """What of the recorded shape policy this replay could not honour, so that a pass is no
+    evidence (``outcome.unless_faithful``): a symbolic recording replayed static, a policy
+    re-created in part or with other guards (a compile under other guards is another
+    specialization). What is known before the replay is ``replay.faithfulness``'s."""
     out = []
     if shape_report.get("policy") == "not recorded" and shape_report.get("symbolic"):
         out.append("the recording was symbolic but its shape policy was not recorded: the replay compiled "
@@ -143,24 +141,7 @@ def _unfaithful(shape_report: dict[str, Any], ops: list[str], rng_states: Mappin
     out.extend(f"the recorded shape policy was not fully re-created: {p}" for p in shape_report.get("problems", ()))
     if shape_report.get("guards_match") is False:
         out.append("the replay's shape guards differ from the recorded ones: it compiled another specialization")
-    if ops and not rng_states and getattr(recorded, "stage", None) != "compile":
-        out.append(f"the graph draws random numbers ({', '.join(ops)}) but the archive does not hold the RNG "
-                   "state of the failing run: the replay drew other numbers")
     return out
-
-
-def _state_unknown(records: Records, args: list[Any]) -> list[str]:
-    """What an unrecorded execution state could have changed in what this replay compiled
-    (``outcome.unless_faithful``): grad mode decides whether AOTAutograd compiles a joint graph
-    for an after_dynamo graph whose inputs require grad. An after_aot graph is replayed with grad
-    off, as AOTAutograd runs it, with its autocast casts among its ops; a graph no input of which
-    requires grad compiles the same forward either way."""
-    if records.execution is not None or records.graph_kind == "after_aot":
-        return []
-    if not any(t.requires_grad for t in tensors_in(args)):
-        return []
-    return ["the grad mode of the failing run was not recorded and inputs require grad: the replay compiled "
-            "under this process's grad mode (forward and backward), which the failing run may not have had"]
 
 
 def _randomness(ops: list[str], rng_states: Mapping[str, Any] | None) -> tuple[str, list[str]]:
@@ -335,17 +316,6 @@ def _replayed(ready, repro, *, on_start=None) -> Outcome:
     outcome.digest = repro.digest
     outcome = with_stand_ins(outcome, list(repro.stand_ins))
     return with_generated_inputs(outcome, generated_inputs(repro.gm, repro.fidelity, records))
-
-
-def generated_inputs(gm, fidelity: list[str], records: Records) -> list[str]:
-    """The placeholders of ``gm`` whose values were generated here: no data in the archive
-    (``fidelity``), or (a minified archive's ``records``) computed from such. A graph's or one
-    rank's: the single-graph replay and each rank of a job judge by the same rule."""
-    minify = records.minify
-    derived = {i for i, p in enumerate(minify.inputs if minify is not None and minify.inputs else ())
-               if not p.real and p.from_absent}
-    return [name for i, name in enumerate(placeholder_names(gm))
-            if i in derived or (i < len(fidelity) and fidelity[i] == FIDELITY_ABSENT)]
 
 
 def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_differences: bool = True) -> Outcome:

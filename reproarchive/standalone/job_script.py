@@ -14,6 +14,7 @@ torchrun reports which rank failed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from importlib.resources import files
@@ -24,13 +25,12 @@ import torch
 
 from reproarchive.archive.job_archive import JobRepro, load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
-from reproarchive.codec.rng import random_ops
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.environment import plan
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
-from reproarchive.replay.runner import generated_inputs
+from reproarchive.replay.faithfulness import before_replay
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.standalone.script import ExportReport, _DataWriter, _Script, loading_block, state_block
 from reproarchive.standalone.script_literals import _doc_text, _execution_literal, _shape_literals, admitted_settings
@@ -127,13 +127,15 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
 
 def _rank_judging(job: JobRepro) -> dict[str, str]:
     """Each rank's facts its script judges a pass by, as ``run`` judges the rank's replay: its
-    recorded failure's stage, its random calls (counted when its generator states are not
-    recorded) and its inputs that hold generated values."""
+    recorded failure's stage, and what its replay cannot honour (``faithfulness.before_replay``,
+    on the rank's own records and inputs)."""
     stages = {r.rank: r.outcome.failure.stage for r in job.ranks if r.outcome is not None and r.outcome.failure}
-    return dict(rank_stages=repr(stages),
-                rank_random_ops=repr({r.rank: list(random_ops(r.gm)) for r in job.ranks if random_ops(r.gm)}),
-                rank_no_data_inputs=repr({r.rank: names for r in job.ranks
-                                          if (names := generated_inputs(r.gm, list(r.fidelity), r.records))}))
+    unsure = {}
+    for r in job.ranks:
+        records = dataclasses.replace(r.records, failure=r.outcome.failure if r.outcome is not None else None)
+        if said := before_replay(r.gm, list(r.args), list(r.fidelity), records, r.rng_states):
+            unsure[r.rank] = said
+    return dict(rank_stages=repr(stages), rank_not_as_recorded=repr(unsure))
 
 
 def _rank_shapes(job: JobRepro) -> str:

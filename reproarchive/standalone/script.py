@@ -58,7 +58,7 @@ from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import DerivedValue, Records, TensorValue
 from reproarchive.replay.accuracy import DEFAULT_TOLERANCE
 from reproarchive.replay.backends import is_custom
-from reproarchive.replay.runner import generated_inputs
+from reproarchive.replay.faithfulness import before_replay
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.standalone.script_literals import (
     _doc_text,
@@ -391,7 +391,7 @@ class _Script:
             source_kind=repr(source_kind),
             accuracy=repr(bool(accuracy)),
             recorded_stage=repr(failure.stage if failure is not None else None),
-            no_data_inputs=repr(generated_inputs(gm, list(plan.fidelity), records)),
+            not_as_recorded=repr(before_replay(gm, args, list(plan.fidelity), records, plan.rng_states)),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
             **_shape_literals(records.shapes),
