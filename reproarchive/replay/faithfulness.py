@@ -17,6 +17,7 @@ from reproarchive.codec.rng import random_ops
 from reproarchive.codec.shapes import placeholder_names
 from reproarchive.codec.tensors import FIDELITY_ABSENT
 from reproarchive.format.schema import FailureRecord, Records
+from reproarchive.format.schema.sections import COMPUTED_FROM_GENERATED
 from reproarchive.replay.conditions import tensors_in
 from reproarchive.replay.outcome import Outcome, unless_faithful
 
@@ -25,11 +26,10 @@ def generated_inputs(gm, fidelity: list[str], records: Records) -> list[str]:
     """The placeholders of ``gm`` whose values were generated here: no data in the archive
     (``fidelity``), or (a minified archive's ``records``) computed from such. A graph's or one
     rank's: the single-graph replay and each rank of a job judge by the same rule."""
-    minify = records.minify
-    derived = {i for i, p in enumerate(minify.inputs if minify is not None and minify.inputs else ())
-               if not p.real and p.from_absent}
-    return [name for i, name in enumerate(placeholder_names(gm))
-            if i in derived or (i < len(fidelity) and fidelity[i] == FIDELITY_ABSENT)]
+    names = placeholder_names(gm)
+    derived = records.not_original_inputs(len(names))
+    return [name for i, name in enumerate(names)
+            if derived.get(i) == COMPUTED_FROM_GENERATED or (i < len(fidelity) and fidelity[i] == FIDELITY_ABSENT)]
 
 
 def rng_unknown(ops: list[str], rng_states: Mapping[str, Any] | None, recorded: FailureRecord | None) -> list[str]:

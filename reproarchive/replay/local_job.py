@@ -115,18 +115,16 @@ def without_collectives(gm: Any, args: list, values: dict[str, Any]) -> tuple[An
     return new, [*args, *extra]
 
 
-def _generated(job: Any):
-    """part, collectives_replaced -> the inputs of ``part``'s replay that hold generated values:
-    its own, and (where its collectives were replaced by their values) those values when any
-    rank's inputs were generated, for a collective's value is computed from every rank's."""
-    own = {r.rank: generated_inputs(r.gm, list(r.fidelity), r.records) for r in job.ranks}
-    sources = [f"rank {r}'s" for r, names in own.items() if names]
-
-    def of(part: Any, *, collectives_replaced: bool) -> list[str]:
-        extra = [f"the collectives' values (computed from {', '.join(sources)} generated inputs)"]
-        return [*own[part.rank], *(extra if collectives_replaced and sources else [])]
-
-    return of
+def _generated(job: Any, part: Any, *, collectives_replaced: bool) -> list[str]:
+    """The inputs of ``part``'s replay that hold generated values: its own, and (where its
+    collectives were replaced by their values) those values when any rank's inputs were
+    generated, for a collective's value is computed from every rank's."""
+    own = generated_inputs(part.gm, list(part.fidelity), part.records)
+    if not collectives_replaced:
+        return own
+    sources = [f"rank {r.rank}'s" for r in job.ranks if generated_inputs(r.gm, list(r.fidelity), r.records)]
+    return [*own, *([f"the collectives' values (computed from {', '.join(sources)} generated inputs)"]
+                    if sources else [])]
 
 
 def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
@@ -146,14 +144,12 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
     if dist.is_initialized():
         raise ReproArchiveError("this process already belongs to a process group: --single-process simulates the "
                                 "job's ranks in a process of its own", "run it from a process without one")
-    generated = _generated(job)
-
     def replayed(part: Any, gm: Any, args: list, note: str) -> _launch.RankOutcome:
         # each rank under its own records, judged against its own failure
         records = dataclasses.replace(part.records, failure=part.outcome.failure if part.outcome else None)
         outcome = with_stand_ins(replay_graph(gm, args, chosen, records, report_differences=False,
                                               rng_states=part.rng_states), list(part.stand_ins))
-        outcome = with_generated_inputs(outcome, generated(part, collectives_replaced=gm is not part.gm))
+        outcome = with_generated_inputs(outcome, _generated(job, part, collectives_replaced=gm is not part.gm))
         return _launch.RankOutcome(part.rank, outcome.status, outcome, note=note)
 
     _ranks.init_fake(lead.rank, world_size)

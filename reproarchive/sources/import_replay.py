@@ -131,7 +131,7 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
         return _passed(backend)
     if observed.exception_type.rpartition(".")[2] == "StandInMiss":  # our stand-in's miss, not the program's failure
         return fail.unknown_record(
-            f"the replay could not run a custom op ({first_line_of(observed.message)}): bring its implementation "
+            f"the replay could not run a custom op ({first_line(observed.message)}): bring its implementation "
             "(--import MODULE or --load-library PATH) for the failure to be learned", backend=backend)
     if observed.backend == "eager":
         raise NotReplayableError(f"the graph fails in eager mode too ({observed.exception_type}: "
@@ -154,11 +154,6 @@ def crashed(crash: dict[str, str], backend: str | None) -> tuple[Any, dict[str, 
     return record, {"performed": True, "crashed": True, "failure_from": "replay"}
 
 
-def first_line_of(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0][:200] if lines else ""
-
-
-def first_line(err: BaseException) -> str:
+def first_line(err: BaseException | str) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else ""

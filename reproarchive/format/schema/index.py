@@ -82,16 +82,6 @@ class Index:
         return self.storages[value.storage]
 
     def not_original_inputs(self, records: Records | None = None, inputs: tuple | None = None) -> dict[int, str]:
-        """Inputs whose stored bytes are not the original data, by what a minified archive
-        records of them (``minify.inputs``, §8): index -> what they are. Their storages are real
-        (the bytes exist), so fidelity alone does not say it; every reader that reports
+        """``Records.not_original_inputs`` of this archive's inputs: every reader that reports
         fidelity reports this too. ``records``/``inputs``: a rank's of a job (default: the index's)."""
-        minify = (records or self.records).minify
-        provenance = minify.inputs if minify is not None and minify.inputs else ()
-        out = {}
-        for i, p in enumerate(provenance[:len(self.inputs if inputs is None else inputs)]):
-            if p.real:
-                continue
-            what = "computed from generated data" if p.from_absent else (p.values or "not recorded")
-            out[i] = what
-        return out
+        return (records or self.records).not_original_inputs(len(self.inputs if inputs is None else inputs))

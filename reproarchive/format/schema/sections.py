@@ -418,6 +418,9 @@ Source = Annotated[
 # --------------------------------------------------------------------------------------------
 # the records of a repro
 
+#: What ``Records.not_original_inputs`` calls an input computed from absent (generated) data.
+COMPUTED_FROM_GENERATED = "computed from generated data"
+
 
 @dataclass(frozen=True)
 class Records:
@@ -446,6 +449,15 @@ class Records:
     execution: ExecutionRecord | None = omit_none()  # (1.2) absent, not nil, when unknown
     shapes: ShapePolicy | None = omit_none()  # (1.3) absent, not nil, when unknown
     rng: RngRecord | None = omit_none()  # (1.3) absent when the graph draws nothing and no state was read
+
+    def not_original_inputs(self, count: int) -> dict[int, str]:
+        """Of the first ``count`` inputs, those whose stored bytes are not the original data, by
+        what a minified archive records of them (``minify.inputs``, §8): index -> what they are
+        (``COMPUTED_FROM_GENERATED`` for a value computed from absent data). Their storages are
+        real (the bytes exist), so fidelity alone does not say it."""
+        provenance = self.minify.inputs if self.minify is not None and self.minify.inputs else ()
+        return {i: COMPUTED_FROM_GENERATED if p.from_absent else (p.values or "not recorded")
+                for i, p in enumerate(provenance[:count]) if not p.real}
 
     @property
     def graph_kind(self) -> str | None:
