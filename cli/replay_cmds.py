@@ -73,7 +73,8 @@ RUN_EPILOG = exit_codes(
           "records (a symbolic recording without its shape policy, random draws without the RNG state, a "
           "custom op stood in by its recorded outputs, a rank run alone on made-up collective values, inputs "
           "that require grad without the recorded grad mode, other shape guards, generated inputs after a "
-          "compile): no evidence either way"),
+          "compile), or the replay failed only because a custom op's stand-in met inputs it has no recorded "
+          "output for: no evidence either way"),
     INTERRUPTED,
 ) + """
 \b

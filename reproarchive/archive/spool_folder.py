@@ -22,7 +22,7 @@ from reproarchive.context.redaction import redacted_records, working_folder
 from reproarchive.errors import PackError, SourceError
 from reproarchive.format import digests, index_codec, layout, plain
 from reproarchive.format.atomic import atomic_file
-from reproarchive.format.schema import FailureRecord, Index, StorageRecord
+from reproarchive.format.schema import FailureRecord, Index, ShapePolicy, StorageRecord
 from reproarchive.format.writer import ContainerWriter
 
 MARKER = "REPROARCHIVE-SPOOL"
@@ -121,11 +121,13 @@ class SpoolFolder:
         self.remove()
 
     def complete(self, name: str, destination: str | os.PathLike, *,
-                 failure: Callable[[FailureRecord], FailureRecord] | None = None) -> Completed:
+                 failure: Callable[[FailureRecord], FailureRecord] | None = None,
+                 shapes: ShapePolicy | None = None) -> Completed:
         """Entry ``name`` as an ordinary self-contained archive at ``destination`` (atomically):
         the writer checks the index against every rule of the spec before writing it.
         ``failure``: the failure it records, made from the crash its entry was written for (the
-        process lived and knows what went wrong, or its guardian learned the signal)."""
+        process lived and knows what went wrong, or its guardian learned the signal). ``shapes``:
+        the shape policy in place of the entry's, which was written before the compile ended."""
         pending = self.folder / "pending"
         raw = (pending / f"{name}{INDEX_SUFFIX}").read_bytes()
         if len(raw) > _MAX_ENTRY_INDEX:
@@ -138,6 +140,8 @@ class SpoolFolder:
         if failure is not None:  # redacted as a capture's records are (``archive.writing``: the working directory ".")
             made = redacted_records({"failure": failure(index.records.failure)}, working_folder())["failure"]
             index = dataclasses.replace(index, records=dataclasses.replace(index.records, failure=made))
+        if shapes is not None:
+            index = dataclasses.replace(index, records=dataclasses.replace(index.records, shapes=shapes))
         index, absent = self._with_missing_absent(index)
         # the mappings stay open until the writer is done: its frames may still read them
         with contextlib.ExitStack() as mappings, atomic_file(destination) as f:

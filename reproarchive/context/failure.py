@@ -339,6 +339,16 @@ def unknown_record(reason: str, *, backend: str | None = None) -> FailureRecord:
     return FailureRecord(stage="unknown", message=reason, backend=backend)
 
 
+#: The exception a custom op's stand-in raises for inputs no recorded call had (``codec.stand_ins``).
+STAND_IN_MISS = "StandInMiss"
+
+
+def is_stand_in_miss(record: FailureRecord | None) -> bool:
+    """Whether ``record`` is a stand-in's miss: the replay's own failure (it could not run the
+    op), never the program's."""
+    return record is not None and record.exception_type.rpartition(".")[2] == STAND_IN_MISS
+
+
 def same_failure(recorded: FailureRecord | None, observed: FailureRecord | None) -> bool:
     """True when ``observed`` is the failure that ``recorded`` describes.
 

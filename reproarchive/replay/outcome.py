@@ -144,11 +144,19 @@ def unless_faithful(outcome: Outcome, unfaithful: list[str]) -> Outcome:
 def with_stand_ins(outcome: Outcome, names: list[str]) -> Outcome:
     """``outcome`` of a replay in which the custom ops (or Triton kernels, ``triton:NAME``)
     ``names`` were stood in for: their recorded outputs replaced code that did not run here, so a
-    pass is no evidence that the failure is gone (``unless_faithful``: inconclusive, 125)."""
+    pass is no evidence that the failure is gone (``unless_faithful``: inconclusive, 125). A
+    replay that failed because a stand-in was called with inputs no recorded call had could not
+    run the op at all: that failure is the replay's, not another of the program's, and is
+    inconclusive too (a "different failure", 3, would read as bad to ``git bisect``)."""
     outcome.stand_ins = list(names)
     said = [f"{'Triton kernel ' + n.removeprefix('triton:') if n.startswith('triton:') else 'custom op ' + n} "
             "was stood in: its recorded outputs replaced its implementation, which did not run here "
             "(bring it with --import or --load-library)" for n in names]
+    if said and _failure.is_stand_in_miss(outcome.observed) and outcome.status != REPRODUCED:
+        outcome.unfaithful = [*outcome.unfaithful, "a stand-in was called with inputs no recorded call had, so the "
+                              "replay could not run the op", *said]
+        outcome.status, outcome.exit_code = INCONCLUSIVE, EXIT_INCONCLUSIVE
+        return outcome
     return unless_faithful(outcome, [*outcome.unfaithful, *said]) if said else outcome
 
 

@@ -50,19 +50,22 @@ def _devices_missing_here(gm, args: list[Any]) -> list[str]:
     return [name for name in dict.fromkeys(named) if not is_available(name)]
 
 
-def replay(dump: DumpScript, gm, args: list[Any], *, execution=None) -> tuple[dict[str, Any], dict[str, Any]]:
+def replay(dump: DumpScript, gm, args: list[Any], *, execution=None,
+           shapes=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes) for a dump: ``replay_once`` the way its ``run_repro`` would
     detect the failure (its autocast flag, Dynamo's repro_forward_only), under the thread state
-    of the failing compile where it is known (``execution``)."""
+    of the failing compile where it is known (``execution``) and the shape policy the archive
+    will hold (``shapes``)."""
 
     return replay_once(gm, args, kind=dump.kind, backend=dump.backend, accuracy=bool(dump.accuracy_mode),
                        autocast=bool(dump.run_args.get("autocast", False)),
-                       only_fwd=None if dump.kind == "after_aot" else repro_forward_only(), execution=execution)
+                       only_fwd=None if dump.kind == "after_aot" else repro_forward_only(), execution=execution,
+                       shapes=shapes)
 
 
 def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy: bool, autocast: bool = False,
                 only_fwd: bool | None = None, config=None, environment=None,
-                execution=None) -> tuple[dict[str, Any], dict[str, Any]]:
+                execution=None, shapes=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(failure record, replay notes). Never raises for a failure of the graph itself.
 
     Uses ``reproarchive.replay.runner.replay_graph`` (the code behind ``reproarchive run``) on inputs
@@ -70,7 +73,9 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
     classified exactly as a later replay will classify it; ``kind`` "after_aot" graphs are
     retraced with make_fx and compiled by Inductor's inner compiler, as PyTorch's after_aot
     ``run_repro`` does. ``config``/``environment``/``execution`` are records applied for the
-    duration, as ``run`` applies an archive's.
+    duration, as ``run`` applies an archive's; ``shapes``, the archive's shape policy, makes the
+    compile symbolic where ``run``'s is: a failure that names a size names it as ``run`` will
+    see it (``ks2``, not the static ``7L`` of one call's sizes).
     """
 
     missing = _devices_missing_here(gm, args)
@@ -86,7 +91,8 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
             "no backend is known (a custom compiler function was used); not replayed"), notes
     try:
         failure = _replay_shared(gm, inputs, kind=kind, backend=backend, accuracy=accuracy, autocast=autocast,
-                                 only_fwd=only_fwd, config=config, environment=environment, execution=execution)
+                                 only_fwd=only_fwd, config=config, environment=environment, execution=execution,
+                                 shapes=shapes)
     except NotReplayableError as err:
         notes["performed"] = False
         return fail.unknown_record(str(err), backend=backend), notes
@@ -105,7 +111,8 @@ def generated_data_warning(notes: dict[str, Any]) -> list[str]:
              "failures cannot be told from generated data); `reproarchive capture` keeps the real inputs")]
 
 
-def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment, execution=None):
+def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, config, environment, execution=None,
+                   shapes=None):
     import torch
 
     from reproarchive.replay.runner import replay_graph
@@ -122,14 +129,14 @@ def _replay_shared(gm, inputs, *, kind, backend, accuracy, autocast, only_fwd, c
         try:
             settings = ReplaySettings(backend=backend, accuracy=bool(accuracy), only_fwd=bool(only_fwd))
             records = Records(config=config, environment=environment, source=SourceRecord(kind=kind),
-                              execution=execution)
+                              execution=execution, shapes=shapes)
             outcome = replay_graph(gm, inputs, settings, records, report_differences=False)
         except ReproArchiveError as err:
             raise NotReplayableError(f"cannot replay here: {err}; not replayed") from err
     observed = outcome.observed
     if observed is None:
         return _passed(backend)
-    if observed.exception_type.rpartition(".")[2] == "StandInMiss":  # our stand-in's miss, not the program's failure
+    if fail.is_stand_in_miss(observed):  # our stand-in's miss, not the program's failure
         return fail.unknown_record(
             f"the replay could not run a custom op ({first_line(observed.message)}): bring its implementation "
             "(--import MODULE or --load-library PATH) for the failure to be learned", backend=backend)

@@ -266,15 +266,22 @@ f(torch.randn(8, 4))
 """
 
 
-def test_a_failing_first_call_after_aot_is_kept_from_the_spool_with_its_inputs_and_generators(tmp_path):
+@pytest.mark.parametrize("after", ["aot", "dynamo"])
+def test_a_failing_first_call_is_kept_from_the_spool_with_its_inputs_and_generators(tmp_path, after):
     """Inductor's code fails in the first call of a ``dynamic=True`` graph that draws dropout.
     PyTorch's after_aot hook dumps a failing call with fake copies of its inputs, and for this
-    graph not at all: ``capture --after aot`` left no archive. The crash guard's spool holds the
-    call's real inputs and generator states from before it; the entry is completed into the
-    archive (a host draft's forked writer is waited for), which replays the same numbers."""
-    written, archive = _captured(tmp_path, RUNTIME_ERROR_AFTER_AOT)
+    graph not at all: ``capture --after aot`` left no archive. Its after_dynamo dump (the default
+    route) holds the inputs but not the generator states, so the archive said "RNG state not
+    recorded" and learnt its failure from a replay. The crash guard's spool holds the call's
+    real inputs and generator states from before it; the entry is completed into the archive (a
+    host draft's forked writer is waited for), with the program's own exception and the shape
+    guards as the compile left them, and replays the same numbers under the same guards. The
+    dump it stands for is not packed as a second archive."""
+    written, archive = _captured(tmp_path, RUNTIME_ERROR_AFTER_AOT, after)
     assert written["inputs"]["absent"] == 0 and written["inputs"]["real"] == 1, written
     assert written["failure"]["stage"] == "forward", written
+    assert written["replay"]["failure_from"] == "program", written
+    assert reproarchive.verify(archive).randomness == "random ops: dropout; RNG state recorded (cpu)"
     outcome = reproarchive.run(archive, isolate=False)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
     assert "the recorded RNG state (cpu) is restored" in outcome.randomness
@@ -311,6 +318,67 @@ def test_a_later_call_that_fails_after_aot_is_archived_with_its_inputs_even_from
     outcome = reproarchive.run(archive, isolate=False)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
     assert outcome.shapes["guards_match"] is True and outcome.unfaithful == [], outcome.to_dict()
+
+
+
+
+def test_a_later_call_s_dump_is_replayed_at_pack_time_as_run_replays_it(tmp_path):
+    """The same third call under the default route: PyTorch's after_dynamo dump of it, packed.
+    The replay that learns its failure at pack time compiled the call's sizes statically (``<
+    7L``), while ``run`` compiles on the recorded symbols (``< ks2``): ``run`` answered DIFFERENT
+    FAILURE (exit 3) for the program's own failure. The pack-time replay now takes the archive's
+    shape policy, as ``run`` does."""
+    written, archive = _captured(tmp_path, LATER_CALL_AFTER_AOT, "dynamo")
+    assert written["replay"]["failure_from"] == "replay", written
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    assert outcome.shapes["guards_match"] is True and outcome.unfaithful == [], outcome.to_dict()
+
+RANDOM_LATER_CALL = """
+import sys, torch
+import reproarchive
+torch.manual_seed(0)
+
+def f(x, i):
+    return torch.nn.functional.dropout(torch.relu(x[i]), 0.5, training=True) * 2
+
+c = torch.compile(f, dynamic=True{backend})
+states = []
+try:
+    for n, idx in ((8, [0, 1]), (6, [2, 3]), (7, [5, 100])):  # the third call indexes out of bounds
+        x, i = torch.randn(n, 4), torch.tensor(idx)
+        states.append(torch.get_rng_state())
+        c(x, i)
+finally:
+    torch.save(states, {states!r})
+"""
+
+
+@pytest.mark.parametrize("route", ["dynamo", "aot", "backend"])
+def test_a_later_call_that_draws_random_numbers_keeps_the_generator_states_it_started_from(tmp_path, route):
+    """The third call of a ``dynamic=True`` graph that draws dropout fails in Inductor's code.
+    Written after the call failed, its archive held the generator states the call left, as if it
+    had begun with them (the in-process backend, Inductor's door), or none at all (PyTorch's
+    after_dynamo dump, whose replay at pack time also compiled the call's sizes statically, so
+    ``run`` answered DIFFERENT FAILURE: ``< 7L`` against ``< ks2``). Now every route reads the
+    states before each call of a graph that draws, and the archive holds those."""
+    states = tmp_path / "states.pt"
+    if route == "backend":  # reproarchive.capture in the program
+        out = tmp_path / "out"
+        (tmp_path / "prog.py").write_text(RANDOM_LATER_CALL.format(
+            backend=f", backend=reproarchive.capture('inductor', path={str(out)!r})", states=str(states)))
+        done = subprocess.run([sys.executable, str(tmp_path / "prog.py")], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1 and "index out of bounds" in done.stderr, done.stderr[-2000:]
+        (archive,) = out.glob("*.tar.zst")
+    else:
+        written, archive = _captured(tmp_path, RANDOM_LATER_CALL.format(backend="", states=str(states)), route)
+        assert written["replay"]["failure_from"] == "program", written
+    repro = reproarchive.load(archive)
+    assert "index out of bounds" in repro.records.failure.message and repro.records.failure.stage == "forward"
+    assert torch.equal(repro.rng_states["cpu"], torch.load(states)[-1])  # the third call's, not what it left
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
+    assert outcome.unfaithful == [] and "restored" in outcome.randomness, outcome.to_dict()
 
 
 GRADIENT_CHECK_OP = refusing_library("bwcase") + """

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import reproarchive
 from reproarchive.cli import main
-from reproarchive.format.schema import DumpSource
+from reproarchive.format.schema import CaptureSource
 from reproarchive.testing.machine_paths import machine_paths_in
 from reproarchive.testing.sources import Captured, SourceTests
 from support import dump_programs as progs
@@ -181,10 +181,11 @@ def test_capture_accuracy_archives_an_accuracy_bug_that_replays(tmp_path):
 
 
 class TestProgramSource(SourceTests):
-    """``capture -- python prog.py`` of a program whose compiled graph fails at runtime: the dump
-    PyTorch wrote, packed."""
+    """``capture -- python prog.py`` of a program whose compiled graph fails at runtime in its
+    first call: that call kept from the crash guard's spool (its inputs and generator states as
+    they were before it, and the program's own exception), in place of the dump PyTorch wrote."""
 
-    source_record = DumpSource
+    source_record = CaptureSource
     stage = "forward"
 
     @pytest.fixture(scope="module")

@@ -126,3 +126,39 @@ def test_a_dump_whose_replay_cannot_run_the_op_records_no_failure_of_the_stand_i
     (written,) = json.loads(brought.stdout)["archives"]
     assert written["failure"]["exception_type"] == "RuntimeError", written
     assert "a value over 10 was refused" in written["failure"]["message"]
+
+
+FIRST_CALL_PROGRAM = '''
+import torch
+import ratest_src_lib
+torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "runtime_error"
+
+def f(x):
+    return torch.relu(torch.ops.ratest_src.twice(x) + 1)
+
+torch.compile(f, backend="inductor")(torch.linspace(-2, 2, 8))
+'''
+
+
+def test_a_first_call_that_fails_after_the_op_replays_with_the_op_or_says_it_cannot(tmp_path):
+    """Inductor's code fails in the graph's first call, after the program's own op ran. PyTorch's
+    dump of that call could not be packed without the op (no archive at all); the call is now
+    kept from the crash guard's spool, which records no call of the op (nothing ran before the
+    call). ``run`` without the op met its own stand-in's miss and answered DIFFERENT FAILURE
+    (3, "bad" to ``git bisect``); it is inconclusive (125) and says what to bring, and with the
+    op brought it reproduces."""
+    (tmp_path / "ratest_src_lib.py").write_text(LIBRARY)
+    (tmp_path / "prog.py").write_text(FIRST_CALL_PROGRAM)
+    done = _cli("capture", "--json", "-o", tmp_path / "out", "--", sys.executable, "prog.py", cwd=tmp_path)
+    (written,) = json.loads(done.stdout)["archives"]
+    assert written["failure"]["stage"] == "forward" and written["replay"]["failure_from"] == "program", written
+    alone = json.loads(_cli("run", "--json", written["archive"], cwd=tmp_path / "out").stdout)
+    assert (alone["status"], alone["exit_code"]) == ("inconclusive", 125), alone
+    assert any("could not run the op" in u for u in alone["unfaithful"]), alone["unfaithful"]
+    brought = _cli("run", "--json", "--import", "ratest_src_lib", written["archive"], cwd=tmp_path)
+    assert json.loads(brought.stdout)["status"] == "reproduced" and brought.returncode == 1, brought.stdout[-2000:]
+    # the exported script, without the op, says the same
+    reproarchive.export(written["archive"], tmp_path / "script")
+    ran = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "script", capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert ran.returncode == 125 and "could not run the op" in ran.stderr, ran.stderr[-2000:]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import reproarchive
 from support.cli import invoke
@@ -199,6 +200,11 @@ def test_a_failure_in_a_later_call_archives_that_call_on_every_rank(third_call, 
     assert [a.tolist() for a in one.args[:2]] == [[3.0] * 4, [9]]
     assert [a.tolist() for a in zero.args[:2]] == [[2.0] * 4, [2]]
     assert zero.outcome.status == "running" and "call 3" in zero.outcome.doing
+    # the generator states each rank's 3rd call started from, not those its dropout left
+    unused = tmp_path / ("unused" if route == "capture --" else "out")
+    for rank in (0, 1):
+        started = torch.load(f"{unused}.rng-{rank}.pt")[2]
+        assert torch.equal(job.rank(rank).rng_states["cpu"], started), rank
 
 
 def test_a_later_call_s_archive_replays_launched_alone_and_in_one_process(third_call):

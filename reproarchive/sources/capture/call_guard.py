@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from reproarchive.codec.device_runtime import devices_of, forked_rng, synchronize
+from reproarchive.codec.device_runtime import RngState, devices_of, forked_rng, synchronize
+from reproarchive.codec.rng import random_ops
 from reproarchive.compat.dynamo import control_flow_exceptions
 from reproarchive.compat.pytree import tree_leaves
 from reproarchive.replay.input_writes import rerun_inputs, snapshot, written_inputs
@@ -47,9 +48,10 @@ from reproarchive.sources.capture.stack_room import with_frame_room
 
 log = logging.getLogger("reproarchive.capture")
 
-# (inputs before the call, the exception, the call's number from 1) -> (where the archive went,
-# or None and why not); the wrapper says so on stderr when there is none
-Failed = Callable[[list[Any], BaseException, int], tuple[Any, str | None]]
+# (inputs before the call, the exception, the call's number from 1, the generator states it
+# started from: a ``device_runtime.RngState``, None for a graph that draws nothing) -> (where
+# the archive went, or None and why not); the wrapper says so on stderr when there is none
+Failed = Callable[[list[Any], BaseException, int, Any], tuple[Any, str | None]]
 
 
 def is_control_flow(exc: BaseException) -> bool:
@@ -60,12 +62,19 @@ def is_control_flow(exc: BaseException) -> bool:
 
 class GraphWrites:
     """The inputs one graph writes, found at its first call and kept (the analysis is a
-    property of the graph; ``pristine_gm`` is the graph as Dynamo traced it)."""
+    property of the graph; ``pristine_gm`` is the graph as Dynamo traced it), and whether it
+    draws random numbers: each call of such a graph reads the generator states it starts from,
+    since an archive written after the call failed would otherwise hold the states the call
+    left, passed off as those it began with."""
 
     def __init__(self, pristine_gm: Any):
         self.gm = pristine_gm
         self._known = False
         self._written: frozenset[int] | None = None
+        try:
+            self.draws_random = bool(random_ops(pristine_gm))
+        except Exception:  # noqa: BLE001 - a graph that cannot be read: its states are read per call
+            self.draws_random = True
 
     def of(self, args: list[Any]) -> frozenset[int] | None:
         if not self._known:
@@ -143,6 +152,7 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
         written = writes.of(list(args))
         before = snapshot(args, written)
         versions = versions_of(args) if written is None else None
+        started = RngState.capture(devices_of(args)) if writes.draws_random else None
         out = None
         try:
             out = compiled(*args)
@@ -152,7 +162,7 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
         except Exception as exc:
             out = None
             if not is_control_flow(exc):
-                _archive_call(failed, before, exc, state["calls"], versions)
+                _archive_call(failed, before, exc, state["calls"], versions, started)
             raise
         finally:
             if ended is not None:
@@ -231,7 +241,7 @@ def backward_is_compiled(outputs: Any) -> bool:
 
 
 def _archive_call(failed: Failed, before: list[Any], exc: BaseException, call: int,
-                  versions: list[int | None] | None) -> None:
+                  versions: list[int | None] | None, started: RngState | None) -> None:
     if versions is not None:
         changed = modified_inputs(before, versions)
         if changed:
@@ -240,7 +250,7 @@ def _archive_call(failed: Failed, before: list[Any], exc: BaseException, call: i
             except Exception:  # noqa: BLE001 - exceptions with __slots__
                 pass
     try:
-        where, reason = failed(before, exc, call)
+        where, reason = failed(before, exc, call, started)
     except Exception as err:  # noqa: BLE001 - never in place of the user's own failure
         where, reason = None, f"{type(err).__name__}: {err}"
     if where is None:

@@ -236,10 +236,10 @@ class _CaptureBackend(BackendArchives):
                 for path in dict.fromkeys(self.written)]
 
     def rank_capture(self, gm: Any, inputs: list[Any], config: ConfigRecord, failure: FailureRecord,
-                     custom_ops: list | None = None) -> Capture:
+                     custom_ops: list | None = None, rng_states: dict | None = None) -> Capture:
         """One rank's part of a multi-rank job (``job_capture``): this backend's records."""
         return capture_of(gm, inputs, config=config, failure=failure, backend=self.backend_name, accuracy=False,
-                          capture_settings=self.settings, custom_ops=custom_ops)
+                          capture_settings=self.settings, custom_ops=custom_ops, rng_states=rng_states)
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         example_inputs = list(example_inputs)
@@ -320,9 +320,12 @@ class _CaptureBackend(BackendArchives):
             self._discard(spooled)
             return guarded_on_rank(self, compiled, pristine_gm, config, writes)
 
-        def failed(before: list[Any], exc: BaseException, call: int) -> tuple[Path | None, str | None]:
+        def failed(before: list[Any], exc: BaseException, call: int, rng: RngState | None) -> tuple[Path | None,
+                                                                                                    str | None]:
             modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
             rng_states, pending = own_check[0] if call == 1 and own_check else (None, None)
+            if rng is not None:  # the states this call started from, not those it left
+                rng_states = states_of(rng)
             return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config,
                               rng_states=rng_states, pending=pending)
 

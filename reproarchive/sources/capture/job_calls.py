@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reproarchive.codec.device_runtime import RngState, devices_of
+from reproarchive.codec.rng import states_of
 from reproarchive.context.failure import pending_crash_record
 from reproarchive.format.schema import RankOutcome
 from reproarchive.replay.accuracy import stage_of
@@ -55,6 +57,11 @@ class _Call:
     number: int
     inputs: list[Any]
     ended: str | None = None  # None: running; "passed" or "failed"
+    rng: Any = None  # the generator states it started from (``RngState``), for a graph that draws
+
+
+def _rng_states(call: _Call) -> dict | None:
+    return None if call.rng is None else states_of(call.rng)
 
 
 @dataclasses.dataclass
@@ -115,7 +122,8 @@ def guarded_on_rank(backend: Any, compiled: Callable, gm: Any, config: Any, writ
 def _later_call(graph: _Graph, compiled: Callable, writes: GraphWrites, args: list[Any], number: int,
                 ctx: Any) -> Any:
     written = writes.of(args)
-    call = _Call(number, snapshot(args, written))
+    call = _Call(number, snapshot(args, written), rng=RngState.capture(devices_of(args)) if writes.draws_random
+                 else None)
     versions = versions_of(args) if written is None else None
     graph.hold(call)
     try:
@@ -135,7 +143,7 @@ def _later_call(graph: _Graph, compiled: Callable, writes: GraphWrites, args: li
 
             with _WRITING:
                 job_capture.failed(graph.backend, graph.gm, call.inputs, graph.config, exc, stage_of(exc), ctx,
-                                   call=number, ask=ask)
+                                   call=number, ask=ask, rng_states=_rng_states(call))
         raise
     call.ended = "passed"
     return out
@@ -196,7 +204,8 @@ def answer(folder: Path) -> bool:
                  f"{graph.compile_id} when rank {wanted['rank']} failed in it")
         outcome = RankOutcome(status=status, doing=doing)
         job_capture.write_part(graph.backend, graph.gm, call.inputs, graph.config,
-                               pending_crash_record(backend=graph.backend.backend_name), outcome, ctx)
+                               pending_crash_record(backend=graph.backend.backend_name), outcome, ctx,
+                               rng_states=_rng_states(call))
         set_status(folder, ctx.rank, outcome)
     log.info("reproarchive: rank %d wrote its part of call %d for rank %s", ctx.rank, call.number, wanted["rank"])
     return True

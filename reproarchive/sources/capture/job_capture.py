@@ -279,15 +279,16 @@ def watch_for_crash(folder: Path, ctx: RankContext) -> None:
 
 
 def write_part(backend: Any, gm: Any, inputs: list[Any], config: Any, failure: Any, outcome: RankOutcome,
-               ctx: RankContext, custom_ops: list | None = None) -> tuple[Path, Path]:
+               ctx: RankContext, custom_ops: list | None = None, rng_states: dict | None = None) -> tuple[Path, Path]:
     """Write this rank's part (its graph, its inputs as they were, this job record); returns
-    (parts folder, job archive). ``custom_ops``: the calls recorded already."""
+    (parts folder, job archive). ``custom_ops``: the calls recorded already; ``rng_states``: the
+    generator states the call started from (None: read now, before a first call)."""
     from reproarchive.archive.writing import write_capture
 
     folder, archive = job_paths(backend.target, ctx, backend.file_target)
     folder.mkdir(parents=True, exist_ok=True)
     local, dtensors, meshes, dims = local_inputs(inputs)
-    capture = backend.rank_capture(gm, local, config, failure, custom_ops)
+    capture = backend.rank_capture(gm, local, config, failure, custom_ops, rng_states=rng_states)
     device = next((str(t.device) for t in local if hasattr(t, "device") and hasattr(t, "untyped_storage")), None)
     capture = dataclasses.replace(capture, job=part_job(ctx, outcome, dtensors, meshes, dims, device))
     write_capture(capture, folder / f"rank-{ctx.rank}.tar.zst")
@@ -328,13 +329,13 @@ def first_call(backend: Any, compiled: Any, gm: Any, args: list[Any], config: An
 
 def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseException, stage: str,
            ctx: RankContext, *, part_written: bool = False, call: int = 1,
-           ask: Callable[[Path], None] | None = None) -> None:
+           ask: Callable[[Path], None] | None = None, rng_states: dict | None = None) -> None:
     """A rank failed (its own exception, or a collective timeout): its status says so (a compile
     failure, which had no part yet, writes its part with it), the parts of the job are merged into
     the job archive, and the exception names that archive. After a first call the part written
     before it stays: it holds the inputs as they were, which the call may have changed. ``ask``:
     called with the parts folder before this rank's part is written (a later call's failure asks
-    the other ranks for theirs)."""
+    the other ranks for theirs); ``rng_states``: the generator states a later call started from."""
 
     record = as_collective_timeout(record_from_exception(exc, stage, backend=backend.backend_name))
     timeout = record.stage == "timeout"
@@ -358,7 +359,7 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
         if ask is not None:  # the other ranks' parts of this call (``job_calls``)
             ask(folder)
         if not part_written:
-            folder, archive = write_part(backend, gm, inputs, config, record, outcome, ctx)
+            folder, archive = write_part(backend, gm, inputs, config, record, outcome, ctx, rng_states=rng_states)
         set_status(folder, ctx.rank, outcome)
         # a part of every rank merged: the folder goes now (the launcher is about to stop the other
         # ranks, which cannot be relied on to tidy up); one with a rank missing stays, for ``pack``

@@ -50,7 +50,7 @@ from typing import Any
 
 from reproarchive.archive.spool import Draft, Spool, Stopped
 from reproarchive.archive.spool_folder import SPOOL_PREFIX, Completed
-from reproarchive.format.schema import FailureRecord
+from reproarchive.format.schema import FailureRecord, ShapePolicy
 from reproarchive.sources.capture import snapshot_writer
 from reproarchive.sources.capture.spool_guardian import Guardian
 
@@ -310,7 +310,8 @@ class ProcessSpool:
                 return
             entry.taken = None
 
-    def keep(self, name: str, failure: FailureRecord, destination: Path) -> Completed | None:
+    def keep(self, name: str, failure: FailureRecord, destination: Path, *,
+             shapes: ShapePolicy | None = None) -> Completed | None:
         """Entry ``name``, whose graph's first call failed where nothing else records its
         inputs (a device-side assert fails every later use of the device; PyTorch's after_aot
         hook dumps fake copies), completed into an archive of ``failure`` at ``destination``:
@@ -318,7 +319,8 @@ class ProcessSpool:
         the job's (after a device error a device copy fails at once, and what it did not write
         is stored as absent), or the forked writer's, which wrote host storages from its
         snapshot of them taken before the call. None where the entry is not pending, or its
-        writing failed."""
+        writing failed. ``shapes``: the policy as the compile left it, in place of the entry's
+        (written before the compile added its guards)."""
         with _lock:
             entry = self._pending.pop(name, None)
         if entry is None:
@@ -333,7 +335,7 @@ class ProcessSpool:
             self.spool.discard(name)
             return None
         try:
-            return self.spool.complete(name, destination, failure=lambda _written_for: failure)
+            return self.spool.complete(name, destination, failure=lambda _written_for: failure, shapes=shapes)
         finally:
             self.spool.discard(name)
 

@@ -257,11 +257,11 @@ SOURCE_RECORD = DumpSource
 
 def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note: str, storages: dict[str, Any],
                snapshots: tuple[Any, Any, Any], failure: Any, replay_notes: dict[str, Any],
-               execution: Any = None, noted_shapes: Any = None) -> Capture:
+               execution: Any = None, shapes: Any = None) -> Capture:
     """The dump's graph and inputs as ``import_script`` read them, and the records around them:
     this process's ``snapshots`` (config, environment, system) where the script's settings
-    apply, the failure its one replay recorded, the thread state of the failing compile where
-    the dumping process noted it (``execution``), and where everything came from."""
+    apply, the failure its one replay recorded, the thread state and shape policy of the failing
+    compile (``execution``, ``shapes``), and where everything came from."""
     dump = imp.dump
     config, environment, system = snapshots
     source = DumpSource(
@@ -283,7 +283,6 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         **_dump_comments(dump.path),
     )
 
-    shapes = _policy_of_the_dump(imp, noted_shapes)
     return Capture(imp.gm, imp.example_inputs, Records(
         backend=dump.backend, accuracy=bool(dump.accuracy_mode), config=config, system=system,
         environment=environment, failure=failure, source=source, shapes=shapes, execution=execution))
@@ -361,6 +360,7 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     _refuse_sizes_without_value(imp.reader.inputs)
     scrub = Scrubber(scrub_prefixes(opts, store))
     execution, noted_shapes = noted_at_the_dump(getattr(opts, "execution_from", None), script)
+    shapes = _policy_of_the_dump(imp, noted_shapes)  # the archive's, and its replay's below
 
     events("taking snapshots")
     config, environment, system, snapshot_notes = take_snapshots()
@@ -377,13 +377,13 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
         events("replaying the failure")
         if started is not None:
             started({"stage": "replay"})  # if the replay takes this process down, the parent knows
-        failure, replay_notes = replay(dump, imp.gm, imp.example_inputs, execution=execution)
+        failure, replay_notes = replay(dump, imp.gm, imp.example_inputs, execution=execution, shapes=shapes)
 
     inputs, storages, warnings = input_report(imp)
     warnings += snapshot_notes + generated_data_warning(replay_notes)
     capture = capture_of(imp, label=opts.script_label, store_found=store is not None, store_note=store_note,
                          storages=storages, snapshots=(config, environment, system), failure=failure,
-                         replay_notes=replay_notes, execution=execution, noted_shapes=noted_shapes)
+                         replay_notes=replay_notes, execution=execution, shapes=shapes)
     capture = dataclasses.replace(capture, custom_ops=recorded_ops or imp.missing_ops
                                   or record_calls(imp.gm, imp.example_inputs))
 

@@ -105,17 +105,27 @@ def watched_calls(compiled: Any, gm: Any, examples: list[Any], compiler_name: st
     only (Inductor frees them as early as it can, and the program's memory stays its own), so
     they are read after the call failed (the archive's ``door`` says so): one the graph writes
     in place holds what it had then, and one already freed stays absent. Costs a list of weak
-    references per call."""
+    references per call, and for a graph that draws random numbers the generator states it
+    starts from (read after the call, they would be those it left)."""
+    from reproarchive.codec.device_runtime import RngState, devices_of
+    from reproarchive.codec.rng import random_ops, states_of
+
     calls = [0]
+    try:
+        draws = bool(random_ops(gm))
+    except Exception:  # noqa: BLE001 - a graph that cannot be read: its states are read per call
+        draws = True
 
     def call(real_inputs: list[Any]) -> Any:
         calls[0] += 1
         held = [_reference(v) for v in real_inputs] if backward or calls[0] > 1 else None
+        started = RngState.capture(devices_of(real_inputs)) if held is not None and draws else None
         try:
             return compiled(real_inputs)
         except Exception as exc:
             if held is not None and not _is_control_flow(exc) and getattr(exc, ARCHIVED_ATTR, None) is None:
-                written = _write_call(gm, [get() for get in held], examples, exc, compiler_name, calls[0])
+                written = _write_call(gm, [get() for get in held], examples, exc, compiler_name, calls[0],
+                                      None if started is None else states_of(started))
                 if written is not None:
                     setattr(exc, ARCHIVED_ATTR, str(written))
             raise
@@ -133,9 +143,10 @@ def _reference(value: Any) -> Callable[[], Any]:
 
 
 def _write_call(gm: Any, inputs: list[Any], examples: list[Any], exc: BaseException, compiler_name: str,
-                call: int) -> Path | None:
+                call: int, rng_states: dict | None) -> Path | None:
     """A failing call of ``gm`` archived: each input freed before it could be read stays absent
-    (its compile-time example, a fake tensor, where that has the same sizes)."""
+    (its compile-time example, a fake tensor, where that has the same sizes); ``rng_states``:
+    the generator states the call started from."""
     import torch
 
     kept, real = [], 0
@@ -152,7 +163,7 @@ def _write_call(gm: Any, inputs: list[Any], examples: list[Any], exc: BaseExcept
     return write_at_door(gm, kept, exc, compiler_name, folder=Path(os.environ[AOT_DIR_ENV]), prefix=AOT_PREFIX,
                          door={"graph_kind": "after_aot", "real_inputs": real,
                                "door": f"inductor (call {call} of the compiled graph; inputs read after it failed)"},
-                         capture_settings={"fwd_only": True}, stage="forward")
+                         capture_settings={"fwd_only": True}, stage="forward", rng_states=rng_states)
 
 
 def _is_control_flow(exc: BaseException) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 # Imports inside functions: imported with the crash guard by every Python process `capture
 # --` starts; what recording a failure needs is imported when a graph fails.
+import functools
 import logging
 import os
 import re
@@ -64,7 +65,7 @@ def after_dynamo_hook(wrapper: Any, name: str, gm: Any, example_inputs: list[Any
             except Exception:  # noqa: BLE001 - said by the dump; the program's own exception goes on
                 pass
         raise
-    return _checked(compiled, gm, pristine, first, dump, dump_or_say)
+    return _checked(compiled, gm, pristine, first, dump, dump_or_say, name)
 
 
 def _dumps(pristine: Any, level: int, name: str) -> tuple[Callable[..., str],
@@ -140,20 +141,26 @@ def _device_broken(err: BaseException) -> bool:
     return _DEVICE_BROKEN.search(f"{type(err).__name__}: {err}") is not None
 
 
-def _at_door(pristine: Any, inputs: list[Any], exc: BaseException, name: str, stage: str) -> Any:
-    """The failure archived at Dynamo's door (``capture --`` names the folder), or None."""
+def _at_door(pristine: Any, inputs: list[Any], exc: BaseException, name: str, stage: str, *,
+             rng_states: dict | None = None, call: int | None = None) -> Any:
+    """The failure archived at Dynamo's door (``capture --`` names the folder), or None;
+    ``rng_states``: the generator states call ``call`` started from."""
     folder = os.environ.get(DYNAMO_DOOR_DIR_ENV)
     if not folder:
         return None
+    where = "dynamo (the backend call)" if call is None else f"dynamo (call {call} of the compiled graph)"
     return write_at_door(pristine, inputs, exc, name, folder=Path(folder), prefix=DYNAMO_PREFIX, stage=stage,
                          capture_settings={} if stage == "compile" else {"check_runtime": True},
-                         door={"door": "dynamo (the backend call)", "real_inputs": len(inputs)})
+                         door={"door": where, "real_inputs": len(inputs)}, rng_states=rng_states)
 
 
-def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Callable, dump_or_say: Callable) -> Any:
+def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Callable, dump_or_say: Callable,
+             name: str) -> Any:
     """``compiled`` guarded (``call_guard``): its first call is the check, a backward it compiled
     watched where the program runs it (``first`` takes its spool entry over then) or checked
-    right after the call, and every failure dumped."""
+    right after the call, and every failure dumped; a later call of a graph that draws random
+    numbers is archived at Dynamo's door instead, with the generator states it started from,
+    which PyTorch's dump cannot hold (the first call's are in its spool entry)."""
     from reproarchive.codec.device_runtime import RngState, devices_of
     from reproarchive.replay.accuracy import run_forward_backward
     from reproarchive.sources.capture.call_guard import (
@@ -204,4 +211,19 @@ def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Call
                 after(before, out)
         return ended
 
-    return guarded(compiled, writes, failed=lambda before, exc, call: (dump(before, exc), None), first_call=first_call)
+    return guarded(compiled, writes, failed=functools.partial(_failed_call, pristine, name, dump),
+                   first_call=first_call)
+
+
+def _failed_call(pristine: Any, name: str, dump: Callable, before: list[Any], exc: BaseException, call: int,
+                 rng: Any) -> tuple[Any, None]:
+    """A failing call's archive (``call_guard.Failed``): PyTorch's dump, or for a later call of a
+    graph that draws random numbers (``rng``: the states it started from) one at Dynamo's door."""
+    from reproarchive.codec.rng import states_of
+    from reproarchive.replay.accuracy import stage_of
+
+    if call > 1 and rng is not None:
+        written = _at_door(pristine, before, exc, name, stage_of(exc), rng_states=states_of(rng), call=call)
+        if written is not None:
+            return written, None
+    return dump(before, exc), None

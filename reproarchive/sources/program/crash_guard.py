@@ -72,6 +72,7 @@ ON_ACCURACY_ENV = "REPROARCHIVE_ON_ACCURACY"
 PENDING_PREFIX = "pending-"
 CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's custom-op calls
 KEPT_DIR = "kept"  # beside it too: first calls whose failure PyTorch could not dump, from the spool
+SUPERSEDES_SUFFIX = ".supersedes.json"  # beside a kept first call: the dump it stands for
 EXECUTION_DIR = "execution"  # beside it too: the thread state of each compile, one JSON line per compile
 
 log = logging.getLogger("reproarchive.capture")
@@ -153,10 +154,10 @@ def _patch(module: Any) -> None:
                 _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
             raise
         finally:
-            _note_compile(gm, list(example_inputs), began)
+            shapes = _note_compile(gm, list(example_inputs), began)
         if first.pending is None:
             return compiled
-        return _discard_after_first_call(compiled, _backend_name(self), first)
+        return _discard_after_first_call(compiled, _backend_name(self), first, shapes)
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
@@ -193,7 +194,7 @@ def _write_custom_ops(gm: Any, inputs: list[Any], exc: Exception, backend: str) 
                     type(err).__name__, err)
 
 
-def _note_compile(gm: Any, inputs: list[Any], began: float) -> None:
+def _note_compile(gm: Any, inputs: list[Any], began: float) -> Any:
     """Append what PyTorch's dump does not record of this compile to this process's
     ``execution/<pid>.jsonl``: the thread state it runs under (grad and inference mode, autocast
     ...: a replay in another state can fail in a way the program never did, grad on for a
@@ -201,7 +202,9 @@ def _note_compile(gm: Any, inputs: list[Any], began: float) -> None:
     say (which sizes are symbols, their ranges and guards; a dump writes sizes only where they
     are symbols). Noted when the backend call ends, with the guards the compile added, under
     the time it ``began``: ``pack_dump`` takes the last entry that began before the dump was
-    written, the failing compile's."""
+    written, the failing compile's. Returns that shape policy (None where there is none), which
+    a first call kept from the spool records too: the spool entry was written before the
+    compile added its guards."""
     try:
         import json
 
@@ -217,8 +220,10 @@ def _note_compile(gm: Any, inputs: list[Any], began: float) -> None:
                            "shapes": to_plain(policy) if policy is not None else None, "inputs": len(inputs)})
         with open(folder / f"{os.getpid()}.jsonl", "a") as f:
             f.write(line + "\n")
+        return policy
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         log.debug("reproarchive capture: the compile was not noted: %s", err)
+        return None
 
 
 def execution_notes(dump_dir: Path, pid: int) -> Path | None:
@@ -312,13 +317,14 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
         return None
 
 
-def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> Any:
+def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, shapes: Any = None) -> Any:
     """``compiled`` behind a wrapper that discards spool entry ``first.pending`` when its first
     call ends (or, where PyTorch's hook watches the call's compiled backward, leaves it to the
     hook: ``first.watched``), or keeps it as the failure's archive where the call failed and the
     failure could not be dumped (``_keep``). Where ``first.finished_first`` says a compiled
     backward follows the call, the entry is finished before it rather than by a writer forked
-    through that backward's compile (``ProcessSpool.wait``)."""
+    through that backward's compile (``ProcessSpool.wait``). ``shapes``: the shape policy with
+    the guards the compile added, which a kept entry records."""
     done = [False]
     pending = first.pending
 
@@ -330,8 +336,10 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall) -> 
         try:
             return compiled(*args, **kwargs)
         except Exception as exc:
-            if getattr(exc, "reproarchive_not_archived", None) is not None or _undumped_after_aot(exc):
-                _keep(pending, exc, backend)
+            dumped = _dumped_after_dynamo(exc)
+            if (getattr(exc, "reproarchive_not_archived", None) is not None or _undumped_after_aot(exc)
+                    or dumped is not None):
+                _keep(pending, exc, backend, supersedes=dumped, shapes=shapes)
             raise
         finally:
             done[0] = True
@@ -351,12 +359,27 @@ def _undumped_after_aot(exc: Exception) -> bool:
             and getattr(exc, ARCHIVED_ATTR, None) is None)  # not archived at Inductor's door already
 
 
-def _keep(pending: str, exc: Exception, backend: str) -> None:
+def _dumped_after_dynamo(exc: Exception) -> Path | None:
+    """The launcher PyTorch's after_dynamo dump wrote for a failing first call, or None. That
+    dump holds the graph and inputs, but not the RNG state the call began with, nor the
+    program's own exception (a packed dump learns it from a replay): the spool entry holds both,
+    so it is kept (``_keep``) and the dump it ``supersedes`` is left unpacked."""
+    from reproarchive.sources.capture.call_guard import is_control_flow
+
+    launcher = getattr(exc, "minifier_path", None)
+    if not _hook_runs_in_backend() or not isinstance(launcher, str) or is_control_flow(exc):
+        return None
+    return Path(launcher) if Path(launcher).is_file() else None
+
+
+def _keep(pending: str, exc: Exception, backend: str, *, supersedes: Path | None = None, shapes: Any = None) -> None:
     """A first call failed and PyTorch's hook could not dump it (its inputs cannot be read any
-    more: a device-side assert fails every later use of the device), or dumps it without data
-    (after AOT). Spool entry ``pending`` holds them as they were before the call: it is
+    more: a device-side assert fails every later use of the device), dumps it without data
+    (after AOT), or without its RNG state and exception (after Dynamo: the launcher it
+    ``supersedes``). Spool entry ``pending`` holds them as they were before the call: it is
     completed into the failure's archive in ``KEPT_DIR``, which ``capture_program`` reports
-    beside the dumps it packs (a data-less dump of the same process left out)."""
+    beside the dumps it packs (the dump it supersedes, and a data-less dump of the same process,
+    left out), with the shape policy as the compile left it (``shapes``), as every route records it."""
     try:
         from reproarchive.context.failure import record_from_exception
         from reproarchive.replay.accuracy import stage_of
@@ -364,7 +387,10 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
         folder = Path(os.environ[CRASH_DIR_ENV]).parent / KEPT_DIR
         folder.mkdir(parents=True, exist_ok=True)
         record = record_from_exception(exc, stage_of(exc), backend=backend)
-        completed = spool().keep(pending, record, folder / f"{os.getpid()}-{next(_counter)}.tar.zst")
+        target = folder / f"{os.getpid()}-{next(_counter)}.tar.zst"
+        completed = spool().keep(pending, record, target, shapes=shapes)
+        if completed is not None and supersedes is not None:
+            _note_superseded(target, supersedes)
     except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
         log.warning("reproarchive capture: the failing first call could not be kept from the spool either: %s: %s",
                     type(err).__name__, err)
@@ -372,6 +398,34 @@ def _keep(pending: str, exc: Exception, backend: str) -> None:
     if completed is not None:
         print(f"reproarchive: archived the failing first call from its spool, its inputs as they were before "
               f"it{completed.unwritten}", file=sys.stderr)
+
+
+def _note_superseded(kept: Path, launcher: Path) -> None:
+    """Beside ``kept``: the dump it stands for, by path and digest (a later failure of the same
+    process rewrites that launcher, and the rewritten one is packed)."""
+    import hashlib
+    import json
+
+    try:
+        digest = hashlib.sha256(launcher.read_bytes()).hexdigest()
+        kept.with_name(kept.name.removesuffix(".tar.zst") + SUPERSEDES_SUFFIX).write_text(
+            json.dumps({"launcher": str(launcher.resolve()), "sha256": digest}))
+    except OSError as err:  # the kept archive stands; the dump is packed beside it
+        log.warning("reproarchive capture: PyTorch's dump of the kept first call will be packed too: %s", err)
+
+
+def superseded_dumps(dump_dir: Path) -> set[tuple[str, str]]:
+    """The dumps a kept first call stands for (``_note_superseded``): (launcher path, sha256)."""
+    import json
+
+    found = set()
+    for note in (dump_dir / KEPT_DIR).glob(f"*{SUPERSEDES_SUFFIX}"):
+        try:
+            said = json.loads(note.read_text())
+            found.add((str(said["launcher"]), str(said["sha256"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a note half-written by a dying process: its dump is packed too
+    return found
 
 
 def kept_archives(dump_dir: Path) -> list[Path]:

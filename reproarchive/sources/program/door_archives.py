@@ -35,11 +35,13 @@ _counter = itertools.count(1)
 
 
 def write_at_door(gm: Any, inputs: list[Any], exc: BaseException, compiler_name: str, *, folder: Path, prefix: str,
-                  door: dict[str, Any], capture_settings: dict[str, Any], stage: str) -> Path | None:
+                  door: dict[str, Any], capture_settings: dict[str, Any], stage: str,
+                  rng_states: dict | None = None) -> Path | None:
     """The failure ``exc`` of ``gm`` on ``inputs`` at ``stage``, archived in ``folder`` under a name
     that says the door (``prefix``) and the writing process, with the program's own exception
     as the failure; None (and a warning) where it cannot be written: never in place of the
-    program's own failure."""
+    program's own failure. ``rng_states``: the generator states the failing call started from,
+    where it read them (None: read now, which is right only before anything drew)."""
     try:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import record_from_exception
@@ -50,7 +52,8 @@ def write_at_door(gm: Any, inputs: list[Any], exc: BaseException, compiler_name:
         write_archive(gm, inputs, path, config=config_snapshot(),
                       failure=record_from_exception(exc, stage, backend=compiler_name),
                       backend=compiler_name, accuracy=False, capture_settings=capture_settings,
-                      door={**door, "replay": {"performed": False, "failure_from": "program"}})
+                      door={**door, "replay": {"performed": False, "failure_from": "program"}},
+                      rng_states=rng_states)
     except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
         log.warning("reproarchive capture: could not archive the graph %s failed on: %s: %s", compiler_name,
                     type(err).__name__, err)

@@ -31,6 +31,7 @@ are moved into ``out_dir``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import signal
@@ -206,7 +207,8 @@ def capture_program(
         door = door_archives.archives(dump_dir / "aot")
         kept = crash_guard.kept_archives(dump_dir)  # first calls the spool kept, with their real inputs
         launchers = _without_superseded(launchers, {door_archives.writer_pid(a) for a in door}
-                                        | {crash_guard.keeper_pid(a) for a in kept})
+                                        | {crash_guard.keeper_pid(a) for a in kept},
+                                        crash_guard.superseded_dumps(dump_dir))
         _pack_dumps(launchers, dump_dir, out, result, replay=replay, progress=progress, imports=imports,
                     libraries=libraries)
         _move_written(door, dump_dir, out, result)
@@ -342,14 +344,19 @@ def pack_spool(spool: str | os.PathLike, out_dir: str | os.PathLike = ".") -> li
     return reports
 
 
-def _without_superseded(launchers: list[Path], writer_pids: set[int | None]) -> list[Path]:
+def _without_superseded(launchers: list[Path], writer_pids: set[int | None],
+                        superseded: set[tuple[str, str]]) -> list[Path]:
     """The dumps still to pack: a data-less after_aot dump (PyTorch had only fake tensors) of a
     process whose failures a door archived, or the spool kept, with their real inputs and
-    exception is the same failure without its data, and is left out."""
+    exception is the same failure without its data, and is left out; so is an after_dynamo
+    dump of a first call the spool kept (``superseded``: by path and digest), which lacks the
+    call's RNG state and exception."""
     kept = []
     for launcher in launchers:
         pid = launcher.parent.parent.name.rpartition("-pid_")[2]
         if pid.isdigit() and int(pid) in writer_pids and holds_no_data(launcher):
+            continue
+        if (str(launcher.resolve()), hashlib.sha256(launcher.read_bytes()).hexdigest()) in superseded:
             continue
         kept.append(launcher)
     return kept

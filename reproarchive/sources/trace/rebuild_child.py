@@ -203,6 +203,7 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
         config_origin = "the runnable's config lines over this machine's defaults (the log records no config)"
         warnings += notes
     backend = job.get("backend")
+    shapes = _logged_shapes(built, job)  # the archive's, and its replay's below
     logged = from_plain(FailureRecord, job["failure"]) if job.get("failure") else None
     replay_notes: dict[str, Any] = {"performed": False}
     if job.get("crash"):  # an earlier child died replaying this compile (pack_trace)
@@ -213,7 +214,7 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
             started({"stage": "replay"})  # if the replay kills this process, the parent knows
         observed, replay_notes = import_replay.replay_once(
             built.gm, built.inputs, kind=built.kind, backend=backend, accuracy=bool(job.get("accuracy")),
-            config=config, environment=built.environment)
+            config=config, environment=built.environment, shapes=shapes)
         if started is not None:
             started({"stage": "packing"})
         failure, more = reconcile(logged, observed, replay_notes)
@@ -227,7 +228,7 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
 
     config = with_unapplied(config, built.unapplied)
     capture = capture_of(built, job, config=config, config_origin=config_origin, failure=failure,
-                         replay_notes=replay_notes)
+                         replay_notes=replay_notes, shapes=shapes)
 
     events("writing the archive")
     out = write_capture(capture, job["out"], prefixes=scrub.prefixes)
@@ -245,8 +246,17 @@ def pack_job(job: dict[str, Any], work: Path, events, started=None) -> dict[str,
 SOURCE_RECORD = TraceSource
 
 
+def _logged_shapes(built: Rebuilt, job: dict[str, Any]) -> Any:
+    """The shape policy the log records for an after_dynamo graph (None after AOT)."""
+    from reproarchive.codec.logged_shapes import logged_policy  # imports torch: in the child only
+
+    if built.kind != "after_dynamo":
+        return None
+    return logged_policy(built.input_records, job.get("symbols") or {}, first_input=len(built.lifted))
+
+
 def capture_of(built: Rebuilt, job: dict[str, Any], *, config: Any, config_origin: str | None,
-               failure: Any, replay_notes: dict[str, Any]) -> Capture:
+               failure: Any, replay_notes: dict[str, Any], shapes: Any) -> Capture:
     """The compile's graph and inputs as ``from_dynamo_graph`` / the runnable rebuilt them,
     and the records around them: what the parent read from the log (``job``: source, system,
     backend) completed with what only this process learnt."""
@@ -262,10 +272,6 @@ def capture_of(built: Rebuilt, job: dict[str, Any], *, config: Any, config_origi
         storages=built.storages or None,
         content_store=built.content_store or None,
     )
-    from reproarchive.codec.logged_shapes import logged_policy  # imports torch: in the child only
-
-    shapes = (logged_policy(built.input_records, job.get("symbols") or {}, first_input=len(built.lifted))
-              if built.kind == "after_dynamo" else None)
     return Capture(built.gm, built.inputs, Records(
         backend=job.get("backend"), accuracy=bool(job.get("accuracy")), config=config or None,
         system=from_plain(SystemRecord, job["system"]) if job.get("system") else None,
