@@ -187,7 +187,8 @@ def _compile_and_run(compiler_fn, gm, args, *, backend, source_kind, fwd_only, a
         cause = exc.__cause__ or exc
         return _failure.record_from_exception(cause, _accuracy.stage_of(cause), backend="eager"), None, False
     except Exception as exc:  # noqa: BLE001
-        return _failure.record_from_exception(exc, _accuracy.stage_of(exc), backend=backend), None, False
+        stage = _accuracy.stage_of(exc)  # a backward that failed ran
+        return _failure.record_from_exception(exc, stage, backend=backend), None, stage == "backward"
 
 
 def _compile(compiler_fn, backend: str, gm, args: list[Any], source_kind: str | None, shapes=(None, None)):

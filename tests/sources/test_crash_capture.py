@@ -8,6 +8,7 @@ Each program runs in its own process, which dies; the test process looks at what
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import pytest
 import reproarchive
 from reproarchive.context.failure import crash_report, same_failure
 from reproarchive.format.schema import FailureRecord
+from reproarchive.sources.program import crash_guard
 from reproarchive.testing.machine_paths import machine_paths_in
 from support.captures import archives_after_death
 from support.cli import invoke
@@ -423,7 +425,9 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     """Under ``capture --`` a compiled backward that fails fails in the program's own
     ``backward()``, as without capture (PyTorch's own hook would raise it inside the compile),
     and PyTorch's dump of the graph's first call is written then; the spool entry of that call
-    is on disk while its backward runs, and not between the call and the backward."""
+    is on disk while its backward runs, and not between the call and the backward. That entry
+    is kept as the failure's archive (stage backward), with the generator states the call
+    started from, which PyTorch's dump lacks; the dump it supersedes is named beside it."""
     import torch
     import torch._dynamo
     from functorch.compile import make_boxed_func
@@ -443,8 +447,9 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=failing_backward)
     torch._dynamo.reset()
     try:
-        out = torch.compile(lambda a, b: torch.relu(a @ b), backend=backend)(torch.randn(4, 8),
-                                                                              torch.randn(8, 8, requires_grad=True))
+        a, b = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+        started = torch.get_rng_state()
+        out = torch.compile(lambda a, b: torch.nn.functional.dropout(torch.relu(a @ b), 0.5), backend=backend)(a, b)
         assert first_call.spool().spool.names() == []  # set aside between the call and its backward
         with pytest.raises(RuntimeError, match="injected failure in the compiled backward") as info:
             out.sum().backward()
@@ -455,6 +460,12 @@ def test_capture_cli_hook_dumps_a_failing_compiled_backward_where_the_program_ru
     assert launcher.name == "minifier_launcher.py" and launcher.is_file()
     assert tmp_path / "debug" in launcher.parents
     assert first_call.spool().spool.names() == []
+    (kept,) = crash_guard.kept_archives(tmp_path)
+    repro = reproarchive.load(kept)
+    assert repro.records.failure.stage == "backward" and "injected failure" in repro.records.failure.message
+    assert torch.equal(repro.rng_states["cpu"], started)
+    assert (str(launcher.resolve()), hashlib.sha256(launcher.read_bytes()).hexdigest()) in \
+        crash_guard.superseded_dumps(tmp_path)
 
 
 def test_a_crash_under_a_custom_backend_leaves_an_archive_and_a_hint_that_works(tmp_path):

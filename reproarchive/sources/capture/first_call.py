@@ -24,12 +24,15 @@ class FirstCall:
     and PyTorch's hook inside it (``after_dynamo_hook``) share about the graph's first call: the
     spool entry a crash in it would leave (``pending``); whether that entry is finished before
     the call (``finished_first(args)``: a backward the backend compiled follows, compiled in the
-    program's own ``backward()``, through which a forked writer would live); and whether the hook
-    took the entry over for that backward (``watched``: it goes when the backward ends)."""
+    program's own ``backward()``, through which a forked writer would live); whether the hook
+    took the entry over for that backward (``watched``: it goes when the backward ends); and
+    ``keep(exc, stage)``, which the crash guard sets to complete the entry into the archive of
+    that backward's failure (its inputs and generator states from before the call)."""
 
     pending: str | None
     finished_first: Callable[[list[Any]], bool] = lambda args: False
     watched: bool = False
+    keep: Callable[[BaseException, str], None] = lambda exc, stage: None
 
 
 def spool() -> Any:

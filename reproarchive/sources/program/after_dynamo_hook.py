@@ -191,10 +191,14 @@ def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Call
                 dump_or_say(args, exc)
             raise
 
+    def backward_failed(before: list[Any], exc: BaseException) -> None:
+        dump_or_say(before, exc)
+        first.keep(exc, "backward")  # with the generator states the dump lacks; the dump is left out
+
     def watched(args: list[Any], before: list[Any], out: Any) -> bool:
         """The compiled backward the first call made, watched (False: nothing to watch)."""
         if writes.of(before) is None or not watched_backward(
-                out, args, failed=lambda exc: dump_or_say(before, exc), restore=lambda: restore(first.pending),
+                out, args, failed=lambda exc: backward_failed(before, exc), restore=lambda: restore(first.pending),
                 set_aside=lambda: set_aside(first.pending), done=lambda: discard(first.pending)):
             return False
         first.watched = True

@@ -327,6 +327,8 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
     the guards the compile added, which a kept entry records."""
     done = [False]
     pending = first.pending
+    first.keep = lambda exc, stage: _keep(pending, exc, backend, supersedes=_dumped_after_dynamo(exc), shapes=shapes,
+                                          stage=stage)
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -372,21 +374,23 @@ def _dumped_after_dynamo(exc: Exception) -> Path | None:
     return Path(launcher) if Path(launcher).is_file() else None
 
 
-def _keep(pending: str, exc: Exception, backend: str, *, supersedes: Path | None = None, shapes: Any = None) -> None:
+def _keep(pending: str, exc: Exception, backend: str, *, supersedes: Path | None = None, shapes: Any = None,
+          stage: str | None = None) -> None:
     """A first call failed and PyTorch's hook could not dump it (its inputs cannot be read any
     more: a device-side assert fails every later use of the device), dumps it without data
     (after AOT), or without its RNG state and exception (after Dynamo: the launcher it
     ``supersedes``). Spool entry ``pending`` holds them as they were before the call: it is
     completed into the failure's archive in ``KEPT_DIR``, which ``capture_program`` reports
     beside the dumps it packs (the dump it supersedes, and a data-less dump of the same process,
-    left out), with the shape policy as the compile left it (``shapes``), as every route records it."""
+    left out), with the shape policy as the compile left it (``shapes``), as every route records it.
+    ``stage``: the failure's (a watched backward's), else the exception's."""
     try:
         from reproarchive.context.failure import record_from_exception
         from reproarchive.replay.accuracy import stage_of
 
         folder = Path(os.environ[CRASH_DIR_ENV]).parent / KEPT_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        record = record_from_exception(exc, stage_of(exc), backend=backend)
+        record = record_from_exception(exc, stage or stage_of(exc), backend=backend)
         target = folder / f"{os.getpid()}-{next(_counter)}.tar.zst"
         completed = spool().keep(pending, record, target, shapes=shapes)
         if completed is not None and supersedes is not None:
