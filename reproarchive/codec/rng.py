@@ -115,6 +115,15 @@ def random_ops(gm: Any) -> tuple[str, ...]:
 # generator states
 
 
+def draws_random(gm: Any) -> bool:
+    """Whether ``gm`` may draw random numbers: a graph that cannot be read counts as drawing (a
+    capture then reads the generator states before each of its calls, never too few)."""
+    try:
+        return bool(random_ops(gm))
+    except Exception:  # noqa: BLE001 - unreadable: assume it draws
+        return True
+
+
 def rng_snapshot(inputs: Iterable[Any] = ()) -> dict[str, torch.Tensor]:
     """The CPU generator's state and that of each device ``inputs`` are on, now: device name ->
     the state as a uint8 tensor on the host."""

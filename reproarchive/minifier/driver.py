@@ -46,7 +46,7 @@ from reproarchive.codec.graphs import readable_code
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 from reproarchive.minifier.job_minify import minify_job
-from reproarchive.minifier.minified_records import generated_inputs, labelled, minified_records
+from reproarchive.minifier.minified_records import labelled, minified_records, not_original_positions
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay.containment import contained
 from reproarchive.replay.isolation import WorkerPool
@@ -122,7 +122,7 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
 
 def _labelled(stats: dict[str, Any], repro: Repro) -> dict[str, Any]:
     """``stats`` with each input's provenance completed by what the archive knows (``labelled``)."""
-    generated = generated_inputs(repro.fidelity, repro.records)
+    generated = not_original_positions(repro.fidelity, repro.records)
     return {**stats, "inputs": labelled(stats.get("inputs") or [], generated)}
 
 

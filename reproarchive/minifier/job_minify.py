@@ -43,7 +43,7 @@ from reproarchive.codec.graphs import readable_code
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import NotFailingError, minify_with_stats
 from reproarchive.minifier.candidate import Recording
-from reproarchive.minifier.minified_records import generated_inputs, labelled, minified_records
+from reproarchive.minifier.minified_records import labelled, minified_records, not_original_positions
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.local_job import without_collectives
@@ -105,7 +105,7 @@ def _generated(job: Any, free: dict[int, tuple[Any, list]]) -> dict[int, set[int
     """rank -> positions of its collective-free graph's inputs (``free``) that are not original
     data: its own generated inputs, and every collective's recorded value when any rank's input
     was generated (a collective's value is computed from every rank's)."""
-    own = {r.rank: generated_inputs(r.fidelity, r.records) for r in job.ranks}
+    own = {r.rank: not_original_positions(r.fidelity, r.records) for r in job.ranks}
     if not any(own.values()):
         return own
     return {r.rank: own[r.rank] | set(range(len(r.args), len(free[r.rank][1]))) for r in job.ranks}

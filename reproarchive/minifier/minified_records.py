@@ -21,7 +21,7 @@ def minified_records(records: Records, parent: str, parent_gm: Any, gm: Any, inp
     return dataclasses.replace(records, parent=parent, minify=minify, shapes=shapes)
 
 
-def generated_inputs(fidelity: list[str] | None, records: Records) -> set[int]:
+def not_original_positions(fidelity: list[str] | None, records: Records) -> set[int]:
     """Positions of the inputs of a graph (or one rank's) whose values are not the original data.
 
     An input counts as generated when it is absent, and also when the archive is itself a

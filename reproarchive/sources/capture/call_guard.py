@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from reproarchive.codec.device_runtime import RngState, devices_of, forked_rng, synchronize
-from reproarchive.codec.rng import random_ops
+from reproarchive.codec.rng import draws_random
 from reproarchive.compat.dynamo import control_flow_exceptions
 from reproarchive.compat.pytree import tree_leaves
 from reproarchive.replay.input_writes import rerun_inputs, snapshot, written_inputs
@@ -71,10 +71,7 @@ class GraphWrites:
         self.gm = pristine_gm
         self._known = False
         self._written: frozenset[int] | None = None
-        try:
-            self.draws_random = bool(random_ops(pristine_gm))
-        except Exception:  # noqa: BLE001 - a graph that cannot be read: its states are read per call
-            self.draws_random = True
+        self.draws_random = draws_random(pristine_gm)
 
     def of(self, args: list[Any]) -> frozenset[int] | None:
         if not self._known:

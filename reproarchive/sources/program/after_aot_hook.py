@@ -108,13 +108,10 @@ def watched_calls(compiled: Any, gm: Any, examples: list[Any], compiler_name: st
     references per call, and for a graph that draws random numbers the generator states it
     starts from (read after the call, they would be those it left)."""
     from reproarchive.codec.device_runtime import RngState, devices_of
-    from reproarchive.codec.rng import random_ops, states_of
+    from reproarchive.codec.rng import draws_random, states_of
 
     calls = [0]
-    try:
-        draws = bool(random_ops(gm))
-    except Exception:  # noqa: BLE001 - a graph that cannot be read: its states are read per call
-        draws = True
+    draws = draws_random(gm)
 
     def call(real_inputs: list[Any]) -> Any:
         calls[0] += 1

@@ -407,15 +407,21 @@ def _keep(pending: str, exc: Exception, backend: str, *, supersedes: Path | None
 def _note_superseded(kept: Path, launcher: Path) -> None:
     """Beside ``kept``: the dump it stands for, by path and digest (a later failure of the same
     process rewrites that launcher, and the rewritten one is packed)."""
-    import hashlib
     import json
 
     try:
-        digest = hashlib.sha256(launcher.read_bytes()).hexdigest()
+        path, digest = dump_identity(launcher)
         kept.with_name(kept.name.removesuffix(".tar.zst") + SUPERSEDES_SUFFIX).write_text(
-            json.dumps({"launcher": str(launcher.resolve()), "sha256": digest}))
+            json.dumps({"launcher": path, "sha256": digest}))
     except OSError as err:  # the kept archive stands; the dump is packed beside it
         log.warning("reproarchive capture: PyTorch's dump of the kept first call will be packed too: %s", err)
+
+
+def dump_identity(launcher: Path) -> tuple[str, str]:
+    """(resolved path, sha256 of its text): one dump of a launcher PyTorch rewrites per failure."""
+    import hashlib
+
+    return str(launcher.resolve()), hashlib.sha256(launcher.read_bytes()).hexdigest()
 
 
 def superseded_dumps(dump_dir: Path) -> set[tuple[str, str]]:

@@ -31,7 +31,6 @@ are moved into ``out_dir``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import signal
@@ -356,7 +355,7 @@ def _without_superseded(launchers: list[Path], writer_pids: set[int | None],
         pid = launcher.parent.parent.name.rpartition("-pid_")[2]
         if pid.isdigit() and int(pid) in writer_pids and holds_no_data(launcher):
             continue
-        if (str(launcher.resolve()), hashlib.sha256(launcher.read_bytes()).hexdigest()) in superseded:
+        if crash_guard.dump_identity(launcher) in superseded:
             continue
         kept.append(launcher)
     return kept
