@@ -172,7 +172,6 @@ def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Call
         outputs_cannot_require_grad,
         preserved_state,
         runs_the_graph,
-        watched_backward,
     )
 
     writes = GraphWrites(pristine)
@@ -191,18 +190,8 @@ def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Call
                 dump_or_say(args, exc)
             raise
 
-    def backward_failed(before: list[Any], exc: BaseException) -> None:
-        dump_or_say(before, exc)
-        first.keep(exc, "backward")  # with the generator states the dump lacks; the dump is left out
-
     def watched(args: list[Any], before: list[Any], out: Any) -> bool:
-        """The compiled backward the first call made, watched (False: nothing to watch)."""
-        if writes.of(before) is None or not watched_backward(
-                out, args, failed=lambda exc: backward_failed(before, exc), restore=lambda: restore(first.pending),
-                set_aside=lambda: set_aside(first.pending), done=lambda: discard(first.pending)):
-            return False
-        first.watched = True
-        return True
+        return writes.of(before) is not None and _watched(first, dump_or_say, args, before, out)
 
     def first_call(args: list[Any]) -> Any:
         # the real call is the check, waited for on its devices, and its failure dumped
@@ -217,6 +206,23 @@ def _checked(compiled: Any, gm: Any, pristine: Any, first: FirstCall, dump: Call
 
     return guarded(compiled, writes, failed=functools.partial(_failed_call, pristine, name, dump),
                    first_call=first_call)
+
+
+def _watched(first: FirstCall, dump_or_say: Callable, args: list[Any], before: list[Any], out: Any) -> bool:
+    """The compiled backward the first call made, watched (False: nothing to watch): its
+    failure is dumped and kept from the spool entry of ``first``, with the generator states the
+    dump lacks (the dump is then left out)."""
+    from reproarchive.sources.capture.call_guard import watched_backward
+
+    def failed(exc: BaseException) -> None:
+        dump_or_say(before, exc)
+        first.keep(exc, "backward")
+
+    if not watched_backward(out, args, failed=failed, restore=lambda: restore(first.pending),
+                            set_aside=lambda: set_aside(first.pending), done=lambda: discard(first.pending)):
+        return False
+    first.watched = True
+    return True
 
 
 def _failed_call(pristine: Any, name: str, dump: Callable, before: list[Any], exc: BaseException, call: int,
