@@ -8,7 +8,10 @@ The steps, each cheap before the next costs anything:
    occurrence, not another one) and each one's index is read and signed (``grouping.signature_of``; a store archive's
    index is read from its inline bytes, no blob is downloaded);
 2. archives are grouped by the signature's level (``--by``); a group's representative is its
-   member with the fewest ops (cheapest to replay and minify), the oldest on a tie;
+   member with the fewest ops (cheapest to replay and minify), the oldest on a tie, among those
+   that call no custom op or Triton kernel where the group has such members (a replay stands in
+   for those from their recorded calls, and can only be inconclusive where a call was not
+   recorded);
 3. each representative's tasks are looked up in the verdict cache (``verdicts.VerdictCache``,
    keyed by archive, action and environment); only missing ones go to the executor
    (``engine``), and each verdict is cached the moment it arrives. ``minify`` is submitted after
@@ -157,7 +160,7 @@ def triage_fleet(source: str | os.PathLike, *, actions: tuple[str, ...] = DEFAUL
     if run:
         for env in {e.digest: e for e in (environment, *deciding.values())}.values():
             cache.record_environment(env)
-    reps = {key: min(ms, key=lambda m: (m.ops, m.seen, m.name)) for key, ms in grouped.groups.items()}
+    reps = {key: min(ms, key=_cheapest_faithful) for key, ms in grouped.groups.items()}
     replays = replays_wanted(repeat) if run else 1  # grouping only: what the cache holds is the answer
     verdicts, cached, counts, partial = _cached(cache, reps, deciding, actions, replays)
     plan = _Plan(executor, cache, deciding, settings, trusted_backends, backends, max_time, sources.minify_output(),
@@ -432,3 +435,8 @@ def _compare(cache: VerdictCache, other: Environment, members: list[Member], her
     else:
         status = STILL_FAILS
     return Comparison(status=status, there=there)
+
+
+def _cheapest_faithful(member: Member) -> tuple:
+    """A group's representative is the least of its members by this key (module docstring)."""
+    return (member.outside > 0, member.ops, member.seen, member.name)

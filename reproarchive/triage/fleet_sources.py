@@ -33,7 +33,9 @@ class Unreadable(PlainRecord):
 @dataclasses.dataclass(frozen=True)
 class Member(PlainRecord):
     """One archive of the fleet: where it is, its index digest, when it was seen (file time, or
-    when it was pushed) and its size in ops."""
+    when it was pushed), its size in ops, and how much code from outside torch its graph calls
+    (``outside``: custom ops and user Triton kernels, which a replay where they are not
+    registered stands in for from their recorded calls)."""
 
     name: str
     location: str
@@ -41,6 +43,7 @@ class Member(PlainRecord):
     seen: str
     ops: int
     nodes: int
+    outside: int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,5 +151,6 @@ def _member_of(path, location: str, name: str, seen: str | None) -> tuple[Member
     if index.records.parent is not None:
         return None, None, None
     member = Member(name=name, location=location, digest=digest, seen=str(seen or ""),
-                    ops=index.graph.op_count(), nodes=len(index.graph.nodes))
+                    ops=index.graph.op_count(), nodes=len(index.graph.nodes),
+                    outside=len(index.custom_ops or ()) + len(index.triton_kernels or ()))
     return member, signature_of(index), index.records.backend

@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import reproarchive
+from reproarchive.format.reader import ContainerReader
 from support import fleet_corpus
 from support.cli import invoke
 
@@ -313,3 +315,29 @@ def test_the_bisect_action_names_each_groups_compiler_stage(tmp_path):
     assert bisect["message"].startswith(f"the failure is in backend {relu}")
     again = invoke("triage", folder, "--action", "replay", "--action", "bisect", "--repeat", "1")
     assert "0 tasks run, 2 cached" in again.stdout and f"culprit: the failure is in backend {relu}" in again.stdout
+
+
+def test_a_group_is_represented_by_a_member_that_needs_no_stand_in(tmp_path, fresh_dynamo):
+    """Two captures of one bug: the smaller graph calls the program's own custom op, which a
+    replay elsewhere stands in for from its recorded calls (and can only call inconclusive where
+    a call was not recorded, as for a first call kept from the spool); the other calls nothing
+    from outside torch. The group was represented by the smaller one and so judged through a
+    stand-in; it is represented by the member that needs none."""
+
+    @torch.library.custom_op("ratriage::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    twice.register_fake(lambda x: torch.empty_like(x))
+    backend = reproarchive.capture("relu_runtime_error_TESTING_ONLY", path=tmp_path / "fleet")
+    for name, fn in (("with-op", lambda x: torch.relu(twice(x))), ("plain", lambda x: torch.relu(x * 2) + 1)):
+        with pytest.raises(AssertionError, match="ReluRuntimeError"):
+            torch.compile(fn, backend=backend)(torch.ones(4))
+        (new,) = [p for p in (tmp_path / "fleet").glob("repro-*.tar.zst")]
+        new.rename(tmp_path / "fleet" / f"{name}.tar.zst")
+    with ContainerReader(tmp_path / "fleet" / "with-op.tar.zst") as reader:
+        assert reader.index.graph.op_count() == 2 and reader.index.custom_ops  # the smaller graph
+    result = invoke("triage", tmp_path / "fleet", "--by", "failure", "--group-only", "--json")
+    (group,) = json.loads(result.stdout)["groups"]
+    assert group["count"] == 2 and group["representative"]["name"] == "plain.tar.zst", group
+    assert group["representative"]["outside"] == 0
