@@ -42,7 +42,7 @@ import dataclasses
 import functools
 import os
 import platform
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -364,8 +364,16 @@ class RngState:
 
     @classmethod
     def capture(cls, devices: Iterable[Any] = ()) -> RngState:
+        return cls.reader(devices)()
+
+    @classmethod
+    def reader(cls, devices: Iterable[Any] = ()) -> Callable[[], RngState]:
+        """``capture`` of ``devices``, their runtimes resolved once: what a capture calls before
+        every call of a graph that draws (a compiled graph's inputs keep their devices), where
+        resolving them each time would cost more than reading the states."""
         wanted = [_device("cpu"), *(d for d in map(_device, devices) if d.type != "cpu")]
-        return cls(tuple((d, runtime(d).rng_state(d)) for d in dict.fromkeys(wanted)))
+        pairs = tuple((d, runtime(d)) for d in dict.fromkeys(wanted))
+        return lambda: cls(tuple((d, rt.rng_state(d)) for d, rt in pairs))
 
     def restore(self) -> None:
         for device, state in self.states:

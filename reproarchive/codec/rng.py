@@ -124,6 +124,11 @@ def draws_random(gm: Any) -> bool:
         return True
 
 
+def archived_states(saved: RngState | None) -> dict[str, torch.Tensor] | None:
+    """``saved`` as an archive holds it (``states_of``); None where nothing was read."""
+    return None if saved is None else states_of(saved)
+
+
 def rng_snapshot(inputs: Iterable[Any] = ()) -> dict[str, torch.Tensor]:
     """The CPU generator's state and that of each device ``inputs`` are on, now: device name ->
     the state as a uint8 tensor on the host."""

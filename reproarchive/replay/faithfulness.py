@@ -19,7 +19,7 @@ from reproarchive.codec.tensors import FIDELITY_ABSENT
 from reproarchive.format.schema import FailureRecord, Records
 from reproarchive.format.schema.sections import COMPUTED_FROM_GENERATED
 from reproarchive.replay.conditions import tensors_in
-from reproarchive.replay.outcome import Outcome, unless_faithful
+from reproarchive.replay.outcome import Outcome, unless_faithful, with_stand_ins
 
 
 def generated_inputs(gm, fidelity: list[str], records: Records) -> list[str]:
@@ -69,6 +69,13 @@ def with_generated_inputs(outcome: Outcome, names: list[str]) -> Outcome:
     (``generated_said``): a pass is then no evidence that the failure is gone (125)."""
     said = generated_said(names, outcome.recorded)
     return unless_faithful(outcome, [*outcome.unfaithful, *said]) if said else outcome
+
+
+def as_replayed(outcome: Outcome, stand_ins: list[str], generated: list[str]) -> Outcome:
+    """``outcome`` judged by what its replay put in place of the failing run's: the custom ops
+    and kernels ``stand_ins`` stood in for, the inputs ``generated`` held generated values. One
+    step for ``run``, every rank of a job and ``--single-process``."""
+    return with_generated_inputs(with_stand_ins(outcome, stand_ins), generated)
 
 
 def before_replay(gm, args: list[Any], fidelity: list[str], records: Records,

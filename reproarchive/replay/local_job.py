@@ -32,8 +32,7 @@ from reproarchive.compat.distributed import LocalTensor, LocalTensorMode, local_
 from reproarchive.errors import ReproArchiveError
 from reproarchive.replay import launch as _launch
 from reproarchive.replay import ranks as _ranks
-from reproarchive.replay.faithfulness import generated_inputs, with_generated_inputs
-from reproarchive.replay.outcome import with_stand_ins
+from reproarchive.replay.faithfulness import as_replayed, generated_inputs
 from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
 
@@ -147,9 +146,9 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
     def replayed(part: Any, gm: Any, args: list, note: str) -> _launch.RankOutcome:
         # each rank under its own records, judged against its own failure
         records = dataclasses.replace(part.records, failure=part.outcome.failure if part.outcome else None)
-        outcome = with_stand_ins(replay_graph(gm, args, chosen, records, report_differences=False,
-                                              rng_states=part.rng_states), list(part.stand_ins))
-        outcome = with_generated_inputs(outcome, _generated(job, part, collectives_replaced=gm is not part.gm))
+        outcome = as_replayed(replay_graph(gm, args, chosen, records, report_differences=False,
+                                           rng_states=part.rng_states), list(part.stand_ins),
+                              _generated(job, part, collectives_replaced=gm is not part.gm))
         return _launch.RankOutcome(part.rank, outcome.status, outcome, note=note)
 
     _ranks.init_fake(lead.rank, world_size)

@@ -39,9 +39,9 @@ from reproarchive.compat.distributed import default_store
 from reproarchive.context.failure import as_collective_timeout
 from reproarchive.format.schema import Records
 from reproarchive.replay import ranks as _ranks
-from reproarchive.replay.faithfulness import generated_inputs, with_generated_inputs
+from reproarchive.replay.faithfulness import as_replayed, generated_inputs
 from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
-from reproarchive.replay.outcome import judge, unless_faithful, with_stand_ins
+from reproarchive.replay.outcome import judge, unless_faithful
 from reproarchive.replay.run_job import load_rank
 from reproarchive.replay.runner import replay_graph
 from reproarchive.replay.settings import ReplaySettings
@@ -93,8 +93,8 @@ def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records:
     if timed_out is not outcome.observed:
         status, code = judge(rank_repro.failure, timed_out)
         outcome = dataclasses.replace(outcome, observed=timed_out, status=status, exit_code=code)
-    outcome = with_stand_ins(outcome, list(rank_repro.stand_ins))
-    return with_generated_inputs(outcome, generated_inputs(rank_repro.gm, list(rank_repro.fidelity), records))
+    return as_replayed(outcome, list(rank_repro.stand_ins),
+                       generated_inputs(rank_repro.gm, list(rank_repro.fidelity), records))
 
 
 def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,

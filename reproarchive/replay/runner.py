@@ -41,9 +41,9 @@ from reproarchive.replay import shape_policy
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.compile_only import compiled_on, replay_compile_only
 from reproarchive.replay.conditions import described_device, entered, planned_setup, tensors_in, verdict
-from reproarchive.replay.faithfulness import generated_inputs, rng_unknown, state_unknown, with_generated_inputs
+from reproarchive.replay.faithfulness import as_replayed, generated_inputs, rng_unknown, state_unknown
 from reproarchive.replay.isolation import run_in_child
-from reproarchive.replay.outcome import Outcome, unless_faithful, with_stand_ins
+from reproarchive.replay.outcome import Outcome, unless_faithful
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.settings import ReplaySettings
 
@@ -315,8 +315,7 @@ def _replayed(ready, repro, *, on_start=None) -> Outcome:
     outcome.warnings[:0] = load_warnings
     outcome.archive = ready.path
     outcome.digest = repro.digest
-    outcome = with_stand_ins(outcome, list(repro.stand_ins))
-    return with_generated_inputs(outcome, generated_inputs(repro.gm, repro.fidelity, records))
+    return as_replayed(outcome, list(repro.stand_ins), generated_inputs(repro.gm, repro.fidelity, records))
 
 
 def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_differences: bool = True) -> Outcome:

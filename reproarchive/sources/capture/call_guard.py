@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from reproarchive.codec.device_runtime import RngState, devices_of, forked_rng, synchronize
-from reproarchive.codec.rng import draws_random
+from reproarchive.codec.rng import archived_states, draws_random
 from reproarchive.compat.dynamo import control_flow_exceptions
 from reproarchive.compat.pytree import tree_leaves
 from reproarchive.replay.input_writes import rerun_inputs, snapshot, written_inputs
@@ -49,7 +49,7 @@ from reproarchive.sources.capture.stack_room import with_frame_room
 log = logging.getLogger("reproarchive.capture")
 
 # (inputs before the call, the exception, the call's number from 1, the generator states it
-# started from: a ``device_runtime.RngState``, None for a graph that draws nothing) -> (where
+# started from as an archive holds them, None for a graph that draws nothing) -> (where
 # the archive went, or None and why not); the wrapper says so on stderr when there is none
 Failed = Callable[[list[Any], BaseException, int, Any], tuple[Any, str | None]]
 
@@ -72,6 +72,16 @@ class GraphWrites:
         self._known = False
         self._written: frozenset[int] | None = None
         self.draws_random = draws_random(pristine_gm)
+        self._rng_reader: Callable[[], RngState] | None = None
+
+    def rng_before(self, args: Sequence[Any]) -> RngState | None:
+        """The generator states a call on ``args`` starts from, for a graph that draws (else None);
+        the devices are resolved at the first call (Dynamo guards a compiled graph on them)."""
+        if not self.draws_random:
+            return None
+        if self._rng_reader is None:
+            self._rng_reader = RngState.reader(devices_of(args))
+        return self._rng_reader()
 
     def of(self, args: list[Any]) -> frozenset[int] | None:
         if not self._known:
@@ -149,7 +159,7 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
         written = writes.of(list(args))
         before = snapshot(args, written)
         versions = versions_of(args) if written is None else None
-        started = RngState.capture(devices_of(args)) if writes.draws_random else None
+        started = writes.rng_before(args)
         out = None
         try:
             out = compiled(*args)
@@ -247,7 +257,7 @@ def _archive_call(failed: Failed, before: list[Any], exc: BaseException, call: i
             except Exception:  # noqa: BLE001 - exceptions with __slots__
                 pass
     try:
-        where, reason = failed(before, exc, call, started)
+        where, reason = failed(before, exc, call, archived_states(started))
     except Exception as err:  # noqa: BLE001 - never in place of the user's own failure
         where, reason = None, f"{type(err).__name__}: {err}"
     if where is None:

@@ -320,12 +320,12 @@ class _CaptureBackend(BackendArchives):
             self._discard(spooled)
             return guarded_on_rank(self, compiled, pristine_gm, config, writes)
 
-        def failed(before: list[Any], exc: BaseException, call: int, rng: RngState | None) -> tuple[Path | None,
-                                                                                                    str | None]:
+        def failed(before: list[Any], exc: BaseException, call: int, rng: dict | None) -> tuple[Path | None,
+                                                                                             str | None]:
             modified = list(getattr(exc, "reproarchive_inputs_modified", ()))
             rng_states, pending = own_check[0] if call == 1 and own_check else (None, None)
             if rng is not None:  # the states this call started from, not those it left
-                rng_states = states_of(rng)
+                rng_states = rng
             return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config,
                               rng_states=rng_states, pending=pending)
 

@@ -27,12 +27,13 @@ class FirstCall:
     program's own ``backward()``, through which a forked writer would live); whether the hook
     took the entry over for that backward (``watched``: it goes when the backward ends); and
     ``keep(exc, stage)``, which the crash guard sets to complete the entry into the archive of
-    that backward's failure (its inputs and generator states from before the call)."""
+    the call's failure, or its backward's (its inputs and generator states from before the call;
+    ``stage`` None: the exception's)."""
 
     pending: str | None
     finished_first: Callable[[list[Any]], bool] = lambda args: False
     watched: bool = False
-    keep: Callable[[BaseException, str], None] = lambda exc, stage: None
+    keep: Callable[[BaseException, str | None], None] = lambda exc, stage: None
 
 
 def spool() -> Any:

@@ -35,8 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reproarchive.codec.device_runtime import RngState, devices_of
-from reproarchive.codec.rng import states_of
+from reproarchive.codec.rng import archived_states
 from reproarchive.context.failure import pending_crash_record
 from reproarchive.format.schema import RankOutcome
 from reproarchive.replay.accuracy import stage_of
@@ -58,10 +57,6 @@ class _Call:
     inputs: list[Any]
     ended: str | None = None  # None: running; "passed" or "failed"
     rng: Any = None  # the generator states it started from (``RngState``), for a graph that draws
-
-
-def _rng_states(call: _Call) -> dict | None:
-    return None if call.rng is None else states_of(call.rng)
 
 
 @dataclasses.dataclass
@@ -122,8 +117,7 @@ def guarded_on_rank(backend: Any, compiled: Callable, gm: Any, config: Any, writ
 def _later_call(graph: _Graph, compiled: Callable, writes: GraphWrites, args: list[Any], number: int,
                 ctx: Any) -> Any:
     written = writes.of(args)
-    call = _Call(number, snapshot(args, written), rng=RngState.capture(devices_of(args)) if writes.draws_random
-                 else None)
+    call = _Call(number, snapshot(args, written), rng=writes.rng_before(args))
     versions = versions_of(args) if written is None else None
     graph.hold(call)
     try:
@@ -143,7 +137,7 @@ def _later_call(graph: _Graph, compiled: Callable, writes: GraphWrites, args: li
 
             with _WRITING:
                 job_capture.failed(graph.backend, graph.gm, call.inputs, graph.config, exc, stage_of(exc), ctx,
-                                   call=number, ask=ask, rng_states=_rng_states(call))
+                                   call=number, ask=ask, rng_states=archived_states(call.rng))
         raise
     call.ended = "passed"
     return out
@@ -205,7 +199,7 @@ def answer(folder: Path) -> bool:
         outcome = RankOutcome(status=status, doing=doing)
         job_capture.write_part(graph.backend, graph.gm, call.inputs, graph.config,
                                pending_crash_record(backend=graph.backend.backend_name), outcome, ctx,
-                               rng_states=_rng_states(call))
+                               rng_states=archived_states(call.rng))
         set_status(folder, ctx.rank, outcome)
     log.info("reproarchive: rank %d wrote its part of call %d for rank %s", ctx.rank, call.number, wanted["rank"])
     return True

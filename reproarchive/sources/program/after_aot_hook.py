@@ -108,21 +108,21 @@ def watched_calls(compiled: Any, gm: Any, examples: list[Any], compiler_name: st
     references per call, and for a graph that draws random numbers the generator states it
     starts from (read after the call, they would be those it left)."""
     from reproarchive.codec.device_runtime import RngState, devices_of
-    from reproarchive.codec.rng import draws_random, states_of
+    from reproarchive.codec.rng import archived_states, draws_random
 
     calls = [0]
-    draws = draws_random(gm)
+    read_rng = RngState.reader(devices_of(examples)) if draws_random(gm) else None
 
     def call(real_inputs: list[Any]) -> Any:
         calls[0] += 1
         held = [_reference(v) for v in real_inputs] if backward or calls[0] > 1 else None
-        started = RngState.capture(devices_of(real_inputs)) if held is not None and draws else None
+        started = read_rng() if held is not None and read_rng is not None else None
         try:
             return compiled(real_inputs)
         except Exception as exc:
             if held is not None and not _is_control_flow(exc) and getattr(exc, ARCHIVED_ATTR, None) is None:
                 written = _write_call(gm, [get() for get in held], examples, exc, compiler_name, calls[0],
-                                      None if started is None else states_of(started))
+                                      archived_states(started))
                 if written is not None:
                     setattr(exc, ARCHIVED_ATTR, str(written))
             raise

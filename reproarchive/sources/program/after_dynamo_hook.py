@@ -229,11 +229,10 @@ def _failed_call(pristine: Any, name: str, dump: Callable, before: list[Any], ex
                  rng: Any) -> tuple[Any, None]:
     """A failing call's archive (``call_guard.Failed``): PyTorch's dump, or for a later call of a
     graph that draws random numbers (``rng``: the states it started from) one at Dynamo's door."""
-    from reproarchive.codec.rng import states_of
     from reproarchive.replay.accuracy import stage_of
 
     if call > 1 and rng is not None:
-        written = _at_door(pristine, before, exc, name, stage_of(exc), rng_states=states_of(rng), call=call)
+        written = _at_door(pristine, before, exc, name, stage_of(exc), rng_states=rng, call=call)
         if written is not None:
             return written, None
     return dump(before, exc), None

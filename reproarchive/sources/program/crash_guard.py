@@ -338,10 +338,9 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
         try:
             return compiled(*args, **kwargs)
         except Exception as exc:
-            dumped = _dumped_after_dynamo(exc)
             if (getattr(exc, "reproarchive_not_archived", None) is not None or _undumped_after_aot(exc)
-                    or dumped is not None):
-                _keep(pending, exc, backend, supersedes=dumped, shapes=shapes)
+                    or _dumped_after_dynamo(exc) is not None):
+                first.keep(exc, None)
             raise
         finally:
             done[0] = True

@@ -1,0 +1,46 @@
+"""Per-call cost of reading the generator states before each call of a compiled graph that draws
+(what capture does so that a later call's archive holds the states it started from): capture as it
+is, against capture with that read turned off, and plain inductor, alternated in one run.
+
+    OMP_NUM_THREADS=1 python benchmarks/rng_read_bench.py [SIZE]
+"""
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import reproarchive
+from reproarchive.sources.capture import call_guard
+
+
+def f(x):
+    return torch.nn.functional.dropout(torch.relu(x), 0.5, training=True) * 2
+
+size = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+x = torch.randn(size, size)
+folder = tempfile.mkdtemp()
+real_rule = call_guard.draws_random
+variants = {}
+for name in ("plain", "capture", "capture-no-rng-read"):
+    torch._dynamo.reset()
+    call_guard.draws_random = (lambda gm: False) if name == "capture-no-rng-read" else real_rule
+    backend = "inductor" if name == "plain" else reproarchive.capture("inductor", path=folder)
+    fn = torch.compile(f, backend=backend)
+    for _ in range(50):
+        fn(x)
+    variants[name] = fn
+call_guard.draws_random = real_rule
+N = 3000
+times = {k: [] for k in variants}
+for _ in range(7):
+    for name, fn in variants.items():
+        t = time.perf_counter()
+        for _ in range(N):
+            fn(x)
+        times[name].append((time.perf_counter() - t) / N * 1e6)
+med = {k: statistics.median(v) for k, v in times.items()}
+ratios = (f"capture/no-read {med['capture'] / med['capture-no-rng-read']:.3f}x, "
+          f"capture/plain {med['capture'] / med['plain']:.3f}x")
+print(f"size {size}: " + ", ".join(f"{k} {v:.1f} us/call" for k, v in med.items()) + "; " + ratios)
