@@ -371,6 +371,8 @@ def _shapes_line(shapes) -> str | None:
     what = ", ".join([*dims[:4], *(["..."] if len(dims) > 4 else []), *(f"{u} unbacked" for u in unbacked[:3])])
     match = {True: "guards equal the recorded ones", False: "guards DIFFER from the recorded ones",
              None: "guards not compared"}[shapes.get("guards_match")]
+    if shapes.get("guards_compared_at") == "backend entry" and shapes.get("guards_match") is not None:
+        match = f"{match.replace('guards', 'guards at backend entry', 1)} (another backend than recorded)"
     return f"recorded symbolic policy ({what}); {match}"
 
 

@@ -178,6 +178,9 @@ def shape_policy_lines(policy: ShapePolicy | None) -> list[str]:
             f"{s.name} [{s.min if s.min is not None else '-inf'}, {s.max if s.max is not None else 'inf'}]"
             for s in unbacked))
     lines.extend(f"guard: {g}" for g in policy.guards)
+    if policy.entry is not None and sorted(policy.entry.guards) != sorted(policy.guards):
+        lines.extend(f"guard at backend entry (Dynamo's, before the compile): {g}"
+                     for g in policy.entry.guards)
     lines.extend(f"runtime assert: {a}" for a in policy.runtime_asserts)
     return lines
 

@@ -28,8 +28,16 @@ from typing import Any
 
 import torch
 
+from reproarchive.codec.shape_guards import (
+    entry_shape_guards,
+    noted_entry,
+    placeholder_facts,
+    policy_guards,
+    rendered_guards,
+    restricted_entry,
+    source_named,
+)
 from reproarchive.codec.symbolic_text import parse
-from reproarchive.compat.dynamo import constant_source
 from reproarchive.compat.fake import (
     free_unbacked_symbols,
     input_symbols,
@@ -37,11 +45,8 @@ from reproarchive.compat.fake import (
     new_fake_mode,
     new_shape_env,
     new_symint,
-    shape_env_of_fake,
     symbolic_context,
 )
-from reproarchive.compat.fx_meta import example_value_of, graph_arg_of
-from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 from reproarchive.errors import UnsafeArchiveError
 from reproarchive.format.schema import ConfigRecord, ShapeDim, ShapeInput, ShapePolicy, ShapeSymbol
 
@@ -65,14 +70,11 @@ def policy_of(gm: Any, inputs: Sequence[Any], config: ConfigRecord | None = None
 
 
 def _policy_of(gm: Any, inputs: list[Any], config: ConfigRecord | None) -> ShapePolicy | None:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = [example_value_of(n) for n in placeholders]
-    shape_env = _shape_env_of(values)
+    values, sources, shape_env = placeholder_facts(gm)
     if shape_env is None:
         return None
     dynamo = dict((config.modules.get("torch._dynamo.config") or {}) if config is not None else {})
     dynamic_default = dynamo.get("assume_static_by_default") is False
-    sources = [_source_of(n) for n in placeholders]
     records = [r for r in (_input_record(shape_env, i, value, real, source, dynamic_default)
                            for i, (value, real, source) in enumerate(zip(values, inputs + [None] * len(values),
                                                                          sources)))
@@ -81,10 +83,10 @@ def _policy_of(gm: Any, inputs: list[Any], config: ConfigRecord | None) -> Shape
     settings.update({k: dynamo[k] for k in _DYNAMO_SETTINGS if isinstance(dynamo.get(k), (bool, int, str))})
     return ShapePolicy(
         recorded_from="fake_tensors", inputs=linked(records), symbols=_symbols(shape_env),
-        guards=tuple(_guards(shape_env, values, sources)),
+        guards=tuple(policy_guards(shape_env, values, sources)),
         shape_guards=tuple(str(g.expr) for g in shape_env.guards),
         runtime_asserts=tuple(str(ra.expr) for ras in shape_env.deferred_runtime_asserts.values() for ra in ras),
-        settings=settings,
+        settings=settings, entry=noted_entry(gm),
     )
 
 
@@ -125,23 +127,6 @@ def linked(records: list[ShapeInput]) -> tuple[ShapeInput, ...]:
 
     return tuple(dataclasses.replace(r, dims=tuple(linked(r, d, dim) for d, dim in enumerate(r.dims)))
                  for r in records)
-
-
-def _shape_env_of(values: Sequence[Any]):
-    for v in values:
-        if (shape_env := shape_env_of_fake(v)) is not None:
-            return shape_env
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return v.node.shape_env
-    return None
-
-
-def _source_of(node: Any) -> str | None:
-    grapharg = graph_arg_of(node)
-    source = getattr(grapharg, "source", None)
-    name = getattr(source, "name", None)
-    name = name() if callable(name) else name
-    return name if isinstance(name, str) else None
 
 
 def _marks(real: Any) -> dict[str, Any]:
@@ -228,42 +213,6 @@ def _symbols(shape_env) -> tuple[ShapeSymbol, ...]:
     return tuple(out)
 
 
-def _guards(shape_env, values: Sequence[Any], sources: Sequence[str | None]) -> list[str]:
-    """The shape guards as Dynamo renders them (``2 <= L['x'].size()[0] <= 64``), over the
-    inputs that have a source; a replay renders its own the same way (``ReplayShapes.guards``)."""
-    if not shape_env.var_to_range:  # no symbol: static shapes have no shape guards to render
-        return []
-    try:
-        return rendered_guards(shape_env, values, [_source(s) if s else None for s in sources])
-    except Exception:  # noqa: BLE001 - guards that cannot be rendered are left out
-        return []
-
-
-def rendered_guards(shape_env, values: Sequence[Any], sources: Sequence[Any]) -> list[str]:
-    """``shape_env``'s guards over the tensors and symbolic scalars of ``values`` that have a
-    source, leaving out a scalar that is the size of one of those tensors (Dynamo's ``s77``
-    placeholder next to ``x``: it would only add ``L['x'].size()[0] == L['x'].size()[0]``)."""
-    in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
-                  if isinstance(s, torch.SymInt)}
-    fakes, srcs = [], []
-    for value, source in zip(values, sources):
-        if source is None or not isinstance(value, (torch.Tensor, torch.SymInt)):
-            continue
-        if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
-            continue  # a nested jagged tensor: torch renders its guards only with Dynamo's symbolic context
-        if isinstance(value, torch.SymInt) and value.node.expr in in_tensors:
-            continue
-        fakes.append(value)
-        srcs.append(source)
-    return list(shape_env.produce_guards(fakes, srcs)) if fakes else []
-
-
-def _source(name: str):
-    """A Dynamo source that prints as ``name``: symbol names are derived from source names, so
-    a replay's symbols and guard text match the recording's."""
-    return constant_source(name)
-
-
 def is_symbolic(policy: ShapePolicy | None) -> bool:
     """Whether a recorded compile had anything symbolic: a non-static input dimension or a
     symbol of its own (an unbacked size from ``nonzero()``/``.item()``)."""
@@ -299,7 +248,10 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
     inputs_after = tuple(dataclasses.replace(r, input=moved[r.input], dims=tuple(
         dataclasses.replace(dim, size=now(r, d, dim), equal_to=tuple(x for x in map(renumbered, dim.equal_to) if x))
         for d, dim in enumerate(r.dims))) for r in kept)
-    guards = tuple(g for g in policy.guards if not any(src in g for src in dropped))
+    def kept_guard(text: str) -> bool:
+        return not any(src in text for src in dropped)
+
+    guards = tuple(filter(kept_guard, policy.guards))
     still = {name for r in kept for dim in r.dims if dim.expr for name in _names_in(dim.expr)}
     gone = {name for r in policy.inputs if r.input not in moved for dim in r.dims if dim.expr
             for name in _names_in(dim.expr)} - still
@@ -309,7 +261,8 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
 
     return dataclasses.replace(policy, inputs=tuple(sorted(inputs_after, key=lambda r: r.input)), guards=guards,
                                shape_guards=tuple(filter(holds, policy.shape_guards)),
-                               runtime_asserts=tuple(filter(holds, policy.runtime_asserts)))
+                               runtime_asserts=tuple(filter(holds, policy.runtime_asserts)),
+                               entry=restricted_entry(policy, kept_guard, holds))
 
 
 def _names_in(text: str) -> set[str]:
@@ -394,12 +347,12 @@ def _make_inputs(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str],
         if rec is None or rec.kind != "tensor":
             # Dynamo fakifies every input: one the policy does not describe (a value a minifier
             # cut from inside the graph) is static, never left for a backend to make dynamic
-            fakes[i] = _fake(fake_mode, arg, [("STATIC", None, None)] * arg.dim(), _source(f"L[{names[i]!r}]"))
+            fakes[i] = _fake(fake_mode, arg, [("STATIC", None, None)] * arg.dim(), source_named(f"L[{names[i]!r}]"))
             continue
         if len(rec.dims) != arg.dim():
             problems.append(f"input {i} has {arg.dim()} dimensions, the recorded policy {len(rec.dims)}")
             continue
-        source = _source(rec.source or f"L[{names[i]!r}]")
+        source = source_named(rec.source or f"L[{names[i]!r}]")
         # guards are rendered over the recorded sources only, as they were recorded
         fakes[i], sources[i] = _fake(fake_mode, arg, plan[i], source), source if rec.source else None
         for dim, size in zip(rec.dims, fakes[i].shape):
@@ -414,8 +367,8 @@ def _make_inputs(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str],
             continue
         value = symbols.get(dim.expr)
         if value is None:
-            value = _free_symint(shape_env, arg, dim, _source(rec.source or f"L[{names[i]!r}]"))
-        fakes[i], sources[i] = value, _source(rec.source) if rec.source else None
+            value = _free_symint(shape_env, arg, dim, source_named(rec.source or f"L[{names[i]!r}]"))
+        fakes[i], sources[i] = value, source_named(rec.source) if rec.source else None
     return symbols
 
 
@@ -483,7 +436,7 @@ def _restore_equalities(policy: ShapePolicy, shape_env, recorded: dict[str, Any]
     # a symbol a guard fixed to a number is replayed as that number (``_static``): nothing to relate
     fixed = {s.name for s in policy.symbols if _NUMBER.fullmatch(s.replaced_by or "")}
     symbols = {s.name for s in policy.symbols}
-    for text in policy.shape_guards:
+    for text in entry_shape_guards(policy):
         named = _names_in(text) & symbols
         if ephemeral & _names_in(text) or (named and named <= fixed):
             continue

@@ -94,7 +94,7 @@ def replay_graph(
     setup = planned_setup(records, settings)
     warnings = setup.warnings
     fwd_only = not _needs_backward(args, settings, records)
-    shape_report = shape_policy.report_for(records.shapes, input_records)
+    shape_report = shape_policy.report_for(records.shapes, input_records, (records.backend, settings.backend))
     ops = random_ops(gm)  # one walk of the graph, for the report and the verdict
     randomness, rng_warnings = _randomness(ops, rng_states)
     warnings.extend(rng_warnings)

@@ -53,12 +53,13 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
     example = [fake if isinstance(fake, torch.SymInt) else arg for arg, fake in zip(args, shapes.fakes)]
     _example_values(gm, shapes.fake_mode, [arg if fake is None else fake for arg, fake in zip(args, shapes.fakes)],
                     report)
+    before = _before_the_compile(shapes, report)
     try:
         with tracing_with(shapes.fake_mode):
             yield example
     finally:
         if report is not None:
-            report.update(compared(policy, shapes))
+            report.update(compared(policy, shapes, report.get("guards_compared_at", AT_COMPILE_END), before))
 
 
 @contextlib.contextmanager
@@ -103,6 +104,7 @@ def inner_compile(policy: ShapePolicy | None, gm: Any, args: list[Any],
     fake_mode, fakes, shapes = placeholder_fakes(policy, gm, args)
     example = [fake_mode.from_tensor(arg, static_shapes=True) if fake is None and isinstance(arg, torch.Tensor)
                else arg if fake is None else fake for arg, fake in zip(args, fakes)]
+    before = _before_the_compile(shapes, report) if shapes is not None else None
     try:
         with tracing_with(fake_mode):
             with fake_mode:
@@ -110,7 +112,7 @@ def inner_compile(policy: ShapePolicy | None, gm: Any, args: list[Any],
             yield traced, example
     finally:
         if shapes is not None and report is not None:
-            report.update(compared(policy, shapes))
+            report.update(compared(policy, shapes, report.get("guards_compared_at", AT_COMPILE_END), before))
 
 
 def placeholder_fakes(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> tuple[Any, list[Any], Any]:
@@ -146,29 +148,58 @@ def _example_values(gm: Any, fake_mode: Any, fakes: list[Any], report: dict | No
             report["example_values"] = f"inputs only: {type(err).__name__}: {str(err)[:200]}"
 
 
-def compared(policy: ShapePolicy, shapes: ReplayShapes) -> dict[str, Any]:
-    """The replay's guards next to the recorded ones (order does not matter)."""
+#: where a replay's guards are compared with the recorded ones (the outcome's ``guards_compared_at``)
+AT_COMPILE_END, AT_BACKEND_ENTRY, NOT_COMPARED = "compile end", "backend entry", "not compared"
+
+
+def _before_the_compile(shapes: ReplayShapes, report: dict | None) -> list[str] | Exception | None:
+    """The replay's guards before its compile, where they are what is compared: a backend other
+    than the recorded one is judged on what it was handed (``codec.shape_guards``)."""
+    if report is None or report.get("guards_compared_at") != AT_BACKEND_ENTRY:
+        return None
+    try:
+        return shapes.guards()
+    except Exception as err:  # noqa: BLE001 - a ShapeEnv that cannot render its guards
+        return err
+
+
+def compared(policy: ShapePolicy, shapes: ReplayShapes, at: str = AT_COMPILE_END,
+             before: list[str] | Exception | None = None) -> dict[str, Any]:
+    """The replay's guards next to the recorded ones (order does not matter), ``at`` the compile's
+    end (with ``policy.guards``) or at backend entry (``before`` the compile, with those Dynamo
+    made); an older archive replayed with another backend compares none (``NOT_COMPARED``)."""
     try:
         replayed = shapes.guards()
+        if isinstance(before, Exception):
+            raise before
     except Exception as err:  # noqa: BLE001 - a ShapeEnv that cannot render its guards
         return {"guards_match": None, "problems": [*shapes.problems, f"guards not rendered: {type(err).__name__}"]}
-    recorded = list(policy.guards)
-    if policy.recorded_from != "fake_tensors":  # a log's or a dump's policy has no guards rendered this way
+    # a log's or a dump's policy has no guards rendered this way
+    if policy.recorded_from != "fake_tensors" or at == NOT_COMPARED:
         return {"guards_replayed": replayed, "guards_match": None, "problems": list(shapes.problems)}
-    return {"guards_replayed": replayed, "guards_match": sorted(recorded) == sorted(replayed),
-            "guards_missing": [g for g in recorded if g not in replayed],
-            "guards_extra": [g for g in replayed if g not in recorded], "problems": list(shapes.problems)}
+    recorded, compared_with = ((list(policy.entry.guards), before) if at == AT_BACKEND_ENTRY and before is not None
+                               else (list(policy.guards), replayed))
+    return {"guards_replayed": replayed, "guards_match": sorted(recorded) == sorted(compared_with),
+            "guards_missing": [g for g in recorded if g not in compared_with],
+            "guards_extra": [g for g in compared_with if g not in recorded], "problems": list(shapes.problems)}
 
 
-def report_for(policy: ShapePolicy | None, inputs: Sequence[Any] | None = None) -> dict[str, Any]:
-    """The outcome's ``shapes`` before the replay: the policy and what it recorded."""
+def report_for(policy: ShapePolicy | None, inputs: Sequence[Any] | None = None,
+               backends: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+    """The outcome's ``shapes`` before the replay: the policy and what it recorded, and where its
+    guards will be compared: after the compile when ``backends`` (the recorded one, the
+    replay's) are one (or the recorded one is unknown), else before it with those Dynamo made
+    (``policy.entry``; an older archive does not say which they are)."""
     if policy is None:
         return {"policy": "not recorded", "symbolic": looks_symbolic(inputs)}
     dims = [dim.source or f"input {r.input} dim {d}" for r in policy.inputs if r.kind == "tensor"
             for d, dim in enumerate(r.dims) if dim.kind != "static"]
+    at = (AT_COMPILE_END if backends[0] in (None, backends[1])
+          else AT_BACKEND_ENTRY if policy.entry is not None else NOT_COMPARED)
     return {"policy": "recorded", "symbolic": is_symbolic(policy), "symbolic_dims": dims,
             "unbacked": [s.name for s in policy.symbols if s.kind == "unbacked"],
-            "guards_recorded": list(policy.guards)}
+            "guards_recorded": list(policy.guards), "guards_compared_at": at,
+            **({"guards_at_backend_entry": list(policy.entry.guards)} if policy.entry is not None else {})}
 
 
 def looks_symbolic(inputs: Sequence[Any] | None) -> bool:
@@ -186,9 +217,13 @@ def warnings_for(report: dict[str, Any]) -> list[str]:
                     "not recorded: replayed with static shapes, so a pass says nothing about the symbolic compile"]
         return ["the shape policy was not recorded: replayed with static shapes"]
     out = [f"shape policy not fully re-created: {p}" for p in report.get("problems", [])]
+    if report.get("guards_compared_at") == NOT_COMPARED and report.get("symbolic"):
+        out.append("shape guards not compared: this backend is not the recorded one, and the archive (written "
+                   "before format 1.6) does not say which of its guards the recorded backend added")
     if report.get("guards_match") is False:
         missing, extra = report.get("guards_missing", []), report.get("guards_extra", [])
-        out.append("the replay's shape guards differ from the recorded ones"
+        where = " at backend entry" if report.get("guards_compared_at") == AT_BACKEND_ENTRY else ""
+        out.append(f"the replay's shape guards{where} differ from the recorded ones"
                    + (f"; missing: {'; '.join(missing[:5])}" if missing else "")
                    + (f"; extra: {'; '.join(extra[:5])}" if extra else ""))
     return out

@@ -26,15 +26,16 @@ from reproarchive.format.schema import DTYPES, ConfigRecord, ExecutionRecord, Sh
 def _shape_literals(shapes: ShapePolicy | None) -> dict[str, str]:
     """The recorded shape policy as the script's literals: the replay's own plan of each
     dimension (``codec.shapes.dimension_plan``), so the script makes the symbols ``run`` makes.
-    Sources and guards are strings from the archive, written as ``repr`` literals only."""
+    Sources and guards are strings from the archive, written as ``repr`` literals only; the
+    guards are a pair: as the compile ended, and at backend entry (None: not recorded)."""
     from reproarchive.codec.shapes import dimension_plan, is_symbolic, shape_env_settings
 
     if shapes is None or not is_symbolic(shapes):
-        return {"shapes": "{}", "sources": "{}", "shape_settings": "{}", "guards": "[]"}
+        return {"shapes": "{}", "sources": "{}", "shape_settings": "{}", "guards": "([], None)"}
     plan = {i: [(str(k), c, e) for k, c, e in dims] for i, dims in dimension_plan(shapes).items()}
     sources = {r.input: r.source for r in shapes.inputs if r.source}
     return {"shapes": repr(plan), "sources": repr(sources), "shape_settings": repr(shape_env_settings(shapes)),
-            "guards": repr(list(shapes.guards))}
+            "guards": repr((list(shapes.guards), list(shapes.entry.guards) if shapes.entry is not None else None))}
 
 
 def _execution_literal(record: ExecutionRecord | None) -> dict[str, Any]:

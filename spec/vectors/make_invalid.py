@@ -3,7 +3,7 @@ exactly that rule and otherwise valid (frames, index digest, footer and seek tab
 
     python spec/vectors/make_invalid.py
 
-Every file starts from the golden vector ``basic-1.5.tar.zst`` (the current version's) and is
+Every file starts from the golden vector ``basic-<version>.tar.zst`` of the current version and is
 re-assembled by the hostile corpus' ``assemble`` (tests/support/hostile_corpus.py), so the
 defect under test is the only one. ``invalid/manifest.json`` maps each file to the rule id a
 reader MUST name and the error code it MUST raise (``verify``, which checks every rule);
@@ -25,13 +25,14 @@ from typing import Any
 import zstandard
 
 from reproarchive.format.layout import LAYOUT_MEMBER, layout_member_bytes, tar_header
+from reproarchive.format.schema import FORMAT_VERSION
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests"))  # the hostile corpus' assembler, run as a script too
 from support.hostile_corpus import assemble, parse, rebuild  # noqa: E402 (needs the path above)
 
 OUT = HERE / "invalid"
-BASE = HERE / "basic-1.5.tar.zst"
+BASE = HERE / f"basic-{FORMAT_VERSION}.tar.zst"
 
 
 def _node(index: dict, name: str) -> dict:
@@ -190,6 +191,9 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
     ("R8-1", "failure-stage", "E_SCHEMA", _edit(_set(("failure", "stage"), "exploded")), None),
     ("R8-2", "shape-policy", "E_SCHEMA", _edit(_set(("shapes",), {"recorded_from": "fake_tensors", "inputs": [
         {"input": 0, "kind": "tensor", "dims": [{"kind": "backed", "expr": "s0"}]}]})), None),
+    # (1.6) a backend entered with more shape guards than the compile ended with
+    ("R8-2", "shape-entry", "E_SCHEMA", _edit(_set(("shapes",), {"recorded_from": "fake_tensors", "entry": {
+        "guards": [], "shape_guards": 2}, "shape_guards": ["s0 <= 64"]})), None),
     ("R8-3", "job-ranks", "E_SCHEMA", _edit(_set(("job",), _job(ranks=[{"rank": 0}, {"rank": 2}]))), None),
     ("R8-4", "job-groups", "E_SCHEMA", _edit(_set(("job",), _job(groups=[{"name": "0", "ranks": [0, 0]}]))), None),
     ("R8-5", "job-refs", "E_SCHEMA", _edit(_set(("job",), _job(ranks=[{"rank": 0}, {"rank": 1, "graph": 3}]))),

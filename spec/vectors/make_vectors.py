@@ -156,7 +156,8 @@ def njt():
 def dynamic():
     """(1.3) A symbolic recording: ``s77`` (the size of ``x``'s first dimension, marked dynamic
     in [2, 64]) passed as an input next to ``x``; ``y`` of the same size at capture but its own
-    symbol; an unbacked ``u0`` from ``nonzero()``. The ``shapes`` record says so (§8)."""
+    symbol; an unbacked ``u0`` from ``nonzero()``. The ``shapes`` record says so (§8); from
+    1.6 it also says that the backend's compile bounded ``s17`` (``entry``)."""
     x = torch.arange(24, dtype=torch.float32).view(8, 3)
     y = torch.linspace(0.0, 1.0, 24, dtype=torch.float32).view(8, 3)
 
@@ -186,15 +187,19 @@ DYNAMIC_SHAPES = {
                   {"kind": "static", "size": 3, "source": "L['y'].size()[1]", "origin": "static"}]},
     ],
     "symbols": [
-        {"name": "s17", "kind": "backed", "hint": 8, "min": 2, "sources": ["L['y'].size()[0]"]},
+        {"name": "s17", "kind": "backed", "hint": 8, "min": 2, "max": 4096, "sources": ["L['y'].size()[0]"]},
         {"name": "s77", "kind": "backed", "hint": 8, "min": 2, "max": 64, "sources": ["L['x'].size()[0]"]},
         {"name": "u0", "kind": "unbacked", "min": 0, "max": 192},
     ],
-    "guards": ["2 <= L['x'].size()[0] and L['x'].size()[0] <= 64", "2 <= L['y'].size()[0]"],
-    "shape_guards": [],
+    "guards": ["2 <= L['x'].size()[0] and L['x'].size()[0] <= 64",
+               "2 <= L['y'].size()[0] and L['y'].size()[0] <= 4096"],
+    "shape_guards": ["s17 <= 4096"],
     "runtime_asserts": ["u0 >= 0"],
     "settings": {"duck_shape": True, "specialize_zero_one": True, "assume_static_by_default": True,
                  "capture_dynamic_output_shape_ops": True},
+    # (1.6) the backend's compile bounded ``s17`` (as Inductor bounds a size it indexes with)
+    "entry": {"guards": ["2 <= L['x'].size()[0] and L['x'].size()[0] <= 64", "2 <= L['y'].size()[0]"],
+              "shape_guards": 0},
 }
 
 

@@ -9,6 +9,7 @@ makes it reproduce.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -75,9 +76,12 @@ def test_a_pass_under_other_shape_guards_than_the_recorded_is_inconclusive(tmp_p
     faithful = reproarchive.run(path, backend="eager")
     assert (faithful.status, faithful.exit_code, faithful.unfaithful) == ("passed", 0, []), faithful.to_dict()
 
+    def another_bound(index):  # Dynamo's guards (eager, another backend, is judged on those) and the compile's
+        for guards in (index["shapes"]["guards"], index["shapes"]["entry"]["guards"]):
+            guards.append("L['x'].size()[0] <= 4")
+
     other = tmp_path / "other.tar.zst"
-    other.write_bytes(hostile_corpus.rebuild(hostile_corpus.parse(path.read_bytes()),
-                                             lambda index: index["shapes"]["guards"].append("L['x'].size()[0] <= 4")))
+    other.write_bytes(hostile_corpus.rebuild(hostile_corpus.parse(path.read_bytes()), another_bound))
     outcome = reproarchive.run(other, backend="eager")
     assert outcome.shapes["guards_missing"] == ["L['x'].size()[0] <= 4"]
     assert (outcome.status, outcome.exit_code) == ("inconclusive", 125), outcome.to_dict()
@@ -90,7 +94,7 @@ def test_a_pass_under_other_shape_guards_than_the_recorded_is_inconclusive(tmp_p
         done = subprocess.run([sys.executable, str(folder / "repro.py"), "--backend", "eager"], capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == code and "no failure" in done.stdout, (archive.name, done.stderr[-2000:])
-    assert "inconclusive: not as recorded: the shape guards differ" in done.stderr
+    assert "inconclusive: not as recorded: the shape guards at backend entry differ" in done.stderr
 
 
 def test_equal_sizes_marked_dynamic_one_by_one_replay_as_independent_symbols(tmp_path):
@@ -194,3 +198,54 @@ def test_a_candidate_keeps_only_the_recorded_relations_of_symbols_its_inputs_sti
     kept_x = [n for i, n in enumerate(order) if i not in with_y]
     assert any(y_symbol in g for g in restricted(policy, order, order).shape_guards)
     assert not any(y_symbol in g for g in restricted(policy, order, kept_x).shape_guards)
+    # every guard here is Dynamo's (the backend added none): a candidate's count of them follows
+    assert policy.entry.shape_guards == len(policy.shape_guards) > 0
+    cut = restricted(policy, order, kept_x)
+    assert cut.entry.shape_guards == len(cut.shape_guards) < len(policy.shape_guards)
+    assert not any("L['y']" in g for g in cut.entry.guards) and any("L['y']" in g for g in policy.entry.guards)
+
+
+@pytest.mark.slow  # inductor compiles four times, and a child Python runs the script
+def test_a_bound_the_recorded_compile_added_is_for_the_replay_s_compile_to_add_again(tmp_path, monkeypatch):
+    """Inductor bounds the batch size of a packed Linear (``s77 <= 4096``) while it compiles. The
+    archive keeps that apart from the guards Dynamo made (``shapes.entry``), so a replay hands its
+    compile only Dynamo's: Inductor must add the bound itself for the guards to match (before, the
+    recorded bound was re-asserted first, and any bound came out "equal"), and another backend is
+    judged on what it was handed, by ``run`` and the exported script alike (before: "equal" from
+    ``run``, 125 from the script)."""
+    monkeypatch.setattr(torch._inductor.config.cpp, "inject_relu_bug_TESTING_ONLY", "runtime_error")
+    lin = torch.nn.Linear(8, 8)
+    path = tmp_path / "a.tar.zst"
+    compiled = torch.compile(lambda x: torch.relu(lin(x)) * 2, backend=reproarchive.capture("inductor", path=path),
+                             dynamic=True)
+    with pytest.raises(RuntimeError):
+        compiled(torch.randn(6, 8))
+    torch._dynamo.reset()
+    monkeypatch.undo()  # the replay compiles with the recorded config
+    policy = reproarchive.load(path).records.shapes
+    bounded, dynamos = "2 <= L['x'].size()[0] and L['x'].size()[0] <= 4096", "2 <= L['x'].size()[0]"
+    assert (list(policy.guards), list(policy.entry.guards)) == ([bounded], [dynamos])
+    assert policy.shape_guards[policy.entry.shape_guards:] == ("s77 <= 4096",)
+
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED and outcome.shapes["guards_compared_at"] == "compile end", outcome.to_dict()
+    assert outcome.shapes["guards_replayed"] == [bounded] and outcome.shapes["guards_match"] is True
+
+    # a recording whose compile bounded the size otherwise: this compile does not, and it says so
+    other = tmp_path / "other.tar.zst"
+    other.write_bytes(hostile_corpus.rebuild(hostile_corpus.parse(path.read_bytes()), lambda index: index.update(
+        shapes={**index["shapes"], "guards": [bounded.replace("4096", "1000")],
+                "shape_guards": [*index["shapes"]["shape_guards"][:-1], "s77 <= 1000"]})))
+    differs = reproarchive.run(other)
+    assert differs.shapes["guards_match"] is False, differs.to_dict()
+    assert differs.shapes["guards_missing"] == [bounded.replace("4096", "1000")]
+    assert differs.shapes["guards_extra"] == [bounded]
+
+    eager = reproarchive.run(path, backend="eager")
+    assert (eager.status, eager.exit_code, eager.unfaithful) == ("passed", 0, []), eager.to_dict()
+    assert eager.shapes["guards_compared_at"] == "backend entry" and eager.shapes["guards_match"] is True
+    reproarchive.export(path, tmp_path / "script")
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend", "eager"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and "no failure" in done.stdout, done.stderr[-2000:]
+    assert "guards" not in done.stderr

@@ -257,10 +257,11 @@ RUNTIME_ERROR_AFTER_AOT = """
 import torch
 torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "runtime_error"
 torch.manual_seed(0)
+lin = torch.nn.Linear(4, 4)
 
 @torch.compile(backend="inductor", dynamic=True)
 def f(x):
-    return torch.relu(torch.nn.functional.dropout(x, 0.5, training=True) * 2)
+    return torch.relu(torch.nn.functional.dropout(lin(x), 0.5, training=True) * 2)
 
 f(torch.randn(8, 4))
 """
@@ -275,10 +276,14 @@ def test_a_failing_first_call_is_kept_from_the_spool_with_its_inputs_and_generat
     recorded" and learnt its failure from a replay. The crash guard's spool holds the call's
     real inputs and generator states from before it; the entry is completed into the archive (a
     host draft's forked writer is waited for), with the program's own exception and the shape
-    guards as the compile left them, and replays the same numbers under the same guards. The
-    dump it stands for is not packed as a second archive."""
+    guards as the compile left them (Inductor bounds the packed Linear's batch size), beside those
+    Dynamo made, and replays the same numbers under the same guards, which its own compile adds.
+    The dump it stands for is not packed as a second archive."""
     written, archive = _captured(tmp_path, RUNTIME_ERROR_AFTER_AOT, after)
-    assert written["inputs"]["absent"] == 0 and written["inputs"]["real"] == 1, written
+    assert written["inputs"]["absent"] == 0 and written["inputs"]["real"] == 3, written  # x, weight, bias
+    policy = reproarchive.load(archive).records.shapes
+    bounded = "2 <= L['x'].size()[0] and L['x'].size()[0] <= 4096"
+    assert bounded in policy.guards and "2 <= L['x'].size()[0]" in policy.entry.guards, policy
     assert written["failure"]["stage"] == "forward", written
     assert written["replay"]["failure_from"] == "program", written
     assert reproarchive.verify(archive).randomness == "random ops: dropout; RNG state recorded (cpu)"

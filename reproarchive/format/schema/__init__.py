@@ -104,6 +104,7 @@ from reproarchive.format.schema.sections import (  # noqa: F401 - the schema's n
     SettingRef,
     ShapeChange,
     ShapeDim,
+    ShapeEntry,
     ShapeInput,
     ShapePolicy,
     ShapeSymbol,

@@ -259,6 +259,19 @@ class ShapeSymbol:
 
 
 @open_record
+class ShapeEntry:
+    """(1.6) The ShapeEnv as Dynamo handed the graph to the backend, before the backend's compile
+    added guards of its own (Inductor bounds a size it indexes with: ``s77 <= 4096``):
+    ``guards`` rendered as the policy's ``guards`` are, and ``shape_guards``, how many of the
+    policy's ``shape_guards`` (the first ones: a ShapeEnv only appends) it held then. A replay
+    re-creates this state, never the compile's additions, so that its own compile adds them or
+    not; and judges a replay with another backend against it."""
+
+    guards: tuple[str, ...] = ()
+    shape_guards: int = 0
+
+
+@open_record
 class ShapePolicy:
     """(1.3) The dynamic-shape policy of the failing compile: how each input dimension was
     made (static, backed or unbacked symbol, from which decision), the ShapeEnv's symbols, its
@@ -267,7 +280,8 @@ class ShapePolicy:
     runtime asserts), all as text read back only by ``codec.symbolic_text``. ``settings``: the
     ShapeEnv and Dynamo settings that decide symbols (``duck_shape``, ``specialize_zero_one``,
     ``assume_static_by_default`` ...). ``recorded_from``: ``fake_tensors`` (the capture
-    backend and crash guard), ``dump`` or ``torch_trace``."""
+    backend and crash guard), ``dump`` or ``torch_trace``. The policy is the compile's as it
+    ended (its guards included); ``entry`` (1.6, absent when unknown) is the part Dynamo made."""
 
     recorded_from: str
     inputs: tuple[ShapeInput, ...] = ()
@@ -276,6 +290,7 @@ class ShapePolicy:
     shape_guards: tuple[str, ...] = ()
     runtime_asserts: tuple[str, ...] = ()
     settings: dict[str, PlainData] = field(default_factory=dict)
+    entry: ShapeEntry | None = omit_none()  # (1.6)
 
 
 @open_record

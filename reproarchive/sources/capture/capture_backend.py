@@ -130,6 +130,7 @@ from typing import Any
 from reproarchive.archive.writing import Capture
 from reproarchive.codec.device_runtime import RngState, devices_of
 from reproarchive.codec.rng import random_ops, states_of
+from reproarchive.codec.shape_guards import note_entry
 from reproarchive.compat import inductor
 from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import CaptureSource, ConfigRecord, FailureRecord
@@ -245,6 +246,7 @@ class _CaptureBackend(BackendArchives):
         example_inputs = list(example_inputs)
         with gc_pause.paused():  # capture's own work (``collector``)
             pristine_gm = copy_graph_structure(gm)
+            note_entry(pristine_gm)  # the guards Dynamo made, before the compile adds its own
             versions = versions_of(example_inputs)
             in_job = rank_context() is not None
             if in_job:  # a rank of a multi-rank job: its collectives, in order

@@ -170,10 +170,15 @@ def _is_control_flow(exc: BaseException) -> bool:
 
 
 def _copy(gm: Any) -> Any:
+    """A structural copy of ``gm``, with the guards AOTAutograd handed Inductor noted on it
+    before Inductor adds its own (``codec.shape_guards``)."""
     try:
+        from reproarchive.codec.shape_guards import note_entry
         from reproarchive.sources.capture.capture_backend import copy_graph_structure
 
-        return copy_graph_structure(gm)
+        copied = copy_graph_structure(gm)
+        note_entry(copied)
+        return copied
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         log.warning("reproarchive capture: could not copy the graph Inductor was handed: %s", err)
         return None

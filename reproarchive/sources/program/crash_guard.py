@@ -134,6 +134,7 @@ def _patch(module: Any) -> None:
         if job_dir and not kwargs and _in_a_job():  # every rank: its part, one archive for the job
             return _job_backend(self, job_dir)(gm, example_inputs)
         began = time.time()
+        _note_entry(gm)
         first = FirstCall(_write_pending(gm, list(example_inputs), _backend_name(self)))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         pristine = _custom_op_graph(gm)
@@ -161,6 +162,13 @@ def _patch(module: Any) -> None:
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
+
+
+def _note_entry(gm: Any) -> None:
+    """The guards Dynamo made, noted before the compile adds its own (``codec.shape_guards``)."""
+    from reproarchive.codec.shape_guards import note_entry  # torch's: imported once torch compiles
+
+    note_entry(gm)
 
 
 def _custom_op_graph(gm: Any) -> Any:

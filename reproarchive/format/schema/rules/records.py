@@ -25,8 +25,9 @@ _STAGES = frozenset(Stage)
 
 def check_shapes(shapes: ShapePolicy, inputs) -> None:
     """§8 ``shapes``: each entry names a stored input of its kind, a tensor's entry has one
-    dimension per dimension of the stored tensor, kinds are the closed sets, and every
-    ``equal_to`` names a dimension the record describes."""
+    dimension per dimension of the stored tensor, kinds are the closed sets, every
+    ``equal_to`` names a dimension the record describes, and (1.6) ``entry`` counts no more
+    shape guards than the policy records."""
     def bad(problem: str, *path) -> SchemaViolation:
         return SchemaViolation(problem, ("shapes", *path), Rule.SHAPE_POLICY)
 
@@ -61,6 +62,9 @@ def check_shapes(shapes: ShapePolicy, inputs) -> None:
     for k, symbol in enumerate(shapes.symbols):
         if symbol.kind not in ("backed", "unbacked"):
             raise bad(f"kind {symbol.kind!r} is not backed or unbacked", "symbols", k, "kind")
+    if shapes.entry is not None and not 0 <= shapes.entry.shape_guards <= len(shapes.shape_guards):
+        raise bad(f"says the backend was entered with {shapes.entry.shape_guards} shape guard(s), but the policy "
+                  f"records {len(shapes.shape_guards)}", "entry", "shape_guards")
 
 
 def check_rank_records(records: Records, inputs: tuple, storages: tuple[StorageRecord, ...]) -> None:

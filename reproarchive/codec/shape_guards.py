@@ -1,0 +1,139 @@
+"""Shape guards as Dynamo renders them, and the part of them Dynamo made apart from the part
+the backend's compile added (spec §8 ``shapes.entry``).
+
+Why the two parts. A backend adds guards while it compiles: Inductor bounds a size it indexes
+with (``s77 <= 4096``). A policy read when the compile ended holds both, and a replay that
+re-asserted all of them handed its own compile a ShapeEnv that already had the bound, so the
+compile could neither add it nor miss it and its guards equalled the recorded ones whatever it
+did; a replay with another backend (``--backend eager``) was judged against a bound that
+backend never makes. So a capture notes the ShapeEnv when the backend is entered
+(``note_entry``, on the graph it later reads the policy from), the policy carries the note, a
+replay re-asserts only what Dynamo made (``entry_shape_guards``), and the verdict compares the
+guards after the compile for the recorded backend, before it for another one.
+
+The note costs one rendering of the guards per compile of a graph with symbols (nothing for a
+static graph) and lives in the graph module's ``meta``, so every capture route that holds the
+graph finds it without being handed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from reproarchive.compat.dynamo import constant_source
+from reproarchive.compat.fake import shape_env_of_fake
+from reproarchive.compat.fx_meta import example_value_of, graph_arg_of
+from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
+from reproarchive.format.schema import ShapeEntry, ShapePolicy
+
+_META_KEY = "reproarchive_shapes_at_entry"
+
+
+def placeholder_facts(gm: Any) -> tuple[list[Any], list[str | None], Any]:
+    """(each placeholder's fake value, the source Dynamo read it from, the ShapeEnv they
+    share, None when they carry no fake values: a graph that did not come from Dynamo)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [example_value_of(n) for n in placeholders]
+    return values, [_source_of(n) for n in placeholders], shape_env_of(values)
+
+
+def shape_env_of(values: Sequence[Any]):
+    for v in values:
+        if (shape_env := shape_env_of_fake(v)) is not None:
+            return shape_env
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return v.node.shape_env
+    return None
+
+
+def _source_of(node: Any) -> str | None:
+    grapharg = graph_arg_of(node)
+    source = getattr(grapharg, "source", None)
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else None
+
+
+def policy_guards(shape_env, values: Sequence[Any], sources: Sequence[str | None]) -> list[str]:
+    """The shape guards as Dynamo renders them (``2 <= L['x'].size()[0] <= 64``), over the
+    inputs that have a source; a replay renders its own the same way (``ReplayShapes.guards``)."""
+    if not shape_env.var_to_range:  # no symbol: static shapes have no shape guards to render
+        return []
+    try:
+        return rendered_guards(shape_env, values, [source_named(s) if s else None for s in sources])
+    except Exception:  # noqa: BLE001 - guards that cannot be rendered are left out
+        return []
+
+
+def rendered_guards(shape_env, values: Sequence[Any], sources: Sequence[Any]) -> list[str]:
+    """``shape_env``'s guards over the tensors and symbolic scalars of ``values`` that have a
+    source, leaving out a scalar that is the size of one of those tensors (Dynamo's ``s77``
+    placeholder next to ``x``: it would only add ``L['x'].size()[0] == L['x'].size()[0]``)."""
+    in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
+                  if isinstance(s, torch.SymInt)}
+    fakes, srcs = [], []
+    for value, source in zip(values, sources):
+        if source is None or not isinstance(value, (torch.Tensor, torch.SymInt)):
+            continue
+        if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
+            continue  # a nested jagged tensor: torch renders its guards only with Dynamo's symbolic context
+        if isinstance(value, torch.SymInt) and value.node.expr in in_tensors:
+            continue
+        fakes.append(value)
+        srcs.append(source)
+    return list(shape_env.produce_guards(fakes, srcs)) if fakes else []
+
+
+def source_named(name: str):
+    """A Dynamo source that prints as ``name``: symbol names are derived from source names, so
+    a replay's symbols and guard text match the recording's."""
+    return constant_source(name)
+
+
+# --------------------------------------------------------------------------------------------
+# the guards at backend entry
+
+
+def note_entry(gm: Any) -> None:
+    """Note on ``gm`` the ShapeEnv its placeholders' fake values share, as it is now: call it
+    when the backend is entered, before the compile. Never raises: without the note a policy
+    has no ``entry``, as an older writer's."""
+    meta = getattr(gm, "meta", None)
+    if not isinstance(meta, dict):
+        return
+    try:
+        values, sources, shape_env = placeholder_facts(gm)
+        if shape_env is None or not shape_env.var_to_range:  # static: a compile adds no shape guard
+            return
+        meta[_META_KEY] = ShapeEntry(guards=tuple(policy_guards(shape_env, values, sources)),
+                                     shape_guards=len(shape_env.guards))
+    except Exception:  # noqa: BLE001 - recording is best effort, never in place of the program's compile
+        meta.pop(_META_KEY, None)
+
+
+def noted_entry(gm: Any) -> ShapeEntry | None:
+    """What ``note_entry`` noted on ``gm``, if anything."""
+    meta = getattr(gm, "meta", None)
+    entry = meta.get(_META_KEY) if isinstance(meta, dict) else None
+    return entry if isinstance(entry, ShapeEntry) else None
+
+
+def entry_shape_guards(policy: ShapePolicy) -> tuple[str, ...]:
+    """The recorded shape guards a replay re-asserts: those Dynamo made where the policy says
+    which they are, else (an older archive) all of them."""
+    if policy.entry is None:
+        return policy.shape_guards
+    return policy.shape_guards[:policy.entry.shape_guards]
+
+
+def restricted_entry(policy: ShapePolicy, kept_guard: Any, holds: Any) -> ShapeEntry | None:
+    """``policy.entry`` for a minifier candidate whose policy keeps the rendered guards
+    ``kept_guard`` accepts and the shape guards ``holds`` accepts (``codec.shapes.restricted``):
+    the count becomes how many of the first ones are kept."""
+    if policy.entry is None:
+        return None
+    kept = sum(1 for text in policy.shape_guards[:policy.entry.shape_guards] if holds(text))
+    return ShapeEntry(guards=tuple(filter(kept_guard, policy.entry.guards)), shape_guards=kept)
