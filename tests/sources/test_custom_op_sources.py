@@ -140,25 +140,28 @@ torch.compile(f, backend="inductor")(torch.linspace(-2, 2, 8))
 '''
 
 
-def test_a_first_call_that_fails_after_the_op_replays_with_the_op_or_says_it_cannot(tmp_path):
-    """Inductor's code fails in the graph's first call, after the program's own op ran. PyTorch's
-    dump of that call could not be packed without the op (no archive at all); the call is now
-    kept from the crash guard's spool, which records no call of the op (nothing ran before the
-    call). ``run`` without the op met its own stand-in's miss and answered DIFFERENT FAILURE
-    (3, "bad" to ``git bisect``); it is inconclusive (125) and says what to bring, and with the
-    op brought it reproduces."""
+def test_a_first_call_that_fails_after_the_op_is_kept_with_the_op_s_call(tmp_path):
+    """Inductor's code fails in the graph's first call, after the program's own op ran. The call
+    is kept from the crash guard's spool, written before the call, so it held no call of the op:
+    ``run`` without the op was inconclusive (125, "could not run the op") where the capture
+    backend's archive of the same failure reproduces. The op is now run on the kept inputs (as
+    they were before the call) while the program still has it, and the archive holds its call:
+    ``run`` and the exported script reproduce with it stood in (and say so), and with the op
+    brought ``run`` reproduces as well."""
     (tmp_path / "ratest_src_lib.py").write_text(LIBRARY)
     (tmp_path / "prog.py").write_text(FIRST_CALL_PROGRAM)
     done = _cli("capture", "--json", "-o", tmp_path / "out", "--", sys.executable, "prog.py", cwd=tmp_path)
     (written,) = json.loads(done.stdout)["archives"]
     assert written["failure"]["stage"] == "forward" and written["replay"]["failure_from"] == "program", written
+    (op,) = reproarchive.inspect(written["archive"]).custom_ops
+    assert op.calls == 1, op
     alone = json.loads(_cli("run", "--json", written["archive"], cwd=tmp_path / "out").stdout)
-    assert (alone["status"], alone["exit_code"]) == ("inconclusive", 125), alone
-    assert any("could not run the op" in u for u in alone["unfaithful"]), alone["unfaithful"]
+    assert (alone["status"], alone["exit_code"]) == ("reproduced", 1), alone
+    assert any("was stood in" in u for u in alone["unfaithful"]), alone["unfaithful"]
     brought = _cli("run", "--json", "--import", "ratest_src_lib", written["archive"], cwd=tmp_path)
     assert json.loads(brought.stdout)["status"] == "reproduced" and brought.returncode == 1, brought.stdout[-2000:]
-    # the exported script, without the op, says the same
+    # the exported script, without the op, stands it in too
     reproarchive.export(written["archive"], tmp_path / "script")
     ran = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "script", capture_output=True, text=True,
                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert ran.returncode == 125 and "could not run the op" in ran.stderr, ran.stderr[-2000:]
+    assert ran.returncode == 1 and "RuntimeError" in ran.stderr, ran.stderr[-2000:]

@@ -158,7 +158,7 @@ def _patch(module: Any) -> None:
             shapes = _note_compile(gm, list(example_inputs), began)
         if first.pending is None:
             return compiled
-        return _discard_after_first_call(compiled, _backend_name(self), first, shapes)
+        return _discard_after_first_call(compiled, _backend_name(self), first, shapes, pristine)
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
@@ -325,18 +325,20 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
         return None
 
 
-def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, shapes: Any = None) -> Any:
+def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, shapes: Any = None,
+                              op_graph: Any = None) -> Any:
     """``compiled`` behind a wrapper that discards spool entry ``first.pending`` when its first
     call ends (or, where PyTorch's hook watches the call's compiled backward, leaves it to the
     hook: ``first.watched``), or keeps it as the failure's archive where the call failed and the
     failure could not be dumped (``_keep``). Where ``first.finished_first`` says a compiled
     backward follows the call, the entry is finished before it rather than by a writer forked
     through that backward's compile (``ProcessSpool.wait``). ``shapes``: the shape policy with
-    the guards the compile added, which a kept entry records."""
+    the guards the compile added, which a kept entry records; ``op_graph``: the graph as Dynamo
+    handed it, where it calls custom ops, whose calls a kept entry records."""
     done = [False]
     pending = first.pending
     first.keep = lambda exc, stage: _keep(pending, exc, backend, supersedes=_dumped_after_dynamo(exc), shapes=shapes,
-                                          stage=stage)
+                                          stage=stage, op_graph=op_graph)
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -382,7 +384,7 @@ def _dumped_after_dynamo(exc: Exception) -> Path | None:
 
 
 def _keep(pending: str, exc: Exception, backend: str, *, supersedes: Path | None = None, shapes: Any = None,
-          stage: str | None = None) -> None:
+          stage: str | None = None, op_graph: Any = None) -> None:
     """A first call failed and PyTorch's hook could not dump it (its inputs cannot be read any
     more: a device-side assert fails every later use of the device), dumps it without data
     (after AOT), or without its RNG state and exception (after Dynamo: the launcher it
@@ -390,7 +392,8 @@ def _keep(pending: str, exc: Exception, backend: str, *, supersedes: Path | None
     completed into the failure's archive in ``KEPT_DIR``, which ``capture_program`` reports
     beside the dumps it packs (the dump it supersedes, and a data-less dump of the same process,
     left out), with the shape policy as the compile left it (``shapes``), as every route records it.
-    ``stage``: the failure's (a watched backward's), else the exception's."""
+    ``stage``: the failure's (a watched backward's), else the exception's. A graph that calls
+    custom ops (``op_graph``) gets their calls, run on the kept inputs (``kept_calls``)."""
     try:
         from reproarchive.context.failure import record_from_exception
         from reproarchive.replay.accuracy import stage_of
@@ -402,6 +405,10 @@ def _keep(pending: str, exc: Exception, backend: str, *, supersedes: Path | None
         completed = spool().keep(pending, record, target, shapes=shapes)
         if completed is not None and supersedes is not None:
             _note_superseded(target, supersedes)
+        if completed is not None and op_graph is not None and not completed.absent:
+            from reproarchive.sources.program.kept_calls import with_op_calls
+
+            with_op_calls(target, op_graph)
     except Exception as err:  # noqa: BLE001 - never in place of the program's own failure
         log.warning("reproarchive capture: the failing first call could not be kept from the spool either: %s: %s",
                     type(err).__name__, err)
