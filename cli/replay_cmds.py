@@ -372,7 +372,7 @@ def _shapes_line(shapes) -> str | None:
     match = {True: "guards equal the recorded ones", False: "guards DIFFER from the recorded ones",
              None: "guards not compared"}[shapes.get("guards_match")]
     if shapes.get("guards_compared_at") == "backend entry" and shapes.get("guards_match") is not None:
-        match = f"{match.replace('guards', 'guards at backend entry', 1)} (another backend than recorded)"
+        match = f"{match.replace('guards', 'guards at backend entry', 1)} ({shapes.get('guards_compared_because')})"
     return f"recorded symbolic policy ({what}); {match}"
 
 

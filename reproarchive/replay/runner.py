@@ -94,7 +94,7 @@ def replay_graph(
     setup = planned_setup(records, settings)
     warnings = setup.warnings
     fwd_only = not _needs_backward(args, settings, records)
-    shape_report = shape_policy.report_for(records.shapes, input_records, (records.backend, settings.backend))
+    shape_report = shape_policy.report_for(records, input_records, settings.backend)
     ops = random_ops(gm)  # one walk of the graph, for the report and the verdict
     randomness, rng_warnings = _randomness(ops, rng_states)
     warnings.extend(rng_warnings)
@@ -324,9 +324,9 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
     check of the original and its oracle all go through, so they cannot disagree about whether
     an archive reproduces. ``settings`` has its backend and accuracy chosen (``for_recorded``)."""
     records = repro.records
-    if gm is not None:  # a candidate: the recorded policy of the inputs it kept
-        records = dataclasses.replace(records, shapes=restricted(records.shapes, placeholder_names(repro.gm),
-                                                                 placeholder_names(gm)))
+    if gm is not None:  # a candidate, cut from the archive's graph: the recorded policy of the inputs it kept
+        records = dataclasses.replace(records, parent=repro.digest, shapes=restricted(
+            records.shapes, placeholder_names(repro.gm), placeholder_names(gm)))
     if repro.compile_only is not None:
         return replay_compile_only(repro, settings, repro.compile_only, gm=gm, args=args, records=records)
     return replay_graph(

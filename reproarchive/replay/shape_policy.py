@@ -34,7 +34,7 @@ from reproarchive.codec.shapes import ReplayShapes, fakes_for, is_symbolic
 from reproarchive.compat.dynamo import tracing_with
 from reproarchive.compat.fake import new_fake_mode, new_shape_env, retraced
 from reproarchive.compat.fx_meta import propagate_example_values, set_example_value
-from reproarchive.format.schema import ShapePolicy, SymValue, TensorValue
+from reproarchive.format.schema import Records, ShapePolicy, SymValue, TensorValue
 
 
 @contextlib.contextmanager
@@ -184,22 +184,38 @@ def compared(policy: ShapePolicy, shapes: ReplayShapes, at: str = AT_COMPILE_END
             "guards_extra": [g for g in compared_with if g not in recorded], "problems": list(shapes.problems)}
 
 
-def report_for(policy: ShapePolicy | None, inputs: Sequence[Any] | None = None,
-               backends: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
-    """The outcome's ``shapes`` before the replay: the policy and what it recorded, and where its
-    guards will be compared: after the compile when ``backends`` (the recorded one, the
-    replay's) are one (or the recorded one is unknown), else before it with those Dynamo made
-    (``policy.entry``; an older archive does not say which they are)."""
+def report_for(records: Records, inputs: Sequence[Any] | None = None, backend: str | None = None) -> dict[str, Any]:
+    """The outcome's ``shapes`` before the replay: the recorded policy (``records.shapes``) and
+    what it recorded, and where its guards will be compared (``_compared_at``)."""
+    policy = records.shapes
     if policy is None:
         return {"policy": "not recorded", "symbolic": looks_symbolic(inputs)}
     dims = [dim.source or f"input {r.input} dim {d}" for r in policy.inputs if r.kind == "tensor"
             for d, dim in enumerate(r.dims) if dim.kind != "static"]
-    at = (AT_COMPILE_END if backends[0] in (None, backends[1])
-          else AT_BACKEND_ENTRY if policy.entry is not None else NOT_COMPARED)
+    at, why = _compared_at(records, backend)
     return {"policy": "recorded", "symbolic": is_symbolic(policy), "symbolic_dims": dims,
             "unbacked": [s.name for s in policy.symbols if s.kind == "unbacked"],
             "guards_recorded": list(policy.guards), "guards_compared_at": at,
+            **({"guards_compared_because": why} if why else {}),
             **({"guards_at_backend_entry": list(policy.entry.guards)} if policy.entry is not None else {})}
+
+
+def _compared_at(records: Records, backend: str | None) -> tuple[str, str | None]:
+    """Where a replay with ``backend`` compares its guards, and why not after the compile. After
+    it where the compile is the recorded one: the recorded backend (or an unknown one) on the
+    recorded graph. Before it, with the guards Dynamo made (``shapes.entry``), where it is not:
+    another backend makes other guards of its own, and a graph cut from the recorded one
+    (``records.parent``: a minifier's candidate or result) is another program to compile. An
+    older archive does not say which guards are Dynamo's: another backend compares none, a cut
+    graph compares after the compile, as before."""
+    other_backend = records.backend not in (None, backend)
+    why = "another backend than recorded" if other_backend else (
+        "a graph cut from the recorded one" if records.parent is not None else None)
+    if why is None:
+        return AT_COMPILE_END, None
+    if records.shapes.entry is not None:
+        return AT_BACKEND_ENTRY, why
+    return (NOT_COMPARED, why) if other_backend else (AT_COMPILE_END, None)
 
 
 def looks_symbolic(inputs: Sequence[Any] | None) -> bool:

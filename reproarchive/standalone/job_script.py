@@ -143,7 +143,7 @@ def _rank_shapes(job: JobRepro) -> str:
     own (``_shape_literals``), so every rank compiles on its recorded symbols."""
     parts = []
     for r in job.ranks:
-        lit = _shape_literals(r.records.shapes)
+        lit = _shape_literals(r.records.shapes, r.records.parent is not None)
         if lit["shapes"] != "{}":
             parts.append(f"{r.rank}: ({lit['shapes']}, {lit['sources']}, {lit['shape_settings']}, {lit['guards']})")
     return "{" + ", ".join(parts) + "}"

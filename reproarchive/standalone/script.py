@@ -394,7 +394,7 @@ class _Script:
             not_as_recorded=repr(before_replay(gm, args, list(plan.fidelity), records, plan.rng_states)),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
-            **_shape_literals(records.shapes),
+            **_shape_literals(records.shapes, records.parent is not None),
             execution=repr(_execution_literal(execution)),
             inference_inputs=repr(list(execution.inference_inputs or ()) if execution is not None else []),
             random_ops=repr(list(random_ops(gm))),

@@ -23,19 +23,23 @@ from reproarchive.format.schema import DTYPES, ConfigRecord, ExecutionRecord, Sh
 # -- recorded state, as literals -----------------------------------------------------------------
 
 
-def _shape_literals(shapes: ShapePolicy | None) -> dict[str, str]:
+def _shape_literals(shapes: ShapePolicy | None, cut: bool = False) -> dict[str, str]:
     """The recorded shape policy as the script's literals: the replay's own plan of each
     dimension (``codec.shapes.dimension_plan``), so the script makes the symbols ``run`` makes.
     Sources and guards are strings from the archive, written as ``repr`` literals only; the
-    guards are a pair: as the compile ended, and at backend entry (None: not recorded)."""
+    guards are a pair: as the compile ended (None for a graph ``cut`` from the recorded one,
+    another program, judged at backend entry as ``run`` judges it), and at backend entry (None:
+    not recorded)."""
     from reproarchive.codec.shapes import dimension_plan, is_symbolic, shape_env_settings
 
     if shapes is None or not is_symbolic(shapes):
         return {"shapes": "{}", "sources": "{}", "shape_settings": "{}", "guards": "([], None)"}
     plan = {i: [(str(k), c, e) for k, c, e in dims] for i, dims in dimension_plan(shapes).items()}
     sources = {r.input: r.source for r in shapes.inputs if r.source}
+    at_entry = list(shapes.entry.guards) if shapes.entry is not None else None
+    after_compile = None if cut and at_entry is not None else list(shapes.guards)
     return {"shapes": repr(plan), "sources": repr(sources), "shape_settings": repr(shape_env_settings(shapes)),
-            "guards": repr((list(shapes.guards), list(shapes.entry.guards) if shapes.entry is not None else None))}
+            "guards": repr((after_compile, at_entry))}
 
 
 def _execution_literal(record: ExecutionRecord | None) -> dict[str, Any]:

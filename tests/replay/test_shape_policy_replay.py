@@ -249,3 +249,35 @@ def test_a_bound_the_recorded_compile_added_is_for_the_replay_s_compile_to_add_a
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0 and "no failure" in done.stdout, done.stderr[-2000:]
     assert "guards" not in done.stderr
+
+
+@pytest.mark.slow  # inductor compiles each candidate, and a child Python runs the script
+def test_a_minified_inductor_graph_keeps_dynamo_s_guards_and_its_sizes_stay_symbolic(tmp_path, monkeypatch):
+    """The minifier cuts the Linear whose batch size Inductor bounded, so a candidate's compile
+    adds no bound: a cut graph is another program, judged on the guards Dynamo made (before,
+    the minified archive replayed "guards DIFFER"). And a candidate that shrinks the symbolic
+    batch size to 1 specializes it away (another program again): it is not taken, so the size
+    stays at 2 or more, in the range the recording had (before: shrunk to 1)."""
+    monkeypatch.setattr(torch._inductor.config.cpp, "inject_relu_bug_TESTING_ONLY", "runtime_error")
+    lin = torch.nn.Linear(8, 8)
+    path = tmp_path / "a.tar.zst"
+    compiled = torch.compile(lambda x: torch.relu(x) * 2 + torch.sigmoid(lin(x)),
+                             backend=reproarchive.capture("inductor", path=path), dynamic=True)
+    with pytest.raises(RuntimeError):
+        compiled(torch.randn(6, 8))
+    torch._dynamo.reset()
+    monkeypatch.undo()
+    report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst", isolate=False, max_time=300)
+    assert report.status == "minified", report.to_dict()
+    small = reproarchive.load(report.output)
+    assert [n.target for n in small.gm.graph.nodes if n.op == "call_function"] == [torch.relu]
+    (x,) = small.args
+    assert x.shape[0] >= 2, x.shape
+    outcome = reproarchive.run(report.output)
+    assert outcome.status == REPRODUCED and outcome.unfaithful == [], outcome.to_dict()
+    assert (outcome.shapes["guards_compared_at"], outcome.shapes["guards_match"]) == ("backend entry", True)
+    assert outcome.shapes["guards_compared_because"] == "a graph cut from the recorded one"
+    reproarchive.export(report.output, tmp_path / "script")  # the script judges it as run does
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "guards" not in done.stderr, done.stderr[-2000:]
