@@ -12,12 +12,15 @@ replay re-asserts only what Dynamo made (``entry_shape_guards``), and the verdic
 guards after the compile for the recorded backend, before it for another one.
 
 The note costs one rendering of the guards per compile of a graph with symbols (nothing for a
-static graph) and lives in the graph module's ``meta``, so every capture route that holds the
-graph finds it without being handed it.
+static graph). It is kept beside the graph module, by weak reference, so every capture route
+that holds the graph finds it without being handed it; not in the module's ``meta``, which is
+the program's (AOTAutograd's cache key pickles it: a note there would change the program's
+cache hits).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +32,7 @@ from reproarchive.compat.fx_meta import example_value_of, graph_arg_of
 from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 from reproarchive.format.schema import ShapeEntry, ShapePolicy
 
-_META_KEY = "reproarchive_shapes_at_entry"
+_NOTED: weakref.WeakKeyDictionary[Any, ShapeEntry] = weakref.WeakKeyDictionary()
 
 
 def placeholder_facts(gm: Any) -> tuple[list[Any], list[str | None], Any]:
@@ -37,10 +40,10 @@ def placeholder_facts(gm: Any) -> tuple[list[Any], list[str | None], Any]:
     share, None when they carry no fake values: a graph that did not come from Dynamo)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [example_value_of(n) for n in placeholders]
-    return values, [_source_of(n) for n in placeholders], shape_env_of(values)
+    return values, [_source_of(n) for n in placeholders], _shape_env_of(values)
 
 
-def shape_env_of(values: Sequence[Any]):
+def _shape_env_of(values: Sequence[Any]):
     for v in values:
         if (shape_env := shape_env_of_fake(v)) is not None:
             return shape_env
@@ -98,27 +101,25 @@ def source_named(name: str):
 
 
 def note_entry(gm: Any) -> None:
-    """Note on ``gm`` the ShapeEnv its placeholders' fake values share, as it is now: call it
-    when the backend is entered, before the compile. Never raises: without the note a policy
+    """Note beside ``gm`` the ShapeEnv its placeholders' fake values share, as it is now: call
+    it when the backend is entered, before the compile. Never raises: without the note a policy
     has no ``entry``, as an older writer's."""
-    meta = getattr(gm, "meta", None)
-    if not isinstance(meta, dict):
-        return
     try:
         values, sources, shape_env = placeholder_facts(gm)
         if shape_env is None or not shape_env.var_to_range:  # static: a compile adds no shape guard
             return
-        meta[_META_KEY] = ShapeEntry(guards=tuple(policy_guards(shape_env, values, sources)),
-                                     shape_guards=len(shape_env.guards))
+        _NOTED[gm] = ShapeEntry(guards=tuple(policy_guards(shape_env, values, sources)),
+                                shape_guards=len(shape_env.guards))
     except Exception:  # noqa: BLE001 - recording is best effort, never in place of the program's compile
-        meta.pop(_META_KEY, None)
+        return
 
 
 def noted_entry(gm: Any) -> ShapeEntry | None:
-    """What ``note_entry`` noted on ``gm``, if anything."""
-    meta = getattr(gm, "meta", None)
-    entry = meta.get(_META_KEY) if isinstance(meta, dict) else None
-    return entry if isinstance(entry, ShapeEntry) else None
+    """What ``note_entry`` noted beside ``gm``, if anything."""
+    try:
+        return _NOTED.get(gm)
+    except TypeError:  # an object no weak reference can hold was never noted
+        return None
 
 
 def entry_shape_guards(policy: ShapePolicy) -> tuple[str, ...]:
