@@ -21,6 +21,7 @@ from typing import Any
 from reproarchive.archive.loading import load
 from reproarchive.archive.packing import pack
 from reproarchive.codec.recorded_calls import record_calls
+from reproarchive.codec.tensors import FIDELITY_ABSENT
 
 log = logging.getLogger("reproarchive.capture")
 
@@ -31,7 +32,7 @@ def with_op_calls(kept: Path, op_graph: Any) -> bool:
     Whether it was; never raises (the kept archive is the program's record either way)."""
     try:
         repro = load(kept)
-        if any(f == "absent" for f in repro.fidelity):
+        if FIDELITY_ABSENT in repro.fidelity:
             return False
         calls = record_calls(op_graph, list(repro.args))
         if not any(op.calls for op in calls):
