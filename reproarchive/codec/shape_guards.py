@@ -20,6 +20,8 @@ cache hits).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -138,3 +140,39 @@ def restricted_entry(policy: ShapePolicy, kept_guard: Any, holds: Any) -> ShapeE
         return None
     kept = sum(1 for text in policy.shape_guards[:policy.entry.shape_guards] if holds(text))
     return ShapeEntry(guards=tuple(filter(kept_guard, policy.entry.guards)), shape_guards=kept)
+
+
+def fixed_by_compile(policy: ShapePolicy) -> dict[str, str]:
+    """The symbols the backend's compile fixed to a number (a guard ``Eq(s77, 4)`` it added,
+    past ``entry``), by the sources they were read from: Dynamo handed the backend those sizes
+    as symbols, and a replay hands them so too (``as_handed``), for its own compile to fix them
+    or not. Empty for an archive that does not say which guards are Dynamo's."""
+    if policy.entry is None:
+        return {}
+    added = policy.shape_guards[policy.entry.shape_guards:]
+    made = policy.shape_guards[:policy.entry.shape_guards]
+    out = {}
+    for symbol in policy.symbols:
+        fixed = re.compile(rf"Eq\((?:{symbol.name}, -?\d+|-?\d+, {symbol.name})\)")
+        if (re.fullmatch(r"-?\d+", symbol.replaced_by or "") and any(fixed.search(g) for g in added)
+                and not any(fixed.search(g) for g in made)):
+            out.update({source: symbol.name for source in symbol.sources})
+    return out
+
+
+def as_handed(policy: ShapePolicy) -> ShapePolicy:
+    """``policy`` as Dynamo handed the graph to the backend: a dimension the compile fixed to a
+    number (``fixed_by_compile``) is its symbol again. The recorded policy is the compile's as it
+    ended; a replay that made such a dimension static compiled another program than the one
+    Dynamo handed over, and judged at backend entry it said so."""
+    symbol_of = fixed_by_compile(policy)
+    if not symbol_of:
+        return policy
+
+    def handed(dim):
+        if dim.kind != "static" and re.fullmatch(r"-?\d+", dim.expr or "") and dim.source in symbol_of:
+            return dataclasses.replace(dim, expr=symbol_of[dim.source])
+        return dim
+
+    return dataclasses.replace(policy, inputs=tuple(dataclasses.replace(r, dims=tuple(map(handed, r.dims)))
+                                                    for r in policy.inputs))

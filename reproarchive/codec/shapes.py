@@ -29,7 +29,9 @@ from typing import Any
 import torch
 
 from reproarchive.codec.shape_guards import (
+    as_handed,
     entry_shape_guards,
+    fixed_by_compile,
     noted_entry,
     placeholder_facts,
     policy_guards,
@@ -312,8 +314,9 @@ def dimension_plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | 
     for ``mark_dynamic(min=, max=)``, a relaxed one for a dimension made dynamic on its own, none
     for duck sizing. Dimensions recorded with the same expression share a symbol by duck sizing
     (``DUCK``); independent ones get one each (``DYNAMIC``), whatever their sizes. A dimension
-    whose symbol the compile specialized (its expression is a number: a guard fixed it) is
-    static, as it was by the end of the recorded compile."""
+    whose symbol a guard fixed to a number is static, unless the backend's compile added that
+    guard (``codec.shape_guards.as_handed``): Dynamo handed it as a symbol."""
+    policy = as_handed(policy)
     shared = _shared_exprs(policy)
     plan = {}
     for rec in policy.inputs:
@@ -386,6 +389,7 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
     placeholders' names, the sources of inputs the policy gives none. Symbol inputs reuse the
     symbol of the tensor dimension with the same recorded expression (Dynamo passes ``s77`` next
     to the tensor whose size it is)."""
+    policy = as_handed(policy)
     shape_env = new_shape_env(**shape_env_settings(policy))
     fake_mode = new_fake_mode(shape_env)
     fakes: list[Any] = [None] * len(args)
@@ -434,7 +438,8 @@ def _restore_equalities(policy: ShapePolicy, shape_env, recorded: dict[str, Any]
     # symbols Dynamo made while visiting a subclass's inner tensors exist only in its own trace
     ephemeral = {s.name for s in policy.symbols if s.sources and all(x.startswith("<ephemeral") for x in s.sources)}
     # a symbol a guard fixed to a number is replayed as that number (``_static``): nothing to relate
-    fixed = {s.name for s in policy.symbols if _NUMBER.fullmatch(s.replaced_by or "")}
+    fixed = {s.name for s in policy.symbols if _NUMBER.fullmatch(s.replaced_by or "")} - set(
+        fixed_by_compile(policy).values())  # Dynamo handed those as symbols
     symbols = {s.name for s in policy.symbols}
     for text in entry_shape_guards(policy):
         named = _names_in(text) & symbols

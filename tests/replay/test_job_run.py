@@ -256,11 +256,20 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
         [replayed] = alone["ranks"]
         assert "the recorded RNG state (cpu) is restored" in replayed["outcome"]["randomness"], replayed
         assert replayed["outcome"]["shapes"]["policy"] == "recorded" and replayed["outcome"]["shapes"]["symbolic"]
+        # each rank keeps the guards Dynamo made apart from its compile's; inductor is the recorded backend.
+        # The size is still a symbol when the compile ended: reading the collectives' shapes for the
+        # schedule took its hint, where int() had guarded on it and specialized the program's compile
+        policy = job.rank(rank).records.shapes
+        assert policy.entry is not None and any("L['x'].size()[0] <=" in g for g in policy.guards), policy
+        assert replayed["outcome"]["shapes"]["guards_compared_at"] == "compile end"
     # rank 1 without inductor passes, but its custom op was stood in (the rank's process lacks it): no evidence
     eager = json.loads(invoke("run", inductor_job, "--rank", "1", "--backend", "eager", "--json").stdout)
     [replayed] = eager["ranks"]
     assert (eager["status"], eager["exit_code"]) == ("inconclusive", 125), eager
     assert any("jobtest::shifted.default was stood in" in u for u in replayed["outcome"]["unfaithful"]), replayed
+    # judged on the guards Dynamo made, not on those inductor's compile added
+    shapes = replayed["outcome"]["shapes"]
+    assert (shapes["guards_compared_at"], shapes["guards_match"]) == ("backend entry", True), shapes
     one_process = json.loads(invoke("run", inductor_job, "--single-process", "--json").stdout)
     assert (one_process["status"], one_process["rank"], one_process["recorded_rank"]) == ("reproduced", 1, 1)
     assert {r["rank"]: r["status"] for r in one_process["ranks"]} == {0: "passed", 1: "reproduced"}

@@ -49,6 +49,7 @@ from typing import Any
 from reproarchive.archive.job_merge import lost_a_peer
 from reproarchive.compat.distributed import groups_in_creation_order
 from reproarchive.compat.dynamo import current_compile_id
+from reproarchive.compat.fake import hint_of
 from reproarchive.context.failure import as_collective_timeout, pending_crash_record, record_from_exception
 from reproarchive.context.redaction import redacted, working_folder
 from reproarchive.errors import SourceError
@@ -172,7 +173,12 @@ def schedule_of(gm: Any, compile_id: str | None = None) -> list[CollectiveRecord
             for value in (arg if isinstance(arg, (list, tuple)) else [arg]):
                 meta = getattr(value, "meta", {}).get("example_value") if hasattr(value, "meta") else None
                 if meta is not None and hasattr(meta, "shape"):
-                    shapes.append(tuple(int(s) for s in meta.shape))
+                    # a symbolic size by its hint: int() of it would guard on it, and so specialize the
+                    # program's compile to this size (an unbacked size has no value to record)
+                    sizes = [hint_of(s) for s in meta.shape]
+                    if any(v is None for v in sizes):
+                        continue
+                    shapes.append(tuple(int(v) for v in sizes))
                     dtypes.append(str(meta.dtype).removeprefix("torch."))
         out.append(CollectiveRecord(op=found.op, group=found.group, shapes=tuple(shapes), dtypes=tuple(dtypes),
                                     compile_id=compile_id, node=node.name))
