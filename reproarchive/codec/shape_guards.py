@@ -153,7 +153,8 @@ def fixed_by_compile(policy: ShapePolicy) -> dict[str, str]:
     made = policy.shape_guards[:policy.entry.shape_guards]
     out = {}
     for symbol in policy.symbols:
-        fixed = re.compile(rf"Eq\((?:{symbol.name}, -?\d+|-?\d+, {symbol.name})\)")
+        name = re.escape(symbol.name)  # the archive's text: matched, never a pattern of its own
+        fixed = re.compile(rf"Eq\((?:{name}, -?\d+|-?\d+, {name})\)")
         if (re.fullmatch(r"-?\d+", symbol.replaced_by or "") and any(fixed.search(g) for g in added)
                 and not any(fixed.search(g) for g in made)):
             out.update({source: symbol.name for source in symbol.sources})

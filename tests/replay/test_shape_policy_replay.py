@@ -281,3 +281,22 @@ def test_a_minified_inductor_graph_keeps_dynamo_s_guards_and_its_sizes_stay_symb
     done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py")], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 1 and "guards" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_size_the_recorded_compile_fixed_is_handed_to_the_replay_as_its_symbol():
+    """The compile added ``Eq(s77, 4)`` past the guards Dynamo made: Dynamo handed ``x``'s size as
+    ``s77``, and so does a replay (its own compile fixes it again or not); a size Dynamo itself
+    fixed stays a number. A symbol's name is matched as text, never used as a pattern."""
+    from reproarchive.codec.shape_guards import as_handed
+    from reproarchive.format.schema import ShapeDim, ShapeEntry, ShapeInput, ShapePolicy, ShapeSymbol
+
+    def policy(made: int, name: str = "s77") -> ShapePolicy:
+        dim = ShapeDim(kind="backed", size=4, expr="4", source="L['x'].size()[0]", min=2)
+        return ShapePolicy(recorded_from="fake_tensors", inputs=(ShapeInput(input=0, kind="tensor", dims=(dim,)),),
+                           symbols=(ShapeSymbol(name=name, kind="backed", hint=4, sources=("L['x'].size()[0]",),
+                                                replaced_by="4"),),
+                           shape_guards=(f"Eq({name}, 4)",), entry=ShapeEntry(guards=(), shape_guards=made))
+
+    assert as_handed(policy(0)).inputs[0].dims[0].expr == "s77"
+    assert as_handed(policy(1)).inputs[0].dims[0].expr == "4"  # Dynamo's own guard fixed it
+    assert as_handed(policy(0, "(a+)+$")).inputs[0].dims[0].expr == "(a+)+$"
