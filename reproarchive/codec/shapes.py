@@ -316,7 +316,11 @@ def dimension_plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | 
     (``DUCK``); independent ones get one each (``DYNAMIC``), whatever their sizes. A dimension
     whose symbol a guard fixed to a number is static, unless the backend's compile added that
     guard (``codec.shape_guards.as_handed``): Dynamo handed it as a symbol."""
-    policy = as_handed(policy)
+    return _plan(as_handed(policy))
+
+
+def _plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | None]]]:
+    """``dimension_plan`` of a policy already as handed to the backend."""
     shared = _shared_exprs(policy)
     plan = {}
     for rec in policy.inputs:
@@ -341,7 +345,7 @@ def _make_inputs(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str],
     scalars, which reuse a tensor's symbol of the same recorded expression: filled into ``fakes``
     and ``sources``; returns the symbols by recorded expression."""
     by_input = {r.input: r for r in policy.inputs}
-    plan = dimension_plan(policy)
+    plan = _plan(policy)  # ``fakes_for`` handed it the policy as Dynamo handed the backend
     symbols: dict[str, Any] = {}
     for i, arg in enumerate(args):
         rec = by_input.get(i)
