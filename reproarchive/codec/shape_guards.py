@@ -162,18 +162,57 @@ def fixed_by_compile(policy: ShapePolicy) -> dict[str, str]:
 
 
 def as_handed(policy: ShapePolicy) -> ShapePolicy:
-    """``policy`` as Dynamo handed the graph to the backend: a dimension the compile fixed to a
-    number (``fixed_by_compile``) is its symbol again. The recorded policy is the compile's as it
-    ended; a replay that made such a dimension static compiled another program than the one
-    Dynamo handed over, and judged at backend entry it said so."""
-    symbol_of = fixed_by_compile(policy)
-    if not symbol_of:
+    """``policy`` as Dynamo handed the graph to the backend. The recorded policy is the compile's
+    as it ended, and a replay that took it so compiled another program than the one Dynamo handed
+    over (judged at backend entry, it said so):
+
+    - a dimension the compile fixed to a number (``fixed_by_compile``) is its symbol again;
+    - a dimension's range is the one the guards at entry render (``entry_range``): a
+      ``mark_dynamic`` dimension's range is re-imposed as its constraint, and Inductor's bound
+      (``<= 4096``) recorded as its range would be imposed on a backend that never makes it."""
+    if policy.entry is None:
         return policy
+    symbol_of = fixed_by_compile(policy)
+    sources = _sources_by_expr(policy)
 
     def handed(dim):
-        if dim.kind != "static" and re.fullmatch(r"-?\d+", dim.expr or "") and dim.source in symbol_of:
-            return dataclasses.replace(dim, expr=symbol_of[dim.source])
-        return dim
+        if dim.kind == "static":
+            return dim
+        if re.fullmatch(r"-?\d+", dim.expr or "") and dim.source in symbol_of:
+            dim = dataclasses.replace(dim, expr=symbol_of[dim.source])
+        low, high = entry_range(policy.entry.guards, sources.get(dim.expr, ()) or (dim.source,))
+        if dim.size is not None and not ((low is None or low <= dim.size) and (high is None or dim.size <= high)):
+            return dim  # guards at entry the recorded size breaks: not a range Dynamo could have had
+        return dataclasses.replace(dim, min=low, max=high)
 
     return dataclasses.replace(policy, inputs=tuple(dataclasses.replace(r, dims=tuple(map(handed, r.dims)))
                                                     for r in policy.inputs))
+
+
+def _sources_by_expr(policy: ShapePolicy) -> dict[str, tuple[str, ...]]:
+    """Every source a symbolic expression was read from: the guards name a duck-sized symbol by
+    one of them only."""
+    out: dict[str, list[str]] = {}
+    for r in policy.inputs:
+        for dim in r.dims:
+            if dim.expr and dim.source and dim.source not in out.setdefault(dim.expr, []):
+                out[dim.expr].append(dim.source)
+    for symbol in policy.symbols:
+        for source in symbol.sources:
+            if source not in out.setdefault(symbol.name, []):
+                out[symbol.name].append(source)
+    return {expr: tuple(found) for expr, found in out.items()}
+
+
+def entry_range(guards: Sequence[str], sources: Sequence[str | None]) -> tuple[int | None, int | None]:
+    """The range of a size read from ``sources`` as the rendered ``guards`` bound it
+    (``2 <= L['x'].size()[0] and L['x'].size()[0] <= 100``): (None, None) where they do not.
+    The sources are the archive's text: matched as text, never as a pattern of their own."""
+    lows: list[int] = []
+    highs: list[int] = []
+    for source in filter(None, sources):
+        name = re.escape(source)
+        for text in guards:
+            lows += [int(n) for n in re.findall(rf"(?:^|(?<=[\s(]))(-?\d+) <= {name}(?=$|[\s)])", text)]
+            highs += [int(n) for n in re.findall(rf"{name} <= (-?\d+)(?=$|[\s)])", text)]
+    return (max(lows) if lows else None), (min(highs) if highs else None)

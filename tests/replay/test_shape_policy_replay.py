@@ -300,3 +300,49 @@ def test_a_size_the_recorded_compile_fixed_is_handed_to_the_replay_as_its_symbol
     assert as_handed(policy(0)).inputs[0].dims[0].expr == "s77"
     assert as_handed(policy(1)).inputs[0].dims[0].expr == "4"  # Dynamo's own guard fixed it
     assert as_handed(policy(0, "(a+)+$")).inputs[0].dims[0].expr == "(a+)+$"
+
+
+@pytest.mark.slow  # inductor compiles twice, and a child Python runs the script
+def test_a_marked_dimension_keeps_the_range_dynamo_gave_it_not_the_compile_s_bound(tmp_path, monkeypatch):
+    """``mark_dynamic(x, 0)`` with no range, on a Linear Inductor bounds (``<= 4096``): the
+    dimension's recorded range is the compile's, and a replay re-imposes a marked dimension's
+    range as its constraint. Taken from the compile's end, that bound reached a backend that never
+    makes it: ``--backend eager`` rendered ``<= 4096`` at backend entry and said 125 where the bug
+    is gone (and so did the script). The range is the one the guards at entry render."""
+    monkeypatch.setattr(torch._inductor.config.cpp, "inject_relu_bug_TESTING_ONLY", "runtime_error")
+    lin = torch.nn.Linear(8, 8)
+    path = tmp_path / "a.tar.zst"
+    x = torch.randn(6, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled = torch.compile(lambda x: torch.relu(lin(x)) * 2, backend=reproarchive.capture("inductor", path=path))
+    with pytest.raises(RuntimeError):
+        compiled(x)
+    torch._dynamo.reset()
+    monkeypatch.undo()
+    policy = reproarchive.load(path).records.shapes
+    dim = next(r for r in policy.inputs if r.source == "L['x']").dims[0]
+    assert (dim.origin, dim.max, list(policy.entry.guards)) == ("mark_dynamic", 4096, ["2 <= L['x'].size()[0]"])
+
+    outcome = reproarchive.run(path)
+    assert outcome.status == REPRODUCED and outcome.shapes["guards_match"] is True, outcome.to_dict()
+    eager = reproarchive.run(path, backend="eager")
+    assert (eager.status, eager.exit_code, eager.unfaithful) == ("passed", 0, []), eager.to_dict()
+    assert eager.shapes["guards_compared_at"] == "backend entry" and eager.shapes["guards_match"] is True
+    reproarchive.export(path, tmp_path / "script")
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend", "eager"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and "guards" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_range_at_entry_is_read_from_the_rendered_guards_as_text():
+    from reproarchive.codec.shape_guards import entry_range
+
+    x, y = "L['x'].size()[0]", "L['y'].size()[0]"
+    assert entry_range([f"2 <= {x}"], [x]) == (2, None)
+    assert entry_range([f"3 <= {x} and {x} <= 100"], [x]) == (3, 100)
+    assert entry_range([f"3 <= {x} <= 100"], [x]) == (3, 100)  # chained, as some releases render it
+    assert entry_range([f"2 <= {y} and {y} <= 64"], [x, y]) == (2, 64)  # a duck-sized symbol, named by y
+    assert entry_range([f"{x} <= 10*{y}", f"12 <= {x}"], [x]) == (12, None)  # not a bound by a number
+    assert entry_range([f"2 <= {x}"], ["L['x'].size()[0"]) == (None, None)  # a source is text, not a pattern
+    assert entry_range([f"2 <= {x}1"], [x]) == (None, None)  # another source that starts alike
+    assert entry_range([], [None]) == (None, None)
