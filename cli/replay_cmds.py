@@ -98,7 +98,9 @@ To bisect only the recorded failure and skip commits that fail differently:
 EXPORT_EPILOG = """\b
 The folder holds repro.py and the input data (raw bytes, read by relative path); run it with
 only PyTorch installed:  python DIR/repro.py [--device cpu] [--no-accuracy] [--dynamo]
-A multi-rank job archive gives a script for the launcher:  torchrun --nproc-per-node N DIR/repro.py
+A multi-rank job archive gives a script that launches its N ranks itself, with one exit code for
+the job as run gives it (0, 1, 125):  python DIR/repro.py   or under the launcher (over several
+machines):  torchrun --nproc-per-node N DIR/repro.py
 
 \b
 Exit codes:
@@ -401,7 +403,8 @@ def export_cmd(archive, out_dir, as_json, max_memory, imports, libraries):
         click.echo(f"wrote {report.script} ({len(report.files)} files, {report.bytes} bytes)")
         job = reproarchive.inspect(archive).job
         if job is not None and job.world_size > 1:
-            click.echo(f"run it with: torchrun --nproc-per-node {job.world_size} {report.script}")
+            click.echo(f"run it with: python {report.script} (it launches the {job.world_size} ranks here), "
+                       f"or torchrun --nproc-per-node {job.world_size} {report.script}")
         else:
             click.echo(f"run it with: python {report.script}")
 

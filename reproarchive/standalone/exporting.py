@@ -1,5 +1,5 @@
 """``export``: an archive's standalone script, for one process (``script``) or, for a
-multi-rank job archive, for torchrun (``job_script``)."""
+multi-rank job archive, for its ranks (``job_script``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from reproarchive.standalone import job_script, script
 def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: ReplaySettings | None = None,
            **options: Any) -> script.ExportReport:
     """Write ``out_dir`` with ``repro.py`` and its data; see ``script.export`` (one process) and
-    ``job_script.export_job`` (a job of several ranks: ``torchrun --nproc-per-node N repro.py``)."""
+    ``job_script.export_job`` (a job of several ranks: ``python repro.py`` launches them)."""
     settings = ReplaySettings.given(settings, options)
     with ContainerReader(path) as reader:
         job = reader.index.job

@@ -1,5 +1,5 @@
-"""Exporting a multi-rank job archive: a folder whose ``repro.py`` runs under
-``torchrun --nproc-per-node N repro.py``.
+"""Exporting a multi-rank job archive: a folder whose ``repro.py`` launches its ranks itself
+(``python repro.py``) or runs under ``torchrun --nproc-per-node N repro.py``.
 
 The same rules as the one-process export (``script``): the script needs only PyTorch, never
 imports reproarchive or a module the archive names, reads raw bytes by relative path, and
@@ -135,7 +135,7 @@ def _rank_judging(job: JobRepro) -> dict[str, str]:
         records = dataclasses.replace(r.records, failure=r.outcome.failure if r.outcome is not None else None)
         if said := before_replay(r.gm, list(r.args), list(r.fidelity), records, r.rng_states):
             unsure[r.rank] = said
-    return dict(rank_stages=repr(stages), rank_not_as_recorded=repr(unsure))
+    return dict(rank_stages=repr(stages), rank_not_as_recorded=repr(unsure), recorded_rank=repr(job.failing_rank))
 
 
 def _rank_shapes(job: JobRepro) -> str:
@@ -196,7 +196,12 @@ def _header(world_size: int, archive_name: str, digest: str | None, recorded: st
     return "\n".join([
         f"Standalone reproduction of a {world_size}-rank job, exported by reproarchive from "
         f"{_doc_text(archive_name or 'an archive')} ({_doc_text(digest or 'unknown digest')}).",
-        "Needs only PyTorch; start it the way the job was started:",
+        "Needs only PyTorch. Start it with python: it launches the ranks on this machine with torch's",
+        "elastic launcher and exits once for the job, as `reproarchive run` does (0 no failure, 1 a rank",
+        "failed, 125 a rank was not as recorded):",
+        "    python repro.py [--device DEV] [--backend NAME] [--timeout S]",
+        "(a rank whose collective failed only because another rank went away exits 75 and is not judged)",
+        "or the way the job was started (torchrun's own exit is 1 for any rank's):",
         f"    torchrun --nproc-per-node {world_size} repro.py [--device DEV] [--backend NAME] [--timeout S]",
         "(over several machines: torchrun's --nnodes/--node-rank/--rdzv-endpoint as usual).",
         "Every rank recreates the recorded process groups under their recorded names, compiles its",
