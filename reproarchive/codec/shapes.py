@@ -41,6 +41,7 @@ from reproarchive.codec.shape_guards import (
 )
 from reproarchive.codec.symbolic_text import parse
 from reproarchive.compat.fake import (
+    dynamo_shape_env_settings,
     free_unbacked_symbols,
     input_symbols,
     is_fake_tensor,
@@ -307,6 +308,13 @@ def shape_env_settings(policy: ShapePolicy) -> dict[str, bool]:
     return {k: v for k, v in policy.settings.items() if k in SHAPE_ENV_SETTINGS and isinstance(v, bool)}
 
 
+def replay_shape_env(policy: ShapePolicy | None) -> Any:
+    """A fresh ``ShapeEnv`` made as Dynamo made the recorded one: its recorded settings, and
+    for those not recorded (a static graph's policy from a dump or a log, no policy) the ones
+    Dynamo takes from the config, which the replay has set to the recorded one."""
+    return new_shape_env(**{**dynamo_shape_env_settings(), **(shape_env_settings(policy) if policy else {})})
+
+
 def dimension_plan(policy: ShapePolicy) -> dict[int, list[tuple[str, Any, str | None]]]:
     """How a replay makes each recorded dimension, as plain data (``export`` writes it into its
     script): input -> one ``(DimDynamic name, constraint, expr)`` per dimension, the constraint
@@ -394,7 +402,7 @@ def fakes_for(policy: ShapePolicy, args: Sequence[Any], names: Sequence[str]) ->
     symbol of the tensor dimension with the same recorded expression (Dynamo passes ``s77`` next
     to the tensor whose size it is)."""
     policy = as_handed(policy)
-    shape_env = new_shape_env(**shape_env_settings(policy))
+    shape_env = replay_shape_env(policy)
     fake_mode = new_fake_mode(shape_env)
     fakes: list[Any] = [None] * len(args)
     sources: list[Any] = [None] * len(args)

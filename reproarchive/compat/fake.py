@@ -87,6 +87,19 @@ def new_shape_env(**settings: Any) -> Any:
     return ShapeEnv(**settings)
 
 
+def dynamo_shape_env_settings() -> dict[str, bool]:
+    """The settings Dynamo makes its ``ShapeEnv`` with under the config now set (a replay sets
+    the recorded one first): without ``capture_scalar_outputs`` a fake ``.item()`` raises
+    ``DataDependentOutputException``, where a bare ``ShapeEnv()`` makes an unbacked symbol, so a
+    compile in a bare one gets past the failure the recorded compile had."""
+    import torch._dynamo.config as dynamo
+
+    return {"allow_scalar_outputs": bool(dynamo.capture_scalar_outputs),
+            "allow_dynamic_output_shape_ops": bool(dynamo.capture_dynamic_output_shape_ops),
+            "prefer_deferred_runtime_asserts_over_guards":
+                bool(getattr(dynamo, "prefer_deferred_runtime_asserts_over_guards", False))}
+
+
 def new_fake_mode(shape_env: Any = None) -> Any:
     """A ``FakeTensorMode`` (of ``shape_env``, if given) that accepts real tensors as inputs."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from reproarchive.codec.shapes import ReplayShapes, fakes_for, is_symbolic
+from reproarchive.codec.shapes import ReplayShapes, fakes_for, is_symbolic, replay_shape_env
 from reproarchive.compat.dynamo import tracing_with
-from reproarchive.compat.fake import new_fake_mode, new_shape_env, retraced
+from reproarchive.compat.fake import new_fake_mode, retraced
 from reproarchive.compat.fx_meta import propagate_example_values, set_example_value
 from reproarchive.format.schema import Records, ShapePolicy, SymValue, TensorValue
 
@@ -44,7 +44,7 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
     (``gm`` is the replay's own copy); ``report`` (the outcome's ``shapes``) gets the guard
     comparison when the block ends, whether the compile passed or raised."""
     if policy is None or not is_symbolic(policy):
-        with static_compile(gm, args, report):
+        with static_compile(gm, args, report, policy):
             yield args
         return
 
@@ -63,10 +63,12 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
 
 
 @contextlib.contextmanager
-def static_compile(gm: Any, args: list[Any], report: dict | None) -> Iterator[None]:
+def static_compile(gm: Any, args: list[Any], report: dict | None,
+                   policy: ShapePolicy | None = None) -> Iterator[None]:
     """Around a backend call with static shapes: what Dynamo gives a backend then too, a fake
-    mode with a ShapeEnv in the tracing context and each placeholder's fake value (static
-    sizes), the real inputs registered in it so a backend that fakifies them gets those fakes.
+    mode with a ShapeEnv (made with ``policy``'s settings, ``codec.shapes.replay_shape_env``) in
+    the tracing context and each placeholder's fake value (static sizes), the real inputs
+    registered in it so a backend that fakifies them gets those fakes.
     Without the ShapeEnv, a compile that makes symbols of its own (a ``while_loop``'s carried
     values, a data-dependent size) fails where the recorded one did not. Inputs that cannot be
     fakified (``report`` says so) leave the compile without the context, as before, and so do
@@ -78,7 +80,7 @@ def static_compile(gm: Any, args: list[Any], report: dict | None) -> Iterator[No
         yield
         return
     try:
-        fake_mode, fakes, _ = placeholder_fakes(None, gm, args)
+        fake_mode, fakes, _ = placeholder_fakes(policy, gm, args)
     except Exception as err:  # noqa: BLE001 - an input torch's fake tensors do not take
         if report is not None:
             report.setdefault("problems", []).append(f"compiled without a fake mode: {type(err).__name__}: {err}")
@@ -128,7 +130,7 @@ def placeholder_fakes(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> t
         shapes = fakes_for(policy, args, [n.name for n in placeholders])
         fake_mode, fakes = shapes.fake_mode, list(shapes.fakes)
     else:
-        fake_mode = new_fake_mode(new_shape_env())
+        fake_mode = new_fake_mode(replay_shape_env(policy))
         fakes = [fake_mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else None for a in args]
     for node, fake in zip(placeholders, fakes):
         if fake is not None:

@@ -346,3 +346,40 @@ def test_a_range_at_entry_is_read_from_the_rendered_guards_as_text():
     assert entry_range([f"2 <= {x}"], ["L['x'].size()[0"]) == (None, None)  # a source is text, not a pattern
     assert entry_range([f"2 <= {x}1"], [x]) == (None, None)  # another source that starts alike
     assert entry_range([], [None]) == (None, None)
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_static_replay_compiles_in_a_shape_env_made_as_dynamo_made_it(tmp_path, fullgraph, monkeypatch):
+    """Inductor lowers a static ``scan`` into a ``while_loop`` whose body calls ``.item()`` on a
+    fake tensor: in Dynamo's ShapeEnv (no ``capture_scalar_outputs``) that raises
+    ``DataDependentOutputException``, the program's real failure. A static replay made a bare
+    ShapeEnv, which turns ``.item()`` into an unbacked symbol: the compile went past the failure,
+    and ``run`` said PASSED (exit 0) on an archive of a compile that fails. With ``fullgraph=True``
+    Dynamo's ShapeEnv allows scalar outputs, the compile goes on to Inductor's C++ relu bug, and
+    the replay's ShapeEnv must allow them too (the recorded settings, not the config's)."""
+    from torch._higher_order_ops.scan import scan
+
+    def scanned(x):
+        def step(carry, t):
+            return carry + torch.relu(t), carry * 1
+        return scan(step, torch.zeros(x.shape[1]), x)[0]
+
+    expected = "CppCompileError" if fullgraph else "DataDependentOutputException"
+    if fullgraph:
+        monkeypatch.setattr(torch._inductor.config.cpp, "inject_relu_bug_TESTING_ONLY", "compile_error")
+    path = tmp_path / "scan.tar.zst"
+    compiled = torch.compile(scanned, backend=reproarchive.capture("inductor", path=path), fullgraph=fullgraph)
+    try:
+        compiled(torch.randn(5, 8))
+    except Exception as exc:  # noqa: BLE001 - the program's failure, whichever this torch raises
+        if expected not in f"{type(exc).__name__}: {exc}":
+            raise
+    else:
+        pytest.skip("this torch's Inductor lowers a static scan without a data-dependent .item()")
+    torch._dynamo.reset()
+    monkeypatch.undo()  # the replay applies the recorded config
+    repro = reproarchive.load(path)
+    assert repro.records.shapes.settings["allow_scalar_outputs"] is fullgraph
+    outcome = reproarchive.run(path)
+    assert (outcome.status, outcome.exit_code) == (REPRODUCED, 1), outcome.to_dict()
+    assert expected in outcome.observed.exception_type
