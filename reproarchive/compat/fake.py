@@ -25,6 +25,10 @@ from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
 
 PRIVATE_NAMES = (
+    "torch._dynamo.config",
+    "torch._dynamo.config.capture_dynamic_output_shape_ops",
+    "torch._dynamo.config.capture_scalar_outputs",
+    "torch._dynamo.config.prefer_deferred_runtime_asserts_over_guards",
     "torch._subclasses.fake_tensor.FakeTensor",
     "torch._subclasses.fake_tensor.FakeTensorMode",
     "torch._subclasses.fake_tensor.is_fake",

@@ -139,12 +139,13 @@ def _rank_judging(job: JobRepro) -> dict[str, str]:
 
 
 def _rank_shapes(job: JobRepro) -> str:
-    """``RANK_SHAPES``: each symbolic rank's recorded policy as the single-graph script writes its
-    own (``_shape_literals``), so every rank compiles on its recorded symbols."""
+    """``RANK_SHAPES``: each rank's recorded policy as the single-graph script writes its own
+    (``_shape_literals``), so every rank compiles on its recorded symbols, or static in a
+    ShapeEnv made with its recorded settings."""
     parts = []
     for r in job.ranks:
         lit = _shape_literals(r.records.shapes, r.records.parent is not None)
-        if lit["shapes"] != "{}":
+        if lit["shapes"] != "{}" or lit["shape_settings"] != "{}":
             parts.append(f"{r.rank}: ({lit['shapes']}, {lit['sources']}, {lit['shape_settings']}, {lit['guards']})")
     return "{" + ", ".join(parts) + "}"
 

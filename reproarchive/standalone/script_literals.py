@@ -32,8 +32,9 @@ def _shape_literals(shapes: ShapePolicy | None, cut: bool = False) -> dict[str, 
     not recorded)."""
     from reproarchive.codec.shapes import dimension_plan, is_symbolic, shape_env_settings
 
-    if shapes is None or not is_symbolic(shapes):
-        return {"shapes": "{}", "sources": "{}", "shape_settings": "{}", "guards": "([], None)"}
+    if shapes is None or not is_symbolic(shapes):  # a static compile's ShapeEnv is made with its settings too
+        settings = shape_env_settings(shapes) if shapes is not None else {}
+        return {"shapes": "{}", "sources": "{}", "shape_settings": repr(settings), "guards": "([], None)"}
     plan = {i: [(str(k), c, e) for k, c, e in dims] for i, dims in dimension_plan(shapes).items()}
     sources = {r.input: r.source for r in shapes.inputs if r.source}
     at_entry = list(shapes.entry.guards) if shapes.entry is not None else None

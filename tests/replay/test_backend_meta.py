@@ -8,6 +8,12 @@ the replay's op nodes had no ``example_value`` (a backend reading it saw None)."
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -63,3 +69,12 @@ def test_the_replay_hands_the_backend_the_meta_dynamo_handed_it(name, tmp_path):
     outcome = reproarchive.run(path, backend=meta_backend.BACKEND, isolate=False)
     assert outcome.status == "reproduced", outcome.to_dict()
     assert meta_backend.SEEN == [dynamo_gave]
+    # the exported script hands the backend the same (before, a static graph's nodes had none)
+    reproarchive.export(path, tmp_path / "script")
+    seen = tmp_path / "script-seen.json"
+    tests = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend", meta_backend.BACKEND],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, meta_backend.OUT_VARIABLE: str(seen), "PYTHONPATH": str(tests)})
+    assert done.returncode == 1 and "planted failure" in done.stderr, done.stderr[-2000:]
+    assert json.loads(seen.read_text()) == json.loads(json.dumps(dynamo_gave))

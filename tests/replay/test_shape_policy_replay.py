@@ -43,6 +43,19 @@ def without_policy(path, target):
     return target
 
 
+def eager_passes_at_backend_entry(path, script_folder):
+    """``--backend eager`` on an Inductor recording: judged on the guards Dynamo made, it passes
+    as recorded, in ``run`` and in the exported script alike."""
+    eager = reproarchive.run(path, backend="eager")
+    assert (eager.status, eager.exit_code, eager.unfaithful) == ("passed", 0, []), eager.to_dict()
+    assert eager.shapes["guards_compared_at"] == "backend entry" and eager.shapes["guards_match"] is True
+    reproarchive.export(path, script_folder)
+    done = subprocess.run([sys.executable, str(script_folder / "repro.py"), "--backend", "eager"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and "no failure" in done.stdout, done.stderr[-2000:]
+    assert "guards" not in done.stderr
+
+
 def test_mark_dynamic_with_a_range_round_trips_and_the_replay_guards_equal_the_recorded(tmp_path):
     x, y = torch.randn(8, 3), torch.randn(8, 3)
     torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
@@ -241,14 +254,7 @@ def test_a_bound_the_recorded_compile_added_is_for_the_replay_s_compile_to_add_a
     assert differs.shapes["guards_missing"] == [bounded.replace("4096", "1000")]
     assert differs.shapes["guards_extra"] == [bounded]
 
-    eager = reproarchive.run(path, backend="eager")
-    assert (eager.status, eager.exit_code, eager.unfaithful) == ("passed", 0, []), eager.to_dict()
-    assert eager.shapes["guards_compared_at"] == "backend entry" and eager.shapes["guards_match"] is True
-    reproarchive.export(path, tmp_path / "script")
-    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend", "eager"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0 and "no failure" in done.stdout, done.stderr[-2000:]
-    assert "guards" not in done.stderr
+    eager_passes_at_backend_entry(path, tmp_path / "script")
 
 
 @pytest.mark.slow  # inductor compiles each candidate, and a child Python runs the script
@@ -325,13 +331,7 @@ def test_a_marked_dimension_keeps_the_range_dynamo_gave_it_not_the_compile_s_bou
 
     outcome = reproarchive.run(path)
     assert outcome.status == REPRODUCED and outcome.shapes["guards_match"] is True, outcome.to_dict()
-    eager = reproarchive.run(path, backend="eager")
-    assert (eager.status, eager.exit_code, eager.unfaithful) == ("passed", 0, []), eager.to_dict()
-    assert eager.shapes["guards_compared_at"] == "backend entry" and eager.shapes["guards_match"] is True
-    reproarchive.export(path, tmp_path / "script")
-    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend", "eager"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0 and "guards" not in done.stderr, done.stderr[-2000:]
+    eager_passes_at_backend_entry(path, tmp_path / "script")
 
 
 def test_a_range_at_entry_is_read_from_the_rendered_guards_as_text():
