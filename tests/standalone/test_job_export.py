@@ -1,5 +1,6 @@
-"""A job archive's standalone script runs under torchrun: every rank rebuilds its recorded graph,
-the recorded groups come back under their names, and the rank that failed raises its error."""
+"""A job archive's standalone script launches its ranks (or runs under torchrun): every rank
+rebuilds its recorded graph, the recorded groups come back under their names, and the rank that
+failed raises its error."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from support.job_archives import rank_one_fails
 
 
 @pytest.mark.slow
-def test_the_exported_job_fails_on_rank_one_under_torchrun(tmp_path):
+def test_the_exported_job_launches_its_ranks_and_fails_on_rank_one(tmp_path):
     archive = rank_one_fails(tmp_path)
     result = invoke("export", archive, "-o", tmp_path / "bug")
     assert result.exit_code == 0, result.output
