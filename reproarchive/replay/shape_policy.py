@@ -63,8 +63,7 @@ def symbolic_compile(policy: ShapePolicy | None, gm: Any, args: list[Any], repor
 
 
 @contextlib.contextmanager
-def static_compile(gm: Any, args: list[Any], report: dict | None,
-                   policy: ShapePolicy | None = None) -> Iterator[None]:
+def static_compile(gm: Any, args: list[Any], report: dict | None, policy: ShapePolicy | None) -> Iterator[None]:
     """Around a backend call with static shapes: what Dynamo gives a backend then too, a fake
     mode with a ShapeEnv (made with ``policy``'s settings, ``codec.shapes.replay_shape_env``) in
     the tracing context and each placeholder's fake value (static sizes), the real inputs
