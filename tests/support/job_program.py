@@ -10,7 +10,7 @@ mesh:  4 ranks on a 2x2 DeviceMesh (dp, tp): a DTensor input, a collective on th
        ([0, 1] and [2, 3]); rank 1's compiled graph raises
 third: rank 1's 3rd call indexes out of range (an IndexError before its collective, rank 0
        waits in it), after two calls that pass (2 ranks); the graph draws dropout, and each rank
-       saves the CPU generator state before each call to OUT_DIR.rng-RANK.pt
+       saves the CPU generator states before each call to OUT_DIR.rng-RANK.pt
 inductor: inductor on every rank, its C++ relu bug injected through its config on rank 1 alone
        (2 ranks): rank 1's compile fails, rank 0's graph passes; the graph calls a custom op this
        program defines (a replay's ranks do not have it: they stand in for it), draws random
@@ -97,13 +97,13 @@ elif mode == "third":
         return funcol.all_reduce(x.index_select(0, i).sum() * w, "sum", dist.group.WORLD) + 1
 
     states = []
-    try:
-        for call in range(3):
-            states.append(torch.get_rng_state())
-            pick(torch.full((4,), float(rank + call)), torch.linspace(0, 1, 4),
-                 torch.tensor([9 if rank == 1 and call == 2 else call]))
-    finally:
+    for call in range(3):
+        states.append(torch.get_rng_state())
+        # saved before the call: the launcher may stop this rank inside it (rank 0 waits in its
+        # collective when rank 1 fails), and a stopped rank runs no `finally`
         torch.save(states, f"{out}.rng-{rank}.pt")
+        pick(torch.full((4,), float(rank + call)), torch.linspace(0, 1, 4),
+             torch.tensor([9 if rank == 1 and call == 2 else call]))
 elif mode == "cond":
     @torch.compile(backend=compiler if plain else reproarchive.capture(compiler, path=out), dynamic=True)
     def branches(x):
