@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from reproarchive.context.failure import says_a_peer_went_away
 from reproarchive.errors import DigestMismatchError, PackError, SchemaViolation
 from reproarchive.format import digests, layout
 from reproarchive.format.atomic import atomic_file
@@ -50,15 +50,11 @@ from reproarchive.format.writer import ContainerWriter
 #: crash, then a collective timeout (a rank that times out waits for one that went elsewhere),
 #: then an exception that only says a peer went away (it failed because another rank did).
 _FAILING = (RankStatus.FAILED, RankStatus.CRASHED, RankStatus.TIMEOUT)
-PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|communicator was aborted",
-                       re.IGNORECASE)
-
-
 def lost_a_peer(outcome: RankOutcome | None) -> bool:
     """Whether a rank's failure only says that another rank went away (gloo's "Connection closed
     by peer", NCCL's aborted communicator): a consequence, not the cause."""
     failure = outcome.failure if outcome is not None else None
-    return failure is not None and PEER_LOST.search(failure.message or "") is not None
+    return failure is not None and says_a_peer_went_away(failure.message)
 
 
 @dataclasses.dataclass

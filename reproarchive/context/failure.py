@@ -42,6 +42,18 @@ KIND_BY_STAGE = {
 }
 
 
+#: What a rank's collective says when another rank's process went away (gloo, NCCL): a
+#: consequence, never the cause. Lower case; the job script carries the same words.
+PEER_GONE_WORDS = ("connection closed by peer", "connection reset by peer", "broken pipe",
+                   "remote process exited", "communicator was aborted")
+
+
+def says_a_peer_went_away(message: str | None) -> bool:
+    """Whether a failure's message only says that another rank went away."""
+    said = (message or "").lower()
+    return any(words in said for words in PEER_GONE_WORDS)
+
+
 def failure_kind(record: FailureRecord | None) -> str:
     """"passed" for no failure, else the kind of failure ("compile error", "crash", ...)."""
     return "passed" if record is None else KIND_BY_STAGE.get(record.stage, "unknown failure")

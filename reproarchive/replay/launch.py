@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reproarchive.child import python_path, temp_for_children
-from reproarchive.context.failure import crash_record, crash_report
+from reproarchive.context.failure import crash_record, crash_report, says_a_peer_went_away
 from reproarchive.errors import LaunchError
 from reproarchive.format.schema import FailureRecord
 from reproarchive.replay.outcome import (
@@ -57,10 +56,6 @@ CRASHED, STOPPED, HUNG = "crashed", "stopped", "hung"
 #: rendezvous) and to end them.
 STARTUP_ALLOWANCE_S = 90.0
 _KILL_GRACE_S = 5.0
-#: A collective that failed because its partner process went away (gloo, NCCL): a consequence
-#: of another rank's failure, not a failure of this rank.
-_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited|"
-                        r"NCCL communicator was aborted", re.IGNORECASE)
 
 
 @dataclasses.dataclass
@@ -289,7 +284,7 @@ def rank_outcomes(folder: Path, ranks: Sequence[int], recorded: Mapping[int, Fai
             outcome = Outcome.from_dict(result["outcome"])
             observed = outcome.observed
             message = observed.message if observed is not None else ""
-            if outcome.status != REPRODUCED and observed is not None and _PEER_GONE.search(message):
+            if outcome.status != REPRODUCED and observed is not None and says_a_peer_went_away(message):
                 who = f"rank {first}" if first is not None and first != rank else "a peer"
                 out.append(RankOutcome(rank, STOPPED, outcome, note=f"its collective failed when {who} went away"))
                 continue

@@ -27,6 +27,7 @@ from reproarchive.archive.job_archive import JobRepro, load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.environment import plan
+from reproarchive.context.failure import PEER_GONE_WORDS
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
@@ -115,6 +116,7 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
             rank_rng_states=repr({rank: {name: script.writer.storage(t)[0] for name, t in rng.items()}
                                   for rank, (_, rng) in sorted(state.items())}),
             rank_shapes=_rank_shapes(job),
+            peer_gone=repr(PEER_GONE_WORDS),
             **_rank_judging(job),
             state_block=state_block(),
             loading_block=loading_block(),
@@ -199,7 +201,7 @@ def _header(world_size: int, archive_name: str, digest: str | None, recorded: st
         f"{_doc_text(archive_name or 'an archive')} ({_doc_text(digest or 'unknown digest')}).",
         "Needs only PyTorch. Start it with python: it launches the ranks on this machine with torch's",
         "elastic launcher and exits once for the job, as `reproarchive run` does (0 no failure, 1 a rank",
-        "failed, 125 a rank was not as recorded):",
+        "failed, 125 a rank was not as recorded or the launcher started none):",
         "    python repro.py [--device DEV] [--backend NAME] [--timeout S]",
         "(a rank whose collective failed only because another rank went away exits 75 and is not judged)",
         "or the way the job was started (torchrun's own exit is 1 for any rank's):",

@@ -153,3 +153,15 @@ def test_the_signal_of_a_fault_report_is_the_one_named_before_the_stacks_or_none
     assert fault_signal("Fatal Python error: Segmentation fault\n\nFatal Python error: Aborted\n\n" + stack) is None
     assert fault_signal("Fatal Python error: Fatal Python error: \n\n" + stack) is None
     assert fault_signal("") is None and fault_signal(stack) is None
+
+
+def test_a_peer_that_went_away_is_one_rule_for_the_merge_the_launcher_and_the_job_script():
+    from reproarchive.context.failure import PEER_GONE_WORDS, says_a_peer_went_away
+    from reproarchive.standalone.job_script import _job_template
+
+    for said in ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5",
+                 "Read error [127.0.0.1]:4: Connection reset by peer", "NCCL communicator was aborted on rank 0"):
+        assert says_a_peer_went_away(said), said
+    assert not says_a_peer_went_away("IndexError: index 9 is out of bounds") and not says_a_peer_went_away(None)
+    # the exported job script is filled with the same words, not a copy of them
+    assert "_PEER_GONE = {peer_gone}" in _job_template() and all(w == w.lower() for w in PEER_GONE_WORDS)

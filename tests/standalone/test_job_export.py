@@ -35,6 +35,16 @@ def test_the_exported_job_launches_its_ranks_and_fails_on_rank_one(tmp_path):
     fixed = subprocess.run([sys.executable, "repro.py", "--timeout", "30", "--backend", "eager"], cwd=tmp_path / "bug",
                            capture_output=True, text=True, timeout=300)
     assert fixed.returncode == 0 and "job: no failure on any of 2 ranks" in fixed.stdout, fixed.stderr[-3000:]
+    # a launcher that cannot start the ranks (rendezvous, a port) judges nothing: one line, 125, as run says
+    broken = ("import runpy, torch.distributed.launcher.api as api\n"
+              "def refused(*a, **k): raise RuntimeError('rendezvous refused\\nmore detail')\n"
+              "api.elastic_launch = refused\n"
+              "runpy.run_path('repro.py', run_name='__main__')\n")
+    unstarted = subprocess.run([sys.executable, "-c", broken], cwd=tmp_path / "bug", capture_output=True, text=True,
+                               timeout=300)
+    assert unstarted.returncode == 125 and "Traceback" not in unstarted.stderr, unstarted.stderr[-3000:]
+    assert unstarted.stderr.strip() == ("job: the launcher started no rank here (RuntimeError: rendezvous refused) "
+                                        "(exit 125); start the ranks yourself: torchrun --nproc-per-node 2 repro.py")
 
 
 @pytest.mark.slow
