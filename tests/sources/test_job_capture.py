@@ -66,6 +66,22 @@ def test_a_failure_on_rank_1_gives_one_archive_with_both_ranks(failed_job):
         reproarchive.load(archive)
 
 
+def test_ranks_that_fail_at_once_each_name_the_one_job_archive(tmp_path):
+    """Both ranks raise in the same call: the first to take the parts' lock merges both parts and
+    removes the folder; the other, waiting on that lock, finds its part merged. It said "no
+    archive written: PackError: no rank parts to merge" where the archive held it."""
+    done = _torchrun(tmp_path, "every")
+    assert done.returncode != 0 and "could not write the job archive" not in done.stderr, done.stderr[-3000:]
+    archive = _job_archive(tmp_path)
+    assert sorted((tmp_path / "out").iterdir()) == [archive]
+    for rank in (0, 1):
+        assert f"reproarchive: rank {rank}: forward failure captured in {archive}" in done.stderr, done.stderr[-3000:]
+    job = reproarchive.load_job(archive)
+    assert [(r.rank, r.outcome.status) for r in job.ranks] == [(0, "failed"), (1, "failed")]
+    assert {job.rank(r).outcome.failure.message for r in (0, 1)} == {"injected failure on rank 0",
+                                                                     "injected failure on rank 1"}
+
+
 def test_pack_of_the_job_s_torch_trace_folder_gives_one_job_archive(failed_job, tmp_path):
     trace = failed_job[0] / "trace"
     assert len(list(trace.glob("dedicated_log_torch_trace_rank_*.log"))) == 2

@@ -1,6 +1,7 @@
 """A job for reproarchive's multi-rank capture tests, started by torchrun: MODE OUT_DIR [TIMEOUT_S].
 
 fail:  rank 1's compiled graph raises (2 ranks)
+every: every rank's compiled graph raises at once (2 ranks); each ends 3 s later
 hang:  rank 1 takes the other branch and skips a collective rank 0 waits in (2 ranks)
 crash: rank 1's compiled graph aborts (SIGABRT) (2 ranks)
 plain-MODE: MODE with torch.compile(backend=...) alone, for `reproarchive capture -- torchrun ...`
@@ -39,9 +40,9 @@ rank = dist.get_rank()
 
 def backend(gm, example_inputs):
     """Eager, except where this job's test wants rank 1 to fail or die inside its compiled graph."""
-    if rank == 1 and mode in ("fail", "mesh", "bench"):
+    if (rank == 1 and mode in ("fail", "mesh", "bench")) or mode == "every":
         def run(*args):
-            raise RuntimeError("injected failure on rank 1")
+            raise RuntimeError(f"injected failure on rank {rank}")
         return run
     if rank == 1 and mode == "crash":
         def run(*args):
@@ -111,6 +112,12 @@ elif mode == "cond":
         return funcol.all_reduce(y, "sum", dist.group.WORLD)
 
     branches(torch.full((8,), float(rank + 1)))
+elif mode == "every":
+    try:
+        step(torch.full((4,), float(rank)), torch.linspace(0, 1, 4))
+    except RuntimeError:
+        time.sleep(3)  # every rank has said where its failure went before one ends (the launcher stops the rest)
+        raise
 else:
     step(torch.full((4,), float(rank)), torch.linspace(0, 1, 65536 if mode == "bench" else 4))
 if mode == "hang" and rank == 1:

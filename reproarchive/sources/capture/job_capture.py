@@ -366,10 +366,9 @@ def failed(backend: Any, gm: Any, inputs: list[Any], config: Any, exc: BaseExcep
             ask(folder)
         if not part_written:
             folder, archive = write_part(backend, gm, inputs, config, record, outcome, ctx, rng_states=rng_states)
-        set_status(folder, ctx.rank, outcome)
         # a part of every rank merged: the folder goes now (the launcher is about to stop the other
         # ranks, which cannot be relied on to tidy up); one with a rank missing stays, for ``pack``
-        merged = merge_folder(folder, archive, world_size=len(ctx.writers), forget=True)
+        merged = merge_folder(folder, archive, world_size=len(ctx.writers), forget=True, own=(ctx.rank, outcome))
     except Exception as err:  # noqa: BLE001 - reported on the user's exception instead
         log.warning("reproarchive.capture could not write the job archive: %s: %s", type(err).__name__, err)
         _annotate(exc, None, f"{type(err).__name__}: {err}")

@@ -78,32 +78,55 @@ def _locked(folder: Path):
 
 def wait_for_parts(folder: Path, world_size: int, wait_s: float | None = None) -> bool:
     """Wait up to ``wait_s`` (default ``$REPROARCHIVE_JOB_WAIT_S`` or 10 s) until every rank of the
-    world has a part in ``folder``; whether they all have."""
+    world has a part in ``folder``; whether they all have (not: the folder went, merged whole)."""
     deadline = time.monotonic() + (float(os.environ.get(JOB_WAIT_ENV, "10")) if wait_s is None else wait_s)
     while len(folder_parts(folder)) < world_size:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or not folder.exists():
             return False
         time.sleep(0.1)
     return True
 
 
 def merge_folder(folder: Path, archive: Path, *, world_size: int | None = None, wait_s: float | None = None,
-                 forget: bool = False) -> Path:
+                 forget: bool = False, own: tuple[int, RankOutcome] | None = None) -> Path:
     """Merge every rank part of ``folder`` into ``archive`` (under the folder's lock), first
     waiting up to ``wait_s`` for the parts of all ``world_size`` ranks. ``forget``: then remove
-    the folder where it held a part of every rank (``failed``)."""
+    the folder where it held a part of every rank (``failed``). ``own``: (rank, outcome) of the
+    caller, whose part is in ``folder``: its status, set under the lock; where a peer that failed
+    at the same time merged every part and removed the folder first, written into that peer's
+    archive instead (its part there may say it was still running)."""
     finish_removals(folder.parent, f"*{folder.suffix}")  # parts folders whose removal a kill cut short
     if world_size is not None:
         wait_for_parts(folder, world_size, wait_s)
-    with _locked(folder):
-        remove_leftovers(archive)  # of a rank killed while it merged: its peers' merges hold this lock
-        parts = folder_parts(folder)
-        merged = merge_parts(parts, archive, outcomes=folder_outcomes(folder))
-        if forget and len(parts) == world_size:
-            # whole or gone: a rank stopped halfway through would leave one part, which ``pack
-            # FOLDER`` would merge alone, over the archive made of all of them
-            remove_dir(folder)
-    return merged
+    try:
+        with _locked(folder):
+            parts = folder_parts(folder)
+            if parts or own is None:
+                if own is not None:
+                    set_status(folder, *own)
+                remove_leftovers(archive)  # of a rank killed while it merged: its peers' merges hold this lock
+                merged = merge_parts(parts, archive, outcomes=folder_outcomes(folder))
+                if forget and len(parts) == world_size:
+                    # whole or gone: a rank stopped halfway through would leave one part, which ``pack
+                    # FOLDER`` would merge alone, over the archive made of all of them
+                    remove_dir(folder)
+                return merged
+    except FileNotFoundError:  # the folder went before its lock could be taken
+        if own is None:
+            raise
+    # a folder goes only once merged whole: ``archive`` holds the caller's part
+    return with_rank_outcome(archive, *own)
+
+
+def with_rank_outcome(archive: Path, rank: int, outcome: RankOutcome) -> Path:
+    """``archive`` (a job archive) written again with ``rank``'s ``outcome``, under a lock on its
+    folder, so that ranks doing so at once each keep the others' outcomes."""
+    lock = os.open(archive.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return merge_parts([archive], archive, outcomes={rank: outcome})
+    finally:
+        os.close(lock)  # and the lock with it
 
 
 def forget_when_all_ended(folder: Path, ranks: Sequence[int], archive: Path) -> bool:

@@ -1,0 +1,88 @@
+"""The recorded symbols of a graph's inner values: what a minifier candidate's new inputs are.
+
+Why. A candidate cut from inside a graph takes inner values as inputs. In the recorded compile
+such a value's size was a symbol of the graph's inputs (``x * 2`` of an ``x`` marked dynamic is
+``[s77, 8]``); made static, the candidate compiled another program, and a bug that needs the
+symbolic compile could not be cut past the ops before it. So the parent graph runs once on the
+fake values of its recorded policy (``codec.shapes.fakes_for``), and each inner value's
+dimension whose size is one of the inputs' recorded symbols is described as that input's
+dimension is (its kind, origin and range). A size that is an expression of symbols (``s77 - 1``)
+or a symbol the graph made itself (``u0`` of ``nonzero()``) stays static: a candidate's input
+cannot carry that relation, and it is not passed off as if it did.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Mapping
+
+import torch
+
+from reproarchive.codec.shapes import fakes_for, is_symbolic, placeholder_names
+from reproarchive.format.schema import ShapeDim, ShapePolicy
+
+#: parent graph -> its inner values' dimensions, made once per minify (every candidate asks)
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def inner_dims(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> Mapping[str, tuple[ShapeDim | None, ...]]:
+    """Node name -> per dimension of its value, the recorded dimension whose symbol its size is
+    (None: static), for ``gm``'s nodes whose values have such a dimension; empty without a
+    symbolic ``policy`` or where the graph does not run on fake values (an op with no fake
+    kernel): its candidates' cut inputs are then static, as before."""
+    if policy is None or not is_symbolic(policy):
+        return {}
+    made = _MADE.get(gm)
+    if made is None or made[0] is not policy:
+        try:
+            made = (policy, _inner_dims(policy, gm, args))
+        except Exception:  # noqa: BLE001 - static cut inputs, as a graph without a policy has
+            made = (policy, {})
+        _MADE[gm] = made
+    return made[1]
+
+
+def _inner_dims(policy: ShapePolicy, gm: Any, args: list[Any]) -> dict[str, tuple[ShapeDim | None, ...]]:
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    shapes = fakes_for(policy, args, placeholder_names(gm))
+    by_symbol: dict[Any, ShapeDim] = {}
+    for rec in sorted(policy.inputs, key=lambda r: r.kind != "tensor"):  # a tensor's dimension first
+        fake = shapes.fakes[rec.input] if rec.input < len(shapes.fakes) else None
+        sizes = fake.shape if isinstance(fake, torch.Tensor) else [fake]
+        for dim, size in zip(rec.dims, sizes):
+            symbol = _symbol(size, shapes.shape_env)
+            if symbol is not None:
+                by_symbol.setdefault(symbol, dim)
+    fakes = [arg if fake is None else fake for arg, fake in zip(args, shapes.fakes)]
+    values = _values(FakeTensorProp(gm, mode=shapes.fake_mode), fakes)
+    out = {}
+    for name, value in values.items():
+        dims = tuple(by_symbol.get(_symbol(size, shapes.shape_env)) for size in value.shape)
+        if any(d is not None for d in dims):
+            out[name] = dims
+    return out
+
+
+def _values(prop: Any, fakes: list[Any]) -> dict[str, torch.Tensor]:
+    """Each tensor-valued node's fake value, ``gm``'s meta left as it was (FakeTensorProp writes
+    ``val``)."""
+    gm = prop.module
+    before = {n: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta}
+    try:
+        prop.propagate_dont_convert_inputs(*fakes)
+        return {n.name: n.meta["val"] for n in gm.graph.nodes
+                if n.op not in ("placeholder", "output") and isinstance(n.meta.get("val"), torch.Tensor)}
+    finally:
+        for n in gm.graph.nodes:
+            if n in before:
+                n.meta["val"] = before[n]
+            else:
+                n.meta.pop("val", None)
+
+
+def _symbol(size: Any, shape_env: Any) -> Any:
+    if not isinstance(size, torch.SymInt):
+        return None
+    expr = shape_env.simplify(size.node.expr)
+    return expr if expr.is_Symbol else None
