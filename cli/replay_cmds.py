@@ -235,6 +235,8 @@ def format_job(job) -> str:
         extra = "; ".join(x for x in (what, r.note) if x)
         lines.append(f"  rank {r.rank:<4}{r.status}{' (timed out in a collective)' if r.timed_out else ''}"
                      + (f": {terminal_safe(extra)}" if extra else ""))
+        for reason in r.outcome.unfaithful if r.outcome is not None else ():  # why a pass is no evidence
+            lines.append(f"            not as recorded: {terminal_safe(reason)}")
     if job.divergence:
         lines.append(f"  diverged  {job.divergence}")
     for w in job.warnings:

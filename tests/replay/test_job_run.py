@@ -127,6 +127,10 @@ def test_a_rank_that_passes_on_generated_inputs_is_no_evidence_however_the_job_i
         ranks = {r["rank"]: r["outcome"] for r in job["ranks"]}
         assert ranks[0]["status"] == "passed" and ranks[1]["status"] == "inconclusive", ranks
         assert any("held generated values" in u and "x" in u for u in ranks[1]["unfaithful"]), ranks[1]
+    # the verdict for people says why under the rank (it said "rank 1   inconclusive" and no more)
+    text = invoke("run", archive, "--backend", "eager", "--single-process").output
+    said = text.split("  rank 1   inconclusive")[1].splitlines()[1]
+    assert said.startswith("            not as recorded: ") and "held generated values" in said, text
     # the exported script judges each rank by the same rule, and the job as run does: 125 (under
     # torchrun, whose own exit is 1 for any rank's, only the rank's exit says so)
     exported = tmp_path / "export"
