@@ -18,7 +18,9 @@ from typing import Any, Mapping
 
 import torch
 
+from reproarchive.codec.shape_guards import as_handed
 from reproarchive.codec.shapes import fakes_for, is_symbolic, placeholder_names
+from reproarchive.compat.fx_meta import fake_values
 from reproarchive.format.schema import ShapeDim, ShapePolicy
 
 #: parent graph -> its inner values' dimensions, made once per minify (every candidate asks)
@@ -43,11 +45,10 @@ def inner_dims(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> Mapping[
 
 
 def _inner_dims(policy: ShapePolicy, gm: Any, args: list[Any]) -> dict[str, tuple[ShapeDim | None, ...]]:
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     shapes = fakes_for(policy, args, placeholder_names(gm))
     by_symbol: dict[Any, ShapeDim] = {}
-    for rec in sorted(policy.inputs, key=lambda r: r.kind != "tensor"):  # a tensor's dimension first
+    # each dimension as Dynamo handed it: a range Inductor's compile narrowed (``<= 4096``) is not a cut input's
+    for rec in sorted(as_handed(policy).inputs, key=lambda r: r.kind != "tensor"):  # a tensor's dimension first
         fake = shapes.fakes[rec.input] if rec.input < len(shapes.fakes) else None
         sizes = fake.shape if isinstance(fake, torch.Tensor) else [fake]
         for dim, size in zip(rec.dims, sizes):
@@ -55,30 +56,13 @@ def _inner_dims(policy: ShapePolicy, gm: Any, args: list[Any]) -> dict[str, tupl
             if symbol is not None:
                 by_symbol.setdefault(symbol, dim)
     fakes = [arg if fake is None else fake for arg, fake in zip(args, shapes.fakes)]
-    values = _values(FakeTensorProp(gm, mode=shapes.fake_mode), fakes)
+    values = fake_values(gm, shapes.fake_mode, fakes)
     out = {}
     for name, value in values.items():
         dims = tuple(by_symbol.get(_symbol(size, shapes.shape_env)) for size in value.shape)
         if any(d is not None for d in dims):
             out[name] = dims
     return out
-
-
-def _values(prop: Any, fakes: list[Any]) -> dict[str, torch.Tensor]:
-    """Each tensor-valued node's fake value, ``gm``'s meta left as it was (FakeTensorProp writes
-    ``val``)."""
-    gm = prop.module
-    before = {n: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta}
-    try:
-        prop.propagate_dont_convert_inputs(*fakes)
-        return {n.name: n.meta["val"] for n in gm.graph.nodes
-                if n.op not in ("placeholder", "output") and isinstance(n.meta.get("val"), torch.Tensor)}
-    finally:
-        for n in gm.graph.nodes:
-            if n in before:
-                n.meta["val"] = before[n]
-            else:
-                n.meta.pop("val", None)
 
 
 def _symbol(size: Any, shape_env: Any) -> Any:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -225,12 +225,14 @@ def is_symbolic(policy: ShapePolicy | None) -> bool:
 
 
 def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_after: Sequence[str],
-               inputs: Sequence[Any] | None = None):
+               inputs: Sequence[Any] | None = None, inner: Mapping[str, tuple[ShapeDim | None, ...]] | None = None):
     """``policy`` for a graph whose inputs are ``names_after`` (a minifier candidate), made from
     the graph whose inputs were ``names_before``: an input kept under its placeholder name keeps
     its recorded policy (a symbolic input stays symbolic), renumbered; an input cut from an inner
-    value has none (static). Guards that name a dropped tensor's source are left out. With
-    ``inputs`` (the candidate's values) each kept dimension's ``size`` is the size it has now."""
+    value is described by ``inner`` (``codec.inner_shapes``: its dimensions that are an input's
+    symbol, with no source of their own), else static. Guards that name a dropped tensor's
+    source are left out. With ``inputs`` (the candidate's values) each dimension's ``size`` is
+    the size it has now."""
     if policy is None:
         return None
     position = {name: i for i, name in enumerate(names_before)}
@@ -251,11 +253,14 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
     inputs_after = tuple(dataclasses.replace(r, input=moved[r.input], dims=tuple(
         dataclasses.replace(dim, size=now(r, d, dim), equal_to=tuple(x for x in map(renumbered, dim.equal_to) if x))
         for d, dim in enumerate(r.dims))) for r in kept)
+    cut = _cut_inputs(names_after, {names_before[r.input] for r in kept}, inner or {}, inputs)
+    if cut:
+        inputs_after = linked([*inputs_after, *cut])
     def kept_guard(text: str) -> bool:
         return not any(src in text for src in dropped)
 
     guards = tuple(filter(kept_guard, policy.guards))
-    still = {name for r in kept for dim in r.dims if dim.expr for name in _names_in(dim.expr)}
+    still = {name for r in (*kept, *cut) for dim in r.dims if dim.expr for name in _names_in(dim.expr)}
     gone = {name for r in policy.inputs if r.input not in moved for dim in r.dims if dim.expr
             for name in _names_in(dim.expr)} - still
 
@@ -266,6 +271,30 @@ def restricted(policy: ShapePolicy | None, names_before: Sequence[str], names_af
                                shape_guards=tuple(filter(holds, policy.shape_guards)),
                                runtime_asserts=tuple(filter(holds, policy.runtime_asserts)),
                                entry=restricted_entry(policy, kept_guard, holds))
+
+
+def _cut_inputs(names: Sequence[str], described: set[str], inner: Mapping[str, tuple[ShapeDim | None, ...]],
+                inputs: Sequence[Any] | None) -> list[ShapeInput]:
+    """``restricted``'s records of the inputs that the policy does not describe (cut from inner
+    values; a collective's value in a job's graph without collectives) and ``inner`` does."""
+    out = []
+    for j, name in enumerate(names):
+        dims = inner.get(name)
+        value = inputs[j] if inputs is not None else None
+        if name in described or not dims or (isinstance(value, torch.Tensor) and value.dim() != len(dims)):
+            continue
+        sizes = [_real_size(value, d) if isinstance(value, torch.Tensor) else None for d in range(len(dims))]
+        out.append(ShapeInput(input=j, kind="tensor", dims=tuple(
+            dataclasses.replace(dim, size=size if size is not None else dim.size, source=None, equal_to=())
+            if dim is not None and _in_range(dim, size) else ShapeDim(kind=STATIC, size=size)
+            for dim, size in zip(dims, sizes))))
+    return out
+
+
+def _in_range(dim: ShapeDim, size: int | None) -> bool:
+    """Whether a cut input's (maybe cropped) size can be its symbol: out of the recorded range
+    (1 where it starts at 2) the compile would have made it static, and so it is."""
+    return size is None or ((dim.min is None or size >= dim.min) and (dim.max is None or size <= dim.max))
 
 
 def _names_in(text: str) -> set[str]:

@@ -29,6 +29,7 @@ PRIVATE_NAMES = (
     'node.meta["nn_module_stack"]',
     'node.meta["stack_trace"]',
     'node.meta["tensor_meta"]',
+    'node.meta["unbacked_bindings"]',
     'node.meta["val"]',
     "torch.fx.node._get_qualified_name",
 )
@@ -106,6 +107,29 @@ def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
 
 
 _NONE = object()
+
+
+def fake_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> dict[str, Any]:
+    """Each op node's fake tensor value when ``gm`` runs in ``fake_mode`` on the placeholders'
+    ``fakes``, by node name; ``gm``'s meta is left as it was (the propagation writes ``val``
+    and ``unbacked_bindings``)."""
+    import torch
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    values = {n: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta}
+    bindings = {n: n.meta["unbacked_bindings"] for n in gm.graph.nodes if "unbacked_bindings" in n.meta}
+    try:
+        FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+        return {n.name: n.meta["val"] for n in gm.graph.nodes
+                if n.op not in ("placeholder", "output") and isinstance(n.meta.get("val"), torch.Tensor)}
+    finally:
+        for n in gm.graph.nodes:
+            n.meta.pop("val", None)
+            n.meta.pop("unbacked_bindings", None)
+            if n in values:
+                n.meta["val"] = values[n]
+            if n in bindings:
+                n.meta["unbacked_bindings"] = bindings[n]
 
 
 def set_example_value(node: Any, value: Any) -> None:

@@ -40,6 +40,7 @@ from reproarchive.archive.job_archive import RankCapture, pack_job
 from reproarchive.archive.packing import as_records
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
+from reproarchive.codec.inner_shapes import inner_dims
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import NotFailingError, minify_with_stats
 from reproarchive.minifier.candidate import Recording
@@ -47,6 +48,7 @@ from reproarchive.minifier.minified_records import labelled, minified_records, n
 from reproarchive.minifier.report import MinifyReport, output_path
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.local_job import without_collectives
+from reproarchive.replay.ranks import is_collective
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -160,10 +162,19 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
         record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
         parent_gm = (parents or {}).get(r.rank, r.gm)
         minify = (minify_of or {}).get(r.rank, records.minify)
-        own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), minify)
+        own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), minify, _inner_values(r))
         captures.append(RankCapture(gm, list(inputs), record, own, r.rng_states, custom_ops=r.custom_ops))
     return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
                     meshes=job.meshes)
+
+
+def _inner_values(rank: Any) -> dict[str, tuple]:
+    """The symbols of a rank's inner values (``codec.inner_shapes``), from its graph with its
+    collectives: a collective's value, an input of the graph without them, is named after it
+    (``without_collectives``) and has the symbols of the collective's output."""
+    inner = inner_dims(rank.records.shapes, rank.gm, list(rank.args))
+    return {**inner, **{f"{n.name}_value": inner[n.name] for n in rank.gm.graph.nodes
+                        if n.name in inner and is_collective(n)}}
 
 
 def _failing_job(ready: Any) -> Any:

@@ -5,19 +5,21 @@ keep different facts of their parent."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.codec.tensors import FIDELITY_ABSENT
 from reproarchive.format.schema import Records
 
 
-def minified_records(records: Records, parent: str, parent_gm: Any, gm: Any, inputs: list, minify: Any) -> Records:
+def minified_records(records: Records, parent: str, parent_gm: Any, gm: Any, inputs: list, minify: Any,
+                     inner: Mapping[str, tuple] | None = None) -> Records:
     """The records of a candidate or result cut from ``parent_gm`` (one graph's, or one rank's
     of a job): the parent's, this archive's provenance (``parent``, ``minify``) in place of the
     parent's, and the parent's shape policy for the inputs it kept, by placeholder name (a
-    symbolic input stays symbolic)."""
-    shapes = restricted(records.shapes, placeholder_names(parent_gm), placeholder_names(gm), inputs)
+    symbolic input stays symbolic), and for inputs cut from inner values whose sizes were the
+    inputs' symbols (``inner``: ``codec.inner_shapes.inner_dims`` of the parent)."""
+    shapes = restricted(records.shapes, placeholder_names(parent_gm), placeholder_names(gm), inputs, inner)
     return dataclasses.replace(records, parent=parent, minify=minify, shapes=shapes)
 
 

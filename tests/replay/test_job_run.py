@@ -327,3 +327,14 @@ def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_r
     assert injector not in job.rank(0).records.config.changed.get("torch._inductor.config", {})
     assert job.failing_rank == 1 and job.records.parent == report["parent"]
     assert all(r.records.rng is not None and r.records.rng.generators for r in job.ranks)  # each rank's kept
+    # the relu's input, cut from after the all_reduce, keeps the symbol its size had (it was static)
+    for r in job.ranks:
+        (cut,) = r.records.shapes.inputs
+        assert [(d.kind, d.origin, d.source) for d in cut.dims] == [("backed", "dynamic=True", None)], cut
+    # the exported script: rank 0 passes and waits for its peers, which rank 1 leaves by failing;
+    # rank 0's verdict stands (it counted as failed: "job: failed on rank 1, 0")
+    assert invoke("export", tmp_path / "min.tar.zst", "-o", tmp_path / "script").exit_code == 0
+    done = subprocess.run([sys.executable, "repro.py", "--timeout", "30"], cwd=tmp_path / "script",
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "job: failed on rank 1 (exit 1)" in done.stderr, done.stderr[-3000:]
+    assert "rank 0: no failure" in done.stdout

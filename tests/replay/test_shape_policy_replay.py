@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ import torch
 import reproarchive
 from reproarchive.codec.shapes import fakes_for, restricted
 from reproarchive.replay.outcome import REPRODUCED
-from support import hostile_corpus
+from support import hostile_corpus, symbolic_backends
 from support.cli import invoke
 from support.symbolic_backends import FREE_SYMBOLS, UNBACKED, nonzero_view, two_sums
 
@@ -287,6 +288,38 @@ def test_a_minified_inductor_graph_keeps_dynamo_s_guards_and_its_sizes_stay_symb
     done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py")], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 1 and "guards" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_value_cut_from_inside_the_graph_keeps_the_symbol_its_size_had(tmp_path):
+    """The failure needs a symbolic compile (the backend fails on a relu of a symbolic size) and
+    the relu's input is computed inside the graph (``x * 2 + 1`` of an ``x`` marked dynamic). Cut
+    there, the candidate's input has ``x``'s symbol, range and origin, and no source of its own;
+    before, it was static, the cut passed, and the minified graph kept the mul and the add."""
+    path = tmp_path / "a.tar.zst"
+    x = torch.randn(6, 3)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: torch.relu(x * 2 + 1).sum(),
+                             backend=reproarchive.capture(symbolic_backends.symbolic_relu_backend, path=path))
+    with pytest.raises(Exception, match="a relu of a symbolic size"):
+        compiled(x)
+    torch._dynamo.reset()
+    backend = symbolic_backends.SYMBOLIC_RELU
+    report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst", isolate=False, max_time=120, backend=backend)
+    small = reproarchive.load(report.output)
+    assert [n.target for n in small.gm.graph.nodes if n.op == "call_function"] == [torch.relu], report.code
+    (cut,) = small.records.shapes.inputs
+    assert [(d.kind, d.origin, d.min, d.max, d.source) for d in cut.dims] == [
+        ("backed", "mark_dynamic", 2, 64, None), ("static", None, None, None, None)]
+    assert small.args[0].shape[0] >= 2  # a size of 1 is static: the candidate that had it did not fail
+    outcome = reproarchive.run(report.output, backend=backend, isolate=False)
+    assert outcome.status == REPRODUCED and outcome.unfaithful == [], outcome.to_dict()
+    # the exported script compiles the cut input on its symbol too
+    reproarchive.export(report.output, tmp_path / "script")
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend", backend],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 1 and "a relu of a symbolic size" in done.stderr, done.stderr[-2000:]
 
 
 def test_a_size_the_recorded_compile_fixed_is_handed_to_the_replay_as_its_symbol():
