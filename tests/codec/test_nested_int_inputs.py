@@ -79,20 +79,23 @@ def test_with_dynamic_shapes_plain_sizes_stay_symints_and_the_ragged_size_is_der
     assert outcome.to_dict()["shapes"]["policy"] == "recorded"
 
 
-def test_a_runtime_failure_on_a_view_by_the_ragged_size_minifies_keeping_the_size_with_its_tensor(tmp_path):
+def test_a_runtime_failure_after_a_view_by_the_ragged_size_minifies_to_the_relu_of_the_nested_value(tmp_path):
+    """The relu's input, a nested jagged tensor computed inside the graph, is cut as an input
+    whose ragged dimension keeps the recorded symbol (``codec.inner_shapes``): the sin, the view
+    and the size it read go (before, cut inputs were static, and the view stayed with the size
+    beside its tensor; ``test_a_minifier_candidate_that_keeps_the_size_without_its_tensor_...``
+    keeps that pairing rule)."""
     path = _capture(tmp_path / "view.tar.zst", _view_sin_relu, backend="relu_runtime_error_TESTING_ONLY")
     assert reproarchive.run(path, isolate=False).status == "reproduced"
     out = tmp_path / "min.tar.zst"
     reproarchive.minify_archive(path, out, isolate=False, max_time=60)
     assert reproarchive.verify(out).valid
     repro = reproarchive.load(out)
-    assert repro.gm.graph.find_nodes(op="call_method", target="sin") == []  # the node the failure does not need
-    derived = [i for i, rec in enumerate(repro.index.inputs) if isinstance(rec, DerivedValue)]
-    assert derived, "the view by the ragged size is the culprit's input: its size stays an input"
-    for i, rec in enumerate(repro.index.inputs):
-        if isinstance(rec, DerivedValue):  # still the size of the nested tensor it was read from
-            assert isinstance(repro.index.inputs[rec.input], SubclassValue)
-            assert repro.args[i] == repro.args[rec.input].size(rec.dim)
+    assert [n.target for n in repro.gm.graph.nodes if n.op in ("call_function", "call_method")] == [torch.relu]
+    (value,) = repro.index.inputs
+    assert isinstance(value, SubclassValue) and value.size[1].startswith("j")  # still ragged
+    (cut,) = repro.records.shapes.inputs
+    assert cut.source is None and [d.kind for d in cut.dims] == ["static", "backed", "static"], cut
     outcome = reproarchive.run(out, isolate=False)
     assert (outcome.status, outcome.exit_code) == ("reproduced", 1), outcome.to_dict()
 
