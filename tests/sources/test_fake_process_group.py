@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import reproarchive
 from support.cli import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +74,25 @@ def test_capture_dash_dash_of_the_program_replays_as_recorded(tmp_path):
     assert result.exit_code == 1, result.output
     (archive,) = (tmp_path / "out").iterdir()
     _replays_as_recorded(archive)
+
+
+def test_accuracy_is_not_checked_on_a_rank_and_the_capture_says_so(tmp_path):
+    """A wrong value on one rank reaches every rank through the collectives, so each rank's
+    comparison with eager would report it: the capture says once that it does not check (it
+    checked nothing, silently)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from reproarchive.sources.capture.capture_backend import CaptureWarning, _no_accuracy_on_ranks
+
+    _no_accuracy_on_ranks.cache_clear()
+    torch._dynamo.reset()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        compiled = torch.compile(lambda x: torch.relu(x) * 2,
+                                 backend=reproarchive.capture("eager", path=tmp_path / "out", accuracy=True))
+        with pytest.warns(CaptureWarning, match="accuracy=True is not checked on the ranks of a multi-rank job"):
+            assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 2.0))
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()

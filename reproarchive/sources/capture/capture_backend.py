@@ -120,6 +120,7 @@ of the user's own failure; the archive stays on disk either way.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -320,6 +321,8 @@ class _CaptureBackend(BackendArchives):
 
         if rank_context() is not None:  # a rank of a multi-rank job: its part is the crash record
             self._discard(spooled)
+            if self.settings["accuracy"]:
+                _no_accuracy_on_ranks()
             return guarded_on_rank(self, compiled, pristine_gm, config, writes)
 
         def failed(before: list[Any], exc: BaseException, call: int, rng: dict | None) -> tuple[Path | None,
@@ -456,3 +459,13 @@ SOURCE_RECORD = CaptureSource
 
 
 __all__ = ["capture", "archive_path", "CaptureWarning"]
+
+
+@functools.cache
+def _no_accuracy_on_ranks() -> None:
+    """Said once a process: a rank's comparison with eager cannot name the rank that computed a
+    wrong value, which reaches every rank through the collectives (each rank would report it)."""
+    warnings.warn("reproarchive.capture: accuracy=True is not checked on the ranks of a multi-rank job: a wrong "
+                  "value on one rank reaches every rank through the collectives, so a rank's comparison with eager "
+                  "cannot say which rank computed it; compile errors, runtime errors and crashes are captured",
+                  CaptureWarning, stacklevel=4)
