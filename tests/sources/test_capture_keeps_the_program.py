@@ -51,6 +51,34 @@ def test_an_accuracy_capture_leaves_a_dropout_step_s_numbers_as_they_are(tmp_pat
     torch._dynamo.reset()
 
 
+def _dropout_then_cond(x):
+    x = torch.nn.functional.dropout(x, 0.3, training=True)
+    return torch.cond(x.sum() > -1e9, lambda t: torch.relu(t - 0.2) * 2, lambda t: t - 1, (x,)) + 1
+
+
+@pytest.mark.slow
+def test_the_accuracy_check_compiles_its_copy_as_the_program_s_compile_was_made(tmp_path, monkeypatch):
+    """A graph that draws random numbers is checked on a copy compiled for the check. Compiled
+    on the real inputs, the copy was a static compile, and this graph's static compile fails in
+    Inductor ("A subgraph argument other than striding has been modified") where the program's
+    symbolic one does not: the capture raised and archived that failure, not the program's.
+    Compiled in a fake mode of the compile's own shape policy, the check finds the program's
+    accuracy bug, and the archive reproduces it."""
+    monkeypatch.setattr(torch._inductor.config.cpp, "inject_relu_bug_TESTING_ONLY", "accuracy")
+    x = torch.randn(4, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    compiled = torch.compile(_dropout_then_cond, backend=reproarchive.capture("inductor", path=tmp_path, accuracy=True))
+    with pytest.raises(Exception, match="compiled result differs from eager"):
+        compiled(x)
+    monkeypatch.undo()
+    torch._dynamo.reset()
+    (archive,) = tmp_path.glob("*.tar.zst")
+    outcome = reproarchive.run(archive, isolate=False)
+    assert (outcome.status, outcome.recorded.stage) == ("reproduced", "accuracy"), outcome.to_dict()
+    assert outcome.shapes["symbolic"] and outcome.shapes["guards_match"], outcome.shapes
+
+
 def _captured(tmp_path: Path, program: str) -> tuple[subprocess.CompletedProcess, Path]:
     """``reproarchive capture --`` of ``program`` (its text) run as a user runs it: how it ended,
     and the one archive it left."""

@@ -132,11 +132,13 @@ from reproarchive.archive.writing import Capture
 from reproarchive.codec.device_runtime import RngState, devices_of
 from reproarchive.codec.rng import random_ops, states_of
 from reproarchive.codec.shape_guards import note_entry
+from reproarchive.codec.shapes import policy_of
 from reproarchive.compat import inductor
 from reproarchive.context.config import config_snapshot
 from reproarchive.format.schema import CaptureSource, ConfigRecord, FailureRecord
 from reproarchive.replay import accuracy as _accuracy
 from reproarchive.replay.input_writes import run_inputs
+from reproarchive.replay.shape_policy import symbolic_compile
 from reproarchive.sources.capture import gc_pause
 from reproarchive.sources.capture.call_guard import (
     Ended,
@@ -433,8 +435,14 @@ class _CaptureBackend(BackendArchives):
 
         if not random_ops(pristine_gm):
             return compiled
+        # compiled as Dynamo handed the graph over: in a fake mode of the compile's own shape policy
+        # (the placeholders' fakes say it), not on the real inputs, which a compile takes as static
+        # (a graph whose static compile fails, where the program's symbolic one does not, failed)
+        policy = policy_of(pristine_gm, list(args))
         with gc_pause.paused(), _accuracy.fair_to_randomness(pristine_gm):
-            return with_frame_room(self.compiler, copy_graph_structure(pristine_gm), list(args))
+            copy = copy_graph_structure(pristine_gm)
+            with symbolic_compile(policy, copy, list(args), None) as example:
+                return with_frame_room(self.compiler, copy, example)
 
     # -- config -----------------------------------------------------------------------------
 
