@@ -50,6 +50,8 @@ from reproarchive.format.writer import ContainerWriter
 #: crash, then a collective timeout (a rank that times out waits for one that went elsewhere),
 #: then an exception that only says a peer went away (it failed because another rank did).
 _FAILING = (RankStatus.FAILED, RankStatus.CRASHED, RankStatus.TIMEOUT)
+
+
 def lost_a_peer(outcome: RankOutcome | None) -> bool:
     """Whether a rank's failure only says that another rank went away (gloo's "Connection closed
     by peer", NCCL's aborted communicator): a consequence, not the cause."""

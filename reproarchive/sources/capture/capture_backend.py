@@ -458,6 +458,16 @@ class _CaptureBackend(BackendArchives):
             yield
 
 
+@functools.cache
+def _no_accuracy_on_ranks() -> None:
+    """Said once a process: a rank's comparison with eager cannot name the rank that computed a
+    wrong value, which reaches every rank through the collectives (each rank would report it)."""
+    warnings.warn("reproarchive.capture: accuracy=True is not checked on the ranks of a multi-rank job: a wrong "
+                  "value on one rank reaches every rank through the collectives, so a rank's comparison with eager "
+                  "cannot say which rank computed it; compile errors, runtime errors and crashes are captured",
+                  CaptureWarning, stacklevel=4)
+
+
 # ---------------------------------------------------------------------------------------------
 # What this source records, written through the one capture writer
 # ---------------------------------------------------------------------------------------------
@@ -468,12 +478,3 @@ SOURCE_RECORD = CaptureSource
 
 __all__ = ["capture", "archive_path", "CaptureWarning"]
 
-
-@functools.cache
-def _no_accuracy_on_ranks() -> None:
-    """Said once a process: a rank's comparison with eager cannot name the rank that computed a
-    wrong value, which reaches every rank through the collectives (each rank would report it)."""
-    warnings.warn("reproarchive.capture: accuracy=True is not checked on the ranks of a multi-rank job: a wrong "
-                  "value on one rank reaches every rank through the collectives, so a rank's comparison with eager "
-                  "cannot say which rank computed it; compile errors, runtime errors and crashes are captured",
-                  CaptureWarning, stacklevel=4)
