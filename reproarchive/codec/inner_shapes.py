@@ -25,6 +25,19 @@ from reproarchive.format.schema import ShapeDim, ShapePolicy
 
 #: parent graph -> its inner values' dimensions, made once per minify (every candidate asks)
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: candidate graph -> the graph it was cut from, where that is not the archive's own (a graph
+#: with a higher-order operator's subgraph inlined, whose inputs are the archive graph's)
+_CUT_FROM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note_cut_from(candidate: Any, parent: Any) -> None:
+    """Say that ``candidate`` was cut from ``parent`` (the minifier's ``Recording.build``)."""
+    _CUT_FROM[candidate] = parent
+
+
+def cut_from(candidate: Any, default: Any) -> Any:
+    """The graph ``candidate`` was cut from (``note_cut_from``), else ``default``."""
+    return _CUT_FROM.get(candidate, default)
 
 
 def inner_dims(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> Mapping[str, tuple[ShapeDim | None, ...]]:

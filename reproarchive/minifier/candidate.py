@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 from torch.fx.node import map_arg
 
+from reproarchive.codec.inner_shapes import note_cut_from
 from reproarchive.codec.tensors import nested_int_key, nested_int_owner
 from reproarchive.compat.fx_meta import forget_values
 from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
@@ -420,4 +421,5 @@ class Recording:
             env[i] = graph.node_copy(self.nodes[i], lookup)
         graph.output(tuple(env[o] for o in cand.outputs))
         gm = fx.GraphModule(self.gm, graph)
+        note_cut_from(gm, self.gm)  # its cut inputs' symbols are read from the graph it was cut from
         return gm, inputs

@@ -43,7 +43,7 @@ from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
-from reproarchive.codec.inner_shapes import inner_dims
+from reproarchive.codec.inner_shapes import cut_from, inner_dims
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 from reproarchive.minifier.job_minify import minify_job
@@ -127,7 +127,8 @@ def _write(path: Path, repro: Repro, gm, inputs, *, stats: dict | None) -> None:
     minify = as_records({"minify": stats}).minify if stats is not None else None
     only = repro.compile_only  # an absent GPU's tensors are on meta here, and are that GPU's in the archive
     pack(gm, inputs, path, records=minified_records(repro.records, repro.digest, repro.gm, gm, inputs, minify,
-                                                   inner_dims(repro.records.shapes, repro.gm, list(repro.args))),
+                                                   inner_dims(repro.records.shapes, cut_from(gm, repro.gm),
+                                                              list(repro.args))),
          custom_ops=repro.custom_ops, rng_states=repro.rng_states,
          device_names={"meta": only.absent[0]} if only is not None and only.absent else None)
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from reproarchive.codec.device_runtime import devices_of, synchronize
 from reproarchive.codec.devices import DevicePlan
-from reproarchive.codec.inner_shapes import inner_dims
+from reproarchive.codec.inner_shapes import cut_from, inner_dims
 from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.compat.inductor import inner_compiler
@@ -328,7 +328,7 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
     if gm is not None:  # a candidate, cut from the archive's graph: the recorded policy of the inputs it kept
         records = dataclasses.replace(records, parent=repro.digest, shapes=restricted(
             records.shapes, placeholder_names(repro.gm), placeholder_names(gm), args,
-            inner_dims(records.shapes, repro.gm, list(repro.args))))
+            inner_dims(records.shapes, cut_from(gm, repro.gm), list(repro.args))))
     if repro.compile_only is not None:
         return replay_compile_only(repro, settings, repro.compile_only, gm=gm, args=args, records=records)
     return replay_graph(

@@ -322,6 +322,30 @@ def test_a_value_cut_from_inside_the_graph_keeps_the_symbol_its_size_had(tmp_pat
     assert done.returncode == 1 and "a relu of a symbolic size" in done.stderr, done.stderr[-2000:]
 
 
+def test_a_value_cut_from_inside_a_cond_branch_keeps_the_symbol_its_size_had(tmp_path):
+    """As above, with the relu inside ``torch.cond``'s branch: the minifier inlines the branch and
+    cuts there, and the cut input's symbol is read from the inlined graph it was cut from (before:
+    static, so the ``t - 0.2`` before the relu stayed)."""
+    path = tmp_path / "a.tar.zst"
+    x = torch.randn(6, 3)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda x: torch.cond(x.sum() > -1e9, lambda t: torch.relu(t - 0.2) * 2, lambda t: t - 1, (x,)),
+        backend=reproarchive.capture(symbolic_backends.symbolic_relu_backend, path=path))
+    with pytest.raises(Exception, match="a relu of a symbolic size"):
+        compiled(x)
+    torch._dynamo.reset()
+    backend = symbolic_backends.SYMBOLIC_RELU
+    report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst", isolate=False, max_time=120, backend=backend)
+    small = reproarchive.load(report.output)
+    assert [n.target for n in small.gm.graph.nodes if n.op == "call_function"] == [torch.relu], report.code
+    (cut,) = small.records.shapes.inputs
+    assert [(d.kind, d.origin, d.source) for d in cut.dims] == [("backed", "mark_dynamic", None), ("static", None, None)]
+    outcome = reproarchive.run(report.output, backend=backend, isolate=False)
+    assert outcome.status == REPRODUCED and outcome.unfaithful == [], outcome.to_dict()
+
+
 def test_a_size_the_recorded_compile_fixed_is_handed_to_the_replay_as_its_symbol():
     """The compile added ``Eq(s77, 4)`` past the guards Dynamo made: Dynamo handed ``x``'s size as
     ``s77``, and so does a replay (its own compile fixes it again or not); a size Dynamo itself

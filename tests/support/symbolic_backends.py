@@ -4,9 +4,10 @@ Both are AOTAutograd backends whose forward compiler (the graph after decomposit
 post-grad passes run) inspects the fake values on the nodes: ``fails_on_free_symbols_TESTING``
 raises when any node's shape has a free symbol, ``fails_on_unbacked_TESTING`` when one has an
 unbacked symbol (``nonzero()``, ``.item()``, ``mark_unbacked``). Registered by name, so that an
-archive records a name that replay can look up. ``symbolic_relu_backend`` reads the meta Dynamo
-hands a backend and fails on a relu whose input's size is symbolic, so its smallest failing graph
-is the relu alone only where a value cut from inside the graph keeps its symbol.
+archive records a name that replay can look up. ``symbolic_relu_backend`` reads the fake values
+of AOTAutograd's graph (a cond's branches included) and fails on a relu whose input's size is
+symbolic, so its smallest failing graph is the relu alone only where a value cut from inside the
+graph keeps its symbol.
 """
 
 from __future__ import annotations
@@ -76,10 +77,17 @@ def nonzero_view(x):
 SYMBOLIC_RELU = f"{__name__}:symbolic_relu_backend"
 
 
-def symbolic_relu_backend(gm: torch.fx.GraphModule, example_inputs):
-    for node in gm.graph.nodes:
-        if node.target in (torch.relu, torch.ops.aten.relu.default) and isinstance(node.args[0], torch.fx.Node):
-            value = node.args[0].meta.get("example_value")
-            if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
+def _symbolic_relu_pass(gm, example_inputs):
+    graphs = [m.graph for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]  # a cond's branches too
+    for node in (n for g in graphs for n in g.nodes):
+        if node.target is torch.ops.aten.relu.default and isinstance(node.args[0], torch.fx.Node):
+            if free_symbols(node.args[0].meta.get("val")):
                 raise RuntimeError("a relu of a symbolic size")
-    return gm.forward
+    return gm
+
+
+_SYMBOLIC_RELU = aot_autograd(fw_compiler=_symbolic_relu_pass)
+
+
+def symbolic_relu_backend(gm, example_inputs):
+    return _SYMBOLIC_RELU(gm, example_inputs)
