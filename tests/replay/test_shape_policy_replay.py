@@ -341,7 +341,8 @@ def test_a_value_cut_from_inside_a_cond_branch_keeps_the_symbol_its_size_had(tmp
     small = reproarchive.load(report.output)
     assert [n.target for n in small.gm.graph.nodes if n.op == "call_function"] == [torch.relu], report.code
     (cut,) = small.records.shapes.inputs
-    assert [(d.kind, d.origin, d.source) for d in cut.dims] == [("backed", "mark_dynamic", None), ("static", None, None)]
+    assert [(d.kind, d.origin, d.source) for d in cut.dims] == [("backed", "mark_dynamic", None),
+                                                                 ("static", None, None)]
     outcome = reproarchive.run(report.output, backend=backend, isolate=False)
     assert outcome.status == REPRODUCED and outcome.unfaithful == [], outcome.to_dict()
 
