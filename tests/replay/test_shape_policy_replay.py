@@ -290,17 +290,15 @@ def test_a_minified_inductor_graph_keeps_dynamo_s_guards_and_its_sizes_stay_symb
     assert done.returncode == 1 and "guards" not in done.stderr, done.stderr[-2000:]
 
 
-def test_a_value_cut_from_inside_the_graph_keeps_the_symbol_its_size_had(tmp_path):
-    """The failure needs a symbolic compile (the backend fails on a relu of a symbolic size) and
-    the relu's input is computed inside the graph (``x * 2 + 1`` of an ``x`` marked dynamic). Cut
-    there, the candidate's input has ``x``'s symbol, range and origin, and no source of its own;
-    before, it was static, the cut passed, and the minified graph kept the mul and the add."""
+def _minified_to_a_symbolic_relu(tmp_path, fn):
+    """``fn`` of an ``x`` marked dynamic, captured where the backend fails on a relu of a symbolic
+    size, then minified: the minify report, the minified archive loaded, its one cut input's
+    shape record; asserts the graph is the relu alone and that ``run`` reproduces it."""
     path = tmp_path / "a.tar.zst"
     x = torch.randn(6, 3)
     torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda x: torch.relu(x * 2 + 1).sum(),
-                             backend=reproarchive.capture(symbolic_backends.symbolic_relu_backend, path=path))
+    compiled = torch.compile(fn, backend=reproarchive.capture(symbolic_backends.symbolic_relu_backend, path=path))
     with pytest.raises(Exception, match="a relu of a symbolic size"):
         compiled(x)
     torch._dynamo.reset()
@@ -308,16 +306,25 @@ def test_a_value_cut_from_inside_the_graph_keeps_the_symbol_its_size_had(tmp_pat
     report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst", isolate=False, max_time=120, backend=backend)
     small = reproarchive.load(report.output)
     assert [n.target for n in small.gm.graph.nodes if n.op == "call_function"] == [torch.relu], report.code
+    outcome = reproarchive.run(report.output, backend=backend, isolate=False)
+    assert outcome.status == REPRODUCED and outcome.unfaithful == [], outcome.to_dict()
     (cut,) = small.records.shapes.inputs
+    return report, small, cut
+
+
+def test_a_value_cut_from_inside_the_graph_keeps_the_symbol_its_size_had(tmp_path):
+    """The failure needs a symbolic compile (the backend fails on a relu of a symbolic size) and
+    the relu's input is computed inside the graph (``x * 2 + 1`` of an ``x`` marked dynamic). Cut
+    there, the candidate's input has ``x``'s symbol, range and origin, and no source of its own;
+    before, it was static, the cut passed, and the minified graph kept the mul and the add."""
+    report, small, cut = _minified_to_a_symbolic_relu(tmp_path, lambda x: torch.relu(x * 2 + 1).sum())
     assert [(d.kind, d.origin, d.min, d.max, d.source) for d in cut.dims] == [
         ("backed", "mark_dynamic", 2, 64, None), ("static", None, None, None, None)]
     assert small.args[0].shape[0] >= 2  # a size of 1 is static: the candidate that had it did not fail
-    outcome = reproarchive.run(report.output, backend=backend, isolate=False)
-    assert outcome.status == REPRODUCED and outcome.unfaithful == [], outcome.to_dict()
     # the exported script compiles the cut input on its symbol too
     reproarchive.export(report.output, tmp_path / "script")
-    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend", backend],
-                          capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, str(tmp_path / "script" / "repro.py"), "--backend",
+                           symbolic_backends.SYMBOLIC_RELU], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert done.returncode == 1 and "a relu of a symbolic size" in done.stderr, done.stderr[-2000:]
 
@@ -326,25 +333,10 @@ def test_a_value_cut_from_inside_a_cond_branch_keeps_the_symbol_its_size_had(tmp
     """As above, with the relu inside ``torch.cond``'s branch: the minifier inlines the branch and
     cuts there, and the cut input's symbol is read from the inlined graph it was cut from (before:
     static, so the ``t - 0.2`` before the relu stayed)."""
-    path = tmp_path / "a.tar.zst"
-    x = torch.randn(6, 3)
-    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
-    torch._dynamo.reset()
-    compiled = torch.compile(
-        lambda x: torch.cond(x.sum() > -1e9, lambda t: torch.relu(t - 0.2) * 2, lambda t: t - 1, (x,)),
-        backend=reproarchive.capture(symbolic_backends.symbolic_relu_backend, path=path))
-    with pytest.raises(Exception, match="a relu of a symbolic size"):
-        compiled(x)
-    torch._dynamo.reset()
-    backend = symbolic_backends.SYMBOLIC_RELU
-    report = reproarchive.minify_archive(path, tmp_path / "min.tar.zst", isolate=False, max_time=120, backend=backend)
-    small = reproarchive.load(report.output)
-    assert [n.target for n in small.gm.graph.nodes if n.op == "call_function"] == [torch.relu], report.code
-    (cut,) = small.records.shapes.inputs
+    _, _, cut = _minified_to_a_symbolic_relu(
+        tmp_path, lambda x: torch.cond(x.sum() > -1e9, lambda t: torch.relu(t - 0.2) * 2, lambda t: t - 1, (x,)))
     assert [(d.kind, d.origin, d.source) for d in cut.dims] == [("backed", "mark_dynamic", None),
                                                                  ("static", None, None)]
-    outcome = reproarchive.run(report.output, backend=backend, isolate=False)
-    assert outcome.status == REPRODUCED and outcome.unfaithful == [], outcome.to_dict()
 
 
 def test_a_size_the_recorded_compile_fixed_is_handed_to_the_replay_as_its_symbol():
