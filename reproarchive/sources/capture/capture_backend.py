@@ -124,7 +124,7 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -439,10 +439,13 @@ class _CaptureBackend(BackendArchives):
         # (the placeholders' fakes say it), not on the real inputs, which a compile takes as static
         # (a graph whose static compile fails, where the program's symbolic one does not, failed)
         policy = policy_of(pristine_gm, list(args))
-        with gc_pause.paused(), _accuracy.fair_to_randomness(pristine_gm):
+        with gc_pause.paused(), _accuracy.fair_to_randomness(pristine_gm), ExitStack() as stack:
             copy = copy_graph_structure(pristine_gm)
-            with symbolic_compile(policy, copy, list(args), None) as example:
-                return with_frame_room(self.compiler, copy, example)
+            try:
+                example = stack.enter_context(symbolic_compile(policy, copy, list(args), None))
+            except Exception:  # noqa: BLE001 - inputs the policy cannot fakify: on the real ones, as before
+                example = list(args)
+            return with_frame_room(self.compiler, copy, example)
 
     # -- config -----------------------------------------------------------------------------
 
