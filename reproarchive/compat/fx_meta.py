@@ -87,28 +87,6 @@ def aot_input_of(node: Any) -> tuple[str, Any] | None:
     return None
 
 
-def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
-    """Give every node of ``gm`` the ``example_value`` Dynamo gives the nodes of the graph it
-    hands a backend: the fake value it computes from the placeholders' ``fakes`` in
-    ``fake_mode`` (symbols, unbacked ones of ``nonzero()`` included). ``val`` is left as it
-    was: Dynamo's graph has none; AOTAutograd's tracing writes it."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    before = {n: n.meta.get("val", _NONE) for n in gm.graph.nodes}
-    FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
-    for node in gm.graph.nodes:
-        value = node.meta.get("val", _NONE)
-        if node.op != "output":  # a node that made no tensor (an assert) has Dynamo's None
-            node.meta["example_value"] = None if value is _NONE else value
-        if before.get(node, _NONE) is _NONE:
-            node.meta.pop("val", None)
-        else:
-            node.meta["val"] = before[node]
-
-
-_NONE = object()
-
-
 def fake_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> dict[str, Any]:
     """Each op node's fake tensor value when ``gm`` runs in ``fake_mode`` on the placeholders'
     ``fakes``, by node name; ``gm``'s meta is left as it was (the propagation writes ``val``

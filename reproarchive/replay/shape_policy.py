@@ -33,7 +33,8 @@ import torch
 from reproarchive.codec.shapes import ReplayShapes, fakes_for, is_symbolic, replay_shape_env
 from reproarchive.compat.dynamo import tracing_with
 from reproarchive.compat.fake import new_fake_mode, retraced
-from reproarchive.compat.fx_meta import propagate_example_values, set_example_value
+from reproarchive.compat.fx_meta import set_example_value
+from reproarchive.compat.subgraph_values import propagate_example_values
 from reproarchive.format.schema import Records, ShapePolicy, SymValue, TensorValue
 
 
@@ -139,7 +140,7 @@ def placeholder_fakes(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> t
 
 def _example_values(gm: Any, fake_mode: Any, fakes: list[Any], report: dict | None) -> None:
     """Every node's ``example_value``, as Dynamo's graph carries them for a backend that reads
-    them (``compat.fx_meta.propagate_example_values``); a graph whose fake run fails keeps its
+    them (``compat.subgraph_values.propagate_example_values``); a graph whose fake run fails keeps its
     placeholders' only, and ``report["example_values"]`` (``run --json``) says why."""
 
     try:

@@ -3,8 +3,10 @@
 
 A backend that reads the meta and then fails (``support.meta_backend``) is captured as Dynamo
 calls it, static, ``dynamic=True``, with ``mark_dynamic``, ``mark_unbacked`` and with a ``nonzero()`` whose size
-is unbacked; the replay calls the same backend, and both calls wrote down the same meta. Before,
-the replay's op nodes had no ``example_value`` (a backend reading it saw None)."""
+is unbacked, and with control flow (``cond``, ``while_loop``, ``map``: the subgraphs' nodes carry
+theirs too); the replay calls the same backend, and both calls wrote down the same meta. Before,
+the replay's op nodes had no ``example_value`` (a backend reading it saw None), and later its
+subgraphs' nodes had none."""
 
 from __future__ import annotations
 
@@ -29,6 +31,20 @@ def _nonzero(x):
     return x.nonzero().view(-1) * 2
 
 
+def _control_flow(x, y):
+    """``cond``, ``while_loop`` (whose fake kernel never runs its condition) and ``map`` with an
+    unbacked ``nonzero()`` in its body: Dynamo gives every subgraph node an ``example_value``."""
+    def small(x, y):
+        return torch.relu(x) + y.sum()
+
+    def large(x, y):
+        return x - 1
+
+    r = torch.cond(x.sum() > 0, small, large, (x, y))
+    _, r = torch._higher_order_ops.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a * 2), (torch.tensor(0), r))
+    return r, torch._higher_order_ops.map(lambda row, y: row.nonzero().sum() + y, r, y)
+
+
 def _marked():
     x = torch.randn(6, 3)
     torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
@@ -41,11 +57,19 @@ def _unbacked():
     return x, torch.randn(3, 5)
 
 
+def _marked_first(x, *rest):
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    return (x, *rest)
+
+
 CASES = {
     "static": (_matmul, lambda: (torch.randn(4, 3), torch.randn(3, 5)), {}, {}),
     "dynamic": (_matmul, lambda: (torch.randn(4, 3), torch.randn(3, 5)), {"dynamic": True}, {}),
     "mark_dynamic": (_matmul, _marked, {}, {}),
     "mark_unbacked": (_matmul, _unbacked, {}, {}),
+    "control_flow": (_control_flow, lambda: (torch.randn(4, 3), torch.randn(3)), {"fullgraph": True}, {}),
+    "control_flow_marked": (_control_flow, lambda: _marked_first(torch.randn(4, 3), torch.randn(3)),
+                            {"fullgraph": True}, {}),
     "nonzero": (_nonzero, lambda: (torch.tensor([1.0, 0.0, 2.0, 3.0]),), {"fullgraph": True},
                 {"capture_dynamic_output_shape_ops": True}),
 }
@@ -64,7 +88,7 @@ def test_the_replay_hands_the_backend_the_meta_dynamo_handed_it(name, tmp_path):
             compiled(*make_args())
     torch._dynamo.reset()
     (dynamo_gave,) = meta_backend.SEEN
-    assert all(meta is not None for _, _, meta in dynamo_gave)
+    assert all(meta is not None for _, op, _, meta in dynamo_gave if op != "get_attr")  # a subgraph's has none
     meta_backend.SEEN.clear()
     outcome = reproarchive.run(path, backend=meta_backend.BACKEND, isolate=False)
     assert outcome.status == "reproduced", outcome.to_dict()

@@ -1,0 +1,132 @@
+"""The fake values Dynamo gives the nodes of the graphs it hands a backend, made again for a
+replay's graph and for the subgraphs its higher-order operators run.
+
+A backend (or a pass it runs) may read each node's ``example_value``: Dynamo's graph carries one
+on every node, a ``cond`` branch's and a ``while_loop`` body's included. A replay's graph is
+rebuilt from the archive's code and carries none, so it gets them here.
+
+This module is bundled whole into the scripts ``export`` writes (``standalone.script``), so the
+replay and the exported script give a backend the same graph from one text: it imports the
+standard library and torch only (``tests/standalone/test_bundled_code.py`` keeps it so).
+
+How an operator's fake kernel runs its subgraphs is PyTorch's choice: checked with 2.11.0,
+2.13.0 and 2.15.0, where ``cond`` runs both branches, ``map_impl`` its body and ``while_loop``
+its body once but never its condition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
+
+PRIVATE_NAMES = (
+    'node.meta["example_value"]',
+    'node.meta["val"]',
+    "torch._ops.HigherOrderOperator",
+)
+
+
+def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
+    """Give every node of ``gm`` and of the subgraphs its higher-order operators run (``cond``'s
+    branches, ``while_loop``'s condition and body ...) the ``example_value`` Dynamo gives the
+    nodes of the graphs it hands a backend: the fake value each computes from the placeholders'
+    ``fakes`` in ``fake_mode`` (symbols, unbacked ones of ``nonzero()`` included). A subgraph's
+    values are those of the fake run the operator itself makes of it (``_run_as_called``), so
+    they share the outer graph's symbols, as Dynamo's do; a subgraph no operator ran keeps
+    none. ``val`` is left as it was: Dynamo's graph has none; AOTAutograd's tracing writes it.
+    Raises what the fake run raises, with no ``example_value`` written past the placeholders'."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    graphs = [m for m in gm.modules() if hasattr(m, "graph")]
+    before = {n: n.meta.get("val", _NONE) for g in graphs for n in g.graph.nodes}
+    ran = [gm]
+    try:
+        with _run_as_called(graphs, fake_mode, ran):
+            FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+        ran += [g for g in graphs if g not in ran and any(n.meta.get("val", _NONE) is not before[n]
+                                                          for n in g.graph.nodes)]  # run by FakeTensorProp itself
+        for owner, node in ((g, n) for g in ran for n in g.graph.nodes if n.op != "output"):
+            if _subgraph(owner, node) is not None:  # Dynamo gives a subgraph's ``get_attr`` none
+                continue
+            if owner is gm and node.op == "placeholder" and "example_value" in node.meta:
+                continue  # the caller's own fake input, as Dynamo hands it
+            value = node.meta.get("val", _NONE)  # a node that made no tensor (an assert) has Dynamo's None
+            node.meta["example_value"] = None if value is _NONE else value
+    finally:  # also where the fake run failed part way: no value of it is left under ``val``
+        for node, value in before.items():
+            if value is _NONE:
+                node.meta.pop("val", None)
+            else:
+                node.meta["val"] = value
+
+
+#: higher-order operator -> (subgraph argument its fake kernel does not run, the one it runs on the
+#: same inputs): ``while_loop``'s fake kernel runs the body once and never the condition
+_RUN_ON_THE_SAME_INPUTS = {"while_loop": (0, 1), "while_loop_stack_output": (0, 1)}
+
+
+@contextlib.contextmanager
+def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any]) -> Any:
+    """While inside, each subgraph of ``graphs`` (all but the first, the top graph) runs as a
+    fake propagation that writes ``val`` on its nodes when an operator's fake kernel calls it,
+    and is added to ``ran``. On leaving, a subgraph the kernel does not call
+    (``_RUN_ON_THE_SAME_INPUTS``) is propagated on the inputs its sibling was called with."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    subgraphs = graphs[1:]
+    called: dict[int, tuple] = {}
+
+    def runner(module: Any) -> Any:
+        def forward(*args: Any) -> Any:
+            called[id(module)] = args
+            if module not in ran:
+                ran.append(module)
+            return FakeTensorProp(module, mode=fake_mode).propagate_dont_convert_inputs(*args)
+        return forward
+
+    for module in subgraphs:
+        module.forward = runner(module)
+    try:
+        yield
+        for _ in subgraphs:  # a pass runs the subgraphs nested in what the last one ran
+            pending = [(skipped, called[id(run)]) for skipped, run in _not_run_by_their_kernel(graphs)
+                       if skipped not in ran and id(run) in called]
+            if not pending:
+                break
+            for skipped, args in pending:
+                skipped.forward(*args)
+    finally:
+        for module in subgraphs:
+            vars(module).pop("forward", None)
+
+
+def _not_run_by_their_kernel(graphs: list[Any]) -> list[tuple[Any, Any]]:
+    """(subgraph, the sibling run on its inputs) for each operator node of ``graphs`` listed in
+    ``_RUN_ON_THE_SAME_INPUTS``."""
+    from torch._ops import HigherOrderOperator
+
+    pairs = []
+    for owner in graphs:
+        for node in owner.graph.nodes:
+            if node.op != "call_function" or not isinstance(node.target, HigherOrderOperator):
+                continue
+            where = _RUN_ON_THE_SAME_INPUTS.get(node.target.name())
+            subs = [_subgraph(owner, node.args[i]) if i < len(node.args) else None for i in where or ()]
+            if where and all(sub is not None for sub in subs):
+                pairs.append((subs[0], subs[1]))
+    return pairs
+
+
+def _subgraph(owner: Any, arg: Any) -> Any:
+    """The graph module a ``get_attr`` argument of ``owner``'s graph names, or None."""
+    if getattr(arg, "op", None) != "get_attr":
+        return None
+    found = owner
+    for part in str(arg.target).split("."):
+        found = getattr(found, part, None)
+    return found if hasattr(found, "graph") else None
+
+
+_NONE = object()
