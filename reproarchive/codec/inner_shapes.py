@@ -40,25 +40,32 @@ def cut_from(candidate: Any, default: Any) -> Any:
     return _CUT_FROM.get(candidate, default)
 
 
-def inner_dims(policy: ShapePolicy | None, gm: Any, args: list[Any]) -> Mapping[str, tuple[ShapeDim | None, ...]]:
+def inner_dims(policy: ShapePolicy | None, gm: Any, args: list[Any], variant: Any = None,
+               fed_by: Mapping[str, str] | None = None) -> Mapping[str, tuple[ShapeDim | None, ...]]:
     """Node name -> per dimension of its value, the recorded dimension whose symbol its size is
     (None: static), for ``gm``'s nodes whose values have such a dimension; empty without a
     symbolic ``policy`` or where the graph does not run on fake values (an op with no fake
-    kernel): its candidates' cut inputs are then static, as before."""
+    kernel): its candidates' cut inputs are then static, as before. With ``variant`` (a graph
+    made from ``gm``: a job rank's graph that reads its collectives' values as inputs, a
+    higher-order operator inlined), the variant's nodes are described: each of its placeholders
+    is ``gm``'s of that name, or the value of ``gm``'s node ``fed_by`` names for it."""
     if policy is None or not is_symbolic(policy):
         return {}
-    made = _MADE.get(gm)
+    key = gm if variant is None else variant
+    made = _MADE.get(key)
     if made is None or made[0] is not policy:
         try:
-            made = (policy, _inner_dims(policy, gm, args))
+            made = (policy, _inner_dims(policy, gm, args, variant, fed_by or {}))
         except Exception:  # noqa: BLE001 - static cut inputs, as a graph without a policy has
             made = (policy, {})
-        _MADE[gm] = made
+        _MADE[key] = made
     return made[1]
 
 
-def _inner_dims(policy: ShapePolicy, gm: Any, args: list[Any]) -> dict[str, tuple[ShapeDim | None, ...]]:
-    shapes = fakes_for(policy, args, placeholder_names(gm))
+def _inner_dims(policy: ShapePolicy, gm: Any, args: list[Any], variant: Any,
+                fed_by: Mapping[str, str]) -> dict[str, tuple[ShapeDim | None, ...]]:
+    names = placeholder_names(gm)
+    shapes = fakes_for(policy, args, names)
     by_symbol: dict[Any, ShapeDim] = {}
     # each dimension as Dynamo handed it: a range Inductor's compile narrowed (``<= 4096``) is not a cut input's
     for rec in sorted(as_handed(policy).inputs, key=lambda r: r.kind != "tensor"):  # a tensor's dimension first
@@ -70,6 +77,11 @@ def _inner_dims(policy: ShapePolicy, gm: Any, args: list[Any]) -> dict[str, tupl
                 by_symbol.setdefault(symbol, dim)
     fakes = [arg if fake is None else fake for arg, fake in zip(args, shapes.fakes)]
     values = fake_values(gm, shapes.fake_mode, fakes)
+    if variant is not None:
+        given = dict(zip(names, fakes))
+        fed = {name: values[node] for name, node in fed_by.items() if node in values}
+        values = {**fed, **fake_values(variant, shapes.fake_mode,
+                                       [given[n] if n in given else fed[n] for n in placeholder_names(variant)])}
     out = {}
     for name, value in values.items():
         dims = tuple(by_symbol.get(_symbol(size, shapes.shape_env)) for size in value.shape)

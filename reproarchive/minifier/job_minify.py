@@ -9,7 +9,10 @@ values*, so no cut can leave one rank waiting in a collective another rank no lo
 the failing rank's graph can be searched by the ordinary minifier (``search``: cuts, truncation,
 bypasses, every candidate judged once). A candidate is the set of node names the failing rank's
 graph keeps (and its outputs); the same names are kept on every rank, whose cut inputs hold that
-rank's own recorded values, and the job of all ranks' candidates is packed and judged.
+rank's own recorded values, and the job of all ranks' candidates is packed and judged. Where the
+search inlines a higher-order operator (a ``cond``'s branch) on the failing rank, every rank's
+graph is inlined the same way first (``_SameCuts``), so names from inside the branch are found
+on every rank, and the inputs cut there keep the symbols their sizes had (``_inner_values``).
 
 The oracle is the launcher, and its processes are reused across candidates
 (``launch.LaunchedJob``): candidates hold no collectives, so a candidate leaves nothing pending
@@ -40,12 +43,13 @@ from reproarchive.archive.job_archive import RankCapture, pack_job
 from reproarchive.archive.packing import as_records
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
-from reproarchive.codec.inner_shapes import inner_dims
+from reproarchive.codec.inner_shapes import cut_from, inner_dims
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import NotFailingError, minify_with_stats
 from reproarchive.minifier.candidate import Recording
 from reproarchive.minifier.minified_records import labelled, minified_records, not_original_positions
 from reproarchive.minifier.report import MinifyReport, output_path
+from reproarchive.minifier.subgraphs import inlined_alike, inlining_steps
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.local_job import without_collectives
 from reproarchive.replay.ranks import is_collective
@@ -103,6 +107,33 @@ def _same_cut(recording: Any, kept: set[str], outs: list[str]) -> tuple[Any, lis
     return gm, inputs, recording.input_provenance(cand)
 
 
+class _SameCuts:
+    """Every rank's graph cut like the lead rank's candidate: rank -> (its cut, inputs, their
+    provenance, the graph the cut was made from). Where the lead's search inlined a higher-order
+    operator (``minifier.subgraphs``), each rank's graph is inlined alike first, so the names
+    the lead's candidate keeps from inside a subgraph are found on every rank."""
+
+    def __init__(self, free: dict[int, tuple[Any, list]], lead: int):
+        self.free, self.lead = free, lead
+        self.recordings: dict[tuple, Recording] = {}
+
+    def recording(self, rank: int, steps: list) -> Recording:
+        if (rank, tuple(steps)) not in self.recordings:
+            gm, args = self.free[rank]
+            inlined = inlined_alike(gm, steps) if steps else None
+            self.recordings[rank, tuple(steps)] = (self.recording(rank, []) if steps and inlined is None else
+                                                   Recording(gm if inlined is None else inlined, args))
+        return self.recordings[rank, tuple(steps)]
+
+    def __call__(self, gm: Any, inputs: list) -> dict[int, tuple[Any, list, list, Any]]:
+        kept, outs = _names(gm)
+        parent = cut_from(gm, gm)  # the lead's graph, or that graph with operators inlined
+        steps = inlining_steps(parent)
+        return {rank: (gm, list(inputs), [], parent) if rank == self.lead else
+                (*_same_cut(self.recording(rank, steps), kept, outs), self.recording(rank, steps).gm)
+                for rank in self.free}
+
+
 def _generated(job: Any, free: dict[int, tuple[Any, list]]) -> dict[int, set[int]]:
     """rank -> positions of its collective-free graph's inputs (``free``) that are not original
     data: its own generated inputs, and every collective's recorded value when any rank's input
@@ -116,18 +147,16 @@ def _generated(job: Any, free: dict[int, tuple[Any, list]]) -> dict[int, set[int
 class _JobOracle:
     """Judges a candidate job (every rank's graph and inputs) in a reused launched job."""
 
-    def __init__(self, job: Any, settings: ReplaySettings, timeout_s: float, folder: Path, parents: dict[int, Any],
-                 warm: bool):
+    def __init__(self, job: Any, settings: ReplaySettings, timeout_s: float, folder: Path, warm: bool):
         self.job, self.settings, self.timeout_s, self.folder, self.warm = job, settings, timeout_s, folder, warm
-        self.parents = parents  # rank -> the graph (collectives replaced) every cut is made from
         self.launched: _launch.LaunchedJob | None = None
         self.launches = 0
         self.counter = itertools.count(1)
         self.recorded = {r.rank: (r.outcome.failure if r.outcome is not None else None) for r in job.ranks}
 
-    def __call__(self, parts: dict[int, tuple[Any, list]]) -> bool:
+    def __call__(self, parts: dict[int, tuple[Any, list]], parents: dict[int, Any]) -> bool:
         archive = self.folder / f"candidate-{next(self.counter)}.tar.zst"
-        pack_parts(self.job, parts, archive, records=self.job.records, parents=self.parents)
+        pack_parts(self.job, parts, archive, records=self.job.records, parents=parents)
         try:
             if self.launched is None or not self.launched.alive:
                 self.launches += 1
@@ -162,19 +191,20 @@ def pack_parts(job: Any, parts: dict[int, tuple[Any, list]], path: Path, *, reco
         record = dataclasses.replace(r.record, graph=None, inputs=None, schedule=(), compiles=(), dtensors=())
         parent_gm = (parents or {}).get(r.rank, r.gm)
         minify = (minify_of or {}).get(r.rank, records.minify)
-        own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), minify, _inner_values(r))
+        own = minified_records(r.records, records.parent, parent_gm, gm, list(inputs), minify,
+                               _inner_values(r, parent_gm))
         captures.append(RankCapture(gm, list(inputs), record, own, r.rng_states, custom_ops=r.custom_ops))
     return pack_job(captures, path, world_size=job.world_size, backend=job.backend, groups=job.groups,
                     meshes=job.meshes)
 
 
-def _inner_values(rank: Any) -> dict[str, tuple]:
-    """The symbols of a rank's inner values (``codec.inner_shapes``), from its graph with its
-    collectives: a collective's value, an input of the graph without them, is named after it
-    (``without_collectives``) and has the symbols of the collective's output."""
-    inner = inner_dims(rank.records.shapes, rank.gm, list(rank.args))
-    return {**inner, **{f"{n.name}_value": inner[n.name] for n in rank.gm.graph.nodes
-                        if n.name in inner and is_collective(n)}}
+def _inner_values(rank: Any, parent: Any) -> Any:
+    """The symbols of the inner values (``codec.inner_shapes``) of ``parent``, the graph a rank's
+    cut was made from: its graph without collectives, or that graph with an operator inlined. Its
+    inputs are the rank's, and its collectives' values (``without_collectives`` names each after
+    its collective), whose symbols are those of the collective's output in the rank's graph."""
+    fed_by = {f"{n.name}_value": n.name for n in rank.gm.graph.nodes if is_collective(n)}
+    return inner_dims(rank.records.shapes, rank.gm, list(rank.args), None if parent is rank.gm else parent, fed_by)
 
 
 def _failing_job(ready: Any) -> Any:
@@ -204,16 +234,13 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
         warm = _launch.on_cpu_only(ready.plan.targets)  # ranks on the CPU are forked from warm imports
         values = _record_values(path, settings, job, timeout_s, folder / "record", warm)
         free = {r.rank: without_collectives(r.gm, list(r.args), values[r.rank]) for r in job.ranks}
-        recordings = {rank: Recording(gm, args) for rank, (gm, args) in free.items()}
-        oracle = _JobOracle(job, settings, timeout_s, folder, {rank: gm for rank, (gm, _) in free.items()}, warm)
-
-        def cuts_for(gm, inputs) -> dict[int, tuple[Any, list, list]]:
-            kept, outs = _names(gm)
-            return {rank: (gm, list(inputs), []) if rank == lead else _same_cut(rec, kept, outs)
-                    for rank, rec in recordings.items()}
+        oracle = _JobOracle(job, settings, timeout_s, folder, warm)
+        cuts_for = _SameCuts(free, lead)
 
         def fails(gm, inputs) -> bool:
-            return oracle({rank: (g, i) for rank, (g, i, _) in cuts_for(gm, inputs).items()})
+            cuts = cuts_for(gm, inputs)
+            return oracle({rank: (g, i) for rank, (g, i, _, _) in cuts.items()},
+                          {rank: parent for rank, (_, _, _, parent) in cuts.items()})
 
         try:
             result = minify_with_stats(free[lead][0], free[lead][1], fails, max_time=max_time, progress=progress,
@@ -233,12 +260,12 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
         cuts = cuts_for(result.gm, result.inputs)
         minify_of = {rank: as_records({"minify": stats if rank == lead else
                                        {**stats, "inputs": labelled(provenance, generated[rank])}}).minify
-                     for rank, (_, _, provenance) in cuts.items()}
+                     for rank, (_, _, provenance, _) in cuts.items()}
         stats.update(launches=oracle.launches + 1, collectives="replaced by their recorded per-rank values",
                      ranks=job.world_size, rank=lead)
         records = dataclasses.replace(job.records, parent=job.digest, minify=minify_of[lead])
-        pack_parts(job, {rank: (g, i) for rank, (g, i, _) in cuts.items()}, output, records=records,
-                   parents={rank: gm for rank, (gm, _) in free.items()}, minify_of=minify_of)
+        pack_parts(job, {rank: (g, i) for rank, (g, i, _, _) in cuts.items()}, output, records=records,
+                   parents={rank: parent for rank, (_, _, _, parent) in cuts.items()}, minify_of=minify_of)
     return MinifyReport(archive=str(path), output=str(output), parent=job.digest,
                         status="minified" if result.stats.accepted else "unchanged", stats=stats,
                         code=readable_code(result.gm), input_origins=result.input_origins)

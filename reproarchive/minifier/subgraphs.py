@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -96,7 +97,8 @@ def inline_variants(gm: fx.GraphModule, skipped: dict[str, str] | None = None
                     ) -> Iterator[tuple[str, fx.GraphModule]]:
     """Every way of inlining one higher-order operator of ``gm``: (what was inlined, new graph).
     A listed operator whose node does not have its listed layout is not inlined; ``skipped``
-    (node name -> why) collects those."""
+    (node name -> why) collects those. Each new graph remembers how it was made from ``gm``
+    (``inlining_steps``)."""
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, HigherOrderOperator):
             continue
@@ -108,16 +110,53 @@ def inline_variants(gm: fx.GraphModule, skipped: dict[str, str] | None = None
             if skipped is not None:
                 skipped[node.name] = f"{name} ({problem})"
             continue
-        if name == "flex_attention":
-            variant = _flex_dense(gm, node)
+        for k, (what, make) in enumerate(_ways(gm, node)):
+            variant = make()
             if variant is not None:
-                yield f"{node.name}: flex_attention written out densely (its score_mod inlined)", variant
-            continue
-        for what, sub, operands, outputs in _LAYOUTS[name].split(node.args):
-            body = _attr(gm, sub.target)
-            variant = _inline(gm, node.name, body, operands, outputs)
-            if variant is not None:
-                yield f"{node.name}: {name} {what}", variant
+                _MADE_FROM[variant] = (gm, (node.name, k))
+                yield f"{node.name}: {what}", variant
+
+
+def _ways(gm: fx.GraphModule, node: fx.Node) -> list[tuple[str, Callable[[], fx.GraphModule | None]]]:
+    """The ways of inlining operator ``node`` (its layout checked), in a fixed order: (what, make)."""
+    name = node.target.name()
+    if name == "flex_attention":
+        return [("flex_attention written out densely (its score_mod inlined)", lambda: _flex_dense(gm, node))]
+    return [(f"{name} {what}", lambda sub=sub, operands=operands, outputs=outputs:
+             _inline(gm, node.name, _attr(gm, sub.target), operands, outputs))
+            for what, sub, operands, outputs in _LAYOUTS[name].split(node.args)]
+
+
+#: inlined graph -> (the graph it was made from, its step: (operator node's name, which way))
+_MADE_FROM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def inlining_steps(gm: fx.GraphModule) -> list[tuple[str, int]]:
+    """How ``inline_variants`` made ``gm`` from a graph it did not make, step by step (empty:
+    ``gm`` is not an inlined graph)."""
+    steps = []
+    while gm in _MADE_FROM:
+        gm, step = _MADE_FROM[gm]
+        steps.append(step)
+    return steps[::-1]
+
+
+def inlined_alike(gm: fx.GraphModule, steps: list[tuple[str, int]]) -> fx.GraphModule | None:
+    """``gm`` inlined by the same ``steps`` (``inlining_steps``) as another graph of the same
+    program (another rank's); None where ``gm`` does not have an operator node of that name and
+    layout, or that way of inlining it fails."""
+    for name, k in steps:
+        node = next((n for n in gm.graph.nodes if n.name == name), None)
+        if node is None or node.op != "call_function" or not isinstance(node.target, HigherOrderOperator) \
+                or node.target.name() not in _LAYOUTS or layout_problem(gm, node) is not None:
+            return None
+        ways = _ways(gm, node)
+        inlined = ways[k][1]() if k < len(ways) else None
+        if inlined is None:
+            return None
+        _MADE_FROM[inlined] = (gm, (name, k))
+        gm = inlined
+    return gm
 
 
 def _attr(gm: fx.GraphModule, path: str) -> Any:

@@ -64,3 +64,21 @@ def test_a_node_of_another_layout_is_left_whole_and_said_so(graphs, change, reas
             "layout reproarchive.minifier.subgraphs reads; it is cut around, whole"]
     finally:
         cond.args = before
+
+
+def test_another_rank_s_graph_is_inlined_the_way_one_rank_s_was(graphs):
+    """A job's minify inlines an operator on the failing rank; every other rank's graph (the same
+    program, its own copy) is inlined the same way (``inlined_alike``), step by step, nested too."""
+    import copy
+
+    for name, level, gm in graphs:
+        for _, once in subgraphs.inline_variants(gm):
+            nested = next(subgraphs.inline_variants(once), (None, None))[1]  # a second operator, if any
+            for inlined in (once, nested) if nested is not None else (once,):
+                steps = subgraphs.inlining_steps(inlined)
+                assert steps and steps[0][0] in {n.name for n in _hops(gm)}, (level, name, steps)
+                alike = subgraphs.inlined_alike(copy.deepcopy(gm), steps)
+                assert alike is not None and alike.code == inlined.code, (level, name, steps)
+    gm, cond = _cond_graph(graphs)
+    assert subgraphs.inlined_alike(gm, [("no_such_node", 0)]) is None
+    assert subgraphs.inlined_alike(gm, [(cond.name, 7)]) is None

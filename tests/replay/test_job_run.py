@@ -313,7 +313,8 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
 def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_rank(inductor_job, tmp_path):
     """The candidates keep the job's custom-op calls (the ranks stand in for the op) and each
     rank's own records (config, generator states, shape policy): the minifier starts from a job
-    that reproduces, and ends at the relu the injected bug breaks, cut the same way on both ranks."""
+    that reproduces, and ends at the relu the injected bug breaks inside a cond's branch, cut the
+    same way on both ranks."""
     import reproarchive
 
     result = invoke("run", "--minify", inductor_job, "-o", tmp_path / "min.tar.zst", "--timeout", "30", "--json")
@@ -327,7 +328,10 @@ def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_r
     assert injector not in job.rank(0).records.config.changed.get("torch._inductor.config", {})
     assert job.failing_rank == 1 and job.records.parent == report["parent"]
     assert all(r.records.rng is not None and r.records.rng.generators for r in job.ranks)  # each rank's kept
-    # the relu's input, cut from after the all_reduce, keeps the symbol its size had (it was static)
+    # the relu sits in a cond's branch, which the search inlined on rank 1: rank 0's graph was inlined
+    # alike and cut the same way (before, its cut was empty and kept no input)
+    assert all("torch.relu" in r.gm.code and "cond" not in r.gm.code and len(r.args) == 1 for r in job.ranks)
+    # that input, cut from inside the branch, keeps the symbol its size had (it was static)
     for r in job.ranks:
         (cut,) = r.records.shapes.inputs
         assert [(d.kind, d.origin, d.source) for d in cut.dims] == [("backed", "dynamic=True", None)], cut

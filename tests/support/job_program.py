@@ -15,7 +15,8 @@ third: rank 1's 3rd call indexes out of range (an IndexError before its collecti
 inductor: inductor on every rank, its C++ relu bug injected through its config on rank 1 alone
        (2 ranks): rank 1's compile fails, rank 0's graph passes; the graph calls a custom op this
        program defines (a replay's ranks do not have it: they stand in for it), draws random
-       numbers (dropout) and is compiled with dynamic shapes
+       numbers (dropout), holds the relu in a torch.cond's branch and is compiled with dynamic
+       shapes
 cond:  inductor on every rank over a torch.cond whose true branch holds the relu that inductor's
        C++ bug, injected through its config on rank 1 alone, breaks (2 ranks, dynamic shapes)
 """
@@ -74,8 +75,9 @@ def step(x, w):
     y = funcol.all_reduce(x.sum() * w, "sum", dist.group.WORLD)
     if mode == "hang" and rank == 0:  # rank 1 takes the other branch and skips this collective
         y = funcol.all_reduce(y * 2, "sum", dist.group.WORLD)
-    if mode == "inductor":
-        y = torch.relu(torch.nn.functional.dropout(y, 0.5) - 0.5)
+    if mode == "inductor":  # the relu inside a cond's branch: a minify inlines it to cut there
+        y = torch.cond(y.sum() > -1e9, lambda t: torch.relu(t - 0.5), lambda t: t - 1,
+                       (torch.nn.functional.dropout(y, 0.5),))
     return y + 1
 
 
