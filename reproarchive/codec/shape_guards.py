@@ -31,7 +31,7 @@ import torch
 from reproarchive.compat.dynamo import constant_source
 from reproarchive.compat.fake import shape_env_of_fake
 from reproarchive.compat.fx_meta import example_value_of, graph_arg_of
-from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
+from reproarchive.compat.shape_guard_text import rendered_guards
 from reproarchive.format.schema import ShapeEntry, ShapePolicy
 
 _NOTED: weakref.WeakKeyDictionary[Any, ShapeEntry] = weakref.WeakKeyDictionary()
@@ -71,25 +71,6 @@ def policy_guards(shape_env, values: Sequence[Any], sources: Sequence[str | None
         return rendered_guards(shape_env, values, [source_named(s) if s else None for s in sources])
     except Exception:  # noqa: BLE001 - guards that cannot be rendered are left out
         return []
-
-
-def rendered_guards(shape_env, values: Sequence[Any], sources: Sequence[Any]) -> list[str]:
-    """``shape_env``'s guards over the tensors and symbolic scalars of ``values`` that have a
-    source, leaving out a scalar that is the size of one of those tensors (Dynamo's ``s77``
-    placeholder next to ``x``: it would only add ``L['x'].size()[0] == L['x'].size()[0]``)."""
-    in_tensors = {s.node.expr for v in values if isinstance(v, torch.Tensor) for s in v.shape
-                  if isinstance(s, torch.SymInt)}
-    fakes, srcs = [], []
-    for value, source in zip(values, sources):
-        if source is None or not isinstance(value, (torch.Tensor, torch.SymInt)):
-            continue
-        if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
-            continue  # a nested jagged tensor: torch renders its guards only with Dynamo's symbolic context
-        if isinstance(value, torch.SymInt) and value.node.expr in in_tensors:
-            continue
-        fakes.append(value)
-        srcs.append(source)
-    return list(shape_env.produce_guards(fakes, srcs)) if fakes else []
 
 
 def source_named(name: str):

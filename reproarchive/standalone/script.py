@@ -462,7 +462,7 @@ def loading_block() -> str:
 
 #: library modules whose text the exported scripts carry: each imports the standard library and
 #: torch only (``tests/standalone/test_bundled_code.py``)
-BUNDLED = ("reproarchive.compat.subgraph_values",)
+BUNDLED = ("reproarchive.compat.subgraph_values", "reproarchive.compat.shape_guard_text")
 
 
 def bundled_source(module: str) -> str:
