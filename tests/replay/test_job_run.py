@@ -234,10 +234,10 @@ def inductor_job(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job, tmp_path):
-    """Rank 1 alone set the bug injector: its records say so, rank 0's do not, and every way of
-    replaying the job replays rank 0 without it (it passes; it was not a different failure), with
-    its own generator states (the graph draws dropout) and symbolic shapes (dynamic=True), so the
-    pass is a faithful one.
+    """Rank 1 alone set the bug injector (it breaks the relu in a cond's true branch): its records
+    say so, rank 0's do not, and every way of replaying the job replays rank 0 without it (it
+    passes; it was not a different failure), with its own generator states (the graph draws
+    dropout) and symbolic shapes (dynamic=True), so the pass is a faithful one.
     The program's custom op is recorded with both ranks' calls, and every replay (whose ranks
     do not have the op) stands in for it on each rank with that rank's call."""
     import reproarchive
@@ -285,6 +285,7 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     blocks = {int(b[0]): b for b in body.split("if rank == ")[1:]}  # each rank's settings
     assert injector in blocks[1] and injector not in blocks.get(0, "")
     assert "_stand_in('jobtest::shifted.default'" in script  # the script's ranks lack the op too
+    assert "_install(root, 'cond_true_0'" in script  # each rank's cond branches, rebuilt as submodules
     # each rank sets its own generator states before its call, as the single-graph script does
     import ast
     import re

@@ -17,8 +17,6 @@ inductor: inductor on every rank, its C++ relu bug injected through its config o
        program defines (a replay's ranks do not have it: they stand in for it), draws random
        numbers (dropout), holds the relu in a torch.cond's branch and is compiled with dynamic
        shapes
-cond:  inductor on every rank over a torch.cond whose true branch holds the relu that inductor's
-       C++ bug, injected through its config on rank 1 alone, breaks (2 ranks, dynamic shapes)
 """
 import os
 import sys
@@ -52,11 +50,11 @@ def backend(gm, example_inputs):
     return gm.forward
 
 
-if mode in ("inductor", "cond") and rank == 1:
+if mode == "inductor" and rank == 1:
     import torch._inductor.config
 
     torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
-compiler = "inductor" if mode in ("inductor", "cond") else backend
+compiler = "inductor" if mode == "inductor" else backend
 
 
 @torch.library.custom_op("jobtest::shifted", mutates_args=())
@@ -107,13 +105,6 @@ elif mode == "third":
         torch.save(states, f"{out}.rng-{rank}.pt")
         pick(torch.full((4,), float(rank + call)), torch.linspace(0, 1, 4),
              torch.tensor([9 if rank == 1 and call == 2 else call]))
-elif mode == "cond":
-    @torch.compile(backend=compiler if plain else reproarchive.capture(compiler, path=out), dynamic=True)
-    def branches(x):
-        y = torch.cond(x.sum() > 0, lambda t: torch.relu(t) + 1, lambda t: t - 1, (x,))
-        return funcol.all_reduce(y, "sum", dist.group.WORLD)
-
-    branches(torch.full((8,), float(rank + 1)))
 elif mode == "every":
     try:
         step(torch.full((4,), float(rank)), torch.linspace(0, 1, 4))
