@@ -37,14 +37,12 @@ def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
     they share the outer graph's symbols, as Dynamo's do; a subgraph no operator ran keeps
     none. ``val`` is left as it was: Dynamo's graph has none; AOTAutograd's tracing writes it.
     Raises what the fake run raises, with no ``example_value`` written past the placeholders'."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     graphs = [m for m in gm.modules() if hasattr(m, "graph")]
     before = {n: n.meta.get("val", _NONE) for g in graphs for n in g.graph.nodes}
     ran = [gm]
     try:
         with _run_as_called(graphs, fake_mode, ran):
-            FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*fakes)
+            _propagation(gm, fake_mode).propagate_dont_convert_inputs(*fakes)
         ran += [g for g in graphs if g not in ran and any(n.meta.get("val", _NONE) is not before[n]
                                                           for n in g.graph.nodes)]  # run by FakeTensorProp itself
         for owner, node in ((g, n) for g in ran for n in g.graph.nodes if n.op != "output"):
@@ -62,6 +60,28 @@ def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
                 node.meta["val"] = value
 
 
+def _propagation(gm: Any, fake_mode: Any) -> Any:
+    """torch's ``FakeTensorProp`` of ``gm``, writing every node's value as Dynamo has it: a
+    ``torch.Size`` stays one (``FakeTensorProp`` writes a tuple), and an ``invoke_subgraph`` node,
+    whose value ``FakeTensorProp`` returns without writing it, gets it written."""
+    import torch
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    class Propagation(FakeTensorProp):
+        def run_node(self, n: Any) -> Any:
+            before = n.meta.get("val", _NONE)
+            result = super().run_node(n)
+            written = n.meta.get("val", _NONE) is not before
+            if isinstance(result, torch.Size):
+                n.meta["val"] = torch.Size(n.meta["val"] if written else result)
+            elif not written and isinstance(result, (tuple, list)) \
+                    and all(isinstance(v, (torch.Tensor, torch.SymInt, int, float, bool)) for v in result):
+                n.meta["val"] = tuple(result)
+            return result
+
+    return Propagation(gm, mode=fake_mode)
+
+
 #: higher-order operator -> (subgraph argument its fake kernel does not run, the one it runs on the
 #: same inputs): ``while_loop``'s fake kernel runs the body once and never the condition
 _RUN_ON_THE_SAME_INPUTS = {"while_loop": (0, 1), "while_loop_stack_output": (0, 1)}
@@ -73,8 +93,6 @@ def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any]) -> Any:
     fake propagation that writes ``val`` on its nodes when an operator's fake kernel calls it,
     and is added to ``ran``. On leaving, a subgraph the kernel does not call
     (``_RUN_ON_THE_SAME_INPUTS``) is propagated on the inputs its sibling was called with."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     subgraphs = graphs[1:]
     called: dict[int, tuple] = {}
 
@@ -83,7 +101,7 @@ def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any]) -> Any:
             called[id(module)] = args
             if module not in ran:
                 ran.append(module)
-            return FakeTensorProp(module, mode=fake_mode).propagate_dont_convert_inputs(*args)
+            return _propagation(module, fake_mode).propagate_dont_convert_inputs(*args)
         return forward
 
     for module in subgraphs:

@@ -3,8 +3,8 @@
 
 A backend that reads the meta and then fails (``support.meta_backend``) is captured as Dynamo
 calls it, static, ``dynamic=True``, with ``mark_dynamic``, ``mark_unbacked`` and with a ``nonzero()`` whose size
-is unbacked, and with control flow (``cond``, ``while_loop``, ``map``: the subgraphs' nodes carry
-theirs too); the replay calls the same backend, and both calls wrote down the same meta. Before,
+is unbacked, and with control flow (``cond``, ``while_loop``, ``map``, ``invoke_subgraph``: the
+subgraphs' nodes carry theirs too); the replay calls the same backend, and both calls wrote down the same meta. Before,
 the replay's op nodes had no ``example_value`` (a backend reading it saw None), and later its
 subgraphs' nodes had none."""
 
@@ -57,6 +57,17 @@ def _unbacked():
     return x, torch.randn(3, 5)
 
 
+@torch.compiler.nested_compile_region
+def _region(x, y):
+    return torch.relu(x) @ y + x.nonzero().shape[0]
+
+
+def _regions(x, y):
+    """A region compiled once and called twice (``invoke_subgraph``, whose value torch's fake
+    propagation does not write), reading a ``torch.Size``."""
+    return _region(x, y) + _region(x * 2, y)
+
+
 def _marked_first(x, *rest):
     torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
     return (x, *rest)
@@ -70,6 +81,8 @@ CASES = {
     "control_flow": (_control_flow, lambda: (torch.randn(4, 3), torch.randn(3)), {"fullgraph": True}, {}),
     "control_flow_marked": (_control_flow, lambda: _marked_first(torch.randn(4, 3), torch.randn(3)),
                             {"fullgraph": True}, {}),
+    "invoke_subgraph": (_regions, lambda: (torch.randn(4, 4), torch.randn(4, 4)), {"fullgraph": True, "dynamic": True},
+                        {"capture_dynamic_output_shape_ops": True}),
     "nonzero": (_nonzero, lambda: (torch.tensor([1.0, 0.0, 2.0, 3.0]),), {"fullgraph": True},
                 {"capture_dynamic_output_shape_ops": True}),
 }
