@@ -10,8 +10,11 @@ replay and the exported script give a backend the same graph from one text: it i
 standard library and torch only (``tests/standalone/test_bundled_code.py`` keeps it so).
 
 How an operator's fake kernel runs its subgraphs is PyTorch's choice: checked with 2.11.0,
-2.13.0 and 2.15.0, where ``cond`` runs both branches, ``map_impl`` its body and ``while_loop``
-its body once but never its condition.
+2.13.0 and 2.15.0, where ``cond`` runs both branches, ``map_impl`` and ``scan`` their bodies,
+``while_loop`` its body once but never its condition, activation checkpointing its body through
+an FX interpreter, and torch's fake propagation runs ``invoke_subgraph``'s itself. A subgraph
+whose inputs the operator makes itself (``flex_attention``'s ``score_mod``: a score and four
+indices) and that its kernel does not call as a module keeps none.
 """
 
 from __future__ import annotations
@@ -82,17 +85,20 @@ def _propagation(gm: Any, fake_mode: Any) -> Any:
     return Propagation(gm, mode=fake_mode)
 
 
-#: higher-order operator -> (subgraph argument its fake kernel does not run, the one it runs on the
-#: same inputs): ``while_loop``'s fake kernel runs the body once and never the condition
-_RUN_ON_THE_SAME_INPUTS = {"while_loop": (0, 1), "while_loop_stack_output": (0, 1)}
+#: higher-order operator -> (the argument holding a subgraph its fake kernel does not call as a
+#: module, where that subgraph's inputs are): ``while_loop``'s kernel runs the body once and never
+#: the condition, which takes the body's inputs (``("sibling", 1)``); activation checkpointing
+#: runs its body through an FX interpreter, on the operator's arguments after it (``("after", 0)``)
+_NOT_CALLED = {"while_loop": (0, ("sibling", 1)), "while_loop_stack_output": (0, ("sibling", 1)),
+               "tag_activation_checkpoint": (0, ("after", 0))}
 
 
 @contextlib.contextmanager
 def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any]) -> Any:
     """While inside, each subgraph of ``graphs`` (all but the first, the top graph) runs as a
     fake propagation that writes ``val`` on its nodes when an operator's fake kernel calls it,
-    and is added to ``ran``. On leaving, a subgraph the kernel does not call
-    (``_RUN_ON_THE_SAME_INPUTS``) is propagated on the inputs its sibling was called with."""
+    and is added to ``ran``. On leaving, a subgraph the kernel does not call (``_NOT_CALLED``)
+    is propagated on the inputs it would have had."""
     subgraphs = graphs[1:]
     called: dict[int, tuple] = {}
 
@@ -109,32 +115,41 @@ def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any]) -> Any:
     try:
         yield
         for _ in subgraphs:  # a pass runs the subgraphs nested in what the last one ran
-            pending = [(skipped, called[id(run)]) for skipped, run in _not_run_by_their_kernel(graphs)
-                       if skipped not in ran and id(run) in called]
+            pending = [(sub, args) for sub, args in _not_called(graphs, ran, called) if sub not in ran]
             if not pending:
                 break
-            for skipped, args in pending:
-                skipped.forward(*args)
+            for sub, args in pending:
+                sub.forward(*args)
     finally:
         for module in subgraphs:
             vars(module).pop("forward", None)
 
 
-def _not_run_by_their_kernel(graphs: list[Any]) -> list[tuple[Any, Any]]:
-    """(subgraph, the sibling run on its inputs) for each operator node of ``graphs`` listed in
-    ``_RUN_ON_THE_SAME_INPUTS``."""
+def _not_called(graphs: list[Any], ran: list[Any], called: dict[int, tuple]) -> list[tuple[Any, list]]:
+    """(subgraph, its inputs) for each subgraph of an operator node of a graph in ``ran`` listed
+    in ``_NOT_CALLED`` whose inputs are known: its sibling was called, or its operands have
+    their fake values."""
     from torch._ops import HigherOrderOperator
 
-    pairs = []
-    for owner in graphs:
+    found = []
+    for owner in (g for g in graphs if g in ran):
         for node in owner.graph.nodes:
-            if node.op != "call_function" or not isinstance(node.target, HigherOrderOperator):
+            if node.op != "call_function" or not isinstance(node.target, HigherOrderOperator) \
+                    or node.target.name() not in _NOT_CALLED:
                 continue
-            where = _RUN_ON_THE_SAME_INPUTS.get(node.target.name())
-            subs = [_subgraph(owner, node.args[i]) if i < len(node.args) else None for i in where or ()]
-            if where and all(sub is not None for sub in subs):
-                pairs.append((subs[0], subs[1]))
-    return pairs
+            at, (kind, where) = _NOT_CALLED[node.target.name()]
+            sub = _subgraph(owner, node.args[at]) if at < len(node.args) else None
+            if sub is None:
+                continue
+            if kind == "sibling":
+                sibling = _subgraph(owner, node.args[where]) if where < len(node.args) else None
+                if sibling is not None and id(sibling) in called:
+                    found.append((sub, list(called[id(sibling)])))
+            else:
+                operands = [a.meta.get("val", _NONE) if hasattr(a, "meta") else a for a in node.args[at + 1 + where:]]
+                if all(v is not _NONE for v in operands):
+                    found.append((sub, operands))
+    return found
 
 
 def _subgraph(owner: Any, arg: Any) -> Any:

@@ -2,11 +2,11 @@
 ``example_value``, fake tensors with the recorded symbols (``s77``, an unbacked ``u0``).
 
 A backend that reads the meta and then fails (``support.meta_backend``) is captured as Dynamo
-calls it, static, ``dynamic=True``, with ``mark_dynamic``, ``mark_unbacked`` and with a ``nonzero()`` whose size
-is unbacked, and with control flow (``cond``, ``while_loop``, ``map``, ``invoke_subgraph``: the
-subgraphs' nodes carry theirs too); the replay calls the same backend, and both calls wrote down the same meta. Before,
-the replay's op nodes had no ``example_value`` (a backend reading it saw None), and later its
-subgraphs' nodes had none."""
+calls it, static, ``dynamic=True``, with ``mark_dynamic``, ``mark_unbacked``, with a
+``nonzero()`` whose size is unbacked, and with subgraphs (``cond``, ``while_loop``, ``map``,
+``invoke_subgraph``, activation checkpointing: their nodes carry theirs too); the replay calls
+the same backend, and both calls wrote down the same meta. Before, the replay's op nodes had no
+``example_value`` (a backend reading it saw None), and later its subgraphs' nodes had none."""
 
 from __future__ import annotations
 
@@ -68,6 +68,11 @@ def _regions(x, y):
     return _region(x, y) + _region(x * 2, y)
 
 
+def _checkpointed(x, y):
+    """Activation checkpointing, whose kernel runs its body through an FX interpreter."""
+    return torch.utils.checkpoint.checkpoint(lambda a, b: torch.relu(a) @ b, x, y, use_reentrant=False).sum()
+
+
 def _marked_first(x, *rest):
     torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
     return (x, *rest)
@@ -83,6 +88,8 @@ CASES = {
                             {"fullgraph": True}, {}),
     "invoke_subgraph": (_regions, lambda: (torch.randn(4, 4), torch.randn(4, 4)), {"fullgraph": True, "dynamic": True},
                         {"capture_dynamic_output_shape_ops": True}),
+    "checkpoint": (_checkpointed, lambda: (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)),
+                   {"fullgraph": True}, {}),
     "nonzero": (_nonzero, lambda: (torch.tensor([1.0, 0.0, 2.0, 3.0]),), {"fullgraph": True},
                 {"capture_dynamic_output_shape_ops": True}),
 }
