@@ -109,6 +109,17 @@ def check_groups_joined(index: Index) -> None:
         "read it without running)")
 
 
+def unjoined_collective(gm: Any) -> Collective | None:
+    """The first collective an fx graph (its subgraphs included) calls on a process group this
+    process has not joined, or None: a graph that issues one replays only as its job."""
+    for module in gm.modules():
+        for node in getattr(getattr(module, "graph", None), "nodes", ()):
+            call = collective_of(node)
+            if call is not None and call.op != "wait_tensor" and not _group_exists(call.group):
+                return call
+    return None
+
+
 def _group_exists(name: str | None) -> bool:
     try:
         if name is None or not dist.is_available() or not dist.is_initialized():

@@ -366,7 +366,10 @@ def same_failure(recorded: FailureRecord | None, observed: FailureRecord | None)
 
     An unknown recorded failure matches any failure of the same stage class, because the
     archive never knew more than "it failed"; a crash recorded without its signal (written
-    before the process died) matches a crash by any signal, for the same reason.
+    before the process died) matches a crash by any signal, for the same reason. A type recorded
+    without its module (a TORCH_TRACE log names ``CppCompileError``, not
+    ``torch._inductor.exc.CppCompileError``) matches the observed type of that name, for the
+    same reason.
     """
     if observed is None or recorded is None:
         return False
@@ -376,10 +379,19 @@ def same_failure(recorded: FailureRecord | None, observed: FailureRecord | None)
         return observed.stage == "crash"  # written before the crash, the signal unknown
     if not recorded.signature:
         return False
+    seen = observed.signature
+    if recorded.exception_type and "." not in recorded.exception_type:
+        seen = _unqualified(seen)
     # an archive recorded before diagnostics were signed knows less: it matches on the rest
-    return recorded.signature == observed.signature or (
-        DIAGNOSTIC_MARK not in recorded.signature
-        and observed.signature.startswith(recorded.signature + DIAGNOSTIC_MARK))
+    return recorded.signature == seen or (
+        DIAGNOSTIC_MARK not in recorded.signature and seen.startswith(recorded.signature + DIAGNOSTIC_MARK))
+
+
+def _unqualified(signature_text: str) -> str:
+    """``signature_text`` with its exception type's module left out."""
+    stage, sep, rest = signature_text.partition("|")
+    exc_type, sep2, tail = rest.partition("|")
+    return f"{stage}{sep}{exc_type.rpartition('.')[2]}{sep2}{tail}" if sep else signature_text
 
 
 # A line in which a compiler reports an error (not a warning or a note): g++/clang/nvcc

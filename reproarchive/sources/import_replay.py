@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from reproarchive.codec.collectives import unjoined_collective
 from reproarchive.codec.devices import graph_devices, is_available
 from reproarchive.compat.dynamo import repro_forward_only
 from reproarchive.context import failure as fail
@@ -82,6 +83,12 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
     if missing:
         why = (f"the graph runs on {', '.join(missing)}, which this machine does not have; not replayed "
                "(a replay on another device would record another program's failure)")
+        return fail.unknown_record(why, backend=backend), {"performed": False, "reason": why}
+    unjoined = unjoined_collective(gm)
+    if unjoined is not None:
+        why = (f"the graph calls collective {unjoined.op} on process group {unjoined.group!r}, which this process "
+               "has not joined: it replays only as its job, every rank launched (`reproarchive run` of the job "
+               "archive); not replayed")
         return fail.unknown_record(why, backend=backend), {"performed": False, "reason": why}
     inputs, generated = _concrete(gm, args)
     notes: dict[str, Any] = {"performed": True, "generated_inputs": generated}

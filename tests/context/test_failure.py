@@ -59,6 +59,28 @@ def test_an_archive_signed_before_diagnostics_still_matches(tmp_path):
     assert not same_failure(observed, dataclasses.replace(observed, signature=old.signature + DIAGNOSTIC_MARK + "x"))
 
 
+def test_a_type_a_log_names_without_its_module_matches_the_replay_s_qualified_one(tmp_path):
+    """A TORCH_TRACE log names ``CppCompileError``; the replay raises
+    ``torch._inductor.exc.CppCompileError``: the same failure (``run`` said DIFFERENT FAILURE)."""
+    import dataclasses
+
+    from reproarchive.context.failure import record_from_exception, same_failure
+
+    observed = record_from_exception(_cpp_compile_error(tmp_path, _UNDECLARED), "compile")
+    qualified = observed.exception_type
+    assert "." in qualified
+
+    def named(record, exc_type):
+        return dataclasses.replace(record, exception_type=exc_type,
+                                   signature=record.signature.replace(f"|{qualified}|", f"|{exc_type}|"))
+
+    logged = named(observed, qualified.rpartition(".")[2])
+    assert same_failure(logged, observed)
+    assert not same_failure(observed, logged)  # a qualified record asks for the qualified type
+    assert not same_failure(logged, named(observed, "torch._inductor.exc.LoweringException"))
+    assert not same_failure(named(observed, "LoweringException"), observed)
+
+
 def test_inspect_and_run_show_the_compiler_errors(tmp_path):
     import torch
     from click.testing import CliRunner

@@ -211,7 +211,8 @@ def test_a_launch_that_starts_no_rank_never_passes(archives):
 @pytest.fixture(scope="module")
 def inductor_job(tmp_path_factory):
     """A real 2-rank gloo job under ``capture -- torchrun``: inductor on both ranks, its C++ relu
-    bug injected through its config on rank 1 alone (built once for the run: read-only)."""
+    bug injected through its config on rank 1 alone (built once for the run: read-only). The job
+    ran with TORCH_TRACE too: its logs are in the ``trace`` folder beside ``out``."""
     from pathlib import Path
 
     from support.shared_fixture import built_once
@@ -219,7 +220,8 @@ def inductor_job(tmp_path_factory):
     root = Path(__file__).resolve().parents[2]
 
     def build(folder: Path) -> Path:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "REPROARCHIVE_JOB_WAIT_S": "30"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "REPROARCHIVE_JOB_WAIT_S": "30",
+               "TORCH_TRACE": str(folder / "trace")}
         done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", "capture", "-o",
                                str(folder / "out"), "--json", "--", sys.executable, "-m", "torch.distributed.run",
                                "--standalone", "--nproc-per-node=2",
@@ -308,6 +310,31 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     # rank 0 compiles and runs without the bug, then loses its peer, as recorded
     assert not [line for line in done.stderr.splitlines() if line.startswith("[rank0]") and "Compile" in line]
     assert "shape guards differ" not in done.stderr and "no call with inputs" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_real_inductor_job_s_torch_trace_logs_pack_into_a_job_that_reproduces_on_rank_1(inductor_job, tmp_path):
+    """The same job's TORCH_TRACE folder (a log per rank; the graph holds a cond, so the Dynamo
+    graph is packed) makes one job archive whose `run` reproduces rank 1's failure. Before, the
+    pack stopped at the program's custom op ("not supported from a log", a wrong hint); then the
+    pack's replay of each rank's graph alone, which issues an all_reduce, recorded nothing true;
+    and the log's unqualified CppCompileError was a DIFFERENT FAILURE from the replay's."""
+    import reproarchive
+
+    trace = inductor_job.parent.parent / "trace"
+    assert len(list(trace.glob("dedicated_log_torch_trace_rank_*.log"))) == 2
+    packed = invoke("pack", trace, "-o", tmp_path, "--json")
+    assert packed.exit_code == 0, packed.output
+    report = json.loads(packed.stdout)
+    for written in report["archives"]:  # each rank's graph calls the op; its graph alone cannot replay
+        assert any("jobtest::shifted.default, not registered here: stood in" in w for w in written["warnings"])
+        assert written["replay"]["performed"] is False and "replays only as its job" in written["replay"]["reason"]
+    # read, not loaded: loading installs a stand-in, and this process has one from the capture's archive
+    assert [op.name for op in reproarchive.inspect(report["job"]["archive"]).custom_ops] == ["jobtest::shifted.default"]
+    launched = json.loads(invoke("run", report["job"]["archive"], "--json").stdout)
+    assert (launched["status"], launched["rank"], launched["exit_code"]) == ("reproduced", 1, 1), launched
+    [one] = [r for r in launched["ranks"] if r["rank"] == 1]
+    assert one["outcome"]["observed"]["exception_type"].endswith("CppCompileError")
 
 
 @pytest.mark.slow

@@ -121,16 +121,18 @@ def _argument_type(node: ast.AST) -> str:
 
 def missing_ops(source: str, annotated: str | None) -> dict[str, dict[str, Any]]:
     """``ns::op.overload`` -> {schema, outputs: [(dtype, shape, stride, device)]} for each op the
-    script calls that this process does not have. The schema is inferred from the first call
+    script calls that this process does not have (a stand-in an earlier compile installed
+    included: each compile's archive records its own). The schema is inferred from the first call
     site (a tensor per variable, the type of each literal, one tensor result); the outputs from
     the shapes ``annotated`` (the log's graph code with types) gives the same call, if any."""
     from reproarchive.codec.custom_ops import TORCH_NAMESPACES, registered_here
+    from reproarchive.codec.stand_ins import is_stand_in
 
     found: dict[str, dict[str, Any]] = {}
     for m in _OP_CALL.finditer(source):
         ns, op, overload = m.groups()
         name = f"{ns}::{op}.{overload}"
-        if ns in TORCH_NAMESPACES or name in found or registered_here(name) is not None:
+        if ns in TORCH_NAMESPACES or name in found or (registered_here(name) is not None and not is_stand_in(name)):
             continue
         call = _call_at(source, m.start())
         if call is None:

@@ -20,6 +20,8 @@ from typing import Any
 from reproarchive.compat.pytree import graph_code_modules
 from reproarchive.errors import PackError, SourceError
 from reproarchive.sources import import_replay, repro_module
+from reproarchive.sources.dump import pack_child
+from reproarchive.sources.dump.foreign_runnable import Guarded
 
 _ANNOTATION = re.compile(r"^(?P<dtype>[a-z][a-z0-9]*)\[(?P<shape>[^\]]*)\](?:\[(?P<stride>[^\]]*)\])?"
                          r"(?P<device>[a-z]+(?::\d+)?)?$")
@@ -79,6 +81,17 @@ def _eval_dim(expr: Any, hints: dict[str, int]) -> int | None:
     except (ValueError, ZeroDivisionError, TypeError):
         return None
     return value if isinstance(value, int) else None
+
+
+def _at_hints(code: str, hints: dict[str, int]) -> str:
+    """``code`` with each annotation's sizes and strides evaluated at the hints ("f32[s77][1]cpu"
+    becomes "f32[4][1]cpu"): the output shapes a stand-in for a custom op the log's graph calls
+    gives, as the inputs built from the log have them (a size that does not evaluate stays)."""
+    def evaluated(text: str) -> str:
+        return ", ".join(str(v) if (v := _eval_dim(d, hints)) is not None else d for d in _dims(text))
+
+    return re.sub(r'"(\w+)\[([^\]]*)\]\[([^\]]*)\]',
+                  lambda m: f'"{m.group(1)}[{evaluated(m.group(2))}][{evaluated(m.group(3))}]', code)
 
 
 def _dims(text: str | None) -> list[str]:
@@ -147,6 +160,12 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
         notes.append("the graph switches grad mode inside (torch._C._set_grad_enabled); the rebuilt graph "
                      "keeps no such switch")
 
+    missing = pack_child.stand_ins_for_missing_ops(code, _at_hints(code, hints), Guarded())
+    if missing:
+        events(f"standing in for {len(missing)} operator(s) not registered here")
+        notes.append(f"the graph calls {', '.join(op.record.name for op in missing)}, not registered here: stood in "
+                     "with the schema and output shapes the log gives (pack with --import MODULE or "
+                     "--load-library PATH for the real one)")
     events("tracing the graph")
     gm, trace_notes = _traced(mod, len(inputs))
     gm, inputs, lifted = repro_module.lift_state(gm, origin, inputs)
@@ -160,7 +179,7 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
     summary = {"total": len(inputs), "real": 0, "absent": absent, "values": len(inputs) - absent, "real_bytes": 0}
     notes.insert(0, "the log holds no tensor data: every input is absent (generated at load time)")
     return Rebuilt(gm=gm, inputs=inputs, input_records=records, inputs_summary=summary,
-                   warnings=notes + trace_notes, kind="after_dynamo", lifted=lifted)
+                   warnings=notes + trace_notes, kind="after_dynamo", lifted=lifted, custom_ops=missing)
 
 
 def _graph_class(code: str):
