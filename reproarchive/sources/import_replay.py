@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from reproarchive.codec.collectives import unjoined_collective
 from reproarchive.codec.devices import graph_devices, is_available
 from reproarchive.compat.dynamo import repro_forward_only
 from reproarchive.context import failure as fail
@@ -84,6 +83,8 @@ def replay_once(gm, args: list[Any], *, kind: str, backend: str | None, accuracy
         why = (f"the graph runs on {', '.join(missing)}, which this machine does not have; not replayed "
                "(a replay on another device would record another program's failure)")
         return fail.unknown_record(why, backend=backend), {"performed": False, "reason": why}
+    from reproarchive.codec.collectives import unjoined_collective  # imports torch.distributed at its top
+
     unjoined = unjoined_collective(gm)
     if unjoined is not None:
         why = (f"the graph calls collective {unjoined.op} on process group {unjoined.group!r}, which this process "
