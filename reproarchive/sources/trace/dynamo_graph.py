@@ -20,7 +20,6 @@ from typing import Any
 from reproarchive.compat.pytree import graph_code_modules
 from reproarchive.errors import PackError, SourceError
 from reproarchive.sources import import_replay, repro_module
-from reproarchive.sources.dump import pack_child
 from reproarchive.sources.dump.foreign_runnable import Guarded
 
 _ANNOTATION = re.compile(r"^(?P<dtype>[a-z][a-z0-9]*)\[(?P<shape>[^\]]*)\](?:\[(?P<stride>[^\]]*)\])?"
@@ -159,6 +158,8 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
     if "_set_grad_enabled" in code:
         notes.append("the graph switches grad mode inside (torch._C._set_grad_enabled); the rebuilt graph "
                      "keeps no such switch")
+
+    from reproarchive.sources.dump import pack_child  # imports torch at its top
 
     missing = pack_child.stand_ins_for_missing_ops(code, _at_hints(code, hints), Guarded())
     if missing:
