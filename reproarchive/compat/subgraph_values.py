@@ -53,8 +53,7 @@ def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
                 continue
             if owner is gm and node.op == "placeholder" and "example_value" in node.meta:
                 continue  # the caller's own fake input, as Dynamo hands it
-            value = node.meta.get("val", _NONE)  # a node that made no tensor (an assert) has Dynamo's None
-            node.meta["example_value"] = None if value is _NONE else value
+            node.meta["example_value"] = _as_dynamo_writes(node)
     finally:  # also where the fake run failed part way: no value of it is left under ``val``
         for node, value in before.items():
             if value is _NONE:
@@ -63,10 +62,20 @@ def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
                 node.meta["val"] = value
 
 
+def _as_dynamo_writes(node: Any) -> Any:
+    """The value the fake run wrote for ``node``, as Dynamo writes it: None for a node that made
+    none (an assert), a ``torch.Size`` for ``x.size()`` (``FakeTensorProp`` writes a tuple)."""
+    import torch
+
+    value = node.meta.get("val", _NONE)
+    if node.op == "call_method" and node.target == "size" and len(node.args) == 1 and isinstance(value, tuple):
+        return torch.Size(value)
+    return None if value is _NONE else value
+
+
 def _propagation(gm: Any, fake_mode: Any) -> Any:
-    """torch's ``FakeTensorProp`` of ``gm``, writing every node's value as Dynamo has it: a
-    ``torch.Size`` stays one (``FakeTensorProp`` writes a tuple), and an ``invoke_subgraph`` node,
-    whose value ``FakeTensorProp`` returns without writing it, gets it written."""
+    """torch's ``FakeTensorProp`` of ``gm``, where an ``invoke_subgraph`` node, whose value
+    ``FakeTensorProp`` returns without writing it, gets it written."""
     import torch
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -74,10 +83,7 @@ def _propagation(gm: Any, fake_mode: Any) -> Any:
         def run_node(self, n: Any) -> Any:
             before = n.meta.get("val", _NONE)
             result = super().run_node(n)
-            written = n.meta.get("val", _NONE) is not before
-            if isinstance(result, torch.Size):
-                n.meta["val"] = torch.Size(n.meta["val"] if written else result)
-            elif not written and isinstance(result, (tuple, list)) \
+            if n.meta.get("val", _NONE) is before and isinstance(result, (tuple, list)) \
                     and all(isinstance(v, (torch.Tensor, torch.SymInt, int, float, bool)) for v in result):
                 n.meta["val"] = tuple(result)
             return result
