@@ -44,10 +44,8 @@ def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
     before = {n: n.meta.get("val", _NONE) for g in graphs for n in g.graph.nodes}
     ran = [gm]
     try:
-        with _run_as_called(graphs, fake_mode, ran):
+        with _run_as_called(graphs, fake_mode, ran, before):
             _propagation(gm, fake_mode).propagate_dont_convert_inputs(*fakes)
-        ran += [g for g in graphs if g not in ran and any(n.meta.get("val", _NONE) is not before[n]
-                                                          for n in g.graph.nodes)]  # run by FakeTensorProp itself
         for owner, node in ((g, n) for g in ran for n in g.graph.nodes if n.op != "output"):
             if _subgraph(owner, node) is not None:  # Dynamo gives a subgraph's ``get_attr`` none
                 continue
@@ -64,13 +62,30 @@ def propagate_example_values(gm: Any, fake_mode: Any, fakes: list[Any]) -> None:
 
 def _as_dynamo_writes(node: Any) -> Any:
     """The value the fake run wrote for ``node``, as Dynamo writes it: None for a node that made
-    none (an assert), a ``torch.Size`` for ``x.size()`` (``FakeTensorProp`` writes a tuple)."""
-    import torch
+    none (an assert); for ``x.size()`` ``x``'s ``torch.Size`` (``FakeTensorProp`` writes a
+    tuple), and for ``x.size(d)`` and an item of a size its int, which 2.11's ``FakeTensorProp``
+    writes as None where it is a plain int."""
+    import operator
 
     value = node.meta.get("val", _NONE)
-    if node.op == "call_method" and node.target == "size" and len(node.args) == 1 and isinstance(value, tuple):
-        return torch.Size(value)
+    args = node.args
+    unwritten = value is None or value is _NONE
+    if node.op == "call_method" and node.target == "size" and (isinstance(value, tuple) or unwritten):
+        shape = getattr(_written(args[0]), "shape", None)
+        if shape is not None and len(args) == 1:
+            return shape
+        if shape is not None and len(args) == 2 and isinstance(args[1], int) and -len(shape) <= args[1] < len(shape):
+            return shape[args[1]]
+    if node.op == "call_function" and node.target is operator.getitem and unwritten \
+            and len(args) == 2 and isinstance(args[1], int):
+        whole = _as_dynamo_writes(args[0]) if hasattr(args[0], "meta") else None
+        if isinstance(whole, tuple) and -len(whole) <= args[1] < len(whole):
+            return whole[args[1]]
     return None if value is _NONE else value
+
+
+def _written(node: Any) -> Any:
+    return node.meta.get("val") if hasattr(node, "meta") else None
 
 
 def _propagation(gm: Any, fake_mode: Any) -> Any:
@@ -94,17 +109,20 @@ def _propagation(gm: Any, fake_mode: Any) -> Any:
 #: higher-order operator -> (the argument holding a subgraph its fake kernel does not call as a
 #: module, where that subgraph's inputs are): ``while_loop``'s kernel runs the body once and never
 #: the condition, which takes the body's inputs (``("sibling", 1)``); activation checkpointing
-#: runs its body through an FX interpreter, on the operator's arguments after it (``("after", 0)``)
+#: runs its body through an FX interpreter, on the operator's arguments after it (``("after", 0)``);
+#: torch's fake propagation runs an ``invoke_subgraph`` body once per identifier (2.11 gives two
+#: bodies one identifier), on the arguments after the identifier (``("after", 1)``)
 _NOT_CALLED = {"while_loop": (0, ("sibling", 1)), "while_loop_stack_output": (0, ("sibling", 1)),
-               "tag_activation_checkpoint": (0, ("after", 0))}
+               "tag_activation_checkpoint": (0, ("after", 0)), "invoke_subgraph": (0, ("after", 1))}
 
 
 @contextlib.contextmanager
-def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any]) -> Any:
+def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any], before: dict[Any, Any]) -> Any:
     """While inside, each subgraph of ``graphs`` (all but the first, the top graph) runs as a
     fake propagation that writes ``val`` on its nodes when an operator's fake kernel calls it,
-    and is added to ``ran``. On leaving, a subgraph the kernel does not call (``_NOT_CALLED``)
-    is propagated on the inputs it would have had."""
+    and is added to ``ran``. On leaving, a subgraph torch's fake propagation ran itself (its
+    nodes' ``val`` differ from ``before``) is added to ``ran``, and one nothing ran
+    (``_NOT_CALLED``) is propagated on the inputs it would have had."""
     subgraphs = graphs[1:]
     called: dict[int, tuple] = {}
 
@@ -120,6 +138,8 @@ def _run_as_called(graphs: list[Any], fake_mode: Any, ran: list[Any]) -> Any:
         module.forward = runner(module)
     try:
         yield
+        ran += [g for g in subgraphs if g not in ran and any(n.meta.get("val", _NONE) is not before[n]
+                                                             for n in g.graph.nodes)]
         for _ in subgraphs:  # a pass runs the subgraphs nested in what the last one ran
             pending = [(sub, args) for sub, args in _not_called(graphs, ran, called) if sub not in ran]
             if not pending:
