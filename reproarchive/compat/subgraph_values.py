@@ -20,6 +20,7 @@ indices) and that its kernel does not call as a module keeps none.
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any
 
 CHECKED_WITH = ("2.11.0", "2.13.0", "2.15.0")
@@ -65,8 +66,6 @@ def _as_dynamo_writes(node: Any) -> Any:
     none (an assert); for ``x.size()`` ``x``'s ``torch.Size`` (``FakeTensorProp`` writes a
     tuple), and for ``x.size(d)`` and an item of a size its int, which 2.11's ``FakeTensorProp``
     writes as None where it is a plain int."""
-    import operator
-
     value = node.meta.get("val", _NONE)
     args = node.args
     unwritten = value is None or value is _NONE
