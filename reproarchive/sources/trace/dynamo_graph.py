@@ -311,8 +311,8 @@ def _tensor_input(name: str, ann: dict | None, desc: dict, hints: dict[str, int]
 
 def _traced(mod, expected_inputs: int):
     """(the traced graph, the tracer's notes): ``mod`` traced as the dump import traces a
-    dump's module, with grad on; a graph that cannot be traced (higher-order ops) or whose
-    placeholders are not its forward's parameters is a PackError."""
+    dump's module, with grad on; a graph that cannot be traced or whose placeholders are not its
+    forward's parameters is a PackError."""
     import torch
 
     try:
@@ -321,8 +321,8 @@ def _traced(mod, expected_inputs: int):
     except Exception as err:
         raise PackError(f"the logged Dynamo graph cannot be rebuilt: {type(err).__name__}: "
                         f"{import_replay.first_line(err)}",
-                        "graphs with higher-order ops (cond, while_loop, checkpoint) are not supported from a log "
-                        "yet") from err
+                        "an operator this process does not have needs --import MODULE or --load-library PATH; "
+                        "--debug shows the whole error") from err
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != expected_inputs:
         raise PackError(f"the rebuilt graph takes {len(placeholders)} inputs but its forward declares "
