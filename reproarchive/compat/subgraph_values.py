@@ -109,8 +109,8 @@ def _propagation(gm: Any, fake_mode: Any) -> Any:
 #: module, where that subgraph's inputs are): ``while_loop``'s kernel runs the body once and never
 #: the condition, which takes the body's inputs (``("sibling", 1)``); activation checkpointing
 #: runs its body through an FX interpreter, on the operator's arguments after it (``("after", 0)``);
-#: torch's fake propagation runs an ``invoke_subgraph`` body once per identifier (2.11 gives two
-#: bodies one identifier), on the arguments after the identifier (``("after", 1)``)
+#: an ``invoke_subgraph`` body torch's fake propagation skips (2.11 makes two bodies for a region
+#: called twice and ran only the first) takes the arguments after the identifier (``("after", 1)``)
 _NOT_CALLED = {"while_loop": (0, ("sibling", 1)), "while_loop_stack_output": (0, ("sibling", 1)),
                "tag_activation_checkpoint": (0, ("after", 0)), "invoke_subgraph": (0, ("after", 1))}
 
