@@ -14,7 +14,7 @@ How an operator's fake kernel runs its subgraphs is PyTorch's choice: checked wi
 ``while_loop`` its body once but never its condition, activation checkpointing its body through
 an FX interpreter, and torch's fake propagation runs ``invoke_subgraph``'s itself. A subgraph
 whose inputs the operator makes itself (``flex_attention``'s ``score_mod``: a score and four
-indices) and that its kernel does not call as a module keeps none.
+indices) gets them as Dynamo makes them.
 """
 
 from __future__ import annotations
@@ -110,9 +110,11 @@ def _propagation(gm: Any, fake_mode: Any) -> Any:
 #: the condition, which takes the body's inputs (``("sibling", 1)``); activation checkpointing
 #: runs its body through an FX interpreter, on the operator's arguments after it (``("after", 0)``);
 #: an ``invoke_subgraph`` body torch's fake propagation skips (2.11 makes two bodies for a region
-#: called twice and ran only the first) takes the arguments after the identifier (``("after", 1)``)
+#: called twice and ran only the first) takes the arguments after the identifier (``("after", 1)``);
+#: ``flex_attention``'s ``score_mod`` and ``mask_mod`` take scalars the operator makes (``_flex_inputs``)
 _NOT_CALLED = {"while_loop": (0, ("sibling", 1)), "while_loop_stack_output": (0, ("sibling", 1)),
-               "tag_activation_checkpoint": (0, ("after", 0)), "invoke_subgraph": (0, ("after", 1))}
+               "tag_activation_checkpoint": (0, ("after", 0)), "invoke_subgraph": (0, ("after", 1)),
+               "flex_attention": (3, ("given", 0))}
 
 
 @contextlib.contextmanager
@@ -164,9 +166,11 @@ def _not_called(graphs: list[Any], ran: list[Any], called: dict[int, tuple]) -> 
                 continue
             at, (kind, where) = _NOT_CALLED[node.target.name()]
             sub = _subgraph(owner, node.args[at]) if at < len(node.args) else None
-            if sub is None:
+            if sub is None and kind != "given":
                 continue
-            if kind == "sibling":
+            if kind == "given":
+                found += _flex_inputs(owner, node)
+            elif kind == "sibling":
                 sibling = _subgraph(owner, node.args[where]) if where < len(node.args) else None
                 if sibling is not None and id(sibling) in called:
                     found.append((sub, list(called[id(sibling)])))
@@ -174,6 +178,32 @@ def _not_called(graphs: list[Any], ran: list[Any], called: dict[int, tuple]) -> 
                 operands = [a.meta.get("val", _NONE) if hasattr(a, "meta") else a for a in node.args[at + 1 + where:]]
                 if all(v is not _NONE for v in operands):
                     found.append((sub, operands))
+    return found
+
+
+def _flex_inputs(owner: Any, node: Any) -> list[tuple[Any, list]]:
+    """``flex_attention(q, k, v, score_mod, block_mask, scale, kernel_options, score_mod_buffers,
+    mask_mod_buffers)``'s two subgraphs and their inputs as Dynamo traces them: ``score_mod`` a
+    score of the query's dtype and four int32 indices (batch, head, query, key), then its
+    buffers; ``mask_mod`` (the block mask's last item) the four indices, then its buffers."""
+    import torch
+
+    args = node.args
+    query = _written(args[0]) if args else None
+    if len(args) < 9 or not isinstance(query, torch.Tensor):
+        return []
+
+    def buffers(items: Any) -> list:
+        return [_written(a) if hasattr(a, "meta") else a for a in (items or ())]
+
+    index = [query.new_zeros((), dtype=torch.int32) for _ in range(4)]
+    found = []
+    score_mod = _subgraph(owner, args[3])
+    if score_mod is not None:
+        found.append((score_mod, [query.new_zeros(()), *index, *buffers(args[7])]))
+    mask_mod = _subgraph(owner, args[4][-1]) if isinstance(args[4], (tuple, list)) and args[4] else None
+    if mask_mod is not None:
+        found.append((mask_mod, [*index, *buffers(args[8])]))
     return found
 
 

@@ -138,3 +138,31 @@ def test_the_replay_hands_the_backend_the_meta_dynamo_handed_it(name, tmp_path):
                           env={**os.environ, meta_backend.OUT_VARIABLE: str(seen), "PYTHONPATH": str(tests)})
     assert done.returncode == 1 and "planted failure" in done.stderr, done.stderr[-2000:]
     assert json.loads(seen.read_text()) == json.loads(json.dumps(dynamo_gave))
+
+
+def test_flex_attention_s_score_mod_and_mask_mod_get_the_values_dynamo_gave_them(tmp_path):
+    """``flex_attention`` makes its subgraphs' inputs itself (a score and four indices) and its
+    fake kernel does not call them as modules: the replay makes them as Dynamo does. Dynamo's
+    vmap bookkeeping nodes of the top graph carry no ``example_value``; the replay's carry one,
+    so the comparison is over the nodes Dynamo gave one."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, score_mod=lambda score, b, h, q_idx, kv_idx: score + (q_idx - kv_idx))
+
+    path = tmp_path / "flex.tar.zst"
+    torch._dynamo.reset()
+    meta_backend.SEEN.clear()
+    compiled = torch.compile(attend, backend=reproarchive.capture(meta_backend.record_and_fail, path=path),
+                             fullgraph=True)
+    with pytest.raises(Exception, match="planted failure"):
+        compiled(*[torch.randn(1, 1, 8, 4) for _ in range(3)])
+    torch._dynamo.reset()
+    (dynamo_gave,) = meta_backend.SEEN
+    meta_backend.SEEN.clear()
+    assert {where for where, *_ in dynamo_gave} == {"", "score_mod_0", "mask_fn_0"}
+    assert reproarchive.run(path, backend=meta_backend.BACKEND, isolate=False).status == "reproduced"
+    (replayed,) = meta_backend.SEEN
+    assert [e[:3] for e in replayed] == [e[:3] for e in dynamo_gave]
+    given = [i for i, entry in enumerate(dynamo_gave) if entry[3] is not None]
+    assert [replayed[i] for i in given] == [dynamo_gave[i] for i in given]
