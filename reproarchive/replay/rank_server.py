@@ -84,7 +84,7 @@ def _serve(listener: socket.socket, launcher: int, entry: Callable[[list[str]], 
                 pid = _fork_rank(client, listener, launcher, running, entry)
                 if pid is not None:
                     running[pid] = client
-            elif source in running.values() and not source.recv(1, socket.MSG_PEEK):
+            elif source in running.values() and _gone(source):
                 pid = next(p for p, c in running.items() if c is source)
                 _kill(pid)  # its client is gone (SIGKILLed by the launcher): the rank goes too
 
@@ -127,7 +127,10 @@ def _fork_rank(client: socket.socket, listener: socket.socket, launcher: int, ru
             os._exit(code)
     for fd in fds:
         os.close(fd)
-    client.send(json.dumps({"pid": pid}).encode())
+    try:
+        client.send(json.dumps({"pid": pid}).encode())
+    except OSError:  # the client is gone already: the serve loop finds it so and ends the rank
+        pass
     return pid
 
 
@@ -148,6 +151,16 @@ def _reap(running: dict[int, socket.socket]) -> None:
         except OSError:
             pass
         client.close()
+
+
+def _gone(client: socket.socket) -> bool:
+    """Whether a rank's client has closed its end: an empty read, or a reset, which is what a
+    client killed before it read the server's reply leaves (a reset killed the server, and the
+    rank lived on)."""
+    try:
+        return not client.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
 
 
 def _kill(pid: int) -> None:
