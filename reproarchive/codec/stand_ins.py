@@ -25,7 +25,6 @@ import torch
 
 from reproarchive.codec import custom_ops as co
 from reproarchive.codec.operator_effects import SCHEMA_BLIND, schema_problem
-from reproarchive.codec.targets import forget_resolved
 from reproarchive.compat.dispatch import OpNamespace, parse_schema
 from reproarchive.compat.fake import hint_of
 from reproarchive.errors import NotReplayableHereError, ReproArchiveError, Rule, UnsafeArchiveError
@@ -219,8 +218,7 @@ def _withdraw_stand_ins() -> None:
         return
     for stand_in in list(_INSTALLED.values()):
         stand_in.library._destroy()
-    _INSTALLED.clear()
-    forget_resolved()  # a graph's target resolved to a stand-in names the real op from now on
+    _INSTALLED.clear()  # ``codec.targets`` resolves a custom op's name afresh: no stand-in is kept there
 
 
 def is_stand_in(name: str) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from reproarchive.codec import effects
+from reproarchive.codec.custom_ops import TORCH_NAMESPACES
 from reproarchive.codec.state_functions import STATE_FUNCTIONS, state_function
 from reproarchive.compat import fx_meta
 from reproarchive.compat.dispatch import (
@@ -116,10 +117,24 @@ def _walk(name: str) -> Any:
     return obj
 
 
-@functools.lru_cache(maxsize=4096)
 def _resolved(name: str) -> Any:
     """The callable a (well-formed) name resolves to, judged by its effects; LookupError when
-    this torch has no such name. Cached: a graph names few distinct targets many times."""
+    this torch has no such name. A custom op's name is resolved afresh each time: its library
+    can be destroyed and defined again in this process (a stand-in, the user's ``--import``, a
+    test), and a cached operator would then call into the freed registration (a segfault)."""
+    parts = name.split(".")
+    if len(parts) > 3 and parts[:2] == ["torch", "ops"] and parts[2] not in TORCH_NAMESPACES:
+        return _judged(name)
+    return _cached(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached(name: str) -> Any:
+    """``_judged``, cached: a graph names few distinct targets many times."""
+    return _judged(name)
+
+
+def _judged(name: str) -> Any:
     if name in LAUNCH_TARGETS:  # (1.4) registered by the module that defines them, Dynamo imports it
         load_triton_kernel_wrap()
     elif name.startswith(INDUCTOR_PRIMS_PREFIX):
@@ -131,11 +146,6 @@ def _resolved(name: str) -> Any:
     if why is not None:
         raise _unsafe(name, why)
     return obj
-
-
-def forget_resolved() -> None:
-    """Drop the resolved targets: the operators behind some names changed (``stand_ins``)."""
-    _resolved.cache_clear()
 
 
 def resolve_function(name: object) -> Any:

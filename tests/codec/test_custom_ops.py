@@ -1,5 +1,5 @@
-"""Custom ops as data, below the archive: which namespaces are torch's own, and the content
-key a recorded call is matched by."""
+"""Custom ops as data, below the archive: which namespaces are torch's own, the content key a
+recorded call is matched by, and the operator a custom op's name resolves to."""
 
 from __future__ import annotations
 
@@ -33,3 +33,28 @@ def test_tensor_key_is_the_content_whatever_the_layout():
     key = co.argument_key(schema, (base,), {"k": 3})
     assert key == (co.tensor_key(base), 2.0, 3)
     assert co.meta_key(key) == ("float32[3, 4]", 2.0, 3)
+
+
+def test_a_custom_op_s_name_resolves_to_the_op_registered_now_not_one_destroyed_before():
+    """A library destroyed and defined again in this process (a stand-in withdrawn, the user's
+    ``--import``) leaves a freed registration behind: a graph built after it must call the live
+    operator (calling the freed one segfaulted a replay now and then)."""
+    from reproarchive.codec.targets import resolve_function
+
+    def define(factor):
+        lib = torch.library.Library("ra_resolve_test", "FRAGMENT")  # noqa: TOR901 - destroyed below
+        lib.define("scale(Tensor x) -> Tensor")
+        lib.impl("scale", lambda x: x * factor, "CompositeExplicitAutograd")
+        return lib
+
+    name = "torch.ops.ra_resolve_test.scale.default"
+    first = define(2)
+    assert resolve_function(name)(torch.ones(2)).tolist() == [2.0, 2.0]
+    first._destroy()
+    second = define(3)
+    try:
+        op = resolve_function(name)
+        assert op is torch.ops.ra_resolve_test.scale.default
+        assert op(torch.ones(2)).tolist() == [3.0, 3.0]
+    finally:
+        second._destroy()
