@@ -1,7 +1,7 @@
 """Shape guards as text over named inputs: what a replay's guards are compared by, with the
 recorded ones and with Dynamo's.
 
-This module is bundled whole into the scripts ``export`` writes (``standalone.script``), so the
+This module is bundled whole into the scripts ``export`` writes (``standalone.shared_blocks``), so the
 replay and the exported script render a compile's guards by one rule: it imports the standard
 library and torch only (``tests/standalone/test_bundled_code.py`` keeps it so).
 

@@ -5,7 +5,7 @@ A backend (or a pass it runs) may read each node's ``example_value``: Dynamo's g
 on every node, a ``cond`` branch's and a ``while_loop`` body's included. A replay's graph is
 rebuilt from the archive's code and carries none, so it gets them here.
 
-This module is bundled whole into the scripts ``export`` writes (``standalone.script``), so the
+This module is bundled whole into the scripts ``export`` writes (``standalone.shared_blocks``), so the
 replay and the exported script give a backend the same graph from one text: it imports the
 standard library and torch only (``tests/standalone/test_bundled_code.py`` keeps it so).
 
@@ -20,6 +20,7 @@ indices) gets them as Dynamo makes them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from typing import Any
 
@@ -70,7 +71,7 @@ def _as_dynamo_writes(node: Any) -> Any:
     args = node.args
     unwritten = value is None or value is _NONE
     if node.op == "call_method" and node.target == "size" and (isinstance(value, tuple) or unwritten):
-        shape = getattr(_written(args[0]), "shape", None)
+        shape = getattr(_value(args[0]), "shape", None)
         if shape is not None and len(args) == 1:
             return shape
         if shape is not None and len(args) == 2 and isinstance(args[1], int) and -len(shape) <= args[1] < len(shape):
@@ -83,12 +84,19 @@ def _as_dynamo_writes(node: Any) -> Any:
     return None if value is _NONE else value
 
 
-def _written(node: Any) -> Any:
-    return node.meta.get("val") if hasattr(node, "meta") else None
+def _value(arg: Any) -> Any:
+    """What an operator's argument is in the fake run: a node's ``val`` (``_NONE`` where the run
+    wrote none), any other argument itself."""
+    return arg.meta.get("val", _NONE) if hasattr(arg, "meta") else arg
 
 
 def _propagation(gm: Any, fake_mode: Any) -> Any:
-    """torch's ``FakeTensorProp`` of ``gm``, where an ``invoke_subgraph`` node, whose value
+    return _propagation_class()(gm, mode=fake_mode)
+
+
+@functools.cache
+def _propagation_class() -> Any:
+    """torch's ``FakeTensorProp``, where an ``invoke_subgraph`` node, whose value
     ``FakeTensorProp`` returns without writing it, gets it written."""
     import torch
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -102,7 +110,7 @@ def _propagation(gm: Any, fake_mode: Any) -> Any:
                 n.meta["val"] = tuple(result)
             return result
 
-    return Propagation(gm, mode=fake_mode)
+    return Propagation
 
 
 #: higher-order operator -> (the argument holding a subgraph its fake kernel does not call as a
@@ -175,7 +183,7 @@ def _not_called(graphs: list[Any], ran: list[Any], called: dict[int, tuple]) -> 
                 if sibling is not None and id(sibling) in called:
                     found.append((sub, list(called[id(sibling)])))
             else:
-                operands = [a.meta.get("val", _NONE) if hasattr(a, "meta") else a for a in node.args[at + 1 + where:]]
+                operands = [_value(a) for a in node.args[at + 1 + where:]]
                 if all(v is not _NONE for v in operands):
                     found.append((sub, operands))
     return found
@@ -189,21 +197,17 @@ def _flex_inputs(owner: Any, node: Any) -> list[tuple[Any, list]]:
     import torch
 
     args = node.args
-    query = _written(args[0]) if args else None
+    query = _value(args[0]) if args else None
     if len(args) < 9 or not isinstance(query, torch.Tensor):
         return []
-
-    def buffers(items: Any) -> list:
-        return [_written(a) if hasattr(a, "meta") else a for a in (items or ())]
-
     index = [query.new_zeros((), dtype=torch.int32) for _ in range(4)]
+    mask_mod = args[4][-1] if isinstance(args[4], (tuple, list)) and args[4] else None
     found = []
-    score_mod = _subgraph(owner, args[3])
-    if score_mod is not None:
-        found.append((score_mod, [query.new_zeros(()), *index, *buffers(args[7])]))
-    mask_mod = _subgraph(owner, args[4][-1]) if isinstance(args[4], (tuple, list)) and args[4] else None
-    if mask_mod is not None:
-        found.append((mask_mod, [*index, *buffers(args[8])]))
+    for at, first, buffers in ((args[3], [query.new_zeros(()), *index], args[7]), (mask_mod, index, args[8])):
+        sub = _subgraph(owner, at)
+        inputs = [*first, *(_value(a) for a in (buffers or ()))]
+        if sub is not None and all(v is not _NONE for v in inputs):
+            found.append((sub, inputs))
     return found
 
 

@@ -33,8 +33,9 @@ from reproarchive.format.atomic import atomic_dir
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.faithfulness import before_replay
 from reproarchive.replay.settings import ReplaySettings
-from reproarchive.standalone.script import ExportReport, _DataWriter, _Script, loading_block, state_block
+from reproarchive.standalone.script import ExportReport, _DataWriter, _Script
 from reproarchive.standalone.script_literals import _doc_text, _execution_literal, _shape_literals, admitted_settings
+from reproarchive.standalone.shared_blocks import failure_literal, loading_block, state_block
 
 
 class _ContentDataWriter(_DataWriter):
@@ -128,16 +129,17 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
 
 
 def _rank_judging(job: JobRepro) -> dict[str, str]:
-    """Each rank's facts its script judges a pass by, as ``run`` judges the rank's replay: its
-    recorded failure's stage, and what its replay cannot honour (``faithfulness.before_replay``,
-    on the rank's own records and inputs)."""
-    stages = {r.rank: r.outcome.failure.stage for r in job.ranks if r.outcome is not None and r.outcome.failure}
+    """Each rank's facts its script judges a replay by, as ``run`` judges the rank's: its recorded
+    failure (stage, exception type, signature), and what its replay cannot honour
+    (``faithfulness.before_replay``, on the rank's own records and inputs)."""
+    failures = {r.rank: failure_literal(r.outcome.failure) for r in job.ranks
+                if r.outcome is not None and r.outcome.failure}
     unsure = {}
     for r in job.ranks:
         records = dataclasses.replace(r.records, failure=r.outcome.failure if r.outcome is not None else None)
         if said := before_replay(r.gm, list(r.args), list(r.fidelity), records, r.rng_states):
             unsure[r.rank] = said
-    return dict(rank_stages=repr(stages), rank_not_as_recorded=repr(unsure), recorded_rank=repr(job.failing_rank))
+    return dict(rank_failures=repr(failures), rank_not_as_recorded=repr(unsure), recorded_rank=repr(job.failing_rank))
 
 
 def _rank_shapes(job: JobRepro) -> str:
@@ -200,8 +202,8 @@ def _header(world_size: int, archive_name: str, digest: str | None, recorded: st
         f"Standalone reproduction of a {world_size}-rank job, exported by reproarchive from "
         f"{_doc_text(archive_name or 'an archive')} ({_doc_text(digest or 'unknown digest')}).",
         "Needs only PyTorch. Start it with python: it launches the ranks on this machine with torch's",
-        "elastic launcher and exits once for the job, as `reproarchive run` does (0 no failure, 1 a rank",
-        "failed, 125 a rank was not as recorded or the launcher started none):",
+        "elastic launcher and exits once for the job, as `reproarchive run` does (0 no failure, 1 the",
+        "recorded failure, 3 another failure, 125 a rank was not as recorded or the launcher started none):",
         "    python repro.py [--device DEV] [--backend NAME] [--timeout S]",
         "(a rank whose collective failed only because another rank went away exits 75 and is not judged)",
         "or the way the job was started (torchrun's own exit is 1 for any rank's):",

@@ -28,10 +28,8 @@ check on such a graph turns on inductor's ``fallback_random`` as ``run`` does.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import dataclasses
-import importlib.util
 import math
 import operator
 import os
@@ -69,6 +67,7 @@ from reproarchive.standalone.script_literals import (
     _shape_literals,
     admitted_settings,
 )
+from reproarchive.standalone.shared_blocks import failure_literal, loading_block, state_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,6 +392,7 @@ class _Script:
             source_kind=repr(source_kind),
             accuracy=repr(bool(accuracy)),
             recorded_stage=repr(failure.stage if failure is not None else None),
+            recorded_failure=repr(failure_literal(failure)),
             not_as_recorded=repr(before_replay(gm, args, list(plan.fidelity), records, plan.rng_states)),
             backward=repr(bool(needs_backward)),
             tolerance=repr(DEFAULT_TOLERANCE),
@@ -448,45 +448,6 @@ def _plain_tensor_attrs(gm: Any, known: set[str]):
                 if isinstance(obj, torch.Tensor):
                     known.add(path)
                     yield path, obj.detach()
-
-
-def loading_block() -> str:
-    """``_set_config``, ``_device``, ``_tensor`` and ``_backend``: what both scripts need to load
-    and compile a recorded graph, from one text; then the library modules both run as the
-    replay does (``BUNDLED``), from their own text."""
-
-    block = files("reproarchive.standalone").joinpath("loading_block.py.template").read_text(encoding="utf-8")
-    return block + "".join(f"\n\n# bundled: {name.replace('.', '/')}.py, as the library runs it\n{bundled_source(name)}"
-                           for name in BUNDLED)
-
-
-#: library modules whose text the exported scripts carry: each imports the standard library and
-#: torch only (``tests/standalone/test_bundled_code.py``)
-BUNDLED = ("reproarchive.compat.subgraph_values", "reproarchive.compat.shape_guard_text")
-
-
-def bundled_source(module: str) -> str:
-    """``module``'s text as a script carries it: without its docstring, its ``__future__`` import
-    and its ``CHECKED_WITH``/``PRIVATE_NAMES`` (the library's own bookkeeping)."""
-    text = Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8")
-    tree = ast.parse(text)
-    dropped = set()
-    for i, stmt in enumerate(tree.body):
-        docstring = i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
-        future = isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
-        bookkeeping = isinstance(stmt, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id in ("CHECKED_WITH", "PRIVATE_NAMES") for t in stmt.targets)
-        if docstring or future or bookkeeping:
-            dropped.update(range(stmt.lineno, stmt.end_lineno + 1))
-    kept = [line for n, line in enumerate(text.splitlines(keepends=True), 1) if n not in dropped]
-    return "".join(kept).strip("\n") + "\n"
-
-
-def state_block() -> str:
-    """``_execution()`` and ``_restore_rng()``: how a script enters the recorded thread state and
-    sets the recorded generator states (both scripts, from one text)."""
-
-    return files("reproarchive.standalone").joinpath("state_block.py.template").read_text(encoding="utf-8")
 
 
 def _template() -> str:

@@ -129,8 +129,10 @@ def _header(archive_name, digest, system, failure, backend, source_kind, table) 
         f"({_doc_text(digest or 'unknown digest')}).",
         "Needs only PyTorch:",
         "    python repro.py [--device DEV] [--backend NAME] [--accuracy/--no-accuracy] [--only-fwd] [--dynamo]",
-        "It raises the recorded error (or AssertionError for an accuracy failure), or prints 'no failure'",
-        "(exit 0; 125 when not as recorded: other shape guards, a custom op stood in, random numbers unknown).",
+        "It raises the recorded error (or AssertionError for an accuracy failure) and judges it as",
+        "`reproarchive run` does: 'reproduced' (exit 1) or 'different failure' (exit 3); or it prints",
+        "'no failure' (exit 0; 125 when not as recorded: other shape guards, a custom op stood in,",
+        "random numbers unknown).",
         "",
         f"Recorded with torch {_doc_text(torch_rec.version or '?')} (git {_doc_text(torch_rec.git_version or '?')}),"
         f" CUDA {_doc_text(torch_rec.cuda)}.",

@@ -34,4 +34,4 @@ def test_after_aot_dump_with_requires_grad_inputs_reproduces_in_run_and_export(t
     result = invoke("export", archive, "-o", tmp_path / "out")
     assert result.exit_code == 0, result.output
     [(failed, detail)] = run_isolated(tmp_path / "out" / "repro.py", [], cwd=tmp_path)
-    assert failed == "raised" and "unhandled error" in detail and "addmm" not in detail.splitlines()[0], detail
+    assert failed == "reproduced" and "unhandled error" in detail and "addmm" not in detail.splitlines()[0], detail

@@ -364,9 +364,9 @@ def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_r
         (cut,) = r.records.shapes.inputs
         assert [(d.kind, d.origin, d.source) for d in cut.dims] == [("backed", "dynamic=True", None)], cut
     # the exported script: rank 0 passes and waits for its peers, which rank 1 leaves by failing;
-    # rank 0's verdict stands (it counted as failed: "job: failed on rank 1, 0")
+    # rank 0's verdict stands (before, it was counted as failed: "job: failed on rank 1, 0")
     assert invoke("export", tmp_path / "min.tar.zst", "-o", tmp_path / "script").exit_code == 0
     done = subprocess.run([sys.executable, "repro.py", "--timeout", "30"], cwd=tmp_path / "script",
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 1 and "job: failed on rank 1 (exit 1)" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 1 and "job: reproduced on rank 1 (exit 1)" in done.stderr, done.stderr[-3000:]
     assert "rank 0: no failure" in done.stdout

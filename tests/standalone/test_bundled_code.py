@@ -1,4 +1,4 @@
-"""The library modules the exported scripts carry (``standalone.script.BUNDLED``) can run there:
+"""The library modules the exported scripts carry (``standalone.shared_blocks.BUNDLED``) can run there:
 a script runs where only PyTorch is installed, so each imports the standard library and torch
 only, and its names do not clash with the script's own. The scripts then run the replay's own
 code, not a copy written again (``tests/replay/test_backend_meta.py`` checks they do the same)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reproarchive.standalone.script import BUNDLED, bundled_source, loading_block
+from reproarchive.standalone.shared_blocks import BUNDLED, bundled_source, loading_block
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "reproarchive" / "standalone"
 

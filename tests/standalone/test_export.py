@@ -54,9 +54,28 @@ def test_export_runs_without_reproarchive_and_reproduces(tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     (failed, detail), (passed, output) = run_isolated(script, [], ["--backend", "eager"], cwd=cwd)
-    assert failed == "raised" and detail.startswith("ReluCompileError"), detail
+    assert failed == "reproduced" and detail.startswith("ReluCompileError"), detail
     assert passed == "ok" and "no failure" in output, output
 
+
+
+def test_the_script_judges_a_failure_as_run_does_the_recorded_one_or_another(tmp_path, monkeypatch):
+    """A replay that fails with another error than the recorded one is a different failure: 3
+    from `run`, and 3 from the script, which judges by the same rule (its bundled copy of
+    ``context.failure_signature``); the recorded failure is 1 from both."""
+    archive = capture_archive(tmp_path / "compile.tar.zst", "relu_compile_error_TESTING_ONLY")
+    assert invoke("export", archive, "-o", tmp_path / "out").exit_code == 0
+    (tmp_path / "out" / "otherbug.py").write_text("def backend(gm, args):\n    raise ValueError(\"another bug\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "out"))
+    verdicts = {}
+    for extra in ([], ["--backend", "otherbug:backend"]):
+        by_run = invoke("run", archive, *extra, "--json")
+        by_script = subprocess.run([sys.executable, "repro.py", *extra], cwd=tmp_path / "out",
+                                   capture_output=True, text=True, timeout=300)
+        verdicts[tuple(extra)] = (by_run.exit_code, by_script.returncode)
+        said = by_script.stderr.strip().splitlines()[-1]
+        assert said.startswith("reproduced: " if not extra else "different failure: "), by_script.stderr[-2000:]
+    assert verdicts == {(): (1, 1), ("--backend", "otherbug:backend"): (3, 3)}, verdicts
 
 def test_export_data_is_raw_bytes_and_aliasing_survives(tmp_path):
     """Inputs that share a storage share one data file, and the script rebuilds the views."""
@@ -95,7 +114,7 @@ def test_export_accuracy_failure_and_config(tmp_path):
     out = tmp_path / "out"
     export(archive, out)
     (failed, detail), (passed, _) = run_isolated(out / "repro.py", [], ["--no-accuracy"], cwd=tmp_path)
-    assert failed == "raised" and detail.startswith("AssertionError: accuracy failure"), detail
+    assert failed == "reproduced" and detail.startswith("AssertionError: accuracy failure"), detail
     assert passed == "ok"
 
 
@@ -149,5 +168,5 @@ def test_export_hands_the_backend_non_leaf_inputs_as_recorded(tmp_path):
     export(archive, tmp_path / "out")
     (failed, detail), (passed, output) = run_isolated(tmp_path / "out" / "repro.py", [], ["--backend", "eager"],
                                                       cwd=tmp_path)
-    assert failed == "raised" and detail.startswith("TestingOnlyCompileError"), detail
+    assert failed == "reproduced" and detail.startswith("TestingOnlyCompileError"), detail
     assert passed == "ok" and "no failure" in output, output

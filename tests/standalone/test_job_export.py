@@ -28,7 +28,13 @@ def test_the_exported_job_launches_its_ranks_and_fails_on_rank_one(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "rank 1: no failure" not in proc.stdout
     assert "[rank1]" in proc.stderr and "ReluCompileError" in proc.stderr
-    assert "job: failed on rank 1" in proc.stderr
+    assert "job: reproduced on rank 1 (exit 1)" in proc.stderr
+    # another failure on every rank is a different failure, as `run` judges it: 3, from the same rule
+    (tmp_path / "bug" / "otherbug.py").write_text("def backend(gm, args):\n    raise ValueError('another bug')\n")
+    other = subprocess.run([sys.executable, "repro.py", "--timeout", "30", "--backend", "otherbug:backend"],
+                           cwd=tmp_path / "bug", capture_output=True, text=True, timeout=300)
+    assert other.returncode == 3 and "job: a different failure on rank" in other.stderr, other.stderr[-3000:]
+    assert "different failure: compile|ValueError|another bug (recorded: " in other.stderr
     fixed = subprocess.run([sys.executable, "repro.py", "--timeout", "30", "--backend", "eager"], cwd=tmp_path / "bug",
                            capture_output=True, text=True, timeout=300)
     assert fixed.returncode == 0 and "job: no failure on any of 2 ranks" in fixed.stdout, fixed.stderr[-3000:]

@@ -15,7 +15,9 @@ import textwrap
 def run_isolated(script, *argvs, cwd):
     """Run ``script`` once per argv in one child Python where only torch is importable.
 
-    Returns one (outcome, detail) per run: ("ok", stdout text) or ("raised", "Type: message").
+    Returns one (outcome, detail) per run: ("ok", stdout text), or for a failure the script judged
+    against the recorded one ("reproduced", exit 1, or "different", exit 3) the failure's "Type:
+    message", or ("raised", "Type: message") for any other exception.
     One child for several runs keeps the cost of importing torch to once per test.
     """
     code = textwrap.dedent(f"""
@@ -30,7 +32,10 @@ def run_isolated(script, *argvs, cwd):
                     runpy.run_path({str(script)!r}, run_name="__main__")
                 results.append(["ok", out.getvalue()])
             except BaseException as exc:
-                results.append(["raised", type(exc).__name__ + ": " + str(exc) + "\\n" + traceback.format_exc()])
+                judged = isinstance(exc, SystemExit) and exc.code in (1, 3) and exc.__context__ is not None
+                cause = exc.__context__ if judged else exc  # the failure the script judged, and its verdict
+                verdict = {{1: "reproduced", 3: "different"}}.get(exc.code) if judged else "raised"
+                results.append([verdict, type(cause).__name__ + ": " + str(cause) + "\\n" + traceback.format_exc()])
             import torch._dynamo
             torch._dynamo.reset()
         print("RESULTS" + json.dumps(results))
