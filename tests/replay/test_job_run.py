@@ -90,13 +90,19 @@ def test_a_dtensor_input_is_rebuilt_with_its_mesh_and_placements(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_hang_is_reproduced_within_the_timeout_and_the_diverging_rank_named(archives):
+def test_a_hang_is_reproduced_within_the_timeout_and_the_diverging_rank_named(archives, tmp_path):
     result = invoke("run", archives["skips"], "--timeout", "5")
     assert result.exit_code == 1, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "REPRODUCED ON RANK 0 (exit 1): reproduced on rank 0 of 2"
     assert any(ln.startswith("  rank 0") and "timed out in a collective" in ln for ln in lines)
     assert "diverged  rank 1 issued no collective #1 on group '0', where rank 0 issued all_reduce" in result.stdout
+    # the exported script judges rank 0's timed-out collective as run does: the recorded hang
+    assert invoke("export", archives["skips"], "-o", tmp_path / "script").exit_code == 0
+    done = subprocess.run([sys.executable, "repro.py", "--timeout", "5"], cwd=tmp_path / "script",
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "job: reproduced on rank 0 (exit 1)" in done.stderr, done.stderr[-3000:]
+    assert "reproduced: the recorded failure (timeout|" in done.stderr
 
 
 def _reproarchive() -> str:
