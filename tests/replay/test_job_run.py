@@ -341,6 +341,12 @@ def test_the_real_inductor_job_s_torch_trace_logs_pack_into_a_job_that_reproduce
     assert (launched["status"], launched["rank"], launched["exit_code"]) == ("reproduced", 1, 1), launched
     [one] = [r for r in launched["ranks"] if r["rank"] == 1]
     assert one["outcome"]["observed"]["exception_type"].endswith("CppCompileError")
+    # its exported script judges by run's rule too: the log's unqualified type is the recorded failure
+    assert invoke("export", report["job"]["archive"], "-o", tmp_path / "script").exit_code == 0
+    done = subprocess.run([sys.executable, "repro.py", "--timeout", "30"], cwd=tmp_path / "script",
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "job: reproduced on rank 1 (exit 1)" in done.stderr, done.stderr[-3000:]
+    assert "reproduced: the recorded failure (compile|torch._inductor.exc.CppCompileError|" in done.stderr
 
 
 @pytest.mark.slow
