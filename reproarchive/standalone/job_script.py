@@ -30,6 +30,7 @@ from reproarchive.context.environment import plan
 from reproarchive.context.failure import PEER_GONE_WORDS
 from reproarchive.errors import ExportError
 from reproarchive.format.atomic import atomic_dir
+from reproarchive.replay.accuracy import DEFAULT_TOLERANCE
 from reproarchive.replay.backends import is_custom
 from reproarchive.replay.faithfulness import before_replay
 from reproarchive.replay.settings import ReplaySettings
@@ -130,8 +131,9 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
 
 def _rank_judging(job: JobRepro) -> dict[str, str]:
     """Each rank's facts its script judges a replay by, as ``run`` judges the rank's: its recorded
-    failure (stage, exception type, signature), and what its replay cannot honour
-    (``faithfulness.before_replay``, on the rank's own records and inputs)."""
+    failure (stage, exception type, signature), what its replay cannot honour
+    (``faithfulness.before_replay``, on the rank's own records and inputs), and whether it
+    compares with eager (its recorded accuracy mode)."""
     failures = {r.rank: failure_literal(r.outcome.failure) for r in job.ranks
                 if r.outcome is not None and r.outcome.failure}
     unsure = {}
@@ -139,7 +141,9 @@ def _rank_judging(job: JobRepro) -> dict[str, str]:
         records = dataclasses.replace(r.records, failure=r.outcome.failure if r.outcome is not None else None)
         if said := before_replay(r.gm, list(r.args), list(r.fidelity), records, r.rng_states):
             unsure[r.rank] = said
-    return dict(rank_failures=repr(failures), rank_not_as_recorded=repr(unsure), recorded_rank=repr(job.failing_rank))
+    return dict(rank_failures=repr(failures), rank_not_as_recorded=repr(unsure), recorded_rank=repr(job.failing_rank),
+                rank_accuracy=repr({r.rank: bool(r.records.accuracy) for r in job.ranks}),
+                tolerance=repr(DEFAULT_TOLERANCE))
 
 
 def _rank_shapes(job: JobRepro) -> str:
@@ -204,7 +208,7 @@ def _header(world_size: int, archive_name: str, digest: str | None, recorded: st
         "Needs only PyTorch. Start it with python: it launches the ranks on this machine with torch's",
         "elastic launcher and exits once for the job, as `reproarchive run` does (0 no failure, 1 the",
         "recorded failure, 3 another failure, 125 a rank was not as recorded or the launcher started none):",
-        "    python repro.py [--device DEV] [--backend NAME] [--timeout S]",
+        "    python repro.py [--device DEV] [--backend NAME] [--timeout S] [--accuracy/--no-accuracy]",
         "(a rank whose collective failed only because another rank went away exits 75 and is not judged)",
         "or the way the job was started (torchrun's own exit is 1 for any rank's):",
         f"    torchrun --nproc-per-node {world_size} repro.py [--device DEV] [--backend NAME] [--timeout S]",

@@ -122,6 +122,18 @@ def test_every_rank_in_one_process_judges_accuracy_with_real_collective_values(a
 
 
 @pytest.mark.slow
+def test_the_exported_script_of_an_accuracy_job_judges_each_rank_as_run_does(archives, tmp_path):
+    """Before, the job's script never compared with eager: it passed (0) where `run` reproduces
+    rank 1's accuracy failure (1). Now each rank recorded in accuracy mode compares, and the job's
+    verdict is run's: rank 1 reproduced, rank 0 (no failure recorded) a different failure."""
+    assert invoke("export", archives["accuracy"], "-o", tmp_path / "script").exit_code == 0
+    done = subprocess.run([sys.executable, "repro.py", "--timeout", "30"], cwd=tmp_path / "script",
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "job: reproduced on rank 1 (exit 1)" in done.stderr, done.stderr[-3000:]
+    assert "rank 1: accuracy failure" in done.stderr and "reproduced: the recorded failure (accuracy|" in done.stderr
+
+
+@pytest.mark.slow
 def test_a_rank_that_passes_on_generated_inputs_is_no_evidence_however_the_job_is_replayed(tmp_path):
     """Rank 1's input was recorded without its data: a pass of its accuracy failure on values
     generated here says nothing of the failing run's, launched or in one process."""
@@ -342,8 +354,9 @@ def test_the_real_inductor_job_s_torch_trace_logs_pack_into_a_job_that_reproduce
     [one] = [r for r in launched["ranks"] if r["rank"] == 1]
     assert one["outcome"]["observed"]["exception_type"].endswith("CppCompileError")
     # its exported script judges by run's rule too: the log's unqualified type is the recorded failure
+    # (a long timeout: rank 0 waits in its all_reduce while rank 1 compiles, slow on a loaded machine)
     assert invoke("export", report["job"]["archive"], "-o", tmp_path / "script").exit_code == 0
-    done = subprocess.run([sys.executable, "repro.py", "--timeout", "30"], cwd=tmp_path / "script",
+    done = subprocess.run([sys.executable, "repro.py", "--timeout", "120"], cwd=tmp_path / "script",
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 1 and "job: reproduced on rank 1 (exit 1)" in done.stderr, done.stderr[-3000:]
     assert "reproduced: the recorded failure (compile|torch._inductor.exc.CppCompileError|" in done.stderr
