@@ -58,7 +58,6 @@ def test_export_runs_without_reproarchive_and_reproduces(tmp_path):
     assert passed == "ok" and "no failure" in output, output
 
 
-
 def test_the_script_judges_a_failure_as_run_does_the_recorded_one_or_another(tmp_path, monkeypatch):
     """A replay that fails with another error than the recorded one is a different failure: 3
     from `run`, and 3 from the script, which judges by the same rule (its bundled copy of
@@ -76,6 +75,7 @@ def test_the_script_judges_a_failure_as_run_does_the_recorded_one_or_another(tmp
         said = by_script.stderr.strip().splitlines()[-1]
         assert said.startswith("reproduced: " if not extra else "different failure: "), by_script.stderr[-2000:]
     assert verdicts == {(): (1, 1), ("--backend", "otherbug:backend"): (3, 3)}, verdicts
+
 
 def test_export_data_is_raw_bytes_and_aliasing_survives(tmp_path):
     """Inputs that share a storage share one data file, and the script rebuilds the views."""
