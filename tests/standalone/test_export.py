@@ -158,6 +158,26 @@ def test_export_header_survives_backslashes_in_messages(tmp_path):
     ast.parse(open(report.script).read())
 
 
+def test_the_script_shows_a_recorded_signature_with_its_control_characters_escaped(tmp_path):
+    """The recorded signature is the archive's text: the script's verdict line escapes a terminal
+    escape sequence in it instead of sending it to the terminal."""
+    from reproarchive.standalone.script import write_export
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(torch.relu, (x,)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    failure = FailureRecord(stage="compile", exception_type="OSError", message="boom",
+                            signature="compile|OSError|\x1b[2J\x1b]0;owned\x07", backend="eager")
+    report = write_export(gm, [torch.ones(2)], tmp_path / "out", Records(backend="eager", failure=failure))
+    (tmp_path / "out" / "otherbug.py").write_text("def backend(gm, args):\n    raise ValueError('another bug')\n")
+    ran = subprocess.run([sys.executable, report.script, "--backend", "otherbug:backend"], cwd=tmp_path / "out",
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 3, ran.stderr[-2000:]
+    assert "\x1b" not in ran.stderr and "\x07" not in ran.stderr
+    assert "(recorded: compile|OSError|\\x1b[2J\\x1b]0;owned\\x07)" in ran.stderr, ran.stderr[-1000:]
+
+
 def test_export_hands_the_backend_non_leaf_inputs_as_recorded(tmp_path):
     """A non-leaf input stays non-leaf in the script's runs too: the archive of
     ``non_leaf_compile_error_TESTING_ONLY`` (fails only on a non-leaf) reproduces."""
