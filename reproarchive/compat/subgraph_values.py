@@ -173,12 +173,13 @@ def _not_called(graphs: list[Any], ran: list[Any], called: dict[int, tuple]) -> 
                     or node.target.name() not in _NOT_CALLED:
                 continue
             at, (kind, where) = _NOT_CALLED[node.target.name()]
-            sub = _subgraph(owner, node.args[at]) if at < len(node.args) else None
-            if sub is None and kind != "given":
-                continue
-            if kind == "given":
+            if kind == "given":  # the operator makes their inputs itself
                 found += _flex_inputs(owner, node)
-            elif kind == "sibling":
+                continue
+            sub = _subgraph(owner, node.args[at]) if at < len(node.args) else None
+            if sub is None:
+                continue
+            if kind == "sibling":
                 sibling = _subgraph(owner, node.args[where]) if where < len(node.args) else None
                 if sibling is not None and id(sibling) in called:
                     found.append((sub, list(called[id(sibling)])))

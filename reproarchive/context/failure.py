@@ -78,10 +78,8 @@ def record_from_exception(exc: BaseException, stage: str, *, backend: str | None
 
 
 def as_collective_timeout(record: FailureRecord | None) -> FailureRecord | None:
-    """``record`` as a ``timeout`` failure (spec §8 ``failure.stage``) when its error is a collective
-    that waited past its timeout, otherwise ``record`` unchanged. The one rule for a hang: the
-    capture records a rank's failure by it and a replay judges what it observed by it, so the two
-    agree on what a timeout is."""
+    """``record`` as a ``timeout`` failure where ``timeout_signature`` (the one rule for a hang)
+    says its error is a collective that waited past its timeout, otherwise ``record`` unchanged."""
     if record is None:
         return record
     stage, signed = timeout_signature(record.stage, record.exception_type, record.message, record.signature)
