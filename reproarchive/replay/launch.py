@@ -37,12 +37,6 @@ from reproarchive.context.failure import crash_record, crash_report, says_a_peer
 from reproarchive.errors import LaunchError
 from reproarchive.format.schema import FailureRecord
 from reproarchive.replay.outcome import (
-    DIFFERENT,
-    EXIT_DIFFERENT,
-    EXIT_INCONCLUSIVE,
-    EXIT_PASSED,
-    EXIT_REPRODUCED,
-    INCONCLUSIVE,
     PASSED,
     REPRODUCED,
     Outcome,
@@ -50,8 +44,8 @@ from reproarchive.replay.outcome import (
     judged,
 )
 from reproarchive.replay.rank_client import WARM_ENV
+from reproarchive.replay.verdict_rule import CRASHED, HUNG, STOPPED, job_verdict
 
-CRASHED, STOPPED, HUNG = "crashed", "stopped", "hung"
 #: Seconds a launcher gets, beyond the collective timeout, to start its ranks (torch import,
 #: rendezvous) and to end them.
 STARTUP_ALLOWANCE_S = 90.0
@@ -330,29 +324,6 @@ def _read(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def job_verdict(outcomes: Sequence[RankOutcome], recorded_rank: int | None) -> tuple[str, int, int | None]:
-    """(status, exit code, the rank it is about) over the ranks' outcomes. When the recorded
-    failing rank ran elsewhere (another node's launch), the verdict is over the ranks here."""
-    by_rank = {o.rank: o for o in outcomes}
-    if recorded_rank is not None and recorded_rank not in by_rank:
-        recorded_rank = None
-    if recorded_rank is not None and by_rank.get(recorded_rank) and by_rank[recorded_rank].status == REPRODUCED:
-        return REPRODUCED, EXIT_REPRODUCED, recorded_rank
-    if recorded_rank is None:
-        hit = next((o for o in outcomes if o.status == REPRODUCED), None)
-        if hit is not None:
-            return REPRODUCED, EXIT_REPRODUCED, hit.rank
-    bad = [o for o in outcomes if o.status not in (PASSED, STOPPED, REPRODUCED, INCONCLUSIVE)]
-    if bad:
-        return DIFFERENT, EXIT_DIFFERENT, bad[0].rank
-    if recorded_rank is not None and by_rank[recorded_rank].status == STOPPED:
-        return DIFFERENT, EXIT_DIFFERENT, recorded_rank
-    unsure = next((o for o in outcomes if o.status == INCONCLUSIVE), None)
-    if unsure is not None:  # no rank failed, but one could not run as recorded: no evidence of a fix
-        return INCONCLUSIVE, EXIT_INCONCLUSIVE, unsure.rank
-    return PASSED, EXIT_PASSED, recorded_rank
 
 
 def run_launched(plan: LaunchPlan, *, world_size: int, ranks: Sequence[int],

@@ -19,19 +19,20 @@ from reproarchive.context import failure as _failure
 from reproarchive.format.plain import from_plain, to_plain
 from reproarchive.format.schema import AccuracyReport, FailureRecord
 from reproarchive.package_version import torch_release
+from reproarchive.replay.verdict_rule import (  # noqa: F401 - the verdicts and their codes, re-exported
+    DIFFERENT,
+    EXIT_DIFFERENT,
+    EXIT_INCONCLUSIVE,
+    EXIT_PASSED,
+    EXIT_REPRODUCED,
+    INCONCLUSIVE,
+    PASSED,
+    REPRODUCED,
+)
 
-EXIT_PASSED = 0
-EXIT_REPRODUCED = 1
-EXIT_DIFFERENT = 3
-EXIT_INCONCLUSIVE = 125
 #: Passed, but only compiled (``replay.compile_only``): the compile that failed now succeeds for
 #: the recorded device, which was not here; nothing ran, so it is not "good" (0).
 EXIT_COMPILED_ONLY = 6
-
-PASSED = "passed"
-REPRODUCED = "reproduced"
-DIFFERENT = "different failure"
-INCONCLUSIVE = "inconclusive"
 
 
 @dataclasses.dataclass

@@ -25,6 +25,7 @@ import torch
 
 from reproarchive.archive.job_archive import JobRepro, load_job
 from reproarchive.codec.custom_ops import LiveCustomOp
+from reproarchive.codec.rng import random_ops
 from reproarchive.codec.tensors import storage_view
 from reproarchive.context.environment import plan
 from reproarchive.context.failure import PEER_GONE_WORDS
@@ -132,8 +133,9 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
 def _rank_judging(job: JobRepro) -> dict[str, str]:
     """Each rank's facts its script judges a replay by, as ``run`` judges the rank's: its recorded
     failure (stage, exception type, signature), what its replay cannot honour
-    (``faithfulness.before_replay``, on the rank's own records and inputs), and whether it
-    compares with eager (its recorded accuracy mode)."""
+    (``faithfulness.before_replay``, on the rank's own records and inputs), whether it
+    compares with eager (its recorded accuracy mode) and the random ops that comparison must be
+    fair to."""
     failures = {r.rank: failure_literal(r.outcome.failure) for r in job.ranks
                 if r.outcome is not None and r.outcome.failure}
     unsure = {}
@@ -143,6 +145,7 @@ def _rank_judging(job: JobRepro) -> dict[str, str]:
             unsure[r.rank] = said
     return dict(rank_failures=repr(failures), rank_not_as_recorded=repr(unsure), recorded_rank=repr(job.failing_rank),
                 rank_accuracy=repr({r.rank: bool(r.records.accuracy) for r in job.ranks}),
+                rank_random_ops=repr({r.rank: list(ops) for r in job.ranks if (ops := random_ops(r.gm))}),
                 tolerance=repr(DEFAULT_TOLERANCE))
 
 

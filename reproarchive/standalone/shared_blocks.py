@@ -30,7 +30,7 @@ def loading_block() -> str:
 #: library modules whose text the exported scripts carry: each imports the standard library and
 #: torch only (``tests/standalone/test_bundled_code.py``)
 BUNDLED = ("reproarchive.compat.subgraph_values", "reproarchive.compat.shape_guard_text",
-           "reproarchive.context.failure_signature")
+           "reproarchive.context.failure_signature", "reproarchive.replay.verdict_rule")
 
 
 def bundled_source(module: str) -> str:

@@ -11,7 +11,9 @@ reproduce it without a test-only operator:
   0 recorded the collective timeout gloo raised;
 * ``spmd_accuracy``: both ranks compile one graph with a ``relu``, which the recorded backend
   (``relu_accuracy_error_TESTING_ONLY``) compiles wrong: an accuracy failure, recorded on rank 1;
-* ``dtensor_input``: a DTensor input (its local shard, placements and mesh recorded).
+* ``dtensor_input``: a DTensor input (its local shard, placements and mesh recorded);
+* ``dropout_accuracy``: both ranks draw a dropout mask after an ``all_reduce``, recorded in
+  accuracy mode under inductor with their generator states, and neither failed.
 """
 
 from __future__ import annotations
@@ -123,6 +125,22 @@ def spmd_accuracy(folder: Path, *, absent_on_rank_1: bool = False) -> Path:
         parts.append(dataclasses.replace(part, records=dataclasses.replace(part.records, accuracy=True)))
     name = "spmd-accuracy-absent.tar.zst" if absent_on_rank_1 else "spmd-accuracy.tar.zst"
     return reproarchive.pack_job(parts, folder / name, world_size=2, backend="gloo",
+                                 groups=[WORLD])
+
+
+def dropout_accuracy(folder: Path) -> Path:
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    y = g.call_function(c10d.wait_tensor, (g.call_function(c10d.all_reduce, (x, "sum", "0")),))
+    y = g.call_function(torch.nn.functional.dropout, (y, 0.5, True))
+    g.output((g.call_function(torch.sum, (g.call_function(operator.mul, (y, w)),)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    parts = []
+    for rank in (0, 1):
+        part = _part(rank, gm, RankOutcome(status="passed"), "inductor", inputs=[torch.randn(64), torch.randn(64)])
+        parts.append(dataclasses.replace(part, records=dataclasses.replace(part.records, accuracy=True),
+                                         rng_states={"cpu": torch.get_rng_state()}))
+    return reproarchive.pack_job(parts, folder / "dropout-accuracy.tar.zst", world_size=2, backend="gloo",
                                  groups=[WORLD])
 
 
