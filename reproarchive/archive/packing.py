@@ -120,7 +120,7 @@ def _custom_op_records(gm: fx.GraphModule, live: Sequence[LiveCustomOp] | None,
 
 
 @dataclasses.dataclass(frozen=True)
-class Prepared:
+class ArchiveContents:
     """What an archive of a graph holds but its blobs. ``pack`` writes it into one file; a spool
     (``archive.spool``) keeps it beside blobs it writes once per process. The storage table's
     digests are resolved by the writer (``table.resolve``) before it asks for the ``index``."""
@@ -140,10 +140,11 @@ class Prepared:
                      records=self.records, job=job, custom_ops=self.custom_ops, triton_kernels=self.triton_kernels)
 
 
-def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records | Mapping[str, Any] | None, *,
-             custom_ops: Sequence[LiveCustomOp] | None = None, rng_states: Mapping[str, torch.Tensor] | None = None,
-             device_names: Mapping[str, str] | None = None) -> Prepared:
-    """Everything an archive of ``gm`` holds but its blobs (``Prepared``).
+def archive_contents(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                     records: Records | Mapping[str, Any] | None, *, custom_ops: Sequence[LiveCustomOp] | None = None,
+                     rng_states: Mapping[str, torch.Tensor] | None = None,
+                     device_names: Mapping[str, str] | None = None) -> ArchiveContents:
+    """Everything an archive of ``gm`` holds but its blobs (``ArchiveContents``).
     ``custom_ops``/``rng_states``/``device_names``: as ``pack`` takes them."""
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
@@ -170,7 +171,7 @@ def prepared(gm: fx.GraphModule, example_inputs: Sequence[Any], records: Records
         graph_record, custom_ops or (), lambda t: tensor_codec.encode_value(t, table))
     records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors
     code = graph_codec.readable_code(gm).encode()
-    return Prepared(table=table, inputs=input_records, graph=graph_record, code=code, records=records,
+    return ArchiveContents(table=table, inputs=input_records, graph=graph_record, code=code, records=records,
                     custom_ops=op_records, triton_kernels=kernel_records)
 
 
@@ -234,7 +235,7 @@ def pack(
     ``device_names``: a storage's recorded device by its tensor's device here, where they differ
     (a compile-only minify holds an absent GPU's tensors on meta: ``{"meta": "cuda:0"}``)."""
     digests.check_algorithm(digest)
-    ready = prepared(gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states,
+    ready = archive_contents(gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states,
                      device_names=device_names)
     table, code = ready.table, ready.code
 

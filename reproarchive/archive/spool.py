@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from reproarchive.archive.host_staging import MAX_BUFFERS, HostStaging
-from reproarchive.archive.packing import Prepared, is_zero_bytes, prepared
+from reproarchive.archive.packing import ArchiveContents, archive_contents, is_zero_bytes
 from reproarchive.archive.spool_folder import (  # noqa: F401 - MARKER, is_spool: this module's names too
     CODE_SUFFIX,
     INDEX_SUFFIX,
@@ -61,7 +61,7 @@ class Draft:
     is hash ``storages`` (the real ones of the storage table, in its order) and ``commit``."""
 
     name: str
-    ready: Prepared
+    ready: ArchiveContents
     job: Any
     real: list[int]
     storages: list[Any]
@@ -104,7 +104,7 @@ class Spool(SpoolFolder):
         nothing hashed or written yet."""
         table_prefixes = working_folder() if prefixes is None else dict(prefixes)
         records = redacted(capture.records, table_prefixes)
-        ready = prepared(capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops,
+        ready = archive_contents(capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops,
                          rng_states=capture.rng_states)
         real = [sidx for sidx, record in enumerate(ready.table.records) if record.is_real]
         return Draft(name, ready, capture.job, real, [ready.table.sources[sidx] for sidx in real])
