@@ -4,6 +4,7 @@ switched on)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -401,7 +402,15 @@ def _report_capture(result, store: str | None, *, as_json: bool, quiet: bool, ac
 
 def _say_nothing_captured(result, *, accuracy: bool) -> None:
     """Why capture wrote no archive, on stderr."""
-    if result.exit_code != 0 and not result.errors:
+    if result.errors:
+        click.echo("reproarchive: a failure was dumped, but no archive could be made of it (the error above says "
+                   "why)", err=True)
+    elif result.exit_code > 128 and not result.interrupted:
+        name = _signal_name(result.exit_code - 128)
+        click.echo(f"reproarchive: the program was killed by {name} (exit {result.exit_code}) and nothing was "
+                   "archived: capture guards a compiled graph's compile and first call against a crash, and this "
+                   "one came elsewhere (eager code, or a later call of a compiled graph)", err=True)
+    elif result.exit_code != 0:
         click.echo(f"reproarchive: the program exited with {result.exit_code} but PyTorch wrote no "
                    "repro dump (the failure was not inside a compiler backend)", err=True)
     elif not accuracy:
@@ -409,3 +418,10 @@ def _say_nothing_captured(result, *, accuracy: bool) -> None:
                    "wrong numbers raises nothing: capture one with --accuracy)", err=True)
     else:
         click.echo("reproarchive: no torch.compile failure was captured", err=True)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -110,9 +110,27 @@ def test_capture_passing_and_failing_programs_without_torch(tmp_path):
                                "import sys; sys.exit(3)"])
     assert bad.exit_code == 3
     assert "wrote no repro dump" in bad.stderr
+    # a program killed by a signal outside what capture guards: said so, not "not inside a backend"
+    killed = runner.invoke(main, ["capture", "-o", str(tmp_path), "--", sys.executable, "-c",
+                                  "import os; os.abort()"])
+    assert killed.exit_code == 134 and "wrote no repro dump" not in killed.stderr
+    assert ("the program was killed by SIGABRT (exit 134) and nothing was archived: capture guards a compiled "
+            "graph's compile and first call against a crash") in killed.stderr, killed.stderr
     assert list(tmp_path.iterdir()) == []
     missing = runner.invoke(main, ["capture", "--", str(tmp_path / "no-such-program")])
     assert missing.exit_code == 4 and "not found" in missing.stderr
+
+
+def test_a_dump_that_could_not_be_packed_is_not_called_no_failure(capsys):
+    """The pack's error is printed first; the closing line said "no torch.compile failure was
+    captured", which read as if the program had not failed in a compiled graph."""
+    from cli.capture_cmds import _say_nothing_captured
+    from reproarchive.sources.program.program_capture import CaptureResult
+
+    _say_nothing_captured(CaptureResult(exit_code=1, errors=["run_x: importing the dump failed"]), accuracy=False)
+    said = capsys.readouterr().err
+    assert "no torch.compile failure was captured" not in said
+    assert "a failure was dumped, but no archive could be made of it (the error above says why)" in said
 
 
 # A user's training step (conv + batch norm + MLP, an optimizer, a batch size that changes, so

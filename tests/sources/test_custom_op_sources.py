@@ -165,3 +165,42 @@ def test_a_first_call_that_fails_after_the_op_is_kept_with_the_op_s_call(tmp_pat
     ran = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "script", capture_output=True, text=True,
                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert ran.returncode == 1 and "RuntimeError" in ran.stderr, ran.stderr[-2000:]
+
+
+MAIN_OP_LATER_CALL_PROGRAM = '''
+import torch
+
+@torch.library.custom_op("ratest_main::shifted", mutates_args=())
+def shifted(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+shifted.register_fake(lambda x: torch.empty_like(x))
+
+@torch.compile(backend="eager")
+def f(x, i):
+    return torch.ops.ratest_main.shifted(x.relu() * 2)[i] + 1
+
+x = torch.arange(4.0)
+f(x, torch.tensor([0, 1]))
+f(x, torch.tensor([2, 3]))
+f(x, torch.tensor([2, 9]))  # the third call indexes out of range
+'''
+
+
+def test_a_later_call_of_a_graph_calling_an_op_the_program_defines_packs_with_the_op_s_call(tmp_path):
+    """The op lives in the program's own script, which no pack can import, and the graph's third
+    call fails after it ran. PyTorch dumps the call, but the crash guard recorded the op's calls
+    only for a failing compile: the dump could not be packed ("importing the dump failed:
+    AttributeError: ... has no attribute 'shifted'"), and capture said no failure was captured.
+    The op's call on the failing call's inputs is recorded now, and the archive replays with it
+    stood in."""
+    (tmp_path / "prog.py").write_text(MAIN_OP_LATER_CALL_PROGRAM)
+    done = _cli("capture", "--json", "-o", tmp_path / "out", "--", sys.executable, "prog.py", cwd=tmp_path)
+    report = json.loads(done.stdout)
+    assert report["errors"] == [] and len(report["archives"]) == 1, done.stdout + done.stderr[-3000:]
+    (written,) = report["archives"]
+    assert "index 9 is out of bounds" in written["failure"]["message"], written
+    (op,) = reproarchive.inspect(written["archive"]).custom_ops
+    assert (op.name, op.calls) == ("ratest_main::shifted.default", 1), op
+    replayed = _cli("run", "--json", written["archive"], cwd=tmp_path / "out")
+    assert json.loads(replayed.stdout)["status"] == "reproduced" and replayed.returncode == 1, replayed.stdout[-2000:]

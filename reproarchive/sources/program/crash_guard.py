@@ -182,21 +182,29 @@ def _custom_op_graph(gm: Any) -> Any:
         return None
 
 
-def _write_custom_ops(gm: Any, inputs: list[Any], exc: Exception, backend: str) -> None:
+def _write_custom_ops(gm: Any, inputs: list[Any], exc: Exception, backend: str, stage: str = "compile") -> None:
     """For a graph that calls custom ops and failed: an archive whose ``custom_ops`` record
     holds their real outputs (``CUSTOM_OPS_DIR``). PyTorch's dump of this failure names the ops
     but cannot define them, so ``pack_dump`` installs them from here (as stand-ins, or the
-    user's ``--import``) and keeps these recorded calls."""
+    user's ``--import``) and keeps these recorded calls. A record where an op has no call (it
+    failed itself on these inputs) is not kept: a stand-in without a call would replay nothing,
+    and the dump's own replay says what to bring instead."""
     try:
         from reproarchive.context.config import config_snapshot
         from reproarchive.context.failure import record_from_exception
+        from reproarchive.format.reader import ContainerReader
         from reproarchive.sources.capture.capture_backend import write_archive
 
         folder = Path(os.environ[CRASH_DIR_ENV]).parent / CUSTOM_OPS_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        write_archive(gm, inputs, folder / f"{os.getpid()}-{next(_counter)}.tar.zst", config=config_snapshot(),
-                      failure=record_from_exception(exc, "compile", backend=backend), backend=backend,
+        target = folder / f"{os.getpid()}-{next(_counter)}.tar.zst"
+        write_archive(gm, inputs, target, config=config_snapshot(),
+                      failure=record_from_exception(exc, stage, backend=backend), backend=backend,
                       accuracy=False, capture_settings={"check_runtime": True})
+        with ContainerReader(target) as reader:
+            uncalled = not all(op.calls for op in reader.index.custom_ops)
+        if uncalled:
+            target.unlink()
     except Exception as err:  # noqa: BLE001 - never in place of the program's own run
         log.warning("reproarchive capture: could not record the custom ops of a failing graph: %s: %s",
                     type(err).__name__, err)
@@ -342,8 +350,10 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
-        if done[0]:
+        if done[0] and op_graph is None:
             return compiled(*args, **kwargs)
+        if done[0]:
+            return _later_call(compiled, args, kwargs, op_graph, backend)
         spool().wait(pending, fork=not first.finished_first(list(args)))
         try:
             return compiled(*args, **kwargs)
@@ -358,6 +368,21 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
                 discard(pending)
 
     return run
+
+
+def _later_call(compiled: Any, args: tuple, kwargs: dict, op_graph: Any, backend: str) -> Any:
+    """A later call of a graph that calls custom ops: where it fails, PyTorch's dump of the call
+    names the ops but cannot define them (they live in the program), so their calls on the
+    call's inputs are recorded as a failing compile's are (``_write_custom_ops``), and the dump
+    packs with them (stand-ins, or the user's ``--import``)."""
+    from reproarchive.sources.capture.call_guard import is_control_flow
+
+    try:
+        return compiled(*args, **kwargs)
+    except Exception as exc:
+        if not is_control_flow(exc):
+            _write_custom_ops(op_graph, list(args), exc, backend, stage="forward")
+        raise
 
 
 def _undumped_after_aot(exc: Exception) -> bool:
