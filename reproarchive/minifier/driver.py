@@ -213,14 +213,21 @@ def minify_archive(
 
 def _recorded_stage(repro: Repro) -> str:
     """The stage of the recorded failure: the signature every candidate must reproduce. An
-    archive without one (packed with --no-replay, or unknown) has nothing to minify against."""
-    stage = repro.records.failure.stage if repro.records.failure is not None else None
-    if stage in (None, "unknown"):
+    archive without one has nothing to minify against; one whose failure is unknown says why it
+    is (the pack's replay could not learn it: not replayed, a custom op it could not run, a
+    graph that fails in eager mode too), and that reason is the user's next step."""
+    failure = repro.records.failure
+    if failure is None:
+        raise ReproArchiveError("the archive records no failure to minify against",
+                                "minify an archive of a failure (`reproarchive inspect` shows what it records)")
+    if failure.stage == "unknown":
+        why = (failure.message.strip().splitlines() or [""])[0][:300]
         raise ReproArchiveError(
-            "the archive records no failure signature to minify against",
-            "replay it first (`reproarchive pack` without --no-replay records one)",
-        )
-    return stage
+            "the archive's failure is unknown, so there is no signature to minify against"
+            + (f" ({why})" if why else ""),
+            "pack it again where its replay can learn the failure (without --no-replay; --import MODULE for a custom "
+            "op it calls); a graph that fails in eager mode too is not the compiler's to minify")
+    return failure.stage
 
 
 def _workers(isolate: bool | None, jobs: int | None, stage: str) -> tuple[bool, int]:

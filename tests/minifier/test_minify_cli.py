@@ -112,6 +112,29 @@ def test_minify_refuses_an_archive_that_does_not_reproduce(tmp_path):
         assert usage.exit_code == 2 and "only apply with --minify" in usage.output
 
 
+
+def test_minify_of_an_unknown_failure_says_why_it_is_unknown(tmp_path):
+    """An archive whose pack could not learn its failure (here: the graph fails in eager mode
+    too) has no signature to minify against. The error named a cause it did not have ("replay
+    it first: pack without --no-replay", for an archive that was replayed) and not the one it
+    records."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(operator.add, (x, x)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    message = "the graph fails in eager mode too (IndexError: index 9 is out of bounds); not replayed"
+    failure = {"stage": "unknown", "exception_type": "", "message": message, "traceback": "", "signature": "",
+               "backend": "eager", "accuracy": None}
+    path = reproarchive.pack(gm, [torch.ones(2)], tmp_path / "u.tar.zst", backend="eager", failure=failure)
+    result = CliRunner().invoke(main, ["run", "--minify", str(path), "-o", str(tmp_path / "m.tar.zst")])
+    assert result.exit_code == 2 and "without --no-replay records one" not in result.output
+    assert f"the archive's failure is unknown, so there is no signature to minify against ({message})" in result.output
+    assert "not the compiler's to minify" in result.output and not (tmp_path / "m.tar.zst").exists()
+    bare = reproarchive.pack(gm, [torch.ones(2)], tmp_path / "none.tar.zst", backend="eager")
+    result = CliRunner().invoke(main, ["run", "--minify", str(bare), "-o", str(tmp_path / "m.tar.zst")])
+    assert result.exit_code == 2 and "records no failure to minify against" in result.output, result.output
+
+
 @pytest.mark.slow
 def test_isolated_minify(tmp_path):
     g = fx.Graph()
