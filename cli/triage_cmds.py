@@ -97,7 +97,11 @@ def _failure(f: dict) -> list[str]:
 
     if f["same"]:
         return [f"{'failure':<12} same signature: {text(f['a'])}"]
-    return [f"{'failure':<12} DIFFERENT", f"  A  {text(f['a'])}", f"  B  {text(f['b'])}"]
+    lines = [f"{'failure':<12} DIFFERENT", f"  A  {text(f['a'])}", f"  B  {text(f['b'])}"]
+    if f["a"] is not None and f["b"] is not None and text(f["a"]) == text(f["b"]):
+        # the same words, another group (the failing node's target, the compiler's diagnostic): show what differs
+        lines += [f"  group A  {terminal_safe(f['a']['group'])}", f"  group B  {terminal_safe(f['b']['group'])}"]
+    return lines
 
 
 def _rows(name: str, section: dict, same_text: str) -> list[str]:

@@ -128,3 +128,20 @@ def test_values_reproarchive_set_itself_are_no_differences(tmp_path):
     report = reproarchive.diff(inproc, other)
     assert report.differing == ("environment",)
     assert [r["name"] for r in report.environment["rows"]] == ["TORCH_COMPILE_DEBUG_DIR"]
+
+
+def test_failures_in_the_same_words_but_other_groups_show_the_groups(tmp_path):
+    """One message, two groups: A's message names a node of its graph (its ``relu``), B's graph
+    has no such node. The text showed two identical failure lines under "DIFFERENT"."""
+    def pack(path, last):
+        g = fx.Graph()
+        sin = g.create_node("call_function", torch.ops.aten.sin.default, (g.placeholder("x"),), name="sin")
+        g.output((g.create_node("call_function", last, (sin,), name=last.__name__.split(".")[0]),))
+        return reproarchive.pack(fx.GraphModule(torch.nn.Module(), g), [torch.ones(4)], path, backend="inductor",
+                                 failure=FAILURE)
+
+    a, b = pack(tmp_path / "a.tar.zst", torch.ops.aten.relu.default), pack(tmp_path / "b.tar.zst",
+                                                                            torch.ops.aten.cos.default)
+    text = invoke("diff", a, b).stdout
+    assert "failure      DIFFERENT" in text and text.count("compile RuntimeError: bad relu") == 2, text
+    assert "  group A  compile|RuntimeError|bad relu @" in text and "  group B  compile|RuntimeError|bad relu\n" in text
