@@ -60,7 +60,7 @@ from typing import Any
 from reproarchive.compat import dynamo, inductor
 from reproarchive.sources.capture.first_call import CRASH_DIR_ENV, FirstCall, discard, spool
 from reproarchive.sources.capture.stack_room import with_frame_room
-from reproarchive.sources.program import after_aot_hook
+from reproarchive.sources.program import after_aot_hook, op_calls
 from reproarchive.sources.program.after_dynamo_hook import after_dynamo_hook
 from reproarchive.sources.program.door_archives import AOT_DIR_ENV, ARCHIVED_ATTR
 
@@ -70,7 +70,6 @@ ACCURACY_DIR_ENV = "REPROARCHIVE_ACCURACY_DIR"
 #: default: archived, and the program goes on, so its exit status is its own) or "raise"
 ON_ACCURACY_ENV = "REPROARCHIVE_ON_ACCURACY"
 PENDING_PREFIX = "pending-"
-CUSTOM_OPS_DIR = "custom_ops"  # beside the crash folder: a failing graph's custom-op calls
 KEPT_DIR = "kept"  # beside it too: first calls whose failure PyTorch could not dump, from the spool
 SUPERSEDES_SUFFIX = ".supersedes.json"  # beside a kept first call: the dump it stands for
 EXECUTION_DIR = "execution"  # beside it too: the thread state of each compile, one JSON line per compile
@@ -137,7 +136,7 @@ def _patch(module: Any) -> None:
         _note_entry(gm)
         first = FirstCall(_write_pending(gm, list(example_inputs), _backend_name(self)))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
-        pristine = _custom_op_graph(gm)
+        pristine = op_calls.op_graph(gm)
 
         def compile_() -> Any:
             if accuracy_dir and not kwargs:
@@ -152,7 +151,7 @@ def _patch(module: Any) -> None:
         except BaseException as exc:
             discard(first.pending)
             if pristine is not None and isinstance(exc, Exception):
-                _write_custom_ops(pristine, list(example_inputs), exc, _backend_name(self))
+                op_calls.write_op_calls(pristine, list(example_inputs), exc, _backend_name(self))
             raise
         finally:
             shapes = _note_compile(gm, list(example_inputs), began)
@@ -169,45 +168,6 @@ def _note_entry(gm: Any) -> None:
     from reproarchive.codec.shape_guards import note_entry  # torch's: imported once torch compiles
 
     note_entry(gm)
-
-
-def _custom_op_graph(gm: Any) -> Any:
-    """A structural copy of ``gm`` when it calls custom ops (backends may rewrite it in place)."""
-    try:
-        from reproarchive.codec.custom_ops import custom_ops_of
-        from reproarchive.sources.capture.capture_backend import copy_graph_structure
-
-        return copy_graph_structure(gm) if custom_ops_of(gm) else None
-    except Exception:  # noqa: BLE001 - never in place of the program's own run
-        return None
-
-
-def _write_custom_ops(gm: Any, inputs: list[Any], exc: Exception, backend: str, stage: str = "compile") -> None:
-    """For a graph that calls custom ops and failed: an archive whose ``custom_ops`` record
-    holds their real outputs (``CUSTOM_OPS_DIR``). PyTorch's dump of this failure names the ops
-    but cannot define them, so ``pack_dump`` installs them from here (as stand-ins, or the
-    user's ``--import``) and keeps these recorded calls. A record where an op has no call (it
-    failed itself on these inputs) is not kept: a stand-in without a call would replay nothing,
-    and the dump's own replay says what to bring instead."""
-    try:
-        from reproarchive.context.config import config_snapshot
-        from reproarchive.context.failure import record_from_exception
-        from reproarchive.format.reader import ContainerReader
-        from reproarchive.sources.capture.capture_backend import write_archive
-
-        folder = Path(os.environ[CRASH_DIR_ENV]).parent / CUSTOM_OPS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"{os.getpid()}-{next(_counter)}.tar.zst"
-        write_archive(gm, inputs, target, config=config_snapshot(),
-                      failure=record_from_exception(exc, stage, backend=backend), backend=backend,
-                      accuracy=False, capture_settings={"check_runtime": True})
-        with ContainerReader(target) as reader:
-            uncalled = not all(op.calls for op in reader.index.custom_ops)
-        if uncalled:
-            target.unlink()
-    except Exception as err:  # noqa: BLE001 - never in place of the program's own run
-        log.warning("reproarchive capture: could not record the custom ops of a failing graph: %s: %s",
-                    type(err).__name__, err)
 
 
 def _note_compile(gm: Any, inputs: list[Any], began: float) -> Any:
@@ -246,12 +206,6 @@ def execution_notes(dump_dir: Path, pid: int) -> Path | None:
     """What process ``pid`` noted at its compiles (``_note_compile``), if anything."""
     path = dump_dir / EXECUTION_DIR / f"{pid}.jsonl"
     return path if path.is_file() else None
-
-
-def custom_op_archives(dump_dir: Path, pid: int) -> list[Path]:
-    """The custom-op records process ``pid`` left (``_write_custom_ops``), oldest first."""
-    folder = dump_dir / CUSTOM_OPS_DIR
-    return sorted(folder.glob(f"{pid}-*.tar.zst"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
 
 
 def _hook_runs_in_backend() -> bool:
@@ -353,7 +307,7 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
         if done[0] and op_graph is None:
             return compiled(*args, **kwargs)
         if done[0]:
-            return _later_call(compiled, args, kwargs, op_graph, backend)
+            return op_calls.later_call(compiled, args, kwargs, op_graph, backend)
         spool().wait(pending, fork=not first.finished_first(list(args)))
         try:
             return compiled(*args, **kwargs)
@@ -368,21 +322,6 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
                 discard(pending)
 
     return run
-
-
-def _later_call(compiled: Any, args: tuple, kwargs: dict, op_graph: Any, backend: str) -> Any:
-    """A later call of a graph that calls custom ops: where it fails, PyTorch's dump of the call
-    names the ops but cannot define them (they live in the program), so their calls on the
-    call's inputs are recorded as a failing compile's are (``_write_custom_ops``), and the dump
-    packs with them (stand-ins, or the user's ``--import``)."""
-    from reproarchive.sources.capture.call_guard import is_control_flow
-
-    try:
-        return compiled(*args, **kwargs)
-    except Exception as exc:
-        if not is_control_flow(exc):
-            _write_custom_ops(op_graph, list(args), exc, backend, stage="forward")
-        raise
 
 
 def _undumped_after_aot(exc: Exception) -> bool:

@@ -50,7 +50,7 @@ from reproarchive.sources.capture.job_capture import JOB_OUT_ENV, PARTS_SUFFIX, 
 from reproarchive.sources.dump.pack_dump import pack_dump
 from reproarchive.sources.dump.scripts import LAUNCHER_NAME, holds_no_data
 from reproarchive.sources.pack_report import PackReport, archive_report
-from reproarchive.sources.program import crash_guard, door_archives
+from reproarchive.sources.program import crash_guard, door_archives, op_calls
 from reproarchive.sources.program.crash_guard import (
     ACCURACY_DIR_ENV,
     CRASH_DIR_ENV,
@@ -264,7 +264,7 @@ def _pack_dumps(launchers: list[Path], dump_dir: Path, out: Path, result: Captur
             progress(f"packing dump {i} of {len(launchers)}")
         target = _next_free(out)
         pid = launcher.parent.parent.name.rpartition("-pid_")[2]
-        recorded = crash_guard.custom_op_archives(dump_dir, int(pid)) if pid.isdigit() else []
+        recorded = op_calls.op_call_archives(dump_dir, int(pid)) if pid.isdigit() else []
         execution = crash_guard.execution_notes(dump_dir, int(pid)) if pid.isdigit() else None
         try:
             result.archives.append(pack_dump(launcher, target, replay=replay, custom_ops_from=recorded,
