@@ -19,7 +19,7 @@ from .exit_codes import INTERNAL, INTERRUPTED, exit_codes
 from .options import implementations
 from .progress_bars import step_bar
 from .store_cmds import push_line
-from .text import human_size, pack_summary
+from .text import human_size, pack_summary, terminal_safe
 
 PACK_STAGES = 6  # the events reproarchive.sources.dump.pack_child reports
 
@@ -405,11 +405,17 @@ def _say_nothing_captured(result, *, accuracy: bool) -> None:
     if result.errors:
         click.echo("reproarchive: a failure was dumped, but no archive could be made of it (the error above says "
                    "why)", err=True)
+    elif result.exit_code > 128 and not result.interrupted and result.crashed_in:
+        name = _signal_name(result.exit_code - 128)
+        click.echo(f"reproarchive: the program was killed by {name} (exit {result.exit_code}) in "
+                   f"{terminal_safe('; '.join(result.crashed_in))}, and nothing was archived: capture guards a "
+                   "compiled graph's compile and first call against a crash, not its later calls (to archive it, "
+                   "make the failing input that graph's first call: run the failing step alone)", err=True)
     elif result.exit_code > 128 and not result.interrupted:
         name = _signal_name(result.exit_code - 128)
-        click.echo(f"reproarchive: the program was killed by {name} (exit {result.exit_code}) and nothing was "
-                   "archived: capture guards a compiled graph's compile and first call against a crash, and this "
-                   "one came elsewhere (eager code, or a later call of a compiled graph)", err=True)
+        click.echo(f"reproarchive: the program was killed by {name} (exit {result.exit_code}) outside every "
+                   "compiled graph's compile and call, and nothing was archived (a crash there is not a compiler's)",
+                   err=True)
     elif result.exit_code != 0:
         click.echo(f"reproarchive: the program exited with {result.exit_code} but PyTorch wrote no "
                    "repro dump (the failure was not inside a compiler backend)", err=True)

@@ -262,6 +262,46 @@ def test_capture_does_not_change_how_the_program_ends(tmp_path):
     assert packed["failure"]["stage"] == "crash" and packed["failure"]["exception_type"] == "SIGABRT"
 
 
+_ABORTS_ON_A_LATER_CALL = """
+import os, torch
+
+@torch.library.custom_op("crashtest::checked", mutates_args=())
+def checked(x: torch.Tensor) -> torch.Tensor:
+    if float(x.sum()) > 100:
+        os.abort()  # a native crash on the data of one call: the third
+    return x.clone()
+
+checked.register_fake(lambda x: torch.empty_like(x))
+
+@torch.compile(backend="eager")
+def f(x):
+    return torch.ops.crashtest.checked(x.relu() * 2) + 1
+
+for scale in (1.0, 2.0, 100.0):
+    f(torch.ones(4) * scale)
+"""
+
+
+def test_a_crash_in_a_later_call_is_named_by_the_call_it_died_in(tmp_path):
+    """Only a graph's compile and first call are guarded against a crash; a crash in its third
+    call left nothing, and capture said "PyTorch wrote no repro dump (the failure was not
+    inside a compiler backend)". Each later call marks itself, so capture names the call and
+    the graph, and says why no archive covers it."""
+    (tmp_path / "prog.py").write_text(_ABORTS_ON_A_LATER_CALL)
+    cli_main = [sys.executable, "-c", "from reproarchive.cli import main; main()"]
+    done = subprocess.run([*cli_main, "capture", "-o", "out", "--", sys.executable, "prog.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGABRT, done.stderr[-3000:]
+    assert ("the program was killed by SIGABRT (exit 134) in call 3 of the graph compiled as [0/0] (prog.py:14 in f), "
+            "and nothing was archived") in done.stderr, done.stderr[-3000:]
+    assert "not inside a compiler backend" not in done.stderr
+    quiet = subprocess.run([*cli_main, "capture", "--json", "-o", "out", "--", sys.executable, "prog.py"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    report = json.loads(quiet.stdout)
+    assert report["crashed_in"] == ["call 3 of the graph compiled as [0/0] (prog.py:14 in f)"], report
+    assert report["archives"] == [] and not list((tmp_path / "out").iterdir())
+
+
 # --------------------------------------------------------------------------------------------
 # reading faulthandler's report
 

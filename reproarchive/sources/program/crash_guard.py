@@ -52,6 +52,7 @@ import importlib.abc
 import itertools
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -60,7 +61,7 @@ from typing import Any
 from reproarchive.compat import dynamo, inductor
 from reproarchive.sources.capture.first_call import CRASH_DIR_ENV, FirstCall, discard, spool
 from reproarchive.sources.capture.stack_room import with_frame_room
-from reproarchive.sources.program import after_aot_hook, op_calls
+from reproarchive.sources.program import after_aot_hook, call_marks, op_calls
 from reproarchive.sources.program.after_dynamo_hook import after_dynamo_hook
 from reproarchive.sources.program.door_archives import AOT_DIR_ENV, ARCHIVED_ATTR
 
@@ -155,9 +156,9 @@ def _patch(module: Any) -> None:
             raise
         finally:
             shapes = _note_compile(gm, list(example_inputs), began)
-        if first.pending is None:
-            return compiled
-        return _discard_after_first_call(compiled, _backend_name(self), first, shapes, pristine)
+        if first.pending is None:  # no spool entry: no call is guarded, every call is marked
+            return _every_call_marked(compiled, _marker(gm))
+        return _discard_after_first_call(compiled, _backend_name(self), first, shapes, pristine, _marker(gm))
 
     cls.__call__ = __call__
     cls._reproarchive_guarded = True
@@ -287,8 +288,44 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
         return None
 
 
+def _marker(gm: Any) -> call_marks.Marker | None:
+    """The marks of this graph's calls (``call_marks``), labelled with the compile's id and the
+    user's line the graph starts at; None where they cannot be written."""
+    try:
+        where = next((n.stack_trace for n in gm.graph.nodes if n.op == "call_function" and n.stack_trace), "")
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', where or "")
+        place = f" ({Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+        folder = Path(os.environ[CRASH_DIR_ENV]).parent / call_marks.MARKS_DIR
+        return call_marks.Marker(folder, f"[{dynamo.current_compile_id()}]{place}")
+    except Exception:  # noqa: BLE001 - never in place of the program's own run
+        return None
+
+
+def _marked(fn: Any, args: tuple, kwargs: dict, marker: call_marks.Marker | None, call: int) -> Any:
+    """``fn(*args, **kwargs)``, marked as call ``call`` of ``marker``'s graph while it runs: a
+    native crash inside leaves the mark, which ``capture --`` reports (``call_marks``)."""
+    try:
+        marker.enter(call)
+    except Exception:  # noqa: BLE001 - never in place of the program's own run (None: not marked)
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        marker.leave()
+
+
+def _every_call_marked(compiled: Any, marker: call_marks.Marker | None) -> Any:
+    calls = itertools.count(1)
+
+    @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _marked(compiled, args, kwargs, marker, next(calls))
+
+    return run
+
+
 def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, shapes: Any = None,
-                              op_graph: Any = None) -> Any:
+                              op_graph: Any = None, marker: call_marks.Marker | None = None) -> Any:
     """``compiled`` behind a wrapper that discards spool entry ``first.pending`` when its first
     call ends (or, where PyTorch's hook watches the call's compiled backward, leaves it to the
     hook: ``first.watched``), or keeps it as the failure's archive where the call failed and the
@@ -296,18 +333,21 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
     backward follows the call, the entry is finished before it rather than by a writer forked
     through that backward's compile (``ProcessSpool.wait``). ``shapes``: the shape policy with
     the guards the compile added, which a kept entry records; ``op_graph``: the graph as Dynamo
-    handed it, where it calls custom ops, whose calls a kept entry records."""
-    done = [False]
+    handed it, where it calls custom ops, whose calls a kept entry records (and a failing later
+    call, ``op_calls.later_call``). Every later call is marked by ``marker`` (``call_marks``): a
+    crash there leaves no archive, but capture names the call."""
+    done, calls = [False], [1]  # the first call, then its number from 2 on
     pending = first.pending
     first.keep = lambda exc, stage: _keep(pending, exc, backend, supersedes=_dumped_after_dynamo(exc), shapes=shapes,
                                           stage=stage, op_graph=op_graph)
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
-        if done[0] and op_graph is None:
-            return compiled(*args, **kwargs)
         if done[0]:
-            return op_calls.later_call(compiled, args, kwargs, op_graph, backend)
+            calls[0] += 1
+            if op_graph is None:
+                return _marked(compiled, args, kwargs, marker, calls[0])
+            return _marked(op_calls.later_call, (compiled, args, kwargs, op_graph, backend), {}, marker, calls[0])
         spool().wait(pending, fork=not first.finished_first(list(args)))
         try:
             return compiled(*args, **kwargs)

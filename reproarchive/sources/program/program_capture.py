@@ -50,7 +50,7 @@ from reproarchive.sources.capture.job_capture import JOB_OUT_ENV, PARTS_SUFFIX, 
 from reproarchive.sources.dump.pack_dump import pack_dump
 from reproarchive.sources.dump.scripts import LAUNCHER_NAME, holds_no_data
 from reproarchive.sources.pack_report import PackReport, archive_report
-from reproarchive.sources.program import crash_guard, door_archives, op_calls
+from reproarchive.sources.program import call_marks, crash_guard, door_archives, op_calls
 from reproarchive.sources.program.crash_guard import (
     ACCURACY_DIR_ENV,
     CRASH_DIR_ENV,
@@ -71,6 +71,9 @@ class CaptureResult:
     dumps_found: int = 0
     dumps_kept: Path | None = None
     interrupted: bool = False
+    #: killed by a signal: the later calls of compiled graphs the program's processes died in
+    #: ("call 3 of the graph compiled as [0/0] (prog.py:12 in f)"), which no archive covers
+    crashed_in: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +83,7 @@ class CaptureResult:
             "dumps_found": self.dumps_found,
             "dumps_kept": str(self.dumps_kept) if self.dumps_kept else None,
             "interrupted": self.interrupted,
+            "crashed_in": self.crashed_in,
         }
 
 
@@ -229,9 +233,9 @@ def capture_program(
 
 
 def _run_program(argv: list[str], env: dict[str, str], result: CaptureResult) -> None:
-    """Run the program to its end and set ``result``'s exit code (128+N for a signal N). A
-    Ctrl-C reaches the program too (same process group): it gets 30 s to finish dumping, and
-    an interrupted run that exits 0 counts as ended by SIGINT."""
+    """Run the program to its end and set ``result``'s exit code (128+N for a signal N, and the
+    calls it died in: ``crashed_in``). A Ctrl-C reaches the program too (same process group):
+    it gets 30 s to finish dumping, and an interrupted run that exits 0 counts as ended by SIGINT."""
     try:
         proc = subprocess.Popen(argv, env=env)
     except FileNotFoundError as err:
@@ -251,6 +255,8 @@ def _run_program(argv: list[str], env: dict[str, str], result: CaptureResult) ->
     result.exit_code = 128 - code if code < 0 else code
     if result.interrupted and result.exit_code == 0:
         result.exit_code = 128 + signal.SIGINT
+    if result.exit_code > 128:  # the later calls of compiled graphs its processes died in
+        result.crashed_in = call_marks.in_progress(Path(env[CRASH_DIR_ENV]).parent / call_marks.MARKS_DIR)
 
 
 def _pack_dumps(launchers: list[Path], dump_dir: Path, out: Path, result: CaptureResult, *, replay: bool,
