@@ -414,8 +414,7 @@ def _say_nothing_captured(result, *, accuracy: bool) -> None:
     elif result.exit_code > 128 and not result.interrupted:
         name = _signal_name(result.exit_code - 128)
         click.echo(f"reproarchive: the program was killed by {name} (exit {result.exit_code}) outside every "
-                   "compiled graph's compile and call, and nothing was archived (a crash there is not a compiler's)",
-                   err=True)
+                   "compiled graph's compile and call that capture saw, and nothing was archived", err=True)
     elif result.exit_code != 0:
         click.echo(f"reproarchive: the program exited with {result.exit_code} but PyTorch wrote no "
                    "repro dump (the failure was not inside a compiler backend)", err=True)

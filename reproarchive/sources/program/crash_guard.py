@@ -76,7 +76,7 @@ SUPERSEDES_SUFFIX = ".supersedes.json"  # beside a kept first call: the dump it 
 EXECUTION_DIR = "execution"  # beside it too: the thread state of each compile, one JSON line per compile
 
 log = logging.getLogger("reproarchive.capture")
-_counter = itertools.count(1)  # custom-op records of this process, in order
+_counter = itertools.count(1)  # first calls this process kept from its spool, in order
 
 
 def install() -> None:
@@ -304,9 +304,11 @@ def _marker(gm: Any) -> call_marks.Marker | None:
 def _marked(fn: Any, args: tuple, kwargs: dict, marker: call_marks.Marker | None, call: int) -> Any:
     """``fn(*args, **kwargs)``, marked as call ``call`` of ``marker``'s graph while it runs: a
     native crash inside leaves the mark, which ``capture --`` reports (``call_marks``)."""
+    if marker is None:
+        return fn(*args, **kwargs)
     try:
         marker.enter(call)
-    except Exception:  # noqa: BLE001 - never in place of the program's own run (None: not marked)
+    except Exception:  # noqa: BLE001 - never in place of the program's own run
         return fn(*args, **kwargs)
     try:
         return fn(*args, **kwargs)
