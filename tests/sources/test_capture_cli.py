@@ -114,8 +114,8 @@ def test_capture_passing_and_failing_programs_without_torch(tmp_path):
     killed = runner.invoke(main, ["capture", "-o", str(tmp_path), "--", sys.executable, "-c",
                                   "import os; os.abort()"])
     assert killed.exit_code == 134 and "wrote no repro dump" not in killed.stderr
-    assert ("the program was killed by SIGABRT (exit 134) outside every compiled graph's compile and call, and "
-            "nothing was archived") in killed.stderr, killed.stderr
+    assert ("the program was killed by SIGABRT (exit 134) outside every compiled graph's compile and call that "
+            "capture saw, and nothing was archived") in killed.stderr, killed.stderr
     assert list(tmp_path.iterdir()) == []
     missing = runner.invoke(main, ["capture", "--", str(tmp_path / "no-such-program")])
     assert missing.exit_code == 4 and "not found" in missing.stderr
