@@ -1,6 +1,6 @@
 """Per-call cost of marking each later call of a compiled graph under ``capture --``
-(``sources.program.call_marks``: two stores into a memory-mapped file, so that a crash in the
-call is named): a compiled graph called through the crash guard's marking, against the same
+(``sources.capture.call_marks``: two stores into a memory-mapped file, so that a crash in the
+call is named): a compiled graph called through its marking, against the same
 graph called directly (the baseline), alternated in one run.
 
     OMP_NUM_THREADS=1 python benchmarks/call_marks_bench.py [SIZE]
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 os.environ["REPROARCHIVE_CRASH_DIR"] = str(Path(tempfile.mkdtemp()) / "crash")
-from reproarchive.sources.program import call_marks, crash_guard  # noqa: E402 - reads the folder above
+from reproarchive.sources.capture import call_marks  # noqa: E402 - after the folder above is set
 
 
 def f(x):
@@ -26,7 +26,7 @@ size = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 x = torch.randn(size, size)
 compiled = torch.compile(f, backend="eager")
 marker = call_marks.Marker(Path(os.environ["REPROARCHIVE_CRASH_DIR"]).parent / call_marks.MARKS_DIR, "[0/0]")
-variants = {"plain": lambda: compiled(x), "marked": lambda: crash_guard._marked(compiled, (x,), {}, marker, 2)}
+variants = {"plain": lambda: compiled(x), "marked": lambda: call_marks.marked(compiled, (x,), {}, marker, 2)}
 for fn in variants.values():
     for _ in range(200):
         fn()

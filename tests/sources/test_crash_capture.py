@@ -302,6 +302,21 @@ def test_a_crash_in_a_later_call_is_named_by_the_call_it_died_in(tmp_path):
     assert report["archives"] == [] and not list((tmp_path / "out").iterdir())
 
 
+def test_the_in_process_backend_s_guardian_names_the_later_call_a_crash_died_in(tmp_path):
+    """The same crash under ``reproarchive.capture(...)``: the first call's spool entry is gone
+    by the third call, so the guardian found nothing and said nothing. The later calls mark
+    themselves in the spool, and the guardian names the one the process died in."""
+    program = _ABORTS_ON_A_LATER_CALL.replace('@torch.compile(backend="eager")',
+                                              'import reproarchive\n'
+                                              '@torch.compile(backend=reproarchive.capture("eager", path="out"))')
+    (tmp_path / "prog.py").write_text(program)
+    done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGABRT, done.stderr[-3000:]
+    assert archives_after_death(tmp_path / "out") == []
+    assert (" died by SIGABRT in call 3 of the graph compiled as [0/0] (prog.py:15 in f), and nothing was "
+            "archived") in done.stderr, done.stderr[-3000:]
+
+
 # --------------------------------------------------------------------------------------------
 # reading faulthandler's report
 

@@ -22,7 +22,8 @@ None), with the inputs as they were before it. There the backend checks what the
 did not run, a compiled backward (``backward_is_compiled``), on those inputs, and then discards
 the pending archive. A native crash on a later call kills the process with nothing written:
 only the first call of a graph is guarded against crashes (writing every call's inputs to disk
-first would cost more than the job).
+first would cost more than the job); each later call marks itself (``call_marks``), so the
+guardian of the process's spool names the call it died in.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from reproarchive.codec.rng import archived_states, draws_random
 from reproarchive.compat.dynamo import control_flow_exceptions
 from reproarchive.compat.pytree import tree_leaves
 from reproarchive.replay.input_writes import rerun_inputs, snapshot, written_inputs
-from reproarchive.sources.capture import gc_pause, malloc_trim
+from reproarchive.sources.capture import call_marks, gc_pause, malloc_trim
 from reproarchive.sources.capture.backward_watch import watch
 from reproarchive.sources.capture.stack_room import with_frame_room
 
@@ -148,10 +149,12 @@ def watched_backward(out: Any, args: list[Any], *, failed: Callable[[BaseExcepti
 
 
 def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
-            first_call: Callable[[list[Any]], Ended | None] | None = None) -> Callable:
+            first_call: Callable[[list[Any]], Ended | None] | None = None,
+            marker: call_marks.Marker | None = None) -> Callable:
     """``compiled`` behind a wrapper that archives the inputs of any call that raises (through
     ``failed``) and re-raises the exception unchanged; ``first_call(args)`` runs once first, and
-    the ``ended`` it may return once that call has ended (module docstring)."""
+    the ``ended`` it may return once that call has ended (module docstring). ``marker``: where
+    each later call marks itself, so that a native crash in one is named (``call_marks``)."""
 
     state = {"calls": 0, "first": first_call}
 
@@ -184,7 +187,7 @@ def guarded(compiled: Callable, writes: GraphWrites, *, failed: Failed,
         state["calls"] += 1
         first = state["first"]
         if first is None:
-            return call(args)
+            return call_marks.marked(call, (args,), {}, marker, state["calls"])
         state["first"] = None
         # the check and the first run may compile (a backward, lazily): given frame room, as
         # the compile is (``stack_room``)

@@ -336,7 +336,7 @@ class _CaptureBackend(BackendArchives):
             return self._fail(pristine_gm, before, modified, exc, _accuracy.stage_of(exc), config,
                               rng_states=rng_states, pending=pending)
 
-        return guarded(compiled, writes, failed=failed, first_call=first_call)
+        return guarded(compiled, writes, failed=failed, first_call=first_call, marker=self._marker(gm, spooled))
 
     def _checks_before_the_call(self, compiled: Callable, gm: Any, args: list[Any]) -> bool:
         """Whether the first call needs a check run before the real one: for accuracy, and where

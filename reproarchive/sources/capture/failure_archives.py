@@ -26,6 +26,7 @@ import torch
 from reproarchive.compat.dynamo import AccuracyError
 from reproarchive.context import failure as _failure
 from reproarchive.format.schema import AccuracyReport, ConfigRecord, FailureRecord
+from reproarchive.sources.capture import call_marks
 from reproarchive.sources.capture.call_guard import GraphWrites
 from reproarchive.sources.capture.capture_options import is_file_target
 from reproarchive.sources.capture.failure_notes import annotate as _annotate
@@ -106,6 +107,17 @@ class BackendArchives:
 
     def _spool(self) -> Any:
         return spool_in(self.folder, guarded=True, store=self.store)
+
+    def _marker(self, gm: Any, spooled: Path | str | None) -> call_marks.Marker | None:
+        """Where a spooled graph's later calls mark themselves (``call_marks``): in the spool,
+        whose guardian names the call a crash died in. None without a spool entry."""
+        if not isinstance(spooled, str):
+            return None
+        try:
+            return call_marks.Marker(self._spool().spool.folder / call_marks.MARKS_DIR, call_marks.label_of(gm))
+        except Exception as err:  # noqa: BLE001 - never in place of the user's own run
+            log.debug("reproarchive: later calls are not marked: %s", err)
+            return None
 
     def _discard(self, pending: Path | str | None) -> None:
         if isinstance(pending, str):  # a spool entry

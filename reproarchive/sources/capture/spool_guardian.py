@@ -152,13 +152,16 @@ def _guarded_until_death(fd: int, parent: int) -> dict[Path, list[str]]:
 def complete_left_spool(spool: Path, folder: Path, fault: str = "") -> list[Path]:
     """Complete every entry a dead process left in ``spool`` into ``folder/<its name>`` (an
     entry named by a number gets ``repro-<pid>-<number>.tar.zst``); remove the spool. Returns
-    the archives written (none: the spool held no entry, or was gone). ``fault``: faulthandler's
+    the archives written (none: the spool held no entry, or was gone; then a later call the
+    process died in, marked in the spool by ``call_marks``, is named). ``fault``: faulthandler's
     report of the death, whose signal and stack the archives then record."""
     from reproarchive.archive.spool_folder import SpoolFolder, is_spool
     from reproarchive.context.failure import crash_record, fault_signal
+    from reproarchive.sources.capture.call_marks import MARKS_DIR, in_progress
 
     if not is_spool(spool):
         return []
+    crashed_in = in_progress(spool / MARKS_DIR)  # read before the spool goes
     pid = spool.name.rpartition("-")[2]
     signal_name = fault_signal(fault)
     died = f"process {pid} died{f' by {signal_name}' if signal_name else ''}"
@@ -175,6 +178,10 @@ def complete_left_spool(spool: Path, folder: Path, fault: str = "") -> list[Path
         note = f" ({done.absent} storage(s) unwritten at the crash: stored as absent)" if done.absent else ""
         print(f"reproarchive: {died} in a compiled graph's first call; "
               f"archive written to {done.path}{note}", file=sys.stderr, flush=True)
+    if not written and crashed_in:
+        print(f"reproarchive: {died} in {'; '.join(crashed_in)}, and nothing was archived: capture guards a "
+              "compiled graph's first call against a crash, not its later calls (to archive it, make the failing "
+              "input that graph's first call: run the failing step alone)", file=sys.stderr, flush=True)
     return written
 
 

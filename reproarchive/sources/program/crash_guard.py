@@ -52,16 +52,16 @@ import importlib.abc
 import itertools
 import logging
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from reproarchive.compat import dynamo, inductor
+from reproarchive.sources.capture import call_marks
 from reproarchive.sources.capture.first_call import CRASH_DIR_ENV, FirstCall, discard, spool
 from reproarchive.sources.capture.stack_room import with_frame_room
-from reproarchive.sources.program import after_aot_hook, call_marks, op_calls
+from reproarchive.sources.program import after_aot_hook, op_calls
 from reproarchive.sources.program.after_dynamo_hook import after_dynamo_hook
 from reproarchive.sources.program.door_archives import AOT_DIR_ENV, ARCHIVED_ATTR
 
@@ -289,31 +289,12 @@ def _write_pending(gm: Any, inputs: list[Any], backend: str) -> str | None:
 
 
 def _marker(gm: Any) -> call_marks.Marker | None:
-    """The marks of this graph's calls (``call_marks``), labelled with the compile's id and the
-    user's line the graph starts at; None where they cannot be written."""
+    """The marks of this graph's calls (``call_marks``); None where they cannot be written."""
     try:
-        where = next((n.stack_trace for n in gm.graph.nodes if n.op == "call_function" and n.stack_trace), "")
-        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', where or "")
-        place = f" ({Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
-        folder = Path(os.environ[CRASH_DIR_ENV]).parent / call_marks.MARKS_DIR
-        return call_marks.Marker(folder, f"[{dynamo.current_compile_id()}]{place}")
+        return call_marks.Marker(Path(os.environ[CRASH_DIR_ENV]).parent / call_marks.MARKS_DIR,
+                                 call_marks.label_of(gm))
     except Exception:  # noqa: BLE001 - never in place of the program's own run
         return None
-
-
-def _marked(fn: Any, args: tuple, kwargs: dict, marker: call_marks.Marker | None, call: int) -> Any:
-    """``fn(*args, **kwargs)``, marked as call ``call`` of ``marker``'s graph while it runs: a
-    native crash inside leaves the mark, which ``capture --`` reports (``call_marks``)."""
-    if marker is None:
-        return fn(*args, **kwargs)
-    try:
-        marker.enter(call)
-    except Exception:  # noqa: BLE001 - never in place of the program's own run
-        return fn(*args, **kwargs)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        marker.leave()
 
 
 def _every_call_marked(compiled: Any, marker: call_marks.Marker | None) -> Any:
@@ -321,7 +302,7 @@ def _every_call_marked(compiled: Any, marker: call_marks.Marker | None) -> Any:
 
     @functools.wraps(compiled, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     def run(*args: Any, **kwargs: Any) -> Any:
-        return _marked(compiled, args, kwargs, marker, next(calls))
+        return call_marks.marked(compiled, args, kwargs, marker, next(calls))
 
     return run
 
@@ -348,8 +329,9 @@ def _discard_after_first_call(compiled: Any, backend: str, first: FirstCall, sha
         if done[0]:
             calls[0] += 1
             if op_graph is None:
-                return _marked(compiled, args, kwargs, marker, calls[0])
-            return _marked(op_calls.later_call, (compiled, args, kwargs, op_graph, backend), {}, marker, calls[0])
+                return call_marks.marked(compiled, args, kwargs, marker, calls[0])
+            later = (compiled, args, kwargs, op_graph, backend)
+            return call_marks.marked(op_calls.later_call, later, {}, marker, calls[0])
         spool().wait(pending, fork=not first.finished_first(list(args)))
         try:
             return compiled(*args, **kwargs)

@@ -46,11 +46,12 @@ from reproarchive.context.failure import crash_record, failure_kind
 from reproarchive.errors import BackendUnavailableError, ReproArchiveError, SourceError
 from reproarchive.format.schema import CaptureSource
 from reproarchive.replay.isolation import run_in_child
+from reproarchive.sources.capture import call_marks
 from reproarchive.sources.capture.job_capture import JOB_OUT_ENV, PARTS_SUFFIX, pack_job_parts
 from reproarchive.sources.dump.pack_dump import pack_dump
 from reproarchive.sources.dump.scripts import LAUNCHER_NAME, holds_no_data
 from reproarchive.sources.pack_report import PackReport, archive_report
-from reproarchive.sources.program import call_marks, crash_guard, door_archives, op_calls
+from reproarchive.sources.program import crash_guard, door_archives, op_calls
 from reproarchive.sources.program.crash_guard import (
     ACCURACY_DIR_ENV,
     CRASH_DIR_ENV,

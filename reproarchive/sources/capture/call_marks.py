@@ -1,4 +1,5 @@
-"""Which compiled graph's call a process was in when it died (``capture --``).
+"""Which compiled graph's call a process was in when it died (``capture --``, and the in-process
+backend, whose guardian reads the marks its process left in its spool).
 
 The crash guard archives a native crash in a graph's compile or first call (the spool entry is
 on disk before it). A crash in a later call leaves no archive: writing every call's inputs
@@ -7,7 +8,7 @@ SIGABRT in the third call of a compiled graph is a compiler bug report to file, 
 in its own eager code is not. So each later call of a guarded graph marks itself in a small
 file mapped into memory (two stores per call, no system call): the graph, the call's number,
 and whether it is inside. The process's death leaves the mark as it was, and ``capture --``
-reads it once the program has ended (``in_progress``).
+(or the spool's guardian) reads it once the process has ended (``in_progress``).
 
 A mark is 64 bytes per process (``calls/<pid>``): a byte that says inside, the call's number
 (8 bytes) and the graph's number (4 bytes); the graphs' labels are appended to
@@ -19,8 +20,12 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import re
 import struct
 from pathlib import Path
+from typing import Any, Callable
+
+from reproarchive.compat import dynamo
 
 MARKS_DIR = "calls"  # beside the crash folder
 _SIZE = 64
@@ -90,3 +95,27 @@ def in_progress(folder: Path) -> list[str]:
         label = labels.get(str(graph), f"number {graph}")
         found.append(f"call {call} of the graph compiled as {label}")
     return found
+
+
+def label_of(gm: Any) -> str:
+    """What a person reads of a compiled graph: the compile's id and the user's line it starts
+    at (``[0/0] (train.py:14 in f)``), from Dynamo's graph ``gm``."""
+    where = next((n.stack_trace for n in gm.graph.nodes if n.op == "call_function" and n.stack_trace), "")
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', where or "")
+    place = f" ({Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+    return f"[{dynamo.current_compile_id()}]{place}"
+
+
+def marked(fn: Callable, args: tuple, kwargs: dict, marker: Marker | None, call: int) -> Any:
+    """``fn(*args, **kwargs)``, marked as call ``call`` of ``marker``'s graph while it runs: a
+    native crash inside leaves the mark. Marking never stands in the way of the call."""
+    if marker is None:
+        return fn(*args, **kwargs)
+    try:
+        marker.enter(call)
+    except Exception:  # noqa: BLE001 - never in place of the program's own run
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        marker.leave()
