@@ -44,7 +44,7 @@ from reproarchive.replay.outcome import (
     judged,
 )
 from reproarchive.replay.rank_client import WARM_ENV
-from reproarchive.replay.verdict_rule import CRASHED, HUNG, STOPPED, job_verdict
+from reproarchive.replay.verdict_rule import CRASHED, HUNG, STOPPED, first_failure, job_verdict
 
 #: Seconds a launcher gets, beyond the collective timeout, to start its ranks (torch import,
 #: rendezvous) and to end them.
@@ -303,9 +303,8 @@ def rank_outcomes(folder: Path, ranks: Sequence[int], recorded: Mapping[int, Fai
 
 def _first_failure(failures: Mapping[int, dict]) -> int | None:
     """The rank the launcher saw fail first (the others were stopped because of it)."""
-    own = {r: f for r, f in failures.items() if f.get("signal") not in ("SIGTERM", "SIGKILL")}
-    pool = own or failures
-    return min(pool, key=lambda r: (pool[r].get("time") or 0, r)) if pool else None
+    return first_failure({r: (f.get("signal") in ("SIGTERM", "SIGKILL"), f.get("time") or 0)
+                          for r, f in failures.items()})
 
 
 def _stopped_by_launcher(rank: int, failure: Mapping[str, Any], first: int | None) -> bool:

@@ -7,7 +7,7 @@ cannot disagree. ``git bisect run`` reads the codes: 0 good, 1-127 bad, 125 skip
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 EXIT_PASSED = 0
 EXIT_REPRODUCED = 1
@@ -49,3 +49,11 @@ def job_verdict(outcomes: Sequence[Any], recorded_rank: int | None) -> tuple[str
     if unsure is not None:  # no rank failed, but one could not run as recorded: no evidence of a fix
         return INCONCLUSIVE, EXIT_INCONCLUSIVE, unsure.rank
     return PASSED, EXIT_PASSED, recorded_rank
+
+
+def first_failure(endings: Mapping[int, tuple[bool, float]]) -> int | None:
+    """The rank that ended first by its own failure, from the ranks the launcher reported
+    (rank -> (ended by the launcher's SIGTERM or SIGKILL, when)): the others were stopped
+    because of it. Where every rank was ended so, the first of them."""
+    own = {r: e for r, e in endings.items() if not e[0]} or endings
+    return min(own, key=lambda r: (own[r][1], r)) if own else None
