@@ -6,15 +6,15 @@ graph called directly (the baseline), alternated in one run.
     OMP_NUM_THREADS=1 python benchmarks/call_marks_bench.py [SIZE]
 """
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 os.environ["REPROARCHIVE_CRASH_DIR"] = str(Path(tempfile.mkdtemp()) / "crash")
+from alternated import median_us_per_call  # noqa: E402
+
 from reproarchive.sources.capture import call_marks  # noqa: E402 - after the folder above is set
 
 
@@ -30,14 +30,6 @@ variants = {"plain": lambda: compiled(x), "marked": lambda: call_marks.marked(co
 for fn in variants.values():
     for _ in range(200):
         fn()
-N = 5000
-times = {k: [] for k in variants}
-for _ in range(7):
-    for name, fn in variants.items():
-        t = time.perf_counter()
-        for _ in range(N):
-            fn()
-        times[name].append((time.perf_counter() - t) / N * 1e6)
-med = {k: statistics.median(v) for k, v in times.items()}
+med = median_us_per_call(variants, calls=5000)
 print(f"SIZE {size}: plain {med['plain']:.2f} us, marked {med['marked']:.2f} us, "
       f"marked / plain {med['marked'] / med['plain']:.3f}x")

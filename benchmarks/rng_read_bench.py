@@ -4,12 +4,11 @@ is, against capture with that read turned off, and plain inductor, alternated in
 
     OMP_NUM_THREADS=1 python benchmarks/rng_read_bench.py [SIZE]
 """
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
+from alternated import median_us_per_call
 
 import reproarchive
 from reproarchive.sources.capture import call_guard
@@ -32,15 +31,7 @@ for name in ("plain", "capture", "capture-no-rng-read"):
         fn(x)
     variants[name] = fn
 call_guard.draws_random = real_rule
-N = 3000
-times = {k: [] for k in variants}
-for _ in range(7):
-    for name, fn in variants.items():
-        t = time.perf_counter()
-        for _ in range(N):
-            fn(x)
-        times[name].append((time.perf_counter() - t) / N * 1e6)
-med = {k: statistics.median(v) for k, v in times.items()}
+med = median_us_per_call({name: (lambda fn=fn: fn(x)) for name, fn in variants.items()}, calls=3000)
 ratios = (f"capture/no-read {med['capture'] / med['capture-no-rng-read']:.3f}x, "
           f"capture/plain {med['capture'] / med['plain']:.3f}x")
 print(f"size {size}: " + ", ".join(f"{k} {v:.1f} us/call" for k, v in med.items()) + "; " + ratios)
