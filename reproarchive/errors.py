@@ -131,6 +131,7 @@ class Rule(StrEnum):
     NODE_FUNCTION_NAME = "R7.1-6"
     NODE_METHOD_NAME = "R7.1-7"
     NODE_ATTRIBUTE = "R7.1-8"
+    NODE_STACK = "R7.1-9"
     ARG_TAG = "R7.2-1"
     ARG_REF = "R7.2-2"
     CALL_TARGET = "R7.3-1"

@@ -11,7 +11,7 @@ import concurrent.futures
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -24,6 +24,7 @@ from reproarchive.codec.custom_ops import LiveCustomOp
 from reproarchive.codec.rng import encode_rng
 from reproarchive.codec.tensors import StorageTable, storage_view
 from reproarchive.context.execution import inference_inputs
+from reproarchive.context.redaction import text_redactor, working_folder
 from reproarchive.errors import (
     PackError,
     SchemaViolation,
@@ -165,7 +166,7 @@ def archive_contents(gm: fx.GraphModule, example_inputs: Sequence[Any],
     table = StorageTable(device_names)
     input_records = tensor_codec.encode_inputs(inputs, table, [n.name for n in placeholders],
                                                [graph_codec.dynamic_dims(n) for n in placeholders])
-    graph_record = graph_codec.encode_graph(gm, table)
+    graph_record = graph_codec.encode_graph(gm, table, paths=_stack_paths())
     op_records = _custom_op_records(gm, custom_ops, table)
     graph_record, kernel_records = triton_kernel_codec.archive_records(  # (1.4) launches renumbered
         graph_record, custom_ops or (), lambda t: tensor_codec.encode_value(t, table))
@@ -173,6 +174,21 @@ def archive_contents(gm: fx.GraphModule, example_inputs: Sequence[Any],
     code = graph_codec.readable_code(gm).encode()
     return ArchiveContents(table=table, inputs=input_records, graph=graph_record, code=code, records=records,
                     custom_ops=op_records, triton_kernels=kernel_records)
+
+
+def _stack_paths() -> Callable[[str], str]:
+    """The redaction of a graph's stack frames (spec §8: no path of this machine in what an
+    archive holds), the working folder written ``.``; its prefix table is looked up at the
+    first frame, so a graph without stacks costs nothing."""
+    redact: Callable[[str], str] | None = None
+
+    def paths(text: str) -> str:
+        nonlocal redact
+        if redact is None:
+            redact = text_redactor(working_folder())
+        return redact(text)
+
+    return paths
 
 
 def _look_ahead(table: StorageTable, real: list[int], threads: int) -> int:

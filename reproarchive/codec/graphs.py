@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from reproarchive.codec import targets
 from reproarchive.codec.devices import check_recorded_device
+from reproarchive.codec.stacks import StackTable, format_stack
 from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
 from reproarchive.compat import fx_meta
 from reproarchive.compat.dispatch import OpOverload
@@ -57,6 +58,7 @@ _MODULE_INTERNALS = {
     "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl",
 }
 _FILE_COMMENT = re.compile(r"^\s*# (?:File: .*|No stacktrace found for following nodes)$\n?", re.MULTILINE)
+_NO_STACK_COMMENT = re.compile(r"^\s*# No stacktrace found for following nodes$\n?", re.MULTILINE)
 
 
 def _constant(arg: ConstantArg) -> Any:
@@ -163,21 +165,26 @@ def module_path(stack: Any) -> str | None:
     return path if path and len(path) <= 300 and _MODULE_PATH.match(path) else None
 
 
-def readable_code(gm: fx.GraphModule) -> str:
-    """The graph as annotated Python for people; source-file comments are dropped because
-    they carry absolute paths of the packing machine."""
+def readable_code(gm: fx.GraphModule, *, sources: bool = False) -> str:
+    """The graph as annotated Python for people. FX's source comments (``# File: ...``) are
+    dropped from a live graph, whose stacks carry absolute paths of this machine; ``sources``
+    keeps them for a graph rebuilt from an archive, whose stacks were redacted when packed."""
     try:
         code = gm.print_readable(print_output=False, include_stride=True, include_device=True)
     except Exception:  # printing must never block packing
         code = gm.code
-    return _FILE_COMMENT.sub("", code)
+    return (_NO_STACK_COMMENT if sources else _FILE_COMMENT).sub("", code)
 
 
-def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0) -> GraphRecord:
+def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0,
+                 paths: Callable[[str], str] = str) -> GraphRecord:
+    """``gm`` as a graph record; ``paths`` rewrites the file names and code lines of its nodes'
+    stacks (the writer's redaction, ``context.redaction.text_redactor``)."""
     if depth > MAX_GRAPH_DEPTH:
         raise PackError(f"subgraphs nest deeper than {MAX_GRAPH_DEPTH}")
     nodes = []
     state: dict[str, Any] = {}
+    stacks = StackTable(paths)
     for node in gm.graph.nodes:
         target = targets.qualified_name(node.target) if node.op == "call_function" else str(node.target)
         summary = _summary(node_value(node))
@@ -188,23 +195,24 @@ def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0) -> Gra
         nodes.append(NodeRecord(
             op=node.op, name=node.name, target=target, args=tuple(encode_arg(a) for a in node.args),
             kwargs={str(k): encode_arg(v) for k, v in node.kwargs.items()},
-            meta=meta or None,
+            meta=meta or None, stack=stacks.index_of(fx_meta.stack_trace_of(node)),
         ))
         if node.op == "get_attr":
-            _encode_attribute(gm, node.target, table, state, depth)
+            _encode_attribute(gm, node.target, table, state, depth, paths)
         elif node.op == "call_module":
-            _encode_module_tree(gm, node.target, table, state, depth)
-    return GraphRecord(nodes=tuple(nodes), module_state=tuple(state[p] for p in sorted(state)))
+            _encode_module_tree(gm, node.target, table, state, depth, paths)
+    return GraphRecord(nodes=tuple(nodes), module_state=tuple(state[p] for p in sorted(state)),
+                       stacks=tuple(stacks.stacks) or None)
 
 
-def _encode_attribute(gm, path: str, table, state, depth) -> None:
+def _encode_attribute(gm, path: str, table, state, depth, paths) -> None:
     if path in state:
         return
     owner_path, _, leaf = path.rpartition(".")
     owner = gm.get_submodule(owner_path) if owner_path else gm
     value = getattr(owner, leaf)
     if isinstance(value, fx.GraphModule):
-        state[path] = SubgraphEntry(path, encode_graph(value, table, depth + 1))
+        state[path] = SubgraphEntry(path, encode_graph(value, table, depth + 1, paths))
     elif isinstance(value, torch.nn.Parameter):
         state[path] = TensorEntry("parameter", path, encode_value(value, table))
     elif isinstance(value, torch.Tensor):
@@ -214,17 +222,17 @@ def _encode_attribute(gm, path: str, table, state, depth) -> None:
         else:
             state[path] = TensorEntry("constant", path, encode_value(value, table))
     elif isinstance(value, torch.nn.Module):
-        _encode_module_tree(gm, path, table, state, depth)
+        _encode_module_tree(gm, path, table, state, depth, paths)
     else:
         raise PackError(f"graph attribute {path} of type {type(value).__name__} cannot be stored")
 
 
-def _encode_module_tree(gm, path: str, table, state, depth) -> None:
+def _encode_module_tree(gm, path: str, table, state, depth, paths) -> None:
     if path in state:
         return
     module = gm.get_submodule(path)
     if isinstance(module, fx.GraphModule):
-        state[path] = SubgraphEntry(path, encode_graph(module, table, depth + 1))
+        state[path] = SubgraphEntry(path, encode_graph(module, table, depth + 1, paths))
         return
     cls = targets.module_class_name(module)
     try:
@@ -245,12 +253,12 @@ def _encode_module_tree(gm, path: str, table, state, depth) -> None:
     state[path] = ModuleEntry(path, class_name=cls, training=module.training, attributes=attributes)
     for name in module._parameters:
         if module._parameters[name] is not None:
-            _encode_attribute(gm, f"{path}.{name}", table, state, depth)
+            _encode_attribute(gm, f"{path}.{name}", table, state, depth, paths)
     for name in module._buffers:
         if module._buffers[name] is not None:
-            _encode_attribute(gm, f"{path}.{name}", table, state, depth)
+            _encode_attribute(gm, f"{path}.{name}", table, state, depth, paths)
     for name in module._modules:
-        _encode_module_tree(gm, f"{path}.{name}", table, state, depth)
+        _encode_module_tree(gm, f"{path}.{name}", table, state, depth, paths)
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,6 +327,8 @@ class GraphDecoder:
             elif rec.op == "call_method":
                 targets.check_method_name(rec.target)
             env[rec.name] = graph.create_node(rec.op, target, args, kwargs, name=rec.name)
+            if rec.stack is not None:  # validated: an index into the graph's stacks (R7.1-9)
+                fx_meta.set_stack_trace(env[rec.name], format_stack(record.stacks[rec.stack]))
         try:
             graph.lint()
             return fx.GraphModule(root, graph, class_name="Repro")

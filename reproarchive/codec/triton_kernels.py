@@ -223,7 +223,7 @@ def archive_records(graph: GraphRecord, live: Iterable[Any], encode_tensor: Call
             return rec
         k, c = number(stand_in.record, stand_in.constants)
         arguments = DictArg(tuple(zip(stand_in.names, rec.args)))
-        return NodeRecord(op=rec.op, name=rec.name, target=MUTATION_TARGET, meta=rec.meta, kwargs={
+        return NodeRecord(op=rec.op, name=rec.name, target=MUTATION_TARGET, meta=rec.meta, stack=rec.stack, kwargs={
             "kernel_idx": k, "constant_args_idx": c, "grid": stand_in.grid,
             "tma_descriptor_metadata": stand_in.tma, "kwargs": arguments})
 

@@ -126,6 +126,15 @@ def drop_stack_trace(node: Any) -> None:
     node.meta.pop("stack_trace", None)
 
 
+def stack_trace_of(node: Any) -> str | None:
+    """The source frames the node was traced at, printed as a traceback prints them, or None."""
+    return node.meta.get("stack_trace")
+
+
+def set_stack_trace(node: Any, text: str) -> None:
+    node.meta["stack_trace"] = text
+
+
 def qualified_name(target: Any) -> str:
     """FX's name for a call target: ``torch.nn.functional.relu``, ``_operator.add``."""
     from torch.fx.node import _get_qualified_name

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +169,7 @@ def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | N
     user name where a path spells it (``torchinductor_ann`` -> ``torchinductor_<user>``).
     Keys are left alone: they are setting and variable names, not machine facts."""
 
-    pairs = _pairs({**machine_prefixes(), **(prefixes or {})}, home=True)
-    user = _user_name()
-
-    def text(value: str) -> str:
-        value = _replaced(value, pairs)
-        if user and ("/" in value or "\\" in value):
-            value = re.sub(r"(?<=[/\\_\-])" + re.escape(user) + r"(?![\w.\-])", "<user>", value)
-        return value
+    text = text_redactor(prefixes)
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
@@ -196,6 +189,22 @@ def redacted_records(records: Mapping[str, Any], prefixes: Mapping[str, str] | N
         else:
             out[name] = walk(record)
     return out
+
+
+def text_redactor(prefixes: Mapping[str, str] | None = None) -> Callable[[str], str]:
+    """The redaction ``redacted_records`` runs on each string, for text outside the records (a
+    graph's stack frames): this machine's directories, the home folder, ``prefixes`` (which win)
+    and the user name where a path spells it. The prefix table is found once."""
+    pairs = _pairs({**machine_prefixes(), **(prefixes or {})}, home=True)
+    user = _user_name()
+
+    def text(value: str) -> str:
+        value = _replaced(value, pairs)
+        if user and ("/" in value or "\\" in value):
+            value = re.sub(r"(?<=[/\\_\-])" + re.escape(user) + r"(?![\w.\-])", "<user>", value)
+        return value
+
+    return text
 
 
 def _user_name() -> str | None:

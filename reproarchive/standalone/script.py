@@ -49,6 +49,7 @@ from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import REBUILDABLE_SUBCLASSES, storage_view
 from reproarchive.compat.dispatch import INDUCTOR_PRIMS_MODULE, INDUCTOR_PRIMS_PREFIX
+from reproarchive.compat.fx_meta import stack_trace_of
 from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 from reproarchive.context.environment import plan as environment_plan
 from reproarchive.errors import ExportError
@@ -200,12 +201,18 @@ class _Script:
                  *(f"    {_doc_text(ln)}" if ln.strip() else "" for ln in readable.splitlines()),
                  '    """',
                  "    g = torch.fx.Graph()"]
+        stacks: dict[str, int] = {}  # each distinct stack once, as the archive keeps them (spec §7.1)
         for node in gm.graph.nodes:
             target = self.target(node)
             args = self.arg(tuple(node.args))
             kwargs = self.arg(dict(node.kwargs))
             lines.append(f"    {_var(node)} = g.create_node({node.op!r}, {target}, {args}, {kwargs}, "
                          f"name={node.name!r})")
+            if text := stack_trace_of(node):  # the model line it came from, as Dynamo gave it
+                lines.append(f"    {_var(node)}.meta['stack_trace'] = stacks[{stacks.setdefault(text, len(stacks))}]")
+        if stacks:
+            lines.insert(lines.index("    g = torch.fx.Graph()"),
+                         "    stacks = (" + "".join(f"{text!r}, " for text in stacks) + ")")
         lines.append("    return g")
         self.graph_defs.append("\n".join(lines))
         return name

@@ -14,7 +14,7 @@ import re
 
 from reproarchive.archive.graph_code import node_line, node_lines, printable
 from reproarchive.archive.inspection import InputRow, input_rows
-from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index, NodeRecord
+from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index, NodeRecord, StackFrame
 from reproarchive.format.schema.rules.graph import iter_arg_refs
 from reproarchive.triage import graph_folding, graph_hops, graph_layout, graph_subgraphs
 
@@ -200,7 +200,7 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
     for w, consumer in folding.into.items():
         page_of[w] = page_of[consumer]
     passed = graph_subgraphs.subgraph_attributes(graph)  # drawn as the operator's frames, not as weights
-    out_nodes = _node_entries(nodes, lines, input_text, flags, inputs_of, page_of, folding, passed)
+    out_nodes = _node_entries(graph, lines, input_text, flags, inputs_of, page_of, folding, passed)
 
     def own_graph(where: str, use: graph_subgraphs.SubgraphUse) -> tuple[str, bool]:
         more.append(None)
@@ -242,12 +242,20 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
             "folded": sum(1 for w in folding.into if nodes[w].name not in passed)}
 
 
-def _node_entries(nodes: tuple[NodeRecord, ...], lines: dict[str, str], input_text: dict[int, str],
+def _source_line(stack: tuple[StackFrame, ...]) -> str:
+    """A stack's innermost frame on one line, as FX's code comments name it:
+    ``./model.py:12 in forward: y = self.lin(x)``."""
+    frame = stack[-1]
+    return printable(f"{frame.file}:{frame.line} in {frame.name}" + (f": {frame.code}" if frame.code else ""))
+
+
+def _node_entries(graph: GraphRecord, lines: dict[str, str], input_text: dict[int, str],
                   flags: dict[str, int], inputs_of: list[list[int]], page_of: dict[int, int],
                   folding: graph_folding.Folding, passed) -> list[dict]:
     """Each node of a graph as the page draws it (the weights folded into it, unless a
-    higher-order operator takes them: ``passed``, drawn as the operator's frames)."""
-    out_nodes = []
+    higher-order operator takes them: ``passed``, drawn as the operator's frames), and (1.7) the
+    model line each came from."""
+    out_nodes, nodes = [], graph.nodes
     for i, n in enumerate(nodes):
         kind, label = classify(n.op, n.target)
         folded = [w for w in folding.folded.get(i, []) if nodes[w].name not in passed]
@@ -256,6 +264,8 @@ def _node_entries(nodes: tuple[NodeRecord, ...], lines: dict[str, str], input_te
                           "p": page_of[i], "m": folding.module[i] or "", "w": folded,
                           "ws": graph_folding.folded_text([nodes[w].name for w in folded]) if folded else "",
                           "into": folding.into.get(i, -1)})
+        if n.stack is not None:
+            out_nodes[-1]["src"] = _source_line(graph.stacks[n.stack])
     return out_nodes
 
 

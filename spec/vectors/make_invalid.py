@@ -77,6 +77,17 @@ def _set(path: tuple, value: Any) -> Callable[[dict], None]:
     return fn
 
 
+_FRAME = {"file": "./model.py", "line": 3, "name": "forward", "code": "return x.relu()"}
+
+
+def _stack(frame: dict, index: int = 0) -> Callable[[dict], None]:
+    """The graph gets one stack of ``frame``, and its ``relu`` node the stack at ``index``."""
+    def fn(index_map: dict) -> None:
+        index_map["graph"]["stacks"] = [[frame]]
+        _node(index_map, "relu")["stack"] = index
+    return fn
+
+
 def _job(**change) -> dict:
     """A valid two-rank job record (§8, 1.3) with ``change`` applied."""
     return {"world_size": 2, "primary_rank": 0, "groups": [{"name": "0", "ranks": [0, 1]}],
@@ -165,6 +176,9 @@ CASES: list[tuple[str, str, str, Callable, dict | None]] = [
     ("R6.3-10", "derived-dim", "E_SCHEMA", _edit(_set(("inputs", 7), _size(0, 2))), None),
     ("R6.3-10", "derived-negative-dim", "E_SCHEMA", _edit(_set(("inputs", 7), _size(0, -1))), None),
     ("R6.3-10", "derived-nested", "E_SCHEMA", _edit(_set(("inputs", 11, "items", 0), _size(0, 0))), None),
+    # (1.7) a node's stack: a frame whose code holds a line break (FX would paste it into code), an index past the table
+    ("R7.1-9", "stack-line-break", "E_UNSAFE", _edit(_stack({**_FRAME, "code": "x.relu()\rimport os"})), None),
+    ("R7.1-9", "stack-index", "E_SCHEMA", _edit(_stack(_FRAME, index=1)), None),
     ("R7-1", "graph-depth", "E_SCHEMA", _edit(_set(("graph", "module_state"),
                                                      [{"kind": "graph", "path": "g", "graph": _deep_graph(9)}])), None),
     ("R7.1-1", "node-op", "E_SCHEMA", _edit(lambda i: _node(i, "relu").update(op="call_evil")), None),

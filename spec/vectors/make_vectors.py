@@ -319,6 +319,27 @@ def job_custom_op():
     return ranks, {"world_size": 2, "backend": "gloo", "groups": groups}
 
 
+_STACKS = (
+    '  File "./model.py", line 9, in forward\n    return helper(y).relu()\n           ^^^^^^^^^^^^^^^^\n'
+    '  File "./model.py", line 3, in helper\n    return torch.sin(x) * 2\n           ^^^^^^^^^^^\n',
+    '  File "./model.py", line 9, in forward\n    return helper(y).relu()\n',
+)
+
+
+def stack():
+    """(1.7) Nodes' source stacks: two nodes traced in one call share a stack of two frames
+    (with the caret lines Python 3.11 prints), a third has one frame without them."""
+    def body(g, xs):
+        sin = g.call_function(torch.sin, (xs[0],))
+        mul = g.call_function(operator.mul, (sin, 2))
+        relu = g.call_method("relu", (mul,))
+        for node, text in ((sin, _STACKS[0]), (mul, _STACKS[0]), (relu, _STACKS[1])):
+            node.meta["stack_trace"] = text
+        return (relu,)
+
+    return _graph(1, body), [torch.linspace(-1.0, 1.0, 6).view(2, 3)]
+
+
 def rng():
     """(1.3) A graph that draws random numbers, and the CPU generator state it starts from
     (``torch.Generator().manual_seed(2024)``: the same bytes everywhere); ``rand_like`` draws
@@ -365,7 +386,7 @@ def triton():
 
 CASES = {"basic": basic, "dtypes": dtypes, "module": module, "absent": absent, "stored": stored, "dynamic": dynamic,
          "subclass": subclass, "custom-op": custom_op,
-         "rng": rng, "njt": njt, "triton": triton}
+         "rng": rng, "njt": njt, "triton": triton, "stack": stack}
 #: records a case adds to RECORDS (from the version that introduced it)
 CASE_RECORDS = {"dynamic": {"shapes": DYNAMIC_SHAPES}}
 JOB_CASES = {"job": job, "job-custom-op": job_custom_op}  # (1.3) multi-rank jobs: 1.3 and later only
@@ -485,6 +506,9 @@ def expectations(name: str, path: Path) -> dict:
         if type(rec).__name__ == "DerivedValue":
             of = getattr(repro.args[rec.input], rec.kind)(rec.dim)
             facts["inputs"][i] = {"derived": [rec.kind, rec.input, rec.dim], "equals": bool(repro.args[i] == of)}
+    stacks = {n.name: n.meta["stack_trace"] for n in repro.gm.graph.nodes if "stack_trace" in n.meta}
+    if stacks:  # (1.7) each node's stack, as the tracer printed it
+        facts["stacks"] = stacks
     if repro.records.shapes is not None:
         from reproarchive.format.plain import to_plain
 

@@ -49,6 +49,9 @@ def test_minify_cli_end_to_end(captured, tmp_path):
     result = CliRunner().invoke(main, ["run", "--minify", str(captured), "-o", str(out), "-q"])
     assert result.exit_code == 0, result.output
     assert "torch.relu" in result.output and "minified:" in result.output
+    # the minified graph names the model line of each op (format 1.7: stacks kept, paths redacted)
+    assert "# File: ./tests/minifier/test_minify_cli.py:" in result.output
+    assert "code: w = torch.relu(z - y) / 3" in result.output
     assert ops(out) == 1 < ops(captured)
     info = reproarchive.inspect(out).to_plain()
     assert info["parent"] == reproarchive.inspect(captured).digest
@@ -58,6 +61,10 @@ def test_minify_cli_end_to_end(captured, tmp_path):
     assert entry["real"] is False and entry["values"] == "zeros" and entry["shape"]["now"] == [1, 1]
     assert "inputs that are not the original data:" in result.output
     reproarchive.verify(out)
+    # (format 1.7) the op left still says which model line it came from, as Dynamo said it
+    (relu,) = [n for n in reproarchive.load(out).gm.graph.nodes if n.op == "call_function"]
+    assert relu.meta["stack_trace"].startswith('  File "./tests/minifier/test_minify_cli.py", line ')
+    assert "w = torch.relu(z - y) / 3" in relu.meta["stack_trace"]
     replay = CliRunner().invoke(main, ["run", str(out)])
     assert replay.exit_code == 1, replay.output
     as_json = CliRunner().invoke(main, ["run", "--minify", str(captured), "-o", str(tmp_path / "j.tar.zst"), "--json"])

@@ -6,7 +6,8 @@ calls it, static, ``dynamic=True``, with ``mark_dynamic``, ``mark_unbacked``, wi
 ``nonzero()`` whose size is unbacked, and with subgraphs (``cond``, ``while_loop``, ``map``,
 ``invoke_subgraph``, activation checkpointing: their nodes carry theirs too); the replay calls
 the same backend, and both calls wrote down the same meta. Before, the replay's op nodes had no
-``example_value`` (a backend reading it saw None), and later its subgraphs' nodes had none."""
+``example_value`` (a backend reading it saw None), and later its subgraphs' nodes had none; and
+until format 1.7 no node had its ``stack_trace`` (the model line it came from)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,24 @@ import torch
 
 import reproarchive
 from support import meta_backend
+
+_HERE = str(Path(__file__).resolve())
+_SITE = str(Path(torch.__file__).resolve().parents[1])
+
+
+def _as_archived(seen: list[tuple]) -> list[tuple]:
+    """What Dynamo gave, with the paths of this machine as an archive keeps them (spec §7.1, 1.7:
+    redacted as records are): this file's under the working folder, written ``.``, and torch's
+    (flex_attention's frames reach into it) under ``<site-packages>``."""
+    here = Path(_HERE)
+    kept = f"./{here.relative_to(Path.cwd().resolve())}" if here.is_relative_to(Path.cwd().resolve()) else None
+    out = []
+    for entry in seen:
+        stack = entry[4]
+        if stack is not None and kept is not None:
+            stack = stack.replace(_HERE, kept).replace(_SITE, "<site-packages>")
+        out.append((*entry[:4], stack))
+    return out
 
 
 def _matmul(x, y):
@@ -124,7 +143,9 @@ def test_the_replay_hands_the_backend_the_meta_dynamo_handed_it(name, tmp_path):
             compiled(*make_args())
     torch._dynamo.reset()
     (dynamo_gave,) = meta_backend.SEEN
-    assert all(meta is not None for _, op, _, meta in dynamo_gave if op != "get_attr")  # a subgraph's has none
+    assert all(meta is not None for _, op, _, meta, _ in dynamo_gave if op != "get_attr")  # a subgraph's has none
+    assert all(_HERE in stack for _, op, _, _, stack in dynamo_gave if op == "call_function")
+    dynamo_gave = _as_archived(dynamo_gave)
     meta_backend.SEEN.clear()
     outcome = reproarchive.run(path, backend=meta_backend.BACKEND, isolate=False)
     assert outcome.status == "reproduced", outcome.to_dict()
@@ -159,6 +180,7 @@ def test_flex_attention_s_score_mod_and_mask_mod_get_the_values_dynamo_gave_them
         compiled(*[torch.randn(1, 1, 8, 4) for _ in range(3)])
     torch._dynamo.reset()
     (dynamo_gave,) = meta_backend.SEEN
+    dynamo_gave = _as_archived(dynamo_gave)
     meta_backend.SEEN.clear()
     assert {where for where, *_ in dynamo_gave} == {"", "score_mod_0", "mask_fn_0"}
     assert reproarchive.run(path, backend=meta_backend.BACKEND, isolate=False).status == "reproduced"

@@ -222,6 +222,30 @@ def test_failures_reproduce_minify_and_export(packed, tmp_path, name, cid):
     assert (tmp_path / "bug" / "repro.py").is_file()
 
 
+_JOB_LINES = {
+    "compile_error": 'line 11, in forward\n    return torch.relu(self.lin(x) + y).sum(1)\n',
+    "inductor_real": 'line 7, in f\n    return torch.relu(torch.nn.functional.dropout(a @ b, 0.5, True) + 1).sum(1)\n',
+}
+
+
+@pytest.mark.parametrize("name", _JOB_LINES)
+def test_each_op_keeps_the_model_line_the_log_names(packed, tmp_path, name):
+    """(format 1.7) The log prints the innermost frame of each node's stack above its line: in
+    the Dynamo graph (``compile_error``), and in the graph before Inductor's post-grad passes,
+    which its runnable is another print of (``inductor_real``). Every op of the rebuilt graph
+    gets the job's line, the job's folder written ``<job>``, but the seeds Inductor adds for
+    the dropout (no model line: the log says "No stacktrace found"), and keeps it when minified."""
+    ops = [n for n in reproarchive.load(packed[name]["0/0"], device="cpu").gm.graph.nodes
+           if n.op in ("call_function", "call_method")]
+    stack = f'  File "<job>/job.py", {_JOB_LINES[name]}'
+    assert {str(n.target) for n in ops if n.meta.get("stack_trace") != stack} <= {"prims.inductor_seeds.default"}
+    assert sum(n.meta.get("stack_trace") == stack for n in ops) >= 3
+    if name == "compile_error":
+        minify_archive(packed[name]["0/0"], tmp_path / "min.tar.zst")
+        (relu,) = [n for n in reproarchive.load(tmp_path / "min.tar.zst").gm.graph.nodes if n.op == "call_function"]
+        assert relu.meta["stack_trace"] == stack
+
+
 def test_exported_script_raises_the_logged_error(packed, tmp_path):
     reproarchive.export(packed["compile_error"]["0/0"], tmp_path / "bug")
     proc = subprocess.run([sys.executable, str(tmp_path / "bug" / "repro.py")], capture_output=True, text=True,

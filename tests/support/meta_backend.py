@@ -1,4 +1,5 @@
-"""A backend that writes down the node meta Dynamo hands it (its subgraphs' too), then fails: what a replay must hand
+"""A backend that writes down the node meta Dynamo hands it (its subgraphs' too: each node's
+``example_value`` and ``stack_trace``), then fails: what a replay must hand
 it again (``tests/replay/test_backend_meta.py``). ``module:function`` name: ``BACKEND``."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def _described(value) -> tuple:
 
 
 def record_and_fail(gm: torch.fx.GraphModule, example_inputs):
-    SEEN.append([(where, n.op, n.name, _described(n.meta.get("example_value")) if "example_value" in n.meta else None)
+    SEEN.append([(where, n.op, n.name, _described(n.meta.get("example_value")) if "example_value" in n.meta else None,
+                  n.meta.get("stack_trace"))
                  for where, module in gm.named_modules() if isinstance(module, torch.fx.GraphModule)
                  for n in module.graph.nodes if n.op != "output"])
     if os.environ.get(OUT_VARIABLE):  # a replay in another process (an exported script) writes it down

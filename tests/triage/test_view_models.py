@@ -54,6 +54,10 @@ def test_module_paths_are_recorded_and_weights_fold_into_their_ops(transformer, 
     html = (tmp_path / "t12.html").read_text()
     assert out["nodes"] == 426
     assert '"folded":146' in html
+    # (format 1.7) each op knows the model line it came from; the 12 layers share their stacks
+    ops = [n for n in index.graph.nodes if n.op == "call_function"]
+    assert all(n.stack is not None for n in ops) and 0 < len(index.graph.stacks) < len(ops) / 6
+    assert '"src":"./tests/support/real_graphs.py:' in html
 
 
 @pytest.mark.skipif(browser.unavailable() is not None, reason=str(browser.unavailable()))
@@ -82,6 +86,9 @@ def test_the_page_opens_on_ops_framed_by_module_and_on_the_failing_node(transfor
               return seen;
             }""")
             modules = page.eval_on_selector_all("svg.graph [data-module]", "els => els.map(e => e.dataset.module)")
+            if archive == named:  # the failing node's details name the model line it came from (format 1.7)
+                page.locator("svg.graph .node.hl").first.click()
+                details = page.locator(".details").text_content()
             page.screenshot(path=str(tmp_path / f"{archive.stem}.png"))
         assert not log.errors, log.errors
         assert page_count(out) == 1
@@ -90,6 +97,7 @@ def test_the_page_opens_on_ops_framed_by_module_and_on_the_failing_node(transfor
         assert {f"layers.{k}" for k in range(12)} <= set(modules)
         if archive == named:
             assert drawn["hl"] == 1  # opened where the error points, at the bottom of a tall graph
+            assert "source: ./tests/triage/test_view_models.py:" in details and "torch.relu(model(x))" in details
 
 
 def page_count(out: dict) -> int:

@@ -68,6 +68,20 @@ Arg = Annotated[Any, ArgCodec(node=NodeRef, tuple=TupleArg, dict=DictArg, slice=
 
 
 @dataclass(frozen=True)
+class StackFrame:
+    """(1.7) One frame of the source stack a node was traced at, as Python's traceback prints it
+    (``File "./model.py", line 12, in forward`` / the code / the carets under it). Paths are
+    redacted as records are (spec §8); the text never holds a line break (FX pastes it into the
+    code it generates)."""
+
+    file: str
+    line: int
+    name: str
+    code: str | None = omit_none()   # the source line, stripped; absent when the source was not found
+    marks: str | None = omit_none()  # the caret line under it (spaces, ``^`` and ``~``), as printed
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     op: NodeOp
     name: str
@@ -75,6 +89,7 @@ class NodeRecord:
     args: tuple[Arg, ...] = ()
     kwargs: dict[str, Arg] = field(default_factory=dict)
     meta: PlainData | None = omit_none()
+    stack: int | None = omit_none()  # (1.7) the node's stack: an index into its graph's ``stacks``
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,8 @@ StateEntry = Annotated[
 class GraphRecord:
     nodes: tuple[NodeRecord, ...]
     module_state: tuple[StateEntry, ...] = ()
+    # (1.7) the distinct stacks its nodes were traced at, each its frames outermost first
+    stacks: tuple[tuple[StackFrame, ...], ...] | None = omit_none()
 
     def placeholders(self) -> list[NodeRecord]:
         return [n for n in self.nodes if n.op == "placeholder"]

@@ -111,6 +111,8 @@ MAX_VALUE_DEPTH = 32
 MAX_GRAPH_DEPTH = 8
 MAX_TARGET_LENGTH = 300
 MAX_ATTRIBUTE_PATH_LENGTH = 500
+MAX_STACK_FRAMES = 256  # (1.7) frames of one node's stack trace
+MAX_FRAME_TEXT = 4096  # (1.7) characters of a frame's file, name, code or marks
 
 #: Every storable dtype (spec §6.3): name -> (bytes per element, class). Quantized dtypes are
 #: not storable; a name not listed here was written by a newer format minor version.

@@ -5,5 +5,5 @@ from __future__ import annotations
 
 FORMAT_NAME = "reproarchive"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 6
+FORMAT_MINOR = 7
 FORMAT_VERSION = f"{FORMAT_MAJOR}.{FORMAT_MINOR}"

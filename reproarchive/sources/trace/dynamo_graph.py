@@ -18,9 +18,11 @@ import re
 from typing import Any
 
 from reproarchive.compat.pytree import graph_code_modules
+from reproarchive.context.redaction import redact_paths
 from reproarchive.errors import PackError, SourceError
 from reproarchive.sources import import_replay, repro_module
 from reproarchive.sources.dump.foreign_runnable import Guarded
+from reproarchive.sources.trace.logged_stacks import NOT_MATCHED, give_stacks
 
 _ANNOTATION = re.compile(r"^(?P<dtype>[a-z][a-z0-9]*)\[(?P<shape>[^\]]*)\](?:\[(?P<stride>[^\]]*)\])?"
                          r"(?P<device>[a-z]+(?::\d+)?)?$")
@@ -169,6 +171,9 @@ def from_dynamo_graph(job: dict[str, Any], events) -> Rebuilt:
                      "--load-library PATH for the real one)")
     events("tracing the graph")
     gm, trace_notes = _traced(mod, len(inputs))
+    scrub = job.get("scrub") or {}
+    if not give_stacks(gm, [code], paths=lambda text: redact_paths(text, scrub)) and "# File: " in code:
+        notes.append(NOT_MATCHED)
     gm, inputs, lifted = repro_module.lift_state(gm, origin, inputs)
     for i, item in enumerate(lifted):
         inputs[i] = dataclasses.replace(inputs[i], device=const_devices.get(item["attribute"], "cpu"))

@@ -38,6 +38,8 @@ KEPT_PAYLOADS = frozenset({
     "recompile_reasons", "dynamo_graph_break_reason",
     # ATen graph code with every value's shape: the outputs of an operator a missing library defined
     "aot_inference_graph", "aot_forward_graph",
+    # the graph Inductor's runnable prints, with the model line of each node (``logged_stacks``)
+    "before_post_grad_graph",
 })
 # Of Inductor's output code only the descriptions of the devices it compiled for are kept
 # (``triton_meta={'device': DeviceProperties(type='cuda', index=0, cc=90, ...)}``): what a compile

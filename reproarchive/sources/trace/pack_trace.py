@@ -405,7 +405,7 @@ def _job(trace: Trace, c: Compile, *, graph: str, backend: str | None, accuracy:
     return {
         "compile": {"id": c.id, "rank": c.rank, "label": c.label},
         "graph": {"from": graph_from, "code": event.payload, "real_data_script": real_script,
-                  "annotated": _annotated_graph(c)},
+                  "annotated": _annotated_graph(c), "printed": _printed_graphs(c)},
         "describe": facts.describe_inputs(c),
         "symbols": facts.symbols(c),
         "config_values": config_values,
@@ -464,6 +464,14 @@ def _annotated_graph(c: Compile) -> str | None:
         if event is not None and event.payload:
             return event.payload
     return None
+
+
+def _printed_graphs(c: Compile) -> list[str]:
+    """The compile's graphs as the log prints them with their source comments, that Inductor's
+    ``fx_graph_runnable`` may be another print of (``logged_stacks``): the graph before its
+    post-grad passes, then the AOT graph."""
+    return [event.payload for kind in ("before_post_grad_graph", "aot_inference_graph", "aot_forward_graph")
+            if (event := c.last(kind)) is not None and event.payload]
 
 
 def _tlparse_pages(c: Compile) -> dict[str, str] | None:

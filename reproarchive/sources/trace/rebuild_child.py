@@ -41,6 +41,7 @@ from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.context import failure as fail
 from reproarchive.context.config import config_from_values
 from reproarchive.context.environment import environment_snapshot
+from reproarchive.context.redaction import redact_paths
 from reproarchive.errors import PackError, ReproArchiveError
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import FailureRecord, Records, SystemRecord, TraceSource, UnrepresentableSetting
@@ -48,6 +49,7 @@ from reproarchive.sources import import_replay, path_scrub, repro_module
 from reproarchive.sources.dump import pack_child, scripts
 from reproarchive.sources.pack_report import PackReport, failure_summary
 from reproarchive.sources.trace.dynamo_graph import Rebuilt, from_dynamo_graph
+from reproarchive.sources.trace.logged_stacks import NOT_MATCHED, give_stacks
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
 # child write a new trace or debug folder into the user's directories.
@@ -106,6 +108,11 @@ def from_runnable(job: dict[str, Any], work: Path, events) -> Rebuilt:
         warnings.insert(0, "the log holds no tensor data: every input is absent (generated at load time); "
                            "run with TORCH_COMPILE_DEBUG=1 TORCH_COMPILE_DEBUG_SAVE_REAL=1 to keep real inputs")
 
+    printed = graph.get("printed") or []
+    if not give_stacks(imp.gm, printed, rebuilt_from=graph["code"],
+                       paths=lambda text: redact_paths(text, job.get("scrub") or {})) and any(
+            "# File: " in code for code in printed):
+        warnings.append(NOT_MATCHED)
     return Rebuilt(gm=imp.gm, inputs=imp.example_inputs, input_records=imp.reader.inputs, inputs_summary=inputs,
                    warnings=warnings, kind="after_aot",
                    environment=environment_snapshot(environ=env) if env else None, storages=storages,

@@ -1,7 +1,7 @@
 """The rules of the graph (spec §7): node names defined once and referred to only after, one
 output, call targets that are names, attributes that module state holds, subgraphs nested at
-most ``MAX_GRAPH_DEPTH`` deep; and the walks over graph arguments that the rules and readers
-share."""
+most ``MAX_GRAPH_DEPTH`` deep, stack frames that are one line of text each; and the walks over
+graph arguments that the rules and readers share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 from reproarchive.errors import Rule, SchemaViolation, UnsafeArchiveError
 from reproarchive.format.schema import (
+    MAX_FRAME_TEXT,
     MAX_GRAPH_DEPTH,
+    MAX_STACK_FRAMES,
     DictArg,
     GraphRecord,
     ModuleEntry,
@@ -23,6 +25,7 @@ from reproarchive.format.schema import (
 from reproarchive.format.schema.rules.names import (
     HOSTILE,
     IDENTIFIER_RE,
+    LINE_BREAKING,
     check_attribute_path,
     function_name_problem,
     method_name_problem,
@@ -36,6 +39,7 @@ def check_graph(graph: GraphRecord, storages, path: tuple, depth: int) -> None:
     if depth > MAX_GRAPH_DEPTH:
         raise SchemaViolation(f"subgraphs nest deeper than {MAX_GRAPH_DEPTH}", path, Rule.GRAPH_DEPTH)
     state_paths = _check_module_state(graph, storages, path, depth)
+    stacks = _check_stacks(graph.stacks or (), path)
     defined: set[str] = set()
     outputs = 0
     for i, node in enumerate(graph.nodes):
@@ -55,10 +59,40 @@ def check_graph(graph: GraphRecord, storages, path: tuple, depth: int) -> None:
                 raise SchemaViolation(f"argument refers to node {ref[:60]!r}, which is not defined before it", where,
                                       Rule.ARG_REF)
         _check_target(node.op, node.target, state_paths, where)
+        if node.stack is not None and not 0 <= node.stack < stacks:
+            raise SchemaViolation(f"stack {node.stack} is not one of the graph's {stacks} stacks", (*where, "stack"),
+                                  Rule.NODE_STACK)
         outputs += node.op == NodeOp.OUTPUT
         defined.add(node.name)
     if outputs != 1:
         raise SchemaViolation(f"the graph has {outputs} output nodes, expected exactly one", path, Rule.NODE_OUTPUT)
+
+
+def _check_stacks(stacks, path: tuple) -> int:
+    """(1.7) Every frame of every stack is text of one line: FX pastes a node's innermost frame
+    into the code it generates (``# File: ./model.py:12 in forward, code: ...``), so a line break
+    there would be code. The number of stacks."""
+    for i, stack in enumerate(stacks):
+        where = (*path, "stacks", i)
+        if not 0 < len(stack) <= MAX_STACK_FRAMES:
+            raise SchemaViolation(f"a stack has {len(stack)} frames; 1 to {MAX_STACK_FRAMES} are allowed", where,
+                                  Rule.NODE_STACK)
+        for j, frame in enumerate(stack):
+            for key in ("file", "name", "code", "marks"):
+                text = getattr(frame, key)
+                if text is None:
+                    continue
+                if len(text) > MAX_FRAME_TEXT:
+                    raise SchemaViolation(f"{key} is longer than {MAX_FRAME_TEXT} characters", (*where, j, key),
+                                          Rule.NODE_STACK)
+                if LINE_BREAKING.search(text):
+                    raise UnsafeArchiveError(f"stack frame {key} {text[:80]!r} holds a control character", HOSTILE,
+                                             rule=Rule.NODE_STACK)
+            if frame.marks is not None and frame.marks.strip(" ^~"):
+                raise SchemaViolation("marks hold more than spaces, ^ and ~", (*where, j, "marks"), Rule.NODE_STACK)
+            if frame.line < 0:
+                raise SchemaViolation("line is negative", (*where, j, "line"), Rule.NODE_STACK)
+    return len(stacks)
 
 
 def _check_target(op: str, target: str, state_paths: set[str], where: tuple) -> None:

@@ -16,6 +16,10 @@ IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]*(?::[0-9]{1,4})?$")
 _QUALIFIED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
+#: (1.7) What text pasted into generated code as a comment may not hold: control characters but
+#: the tab (``\r`` and ``\n`` end a line of Python), and the Unicode line and paragraph separators.
+LINE_BREAKING = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
 HOSTILE = "the archive is hostile or damaged; refusing to build its graph"
 
 
