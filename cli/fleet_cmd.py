@@ -160,6 +160,8 @@ def format_report(r) -> list[str]:
             lines.append(terminal_safe(f"{'':>10}one culprit, {g.culprit.text()}; merged with {len(g.folded)} "
                                        "more signature(s):"))
             lines.extend(terminal_safe(f"{'':>12}{f.count:>4}  {_clipped(f.text)}") for f in g.folded)
+        if g.culprit is not None and g.culprit.where:  # the model line(s) the smallest failing graph came from
+            lines.extend(terminal_safe(f"{'':>10}at {where}") for where in g.culprit.where)
         bisect = g.verdicts.get("bisect")
         if g.repeats is not None:
             lines.append(terminal_safe(f"{'':>10}replayed {replay.replay_count} times: {g.repeats.text}"))

@@ -24,6 +24,7 @@ from reproarchive.format.schema import (
     NodeRecord,
     NodeRef,
     SliceArg,
+    StackFrame,
     TupleArg,
 )
 
@@ -95,6 +96,13 @@ def node_line(node: NodeRecord) -> str:
     else:
         call = f"{node.target}({', '.join(args)})"
     return printable(f"{node.name}{_annotation(node)} = {call}")
+
+
+def source_line(stack: tuple[StackFrame, ...]) -> str:
+    """A node's stack (format 1.7) as the one line FX's code comments give it, its innermost
+    frame: ``./model.py:12 in forward: y = self.lin(x)``."""
+    frame = stack[-1]
+    return printable(f"{frame.file}:{frame.line} in {frame.name}" + (f": {frame.code}" if frame.code else ""))
 
 
 def _annotation(node: NodeRecord) -> str:

@@ -19,7 +19,7 @@ from reproarchive.format.schema.rules.names import LINE_BREAKING
 
 Stack = tuple[StackFrame, ...]  # outermost frame first
 
-_FRAME = re.compile(r'^  File "(.*)", line (\d+), in (.*)$')
+_FRAME = re.compile(r'^ *File "(.*)", line (\d+), in (.*)$')  # FX's own tracer writes the first unindented
 _MARKS = re.compile(r"^ *[\^~][ \^~]*$")
 _ABSOLUTE = re.compile(r"^(?:/|[A-Za-z]:[\\/]|\\\\)")
 

@@ -20,12 +20,15 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+from reproarchive.archive.graph_code import source_line
 from reproarchive.format.plain import PlainRecord
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import COMPUTE_OPS, Index
 from reproarchive.store.location import is_reference
 from reproarchive.store.pull import archive_view
 from reproarchive.triage.grouping import op_name
+
+_WHERE_LINES = 3  # model lines a culprit names at most
 
 #: Minify statuses whose archive is the culprit: shrunk, or already as small as it gets.
 MINIFIED, UNCHANGED = "minified", "unchanged"
@@ -39,6 +42,9 @@ class Culprit(PlainRecord):
     stage: str
     exception_type: str
     ops: tuple[str, ...]
+    # the model lines its ops came from (format 1.7 stacks), in graph order: where the bug is
+    # in this group's program, not part of what makes two culprits one
+    where: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def text(self) -> str:
         """``compile|LoweringError|sigmoid``."""
@@ -52,9 +58,11 @@ def culprit_of(index: Index) -> Culprit | None:
     if failure is None:
         return None
     graph = index.graph
-    ops = Counter(op_name(graph, n) for n in graph.nodes if n.op in COMPUTE_OPS)
+    compute = [n for n in graph.nodes if n.op in COMPUTE_OPS]
+    ops = Counter(op_name(graph, n) for n in compute)
+    where = dict.fromkeys(source_line(graph.stacks[n.stack]) for n in compute if n.stack is not None)
     return Culprit(stage=failure.stage, exception_type=failure.exception_type,
-                   ops=tuple(sorted(ops.elements())))
+                   ops=tuple(sorted(ops.elements())), where=tuple(where)[:_WHERE_LINES])
 
 
 def read_culprit(location: str, storage_options: dict | None = None) -> Culprit | None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 
-from reproarchive.archive.graph_code import node_line, node_lines, printable
+from reproarchive.archive.graph_code import node_line, node_lines, printable, source_line
 from reproarchive.archive.inspection import InputRow, input_rows
-from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index, NodeRecord, StackFrame
+from reproarchive.format.schema import COMPUTE_OPS, GraphRecord, Index, NodeRecord
 from reproarchive.format.schema.rules.graph import iter_arg_refs
 from reproarchive.triage import graph_folding, graph_hops, graph_layout, graph_subgraphs
 
@@ -242,13 +242,6 @@ def _draw(key: str, title: str, graph: GraphRecord, lines: dict[str, str], input
             "folded": sum(1 for w in folding.into if nodes[w].name not in passed)}
 
 
-def _source_line(stack: tuple[StackFrame, ...]) -> str:
-    """A stack's innermost frame on one line, as FX's code comments name it:
-    ``./model.py:12 in forward: y = self.lin(x)``."""
-    frame = stack[-1]
-    return printable(f"{frame.file}:{frame.line} in {frame.name}" + (f": {frame.code}" if frame.code else ""))
-
-
 def _node_entries(graph: GraphRecord, lines: dict[str, str], input_text: dict[int, str],
                   flags: dict[str, int], inputs_of: list[list[int]], page_of: dict[int, int],
                   folding: graph_folding.Folding, passed) -> list[dict]:
@@ -265,7 +258,7 @@ def _node_entries(graph: GraphRecord, lines: dict[str, str], input_text: dict[in
                           "ws": graph_folding.folded_text([nodes[w].name for w in folded]) if folded else "",
                           "into": folding.into.get(i, -1)})
         if n.stack is not None:
-            out_nodes[-1]["src"] = _source_line(graph.stacks[n.stack])
+            out_nodes[-1]["src"] = source_line(graph.stacks[n.stack])
     return out_nodes
 
 

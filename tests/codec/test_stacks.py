@@ -89,6 +89,18 @@ def test_a_file_in_a_folder_the_writer_does_not_know_keeps_only_its_name(tmp_pat
     assert [f.file for f in stack] == ["<path>/model.py", "<path>/lib.py", "<eval_with_key>.3"]
 
 
+def test_fx_s_own_tracer_s_stacks_are_kept_as_it_recorded_them(tmp_path):
+    """``fx.Tracer(record_stack_traces=True)`` writes its first frame without indent."""
+    tracer = torch.fx.Tracer()
+    tracer.record_stack_traces = True
+    gm = torch.fx.GraphModule(_Net(), tracer.trace(_Net()))
+    given = [n.meta.get("stack_trace") for n in gm.graph.nodes if n.op == "call_function"]
+    assert given and all(given)
+    path = reproarchive.pack(gm, [torch.randn(2, 4)], tmp_path / "fx.tar.zst")
+    back = [n.meta.get("stack_trace") for n in reproarchive.load(path).gm.graph.nodes if n.op == "call_function"]
+    assert [len(b.split(", line ")) for b in back] == [len(g.split(", line ")) for g in given]  # every frame
+
+
 def test_only_the_innermost_frames_of_a_deep_stack_are_kept(tmp_path):
     text = "".join(f'  File "./m.py", line {i}, in f{i}\n    g()\n' for i in range(MAX_STACK_FRAMES + 40))
     path = reproarchive.pack(_graph_with(text), [torch.ones(2)], tmp_path / "deep.tar.zst")

@@ -9,6 +9,7 @@ compile wins, its second loses, ...), across processes, so every count below is 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -130,6 +131,11 @@ def test_a_fleet_of_real_captures_groups_one_bug_per_group_flaky_one_included(tm
         bug = truth[g["representative"]["location"]]
         assert g["verdicts"]["replay"]["status"] == "reproduced" and g["verdicts"]["minify"]["minified"]["ops"] == 1
         assert g["repeats"]["kind"] == ("flaky" if bug == fleet_corpus.RACY_BUG else "stable"), (bug, g["repeats"])
+        # (format 1.7) the culprit names the model line its op came from, kept through the minify
+        (where,) = g["culprit"]["where"]
+        assert re.fullmatch(rf"<tmp>/\S+/src/fleet_\S+\.py:\d+ in \w+: .*{g['culprit']['ops'][0]}.*", where), where
+    text = invoke("triage", folder, "-j", "2", *TRUST, "--trust-backend", fleet_corpus.NO_LOWERING)  # cached
+    assert text.exit_code == 0 and text.output.count("\n          at <tmp>/") == 6, text.output
 
 
 def test_replays_combine_into_one_verdict_and_a_mark():
