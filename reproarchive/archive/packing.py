@@ -166,12 +166,13 @@ def archive_contents(gm: fx.GraphModule, example_inputs: Sequence[Any],
     table = StorageTable(device_names)
     input_records = tensor_codec.encode_inputs(inputs, table, [n.name for n in placeholders],
                                                [graph_codec.dynamic_dims(n) for n in placeholders])
-    graph_record = graph_codec.encode_graph(gm, table, paths=_stack_paths())
+    paths = _stack_paths()
+    graph_record = graph_codec.encode_graph(gm, table, paths=paths)
     op_records = _custom_op_records(gm, custom_ops, table)
     graph_record, kernel_records = triton_kernel_codec.archive_records(  # (1.4) launches renumbered
         graph_record, custom_ops or (), lambda t: tensor_codec.encode_value(t, table))
     records = dataclasses.replace(records, rng=encode_rng(gm, rng_states, table))  # after the graph's tensors
-    code = graph_codec.readable_code(gm).encode()
+    code = graph_codec.readable_code(gm, paths).encode()
     return ArchiveContents(table=table, inputs=input_records, graph=graph_record, code=code, records=records,
                     custom_ops=op_records, triton_kernels=kernel_records)
 

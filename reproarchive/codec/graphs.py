@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from reproarchive.codec import targets
 from reproarchive.codec.devices import check_recorded_device
-from reproarchive.codec.stacks import StackTable, format_stack
+from reproarchive.codec.stacks import StackTable, file_as_kept, format_stack
 from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
 from reproarchive.compat import fx_meta
 from reproarchive.compat.dispatch import OpOverload
@@ -57,7 +57,8 @@ _MODULE_INTERNALS = {
     "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks",
     "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl",
 }
-_FILE_COMMENT = re.compile(r"^\s*# (?:File: .*|No stacktrace found for following nodes)$\n?", re.MULTILINE)
+_FILE_COMMENT = re.compile(r"^(?P<indent>[ \t]*)# File: (?:(?P<file>.+?):(?P<line>\d+) in (?P<name>.+?), "
+                           r"code: (?P<code>.*)|.*)$\n?", re.MULTILINE)
 _NO_STACK_COMMENT = re.compile(r"^\s*# No stacktrace found for following nodes$\n?", re.MULTILINE)
 
 
@@ -165,15 +166,23 @@ def module_path(stack: Any) -> str | None:
     return path if path and len(path) <= 300 and _MODULE_PATH.match(path) else None
 
 
-def readable_code(gm: fx.GraphModule, *, sources: bool = False) -> str:
-    """The graph as annotated Python for people. FX's source comments (``# File: ...``) are
-    dropped from a live graph, whose stacks carry absolute paths of this machine; ``sources``
-    keeps them for a graph rebuilt from an archive, whose stacks were redacted when packed."""
+def readable_code(gm: fx.GraphModule, paths: Callable[[str], str] = str) -> str:
+    """The graph as annotated Python for people, FX's source comments (``# File: ./model.py:12 in
+    forward, code: ...``) naming each op's model line with their file and code passed through
+    ``paths``, as the node stacks are (the writer's redaction: a live graph's stacks carry
+    absolute paths of this machine; a graph rebuilt from an archive has its redacted ones)."""
     try:
         code = gm.print_readable(print_output=False, include_stride=True, include_device=True)
     except Exception:  # printing must never block packing
         code = gm.code
-    return (_NO_STACK_COMMENT if sources else _FILE_COMMENT).sub("", code)
+
+    def kept(m: re.Match) -> str:
+        if m["file"] is None:  # a form this reader does not know: its path cannot be redacted
+            return ""
+        return (f"{m['indent']}# File: {file_as_kept(m['file'], paths)}:{m['line']} in {m['name']}, "
+                f"code: {paths(m['code'])}\n")
+
+    return _FILE_COMMENT.sub(kept, _NO_STACK_COMMENT.sub("", code))
 
 
 def encode_graph(gm: fx.GraphModule, table: StorageTable, depth: int = 0,

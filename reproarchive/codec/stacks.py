@@ -34,7 +34,7 @@ def parse_stack(text: str | None, paths: Callable[[str], str] = str) -> Stack | 
     for line in text.split("\n"):
         found = _FRAME.match(line)
         if found:
-            frames.append({"file": _file_name(paths(found[1])), "line": int(found[2]), "name": found[3]})
+            frames.append({"file": file_as_kept(found[1], paths), "line": int(found[2]), "name": found[3]})
         elif frames and line.startswith("    ") and "code" not in frames[-1]:
             frames[-1]["code"] = paths(line[4:])
         elif frames and "code" in frames[-1] and "marks" not in frames[-1] and _MARKS.match(line):
@@ -45,10 +45,11 @@ def parse_stack(text: str | None, paths: Callable[[str], str] = str) -> Stack | 
                  for f in frames[-MAX_STACK_FRAMES:])
 
 
-def _file_name(path: str) -> str:
-    """A file name as an archive keeps it: what ``paths`` left of an absolute path (a folder it
-    does not know: ``/data/team/model.py``) is written ``<path>/model.py``, since the folders
-    of this machine are not the archive's to carry (spec §8)."""
+def file_as_kept(path: str, paths: Callable[[str], str] = str) -> str:
+    """A file name as an archive keeps it: ``paths`` (the writer's redaction) applied, and what
+    that left of an absolute path (a folder it does not know: ``/data/team/model.py``) written
+    ``<path>/model.py``, since the folders of this machine are not the archive's to carry (§8)."""
+    path = paths(path)
     if _ABSOLUTE.match(path):
         return "<path>/" + re.split(r"[/\\]", path)[-1]
     return path

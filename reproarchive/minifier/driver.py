@@ -208,7 +208,7 @@ def minify_archive(
     _write(output, repro, result.gm, result.inputs, stats=stats)
     return MinifyReport(archive=str(path), output=str(output), parent=repro.digest,
                         status="minified" if result.stats.accepted > 0 else "unchanged", stats=stats,
-                        code=readable_code(result.gm, sources=True), input_origins=result.input_origins)
+                        code=readable_code(result.gm), input_origins=result.input_origins)
 
 
 def _recorded_stage(repro: Repro) -> str:

@@ -268,5 +268,5 @@ def minify_job(ready: Any, output, *, timeout_s: float = 60.0, max_time: float |
                    parents={rank: parent for rank, (_, _, _, parent) in cuts.items()}, minify_of=minify_of)
     return MinifyReport(archive=str(path), output=str(output), parent=job.digest,
                         status="minified" if result.stats.accepted else "unchanged", stats=stats,
-                        code=readable_code(result.gm, sources=True), input_origins=result.input_origins)
+                        code=readable_code(result.gm), input_origins=result.input_origins)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import reproarchive
+from reproarchive.archive.graph_code import graph_code
 from reproarchive.errors import UnsafeArchiveError
 from reproarchive.format.schema import MAX_STACK_FRAMES
 from support.hostile_corpus import parse, rebuild
@@ -60,6 +61,10 @@ def test_a_dynamo_graph_s_stacks_come_back_as_dynamo_printed_them(tmp_path, monk
     # FX's generated code names the model line above the node, as it did for Dynamo's graph
     code = repro.gm.print_readable(print_output=False)
     assert f"# File: {relative}:" in code and "code: return torch.sin(x) * 2" in code
+    # and so does the archive's graph.py for people (inspect --graph), its paths redacted likewise
+    stored = graph_code(path)
+    assert f"# File: {relative}:" in stored and "code: return torch.sin(x) * 2" in stored
+    assert str(HERE.parent) not in stored
 
 
 def _graph_with(stack_trace: str):
