@@ -144,9 +144,10 @@ class ArchiveContents:
 def archive_contents(gm: fx.GraphModule, example_inputs: Sequence[Any],
                      records: Records | Mapping[str, Any] | None, *, custom_ops: Sequence[LiveCustomOp] | None = None,
                      rng_states: Mapping[str, torch.Tensor] | None = None,
-                     device_names: Mapping[str, str] | None = None) -> ArchiveContents:
+                     device_names: Mapping[str, str] | None = None,
+                     prefixes: Mapping[str, str] | None = None) -> ArchiveContents:
     """Everything an archive of ``gm`` holds but its blobs (``ArchiveContents``).
-    ``custom_ops``/``rng_states``/``device_names``: as ``pack`` takes them."""
+    ``custom_ops``/``rng_states``/``device_names``/``prefixes``: as ``pack`` takes them."""
     if not isinstance(gm, fx.GraphModule):
         raise PackError(f"pack needs a torch.fx.GraphModule, got {type(gm).__name__}")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -166,7 +167,7 @@ def archive_contents(gm: fx.GraphModule, example_inputs: Sequence[Any],
     table = StorageTable(device_names)
     input_records = tensor_codec.encode_inputs(inputs, table, [n.name for n in placeholders],
                                                [graph_codec.dynamic_dims(n) for n in placeholders])
-    paths = _stack_paths()
+    paths = _stack_paths(prefixes)
     graph_record = graph_codec.encode_graph(gm, table, paths=paths)
     op_records = _custom_op_records(gm, custom_ops, table)
     graph_record, kernel_records = triton_kernel_codec.archive_records(  # (1.4) launches renumbered
@@ -177,16 +178,17 @@ def archive_contents(gm: fx.GraphModule, example_inputs: Sequence[Any],
                     custom_ops=op_records, triton_kernels=kernel_records)
 
 
-def _stack_paths() -> Callable[[str], str]:
+def _stack_paths(prefixes: Mapping[str, str] | None) -> Callable[[str], str]:
     """The redaction of a graph's stack frames (spec §8: no path of this machine in what an
-    archive holds), the working folder written ``.``; its prefix table is looked up at the
-    first frame, so a graph without stacks costs nothing."""
+    archive holds): ``prefixes``, the writer's own folders, else the working folder written
+    ``.``; its prefix table is looked up at the first frame, so a graph without stacks costs
+    nothing."""
     redact: Callable[[str], str] | None = None
 
     def paths(text: str) -> str:
         nonlocal redact
         if redact is None:
-            redact = text_redactor(working_folder())
+            redact = text_redactor(working_folder() if prefixes is None else prefixes)
         return redact(text)
 
     return paths
@@ -239,6 +241,7 @@ def pack(
     custom_ops: Sequence[LiveCustomOp] | None = None,
     rng_states: Mapping[str, torch.Tensor] | None = None,
     device_names: Mapping[str, str] | None = None,
+    prefixes: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``gm``, one example input per placeholder and ``records`` to ``path`` (atomically).
 
@@ -250,10 +253,11 @@ def pack(
     ``rng_states``: the generator states (device -> uint8 tensor, ``codec.rng.rng_snapshot``)
     the failing call started from, stored as storages (``records.rng`` is replaced).
     ``device_names``: a storage's recorded device by its tensor's device here, where they differ
-    (a compile-only minify holds an absent GPU's tensors on meta: ``{"meta": "cuda:0"}``)."""
+    (a compile-only minify holds an absent GPU's tensors on meta: ``{"meta": "cuda:0"}``).
+    ``prefixes``: the writer's folders (``{folder: label}``; default ``{cwd: "."}``) for stacks."""
     digests.check_algorithm(digest)
     ready = archive_contents(gm, example_inputs, records, custom_ops=custom_ops, rng_states=rng_states,
-                     device_names=device_names)
+                             device_names=device_names, prefixes=prefixes)
     table, code = ready.table, ready.code
 
     real = [i for i, r in enumerate(table.records) if r.is_real]

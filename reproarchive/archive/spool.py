@@ -105,7 +105,7 @@ class Spool(SpoolFolder):
         table_prefixes = working_folder() if prefixes is None else dict(prefixes)
         records = redacted(capture.records, table_prefixes)
         ready = archive_contents(capture.graph, list(capture.inputs), records, custom_ops=capture.custom_ops,
-                         rng_states=capture.rng_states)
+                                 rng_states=capture.rng_states, prefixes=table_prefixes)
         real = [sidx for sidx, record in enumerate(ready.table.records) if record.is_real]
         return Draft(name, ready, capture.job, real, [ready.table.sources[sidx] for sidx in real])
 

@@ -50,4 +50,5 @@ def write_capture(capture: Capture, path: str | os.PathLike, *, prefixes: Mappin
     # for graphs with ``while_loop``): packing reads real tensors, so it runs outside any mode.
     with disable_current_modes():
         return pack(capture.graph, list(capture.inputs), path, records=redacted(capture.records, table),
-                    job=capture.job, custom_ops=capture.custom_ops, rng_states=capture.rng_states, **options)
+                    job=capture.job, custom_ops=capture.custom_ops, rng_states=capture.rng_states,
+                    prefixes=table, **options)

@@ -71,6 +71,10 @@ def test_capture_packs_the_failure_and_keeps_exit_code(captured):
     assert repro.records.failure.stage == "forward"
     assert repro.records.backend == "relu_runtime_error_TESTING_ONLY"
     assert repro.fidelity == ["real"] * 4
+    # (format 1.7) each op's model line, the program's folder redacted
+    ops = [n for n in repro.gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert ops and all(n.meta.get("stack_trace", "").startswith('  File "./prog.py", line ') for n in ops), \
+        [n.meta.get("stack_trace") for n in ops]
     # what capture set itself to watch the program is not the program's: nothing to list here
     assert "TORCH_COMPILE_DEBUG_DIR" not in repro.records.environment.variables
     assert not [r for r in reproarchive.doctor(archives[0]).differences if "TORCH_COMPILE_DEBUG" in r["name"]]
@@ -246,6 +250,21 @@ def _capture_program(tmp_path: Path, source: str) -> tuple[Path, subprocess.Comp
     done = subprocess.run([*cli, "capture", "--json", "-o", str(tmp_path / "archives"), "--", sys.executable,
                            "prog.py"], cwd=folder, capture_output=True, text=True, timeout=300)
     return folder, done
+
+
+def test_a_compile_error_packed_from_pytorch_s_dump_keeps_each_op_s_model_line(tmp_path):
+    """(format 1.7) PyTorch's after_dynamo dump prints the graph without its stacks; the crash
+    guard notes each compiled graph's calls with theirs, and the dump's rebuilt graph gets them
+    back, call for call (the program's folder written ``<cwd>``, as the dump route's records
+    write it). Before, the archive of ``capture --``'s default route had none."""
+    _, done = _capture_program(tmp_path, progs.dynamo_program("compile_error"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    (packed,) = json.loads(done.stdout)["archives"]
+    assert packed["kind"] == "after_dynamo", packed
+    ops = [n for n in reproarchive.load(packed["archive"]).gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert ops and all(n.meta.get("stack_trace", "").startswith('  File "<cwd>/prog.py", line ') for n in ops), \
+        [n.meta.get("stack_trace") for n in ops]
+    assert any("torch.relu(self.lin(x) + y)" in n.meta["stack_trace"] for n in ops)
 
 
 def test_capture_records_a_custom_backend_by_its_import_path(tmp_path, monkeypatch):

@@ -59,6 +59,7 @@ from reproarchive.sources.dump.tensor_reader import RecordingReader
 from reproarchive.sources.import_replay import crashed, first_line, generated_data_warning, replay
 from reproarchive.sources.pack_report import PackReport, failure_summary
 from reproarchive.sources.path_scrub import Scrubber, scrub_prefixes
+from reproarchive.sources.printed_stacks import give_noted
 from reproarchive.sources.repro_module import graph_summary, lift_state, module_state_origin, trace_repro
 
 # --------------------------------------------------------------------------------------------
@@ -288,14 +289,15 @@ def capture_of(imp: ImportedScript, *, label: str, store_found: bool, store_note
         environment=environment, failure=failure, source=source, shapes=shapes, execution=execution))
 
 
-def noted_at_the_dump(notes: str | None, script: Path) -> tuple[Any, Any]:
-    """(thread state, (shape policy, its graph's number of inputs)) of the compile the dump
-    ``script`` was written for, as its process noted them (``crash_guard._note_compile``, one
-    JSON line per compile): the last entry that began before the dump was written. (None, None)
-    without notes (a dump packed on its own); the policy None where the compile had none."""
+def noted_at_the_dump(notes: str | None, script: Path) -> tuple[Any, Any, Any]:
+    """(thread state, (shape policy, its graph's number of inputs), its calls with their stacks)
+    of the compile the dump ``script`` was written for, as its process noted them
+    (``crash_guard._note_compile``, one JSON line per compile): the last entry that began before
+    the dump was written. Nones without notes (a dump packed on its own); the policy None where
+    the compile had none."""
 
     if not notes:
-        return None, None
+        return None, None, None
     written = script.stat().st_mtime
     chosen = None
     with contextlib.suppress(OSError, ValueError):
@@ -304,10 +306,10 @@ def noted_at_the_dump(notes: str | None, script: Path) -> tuple[Any, Any]:
             if float(entry["time"]) <= written:
                 chosen = entry
     if chosen is None:
-        return None, None
+        return None, None, None
     execution = from_plain(ExecutionRecord, chosen["execution"])
     shapes = from_plain(ShapePolicy, chosen["shapes"]) if chosen.get("shapes") is not None else None
-    return execution, (shapes, chosen.get("inputs"))
+    return execution, (shapes, chosen.get("inputs")), chosen.get("calls")
 
 
 def _policy_of_the_dump(imp: ImportedScript, noted: Any) -> Any:
@@ -359,8 +361,9 @@ def run(opts: argparse.Namespace, events, started=None) -> dict[str, Any]:
     imp = import_script(script, store, events)
     _refuse_sizes_without_value(imp.reader.inputs)
     scrub = Scrubber(scrub_prefixes(opts, store))
-    execution, noted_shapes = noted_at_the_dump(getattr(opts, "execution_from", None), script)
+    execution, noted_shapes, noted = noted_at_the_dump(getattr(opts, "execution_from", None), script)
     shapes = _policy_of_the_dump(imp, noted_shapes)  # the archive's, and its replay's below
+    give_noted(imp.gm, noted, script.read_text(encoding="utf-8", errors="replace"))  # the model lines
 
     events("taking snapshots")
     config, environment, system, snapshot_notes = take_snapshots()

@@ -135,6 +135,7 @@ def _patch(module: Any) -> None:
             return _job_backend(self, job_dir)(gm, example_inputs)
         began = time.time()
         _note_entry(gm)
+        calls = _noted_calls(gm)  # before the compile, as the dump prints the graph
         first = FirstCall(_write_pending(gm, list(example_inputs), _backend_name(self)))
         accuracy_dir = os.environ.get(ACCURACY_DIR_ENV)
         pristine = op_calls.op_graph(gm)
@@ -155,7 +156,7 @@ def _patch(module: Any) -> None:
                 op_calls.write_op_calls(pristine, list(example_inputs), exc, _backend_name(self))
             raise
         finally:
-            shapes = _note_compile(gm, list(example_inputs), began)
+            shapes = _note_compile(gm, list(example_inputs), began, calls)
         if first.pending is None:  # no spool entry: no call is guarded, every call is marked
             return _every_call_marked(compiled, _marker(gm))
         return _discard_after_first_call(compiled, _backend_name(self), first, shapes, pristine, _marker(gm))
@@ -171,7 +172,17 @@ def _note_entry(gm: Any) -> None:
     note_entry(gm)
 
 
-def _note_compile(gm: Any, inputs: list[Any], began: float) -> Any:
+def _noted_calls(gm: Any) -> Any:
+    """The graph's calls with their stacks (``printed_stacks.noted_calls``), or None."""
+    try:
+        from reproarchive.sources.printed_stacks import noted_calls
+
+        return noted_calls(gm)
+    except Exception:  # noqa: BLE001 - never in place of the program's own run
+        return None
+
+
+def _note_compile(gm: Any, inputs: list[Any], began: float, calls: Any = None) -> Any:
     """Append what PyTorch's dump does not record of this compile to this process's
     ``execution/<pid>.jsonl``: the thread state it runs under (grad and inference mode, autocast
     ...: a replay in another state can fail in a way the program never did, grad on for a
@@ -181,7 +192,8 @@ def _note_compile(gm: Any, inputs: list[Any], began: float) -> Any:
     the time it ``began``: ``pack_dump`` takes the last entry that began before the dump was
     written, the failing compile's. Returns that shape policy (None where there is none), which
     a first call kept from the spool records too: the spool entry was written before the
-    compile added its guards."""
+    compile added its guards. ``calls``: the graph's calls and their stacks, which a dump
+    prints without (``printed_stacks``)."""
     try:
         import json
 
@@ -194,7 +206,8 @@ def _note_compile(gm: Any, inputs: list[Any], began: float) -> Any:
         folder.mkdir(parents=True, exist_ok=True)
         policy = policy_of(gm, inputs, config_snapshot())
         line = json.dumps({"time": began, "execution": to_plain(execution_snapshot(inputs)),
-                           "shapes": to_plain(policy) if policy is not None else None, "inputs": len(inputs)})
+                           "shapes": to_plain(policy) if policy is not None else None, "inputs": len(inputs),
+                           "calls": calls})
         with open(folder / f"{os.getpid()}.jsonl", "a") as f:
             f.write(line + "\n")
         return policy

@@ -22,7 +22,7 @@ from reproarchive.context.redaction import redact_paths
 from reproarchive.errors import PackError, SourceError
 from reproarchive.sources import import_replay, repro_module
 from reproarchive.sources.dump.foreign_runnable import Guarded
-from reproarchive.sources.trace.logged_stacks import NOT_MATCHED, give_stacks
+from reproarchive.sources.printed_stacks import NOT_MATCHED, give_stacks
 
 _ANNOTATION = re.compile(r"^(?P<dtype>[a-z][a-z0-9]*)\[(?P<shape>[^\]]*)\](?:\[(?P<stride>[^\]]*)\])?"
                          r"(?P<device>[a-z]+(?::\d+)?)?$")

@@ -38,7 +38,7 @@ KEPT_PAYLOADS = frozenset({
     "recompile_reasons", "dynamo_graph_break_reason",
     # ATen graph code with every value's shape: the outputs of an operator a missing library defined
     "aot_inference_graph", "aot_forward_graph",
-    # the graph Inductor's runnable prints, with the model line of each node (``logged_stacks``)
+    # the graph Inductor's runnable prints, with the model line of each node (``printed_stacks``)
     "before_post_grad_graph",
 })
 # Of Inductor's output code only the descriptions of the devices it compiled for are kept

@@ -468,7 +468,7 @@ def _annotated_graph(c: Compile) -> str | None:
 
 def _printed_graphs(c: Compile) -> list[str]:
     """The compile's graphs as the log prints them with their source comments, that Inductor's
-    ``fx_graph_runnable`` may be another print of (``logged_stacks``): the graph before its
+    ``fx_graph_runnable`` may be another print of (``printed_stacks``): the graph before its
     post-grad passes, then the AOT graph."""
     return [event.payload for kind in ("before_post_grad_graph", "aot_inference_graph", "aot_forward_graph")
             if (event := c.last(kind)) is not None and event.payload]

@@ -48,8 +48,8 @@ from reproarchive.format.schema import FailureRecord, Records, SystemRecord, Tra
 from reproarchive.sources import import_replay, path_scrub, repro_module
 from reproarchive.sources.dump import pack_child, scripts
 from reproarchive.sources.pack_report import PackReport, failure_summary
+from reproarchive.sources.printed_stacks import NOT_MATCHED, give_stacks
 from reproarchive.sources.trace.dynamo_graph import Rebuilt, from_dynamo_graph
-from reproarchive.sources.trace.logged_stacks import NOT_MATCHED, give_stacks
 
 # Logging switches a runnable copies from the job's environment: set here, they would make the
 # child write a new trace or debug folder into the user's directories.
