@@ -93,6 +93,12 @@ def inspect(archive: str, as_json: bool, show_graph: bool) -> None:
         _say(f"  {count:5d}  {name}")
     if len(g.op_histogram) > 12:
         _say(f"  ... {len(g.op_histogram) - 12} more kinds")
+    if g.model_line_count:  # (format 1.7) where in the model the ops came from
+        _say(f"model lines: {g.model_line_count}")
+        for line in g.model_lines:
+            _say(f"  {line}")
+        if g.model_line_count > len(g.model_lines):
+            _say(f"  ... {g.model_line_count - len(g.model_lines)} more (inspect --graph shows each op's)")
     _say("inputs:")
     for row in info.inputs:
         _say(f"  {row.index:3d} {str(row.name or ''):40.40s} {_input_description(row):40s} {row.fidelity}")

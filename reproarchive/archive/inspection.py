@@ -15,13 +15,16 @@ import os
 from dataclasses import field
 
 from reproarchive.archive.extension_rows import CustomOpRow, TritonKernelRow, custom_op_rows, triton_kernel_rows
+from reproarchive.archive.graph_code import source_line
 from reproarchive.archive.job_report import JobSummary, job_summary
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
+    COMPUTE_OPS,
     DTYPES,
     DerivedValue,
+    GraphRecord,
     Index,
     Records,
     SequenceValue,
@@ -77,6 +80,22 @@ class GraphSummary(PlainRecord):
     placeholders: int
     op_histogram: dict[str, int]
     submodules: int  # stored attributes (parameters, buffers, nested graphs)
+    # (1.7) the model lines the ops came from (their stacks' innermost frames), distinct, in graph
+    # order: the first MODEL_LINES of ``model_line_count``
+    model_lines: tuple[str, ...] = ()
+    model_line_count: int = 0
+
+
+#: Model lines an inspect report lists (``GraphSummary.model_lines``); the rest are counted.
+MODEL_LINES = 12
+
+
+def graph_summary(graph: GraphRecord) -> GraphSummary:
+    lines = dict.fromkeys(source_line(graph.stacks[n.stack]) for n in graph.nodes
+                          if n.op in COMPUTE_OPS and n.stack is not None)
+    return GraphSummary(nodes=len(graph.nodes), ops=graph.op_count(), placeholders=len(graph.placeholders()),
+                        op_histogram=graph.op_histogram(), submodules=len(graph.module_state),
+                        model_lines=tuple(lines)[:MODEL_LINES], model_line_count=len(lines))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,13 +322,7 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             parent=records.parent,
             source=to_plain(records.source) if records.source else None,
             minify=to_plain(records.minify) if records.minify else None,
-            graph=GraphSummary(
-                nodes=len(graph.nodes),
-                ops=graph.op_count(),
-                placeholders=len(graph.placeholders()),
-                op_histogram=graph.op_histogram(),
-                submodules=len(graph.module_state),
-            ),
+            graph=graph_summary(graph),
             inputs=tuple(input_rows(index)),
             not_replayable_here=tuple(missing),
             storage=_storage_stats(reader, index),

@@ -13,6 +13,7 @@ import reproarchive
 from reproarchive.archive.graph_code import graph_code
 from reproarchive.errors import UnsafeArchiveError
 from reproarchive.format.schema import MAX_STACK_FRAMES
+from support.cli import invoke
 from support.hostile_corpus import parse, rebuild
 
 HERE = Path(__file__).resolve()
@@ -65,6 +66,13 @@ def test_a_dynamo_graph_s_stacks_come_back_as_dynamo_printed_them(tmp_path, monk
     stored = graph_code(path)
     assert f"# File: {relative}:" in stored and "code: return torch.sin(x) * 2" in stored
     assert str(HERE.parent) not in stored
+    # inspect lists the model lines the ops came from, in graph order
+    lines = reproarchive.inspect(path).graph.model_lines
+    assert [line.split(" in ", 1)[1] for line in lines] == ["forward: return _helper(self.lin(x)).relu()",
+                                                           "_helper: return torch.sin(x) * 2"]
+    assert all(line.startswith(f"{relative}:") for line in lines)
+    shown = invoke("inspect", path)
+    assert shown.exit_code == 0 and f"model lines: {len(lines)}\n  {lines[0]}\n" in shown.output
 
 
 def _graph_with(stack_trace: str):
