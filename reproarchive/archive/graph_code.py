@@ -16,6 +16,7 @@ import re
 from reproarchive.format import layout
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
+    COMPUTE_OPS,
     ComplexArg,
     ConstantArg,
     DictArg,
@@ -103,6 +104,13 @@ def source_line(stack: tuple[StackFrame, ...]) -> str:
     frame: ``./model.py:12 in forward: y = self.lin(x)``."""
     frame = stack[-1]
     return printable(f"{frame.file}:{frame.line} in {frame.name}" + (f": {frame.code}" if frame.code else ""))
+
+
+def model_lines(graph: GraphRecord) -> list[str]:
+    """The distinct model lines (``source_line``) the graph's compute ops came from, in graph
+    order: what ``inspect`` lists and a triage culprit names."""
+    return list(dict.fromkeys(source_line(graph.stacks[n.stack]) for n in graph.nodes
+                              if n.op in COMPUTE_OPS and n.stack is not None))
 
 
 def _annotation(node: NodeRecord) -> str:

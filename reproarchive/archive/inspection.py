@@ -15,13 +15,12 @@ import os
 from dataclasses import field
 
 from reproarchive.archive.extension_rows import CustomOpRow, TritonKernelRow, custom_op_rows, triton_kernel_rows
-from reproarchive.archive.graph_code import source_line
+from reproarchive.archive.graph_code import model_lines
 from reproarchive.archive.job_report import JobSummary, job_summary
 from reproarchive.format import layout
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
-    COMPUTE_OPS,
     DTYPES,
     DerivedValue,
     GraphRecord,
@@ -91,8 +90,7 @@ MODEL_LINES = 12
 
 
 def graph_summary(graph: GraphRecord) -> GraphSummary:
-    lines = dict.fromkeys(source_line(graph.stacks[n.stack]) for n in graph.nodes
-                          if n.op in COMPUTE_OPS and n.stack is not None)
+    lines = model_lines(graph)
     return GraphSummary(nodes=len(graph.nodes), ops=graph.op_count(), placeholders=len(graph.placeholders()),
                         op_histogram=graph.op_histogram(), submodules=len(graph.module_state),
                         model_lines=tuple(lines)[:MODEL_LINES], model_line_count=len(lines))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from reproarchive.archive.graph_code import source_line
+from reproarchive.archive.graph_code import model_lines
 from reproarchive.format.plain import PlainRecord
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import COMPUTE_OPS, Index
@@ -58,11 +58,9 @@ def culprit_of(index: Index) -> Culprit | None:
     if failure is None:
         return None
     graph = index.graph
-    compute = [n for n in graph.nodes if n.op in COMPUTE_OPS]
-    ops = Counter(op_name(graph, n) for n in compute)
-    where = dict.fromkeys(source_line(graph.stacks[n.stack]) for n in compute if n.stack is not None)
+    ops = Counter(op_name(graph, n) for n in graph.nodes if n.op in COMPUTE_OPS)
     return Culprit(stage=failure.stage, exception_type=failure.exception_type,
-                   ops=tuple(sorted(ops.elements())), where=tuple(where)[:_WHERE_LINES])
+                   ops=tuple(sorted(ops.elements())), where=tuple(model_lines(graph)[:_WHERE_LINES]))
 
 
 def read_culprit(location: str, storage_options: dict | None = None) -> Culprit | None:
