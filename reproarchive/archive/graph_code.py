@@ -99,18 +99,25 @@ def node_line(node: NodeRecord) -> str:
     return printable(f"{node.name}{_annotation(node)} = {call}")
 
 
-def source_line(stack: tuple[StackFrame, ...]) -> str:
-    """A node's stack (format 1.7) as the one line FX's code comments give it, its innermost
-    frame: ``./model.py:12 in forward: y = self.lin(x)``."""
-    frame = stack[-1]
+#: Where torch's own files are, as a writer redacts them: frames there are torch's code, not the model's.
+_TORCH_FILES = "<site-packages>/torch/"
+
+
+def source_line(stack: tuple[StackFrame, ...]) -> str | None:
+    """The model line a node's stack (format 1.7) names, on one line: its innermost frame outside
+    torch's own files (``./model.py:12 in forward: y = self.lin(x)``; flex_attention's body is
+    traced inside torch, and FX's own tracer records only its own frames), or None."""
+    frame = next((f for f in reversed(stack) if not f.file.startswith(_TORCH_FILES)), None)
+    if frame is None:
+        return None
     return printable(f"{frame.file}:{frame.line} in {frame.name}" + (f": {frame.code}" if frame.code else ""))
 
 
 def model_lines(graph: GraphRecord) -> list[str]:
     """The distinct model lines (``source_line``) the graph's compute ops came from, in graph
     order: what ``inspect`` lists and a triage culprit names."""
-    return list(dict.fromkeys(source_line(graph.stacks[n.stack]) for n in graph.nodes
-                              if n.op in COMPUTE_OPS and n.stack is not None))
+    lines = (source_line(graph.stacks[n.stack]) for n in graph.nodes if n.op in COMPUTE_OPS and n.stack is not None)
+    return list(dict.fromkeys(line for line in lines if line is not None))
 
 
 def _annotation(node: NodeRecord) -> str:

@@ -257,8 +257,8 @@ def _node_entries(graph: GraphRecord, lines: dict[str, str], input_text: dict[in
                           "p": page_of[i], "m": folding.module[i] or "", "w": folded,
                           "ws": graph_folding.folded_text([nodes[w].name for w in folded]) if folded else "",
                           "into": folding.into.get(i, -1)})
-        if n.stack is not None:
-            out_nodes[-1]["src"] = source_line(graph.stacks[n.stack])
+        if n.stack is not None and (line := source_line(graph.stacks[n.stack])) is not None:
+            out_nodes[-1]["src"] = line
     return out_nodes
 
 

@@ -114,6 +114,17 @@ def test_fx_s_own_tracer_s_stacks_are_kept_as_it_recorded_them(tmp_path):
     assert [len(b.split(", line ")) for b in back] == [len(g.split(", line ")) for g in given]  # every frame
 
 
+def test_a_model_line_is_the_innermost_frame_outside_torch(tmp_path):
+    """flex_attention's body is traced inside torch's own function: its model line is the
+    user's call of it. A stack of torch's frames only names none."""
+    user = '  File "./m.py", line 3, in forward\n    return flex_attention(q, k, v)\n'
+    torch_frame = '  File "<site-packages>/torch/nn/attention/flex_attention.py", line 9, in flex_attention\n    x\n'
+    path = reproarchive.pack(_graph_with(user + torch_frame), [torch.ones(2)], tmp_path / "flex.tar.zst")
+    assert reproarchive.inspect(path).graph.model_lines == ("./m.py:3 in forward: return flex_attention(q, k, v)",)
+    path = reproarchive.pack(_graph_with(torch_frame), [torch.ones(2)], tmp_path / "torch.tar.zst")
+    assert reproarchive.inspect(path).graph.model_lines == () and reproarchive.load(path).index.graph.stacks
+
+
 def test_only_the_innermost_frames_of_a_deep_stack_are_kept(tmp_path):
     text = "".join(f'  File "./m.py", line {i}, in f{i}\n    g()\n' for i in range(MAX_STACK_FRAMES + 40))
     path = reproarchive.pack(_graph_with(text), [torch.ones(2)], tmp_path / "deep.tar.zst")
