@@ -91,6 +91,39 @@ def test_target_attacks_are_refused_by_every_reader(scene, label):
     assert (_tree(scene["victim"]), _tree(scene["work"])) == before, label
 
 
+#: (format 1.7) stack frames that would be code where FX pastes them as a comment, or drive a terminal
+_STACK_ATTACKS = {"code_line_break": ("code", "x\rimport os; os.remove({victim!r})"),
+                  "file_newline": ("file", "m.py\nimport os"),
+                  "name_escape": ("name", "forward\x1b]0;owned\x07")}
+
+
+@pytest.mark.parametrize("label", _STACK_ATTACKS)
+def test_a_hostile_stack_frame_is_refused_by_every_reader(scene, label):
+    """A node's stack frame is pasted by FX into the code it generates, shown by inspect and
+    view and written into export's script: one with a line break or an escape is refused by
+    the library's readers and by every command, in one line, touching nothing."""
+    key, text = _STACK_ATTACKS[label]
+    frame = {"file": "./m.py", "line": 3, "name": "forward", "code": "y = x.relu()",
+             key: text.format(victim=str(scene["victim"] / "precious.txt"))}
+
+    def plant(index: dict) -> None:
+        index["graph"]["stacks"] = [[frame]]
+        next(n for n in index["graph"]["nodes"] if n["op"] == "call_function")["stack"] = 0
+
+    path = scene["root"] / f"stack_{label}.tar.zst"
+    path.write_bytes(hc.rebuild(ca.valid_parsed(scene["root"] / f"stack_{label}"), plant))
+    before = _tree(scene["victim"]), _tree(scene["work"])
+    for op in ("verify", "inspect", "load"):
+        res = hc.run_library_op(op, path, scene["work"])
+        assert res["outcome"] == "archive_error" and res["type"] == "UnsafeArchiveError", (label, op, res)
+    for argv in (["verify", "-q", str(path)], ["inspect", str(path)], ["inspect", "--graph", str(path)],
+                 ["unpack", "-q", str(path), "-C", "out"], ["run", "--no-isolate", str(path)],
+                 ["run", "--minify", str(path), "-o", "min.tar.zst"], ["export", str(path), "-o", "out"],
+                 ["view", str(path), "-o", "page.html"]):
+        _one_line_refusal(_in_process(argv, scene["work"]), f"{label} {argv[0]}")
+    assert (_tree(scene["victim"]), _tree(scene["work"])) == before, label
+
+
 @pytest.fixture(scope="module")
 def context_scene(tmp_path_factory):
     """An archive whose recorded config and environment would run a program, import a module it
