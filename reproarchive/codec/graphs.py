@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from reproarchive.codec import targets
 from reproarchive.codec.devices import check_recorded_device
-from reproarchive.codec.stacks import StackTable, file_as_kept, format_stack
+from reproarchive.codec.stacks import NO_STACK_COMMENT, SOURCE_FRAME, StackTable, file_as_kept, format_stack
 from reproarchive.codec.tensors import StorageTable, dtype_from_name, dtype_name, encode_value
 from reproarchive.compat import fx_meta
 from reproarchive.compat.dispatch import OpOverload
@@ -57,9 +57,8 @@ _MODULE_INTERNALS = {
     "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks",
     "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl",
 }
-_FILE_COMMENT = re.compile(r"^(?P<indent>[ \t]*)# File: (?:(?P<file>.+?):(?P<line>\d+) in (?P<name>.+?), "
-                           r"code: (?P<code>.*)|.*)$\n?", re.MULTILINE)
-_NO_STACK_COMMENT = re.compile(r"^\s*# No stacktrace found for following nodes$\n?", re.MULTILINE)
+_FILE_COMMENT = re.compile(rf"^(?P<indent>[ \t]*)# File: (?:{SOURCE_FRAME}|.*)$\n?", re.MULTILINE)
+_NO_STACK_COMMENT = re.compile(rf"^\s*{NO_STACK_COMMENT}$\n?", re.MULTILINE)
 
 
 def _constant(arg: ConstantArg) -> Any:

@@ -23,6 +23,12 @@ _FRAME = re.compile(r'^ *File "(.*)", line (\d+), in (.*)$')  # FX's own tracer 
 _MARKS = re.compile(r"^ *[\^~][ \^~]*$")
 _ABSOLUTE = re.compile(r"^(?:/|[A-Za-z]:[\\/]|\\\\)")
 
+#: The frame in FX's comment above the code a frame traced (``# File: ./m.py:12 in forward, code:
+#: y = self.lin(x)``, its innermost), as a pattern to put after ``# File: ``; and the comment
+#: above nodes without a stack. What packing redacts and a log or dump import reads.
+SOURCE_FRAME = r"(?P<file>.+?):(?P<line>\d+) in (?P<name>.+?), code: (?P<code>.*)"
+NO_STACK_COMMENT = "# No stacktrace found for following nodes"
+
 
 def parse_stack(text: str | None, paths: Callable[[str], str] = str) -> Stack | None:
     """The frames of a printed stack (outermost first), each file and code line passed through

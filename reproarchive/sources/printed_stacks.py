@@ -18,10 +18,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from reproarchive.codec.stacks import NO_STACK_COMMENT, SOURCE_FRAME, format_stack
 from reproarchive.compat import fx_meta
+from reproarchive.format.schema import StackFrame
 
-_COMMENT = re.compile(r"^ {8}# File: (?P<file>.+):(?P<line>\d+) in (?P<name>[^,]+), code: (?P<code>.*)$")
-_NO_STACK = "        # No stacktrace found for following nodes"
+_COMMENT = re.compile(rf"^ {{8}}# File: {SOURCE_FRAME}$")
+_NO_STACK = f"        {NO_STACK_COMMENT}"
 _CALL = re.compile(r"^ {8}(?P<name>[A-Za-z_]\w*)(?:\s*:\s*\"[^\"]*\")?\s*=\s*(?P<value>.+?)(?:;.*)?$")
 _PLAIN = re.compile(r"[A-Za-z_]\w*|self(?:\.\w+)+")
 _CALL_OPS = ("call_function", "call_method", "call_module")
@@ -49,7 +51,7 @@ def printed_calls(code: str) -> list[tuple[str, str | None]]:
         if line.startswith(_NO_STACK):
             current = None
         elif found := _COMMENT.match(line):
-            current = f'  File "{found["file"]}", line {found["line"]}, in {found["name"]}\n    {found["code"]}\n'
+            current = format_stack((StackFrame(found["file"], int(found["line"]), found["name"], found["code"]),))
         elif (call := _CALL.match(line)) and not _PLAIN.fullmatch(call["value"].strip()):
             calls.append((call["name"], current))
     return calls
