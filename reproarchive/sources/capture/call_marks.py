@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-import re
 import struct
 from pathlib import Path
 from typing import Any, Callable
@@ -100,9 +99,10 @@ def in_progress(folder: Path) -> list[str]:
 def label_of(gm: Any) -> str:
     """What a person reads of a compiled graph: the compile's id and the user's line it starts
     at (``[0/0] (train.py:14 in f)``), from Dynamo's graph ``gm``."""
-    where = next((n.stack_trace for n in gm.graph.nodes if n.op == "call_function" and n.stack_trace), "")
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', where or "")
-    place = f" ({Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+    from reproarchive.codec.stacks import parse_stack  # light, but kept out of every capture process's start-up
+
+    stack = parse_stack(next((n.stack_trace for n in gm.graph.nodes if n.op == "call_function" and n.stack_trace), ""))
+    place = f" ({Path(stack[-1].file).name}:{stack[-1].line} in {stack[-1].name})" if stack else ""
     return f"[{dynamo.current_compile_id()}]{place}"
 
 
