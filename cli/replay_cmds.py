@@ -223,12 +223,16 @@ def format_job(job) -> str:
              "inconclusive": "INCONCLUSIVE"}
     head = label.get(job.status, job.status.upper())
     where = f" ON RANK {job.rank}" if job.status != "passed" and job.rank is not None else ""
-    lines = [f"{head}{where}{versions_clause(job)} (exit {job.exit_code}): "
+    only = getattr(job, "compile_only", None)
+    lines = [f"{head}{' (COMPILE ONLY)' if only else ''}{where}{versions_clause(job)} (exit {job.exit_code}): "
              f"{job.summary} of {job.world_size}"]
-    how = "with torchrun " + " ".join(job.launcher) if job.launcher else "in one process"
+    how = ("with torchrun " + " ".join(job.launcher) if job.launcher
+           else "each compiled alone" if only else "in one process")
     recorded = f", failed on rank {job.recorded_rank} when recorded" if job.recorded_rank is not None else ""
     timeout = f", collective timeout {job.timeout_s:g}s" if job.timeout_s else ""
     lines.append(f"  replayed  {len(job.ranks)} of {job.world_size} ranks {how}{timeout}, {job.wall_s:.1f}s{recorded}")
+    if only:
+        lines.append(f"  compiled  {terminal_safe(only)}; nothing was launched")
     for r in job.ranks:
         seen = r.outcome.observed if r.outcome is not None else None
         what = _describe(seen) if seen is not None else ""

@@ -158,11 +158,12 @@ def single_rank_job(index: Index) -> JobRecord:
 
 @_torch_errors_as_archive_errors
 def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DEFAULT_LIMITS,
-             max_memory: int | None = None, ranks: Sequence[int] | None = None) -> JobRepro:
+             max_memory: int | None = None, ranks: Sequence[int] | None = None, remap_graph: bool = True) -> JobRepro:
     """Every rank of a job archive (or those of ``ranks``: a rank worker reads its own), rebuilt
     in this process by ``loading.rebuild``, as ``load`` rebuilds one graph: custom ops stood in
     for, Triton launches bound, inference inputs, generated inputs within their demands (nothing
-    runs). ``device`` as for ``load``. A single-process archive loads as a job of one rank (rank 0)."""
+    runs). ``device`` and ``remap_graph`` as for ``load``. A single-process archive loads as a job
+    of one rank (rank 0)."""
     with ContainerReader(path, limits=limits) as reader:
         index = reader.index
         stood_in = install_stand_ins(index.custom_ops or ())  # before the targets are checked, as ``load`` does
@@ -176,7 +177,7 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
             records = rank_records(index, rank)
             # its notes are given below, each once for the job, not once per rank
             built = rebuild(reader, rank_graph(index, rank), rank_inputs(index, rank), records, device=plan,
-                            max_memory=max_memory, stood_in=stood_in, path=path, warn=False)
+                            max_memory=max_memory, stood_in=stood_in, path=path, warn=False, remap_graph=remap_graph)
             loaded.append(RankRepro(
                 rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=built.gm,
                 args=built.args, fidelity=built.fidelity, outcome=rank.outcome, schedule=rank.schedule,

@@ -74,12 +74,13 @@ class CompileOnly:
         return f"for {', '.join(g.said() for g in self.gpus)} without the device{note}"
 
 
-def planned(index: Index, settings: ReplaySettings, plan: DevicePlan) -> CompileOnly | None:
+def planned(index: Index, settings: ReplaySettings, plan: DevicePlan, *, system: Any = None) -> CompileOnly | None:
     """What a child replaying under its parent's ``plan`` does: compile only where the parent
-    decided to (``decided``), which its plan shows (an absent device loaded onto ``meta``)."""
+    decided to (``decided``), which its plan shows (an absent device loaded onto ``meta``).
+    ``system``: the system record that describes the devices (a job's rank: its own)."""
     absent = tuple(r for r, t in plan.targets.items() if t == "meta" and not r.startswith("meta"))
     if absent:
-        return CompileOnly(tuple(describe(index.records.system, absent)), absent)
+        return CompileOnly(tuple(describe(system or index.records.system, absent)), absent)
     return CompileOnly() if settings.compile_only else None
 
 
@@ -91,17 +92,12 @@ def decided(index: Index, settings: ReplaySettings) -> CompileOnly | None:
     asked = settings.compile_only
     if asked is False:
         return None
-    if index.job is not None and index.job.world_size > 1:  # ranks are launched, each on its device
-        if asked:
-            raise ReproArchiveError("--compile-only replays one process's graph, not a multi-rank job",
-                                    "replay the job on machines with its devices, or drop --compile-only")
-        return None
     if asked and settings.device is not None:
         raise ReproArchiveError("--compile-only compiles for the recorded devices; --device moves them",
                                 "drop one of the two")
     devices = [d for d in recorded_devices(index) if d.split(":")[0] not in ("cpu", "meta")]
     absent = tuple(d for d in devices if not is_available(d))
-    failure = index.records.failure
+    failure = _recorded_failure(index)
     stage = failure.stage if failure is not None else None
     if settings.device is not None or (not asked and (not absent or stage in (None, "unknown"))):
         return None
@@ -121,7 +117,28 @@ def decided(index: Index, settings: ReplaySettings) -> CompileOnly | None:
             f"the device cannot be made: {err}",
             "replay it on a machine with the device, or on the CPU with --device cpu") from None
     _check_can_compile(index, absent)
+    _check_no_dtensors(index, where)
     return CompileOnly(tuple(gpus), absent)
+
+
+def _recorded_failure(index: Index) -> Any:
+    """The failure a compile-only replay is judged against: the archive's, or of a multi-rank
+    job, its failing rank's (each rank's replay is judged against its own)."""
+    job = index.job
+    if index.records.failure is not None or job is None:
+        return index.records.failure
+    failed = next((r for r in job.ranks if r.rank == job.failing_rank and r.outcome is not None), None)
+    return failed.outcome.failure if failed is not None else None
+
+
+def _check_no_dtensors(index: Index, where: str) -> None:
+    """A job's rank whose inputs were DTensors is compiled on DTensors of its mesh, which a
+    compile for an absent device cannot build (their local shards hold no data there)."""
+    if index.job is not None and any(r.dtensors for r in index.job.ranks):
+        raise DeviceUnavailableError(
+            f"the job was recorded on {where}, which this machine does not have, and its ranks' inputs are "
+            "DTensors, which a compile without the device cannot rebuild",
+            "replay the job on machines with its devices, or on the CPU with --device cpu")
 
 
 def _check_can_compile(index: Index, absent: tuple[str, ...]) -> None:
@@ -133,8 +150,9 @@ def _check_can_compile(index: Index, absent: tuple[str, ...]) -> None:
             f"compiled for {where} without the device, but {reason}",
             "install a CUDA build of torch here (then `run` compiles for the recorded GPU), or replay on the CPU with "
             "--device cpu (another compiler backend)")
-    changed = index.records.config.changed if index.records.config is not None else {}
-    tuning = [k for k in _BENCHMARKING if (changed.get("torch._inductor.config") or {}).get(k)]
+    configs = [index.records.config, *(r.config for r in (index.job.records if index.job is not None else ()))]
+    inductor = [c.changed.get("torch._inductor.config") or {} for c in configs if c is not None]  # every rank's
+    tuning = [k for k in _BENCHMARKING if any(settings.get(k) for settings in inductor)]
     if tuning:
         raise DeviceUnavailableError(
             f"cannot compile for {where} without the device: the recorded config turns on {', '.join(tuning)}, "

@@ -73,7 +73,8 @@ class JobOutcome:
     verdict is about (the recorded failing rank, or the first rank that failed here);
     ``ranks``: every rank this launch ran; ``divergence``: where the ranks' collective
     schedules part, when they do; ``launcher``: the launcher options used; ``torch`` /
-    ``recorded_torch``: the torch version that replayed it and the one that recorded it."""
+    ``recorded_torch``: the torch version that replayed it and the one that recorded it;
+    ``compile_only``: the ranks were compiled, not run (for what)."""
 
     status: str
     exit_code: int
@@ -89,6 +90,7 @@ class JobOutcome:
     archive: str | None = None
     torch: str | None = None
     recorded_torch: str | None = None
+    compile_only: str | None = None  # every rank's graph compiled, nothing launched: for what (``replay.compile_only``)
 
     @property
     def across_versions(self) -> bool:
@@ -105,6 +107,8 @@ class JobOutcome:
     @property
     def summary(self) -> str:
         """One line: "reproduced on rank 1", "passed on all 2 ranks", ..."""
+        if self.status == PASSED and len(self.ranks) < self.world_size:  # a rank alone, or a node's ranks
+            return f"passed on rank {', '.join(str(r.rank) for r in self.ranks)}"
         if self.status == PASSED:
             return f"passed on all {len(self.ranks)} ranks"
         return f"{self.status} on rank {self.rank}"

@@ -35,10 +35,13 @@ import torch
 import torch.fx as fx
 
 from reproarchive.codec.device_runtime import devices_of
+from reproarchive.codec.devices import DevicePlan
 from reproarchive.compat.distributed import default_store
 from reproarchive.context.failure import as_collective_timeout
+from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Records
 from reproarchive.replay import ranks as _ranks
+from reproarchive.replay.compile_only import CompileOnly, planned, replay_compile_only
 from reproarchive.replay.faithfulness import as_replayed, generated_inputs
 from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
 from reproarchive.replay.outcome import judge, unless_faithful
@@ -197,6 +200,28 @@ def serve_candidates(first: Any, groups: list[_ranks.GroupSpec], folder: Path, *
         k += 1
 
 
+def compile_alone(path: str, settings: ReplaySettings, plan: DevicePlan, folder: Path, *, rank: int,
+                  world_size: int, timeout_s: float) -> int:
+    """Compile this rank's graph only (``replay.compile_only``), under ``plan`` (an absent
+    device's storages on ``meta``, compiled for its recorded description, the rank's own), its
+    collectives' groups registered on a fake process group: a compile reads no collective's
+    value, and a compile-stage failure needs no peer."""
+
+    part = load_rank(path, rank, settings, plan=plan)
+    with ContainerReader(path) as reader:
+        only = planned(reader.index, settings, plan, system=part.records.system)
+    _ranks.init_fake(rank, world_size)
+    _ranks.recreate_groups(part.groups, timeout_s=timeout_s)
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": [], "backend": part.settings.backend})
+    repro = part.rank
+    records = dataclasses.replace(part.records, failure=repro.failure)
+    outcome = replay_compile_only(None, part.settings, only or CompileOnly(), gm=repro.gm, args=list(repro.args),
+                                  records=records)
+    outcome = as_replayed(outcome, list(repro.stand_ins), generated_inputs(repro.gm, list(repro.fidelity), records))
+    write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": []})
+    return EXIT_FAILED if outcome.observed is not None else 0
+
+
 def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
     """Stay in the job until every rank is done, on the store. A peer still in a collective
     this rank skipped ends by its own timeout, which counts from when it got there (after its
@@ -225,8 +250,14 @@ def main(argv: list[str]) -> int:
     redirect_output(folder, rank)
 
     settings = ReplaySettings.from_plain(request["settings"])
-    part = load_rank(request["archive"], rank, settings)
     timeout_s, mode = float(request["timeout_s"]), request.get("mode", "replay")
+    if mode == "compile":
+        code = compile_alone(request["archive"], settings, DevicePlan.from_plain(request["plan"]), folder, rank=rank,
+                             world_size=world_size, timeout_s=timeout_s)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    part = load_rank(request["archive"], rank, settings)
     if mode == "record":
         code = record_collectives(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
                                   world_size=world_size, fake=fake)

@@ -11,6 +11,9 @@ group, or every rank's reference in one process.
   ``LocalTensorMode`` (real collective arithmetic across simulated ranks), then judges each rank
   with its collectives replaced by those per-rank values: an accuracy verdict without N
   processes.
+* compile only (``replay.compile_only``: the recorded GPU absent and the failure a compile
+  error, or ``--compile-only``): each rank's graph compiled alone in a child, its groups on a
+  fake process group, nothing launched; a pass is ``EXIT_COMPILED_ONLY``, never 0.
 
 The rank worker loads its own rank (``load_rank``); the parent reads only the index.
 """
@@ -31,11 +34,13 @@ from typing import Any, Sequence
 from reproarchive.archive.job_archive import load_job
 from reproarchive.archive.job_report import first_divergence
 from reproarchive.child import python_path
+from reproarchive.codec.devices import DevicePlan
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.errors import ReproArchiveError
 from reproarchive.format.schema import FailureRecord
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.local_job import run_local
+from reproarchive.replay.outcome import EXIT_COMPILED_ONLY
 from reproarchive.replay.prepared import prepared
 from reproarchive.replay.ranks import GroupSpec, group_specs
 from reproarchive.replay.runner import _moved_warning
@@ -105,10 +110,14 @@ class _RankReplay:
     stand_ins: tuple = ()
 
 
-def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings) -> RankPart:
-    """Rank ``rank`` of the job at ``path``, on ``settings.device`` (a rank worker's side)."""
+def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings, *,
+              plan: DevicePlan | None = None) -> RankPart:
+    """Rank ``rank`` of the job at ``path``, on ``settings.device`` (a rank worker's side);
+    ``plan``: a compile-only replay's (an absent device's storages onto ``meta``, the graph's
+    devices as recorded)."""
 
-    job = load_job(path, device=settings.device, max_memory=settings.max_memory, ranks=[rank])  # its own only
+    job = load_job(path, device=plan or settings.device, max_memory=settings.max_memory, ranks=[rank],  # its own only
+                   remap_graph=plan is None)
     part = job.rank(rank)
     chosen = settings.for_recorded(part.records.backend, part.records.accuracy)
     failure = part.outcome.failure if part.outcome is not None else None
@@ -143,7 +152,10 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     _check_ranks(path, job, rank)
     devices = ready.plan
     timeout = float(timeout_s or DEFAULT_TIMEOUT_S)
-    if single_process:
+    if ready.compile_only is not None:
+        outcome = _compiled_only(path, settings, ready, rank, timeout, keep, single_process=single_process,
+                                 launcher=launcher)
+    elif single_process:
         outcome = run_local(path, settings, world_size=job.world_size, recorded_rank=job.failing_rank)
     elif rank is not None:
         outcome = _run_fake_rank(path, settings, job, rank, timeout, keep)
@@ -156,7 +168,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
                                        keep=keep, divergence=divergence_of(job))
     outcome.archive = os.fspath(path)
     outcome.torch, outcome.recorded_torch = torch_here(), torch_version(ready.records.system)
-    if devices.moved:
+    if devices.moved and ready.compile_only is None:
         outcome.warnings.extend(_moved_warning(devices))
         for r in outcome.ranks:
             if r.outcome is not None:
@@ -194,29 +206,61 @@ def _run_fake_rank(path, settings: ReplaySettings, job: Any, rank: int, timeout:
                    keep: str | os.PathLike | None) -> _launch.JobOutcome:
     """Rank ``rank`` alone in a child process, against the fake process group."""
 
+    start = time.monotonic()
+    outcomes = _alone_in_a_child(path, settings, job, rank, timeout, keep)
+    status, code, _ = _launch.job_verdict(outcomes, rank)
+    return _launch.JobOutcome(status=status, exit_code=code, rank=rank, world_size=job.world_size, ranks=outcomes,
+                              recorded_rank=job.failing_rank, wall_s=round(time.monotonic() - start, 3),
+                              timeout_s=timeout, warnings=[_alone_warning(job, rank)])
+
+
+def _alone_in_a_child(path, settings: ReplaySettings, job: Any, rank: int, timeout: float,
+                      keep: str | os.PathLike | None, *, plan: DevicePlan | None = None) -> list[_launch.RankOutcome]:
+    """The outcome of rank ``rank`` replayed alone in a child process against the fake process
+    group (``plan``: compiled only, under that device plan)."""
+
     if not 0 <= rank < job.world_size:
         raise ReproArchiveError(f"--rank {rank} is not a rank of this job (ranks 0 to {job.world_size - 1})",
                                 f"pass a rank below {job.world_size}")
     with tempfile.TemporaryDirectory(prefix="reproarchive-rank-") as tmp:
-        folder = Path(keep) if keep is not None else Path(tmp)
+        folder = Path(keep) / f"rank-{rank}" if keep is not None and plan is not None else Path(keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "request.json").write_text(json.dumps({
             "archive": os.fspath(os.path.abspath(path)), "settings": settings.to_plain(), "timeout_s": timeout,
-            "fake_rank": rank, "world_size": job.world_size, "fake_when_recorded": job.on_fake_group}))
+            "fake_rank": rank, "world_size": job.world_size, "fake_when_recorded": job.on_fake_group,
+            **({"mode": "compile", "plan": plan.to_plain()} if plan is not None else {})}))
         env = dict(os.environ, PYTHONPATH=python_path(), PYTHONFAULTHANDLER="1")
-        start = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "reproarchive.replay.rank_worker", str(folder)], env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               timeout=timeout * 2 + _launch.STARTUP_ALLOWANCE_S, check=False)
         failures = {}
         if proc.returncode < 0:
             failures[rank] = {"exitcode": proc.returncode, "signal": signal.Signals(-proc.returncode).name}
-        outcomes = _launch.rank_outcomes(folder, [rank], recorded_failures(job), failures, False)
-        wall = time.monotonic() - start
-    status, code, _ = _launch.job_verdict(outcomes, rank)
-    return _launch.JobOutcome(status=status, exit_code=code, rank=rank, world_size=job.world_size, ranks=outcomes,
-                              recorded_rank=job.failing_rank, wall_s=round(wall, 3), timeout_s=timeout,
-                              warnings=[_alone_warning(job, rank)])
+        return _launch.rank_outcomes(folder, [rank], recorded_failures(job), failures, False)
+
+
+def _compiled_only(path, settings: ReplaySettings, ready: Any, rank: int | None, timeout: float,
+                   keep: str | os.PathLike | None, *, single_process: bool,
+                   launcher: Sequence[str]) -> _launch.JobOutcome:
+    """Every recorded rank's graph (or rank ``rank``'s) compiled for its recorded devices and
+    launched nowhere (``replay.compile_only``): each rank in a child of its own, its collectives'
+    groups registered on a fake process group, judged against its own recorded failure; the job's
+    verdict by the rule of a launched job, and a pass is ``EXIT_COMPILED_ONLY``, never 0."""
+
+    if single_process or launcher:
+        raise ReproArchiveError(f"{'--single-process' if single_process else 'a launcher'} runs the job's graphs, and "
+                                "this replay compiles them only (for devices this machine does not have, or as "
+                                "--compile-only asks)", "drop one of the two")
+    job, start = ready.index.job, time.monotonic()
+    ranks = [rank] if rank is not None else sorted(r.rank for r in job.ranks)
+    outcomes = [o for r in ranks for o in _alone_in_a_child(path, settings, job, r, timeout, keep, plan=ready.plan)]
+    status, code, about = _launch.job_verdict(outcomes, job.failing_rank if rank is None else rank)
+    return _launch.JobOutcome(
+        status=status, exit_code=EXIT_COMPILED_ONLY if status == "passed" else code, rank=about,
+        world_size=job.world_size, ranks=outcomes, recorded_rank=job.failing_rank,
+        wall_s=round(time.monotonic() - start, 3), compile_only=ready.compile_only.said(),
+        warnings=["each rank's graph was compiled alone, its collectives' groups on a fake process group: nothing "
+                  "was launched, so only a failure of the compile is evidence"])
 
 
 def _alone_warning(job: Any, rank: int) -> str:

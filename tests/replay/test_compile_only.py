@@ -282,16 +282,63 @@ def test_an_undescribed_device_cannot_be_compiled_for():
         describe(SystemRecord(), ["cuda:0"])
 
 
-def test_a_job_is_not_compiled_only(tmp_path):
-    """A multi-rank job launches its ranks on their devices: ``--compile-only`` is a usage error
-    there, and without it a job recorded on a GPU this machine lacks keeps its 125."""
-    from support.devices import with_storage_devices
+def test_a_job_compiles_every_rank_alone_and_a_pass_is_never_0(tmp_path):
+    """``--compile-only`` of a job on this machine's devices: each rank's graph compiled in a
+    child of its own against a fake process group, judged against its own recorded failure
+    (rank 1's compile error comes back, rank 0 compiles); a rank alone that compiles is exit 6.
+    Running the graphs (``--single-process``) and compiling only do not mix."""
     from support.job_archives import rank_one_fails
 
-    job = with_storage_devices(rank_one_fails(tmp_path), tmp_path / "gpu-job.tar.zst", "cuda:0")
-    result = invoke("run", job, "--compile-only")
-    assert result.exit_code == 2 and "multi-rank job" in result.output, result.output
-    assert invoke("run", job).exit_code == 125
+    job = rank_one_fails(tmp_path)
+    data = json.loads(invoke("run", job, "--compile-only", "--json").stdout)
+    assert (data["status"], data["exit_code"], data["rank"]) == ("reproduced", 1, 1), data
+    assert [(r["rank"], r["status"]) for r in data["ranks"]] == [(0, "passed"), (1, "reproduced")]
+    assert data["compile_only"] == "on this machine's devices"
+    alone = invoke("run", job, "--compile-only", "--rank", "0")
+    assert alone.exit_code == 6 and alone.output.startswith("PASSED (COMPILE ONLY) (exit 6): passed on rank 0 of 2")
+    mixed = invoke("run", job, "--compile-only", "--single-process")
+    assert mixed.exit_code == 2 and "drop one of the two" in mixed.output
+
+
+@pytest.mark.skipif(CANNOT is None, reason="this torch can compile for an absent GPU")
+def test_a_gpu_job_on_a_cpu_only_build_says_which_build_is_needed(tmp_path):
+    from support.devices import job_recorded_on_gpu
+    from support.job_archives import rank_one_fails
+
+    job = job_recorded_on_gpu(rank_one_fails(tmp_path), tmp_path / "gpu-job.tar.zst", changed={})
+    result = invoke("run", job, "--json")
+    assert result.exit_code == 125, result.output
+    assert "CUDA build of torch" in json.loads(result.stdout)["error"]["hint"], result.output
+
+
+@needs_cuda_build
+def test_a_real_job_s_gpu_compile_error_on_one_rank_reproduces_without_the_gpu(tmp_path_factory, tmp_path):
+    """A real 2-rank torchrun job (inductor, a custom op, dropout, a cond, dynamic shapes) as
+    recorded on H200s with Inductor's Triton injector on rank 1 alone: without the GPU, each rank
+    compiles for sm_90; rank 1's Triton compile error comes back and rank 0 compiles, under its
+    own config; rank 0 alone is a compile-only pass (6), never 0."""
+    from support.devices import job_recorded_on_gpu
+    from support.real_jobs import inductor_job
+
+    source = inductor_job(tmp_path_factory)
+    draft = job_recorded_on_gpu(source, tmp_path / "draft.tar.zst", changed={1: TRITON_BUG})
+    found = {r.rank: r.outcome for r in reproarchive.run(draft).ranks}
+    assert found[0].observed is None and found[1].observed.stage == "compile", {r: o.to_dict()
+                                                                               for r, o in found.items()}
+    job = job_recorded_on_gpu(source, tmp_path / "job.tar.zst", changed={1: TRITON_BUG},
+                              failures={1: found[1].observed})
+    result = invoke("run", job)
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("REPRODUCED (COMPILE ONLY) ON RANK 1 (exit 1)"), result.output
+    assert any(line.startswith("  compiled  for cuda:0 sm_90 (NVIDIA H200) without the device") for line in lines)
+    data = json.loads(invoke("run", job, "--json").stdout)
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    assert (ranks[0]["status"], ranks[1]["status"]) == ("passed", "reproduced"), data
+    assert "SyntaxError" in ranks[1]["outcome"]["observed"]["message"]  # the generated Triton kernel, as on an H200
+    assert all(r["outcome"]["compile_only"].startswith("for cuda:0 sm_90") for r in ranks.values())
+    alone = invoke("run", job, "--rank", "0", "--json")
+    assert alone.exit_code == 6 and json.loads(alone.stdout)["status"] == "passed", alone.output
 
 
 @needs_cuda_build

@@ -15,6 +15,7 @@ import pytest
 import reproarchive
 from support.cli import invoke
 from support.job_archives import dtensor_input, rank_one_fails, rank_one_skips, spmd_accuracy
+from support.real_jobs import inductor_job as real_inductor_job
 
 
 @pytest.fixture(scope="module")
@@ -228,28 +229,8 @@ def test_a_launch_that_starts_no_rank_never_passes(archives):
 
 @pytest.fixture(scope="module")
 def inductor_job(tmp_path_factory):
-    """A real 2-rank gloo job under ``capture -- torchrun``: inductor on both ranks, its C++ relu
-    bug injected through its config on rank 1 alone (built once for the run: read-only). The job
-    ran with TORCH_TRACE too: its logs are in the ``trace`` folder beside ``out``."""
-    from pathlib import Path
-
-    from support.shared_fixture import built_once
-
-    root = Path(__file__).resolve().parents[2]
-
-    def build(folder: Path) -> Path:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "REPROARCHIVE_JOB_WAIT_S": "30",
-               "TORCH_TRACE": str(folder / "trace")}
-        done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", "capture", "-o",
-                               str(folder / "out"), "--json", "--", sys.executable, "-m", "torch.distributed.run",
-                               "--standalone", "--nproc-per-node=2",
-                               str(root / "tests" / "support" / "job_program.py"), "plain-inductor",
-                               str(folder / "unused")],
-                              capture_output=True, text=True, env=env, timeout=300, cwd=folder)
-        [archive] = [a["archive"] for a in json.loads(done.stdout)["archives"] if a["kind"] == "job"]
-        return folder / archive
-
-    return built_once(tmp_path_factory, "inductor-job", build, dump=str, load=Path)
+    """The real 2-rank inductor job (``support.real_jobs.inductor_job``), built once for the run."""
+    return real_inductor_job(tmp_path_factory)
 
 
 @pytest.mark.slow

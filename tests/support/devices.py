@@ -18,8 +18,8 @@ def with_storage_devices(source: Path, destination: Path, device: str) -> Path:
     this machine needs no such device to make it: generator states stay host bytes, spec §8
     ``rng``). Returns ``destination``."""
     def moved(index):
-        rng = index.records.rng
-        states = {g.storage for g in rng.generators} if rng is not None else set()
+        sets = [index.records, *(index.job.records if index.job is not None else ())]  # a job's ranks' too
+        states = {g.storage for records in sets if records.rng is not None for g in records.rng.generators}
         return dataclasses.replace(index, storages=tuple(s if i in states else dataclasses.replace(s, device=device)
                                                          for i, s in enumerate(index.storages)))
 
@@ -121,3 +121,43 @@ def _inductor_changed(config, changed: dict):
     values.update(changed)
     return dataclasses.replace(config, modules=modules, changed={**config.changed, name: dict(changed)},
                                defaults={**config.defaults, name: defaults})
+
+
+def job_recorded_on_gpu(source: Path, destination: Path, *, changed: dict[int, dict],
+                        failures: dict | None = None) -> Path:
+    """A copy of the job archive at ``source`` as a capture on ``cuda:0`` of every rank records
+    it: its storages on the GPU, every rank's system record describing an H200, rank r's
+    Inductor changed settings replaced by ``changed[r]``, and rank r's failure (its outcome's,
+    and the index's for the primary rank) by ``failures[r]`` where given. Returns ``destination``."""
+    from reproarchive.archive.job_archive import rank_records
+    from reproarchive.format.schema import ConfigRecord, CudaInfo, GpuInfo, SystemRecord
+
+    failures = failures or {}
+    cuda = CudaInfo(available=True, version="13.0", device_count=1, devices=(GpuInfo(**H200),))
+
+    def on_gpu(index):
+        job, own, kept, ranks = index.job, None, [], []
+        for rank in job.ranks:
+            records = rank_records(index, rank)
+            records = dataclasses.replace(records, system=dataclasses.replace(records.system or SystemRecord(), cuda=cuda),
+                                          config=_inductor_changed(records.config or ConfigRecord(),
+                                                                   changed.get(rank.rank, {})))
+            outcome = rank.outcome
+            if rank.rank in failures:
+                outcome = dataclasses.replace(outcome, failure=failures[rank.rank])
+            if rank.rank == job.primary_rank:
+                own = dataclasses.replace(records, failure=failures.get(rank.rank, records.failure))
+                ranks.append(dataclasses.replace(rank, records=None, outcome=outcome, device="cuda:0"))
+                continue
+            records = dataclasses.replace(records, failure=None)  # a rank's failure is its outcome's
+            if records not in kept:
+                kept.append(records)
+            ranks.append(dataclasses.replace(rank, records=kept.index(records), outcome=outcome, device="cuda:0"))
+        return dataclasses.replace(index, records=own, job=dataclasses.replace(job, ranks=tuple(ranks),
+                                                                               records=tuple(kept)))
+
+    moved = with_storage_devices(source, destination.with_suffix(".moved"), "cuda:0")
+    try:
+        return rewritten(moved, destination, on_gpu)
+    finally:
+        moved.unlink()
