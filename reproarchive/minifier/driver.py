@@ -31,6 +31,7 @@ from inside the graph is a static input, as PyTorch's minifier makes it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import tempfile
@@ -39,12 +40,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import torch.distributed as dist
+
 from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
 from reproarchive.codec.inner_shapes import cut_from, inner_dims
-from reproarchive.errors import NotReproducedError, ReproArchiveError
+from reproarchive.errors import DeviceUnavailableError, NotReproducedError, ReproArchiveError
 from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 from reproarchive.minifier.job_minify import minify_job
 from reproarchive.minifier.minified_records import labelled, minified_records, not_original_positions
@@ -53,6 +56,7 @@ from reproarchive.replay.containment import contained
 from reproarchive.replay.isolation import WorkerPool
 from reproarchive.replay.outcome import REPRODUCED
 from reproarchive.replay.prepared import prepared
+from reproarchive.replay.ranks import group_specs, init_fake, recreate_groups
 from reproarchive.replay.runner import replay_repro
 from reproarchive.replay.settings import ReplaySettings
 
@@ -175,17 +179,50 @@ def minify_archive(
 
     A multi-rank job archive is shrunk the same way on every rank, each candidate judged by
     launching the job (``job_minify``; ``timeout``: each collective's, default 60 s; ``isolate``,
-    ``jobs`` and ``shrink_inputs`` are one graph's).
+    ``jobs`` and ``shrink_inputs`` are one graph's). A job compiled only (its GPU absent here,
+    its failure a compile error) needs no peer: its failing rank's graph is shrunk as one graph,
+    compiled in this process with the job's groups on a fake process group (``_failing_rank``).
     """
     settings = ReplaySettings.given(settings, options, strict_accuracy=False)
     ready = prepared(path, settings)  # the prologue of every replaying command: 125 as run answers it
-    if ready.is_job:
+    if ready.is_job and ready.compile_only is None:
         _job_only_options(repeat)
         return minify_job(ready, output, timeout_s=timeout or 60.0, max_time=max_time, progress=progress)
-    if timeout is not None:
+    if timeout is not None and not ready.is_job:
         raise ReproArchiveError("a collective timeout applies to a multi-rank job archive only",
                                 "leave --timeout out for an archive of one process")
+    with _failing_rank(ready, isolate):
+        return _minified_graph(ready, path, output, max_time=max_time, isolate=False if ready.is_job else isolate,
+                               jobs=jobs, shrink_inputs=shrink_inputs, progress=progress, repeat=repeat)
 
+
+@contextlib.contextmanager
+def _failing_rank(ready: Any, isolate: bool | None):
+    """Where a compile-only job's failing rank (the archive's own graph: ``load`` gives it) is
+    compiled: this process, joined to a fake process group as that rank, every recorded group
+    registered under its recorded name, so its collectives compile as they did (a compile reads
+    no collective's value). Nothing for one graph."""
+    if not ready.is_job:
+        yield
+        return
+    if isolate:
+        raise ReproArchiveError("a job compiled only is minified in this process (its groups are joined here)",
+                                "leave --isolate out")
+    job = ready.index.job
+    if dist.is_initialized():
+        raise ReproArchiveError("this process already belongs to a process group: a job's rank is minified in a "
+                                "process of its own", "run it from a process without one")
+    init_fake(job.primary_rank, job.world_size)
+    try:
+        recreate_groups(group_specs(job))
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _minified_graph(ready: Any, path, output, *, max_time: float | None, isolate: bool | None, jobs: int | None,
+                    shrink_inputs: bool, progress: Callable[[Any], None] | None, repeat: int) -> MinifyReport:
+    """``minify_archive`` of one graph (the archive's own) under the ``ready`` archive's settings."""
     output = output_path(path, output)
     repro = ready.load()
     stage = _recorded_stage(repro)
@@ -279,6 +316,15 @@ def _searched(path, output: Path, repro: Repro, chosen: ReplaySettings, fails, s
             f"{path} does not reproduce its recorded failure here, so it cannot be minified", hint,
         ) from None
     except EagerRunError as exc:
+        if repro.compile_only is not None and repro.compile_only.absent:  # its inputs hold shapes, not data
+            cause = exc.__cause__ or exc
+            said = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:160]}"
+            raise DeviceUnavailableError(
+                f"the graph is compiled only here (for {', '.join(repro.compile_only.absent)}, which this machine "
+                "does not have), and the minifier cuts it after one run on tensors that hold shapes and no data, "
+                f"where it cannot run ({said})",
+                "minify it on a machine with the device (a graph that reads its data, such as a cond on a "
+                "tensor, needs it)") from None
         raise NotReproducedError(
             f"the archived graph does not run in eager mode on its inputs ({str(exc)[:160]})",
             "the failure is not the compiler's; `reproarchive run --backend eager` shows it",

@@ -339,6 +339,30 @@ def test_a_real_job_s_gpu_compile_error_on_one_rank_reproduces_without_the_gpu(t
     assert all(r["outcome"]["compile_only"].startswith("for cuda:0 sm_90") for r in ranks.values())
     alone = invoke("run", job, "--rank", "0", "--json")
     assert alone.exit_code == 6 and json.loads(alone.stdout)["status"] == "passed", alone.output
+    # its cond reads a tensor's value, which shapes alone cannot give the minifier's one run: said, 125
+    minified = invoke("run", "--minify", job, "-o", tmp_path / "min.tar.zst", "--json")
+    assert minified.exit_code == 125 and "cond on a tensor" in json.loads(minified.stdout)["error"]["hint"]
+    assert not (tmp_path / "min.tar.zst").exists()
+
+
+@needs_cuda_build
+def test_a_gpu_job_s_compile_error_minifies_on_its_failing_rank_without_the_gpu(tmp_path):
+    """A job recorded on H200s whose rank 1 fails to compile (PyTorch's relu compile-error
+    injector): without the GPU its failing rank's graph is shrunk as one graph, compiled for
+    sm_90 with the job's groups on a fake process group; the result, still recorded on the GPU,
+    is the relu alone and reproduces compiled only."""
+    from support.devices import job_recorded_on_gpu
+    from support.job_archives import rank_one_fails
+
+    job = job_recorded_on_gpu(rank_one_fails(tmp_path), tmp_path / "gpu-job.tar.zst", changed={})
+    result = invoke("run", "--minify", job, "-o", tmp_path / "min.tar.zst", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["status"] == "minified" and "relu" in report["code"] and "all_reduce" not in report["code"]
+    replayed = invoke("run", tmp_path / "min.tar.zst")
+    assert replayed.exit_code == 1 and replayed.output.startswith("REPRODUCED (COMPILE ONLY)"), replayed.output
+    with ContainerReader(tmp_path / "min.tar.zst") as reader:
+        assert {s.device for s in reader.index.storages} == {"cuda:0"}
 
 
 @needs_cuda_build

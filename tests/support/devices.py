@@ -139,9 +139,9 @@ def job_recorded_on_gpu(source: Path, destination: Path, *, changed: dict[int, d
         job, own, kept, ranks = index.job, None, [], []
         for rank in job.ranks:
             records = rank_records(index, rank)
-            records = dataclasses.replace(records, system=dataclasses.replace(records.system or SystemRecord(), cuda=cuda),
-                                          config=_inductor_changed(records.config or ConfigRecord(),
-                                                                   changed.get(rank.rank, {})))
+            system = dataclasses.replace(records.system or SystemRecord(), cuda=cuda)
+            records = dataclasses.replace(records, system=system, config=_inductor_changed(
+                records.config or ConfigRecord(), changed.get(rank.rank, {})))
             outcome = rank.outcome
             if rank.rank in failures:
                 outcome = dataclasses.replace(outcome, failure=failures[rank.rank])
