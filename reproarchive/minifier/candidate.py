@@ -39,6 +39,7 @@ from torch.fx.node import map_arg
 
 from reproarchive.codec.inner_shapes import note_cut_from
 from reproarchive.codec.tensors import nested_int_key, nested_int_owner
+from reproarchive.compat.fake import is_fake_tensor, new_fake_mode, new_shape_env
 from reproarchive.compat.fx_meta import forget_values
 from reproarchive.compat.tensor_internals import is_traceable_wrapper_subclass
 from reproarchive.compat.thread_state import is_functorch_wrapped_tensor
@@ -222,7 +223,10 @@ def _recorded_run(gm: fx.GraphModule, example_inputs: list[Any]) -> _RecordingIn
     wants_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
     try:
         with contextlib.nullcontext() if wants_grad else torch.no_grad():
-            interp.run(*[fresh_copy(x) for x in example_inputs])
+            if any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in example_inputs):
+                _shapes_only_run(interp, example_inputs)
+            else:
+                interp.run(*[fresh_copy(x) for x in example_inputs])
     except Exception as exc:
         raise EagerRunError(
             f"the graph does not run eagerly with these inputs ({type(exc).__name__}: "
@@ -230,6 +234,26 @@ def _recorded_run(gm: fx.GraphModule, example_inputs: list[Any]) -> _RecordingIn
             "the minifier needs every intermediate value of one eager run; check the inputs and device",
         ) from exc
     return interp
+
+
+def _shapes_only_run(interp: _RecordingInterpreter, example_inputs: list[Any]) -> None:
+    """The recording run of inputs that hold shapes and no data (``meta``: a compile-only
+    replay's, for a device this machine lacks): on fake tensors made from them, so that an op
+    that reads a value (a ``cond``'s predicate) takes every branch, as a compile does, and a
+    value read (``.item()``) is a symbol, which cannot be cut. Each value is kept as a ``meta``
+    tensor of its geometry, as the inputs are."""
+    mode = new_fake_mode(new_shape_env())
+    with mode:
+        interp.run(*[mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+                     for x in example_inputs])
+    interp.values = {n: _as_meta(v) for n, v in interp.values.items()}
+
+
+def _as_meta(value: Any) -> Any:
+    if is_fake_tensor(value):
+        out = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device="meta")
+        return out.requires_grad_(True) if value.requires_grad else out
+    return value
 
 
 @dataclass(frozen=True)

@@ -321,10 +321,8 @@ def _searched(path, output: Path, repro: Repro, chosen: ReplaySettings, fails, s
             said = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:160]}"
             raise DeviceUnavailableError(
                 f"the graph is compiled only here (for {', '.join(repro.compile_only.absent)}, which this machine "
-                "does not have), and the minifier cuts it after one run on tensors that hold shapes and no data, "
-                f"where it cannot run ({said})",
-                "minify it on a machine with the device (a graph that reads its data, such as a cond on a "
-                "tensor, needs it)") from None
+                "does not have), and the minifier cuts it after one run on fake tensors that hold shapes and no "
+                f"data, where it cannot run ({said})", "minify it on a machine with the device") from None
         raise NotReproducedError(
             f"the archived graph does not run in eager mode on its inputs ({str(exc)[:160]})",
             "the failure is not the compiler's; `reproarchive run --backend eager` shows it",

@@ -325,8 +325,10 @@ def test_a_real_job_s_gpu_compile_error_on_one_rank_reproduces_without_the_gpu(t
     found = {r.rank: r.outcome for r in reproarchive.run(draft).ranks}
     assert found[0].observed is None and found[1].observed.stage == "compile", {r: o.to_dict()
                                                                                for r, o in found.items()}
+    # as the H200 records it: the Triton compile's failure and the shape guards it ended with
     job = job_recorded_on_gpu(source, tmp_path / "job.tar.zst", changed={1: TRITON_BUG},
-                              failures={1: found[1].observed})
+                              failures={1: found[1].observed},
+                              guards={r: o.shapes["guards_replayed"] for r, o in found.items()})
     result = invoke("run", job)
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
@@ -339,10 +341,15 @@ def test_a_real_job_s_gpu_compile_error_on_one_rank_reproduces_without_the_gpu(t
     assert all(r["outcome"]["compile_only"].startswith("for cuda:0 sm_90") for r in ranks.values())
     alone = invoke("run", job, "--rank", "0", "--json")
     assert alone.exit_code == 6 and json.loads(alone.stdout)["status"] == "passed", alone.output
-    # its cond reads a tensor's value, which shapes alone cannot give the minifier's one run: said, 125
+    # minified without the GPU: rank 1's graph, cut inside the cond's branch (its predicate reads a
+    # value, so the minifier's one run is on fake tensors) to the relu, the model's line with it
     minified = invoke("run", "--minify", job, "-o", tmp_path / "min.tar.zst", "--json")
-    assert minified.exit_code == 125 and "cond on a tensor" in json.loads(minified.stdout)["error"]["hint"]
-    assert not (tmp_path / "min.tar.zst").exists()
+    assert minified.exit_code == 0, minified.output
+    report = json.loads(minified.stdout)
+    assert report["stats"]["final_ops"] == 1 and "torch.relu" in report["code"], report["code"]
+    assert "job_program.py" in report["code"] and "all_reduce" not in report["code"]
+    replayed = invoke("run", tmp_path / "min.tar.zst")
+    assert replayed.exit_code == 1 and replayed.output.startswith("REPRODUCED (COMPILE ONLY)"), replayed.output
 
 
 @needs_cuda_build

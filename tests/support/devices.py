@@ -124,11 +124,13 @@ def _inductor_changed(config, changed: dict):
 
 
 def job_recorded_on_gpu(source: Path, destination: Path, *, changed: dict[int, dict],
-                        failures: dict | None = None) -> Path:
+                        failures: dict | None = None, guards: dict | None = None) -> Path:
     """A copy of the job archive at ``source`` as a capture on ``cuda:0`` of every rank records
     it: its storages on the GPU, every rank's system record describing an H200, rank r's
-    Inductor changed settings replaced by ``changed[r]``, and rank r's failure (its outcome's,
-    and the index's for the primary rank) by ``failures[r]`` where given. Returns ``destination``."""
+    Inductor changed settings replaced by ``changed[r]``, rank r's failure (its outcome's, and
+    the index's for the primary rank) by ``failures[r]`` and the shape guards its compile ended
+    with by ``guards[r]`` (a compile for the GPU adds its own), where given. Returns
+    ``destination``."""
     from reproarchive.archive.job_archive import rank_records
     from reproarchive.format.schema import ConfigRecord, CudaInfo, GpuInfo, SystemRecord
 
@@ -142,6 +144,9 @@ def job_recorded_on_gpu(source: Path, destination: Path, *, changed: dict[int, d
             system = dataclasses.replace(records.system or SystemRecord(), cuda=cuda)
             records = dataclasses.replace(records, system=system, config=_inductor_changed(
                 records.config or ConfigRecord(), changed.get(rank.rank, {})))
+            if rank.rank in (guards or {}):
+                records = dataclasses.replace(records, shapes=dataclasses.replace(
+                    records.shapes, guards=tuple(guards[rank.rank])))
             outcome = rank.outcome
             if rank.rank in failures:
                 outcome = dataclasses.replace(outcome, failure=failures[rank.rank])
