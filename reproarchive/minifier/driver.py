@@ -40,8 +40,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-import torch.distributed as dist
-
 from reproarchive.archive.loading import Repro
 from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
@@ -56,7 +54,7 @@ from reproarchive.replay.containment import contained
 from reproarchive.replay.isolation import WorkerPool
 from reproarchive.replay.outcome import REPRODUCED
 from reproarchive.replay.prepared import prepared
-from reproarchive.replay.ranks import group_specs, init_fake, recreate_groups
+from reproarchive.replay.ranks import as_a_rank_alone
 from reproarchive.replay.runner import replay_repro
 from reproarchive.replay.settings import ReplaySettings
 
@@ -208,16 +206,8 @@ def _failing_rank(ready: Any, isolate: bool | None):
     if isolate:
         raise ReproArchiveError("a job compiled only is minified in this process (its groups are joined here)",
                                 "leave --isolate out")
-    job = ready.index.job
-    if dist.is_initialized():
-        raise ReproArchiveError("this process already belongs to a process group: a job's rank is minified in a "
-                                "process of its own", "run it from a process without one")
-    init_fake(job.primary_rank, job.world_size)
-    try:
-        recreate_groups(group_specs(job))
+    with as_a_rank_alone(ready.index.job, ready.index.job.primary_rank):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _minified_graph(ready: Any, path, output, *, max_time: float | None, isolate: bool | None, jobs: int | None,

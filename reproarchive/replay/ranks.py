@@ -16,6 +16,7 @@ from the graph itself (``codec.collectives``), for the ranks' reports of what th
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -27,7 +28,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from reproarchive.codec.collectives import Collective, collective_of
 from reproarchive.compat.distributed import default_group, fake_store, register_groups, resolve_process_group
-from reproarchive.errors import DeviceUnavailableError
+from reproarchive.errors import DeviceUnavailableError, ReproArchiveError
 
 #: Ops of the collective namespaces that only wait for a collective started earlier.
 _WAITS = ("wait_tensor",)
@@ -76,6 +77,23 @@ def init_fake(rank: int, world_size: int) -> None:
     never needs another rank."""
 
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=fake_store())
+
+
+@contextlib.contextmanager
+def as_a_rank_alone(job: Any, rank: int):
+    """This process as rank ``rank`` of ``job`` on a fake process group, every recorded group
+    registered under its recorded name, for as long as the context lasts: where a rank's graph
+    is only compiled (its collectives compile as they did, and a compile reads no collective's
+    value). A process that already belongs to a group cannot be a rank of another job."""
+    if dist.is_initialized():
+        raise ReproArchiveError("this process already belongs to a process group: a job's rank is compiled in a "
+                                "process of its own", "run it from a process without one")
+    init_fake(rank, job.world_size)
+    try:
+        recreate_groups(group_specs(job))
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def recreate_groups(groups: Iterable[GroupSpec], *, timeout_s: float | None = None) -> dict[str, Any]:

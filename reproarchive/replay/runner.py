@@ -46,6 +46,7 @@ from reproarchive.replay.faithfulness import as_replayed, generated_inputs, rng_
 from reproarchive.replay.isolation import run_in_child
 from reproarchive.replay.outcome import Outcome, unless_faithful
 from reproarchive.replay.prepared import prepared
+from reproarchive.replay.ranks import as_a_rank_alone
 from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
@@ -291,10 +292,13 @@ def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, 
     does). ``on_start`` gets the recorded facts before compiling, so that an isolating parent
     can still report them if the compile takes the process down."""
 
-    with ContainerReader(path) as reader:
-        ready = prepared(path, settings, reader=reader, plan=plan)
-        repro = ready.load(progress=progress, reader=reader)
-    return _replayed(ready, repro, on_start=on_start)
+    with contextlib.ExitStack() as stack:
+        with ContainerReader(path) as reader:
+            ready = prepared(path, settings, reader=reader, plan=plan)
+            if ready.is_job and ready.compile_only is not None:  # a job's failing rank, compiled alone (bisect)
+                stack.enter_context(as_a_rank_alone(ready.index.job, ready.index.job.primary_rank))
+            repro = ready.load(progress=progress, reader=reader)
+        return _replayed(ready, repro, on_start=on_start)
 
 
 def _replayed(ready, repro, *, on_start=None) -> Outcome:

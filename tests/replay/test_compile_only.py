@@ -350,6 +350,11 @@ def test_a_real_job_s_gpu_compile_error_on_one_rank_reproduces_without_the_gpu(t
     assert "job_program.py" in report["code"] and "all_reduce" not in report["code"]
     replayed = invoke("run", tmp_path / "min.tar.zst")
     assert replayed.exit_code == 1 and replayed.output.startswith("REPRODUCED (COMPILE ONLY)"), replayed.output
+    # and the compiler stage is named without the GPU: Inductor's lowering, and the setting rank 1 alone had
+    found = json.loads(invoke("bisect", "compiler", job, "--json").stdout)
+    assert (found["status"], found["backend"], found["subsystem"]) == ("found", "inductor", "lowerings"), found
+    needs = [f["setting"] for f in found["config_flags"]["needed"]]
+    assert needs == ["torch._inductor.config.triton.inject_relu_bug_TESTING_ONLY"], found["config_flags"]
 
 
 @needs_cuda_build
