@@ -128,9 +128,10 @@ Exit codes:
               help="Accuracy tolerance (default 1e-3).")
 @click.option("--only-fwd", is_flag=True, help="Run forward only, never backward.")
 @click.option("--compile-only/--no-compile-only", default=None,
-              help="Compile the graph and launch nothing: for a GPU this machine lacks, for the GPU the archive "
-                   "describes (fake tensors of that device, Triton compiled for its target). Default: on when the "
-                   "recorded device is absent here and the recorded failure is a compile error.")
+              help="Compile the graph (of a job, every rank's) and launch nothing: for a GPU this machine lacks, "
+                   "for the GPU the archive describes (fake tensors of that device, Triton compiled for its target). "
+                   "Default: on when the recorded device is absent here and the recorded failure is a compile "
+                   "error.")
 @click.option("--isolate/--no-isolate", default=None,
               help="Replay in a child process so a segfault or abort is reported as a crash "
                    "(default: when the recorded failure is a crash, unknown or not recorded).")
