@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from reproarchive.child import python_path, temp_for_children
-from reproarchive.context.failure import crash_record, crash_report, says_a_peer_went_away
+from reproarchive.context.failure import crash_record, crash_report, failure_kind, says_a_peer_went_away
 from reproarchive.errors import LaunchError
 from reproarchive.format.schema import FailureRecord
 from reproarchive.replay.outcome import (
@@ -103,6 +103,23 @@ class JobOutcome:
         data["summary"] = self.summary
         data["across_versions"] = self.across_versions
         return data
+
+    @property
+    def observed(self) -> FailureRecord | None:
+        """The failure observed on the rank the verdict is about (None: none, or that rank left
+        no outcome: it hung or was stopped): what one graph's ``Outcome.observed`` is, so that a
+        reader of verdicts (``triage``) takes either."""
+        about = next((r for r in self.ranks if r.rank == self.rank and r.outcome is not None), None)
+        return about.outcome.observed if about is not None else None
+
+    @property
+    def kind(self) -> str:
+        """As ``Outcome.kind``, of the rank the verdict is about (a rank that hung: its status)."""
+        observed = self.observed
+        if observed is not None or self.status == PASSED:
+            return failure_kind(observed)
+        about = next((r for r in self.ranks if r.rank == self.rank), None)
+        return about.status if about is not None else self.status
 
     @property
     def summary(self) -> str:

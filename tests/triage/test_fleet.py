@@ -345,3 +345,21 @@ def test_a_group_is_represented_by_a_member_that_needs_no_stand_in(tmp_path, fre
     (group,) = json.loads(result.stdout)["groups"]
     assert group["count"] == 2 and group["representative"]["name"] == "plain.tar.zst", group
     assert group["representative"]["outside"] == 0
+
+
+def test_a_real_job_archive_is_triaged_by_the_rank_that_failed(tmp_path, tmp_path_factory):
+    """A fleet holding a real 2-rank torchrun job's archive (the C++ relu bug on rank 1 alone):
+    its replay launches the ranks, and the verdict, kind and signature are rank 1's (a job's
+    outcome was read as one graph's: the task failed with an AttributeError)."""
+    from support.real_jobs import inductor_job
+
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    (folder / "job.tar.zst").write_bytes(inductor_job(tmp_path_factory).read_bytes())
+    result = invoke("triage", folder, "--action", "replay", "--repeat", "1", "--json")
+    data = json.loads(result.stdout)
+    (group,) = data["groups"]
+    verdict = group["verdicts"]["replay"]
+    assert (verdict["status"], verdict["exit_code"], verdict["kind"]) == ("reproduced", 1, "compile error"), verdict
+    assert verdict["signature"].startswith("compile|torch._inductor.exc.CppCompileError|"), verdict
+    assert result.exit_code == 0, result.output
