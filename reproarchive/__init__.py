@@ -43,7 +43,6 @@ _EXPORTS = {
     "ReplaySettings": "reproarchive.replay.settings",
     "export": "reproarchive.standalone.exporting",
     # many replays or imports in one process: their child processes forked from a warm server
-    # many replays or imports in one process: their child processes forked from a warm server
     "warm_children": "reproarchive.child",
     # find the culprit: the compiler stage, the torch build
     "bisect_compiler": "reproarchive.bisect.compiler",

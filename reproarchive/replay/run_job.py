@@ -31,13 +31,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from reproarchive.archive.job_archive import load_job
+from reproarchive.archive.job_archive import load_job, rank_inputs
 from reproarchive.archive.job_report import first_divergence
 from reproarchive.child import python_path
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.errors import ReproArchiveError
-from reproarchive.format.schema import FailureRecord
+from reproarchive.format.schema import FailureRecord, TensorValue
 from reproarchive.replay import launch as _launch
 from reproarchive.replay.local_job import run_local
 from reproarchive.replay.outcome import EXIT_COMPILED_ONLY
@@ -176,6 +176,21 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
     return outcome
 
 
+def _compile_key(index: Any, rank: Any) -> tuple:
+    """What a rank's compile-only replay depends on: its graph, its records, what it is judged
+    against, and its inputs as a compile sees them (tensors by their geometry and device, the
+    bytes being no part of it; everything else by value). Ranks with equal keys compile alike."""
+    storages = index.storages
+
+    def seen(value: Any) -> Any:
+        if isinstance(value, TensorValue):
+            return dataclasses.replace(value, storage=0), storages[value.storage].device
+        return value
+
+    failure = rank.outcome.failure if rank.outcome is not None else None
+    return (rank.graph, rank.records, repr(failure), repr([seen(v) for v in rank_inputs(index, rank)]))
+
+
 def recorded_alone(job: Any) -> int | None:
     """The rank a job recorded on the fake process group played (its failing rank, else its
     lowest recorded), whose replay alone against that group is the recorded condition."""
@@ -252,8 +267,16 @@ def _compiled_only(path, settings: ReplaySettings, ready: Any, rank: int | None,
                                 "this replay compiles them only (for devices this machine does not have, or as "
                                 "--compile-only asks)", "drop one of the two")
     job, start = ready.index.job, time.monotonic()
-    ranks = [rank] if rank is not None else sorted(r.rank for r in job.ranks)
-    outcomes = [o for r in ranks for o in _alone_in_a_child(path, settings, job, r, timeout, keep, plan=ready.plan)]
+    alike: dict[Any, list[int]] = {}  # ranks whose compiles are one: each distinct one compiled once
+    for r in sorted(job.ranks, key=lambda r: r.rank):
+        if rank is None or r.rank == rank:
+            alike.setdefault(_compile_key(ready.index, r), []).append(r.rank)
+    outcomes = []
+    for first, *rest in alike.values():
+        (done,) = _alone_in_a_child(path, settings, job, first, timeout, keep, plan=ready.plan)
+        outcomes += [done, *(dataclasses.replace(done, rank=r, note=f"compiled once with rank {first}, whose graph, "
+                                                 "inputs' shapes and records are this rank's") for r in rest)]
+    outcomes.sort(key=lambda o: o.rank)
     status, code, about = _launch.job_verdict(outcomes, job.failing_rank if rank is None else rank)
     return _launch.JobOutcome(
         status=status, exit_code=EXIT_COMPILED_ONLY if status == "passed" else code, rank=about,

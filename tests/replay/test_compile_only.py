@@ -300,6 +300,19 @@ def test_a_job_compiles_every_rank_alone_and_a_pass_is_never_0(tmp_path):
     assert mixed.exit_code == 2 and "drop one of the two" in mixed.output
 
 
+def test_ranks_that_compile_alike_are_compiled_once(tmp_path):
+    """Two ranks with one graph, inputs of one geometry, one record set and one failure: one
+    compile stands for both, and the verdict says so (a job of hundreds of ranks compiles each
+    distinct graph once, not once per rank)."""
+    from support.job_archives import every_rank_fails
+
+    data = json.loads(invoke("run", every_rank_fails(tmp_path), "--compile-only", "--json").stdout)
+    assert (data["status"], data["exit_code"]) == ("reproduced", 1), data
+    assert [(r["rank"], r["status"], r["note"]) for r in data["ranks"]] == [
+        (0, "reproduced", ""),
+        (1, "reproduced", "compiled once with rank 0, whose graph, inputs' shapes and records are this rank's")]
+
+
 @pytest.mark.skipif(CANNOT is None, reason="this torch can compile for an absent GPU")
 def test_a_gpu_job_on_a_cpu_only_build_says_which_build_is_needed(tmp_path):
     from support.devices import job_recorded_on_gpu

@@ -96,6 +96,22 @@ def rank_one_fails(folder: Path, device: str = "cpu", *, absent_on_rank_0: bool 
                                  groups=[WORLD])
 
 
+def every_rank_fails(folder: Path) -> Path:
+    """Both ranks compiled the graph with the ``relu`` and failed alike (the same graph, inputs'
+    shapes, records and failure: one compile stands for both)."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    failing = collective_graph(relu=True)
+    try:
+        lookup_backend(RELU_BACKEND)(failing, _inputs(1))
+    except Exception as exc:  # noqa: BLE001 - the recorded failure is PyTorch's own error
+        failure = record_from_exception(exc, "compile", backend=RELU_BACKEND)
+    parts = [_part(r, collective_graph(relu=True), RankOutcome(status="failed", failure=failure), RELU_BACKEND)
+             for r in (0, 1)]
+    return reproarchive.pack_job(parts, folder / "every-rank-fails.tar.zst", world_size=2, backend="gloo",
+                                 groups=[WORLD])
+
+
 def rank_one_skips(folder: Path) -> Path:
     message = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
                "5000ms for recv operation to complete")
