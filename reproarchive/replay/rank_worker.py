@@ -239,8 +239,8 @@ def _wait_for_peers(rank: int, world_size: int, timeout_s: float) -> None:
 
 def main(argv: list[str]) -> int:
     """The launched program: read the request in FOLDER, load this rank's part of the job, and
-    replay it (``mode`` ``replay``), record its collectives' values (``record``) or judge the
-    minifier's candidates (``candidates``)."""
+    replay it (``mode`` ``replay``), record its collectives' values (``record``), judge the
+    minifier's candidates (``candidates``) or compile it only (``compile``)."""
     folder = Path(argv[0])
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     request = json.loads((folder / "request.json").read_text())
