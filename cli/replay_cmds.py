@@ -224,7 +224,7 @@ def format_job(job) -> str:
              "inconclusive": "INCONCLUSIVE"}
     head = label.get(job.status, job.status.upper())
     where = f" ON RANK {job.rank}" if job.status != "passed" and job.rank is not None else ""
-    only = getattr(job, "compile_only", None)
+    only = job.compile_only
     lines = [f"{head}{' (COMPILE ONLY)' if only else ''}{where}{versions_clause(job)} (exit {job.exit_code}): "
              f"{job.summary} of {job.world_size}"]
     how = ("with torchrun " + " ".join(job.launcher) if job.launcher

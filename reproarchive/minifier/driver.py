@@ -31,7 +31,6 @@ from inside the graph is a static input, as PyTorch's minifier makes it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import tempfile
@@ -54,7 +53,6 @@ from reproarchive.replay.containment import contained
 from reproarchive.replay.isolation import WorkerPool
 from reproarchive.replay.outcome import REPRODUCED
 from reproarchive.replay.prepared import prepared
-from reproarchive.replay.ranks import as_a_rank_alone
 from reproarchive.replay.runner import replay_repro
 from reproarchive.replay.settings import ReplaySettings
 
@@ -194,20 +192,14 @@ def minify_archive(
                                jobs=jobs, shrink_inputs=shrink_inputs, progress=progress, repeat=repeat)
 
 
-@contextlib.contextmanager
-def _failing_rank(ready: Any, isolate: bool | None):
+def _failing_rank(ready: Any, isolate: bool | None) -> Any:
     """Where a compile-only job's failing rank (the archive's own graph: ``load`` gives it) is
-    compiled: this process, joined to a fake process group as that rank, every recorded group
-    registered under its recorded name, so its collectives compile as they did (a compile reads
-    no collective's value). Nothing for one graph."""
-    if not ready.is_job:
-        yield
-        return
-    if isolate:
+    shrunk: in this process, joined as that rank (``Prepared.as_its_rank``), so never in
+    isolated workers."""
+    if ready.is_job and isolate:
         raise ReproArchiveError("a job compiled only is minified in this process (its groups are joined here)",
                                 "leave --isolate out")
-    with as_a_rank_alone(ready.index.job, ready.index.job.primary_rank):
-        yield
+    return ready.as_its_rank()
 
 
 def _minified_graph(ready: Any, path, output, *, max_time: float | None, isolate: bool | None, jobs: int | None,

@@ -74,13 +74,13 @@ class CompileOnly:
         return f"for {', '.join(g.said() for g in self.gpus)} without the device{note}"
 
 
-def planned(index: Index, settings: ReplaySettings, plan: DevicePlan, *, system: Any = None) -> CompileOnly | None:
+def planned(system: Any, settings: ReplaySettings, plan: DevicePlan) -> CompileOnly | None:
     """What a child replaying under its parent's ``plan`` does: compile only where the parent
-    decided to (``decided``), which its plan shows (an absent device loaded onto ``meta``).
-    ``system``: the system record that describes the devices (a job's rank: its own)."""
+    decided to (``decided``), which its plan shows (an absent device loaded onto ``meta``), for
+    the devices ``system`` (the archive's system record; a job's rank: its own) describes."""
     absent = tuple(r for r, t in plan.targets.items() if t == "meta" and not r.startswith("meta"))
     if absent:
-        return CompileOnly(tuple(describe(system or index.records.system, absent)), absent)
+        return CompileOnly(tuple(describe(system, absent)), absent)
     return CompileOnly() if settings.compile_only else None
 
 
@@ -101,6 +101,7 @@ def decided(index: Index, settings: ReplaySettings) -> CompileOnly | None:
     stage = failure.stage if failure is not None else None
     if settings.device is not None or (not asked and (not absent or stage in (None, "unknown"))):
         return None
+    _check_no_dtensors(index, absent)
     if not absent:
         return CompileOnly()
     where = _named(absent)
@@ -117,7 +118,6 @@ def decided(index: Index, settings: ReplaySettings) -> CompileOnly | None:
             f"the device cannot be made: {err}",
             "replay it on a machine with the device, or on the CPU with --device cpu") from None
     _check_can_compile(index, absent)
-    _check_no_dtensors(index, where)
     return CompileOnly(tuple(gpus), absent)
 
 
@@ -131,14 +131,19 @@ def _recorded_failure(index: Index) -> Any:
     return failed.outcome.failure if failed is not None else None
 
 
-def _check_no_dtensors(index: Index, where: str) -> None:
-    """A job's rank whose inputs were DTensors is compiled on DTensors of its mesh, which a
-    compile for an absent device cannot build (their local shards hold no data there)."""
-    if index.job is not None and any(r.dtensors for r in index.job.ranks):
+def _check_no_dtensors(index: Index, absent: tuple[str, ...]) -> None:
+    """A job's rank whose inputs were DTensors compiled a graph of DTensors, which a compile-only
+    replay cannot hand it (it loads their local shards, with no data where the device is absent):
+    compiling the shards would be another program."""
+    if index.job is None or not any(r.dtensors for r in index.job.ranks):
+        return
+    if absent:
         raise DeviceUnavailableError(
-            f"the job was recorded on {where}, which this machine does not have, and its ranks' inputs are "
+            f"the job was recorded on {_named(absent)}, which this machine does not have, and its ranks' inputs are "
             "DTensors, which a compile without the device cannot rebuild",
             "replay the job on machines with its devices, or on the CPU with --device cpu")
+    raise ReproArchiveError("--compile-only cannot compile a job whose ranks' inputs are DTensors (it would compile "
+                            "their local shards: another program)", "replay the job launched (drop --compile-only)")
 
 
 def _check_can_compile(index: Index, absent: tuple[str, ...]) -> None:

@@ -21,6 +21,7 @@ that replays in a child never reads the tensors itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -36,6 +37,7 @@ from reproarchive.format.schema import Index, Records
 from reproarchive.progress import ProgressFn
 from reproarchive.replay.backends import resolve_backend
 from reproarchive.replay.compile_only import CompileOnly, decided, planned
+from reproarchive.replay.ranks import as_a_rank_alone
 from reproarchive.replay.settings import ReplaySettings
 
 
@@ -76,6 +78,15 @@ class Prepared:
         repro.compile_only = self.compile_only
         return repro
 
+    def as_its_rank(self) -> Any:
+        """Where this replay runs a job's failing rank in this process (a compile-only job: its
+        rank compiled alone, as ``run --minify`` and ``bisect compiler``'s replays do): joined to
+        a fake process group as that rank, every recorded group registered under its recorded
+        name, so its collectives compile as they did. Nothing for one graph."""
+        if self.is_job and self.compile_only is not None:
+            return as_a_rank_alone(self.index.job, self.index.job.primary_rank)
+        return contextlib.nullcontext()
+
     def load_job(self) -> Any:
         """Every rank's graph and inputs (``archive.job.load_job``) on the asked device."""
 
@@ -100,7 +111,7 @@ def prepared(path: str | os.PathLike, settings: ReplaySettings, *, reader: Conta
         plan = only.plan(recorded_devices(index)) if only is not None else resolve_devices(recorded_devices(index),
                                                                                             settings.device)
     else:  # a child: the parent's decision
-        only = planned(index, settings, plan)
+        only = planned(index.records.system, settings, plan)
     chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
     if here:
         bring_implementations(settings.imports, settings.libraries)

@@ -38,7 +38,6 @@ from reproarchive.codec.device_runtime import devices_of
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.compat.distributed import default_store
 from reproarchive.context.failure import as_collective_timeout
-from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import Records
 from reproarchive.replay import ranks as _ranks
 from reproarchive.replay.compile_only import CompileOnly, planned, replay_compile_only
@@ -208,8 +207,7 @@ def compile_alone(path: str, settings: ReplaySettings, plan: DevicePlan, folder:
     value, and a compile-stage failure needs no peer."""
 
     part = load_rank(path, rank, settings, plan=plan)
-    with ContainerReader(path) as reader:
-        only = planned(reader.index, settings, plan, system=part.records.system)
+    only = planned(part.records.system, settings, plan)
     _ranks.init_fake(rank, world_size)
     _ranks.recreate_groups(part.groups, timeout_s=timeout_s)
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": [], "backend": part.settings.backend})

@@ -46,7 +46,6 @@ from reproarchive.replay.faithfulness import as_replayed, generated_inputs, rng_
 from reproarchive.replay.isolation import run_in_child
 from reproarchive.replay.outcome import Outcome, unless_faithful
 from reproarchive.replay.prepared import prepared
-from reproarchive.replay.ranks import as_a_rank_alone
 from reproarchive.replay.settings import ReplaySettings
 
 # --------------------------------------------------------------------------------------------
@@ -295,8 +294,7 @@ def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, 
     with contextlib.ExitStack() as stack:
         with ContainerReader(path) as reader:
             ready = prepared(path, settings, reader=reader, plan=plan)
-            if ready.is_job and ready.compile_only is not None:  # a job's failing rank, compiled alone (bisect)
-                stack.enter_context(as_a_rank_alone(ready.index.job, ready.index.job.primary_rank))
+            stack.enter_context(ready.as_its_rank())  # a job's failing rank, compiled alone (bisect)
             repro = ready.load(progress=progress, reader=reader)
         return _replayed(ready, repro, on_start=on_start)
 

@@ -300,6 +300,30 @@ def test_a_job_compiles_every_rank_alone_and_a_pass_is_never_0(tmp_path):
     assert mixed.exit_code == 2 and "drop one of the two" in mixed.output
 
 
+def test_a_job_compiled_only_refuses_what_would_compile_another_program(tmp_path):
+    """Each refusal is one line and exit 2: DTensor inputs (their local shards are another
+    program), a minify in isolated workers (the rank's groups are joined in this process), and a
+    process that already belongs to a process group."""
+    from reproarchive.replay.ranks import as_a_rank_alone, init_fake
+    from support.job_archives import dtensor_input, rank_one_fails
+
+    shards = invoke("run", dtensor_input(tmp_path), "--compile-only", "--json")
+    assert shards.exit_code == 2 and "DTensors" in json.loads(shards.stdout)["error"]["message"], shards.output
+    isolated = invoke("run", "--minify", rank_one_fails(tmp_path), "--compile-only", "--isolate",
+                      "-o", tmp_path / "min.tar.zst")
+    assert isolated.exit_code == 2 and isolated.output.strip().endswith("leave --isolate out"), isolated.output
+    assert not (tmp_path / "min.tar.zst").exists()
+    with ContainerReader(rank_one_fails(tmp_path)) as reader:
+        job = reader.index.job
+    init_fake(0, 2)
+    try:
+        with pytest.raises(ReproArchiveError, match="already belongs to a process group"):
+            with as_a_rank_alone(job, 1):
+                pass
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_ranks_that_compile_alike_are_compiled_once(tmp_path):
     """Two ranks with one graph, inputs of one geometry, one record set and one failure: one
     compile stands for both, and the verdict says so (a job of hundreds of ranks compiles each
