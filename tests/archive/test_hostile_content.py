@@ -86,6 +86,8 @@ def test_target_attacks_are_refused_by_every_reader(scene, label):
         assert res["outcome"] == "archive_error" and res["type"] == "UnsafeArchiveError", (label, op, res)
     for argv in (["verify", "-q", str(path)], ["inspect", str(path)], ["unpack", "-q", str(path), "-C", "out"],
                  ["run", "--no-isolate", str(path)], ["run", "--minify", str(path), "-o", "min.tar.zst"],
+                 ["run", "--compile-only", str(path)],
+                 ["run", "--minify", "--compile-only", str(path), "-o", "m.tar.zst"],
                  ["export", str(path), "-o", "out"]):
         _one_line_refusal(_in_process(argv, scene["work"]), f"{label} {argv[0]}")
     assert (_tree(scene["victim"]), _tree(scene["work"])) == before, label
@@ -119,7 +121,7 @@ def test_a_hostile_stack_frame_is_refused_by_every_reader(scene, label):
     for argv in (["verify", "-q", str(path)], ["inspect", str(path)], ["inspect", "--graph", str(path)],
                  ["unpack", "-q", str(path), "-C", "out"], ["run", "--no-isolate", str(path)],
                  ["run", "--minify", str(path), "-o", "min.tar.zst"], ["export", str(path), "-o", "out"],
-                 ["view", str(path), "-o", "page.html"]):
+                 ["run", "--compile-only", str(path)], ["view", str(path), "-o", "page.html"]):
         _one_line_refusal(_in_process(argv, scene["work"]), f"{label} {argv[0]}")
     assert (_tree(scene["victim"]), _tree(scene["work"])) == before, label
 
