@@ -22,11 +22,12 @@ from typing import Any
 import torch.fx as fx
 
 from reproarchive.archive.job_merge import merge_parts
-from reproarchive.archive.loading import _torch_errors_as_archive_errors, rebuild
+from reproarchive.archive.loading import Repro, _torch_errors_as_archive_errors, rebuild
 from reproarchive.archive.packing import pack
 from reproarchive.codec.checks import check_readable_here, recorded_devices
 from reproarchive.codec.devices import resolve_devices
 from reproarchive.codec.stand_ins import install as install_stand_ins
+from reproarchive.errors import ReproArchiveError
 from reproarchive.format import layout
 from reproarchive.format.layout import Limits
 from reproarchive.format.reader import ContainerReader
@@ -46,31 +47,64 @@ from reproarchive.format.schema import (
 
 
 @dataclasses.dataclass
-class RankRepro:
-    """One rank of a loaded job: its graph and inputs (on this process's devices) and records.
+class RankRepro(Repro):
+    """One rank of a loaded job: a ``Repro`` of its graph and inputs (on this process's
+    devices), so that every consumer of one graph (``runner.replay_repro`` above all) takes a
+    rank as it is, with the rank's own record.
 
+    ``records`` are the rank's own (config, environment, execution state, shape policy, RNG:
+    the index's unless the rank recorded others, 1.5), its failure the one its outcome
+    records, what its replay is judged against; ``input_records`` its inputs' records;
     ``dtensors`` names the inputs that were DTensors (the stored tensor is the local shard; the
-    record says the mesh and placements); ``schedule`` the collectives its graphs issue in order;
-    ``records`` its own (config, environment, execution state, shape policy, RNG: the index's
-    unless the rank recorded others, 1.5) and ``rng_states`` the generator states they keep."""
+    record says the mesh and placements); ``schedule`` the collectives its graphs issue in order."""
 
-    rank: int
-    local_rank: int | None
-    device: str | None
-    host: str | None
-    gm: fx.GraphModule
-    args: list
-    fidelity: list[str]
-    outcome: RankOutcome | None
-    schedule: tuple[CollectiveRecord, ...]
-    compiles: tuple[CompileRecord, ...]
-    dtensors: tuple[DTensorInput, ...]
-    record: RankRecord
-    records: Records = dataclasses.field(default_factory=Records)
-    rng_states: dict = dataclasses.field(default_factory=dict)
-    notes: list[str] = dataclasses.field(default_factory=list)  # what loading it warned of
-    stand_ins: list[str] = dataclasses.field(default_factory=list)  # custom ops and kernels stood in for
-    custom_ops: list = dataclasses.field(default_factory=list)  # the job's recorded calls, decoded (``Repro``'s)
+    record: RankRecord | None = None
+    own_records: Records = dataclasses.field(default_factory=Records)
+
+    @property
+    def records(self) -> Records:
+        return self.own_records
+
+    @property
+    def input_records(self) -> tuple:
+        return rank_inputs(self.index, self.record)
+
+    @property
+    def rank(self) -> int:
+        return self.record.rank
+
+    @property
+    def local_rank(self) -> int | None:
+        return self.record.local_rank
+
+    @property
+    def device(self) -> str | None:
+        return self.record.device
+
+    @property
+    def host(self) -> str | None:
+        return self.record.host
+
+    @property
+    def outcome(self) -> RankOutcome | None:
+        return self.record.outcome
+
+    @property
+    def schedule(self) -> tuple[CollectiveRecord, ...]:
+        return self.record.schedule
+
+    @property
+    def compiles(self) -> tuple[CompileRecord, ...]:
+        return self.record.compiles
+
+    @property
+    def dtensors(self) -> tuple[DTensorInput, ...]:
+        return self.record.dtensors
+
+    @property
+    def notes(self) -> list[str]:
+        """What loading it warned of (given once for the job, not once per rank)."""
+        return self.warnings
 
 
 @dataclasses.dataclass
@@ -143,9 +177,23 @@ def rank_inputs(index: Index, rank: RankRecord) -> tuple:
     return index.inputs if rank.inputs is None else rank.inputs
 
 
-def rank_records(index: Index, rank: RankRecord) -> Records:
-    """The records of a rank: its own (1.5), else the index's."""
-    return index.records if rank.records is None else index.job.records[rank.records]
+def rank_records(index: Index, rank: RankRecord | int) -> Records:
+    """The records of a rank (its record, or its number): its own (1.5), else the index's, with
+    the failure its outcome records (what a replay of the rank is judged against)."""
+    if isinstance(rank, int):
+        rank = job_rank(index, rank)
+    records = index.records if rank.records is None else index.job.records[rank.records]
+    return dataclasses.replace(records, failure=rank.outcome.failure if rank.outcome is not None else None)
+
+
+def job_rank(index: Index, rank: int) -> RankRecord:
+    """Rank ``rank``'s record of a job archive (a single-graph archive: rank 0 of one)."""
+    job = index.job if index.job is not None else single_rank_job(index)
+    for record in job.ranks:
+        if record.rank == rank:
+            return record
+    raise ReproArchiveError(f"the archive records no rank {rank} (it has {[r.rank for r in job.ranks]})",
+                            "name one of its ranks")
 
 
 def single_rank_job(index: Index) -> JobRecord:
@@ -179,11 +227,8 @@ def load_job(path: str | os.PathLike, *, device=None, limits: Limits = layout.DE
             built = rebuild(reader, rank_graph(index, rank), rank_inputs(index, rank), records, device=plan,
                             max_memory=max_memory, stood_in=stood_in, path=path, warn=False, remap_graph=remap_graph)
             loaded.append(RankRepro(
-                rank=rank.rank, local_rank=rank.local_rank, device=rank.device, host=rank.host, gm=built.gm,
-                args=built.args, fidelity=built.fidelity, outcome=rank.outcome, schedule=rank.schedule,
-                compiles=rank.compiles, dtensors=rank.dtensors, record=rank, records=records,
-                rng_states=built.rng_states, notes=built.notes, stand_ins=built.stand_ins,
-                custom_ops=built.custom_ops))
+                built.gm, built.args, Path(path), reader.index_digest, index, built.fidelity, built.devices,
+                built.notes, built.custom_ops, built.stand_ins, built.rng_states, record=rank, own_records=records))
         for note in dict.fromkeys(n for r in loaded for n in r.notes):
             warnings.warn(note, stacklevel=3)
         return JobRepro(Path(path), reader.index_digest, index, job, loaded)

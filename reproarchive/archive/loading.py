@@ -79,6 +79,11 @@ class Repro:
         system, failure, source, minify ...: spec §8), as the index holds them."""
         return self.index.records
 
+    @property
+    def input_records(self) -> tuple:
+        """The index's records of the graph's inputs (``args`` were built from them)."""
+        return self.index.inputs
+
 
 def _torch_errors_as_archive_errors(fn):
     """After validation, load only allocates and builds tensors and a graph from the records, so

@@ -191,7 +191,7 @@ def replay_compile_only(repro: Any, settings: ReplaySettings, only: CompileOnly,
     graph, inputs = (repro.gm, list(repro.args)) if gm is None else (gm, list(args))
     compiler_fn = resolve_backend(settings.backend)
     setup = conditions.planned_setup(records, settings)
-    shape_report = shape_policy.report_for(records, repro.index.inputs if gm is None else None, settings.backend)
+    shape_report = shape_policy.report_for(records, repro.input_records if gm is None else None, settings.backend)
     device = _named(only.absent[:1]) or None
     forward_only = _forward_only(records, settings, inputs, graph) if only.gpus else False
     observed = None

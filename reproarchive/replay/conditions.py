@@ -20,6 +20,7 @@ from reproarchive.compat.dynamo import patched_config
 from reproarchive.context.config import applied_config
 from reproarchive.context.environment import applied_environment, plan
 from reproarchive.context.execution import applied_execution
+from reproarchive.context.failure import as_collective_timeout
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.schema import Records
 from reproarchive.replay.accuracy import fair_to_randomness
@@ -95,6 +96,7 @@ def verdict(records: Records, setup: Setup, args: Any, backend: str | None, ran:
     """The outcome: ``ran`` (``_compile_and_run``'s observed failure, accuracy report and
     whether backward ran) judged against the recorded failure, with what the replay did."""
     observed, details, ran_backward = ran
+    observed = as_collective_timeout(observed)  # a collective that waited past its timeout: a hang, as recorded
     config_applied = setup.config_applied
     # across releases the defaults were not applied: a differing one is listed (not as important)
     found = differences(config=records.config, environment=records.environment, system=records.system,

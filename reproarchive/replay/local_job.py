@@ -18,7 +18,6 @@ compiled different graphs are refused with a one-line error.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -131,7 +130,6 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
 
     start = time.monotonic()
     job = load_job(path, device=settings.device, max_memory=settings.max_memory)
-    chosen = settings.for_recorded(job.records.backend, job.records.accuracy)
     lead = job.ranks[0]
     shape = spmd_structure(lead.gm)
     odd = [r.rank for r in job.ranks if spmd_structure(r.gm) != shape]
@@ -144,11 +142,13 @@ def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank:
         raise ReproArchiveError("this process already belongs to a process group: --single-process simulates the "
                                 "job's ranks in a process of its own", "run it from a process without one")
     def replayed(part: Any, gm: Any, args: list, note: str) -> _launch.RankOutcome:
-        # each rank under its own records, judged against its own failure
-        records = dataclasses.replace(part.records, failure=part.outcome.failure if part.outcome else None)
-        outcome = as_replayed(replay_graph(gm, args, chosen, records, report_differences=False,
+        # each rank under its own records (its backend among them), judged against its own failure
+        chosen = settings.for_recorded(part.records.backend, part.records.accuracy)
+        whole = gm is part.gm
+        outcome = as_replayed(replay_graph(gm, args, chosen, part.records, report_differences=False,
+                                           input_records=part.input_records if whole else None,
                                            rng_states=part.rng_states), list(part.stand_ins),
-                              _generated(job, part, collectives_replaced=gm is not part.gm))
+                              _generated(job, part, collectives_replaced=not whole))
         return _launch.RankOutcome(part.rank, outcome.status, outcome, note=note)
 
     _ranks.init_fake(lead.rank, world_size)

@@ -27,7 +27,7 @@ import os
 import warnings
 from typing import Any
 
-from reproarchive.archive.job_archive import load_job
+from reproarchive.archive.job_archive import load_job, rank_records
 from reproarchive.archive.loading import load
 from reproarchive.codec.checks import recorded_devices
 from reproarchive.codec.devices import DevicePlan, resolve_devices
@@ -59,22 +59,30 @@ class Prepared:
     settings: ReplaySettings
     asked: ReplaySettings
     compile_only: CompileOnly | None = None
+    rank: int | None = None  # the job's rank this replay is (a rank worker's); None: the archive's graph
 
     @property
     def records(self) -> Records:
-        return self.index.records
+        """The records this replay is judged under: the archive's, or its rank's own."""
+        return self.index.records if self.rank is None else rank_records(self.index, self.rank)
 
     @property
     def is_job(self) -> bool:
         return is_job(self.index)
 
     def load(self, *, progress: ProgressFn | None = None, reader: ContainerReader | None = None) -> Any:
-        """The graph and its inputs on the planned devices (``archive.loading.load``)."""
+        """The graph and its inputs on the planned devices (``archive.loading.load``); of a
+        rank, its ``RankRepro`` (``archive.job_archive.load_job``), a ``Repro`` as well."""
 
+        remap = self.compile_only is None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the same notes are in repro.warnings
-            repro = load(self.path, device=self.plan, progress=progress, max_memory=self.asked.max_memory,
-                         reader=reader, remap_graph=self.compile_only is None)
+            if self.rank is None:
+                repro = load(self.path, device=self.plan, progress=progress, max_memory=self.asked.max_memory,
+                             reader=reader, remap_graph=remap)
+            else:  # its own rank only
+                repro = load_job(self.path, device=self.plan, max_memory=self.asked.max_memory, ranks=[self.rank],
+                                 remap_graph=remap).rank(self.rank)
         repro.compile_only = self.compile_only
         return repro
 
@@ -94,27 +102,29 @@ class Prepared:
 
 
 def prepared(path: str | os.PathLike, settings: ReplaySettings, *, reader: ContainerReader | None = None,
-             here: bool = True, plan: DevicePlan | None = None) -> Prepared:
+             here: bool = True, plan: DevicePlan | None = None, rank: int | None = None) -> Prepared:
     """The archive at ``path`` prepared under ``settings`` (module docstring); ``reader``: one
     open already. ``here=False``: the replay runs in a child, which prepares it again, so the
     user's implementations are not brought into this process (a library that crashes takes
     the child, not the caller), and the backend is looked for here only where none of them
-    could define it. ``plan``: the devices
-    as a parent resolved them. Raises DeviceUnavailableError or BackendUnavailableError (125),
-    an ArchiveError (2) for an unreadable archive."""
+    could define it. ``plan``: the devices as a parent resolved them. ``rank``: a job's rank
+    (a rank worker's replay), prepared under its own records: its backend, its system.
+    Raises DeviceUnavailableError or BackendUnavailableError (125), an ArchiveError (2) for an
+    unreadable archive, ReproArchiveError (2) for a rank the job does not record."""
     if reader is None:
         with ContainerReader(path) as own:
-            return prepared(path, settings, reader=own, here=here, plan=plan)
+            return prepared(path, settings, reader=own, here=here, plan=plan, rank=rank)
     index = reader.index
+    records = index.records if rank is None else rank_records(index, rank)
     if plan is None:
         only = decided(index, settings)
         plan = only.plan(recorded_devices(index)) if only is not None else resolve_devices(recorded_devices(index),
                                                                                             settings.device)
     else:  # a child: the parent's decision
-        only = planned(index.records.system, settings, plan)
-    chosen = settings.for_recorded(index.records.backend, index.records.accuracy)
+        only = planned(records.system, settings, plan)
+    chosen = settings.for_recorded(records.backend, records.accuracy)
     if here:
         bring_implementations(settings.imports, settings.libraries)
     if here or not (settings.imports or settings.libraries):  # else a module the child imports may define it
         resolve_backend(chosen.backend)
-    return Prepared(os.fspath(path), index, reader.index_digest, plan, chosen, settings, only)
+    return Prepared(os.fspath(path), index, reader.index_digest, plan, chosen, settings, only, rank)

@@ -5,7 +5,7 @@
 its device (gloo on the CPU, NCCL on CUDA) and the recorded job's collective timeout, recreates
 every recorded process group under its recorded name (``ranks.recreate_groups``), loads its own
 rank's graph and real inputs, and judges its replay with the one judge every replay uses
-(``runner.replay_graph``). FOLDER holds the parent's request and receives, per rank r:
+(``runner.replayed``, ``run``'s own). FOLDER holds the parent's request and receives, per rank r:
 
 * ``started-r.json``: the pid and what is about to run, before anything can crash or hang;
 * ``rank-r.json``: the rank's Outcome and its collective schedule;
@@ -37,15 +37,11 @@ import torch.fx as fx
 from reproarchive.codec.device_runtime import devices_of
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.compat.distributed import default_store
-from reproarchive.context.failure import as_collective_timeout
-from reproarchive.format.schema import Records
 from reproarchive.replay import ranks as _ranks
-from reproarchive.replay.compile_only import CompileOnly, planned, replay_compile_only
-from reproarchive.replay.faithfulness import as_replayed, generated_inputs
 from reproarchive.replay.launch import STARTUP_ALLOWANCE_S
-from reproarchive.replay.outcome import judge, unless_faithful
-from reproarchive.replay.run_job import load_rank
-from reproarchive.replay.runner import replay_graph
+from reproarchive.replay.outcome import unless_faithful
+from reproarchive.replay.prepared import prepared
+from reproarchive.replay.runner import replayed
 from reproarchive.replay.settings import ReplaySettings
 
 #: How a rank whose replay observed a failure exits (after writing its outcome).
@@ -82,44 +78,31 @@ def join(args: list, groups: list[_ranks.GroupSpec], *, timeout_s: float, rank: 
     return _ranks.recreate_groups(groups, timeout_s=timeout_s)
 
 
-def replay_one(rank_repro: Any, settings: ReplaySettings, *, rank: int, records: Any = None,
-               report_differences: bool = False) -> Any:
-    """The judged Outcome of ``rank_repro``'s graph on this rank (a collective that timed out is
-    a ``timeout`` failure, as the capture records a hang)."""
-
-    # judged against this rank's own failure, under this rank's own records
-    records = dataclasses.replace(records or Records(), failure=rank_repro.failure)
-    outcome = replay_graph(rank_repro.gm, list(rank_repro.args), settings, records,
-                           report_differences=report_differences, rng_states=getattr(rank_repro, "rng_states", None))
-    timed_out = as_collective_timeout(outcome.observed)
-    if timed_out is not outcome.observed:
-        status, code = judge(rank_repro.failure, timed_out)
-        outcome = dataclasses.replace(outcome, observed=timed_out, status=status, exit_code=code)
-    return as_replayed(outcome, list(rank_repro.stand_ins),
-                       generated_inputs(rank_repro.gm, list(rank_repro.fidelity), records))
+def loaded(path: str, settings: ReplaySettings, rank: int, *, plan: DevicePlan | None = None) -> tuple[Any, Any]:
+    """This rank of the job at ``path`` prepared and loaded as ``run`` prepares and loads one
+    graph (``replay.prepared``, under the rank's own records, the user's ``--import`` and
+    ``--load-library`` brought here): the ``Prepared`` and the rank's ``RankRepro``.
+    ``plan``: a compile-only replay's (an absent device's storages on ``meta``)."""
+    ready = prepared(path, settings, rank=rank, plan=plan)
+    return ready, ready.load()
 
 
-def serve(rank_repro: Any, groups: list[_ranks.GroupSpec], folder: Path, settings: ReplaySettings, *,
-          timeout_s: float, rank: int, world_size: int, records: Any = None, fake: bool = False,
+def serve(ready: Any, repro: Any, folder: Path, *, timeout_s: float, world_size: int, fake: bool = False,
           fake_when_recorded: bool = False) -> int:
-    """Replay ``rank_repro`` (``.gm``, ``.args`` on their devices, ``.failure``: the rank's
-    recorded failure or None) as ``rank`` of the launched job; returns the exit status.
-
-    ``settings`` has its backend chosen. ``records`` (the job's records: config, environment,
-    execution) are applied as a single-process replay applies them. ``fake``: this process is the
-    only one, against PyTorch's fake process group (``run --rank``); ``fake_when_recorded``: and
-    so was the recording's (its collectives' values were the fake group's too).
-    """
-    made = join(rank_repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
-    dtensors = getattr(rank_repro, "dtensors", ())
-    if dtensors:
-        rank_repro = dataclasses.replace(rank_repro, args=_ranks.as_dtensors(
-            list(rank_repro.args), dtensors, rank_repro.meshes, groups, made))
-    schedule = [dataclasses.asdict(c) for c in _ranks.schedule_of(rank_repro.gm)]
+    """Replay ``repro`` (this rank's ``RankRepro``, on its devices) as its rank of the launched
+    job, judged by ``run``'s own judgement (``runner.replayed``); returns the exit status.
+    ``fake``: this process is the only one, against PyTorch's fake process group (``run
+    --rank``); ``fake_when_recorded``: and so was the recording's (its collectives' values were
+    the fake group's too)."""
+    rank, groups = repro.rank, _ranks.group_specs(ready.index.job)
+    made = join(repro.args, groups, timeout_s=timeout_s, rank=rank, world_size=world_size, fake=fake)
+    if repro.dtensors:
+        repro = dataclasses.replace(repro, args=_ranks.as_dtensors(
+            list(repro.args), repro.dtensors, ready.index.job.meshes, groups, made))
+    schedule = [dataclasses.asdict(c) for c in _ranks.schedule_of(repro.gm)]
     write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": schedule,
-                                                 "backend": settings.backend})
-    outcome = replay_one(rank_repro, settings, rank=rank, records=records,
-                         report_differences=rank == 0 and records is not None)
+                                                 "backend": ready.settings.backend})
+    outcome = replayed(ready, repro, report_differences=rank == 0)
     if fake and schedule and not fake_when_recorded:
         outcome = _alone(outcome, rank)
     write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": schedule})
@@ -193,8 +176,8 @@ def serve_candidates(first: Any, groups: list[_ranks.GroupSpec], folder: Path, *
         request = json.loads(ask.read_text())
         if request.get("stop"):
             return 0
-        part = load_rank(request["archive"], rank, ReplaySettings.from_plain(request["settings"]))
-        outcome = replay_one(part.rank, part.settings, rank=rank, records=part.records)
+        ready, candidate = loaded(request["archive"], ReplaySettings.from_plain(request["settings"]), rank)
+        outcome = replayed(ready, candidate, report_differences=False)
         write_json(folder / f"rank-{rank}-{k}.json", {"outcome": outcome.to_dict()})
         k += 1
 
@@ -206,16 +189,11 @@ def compile_alone(path: str, settings: ReplaySettings, plan: DevicePlan, folder:
     collectives' groups registered on a fake process group: a compile reads no collective's
     value, and a compile-stage failure needs no peer."""
 
-    part = load_rank(path, rank, settings, plan=plan)
-    only = planned(part.records.system, settings, plan)
+    ready, repro = loaded(path, settings, rank, plan=plan)
     _ranks.init_fake(rank, world_size)
-    _ranks.recreate_groups(part.groups, timeout_s=timeout_s)
-    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": [], "backend": part.settings.backend})
-    repro = part.rank
-    records = dataclasses.replace(part.records, failure=repro.failure)
-    outcome = replay_compile_only(None, part.settings, only or CompileOnly(), gm=repro.gm, args=list(repro.args),
-                                  records=records)
-    outcome = as_replayed(outcome, list(repro.stand_ins), generated_inputs(repro.gm, list(repro.fidelity), records))
+    _ranks.recreate_groups(_ranks.group_specs(ready.index.job), timeout_s=timeout_s)
+    write_json(folder / f"started-{rank}.json", {"pid": os.getpid(), "schedule": [], "backend": ready.settings.backend})
+    outcome = replayed(ready, repro, report_differences=False)
     write_json(folder / f"rank-{rank}.json", {"outcome": outcome.to_dict(), "schedule": []})
     return EXIT_FAILED if outcome.observed is not None else 0
 
@@ -255,16 +233,16 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    part = load_rank(request["archive"], rank, settings)
+    ready, repro = loaded(request["archive"], settings, rank)
+    groups = _ranks.group_specs(ready.index.job)
     if mode == "record":
-        code = record_collectives(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
-                                  world_size=world_size, fake=fake)
+        code = record_collectives(repro, groups, folder, timeout_s=timeout_s, rank=rank, world_size=world_size,
+                                  fake=fake)
     elif mode == "candidates":
-        code = serve_candidates(part.rank, part.groups, folder, timeout_s=timeout_s, rank=rank,
-                                world_size=world_size, fake=fake)
+        code = serve_candidates(repro, groups, folder, timeout_s=timeout_s, rank=rank, world_size=world_size,
+                                fake=fake)
     else:
-        code = serve(part.rank, part.groups, folder, part.settings, timeout_s=timeout_s, rank=rank,
-                     world_size=world_size, records=part.records, fake=fake,
+        code = serve(ready, repro, folder, timeout_s=timeout_s, world_size=world_size, fake=fake,
                      fake_when_recorded=bool(request.get("fake_when_recorded")))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,7 +15,8 @@ group, or every rank's reference in one process.
   error, or ``--compile-only``): each rank's graph compiled alone in a child, its groups on a
   fake process group, nothing launched; a pass is ``EXIT_COMPILED_ONLY``, never 0.
 
-The rank worker loads its own rank (``load_rank``); the parent reads only the index.
+The rank worker prepares and loads its own rank as ``run`` does one graph
+(``rank_worker.loaded``); the parent reads only the index.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from reproarchive.archive.job_archive import load_job, rank_inputs
+from reproarchive.archive.job_archive import rank_inputs
 from reproarchive.archive.job_report import first_divergence
 from reproarchive.child import python_path
 from reproarchive.codec.devices import DevicePlan
@@ -42,7 +43,6 @@ from reproarchive.replay import launch as _launch
 from reproarchive.replay.local_job import run_local
 from reproarchive.replay.outcome import EXIT_COMPILED_ONLY
 from reproarchive.replay.prepared import prepared
-from reproarchive.replay.ranks import GroupSpec, group_specs
 from reproarchive.replay.runner import _moved_warning
 from reproarchive.replay.settings import ReplaySettings
 
@@ -80,51 +80,6 @@ def _options(passthrough: Sequence[str]) -> dict[str, str]:
         if name.startswith("--"):
             found[name] = value if sep else (items[i + 1] if i + 1 < len(items) else "")
     return found
-
-
-@dataclasses.dataclass(frozen=True)
-class RankPart:
-    """What one rank worker replays: its graph and inputs (``rank.gm``, ``rank.args``,
-    ``rank.failure``), the group table, the settings with the backend chosen, the rank's own
-    records (its config, environment, execution state, RNG: each rank replays under its own)."""
-
-    rank: Any
-    groups: list[GroupSpec]
-    settings: ReplaySettings
-    records: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class _RankReplay:
-    """One rank's graph, inputs (DTensor inputs as their local shards: ``dtensors`` says what
-    they were, on ``meshes``), recorded failure and the generator states its call started from
-    (None: not recorded); ``fidelity`` and ``stand_ins`` as loading found them, for the verdict."""
-
-    gm: Any
-    args: list
-    failure: FailureRecord | None
-    dtensors: tuple = ()
-    meshes: tuple = ()
-    rng_states: Any = None
-    fidelity: tuple = ()
-    stand_ins: tuple = ()
-
-
-def load_rank(path: str | os.PathLike, rank: int, settings: ReplaySettings, *,
-              plan: DevicePlan | None = None) -> RankPart:
-    """Rank ``rank`` of the job at ``path``, on ``settings.device`` (a rank worker's side);
-    ``plan``: a compile-only replay's (an absent device's storages onto ``meta``, the graph's
-    devices as recorded)."""
-
-    job = load_job(path, device=plan or settings.device, max_memory=settings.max_memory, ranks=[rank],  # its own only
-                   remap_graph=plan is None)
-    part = job.rank(rank)
-    chosen = settings.for_recorded(part.records.backend, part.records.accuracy)
-    failure = part.outcome.failure if part.outcome is not None else None
-    rng = part.rng_states if part.records.rng is not None else None
-    return RankPart(_RankReplay(part.gm, list(part.args), failure, tuple(part.dtensors), tuple(job.meshes), rng,
-                                tuple(part.fidelity), tuple(part.stand_ins)),
-                    group_specs(job.job), chosen, part.records)
 
 
 def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | None = None,

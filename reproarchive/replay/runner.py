@@ -273,7 +273,7 @@ def run(path: str | Path, settings: ReplaySettings, *, isolate: bool | None = No
     repro = None if isolate else ready.load(progress=progress, reader=reader)
     if repro is None:
         return run_in_child(path, settings, plan=ready.plan, environment=ready.records.environment)
-    return _replayed(ready, repro)
+    return replayed(ready, repro)
 
 
 def needs_isolation(recorded: FailureRecord | None) -> bool:
@@ -296,11 +296,14 @@ def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, 
             ready = prepared(path, settings, reader=reader, plan=plan)
             stack.enter_context(ready.as_its_rank())  # a job's failing rank, compiled alone (bisect)
             repro = ready.load(progress=progress, reader=reader)
-        return _replayed(ready, repro, on_start=on_start)
+        return replayed(ready, repro, on_start=on_start)
 
 
-def _replayed(ready, repro, *, on_start=None) -> Outcome:
-    """Judge the loaded ``repro`` of the ``ready`` (prepared) archive: the outcome of ``run``."""
+def replayed(ready, repro, *, on_start=None, report_differences: bool = True) -> Outcome:
+    """Judge the loaded ``repro`` of the ``ready`` (prepared) archive: the outcome of ``run``, and
+    of each rank a job's rank worker replays (``ready.rank``). ``report_differences=False``:
+    the recorded config, environment and system are not diffed against this machine's (a
+    job's ranks but one)."""
     plan, chosen, records = ready.plan, ready.settings, repro.records
     only = ready.compile_only
     load_warnings = _dedupe([*(repro.warnings or []), *([] if only else _moved_warning(plan))])
@@ -312,7 +315,7 @@ def _replayed(ready, repro, *, on_start=None) -> Outcome:
                   "digest": repro.digest, **facts, "warnings": load_warnings, "torch": torch_here(),
                   "recorded_torch": torch_version(records.system),
                   "config": "current" if chosen.current_config else "recorded"})
-    outcome = replay_repro(repro, chosen)
+    outcome = replay_repro(repro, chosen, report_differences=report_differences)
     outcome.device, outcome.recorded_device, outcome.same_device_type = (
         facts["device"], facts["recorded_device"], facts["same_device_type"])
     outcome.warnings[:0] = load_warnings
@@ -339,6 +342,6 @@ def replay_repro(repro, settings: ReplaySettings, gm=None, args=None, *, report_
         settings,
         records,
         report_differences=report_differences,
-        input_records=repro.index.inputs if gm is None else None,
+        input_records=repro.input_records if gm is None else None,
         rng_states=repro.rng_states,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.format.reader import ContainerReader
 from reproarchive.replay.settings import ReplaySettings
 from reproarchive.standalone import job_script, script
@@ -16,6 +17,9 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     """Write ``out_dir`` with ``repro.py`` and its data; see ``script.export`` (one process) and
     ``job_script.export_job`` (a job of several ranks: ``python repro.py`` launches them)."""
     settings = ReplaySettings.given(settings, options)
+    # the user's implementations (--import, --load-library) before loading: the graph's custom ops
+    # are then theirs, not stand-ins, and the script brings them too
+    bring_implementations(settings.imports, settings.libraries)
     with ContainerReader(path) as reader:
         job = reader.index.job
     if job is not None and job.world_size > 1:

@@ -14,7 +14,6 @@ torchrun reports which rank failed.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 from importlib.resources import files
@@ -72,7 +71,7 @@ def export_job(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Re
                           f"process group: a script for torchrun needs all {job.world_size} ranks' graphs",
                           "replay it with `reproarchive run`, which replays that rank against the fake group")
     return write_job_export(job, out_dir, backend=settings.backend or job.records.backend,
-                            archive_name=Path(path).name)
+                            archive_name=Path(path).name, brought=(settings.imports, settings.libraries))
 
 
 def _device_of(index: Any, value: Any) -> str | None:
@@ -81,12 +80,13 @@ def _device_of(index: Any, value: Any) -> str | None:
 
 
 def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str | None,
-                     archive_name: str = "") -> ExportReport:
+                     archive_name: str = "", brought: tuple = ((), ())) -> ExportReport:
     """Write ``out_dir`` with ``job``'s script (loaded on the CPU), for ``backend``. Every rank
     keeps its own inputs with their recorded devices, its recorded failure, config, execution
     state and generator states; the process groups are recreated in creation order; the custom
     ops' recorded calls (every rank's) give the stand-ins the script registers where an op is
-    missing, as the single-graph script does."""
+    missing, as the single-graph script does; ``brought``: the user's (``--import`` modules,
+    ``--load-library`` paths) the script brings first, as ``export`` did."""
     state = {r.rank: (r.records.execution, r.rng_states if r.records.rng is not None else {}) for r in job.ranks}
     ordered = sorted(job.groups, key=lambda g: g.index if g.index is not None else 0)  # as created
     groups = [(g.name, tuple(g.ranks)) for g in ordered]
@@ -114,7 +114,7 @@ def write_job_export(job: JobRepro, out_dir: str | os.PathLike, *, backend: str 
             graphs="\n\n\n".join(script.graph_defs),
             inputs="\n".join(input_blocks),
             rank_graphs=", ".join(f"{rank}: {fn}" for rank, fn in sorted(graph_of.items())),
-            custom_ops=script.custom_ops_block(list(custom_ops), imports=(), libraries=()),
+            custom_ops=script.custom_ops_block(list(custom_ops), imports=brought[0], libraries=brought[1]),
             rank_execution=repr({rank: _execution_literal(e) for rank, (e, _) in sorted(state.items())}),
             rank_rng_states=repr({rank: {name: script.writer.storage(t)[0] for name, t in rng.items()}
                                   for rank, (_, rng) in sorted(state.items())}),
@@ -140,8 +140,7 @@ def _rank_judging(job: JobRepro) -> dict[str, str]:
                 if r.outcome is not None and r.outcome.failure}
     unsure = {}
     for r in job.ranks:
-        records = dataclasses.replace(r.records, failure=r.outcome.failure if r.outcome is not None else None)
-        if said := before_replay(r.gm, list(r.args), list(r.fidelity), records, r.rng_states):
+        if said := before_replay(r.gm, list(r.args), list(r.fidelity), r.records, r.rng_states):
             unsure[r.rank] = said
     return dict(rank_failures=repr(failures), rank_not_as_recorded=repr(unsure), recorded_rank=repr(job.failing_rank),
                 rank_accuracy=repr({r.rank: bool(r.records.accuracy) for r in job.ranks}),

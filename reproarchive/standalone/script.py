@@ -94,7 +94,7 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     """
 
     settings = ReplaySettings.given(settings, options)
-    bring_implementations(settings.imports, settings.libraries)
+    bring_implementations(settings.imports, settings.libraries)  # (again, when ``exporting.export`` did: a no-op)
     with ContainerReader(path) as reader:
         if reader.index.triton_kernels:  # (1.4) a script would have to define them: from the archive's text
             raise ExportError(

@@ -381,3 +381,46 @@ def test_a_real_inductor_job_with_a_custom_op_minifies_to_the_culprit_on_every_r
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 1 and "job: reproduced on rank 1 (exit 1)" in done.stderr, done.stderr[-3000:]
     assert "rank 0: no failure" in done.stdout
+
+
+_SHIFTED_OP = '''import torch
+
+
+@torch.library.custom_op("jobtest::shifted", mutates_args=())
+def shifted(x: torch.Tensor) -> torch.Tensor:
+    return x - 0.5
+
+
+shifted.register_fake(lambda x: torch.empty_like(x))
+'''
+
+
+@pytest.mark.slow
+def test_a_job_s_ranks_run_the_op_the_user_brings_with_import(inductor_job, tmp_path):
+    """``--import`` reaches every rank: each rank's process prepares its replay as ``run`` does
+    one graph, so the module the user names defines the job's custom op there and nothing is
+    stood in (before, the ranks stood in for it and the verdict asked for the very --import
+    given). The commands run in a process of their own, so this test process never registers
+    the op the other tests see stood in."""
+    (tmp_path / "shiftedop.py").write_text(_SHIFTED_OP)
+
+    def cli(*args):
+        done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", *map(str, args)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return done.returncode, done.stdout, done.stderr
+
+    # rank 1 under eager: the recorded compile failure is inductor's, and the real op ran, so a pass
+    code, out, err = cli("run", inductor_job, "--rank", "1", "--backend", "eager", "--import", "shiftedop", "--json")
+    [rank] = json.loads(out)["ranks"]
+    assert (code, rank["status"], rank["outcome"]["unfaithful"]) == (0, "passed", []), (out, err)
+    # every rank launched: none stands in, and the recorded failure is reproduced with the real op
+    code, out, err = cli("run", inductor_job, "--import", "shiftedop", "--json")
+    job = json.loads(out)
+    assert (code, job["status"], job["rank"]) == (1, "reproduced", 1), (out, err)
+    assert not any("stood in" in u for r in job["ranks"] if r["outcome"] for u in r["outcome"]["unfaithful"]), job
+    # the exported script brings the module before standing in for what is still missing
+    code, out, err = cli("export", inductor_job, "-o", "script", "--import", "shiftedop")
+    script = (tmp_path / "script" / "repro.py").read_text()
+    assert code == 0 and "importlib.import_module('shiftedop')" in script, err
+    assert script.index("import_module('shiftedop')") < script.index("_stand_in('jobtest::shifted.default'")

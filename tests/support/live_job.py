@@ -2,8 +2,9 @@
 ``python -m torch.distributed.run --nproc-per-node N tests/support/live_job.py SCENARIO FOLDER``.
 
 Every rank traces the same small function with functional collectives (what Dynamo hands a
-backend), as a captured job's graphs are, and hands it with its own real inputs to the replay
-engine's rank worker (``rank_worker.serve``), under the recorded group table.
+backend), as a captured job's graphs are, and packs it with its own real inputs as its part of the job
+(the recorded group table, its recorded failure), and hands that to the replay engine's rank
+worker (``rank_worker.loaded``, ``rank_worker.serve``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.fx as fx
 
+import reproarchive
+from reproarchive.archive.job_archive import rank_part_job
+from reproarchive.format.schema import ProcessGroupRecord, RankOutcome, RankRecord
 from reproarchive.replay import rank_worker
-from reproarchive.replay.ranks import GroupSpec
 from reproarchive.replay.settings import ReplaySettings
 
 c10d = torch.ops._c10d_functional
@@ -78,16 +80,22 @@ def main(scenario: str, folder: str) -> int:
     fn, failing = SCENARIOS[scenario]
     request = json.loads((Path(folder) / "request.json").read_text())
     gm = fx.symbolic_trace(fn)
-    groups = [GroupSpec("0", tuple(range(world)), 0)]
+    groups = [ProcessGroupRecord("0", tuple(range(world)), index=0)]
     if scenario == "sub_groups":
-        groups += [GroupSpec("1", (0, 1), 1, "dp"), GroupSpec("2", (2, 3), 2, "dp"),
-                   GroupSpec("3", (0, 2), 3, "tp"), GroupSpec("4", (1, 3), 4, "tp")]
+        groups += [ProcessGroupRecord("1", (0, 1), index=1, mesh_dim="dp"),
+                   ProcessGroupRecord("2", (2, 3), index=2, mesh_dim="dp"),
+                   ProcessGroupRecord("3", (0, 2), index=3, mesh_dim="tp"),
+                   ProcessGroupRecord("4", (1, 3), index=4, mesh_dim="tp")]
     recorded = RECORDED[failing[rank]]() if failing and rank in failing else None
     device = f"cuda:{os.environ['LOCAL_RANK']}" if request.get("cuda") else "cpu"
-    part = SimpleNamespace(gm=gm, args=[torch.arange(4, dtype=torch.float32, device=device) + rank],
-                           failure=recorded, fidelity=["real"], stand_ins=[])
-    code = rank_worker.serve(part, groups, Path(folder), ReplaySettings(backend=request.get("backend", "eager")),
-                             timeout_s=float(request["timeout_s"]), rank=rank, world_size=world)
+    # this rank's part of the job, as a captured job's rank writes it, then replayed as a launched rank loads it
+    outcome = RankOutcome(status="crashed", failure=recorded, signal="SIGABRT") if recorded is not None else None
+    part = Path(folder) / f"live-rank-{rank}.tar.zst"
+    reproarchive.pack(gm, [torch.arange(4, dtype=torch.float32, device=device) + rank], part,
+                      job=rank_part_job(RankRecord(rank=rank, outcome=outcome), world_size=world, backend=None,
+                                        groups=groups))
+    ready, repro = rank_worker.loaded(str(part), ReplaySettings(backend=request.get("backend", "eager")), rank)
+    code = rank_worker.serve(ready, repro, Path(folder), timeout_s=float(request["timeout_s"]), world_size=world)
     if scenario == "sub_groups":
         from reproarchive.replay.ranks import registered_groups
 
