@@ -106,8 +106,10 @@ def test_a_hang_is_reproduced_within_the_timeout_and_the_diverging_rank_named(ar
     assert "reproduced: the recorded failure (timeout|" in done.stderr
 
 
-def _reproarchive() -> str:
-    return os.path.join(os.path.dirname(sys.executable), "reproarchive")
+def _reproarchive() -> list[str]:
+    """The command line in a process of its own, under this interpreter (an environment of the
+    torch matrix shares this one's packages but has no ``reproarchive`` script of its own)."""
+    return [sys.executable, "-c", "from reproarchive.cli import main; main()"]
 
 
 @pytest.mark.slow
@@ -171,7 +173,7 @@ def _free_port() -> int:
 def test_two_launcher_invocations_on_one_host_replay_one_job(archives):
     endpoint = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([_reproarchive(), "run", str(archives["fails"]), "--json",
+    procs = [subprocess.Popen([*_reproarchive(), "run", str(archives["fails"]), "--json",
                                "--timeout", "20", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "mr-test"],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -327,7 +329,10 @@ def test_the_real_inductor_job_s_torch_trace_logs_pack_into_a_job_that_reproduce
     assert packed.exit_code == 0, packed.output
     report = json.loads(packed.stdout)
     for written in report["archives"]:  # each rank's graph calls the op; its graph alone cannot replay
-        assert any("jobtest::shifted.default, not registered here: stood in" in w for w in written["warnings"])
+        # stood in for, from the Dynamo graph (torch 2.13 prints a cond's subgraphs as invalid Python
+        # in fx_graph_runnable) or from fx_graph_runnable itself (2.15 prints them validly)
+        assert any("jobtest::shifted.default" in w and ("stood in" in w or "a stand-in" in w)
+                   for w in written["warnings"]), written["warnings"]
         assert written["replay"]["performed"] is False and "replays only as its job" in written["replay"]["reason"]
     # read, not loaded: loading installs a stand-in, and this process has one from the capture's archive
     assert [op.name for op in reproarchive.inspect(report["job"]["archive"]).custom_ops] == ["jobtest::shifted.default"]
@@ -339,7 +344,7 @@ def test_the_real_inductor_job_s_torch_trace_logs_pack_into_a_job_that_reproduce
     # (a long timeout: rank 0 waits in its all_reduce while rank 1 compiles, slow on a loaded machine).
     # Exported in a process of its own, as a user runs it: this one may hold a stand-in for the op
     # made from another archive's schema (the capture's), which a load here refuses to replace
-    exported = subprocess.run([_reproarchive(), "export", report["job"]["archive"], "-o", tmp_path / "script"],
+    exported = subprocess.run([*_reproarchive(), "export", report["job"]["archive"], "-o", tmp_path / "script"],
                               capture_output=True, text=True, timeout=300)
     assert exported.returncode == 0, exported.stderr[-2000:]
     done = subprocess.run([sys.executable, "repro.py", "--timeout", "120"], cwd=tmp_path / "script",
