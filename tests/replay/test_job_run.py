@@ -316,11 +316,12 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
 
 @pytest.mark.slow
 def test_the_real_inductor_job_s_torch_trace_logs_pack_into_a_job_that_reproduces_on_rank_1(inductor_job, tmp_path):
-    """The same job's TORCH_TRACE folder (a log per rank; the graph holds a cond, so the Dynamo
-    graph is packed) makes one job archive whose `run` reproduces rank 1's failure. Before, the
-    pack stopped at the program's custom op ("not supported from a log", a wrong hint); then the
-    pack's replay of each rank's graph alone, which issues an all_reduce, recorded nothing true;
-    and the log's unqualified CppCompileError was a DIFFERENT FAILURE from the replay's."""
+    """The same job's TORCH_TRACE folder (a log per rank; the graph holds a cond and a custom op
+    next to its collectives, so the Dynamo graph is packed) makes one job archive whose `run`
+    reproduces rank 1's failure. Before, the pack stopped at the program's custom op ("not
+    supported from a log", a wrong hint); then the pack's replay of each rank's graph alone,
+    which issues an all_reduce, recorded nothing true; and the log's unqualified CppCompileError
+    was a DIFFERENT FAILURE from the replay's."""
     import reproarchive
 
     trace = inductor_job.parent.parent / "trace"
@@ -329,10 +330,11 @@ def test_the_real_inductor_job_s_torch_trace_logs_pack_into_a_job_that_reproduce
     assert packed.exit_code == 0, packed.output
     report = json.loads(packed.stdout)
     for written in report["archives"]:  # each rank's graph calls the op; its graph alone cannot replay
-        # stood in for, from the Dynamo graph (torch 2.13 prints a cond's subgraphs as invalid Python
-        # in fx_graph_runnable) or from fx_graph_runnable itself (2.15 prints them validly)
-        assert any("jobtest::shifted.default" in w and ("stood in" in w or "a stand-in" in w)
-                   for w in written["warnings"]), written["warnings"]
+        # the Dynamo graph is packed, whose log gives the op's output shapes for its stand-in: torch 2.13
+        # prints a cond's subgraphs as invalid Python in fx_graph_runnable; 2.15 prints them validly, but
+        # a stand-in made from the runnable would answer no call (before, every rank's replay missed it: 125)
+        assert any("the Dynamo graph is packed instead" in w for w in written["warnings"]), written["warnings"]
+        assert any("jobtest::shifted.default, not registered here: stood in" in w for w in written["warnings"])
         assert written["replay"]["performed"] is False and "replays only as its job" in written["replay"]["reason"]
     # read, not loaded: loading installs a stand-in, and this process has one from the capture's archive
     assert [op.name for op in reproarchive.inspect(report["job"]["archive"]).custom_ops] == ["jobtest::shifted.default"]
