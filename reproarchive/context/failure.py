@@ -18,6 +18,7 @@ from reproarchive.context.failure_signature import (  # noqa: F401 - the signatu
     DIAGNOSTIC_MARK,
     WRAPPERS,
     compiler_diagnostics,
+    device_fault,
     exception_type_name,
     innermost,
     normalise_message,
@@ -53,8 +54,14 @@ def says_a_peer_went_away(message: str | None) -> bool:
 
 
 def failure_kind(record: FailureRecord | None) -> str:
-    """"passed" for no failure, else the kind of failure ("compile error", "crash", ...)."""
-    return "passed" if record is None else KIND_BY_STAGE.get(record.stage, "unknown failure")
+    """"passed" for no failure, else the kind of failure ("compile error", "crash", a device
+    fault by its class: "device fault (illegal address)", ...)."""
+    if record is None:
+        return "passed"
+    fault = device_fault(record.signature)
+    if fault is not None:
+        return f"device fault ({fault}, {record.stage})"
+    return KIND_BY_STAGE.get(record.stage, "unknown failure")
 
 
 MAX_MESSAGE_CHARS = 4000

@@ -111,6 +111,35 @@ def signature_of(exc: BaseException, stage: str) -> tuple[str, str, list[str], s
     return exc_type, full, diagnostics, signature(stage, exc_type, full, diagnostics[0] if diagnostics else "")
 
 
+#: A fault on the device, by class, in the CUDA runtime's words (``cudaGetErrorString``; HIP's
+#: alike) however torch or Triton raise it ("CUDA error: ...", "Triton Error [CUDA]: ...").
+#: One fault surfaces under several codes: an out-of-bounds access is "an illegal memory
+#: access" (700) or "unspecified launch failure" (719) by where the kernel met it, so a replay
+#: is judged by the class, never the code. First match wins.
+DEVICE_FAULTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("device assert", re.compile(r"device-side assert", re.IGNORECASE)),
+    ("illegal address", re.compile(r"illegal memory access|illegal address|misaligned address|"
+                                   r"unspecified launch failure|memory access fault", re.IGNORECASE)),
+    ("illegal instruction", re.compile(r"illegal instruction was encountered", re.IGNORECASE)),
+    ("launch failure", re.compile(r"too many resources requested for launch|invalid configuration argument|"
+                                  r"launch timed out|launch out of resources|invalid device function|"
+                                  r"no kernel image is available", re.IGNORECASE)),
+)
+#: where a device error is said: torch ("CUDA error: ", "HIP error: ", torch.AcceleratorError) or Triton
+_FROM_DEVICE = re.compile(r"\b(?:CUDA|HIP|hip|cuda)(?: error|\]|Error)|AcceleratorError|Triton Error", re.IGNORECASE)
+#: the stages a fault is reported in: a kernel's fault is reported by a later call on the device
+#: (asynchronous), so one recorded in the forward may surface in the backward's first sync
+_RUN_STAGES = ("forward", "backward")
+
+
+def device_fault(signed: str) -> str | None:
+    """The class of device fault (``DEVICE_FAULTS``) a failure's signature says, or None."""
+    stage, _, rest = signed.partition("|")
+    if stage not in _RUN_STAGES or not _FROM_DEVICE.search(rest):
+        return None
+    return next((name for name, words in DEVICE_FAULTS if words.search(rest)), None)
+
+
 def same_failure_as(recorded: tuple[str, str, str], seen: tuple[str, str]) -> bool:
     """Whether a failure seen (stage, signature) is the recorded one (stage, exception type,
     signature). An unknown recorded failure matches any failure of a known stage, because the
@@ -127,6 +156,9 @@ def same_failure_as(recorded: tuple[str, str, str], seen: tuple[str, str]) -> bo
         return seen_stage == "crash"  # written before the crash, the signal unknown
     if not signed:
         return False
+    fault = device_fault(signed)
+    if fault is not None:  # by its class, in either run stage (module constants)
+        return seen_stage in _RUN_STAGES and device_fault(seen_signed) == fault
     if exc_type and "." not in exc_type:
         seen_signed = _unqualified(seen_signed)
     return signed == seen_signed or (DIAGNOSTIC_MARK not in signed and seen_signed.startswith(signed + DIAGNOSTIC_MARK))

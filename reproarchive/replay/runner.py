@@ -32,6 +32,7 @@ from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.compat.inductor import inner_compiler
 from reproarchive.context import failure as _failure
+from reproarchive.context.failure import device_fault
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.plain import to_plain
 from reproarchive.format.reader import ContainerReader
@@ -280,8 +281,10 @@ def needs_isolation(recorded: FailureRecord | None) -> bool:
     """Whether a replay must run in a child: when the archive does not say that the failure is
     an ordinary exception, it may be a crash (an archive packed with --no-replay, or written
     before the compiled code ran), and a crash in this process would take the caller, and a
-    ``git bisect run`` verdict, with it. Known exceptions keep the fast in-process path."""
-    return recorded is None or recorded.stage in ("crash", "unknown")
+    ``git bisect run`` verdict, with it. So does a fault on the device (an illegal address, a
+    device-side assert): after one, every use of the device in that process fails. Known
+    exceptions keep the fast in-process path."""
+    return recorded is None or recorded.stage in ("crash", "unknown") or device_fault(recorded.signature) is not None
 
 
 def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, on_start=None,

@@ -9,7 +9,8 @@ whose message says nothing (``ReluCompileError()``) or says the same of differen
 
 So the signature here has levels, each read from the decoded index (no replay, no blob read):
 
-1. ``stage`` and ``exception_type``;
+1. ``stage`` and ``exception_type`` (a fault on the device: ``run``, ``device fault``, and its
+   class as the message, ``context.failure_signature.device_fault``);
 2. ``message``: the first line of the innermost message with the graph's own names replaced by
    what they stand for (a node name by its op, an input by ``<input>``), then masked as the
    failure signature masks it (paths, addresses, numbers); ``diagnostic``: the compiler's first
@@ -34,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from reproarchive.context.failure import DIAGNOSTIC_MARK, compiler_errors, normalise_message
+from reproarchive.context.failure import DIAGNOSTIC_MARK, compiler_errors, device_fault, normalise_message
 from reproarchive.format.plain import PlainRecord
 from reproarchive.format.schema import (
     COMPUTE_OPS,
@@ -101,6 +102,10 @@ def signature_of(index: Index) -> Signature | None:
     # what the failure's own signature leaves out (an accuracy report's figures, a crash's last
     # words) stays out here too
     says_message = f.signature.split(DIAGNOSTIC_MARK)[0].split("|", 2)[-1] != ""
+    fault = device_fault(f.signature)
+    if fault is not None:  # one fault under several codes, types and stages: grouped by its class
+        return Signature(stage="run", exception_type="device fault", message=fault, diagnostic="", target=target,
+                         structure=structure_hash(graph, node), located_by=located_by)
     return Signature(stage=f.stage, exception_type=f.exception_type,
                      message=normalise_message(_replace_names(first, names)) if says_message else "",
                      diagnostic=normalise_message(_replace_names(diagnostics[0], names)) if diagnostics else "",
