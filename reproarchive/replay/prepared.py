@@ -87,11 +87,14 @@ class Prepared:
         return repro
 
     def as_its_rank(self) -> Any:
-        """Where this replay runs a job's failing rank in this process (a compile-only job: its
-        rank compiled alone, as ``run --minify`` and ``bisect compiler``'s replays do): joined to
-        a fake process group as that rank, every recorded group registered under its recorded
-        name, so its collectives compile as they did. Nothing for one graph."""
-        if self.is_job and self.compile_only is not None:
+        """Where this replay runs a job's failing rank in this process (``bisect compiler``'s
+        replays; a compile-only job's ``run --minify``): joined to a fake process group as that
+        rank, every recorded group registered under its recorded name, so its collectives
+        compile as they did. For a job compiled only, or one whose recorded failure is a compile
+        error (a compile reads no collective's value: PyTorch's own way, as ``run --rank`` is).
+        Nothing for one graph."""
+        failure = self.records.failure
+        if self.is_job and (self.compile_only is not None or (failure is not None and failure.stage == "compile")):
             return as_a_rank_alone(self.index.job, self.index.job.primary_rank)
         return contextlib.nullcontext()
 

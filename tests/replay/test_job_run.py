@@ -431,3 +431,18 @@ def test_a_job_s_ranks_run_the_op_the_user_brings_with_import(inductor_job, tmp_
     script = (tmp_path / "script" / "repro.py").read_text()
     assert code == 0 and "importlib.import_module('shiftedop')" in script, err
     assert script.index("import_module('shiftedop')") < script.index("_stand_in('jobtest::shifted.default'")
+
+
+@pytest.mark.slow
+def test_a_job_s_compile_error_is_bisected_on_its_failing_rank_alone(inductor_job):
+    """``bisect compiler`` of a real job whose rank 1 failed to compile: each replay compiles rank
+    1's graph alone against a fake process group (a compile reads no collective's value, as
+    ``run --rank`` and PyTorch's own way), under rank 1's records, so it names the bug injector
+    rank 1 alone set. Before, every replay was refused: the graph's collectives need the job."""
+    result = invoke("bisect", "compiler", inductor_job, "--config-only", "--no-sidecar", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [s["verdict"] for s in report["steps"]] == ["bad", "good"], report["steps"]
+    assert "CppCompileError" in report["steps"][0]["observed"]
+    assert [n["setting"] for n in report["config_flags"]["needed"]] == \
+        ["torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY"]
