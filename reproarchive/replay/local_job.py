@@ -26,14 +26,12 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch.fx.node import map_arg
 
-from reproarchive.archive.job_archive import load_job
 from reproarchive.compat.distributed import LocalTensor, LocalTensorMode, local_tensor_of
 from reproarchive.errors import ReproArchiveError
 from reproarchive.replay import launch as _launch
 from reproarchive.replay import ranks as _ranks
 from reproarchive.replay.faithfulness import as_replayed, generated_inputs
 from reproarchive.replay.runner import replay_graph
-from reproarchive.replay.settings import ReplaySettings
 
 
 def spmd_structure(gm: Any) -> list[tuple]:
@@ -125,11 +123,13 @@ def _generated(job: Any, part: Any, *, collectives_replaced: bool) -> list[str]:
                     if sources else [])]
 
 
-def run_local(path, settings: ReplaySettings, *, world_size: int, recorded_rank: int | None) -> _launch.JobOutcome:
-    """``run --single-process`` of the job archive at ``path``."""
+def run_local(ready: Any) -> _launch.JobOutcome:
+    """``run --single-process`` of the job archive ``ready`` (``replay.prepared``, in this
+    process: the user's implementations brought, the devices resolved)."""
 
     start = time.monotonic()
-    job = load_job(path, device=settings.device, max_memory=settings.max_memory)
+    settings, world_size, recorded_rank = ready.asked, ready.index.job.world_size, ready.index.job.failing_rank
+    job = ready.load_job()
     lead = job.ranks[0]
     shape = spmd_structure(lead.gm)
     odd = [r.rank for r in job.ranks if spmd_structure(r.gm) != shape]

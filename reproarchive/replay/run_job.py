@@ -111,7 +111,7 @@ def run_job(path: str | os.PathLike, settings: ReplaySettings, *, rank: int | No
         outcome = _compiled_only(path, settings, ready, rank, timeout, keep, single_process=single_process,
                                  launcher=launcher)
     elif single_process:
-        outcome = run_local(path, settings, world_size=job.world_size, recorded_rank=job.failing_rank)
+        outcome = run_local(ready)
     elif rank is not None:
         outcome = _run_fake_rank(path, settings, job, rank, timeout, keep)
     else:
