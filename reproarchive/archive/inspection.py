@@ -337,6 +337,6 @@ def inspect(path: str | os.PathLike, *, limits: layout.Limits = layout.DEFAULT_L
             shape_policy=tuple(shape_policy_lines(records.shapes)),
             custom_ops=custom_op_rows(index),
             triton_kernels=triton_kernel_rows(index),
-            job=job_summary(index.job) if index.job is not None else None,
+            job=job_summary(index.job, index.records) if index.job is not None else None,
             randomness=randomness_label(records),
         )

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import field
 
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
-from reproarchive.format.schema import CollectiveRecord, DTensorInput, JobRecord, PlacementRecord
+from reproarchive.format.schema import CollectiveRecord, DTensorInput, JobRecord, PlacementRecord, Records
 
 _OMIT_NONE = {"omit": "none"}
 
@@ -152,6 +152,8 @@ class RankRow(PlainRecord):
     signal: str | None = field(default=None, metadata=_OMIT_NONE)
     dtensors: int = 0
     dtensor_inputs: tuple[DTensorRow, ...] = ()
+    # what it recorded otherwise than the primary rank (``records_differ``); empty: the same
+    own_records: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +173,29 @@ class JobSummary(PlainRecord):
     divergence: Divergence | None
 
 
-def job_summary(job: JobRecord) -> JobSummary:
+#: the record sections a rank may hold otherwise than the primary, by name (its failure and its
+#: generator states are its own by nature, and said elsewhere)
+_COMPARED = ("backend", "accuracy", "execution", "shapes", "system")
+
+
+def records_differ(own: Records, primary: Records) -> tuple[str, ...]:
+    """What a rank recorded otherwise than the primary rank: each torch config setting whose
+    value differs (``module.name``), each environment variable (``$NAME``), and the other
+    sections by name: where a bug injector or a flag was set on one rank alone, this says so."""
+    found = []
+    a, b = own.config.modules if own.config else {}, primary.config.modules if primary.config else {}
+    for module in sorted(set(a) | set(b)):
+        mine, theirs = a.get(module, {}), b.get(module, {})
+        found += [f"{module}.{k}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    va = own.environment.variables if own.environment else {}
+    vb = primary.environment.variables if primary.environment else {}
+    found += [f"${k}" for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)]
+    return tuple(found + [name for name in _COMPARED if getattr(own, name) != getattr(primary, name)])
+
+
+def job_summary(job: JobRecord, primary: Records | None = None) -> JobSummary:
+    """The summary of ``job``; ``primary``: the index's records (the primary rank's), which
+    each rank's own records are compared with (None: not compared)."""
     ranks = sorted(job.ranks, key=lambda r: r.rank)
     rows = []
     for r in ranks:
@@ -185,7 +209,9 @@ def job_summary(job: JobRecord) -> JobSummary:
             collectives=len(r.schedule), local_rank=r.local_rank, doing=outcome.doing if outcome else None,
             failure=f"{failure.stage}: {failure.exception_type}: {first}" if failure is not None else None,
             signal=outcome.signal if outcome else None, dtensors=len(r.dtensors),
-            dtensor_inputs=tuple(_dtensor_row(d, job) for d in r.dtensors)))
+            dtensor_inputs=tuple(_dtensor_row(d, job) for d in r.dtensors),
+            own_records=records_differ(job.records[r.records], primary)
+            if primary is not None and r.records is not None else ()))
     length = max((len(r.schedule) for r in ranks), default=0)
     schedule = tuple(tuple(collective_text(r.schedule[i]) if i < len(r.schedule) else None for r in ranks)
                      for i in range(length))
@@ -212,6 +238,10 @@ def job_lines(summary: JobSummary) -> list[str]:
                      f"collective{'s' if row.collectives != 1 else ''}, graph {row.graph}"
                      + (f": {what}" if what else ""))
         lines.extend(f"    {d.text}" for d in row.dtensor_inputs)
+        if row.own_records:
+            shown = ", ".join(row.own_records[:4]) + (f" (and {len(row.own_records) - 4} more)"
+                                                       if len(row.own_records) > 4 else "")
+            lines.append(f"    its own records: {shown} differ from rank {summary.primary_rank}'s")
     for g in summary.groups:
         dim = f", mesh dim {g['mesh_dim']}" if g.get("mesh_dim") else ""
         lines.append(f"  group {g['name']!r}: ranks {g['ranks']}{dim}")

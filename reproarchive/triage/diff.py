@@ -132,8 +132,8 @@ def _job_comparison(a: Index, b: Index) -> JobComparison | None:
     same = a.job is not None and b.job is not None and first_divergence(a.job) == first_divergence(b.job) and \
         {r.rank: [c.op for c in r.schedule] for r in a.job.ranks} == \
         {r.rank: [c.op for c in r.schedule] for r in b.job.ranks}
-    return JobComparison(a=job_summary(a.job) if a.job is not None else None,
-                         b=job_summary(b.job) if b.job is not None else None, same=same)
+    return JobComparison(a=job_summary(a.job, a.records) if a.job is not None else None,
+                         b=job_summary(b.job, b.records) if b.job is not None else None, same=same)
 
 
 # --------------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def view(archive: str | os.PathLike, output: str | os.PathLike | None = None, *,
         "related": {"parent": str(parent_side[0]) if parent_side else None,
                     "child": str(child_side[0]) if child_side else None},
         "layout": graph_layout.engine(),
-        "job": job_summary(index.job).to_plain() if index.job is not None else None,  # spec §8 job
+        "job": job_summary(index.job, index.records).to_plain() if index.job is not None else None,  # spec §8 job
     }
     page = render_page(data)
     try:

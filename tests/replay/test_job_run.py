@@ -253,6 +253,9 @@ def test_a_real_inductor_job_replays_each_rank_under_its_own_config(inductor_job
     injector = "cpp.inject_relu_bug_TESTING_ONLY"
     assert job.rank(1).records.config.changed["torch._inductor.config"][injector] == "compile_error"
     assert injector not in job.rank(0).records.config.changed.get("torch._inductor.config", {})
+    # inspect says so: rank 0 keeps records of its own, which differ from rank 1's (the primary's) there
+    rows = {row.rank: row for row in reproarchive.inspect(inductor_job).job.ranks}
+    assert f"torch._inductor.config.{injector}" in rows[0].own_records and rows[1].own_records == ()
     launched = json.loads(invoke("run", inductor_job, "--json").stdout)
     assert (launched["status"], launched["rank"], launched["exit_code"]) == ("reproduced", 1, 1)
     # rank 0 recorded losing its peer; replayed, it passes, loses its peer again or is stopped
