@@ -28,6 +28,7 @@ from reproarchive.context.failure import device_fault, failure_kind, same_failur
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import FailureRecord
 from reproarchive.triage.grouping import signature_of
+from support.cli import invoke
 
 #: torch's words around a CUDA runtime error (c10/cuda/CUDAException, torch 2.8+)
 _TAIL = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
@@ -130,6 +131,13 @@ def test_a_replay_is_judged_by_the_fault_s_class_in_a_child_and_triage_groups_by
     code, outcome = run(archives["illegal_address"], "device_assert")
     assert (code, outcome["status"], outcome["kind"]) == (3, "different failure",
                                                            "device fault (device assert, forward)"), outcome
+
+    # the exported script judges by the class too (its bundled copy of the signature rule)
+    assert invoke("export", archives["illegal_address"], "-o", folder / "script").exit_code == 0
+    done = subprocess.run([sys.executable, str(folder / "script" / "repro.py"), "--backend", "faults:launch_failure"],
+                          cwd=folder, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *sys.path])})
+    assert done.returncode == 1 and "reproduced: the recorded failure" in done.stdout + done.stderr, done.stderr[-2000:]
 
     def key(name):
         with ContainerReader(archives[name]) as reader:
