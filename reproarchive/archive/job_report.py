@@ -16,6 +16,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import field
 
+from reproarchive.context.environment import machine_specific
 from reproarchive.format.plain import PlainData, PlainRecord, to_plain
 from reproarchive.format.schema import CollectiveRecord, DTensorInput, JobRecord, PlacementRecord, Records
 
@@ -180,7 +181,8 @@ _COMPARED = ("backend", "accuracy", "execution", "shapes", "system")
 
 def records_differ(own: Records, primary: Records) -> tuple[str, ...]:
     """What a rank recorded otherwise than the primary rank: each torch config setting whose
-    value differs (``module.name``), each environment variable (``$NAME``), and the other
+    value differs (``module.name``), each environment variable a replay sets (``$NAME``; not a
+    path or a port, which differ between ranks by nature), and the other
     sections by name: where a bug injector or a flag was set on one rank alone, this says so."""
     found = []
     a, b = own.config.modules if own.config else {}, primary.config.modules if primary.config else {}
@@ -189,7 +191,7 @@ def records_differ(own: Records, primary: Records) -> tuple[str, ...]:
         found += [f"{module}.{k}" for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     va = own.environment.variables if own.environment else {}
     vb = primary.environment.variables if primary.environment else {}
-    found += [f"${k}" for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)]
+    found += [f"${k}" for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k) and not machine_specific(k)]
     return tuple(found + [name for name in _COMPARED if getattr(own, name) != getattr(primary, name)])
 
 
@@ -241,7 +243,7 @@ def job_lines(summary: JobSummary) -> list[str]:
         if row.own_records:
             shown = ", ".join(row.own_records[:4]) + (f" (and {len(row.own_records) - 4} more)"
                                                        if len(row.own_records) > 4 else "")
-            lines.append(f"    its own records: {shown} differ from rank {summary.primary_rank}'s")
+            lines.append(f"    its own records differ from rank {summary.primary_rank}'s in: {shown}")
     for g in summary.groups:
         dim = f", mesh dim {g['mesh_dim']}" if g.get("mesh_dim") else ""
         lines.append(f"  group {g['name']!r}: ranks {g['ranks']}{dim}")

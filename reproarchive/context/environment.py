@@ -182,6 +182,12 @@ _IMPORT_TIME = re.compile(
 _REDACTED = re.compile(r"^<(redacted|process-specific)>$")
 
 
+def machine_specific(name: str) -> bool:
+    """Whether a variable's value is a location or identity on the recording machine (a path, a
+    port, a cache): a replay never sets it, and two ranks' values differ by nature."""
+    return _MACHINE_SPECIFIC.search(name) is not None
+
+
 def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tuple[dict[str, str], list[str]]:
     """(variables to set for the replay, warnings about those that cannot take effect)."""
     to_set: dict[str, str] = {}
@@ -189,7 +195,7 @@ def plan(environment: EnvironmentRecord | None, *, config_applied: bool) -> tupl
     late: list[str] = []
     refused: list[str] = []
     for name, value in sorted((environment.variables if environment else {}).items()):
-        if _MACHINE_SPECIFIC.search(name) or _REDACTED.search(value) or value.startswith(("~", "<")):
+        if machine_specific(name) or _REDACTED.search(value) or value.startswith(("~", "<")):
             continue
         if variable_problem(name, value) is not None:
             refused.append(name)
