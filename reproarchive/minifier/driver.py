@@ -44,6 +44,7 @@ from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
 from reproarchive.codec.inner_shapes import cut_from, inner_dims
+from reproarchive.context.failure import device_fault
 from reproarchive.errors import DeviceUnavailableError, NotReproducedError, ReproArchiveError
 from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 from reproarchive.minifier.job_minify import minify_job
@@ -208,13 +209,15 @@ def _minified_graph(ready: Any, path, output, *, max_time: float | None, isolate
     output = output_path(path, output)
     repro = ready.load()
     stage = _recorded_stage(repro)
-    isolate, jobs = _workers(isolate, jobs, stage)
+    # a crash, or a fault on the device, ends what the process can do: each such candidate in a worker of its own
+    ends_the_process = stage == "crash" or device_fault(repro.records.failure.signature) is not None
+    isolate, jobs = _workers(isolate, jobs, ends_the_process)
     chosen = ready.settings
     started = time.monotonic()
     pool = None
     with tempfile.TemporaryDirectory(prefix="reproarchive-minify-", dir=temp_folder()) as tmp:
         try:
-            pool, fails = _judge(repro, chosen, isolate=isolate, jobs=jobs, crash=stage == "crash",
+            pool, fails = _judge(repro, chosen, isolate=isolate, jobs=jobs, crash=ends_the_process,
                                  workdir=Path(tmp))
             fails = _any_of(fails, repeat)
             result = _searched(path, output, repro, chosen, fails, stage, jobs=jobs, max_time=max_time,
@@ -249,12 +252,13 @@ def _recorded_stage(repro: Repro) -> str:
     return failure.stage
 
 
-def _workers(isolate: bool | None, jobs: int | None, stage: str) -> tuple[bool, int]:
+def _workers(isolate: bool | None, jobs: int | None, ends_the_process: bool) -> tuple[bool, int]:
     """(whether candidates are judged in worker processes, how many at once): isolated by
-    default only for a crash, which replayed in this process would end it; in-process judging
-    is always one at a time."""
+    default only for a failure that ends what a process can do (a crash would end this one;
+    after a fault on the device, every later use of it in the process fails, so every later
+    candidate would look as if it reproduced); in-process judging is always one at a time."""
     if isolate is None:
-        isolate = stage == "crash"  # a crash replayed in this process would end it
+        isolate = ends_the_process
     return isolate, (auto_jobs() if jobs is None else max(1, int(jobs))) if isolate else 1
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from reproarchive.child import Died, Worker, run_child
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.context.environment import child_environment
-from reproarchive.context.failure import crash_record
+from reproarchive.context.failure import crash_record, device_fault
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import EnvironmentRecord, FailureRecord
 from reproarchive.replay.outcome import Outcome, judged
@@ -113,17 +113,22 @@ class WorkerPool:
         return worker
 
     def run(self, path: str | os.PathLike, settings: ReplaySettings) -> Outcome:
-        """``replay.run(path, settings, isolate=False)`` in a warm worker; its Outcome."""
+        """``replay.run(path, settings, isolate=False)`` in a warm worker; its Outcome. A worker
+        whose replay met a fault on the device is replaced as a dead one is: every later use of
+        the device in that process would fail, and the next candidate would seem to reproduce."""
         worker = self._idle.get()
+        faulted = False
         try:
             if not worker.alive:
                 worker = self._replace(worker)
             result, died = worker.request(_request(path, settings))
+            outcome = _outcome(path, result, died)
+            faulted = outcome.observed is not None and device_fault(outcome.observed.signature) is not None
         finally:
-            if not worker.alive:
+            if faulted or not worker.alive:
                 worker = self._replace(worker)
             self._idle.put(worker)
-        return _outcome(path, result, died)
+        return outcome
 
     def _replace(self, worker: Worker) -> Worker:
         worker.close()

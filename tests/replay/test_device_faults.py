@@ -145,3 +145,21 @@ def test_a_replay_is_judged_by_the_fault_s_class_in_a_child_and_triage_groups_by
 
     assert key("illegal_address") == key("launch_failure") == ("run", "device fault", "illegal address", "")
     assert key("device_assert") != key("illegal_address")
+
+
+def test_a_device_fault_is_minified_with_each_faulting_candidate_in_a_worker_of_its_own(faults):
+    """After a fault on the device every later use of it in the process fails with the same
+    words, so a later candidate judged there would seem to reproduce the fault: the minifier
+    judges these candidates in workers (as it does a crash), and retires a worker whose
+    candidate faulted. The compiler function here faults on every graph, so every candidate
+    faults: each retires its worker."""
+    folder, archives = faults
+    done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", "run", "--minify",
+                           str(archives["illegal_address"]), "-o", str(folder / "min.tar.zst"),
+                           "--backend", "faults:launch_failure", "--json"], cwd=folder, capture_output=True,
+                          text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *sys.path])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    stats = json.loads(done.stdout)["stats"]
+    assert stats["isolate"] is True and stats["calls"] >= 1, stats
+    assert stats["workers_started"] == stats["jobs"] + 1 + stats["calls"], stats  # one spare, one per fault
