@@ -29,6 +29,7 @@ from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import FailureRecord
 from reproarchive.triage.grouping import signature_of
 from support.cli import invoke
+from support.job_archives import rank_one_faults
 
 #: torch's words around a CUDA runtime error (c10/cuda/CUDAException, torch 2.8+)
 _TAIL = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
@@ -163,3 +164,21 @@ def test_a_device_fault_is_minified_with_each_faulting_candidate_in_a_worker_of_
     stats = json.loads(done.stdout)["stats"]
     assert stats["isolate"] is True and stats["calls"] >= 1, stats
     assert stats["workers_started"] == stats["jobs"] + 1 + stats["calls"], stats  # one spare, one per fault
+
+
+@pytest.mark.slow
+def test_a_job_s_device_fault_is_minified_in_a_job_launched_anew_after_each_fault(faults):
+    """The job minifier judges candidates in one launched job, reused; after a candidate faulted
+    a rank's device, that job's ranks would seem to reproduce every later candidate, so it is
+    ended and the next candidate launches a new one."""
+    folder, _ = faults
+    job = rank_one_faults(folder, "faults:illegal_address")
+    done = subprocess.run([sys.executable, "-c", "from reproarchive.cli import main; main()", "run", "--minify",
+                           str(job), "-o", str(folder / "min-job.tar.zst"), "--backend", "faults:launch_failure",
+                           "--timeout", "30", "--json"], cwd=folder, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *sys.path]),
+                               "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = json.loads(done.stdout)["stats"]
+    # the recording launch, then one launch per candidate judged (each faulted)
+    assert stats["launches"] == stats["calls"] + 1, stats

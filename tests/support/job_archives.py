@@ -96,6 +96,17 @@ def rank_one_fails(folder: Path, device: str = "cpu", *, absent_on_rank_0: bool 
                                  groups=[WORLD])
 
 
+def rank_one_faults(folder: Path, backend: str) -> Path:
+    """Rank 1 recorded a fault on the device (an illegal address, as torch raises it) in its
+    forward under ``backend``; rank 0 was waiting in its all_reduce."""
+    failure = record_from_exception(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+                                    "forward", backend=backend)
+    parts = [_part(0, collective_graph(), RankOutcome(status="running", doing="all_reduce on group '0'"), backend),
+             _part(1, collective_graph(), RankOutcome(status="failed", failure=failure), backend)]
+    return reproarchive.pack_job(parts, folder / "rank-one-faults.tar.zst", world_size=2, backend="gloo",
+                                 groups=[WORLD])
+
+
 def every_rank_fails(folder: Path) -> Path:
     """Both ranks compiled the graph with the ``relu`` and failed alike (the same graph, inputs'
     shapes, records and failure: one compile stands for both)."""
