@@ -182,8 +182,8 @@ _COMPARED = ("backend", "accuracy", "execution", "shapes", "system")
 def records_differ(own: Records, primary: Records) -> tuple[str, ...]:
     """What a rank recorded otherwise than the primary rank: each torch config setting whose
     value differs (``module.name``), each environment variable a replay sets (``$NAME``; not a
-    path or a port, which differ between ranks by nature), and the other
-    sections by name: where a bug injector or a flag was set on one rank alone, this says so."""
+    path or a port, which differ between ranks by nature), and the other sections by name.
+    Where a bug injector or a flag was set on one rank alone, this says so."""
     found = []
     a, b = own.config.modules if own.config else {}, primary.config.modules if primary.config else {}
     for module in sorted(set(a) | set(b)):

@@ -54,8 +54,8 @@ def says_a_peer_went_away(message: str | None) -> bool:
 
 
 def failure_kind(record: FailureRecord | None) -> str:
-    """"passed" for no failure, else the kind of failure ("compile error", "crash", a device
-    fault by its class: "device fault (illegal address)", ...)."""
+    """"passed" for no failure, else the kind of failure ("compile error", "crash", a fault on
+    the device by its class and stage: "device fault (illegal address, forward)", ...)."""
     if record is None:
         return "passed"
     fault = device_fault(record.signature)

@@ -126,7 +126,7 @@ DEVICE_FAULTS: tuple[tuple[str, re.Pattern[str]], ...] = (
                                   r"no kernel image is available", re.IGNORECASE)),
 )
 #: where a device error is said: torch ("CUDA error: ", "HIP error: ", torch.AcceleratorError) or Triton
-_FROM_DEVICE = re.compile(r"\b(?:CUDA|HIP|hip|cuda)(?: error|\]|Error)|AcceleratorError|Triton Error", re.IGNORECASE)
+_FROM_DEVICE = re.compile(r"\b(?:CUDA|HIP)(?: error|\]|Error)|AcceleratorError|Triton Error", re.IGNORECASE)
 #: the stages a fault is reported in: a kernel's fault is reported by a later call on the device
 #: (asynchronous), so one recorded in the forward may surface in the backward's first sync
 _RUN_STAGES = ("forward", "backward")
@@ -157,7 +157,7 @@ def same_failure_as(recorded: tuple[str, str, str], seen: tuple[str, str]) -> bo
     if not signed:
         return False
     fault = device_fault(signed)
-    if fault is not None:  # by its class, in either run stage (module constants)
+    if fault is not None:  # by its class, reported in either run stage (``_RUN_STAGES``)
         return seen_stage in _RUN_STAGES and device_fault(seen_signed) == fault
     if exc_type and "." not in exc_type:
         seen_signed = _unqualified(seen_signed)
