@@ -32,9 +32,6 @@ from reproarchive.format import layout
 from reproarchive.format.layout import Limits
 from reproarchive.format.reader import ContainerReader
 from reproarchive.format.schema import (
-    CollectiveRecord,
-    CompileRecord,
-    DTensorInput,
     GraphRecord,
     Index,
     JobRecord,
@@ -44,6 +41,11 @@ from reproarchive.format.schema import (
     RankRecord,
     Records,
 )
+
+
+def _of_record(name: str) -> property:
+    """A ``RankRepro`` attribute read from its ``RankRecord``."""
+    return property(lambda self: getattr(self.record, name))
 
 
 @dataclasses.dataclass
@@ -69,37 +71,15 @@ class RankRepro(Repro):
     def input_records(self) -> tuple:
         return rank_inputs(self.index, self.record)
 
-    @property
-    def rank(self) -> int:
-        return self.record.rank
-
-    @property
-    def local_rank(self) -> int | None:
-        return self.record.local_rank
-
-    @property
-    def device(self) -> str | None:
-        return self.record.device
-
-    @property
-    def host(self) -> str | None:
-        return self.record.host
-
-    @property
-    def outcome(self) -> RankOutcome | None:
-        return self.record.outcome
-
-    @property
-    def schedule(self) -> tuple[CollectiveRecord, ...]:
-        return self.record.schedule
-
-    @property
-    def compiles(self) -> tuple[CompileRecord, ...]:
-        return self.record.compiles
-
-    @property
-    def dtensors(self) -> tuple[DTensorInput, ...]:
-        return self.record.dtensors
+    # the rank's own facts, as its record holds them
+    rank = _of_record("rank")
+    local_rank = _of_record("local_rank")
+    device = _of_record("device")
+    host = _of_record("host")
+    outcome = _of_record("outcome")
+    schedule = _of_record("schedule")
+    compiles = _of_record("compiles")
+    dtensors = _of_record("dtensors")
 
     @property
     def notes(self) -> list[str]:
