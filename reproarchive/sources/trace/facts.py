@@ -1,6 +1,7 @@
 """What one compile of a TORCH_TRACE log says, as the records an archive keeps: its failure and
 the backend that raised it, its config, the machine, its inputs' ``describe_*`` metadata and
-symbols, graph breaks and recompiles, the user's stack and the job's paths.
+symbols, graph breaks and recompiles, the user's stack and the job's paths; and the custom ops
+a job's runnable calls beside its collectives (``blind_stand_ins``: which graph to pack).
 
 Separate from ``log_model``, which reads a log into events and compiles: that side must cope
 with every kind of damage a log can carry; this side reads compiles that are already well
@@ -326,3 +327,19 @@ def events_lines(c: Compile, kinds: Iterable[str]) -> dict[str, int]:
         if ev is not None:
             out[kind] = ev.lineno
     return out
+
+
+#: operator namespaces of torch itself: an op of any other is the program's (a custom op)
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "higher_order", "_c10d_functional", "c10d_functional",
+                               "_c10d_functional_autograd", "_dtensor", "inductor", "quantized", "profiler"})
+
+
+def blind_stand_ins(code: str) -> list[str]:
+    """The custom ops a runnable's graph calls when that graph also issues collectives. Such a
+    graph is not replayed at pack time (it would run without its peers), so a stand-in made
+    from the runnable would record no call of the op and every replay would miss it; the
+    Dynamo graph's log gives the op's output shapes instead. Read from the log's text, never run."""
+    if "_c10d_functional." not in code:
+        return []
+    return sorted({f"{ns}::{name}" for ns, name in re.findall(r"torch\.ops\.(\w+)\.(\w+)", code)
+                   if ns not in _TORCH_NAMESPACES})

@@ -268,22 +268,6 @@ def _archive_names(chosen: list[Compile], trace: Trace) -> dict[int, str]:
     return out
 
 
-#: operator namespaces of torch itself: an op of any other is the program's (a custom op)
-_TORCH_NAMESPACES = frozenset({"aten", "prims", "higher_order", "_c10d_functional", "c10d_functional",
-                               "_c10d_functional_autograd", "_dtensor", "inductor", "quantized", "profiler"})
-
-
-def _blind_stand_ins(code: str) -> list[str]:
-    """The custom ops a runnable's graph calls when that graph also issues collectives. Such a
-    graph is not replayed at pack time (it would run without its peers), so a stand-in made
-    from the runnable would record no call of the op and every replay would miss it; the
-    Dynamo graph's log gives the op's output shapes instead. Read from the log's text, never run."""
-    if "_c10d_functional." not in code:
-        return []
-    return sorted({f"{ns}::{name}" for ns, name in re.findall(r"torch\.ops\.(\w+)\.(\w+)", code)
-                   if ns not in _TORCH_NAMESPACES})
-
-
 def _choose_graph(c: Compile, graph: str, problems=(), notes: list[str] | None = None
                   ) -> tuple[str, log_model.TraceEvent]:
     # an empty runnable is no graph: torch 2.15 logs one (payload "") for a compile whose kernel
@@ -294,7 +278,7 @@ def _choose_graph(c: Compile, graph: str, problems=(), notes: list[str] | None =
     # a failed compile failed on the last graph Inductor took; otherwise the forward (first)
     runnable = (runnables[-1] if c.failed else runnables[0]) if runnables else None
     broken = _not_python(runnable.payload) if runnable is not None else None
-    blind = _blind_stand_ins(runnable.payload) if graph == "auto" and runnable is not None and dynamo else []
+    blind = facts.blind_stand_ins(runnable.payload) if graph == "auto" and runnable is not None and dynamo else []
     if blind and broken is None and notes is not None:
         notes.append(f"{c.label}'s graph issues collectives and calls {', '.join(blind)}: packed alone it is not "
                      "replayed, so from PyTorch's fx_graph_runnable a stand-in for the op would have no call to "
