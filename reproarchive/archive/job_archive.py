@@ -172,7 +172,7 @@ def job_rank(index: Index, rank: int) -> RankRecord:
     for record in job.ranks:
         if record.rank == rank:
             return record
-    raise ReproArchiveError(f"the archive records no rank {rank} (it has {[r.rank for r in job.ranks]})",
+    raise ReproArchiveError(f"the archive records no rank {rank} (it has {sorted(r.rank for r in job.ranks)})",
                             "name one of its ranks")
 
 

@@ -64,6 +64,13 @@ def failure_kind(record: FailureRecord | None) -> str:
     return KIND_BY_STAGE.get(record.stage, "unknown failure")
 
 
+def faults_the_device(record: FailureRecord | None) -> bool:
+    """Whether ``record`` is a fault on the device (``device_fault``): after one, every later use
+    of the device in that process fails, so a replay of it, or a replay after it, needs a
+    process of its own."""
+    return record is not None and device_fault(record.signature) is not None
+
+
 MAX_MESSAGE_CHARS = 4000
 MAX_TRACEBACK_CHARS = 20000
 

@@ -44,7 +44,7 @@ from reproarchive.archive.packing import as_records, pack
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
 from reproarchive.codec.inner_shapes import cut_from, inner_dims
-from reproarchive.context.failure import device_fault
+from reproarchive.context.failure import faults_the_device
 from reproarchive.errors import DeviceUnavailableError, NotReproducedError, ReproArchiveError
 from reproarchive.minifier import EagerRunError, NotFailingError, minify_with_stats
 from reproarchive.minifier.job_minify import minify_job
@@ -210,7 +210,7 @@ def _minified_graph(ready: Any, path, output, *, max_time: float | None, isolate
     repro = ready.load()
     stage = _recorded_stage(repro)
     # a crash, or a fault on the device, ends what the process can do: each such candidate in a worker of its own
-    ends_the_process = stage == "crash" or device_fault(repro.records.failure.signature) is not None
+    ends_the_process = stage == "crash" or faults_the_device(repro.records.failure)
     isolate, jobs = _workers(isolate, jobs, ends_the_process)
     chosen = ready.settings
     started = time.monotonic()

@@ -44,7 +44,7 @@ from reproarchive.archive.packing import as_records
 from reproarchive.child import temp_folder
 from reproarchive.codec.graphs import readable_code
 from reproarchive.codec.inner_shapes import cut_from, inner_dims
-from reproarchive.context.failure import device_fault
+from reproarchive.context.failure import faults_the_device
 from reproarchive.errors import NotReproducedError, ReproArchiveError
 from reproarchive.minifier import NotFailingError, minify_with_stats
 from reproarchive.minifier.candidate import Recording
@@ -145,11 +145,6 @@ def _generated(job: Any, free: dict[int, tuple[Any, list]]) -> dict[int, set[int
     return {r.rank: own[r.rank] | set(range(len(r.args), len(free[r.rank][1]))) for r in job.ranks}
 
 
-def _faulted(outcome: Any) -> bool:
-    """Whether a rank's replay met a fault on the device (``context.failure.device_fault``)."""
-    return outcome is not None and outcome.observed is not None and device_fault(outcome.observed.signature) is not None
-
-
 class _JobOracle:
     """Judges a candidate job (every rank's graph and inputs) in a reused launched job, launched
     anew after a candidate that crashed a rank or faulted a rank's device."""
@@ -172,7 +167,8 @@ class _JobOracle:
                 self.launched = _launch.LaunchedJob(_plan(self.job, request, self.timeout_s, self.warm),
                                                     self.folder / f"launch-{self.launches}")
             outcomes = self.launched.judge(archive, self.settings.to_plain(), sorted(self.recorded), self.recorded)
-            if any(_faulted(o.outcome) for o in outcomes):  # its ranks' devices fail every later use: a new job
+            # a rank whose device faulted fails every later use of it: the next candidate gets a new job
+            if any(o.outcome is not None and faults_the_device(o.outcome.observed) for o in outcomes):
                 self.launched.close()
                 self.launched = None
         finally:

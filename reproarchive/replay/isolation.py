@@ -26,7 +26,7 @@ from typing import Any
 from reproarchive.child import Died, Worker, run_child
 from reproarchive.codec.devices import DevicePlan
 from reproarchive.context.environment import child_environment
-from reproarchive.context.failure import crash_record, device_fault
+from reproarchive.context.failure import crash_record, faults_the_device
 from reproarchive.format.plain import from_plain
 from reproarchive.format.schema import EnvironmentRecord, FailureRecord
 from reproarchive.replay.outcome import Outcome, judged
@@ -123,7 +123,7 @@ class WorkerPool:
                 worker = self._replace(worker)
             result, died = worker.request(_request(path, settings))
             outcome = _outcome(path, result, died)
-            faulted = outcome.observed is not None and device_fault(outcome.observed.signature) is not None
+            faulted = faults_the_device(outcome.observed)
         finally:
             if faulted or not worker.alive:
                 worker = self._replace(worker)

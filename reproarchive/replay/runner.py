@@ -32,7 +32,7 @@ from reproarchive.codec.rng import random_ops, restore_rng
 from reproarchive.codec.shapes import placeholder_names, restricted
 from reproarchive.compat.inductor import inner_compiler
 from reproarchive.context import failure as _failure
-from reproarchive.context.failure import device_fault
+from reproarchive.context.failure import faults_the_device
 from reproarchive.context.system import torch_here, torch_version
 from reproarchive.format.plain import to_plain
 from reproarchive.format.reader import ContainerReader
@@ -284,7 +284,7 @@ def needs_isolation(recorded: FailureRecord | None) -> bool:
     ``git bisect run`` verdict, with it. So does a fault on the device (an illegal address, a
     device-side assert): after one, every use of the device in that process fails. Known
     exceptions keep the fast in-process path."""
-    return recorded is None or recorded.stage in ("crash", "unknown") or device_fault(recorded.signature) is not None
+    return recorded is None or recorded.stage in ("crash", "unknown") or faults_the_device(recorded)
 
 
 def run_here(path, settings: ReplaySettings, *, plan: DevicePlan | None = None, on_start=None,

@@ -45,7 +45,6 @@ import torch.fx as fx
 
 from reproarchive.archive.loading import load
 from reproarchive.codec.rng import random_ops
-from reproarchive.codec.stand_ins import bring_implementations
 from reproarchive.codec.targets import qualified_name
 from reproarchive.codec.tensors import REBUILDABLE_SUBCLASSES, storage_view
 from reproarchive.compat.dispatch import INDUCTOR_PRIMS_MODULE, INDUCTOR_PRIMS_PREFIX
@@ -89,12 +88,12 @@ def export(path: str | os.PathLike, out_dir: str | os.PathLike, settings: Replay
     renamed into place, so a failure leaves nothing behind. ``settings`` (or ``options``, its
     fields) give the script's backend and accuracy mode (default: the recorded ones) and the
     load's ``max_memory``; the data is always read on the CPU and the script maps devices
-    itself when it runs (its ``--device``). (``exporting.export`` sends a multi-rank job archive
-    to ``job_script`` instead.)
+    itself when it runs (its ``--device``). ``exporting.export`` brings the user's
+    ``--import``/``--load-library`` before calling it (and sends a multi-rank job archive to
+    ``job_script`` instead); the script brings them too.
     """
 
     settings = ReplaySettings.given(settings, options)
-    bring_implementations(settings.imports, settings.libraries)  # (again, when ``exporting.export`` did: a no-op)
     with ContainerReader(path) as reader:
         if reader.index.triton_kernels:  # (1.4) a script would have to define them: from the archive's text
             raise ExportError(

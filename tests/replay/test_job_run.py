@@ -449,3 +449,15 @@ def test_a_job_s_compile_error_is_bisected_on_its_failing_rank_alone(inductor_jo
     assert "CppCompileError" in report["steps"][0]["observed"]
     assert [n["setting"] for n in report["config_flags"]["needed"]] == \
         ["torch._inductor.config.cpp.inject_relu_bug_TESTING_ONLY"]
+
+
+def test_a_rank_the_job_does_not_record_is_refused_in_one_line(archives):
+    """Preparing a rank's replay (what each rank worker does) for a rank the job does not hold:
+    one line that names the ranks it has, exit 2, before anything is loaded."""
+    from reproarchive.errors import ReproArchiveError
+    from reproarchive.replay.prepared import prepared
+
+    with pytest.raises(ReproArchiveError) as caught:
+        prepared(archives["fails"], reproarchive.ReplaySettings(), rank=7)
+    assert str(caught.value).splitlines()[0].startswith("the archive records no rank 7 (it has [0, 1])")
+    assert caught.value.exit_code == 2 and "\n" not in caught.value.what
